@@ -1,0 +1,70 @@
+"""One JSONL file (optionally ``.jsonl.zst``) on any storage: streaming reads, atomic writes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from airflow_batchinfer.storage.lines import is_zstd, iter_chunks, iter_line_blocks, iter_lines
+from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.reader import RecordReader, RecordSink
+from airflow_batchinfer.storage.records import OnError
+from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter
+
+
+class JsonlFile:
+    """A JSONL file at ``uri``. Records stream one at a time; memory does not grow with the file.
+
+    :param uri: plain path, ``file://``, ``s3://bucket/key`` or any fsspec URI. A name ending in
+        ``.zst``/``.zstd`` (any case) is zstd-compressed.
+    :param storage_options: fsspec options for remote storage (credentials, ``endpoint_url``).
+    """
+
+    def __init__(self, uri: str | Location, *, storage_options: StorageOptions | None = None) -> None:
+        self.loc = uri if isinstance(uri, Location) else resolve(uri, storage_options)
+
+    @property
+    def uri(self) -> str:
+        return self.loc.uri
+
+    @property
+    def compressed(self) -> bool:
+        return is_zstd(self.loc.path)
+
+    def __repr__(self) -> str:
+        return f"JsonlFile({self.uri!r})"
+
+    def exists(self) -> bool:
+        return bool(self.loc.fs.isfile(self.loc.path))
+
+    def info(self) -> dict[str, Any]:
+        """Size and version facts of the stored file (``size``, plus ``mtime``/``ETag`` as available)."""
+        return dict(self.loc.fs.info(self.loc.path))
+
+    def iter_lines(self) -> Iterator[tuple[int, bytes]]:
+        """Raw ``(line_no, bytes)`` pairs, decompressed, without terminators, blank lines included."""
+        with self.loc.fs.open(self.loc.path, "rb") as raw:
+            yield from iter_lines(iter_chunks(raw, zstd=self.compressed, source=self.uri))
+
+    def iter_line_blocks(self) -> Iterator[list[bytes]]:
+        """Raw lines in blocks (one per decoded chunk): the fast path for bulk copies."""
+        with self.loc.fs.open(self.loc.path, "rb") as raw:
+            yield from iter_line_blocks(iter_chunks(raw, zstd=self.compressed, source=self.uri))
+
+    def iter_records(
+        self,
+        *,
+        on_error: OnError | str = "raise",
+        rejects: RecordSink | None = None,
+        id_field: str | None = None,
+    ) -> RecordReader:
+        """The records, for ``for`` (sync) or ``async for``. See :class:`RecordReader` for ``on_error``."""
+        return RecordReader(self.uri, self.iter_lines, on_error=on_error, rejects=rejects, id_field=id_field)
+
+    def writer_sync(self, *, compression_level: int = DEFAULT_ZSTD_LEVEL) -> JsonlWriter:
+        """A writer that replaces the file atomically when the ``with`` block ends cleanly."""
+        return JsonlWriter(self.loc, compression_level=compression_level)
+
+    def writer(self, *, compression_level: int = DEFAULT_ZSTD_LEVEL) -> AsyncWriter:
+        """Async twin of :meth:`writer_sync`: ``async with f.writer() as w: await w.write(r)``."""
+        return AsyncWriter(self.writer_sync(compression_level=compression_level))

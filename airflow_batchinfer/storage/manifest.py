@@ -1,0 +1,82 @@
+"""Output manifests: who owns a shard directory, for which inputs, and whether it is complete.
+
+``shard_dataset`` and ``recompact`` write ``_manifest.json`` as ``in_progress`` before their first
+shard and ``complete`` after their last. A re-run with the same fingerprint reuses a complete output
+and redoes an interrupted one; a directory holding someone else's shards is never overwritten unless
+asked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, cast
+
+from airflow_batchinfer.exceptions import OutputExistsError, StorageError
+from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.storage.jsonl_dir import JsonlDir
+
+MANIFEST_NAME = "_manifest.json"
+SCHEMA_VERSION = 1
+
+
+def read_manifest(directory: JsonlDir) -> dict[str, Any] | None:
+    loc = directory.loc.child(MANIFEST_NAME)
+    try:
+        with loc.fs.open(loc.path, "rb") as f:
+            data = json.loads(f.read())
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise StorageError(f"{loc.uri}: unreadable manifest ({exc}); delete it to start over") from exc
+    version = data.get("schema_version") if isinstance(data, dict) else None
+    if version != SCHEMA_VERSION:
+        raise StorageError(
+            f"{loc.uri}: manifest schema_version {version!r} is not supported (expected {SCHEMA_VERSION}); "
+            "it was written by another version of airflow-batchinfer"
+        )
+    return cast(dict[str, Any], data)
+
+
+def write_manifest(directory: JsonlDir, data: dict[str, Any]) -> None:
+    sink = AtomicSink(directory.loc.child(MANIFEST_NAME))
+    try:
+        sink.write(json.dumps({"schema_version": SCHEMA_VERSION, **data}, indent=2).encode())
+    except BaseException:
+        sink.abort()
+        raise
+    sink.commit()
+
+
+def claim_output(
+    directory: JsonlDir,
+    *,
+    kind: str,
+    fingerprint: dict[str, Any],
+    overwrite: bool,
+    also_clear: tuple[JsonlDir, ...] = (),
+) -> dict[str, Any] | None:
+    """Prepare ``directory`` for a run of ``kind`` over ``fingerprint``.
+
+    Returns the complete manifest of an identical earlier run (reuse it), or ``None`` after clearing
+    what an interrupted identical run, or (with ``overwrite``) anything else, left behind.
+    """
+    manifest = read_manifest(directory)
+    same = manifest is not None and manifest.get("kind") == kind and manifest.get("fingerprint") == fingerprint
+    if same and manifest is not None and manifest.get("state") == "complete" and not overwrite:
+        return manifest
+    existing = directory.shards()
+    if existing and not same and not overwrite:
+        owner = (
+            f"a {manifest.get('kind')} run over {(manifest.get('fingerprint') or {}).get('source')} with other "
+            "inputs or settings"
+            if manifest
+            else "an unknown writer"
+        )
+        raise OutputExistsError(
+            f"{directory.uri} already holds {len(existing)} shards written by {owner}. Choose an empty "
+            "destination, or pass overwrite=True (CLI: --overwrite) to replace them."
+        )
+    for d in (directory, *also_clear):
+        d.delete_shards()
+    write_manifest(directory, {"kind": kind, "state": "in_progress", "fingerprint": fingerprint})
+    return None

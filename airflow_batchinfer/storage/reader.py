@@ -1,0 +1,109 @@
+"""Record readers: strict parsing, an ``on_error`` policy, counts, and both ``for`` and ``async for``."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from airflow_batchinfer.exceptions import MalformedRecordError
+from airflow_batchinfer.storage.records import (
+    OnError,
+    Record,
+    RecordError,
+    check_on_error,
+    parse_record,
+    record_id,
+    reject_row,
+)
+
+
+class RecordSink(Protocol):
+    def write(self, record: Record) -> None: ...
+
+
+@dataclass
+class ReadStats:
+    """What a read saw. ``lines == records + blank + skipped + quarantined``: nothing goes uncounted."""
+
+    lines: int = 0
+    records: int = 0
+    blank: int = 0
+    skipped: int = 0
+    quarantined: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class RecordReader:
+    """Iterates the records of one JSONL source, applying ``on_error`` to bad lines.
+
+    ``raise`` names the file and line; ``skip`` counts and drops; ``quarantine`` writes a
+    ``{source, line_no, error, raw}`` row to ``rejects`` and counts it. Blank lines are counted and
+    skipped. Use ``for`` in CPU code or ``async for`` on an event loop (the file is read in a thread,
+    a block of records at a time).
+    """
+
+    ASYNC_BLOCK = 512
+
+    def __init__(
+        self,
+        source: str,
+        lines: Callable[[], Iterator[tuple[int, bytes]]],
+        *,
+        on_error: OnError | str = "raise",
+        rejects: RecordSink | None = None,
+        id_field: str | None = None,
+    ) -> None:
+        self.source = source
+        self.on_error = check_on_error(on_error)
+        if self.on_error == "quarantine" and rejects is None:
+            raise ValueError("on_error='quarantine' needs a rejects sink (e.g. JsonlDir(...).writer_sync())")
+        self._lines = lines
+        self._rejects = rejects
+        self._id_field = id_field
+        self.stats = ReadStats()
+
+    def bad_line(self, line_no: int, raw: bytes, reason: str) -> None:
+        """Apply the ``on_error`` policy to one unusable line."""
+        if self.on_error == "raise":
+            raise MalformedRecordError(self.source, line_no, reason)
+        if self.on_error == "skip":
+            self.stats.skipped += 1
+        else:
+            assert self._rejects is not None
+            self._rejects.write(reject_row(self.source, line_no, reason, raw))
+            self.stats.quarantined += 1
+
+    def __iter__(self) -> Iterator[Record]:
+        stats = self.stats
+        for line_no, line in self._lines():
+            stats.lines += 1
+            if not line.strip():
+                stats.blank += 1
+                continue
+            try:
+                record = parse_record(line)
+                if self._id_field is not None:
+                    record_id(record, self._id_field)
+            except RecordError as exc:
+                self.bad_line(line_no, line, str(exc))
+                continue
+            stats.records += 1
+            yield record
+
+    async def __aiter__(self) -> AsyncIterator[Record]:
+        it = iter(self)
+        try:
+            while block := await asyncio.to_thread(_take, it, self.ASYNC_BLOCK):
+                for record in block:
+                    yield record
+        finally:
+            it.close()
+
+
+def _take(it: Iterator[Any], n: int) -> list[Any]:
+    return list(itertools.islice(it, n))

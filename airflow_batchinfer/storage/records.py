@@ -1,0 +1,68 @@
+"""One JSONL line to one record: strict JSON (RFC 8259) objects with a usable id.
+
+Errors are returned as :class:`RecordError` reasons so callers apply their ``on_error`` policy; the
+reject row keeps the raw bytes losslessly (``raw_base64`` when they are not UTF-8).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Literal
+
+import orjson
+
+OnError = Literal["raise", "skip", "quarantine"]
+ON_ERROR_CHOICES: tuple[OnError, ...] = ("raise", "skip", "quarantine")
+
+Record = dict[str, Any]
+
+
+class RecordError(ValueError):
+    """Why one line is not a usable record (internal: turned into a policy action by callers)."""
+
+
+def check_on_error(on_error: str) -> OnError:
+    if on_error not in ON_ERROR_CHOICES:
+        raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(ON_ERROR_CHOICES)}")
+    return on_error  # type: ignore[return-value]
+
+
+def parse_record(line: bytes) -> Record:
+    """Parse one non-blank line into a JSON object, or raise :class:`RecordError`."""
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as uexc:
+            raise RecordError(f"not valid UTF-8 (byte {uexc.start})") from None
+        raise RecordError(f"invalid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise RecordError(f"expected a JSON object, got {type(value).__name__}")
+    return value
+
+
+def record_id(record: Record, id_field: str) -> str | int:
+    """The record's id, or :class:`RecordError` when it is missing or not a string/integer."""
+    value = record.get(id_field)
+    if value is None:
+        raise RecordError(f"missing id field {id_field!r}")
+    if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
+        raise RecordError(f"id field {id_field!r} must be a non-empty string or an integer, got {value!r}")
+    return value
+
+
+def reject_row(source: str, line_no: int, error: str, raw: bytes) -> Record:
+    """The quarantine row ``{source, line_no, error, raw}`` (plus ``raw_base64`` for non-UTF-8)."""
+    row: Record = {"source": source, "line_no": line_no, "error": error}
+    try:
+        row["raw"] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        row["raw"] = raw.decode("utf-8", errors="replace")
+        row["raw_base64"] = base64.b64encode(raw).decode("ascii")
+    return row
+
+
+def dumps(record: Record) -> bytes:
+    """Serialize one record as a JSON line body (no newline)."""
+    return orjson.dumps(record)

@@ -1,0 +1,189 @@
+"""Shard one JSONL(.zst) dataset into a directory of full shards, once, streaming.
+
+Lines pass through byte for byte (no re-serialization) unless an id is assigned, which is what
+keeps sharding near the speed of ``split``. Every line ends up counted as a record, a blank, a
+skipped line or a quarantined reject.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batchinfer.storage.jsonl_dir import (
+    DEFAULT_BYTES_PER_SHARD,
+    DEFAULT_RECORDS_PER_SHARD,
+    Compression,
+    JsonlDir,
+    ShardDescriptor,
+)
+from airflow_batchinfer.storage.jsonl_file import JsonlFile
+from airflow_batchinfer.storage.location import StorageOptions, join, parent
+from airflow_batchinfer.storage.manifest import claim_output, write_manifest
+from airflow_batchinfer.storage.reader import RecordReader
+from airflow_batchinfer.storage.records import OnError, RecordError, dumps, parse_record, record_id
+from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
+
+Progress = Callable[[int, int], None]
+"""``progress(records, nbytes)``: called with increments as input is consumed."""
+
+PROGRESS_EVERY = 8192
+REJECTS_PER_SHARD = 100_000
+
+
+@dataclass(frozen=True)
+class ShardingResult:
+    """Shard descriptors plus the counts that account for every input line.
+
+    ``counts`` holds ``lines``, ``records``, ``blank``, ``skipped`` and ``quarantined``, with
+    ``lines == records + blank + skipped + quarantined``.
+    """
+
+    shards: list[ShardDescriptor]
+    counts: dict[str, int]
+    id_field: str
+    rejects_uri: str
+    reused: bool = False
+    seconds: float = field(default=0.0, compare=False)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shards": self.shards,
+            "counts": self.counts,
+            "id_field": self.id_field,
+            "rejects_uri": self.rejects_uri,
+            "reused": self.reused,
+        }
+
+
+def detect_id_field(record: dict[str, Any]) -> str:
+    """``custom_id`` for an OpenAI batch input line (``custom_id`` + ``body``, no ``id``), else ``id``."""
+    if "id" not in record and "custom_id" in record and "body" in record:
+        return "custom_id"
+    return "id"
+
+
+def shard_dataset(
+    src: str,
+    dst: str,
+    *,
+    records_per_shard: int = DEFAULT_RECORDS_PER_SHARD,
+    max_bytes_per_shard: int = DEFAULT_BYTES_PER_SHARD,
+    id_field: str | None = None,
+    assign_ids: bool = False,
+    on_error: OnError | str = "quarantine",
+    rejects: str | None = None,
+    compression: Compression = "zstd",
+    compression_level: int = DEFAULT_ZSTD_LEVEL,
+    storage_options: StorageOptions | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ShardingResult:
+    """Stream ``src`` (one ``.jsonl`` / ``.jsonl.zst`` file) into shards under ``dst``.
+
+    :param records_per_shard: records per shard (the last shard may hold fewer).
+    :param max_bytes_per_shard: uncompressed bytes per shard; a bigger record gets its own shard.
+    :param id_field: the unique-id field. ``None`` detects it from the first record: ``custom_id`` for
+        an OpenAI batch input file, else ``id``.
+    :param assign_ids: give records without an id the id ``"<source name>:<line_no>"``.
+    :param on_error: ``quarantine`` (default: bad lines go to ``rejects`` as
+        ``{source, line_no, error, raw}``), ``raise`` (stop, naming file and line) or ``skip`` (count).
+        Bad lines are invalid JSON, non-UTF-8 bytes, non-object values, missing/invalid ids and ids
+        repeated within a shard.
+    :param rejects: where quarantined lines go; default ``rejects/`` beside ``dst``.
+    :param overwrite: replace shards in ``dst`` that another run wrote. Without it, an identical
+        earlier run is reused, an interrupted identical run is redone, and anything else is refused.
+    :param progress: ``progress(records, nbytes)`` callback for progress bars.
+    :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records.
+    """
+    started = time.monotonic()
+    source = JsonlFile(src, storage_options=storage_options)
+    out = JsonlDir(dst, storage_options=storage_options)
+    rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
+    info = source.info()
+    fingerprint = {
+        "source": source.uri,
+        "size": info.get("size"),
+        "version": str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""),
+        "records_per_shard": records_per_shard,
+        "max_bytes_per_shard": max_bytes_per_shard,
+        "id_field": id_field,
+        "assign_ids": assign_ids,
+        "on_error": on_error,
+        "compression": compression,
+        "rejects": rejects_dir.uri,
+    }
+    done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite, also_clear=(rejects_dir,))
+    if done is not None:
+        return ShardingResult(
+            shards=done["shards"], counts=done["counts"], id_field=done["id_field"],
+            rejects_uri=done["rejects_uri"], reused=True,
+        )  # fmt: skip
+
+    writer = out.writer_sync(
+        max_records_per_shard=records_per_shard,
+        max_bytes_per_shard=max_bytes_per_shard,
+        compression=compression,
+        compression_level=compression_level,
+    )
+    reject_writer = rejects_dir.writer_sync(max_records_per_shard=REJECTS_PER_SHARD)
+    reader = RecordReader(source.uri, source.iter_lines, on_error=on_error, rejects=reject_writer)
+    stats = reader.stats
+    id_name = id_field
+    openai = False
+    source_name = source.loc.name
+    # Duplicate ids: two generations of records_per_shard ids each. Every shard holds at most
+    # records_per_shard consecutive accepted records, so any two records of one shard meet here.
+    seen: dict[Any, int] = {}
+    seen_before: dict[Any, int] = {}
+    line_no = 0
+
+    with reject_writer, writer:
+        for block in source.iter_line_blocks():
+            good: list[bytes] = []
+            for line in block:
+                line_no += 1
+                if not line or line.isspace():
+                    stats.blank += 1
+                    continue
+                try:
+                    record = parse_record(line)
+                    if id_name is None:
+                        id_name = detect_id_field(record)
+                        openai = id_name == "custom_id"
+                    if openai and type(record.get("body")) is not dict:
+                        raise RecordError("OpenAI batch line without a 'body' object")
+                    rid = record.get(id_name)
+                    if rid is None and assign_ids:
+                        rid = record[id_name] = f"{source_name}:{line_no}"
+                        line = dumps(record)
+                    elif not ((type(rid) is str and rid) or type(rid) is int):
+                        record_id(record, id_name)  # raises, naming what is wrong with the id
+                    first = seen.get(rid) or seen_before.get(rid)
+                    if first is not None:
+                        raise RecordError(f"duplicate id {rid!r} (first at line {first})")
+                except RecordError as exc:
+                    reader.bad_line(line_no, line, str(exc))
+                    continue
+                seen[rid] = line_no
+                if len(seen) >= records_per_shard:
+                    seen_before, seen = seen, {}
+                good.append(line)
+            stats.lines += len(block)
+            if good:
+                writer.write_lines(good)
+                stats.records += len(good)
+            if progress is not None:
+                progress(len(good), sum(map(len, block)) + len(block))
+
+    result = ShardingResult(
+        shards=writer.shards_written,
+        counts=stats.as_dict(),
+        id_field=id_name or "id",
+        rejects_uri=rejects_dir.uri,
+        seconds=time.monotonic() - started,
+    )
+    write_manifest(out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()})
+    return result

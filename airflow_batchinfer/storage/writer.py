@@ -1,0 +1,158 @@
+"""Writers: one JSONL(.zst) file committed atomically, and the async adapter over any sync writer."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Protocol
+
+import orjson
+import zstandard
+
+from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.storage.lines import is_zstd
+from airflow_batchinfer.storage.location import Location
+
+FLUSH_BYTES = 1024 * 1024
+DEFAULT_ZSTD_LEVEL = 3
+
+
+def serialize(record: Mapping[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(record)
+    except TypeError as exc:
+        raise TypeError(f"record is not JSON-serializable ({exc}): {str(record)[:200]}") from exc
+
+
+class JsonlWriter:
+    """Writes one JSONL file, zstd-compressed when its name ends in ``.zst``/``.zstd``.
+
+    The file appears at :meth:`commit` (or a clean exit of ``with``); :meth:`abort` (or an exception
+    in the ``with`` block) leaves nothing visible. ``records`` and ``bytes`` (uncompressed, newlines
+    included) count what was written.
+    """
+
+    def __init__(self, loc: Location, *, compression_level: int = DEFAULT_ZSTD_LEVEL) -> None:
+        self.loc = loc
+        self.records = 0
+        self.bytes = 0
+        self._buf = bytearray()
+        self._cobj = (
+            zstandard.ZstdCompressor(level=compression_level).compressobj() if is_zstd(loc.path) else None
+        )
+        self._sink = AtomicSink(loc)
+        self.closed = False
+
+    def write(self, record: Mapping[str, Any]) -> None:
+        self.write_line(serialize(record))
+
+    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for record in records:
+            self.write_line(serialize(record))
+
+    def write_line(self, line: bytes) -> None:
+        """Append one already-serialized JSON object (no trailing newline)."""
+        self.write_block(line + b"\n", 1)
+
+    def write_block(self, block: bytes, records: int) -> None:
+        """Append ``records`` complete, newline-terminated JSON lines at once (the fast path)."""
+        if self.closed:
+            raise ValueError(f"write to a closed writer ({self.loc.uri})")
+        self._buf += block
+        self.records += records
+        self.bytes += len(block)
+        if len(self._buf) >= FLUSH_BYTES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buf:
+            return
+        data = bytes(self._buf)
+        self._buf.clear()
+        self._sink.write(self._cobj.compress(data) if self._cobj is not None else data)
+
+    def commit(self) -> None:
+        if self.closed:
+            return
+        try:
+            self._flush()
+            if self._cobj is not None:
+                self._sink.write(self._cobj.flush())
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+        self._sink.commit()
+
+    def abort(self) -> None:
+        self.closed = True
+        self._buf.clear()
+        self._sink.abort()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class SyncRecordWriter(Protocol):
+    def write_many(self, records: Iterable[Mapping[str, Any]]) -> None: ...
+    def commit(self) -> None: ...
+    def abort(self) -> None: ...
+
+
+class AsyncWriter:
+    """Async twin of a sync writer: records are buffered on the event loop and handed to a thread
+    in blocks, so compression and uploads never block the loop.
+
+    ``async with dir.writer() as w: await w.write(record)``; an exception in the block aborts.
+    """
+
+    BLOCK = 512
+
+    def __init__(self, sync: SyncRecordWriter) -> None:
+        self.sync = sync
+        self._pending: list[Mapping[str, Any]] = []
+
+    async def write(self, record: Mapping[str, Any]) -> None:
+        self._pending.append(record)
+        if len(self._pending) >= self.BLOCK:
+            await self._drain()
+
+    async def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
+        for record in records:
+            await self.write(record)
+
+    async def _drain(self) -> None:
+        block, self._pending = self._pending, []
+        await asyncio.to_thread(self.sync.write_many, block)
+
+    async def commit(self) -> None:
+        try:
+            await self._drain()
+        except BaseException:
+            await asyncio.to_thread(self.sync.abort)
+            raise
+        await asyncio.to_thread(self.sync.commit)
+
+    async def abort(self) -> None:
+        self._pending = []
+        await asyncio.to_thread(self.sync.abort)
+
+    async def __aenter__(self) -> AsyncWriter:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            await self.commit()
+        else:
+            await self.abort()

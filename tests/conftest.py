@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.seaweedfs import S3Server, start_seaweedfs
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One SeaweedFS server for the whole session, on 127.0.0.1, with credentials."""
+    server = start_seaweedfs(tmp_path_factory.mktemp("seaweedfs"))
+    yield server
+    server.stop()
+
+
+@dataclass
+class Root:
+    """A fresh storage root on one backend: ``uri(name)`` makes child URIs."""
+
+    base: str
+    storage_options: dict[str, Any]
+    backend: str
+
+    def uri(self, *parts: str) -> str:
+        return "/".join([self.base, *parts])
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
+    """The same test against local disk and against the real S3 server."""
+    if request.param == "local":
+        return Root(str(tmp_path), {}, "local")
+    server: S3Server = request.getfixturevalue("s3_server")
+    return Root(f"s3://{server.bucket}/{uuid.uuid4().hex}", server.storage_options(), "s3")
