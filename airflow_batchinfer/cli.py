@@ -99,21 +99,32 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(p: argparse.ArgumentParser) -> None:
         p.add_argument("--records-per-shard", type=int, default=DEFAULT_RECORDS_PER_SHARD)
-        p.add_argument("--max-bytes-per-shard", type=int, default=DEFAULT_BYTES_PER_SHARD,
-                       help="uncompressed bytes per shard (default 256 MiB)")
+        p.add_argument(
+            "--max-bytes-per-shard",
+            type=int,
+            default=DEFAULT_BYTES_PER_SHARD,
+            help="uncompressed bytes per shard (default 256 MiB)",
+        )
         p.add_argument("--compression", choices=["zstd", "none"], default="zstd")
-        p.add_argument("--overwrite", action="store_true",
-                       help="replace shards in DST that another run wrote")
-        p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                       help="fsspec option, e.g. endpoint_url=http://127.0.0.1:8333 (repeatable); "
-                            "credentials default to the environment")
+        p.add_argument(
+            "--overwrite", action="store_true", help="replace shards in DST that another run wrote"
+        )
+        p.add_argument(
+            "--storage-option",
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help="fsspec option, e.g. endpoint_url=http://127.0.0.1:8333 (repeatable); "
+            "credentials default to the environment",
+        )
 
     p = sub.add_parser("shard", help="split one JSONL(.zst) file into part-NNNNN.jsonl.zst shards")
     p.add_argument("src", help="input file: path or URI (.jsonl, .jsonl.zst)")
     p.add_argument("dst", help="output directory: path or URI")
     common(p)
-    p.add_argument("--id-field", default=None, help="unique id field (default: id, or custom_id for "
-                                                    "OpenAI batch files)")
+    p.add_argument(
+        "--id-field", default=None, help="unique id field (default: id, or custom_id for OpenAI batch files)"
+    )
     p.add_argument("--assign-ids", action="store_true", help="give records without an id '<file>:<line>'")
     p.add_argument("--on-error", choices=["quarantine", "raise", "skip"], default="quarantine")
     p.add_argument("--rejects", default=None, help="where bad lines go (default: rejects/ beside DST)")

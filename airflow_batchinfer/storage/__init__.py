@@ -9,10 +9,11 @@ Public API::
 from __future__ import annotations
 
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir, Shard, ShardDescriptor, ShardWriter
-from airflow_batchinfer.storage.jsonl_file import JsonlFile, JsonlWriter
+from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.reader import ReadStats, RecordReader
 from airflow_batchinfer.storage.recompact import RecompactResult, recompact
 from airflow_batchinfer.storage.sharding import ShardingResult, shard_dataset
+from airflow_batchinfer.storage.writer import JsonlWriter
 
 __all__ = [
     "JsonlDir",

@@ -79,7 +79,9 @@ class JsonlDir:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             m = PART_RE.match(name)
             if m and entry.get("type") != "directory":
-                out.append(Shard(int(m.group(1)), name, self.loc.child(name).uri, int(entry.get("size") or 0)))
+                out.append(
+                    Shard(int(m.group(1)), name, self.loc.child(name).uri, int(entry.get("size") or 0))
+                )
         out.sort()
         return out
 

@@ -61,17 +61,18 @@ def claim_output(
     what an interrupted identical run, or (with ``overwrite``) anything else, left behind.
     """
     manifest = read_manifest(directory)
-    same = manifest is not None and manifest.get("kind") == kind and manifest.get("fingerprint") == fingerprint
+    same = (
+        manifest is not None and manifest.get("kind") == kind and manifest.get("fingerprint") == fingerprint
+    )
     if same and manifest is not None and manifest.get("state") == "complete" and not overwrite:
         return manifest
     existing = directory.shards()
     if existing and not same and not overwrite:
-        owner = (
-            f"a {manifest.get('kind')} run over {(manifest.get('fingerprint') or {}).get('source')} with other "
-            "inputs or settings"
-            if manifest
-            else "an unknown writer"
-        )
+        if manifest:
+            source = (manifest.get("fingerprint") or {}).get("source")
+            owner = f"a {manifest.get('kind')} run over {source} with other inputs or settings"
+        else:
+            owner = "an unknown writer"
         raise OutputExistsError(
             f"{directory.uri} already holds {len(existing)} shards written by {owner}. Choose an empty "
             "destination, or pass overwrite=True (CLI: --overwrite) to replace them."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -78,7 +78,7 @@ class RecordReader:
             self._rejects.write(reject_row(self.source, line_no, reason, raw))
             self.stats.quarantined += 1
 
-    def __iter__(self) -> Iterator[Record]:
+    def __iter__(self) -> Generator[Record, None, None]:
         stats = self.stats
         for line_no, line in self._lines():
             stats.lines += 1

@@ -45,7 +45,12 @@ class RecompactResult:
     seconds: float = field(default=0.0, compare=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"shards": self.shards, "records": self.records, "sources": self.sources, "reused": self.reused}
+        return {
+            "shards": self.shards,
+            "records": self.records,
+            "sources": self.sources,
+            "reused": self.reused,
+        }
 
 
 def _records(file: JsonlFile) -> Iterator[bytes]:
@@ -145,7 +150,9 @@ def recompact(
 
         def close(w: JsonlWriter) -> None:
             w.commit()
-            descs.append(ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records))
+            descs.append(
+                ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
+            )
             report(w.records, w.bytes)
 
         try:
@@ -184,7 +191,9 @@ def recompact(
             "changed while being read; re-run the recompaction"
         )
     result = RecompactResult(written, total, len(sources), seconds=time.monotonic() - started)
-    write_manifest(out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()})
+    write_manifest(
+        out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+    )
     return result
 
 

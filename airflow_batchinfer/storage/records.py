@@ -24,7 +24,7 @@ class RecordError(ValueError):
 def check_on_error(on_error: str) -> OnError:
     if on_error not in ON_ERROR_CHOICES:
         raise ValueError(f"on_error={on_error!r}: expected one of {', '.join(ON_ERROR_CHOICES)}")
-    return on_error  # type: ignore[return-value]
+    return on_error
 
 
 def parse_record(line: bytes) -> Record:

@@ -115,7 +115,9 @@ def shard_dataset(
         "compression": compression,
         "rejects": rejects_dir.uri,
     }
-    done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite, also_clear=(rejects_dir,))
+    done = claim_output(
+        out, kind="shard", fingerprint=fingerprint, overwrite=overwrite, also_clear=(rejects_dir,)
+    )
     if done is not None:
         return ShardingResult(
             shards=done["shards"], counts=done["counts"], id_field=done["id_field"],
@@ -185,5 +187,7 @@ def shard_dataset(
         rejects_uri=rejects_dir.uri,
         seconds=time.monotonic() - started,
     )
-    write_manifest(out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()})
+    write_manifest(
+        out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+    )
     return result

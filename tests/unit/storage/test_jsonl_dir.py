@@ -18,8 +18,16 @@ def test_listing_is_numeric_and_ignores_other_files(root: Root) -> None:
     d = make_dir(root)
     fs, path = d.loc.fs, d.loc.path
     fs.makedirs(path, exist_ok=True)
-    for name in ["part-99999.jsonl.zst", "part-100000.jsonl.zst", "part-00002.jsonl", "PART-00010.JSONL.ZSTD",
-                 "_manifest.json", "notes.txt", "part-1.json", ".part-00003.jsonl.zst.tmp-" + "a" * 32]:
+    for name in [
+        "part-99999.jsonl.zst",
+        "part-100000.jsonl.zst",
+        "part-00002.jsonl",
+        "PART-00010.JSONL.ZSTD",
+        "_manifest.json",
+        "notes.txt",
+        "part-1.json",
+        ".part-00003.jsonl.zst.tmp-" + "a" * 32,
+    ]:
         fs.pipe_file(f"{path}/{name}", b"")
     assert [s.name for s in d.shards()] == [
         "part-00002.jsonl", "PART-00010.JSONL.ZSTD", "part-99999.jsonl.zst", "part-100000.jsonl.zst",
@@ -36,7 +44,11 @@ def test_rotation_by_records(root: Root) -> None:
     with d.writer_sync(max_records_per_shard=1000) as w:
         w.write_many(recs(2500))
     assert [s["records"] for s in w.shards_written] == [1000, 1000, 500]
-    assert [s.name for s in d.shards()] == ["part-00000.jsonl.zst", "part-00001.jsonl.zst", "part-00002.jsonl.zst"]
+    assert [s.name for s in d.shards()] == [
+        "part-00000.jsonl.zst",
+        "part-00001.jsonl.zst",
+        "part-00002.jsonl.zst",
+    ]
     assert [r["id"] for r in d.iter_records()] == list(range(2500))
 
 

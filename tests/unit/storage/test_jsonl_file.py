@@ -16,7 +16,9 @@ RECORDS = [{"id": i, "text": f"hello {i}", "nested": {"k": [i, None, True]}} for
 def visible_names(root: Root, sub: str = "") -> list[str]:
     loc = resolve(root.uri(sub) if sub else root.base, root.storage_options)
     try:
-        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in loc.fs.ls(loc.path, detail=False, refresh=True))
+        return sorted(
+            p.rstrip("/").rsplit("/", 1)[-1] for p in loc.fs.ls(loc.path, detail=False, refresh=True)
+        )
     except FileNotFoundError:
         return []
 

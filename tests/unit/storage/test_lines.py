@@ -42,7 +42,9 @@ def test_reads_in_64k_chunks() -> None:
 
 
 def test_zstd_reads_compressed_input_in_64k_chunks_and_streams_output() -> None:
-    payload = b"".join(b'{"id": %d, "pad": "%s"}\n' % (i, os.urandom(24).hex().encode()) for i in range(20_000))
+    payload = b"".join(
+        b'{"id": %d, "pad": "%s"}\n' % (i, os.urandom(24).hex().encode()) for i in range(20_000)
+    )
     raw = CountingReader(zstandard.ZstdCompressor(level=1).compress(payload))
     chunks = list(iter_chunks(raw, zstd=True, source="mem"))
     assert set(raw.sizes) == {READ_SIZE}
@@ -58,7 +60,9 @@ def test_multi_frame_zstd_is_read_fully() -> None:
 
 def test_multi_frame_boundary_inside_a_read() -> None:
     c = zstandard.ZstdCompressor(level=1)
-    frames = [c.compress(b"".join(os.urandom(8).hex().encode() + b"\n" for _ in range(500))) for _ in range(40)]
+    frames = [
+        c.compress(b"".join(os.urandom(8).hex().encode() + b"\n" for _ in range(500))) for _ in range(40)
+    ]
     data = b"".join(frames)
     assert len(data) > 2 * READ_SIZE  # frames straddle 64 KiB reads
     assert len(lines_of(data, zstd=True)) == 40 * 500

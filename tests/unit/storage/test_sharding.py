@@ -29,7 +29,10 @@ def shard(root: Root, src: str, **kw: Any) -> Any:
 
 
 def ids_in(root: Root, sub: str) -> list[Any]:
-    return [r.get("id", r.get("custom_id")) for r in JsonlDir(root.uri(*sub.split("/")), storage_options=root.storage_options).iter_records()]
+    return [
+        r.get("id", r.get("custom_id"))
+        for r in JsonlDir(root.uri(*sub.split("/")), storage_options=root.storage_options).iter_records()
+    ]
 
 
 def test_shards_a_file_into_full_shards_and_returns_descriptors(root: Root) -> None:
