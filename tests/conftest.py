@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,9 @@ import pytest
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Airflow reads its home at import: keep tests off ~/airflow.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="batchinfer-airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 
 @pytest.fixture(scope="session")

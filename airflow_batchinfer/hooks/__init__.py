@@ -1,0 +1,1 @@
+"""Airflow-side hooks (need the ``airflow`` extra)."""

@@ -1,0 +1,107 @@
+"""Sharding benchmark (printed, not asserted): ``batchinfer shard`` vs the coreutils pipeline.
+
+On the same generated JSONL file (and its ``.zst``), in the same run, for each input size:
+
+* plain → plain shards   vs  ``split -l N``                         (no validation at all)
+* plain → .zst shards    vs  ``split -l N --filter 'zstd -3 > $FILE.zst'``
+* .zst  → .zst shards    vs  ``zstd -dc | split -l N --filter 'zstd -3 ...'``
+
+Each command runs in its own process; peak RSS is that process tree's (``wait4``). Ours also parses
+and validates every record, checks ids, and quarantines bad lines, which ``split`` does not.
+Targets: throughput ratio ≥ 0.5 vs the CLI pipeline; our peak RSS ≤ 150 MB and flat across sizes.
+
+Run: ``make bench`` or ``python bench/shard.py --sizes-mb 100 1000``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+RECORDS_PER_SHARD = 20_000
+WORDS = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+
+
+def generate(path: Path, size_mb: int) -> None:
+    rng = random.Random(size_mb)
+    target = size_mb * 1024 * 1024
+    with path.open("wb") as f:
+        i = 0
+        while f.tell() < target:
+            lines = []
+            for _ in range(1000):
+                prompt = " ".join(rng.choices(WORDS, k=rng.randint(20, 160)))
+                lines.append(orjson.dumps({"id": f"q{i}", "prompt": prompt, "answer": rng.randint(0, 999)}))
+                i += 1
+            f.write(b"\n".join(lines) + b"\n")
+
+
+def measure(cmd: list[str] | str, cwd: Path) -> tuple[float, float]:
+    """Wall seconds and peak RSS (MB) of the command's own process."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, shell=isinstance(cmd, str), stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"command failed ({os.waitstatus_to_exitcode(status)}): {cmd}")
+    return wall, usage.ru_maxrss / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes-mb", type=int, nargs="+", default=[100, 1000])
+    parser.add_argument("--workdir", type=Path, default=Path(__file__).parent / "out" / "shard")
+    args = parser.parse_args()
+    for tool in ("split", "zstd"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"`{tool}` is needed for the comparison (apt-get install coreutils zstd)")
+    batchinfer = str(Path(sys.executable).parent / "batchinfer")
+    n = RECORDS_PER_SHARD
+    zfilter = "--filter='zstd -q -3 -o $FILE.zst'"
+    rows = []
+    for size in args.sizes_mb:
+        work = args.workdir / f"{size}mb"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        src = work / "data.jsonl"
+        generate(src, size)
+        subprocess.run(["zstd", "-q", "-3", str(src), "-o", str(src) + ".zst"], check=True)
+        mb = src.stat().st_size / 2**20
+        cases = [
+            ("plain->plain", f"split -l {n} data.jsonl cli-a-",
+             [batchinfer, "shard", "data.jsonl", "ours-a", "--compression", "none"]),
+            ("plain->zst", f"split -l {n} {zfilter} data.jsonl cli-b-",
+             [batchinfer, "shard", "data.jsonl", "ours-b"]),
+            ("zst->zst", f"zstd -dc data.jsonl.zst | split -l {n} {zfilter} - cli-c-",
+             [batchinfer, "shard", "data.jsonl.zst", "ours-c"]),
+        ]  # fmt: skip
+        for name, cli, ours in cases:
+            cli_s, _ = measure(cli, work)
+            ours_s, ours_rss = measure(ours, work)
+            rows.append({
+                "input_mb": round(mb), "case": name,
+                "cli_s": round(cli_s, 3), "ours_s": round(ours_s, 3),
+                "cli_mb_s": round(mb / cli_s, 1), "ours_mb_s": round(mb / ours_s, 1),
+                "ratio": round(cli_s / ours_s, 3), "ours_peak_rss_mb": round(ours_rss, 1),
+            })  # fmt: skip
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(f"\n{'input':>7} {'case':<13} {'cli s':>7} {'ours s':>7} {'cli MB/s':>9} {'ours MB/s':>9} "
+          f"{'ratio':>6} {'ours RSS MB':>11}")  # fmt: skip
+    for r in rows:
+        print(f"{r['input_mb']:>5}MB {r['case']:<13} {r['cli_s']:>7.2f} {r['ours_s']:>7.2f} {r['cli_mb_s']:>9.1f} "
+              f"{r['ours_mb_s']:>9.1f} {r['ratio']:>6.2f} {r['ours_peak_rss_mb']:>11.1f}")  # fmt: skip
+    print(json.dumps({"bench": "shard", "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
