@@ -131,12 +131,10 @@ def main() -> None:
         ("saturated: chunks of 500 per producer", 500),
         ("lean: chunks of 10 per producer", 10),
     ):
-        print(
-            f"\n== SIMULATED engine (5 ms + 2 us/token), 10 producers, 50-400 token prompts, target 16k; {label} =="
-        )
-        print(
-            f"{'prefetch':>8} {'timeout_s':>9} {'util':>6} {'fill':>6} {'wall_s':>7} {'batches':>7} {'size':>6}  closed_by"
-        )
+        print("\n== SIMULATED engine (5 ms + 2 us/token), 10 producers, 50-400 token prompts, target 16k")
+        print(f"== {label} ==")
+        header = ("prefetch", "timeout_s", "util", "fill", "wall_s", "batches", "size")
+        print(" ".join(f"{h:>9}" for h in header), " closed_by")
         for prefetch in (1, 2, 4):
             for timeout in (0.001, 0.01, 0.05):
                 r = asyncio.run(
@@ -146,10 +144,8 @@ def main() -> None:
                     )
                 )  # fmt: skip
                 grid.append({"chunk": chunk, **r})
-                print(
-                    f"{prefetch:>8} {timeout:>9} {r['utilization']:>6.3f} {r['avg_fill']:>6.3f} {r['wall_s']:>7.2f} "
-                    f"{r['batches']:>7} {r['avg_batch_size']:>6}  {r['closed_by']}"
-                )
+                cells = (prefetch, timeout, r["utilization"], r["avg_fill"], r["wall_s"], r["batches"])
+                print(" ".join(f"{c:>9}" for c in (*cells, r["avg_batch_size"])), "", r["closed_by"])
     print(json.dumps({"bench": "batcher", "overhead": overhead, "simulated_engine": grid}))
 
 
