@@ -53,18 +53,20 @@ def claim_output(
     kind: str,
     fingerprint: dict[str, Any],
     overwrite: bool,
-    also_clear: tuple[JsonlDir, ...] = (),
+    reuse: bool = True,
 ) -> dict[str, Any] | None:
     """Prepare ``directory`` for a run of ``kind`` over ``fingerprint``.
 
-    Returns the complete manifest of an identical earlier run (reuse it), or ``None`` after clearing
-    what an interrupted identical run, or (with ``overwrite``) anything else, left behind.
+    Returns the complete manifest of an identical earlier run (to reuse it, unless ``reuse=False``),
+    or ``None`` after clearing what an identical earlier or interrupted run, or (with ``overwrite``)
+    anything else, left behind. Shards of any other writer are refused with
+    :class:`OutputExistsError`.
     """
     manifest = read_manifest(directory)
     same = (
         manifest is not None and manifest.get("kind") == kind and manifest.get("fingerprint") == fingerprint
     )
-    if same and manifest is not None and manifest.get("state") == "complete" and not overwrite:
+    if same and reuse and manifest is not None and manifest.get("state") == "complete" and not overwrite:
         return manifest
     existing = directory.shards()
     if existing and not same and not overwrite:
@@ -77,7 +79,6 @@ def claim_output(
             f"{directory.uri} already holds {len(existing)} shards written by {owner}. Choose an empty "
             "destination, or pass overwrite=True (CLI: --overwrite) to replace them."
         )
-    for d in (directory, *also_clear):
-        d.delete_shards()
+    directory.delete_shards()
     write_manifest(directory, {"kind": kind, "state": "in_progress", "fingerprint": fingerprint})
     return None

@@ -38,13 +38,39 @@ class ReadStats:
         return asdict(self)
 
 
-class RecordReader:
-    """Iterates the records of one JSONL source, applying ``on_error`` to bad lines.
+class ErrorPolicy:
+    """Applies ``on_error`` to unusable lines of one source and counts every line's fate.
 
     ``raise`` names the file and line; ``skip`` counts and drops; ``quarantine`` writes a
-    ``{source, line_no, error, raw}`` row to ``rejects`` and counts it. Blank lines are counted and
-    skipped. Use ``for`` in CPU code or ``async for`` on an event loop (the file is read in a thread,
-    a block of records at a time).
+    ``{source, line_no, error, raw}`` row to ``rejects`` and counts it.
+    """
+
+    def __init__(
+        self, source: str, on_error: OnError | str = "raise", rejects: RecordSink | None = None
+    ) -> None:
+        self.source = source
+        self.on_error = check_on_error(on_error)
+        if self.on_error == "quarantine" and rejects is None:
+            raise ValueError("on_error='quarantine' needs a rejects sink (e.g. JsonlDir(...).writer_sync())")
+        self._rejects = rejects
+        self.stats = ReadStats()
+
+    def bad_line(self, line_no: int, raw: bytes, reason: str) -> None:
+        if self.on_error == "raise":
+            raise MalformedRecordError(self.source, line_no, reason)
+        if self.on_error == "skip":
+            self.stats.skipped += 1
+        else:
+            assert self._rejects is not None
+            self._rejects.write(reject_row(self.source, line_no, reason, raw))
+            self.stats.quarantined += 1
+
+
+class RecordReader:
+    """Iterates the records of one JSONL source, applying an :class:`ErrorPolicy` to bad lines.
+
+    Blank lines are counted and skipped; ``stats`` accounts for every line. Use ``for`` in CPU code
+    or ``async for`` on an event loop (the file is then read in a thread, a block of records at a time).
     """
 
     ASYNC_BLOCK = 512
@@ -58,25 +84,10 @@ class RecordReader:
         rejects: RecordSink | None = None,
         id_field: str | None = None,
     ) -> None:
-        self.source = source
-        self.on_error = check_on_error(on_error)
-        if self.on_error == "quarantine" and rejects is None:
-            raise ValueError("on_error='quarantine' needs a rejects sink (e.g. JsonlDir(...).writer_sync())")
+        self.policy = ErrorPolicy(source, on_error, rejects)
+        self.stats = self.policy.stats
         self._lines = lines
-        self._rejects = rejects
         self._id_field = id_field
-        self.stats = ReadStats()
-
-    def bad_line(self, line_no: int, raw: bytes, reason: str) -> None:
-        """Apply the ``on_error`` policy to one unusable line."""
-        if self.on_error == "raise":
-            raise MalformedRecordError(self.source, line_no, reason)
-        if self.on_error == "skip":
-            self.stats.skipped += 1
-        else:
-            assert self._rejects is not None
-            self._rejects.write(reject_row(self.source, line_no, reason, raw))
-            self.stats.quarantined += 1
 
     def __iter__(self) -> Generator[Record, None, None]:
         stats = self.stats
@@ -90,7 +101,7 @@ class RecordReader:
                 if self._id_field is not None:
                     record_id(record, self._id_field)
             except RecordError as exc:
-                self.bad_line(line_no, line, str(exc))
+                self.policy.bad_line(line_no, line, str(exc))
                 continue
             stats.records += 1
             yield record

@@ -22,7 +22,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import claim_output, write_manifest
-from airflow_batchinfer.storage.reader import RecordReader
+from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import OnError, RecordError, dumps, parse_record, record_id
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 
@@ -92,7 +92,8 @@ def shard_dataset(
         ``{source, line_no, error, raw}``), ``raise`` (stop, naming file and line) or ``skip`` (count).
         Bad lines are invalid JSON, non-UTF-8 bytes, non-object values, missing/invalid ids and ids
         repeated within a shard.
-    :param rejects: where quarantined lines go; default ``rejects/`` beside ``dst``.
+    :param rejects: where quarantined lines go; default ``rejects/`` beside ``dst``. Like ``dst``, it
+        belongs to this run: shards another run left there are refused unless ``overwrite``.
     :param overwrite: replace shards in ``dst`` that another run wrote. Without it, an identical
         earlier run is reused, an interrupted identical run is redone, and anything else is refused.
     :param progress: ``progress(records, nbytes)`` callback for progress bars.
@@ -115,15 +116,16 @@ def shard_dataset(
         "compression": compression,
         "rejects": rejects_dir.uri,
     }
-    done = claim_output(
-        out, kind="shard", fingerprint=fingerprint, overwrite=overwrite, also_clear=(rejects_dir,)
-    )
+    done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return ShardingResult(
             shards=done["shards"], counts=done["counts"], id_field=done["id_field"],
             rejects_uri=done["rejects_uri"], reused=True,
         )  # fmt: skip
 
+    # The rejects directory is claimed too: an interrupted run's rejects are redone, never doubled,
+    # and another run's rejects are never deleted.
+    claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     writer = out.writer_sync(
         max_records_per_shard=records_per_shard,
         max_bytes_per_shard=max_bytes_per_shard,
@@ -131,8 +133,8 @@ def shard_dataset(
         compression_level=compression_level,
     )
     reject_writer = rejects_dir.writer_sync(max_records_per_shard=REJECTS_PER_SHARD)
-    reader = RecordReader(source.uri, source.iter_lines, on_error=on_error, rejects=reject_writer)
-    stats = reader.stats
+    policy = ErrorPolicy(source.uri, on_error, reject_writer)
+    stats = policy.stats
     id_name = id_field
     openai = False
     source_name = source.loc.name
@@ -167,7 +169,7 @@ def shard_dataset(
                     if first is not None:
                         raise RecordError(f"duplicate id {rid!r} (first at line {first})")
                 except RecordError as exc:
-                    reader.bad_line(line_no, line, str(exc))
+                    policy.bad_line(line_no, line, str(exc))
                     continue
                 seen[rid] = line_no
                 if len(seen) >= records_per_shard:

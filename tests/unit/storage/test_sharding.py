@@ -196,3 +196,20 @@ def test_progress_reports_all_records_and_bytes(root: Root) -> None:
 def test_empty_input_gives_no_shards(root: Root) -> None:
     result = shard(root, put(root, "empty.jsonl", b""))
     assert result.shards == [] and result.counts["lines"] == 0
+
+
+def test_another_runs_rejects_are_never_deleted(root: Root) -> None:
+    bad = b'{"id": 1}\n[]\n'
+    first = shard_dataset(
+        put(root, "a.jsonl", bad), root.uri("out", "a"), storage_options=root.storage_options
+    )
+    rejects = JsonlDir(first.rejects_uri, storage_options=root.storage_options)
+    assert rejects.count_records() == 1
+    with pytest.raises(OutputExistsError, match="rejects"):  # same default rejects/ beside out/b
+        shard_dataset(put(root, "b.jsonl", bad), root.uri("out", "b"), storage_options=root.storage_options)
+    assert rejects.count_records() == 1  # a's quarantined line is still there
+    other = shard_dataset(
+        put(root, "b.jsonl", bad), root.uri("out", "b"), rejects=root.uri("out", "b-rejects"),
+        storage_options=root.storage_options,
+    )  # fmt: skip
+    assert other.counts["quarantined"] == 1
