@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -136,7 +137,212 @@ def build_parser() -> argparse.ArgumentParser:
     common(p)
     p.add_argument("--workers", type=int, default=4, help="parallel writers (default 4)")
     p.set_defaults(func=_cmd_recompact)
+
+    worker = sub.add_parser("worker", help="the warm worker process").add_subparsers(
+        dest="worker_command", required=True
+    )
+    p = worker.add_parser("serve", help="serve shard jobs over HTTP (model loaded once)")
+    _worker_args(p)
+    p.set_defaults(func=_cmd_worker_serve)
+
+    pool = sub.add_parser("pool", help="the local warm worker pool").add_subparsers(dest="pool_command", required=True)
+    p = pool.add_parser("up", help="start (or reuse) N local workers and wait until ready")
+    _pool_args(p)
+    p.set_defaults(func=_cmd_pool_up)
+    for name, helptext, fn in (("status", "show the pool's workers", _cmd_pool_status),
+                               ("down", "stop the pool's workers", _cmd_pool_down)):  # fmt: skip
+        p = pool.add_parser(name, help=helptext)
+        p.add_argument("--name", default="default")
+        p.set_defaults(func=fn)
+
+    p = sub.add_parser("run", help="run the round pipeline on a local pool, without Airflow")
+    p.add_argument("input", help="JSONL(.zst) dataset: path or URI")
+    p.add_argument("run_root", help="run directory: path or URI")
+    _pool_args(p, with_prefix=False)
+    p.add_argument("--prompt-template", default=None, help="Jinja2 over record fields, e.g. 'What is {{ q }}?'")
+    p.add_argument("--system", default=None, help="system message for chat prompts")
+    p.add_argument("--sampling", default="{}", help='JSON, e.g. \'{"max_tokens": 64, "temperature": 0.7}\'')
+    p.add_argument("--judge", default='{"type": "llm"}', help="judge spec as JSON (see README)")
+    p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
+    p.add_argument("--max-rounds", type=int, default=3)
+    p.add_argument("--max-attempts", type=int, default=3)
+    p.add_argument("--records-per-shard", type=int, default=2_000)
+    p.add_argument("--chunk-size", type=int, default=500)
+    p.add_argument("--id-field", default=None)
+    p.add_argument("--assign-ids", action="store_true")
+    p.set_defaults(func=_cmd_run)
     return parser
+
+
+def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
+    p.add_argument("--name", default="default", help="pool name (state under ~/.cache/airflow-batchinfer/pools)")
+    p.add_argument("--engine", default="simulated", choices=["vllm", "transformers", "openai", "simulated"])
+    p.add_argument("--model", default=None)
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--idle-ttl", type=float, default=600.0, help="workers exit after this long without jobs")
+    p.add_argument("--target-batch-tokens", type=int, default=16_384)
+    if with_prefix:
+        p.add_argument("--allow-prefix", action="append", required=True, help="storage prefix jobs may use")
+
+
+def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
+    from airflow_batchinfer.pools import LocalPoolSpec
+    from airflow_batchinfer.worker.config import parse_options
+
+    return LocalPoolSpec(
+        engine=args.engine, model=args.model, engine_options=parse_options(args.engine_arg), replicas=args.replicas,
+        concurrency=args.concurrency, idle_ttl_s=args.idle_ttl, allowed_prefixes=tuple(prefixes),
+        target_batch_tokens=args.target_batch_tokens,
+    )  # fmt: skip
+
+
+def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_batchinfer.pools import LocalPool
+
+    pool = LocalPool(args.name)
+    urls = pool.up(_pool_spec(args, args.allow_prefix))
+    return {"name": args.name, "workers": urls, "token_file": str(pool.dir / "token")}
+
+
+def _cmd_pool_status(args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_batchinfer.pools import LocalPool
+
+    return LocalPool(args.name).status()
+
+
+def _cmd_pool_down(args: argparse.Namespace) -> dict[str, Any]:
+    from airflow_batchinfer.pools import LocalPool
+
+    return {"name": args.name, "stopped": LocalPool(args.name).down()}
+
+
+def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
+    import asyncio
+
+    from airflow_batchinfer.pipeline import PipelineConfig, run_pipeline
+    from airflow_batchinfer.pools import LocalPool
+    from airflow_batchinfer.progress import ProgressBar
+    from airflow_batchinfer.rpc.pool import PoolClient
+    from airflow_batchinfer.storage.location import parent
+
+    cfg = PipelineConfig(
+        input=args.input, run_root=args.run_root, prompt_template=args.prompt_template, system=args.system,
+        sampling=json.loads(args.sampling), judge=json.loads(args.judge), strategy=args.strategy,
+        max_rounds=args.max_rounds, max_attempts=args.max_attempts, records_per_shard=args.records_per_shard,
+        chunk_size=args.chunk_size, id_field=args.id_field, assign_ids=args.assign_ids,
+    )  # fmt: skip
+    local = LocalPool(args.name)
+    urls = local.up(_pool_spec(args, [args.run_root, parent(args.input)]))
+    bars: dict[str, ProgressBar] = {}
+
+    def progress(phase: str, done: int, total: int) -> None:
+        bar = bars.get(phase)
+        if bar is None:
+            for old in bars.values():
+                old.__exit__(None, None, None)
+            bars.clear()
+            bar = bars[phase] = ProgressBar(phase, total, unit="rec")
+        bar(done - bar.records, done - bar.records)
+
+    async def go() -> dict[str, Any]:
+        client = PoolClient(urls, token=local.token)
+        try:
+            return await run_pipeline(cfg, client, progress=progress)
+        finally:
+            await client.aclose()
+
+    try:
+        return asyncio.run(go())
+    finally:
+        for bar in bars.values():
+            bar.__exit__(None, None, None)
+
+
+def _env(name: str, default: Any = None) -> Any:
+    return os.environ.get(f"BATCHINFER_WORKER_{name}", default)
+
+
+def _worker_args(p: argparse.ArgumentParser) -> None:
+    """Worker flags; each also reads ``BATCHINFER_WORKER_<NAME>`` from the environment (containers)."""
+    p.add_argument(
+        "--engine",
+        default=_env("ENGINE", "simulated"),
+        choices=["vllm", "transformers", "openai", "simulated"],
+    )
+    p.add_argument("--model", default=_env("MODEL"), help="local model directory (or model name for openai)")
+    p.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine option (repeatable), e.g. dtype=bfloat16, max_model_len=4096, base_url=...",
+    )
+    p.add_argument(
+        "--concurrency", type=int, default=int(_env("CONCURRENCY", 10)), help="job slots (default 10)"
+    )
+    p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
+    p.add_argument("--port", type=int, default=int(_env("PORT", 0)), help="0 picks a free port")
+    p.add_argument(
+        "--token-file", default=None, help="file holding the RPC token (else $BATCHINFER_WORKER_TOKEN)"
+    )
+    p.add_argument("--insecure-no-auth", action="store_true", help="no token (loopback only; development)")
+    p.add_argument(
+        "--allow-prefix",
+        action="append",
+        default=[x for x in (_env("ALLOW_PREFIX") or "").split(",") if x],
+        help="storage prefix jobs may read and write (repeatable; env: comma-separated)",
+    )
+    p.add_argument(
+        "--allow-any-prefix",
+        action="store_true",
+        default=_env("ALLOW_ANY_PREFIX") == "1",
+        help="allow every storage location (not for shared clusters)",
+    )
+    p.add_argument(
+        "--idle-ttl",
+        type=float,
+        default=float(_env("IDLE_TTL")) if _env("IDLE_TTL") else None,
+        help="exit after this many seconds without jobs",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=float(_env("DRAIN_TIMEOUT", 300)),
+        help="on SIGTERM, seconds to let running jobs finish before checkpointing them",
+    )
+    p.add_argument("--target-batch-tokens", type=int, default=int(_env("TARGET_BATCH_TOKENS", 16384)))
+    p.add_argument("--max-batch-size", type=int, default=int(_env("MAX_BATCH_SIZE", 256)))
+    p.add_argument("--batch-timeout", type=float, default=float(_env("BATCH_TIMEOUT", 0.05)))
+    p.add_argument(
+        "--max-concurrent-batches",
+        type=int,
+        default=None,
+        help="engine batches in flight (default 4 for vllm, else 1)",
+    )
+    p.add_argument("--announce-file", default=None, help="write {url, pid} here once ready")
+
+
+def _cmd_worker_serve(args: argparse.Namespace) -> None:
+    from airflow_batchinfer.worker.config import WorkerConfig, load_token, parse_options
+    from airflow_batchinfer.worker.server import serve
+
+    config = WorkerConfig(
+        engine=args.engine, model=args.model, engine_options=parse_options(args.engine_arg),
+        concurrency=args.concurrency, host=args.host, port=args.port, token=load_token(args.token_file),
+        insecure_no_auth=args.insecure_no_auth,
+        allowed_prefixes=None if args.allow_any_prefix else args.allow_prefix,
+        idle_ttl_s=args.idle_ttl, drain_timeout_s=args.drain_timeout,
+        target_batch_tokens=args.target_batch_tokens,
+        max_batch_size=args.max_batch_size, batch_timeout_s=args.batch_timeout,
+        max_concurrent_batches=args.max_concurrent_batches, announce_file=args.announce_file,
+    )  # fmt: skip
+    if config.allowed_prefixes == []:
+        from airflow_batchinfer.worker.security import PrefixPolicy
+
+        PrefixPolicy([])  # raises the explanatory error
+    serve(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,7 +352,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BatchInferError, FileNotFoundError, ValueError) as exc:
         print(f"batchinfer {args.command}: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2))
+    if summary is not None:
+        print(json.dumps(summary, indent=2))
     return 0
 
 

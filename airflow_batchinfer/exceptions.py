@@ -47,3 +47,39 @@ class MalformedRecordError(BatchInferError, ValueError):
 
 class BatcherError(BatchInferError, RuntimeError):
     """A batcher was used outside its lifecycle (not started, stopped, or from another event loop)."""
+
+
+class RpcError(BatchInferError):
+    """A worker RPC failed. Subclasses say how; the message names the worker and the remedy."""
+
+
+class WorkerUnavailable(RpcError):
+    """The worker could not be reached (refused, reset, timed out): it may be gone."""
+
+
+class WorkerBusy(RpcError):
+    """The worker has no free slot (HTTP 429) or is draining (HTTP 503): try another or later."""
+
+
+class AuthenticationError(RpcError):
+    """The worker refused the token (HTTP 401)."""
+
+
+class ForbiddenError(RpcError):
+    """A job's input or output lies outside the worker's allowed storage prefixes (HTTP 403)."""
+
+
+class BadJobError(RpcError):
+    """The worker rejected the job as invalid (HTTP 400); the message says what is wrong."""
+
+
+class JobNotFound(RpcError):
+    """The worker does not know this job (HTTP 404): it restarted, or the job ran elsewhere."""
+
+
+class JobFailed(BatchInferError):
+    """A shard job ended failed or cancelled; ``error`` is the worker's reason."""
+
+    def __init__(self, job_id: str, state: str, error: str | None) -> None:
+        self.job_id, self.state, self.error = job_id, state, error
+        super().__init__(f"job {job_id} {state}: {error}")

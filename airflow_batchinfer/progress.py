@@ -13,15 +13,16 @@ from tqdm import tqdm
 
 
 class ProgressBar:
-    """``with ProgressBar("shard", total_bytes) as bar: work(progress=bar)``."""
+    """``with ProgressBar("shard", total_bytes) as bar: work(progress=bar)``; ``bar(records, amount)``
+    advances the bar by ``amount`` (bytes, or records with ``unit="rec"``)."""
 
-    def __init__(self, desc: str, total_bytes: int | None = None) -> None:
+    def __init__(self, desc: str, total: int | None = None, *, unit: str = "B") -> None:
         self._bar = tqdm(
             desc=desc,
-            total=total_bytes,
-            unit="B",
-            unit_scale=True,
-            unit_divisor=1024,
+            total=total,
+            unit=unit,
+            unit_scale=unit == "B",
+            unit_divisor=1024 if unit == "B" else 1000,
             file=sys.stderr,
             disable=None,
             dynamic_ncols=True,

@@ -65,6 +65,9 @@ class DynamicBatcher(Generic[T, R]):
     :param prefetch_batches: batches assembled ahead of the processor.
     :param default_cost: the cost of a record nothing else estimates.
     :param min_batch_wait_s: see ``min_batch_size``; default ``10 × batch_timeout_s``.
+    :param max_concurrent_batches: batches ``process_fn`` may run at once (default 1). Engines with
+        continuous batching (vLLM) want several in flight, so their scheduler always has the next
+        requests while the longest generations of a batch finish.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class DynamicBatcher(Generic[T, R]):
         prefetch_batches: int = 2,
         default_cost: float = 1,
         min_batch_wait_s: float | None = None,
+        max_concurrent_batches: int = 1,
     ) -> None:
         _check(callable(process_fn), "process_fn must be callable")
         _check(target_batch_cost > 0, f"target_batch_cost must be > 0, got {target_batch_cost}")
@@ -93,6 +97,9 @@ class DynamicBatcher(Generic[T, R]):
         _check(prefetch_batches >= 1, f"prefetch_batches must be >= 1, got {prefetch_batches}")
         _check(default_cost >= 0, f"default_cost must be >= 0, got {default_cost}")
         _check(min_batch_wait_s is None or min_batch_wait_s >= 0, "min_batch_wait_s must be >= 0")
+        _check(
+            max_concurrent_batches >= 1, f"max_concurrent_batches must be >= 1, got {max_concurrent_batches}"
+        )
         self._process_fn = process_fn
         self._cost_estimator = cost_estimator
         self.target_batch_cost = target_batch_cost
@@ -103,6 +110,7 @@ class DynamicBatcher(Generic[T, R]):
         self.prefetch_batches = prefetch_batches
         self.default_cost = default_cost
         self.min_batch_wait_s = 10 * batch_timeout_s if min_batch_wait_s is None else min_batch_wait_s
+        self.max_concurrent_batches = max_concurrent_batches
 
         self._state = "new"  # new | running | stopping | stopped
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -327,26 +335,50 @@ class DynamicBatcher(Generic[T, R]):
 
     async def _process(self) -> None:
         loop = asyncio.get_running_loop()
-        idle_since = loop.time()
-        while True:
-            entry = await self._batches.get()
-            if self._want_room:  # the assembler keeps a batch open while the queue was full
-                self._want_room = False
-                with contextlib.suppress(asyncio.QueueFull):
-                    self._queue.put_nowait(_WAKE)
-            started = loop.time()
-            self._idle += started - idle_since
-            if entry is _STOP:
-                return
-            batch, cost, reason = entry
+        slots = asyncio.Semaphore(self.max_concurrent_batches)
+        running: set[asyncio.Task[None]] = set()
+        active = 0
+        idle_since = busy_since = loop.time()
+
+        async def run(batch: list[_Item], cost: float, reason: str) -> None:
+            nonlocal active, idle_since, busy_since
             try:
                 await self._run_batch(batch)
             finally:
-                idle_since = loop.time()
-                self._busy += idle_since - started
+                active -= 1
+                if active == 0:  # busy time is the union of running batches
+                    idle_since = loop.time()
+                    self._busy += idle_since - busy_since
                 self._batch_cost += cost
                 self._closed_by[reason] += 1
                 self._counts["batches"] += 1
+                slots.release()
+
+        try:
+            while True:
+                await slots.acquire()  # take the next batch only when it can start at once
+                entry = await self._batches.get()
+                if self._want_room:  # the assembler keeps a batch open while the queue was full
+                    self._want_room = False
+                    with contextlib.suppress(asyncio.QueueFull):
+                        self._queue.put_nowait(_WAKE)
+                if entry is _STOP:
+                    break
+                if active == 0:
+                    busy_since = loop.time()
+                    self._idle += busy_since - idle_since
+                active += 1
+                task = loop.create_task(run(*entry))
+                running.add(task)
+                task.add_done_callback(running.discard)
+                if self.max_concurrent_batches == 1:
+                    await task  # the common case: strictly one batch at a time
+            if running:
+                await asyncio.gather(*running)
+        except asyncio.CancelledError:
+            for task in running:
+                task.cancel()
+            raise
 
     async def _run_batch(self, batch: list[_Item]) -> None:
         try:

@@ -17,6 +17,7 @@ from airflow_batchinfer.storage.records import OnError, Record
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter, serialize
 
 PART_RE = re.compile(r"^part-(\d+)\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
+JSONL_RE = re.compile(r"^[^.].*\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
 DEFAULT_RECORDS_PER_SHARD = 20_000
 DEFAULT_BYTES_PER_SHARD = 256 * 1024 * 1024
 Compression = Literal["zstd", "none"]
@@ -84,6 +85,16 @@ class JsonlDir:
                 )
         out.sort()
         return out
+
+    def jsonl_files(self) -> list[JsonlFile]:
+        """Every visible ``*.jsonl[.zst]`` file, shard or not (e.g. ``results/round00-part-00003...``),
+        in natural name order."""
+        try:
+            names = [n.rstrip("/").rsplit("/", 1)[-1] for n in self.loc.fs.ls(self.loc.path, detail=False, refresh=True)]
+        except FileNotFoundError:
+            return []
+        key = lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]  # noqa: E731
+        return [self.file(n) for n in sorted((n for n in names if JSONL_RE.match(n)), key=key)]
 
     def file(self, name: str) -> JsonlFile:
         return JsonlFile(self.loc.child(name))

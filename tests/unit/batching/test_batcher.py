@@ -389,3 +389,30 @@ def test_keyboard_interrupt_in_process_fn_resolves_every_future() -> None:
 def test_invalid_parameters_raise_value_error(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ValueError, match=match):
         DynamicBatcher(Recorder(), **kwargs)
+
+
+async def test_max_concurrent_batches_runs_batches_in_parallel() -> None:
+    running = 0
+    peak = 0
+
+    async def fn(batch: list[int]) -> list[int]:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.05)
+        running -= 1
+        return batch
+
+    b = DynamicBatcher(fn, max_batch_size=2, batch_timeout_s=0, max_concurrent_batches=3)
+    async with b:
+        assert await asyncio.gather(*await b.submit_batch(range(12))) == list(range(12))
+    assert peak == 3
+    s = b.stats
+    assert s.total_batches == 6
+    # busy time is the union of overlapping batches: about 2 rounds of 50 ms, not 6
+    assert s.busy_time_s < 6 * 0.05
+
+
+def test_max_concurrent_batches_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="max_concurrent_batches"):
+        DynamicBatcher(Recorder(), max_concurrent_batches=0)

@@ -1,0 +1,137 @@
+"""The engine interface: a batch of generation requests in, one result per request out, in order.
+
+Engines are total: a per-element failure (prompt too long, a decode error, an HTTP error for one
+request) becomes a :class:`GenerationResult` with ``error`` set. Only engine-fatal errors (the model
+cannot run at all) raise, and they fail the shard job, not the worker.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
+
+from airflow_batchinfer.exceptions import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings; ``from_mapping`` also reads an OpenAI request body's fields."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+    FIELDS: ClassVar[tuple[str, ...]] = (
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+    )
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @classmethod
+    def from_mapping(
+        cls, values: Mapping[str, Any] | None, base: SamplingParams | None = None
+    ) -> SamplingParams:
+        """``base`` (or defaults) updated with the known fields of ``values``; others are ignored."""
+        out = base or cls()
+        if not values:
+            return out
+        changes: dict[str, Any] = {}
+        max_tokens = values.get("max_completion_tokens", values.get("max_tokens"))
+        if max_tokens is not None:
+            changes["max_tokens"] = int(max_tokens)
+        for key in ("temperature", "top_p"):
+            if values.get(key) is not None:
+                changes[key] = float(values[key])
+        if values.get("seed") is not None:
+            changes["seed"] = int(values["seed"])
+        stop = values.get("stop")
+        if stop is not None:
+            changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        return replace(out, **changes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "seed": self.seed, "stop": list(self.stop)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt: raw ``prompt`` text, or chat ``messages`` rendered by the model's chat template.
+
+    ``metadata`` travels with the request (record id, attempt, role) for engines that use it.
+    """
+
+    request_id: str
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ConfigError(f"request {self.request_id}: pass exactly one of prompt or messages")
+
+    def prompt_chars(self) -> int:
+        if self.prompt is not None:
+            return len(self.prompt)
+        return sum(len(str(m.get("content", ""))) for m in self.messages or ())
+
+    def estimate_tokens(self) -> int:
+        """Prompt tokens (``chars // 4 + 1``) plus the completion budget: what the request occupies
+        in the engine's KV cache, which is what a batch should be sized by."""
+        return self.prompt_chars() // 4 + 1 + self.sampling.max_tokens
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    text: str | None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None  # stop | length | error
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def failed(cls, error: str) -> GenerationResult:
+        return cls(text=None, error=error, finish_reason="error")
+
+
+class Engine(abc.ABC):
+    """Start once, generate many batches, close once. One instance serves all jobs of a worker."""
+
+    name: ClassVar[str] = "engine"
+
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Load the model (called once, before the worker reports ready)."""
+
+    @abc.abstractmethod
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """One result per request, in order; per-element failures are error results."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release the model."""
+
+    def estimate_tokens(self, request: GenerationRequest) -> int:
+        return request.estimate_tokens()
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies this engine's outputs (goes into job fingerprints and manifests)."""
+        return {"engine": self.name}

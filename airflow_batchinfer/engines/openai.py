@@ -1,0 +1,119 @@
+"""The ``openai`` engine: any OpenAI-compatible endpoint (``vllm serve``, hosted APIs).
+
+Requests of a batch go out concurrently (at most ``max_concurrency`` at once). 429 and 5xx answers
+and connection errors are retried with exponential backoff, honouring ``Retry-After``; a request
+that still fails becomes that request's error result, never an exception over the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from typing import Any
+
+import httpx
+
+from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+
+RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
+
+
+class OpenAIEngine(Engine):
+    """:param model: the model name the endpoint serves.
+    :param base_url: e.g. ``http://127.0.0.1:8000/v1`` (default ``$OPENAI_BASE_URL``).
+    :param api_key: default ``$OPENAI_API_KEY`` (may be empty for local servers)."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_concurrency: int = 64,
+        max_retries: int = 5,
+        backoff_s: float = 0.5,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.model = model
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
+        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self._transport = transport
+        self._slots = asyncio.Semaphore(max_concurrency)
+        self._http: httpx.AsyncClient | None = None
+
+    async def start(self) -> None:
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, headers=self._headers, timeout=self.timeout_s, transport=self._transport
+        )
+
+    async def close(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+
+    def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        s = request.sampling
+        body: dict[str, Any] = {"model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature,
+                                "top_p": s.top_p}  # fmt: skip
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if s.stop:
+            body["stop"] = list(s.stop)
+        if request.messages is not None:
+            return "/chat/completions", {**body, "messages": list(request.messages)}
+        return "/completions", {**body, "prompt": request.prompt}
+
+    async def _one(self, request: GenerationRequest) -> GenerationResult:
+        assert self._http is not None, "start() the engine first"
+        path, body = self._body(request)
+        error = ""
+        async with self._slots:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    response = await self._http.post(path, json=body)
+                except httpx.TransportError as exc:
+                    error, wait = f"{type(exc).__name__}: {exc}", None
+                else:
+                    if response.status_code == 200:
+                        return self._parse(response.json())
+                    error = f"HTTP {response.status_code}: {response.text[:300]}"
+                    if response.status_code not in RETRYABLE:
+                        break
+                    wait = _retry_after(response)
+                if attempt < self.max_retries:
+                    await asyncio.sleep(wait if wait is not None else self.backoff_s * 2**attempt * (0.5 + random.random()))
+        return GenerationResult.failed(f"openai endpoint {self.base_url}{path}: {error}")
+
+    @staticmethod
+    def _parse(data: dict[str, Any]) -> GenerationResult:
+        try:
+            choice = data["choices"][0]
+            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            usage = data.get("usage") or {}
+            return GenerationResult(
+                text, None, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                choice.get("finish_reason") or "stop",
+            )  # fmt: skip
+        except (KeyError, IndexError, TypeError) as exc:
+            return GenerationResult.failed(f"unexpected response shape ({exc}): {str(data)[:300]}")
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.model, "base_url": self.base_url}
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return min(float(response.headers["Retry-After"]), 60.0)
+    except (KeyError, ValueError):
+        return None

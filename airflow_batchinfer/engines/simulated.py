@@ -1,0 +1,75 @@
+"""SIMULATED engine, for benchmarks and orchestration tests only: no model runs.
+
+Batch latency is ``a + b·tokens``; outputs are deterministic. As a judge (``metadata.role ==
+"judge"``) it answers a JSON verdict approving a record with probability ``approval_rate``, decided
+by a hash of (record id, attempt), so rounds and retries are reproducible. ``fail_marker`` makes any
+request whose prompt contains it fail alone (to show a bad element fails only its record).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from typing import Any
+
+from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+
+
+def stable_fraction(*parts: Any) -> float:
+    """A deterministic number in [0, 1) from ``parts``."""
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
+class SimulatedEngine(Engine):
+    """SIMULATED: latency ``latency_base_s + latency_per_token_s · tokens`` per batch, no model."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        *,
+        latency_base_s: float = 0.005,
+        latency_per_token_s: float = 2e-6,
+        approval_rate: float = 0.7,
+        completion_tokens: int = 16,
+        fail_marker: str | None = None,
+        model: str = "simulated",
+    ) -> None:
+        self.latency_base_s = latency_base_s
+        self.latency_per_token_s = latency_per_token_s
+        self.approval_rate = approval_rate
+        self.completion_tokens = completion_tokens
+        self.fail_marker = fail_marker
+        self.model = model
+        self.batches = 0
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        tokens = sum(
+            r.prompt_chars() // 4 + 1 + min(self.completion_tokens, r.sampling.max_tokens) for r in requests
+        )
+        await asyncio.sleep(self.latency_base_s + self.latency_per_token_s * tokens)
+        self.batches += 1
+        return [self._one(r) for r in requests]
+
+    def _one(self, request: GenerationRequest) -> GenerationResult:
+        prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))
+        if self.fail_marker and self.fail_marker in prompt:
+            return GenerationResult.failed(f"simulated failure: prompt contains {self.fail_marker!r}")
+        meta = request.metadata
+        if meta.get("role") == "judge":
+            approved = stable_fraction(meta.get("record_id"), meta.get("attempt", 1)) < self.approval_rate
+            text = json.dumps({"approved": approved, "reason": "simulated verdict"})
+        else:
+            digest = hashlib.sha256(f"{prompt}\x1f{meta.get('attempt', 1)}".encode()).hexdigest()[:16]
+            text = f"simulated answer {digest}"
+        return GenerationResult(
+            text=text,
+            prompt_tokens=request.prompt_chars() // 4 + 1,
+            completion_tokens=min(self.completion_tokens, request.sampling.max_tokens),
+            finish_reason="stop",
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}

@@ -1,0 +1,141 @@
+"""The ``transformers`` engine: a local model directory, batched ``generate`` in a thread.
+
+Prompts are left-padded so a batch decodes like its members would alone; chat messages go through
+the tokenizer's chat template. The engine is total: a prompt that does not fit the context, a chat
+template error or a generate failure on one element becomes that element's error result (a failing
+batch is retried element by element to find the culprit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from typing import Any
+
+from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+
+
+class TransformersEngine(Engine):
+    """:param model: local model directory (``config.json``, weights, tokenizer).
+    :param dtype: ``float32`` (default on CPU), ``bfloat16`` or ``float16``.
+    :param device: ``cpu`` or ``cuda[:N]``.
+    :param threads: torch intra-op threads (``OMP_NUM_THREADS`` by default)."""
+
+    name = "transformers"
+
+    def __init__(self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None) -> None:
+        self.model_path = model
+        self.dtype = dtype
+        self.device = device
+        self.threads = threads
+        self._lock = threading.Lock()  # one generate at a time on the model
+        self.tokenizer: Any = None
+        self.model: Any = None
+        self.max_len = 0
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+
+    def _load(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
+        tok.padding_side = "left"
+        if tok.pad_token is None:
+            tok.pad_token = tok.eos_token
+        model = AutoModelForCausalLM.from_pretrained(
+            self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype)
+        )
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tok
+        self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or tok.model_max_length)
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return await asyncio.to_thread(self._generate, requests)
+
+    def _render(self, request: GenerationRequest) -> tuple[str, bool]:
+        """The prompt text, and whether the tokenizer should add special tokens itself."""
+        if request.prompt is not None:
+            return request.prompt, True
+        text = self.tokenizer.apply_chat_template(list(request.messages or ()), add_generation_prompt=True, tokenize=False)
+        return str(text), False
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        results: list[GenerationResult | None] = [None] * len(requests)
+        groups: dict[tuple[SamplingParams, bool], list[tuple[int, str]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                text, specials = self._render(request)
+            except Exception as exc:
+                results[i] = GenerationResult.failed(f"chat template: {type(exc).__name__}: {exc}")
+                continue
+            n = len(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
+            if n + request.sampling.max_tokens > self.max_len:
+                results[i] = GenerationResult.failed(
+                    f"prompt has {n} tokens; with max_tokens {request.sampling.max_tokens} it exceeds the "
+                    f"model's context of {self.max_len}: shorten the prompt or lower max_tokens"
+                )
+                continue
+            groups.setdefault((request.sampling, specials), []).append((i, text))
+        with self._lock:
+            for (sampling, specials), members in groups.items():
+                outs = self._run_isolating([t for _, t in members], sampling, specials)
+                for (i, _), out in zip(members, outs, strict=True):
+                    results[i] = out
+        return [r if r is not None else GenerationResult.failed("not generated") for r in results]
+
+    def _run_isolating(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
+        try:
+            return self._run(texts, sampling, specials)
+        except Exception as exc:
+            if len(texts) == 1:
+                return [GenerationResult.failed(f"generate: {type(exc).__name__}: {exc}")]
+            # find the element that fails; the others still get their outputs
+            return [r for t in texts for r in self._run_isolating([t], sampling, specials)]
+
+    def _run(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
+        import torch
+
+        tok = self.tokenizer
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "pad_token_id": tok.pad_token_id,
+            "eos_token_id": self.model.generation_config.eos_token_id or tok.eos_token_id,
+            "do_sample": sampling.temperature > 0,
+        }
+        if sampling.temperature > 0:
+            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        else:
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        if sampling.seed is not None:
+            torch.manual_seed(sampling.seed)
+        with torch.inference_mode():
+            out = self.model.generate(**enc, **kwargs)
+        prompt_len = enc["input_ids"].shape[1]
+        eos = kwargs["eos_token_id"]
+        eos_ids = set(eos if isinstance(eos, list) else [eos])
+        results = []
+        for row, mask in zip(out[:, prompt_len:], enc["attention_mask"], strict=True):
+            ids = row.tolist()
+            cut = next((k for k, t in enumerate(ids) if t in eos_ids), None)
+            finish = "stop" if cut is not None else "length"
+            ids = ids[:cut] if cut is not None else [t for t in ids if t != tok.pad_token_id]
+            text = tok.decode(ids, skip_special_tokens=True)
+            for stop in sampling.stop:
+                if stop in text:
+                    text, finish = text[: text.index(stop)], "stop"
+            results.append(GenerationResult(text, None, int(mask.sum()), len(ids), finish))
+        return results
+
+    async def close(self) -> None:
+        self.model = None
+        self.tokenizer = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "model": os.path.basename(os.path.normpath(self.model_path)), "dtype": self.dtype}

@@ -1,0 +1,62 @@
+"""Judges: decide approved/rejected per record. ``build_judge(spec)`` builds one from a JSON spec.
+
+Spec examples::
+
+    {"type": "llm", "template": "...", "max_tokens": 128}
+    {"type": "expected_answer", "field": "answer", "match": "number"}
+    {"type": "regex", "pattern": "^\\\\d+$"}
+    {"type": "json_schema", "schema": {...}}
+    {"type": "length", "min_chars": 1, "max_chars": 2000}
+    {"type": "callable", "target": "my_pkg.checks:is_good"}
+    {"type": "all", "judges": [...]}       # or "any"
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
+from airflow_batchinfer.judges.rules import (
+    CallableJudge,
+    Combined,
+    ExpectedAnswer,
+    JsonSchemaJudge,
+    LengthJudge,
+    RegexJudge,
+)
+
+JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
+
+
+def build_judge(spec: Mapping[str, Any]) -> Judge:
+    if not isinstance(spec, Mapping) or "type" not in spec:
+        raise ConfigError(
+            f"judge spec must be an object with a 'type' ({', '.join(JUDGE_TYPES)}), got {spec!r}"
+        )
+    kind = spec["type"]
+    args = {k: v for k, v in spec.items() if k != "type"}
+    try:
+        if kind == "llm":
+            sampling = SamplingParams.from_mapping(args, SamplingParams(max_tokens=128, temperature=0.0))
+            return LLMJudge(
+                args.get("template") or DEFAULT_TEMPLATE, system=args.get("system"), sampling=sampling
+            )
+        if kind in ("all", "any"):
+            return Combined(kind, [build_judge(s) for s in args.get("judges", [])])
+        cls = {
+            "expected_answer": ExpectedAnswer, "regex": RegexJudge, "json_schema": JsonSchemaJudge,
+            "length": LengthJudge, "callable": CallableJudge,
+        }.get(kind)  # fmt: skip
+        if cls is None:
+            raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")
+        judge: Judge = cls(**args)
+        return judge
+    except TypeError as exc:
+        raise ConfigError(f"judge {kind!r}: bad arguments {sorted(args)} ({exc})") from exc
+
+
+__all__ = ["JUDGE_TYPES", "Judge", "JudgeItem", "LLMJudge", "Verdict", "build_judge", "parse_verdict"]

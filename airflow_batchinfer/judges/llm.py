@@ -1,0 +1,113 @@
+"""The LLM judge: a prompted model decides, and its verdict is parsed robustly.
+
+Accepted verdicts: a JSON object ``{"approved": bool, "reason": str, "score": float}`` (anywhere in
+the output, fenced or not), or, when the output holds no JSON at all, exactly one of the words
+APPROVED / REJECTED. Anything else — unparsable, truncated, both words — is a rejection with reason
+``invalid_judgment``, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
+from airflow_batchinfer.prompts import PromptBuilder, PromptError
+
+INVALID = "invalid_judgment"
+_WORDS = re.compile(r"\b(APPROVED|REJECTED)\b", re.IGNORECASE)
+
+DEFAULT_TEMPLATE = (
+    "You are a strict reviewer. Decide whether the answer correctly and fully responds to the request.\n\n"
+    "Request:\n{{ record.get('prompt') or record.get('question') or record }}\n\nAnswer:\n{{ result }}\n\n"
+    'Reply with JSON only: {"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
+)
+
+
+def _json_objects(text: str) -> list[Any]:
+    """Every JSON object that can be decoded starting at a ``{`` in ``text``."""
+    decoder = json.JSONDecoder()
+    found = []
+    for match in re.finditer(r"\{", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            found.append(value)
+    return found
+
+
+def parse_verdict(text: str | None) -> Verdict:
+    if not text or not text.strip():
+        return Verdict(False, f"{INVALID}: empty output")
+    for obj in _json_objects(text):
+        approved = obj.get("approved")
+        if isinstance(approved, bool):
+            score = obj.get("score")
+            score_f = float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None
+            return Verdict(approved, str(obj.get("reason", ""))[:2000], score_f)
+    if "{" in text:  # JSON was attempted but is broken or truncated: don't guess from words
+        return Verdict(False, f"{INVALID}: no complete JSON verdict in {text[:200]!r}")
+    words = {w.upper() for w in _WORDS.findall(text)}
+    if len(words) == 1:
+        word = words.pop()
+        return Verdict(word == "APPROVED", text.strip()[:2000])
+    return Verdict(False, f"{INVALID}: {text.strip()[:200]!r}")
+
+
+class LLMJudge(Judge):
+    """Asks a model (the worker's engine, through its shared batcher) for a verdict per record.
+
+    :param template: Jinja2 over the record's fields, ``record`` and ``result`` (the output judged).
+    """
+
+    kind = "llm"
+
+    def __init__(
+        self,
+        template: str = DEFAULT_TEMPLATE,
+        *,
+        system: str | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> None:
+        self.sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
+        self.prompts = PromptBuilder(template, system=system, sampling=self.sampling)
+        self.template, self.system = template, system
+
+    async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
+        if generate is None:
+            raise ConfigError("the llm judge needs an engine: run it on a worker")
+        verdicts: list[Verdict | None] = [None] * len(items)
+        requests, positions = [], []
+        for i, item in enumerate(items):
+            try:
+                request = self.prompts.build(
+                    {k: v for k, v in item.record.items() if k != "body"},
+                    request_id=item.record_id,
+                    attempt=item.attempt,
+                    role="judge",
+                    variables={"result": item.result},
+                )
+            except PromptError as exc:
+                verdicts[i] = Verdict(False, f"judge_error: {exc}")
+                continue
+            requests.append(request)
+            positions.append(i)
+        if requests:
+            results = await generate(requests)
+            for i, result in zip(positions, results, strict=True):
+                verdicts[i] = (
+                    parse_verdict(result.text)
+                    if result.ok
+                    else Verdict(False, f"judge_error: {result.error}")
+                )
+        return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind, "template": self.template, "system": self.system,
+                "sampling": self.sampling.as_dict()}  # fmt: skip

@@ -1,0 +1,9 @@
+"""Worker pool backends: ``static`` (known URLs), ``local`` (processes on 127.0.0.1); Kubernetes
+comes with its own issue. Each yields worker URLs and a token for :class:`~airflow_batchinfer.rpc.pool.PoolClient`."""
+
+from __future__ import annotations
+
+from airflow_batchinfer.pools.local import LocalPool, LocalPoolSpec
+from airflow_batchinfer.pools.static import StaticPool
+
+__all__ = ["LocalPool", "LocalPoolSpec", "StaticPool"]

@@ -1,0 +1,164 @@
+"""Worker RPC clients (httpx): async :class:`WorkerClient` and sync :class:`SyncWorkerClient`.
+
+HTTP errors map to the exception tree (``WorkerBusy`` for 429/503, ``AuthenticationError`` 401,
+``ForbiddenError`` 403, ``BadJobError`` 400, ``JobNotFound`` 404, ``WorkerUnavailable`` when the
+worker cannot be reached). Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without sockets.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from airflow_batchinfer.exceptions import (
+    AuthenticationError,
+    BadJobError,
+    ForbiddenError,
+    JobNotFound,
+    RpcError,
+    WorkerBusy,
+    WorkerUnavailable,
+)
+from airflow_batchinfer.rpc.models import JobSpec, JobStatus, WorkerStats
+
+_ERRORS: dict[int, type[RpcError]] = {
+    400: BadJobError, 401: AuthenticationError, 403: ForbiddenError, 404: JobNotFound,
+    429: WorkerBusy, 503: WorkerBusy,
+}  # fmt: skip
+
+
+def _headers(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def _check(response: httpx.Response, base_url: str) -> Any:
+    if response.status_code < 300:
+        return response.json()
+    try:
+        body = response.json()
+        detail = f"{body.get('error')}: {body.get('detail')}"
+    except ValueError:
+        detail = response.text[:300]
+    cls = _ERRORS.get(response.status_code, RpcError)
+    raise cls(f"worker {base_url} answered {response.status_code} ({detail})")
+
+
+class WorkerClient:
+    """Async client for one worker."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=_headers(token),
+            timeout=timeout,
+            transport=transport,
+            trust_env=False,
+        )
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise WorkerUnavailable(
+                f"worker {self.base_url} unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+        return _check(response, self.base_url)
+
+    async def submit(self, spec: JobSpec) -> JobStatus:
+        return JobStatus.model_validate(await self._call("POST", "/v1/jobs", json=spec.model_dump()))
+
+    async def status(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(await self._call("GET", f"/v1/jobs/{job_id}"))
+
+    async def cancel(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(await self._call("DELETE", f"/v1/jobs/{job_id}"))
+
+    async def stats(self) -> WorkerStats:
+        return WorkerStats.model_validate(await self._call("GET", "/v1/stats"))
+
+    async def health(self) -> bool:
+        return bool((await self._call("GET", "/v1/health")).get("status") == "ok")
+
+    async def ready(self) -> bool:
+        try:
+            return bool((await self._call("GET", "/v1/ready")).get("ready"))
+        except WorkerBusy:
+            return False
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> WorkerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class SyncWorkerClient:
+    """Blocking twin of :class:`WorkerClient` (operators' ``execute``, CLI)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=_headers(token),
+            timeout=timeout,
+            transport=transport,
+            trust_env=False,
+        )
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise WorkerUnavailable(
+                f"worker {self.base_url} unreachable: {type(exc).__name__}: {exc}"
+            ) from exc
+        return _check(response, self.base_url)
+
+    def submit(self, spec: JobSpec) -> JobStatus:
+        return JobStatus.model_validate(self._call("POST", "/v1/jobs", json=spec.model_dump()))
+
+    def status(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(self._call("GET", f"/v1/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> JobStatus:
+        return JobStatus.model_validate(self._call("DELETE", f"/v1/jobs/{job_id}"))
+
+    def stats(self) -> WorkerStats:
+        return WorkerStats.model_validate(self._call("GET", "/v1/stats"))
+
+    def ready(self) -> bool:
+        try:
+            return bool(self._call("GET", "/v1/ready").get("ready"))
+        except WorkerBusy:
+            return False
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> SyncWorkerClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,63 @@
+"""Wire messages of the worker RPC (JSON only; shared by server and client)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+JobKind = Literal["infer", "judge", "in_place"]
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+
+# Output names each job kind requires (all are URIs; "manifest" is the completion manifest).
+REQUIRED_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "infer": ("inferred", "manifest"),
+    "judge": ("approved", "rejected", "manifest"),
+    "in_place": ("approved", "rejected", "checkpoints", "manifest"),
+}
+
+
+class JobSpec(BaseModel):
+    """``POST /v1/jobs``: one shard job, by reference. Submitting the same ``job_id`` again returns
+    the existing job instead of running it twice."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/=+\-]{0,255}$")
+    kind: JobKind
+    input: str = Field(min_length=1)
+    outputs: dict[str, str]
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Progress(BaseModel):
+    done: int = 0
+    total: int | None = None
+
+
+class JobStatus(BaseModel):
+    job_id: str
+    kind: JobKind
+    state: JobState
+    counts: dict[str, int] = Field(default_factory=dict)
+    progress: Progress = Field(default_factory=Progress)
+    error: str | None = None
+    manifest: str | None = None
+    worker: str | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class WorkerStats(BaseModel):
+    engine: dict[str, Any]
+    slots_total: int
+    slots_busy: int
+    draining: bool
+    jobs: dict[str, int]
+    batcher: dict[str, Any]
+
+
+class ErrorBody(BaseModel):
+    error: str
+    detail: str

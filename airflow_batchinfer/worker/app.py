@@ -1,0 +1,154 @@
+"""The worker's HTTP/JSON API (FastAPI). See DESIGN §5 for the contract.
+
+``/v1/health`` and ``/v1/ready`` are open (probes); everything else needs the bearer token unless
+the worker runs with ``--insecure-no-auth`` on loopback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from airflow_batchinfer.exceptions import ConfigError, WorkerBusy
+from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.worker import metrics
+from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.worker.registry import JobRegistry
+from airflow_batchinfer.worker.runtime import Runtime
+from airflow_batchinfer.worker.security import PrefixPolicy, token_ok
+
+log = logging.getLogger("airflow_batchinfer.worker")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> None:
+        self.status, self.error, self.detail, self.headers = status, error, detail, headers
+
+
+def create_app(
+    config: WorkerConfig, runtime: Runtime, *, on_fatal: Callable[[], None] | None = None
+) -> FastAPI:
+    """The worker app. ``on_fatal`` is called when the engine cannot start (the process should exit
+    non-zero, so a supervisor restarts it and shows why)."""
+    registry = JobRegistry(runtime, concurrency=config.concurrency)
+    prefixes = PrefixPolicy(config.allowed_prefixes)
+    state: dict[str, Any] = {"load_error": None}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async def load() -> None:
+            try:
+                await runtime.start()
+                log.info("engine %s ready", runtime.describe())
+            except Exception as exc:
+                log.exception("engine failed to start")
+                state["load_error"] = f"{type(exc).__name__}: {exc}"
+                if on_fatal is not None:
+                    on_fatal()
+
+        loader = asyncio.create_task(load())
+        try:
+            yield
+        finally:
+            if not loader.done():
+                loader.cancel()
+            await registry.drain(config.drain_timeout_s)
+            await runtime.close()
+
+    app = FastAPI(title="airflow-batchinfer worker", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.registry = registry
+    app.state.runtime = runtime
+    app.state.load_state = state
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(
+            {"error": exc.error, "detail": exc.detail}, status_code=exc.status, headers=exc.headers
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        reasons = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
+        return JSONResponse({"error": "bad_request", "detail": reasons}, status_code=400)
+
+    def authorized(request: Request) -> None:
+        if config.insecure_no_auth:
+            return
+        assert config.token
+        if not token_ok(request.headers.get("authorization"), config.token):
+            raise ApiError(
+                401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
+            )
+
+    auth = [Depends(authorized)]
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/ready")
+    async def ready() -> JSONResponse:
+        if runtime.ready and not registry.draining:
+            return JSONResponse({"ready": True})
+        reason = state["load_error"] or ("draining" if registry.draining else "loading the model")
+        return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+
+    @app.post("/v1/jobs", dependencies=auth, status_code=202, response_model=JobStatus)
+    async def submit(spec: JobSpec) -> JSONResponse:
+        missing = [name for name in REQUIRED_OUTPUTS[spec.kind] if name not in spec.outputs]
+        if missing:
+            raise ApiError(400, "bad_request", f"a {spec.kind} job needs outputs {missing}")
+        for uri in [spec.input, *spec.outputs.values()]:
+            if not prefixes.allows(uri):
+                raise ApiError(403, "forbidden", f"{uri} is outside this worker's allowed prefixes")
+        try:
+            params = parse_params(spec.kind, spec.params)
+        except (ConfigError, ValueError) as exc:
+            raise ApiError(400, "bad_request", str(exc)) from exc
+        if not runtime.ready:
+            raise ApiError(
+                503, "not_ready", state["load_error"] or "the model is still loading", {"Retry-After": "5"}
+            )
+        try:
+            status, created = registry.submit(spec, params)
+        except WorkerBusy as exc:
+            code = 503 if registry.draining else 429
+            raise ApiError(
+                code, "busy" if code == 429 else "draining", str(exc), {"Retry-After": "2"}
+            ) from exc
+        return JSONResponse(status.model_dump(), status_code=202 if created else 200)
+
+    @app.get("/v1/jobs/{job_id:path}", dependencies=auth, response_model=JobStatus)
+    async def job_status(job_id: str) -> JobStatus:
+        status = registry.status(job_id)
+        if status is None:
+            raise ApiError(404, "not_found", f"no job {job_id} on this worker")
+        return status
+
+    @app.delete("/v1/jobs/{job_id:path}", dependencies=auth, response_model=JobStatus)
+    async def cancel(job_id: str) -> JobStatus:
+        status = registry.cancel(job_id)
+        if status is None:
+            raise ApiError(404, "not_found", f"no job {job_id} on this worker")
+        return status
+
+    @app.get("/v1/stats", dependencies=auth, response_model=WorkerStats)
+    async def stats() -> WorkerStats:
+        return WorkerStats(
+            engine=runtime.describe(), slots_total=registry.concurrency, slots_busy=registry.busy,
+            draining=registry.draining, jobs=registry.state_counts(), batcher=runtime.batcher.stats.as_dict(),
+        )  # fmt: skip
+
+    @app.get("/metrics", dependencies=auth)
+    async def prometheus() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(registry), media_type="text/plain; version=0.0.4")
+
+    return app

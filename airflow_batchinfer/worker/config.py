@@ -1,0 +1,72 @@
+"""Worker settings from the command line, with environment fallbacks for containers."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.worker.security import is_loopback
+
+TOKEN_ENV = "BATCHINFER_WORKER_TOKEN"
+TOKEN_FILE_ENV = "BATCHINFER_WORKER_TOKEN_FILE"
+
+
+@dataclass
+class WorkerConfig:
+    engine: str = "simulated"
+    model: str | None = None
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    concurrency: int = 10
+    host: str = "127.0.0.1"
+    port: int = 0
+    token: str | None = None
+    insecure_no_auth: bool = False
+    allowed_prefixes: list[str] | None = field(default_factory=list)
+    idle_ttl_s: float | None = None
+    drain_timeout_s: float = 300.0
+    target_batch_tokens: int = 16_384
+    max_batch_size: int = 256
+    batch_timeout_s: float = 0.05
+    max_concurrent_batches: int | None = None
+    announce_file: str | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        if self.concurrency < 1:
+            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.insecure_no_auth:
+            if not is_loopback(self.host):
+                raise ConfigError("--insecure-no-auth is only allowed on a loopback address (127.0.0.0/8)")
+        elif not self.token:
+            raise ConfigError(
+                f"no RPC token: set {TOKEN_ENV} (or {TOKEN_FILE_ENV} / --token-file); only a loopback dev "
+                "worker may run with --insecure-no-auth"
+            )
+
+
+def load_token(token_file: str | None) -> str | None:
+    path = token_file or os.environ.get(TOKEN_FILE_ENV)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip() or None
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file {path}: {exc}") from exc
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; values are JSON when they parse as JSON (numbers, booleans, lists)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{pair!r}: expected KEY=VALUE")
+        try:
+            out[key.replace("-", "_")] = json.loads(value)
+        except ValueError:
+            out[key.replace("-", "_")] = value
+    return out

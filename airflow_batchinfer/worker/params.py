@@ -1,0 +1,74 @@
+"""Job parameters per kind, validated at submit time (a bad job is an HTTP 400, not a failed run)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges import Judge, build_judge
+from airflow_batchinfer.prompts import PromptBuilder
+
+DEFAULT_CHUNK = 2_000
+# Parameters that change how a job runs but not what it produces (left out of fingerprints).
+NON_SEMANTIC = ("chunk_size", "input_records", "checkpoint_every", "checkpoint_interval_s", "fingerprint")
+
+
+@dataclass(frozen=True)
+class JobParams:
+    chunk_size: int = DEFAULT_CHUNK
+    id_field: str = "id"
+    round: int = 0
+    input_records: int | None = None
+    prompts: PromptBuilder | None = None
+    judge: Judge | None = None
+    output_format: str = "rows"
+    max_attempts: int = 3
+    checkpoint_every: int = 256
+    checkpoint_interval_s: float = 5.0
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _int(params: Mapping[str, Any], key: str, default: int, minimum: int) -> int:
+    value = params.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"params.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def parse_params(kind: str, params: Mapping[str, Any]) -> JobParams:
+    """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``in_place``)."""
+    common: dict[str, Any] = {
+        "chunk_size": _int(params, "chunk_size", DEFAULT_CHUNK, 1),
+        "id_field": str(params.get("id_field", "id")),
+        "round": _int(params, "round", 0, 0),
+        "input_records": params.get("input_records"),
+        "raw": dict(params),
+    }
+    if kind in ("infer", "in_place"):
+        template = params.get("prompt_template")
+        if template is not None and not isinstance(template, str):
+            raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
+        sampling = SamplingParams.from_mapping(params.get("sampling") or {})
+        common["prompts"] = PromptBuilder(
+            template, system=params.get("system"), chat=bool(params.get("chat", True)), sampling=sampling
+        )
+    if kind in ("judge", "in_place"):
+        if "judge" not in params:
+            raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
+        common["judge"] = build_judge(params["judge"])
+    if kind == "infer":
+        fmt = params.get("output_format", "rows")
+        if fmt not in ("rows", "openai"):
+            raise ConfigError(f"params.output_format must be 'rows' or 'openai', got {fmt!r}")
+        common["output_format"] = fmt
+    if kind == "in_place":
+        common["max_attempts"] = _int(params, "max_attempts", 3, 1)
+        common["checkpoint_every"] = _int(params, "checkpoint_every", 256, 1)
+        interval = params.get("checkpoint_interval_s", 5.0)
+        if not isinstance(interval, int | float) or interval <= 0:
+            raise ConfigError(f"params.checkpoint_interval_s must be > 0, got {interval!r}")
+        common["checkpoint_interval_s"] = float(interval)
+    return JobParams(**common)

@@ -1,0 +1,175 @@
+"""Jobs of one worker: slots, idempotent submission, lifecycle, and completion manifests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+from airflow_batchinfer.batching import BatchStats
+from airflow_batchinfer.exceptions import BatchInferError, WorkerBusy
+from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
+from airflow_batchinfer.worker.manifest import write_job_manifest
+from airflow_batchinfer.worker.params import JobParams
+from airflow_batchinfer.worker.runtime import Runtime
+from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext, fingerprint
+
+log = logging.getLogger("airflow_batchinfer.worker")
+KEEP_FINISHED = 10_000  # finished jobs remembered for status queries
+
+
+@dataclass
+class Job:
+    ctx: JobContext
+    state: JobState = "running"
+    error: str | None = None
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    task: asyncio.Task[None] | None = None
+
+    def status(self, worker: str) -> JobStatus:
+        spec = self.ctx.spec
+        return JobStatus(
+            job_id=spec.job_id, kind=spec.kind, state=self.state, counts=dict(self.ctx.counts),
+            progress=self.ctx.progress, error=self.error, manifest=spec.outputs.get("manifest"),
+            worker=worker, started_at=self.started_at, finished_at=self.finished_at,
+        )  # fmt: skip
+
+
+class JobRegistry:
+    def __init__(self, runtime: Runtime, *, concurrency: int, worker_name: str | None = None) -> None:
+        self.runtime = runtime
+        self.concurrency = concurrency
+        self.worker_name = worker_name or socket.gethostname()
+        self.jobs: dict[str, Job] = {}
+        self.draining = False
+        self.last_activity = time.monotonic()
+        self.totals: Counter[str] = Counter()  # finished jobs by "kind:state", for /metrics
+        self.records: Counter[str] = Counter()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    @property
+    def busy(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.state == "running")
+
+    def submit(self, spec: JobSpec, params: JobParams) -> tuple[JobStatus, bool]:
+        """Start ``spec`` or return the existing job with that id. ``True`` when newly started.
+
+        A job id that is running or succeeded is never run twice; a failed or cancelled one may be
+        submitted again (a retry).
+        """
+        existing = self.jobs.get(spec.job_id)
+        if existing is not None and existing.state not in ("failed", "cancelled"):
+            return existing.status(self.worker_name), False
+        if self.draining:
+            raise WorkerBusy("worker is draining (shutting down): submit to another worker")
+        if self.busy >= self.concurrency:
+            raise WorkerBusy(f"all {self.concurrency} slots are busy: retry later or on another worker")
+        job = Job(JobContext(spec, params, self.runtime))
+        self.jobs[spec.job_id] = job
+        self._idle.clear()
+        self.last_activity = time.monotonic()
+        job.task = asyncio.create_task(self._run(job), name=f"job:{spec.job_id}")
+        self._forget_old()
+        return job.status(self.worker_name), True
+
+    async def _run(self, job: Job) -> None:
+        ctx = job.ctx
+        spec = ctx.spec
+        batch_before = self.runtime.batcher.stats
+        t0 = time.monotonic()
+        try:
+            counts = await SHARD_JOBS[spec.kind](ctx)
+            info = await asyncio.to_thread(ctx.file(spec.input).info)
+            manifest = {
+                "job_id": spec.job_id, "kind": spec.kind, "state": "succeeded", "input": spec.input,
+                "outputs": spec.outputs, "counts": counts, "round": ctx.params.round,
+                "fingerprint": fingerprint(spec, self.runtime.describe(), info),
+                "engine": self.runtime.describe(), "worker": self.worker_name,
+                "timings": {"started_at": job.started_at, "finished_at": time.time(),
+                            "run_s": round(time.monotonic() - t0, 3)},
+                "batcher": _delta(batch_before, self.runtime.batcher.stats),
+            }  # fmt: skip
+            await asyncio.to_thread(
+                write_job_manifest, spec.outputs["manifest"], manifest, self.runtime.storage_options
+            )
+            for cleanup in ctx.cleanup:
+                await asyncio.to_thread(cleanup)
+            job.state = "succeeded"
+        except asyncio.CancelledError:
+            job.state, job.error = "cancelled", "cancelled"
+        except BatchInferError as exc:
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        except Exception as exc:
+            log.exception("job %s failed", spec.job_id)
+            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+        finally:
+            job.finished_at = time.time()
+            self.last_activity = time.monotonic()
+            self.totals[f"{spec.kind}:{job.state}"] += 1
+            for key, n in ctx.counts.items():
+                self.records[key] += n
+            if job.state != "succeeded":
+                log.warning(
+                    "job %s (%s, input %s) %s: %s", spec.job_id, spec.kind, spec.input, job.state, job.error
+                )
+            if self.busy == 0:
+                self._idle.set()
+
+    def status(self, job_id: str) -> JobStatus | None:
+        job = self.jobs.get(job_id)
+        return None if job is None else job.status(self.worker_name)
+
+    def cancel(self, job_id: str) -> JobStatus | None:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return None
+        if job.task is not None and job.state == "running":
+            job.task.cancel()
+        return job.status(self.worker_name)
+
+    async def drain(self, timeout: float) -> None:
+        """Stop accepting jobs; let running ones finish for ``timeout`` s, then cancel them
+        (in-place jobs flush their checkpoints when cancelled)."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            running = [j.task for j in self.jobs.values() if j.state == "running" and j.task is not None]
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    def state_counts(self) -> dict[str, int]:
+        return dict(Counter(j.state for j in self.jobs.values()))
+
+    def _forget_old(self) -> None:
+        if len(self.jobs) <= KEEP_FINISHED:
+            return
+        finished = sorted(
+            (j for j in self.jobs.values() if j.state in TERMINAL_STATES), key=lambda j: j.finished_at or 0
+        )
+        for job in finished[: len(self.jobs) - KEEP_FINISHED]:
+            del self.jobs[job.ctx.spec.job_id]
+
+
+def _delta(before: BatchStats, after: BatchStats) -> dict[str, float]:
+    """Batcher activity during one job (shared with concurrent jobs)."""
+    batches = after.total_batches - before.total_batches
+    cost = after.total_batch_cost - before.total_batch_cost
+    busy = after.busy_time_s - before.busy_time_s
+    idle = after.idle_time_s - before.idle_time_s
+    return {
+        "batches": batches,
+        "avg_batch_cost": cost / batches if batches else 0.0,
+        "avg_fill": (cost / batches / after.target_batch_cost)
+        if batches and after.target_batch_cost
+        else 0.0,
+        "busy_s": round(busy, 4),
+        "idle_s": round(idle, 4),
+        "utilization": busy / (busy + idle) if busy + idle else 0.0,
+    }

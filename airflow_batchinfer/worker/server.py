@@ -1,0 +1,121 @@
+"""``batchinfer worker serve``: one process, one event loop, the model loaded once.
+
+SIGTERM drains: the worker stops accepting jobs (503), lets running ones finish (in-place jobs
+checkpoint if the drain timeout passes), then exits 0. A second SIGTERM/SIGINT exits at once.
+With ``idle_ttl`` the worker drains itself after that long without jobs (local pools).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from types import FrameType
+
+import uvicorn
+
+from airflow_batchinfer.engines import create_engine
+from airflow_batchinfer.worker.app import create_app
+from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.registry import JobRegistry
+from airflow_batchinfer.worker.runtime import Runtime
+
+log = logging.getLogger("airflow_batchinfer.worker")
+
+
+class _DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, registry: JobRegistry, drain_timeout_s: float) -> None:
+        super().__init__(config)
+        self.registry = registry
+        self.drain_timeout_s = drain_timeout_s
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._draining is not None or self.loop is None:  # a second signal: stop now
+            self.should_exit = True
+            self.force_exit = True
+            return
+        log.info(
+            "signal %s: draining (up to %.0f s) before exit", signal.Signals(sig).name, self.drain_timeout_s
+        )
+        self.loop.call_soon_threadsafe(self.start_drain)
+
+    def start_drain(self) -> None:
+        if self._draining is None:
+            self._draining = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        await self.registry.drain(self.drain_timeout_s)
+        self.should_exit = True
+
+
+def _announce(path: str, url: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"url": url, "pid": os.getpid(), "started_at": time.time()}, f)
+    os.replace(tmp, path)
+
+
+async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig, url: str) -> None:
+    """Announce readiness once the model is loaded; drain after ``idle_ttl`` without jobs."""
+    announced = False
+    while not server.should_exit:
+        await asyncio.sleep(0.2)
+        if runtime.ready and not announced and config.announce_file:
+            _announce(config.announce_file, url)
+            announced = True
+        registry = server.registry
+        idle_for = time.monotonic() - registry.last_activity
+        if config.idle_ttl_s is not None and registry.busy == 0 and idle_for > config.idle_ttl_s:
+            log.info("idle for %.0f s (idle_ttl %.0f s): exiting", idle_for, config.idle_ttl_s)
+            server.start_drain()
+            return
+
+
+def serve(config: WorkerConfig) -> None:
+    config.validate()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config.allowed_prefixes is None:
+        log.warning("--allow-any-prefix: jobs may read and write any storage location this worker can reach")
+    if config.insecure_no_auth:
+        log.warning("--insecure-no-auth: the RPC API is open to every local process")
+    engine = create_engine(config.engine, model=config.model, **config.engine_options)
+    concurrent = config.max_concurrent_batches or (4 if config.engine == "vllm" else 1)
+    runtime = Runtime(
+        engine, target_batch_tokens=config.target_batch_tokens, max_batch_size=config.max_batch_size,
+        batch_timeout_s=config.batch_timeout_s, max_concurrent_batches=concurrent,
+        storage_options=config.storage_options,
+    )  # fmt: skip
+    server: _DrainingServer | None = None
+    app = create_app(config, runtime, on_fatal=lambda: server.start_drain() if server else None)
+    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((config.host, config.port))
+    host, port = sock.getsockname()[:2]
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    uv_config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    server = _DrainingServer(uv_config, app.state.registry, config.drain_timeout_s)
+    log.info("worker listening on %s (engine %s, concurrency %d)", url, config.engine, config.concurrency)
+
+    async def main() -> None:
+        server.loop = asyncio.get_running_loop()
+        watcher = asyncio.create_task(_watch(server, runtime, config, url))
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if config.announce_file:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(config.announce_file)
+
+    asyncio.run(main())
+    if app.state.load_state["load_error"]:
+        raise SystemExit(f"worker stopped: the engine failed to start: {app.state.load_state['load_error']}")

@@ -1,0 +1,303 @@
+"""The three shard jobs a worker runs: ``infer``, ``judge`` and ``in_place``.
+
+Each streams its input shard in chunks (memory is bounded by ``concurrency × chunk_size`` records
+per worker, whatever the shard size), submits prompts to the worker's shared batcher, turns every
+per-record failure into a row with a reason, and commits each output file atomically. Output rows
+are the input record plus ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+from airflow_batchinfer.judges import JudgeItem, Verdict
+from airflow_batchinfer.prompts import PromptError
+from airflow_batchinfer.rpc.models import JobSpec, Progress
+from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage.records import Record
+from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
+from airflow_batchinfer.worker.params import NON_SEMANTIC, JobParams
+from airflow_batchinfer.worker.runtime import Runtime
+
+
+@dataclass
+class JobContext:
+    spec: JobSpec
+    params: JobParams
+    runtime: Runtime
+    progress: Progress = field(default_factory=Progress)
+    counts: Counter[str] = field(default_factory=Counter)
+    # Run after the completion manifest is written (e.g. deleting checkpoints that served).
+    cleanup: list[Callable[[], None]] = field(default_factory=list)
+
+    def file(self, uri: str) -> JsonlFile:
+        return JsonlFile(uri, storage_options=self.runtime.storage_options)
+
+    def record_id(self, record: Mapping[str, Any]) -> str:
+        rid = record.get(self.params.id_field, record.get("custom_id"))
+        return str(rid)
+
+
+def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[str, Any]) -> str:
+    """What a job's outputs depend on: engine and model, kind, templates, judge, sampling, input."""
+    params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
+    payload = {
+        "kind": spec.kind,
+        "engine": dict(engine),
+        "params": params,
+        "input": {"uri": spec.input, "size": input_info.get("size"),
+                  "version": str(input_info.get("ETag") or input_info.get("mtime") or "")},
+    }  # fmt: skip
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+async def chunks(records: AsyncIterator[Record], size: int) -> AsyncIterator[list[Record]]:
+    chunk: list[Record] = []
+    async for record in records:
+        chunk.append(record)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
+    row = {k: v for k, v in record.items() if k != "judgment"}
+    row.update(fields)
+    return row
+
+
+# ------------------------------------------------------------------------------------------ infer
+async def run_infer(ctx: JobContext) -> dict[str, int]:
+    p = ctx.params
+    prompts = p.prompts
+    assert prompts is not None
+    ctx.progress.total = p.input_records
+    created = int(time.time())
+    model = str(ctx.runtime.describe().get("model", ctx.runtime.describe().get("engine")))
+
+    async def process(chunk: list[Record]) -> list[Record]:
+        built: list[tuple[Record, GenerationRequest | str]] = []
+        for record in chunk:
+            attempts = int(record.get("attempts") or 0) + 1
+            try:
+                built.append(
+                    (record, prompts.build(record, request_id=ctx.record_id(record), attempt=attempts))
+                )
+            except PromptError as exc:
+                built.append((record, str(exc)))
+        requests = [r for _, r in built if isinstance(r, GenerationRequest)]
+        results = iter(await ctx.runtime.generate(requests))
+        rows = []
+        for record, req in built:
+            res = next(results) if isinstance(req, GenerationRequest) else GenerationResult.failed(req)
+            ctx.counts["ok" if res.ok else "error"] += 1
+            if p.output_format == "openai":
+                rows.append(openai_batch_row(record, res, model=model, created=created))
+            else:
+                rows.append(output_row(record, result=res.text, status="ok" if res.ok else "error",
+                                       error=res.error, attempts=int(record.get("attempts") or 0) + 1,
+                                       round=p.round))  # fmt: skip
+        return rows
+
+    async with ctx.file(ctx.spec.outputs["inferred"]).writer() as out:
+        await _pipelined(ctx, process, out.write_many)
+    return dict(ctx.counts)
+
+
+async def _pipelined(
+    ctx: JobContext,
+    process: Callable[[list[Record]], Coroutine[Any, Any, list[Record]]],
+    write: Callable[[list[Record]], Awaitable[None]],
+) -> None:
+    """Process chunk k+1 while chunk k is written: the batcher never waits on this job's I/O.
+    At most two chunks are in memory per job."""
+    reader = ctx.file(ctx.spec.input).iter_records()
+    pending: asyncio.Task[list[Record]] | None = None
+    try:
+        async for chunk in chunks(aiter(reader), ctx.params.chunk_size):
+            task = asyncio.create_task(process(chunk))
+            if pending is not None:
+                rows = await pending
+                await write(rows)
+                ctx.progress.done += len(rows)
+            pending = task
+        if pending is not None:
+            rows = await pending
+            pending = None
+            await write(rows)
+            ctx.progress.done += len(rows)
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+
+
+def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model: str, created: int) -> Record:
+    """One line of an OpenAI batch output file: ``{id, custom_id, response, error}``."""
+    custom_id = record.get("custom_id", record.get("id"))
+    digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
+    if not res.ok:
+        return {"id": f"batch_req_{digest}", "custom_id": custom_id, "response": None,
+                "error": {"code": "inference_error", "message": res.error}}  # fmt: skip
+    raw_body = record.get("body")
+    body: dict[str, Any] = raw_body if isinstance(raw_body, dict) else {}
+    usage = {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
+             "total_tokens": res.prompt_tokens + res.completion_tokens}  # fmt: skip
+    if "messages" in body or "body" not in record:
+        response_body: dict[str, Any] = {
+            "id": f"chatcmpl-{digest}", "object": "chat.completion", "created": created,
+            "model": body.get("model", model),
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
+                         "finish_reason": res.finish_reason}],
+            "usage": usage,
+        }  # fmt: skip
+    else:
+        response_body = {
+            "id": f"cmpl-{digest}", "object": "text_completion", "created": created,
+            "model": body.get("model", model),
+            "choices": [{"index": 0, "text": res.text, "finish_reason": res.finish_reason}],
+            "usage": usage,
+        }  # fmt: skip
+    return {
+        "id": f"batch_req_{digest}",
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": f"req_{digest}", "body": response_body},
+        "error": None,
+    }
+
+
+# ------------------------------------------------------------------------------------------ judge
+async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record, Verdict]]:
+    """Verdicts for inferred rows; an errored inference is a rejection without asking the judge."""
+    assert ctx.params.judge is not None
+    verdicts: list[Verdict | None] = [None] * len(rows)
+    items, positions = [], []
+    for i, row in enumerate(rows):
+        if row.get("status") == "error" or row.get("result") is None:
+            verdicts[i] = Verdict(False, f"inference_error: {row.get('error')}")
+            continue
+        items.append(JudgeItem(row, str(row["result"]), ctx.record_id(row), int(row.get("attempts") or 1)))
+        positions.append(i)
+    if items:
+        judged = await ctx.params.judge.judge(items, ctx.runtime.generate)
+        for i, verdict in zip(positions, judged, strict=True):
+            verdicts[i] = verdict
+    return [
+        (row, v if v is not None else Verdict(False, "invalid_judgment"))
+        for row, v in zip(rows, verdicts, strict=True)
+    ]
+
+
+async def run_judge(ctx: JobContext) -> dict[str, int]:
+    ctx.progress.total = ctx.params.input_records
+    approved_out = ctx.file(ctx.spec.outputs["approved"]).writer()
+    rejected_out = ctx.file(ctx.spec.outputs["rejected"]).writer()
+    async with approved_out, rejected_out:
+
+        async def process(chunk: list[Record]) -> list[Record]:
+            rows = []
+            for row, verdict in await _judge_rows(ctx, chunk):
+                status = "approved" if verdict.approved else "rejected"
+                if row.get("status") == "error":
+                    ctx.counts["inference_errors"] += 1
+                ctx.counts[status] += 1
+                rows.append({**row, "status": status, "judgment": verdict.as_dict()})
+            return rows
+
+        async def write(rows: list[Record]) -> None:
+            await approved_out.write_many([r for r in rows if r["status"] == "approved"])
+            await rejected_out.write_many([r for r in rows if r["status"] == "rejected"])
+
+        await _pipelined(ctx, process, write)
+    return dict(ctx.counts)
+
+
+# --------------------------------------------------------------------------------------- in place
+async def run_in_place(ctx: JobContext) -> dict[str, int]:
+    """Strategy 2: each sample is retried against the warm engine until approved or
+    ``max_attempts`` (counting attempts from earlier rounds), in a window of ``chunk_size`` samples
+    in flight. A stubborn sample holds one window place, never the job or the worker."""
+    p = ctx.params
+    prompts = p.prompts
+    assert prompts is not None and p.judge is not None
+    ctx.progress.total = p.input_records
+    log = CheckpointLog(
+        ctx.spec.outputs["checkpoints"],
+        flush_every=p.checkpoint_every,
+        flush_interval_s=p.checkpoint_interval_s,
+        storage_options=ctx.runtime.storage_options,
+    )
+    state: dict[str, SampleState] = await asyncio.to_thread(log.load)
+    ctx.counts["resumed"] = sum(1 for s in state.values() if s.attempts)
+    approved_out = ctx.file(ctx.spec.outputs["approved"]).writer()
+    rejected_out = ctx.file(ctx.spec.outputs["rejected"]).writer()
+    window = asyncio.Semaphore(p.chunk_size)
+
+    async def finish(row: Record) -> None:
+        ctx.counts[row["status"]] += 1
+        await (approved_out if row["status"] == "approved" else rejected_out).write(row)
+        ctx.progress.done += 1
+
+    async def sample(record: Record) -> None:
+        try:
+            rid = ctx.record_id(record)
+            saved = state.get(rid, SampleState())
+            if saved.final is not None:
+                await finish(saved.final)
+                return
+            attempt = max(int(record.get("attempts") or 0), saved.attempts)
+            while True:
+                attempt += 1
+                ctx.counts["attempts"] += 1
+                try:
+                    request = prompts.build(record, request_id=rid, attempt=attempt)
+                except PromptError as exc:  # permanent: retrying cannot help
+                    row = output_row(
+                        record, result=None, status="error", error=str(exc), attempts=attempt, round=p.round,
+                        judgment={"approved": False, "reason": "prompt_error"},
+                    )  # fmt: skip
+                    await log.record(rid, attempt, row)
+                    await finish(row)
+                    return
+                res = (await ctx.runtime.generate([request]))[0]
+                row = output_row(record, result=res.text, status="ok" if res.ok else "error", error=res.error,
+                                 attempts=attempt, round=p.round)  # fmt: skip
+                ((_, verdict),) = await _judge_rows(ctx, [row])
+                row["judgment"] = verdict.as_dict()
+                if verdict.approved or attempt >= p.max_attempts:
+                    row["status"] = "approved" if verdict.approved else "max_attempts"
+                    await log.record(rid, attempt, row)
+                    await finish(row)
+                    return
+                await log.record(rid, attempt)
+        finally:
+            window.release()
+
+    flusher = asyncio.create_task(log.run_periodic_flush())
+    try:
+        async with approved_out, rejected_out, asyncio.TaskGroup() as group:
+            async for record in aiter(ctx.file(ctx.spec.input).iter_records()):
+                await window.acquire()
+                group.create_task(sample(record))
+    finally:
+        flusher.cancel()
+        await asyncio.gather(flusher, return_exceptions=True)
+    ctx.counts["checkpoint_segments"] = log.segments_written
+    ctx.cleanup.append(log.clear)  # once the manifest records completion, checkpoints have served
+    return dict(ctx.counts)
+
+
+SHARD_JOBS: dict[str, Callable[[JobContext], Awaitable[dict[str, int]]]] = {
+    "infer": run_infer,
+    "judge": run_judge,
+    "in_place": run_in_place,
+}
