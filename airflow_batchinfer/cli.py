@@ -145,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_args(p)
     p.set_defaults(func=_cmd_worker_serve)
 
-    pool = sub.add_parser("pool", help="the local warm worker pool").add_subparsers(dest="pool_command", required=True)
+    pool = sub.add_parser("pool", help="the local warm worker pool").add_subparsers(
+        dest="pool_command", required=True
+    )
     p = pool.add_parser("up", help="start (or reuse) N local workers and wait until ready")
     _pool_args(p)
     p.set_defaults(func=_cmd_pool_up)
@@ -159,7 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="JSONL(.zst) dataset: path or URI")
     p.add_argument("run_root", help="run directory: path or URI")
     _pool_args(p, with_prefix=False)
-    p.add_argument("--prompt-template", default=None, help="Jinja2 over record fields, e.g. 'What is {{ q }}?'")
+    p.add_argument(
+        "--prompt-template", default=None, help="Jinja2 over record fields, e.g. 'What is {{ q }}?'"
+    )
     p.add_argument("--system", default=None, help="system message for chat prompts")
     p.add_argument("--sampling", default="{}", help='JSON, e.g. \'{"max_tokens": 64, "temperature": 0.7}\'')
     p.add_argument("--judge", default='{"type": "llm"}', help="judge spec as JSON (see README)")
@@ -170,12 +174,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chunk-size", type=int, default=500)
     p.add_argument("--id-field", default=None)
     p.add_argument("--assign-ids", action="store_true")
+    p.add_argument(
+        "--worker-url",
+        action="append",
+        default=[],
+        help="use these running workers (a static pool) instead of a local pool (repeatable); "
+        "token from --token-file or $BATCHINFER_WORKER_TOKEN",
+    )
+    p.add_argument("--token-file", default=None)
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("demo", help="run the pipeline end to end with a real small model (SmolLM2)")
+    p.add_argument(
+        "--workdir",
+        default=None,
+        help="where the dataset and run go (default ~/.cache/airflow-batchinfer/demo)",
+    )
+    p.add_argument("--records", type=int, default=40)
+    p.add_argument("--max-rounds", type=int, default=3)
+    p.set_defaults(func=_cmd_demo)
     return parser
 
 
+def _cmd_demo(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from airflow_batchinfer.demo import run_demo
+
+    summary = run_demo(
+        Path(args.workdir) if args.workdir else None, n=args.records, max_rounds=args.max_rounds
+    )
+    if not summary["invariant"]["ok"]:
+        raise SystemExit("demo: the id invariant failed; see the report")
+
+
 def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
-    p.add_argument("--name", default="default", help="pool name (state under ~/.cache/airflow-batchinfer/pools)")
+    p.add_argument(
+        "--name", default="default", help="pool name (state under ~/.cache/airflow-batchinfer/pools)"
+    )
     p.add_argument("--engine", default="simulated", choices=["vllm", "transformers", "openai", "simulated"])
     p.add_argument("--model", default=None)
     p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
@@ -233,21 +269,28 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         max_rounds=args.max_rounds, max_attempts=args.max_attempts, records_per_shard=args.records_per_shard,
         chunk_size=args.chunk_size, id_field=args.id_field, assign_ids=args.assign_ids,
     )  # fmt: skip
-    local = LocalPool(args.name)
-    urls = local.up(_pool_spec(args, [args.run_root, parent(args.input)]))
+    if args.worker_url:
+        from airflow_batchinfer.pools import StaticPool
+        from airflow_batchinfer.worker.config import load_token
+
+        static = StaticPool(urls=args.worker_url, token=load_token(args.token_file))
+        urls, token = static.urls, static.token
+    else:
+        local = LocalPool(args.name)
+        urls, token = local.up(_pool_spec(args, [args.run_root, parent(args.input)])), local.token
     bars: dict[str, ProgressBar] = {}
 
     def progress(phase: str, done: int, total: int) -> None:
         bar = bars.get(phase)
         if bar is None:
             for old in bars.values():
-                old.__exit__(None, None, None)
+                old.close()
             bars.clear()
             bar = bars[phase] = ProgressBar(phase, total, unit="rec")
         bar(done - bar.records, done - bar.records)
 
     async def go() -> dict[str, Any]:
-        client = PoolClient(urls, token=local.token)
+        client = PoolClient(urls, token=token)
         try:
             return await run_pipeline(cfg, client, progress=progress)
         finally:
@@ -257,7 +300,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         return asyncio.run(go())
     finally:
         for bar in bars.values():
-            bar.__exit__(None, None, None)
+            bar.close()
 
 
 def _env(name: str, default: Any = None) -> Any:

@@ -98,7 +98,9 @@ def prepare_smollm2(cache_dir: str | Path | None = None) -> Path:
     import transformers
 
     gguf = smollm2_gguf()
-    key = hashlib.sha256(f"{gguf.name}:{gguf.stat().st_size}:{transformers.__version__}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        f"{gguf.name}:{gguf.stat().st_size}:{transformers.__version__}".encode()
+    ).hexdigest()[:12]
     dst = Path(cache_dir or default_cache_dir()) / "models" / f"smollm2-135m-instruct-{key}"
     if (dst / "config.json").exists() and (dst / ".complete").exists():
         return dst
@@ -119,7 +121,9 @@ def prepare_smollm2(cache_dir: str | Path | None = None) -> Path:
     plain.generation_config = loaded.generation_config
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / ".complete").write_text(json.dumps({"source": str(gguf), "transformers": transformers.__version__}))
+    (tmp / ".complete").write_text(
+        json.dumps({"source": str(gguf), "transformers": transformers.__version__})
+    )
     if dst.exists():
         shutil.rmtree(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, JobFailed
@@ -63,17 +63,18 @@ async def _run_all(
 
     async def one(spec: JobSpec) -> dict[str, Any]:
         nonlocal done
-        for attempt in range(retries + 1):
+        error: str | None = None
+        for _ in range(retries + 1):
             try:
                 manifest = await pool.run(spec)
-                done += int(spec.params.get("input_records") or 0)
-                if progress:
-                    progress(phase, done, total)
-                return manifest
             except JobFailed as exc:
-                if attempt == retries:
-                    return {"failed": True, "shard": spec.input, "phase": spec.kind, "error": exc.error}
-        raise AssertionError("unreachable")
+                error = exc.error
+                continue
+            done += int(spec.params.get("input_records") or 0)
+            if progress:
+                progress(phase, done, total)
+            return manifest
+        return {"failed": True, "shard": spec.input, "phase": spec.kind, "error": error}
 
     results = await asyncio.gather(*(one(s) for s in specs))
     return [r for r in results if not r.get("failed")], [r for r in results if r.get("failed")]
@@ -85,7 +86,9 @@ def _write_json(uri: str, data: Any) -> None:
     sink.commit()
 
 
-async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progress | None = None) -> dict[str, Any]:
+async def run_pipeline(
+    cfg: PipelineConfig, pool: PoolClient, *, progress: Progress | None = None
+) -> dict[str, Any]:
     layout = RunLayout(cfg.run_root)
     t0 = time.monotonic()
     sharded = await asyncio.to_thread(
@@ -105,7 +108,11 @@ async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progr
         if not pending or n_pending == 0:
             break
         started = time.monotonic()
-        summary: dict[str, Any] = {"round": r, "mode": "in_place" if in_place else "rounds", "pending": n_pending}
+        summary: dict[str, Any] = {
+            "round": r,
+            "mode": "in_place" if in_place else "rounds",
+            "pending": n_pending,
+        }
         if in_place:
             specs = [JobSpec(
                 job_id=f"r{r:02d}-{s['shard_id']}-in_place", kind="in_place", input=s["uri"],
@@ -115,9 +122,13 @@ async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progr
                 params={**common, "judge": cfg.judge, "max_attempts": cfg.max_attempts, "round": r,
                         "input_records": s["records"]},
             ) for s in pending]  # fmt: skip
-            done, bad = await _run_all(pool, specs, cfg.job_retries, progress, f"round {r} in place", n_pending)
+            done, bad = await _run_all(
+                pool, specs, cfg.job_retries, progress, f"round {r} in place", n_pending
+            )
             summary["approved"] = sum(m["counts"].get("approved", 0) for m in done)
-            summary["exhausted"] = sum(m["counts"].get("max_attempts", 0) + m["counts"].get("error", 0) for m in done)
+            summary["exhausted"] = sum(
+                m["counts"].get("max_attempts", 0) + m["counts"].get("error", 0) for m in done
+            )
             summary["attempts"] = sum(m["counts"].get("attempts", 0) for m in done)
             failed += [{**b, "round": r} for b in bad]
             pending = []
@@ -129,7 +140,9 @@ async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progr
                          "manifest": layout.job_manifest(r, s["shard_id"], "infer")},
                 params={**common, "round": r, "input_records": s["records"]},
             ) for s in pending]  # fmt: skip
-            inferred, bad = await _run_all(pool, infer, cfg.job_retries, progress, f"round {r} infer", n_pending)
+            inferred, bad = await _run_all(
+                pool, infer, cfg.job_retries, progress, f"round {r} infer", n_pending
+            )
             failed += [{**b, "round": r} for b in bad]
             judge = [JobSpec(
                 job_id=f"r{r:02d}-{m['outputs']['inferred'].rsplit('/', 1)[-1].split('.')[0]}-judge", kind="judge",
@@ -139,7 +152,9 @@ async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progr
                 params={"judge": cfg.judge, "chunk_size": cfg.chunk_size, "id_field": id_field, "round": r,
                         "input_records": sum(m["counts"].values())},
             ) for m in inferred]  # fmt: skip
-            judged, bad = await _run_all(pool, judge, cfg.job_retries, progress, f"round {r} judge", n_pending)
+            judged, bad = await _run_all(
+                pool, judge, cfg.job_retries, progress, f"round {r} judge", n_pending
+            )
             failed += [{**b, "round": r} for b in bad]
             summary["approved"] = sum(m["counts"].get("approved", 0) for m in judged)
             summary["rejected"] = sum(m["counts"].get("rejected", 0) for m in judged)
@@ -157,8 +172,9 @@ async def run_pipeline(cfg: PipelineConfig, pool: PoolClient, *, progress: Progr
         summary["seconds"] = round(time.monotonic() - started, 3)
         rounds.append(summary)
         await asyncio.to_thread(_write_json, layout.summary(r), summary)
-    for f in failed:
-        await asyncio.to_thread(_write_json, f"{layout.failed(f['round'])}/{f['phase']}-{abs(hash(f['shard']))}.json", f)
+    for f in failed:  # one record per shard that exhausted its retries: {shard, phase, error}
+        name = str(f["shard"]).rsplit("/", 1)[-1].split(".", 1)[0]
+        await asyncio.to_thread(_write_json, f"{layout.failed(f['round'])}/{name}.{f['phase']}.json", f)
 
     approved = sum(x.get("approved", 0) for x in rounds)
     remaining = sum(s["records"] for s in pending)
@@ -187,6 +203,7 @@ def check_invariant(
 ) -> dict[str, Any]:
     """Every input id is in exactly one of: results, the final pending set, an in-place round's
     exhausted rows, or (by shard) a failed job. Returns the counts and any ids lost or doubled."""
+
     def ids(directory: str) -> list[Any]:
         return [r.get(id_field) for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
@@ -205,7 +222,3 @@ def check_invariant(
     lost = sorted(set(expected) - set(counts), key=str)[:20]
     return {"input": len(expected), "accounted": len(seen), "lost": lost, "doubled": doubled,
             "ok": not doubled and not lost and len(seen) == len(expected)}  # fmt: skip
-
-
-def config_dict(cfg: PipelineConfig) -> dict[str, Any]:
-    return asdict(cfg)

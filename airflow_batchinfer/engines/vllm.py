@@ -70,7 +70,11 @@ class VllmEngine(Engine):
             return GenerationResult.failed("vllm returned no output")
         out = final.outputs[0]
         return GenerationResult(
-            out.text, None, len(final.prompt_token_ids or ()), len(out.token_ids), str(out.finish_reason or "stop")
+            out.text,
+            None,
+            len(final.prompt_token_ids or ()),
+            len(out.token_ids),
+            str(out.finish_reason or "stop"),
         )
 
     async def close(self) -> None:
@@ -80,4 +84,8 @@ class VllmEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in sorted(self.engine_args.items()) if k not in ("gpu_memory_utilization",)}
-        return {"engine": self.name, "model": os.path.basename(os.path.normpath(self.model_path)), "args": args}
+        return {
+            "engine": self.name,
+            "model": os.path.basename(os.path.normpath(self.model_path)),
+            "args": args,
+        }

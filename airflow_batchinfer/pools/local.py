@@ -169,7 +169,9 @@ class LocalPool:
                     pending.remove(w)
                 elif not _alive(int(w["pid"])):
                     tail = Path(w["log"]).read_text(errors="replace")[-3000:]
-                    raise WorkerUnavailable(f"local worker {w['id']} exited while starting; log {w['log']}:\n{tail}")
+                    raise WorkerUnavailable(
+                        f"local worker {w['id']} exited while starting; log {w['log']}:\n{tail}"
+                    )
             if pending and time.monotonic() > deadline:
                 raise WorkerUnavailable(f"{len(pending)} local workers not ready after {timeout_s:.0f} s")
             time.sleep(0.1)
@@ -183,7 +185,12 @@ class LocalPool:
         state = self._load()
         out = []
         for w in state.get("workers", []):
-            entry: dict[str, Any] = {"id": w["id"], "pid": w["pid"], "url": w.get("url"), "alive": _alive(int(w["pid"]))}
+            entry: dict[str, Any] = {
+                "id": w["id"],
+                "pid": w["pid"],
+                "url": w.get("url"),
+                "alive": _alive(int(w["pid"])),
+            }
             if entry["alive"] and w.get("url"):
                 try:
                     with SyncWorkerClient(w["url"], token=self.token, timeout=5) as client:

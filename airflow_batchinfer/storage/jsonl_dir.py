@@ -90,7 +90,10 @@ class JsonlDir:
         """Every visible ``*.jsonl[.zst]`` file, shard or not (e.g. ``results/round00-part-00003...``),
         in natural name order."""
         try:
-            names = [n.rstrip("/").rsplit("/", 1)[-1] for n in self.loc.fs.ls(self.loc.path, detail=False, refresh=True)]
+            names = [
+                n.rstrip("/").rsplit("/", 1)[-1]
+                for n in self.loc.fs.ls(self.loc.path, detail=False, refresh=True)
+            ]
         except FileNotFoundError:
             return []
         key = lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]  # noqa: E731

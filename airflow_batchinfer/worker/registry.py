@@ -87,7 +87,7 @@ class JobRegistry:
             info = await asyncio.to_thread(ctx.file(spec.input).info)
             manifest = {
                 "job_id": spec.job_id, "kind": spec.kind, "state": "succeeded", "input": spec.input,
-                "outputs": spec.outputs, "counts": counts, "round": ctx.params.round,
+                "outputs": spec.outputs, "counts": counts, "tokens": dict(ctx.tokens), "round": ctx.params.round,
                 "fingerprint": fingerprint(spec, self.runtime.describe(), info),
                 "engine": self.runtime.describe(), "worker": self.worker_name,
                 "timings": {"started_at": job.started_at, "finished_at": time.time(),

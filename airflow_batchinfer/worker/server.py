@@ -66,7 +66,7 @@ async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig
     """Announce readiness once the model is loaded; drain after ``idle_ttl`` without jobs."""
     announced = False
     while not server.should_exit:
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)
         if runtime.ready and not announced and config.announce_file:
             _announce(config.announce_file, url)
             announced = True

@@ -35,11 +35,20 @@ class JobContext:
     runtime: Runtime
     progress: Progress = field(default_factory=Progress)
     counts: Counter[str] = field(default_factory=Counter)
+    tokens: Counter[str] = field(default_factory=Counter)
     # Run after the completion manifest is written (e.g. deleting checkpoints that served).
     cleanup: list[Callable[[], None]] = field(default_factory=list)
 
     def file(self, uri: str) -> JsonlFile:
         return JsonlFile(uri, storage_options=self.runtime.storage_options)
+
+    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """The worker's shared batcher, with this job's token usage counted."""
+        results = await self.runtime.generate(requests)
+        for r in results:
+            self.tokens["prompt"] += r.prompt_tokens
+            self.tokens["completion"] += r.completion_tokens
+        return results
 
     def record_id(self, record: Mapping[str, Any]) -> str:
         rid = record.get(self.params.id_field, record.get("custom_id"))
@@ -96,7 +105,7 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
-        results = iter(await ctx.runtime.generate(requests))
+        results = iter(await ctx.generate(requests))
         rows = []
         for record, req in built:
             res = next(results) if isinstance(req, GenerationRequest) else GenerationResult.failed(req)
@@ -188,7 +197,7 @@ async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record,
         items.append(JudgeItem(row, str(row["result"]), ctx.record_id(row), int(row.get("attempts") or 1)))
         positions.append(i)
     if items:
-        judged = await ctx.params.judge.judge(items, ctx.runtime.generate)
+        judged = await ctx.params.judge.judge(items, ctx.generate)
         for i, verdict in zip(positions, judged, strict=True):
             verdicts[i] = verdict
     return [
@@ -268,7 +277,7 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     await log.record(rid, attempt, row)
                     await finish(row)
                     return
-                res = (await ctx.runtime.generate([request]))[0]
+                res = (await ctx.generate([request]))[0]
                 row = output_row(record, result=res.text, status="ok" if res.ok else "error", error=res.error,
                                  attempts=attempt, round=p.round)  # fmt: skip
                 ((_, verdict),) = await _judge_rows(ctx, [row])

@@ -93,7 +93,9 @@ def test_run_rounds_end_to_end_accounts_for_every_id(tmp_path: Path, env: dict[s
         assert rounds[1]["pending"] == rounds[0]["rejected"]  # the rejected set is the next round's input
         assert out["approved"] + out["remaining_pending"] == 600
         assert out["stop_reason"] == "max_rounds reached"
-        approved_ids = [r["id"] for f in JsonlDir(str(root / "results")).jsonl_files() for r in f.iter_records()]
+        approved_ids = [
+            r["id"] for f in JsonlDir(str(root / "results")).jsonl_files() for r in f.iter_records()
+        ]
         assert len(approved_ids) == len(set(approved_ids)) == out["approved"]
         assert json.loads((root / "report" / "summary.json").read_text())["approved"] == out["approved"]
         assert (root / "round-01" / "pending").is_dir() and (root / "round-00" / "summary.json").exists()
@@ -134,3 +136,17 @@ def test_rule_judge_with_expected_answers(tmp_path: Path, env: dict[str, str]) -
         assert out["invariant"]["ok"]
     finally:
         cli("pool", "down", "--name", "rule", env=env)
+
+
+def test_run_on_a_static_pool_of_running_workers(tmp_path: Path, env: dict[str, str]) -> None:
+    from tests.support.workers import TOKEN, start_worker
+
+    w = start_worker(tmp_path)
+    try:
+        src = dataset(tmp_path, 40)
+        out = cli("run", str(src), str(tmp_path / "run"), "--worker-url", w.url, "--prompt-template", "{{ question }}",
+                  "--max-rounds", "2", env={**env, "BATCHINFER_WORKER_TOKEN": TOKEN})  # fmt: skip
+        assert out["invariant"]["ok"] and out["rounds"][0]["pending"] == 40
+        assert w.http("GET", "/v1/stats").json()["jobs"]["succeeded"] >= 2
+    finally:
+        w.stop()

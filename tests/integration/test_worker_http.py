@@ -24,6 +24,7 @@ pytestmark = pytest.mark.slow
 def make_run(
     tmp_path: Path, n: int = 300, *, per_shard: int = 1000, extra: dict[str, Any] | None = None
 ) -> tuple[RunLayout, list[Any]]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     src = tmp_path / "data.jsonl"
     src.write_text(
         "".join(
@@ -319,3 +320,41 @@ def test_worker_refuses_to_start_without_token_or_prefixes(tmp_path: Path) -> No
         start_worker(tmp_path, env={"BATCHINFER_WORKER_TOKEN": ""}, timeout=20)
     with pytest.raises(RuntimeError, match="allow-prefix"):
         start_worker(tmp_path, allow=[], timeout=20)
+
+
+def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path) -> None:
+    repo = str(Path(__file__).resolve().parents[2])
+    w = start_worker(tmp_path, concurrency=2, engine_args={"latency_base_s": 0.05}, env={"PYTHONPATH": repo})
+    try:
+        src = tmp_path / "data.jsonl"
+        src.write_text("".join(json.dumps({"id": i, "q": str(i)}) + "\n" for i in [*range(29), "stubborn"]))
+        layout = RunLayout(str(tmp_path / "run"))
+        shard = shard_dataset(str(src), layout.input).shards[0]
+        sid = shard["shard_id"]
+        spec = JobSpec(
+            job_id="stubborn", kind="in_place", input=shard["uri"],
+            outputs={"approved": layout.result(0, sid, tail=True), "rejected": layout.rejected(0, sid),
+                     "checkpoints": layout.checkpoints(0, sid), "manifest": layout.job_manifest(0, sid, "in_place")},
+            params={"prompt_template": "{{ q }}", "max_attempts": 60, "chunk_size": 30, "input_records": 30,
+                    "judge": {"type": "callable", "target": "tests.support.judges:approve_unless_stubborn"}},
+        )  # fmt: skip
+        w.submit(spec)
+        deadline = time.monotonic() + 60
+        while (status := w.status("stubborn")).progress.done < 29:  # everyone else is done...
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert status.state == "running"  # ...while the stubborn one keeps retrying
+        other_layout, others = make_run(tmp_path / "other", 100)
+        other = w.wait(w.submit(infer_spec(other_layout, others[0])).job_id)
+        assert other.state == "succeeded"  # the worker still serves other jobs meanwhile
+        assert w.status("stubborn").state == "running"
+        final = w.wait("stubborn")
+        assert (
+            final.state == "succeeded"
+            and final.counts["approved"] == 29
+            and final.counts["max_attempts"] == 1
+        )
+        (row,) = rows(layout.rejected(0, sid))
+        assert row["id"] == "stubborn" and row["attempts"] == 60
+    finally:
+        w.stop()

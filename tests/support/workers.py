@@ -39,7 +39,7 @@ class WorkerProcess:
         )
         return httpx.request(method, self.url + path, headers=headers, timeout=30, **kw)
 
-    def wait(self, job_id: str, timeout: float = 120) -> JobStatus:
+    def wait(self, job_id: str, timeout: float = 120, poll_s: float = 0.05) -> JobStatus:
         deadline = time.monotonic() + timeout
         with self.client() as c:
             while True:
@@ -50,7 +50,11 @@ class WorkerProcess:
                     raise TimeoutError(
                         f"{job_id} still {status.state} after {timeout}s; log: {self.log_tail()}"
                     )
-                time.sleep(0.05)
+                time.sleep(poll_s)
+
+    def status(self, job_id: str) -> JobStatus:
+        with self.client() as c:
+            return c.status(job_id)
 
     def submit(self, spec: JobSpec) -> JobStatus:
         with self.client() as c:

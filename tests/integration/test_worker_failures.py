@@ -1,0 +1,150 @@
+"""Workers killed with SIGKILL mid-job: resubmission completes with every id exactly once, and
+in-place samples resume at their checkpointed attempt. Also: a pool client survives a lost worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.storage import JsonlFile, shard_dataset
+from airflow_batchinfer.worker.checkpoints import CheckpointLog
+from tests.support.workers import TOKEN, WorkerProcess, start_worker
+
+pytestmark = pytest.mark.slow
+
+
+def shard(tmp_path: Path, n: int) -> tuple[RunLayout, Any]:
+    src = tmp_path / "data.jsonl"
+    src.write_text("".join(json.dumps({"id": f"r{i}", "q": f"{i}"}) + "\n" for i in range(n)))
+    layout = RunLayout(str(tmp_path / "run"))
+    return layout, shard_dataset(str(src), layout.input).shards[0]
+
+
+def wait_for(predicate: Any, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def test_kill_9_mid_infer_then_resubmit_gives_each_id_once(tmp_path: Path) -> None:
+    layout, s = shard(tmp_path, 400)
+    spec = JobSpec(job_id="infer-1", kind="infer", input=s["uri"],
+                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
+                   params={"prompt_template": "{{ q }}", "chunk_size": 20, "input_records": 400})  # fmt: skip
+    w1 = start_worker(tmp_path, engine_args={"latency_base_s": 0.05})
+    w1.submit(spec)
+    wait_for(lambda: w1.status(spec.job_id).progress.done >= 60)
+    w1.stop(signal.SIGKILL)
+    assert not Path(spec.outputs["inferred"]).exists()  # nothing partial is visible
+    w2 = start_worker(tmp_path)
+    try:
+        assert w2.wait(w2.submit(spec).job_id).state == "succeeded"
+    finally:
+        w2.stop()
+    ids = [r["id"] for r in JsonlFile(spec.outputs["inferred"]).iter_records()]
+    assert Counter(ids) == Counter(f"r{i}" for i in range(400))
+
+
+def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp_path: Path) -> None:
+    layout, s = shard(tmp_path, 60)
+    spec = JobSpec(
+        job_id="inplace-1", kind="in_place", input=s["uri"],
+        outputs={"approved": layout.result(0, "part-00000", tail=True), "rejected": layout.rejected(0, "part-00000"),
+                 "checkpoints": layout.checkpoints(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "in_place")},
+        params={"prompt_template": "{{ q }}", "judge": {"type": "llm"}, "max_attempts": 8, "chunk_size": 60,
+                "checkpoint_every": 30, "checkpoint_interval_s": 0.1},
+    )  # fmt: skip
+    # approval_rate 0: every attempt is rejected, so each sample runs to max_attempts
+    w1 = start_worker(tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.1})
+    w1.submit(spec)
+    log = CheckpointLog(spec.outputs["checkpoints"])
+    wait_for(lambda: len(log.dir.shards()) >= 4)
+    w1.stop(signal.SIGKILL)
+    checkpointed = {k: v.attempts for k, v in log.load().items()}
+    assert checkpointed and max(checkpointed.values()) >= 2
+    assert len(log.dir.shards()) < 60 * 2  # batched segments, not one object per sample and attempt
+    assert not Path(spec.outputs["rejected"]).exists()
+
+    w2 = start_worker(tmp_path, engine_args={"approval_rate": 0.0})
+    try:
+        status = w2.wait(w2.submit(spec).job_id)
+    finally:
+        w2.stop()
+    assert status.state == "succeeded", status.error
+    rows = list(JsonlFile(spec.outputs["rejected"]).iter_records())
+    assert sorted(r["id"] for r in rows) == sorted(f"r{i}" for i in range(60))
+    assert {r["status"] for r in rows} == {"max_attempts"} and {r["attempts"] for r in rows} == {8}
+    # the second run only spent the attempts the checkpoints did not record
+    expected = sum(8 - checkpointed.get(f"r{i}", 0) for i in range(60))
+    assert status.counts["attempts"] == expected < 60 * 8
+    assert status.counts["resumed"] == len(checkpointed)
+
+
+def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
+    layout, s = shard(tmp_path, 300)
+    spec = JobSpec(job_id="lost-1", kind="infer", input=s["uri"],
+                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
+                   params={"prompt_template": "{{ q }}", "chunk_size": 10})  # fmt: skip
+    workers = [start_worker(tmp_path, engine_args={"latency_base_s": 0.05}) for _ in range(2)]
+
+    async def scenario() -> dict[str, Any]:
+        pool = PoolClient([w.url for w in workers], token=TOKEN, poll_interval_s=0.1, lost_grace_s=0.5)
+        runner = asyncio.create_task(pool.run(spec))
+        victim: WorkerProcess | None = None
+        while victim is None:
+            await asyncio.sleep(0.1)
+            for w in workers:
+                if (await asyncio.to_thread(w.http, "GET", f"/v1/jobs/{spec.job_id}")).status_code == 200:
+                    victim = w
+        victim.stop(signal.SIGKILL)
+        try:
+            return await asyncio.wait_for(runner, 120)
+        finally:
+            await pool.aclose()
+
+    try:
+        manifest = asyncio.run(scenario())
+    finally:
+        for w in workers:
+            w.stop()
+    assert manifest["counts"] == {"ok": 300}
+    ids = [r["id"] for r in JsonlFile(spec.outputs["inferred"]).iter_records()]
+    assert sorted(ids) == sorted(f"r{i}" for i in range(300))
+
+
+def test_finished_job_is_not_run_again_by_the_pool_client(tmp_path: Path) -> None:
+    layout, s = shard(tmp_path, 20)
+    spec = JobSpec(job_id="done-1", kind="infer", input=s["uri"],
+                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
+                   params={"prompt_template": "{{ q }}"})  # fmt: skip
+    w = start_worker(tmp_path)
+    try:
+        first = asyncio.run(_run_once(w, spec))
+        w2 = start_worker(tmp_path)  # a fresh worker that never saw the job
+        try:
+            second = asyncio.run(_run_once(w2, spec))
+            assert w2.http("GET", "/v1/stats").json()["jobs"] == {}  # answered from the manifest
+        finally:
+            w2.stop()
+    finally:
+        w.stop()
+    assert first == second
+
+
+async def _run_once(w: WorkerProcess, spec: JobSpec) -> dict[str, Any]:
+    pool = PoolClient([w.url], token=TOKEN, poll_interval_s=0.05)
+    try:
+        return await pool.run(spec)
+    finally:
+        await pool.aclose()

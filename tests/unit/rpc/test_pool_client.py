@@ -1,0 +1,73 @@
+"""PoolClient against injected transports (no sockets): least-loaded choice, 429 fallthrough."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+
+from airflow_batchinfer.exceptions import AuthenticationError, BadJobError, WorkerBusy, WorkerUnavailable
+from airflow_batchinfer.rpc.client import WorkerClient
+from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.rpc.pool import PoolClient
+
+SPEC = JobSpec(
+    job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}
+)
+
+
+def fake_workers(free: dict[str, int], refuse: set[str]) -> tuple[httpx.MockTransport, list[str]]:
+    calls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        assert request.headers["authorization"] == "Bearer tok"
+        if host not in free:
+            raise httpx.ConnectError("refused", request=request)
+        if request.url.path == "/v1/stats":
+            return httpx.Response(200, json={"engine": {}, "slots_total": 4, "slots_busy": 4 - free[host],
+                                             "draining": False, "jobs": {}, "batcher": {}})  # fmt: skip
+        calls.append(host)
+        if host in refuse:
+            return httpx.Response(429, json={"error": "busy", "detail": "full"})
+        body = json.loads(request.content)
+        return httpx.Response(202, json={"job_id": body["job_id"], "kind": "infer", "state": "running"})
+
+    return httpx.MockTransport(handler), calls
+
+
+async def test_submits_to_least_loaded_and_moves_on_at_429() -> None:
+    free = {"http://a:1": 1, "http://b:1": 3, "http://c:1": 2}
+    transport, calls = fake_workers(free, refuse={"http://b:1"})
+    pool = PoolClient(list(free) + ["http://dead:1"], token="tok", transport=transport)
+    url, status = await pool.submit(SPEC)
+    assert calls == ["http://b:1", "http://c:1"]  # most free first; b answered 429
+    assert url == "http://c:1" and status.state == "running"
+    await pool.aclose()
+
+
+async def test_all_busy_and_none_reachable() -> None:
+    transport, _ = fake_workers({"http://a:1": 0}, refuse={"http://a:1"})
+    pool = PoolClient(["http://a:1"], token="tok", transport=transport)
+    with pytest.raises(WorkerBusy, match="busy"):
+        await pool.submit(SPEC)
+    pool2 = PoolClient(["http://gone:1"], token="tok", transport=transport)
+    with pytest.raises(WorkerUnavailable, match="no worker"):
+        await pool2.submit(SPEC)
+
+
+@pytest.mark.parametrize(("code", "exc"), [(400, BadJobError), (401, AuthenticationError), (429, WorkerBusy)])
+async def test_http_errors_map_to_exceptions(code: int, exc: type[Exception]) -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(code, json={"error": "x", "detail": "the reason"})
+
+    client = WorkerClient("http://w:1", token="t", transport=httpx.MockTransport(handler))
+    with pytest.raises(exc, match="the reason"):
+        await client.submit(SPEC)
+
+
+def test_pool_needs_urls() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        PoolClient([], token=None)
