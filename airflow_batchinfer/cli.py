@@ -151,8 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = pool.add_parser("up", help="start (or reuse) N local workers and wait until ready")
     _pool_args(p)
     p.set_defaults(func=_cmd_pool_up)
-    for name, helptext, fn in (("status", "show the pool's workers", _cmd_pool_status),
-                               ("down", "stop the pool's workers", _cmd_pool_down)):  # fmt: skip
+    for name, helptext, fn in (
+        ("status", "show the pool's workers", _cmd_pool_status),
+        ("down", "stop the pool's workers", _cmd_pool_down),
+    ):
         p = pool.add_parser(name, help=helptext)
         p.add_argument("--name", default="default")
         p.set_defaults(func=fn)
@@ -228,10 +230,15 @@ def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
     from airflow_batchinfer.worker.config import parse_options
 
     return LocalPoolSpec(
-        engine=args.engine, model=args.model, engine_options=parse_options(args.engine_arg), replicas=args.replicas,
-        concurrency=args.concurrency, idle_ttl_s=args.idle_ttl, allowed_prefixes=tuple(prefixes),
+        engine=args.engine,
+        model=args.model,
+        engine_options=parse_options(args.engine_arg),
+        replicas=args.replicas,
+        concurrency=args.concurrency,
+        idle_ttl_s=args.idle_ttl,
+        allowed_prefixes=tuple(prefixes),
         target_batch_tokens=args.target_batch_tokens,
-    )  # fmt: skip
+    )
 
 
 def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
@@ -264,11 +271,20 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.storage.location import parent
 
     cfg = PipelineConfig(
-        input=args.input, run_root=args.run_root, prompt_template=args.prompt_template, system=args.system,
-        sampling=json.loads(args.sampling), judge=json.loads(args.judge), strategy=args.strategy,
-        max_rounds=args.max_rounds, max_attempts=args.max_attempts, records_per_shard=args.records_per_shard,
-        chunk_size=args.chunk_size, id_field=args.id_field, assign_ids=args.assign_ids,
-    )  # fmt: skip
+        input=args.input,
+        run_root=args.run_root,
+        prompt_template=args.prompt_template,
+        system=args.system,
+        sampling=json.loads(args.sampling),
+        judge=json.loads(args.judge),
+        strategy=args.strategy,
+        max_rounds=args.max_rounds,
+        max_attempts=args.max_attempts,
+        records_per_shard=args.records_per_shard,
+        chunk_size=args.chunk_size,
+        id_field=args.id_field,
+        assign_ids=args.assign_ids,
+    )
     if args.worker_url:
         from airflow_batchinfer.pools import StaticPool
         from airflow_batchinfer.worker.config import load_token
@@ -372,15 +388,23 @@ def _cmd_worker_serve(args: argparse.Namespace) -> None:
     from airflow_batchinfer.worker.server import serve
 
     config = WorkerConfig(
-        engine=args.engine, model=args.model, engine_options=parse_options(args.engine_arg),
-        concurrency=args.concurrency, host=args.host, port=args.port, token=load_token(args.token_file),
+        engine=args.engine,
+        model=args.model,
+        engine_options=parse_options(args.engine_arg),
+        concurrency=args.concurrency,
+        host=args.host,
+        port=args.port,
+        token=load_token(args.token_file),
         insecure_no_auth=args.insecure_no_auth,
         allowed_prefixes=None if args.allow_any_prefix else args.allow_prefix,
-        idle_ttl_s=args.idle_ttl, drain_timeout_s=args.drain_timeout,
+        idle_ttl_s=args.idle_ttl,
+        drain_timeout_s=args.drain_timeout,
         target_batch_tokens=args.target_batch_tokens,
-        max_batch_size=args.max_batch_size, batch_timeout_s=args.batch_timeout,
-        max_concurrent_batches=args.max_concurrent_batches, announce_file=args.announce_file,
-    )  # fmt: skip
+        max_batch_size=args.max_batch_size,
+        batch_timeout_s=args.batch_timeout,
+        max_concurrent_batches=args.max_concurrent_batches,
+        announce_file=args.announce_file,
+    )
     if config.allowed_prefixes == []:
         from airflow_batchinfer.worker.security import PrefixPolicy
 

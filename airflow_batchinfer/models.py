@@ -55,18 +55,31 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<|im_start|>", eos_token="<|im_end|>", pad_token="<pad>",
-        unk_token="<|endoftext|>", model_max_length=512,
-    )  # fmt: skip
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        unk_token="<|endoftext|>",
+        model_max_length=512,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(tmp)
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=2, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
-        bos_token_id=fast.bos_token_id, eos_token_id=fast.eos_token_id, pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=True, initializer_range=0.2,
-    )  # fmt: skip
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
     if dst.exists():
         shutil.rmtree(dst)

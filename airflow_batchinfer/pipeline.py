@@ -92,12 +92,22 @@ async def run_pipeline(
     layout = RunLayout(cfg.run_root)
     t0 = time.monotonic()
     sharded = await asyncio.to_thread(
-        shard_dataset, cfg.input, layout.input, records_per_shard=cfg.records_per_shard, id_field=cfg.id_field,
-        assign_ids=cfg.assign_ids, rejects=layout.rejects,
-    )  # fmt: skip
+        shard_dataset,
+        cfg.input,
+        layout.input,
+        records_per_shard=cfg.records_per_shard,
+        id_field=cfg.id_field,
+        assign_ids=cfg.assign_ids,
+        rejects=layout.rejects,
+    )
     id_field = sharded.id_field
-    common = {"prompt_template": cfg.prompt_template, "system": cfg.system, "sampling": cfg.sampling,
-              "chunk_size": cfg.chunk_size, "id_field": id_field}  # fmt: skip
+    common = {
+        "prompt_template": cfg.prompt_template,
+        "system": cfg.system,
+        "sampling": cfg.sampling,
+        "chunk_size": cfg.chunk_size,
+        "id_field": id_field,
+    }
     pending: list[ShardDescriptor] = list(sharded.shards)
     rounds: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
@@ -114,14 +124,27 @@ async def run_pipeline(
             "pending": n_pending,
         }
         if in_place:
-            specs = [JobSpec(
-                job_id=f"r{r:02d}-{s['shard_id']}-in_place", kind="in_place", input=s["uri"],
-                outputs={"approved": layout.result(r, s["shard_id"], tail=True), "rejected": layout.rejected(r, s["shard_id"]),
-                         "checkpoints": layout.checkpoints(r, s["shard_id"]),
-                         "manifest": layout.job_manifest(r, s["shard_id"], "in_place")},
-                params={**common, "judge": cfg.judge, "max_attempts": cfg.max_attempts, "round": r,
-                        "input_records": s["records"]},
-            ) for s in pending]  # fmt: skip
+            specs = [
+                JobSpec(
+                    job_id=f"r{r:02d}-{s['shard_id']}-in_place",
+                    kind="in_place",
+                    input=s["uri"],
+                    outputs={
+                        "approved": layout.result(r, s["shard_id"], tail=True),
+                        "rejected": layout.rejected(r, s["shard_id"]),
+                        "checkpoints": layout.checkpoints(r, s["shard_id"]),
+                        "manifest": layout.job_manifest(r, s["shard_id"], "in_place"),
+                    },
+                    params={
+                        **common,
+                        "judge": cfg.judge,
+                        "max_attempts": cfg.max_attempts,
+                        "round": r,
+                        "input_records": s["records"],
+                    },
+                )
+                for s in pending
+            ]
             done, bad = await _run_all(
                 pool, specs, cfg.job_retries, progress, f"round {r} in place", n_pending
             )
@@ -134,24 +157,43 @@ async def run_pipeline(
             pending = []
             stop_reason = "in-place retry finished"
         else:
-            infer = [JobSpec(
-                job_id=f"r{r:02d}-{s['shard_id']}-infer", kind="infer", input=s["uri"],
-                outputs={"inferred": layout.inferred(r, s["shard_id"]),
-                         "manifest": layout.job_manifest(r, s["shard_id"], "infer")},
-                params={**common, "round": r, "input_records": s["records"]},
-            ) for s in pending]  # fmt: skip
+            infer = [
+                JobSpec(
+                    job_id=f"r{r:02d}-{s['shard_id']}-infer",
+                    kind="infer",
+                    input=s["uri"],
+                    outputs={
+                        "inferred": layout.inferred(r, s["shard_id"]),
+                        "manifest": layout.job_manifest(r, s["shard_id"], "infer"),
+                    },
+                    params={**common, "round": r, "input_records": s["records"]},
+                )
+                for s in pending
+            ]
             inferred, bad = await _run_all(
                 pool, infer, cfg.job_retries, progress, f"round {r} infer", n_pending
             )
             failed += [{**b, "round": r} for b in bad]
-            judge = [JobSpec(
-                job_id=f"r{r:02d}-{m['outputs']['inferred'].rsplit('/', 1)[-1].split('.')[0]}-judge", kind="judge",
-                input=m["outputs"]["inferred"],
-                outputs={"approved": layout.result(r, _sid(m)), "rejected": layout.rejected(r, _sid(m)),
-                         "manifest": layout.job_manifest(r, _sid(m), "judge")},
-                params={"judge": cfg.judge, "chunk_size": cfg.chunk_size, "id_field": id_field, "round": r,
-                        "input_records": sum(m["counts"].values())},
-            ) for m in inferred]  # fmt: skip
+            judge = [
+                JobSpec(
+                    job_id=f"r{r:02d}-{m['outputs']['inferred'].rsplit('/', 1)[-1].split('.')[0]}-judge",
+                    kind="judge",
+                    input=m["outputs"]["inferred"],
+                    outputs={
+                        "approved": layout.result(r, _sid(m)),
+                        "rejected": layout.rejected(r, _sid(m)),
+                        "manifest": layout.job_manifest(r, _sid(m), "judge"),
+                    },
+                    params={
+                        "judge": cfg.judge,
+                        "chunk_size": cfg.chunk_size,
+                        "id_field": id_field,
+                        "round": r,
+                        "input_records": sum(m["counts"].values()),
+                    },
+                )
+                for m in inferred
+            ]
             judged, bad = await _run_all(
                 pool, judge, cfg.job_retries, progress, f"round {r} judge", n_pending
             )
@@ -161,9 +203,13 @@ async def run_pipeline(
             summary["inference_errors"] = sum(m["counts"].get("inference_errors", 0) for m in judged)
             counts = {_sid(m): m["counts"].get("rejected", 0) for m in judged}
             compacted = await asyncio.to_thread(
-                recompact, layout.rejected_dir(r), layout.pending(r + 1), records_per_shard=cfg.records_per_shard,
-                counts=counts, overwrite=True,
-            )  # fmt: skip
+                recompact,
+                layout.rejected_dir(r),
+                layout.pending(r + 1),
+                records_per_shard=cfg.records_per_shard,
+                counts=counts,
+                overwrite=True,
+            )
             pending = [s for s in compacted.shards if s["records"]]
             if cfg.strategy == "hybrid" and summary["rejected"] > (1 - cfg.hybrid_min_shrink) * n_pending:
                 in_place = True  # rounds stopped paying off: finish the tail in place
@@ -180,11 +226,17 @@ async def run_pipeline(
     remaining = sum(s["records"] for s in pending)
     exhausted = sum(x.get("exhausted", 0) for x in rounds)
     result = {
-        "run_root": cfg.run_root, "strategy": cfg.strategy, "input": sharded.counts, "rounds": rounds,
-        "approved": approved, "remaining_pending": remaining, "exhausted_in_place": exhausted,
-        "failed_shards": failed, "stop_reason": stop_reason if not pending else "max_rounds reached",
+        "run_root": cfg.run_root,
+        "strategy": cfg.strategy,
+        "input": sharded.counts,
+        "rounds": rounds,
+        "approved": approved,
+        "remaining_pending": remaining,
+        "exhausted_in_place": exhausted,
+        "failed_shards": failed,
+        "stop_reason": stop_reason if not pending else "max_rounds reached",
         "seconds": round(time.monotonic() - t0, 3),
-    }  # fmt: skip
+    }
     result["invariant"] = await asyncio.to_thread(check_invariant, layout, id_field, pending, rounds, failed)
     await asyncio.to_thread(_write_json, f"{layout.report}/summary.json", result)
     return result
@@ -220,5 +272,10 @@ def check_invariant(
     counts = Counter(seen)
     doubled = sorted((k for k, n in counts.items() if n > 1), key=str)[:20]
     lost = sorted(set(expected) - set(counts), key=str)[:20]
-    return {"input": len(expected), "accounted": len(seen), "lost": lost, "doubled": doubled,
-            "ok": not doubled and not lost and len(seen) == len(expected)}  # fmt: skip
+    return {
+        "input": len(expected),
+        "accounted": len(seen),
+        "lost": lost,
+        "doubled": doubled,
+        "ok": not doubled and not lost and len(seen) == len(expected),
+    }

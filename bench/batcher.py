@@ -139,10 +139,15 @@ def main() -> None:
             for timeout in (0.001, 0.01, 0.05):
                 r = asyncio.run(
                     simulated_engine_run(
-                        prefetch=prefetch, timeout=timeout, producers=10, per_producer=args.per_producer,
-                        chunk=chunk, target=16_000, seed=7,
+                        prefetch=prefetch,
+                        timeout=timeout,
+                        producers=10,
+                        per_producer=args.per_producer,
+                        chunk=chunk,
+                        target=16_000,
+                        seed=7,
                     )
-                )  # fmt: skip
+                )
                 grid.append({"chunk": chunk, **r})
                 cells = (prefetch, timeout, r["utilization"], r["avg_fill"], r["wall_s"], r["batches"])
                 print(" ".join(f"{c:>9}" for c in (*cells, r["avg_batch_size"])), "", r["closed_by"])

@@ -37,13 +37,15 @@ from vllm import LLM, SamplingParams
 prompts, max_tokens, args = json.loads(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
 llm = LLM(model=sys.argv[4], **args)
 tok = llm.get_tokenizer()
-texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+msgs = [[{"role": "user", "content": p}] for p in prompts]
+texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in msgs]
 sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
 llm.generate(texts[:8], sp)
 t0 = time.perf_counter()
 out = llm.generate(texts, sp)
 dt = time.perf_counter() - t0
-print("RAW " + json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in out), "seconds": dt}), flush=True)
+tokens = sum(len(o.outputs[0].token_ids) for o in out)
+print("RAW " + json.dumps({"tokens": tokens, "seconds": dt}), flush=True)
 """
 
 
@@ -71,8 +73,19 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))
 
     if args.engine == "vllm":
-        out = subprocess.run([sys.executable, "-c", RAW_VLLM, json.dumps(prompts), str(args.max_tokens),
-                              json.dumps(options), args.model], capture_output=True, text=True)  # fmt: skip
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                RAW_VLLM,
+                json.dumps(prompts),
+                str(args.max_tokens),
+                json.dumps(options),
+                args.model,
+            ],
+            capture_output=True,
+            text=True,
+        )
         line = next((x for x in out.stdout.splitlines() if x.startswith("RAW ")), None)
         if line is None:
             raise SystemExit(out.stderr[-3000:])
@@ -104,23 +117,45 @@ def main() -> None:
         w.write_many({"id": i, "prompt": p} for i, p in enumerate(prompts))
     shard = w.shards_written[0]
     layout = RunLayout(str(work))
-    worker = start_worker(work, engine=args.engine, model=args.model, python=sys.executable, concurrency=2,
-                          engine_args=options, timeout=1800, extra=["--target-batch-tokens", "65536", "--max-batch-size", "512"])  # fmt: skip
+    worker = start_worker(
+        work,
+        engine=args.engine,
+        model=args.model,
+        python=sys.executable,
+        concurrency=2,
+        engine_args=options,
+        timeout=1800,
+        extra=["--target-batch-tokens", "65536", "--max-batch-size", "512"],
+    )
     try:
         sampling = {"max_tokens": args.max_tokens}
         for tag, n in (("warm", 8), ("run", args.prompts)):
-            spec = JobSpec(job_id=tag, kind="infer", input=shard["uri"],
-                           outputs={"inferred": layout.inferred(0, tag), "manifest": layout.job_manifest(0, tag, "infer")},
-                           params={"prompt_template": "{{ prompt }}", "sampling": sampling, "chunk_size": n})  # fmt: skip
+            spec = JobSpec(
+                job_id=tag,
+                kind="infer",
+                input=shard["uri"],
+                outputs={
+                    "inferred": layout.inferred(0, tag),
+                    "manifest": layout.job_manifest(0, tag, "infer"),
+                },
+                params={"prompt_template": "{{ prompt }}", "sampling": sampling, "chunk_size": n},
+            )
             assert worker.wait(worker.submit(spec).job_id, timeout=3600).state == "succeeded"
         manifest = json.loads(Path(layout.job_manifest(0, "run", "infer")).read_text())
     finally:
         worker.stop()
     pipe_tps = manifest["tokens"]["completion"] / manifest["timings"]["run_s"]
     raw_tps = raw["tokens"] / raw["seconds"]
-    result = {"engine": args.engine, "device": device, "model": os.path.basename(args.model.rstrip("/")),
-              "prompts": args.prompts, "max_tokens": args.max_tokens, "raw_tokens_per_s": round(raw_tps, 1),
-              "pipeline_tokens_per_s": round(pipe_tps, 1), "ratio": round(pipe_tps / raw_tps, 3)}  # fmt: skip
+    result = {
+        "engine": args.engine,
+        "device": device,
+        "model": os.path.basename(args.model.rstrip("/")),
+        "prompts": args.prompts,
+        "max_tokens": args.max_tokens,
+        "raw_tokens_per_s": round(raw_tps, 1),
+        "pipeline_tokens_per_s": round(pipe_tps, 1),
+        "ratio": round(pipe_tps / raw_tps, 3),
+    }
     print(f"\n{'engine':>12} {'device':>6} {'raw tok/s':>10} {'pipeline tok/s':>15} {'ratio':>6}")
     print(f"{args.engine:>12} {device:>6} {raw_tps:>10.1f} {pipe_tps:>15.1f} {pipe_tps / raw_tps:>6.3f}")
     print(json.dumps({"bench": "gpu", **result}))

@@ -77,22 +77,37 @@ def main() -> None:
         subprocess.run(["zstd", "-q", "-3", str(src), "-o", str(src) + ".zst"], check=True)
         mb = src.stat().st_size / 2**20
         cases = [
-            ("plain->plain", f"split -l {n} data.jsonl cli-a-",
-             [batchinfer, "shard", "data.jsonl", "ours-a", "--compression", "none"]),
-            ("plain->zst", f"split -l {n} {zfilter} data.jsonl cli-b-",
-             [batchinfer, "shard", "data.jsonl", "ours-b"]),
-            ("zst->zst", f"zstd -dc data.jsonl.zst | split -l {n} {zfilter} - cli-c-",
-             [batchinfer, "shard", "data.jsonl.zst", "ours-c"]),
-        ]  # fmt: skip
+            (
+                "plain->plain",
+                f"split -l {n} data.jsonl cli-a-",
+                [batchinfer, "shard", "data.jsonl", "ours-a", "--compression", "none"],
+            ),
+            (
+                "plain->zst",
+                f"split -l {n} {zfilter} data.jsonl cli-b-",
+                [batchinfer, "shard", "data.jsonl", "ours-b"],
+            ),
+            (
+                "zst->zst",
+                f"zstd -dc data.jsonl.zst | split -l {n} {zfilter} - cli-c-",
+                [batchinfer, "shard", "data.jsonl.zst", "ours-c"],
+            ),
+        ]
         for name, cli, ours in cases:
             cli_s, _ = measure(cli, work)
             ours_s, ours_rss = measure(ours, work)
-            rows.append({
-                "input_mb": round(mb), "case": name,
-                "cli_s": round(cli_s, 3), "ours_s": round(ours_s, 3),
-                "cli_mb_s": round(mb / cli_s, 1), "ours_mb_s": round(mb / ours_s, 1),
-                "ratio": round(cli_s / ours_s, 3), "ours_peak_rss_mb": round(ours_rss, 1),
-            })  # fmt: skip
+            rows.append(
+                {
+                    "input_mb": round(mb),
+                    "case": name,
+                    "cli_s": round(cli_s, 3),
+                    "ours_s": round(ours_s, 3),
+                    "cli_mb_s": round(mb / cli_s, 1),
+                    "ours_mb_s": round(mb / ours_s, 1),
+                    "ratio": round(cli_s / ours_s, 3),
+                    "ours_peak_rss_mb": round(ours_rss, 1),
+                }
+            )
         shutil.rmtree(work, ignore_errors=True)
 
     keys = ("input_mb", "case", "cli_s", "ours_s", "cli_mb_s", "ours_mb_s", "ratio", "ours_peak_rss_mb")

@@ -46,10 +46,15 @@ def make_shards(root: Path, n_shards: int, per_shard: int) -> list[dict[str, Any
 def spec_for(layout: RunLayout, shard: dict[str, Any], tag: str, **params: Any) -> JobSpec:
     sid = shard["shard_id"]
     return JobSpec(
-        job_id=f"{tag}-{sid}", kind="infer", input=shard["uri"],
-        outputs={"inferred": layout.inferred(0, f"{tag}-{sid}"), "manifest": layout.job_manifest(0, f"{tag}-{sid}", "infer")},
+        job_id=f"{tag}-{sid}",
+        kind="infer",
+        input=shard["uri"],
+        outputs={
+            "inferred": layout.inferred(0, f"{tag}-{sid}"),
+            "manifest": layout.job_manifest(0, f"{tag}-{sid}", "infer"),
+        },
         params={"prompt_template": PROMPT, "input_records": shard["records"], **params},
-    )  # fmt: skip
+    )
 
 
 def run_jobs(
@@ -76,8 +81,12 @@ def peak_rss_mb(pid: int) -> float:
 def bench_simulated(work: Path, per_shard: int, jobs: int) -> dict[str, Any]:
     shards = make_shards(work / "sim", jobs, per_shard)
     layout = RunLayout(str(work / "sim"))
-    w = start_worker(work, concurrency=jobs, engine_args={"latency_base_s": 0.005, "latency_per_token_s": 2e-6},
-                     extra=["--max-batch-size", "2048", "--target-batch-tokens", "16384"])  # fmt: skip
+    w = start_worker(
+        work,
+        concurrency=jobs,
+        engine_args={"latency_base_s": 0.005, "latency_per_token_s": 2e-6},
+        extra=["--max-batch-size", "2048", "--target-batch-tokens", "16384"],
+    )
     try:
         before = w.http("GET", "/v1/stats").json()["batcher"]
         wall, _ = run_jobs(w, [spec_for(layout, s, "sim", sampling={"max_tokens": 16}) for s in shards])
@@ -87,11 +96,17 @@ def bench_simulated(work: Path, per_shard: int, jobs: int) -> dict[str, Any]:
     batches = after["total_batches"] - before["total_batches"]
     busy = after["busy_time_s"] - before["busy_time_s"]
     return {
-        "records": jobs * per_shard, "jobs": jobs, "wall_s": round(wall, 2), "engine_busy_s": round(busy, 2),
+        "records": jobs * per_shard,
+        "jobs": jobs,
+        "wall_s": round(wall, 2),
+        "engine_busy_s": round(busy, 2),
         "busy_over_wall": round(busy / wall, 3),
-        "avg_fill": round((after["total_batch_cost"] - before["total_batch_cost"]) / batches / after["target_batch_cost"], 3),
-        "batches": batches, "records_per_s": round(jobs * per_shard / wall),
-    }  # fmt: skip
+        "avg_fill": round(
+            (after["total_batch_cost"] - before["total_batch_cost"]) / batches / after["target_batch_cost"], 3
+        ),
+        "batches": batches,
+        "records_per_s": round(jobs * per_shard / wall),
+    }
 
 
 DIRECT = """
@@ -120,11 +135,30 @@ asyncio.run(main())
 """
 
 
-def bench_engine(work: Path, label: str, engine: str, model: str, python: str, n: int, max_tokens: int,
-                 batch: int, options: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:  # fmt: skip
+def bench_engine(
+    work: Path,
+    label: str,
+    engine: str,
+    model: str,
+    python: str,
+    n: int,
+    max_tokens: int,
+    batch: int,
+    options: dict[str, Any],
+    env: dict[str, str],
+) -> dict[str, Any]:
     reps = 3
-    code = DIRECT.format(repo=str(REPO), engine=engine, model=model, options=options, prompt=PROMPT,
-                         max_tokens=max_tokens, n=n, batch=batch, reps=reps)  # fmt: skip
+    code = DIRECT.format(
+        repo=str(REPO),
+        engine=engine,
+        model=model,
+        options=options,
+        prompt=PROMPT,
+        max_tokens=max_tokens,
+        n=n,
+        batch=batch,
+        reps=reps,
+    )
     env = {"OMP_NUM_THREADS": "2", **env}  # the same threads for the direct run and the worker
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
     if out.returncode != 0:
@@ -133,9 +167,17 @@ def bench_engine(work: Path, label: str, engine: str, model: str, python: str, n
     shards = make_shards(work / label, 1, n)
     layout = RunLayout(str(work / label))
     tokens_per_batch = batch * (len(PROMPT) // 4 + 1 + max_tokens)
-    w = start_worker(work, engine=engine, model=model, python=python, concurrency=1, engine_args=options, env=env,
-                     extra=["--target-batch-tokens", str(tokens_per_batch), "--max-batch-size", str(batch)],
-                     timeout=900)  # fmt: skip
+    w = start_worker(
+        work,
+        engine=engine,
+        model=model,
+        python=python,
+        concurrency=1,
+        engine_args=options,
+        env=env,
+        extra=["--target-batch-tokens", str(tokens_per_batch), "--max-batch-size", str(batch)],
+        timeout=900,
+    )
     try:
         warm = spec_for(layout, shards[0], "warm", sampling={"max_tokens": 2}, chunk_size=4)
         run_jobs(w, [warm])
@@ -161,9 +203,14 @@ def bench_engine(work: Path, label: str, engine: str, model: str, python: str, n
     # the pipeline's cost; the client-observed figure is printed too.)
     pipe_tps = manifest["tokens"]["completion"] / manifest["timings"]["run_s"]
     direct_tps = direct["tokens"] / direct["seconds"]
-    return {"label": label, "records": n, "direct_tokens_per_s": round(direct_tps, 1),
-            "pipeline_tokens_per_s": round(pipe_tps, 1), "ratio": round(pipe_tps / direct_tps, 3),
-            "client_observed_tokens_per_s": round(manifest["tokens"]["completion"] / wall, 1)}  # fmt: skip
+    return {
+        "label": label,
+        "records": n,
+        "direct_tokens_per_s": round(direct_tps, 1),
+        "pipeline_tokens_per_s": round(pipe_tps, 1),
+        "ratio": round(pipe_tps / direct_tps, 3),
+        "client_observed_tokens_per_s": round(manifest["tokens"]["completion"] / wall, 1),
+    }
 
 
 def bench_rss(work: Path, sizes: list[int]) -> list[dict[str, Any]]:
@@ -171,8 +218,12 @@ def bench_rss(work: Path, sizes: list[int]) -> list[dict[str, Any]]:
     for n in sizes:
         shards = make_shards(work / f"rss{n}", 1, n)
         layout = RunLayout(str(work / f"rss{n}"))
-        w = start_worker(work, concurrency=1, engine_args={"latency_base_s": 0.0005, "latency_per_token_s": 0.0},
-                         extra=["--max-batch-size", "2048"])  # fmt: skip
+        w = start_worker(
+            work,
+            concurrency=1,
+            engine_args={"latency_base_s": 0.0005, "latency_per_token_s": 0.0},
+            extra=["--max-batch-size", "2048"],
+        )
         try:
             wall, _ = run_jobs(w, [spec_for(layout, shards[0], "rss", sampling={"max_tokens": 16})])
             rows.append(
@@ -202,12 +253,35 @@ def main() -> None:
     engines = [
         bench_engine(work, "transformers-tiny", "transformers", tiny, sys.executable, n, 32, 64, {}, {})
     ]
-    engines.append(bench_engine(work, "transformers-smollm2", "transformers", str(prepare_smollm2(models)),
-                                sys.executable, max(n // 16, 16), 32, 16, {}, {}))  # fmt: skip
+    engines.append(
+        bench_engine(
+            work,
+            "transformers-smollm2",
+            "transformers",
+            str(prepare_smollm2(models)),
+            sys.executable,
+            max(n // 16, 16),
+            32,
+            16,
+            {},
+            {},
+        )
+    )
     if VLLM_PYTHON.exists():
-        engines.append(bench_engine(work, "vllm-cpu-tiny", "vllm", tiny, str(VLLM_PYTHON), n, 32, 64,
-                                    {"max_model_len": 512, "dtype": "float32"},
-                                    {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}))  # fmt: skip
+        engines.append(
+            bench_engine(
+                work,
+                "vllm-cpu-tiny",
+                "vllm",
+                tiny,
+                str(VLLM_PYTHON),
+                n,
+                32,
+                64,
+                {"max_model_len": 512, "dtype": "float32"},
+                {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+            )
+        )
     print("\n== tokens/s: worker pipeline vs the same engine called directly ==")
     for e in engines:
         print(json.dumps(e))

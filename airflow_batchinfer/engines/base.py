@@ -65,8 +65,13 @@ class SamplingParams:
         return replace(out, **changes)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p,
-                "seed": self.seed, "stop": list(self.stop)}  # fmt: skip
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+            "stop": list(self.stop),
+        }
 
 
 @dataclass(frozen=True)

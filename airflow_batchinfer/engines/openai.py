@@ -66,8 +66,12 @@ class OpenAIEngine(Engine):
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         s = request.sampling
-        body: dict[str, Any] = {"model": self.model, "max_tokens": s.max_tokens, "temperature": s.temperature,
-                                "top_p": s.top_p}  # fmt: skip
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+        }
         if s.seed is not None:
             body["seed"] = s.seed
         if s.stop:
@@ -106,9 +110,12 @@ class OpenAIEngine(Engine):
             text = choice["message"]["content"] if "message" in choice else choice["text"]
             usage = data.get("usage") or {}
             return GenerationResult(
-                text, None, int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0)),
+                text,
+                None,
+                int(usage.get("prompt_tokens", 0)),
+                int(usage.get("completion_tokens", 0)),
                 choice.get("finish_reason") or "stop",
-            )  # fmt: skip
+            )
         except (KeyError, IndexError, TypeError) as exc:
             return GenerationResult.failed(f"unexpected response shape ({exc}): {str(data)[:300]}")
 

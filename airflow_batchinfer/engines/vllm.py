@@ -56,9 +56,12 @@ class VllmEngine(Engine):
                     list(request.messages or ()), add_generation_prompt=True, tokenize=False
                 )
             params = SamplingParams(
-                max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p, seed=s.seed,
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=s.seed,
                 stop=list(s.stop) or None,
-            )  # fmt: skip
+            )
             final = None
             async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):
                 final = out

@@ -48,9 +48,12 @@ def build_judge(spec: Mapping[str, Any]) -> Judge:
         if kind in ("all", "any"):
             return Combined(kind, [build_judge(s) for s in args.get("judges", [])])
         cls = {
-            "expected_answer": ExpectedAnswer, "regex": RegexJudge, "json_schema": JsonSchemaJudge,
-            "length": LengthJudge, "callable": CallableJudge,
-        }.get(kind)  # fmt: skip
+            "expected_answer": ExpectedAnswer,
+            "regex": RegexJudge,
+            "json_schema": JsonSchemaJudge,
+            "length": LengthJudge,
+            "callable": CallableJudge,
+        }.get(kind)
         if cls is None:
             raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")
         judge: Judge = cls(**args)

@@ -109,5 +109,9 @@ class LLMJudge(Judge):
         return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
 
     def describe(self) -> dict[str, Any]:
-        return {"type": self.kind, "template": self.template, "system": self.system,
-                "sampling": self.sampling.as_dict()}  # fmt: skip
+        return {
+            "type": self.kind,
+            "template": self.template,
+            "system": self.system,
+            "sampling": self.sampling.as_dict(),
+        }

@@ -1,5 +1,5 @@
 """Worker pool backends: ``static`` (known URLs), ``local`` (processes on 127.0.0.1); Kubernetes
-comes with its own issue. Each yields worker URLs and a token for :class:`~airflow_batchinfer.rpc.pool.PoolClient`."""
+comes with its own issue. Each yields worker URLs and a token for ``rpc.pool.PoolClient``."""
 
 from __future__ import annotations
 

@@ -138,10 +138,25 @@ class LocalPool:
         announce = self.dir / f"worker-{wid}.json"
         log = self.dir / f"worker-{wid}.log"
         self.token  # noqa: B018 - make sure the token file exists before workers read it
-        cmd = [str(Path(spec.python).parent / "batchinfer"), "worker", "serve", "--engine", spec.engine,
-               "--host", "127.0.0.1", "--port", "0", "--concurrency", str(spec.concurrency),
-               "--token-file", str(self.dir / "token"), "--announce-file", str(announce),
-               "--target-batch-tokens", str(spec.target_batch_tokens)]  # fmt: skip
+        cmd = [
+            str(Path(spec.python).parent / "batchinfer"),
+            "worker",
+            "serve",
+            "--engine",
+            spec.engine,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--concurrency",
+            str(spec.concurrency),
+            "--token-file",
+            str(self.dir / "token"),
+            "--announce-file",
+            str(announce),
+            "--target-batch-tokens",
+            str(spec.target_batch_tokens),
+        ]
         if spec.model:
             cmd += ["--model", spec.model]
         for key, value in spec.engine_options.items():
@@ -152,9 +167,13 @@ class LocalPool:
             cmd += ["--idle-ttl", str(spec.idle_ttl_s)]
         with open(log, "ab") as out:
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
                 env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-            )  # fmt: skip
+            )
         _CHILDREN[proc.pid] = proc
         return {"id": wid, "pid": proc.pid, "url": None, "announce": str(announce), "log": str(log)}
 
@@ -195,8 +214,13 @@ class LocalPool:
                 try:
                     with SyncWorkerClient(w["url"], token=self.token, timeout=5) as client:
                         stats, ready = client.stats(), client.ready()
-                    entry.update(ready=ready, slots_busy=stats.slots_busy, slots_total=stats.slots_total,
-                                 jobs=stats.jobs, utilization=round(stats.batcher.get("utilization", 0.0), 3))  # fmt: skip
+                    entry.update(
+                        ready=ready,
+                        slots_busy=stats.slots_busy,
+                        slots_total=stats.slots_total,
+                        jobs=stats.jobs,
+                        utilization=round(stats.batcher.get("utilization", 0.0), 3),
+                    )
                 except Exception as exc:
                     entry["error"] = str(exc)
             out.append(entry)

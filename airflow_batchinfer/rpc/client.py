@@ -24,9 +24,13 @@ from airflow_batchinfer.exceptions import (
 from airflow_batchinfer.rpc.models import JobSpec, JobStatus, WorkerStats
 
 _ERRORS: dict[int, type[RpcError]] = {
-    400: BadJobError, 401: AuthenticationError, 403: ForbiddenError, 404: JobNotFound,
-    429: WorkerBusy, 503: WorkerBusy,
-}  # fmt: skip
+    400: BadJobError,
+    401: AuthenticationError,
+    403: ForbiddenError,
+    404: JobNotFound,
+    429: WorkerBusy,
+    503: WorkerBusy,
+}
 
 
 def _headers(token: str | None) -> dict[str, str]:

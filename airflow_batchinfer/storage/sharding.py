@@ -119,9 +119,12 @@ def shard_dataset(
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return ShardingResult(
-            shards=done["shards"], counts=done["counts"], id_field=done["id_field"],
-            rejects_uri=done["rejects_uri"], reused=True,
-        )  # fmt: skip
+            shards=done["shards"],
+            counts=done["counts"],
+            id_field=done["id_field"],
+            rejects_uri=done["rejects_uri"],
+            reused=True,
+        )
 
     # The rejects directory is claimed too: an interrupted run's rejects are redone, never doubled,
     # and another run's rejects are never deleted.

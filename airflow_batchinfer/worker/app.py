@@ -143,9 +143,13 @@ def create_app(
     @app.get("/v1/stats", dependencies=auth, response_model=WorkerStats)
     async def stats() -> WorkerStats:
         return WorkerStats(
-            engine=runtime.describe(), slots_total=registry.concurrency, slots_busy=registry.busy,
-            draining=registry.draining, jobs=registry.state_counts(), batcher=runtime.batcher.stats.as_dict(),
-        )  # fmt: skip
+            engine=runtime.describe(),
+            slots_total=registry.concurrency,
+            slots_busy=registry.busy,
+            draining=registry.draining,
+            jobs=registry.state_counts(),
+            batcher=runtime.batcher.stats.as_dict(),
+        )
 
     @app.get("/metrics", dependencies=auth)
     async def prometheus() -> PlainTextResponse:

@@ -40,10 +40,18 @@ def render(registry: JobRegistry) -> str:
     metric("batchinfer_jobs_running", "gauge", "Shard jobs running now.", [(float(registry.busy), None)])
     metric("batchinfer_slots", "gauge", "Job slots of this worker.", [(float(registry.concurrency), None)])
     records: Samples = [(float(n), {"outcome": k}) for k, n in sorted(registry.records.items())]
-    metric("batchinfer_records_total", "counter", "Records processed by finished jobs, by outcome.",
-           records or [(0.0, None)])  # fmt: skip
-    metric("batchinfer_errors_total", "counter", "Records that ended in an error.",
-           [(float(registry.records.get("error", 0)), None)])  # fmt: skip
+    metric(
+        "batchinfer_records_total",
+        "counter",
+        "Records processed by finished jobs, by outcome.",
+        records or [(0.0, None)],
+    )
+    metric(
+        "batchinfer_errors_total",
+        "counter",
+        "Records that ended in an error.",
+        [(float(registry.records.get("error", 0)), None)],
+    )
     metric("batchinfer_batches_total", "counter", "Engine batches run.", [(float(s.total_batches), None)])
     metric(
         "batchinfer_batch_size_avg", "gauge", "Average records per engine batch.", [(s.avg_batch_size, None)]
@@ -53,8 +61,12 @@ def render(registry: JobRegistry) -> str:
     )
     metric("batchinfer_batch_fill_avg", "gauge", "Average batch tokens / target.", [(s.avg_fill, None)])
     metric("batchinfer_engine_utilization", "gauge", "Engine busy / (busy + idle).", [(s.utilization, None)])
-    metric("batchinfer_engine_busy_seconds_total", "counter", "Time the engine was running batches.",
-           [(s.busy_time_s, None)])  # fmt: skip
+    metric(
+        "batchinfer_engine_busy_seconds_total",
+        "counter",
+        "Time the engine was running batches.",
+        [(s.busy_time_s, None)],
+    )
     metric(
         "batchinfer_queue_depth",
         "gauge",

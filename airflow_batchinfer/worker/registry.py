@@ -33,10 +33,17 @@ class Job:
     def status(self, worker: str) -> JobStatus:
         spec = self.ctx.spec
         return JobStatus(
-            job_id=spec.job_id, kind=spec.kind, state=self.state, counts=dict(self.ctx.counts),
-            progress=self.ctx.progress, error=self.error, manifest=spec.outputs.get("manifest"),
-            worker=worker, started_at=self.started_at, finished_at=self.finished_at,
-        )  # fmt: skip
+            job_id=spec.job_id,
+            kind=spec.kind,
+            state=self.state,
+            counts=dict(self.ctx.counts),
+            progress=self.ctx.progress,
+            error=self.error,
+            manifest=spec.outputs.get("manifest"),
+            worker=worker,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+        )
 
 
 class JobRegistry:
@@ -86,14 +93,24 @@ class JobRegistry:
             counts = await SHARD_JOBS[spec.kind](ctx)
             info = await asyncio.to_thread(ctx.file(spec.input).info)
             manifest = {
-                "job_id": spec.job_id, "kind": spec.kind, "state": "succeeded", "input": spec.input,
-                "outputs": spec.outputs, "counts": counts, "tokens": dict(ctx.tokens), "round": ctx.params.round,
+                "job_id": spec.job_id,
+                "kind": spec.kind,
+                "state": "succeeded",
+                "input": spec.input,
+                "outputs": spec.outputs,
+                "counts": counts,
+                "tokens": dict(ctx.tokens),
+                "round": ctx.params.round,
                 "fingerprint": fingerprint(spec, self.runtime.describe(), info),
-                "engine": self.runtime.describe(), "worker": self.worker_name,
-                "timings": {"started_at": job.started_at, "finished_at": time.time(),
-                            "run_s": round(time.monotonic() - t0, 3)},
+                "engine": self.runtime.describe(),
+                "worker": self.worker_name,
+                "timings": {
+                    "started_at": job.started_at,
+                    "finished_at": time.time(),
+                    "run_s": round(time.monotonic() - t0, 3),
+                },
                 "batcher": _delta(batch_before, self.runtime.batcher.stats),
-            }  # fmt: skip
+            }
             await asyncio.to_thread(
                 write_job_manifest, spec.outputs["manifest"], manifest, self.runtime.storage_options
             )

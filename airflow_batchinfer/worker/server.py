@@ -88,10 +88,13 @@ def serve(config: WorkerConfig) -> None:
     engine = create_engine(config.engine, model=config.model, **config.engine_options)
     concurrent = config.max_concurrent_batches or (4 if config.engine == "vllm" else 1)
     runtime = Runtime(
-        engine, target_batch_tokens=config.target_batch_tokens, max_batch_size=config.max_batch_size,
-        batch_timeout_s=config.batch_timeout_s, max_concurrent_batches=concurrent,
+        engine,
+        target_batch_tokens=config.target_batch_tokens,
+        max_batch_size=config.max_batch_size,
+        batch_timeout_s=config.batch_timeout_s,
+        max_concurrent_batches=concurrent,
         storage_options=config.storage_options,
-    )  # fmt: skip
+    )
     server: _DrainingServer | None = None
     app = create_app(config, runtime, on_fatal=lambda: server.start_drain() if server else None)
     sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)

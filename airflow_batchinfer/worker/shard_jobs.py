@@ -62,9 +62,12 @@ def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[st
         "kind": spec.kind,
         "engine": dict(engine),
         "params": params,
-        "input": {"uri": spec.input, "size": input_info.get("size"),
-                  "version": str(input_info.get("ETag") or input_info.get("mtime") or "")},
-    }  # fmt: skip
+        "input": {
+            "uri": spec.input,
+            "size": input_info.get("size"),
+            "version": str(input_info.get("ETag") or input_info.get("mtime") or ""),
+        },
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -113,9 +116,16 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
             if p.output_format == "openai":
                 rows.append(openai_batch_row(record, res, model=model, created=created))
             else:
-                rows.append(output_row(record, result=res.text, status="ok" if res.ok else "error",
-                                       error=res.error, attempts=int(record.get("attempts") or 0) + 1,
-                                       round=p.round))  # fmt: skip
+                rows.append(
+                    output_row(
+                        record,
+                        result=res.text,
+                        status="ok" if res.ok else "error",
+                        error=res.error,
+                        attempts=int(record.get("attempts") or 0) + 1,
+                        round=p.round,
+                    )
+                )
         return rows
 
     async with ctx.file(ctx.spec.outputs["inferred"]).writer() as out:
@@ -155,27 +165,43 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
-        return {"id": f"batch_req_{digest}", "custom_id": custom_id, "response": None,
-                "error": {"code": "inference_error", "message": res.error}}  # fmt: skip
+        return {
+            "id": f"batch_req_{digest}",
+            "custom_id": custom_id,
+            "response": None,
+            "error": {"code": "inference_error", "message": res.error},
+        }
     raw_body = record.get("body")
     body: dict[str, Any] = raw_body if isinstance(raw_body, dict) else {}
-    usage = {"prompt_tokens": res.prompt_tokens, "completion_tokens": res.completion_tokens,
-             "total_tokens": res.prompt_tokens + res.completion_tokens}  # fmt: skip
+    usage = {
+        "prompt_tokens": res.prompt_tokens,
+        "completion_tokens": res.completion_tokens,
+        "total_tokens": res.prompt_tokens + res.completion_tokens,
+    }
     if "messages" in body or "body" not in record:
         response_body: dict[str, Any] = {
-            "id": f"chatcmpl-{digest}", "object": "chat.completion", "created": created,
+            "id": f"chatcmpl-{digest}",
+            "object": "chat.completion",
+            "created": created,
             "model": body.get("model", model),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": res.text},
-                         "finish_reason": res.finish_reason}],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": res.text},
+                    "finish_reason": res.finish_reason,
+                }
+            ],
             "usage": usage,
-        }  # fmt: skip
+        }
     else:
         response_body = {
-            "id": f"cmpl-{digest}", "object": "text_completion", "created": created,
+            "id": f"cmpl-{digest}",
+            "object": "text_completion",
+            "created": created,
             "model": body.get("model", model),
             "choices": [{"index": 0, "text": res.text, "finish_reason": res.finish_reason}],
             "usage": usage,
-        }  # fmt: skip
+        }
     return {
         "id": f"batch_req_{digest}",
         "custom_id": custom_id,
@@ -271,15 +297,26 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     request = prompts.build(record, request_id=rid, attempt=attempt)
                 except PromptError as exc:  # permanent: retrying cannot help
                     row = output_row(
-                        record, result=None, status="error", error=str(exc), attempts=attempt, round=p.round,
+                        record,
+                        result=None,
+                        status="error",
+                        error=str(exc),
+                        attempts=attempt,
+                        round=p.round,
                         judgment={"approved": False, "reason": "prompt_error"},
-                    )  # fmt: skip
+                    )
                     await log.record(rid, attempt, row)
                     await finish(row)
                     return
                 res = (await ctx.generate([request]))[0]
-                row = output_row(record, result=res.text, status="ok" if res.ok else "error", error=res.error,
-                                 attempts=attempt, round=p.round)  # fmt: skip
+                row = output_row(
+                    record,
+                    result=res.text,
+                    status="ok" if res.ok else "error",
+                    error=res.error,
+                    attempts=attempt,
+                    round=p.round,
+                )
                 ((_, verdict),) = await _judge_rows(ctx, [row])
                 row["judgment"] = verdict.as_dict()
                 if verdict.approved or attempt >= p.max_attempts:

@@ -82,9 +82,28 @@ def test_idle_ttl_lets_workers_exit(tmp_path: Path) -> None:
 def test_run_rounds_end_to_end_accounts_for_every_id(tmp_path: Path, env: dict[str, str]) -> None:
     src = dataset(tmp_path, 600)
     root = tmp_path / "run"
-    out = cli("run", str(src), str(root), "--name", "r", "--engine", "simulated", "--engine-arg", "approval_rate=0.5",
-              "--prompt-template", "What is {{ question }}?", "--judge", '{"type": "llm"}', "--max-rounds", "3",
-              "--records-per-shard", "200", "--replicas", "2", env=env)  # fmt: skip
+    out = cli(
+        "run",
+        str(src),
+        str(root),
+        "--name",
+        "r",
+        "--engine",
+        "simulated",
+        "--engine-arg",
+        "approval_rate=0.5",
+        "--prompt-template",
+        "What is {{ question }}?",
+        "--judge",
+        '{"type": "llm"}',
+        "--max-rounds",
+        "3",
+        "--records-per-shard",
+        "200",
+        "--replicas",
+        "2",
+        env=env,
+    )
     try:
         assert out["invariant"]["ok"], out["invariant"]
         rounds = out["rounds"]
@@ -112,9 +131,26 @@ def test_run_in_place_and_hybrid(tmp_path: Path, env: dict[str, str]) -> None:
         # the tail switches to in-place retry after the first round
         for strategy, rate in (("in_place", 0.4), ("hybrid", 0.2)):
             root = tmp_path / f"run-{strategy}"
-            out = cli("run", str(src), str(root), "--name", "ip", "--engine", "simulated",
-                      "--engine-arg", f"approval_rate={rate}", "--prompt-template", "{{ question }}",
-                      "--strategy", strategy, "--max-attempts", "4", "--max-rounds", "3", env=env)  # fmt: skip
+            out = cli(
+                "run",
+                str(src),
+                str(root),
+                "--name",
+                "ip",
+                "--engine",
+                "simulated",
+                "--engine-arg",
+                f"approval_rate={rate}",
+                "--prompt-template",
+                "{{ question }}",
+                "--strategy",
+                strategy,
+                "--max-attempts",
+                "4",
+                "--max-rounds",
+                "3",
+                env=env,
+            )
             assert out["invariant"]["ok"], out["invariant"]
             assert out["rounds"][-1]["mode"] == "in_place"
             assert out["approved"] + out["exhausted_in_place"] + out["remaining_pending"] == 300
@@ -128,9 +164,22 @@ def test_rule_judge_with_expected_answers(tmp_path: Path, env: dict[str, str]) -
     src = dataset(tmp_path, 50)
     root = tmp_path / "run"
     try:
-        out = cli("run", str(src), str(root), "--name", "rule", "--engine", "simulated",
-                  "--prompt-template", "{{ question }}", "--max-rounds", "1",
-                  "--judge", '{"type": "expected_answer", "field": "answer", "match": "number"}', env=env)  # fmt: skip
+        out = cli(
+            "run",
+            str(src),
+            str(root),
+            "--name",
+            "rule",
+            "--engine",
+            "simulated",
+            "--prompt-template",
+            "{{ question }}",
+            "--max-rounds",
+            "1",
+            "--judge",
+            '{"type": "expected_answer", "field": "answer", "match": "number"}',
+            env=env,
+        )
         # the SIMULATED engine answers hashes, never the right number: nothing approved, all pending
         assert out["approved"] == 0 and out["remaining_pending"] == 50
         assert out["invariant"]["ok"]
@@ -144,8 +193,18 @@ def test_run_on_a_static_pool_of_running_workers(tmp_path: Path, env: dict[str, 
     w = start_worker(tmp_path)
     try:
         src = dataset(tmp_path, 40)
-        out = cli("run", str(src), str(tmp_path / "run"), "--worker-url", w.url, "--prompt-template", "{{ question }}",
-                  "--max-rounds", "2", env={**env, "BATCHINFER_WORKER_TOKEN": TOKEN})  # fmt: skip
+        out = cli(
+            "run",
+            str(src),
+            str(tmp_path / "run"),
+            "--worker-url",
+            w.url,
+            "--prompt-template",
+            "{{ question }}",
+            "--max-rounds",
+            "2",
+            env={**env, "BATCHINFER_WORKER_TOKEN": TOKEN},
+        )
         assert out["invariant"]["ok"] and out["rounds"][0]["pending"] == 40
         assert w.http("GET", "/v1/stats").json()["jobs"]["succeeded"] >= 2
     finally:

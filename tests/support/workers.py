@@ -92,8 +92,19 @@ def start_worker(
     announce = workdir / f"worker-{name}.json"
     log = workdir / f"worker-{name}.log"
     bin_dir = Path(python or sys.executable).parent
-    cmd = [str(bin_dir / "batchinfer"), "worker", "serve", "--engine", engine, "--concurrency", str(concurrency),
-           "--announce-file", str(announce), "--drain-timeout", "60"]  # fmt: skip
+    cmd = [
+        str(bin_dir / "batchinfer"),
+        "worker",
+        "serve",
+        "--engine",
+        engine,
+        "--concurrency",
+        str(concurrency),
+        "--announce-file",
+        str(announce),
+        "--drain-timeout",
+        "60",
+    ]
     if model:
         cmd += ["--model", model]
     for k, v in (engine_args or {}).items():

@@ -39,8 +39,15 @@ def test_sandbox_blocks_unsafe_access() -> None:
 
 def test_openai_batch_body_messages_and_sampling_override() -> None:
     b = PromptBuilder(None, sampling=SamplingParams(max_tokens=100, temperature=0.0))
-    record = {"custom_id": "a", "body": {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5,
-                                         "temperature": 0.7, "stop": "END"}}  # fmt: skip
+    record = {
+        "custom_id": "a",
+        "body": {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 5,
+            "temperature": 0.7,
+            "stop": "END",
+        },
+    }
     req = b.build(record, request_id="a")
     assert req.messages == [{"role": "user", "content": "hi"}]
     assert (req.sampling.max_tokens, req.sampling.temperature, req.sampling.stop) == (5, 0.7, ("END",))

@@ -27,7 +27,11 @@ def test_airflow_providers_list_shows_the_package(tmp_path: Path) -> None:
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
     out = subprocess.run(
         [str(airflow), "providers", "list", "--output", "json"],
-        env=env, capture_output=True, text=True, timeout=180, check=True,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
     providers = {p["package_name"]: p for p in json.loads(out.stdout[out.stdout.index("[") :])}
     assert providers["airflow-batchinfer"]["version"] == "0.1.0"

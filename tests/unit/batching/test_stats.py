@@ -11,8 +11,15 @@ def test_empty_stats_are_zero() -> None:
 
 
 def test_derived_figures() -> None:
-    s = BatchStats(total_completed=30, total_failed=10, total_batches=4, total_batch_cost=360,
-                   busy_time_s=3, idle_time_s=1, target_batch_cost=100)  # fmt: skip
+    s = BatchStats(
+        total_completed=30,
+        total_failed=10,
+        total_batches=4,
+        total_batch_cost=360,
+        busy_time_s=3,
+        idle_time_s=1,
+        target_batch_cost=100,
+    )
     assert s.avg_batch_size == 10
     assert s.avg_batch_cost == 90
     assert s.avg_fill == 0.9

@@ -11,8 +11,10 @@ from airflow_batchinfer.engines.openai import OpenAIEngine
 
 
 def chat(content: str) -> dict[str, object]:
-    return {"choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 2}}  # fmt: skip
+    return {
+        "choices": [{"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    }
 
 
 async def test_chat_and_completion_requests_with_retries() -> None:
@@ -34,8 +36,14 @@ async def test_chat_and_completion_requests_with_retries() -> None:
             return httpx.Response(200, json={"choices": [{"text": "raw!", "finish_reason": "length"}]})
         return httpx.Response(200, json=chat(f"echo {key}"))
 
-    engine = OpenAIEngine("m", base_url="http://llm.local/v1", api_key="k", max_retries=3, backoff_s=0.001,
-                          transport=httpx.MockTransport(handler))  # fmt: skip
+    engine = OpenAIEngine(
+        "m",
+        base_url="http://llm.local/v1",
+        api_key="k",
+        max_retries=3,
+        backoff_s=0.001,
+        transport=httpx.MockTransport(handler),
+    )
     await engine.start()
     sp = SamplingParams(max_tokens=7, temperature=0.5, seed=3, stop=("X",))
     reqs = [

@@ -28,8 +28,11 @@ def chat(text: str, **sampling: object) -> GenerationRequest:
 
 
 async def test_batched_equals_one_by_one_with_left_padding(engine: Engine) -> None:
-    reqs = [chat("one", max_tokens=8), chat("the quick brown fox jumps over the lazy dog twice", max_tokens=8),
-            chat("what is 2+2?", max_tokens=8)]  # fmt: skip
+    reqs = [
+        chat("one", max_tokens=8),
+        chat("the quick brown fox jumps over the lazy dog twice", max_tokens=8),
+        chat("what is 2+2?", max_tokens=8),
+    ]
     batched = await engine.generate(reqs)
     single = [(await engine.generate([r]))[0] for r in reqs]
     assert [b.text for b in batched] == [s.text for s in single]

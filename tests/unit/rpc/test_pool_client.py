@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import httpx
 import pytest
@@ -27,8 +26,17 @@ def fake_workers(free: dict[str, int], refuse: set[str]) -> tuple[httpx.MockTran
         if host not in free:
             raise httpx.ConnectError("refused", request=request)
         if request.url.path == "/v1/stats":
-            return httpx.Response(200, json={"engine": {}, "slots_total": 4, "slots_busy": 4 - free[host],
-                                             "draining": False, "jobs": {}, "batcher": {}})  # fmt: skip
+            return httpx.Response(
+                200,
+                json={
+                    "engine": {},
+                    "slots_total": 4,
+                    "slots_busy": 4 - free[host],
+                    "draining": False,
+                    "jobs": {},
+                    "batcher": {},
+                },
+            )
         calls.append(host)
         if host in refuse:
             return httpx.Response(429, json={"error": "busy", "detail": "full"})
@@ -41,7 +49,7 @@ def fake_workers(free: dict[str, int], refuse: set[str]) -> tuple[httpx.MockTran
 async def test_submits_to_least_loaded_and_moves_on_at_429() -> None:
     free = {"http://a:1": 1, "http://b:1": 3, "http://c:1": 2}
     transport, calls = fake_workers(free, refuse={"http://b:1"})
-    pool = PoolClient(list(free) + ["http://dead:1"], token="tok", transport=transport)
+    pool = PoolClient([*list(free), "http://dead:1"], token="tok", transport=transport)
     url, status = await pool.submit(SPEC)
     assert calls == ["http://b:1", "http://c:1"]  # most free first; b answered 429
     assert url == "http://c:1" and status.state == "running"

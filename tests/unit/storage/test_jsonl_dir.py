@@ -30,8 +30,11 @@ def test_listing_is_numeric_and_ignores_other_files(root: Root) -> None:
     ]:
         fs.pipe_file(f"{path}/{name}", b"")
     assert [s.name for s in d.shards()] == [
-        "part-00002.jsonl", "PART-00010.JSONL.ZSTD", "part-99999.jsonl.zst", "part-100000.jsonl.zst",
-    ]  # fmt: skip
+        "part-00002.jsonl",
+        "PART-00010.JSONL.ZSTD",
+        "part-99999.jsonl.zst",
+        "part-100000.jsonl.zst",
+    ]
     assert [s.index for s in d.shards()] == [2, 10, 99999, 100000]
 
 

@@ -39,8 +39,10 @@ def test_shards_a_file_into_full_shards_and_returns_descriptors(root: Root) -> N
     src = put(root, "data.jsonl", jsonl([{"id": f"r{i}", "q": i} for i in range(2500)]))
     result = shard(root, src, records_per_shard=1000)
     assert [(d["shard_id"], d["records"]) for d in result.shards] == [
-        ("part-00000", 1000), ("part-00001", 1000), ("part-00002", 500),
-    ]  # fmt: skip
+        ("part-00000", 1000),
+        ("part-00001", 1000),
+        ("part-00002", 500),
+    ]
     assert all(set(d) == {"shard_id", "uri", "records"} for d in result.shards)  # references, never records
     assert result.shards[0]["uri"].endswith("/run/input/part-00000.jsonl.zst")
     assert ids_in(root, "run/input") == [f"r{i}" for i in range(2500)]
@@ -120,10 +122,14 @@ def test_assign_ids_for_records_without_one(root: Root) -> None:
 
 def test_openai_batch_input_uses_custom_id(root: Root) -> None:
     rows = [
-        {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-         "body": {"model": "m", "messages": [{"role": "user", "content": f"{i}+{i}?"}]}}
+        {
+            "custom_id": f"req-{i}",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": f"{i}+{i}?"}]},
+        }
         for i in range(5)
-    ]  # fmt: skip
+    ]
     rows.append({"custom_id": "req-bad", "method": "POST", "body": "not an object"})
     result = shard(root, put(root, "batch.jsonl", jsonl(rows)))
     assert result.id_field == "custom_id"
@@ -209,7 +215,9 @@ def test_another_runs_rejects_are_never_deleted(root: Root) -> None:
         shard_dataset(put(root, "b.jsonl", bad), root.uri("out", "b"), storage_options=root.storage_options)
     assert rejects.count_records() == 1  # a's quarantined line is still there
     other = shard_dataset(
-        put(root, "b.jsonl", bad), root.uri("out", "b"), rejects=root.uri("out", "b-rejects"),
+        put(root, "b.jsonl", bad),
+        root.uri("out", "b"),
+        rejects=root.uri("out", "b-rejects"),
         storage_options=root.storage_options,
-    )  # fmt: skip
+    )
     assert other.counts["quarantined"] == 1

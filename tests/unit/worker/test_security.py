@@ -31,7 +31,17 @@ def test_token_check() -> None:
     assert not token_ok(None, "s3cret")
 
 
-@pytest.mark.parametrize(("host", "ok"), [("127.0.0.1", True), ("127.8.9.1", True), ("::1", True), ("localhost", True),
-                                          ("0.0.0.0", False), ("10.0.0.1", False), ("worker.local", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("host", "ok"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("worker.local", False),
+    ],
+)
 def test_loopback(host: str, ok: bool) -> None:
     assert is_loopback(host) is ok
