@@ -27,6 +27,7 @@ sys.path.insert(0, str(REPO))
 from airflow_batchinfer.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
+from airflow_batchinfer.worker.config import parse_options  # noqa: E402
 from tests.support.workers import start_worker  # noqa: E402
 
 TOPICS = ["the ocean", "a lighthouse", "winter", "a library", "the moon", "bread", "rivers", "old maps"]
@@ -60,10 +61,7 @@ def main() -> None:
     import torch
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    options = {
-        k: json.loads(v) if v[:1] in "0123456789[{tf" else v
-        for k, v in (a.split("=", 1) for a in args.engine_arg)
-    }
+    options = parse_options(args.engine_arg)
     if args.engine == "transformers":
         options.setdefault("device", device)
     prompts = [

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -32,14 +33,37 @@ from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
 
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
+WORDS = [
+    "sun",
+    "haze",
+    "dust",
+    "cloud",
+    "evening",
+    "scatter",
+    "light",
+    "blue",
+    "red",
+    "angle",
+    "air",
+    "ocean",
+]
 PROMPT = "Question {{ id }}: explain briefly why the sky looks {{ color }} at this hour of the day."
 
 
 def make_shards(root: Path, n_shards: int, per_shard: int) -> list[dict[str, Any]]:
     d = JsonlDir(str(root / "input"))
     colors = ["blue", "red", "orange", "grey", "purple"]
+    rng = random.Random(0)  # a realistic payload: shards compress ~3x, not 100x
     with d.writer_sync(max_records_per_shard=per_shard) as w:
-        w.write_many({"id": i, "color": colors[i % 5]} for i in range(n_shards * per_shard))
+        w.write_many(
+            {
+                "id": i,
+                "color": colors[i % 5],
+                "context": " ".join(rng.choices(WORDS, k=12)),
+                "ref": rng.getrandbits(64),
+            }
+            for i in range(n_shards * per_shard)
+        )
     return list(w.shards_written)
 
 

@@ -181,7 +181,9 @@ class ShardWriter:
         self.write_lines([serialize(record)])
 
     def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
-        self.write_lines([serialize(r) for r in records])
+        it = iter(records)
+        while block := [serialize(r) for r in itertools.islice(it, 1024)]:  # bounded memory for any iterable
+            self.write_lines(block)
 
     def write_line(self, line: bytes) -> None:
         """Append one already-serialized JSON object (no newline)."""

@@ -13,6 +13,9 @@ import zstandard
 from airflow_batchinfer.exceptions import CorruptFileError
 
 READ_SIZE = 64 * 1024
+# Compressed bytes handed to the decompressor per call: output per call is this times the
+# compression ratio, so highly compressible shards still decode in small pieces.
+FEED_SIZE = 8 * 1024
 ZSTD_SUFFIXES = (".zst", ".zstd")
 
 
@@ -36,18 +39,20 @@ def iter_chunks(raw: BinaryIO, *, zstd: bool, source: str) -> Iterator[bytes]:
     dobj = dctx.decompressobj()
     in_frame = False
     try:
-        while data := raw.read(READ_SIZE):
-            while data:
-                in_frame = True
-                out = dobj.decompress(data)
-                if out:
-                    yield out
-                if not dobj.eof:
-                    break
-                # One frame ended; the rest of this read belongs to the next frame.
-                data = dobj.unused_data
-                dobj = dctx.decompressobj()
-                in_frame = False
+        while read := raw.read(READ_SIZE):
+            for start in range(0, len(read), FEED_SIZE):
+                data = read[start : start + FEED_SIZE]
+                while data:
+                    in_frame = True
+                    out = dobj.decompress(data)
+                    if out:
+                        yield out
+                    if not dobj.eof:
+                        break
+                    # One frame ended; the rest of this piece belongs to the next frame.
+                    data = dobj.unused_data
+                    dobj = dctx.decompressobj()
+                    in_frame = False
     except zstandard.ZstdError as exc:
         raise CorruptFileError(
             f"{source}: invalid zstd data ({exc}). The file is damaged; regenerate it from its source."

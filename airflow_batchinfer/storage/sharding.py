@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
     DEFAULT_RECORDS_PER_SHARD,
@@ -56,6 +58,14 @@ class ShardingResult:
             "rejects_uri": self.rejects_uri,
             "reused": self.reused,
         }
+
+
+def _reason(line: bytes) -> str:
+    try:
+        parse_record(line)
+    except RecordError as exc:
+        return str(exc)
+    return "invalid JSON"
 
 
 def detect_id_field(record: dict[str, Any]) -> str:
@@ -147,16 +157,25 @@ def shard_dataset(
     seen_before: dict[Any, int] = {}
     line_no = 0
 
+    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with reject_writer, writer:
         for block in source.iter_line_blocks():
             good: list[bytes] = []
+            # The common path (a valid object with a fresh id) is kept to a few C calls per line;
+            # every error path goes through the helpers that name what is wrong.
             for line in block:
                 line_no += 1
-                if not line or line.isspace():
-                    stats.blank += 1
+                try:
+                    record = loads(line)
+                except decode_error:
+                    if not line or line.isspace():
+                        stats.blank += 1
+                    else:
+                        policy.bad_line(line_no, line, _reason(line))
                     continue
                 try:
-                    record = parse_record(line)
+                    if type(record) is not dict:
+                        parse_record(line)  # raises: not an object
                     if id_name is None:
                         id_name = detect_id_field(record)
                         openai = id_name == "custom_id"
@@ -168,8 +187,8 @@ def shard_dataset(
                         line = dumps(record)
                     elif not ((type(rid) is str and rid) or type(rid) is int):
                         record_id(record, id_name)  # raises, naming what is wrong with the id
-                    first = seen.get(rid) or seen_before.get(rid)
-                    if first is not None:
+                    if rid in seen or rid in seen_before:
+                        first = seen.get(rid) or seen_before.get(rid)
                         raise RecordError(f"duplicate id {rid!r} (first at line {first})")
                 except RecordError as exc:
                     policy.bad_line(line_no, line, str(exc))
