@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ def make_dataset(path: Path, n: int, seed: int = 0) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
         for i in range(n):
-            a, b = rng.randint(2, 60), rng.randint(2, 60)
+            a, b = rng.randint(1, 12), rng.randint(1, 12)
             f.write(
                 json.dumps({"id": f"q{i:04d}", "question": f"What is {a} + {b}?", "answer": a + b}) + "\n"
             )
@@ -35,7 +36,7 @@ def make_dataset(path: Path, n: int, seed: int = 0) -> None:
 def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -> dict[str, Any]:
     workdir = (workdir or default_cache_dir() / "demo").resolve()
     data = workdir / "arithmetic.jsonl"
-    run_root = workdir / "run"
+    run_root = workdir / time.strftime("run-%Y%m%d-%H%M%S")  # each demo is a fresh run
     make_dataset(data, n)
     print(f"dataset: {n} arithmetic questions in {data}")
     model = prepare_smollm2()
@@ -57,7 +58,7 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
         run_root=str(run_root),
         prompt_template="{{ question }}",
         system="You are a calculator. Reply with the number only.",
-        sampling={"max_tokens": 24, "temperature": 0.7, "seed": 7},
+        sampling={"max_tokens": 48, "temperature": 0.7, "seed": 7},
         judge={"type": "expected_answer", "field": "answer", "match": "number"},
         strategy="rounds",
         max_rounds=max_rounds,

@@ -73,6 +73,11 @@ class BadJobError(RpcError):
     """The worker rejected the job as invalid (HTTP 400); the message says what is wrong."""
 
 
+class JobConflict(RpcError):
+    """A ``job_id`` the worker knows was submitted again with a different input, outputs or params
+    (HTTP 409): job ids must identify one job; include the run in them."""
+
+
 class JobNotFound(RpcError):
     """The worker does not know this job (HTTP 404): it restarted, or the job ran elsewhere."""
 

@@ -9,6 +9,7 @@ to try a model, prompts and a judge before writing a DAG; the Airflow DAGs run t
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections import Counter
@@ -90,6 +91,8 @@ async def run_pipeline(
     cfg: PipelineConfig, pool: PoolClient, *, progress: Progress | None = None
 ) -> dict[str, Any]:
     layout = RunLayout(cfg.run_root)
+    # Job ids name one job: the run is part of them, so warm workers shared by runs never confuse two.
+    run_key = hashlib.sha256(resolve(cfg.run_root).uri.encode()).hexdigest()[:10]
     t0 = time.monotonic()
     sharded = await asyncio.to_thread(
         shard_dataset,
@@ -126,7 +129,7 @@ async def run_pipeline(
         if in_place:
             specs = [
                 JobSpec(
-                    job_id=f"r{r:02d}-{s['shard_id']}-in_place",
+                    job_id=f"{run_key}-r{r:02d}-{s['shard_id']}-in_place",
                     kind="in_place",
                     input=s["uri"],
                     outputs={
@@ -159,7 +162,7 @@ async def run_pipeline(
         else:
             infer = [
                 JobSpec(
-                    job_id=f"r{r:02d}-{s['shard_id']}-infer",
+                    job_id=f"{run_key}-r{r:02d}-{s['shard_id']}-infer",
                     kind="infer",
                     input=s["uri"],
                     outputs={
@@ -176,7 +179,7 @@ async def run_pipeline(
             failed += [{**b, "round": r} for b in bad]
             judge = [
                 JobSpec(
-                    job_id=f"r{r:02d}-{m['outputs']['inferred'].rsplit('/', 1)[-1].split('.')[0]}-judge",
+                    job_id=f"{run_key}-r{r:02d}-{_sid(m)}-judge",
                     kind="judge",
                     input=m["outputs"]["inferred"],
                     outputs={

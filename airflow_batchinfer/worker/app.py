@@ -16,7 +16,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from airflow_batchinfer.exceptions import ConfigError, WorkerBusy
+from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.config import WorkerConfig
@@ -119,6 +119,8 @@ def create_app(
             )
         try:
             status, created = registry.submit(spec, params)
+        except JobConflict as exc:
+            raise ApiError(409, "conflict", str(exc)) from exc
         except WorkerBusy as exc:
             code = 503 if registry.draining else 429
             raise ApiError(

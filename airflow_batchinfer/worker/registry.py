@@ -10,7 +10,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from airflow_batchinfer.batching import BatchStats
-from airflow_batchinfer.exceptions import BatchInferError, WorkerBusy
+from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
 from airflow_batchinfer.worker.manifest import write_job_manifest
 from airflow_batchinfer.worker.params import JobParams
@@ -71,6 +71,11 @@ class JobRegistry:
         """
         existing = self.jobs.get(spec.job_id)
         if existing is not None and existing.state not in ("failed", "cancelled"):
+            if existing.ctx.spec != spec:
+                raise JobConflict(
+                    f"job {spec.job_id} is already {existing.state} here with a different input, outputs or "
+                    "params: a job id must name one job (include the run in it)"
+                )
             return existing.status(self.worker_name), False
         if self.draining:
             raise WorkerBusy("worker is draining (shutting down): submit to another worker")

@@ -90,6 +90,12 @@ def test_same_job_id_never_runs_twice(tmp_path: Path, worker: WorkerProcess) -> 
     stats = worker.http("GET", "/v1/stats").json()
     assert stats["jobs"] == {"succeeded": 1}
     assert stats["batcher"]["total_submitted"] == 100  # the records went through once
+    # the same id for a different job (another run's outputs) is a conflict, not a stale answer
+    other = spec.model_copy(
+        update={"outputs": {**spec.outputs, "inferred": str(tmp_path / "elsewhere.jsonl")}}
+    )
+    r4 = worker.http("POST", "/v1/jobs", json=other.model_dump())
+    assert r4.status_code == 409 and "different input, outputs or params" in r4.json()["detail"]
 
 
 def test_429_when_all_slots_busy(tmp_path: Path) -> None:
