@@ -15,16 +15,9 @@ from airflow_batchinfer.exceptions import BatchInferError
 
 def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     """``--storage-option endpoint_url=http://127.0.0.1:8333`` → fsspec options (JSON values allowed)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--storage-option {pair!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except ValueError:
-            out[key] = value
-    return out
+    from airflow_batchinfer.worker.config import parse_options
+
+    return parse_options(list(pairs))
 
 
 def _source_size(uri: str, options: dict[str, Any]) -> int | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +21,7 @@ from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact, shard_dataset
-from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.storage.json_doc import write_json
 from airflow_batchinfer.storage.location import resolve
 
 STRATEGIES = ("rounds", "in_place", "hybrid")
@@ -82,9 +81,7 @@ async def _run_all(
 
 
 def _write_json(uri: str, data: Any) -> None:
-    sink = AtomicSink(resolve(uri))
-    sink.write(json.dumps(data, indent=2, default=str).encode())
-    sink.commit()
+    write_json(resolve(uri), data)
 
 
 async def run_pipeline(

@@ -8,11 +8,10 @@ asked.
 
 from __future__ import annotations
 
-import json
-from typing import Any, cast
+from typing import Any
 
-from airflow_batchinfer.exceptions import OutputExistsError, StorageError
-from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.exceptions import OutputExistsError
+from airflow_batchinfer.storage.json_doc import read_json, write_json
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 
 MANIFEST_NAME = "_manifest.json"
@@ -20,31 +19,14 @@ SCHEMA_VERSION = 1
 
 
 def read_manifest(directory: JsonlDir) -> dict[str, Any] | None:
-    loc = directory.loc.child(MANIFEST_NAME)
-    try:
-        with loc.fs.open(loc.path, "rb") as f:
-            data = json.loads(f.read())
-    except FileNotFoundError:
-        return None
-    except ValueError as exc:
-        raise StorageError(f"{loc.uri}: unreadable manifest ({exc}); delete it to start over") from exc
-    version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
-        raise StorageError(
-            f"{loc.uri}: manifest schema_version {version!r} is not supported (expected {SCHEMA_VERSION}); "
-            "it was written by another version of airflow-batchinfer"
-        )
-    return cast(dict[str, Any], data)
+    return read_json(
+        directory.loc.child(MANIFEST_NAME), schema_version=SCHEMA_VERSION, what="manifest",
+        remedy="delete it to start over",
+    )  # fmt: skip
 
 
 def write_manifest(directory: JsonlDir, data: dict[str, Any]) -> None:
-    sink = AtomicSink(directory.loc.child(MANIFEST_NAME))
-    try:
-        sink.write(json.dumps({"schema_version": SCHEMA_VERSION, **data}, indent=2).encode())
-    except BaseException:
-        sink.abort()
-        raise
-    sink.commit()
+    write_json(directory.loc.child(MANIFEST_NAME), data, schema_version=SCHEMA_VERSION)
 
 
 def claim_output(
