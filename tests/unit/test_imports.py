@@ -11,6 +11,9 @@ HEAVY = ("airflow", "vllm", "torch", "transformers", "boto3", "botocore", "s3fs"
 def test_worker_side_imports_nothing_heavy() -> None:
     code = (
         "import sys, airflow_batchinfer.storage, airflow_batchinfer.batching, airflow_batchinfer.cli\n"
+        "import airflow_batchinfer.engines, airflow_batchinfer.judges, airflow_batchinfer.worker.server\n"
+        "import airflow_batchinfer.rpc.pool, airflow_batchinfer.pools, airflow_batchinfer.pipeline\n"
+        "from airflow_batchinfer.engines import create_engine; create_engine('simulated')\n"
         f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
         "print(','.join(sorted(heavy)))\n"
     )
