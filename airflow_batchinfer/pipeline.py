@@ -112,7 +112,6 @@ async def run_pipeline(
     rounds: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
     in_place = cfg.strategy == "in_place"
-    stop_reason = "nothing pending"
     for r in range(cfg.max_rounds):
         n_pending = sum(s["records"] for s in pending)
         if not pending or n_pending == 0:
@@ -155,7 +154,6 @@ async def run_pipeline(
             summary["attempts"] = sum(m["counts"].get("attempts", 0) for m in done)
             failed += [{**b, "round": r} for b in bad]
             pending = []
-            stop_reason = "in-place retry finished"
         else:
             infer = [
                 JobSpec(
@@ -213,7 +211,6 @@ async def run_pipeline(
             pending = [s for s in compacted.shards if s["records"]]
             if cfg.strategy == "hybrid" and summary["rejected"] > (1 - cfg.hybrid_min_shrink) * n_pending:
                 in_place = True  # rounds stopped paying off: finish the tail in place
-            stop_reason = "max_rounds reached" if r == cfg.max_rounds - 1 else stop_reason
         summary["failed_shards"] = len([f for f in failed if f["round"] == r])
         summary["seconds"] = round(time.monotonic() - started, 3)
         rounds.append(summary)
@@ -234,7 +231,12 @@ async def run_pipeline(
         "remaining_pending": remaining,
         "exhausted_in_place": exhausted,
         "failed_shards": failed,
-        "stop_reason": stop_reason if not pending else "max_rounds reached",
+        # exhaustion is reported as such, never as a normal completion
+        "stop_reason": "max_rounds reached"
+        if pending
+        else "in-place retry finished"
+        if rounds and rounds[-1]["mode"] == "in_place"
+        else "nothing pending",
         "seconds": round(time.monotonic() - t0, 3),
     }
     result["invariant"] = await asyncio.to_thread(check_invariant, layout, id_field, pending, rounds, failed)
