@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 import importlib
 import json
 import re
@@ -37,8 +38,9 @@ class RuleJudge(Judge):
                 out.append(Verdict(False, f"judge_error: {type(exc).__name__}: {exc}"))
         return out
 
+    @abc.abstractmethod
     def check(self, item: JudgeItem) -> Verdict:
-        raise NotImplementedError
+        """The verdict for one item (exceptions become a rejection of that item)."""
 
 
 class ExpectedAnswer(RuleJudge):

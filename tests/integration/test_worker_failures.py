@@ -30,6 +30,22 @@ def shard(tmp_path: Path, n: int) -> tuple[RunLayout, Any]:
     return layout, shard_dataset(str(src), layout.input).shards[0]
 
 
+def in_place_spec(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobSpec:
+    """An in-place job judged by the SIMULATED engine's verdicts."""
+    return JobSpec(
+        job_id=job_id,
+        kind="in_place",
+        input=s["uri"],
+        outputs={
+            "approved": layout.result(0, "part-00000", tail=True),
+            "rejected": layout.rejected(0, "part-00000"),
+            "checkpoints": layout.checkpoints(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "in_place"),
+        },
+        params={"prompt_template": "{{ q }}", "judge": {"type": "llm"}, **params},
+    )
+
+
 def wait_for(predicate: Any, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -65,24 +81,8 @@ def test_kill_9_mid_infer_then_resubmit_gives_each_id_once(tmp_path: Path) -> No
 
 def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 60)
-    spec = JobSpec(
-        job_id="inplace-1",
-        kind="in_place",
-        input=s["uri"],
-        outputs={
-            "approved": layout.result(0, "part-00000", tail=True),
-            "rejected": layout.rejected(0, "part-00000"),
-            "checkpoints": layout.checkpoints(0, "part-00000"),
-            "manifest": layout.job_manifest(0, "part-00000", "in_place"),
-        },
-        params={
-            "prompt_template": "{{ q }}",
-            "judge": {"type": "llm"},
-            "max_attempts": 8,
-            "chunk_size": 60,
-            "checkpoint_every": 30,
-            "checkpoint_interval_s": 0.1,
-        },
+    spec = in_place_spec(
+        layout, s, "inplace-1", max_attempts=8, chunk_size=60, checkpoint_every=30, checkpoint_interval_s=0.1
     )
     # approval_rate 0: every attempt is rejected, so each sample runs to max_attempts
     w1 = start_worker(tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.1})
@@ -185,25 +185,15 @@ async def _run_once(w: WorkerProcess, spec: JobSpec) -> dict[str, Any]:
 
 def test_sigterm_past_the_drain_timeout_checkpoints_in_place_jobs(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 40)
-    spec = JobSpec(
-        job_id="drain-1",
-        kind="in_place",
-        input=s["uri"],
-        outputs={
-            "approved": layout.result(0, "part-00000", tail=True),
-            "rejected": layout.rejected(0, "part-00000"),
-            "checkpoints": layout.checkpoints(0, "part-00000"),
-            "manifest": layout.job_manifest(0, "part-00000", "in_place"),
-        },
-        # checkpoints would only be written every 10,000 events or 10 minutes: only the drain flushes
-        params={
-            "prompt_template": "{{ q }}",
-            "judge": {"type": "llm"},
-            "max_attempts": 50,
-            "chunk_size": 40,
-            "checkpoint_every": 10_000,
-            "checkpoint_interval_s": 600,
-        },
+    # checkpoints would only be written every 10,000 events or 10 minutes: only the drain flushes
+    spec = in_place_spec(
+        layout,
+        s,
+        "drain-1",
+        max_attempts=50,
+        chunk_size=40,
+        checkpoint_every=10_000,
+        checkpoint_interval_s=600,
     )
     w = start_worker(
         tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.05}, extra=["--drain-timeout", "1"]
