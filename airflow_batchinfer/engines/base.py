@@ -25,15 +25,6 @@ class SamplingParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()
 
-    FIELDS: ClassVar[tuple[str, ...]] = (
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-    )
-
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
             raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")

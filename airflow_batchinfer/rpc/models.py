@@ -56,8 +56,3 @@ class WorkerStats(BaseModel):
     draining: bool
     jobs: dict[str, int]
     batcher: dict[str, Any]
-
-
-class ErrorBody(BaseModel):
-    error: str
-    detail: str

@@ -31,7 +31,6 @@ from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 Progress = Callable[[int, int], None]
 """``progress(records, nbytes)``: called with increments as input is consumed."""
 
-PROGRESS_EVERY = 8192
 REJECTS_PER_SHARD = 100_000
 
 

@@ -73,6 +73,6 @@ def render(registry: JobRegistry) -> str:
         "Requests waiting in the batcher queue.",
         [(float(s.queue_depth), None)],
     )
-    tokens: Samples = [(float(n), {"type": k}) for k, n in sorted(registry.runtime.tokens.items())]
-    metric("batchinfer_tokens_total", "counter", "Tokens processed by the engine.", tokens)
+    tokens: Samples = [(float(registry.tokens[k]), {"type": k}) for k in ("completion", "prompt")]
+    metric("batchinfer_tokens_total", "counter", "Tokens processed by finished jobs.", tokens)
     return "\n".join(out) + "\n"

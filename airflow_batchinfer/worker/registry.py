@@ -56,6 +56,7 @@ class JobRegistry:
         self.last_activity = time.monotonic()
         self.totals: Counter[str] = Counter()  # finished jobs by "kind:state", for /metrics
         self.records: Counter[str] = Counter()
+        self.tokens: Counter[str] = Counter()  # tokens of finished jobs, for /metrics
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -133,8 +134,8 @@ class JobRegistry:
             job.finished_at = time.time()
             self.last_activity = time.monotonic()
             self.totals[f"{spec.kind}:{job.state}"] += 1
-            for key, n in ctx.counts.items():
-                self.records[key] += n
+            self.records.update(ctx.counts)
+            self.tokens.update(ctx.tokens)
             if job.state != "succeeded":
                 log.warning(
                     "job %s (%s, input %s) %s: %s", spec.job_id, spec.kind, spec.input, job.state, job.error

@@ -41,7 +41,6 @@ class Runtime:
             max_concurrent_batches=max_concurrent_batches,
         )
         self.ready = False
-        self.tokens = {"prompt": 0, "completion": 0}
 
     async def start(self) -> None:
         await self.engine.start()
@@ -56,11 +55,7 @@ class Runtime:
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """Submit requests to the shared batcher and wait for their results (in order)."""
         futures = [await self.batcher.submit(r) for r in requests]
-        results = list(await asyncio.gather(*futures))
-        for r in results:
-            self.tokens["prompt"] += r.prompt_tokens
-            self.tokens["completion"] += r.completion_tokens
-        return results
+        return list(await asyncio.gather(*futures))
 
     def describe(self) -> dict[str, Any]:
         return self.engine.describe()

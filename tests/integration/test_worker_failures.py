@@ -30,6 +30,19 @@ def shard(tmp_path: Path, n: int) -> tuple[RunLayout, Any]:
     return layout, shard_dataset(str(src), layout.input).shards[0]
 
 
+def infer_spec(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobSpec:
+    return JobSpec(
+        job_id=job_id,
+        kind="infer",
+        input=s["uri"],
+        outputs={
+            "inferred": layout.inferred(0, "part-00000"),
+            "manifest": layout.job_manifest(0, "part-00000", "infer"),
+        },
+        params={"prompt_template": "{{ q }}", **params},
+    )
+
+
 def in_place_spec(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobSpec:
     """An in-place job judged by the SIMULATED engine's verdicts."""
     return JobSpec(
@@ -55,16 +68,7 @@ def wait_for(predicate: Any, timeout: float = 60) -> None:
 
 def test_kill_9_mid_infer_then_resubmit_gives_each_id_once(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 400)
-    spec = JobSpec(
-        job_id="infer-1",
-        kind="infer",
-        input=s["uri"],
-        outputs={
-            "inferred": layout.inferred(0, "part-00000"),
-            "manifest": layout.job_manifest(0, "part-00000", "infer"),
-        },
-        params={"prompt_template": "{{ q }}", "chunk_size": 20, "input_records": 400},
-    )
+    spec = infer_spec(layout, s, "infer-1", chunk_size=20, input_records=400)
     w1 = start_worker(tmp_path, engine_args={"latency_base_s": 0.05})
     w1.submit(spec)
     wait_for(lambda: w1.status(spec.job_id).progress.done >= 60)
@@ -112,16 +116,7 @@ def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp
 
 def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 300)
-    spec = JobSpec(
-        job_id="lost-1",
-        kind="infer",
-        input=s["uri"],
-        outputs={
-            "inferred": layout.inferred(0, "part-00000"),
-            "manifest": layout.job_manifest(0, "part-00000", "infer"),
-        },
-        params={"prompt_template": "{{ q }}", "chunk_size": 10},
-    )
+    spec = infer_spec(layout, s, "lost-1", chunk_size=10)
     workers = [start_worker(tmp_path, engine_args={"latency_base_s": 0.05}) for _ in range(2)]
 
     async def scenario() -> dict[str, Any]:
@@ -151,16 +146,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
 
 def test_finished_job_is_not_run_again_by_the_pool_client(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 20)
-    spec = JobSpec(
-        job_id="done-1",
-        kind="infer",
-        input=s["uri"],
-        outputs={
-            "inferred": layout.inferred(0, "part-00000"),
-            "manifest": layout.job_manifest(0, "part-00000", "infer"),
-        },
-        params={"prompt_template": "{{ q }}"},
-    )
+    spec = infer_spec(layout, s, "done-1")
     w = start_worker(tmp_path)
     try:
         first = asyncio.run(_run_once(w, spec))
