@@ -257,13 +257,14 @@ def _cmd_pool_down(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    from airflow_batchinfer.pipeline import PipelineConfig, run_pipeline
+    from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
+    from airflow_batchinfer.run_config import RunConfig
     from airflow_batchinfer.storage.location import parent
 
-    cfg = PipelineConfig(
+    cfg = RunConfig(
         input=args.input,
         run_root=args.run_root,
         prompt_template=args.prompt_template,

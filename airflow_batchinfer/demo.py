@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
-from airflow_batchinfer.pipeline import PipelineConfig, run_pipeline
+from airflow_batchinfer.pipeline import run_pipeline
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir
 
 
@@ -53,7 +54,7 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
     )
     urls = pool.up(spec)
     print(f"warm pool: {urls} (exits after 5 idle minutes; `batchinfer pool down --name demo` stops it)")
-    cfg = PipelineConfig(
+    cfg = RunConfig(
         input=str(data),
         run_root=str(run_root),
         prompt_template="{{ question }}",

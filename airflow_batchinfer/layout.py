@@ -8,6 +8,8 @@
     <root>/round-00/jobs/         completion manifests     <root>/round-00/summary.json
     <root>/results/               approved rows (round00-part-NNNNN..., tail-part-NNNNN...)
     <root>/checkpoints/           in-place retry state     <root>/report/
+    <root>/run.json               the run's settings       <root>/round-00/plan.json, <root>/tail/plan.json
+    <root>/preflight/             the pre-flight sample and its projection
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ class RunLayout:
 
     def _p(self, *parts: str) -> str:
         return join(self.root, *parts)
+
+    @property
+    def run_config(self) -> str:
+        return self._p("run.json")
+
+    @property
+    def preflight(self) -> str:
+        return self._p("preflight")
 
     @property
     def input(self) -> str:

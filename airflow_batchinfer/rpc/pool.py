@@ -13,8 +13,10 @@ import httpx
 
 from airflow_batchinfer.exceptions import JobFailed, JobNotFound, StorageError, WorkerBusy, WorkerUnavailable
 from airflow_batchinfer.rpc.client import WorkerClient
+from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import Observation, next_action
+from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
@@ -43,6 +45,7 @@ class PoolClient:
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
         self.busy_backoff_s = busy_backoff_s
+        self._engine: dict[str, Any] | None = None
 
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self.clients.values()))
@@ -83,6 +86,36 @@ class PoolClient:
     def _manifest(self, spec: JobSpec) -> dict[str, Any] | None:
         return read_job_manifest(spec.outputs["manifest"], self.storage_options)
 
+    async def engine(self) -> dict[str, Any]:
+        """What the pool's workers run (engine, model, engine args): any worker that answers."""
+        if self._engine is None:
+            for client in self.clients.values():
+                try:
+                    self._engine = (await client.stats()).engine
+                    break
+                except (WorkerUnavailable, WorkerBusy):
+                    continue
+            else:
+                raise WorkerUnavailable(f"no worker of the pool answers ({', '.join(self.clients)})")
+        return self._engine
+
+    async def finished(self, spec: JobSpec) -> dict[str, Any] | None:
+        """The completion manifest of an earlier identical run of ``spec``, or ``None``.
+
+        Identical means the same fingerprint (engine and model, templates, judge, sampling, input
+        file): finished work is never paid for twice, and a stale result is never reused.
+        """
+        manifest = await asyncio.to_thread(self._manifest, spec)
+        if manifest is None:
+            return None
+        info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
+        expected = fingerprint(spec, await self.engine(), info)
+        if manifest.get("fingerprint") != expected:
+            log.info("job %s: %s is stale (other settings or input): recomputing", spec.job_id,
+                     spec.outputs["manifest"])  # fmt: skip
+            return None
+        return manifest
+
     async def run(
         self,
         spec: JobSpec,
@@ -92,11 +125,12 @@ class PoolClient:
     ) -> dict[str, Any]:
         """Run ``spec`` to completion on the pool; returns its completion manifest.
 
-        A finished job (manifest present) is not run again. Lost workers and jobs are resubmitted.
+        A finished identical job (see :meth:`finished`) is not run again. Lost workers and jobs are
+        resubmitted.
         Raises :class:`JobFailed` when the job fails (the worker's reason inside).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        done = await asyncio.to_thread(self._manifest, spec)
+        done = await self.finished(spec)
         if done is not None:
             return done
         url, status = await self.submit_when_free(spec, deadline=deadline)

@@ -13,9 +13,14 @@ from airflow_batchinfer.storage.location import Location
 def write_json(loc: Location, data: Any, *, schema_version: int | None = None) -> None:
     """Write ``data`` (with ``schema_version`` first, when given) so it appears complete or not at all."""
     doc = {"schema_version": schema_version, **data} if schema_version is not None else data
+    write_bytes(loc, json.dumps(doc, indent=2, default=str).encode())
+
+
+def write_bytes(loc: Location, payload: bytes) -> None:
+    """Replace ``loc`` with ``payload`` atomically (a report, a plot)."""
     sink = AtomicSink(loc)
     try:
-        sink.write(json.dumps(doc, indent=2, default=str).encode())
+        sink.write(payload)
     except BaseException:
         sink.abort()
         raise

@@ -39,6 +39,7 @@ class Shard:
     name: str
     uri: str
     size: int = field(default=0, compare=False)
+    version: str = field(default="", compare=False)  # ETag or mtime: tells a rewritten file apart
 
     @property
     def shard_id(self) -> str:
@@ -80,9 +81,9 @@ class JsonlDir:
             name = entry["name"].rstrip("/").rsplit("/", 1)[-1]
             m = PART_RE.match(name)
             if m and entry.get("type") != "directory":
-                out.append(
-                    Shard(int(m.group(1)), name, self.loc.child(name).uri, int(entry.get("size") or 0))
-                )
+                version = str(entry.get("ETag") or entry.get("mtime") or "")
+                size = int(entry.get("size") or 0)
+                out.append(Shard(int(m.group(1)), name, self.loc.child(name).uri, size, version))
         out.sort()
         return out
 

@@ -39,16 +39,16 @@ def claim_output(
 ) -> dict[str, Any] | None:
     """Prepare ``directory`` for a run of ``kind`` over ``fingerprint``.
 
-    Returns the complete manifest of an identical earlier run (to reuse it, unless ``reuse=False``),
-    or ``None`` after clearing what an identical earlier or interrupted run, or (with ``overwrite``)
-    anything else, left behind. Shards of any other writer are refused with
+    Returns the complete manifest of an identical earlier run (to reuse it, unless ``reuse=False``;
+    ``overwrite`` does not prevent that: identical inputs make identical outputs), or ``None`` after
+    clearing what an interrupted run, or (with ``overwrite``) anything else, left behind. Shards of any other writer are refused with
     :class:`OutputExistsError`.
     """
     manifest = read_manifest(directory)
     same = (
         manifest is not None and manifest.get("kind") == kind and manifest.get("fingerprint") == fingerprint
     )
-    if same and reuse and manifest is not None and manifest.get("state") == "complete" and not overwrite:
+    if same and reuse and manifest is not None and manifest.get("state") == "complete":
         return manifest
     existing = directory.shards()
     if existing and not same and not overwrite:

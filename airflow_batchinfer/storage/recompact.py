@@ -91,7 +91,7 @@ def recompact(
     sources = src_dir.shards()
     fingerprint = {
         "source": src_dir.uri,
-        "shards": [[s.name, s.size] for s in sources],
+        "shards": [[s.name, s.size, s.version] for s in sources],
         "records_per_shard": records_per_shard,
         "max_bytes_per_shard": max_bytes_per_shard,
         "compression": compression,

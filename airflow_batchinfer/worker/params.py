@@ -12,8 +12,6 @@ from airflow_batchinfer.judges import Judge, build_judge
 from airflow_batchinfer.prompts import PromptBuilder
 
 DEFAULT_CHUNK = 2_000
-# Parameters that change how a job runs but not what it produces (left out of fingerprints).
-NON_SEMANTIC = ("chunk_size", "input_records", "checkpoint_every", "checkpoint_interval_s", "fingerprint")
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,12 @@ from dataclasses import dataclass, field
 
 from airflow_batchinfer.batching import BatchStats
 from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
+from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
 from airflow_batchinfer.worker.manifest import write_job_manifest
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
-from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext, fingerprint
+from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
 
 log = logging.getLogger("airflow_batchinfer.worker")
 KEEP_FINISHED = 10_000  # finished jobs remembered for status queries

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -24,7 +23,7 @@ from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
-from airflow_batchinfer.worker.params import NON_SEMANTIC, JobParams
+from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 
 
@@ -53,22 +52,6 @@ class JobContext:
     def record_id(self, record: Mapping[str, Any]) -> str:
         rid = record.get(self.params.id_field, record.get("custom_id"))
         return str(rid)
-
-
-def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[str, Any]) -> str:
-    """What a job's outputs depend on: engine and model, kind, templates, judge, sampling, input."""
-    params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
-    payload = {
-        "kind": spec.kind,
-        "engine": dict(engine),
-        "params": params,
-        "input": {
-            "uri": spec.input,
-            "size": input_info.get("size"),
-            "version": str(input_info.get("ETag") or input_info.get("mtime") or ""),
-        },
-    }
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
 async def chunks(records: AsyncIterator[Record], size: int) -> AsyncIterator[list[Record]]:

@@ -1,0 +1,230 @@
+"""The run report: ``report/summary.json``, ``report/report.md`` and PNG plots, from the files the
+rounds left in storage (plans, summaries, job manifests), plus the whole-run id check."""
+
+from __future__ import annotations
+
+import io
+from collections import Counter
+from typing import Any
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rounds import (
+    ACCEPTED_BY_REVIEW,
+    MAX_ROUNDS,
+    NOTHING_PENDING,
+    Plan,
+    pending_shards,
+    read_doc,
+    read_plan,
+    read_summary,
+    slots,
+    write_doc,
+)
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage.json_doc import write_bytes
+from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.worker.manifest import read_job_manifest
+
+# How a run ended, from its stop reason; only "complete" is a normal completion.
+STATUS = {
+    NOTHING_PENDING: "complete",
+    MAX_ROUNDS: "exhausted",
+    ACCEPTED_BY_REVIEW: "accepted_by_review",
+}
+
+
+def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, Any]:
+    layout = RunLayout(cfg.run_root)
+    plans = [p for s in slots(cfg.max_rounds) if (p := read_plan(layout, s, so))]
+    ran = [p for p in plans if p.mode != "skip"]
+    rounds = [s for p in ran if (s := read_summary(layout, p.round, so))]
+    stop = next((p.stop for p in plans if p.stop), None)
+    in_place_ran = any(p.mode == "in_place" for p in ran)
+    if stop is None and in_place_ran:
+        stop = "in-place retry finished"
+    status = STATUS.get(stop or "", "stopped_by_review" if stop and "review" in stop else "complete")
+    failed = [f for s in rounds for f in s.get("failed_shards", [])]
+    # What is still pending: the set the last round left, unless in place or acceptance took it.
+    r_next = sum(1 for p in ran if p.mode == "rounds")
+    final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next, so)
+    exhausted = sum(s.get("exhausted", 0) for s in rounds)
+    id_field = cfg.id_field or "id"
+    invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so)
+    if failed and len(failed) > cfg.max_failed_shards:
+        status = "failed_shards"
+    report = {
+        "run_root": cfg.run_root,
+        "strategy": cfg.strategy,
+        "status": status,
+        "stop_reason": stop or NOTHING_PENDING,
+        "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
+        "rounds": rounds,
+        "plans": [p.as_dict() | {"shards": len(p.shards)} for p in plans],
+        "approved": sum(s.get("approved", 0) for s in rounds),
+        "accepted_by_review": _count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0,
+        "remaining_pending": sum(s["records"] for s in final_pending),
+        "remaining_pending_uri": layout.pending(r_next) if final_pending else None,
+        "exhausted_in_place": exhausted,
+        "failed_shards": failed,
+        "max_failed_shards": cfg.max_failed_shards,
+        "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
+        "workers": _per_worker(layout, ran, so),
+        "invariant": invariant,
+    }
+    write_doc(join(layout.report, "summary.json"), report, so)
+    write_bytes(resolve(join(layout.report, "report.md"), so), render_markdown(report).encode())
+    for name, png in plots(report).items():
+        write_bytes(resolve(join(layout.report, name), so), png)
+    return report
+
+
+def _count_rows(layout: RunLayout, prefix: str, so: StorageOptions | None) -> int:
+    files = JsonlDir(layout.results, storage_options=so).jsonl_files()
+    return sum(1 for f in files if f.uri.rsplit("/", 1)[-1].startswith(prefix) for _ in f.iter_records())
+
+
+def _per_worker(layout: RunLayout, ran: list[Plan], so: StorageOptions | None) -> dict[str, Any]:
+    """Batch fullness and engine utilization per worker, from the batcher activity each job recorded."""
+    out: dict[str, dict[str, float]] = {}
+    for plan in ran:
+        kinds = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
+        for shard in plan.shards:
+            for kind in kinds:
+                m = read_job_manifest(layout.job_manifest(plan.round, shard["shard_id"], kind), so)
+                if not m:
+                    continue
+                w = out.setdefault(str(m.get("worker")), {"jobs": 0, "run_s": 0.0, "busy_s": 0.0, "fill": 0.0})
+                b = m.get("batcher") or {}
+                w["jobs"] += 1
+                w["run_s"] += float(m.get("timings", {}).get("run_s", 0.0))
+                w["busy_s"] += float(b.get("busy_s", 0.0))
+                w["fill"] += float(b.get("avg_fill", 0.0))
+                w["tokens"] = w.get("tokens", 0.0) + sum((m.get("tokens") or {}).values())
+    return {
+        name: {
+            "jobs": int(w["jobs"]),
+            "avg_fill": round(w["fill"] / w["jobs"], 3) if w["jobs"] else 0.0,
+            "engine_busy_s": round(w["busy_s"], 3),
+            "job_seconds": round(w["run_s"], 3),
+            "tokens": int(w.get("tokens", 0)),
+        }
+        for name, w in out.items()
+    }
+
+
+def check_invariant(
+    layout: RunLayout,
+    id_field: str,
+    pending: list[Any],
+    rounds: list[dict[str, Any]],
+    failed: list[dict[str, Any]],
+    so: StorageOptions | None = None,
+) -> dict[str, Any]:
+    """Every input id is in exactly one of: results (approved or accepted), the final pending set,
+    an in-place round's exhausted rows, or (by shard) a quarantined job. Lists ids lost or doubled."""
+
+    def ids(directory: str) -> list[Any]:
+        return [r.get(id_field) for f in JsonlDir(directory, storage_options=so).jsonl_files()
+                for r in f.iter_records()]  # fmt: skip
+
+    expected = ids(layout.input)
+    seen: list[Any] = ids(layout.results)
+    for s in pending:
+        seen += [r.get(id_field) for r in JsonlFile(s["uri"], storage_options=so).iter_records()]
+    for x in rounds:
+        if x["mode"] == "in_place":
+            seen += ids(layout.rejected_dir(x["round"]))
+    for f in failed:  # a failed shard job accounts for its whole input shard
+        seen += [r.get(id_field) for r in JsonlFile(f["uri"], storage_options=so).iter_records()]
+    counts = Counter(seen)
+    doubled = sorted((k for k, n in counts.items() if n > 1), key=str)[:20]
+    lost = sorted(set(expected) - set(counts), key=str)[:20]
+    return {
+        "input": len(expected),
+        "accounted": len(seen),
+        "lost": lost,
+        "doubled": doubled,
+        "ok": not doubled and not lost and len(seen) == len(expected),
+    }
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    lines = [
+        f"# Batch inference report: {report['status']}",
+        "",
+        f"- run root: `{report['run_root']}`",
+        f"- strategy: {report['strategy']}; stopped because: **{report['stop_reason']}**",
+        f"- input: {report['input']}",
+        f"- approved: {report['approved']}; "
+        f"accepted by review: {report['accepted_by_review']}; still pending: {report['remaining_pending']}; "
+        f"exhausted in place: {report['exhausted_in_place']}",
+        f"- quarantined shards: {len(report['failed_shards'])} (budget {report['max_failed_shards']})",
+        f"- every input id accounted for exactly once: {report['invariant']['ok']}",
+        "",
+        "| round | mode | pending | approved | rejected/exhausted | approval | failed shards | job s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in report["rounds"]:
+        rate = "" if s.get("approval_rate") is None else f"{s['approval_rate']:.0%}"
+        lines.append(
+            f"| {s['round']} | {s['mode']} | {s['pending']} | {s['approved']} | "
+            f"{s.get('rejected', s.get('exhausted', 0))} | {rate} | {len(s['failed_shards'])} | "
+            f"{s['job_seconds']} |"
+        )
+    if report["failed_shards"]:
+        lines += ["", "## Quarantined shards", ""]
+        lines += [f"- round {f['round']} `{f['shard_id']}` ({f['phase']}): {f['error']}" for f in
+                  report["failed_shards"]]  # fmt: skip
+    lines += ["", "## Workers", "", "| worker | jobs | avg batch fill | engine busy s | tokens |"]
+    lines += ["| --- | --- | --- | --- | --- |"]
+    lines += [
+        f"| {n} | {w['jobs']} | {w['avg_fill']} | {w['engine_busy_s']} | {w['tokens']} |"
+        for n, w in report["workers"].items()
+    ]
+    lines += ["", "Plots: `rounds.png` (approval and pending per round), `workers.png` (batch fill, busy time)."]
+    return "\n".join(lines) + "\n"
+
+
+def plots(report: dict[str, Any]) -> dict[str, bytes]:
+    """PNG plots; none when matplotlib is not installed (it comes with the ``airflow`` extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return {}
+    out: dict[str, bytes] = {}
+    rounds = report["rounds"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    xs = [s["round"] for s in rounds]
+    ax[0].bar(xs, [s["pending"] for s in rounds], label="pending", color="#bbb")
+    ax[0].bar(xs, [s["approved"] for s in rounds], label="approved", color="#2a7")
+    ax[0].set(title="records per round", xlabel="round")
+    ax[0].legend()
+    tput = [sum(s["tokens"].values()) / s["job_seconds"] if s["job_seconds"] else 0 for s in rounds]
+    ax[1].plot(xs, tput, marker="o")
+    ax[1].set(title="tokens / job-second", xlabel="round")
+    out["rounds.png"] = _png(fig, plt)
+    workers = report["workers"]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
+    names = [n[-12:] for n in workers]
+    ax[0].bar(names, [w["avg_fill"] for w in workers.values()])
+    ax[0].set(title="average batch fill", ylim=(0, 1.1))
+    ax[1].bar(
+        names,
+        [w["engine_busy_s"] / w["job_seconds"] if w["job_seconds"] else 0 for w in workers.values()],
+    )
+    ax[1].set(title="engine busy / job time")
+    out["workers.png"] = _png(fig, plt)
+    return out
+
+
+def _png(fig: Any, plt: Any) -> bytes:
+    buf = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buf, format="png", dpi=80)
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,392 @@
+"""Rounds: what to run next, the jobs a round runs, and closing a round. Shared by the Airflow
+operators and ``batchinfer run``, so both make the same decisions from the same files.
+
+Storage is the truth. A run root holds ``run.json`` (settings), and per round slot a ``plan.json``
+(what the controller decided and why), the jobs' completion manifests, ``failed/`` quarantine
+records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`` (infer + judge) and
+``tail`` (in-place retry of whatever rounds left, under the next free round number).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rpc.fingerprint import spec_key
+from airflow_batchinfer.rpc.models import JobKind, JobSpec
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact
+from airflow_batchinfer.storage.json_doc import read_json, write_json
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.worker.manifest import read_job_manifest
+
+log = logging.getLogger("airflow_batchinfer.rounds")
+
+TAIL = "tail"
+Mode = Literal["rounds", "in_place", "skip"]
+
+# Review gate options (the Required Actions page shows them as buttons).
+CONTINUE = "Continue"
+CONTINUE_IN_PLACE = "Continue in place"
+ACCEPT = "Accept remaining as they are"
+STOP = "Stop"
+
+# Why a run stopped; the first is a normal completion, the rest are reported as what they are.
+NOTHING_PENDING = "nothing pending"
+MAX_ROUNDS = "max_rounds reached"
+STOPPED_BY_REVIEW = "stopped by review"
+ACCEPTED_BY_REVIEW = "remaining accepted by review"
+
+
+def slots(max_rounds: int) -> list[str]:
+    return [f"round-{r:02d}" for r in range(max_rounds)] + [TAIL]
+
+
+DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
+
+
+def read_doc(uri: str, what: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    return read_json(resolve(uri, so), schema_version=DOC_VERSION, what=what, remedy="delete it to redo that step")
+
+
+def write_doc(uri: str, data: dict[str, Any], so: StorageOptions | None = None) -> None:
+    write_json(resolve(uri, so), data, schema_version=DOC_VERSION)
+
+
+def run_key(run_root: str) -> str:
+    """Part of every job id: warm workers shared by several runs never confuse their jobs."""
+    return hashlib.sha256(resolve(run_root).uri.encode()).hexdigest()[:10]
+
+
+# ------------------------------------------------------------------------------------ settings
+def write_run_config(cfg: RunConfig, storage_options: StorageOptions | None = None) -> None:
+    write_doc(RunLayout(cfg.run_root).run_config, cfg.to_dict(), storage_options)
+
+
+def read_run_config(run_root: str, storage_options: StorageOptions | None = None) -> RunConfig:
+    data = read_doc(RunLayout(run_root).run_config, "run settings", storage_options)
+    if data is None:
+        raise ConfigError(f"{RunLayout(run_root).run_config} is missing: the run's first task writes it")
+    data.pop("schema_version", None)
+    return RunConfig.from_dict(data)
+
+
+# ---------------------------------------------------------------------------------------- jobs
+def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> JobSpec:
+    """The job a round runs for one shard (``shard["uri"]`` is the job's input)."""
+    layout = RunLayout(cfg.run_root)
+    sid = shard["shard_id"]
+    params: dict[str, Any]
+    if kind == "infer":
+        outputs = {"inferred": layout.inferred(r, sid), "manifest": layout.job_manifest(r, sid, kind)}
+        params = cfg.infer_params()
+    elif kind == "judge":
+        outputs = {
+            "approved": layout.result(r, sid),
+            "rejected": layout.rejected(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+        }
+        params = cfg.judge_params()
+    else:
+        outputs = {
+            "approved": layout.result(r, sid, tail=True),
+            "rejected": layout.rejected(r, sid),
+            "checkpoints": layout.checkpoints(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+        }
+        params = cfg.in_place_params()
+    spec = JobSpec(
+        job_id="x",
+        kind=kind,
+        input=shard["uri"],
+        outputs=outputs,
+        params={**params, "round": r, "input_records": shard["records"]},
+    )
+    # The id names the run, the shard and what is asked: resubmitting it is idempotent, and a changed
+    # request (other settings) is a new job rather than a conflict with a remembered one.
+    spec.job_id = f"{run_key(cfg.run_root)}-r{r:02d}-{sid}-{kind}-{spec_key(spec)}"
+    return spec
+
+
+def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:
+    """The judge's input for a shard the round inferred."""
+    return {
+        "shard_id": shard["shard_id"],
+        "uri": RunLayout(cfg.run_root).inferred(r, shard["shard_id"]),
+        "records": shard["records"],
+    }
+
+
+def record_job_error(
+    cfg: RunConfig, r: int, shard_id: str, kind: str, error: str, storage_options: StorageOptions | None
+) -> None:
+    """Keep the last error of a shard's job next to its manifest: ``close`` quotes it when it
+    quarantines the shard."""
+    uri = join(RunLayout(cfg.run_root).round(r), "jobs", f"{shard_id}.{kind}.error.json")
+    write_doc(uri, {"shard_id": shard_id, "kind": kind, "error": error}, storage_options)
+
+
+# --------------------------------------------------------------------------------------- plans
+@dataclass
+class Plan:
+    """What one round slot does. ``stop`` is set on the plan that ends the run."""
+
+    slot: str
+    round: int
+    mode: Mode
+    shards: list[ShardDescriptor] = field(default_factory=list)
+    reason: str = ""
+    stop: str | None = None
+    switch_in_place: bool = False
+    review: dict[str, Any] | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @property
+    def records(self) -> int:
+        return sum(s["records"] for s in self.shards)
+
+
+@dataclass
+class Proposal:
+    """The controller's decision before review; ``options`` is non-empty when a person must confirm."""
+
+    plan: Plan
+    options: list[str] = field(default_factory=list)
+    last: dict[str, Any] | None = None  # the previous round's summary (what the review shows)
+
+
+def _plan_uri(layout: RunLayout, slot: str) -> str:
+    return join(layout.root, TAIL if slot == TAIL else slot, "plan.json")
+
+
+def read_plan(layout: RunLayout, slot: str, so: StorageOptions | None = None) -> Plan | None:
+    data = read_doc(_plan_uri(layout, slot), "round plan", so)
+    if data is None:
+        return None
+    data.pop("schema_version", None)
+    return Plan(**data)
+
+
+def write_plan(layout: RunLayout, plan: Plan, so: StorageOptions | None = None) -> None:
+    write_doc(_plan_uri(layout, plan.slot), plan.as_dict(), so)
+
+
+def read_summary(layout: RunLayout, r: int, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    return read_doc(layout.summary(r), "round summary", so)
+
+
+def pending_shards(layout: RunLayout, r: int, so: StorageOptions | None = None) -> list[ShardDescriptor]:
+    """Round ``r``'s input: the sharded dataset, or what round ``r - 1`` recompacted."""
+    manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
+    if manifest is None or manifest.get("state") != "complete":
+        raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
+    return [s for s in manifest.get("shards", []) if s["records"]]
+
+
+def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Proposal:
+    """Decide what ``slot`` does from the plans and summaries before it (a pure function of storage)."""
+    layout = RunLayout(cfg.run_root)
+    all_slots = slots(cfg.max_rounds)
+    if slot not in all_slots:
+        raise ConfigError(f"round slot {slot!r} is not one of {all_slots}")
+    prior = [p for s in all_slots[: all_slots.index(slot)] if (p := read_plan(layout, s, so))]
+    r = sum(1 for p in prior if p.mode == "rounds")
+    stopped = next((p for p in prior if p.stop), None)
+    if stopped is not None:
+        return Proposal(Plan(slot, r, "skip", reason=f"the run stopped at {stopped.slot}: {stopped.stop}"))
+    if any(p.mode == "in_place" for p in prior):
+        return Proposal(Plan(slot, r, "skip", reason="in-place retry already ran"))
+    pending = pending_shards(layout, r, so)
+    if not pending:
+        return Proposal(Plan(slot, r, "skip", reason="nothing pending", stop=NOTHING_PENDING))
+    last = read_summary(layout, r - 1, so) if r else None
+    switched = cfg.strategy == "in_place" or any(p.switch_in_place for p in prior)
+    if slot == TAIL:
+        if switched or cfg.strategy == "hybrid":
+            plan = Plan(slot, r, "in_place", pending, reason="retry what rounds left, in place")
+        else:
+            plan = Plan(slot, r, "skip", pending, reason=f"{r} rounds ran", stop=MAX_ROUNDS)
+        options = [CONTINUE_IN_PLACE, ACCEPT, STOP]
+    else:
+        options = [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
+        shrink = _approval(last)
+        if switched:
+            plan = Plan(slot, r, "skip", reason="in place from here: the tail slot retries the rest")
+        elif cfg.strategy == "hybrid" and shrink is not None and shrink < cfg.hybrid_min_shrink:
+            plan = Plan(
+                slot,
+                r,
+                "skip",
+                reason=f"round {r - 1} approved {shrink:.0%} of its pending set (< {cfg.hybrid_min_shrink:.0%}):"
+                " switching to in place",
+                switch_in_place=True,
+            )
+        else:
+            plan = Plan(slot, r, "rounds", pending, reason=f"round {r} on {len(pending)} pending shards")
+    if r == 0 or switched and plan.mode == "skip" and plan.stop is None:
+        return Proposal(plan, last=last)  # nothing to review yet / the decision was already made
+    approval = _approval(last)
+    review = cfg.review == "every_round" or (
+        cfg.review == "on_low_approval" and approval is not None and approval < cfg.review_min_approval
+    )
+    return Proposal(plan, options if review else [], last)
+
+
+def _approval(summary: dict[str, Any] | None) -> float | None:
+    if not summary or not summary.get("pending"):
+        return None
+    return float(summary.get("approved", 0)) / float(summary["pending"])
+
+
+def apply_choice(
+    cfg: RunConfig, proposal: Proposal, choice: str, *, by: str = "review", so: StorageOptions | None = None
+) -> Plan:
+    """Turn a review answer into the slot's plan (accepting copies the pending rows into results)."""
+    plan = proposal.plan
+    layout = RunLayout(cfg.run_root)
+    pending = plan.shards or pending_shards(layout, plan.round, so)
+    review = {"choice": choice, "by": by, "proposed": plan.mode, "proposed_reason": plan.reason}
+    if choice == CONTINUE:
+        return Plan(plan.slot, plan.round, "rounds", pending, reason=f"{by} chose another round", review=review)
+    if choice == CONTINUE_IN_PLACE:
+        if plan.slot == TAIL:
+            return Plan(plan.slot, plan.round, "in_place", pending, reason=f"{by} chose in place", review=review)
+        reason = f"{by} chose in place: the tail slot retries the rest"
+        return Plan(plan.slot, plan.round, "skip", reason=reason, switch_in_place=True, review=review)
+    if choice == ACCEPT:
+        accepted = accept_pending(layout, plan.round, pending, so)
+        return Plan(
+            plan.slot,
+            plan.round,
+            "skip",
+            reason=f"{by} accepted {accepted} remaining rows as they are",
+            stop=ACCEPTED_BY_REVIEW,
+            review=review,
+        )
+    if choice == STOP:
+        return Plan(plan.slot, plan.round, "skip", reason=f"{by} stopped the run", stop=STOPPED_BY_REVIEW,
+                    review=review)  # fmt: skip
+    raise ConfigError(f"review answer {choice!r} is not one of {[CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]}")
+
+
+def accept_pending(
+    layout: RunLayout, r: int, pending: Iterable[ShardDescriptor], so: StorageOptions | None = None
+) -> int:
+    """Copy round ``r``'s pending rows into ``results/accepted-rNN-…``, marked as accepted by review."""
+    n = 0
+    for shard in pending:
+        dst = join(layout.results, f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst")
+        with JsonlFile(dst, storage_options=so).writer_sync() as out:
+            for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+                out.write({**row, "accepted_by_review": True})
+                n += 1
+    return n
+
+
+# --------------------------------------------------------------------------------------- close
+def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    """Account for every shard the plan ran: quarantine those without a completion manifest into
+    ``failed/``, check the counts, recompact the rejected set into the next round's pending set and
+    write ``summary.json``. ``None`` for a skipped slot."""
+    if plan.mode == "skip":
+        return None
+    layout = RunLayout(cfg.run_root)
+    r = plan.round
+    kinds: tuple[str, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
+
+    def manifest(kind: str, sid: str) -> dict[str, Any] | None:
+        return read_job_manifest(layout.job_manifest(r, sid, kind), so)
+
+    with ThreadPoolExecutor(8) as ex:
+        done = list(ex.map(lambda s: manifest(kinds[-1], s["shard_id"]), plan.shards))
+    counts: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    job_seconds = 0.0
+    failed: list[dict[str, Any]] = []
+    for shard, m in zip(plan.shards, done, strict=True):
+        if m is None:
+            failed.append(_quarantine(layout, r, shard, kinds, so))
+            continue
+        for k, v in m.get("counts", {}).items():
+            counts[k] = counts.get(k, 0) + int(v)
+        for k, v in (m.get("tokens") or {}).items():
+            tokens[k] = tokens.get(k, 0) + int(v)
+        job_seconds += float((m.get("timings") or {}).get("run_s", 0.0))
+    failed_records = sum(f["records"] for f in failed)
+    summary: dict[str, Any] = {
+        "round": r,
+        "slot": plan.slot,
+        "mode": plan.mode,
+        "pending": plan.records,
+        "shards": len(plan.shards),
+        "approved": counts.get("approved", 0),
+        "failed_shards": failed,
+        "failed_records": failed_records,
+        "tokens": tokens,
+        "job_seconds": round(job_seconds, 3),
+    }
+    if plan.mode == "rounds":
+        summary["rejected"] = counts.get("rejected", 0)
+        summary["inference_errors"] = counts.get("inference_errors", 0)
+        judged = {
+            s["shard_id"]: m["counts"].get("rejected", 0)
+            for s, m in zip(plan.shards, done, strict=True)
+            if m is not None
+        }
+        nxt = recompact(
+            layout.rejected_dir(r),
+            layout.pending(r + 1),
+            records_per_shard=cfg.records_per_shard,
+            counts=judged,
+            workers=8,
+            storage_options=so,
+            overwrite=True,
+        )
+        summary["next_pending"] = nxt.records
+        accounted = summary["approved"] + summary["rejected"] + failed_records
+        recompacted_ok = nxt.records == summary["rejected"]
+    else:
+        summary["exhausted"] = counts.get("max_attempts", 0) + counts.get("error", 0)
+        summary["attempts"] = counts.get("attempts", 0)
+        accounted = summary["approved"] + summary["exhausted"] + failed_records
+        recompacted_ok = True
+    summary["approval_rate"] = round(summary["approved"] / plan.records, 4) if plan.records else None
+    summary["invariant"] = {
+        "planned": plan.records,
+        "accounted": accounted,
+        "ok": accounted == plan.records and recompacted_ok,
+    }
+    write_doc(layout.summary(r), summary, so)
+    if not summary["invariant"]["ok"]:
+        log.error("round %d: %d records planned but %d accounted for", r, plan.records, accounted)
+    return summary
+
+
+def _quarantine(
+    layout: RunLayout, r: int, shard: ShardDescriptor, kinds: tuple[str, ...], so: StorageOptions | None
+) -> dict[str, Any]:
+    """A shard whose job exhausted its retries: its whole input is recorded in ``failed/``."""
+    sid = shard["shard_id"]
+    phase = next(k for k in kinds if read_job_manifest(layout.job_manifest(r, sid, k), so) is None)
+    note = read_doc(join(layout.round(r), "jobs", f"{sid}.{phase}.error.json"), "job error", so)
+    record = {
+        "shard_id": sid,
+        "uri": shard["uri"],
+        "records": shard["records"],
+        "round": r,
+        "phase": phase,
+        "error": (note or {}).get("error", "the job never completed (no completion manifest)"),
+        "remedy": "fix the cause, then re-run the DAG run (finished shards are not run again)",
+    }
+    write_doc(join(layout.failed(r), f"{sid}.json"), record, so)
+    log.error("round %d: shard %s quarantined (%s): %s", r, sid, phase, record["error"])
+    return record

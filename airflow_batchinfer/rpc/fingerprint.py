@@ -1,0 +1,38 @@
+"""What a job's outputs depend on: shared by the worker (which writes it into the completion
+manifest) and the client (which reuses a finished job only when its fingerprint still matches)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from airflow_batchinfer.rpc.models import JobSpec
+
+# Parameters that change how a job runs but not what it produces (left out of fingerprints).
+NON_SEMANTIC = ("chunk_size", "input_records", "checkpoint_every", "checkpoint_interval_s", "fingerprint")
+
+
+def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[str, Any]) -> str:
+    """Engine and model, kind, templates, judge, sampling, and the input file's identity."""
+    params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
+    payload = {
+        "kind": spec.kind,
+        "engine": dict(engine),
+        "params": params,
+        "input": {
+            "uri": spec.input,
+            "size": input_info.get("size"),
+            "version": str(input_info.get("ETag") or input_info.get("mtime") or ""),
+        },
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def spec_key(spec: JobSpec) -> str:
+    """A short hash of what the client asks for (kind, input, outputs, semantic params): part of job
+    ids, so a changed request is a new job rather than a 409 from a worker that remembers the old."""
+    params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
+    payload = {"kind": spec.kind, "input": spec.input, "outputs": spec.outputs, "params": params}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -1,0 +1,91 @@
+"""One run's settings: what ``batchinfer run`` takes and what a DAG run's params become.
+
+Stored as ``<run root>/run.json`` by the first task of a DAG run, so every later task (and a resumed
+run) reads the same settings from storage instead of carrying them through XCom.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+
+STRATEGIES = ("rounds", "in_place", "hybrid")
+REVIEW_MODES = ("never", "every_round", "on_low_approval")
+
+
+@dataclass
+class RunConfig:
+    input: str
+    run_root: str
+    prompt_template: str | None
+    judge: dict[str, Any]
+    system: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    strategy: str = "rounds"
+    max_rounds: int = 3
+    max_attempts: int = 3
+    records_per_shard: int = 2_000
+    chunk_size: int = 500
+    id_field: str | None = None
+    assign_ids: bool = False
+    # hybrid: switch to in place once a round approves less than this share of its pending set
+    hybrid_min_shrink: float = 0.3
+    job_retries: int = 2
+    # human review between rounds (Airflow only): never | every_round | on_low_approval
+    review: str = "never"
+    review_min_approval: float = 0.5
+    # quarantined shards the run tolerates before its final state is failed
+    max_failed_shards: int = 0
+    # pre-flight sample (Airflow only): records to try first (0: off), and the GPU-hour budget
+    preflight_records: int = 200
+    budget_gpu_hours: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
+        if self.review not in REVIEW_MODES:
+            raise ConfigError(f"review {self.review!r}: choose one of {', '.join(REVIEW_MODES)}")
+        if self.max_rounds < 1 or self.max_attempts < 1:
+            raise ConfigError("max_rounds and max_attempts must be >= 1")
+        if self.records_per_shard < 1:
+            raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
+        if not isinstance(self.judge, dict) or "type" not in self.judge:
+            raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
+
+    def validate(self) -> RunConfig:
+        """Check templates, judge and sampling as the workers will, so a bad setting fails the first
+        task with its reason instead of every shard job."""
+        from airflow_batchinfer.worker.params import parse_params
+
+        parse_params("infer", self.infer_params())
+        parse_params("judge", self.judge_params())
+        return self
+
+    def infer_params(self) -> dict[str, Any]:
+        return {
+            "prompt_template": self.prompt_template,
+            "system": self.system,
+            "sampling": self.sampling,
+            "chunk_size": self.chunk_size,
+            "id_field": self.id_field or "id",
+        }
+
+    def judge_params(self) -> dict[str, Any]:
+        return {"judge": self.judge, "chunk_size": self.chunk_size, "id_field": self.id_field or "id"}
+
+    def in_place_params(self) -> dict[str, Any]:
+        return {**self.infer_params(), "judge": self.judge, "max_attempts": self.max_attempts}
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown run settings {unknown}; known: {sorted(known)}")
+        return cls(**data)
