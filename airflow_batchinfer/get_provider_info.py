@@ -17,4 +17,59 @@ def get_provider_info() -> dict[str, Any]:
             "GPU worker pools, judging and retry rounds with human review."
         ),
         "versions": ["0.1.0"],
+        "connection-types": [
+            {
+                "hook-class-name": "airflow_batchinfer.hooks.pool.BatchInferPoolHook",
+                "hook-name": "Batch Inference worker pool",
+                "connection-type": "batchinfer_pool",
+                "ui-field-behaviour": {
+                    "hidden-fields": ["schema", "port", "login"],
+                    "relabeling": {"host": "Worker URLs", "password": "RPC token"},
+                    "placeholders": {
+                        "host": "http://10.0.0.5:8000,http://10.0.0.6:8000 (static backend)",
+                        "password": "the token the workers accept (--token-file)",
+                    },
+                },
+                "conn-fields": {
+                    "backend": {
+                        "label": "Backend",
+                        "description": "static: the URLs above; local: worker processes on the Airflow host",
+                        "schema": {"type": "string", "enum": ["static", "local"], "default": "static"},
+                    },
+                    "local_pool": {
+                        "label": "Local pool name",
+                        "description": "for the local backend: the pool `batchinfer pool up --name` started",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                },
+            }
+        ],
+        "hooks": [
+            {"integration-name": "Batch Inference", "python-modules": ["airflow_batchinfer.hooks.pool"]}
+        ],
+        "triggers": [
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": ["airflow_batchinfer.triggers.worker_job", "airflow_batchinfer.triggers.pool_ready"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Batch Inference",
+                "python-modules": [
+                    "airflow_batchinfer.operators.shard",
+                    "airflow_batchinfer.operators.shard_jobs",
+                    "airflow_batchinfer.operators.rounds",
+                    "airflow_batchinfer.operators.pool",
+                    "airflow_batchinfer.operators.report",
+                ],
+            }
+        ],
+        "integrations": [
+            {
+                "integration-name": "Batch Inference",
+                "external-doc-url": "https://github.com/airflow-batchinfer/airflow-batchinfer",
+                "tags": ["software"],
+            }
+        ],
     }

@@ -228,3 +228,61 @@ def _png(fig: Any, plt: Any) -> bytes:
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return buf.getvalue()
+
+
+def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None, sample: int = 10) -> str:
+    """The markdown a reviewer sees on the Required Actions page before round slot ``proposal.plan``."""
+    layout = RunLayout(cfg.run_root)
+    plan = proposal.plan
+    history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
+    last = proposal.last or {}
+    lines = [
+        f"**Run** `{cfg.run_root}` · strategy **{cfg.strategy}** · next: **{plan.slot}**",
+        "",
+        f"Round {last.get('round', '?')} approved **{last.get('approved', 0)}** of {last.get('pending', 0)} "
+        f"({(last.get('approval_rate') or 0):.0%}); **{plan.records or last.get('next_pending', 0)}** records "
+        f"are pending; {len(last.get('failed_shards', []))} shards quarantined.",
+        "",
+        f"The controller proposes: **{'stop' if plan.stop else plan.mode}** "
+        f"({plan.stop + ': ' if plan.stop else ''}{plan.reason}).",
+        "",
+        "| round | pending | approved | approval |",
+        "| --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {s['round']} | {s['pending']} | {s['approved']} | {(s.get('approval_rate') or 0):.0%} |"
+        for s in history
+    ]
+    pending = plan.shards or (pending_shards(layout, plan.round, so) if plan.stop != NOTHING_PENDING else [])
+    rows: list[dict[str, Any]] = []
+    for shard in pending:
+        for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+            rows.append(row)
+            if len(rows) >= sample:
+                break
+        if len(rows) >= sample:
+            break
+    id_field = cfg.id_field or "id"
+    lines += ["", f"**Rejected samples** (first {len(rows)}):", "", "| id | prompt | output | judge's reason |"]
+    lines += ["| --- | --- | --- | --- |"]
+    for row in rows:
+        prompt = row.get("prompt", row.get("question", ""))
+        judgment = row.get("judgment") or {}
+        lines.append(
+            f"| {_cell(row.get(id_field))} | {_cell(prompt)} | {_cell(row.get('result'))} | "
+            f"{_cell(judgment.get('reason') or row.get('status'))} |"
+        )
+    lines += [
+        "",
+        f"Full rejected set: `{layout.pending(plan.round)}`",
+        "",
+        "**Continue**: another round on the pending set. **Continue in place**: retry each pending sample "
+        "inside the workers until approved or max_attempts. **Accept remaining as they are**: copy them "
+        "into results, marked `accepted_by_review`. **Stop**: end the run; the pending set stays reported.",
+    ]
+    return "\n".join(lines)
+
+
+def _cell(value: Any, width: int = 80) -> str:
+    text = " ".join(str("" if value is None else value).split()).replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"

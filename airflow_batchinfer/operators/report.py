@@ -1,0 +1,85 @@
+"""``PreflightOperator`` (a sample before the fan-out) and ``RunReportOperator`` (the final report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import Asset, BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+from airflow_batchinfer.hooks.pool import pool_endpoints
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.preflight import run_preflight
+from airflow_batchinfer.report import build_report
+from airflow_batchinfer.rounds import read_run_config
+
+
+class PreflightOperator(BaseOperator):
+    """Run ``preflight_records`` (run settings) through infer and judge, log the projection, and fail
+    the run when it exceeds ``budget_gpu_hours``. ``preflight_records=0`` turns it off."""
+
+    template_fields = ("run_root", "worker_pool", "aws_conn_id")
+    ui_color = "#fde2e4"
+
+    def __init__(self, *, run_root: str, worker_pool: str, aws_conn_id: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self.run_root = run_root
+        self.worker_pool = worker_pool
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = read_run_config(self.run_root, so)
+        if cfg.preflight_records <= 0:
+            self.log.info("pre-flight is off (preflight_records=0)")
+            return None
+        ep = pool_endpoints(self.worker_pool)
+        s = run_preflight(cfg, ep.client(storage_options=so), len(ep.urls), so)
+        self.log.info(
+            "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
+            "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
+            s["sample_records"], s["tokens_per_s"], 100 * s["approval_rate"], s["dataset_records"],
+            s["expected_passes_per_record"], s["projected_wall_s"], s["projected_gpu_hours"], s["workers"],
+        )  # fmt: skip
+        if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
+            raise AirflowFailException(
+                f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of {cfg.budget_gpu_hours}. "
+                "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
+            )
+        return s
+
+
+class RunReportOperator(BaseOperator):
+    """Write ``report/summary.json``, ``report/report.md`` and plots; mark the results as an Asset
+    update. Fails the run when quarantined shards exceed ``max_failed_shards`` or an id is lost."""
+
+    template_fields = ("run_root", "aws_conn_id")
+    ui_color = "#d9ead3"
+
+    def __init__(self, *, run_root: str, aws_conn_id: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.run_root = run_root
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = read_run_config(self.run_root, so)
+        report = build_report(cfg, so)
+        layout = RunLayout(cfg.run_root)
+        for outlet in self.outlets:
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = {"results": layout.results, "status": report["status"]}
+        self.log.info("run %s: %s (%s); approved %d, pending %d; report: %s/report.md", cfg.run_root,
+                      report["status"], report["stop_reason"], report["approved"],
+                      report["remaining_pending"], layout.report)  # fmt: skip
+        if not report["invariant"]["ok"]:
+            raise AirflowFailException(f"ids lost or doubled: {report['invariant']}; see {layout.report}")
+        if report["status"] == "failed_shards":
+            raise AirflowFailException(
+                f"{len(report['failed_shards'])} shards quarantined (budget max_failed_shards="
+                f"{cfg.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. Remedy: see "
+                f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are reused."
+            )
+        return {k: report[k] for k in ("status", "stop_reason", "approved", "remaining_pending")}

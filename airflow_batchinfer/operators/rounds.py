@@ -1,0 +1,142 @@
+"""The round controller and the round close.
+
+``RoundControllerOperator`` (one task per round slot, because Airflow allows one review request per
+task instance and its body cannot change) reads what the previous rounds left, decides what this
+slot does (see :func:`airflow_batchinfer.rounds.propose`), and when review is on opens a review gate
+on the Required Actions page whose body is the round summary. It returns the slot's shard
+descriptors; an empty list skips the slot's mapped tasks.
+
+``CloseRoundOperator`` runs whatever happened upstream (``trigger_rule=all_done``): Airflow drops a
+failed index from a downstream ``.expand``, so it compares the shards the plan named with the job
+manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer.rounds.close_round`).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.providers.standard.operators.hitl import HITLOperator
+from airflow.sdk import BaseOperator, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.report import review_body
+from airflow_batchinfer.rounds import (
+    ACCEPT,
+    CONTINUE,
+    CONTINUE_IN_PLACE,
+    STOP,
+    Plan,
+    apply_choice,
+    close_round,
+    propose,
+    read_plan,
+    read_run_config,
+    write_plan,
+)
+
+DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
+
+
+def _descriptors(plan: Plan) -> list[dict[str, Any]]:
+    return [] if plan.mode == "skip" else [{**s, "round": plan.round} for s in plan.shards]
+
+
+class RoundControllerOperator(HITLOperator):
+    """:param slot: ``round-NN`` or ``tail``. :param run_root: the run's root (templated).
+    :param review_default: the answer taken when nobody answers within ``response_timeout``
+        (``Stop`` by default: nothing more is spent without a person's decision).
+    ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
+
+    template_fields = ("run_root", "aws_conn_id")
+    ui_color = "#fff3cd"
+
+    def __init__(
+        self,
+        *,
+        slot: str,
+        run_root: str,
+        aws_conn_id: str | None = None,
+        review_default: str = STOP,
+        response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            subject=f"Review before {slot}",
+            options=[CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP],
+            defaults=[review_default],
+            response_timeout=response_timeout,
+            **kwargs,
+        )
+        self.slot = slot
+        self.run_root = run_root
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> Any:
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = read_run_config(self.run_root, so)
+        proposal = propose(cfg, self.slot, so)
+        plan = proposal.plan
+        if not proposal.options:
+            write_plan(RunLayout(cfg.run_root), plan, so)
+            self.log.info("%s: %s (%s)%s", self.slot, plan.mode, plan.reason,
+                          f"; the run stops: {plan.stop}" if plan.stop else "")  # fmt: skip
+            return _descriptors(plan)
+        self.options = proposal.options
+        if self.defaults and not set(self.defaults) <= set(self.options):
+            self.defaults = [STOP]
+        self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({cfg.run_root})"
+        self.body = review_body(cfg, proposal, so)
+        self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
+        return super().execute(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
+        payload = super().execute_complete(context, event)
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = read_run_config(self.run_root, so)
+        proposal = propose(cfg, self.slot, so)
+        choice = payload["chosen_options"][0]
+        user = payload.get("responded_by_user") or {}
+        who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
+        who = str(who or "the timeout default")
+        plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so)
+        write_plan(RunLayout(cfg.run_root), plan, so)
+        self.log.info("%s: %s chose %r: %s (%s)", self.slot, who, choice, plan.mode, plan.reason)
+        return _descriptors(plan)
+
+
+class CloseRoundOperator(BaseOperator):
+    """Quarantine, count check, recompaction and ``summary.json`` for one round slot."""
+
+    template_fields = ("run_root", "aws_conn_id")
+    ui_color = "#e2f0d9"
+
+    def __init__(self, *, slot: str, run_root: str, aws_conn_id: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
+        self.slot = slot
+        self.run_root = run_root
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> dict[str, Any] | None:
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = read_run_config(self.run_root, so)
+        plan = read_plan(RunLayout(cfg.run_root), self.slot, so)
+        if plan is None:
+            raise AirflowFailException(f"{self.slot}: no plan.json; the round controller did not finish")
+        summary = close_round(cfg, plan, so)
+        if summary is None:
+            return None
+        self.log.info("round %d closed: %s", plan.round,
+                      {k: summary[k] for k in ("pending", "approved", "failed_records") if k in summary})  # fmt: skip
+        for failed in summary["failed_shards"]:
+            self.log.error("quarantined shard %s (%s): %s", failed["shard_id"], failed["phase"], failed["error"])
+        if not summary["invariant"]["ok"]:
+            raise AirflowFailException(
+                f"round {plan.round}: {summary['invariant']['planned']} records planned but "
+                f"{summary['invariant']['accounted']} accounted for. Remedy: inspect the job manifests in "
+                f"{RunLayout(cfg.run_root).round(plan.round)}/jobs and re-run the round."
+            )
+        return {k: v for k, v in summary.items() if k not in ("failed_shards", "tokens")}

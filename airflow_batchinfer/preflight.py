@@ -1,0 +1,90 @@
+"""Pre-flight: a small sample through infer and judge on the warm pool before the fan-out, and what
+it projects for the whole run (tokens/s, approval rate, wall time and GPU-hours over the expected
+rounds), so a run that would blow its budget stops before it spends it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rounds import pending_shards, run_key, write_doc
+from airflow_batchinfer.rpc.fingerprint import spec_key
+from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage.location import StorageOptions, join
+
+
+def _spec(cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: dict[str, Any]) -> JobSpec:
+    spec = JobSpec(job_id="x", kind=kind, input=source, outputs=outputs, params=params)  # type: ignore[arg-type]
+    spec.job_id = f"{run_key(cfg.run_root)}-preflight-{kind}-{spec_key(spec)}"
+    return spec
+
+
+def expected_passes(approval: float, cfg: RunConfig) -> float:
+    """Records processed per input record: every round (or in-place attempt) re-runs the share the
+    judge rejected, assuming attempts succeed independently at the sample's approval rate."""
+    tries = cfg.max_rounds if cfg.strategy == "rounds" else cfg.max_rounds + cfg.max_attempts
+    if cfg.strategy == "in_place":
+        tries = cfg.max_attempts
+    return sum((1.0 - approval) ** k for k in range(tries))
+
+
+def run_preflight(
+    cfg: RunConfig, pool: PoolClient, workers: int, so: StorageOptions | None = None
+) -> dict[str, Any]:
+    layout = RunLayout(cfg.run_root)
+    shards = pending_shards(layout, 0, so)
+    total = sum(s["records"] for s in shards)
+    sample_uri = join(layout.preflight, "sample.jsonl.zst")
+    n = 0
+    with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
+        for shard in shards:
+            for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+                if n >= cfg.preflight_records:
+                    break
+                out.write(row)
+                n += 1
+            if n >= cfg.preflight_records:
+                break
+    p = layout.preflight
+    infer = _spec(cfg, "infer", sample_uri,
+                  {"inferred": join(p, "inferred.jsonl.zst"), "manifest": join(p, "infer.json")},
+                  {**cfg.infer_params(), "input_records": n})  # fmt: skip
+    judge = _spec(cfg, "judge", join(p, "inferred.jsonl.zst"),
+                  {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst"),
+                   "manifest": join(p, "judge.json")},
+                  {**cfg.judge_params(), "input_records": n})  # fmt: skip
+
+    async def go() -> tuple[dict[str, Any], dict[str, Any], float]:
+        t0 = time.monotonic()
+        a = await pool.run(infer)
+        b = await pool.run(judge)
+        return a, b, time.monotonic() - t0
+
+    mi, mj, wall = asyncio.run(go())
+    infer_s = float(mi["timings"]["run_s"]) or 1e-9
+    judge_s = float(mj["timings"]["run_s"])
+    tokens = sum(mi.get("tokens", {}).values()) + sum(mj.get("tokens", {}).values())
+    approval = mj["counts"].get("approved", 0) / n if n else 0.0
+    per_record_s = (infer_s + judge_s) / n if n else 0.0
+    passes = expected_passes(approval, cfg)
+    wall_s = total * passes * per_record_s / max(workers, 1)
+    summary = {
+        "sample_records": n,
+        "dataset_records": total,
+        "tokens_per_s": round(tokens / (infer_s + judge_s), 1),
+        "approval_rate": round(approval, 4),
+        "expected_passes_per_record": round(passes, 3),
+        "workers": workers,
+        "projected_wall_s": round(wall_s, 1),
+        "projected_gpu_hours": round(wall_s * workers / 3600, 4),
+        "budget_gpu_hours": cfg.budget_gpu_hours,
+        "sample_wall_s": round(wall, 3),
+        "note": "one job on one worker, scaled by the worker count; a full pool batches more per step",
+    }
+    write_doc(join(layout.preflight, "summary.json"), summary, so)
+    return summary

@@ -1,0 +1,1 @@
+"""Triggers (run by Airflow's triggerer, which imports them from this package)."""

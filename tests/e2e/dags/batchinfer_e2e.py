@@ -1,0 +1,48 @@
+"""DAGs for the end-to-end tests: the factory's pipeline on the SIMULATED engine (its judge approves
+a record with a fixed probability, decided by a hash of id and attempt), on a local pool."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from airflow_batchinfer.dag_factory import build_batch_inference_dag
+
+ROOT = os.environ.get("BATCHINFER_E2E_ROOT", "/tmp/batchinfer-e2e")
+SIMULATED = {
+    "input": f"{ROOT}/data.jsonl",
+    "output_root": f"{ROOT}/runs",
+    "engine": "simulated",
+    "model": None,
+    "engine_options": {"approval_rate": 0.5, "latency_base_s": 0.2},
+    "prompt_template": "{{ question }}",
+    "judge": {"type": "llm"},
+    "records_per_shard": 10,
+    "chunk_size": 10,
+    "worker_pool": "local://e2e",
+    "replicas": 2,
+    "concurrency": 2,
+    "idle_ttl_s": 300,
+    "preflight_records": 5,
+}
+
+for strategy in ("rounds", "hybrid", "in_place"):
+    build_batch_inference_dag(
+        f"e2e_{strategy}",
+        max_rounds=3,
+        airflow_pool="e2e",
+        defaults={**SIMULATED, "strategy": strategy},
+        retries=1,
+        retry_delay=timedelta(seconds=1),
+        poll_interval_s=1.0,
+    )
+
+build_batch_inference_dag(
+    "e2e_review",
+    max_rounds=3,
+    airflow_pool="e2e",
+    defaults={**SIMULATED, "review": "every_round"},
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+    poll_interval_s=1.0,
+)

@@ -1,0 +1,188 @@
+"""The pipeline DAG on a real Airflow, driven through its REST API, asserting on storage.
+
+The SIMULATED engine's judge approves record ``id`` on attempt ``a`` exactly when
+``stable_fraction(id, a) < approval_rate``, so the test knows which round approves each id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batchinfer.engines.simulated import stable_fraction
+from airflow_batchinfer.local_airflow import LocalAirflow
+from airflow_batchinfer.pools import LocalPool
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from tests.e2e.conftest import POOL_SLOTS, write_dataset
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+RATE = 0.5  # the e2e DAGs' simulated approval rate
+
+
+def run(
+    af: LocalAirflow, dag_id: str, conf: dict[str, Any], **wait: Any
+) -> tuple[str, Path, dict[str, Any], list[dict[str, Any]]]:
+    run_id = af.trigger(dag_id, conf)
+    state = af.wait_run(dag_id, run_id, timeout_s=600, **wait)
+    tis = af.task_instances(dag_id, run_id)
+    root = Path(conf["output_root"]) / conf["run_name"]
+    report_file = root / "report" / "summary.json"
+    report = json.loads(report_file.read_text()) if report_file.exists() else {}
+    return state, root, report, tis
+
+
+def rows(directory: Path) -> list[dict[str, Any]]:
+    return [r for f in JsonlDir(str(directory)).jsonl_files() for r in f.iter_records()]
+
+
+def conf_for(root: Path, name: str, n: int, **extra: Any) -> tuple[dict[str, Any], list[str]]:
+    data = root / f"{name}.jsonl"
+    ids = write_dataset(data, n, prefix=f"{name}-")
+    return {"input": str(data), "output_root": str(root / "runs"), "run_name": name, **extra}, ids
+
+
+def first_approval(rid: str, max_rounds: int) -> int | None:
+    """The round the simulated judge approves ``rid`` in (attempt = round + 1), or None."""
+    return next((r for r in range(max_rounds) if stable_fraction(rid, r + 1) < RATE), None)
+
+
+def max_overlap(tis: list[dict[str, Any]], task_suffixes: tuple[str, ...]) -> int:
+    """Most shard tasks in flight at one instant, from task-instance start and end timestamps."""
+    events = []
+    for ti in tis:
+        if ti["task_id"].endswith(task_suffixes) and ti["start_date"] and ti["end_date"]:
+            events += [(datetime.fromisoformat(ti["start_date"]), 1), (datetime.fromisoformat(ti["end_date"]), -1)]
+    now = best = 0
+    for _, step in sorted(events):
+        now += step
+        best = max(best, now)
+    return best
+
+
+def test_rounds_run_as_the_judge_dictates_and_the_pool_bounds_shards(airflow: LocalAirflow, e2e_root: Path):
+    conf, ids = conf_for(e2e_root, "rounds", 120)
+    state, root, report, tis = run(airflow, "e2e_rounds", conf)
+    assert state == "success", report
+    assert report["invariant"]["ok"], report["invariant"]
+    assert report["stop_reason"] in ("max_rounds reached", "nothing pending")
+    # every id exactly once, approved in the round the judge approves it, the rest still pending
+    approved = rows(root / "results")
+    assert Counter(r["id"] for r in approved).most_common(1)[0][1] == 1
+    for r in approved:
+        assert r["round"] == first_approval(r["id"], 3), r
+    pending = {r["id"] for r in rows(root / "round-03" / "pending")} if report["remaining_pending"] else set()
+    assert pending == {i for i in ids if first_approval(i, 3) is None}
+    assert {r["id"] for r in approved} | pending == set(ids)
+    assert [s["approved"] for s in report["rounds"]] == [
+        sum(1 for i in ids if first_approval(i, 3) == k) for k in range(3)
+    ]
+    # 12 shards in round 0 through a pool of 4 slots: never more than 4 in flight, and it got to 4
+    assert max_overlap(tis, (".infer", ".judge")) == POOL_SLOTS
+    assert (root / "report" / "report.md").read_text().startswith("# Batch inference report: ")
+    assert (root / "report" / "rounds.png").read_bytes()[:4] == b"\x89PNG"
+
+    # Re-running the same run (same run_name): every shard job is already done with the same
+    # fingerprint, so nothing runs again and the manifests stay as they were.
+    manifests = {p: p.stat().st_mtime_ns for p in root.glob("round-*/jobs/*.json")}
+    state, _, again, _ = run(airflow, "e2e_rounds", conf)
+    assert state == "success" and again["approved"] == report["approved"]
+    assert {p: p.stat().st_mtime_ns for p in root.glob("round-*/jobs/*.json")} == manifests
+
+
+def test_hybrid_switches_to_in_place_when_rounds_stop_paying_off(airflow: LocalAirflow, e2e_root: Path):
+    # approving about half per round is below hybrid_min_shrink=0.9: round 1 switches to in place
+    conf, ids = conf_for(e2e_root, "hybrid", 40, hybrid_min_shrink=0.9, max_attempts=4)
+    state, root, report, _ = run(airflow, "e2e_hybrid", conf)
+    assert state == "success", report
+    modes = {p["slot"]: (p["mode"], p["switch_in_place"]) for p in report["plans"]}
+    assert modes["round-00"] == ("rounds", False)
+    assert modes["round-01"] == ("skip", True) and modes["tail"][0] == "in_place"
+    assert report["invariant"]["ok"], report["invariant"]
+    tail = [r for r in rows(root / "results") if r.get("round") != 0]
+    assert tail and all(r["attempts"] >= 2 for r in tail)
+    assert report["approved"] + report["exhausted_in_place"] == len(ids)
+
+
+def test_review_gate_continue_then_accept(airflow: LocalAirflow, e2e_root: Path):
+    conf, ids = conf_for(e2e_root, "review", 30)
+    answers = iter(["Continue", "Accept remaining as they are"])
+    seen: list[dict[str, Any]] = []
+
+    def review(detail: dict[str, Any]) -> str:
+        seen.append(detail)
+        return next(answers)
+
+    state, root, report, _ = run(airflow, "e2e_review", conf, on_review=review)
+    assert state == "success", report
+    assert [d["task_instance"]["task_id"] for d in seen] == ["round_01.plan", "round_02.plan"]
+    body = seen[0]["body"]
+    assert "Round 0 approved" in body and "Rejected samples" in body and "round-01/pending" in body
+    plans = {p["slot"]: p for p in report["plans"]}
+    assert plans["round-01"]["review"]["choice"] == "Continue" and plans["round-01"]["mode"] == "rounds"
+    assert plans["round-02"]["review"]["choice"] == "Accept remaining as they are"
+    assert report["status"] == "accepted_by_review" and not (root / "round-02" / "summary.json").exists()
+    results = rows(root / "results")
+    accepted = [r for r in results if r.get("accepted_by_review")]
+    assert len(accepted) == report["accepted_by_review"] > 0
+    assert sorted(r["id"] for r in results) == sorted(ids) and report["invariant"]["ok"]
+
+
+def test_a_worker_killed_mid_round_loses_nothing(airflow: LocalAirflow, e2e_root: Path):
+    # slow batches (3 s) so jobs are in flight when one worker is SIGKILLed
+    conf, ids = conf_for(
+        e2e_root, "killed", 60, engine_options={"approval_rate": RATE, "latency_base_s": 3.0},
+        preflight_records=0, max_rounds=1,
+    )  # fmt: skip
+    pool = LocalPool("e2e", state_dir=e2e_root / "cache" / "pools")
+    killed: list[int] = []
+
+    def kill_one_when_busy() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not killed:
+            status = pool.status()
+            slow = (status.get("spec") or {}).get("engine_options", {}).get("latency_base_s") == 3.0
+            for w in status["workers"] if slow else []:
+                if w.get("slots_busy") and w["alive"]:
+                    os.kill(int(w["pid"]), signal.SIGKILL)
+                    killed.append(int(w["pid"]))
+                    return
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_one_when_busy, daemon=True)
+    killer.start()
+    state, root, report, tis = run(airflow, "e2e_rounds", conf)
+    killer.join(5)
+    assert killed, "no busy worker was seen"
+    assert state == "success", report
+    assert report["invariant"]["ok"] and report["failed_shards"] == []
+    assert len(rows(root / "results")) + report["remaining_pending"] == len(ids)
+
+
+def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: LocalAirflow, e2e_root: Path):
+    conf, ids = conf_for(e2e_root, "broken", 30, preflight_records=0, max_rounds=1)
+    # a directory where shard part-00001's inferred output must go: that job fails on every try
+    blocked = Path(conf["output_root"]) / "broken" / "round-00" / "inferred" / "part-00001.jsonl.zst"
+    blocked.mkdir(parents=True)
+    state, root, report, tis = run(airflow, "e2e_rounds", conf)
+    assert state == "failed"
+    assert report["status"] == "failed_shards"
+    [failed] = report["failed_shards"]
+    assert failed["shard_id"] == "part-00001" and failed["phase"] == "infer" and failed["records"] == 10
+    record = json.loads((root / "round-00" / "failed" / "part-00001.json").read_text())
+    assert record["error"] and "re-run" in record["remedy"]
+    assert report["invariant"]["ok"], report["invariant"]  # the quarantined shard's ids are accounted for
+    shard_ids = {r["id"] for r in JsonlFile(failed["uri"]).iter_records()}
+    assert not shard_ids & {r["id"] for r in rows(root / "results")}
+    infer = [ti for ti in tis if ti["task_id"] == "round_00.infer" and ti["map_index"] == 1]
+    assert infer[0]["state"] == "failed" and infer[0]["try_number"] == 2  # retries=1 applied
+    report_ti = next(ti for ti in tis if ti["task_id"] == "report")
+    assert report_ti["state"] == "failed"
