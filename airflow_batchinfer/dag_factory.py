@@ -20,7 +20,11 @@ from airflow.sdk import DAG, Asset, Param, TaskGroup
 
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import PreflightOperator, RunReportOperator
-from airflow_batchinfer.operators.rounds import DEFAULT_RESPONSE_TIMEOUT, CloseRoundOperator, RoundControllerOperator
+from airflow_batchinfer.operators.rounds import (
+    DEFAULT_RESPONSE_TIMEOUT,
+    CloseRoundOperator,
+    RoundControllerOperator,
+)
 from airflow_batchinfer.operators.shard import ShardDatasetOperator
 from airflow_batchinfer.operators.shard_jobs import (
     InferShardOperator,
@@ -68,16 +72,20 @@ DEFAULTS: dict[str, Any] = {
 }
 
 SCHEMAS: dict[str, dict[str, Any]] = {
-    "input": {"type": "string", "minLength": 1, "description": "the JSONL(.zst) dataset: a path or s3:// URI"},
+    "input": {
+        "type": "string",
+        "minLength": 1,
+        "description": "the JSONL(.zst) dataset: a path or s3:// URI",
+    },
     "output_root": {"type": "string", "minLength": 1, "description": "runs are written under this root"},
     "run_name": {"type": "string", "description": "the run's folder; empty: the DAG run id. Reuse to resume"},
     "engine": {"type": "string", "enum": ["vllm", "transformers", "openai", "simulated"]},
     "model": {"type": ["string", "null"], "description": "model path on the workers, or builtin:smollm2"},
-    "engine_options": {"type": "object", "description": "engine arguments, e.g. {\"max_model_len\": 4096}"},
+    "engine_options": {"type": "object", "description": 'engine arguments, e.g. {"max_model_len": 4096}'},
     "prompt_template": {"type": ["string", "null"], "description": "Jinja2 over record fields"},
     "system": {"type": ["string", "null"], "description": "system message for chat models"},
     "sampling": {"type": "object", "description": "max_tokens, temperature, top_p, seed, stop…"},
-    "judge": {"type": "object", "description": "judge spec: {\"type\": \"llm\" | \"expected_answer\" | …}"},
+    "judge": {"type": "object", "description": 'judge spec: {"type": "llm" | "expected_answer" | …}'},
     "strategy": {"type": "string", "enum": list(STRATEGIES)},
     "max_rounds": {"type": "integer", "minimum": 1},
     "max_attempts": {"type": "integer", "minimum": 1, "description": "per sample, in place"},
@@ -133,7 +141,7 @@ def embedded_defaults() -> dict[str, Any]:
 
 
 def _p(name: str) -> str:
-    return "{{ params.%s }}" % name
+    return f"{{{{ params.{name} }}}}"
 
 
 def build_batch_inference_dag(
@@ -165,12 +173,14 @@ def build_batch_inference_dag(
     values = {**DEFAULTS, **(defaults or {})}
     values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
     params = {
-        name: Param(values[name], **{**SCHEMAS[name], **({"maximum": max_rounds} if name == "max_rounds" else {})})
+        name: Param(
+            values[name], **{**SCHEMAS[name], **({"maximum": max_rounds} if name == "max_rounds" else {})}
+        )
         for name in DEFAULTS
     }
     results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"batchinfer://{dag_id}/results")
-    common = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
-    job_args = {
+    common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
+    job_args: dict[str, Any] = {
         **common,
         "worker_pool": _p("worker_pool"),
         "pool": airflow_pool,
@@ -179,7 +189,7 @@ def build_batch_inference_dag(
         "execution_timeout": execution_timeout,
         "poll_interval_s": poll_interval_s,
     }
-    review_args = {"assigned_users": assigned_users, "response_timeout": response_timeout,
+    review_args: dict[str, Any] = {"assigned_users": assigned_users, "response_timeout": response_timeout,
                    "notifiers": notifiers}  # fmt: skip
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
@@ -216,9 +226,9 @@ def build_batch_inference_dag(
                     last_jobs = [jobs]
                 else:
                     infer = InferShardOperator.partial(task_id="infer", **job_args).expand(shard=plan.output)
-                    judge = JudgeShardOperator.partial(task_id="judge", trigger_rule="all_done", **job_args).expand(
-                        shard=infer.output
-                    )
+                    judge = JudgeShardOperator.partial(
+                        task_id="judge", trigger_rule="all_done", **job_args
+                    ).expand(shard=infer.output)
                     last_jobs = [infer, judge]
                 close = CloseRoundOperator(task_id="close", slot=slot, **common)
                 last_jobs[-1] >> close
@@ -229,8 +239,8 @@ def build_batch_inference_dag(
         report = RunReportOperator(task_id="report", outlets=[results], **common)
         upstream >> report
         if setup is not None:
-            teardown = PoolTeardownOperator(task_id="pool_teardown", worker_pool=_p("worker_pool")).as_teardown(
-                setups=setup
-            )
+            teardown = PoolTeardownOperator(
+                task_id="pool_teardown", worker_pool=_p("worker_pool")
+            ).as_teardown(setups=setup)
             report >> teardown
     return dag

@@ -50,7 +50,10 @@ def get_provider_info() -> dict[str, Any]:
         "triggers": [
             {
                 "integration-name": "Batch Inference",
-                "python-modules": ["airflow_batchinfer.triggers.worker_job", "airflow_batchinfer.triggers.pool_ready"],
+                "python-modules": [
+                    "airflow_batchinfer.triggers.worker_job",
+                    "airflow_batchinfer.triggers.pool_ready",
+                ],
             }
         ],
         "operators": [

@@ -143,7 +143,9 @@ class LocalAirflow:
 
     def set_pool(self, name: str, slots: int) -> None:
         """An Airflow pool that counts deferred tasks too (``include_deferred``): see the README."""
-        self.airflow("pools", "set", name, str(slots), f"batchinfer shard slots ({name})", "--include-deferred")
+        self.airflow(
+            "pools", "set", name, str(slots), f"batchinfer shard slots ({name})", "--include-deferred"
+        )
 
     def _healthy(self) -> bool:
         for name, proc in self.procs.items():
@@ -162,10 +164,8 @@ class LocalAirflow:
                 os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         for proc in self.procs.values():
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the group: task runners forked by the executor
             with contextlib.suppress(subprocess.TimeoutExpired):

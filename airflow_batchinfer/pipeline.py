@@ -83,7 +83,9 @@ async def _run_jobs(
     return [s for s in await asyncio.gather(*(one(s) for s in shards)) if s is not None]
 
 
-async def run_pipeline(cfg: RunConfig, pool: PoolClient, *, progress: Progress | None = None) -> dict[str, Any]:
+async def run_pipeline(
+    cfg: RunConfig, pool: PoolClient, *, progress: Progress | None = None
+) -> dict[str, Any]:
     if cfg.review != "never":
         raise ConfigError("review between rounds needs Airflow (the Required Actions page); use review=never")
     cfg = await asyncio.to_thread(prepare_run, cfg)

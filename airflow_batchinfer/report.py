@@ -23,8 +23,8 @@ from airflow_batchinfer.rounds import (
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.json_doc import write_bytes
-from airflow_batchinfer.storage.manifest import read_manifest
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.manifest import read_manifest
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
 # How a run ended, from its stop reason; only "complete" is a normal completion.
@@ -95,7 +95,9 @@ def _per_worker(layout: RunLayout, ran: list[Plan], so: StorageOptions | None) -
                 m = read_job_manifest(layout.job_manifest(plan.round, shard["shard_id"], kind), so)
                 if not m:
                     continue
-                w = out.setdefault(str(m.get("worker")), {"jobs": 0, "run_s": 0.0, "busy_s": 0.0, "fill": 0.0})
+                w = out.setdefault(
+                    str(m.get("worker")), {"jobs": 0, "run_s": 0.0, "busy_s": 0.0, "fill": 0.0}
+                )
                 b = m.get("batcher") or {}
                 w["jobs"] += 1
                 w["run_s"] += float(m.get("timings", {}).get("run_s", 0.0))
@@ -183,7 +185,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| {n} | {w['jobs']} | {w['avg_fill']} | {w['engine_busy_s']} | {w['tokens']} |"
         for n, w in report["workers"].items()
     ]
-    lines += ["", "Plots: `rounds.png` (approval and pending per round), `workers.png` (batch fill, busy time)."]
+    lines += [
+        "",
+        "Plots: `rounds.png` (approval and pending per round), `workers.png` (batch fill, busy time).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +245,8 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
         f"**Run** `{cfg.run_root}` · strategy **{cfg.strategy}** · next: **{plan.slot}**",
         "",
         f"Round {last.get('round', '?')} approved **{last.get('approved', 0)}** of {last.get('pending', 0)} "
-        f"({(last.get('approval_rate') or 0):.0%}); **{plan.records or last.get('next_pending', 0)}** records "
+        f"({(last.get('approval_rate') or 0):.0%}); "
+        f"**{plan.records or last.get('next_pending', 0)}** records "
         f"are pending; {len(last.get('failed_shards', []))} shards quarantined.",
         "",
         f"The controller proposes: **{'stop' if plan.stop else plan.mode}** "
@@ -263,7 +269,12 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
         if len(rows) >= sample:
             break
     id_field = cfg.id_field or "id"
-    lines += ["", f"**Rejected samples** (first {len(rows)}):", "", "| id | prompt | output | judge's reason |"]
+    lines += [
+        "",
+        f"**Rejected samples** (first {len(rows)}):",
+        "",
+        "| id | prompt | output | judge's reason |",
+    ]
     lines += ["| --- | --- | --- | --- |"]
     for row in rows:
         prompt = row.get("prompt", row.get("question", ""))

@@ -53,7 +53,9 @@ DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
 
 
 def read_doc(uri: str, what: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
-    return read_json(resolve(uri, so), schema_version=DOC_VERSION, what=what, remedy="delete it to redo that step")
+    return read_json(
+        resolve(uri, so), schema_version=DOC_VERSION, what=what, remedy="delete it to redo that step"
+    )
 
 
 def write_doc(uri: str, data: dict[str, Any], so: StorageOptions | None = None) -> None:
@@ -226,13 +228,13 @@ def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Prop
                 slot,
                 r,
                 "skip",
-                reason=f"round {r - 1} approved {shrink:.0%} of its pending set (< {cfg.hybrid_min_shrink:.0%}):"
-                " switching to in place",
+                reason=f"round {r - 1} approved {shrink:.0%} of its pending set "
+                f"(< {cfg.hybrid_min_shrink:.0%}): switching to in place",
                 switch_in_place=True,
             )
         else:
             plan = Plan(slot, r, "rounds", pending, reason=f"round {r} on {len(pending)} pending shards")
-    if r == 0 or switched and plan.mode == "skip" and plan.stop is None:
+    if r == 0 or (switched and plan.mode == "skip" and plan.stop is None):
         return Proposal(plan, last=last)  # nothing to review yet / the decision was already made
     approval = _approval(last)
     review = cfg.review == "every_round" or (
@@ -256,10 +258,14 @@ def apply_choice(
     pending = plan.shards or pending_shards(layout, plan.round, so)
     review = {"choice": choice, "by": by, "proposed": plan.mode, "proposed_reason": plan.reason}
     if choice == CONTINUE:
-        return Plan(plan.slot, plan.round, "rounds", pending, reason=f"{by} chose another round", review=review)
+        return Plan(
+            plan.slot, plan.round, "rounds", pending, reason=f"{by} chose another round", review=review
+        )
     if choice == CONTINUE_IN_PLACE:
         if plan.slot == TAIL:
-            return Plan(plan.slot, plan.round, "in_place", pending, reason=f"{by} chose in place", review=review)
+            return Plan(
+                plan.slot, plan.round, "in_place", pending, reason=f"{by} chose in place", review=review
+            )
         reason = f"{by} chose in place: the tail slot retries the rest"
         return Plan(plan.slot, plan.round, "skip", reason=reason, switch_in_place=True, review=review)
     if choice == ACCEPT:

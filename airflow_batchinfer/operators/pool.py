@@ -8,12 +8,14 @@ reuse them; ``idle_ttl_s=0`` stops them at once.
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import LOCAL
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
@@ -27,6 +29,15 @@ def resolve_model(model: str | None) -> str | None:
     if model in BUILTIN_MODELS:
         return BUILTIN_MODELS[model]()
     return model or None
+
+
+def _as_dict(value: dict[str, Any] | str | None) -> dict[str, Any]:
+    """A dict param, whether the DAG renders templates as native objects or as JSON text."""
+    if isinstance(value, str):
+        value = json.loads(value) if value.strip() else {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"engine_options must be a JSON object, got {value!r}")
+    return value
 
 
 class PoolSetupOperator(BaseOperator):
@@ -48,7 +59,7 @@ class PoolSetupOperator(BaseOperator):
         worker_pool: str,
         engine: str = "simulated",
         model: str | None = None,
-        engine_options: dict[str, Any] | None = None,
+        engine_options: dict[str, Any] | str | None = None,  # a dict, or a template rendering to one
         replicas: int | str = 1,
         concurrency: int | str = 4,
         idle_ttl_s: float | str | None = 600.0,
@@ -76,7 +87,7 @@ class PoolSetupOperator(BaseOperator):
             spec = LocalPoolSpec(
                 engine=self.engine,
                 model=resolve_model(self.model),
-                engine_options=dict(self.engine_options or {}),
+                engine_options=_as_dict(self.engine_options),
                 replicas=replicas,
                 concurrency=int(self.concurrency),
                 idle_ttl_s=None if self.idle_ttl_s in (None, "", "None") else float(self.idle_ttl_s),
@@ -98,7 +109,7 @@ class PoolSetupOperator(BaseOperator):
         if event.get("state") != "ready":
             where = ""
             if self.worker_pool.startswith(LOCAL):
-                where = f"; worker logs: {LocalPool(self.worker_pool[len(LOCAL):]).dir}"
+                where = f"; worker logs: {LocalPool(self.worker_pool[len(LOCAL) :]).dir}"
             raise AirflowException(
                 f"worker pool {self.worker_pool!r}: {event.get('ready', 0)} of {self.replicas} workers ready "
                 f"after {self.ready_timeout_s:.0f} s{where}. Remedy: check the model path and engine "

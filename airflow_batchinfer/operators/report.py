@@ -44,7 +44,8 @@ class PreflightOperator(BaseOperator):
         )  # fmt: skip
         if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
             raise AirflowFailException(
-                f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of {cfg.budget_gpu_hours}. "
+                f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of "
+                f"{cfg.budget_gpu_hours}. "
                 "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
             )
         return s
@@ -70,7 +71,10 @@ class RunReportOperator(BaseOperator):
         layout = RunLayout(cfg.run_root)
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = {"results": layout.results, "status": report["status"]}
+                context["outlet_events"][outlet].extra = {
+                    "results": layout.results,
+                    "status": report["status"],
+                }
         self.log.info("run %s: %s (%s); approved %d, pending %d; report: %s/report.md", cfg.run_root,
                       report["status"], report["stop_reason"], report["approved"],
                       report["remaining_pending"], layout.report)  # fmt: skip
@@ -80,6 +84,7 @@ class RunReportOperator(BaseOperator):
             raise AirflowFailException(
                 f"{len(report['failed_shards'])} shards quarantined (budget max_failed_shards="
                 f"{cfg.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. Remedy: see "
-                f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are reused."
+                f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are "
+                "reused."
             )
         return {k: report[k] for k in ("status", "stop_reason", "approved", "remaining_pending")}

@@ -129,10 +129,12 @@ class CloseRoundOperator(BaseOperator):
         summary = close_round(cfg, plan, so)
         if summary is None:
             return None
-        self.log.info("round %d closed: %s", plan.round,
-                      {k: summary[k] for k in ("pending", "approved", "failed_records") if k in summary})  # fmt: skip
+        counts = {k: summary[k] for k in ("pending", "approved", "failed_records")}
+        self.log.info("round %d closed: %s", plan.round, counts)
         for failed in summary["failed_shards"]:
-            self.log.error("quarantined shard %s (%s): %s", failed["shard_id"], failed["phase"], failed["error"])
+            self.log.error(
+                "quarantined shard %s (%s): %s", failed["shard_id"], failed["phase"], failed["error"]
+            )
         if not summary["invariant"]["ok"]:
             raise AirflowFailException(
                 f"round {plan.round}: {summary['invariant']['planned']} records planned but "

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from datetime import timedelta
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
@@ -28,6 +28,7 @@ from airflow_batchinfer.rounds import inferred_shard, job_spec, read_run_config,
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
@@ -80,7 +81,7 @@ class ShardJobOperator(BaseOperator):
         return read_run_config(self.run_root, self.storage_options)
 
     def _spec(self, cfg: RunConfig) -> JobSpec:
-        return job_spec(cfg, self.kind, int(self.shard["round"]), self.shard)
+        return job_spec(cfg, self.kind, int(self.shard["round"]), cast(ShardDescriptor, self.shard))
 
     def _client(self, ep: PoolEndpoints) -> PoolClient:
         return ep.client(storage_options=self.storage_options)
@@ -120,7 +121,8 @@ class ShardJobOperator(BaseOperator):
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
             return self._result(cfg, done)
-        return self._submit(context, spec, ep, resubmits=0)
+        self._submit(context, spec, ep, resubmits=0)
+        return None
 
     def _submit(self, context: Context, spec: JobSpec, ep: PoolEndpoints, resubmits: int) -> None:
         deadline = self._deadline(context)
@@ -128,9 +130,7 @@ class ShardJobOperator(BaseOperator):
         async def submit() -> str:
             client = self._client(ep)
             try:
-                url, _ = await client.submit_when_free(
-                    spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S
-                )
+                url, _ = await client.submit_when_free(spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S)
                 return url
             finally:
                 await client.aclose()
@@ -141,7 +141,8 @@ class ShardJobOperator(BaseOperator):
             raise AirflowException(
                 f"{self._what()}: no worker of pool {self.worker_pool!r} took the job within "
                 f"{SUBMIT_TIMEOUT_S:.0f} s ({exc}). Remedy: check the pool (`batchinfer pool status`) and "
-                "that the Airflow pool's slots do not exceed replicas x concurrency; Airflow retries the task."
+                "that the Airflow pool's slots do not exceed replicas x concurrency; Airflow retries the "
+                "task."
             ) from exc
         self.log.info("%s: job %s submitted to %s (%d records)", self._what(), spec.job_id, url,
                       self.shard["records"])  # fmt: skip
@@ -180,7 +181,7 @@ class ShardJobOperator(BaseOperator):
             if resubmits >= self.max_resubmits:
                 self._fail(cfg, f"lost {resubmits + 1} times (last: {event.get('reason')})")
             self.log.warning("%s: %s; resubmitting", self._what(), event.get("reason"))
-            return self._submit(context, spec, pool_endpoints(self.worker_pool), resubmits + 1)
+            self._submit(context, spec, pool_endpoints(self.worker_pool), resubmits + 1)
         if state == "timeout":
             self._fail(cfg, f"did not finish within execution_timeout ({self.execution_timeout})")
         self._fail(cfg, f"{state} on {url}: {event.get('error')}")
@@ -202,7 +203,8 @@ class InferShardOperator(ShardJobOperator):
 
     def _result(self, cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
         r = int(self.shard["round"])
-        return {**inferred_shard(cfg, r, self.shard), "round": r, "counts": manifest.get("counts", {})}
+        shard = cast(ShardDescriptor, self.shard)
+        return {**inferred_shard(cfg, r, shard), "round": r, "counts": manifest.get("counts", {})}
 
 
 class JudgeShardOperator(ShardJobOperator):

@@ -41,8 +41,8 @@ def claim_output(
 
     Returns the complete manifest of an identical earlier run (to reuse it, unless ``reuse=False``;
     ``overwrite`` does not prevent that: identical inputs make identical outputs), or ``None`` after
-    clearing what an interrupted run, or (with ``overwrite``) anything else, left behind. Shards of any other writer are refused with
-    :class:`OutputExistsError`.
+    clearing what an interrupted run, or (with ``overwrite``) anything else, left behind. Shards of
+    any other writer are refused with :class:`OutputExistsError`.
     """
     manifest = read_manifest(directory)
     same = (

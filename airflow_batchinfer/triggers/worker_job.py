@@ -86,7 +86,10 @@ class WorkerJobTrigger(BaseTrigger):
                     lost_since = lost_since or time.monotonic()
                     if time.monotonic() - lost_since >= self.lost_grace_s:
                         yield TriggerEvent(
-                            {"state": "lost", "reason": f"{self.url} unreachable for {self.lost_grace_s:.0f} s: {exc}"}
+                            {
+                                "state": "lost",
+                                "reason": f"{self.url} unreachable for {self.lost_grace_s:.0f} s: {exc}",
+                            }
                         )
                         return
                 except RpcError as exc:  # auth or a bad request: polling again will not help

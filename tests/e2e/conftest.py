@@ -13,8 +13,8 @@ import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-from airflow_batchinfer.local_airflow import LocalAirflow  # noqa: E402
-from airflow_batchinfer.pools import LocalPool  # noqa: E402
+from airflow_batchinfer.local_airflow import LocalAirflow
+from airflow_batchinfer.pools import LocalPool
 
 DAGS = Path(__file__).parent / "dags"
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool

@@ -60,7 +60,10 @@ def max_overlap(tis: list[dict[str, Any]], task_suffixes: tuple[str, ...]) -> in
     events = []
     for ti in tis:
         if ti["task_id"].endswith(task_suffixes) and ti["start_date"] and ti["end_date"]:
-            events += [(datetime.fromisoformat(ti["start_date"]), 1), (datetime.fromisoformat(ti["end_date"]), -1)]
+            events += [
+                (datetime.fromisoformat(ti["start_date"]), 1),
+                (datetime.fromisoformat(ti["end_date"]), -1),
+            ]
     now = best = 0
     for _, step in sorted(events):
         now += step
@@ -159,7 +162,7 @@ def test_a_worker_killed_mid_round_loses_nothing(airflow: LocalAirflow, e2e_root
 
     killer = threading.Thread(target=kill_one_when_busy, daemon=True)
     killer.start()
-    state, root, report, tis = run(airflow, "e2e_rounds", conf)
+    state, root, report, _tis = run(airflow, "e2e_rounds", conf)
     killer.join(5)
     assert killed, "no busy worker was seen"
     assert state == "success", report
@@ -168,7 +171,7 @@ def test_a_worker_killed_mid_round_loses_nothing(airflow: LocalAirflow, e2e_root
 
 
 def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: LocalAirflow, e2e_root: Path):
-    conf, ids = conf_for(e2e_root, "broken", 30, preflight_records=0, max_rounds=1)
+    conf, _ids = conf_for(e2e_root, "broken", 30, preflight_records=0, max_rounds=1)
     # a directory where shard part-00001's inferred output must go: that job fails on every try
     blocked = Path(conf["output_root"]) / "broken" / "round-00" / "inferred" / "part-00001.jsonl.zst"
     blocked.mkdir(parents=True)

@@ -1,0 +1,118 @@
+"""The Airflow-side pieces against a real worker over real HTTP, without the Airflow services:
+the pool hook (connection and local pool), ``WorkerJobTrigger`` and ``PoolReadyTrigger``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow", reason="needs the airflow extra")
+pytestmark = pytest.mark.airflow
+
+from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
+from airflow_batchinfer.hooks.pool import BatchInferPoolHook, pool_endpoints  # noqa: E402
+from airflow_batchinfer.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.pools import LocalPool  # noqa: E402
+from airflow_batchinfer.rounds import job_spec  # noqa: E402
+from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
+from airflow_batchinfer.run_config import RunConfig  # noqa: E402
+from airflow_batchinfer.storage import shard_dataset  # noqa: E402
+from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger  # noqa: E402
+from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger  # noqa: E402
+from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
+
+
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[WorkerProcess]:
+    w = start_worker(tmp_path / "w", engine_args={"latency_base_s": 0.3}, allow=[str(tmp_path)])
+    yield w
+    w.stop()
+
+
+@pytest.fixture
+def conn(monkeypatch: pytest.MonkeyPatch, worker: WorkerProcess) -> str:
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_GPU_POOL",
+        json.dumps({"conn_type": "batchinfer_pool", "host": f"{worker.url}, ", "password": TOKEN}),
+    )
+    return "gpu_pool"
+
+
+async def first_event(trigger: Any) -> dict[str, Any]:
+    async for event in trigger.run():
+        return dict(event.payload)
+    raise AssertionError("the trigger ended without an event")
+
+
+def submit_job(tmp_path: Path, worker: WorkerProcess, n: int = 30) -> str:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(n)))
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"})  # fmt: skip
+    shard = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=n).shards[0]
+    spec = job_spec(cfg, "infer", 0, shard)
+    with SyncWorkerClient(worker.url, token=TOKEN) as client:
+        client.submit(spec)
+    return spec.job_id
+
+
+def test_connection_hook_gives_urls_and_token(conn: str, worker: WorkerProcess) -> None:
+    ep = pool_endpoints(conn)
+    assert ep.urls == [worker.url] and ep.token == TOKEN
+    assert BatchInferPoolHook(conn).test_connection() == (True, "1 workers answer")
+
+
+def test_connection_with_a_wrong_token_fails_its_test(monkeypatch: pytest.MonkeyPatch, worker: WorkerProcess):
+    monkeypatch.setenv("AIRFLOW_CONN_BAD", json.dumps({"conn_type": "batchinfer_pool", "host": worker.url,
+                                                       "password": "nope"}))  # fmt: skip
+    ok, message = BatchInferPoolHook("bad").test_connection()
+    assert not ok and ("401" in message or "token" in message.lower()), message
+
+
+def test_local_pool_reference_without_workers_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
+    ep = pool_endpoints("local://nothing-here")
+    assert ep.urls == [] and ep.token == LocalPool("nothing-here").token
+    with pytest.raises(ConfigError, match="pool setup task"):
+        ep.client()
+
+
+async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
+    job_id = submit_job(tmp_path, worker)
+    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.2)
+    classpath, kwargs = trigger.serialize()
+    assert classpath == "airflow_batchinfer.triggers.worker_job.WorkerJobTrigger"
+    assert TOKEN not in json.dumps(kwargs)  # the token is resolved in the triggerer, never stored
+    event = await first_event(WorkerJobTrigger(**kwargs))
+    assert event["state"] == "succeeded" and event["counts"] == {"ok": 30}
+
+
+async def test_worker_job_trigger_reports_lost_jobs_and_workers(tmp_path: Path, conn: str, worker: WorkerProcess):
+    unknown = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1)
+    assert (await first_event(unknown))["state"] == "lost"
+    job_id = submit_job(tmp_path, worker, n=200)
+    worker.process.kill()
+    worker.process.wait()
+    t0 = time.monotonic()
+    gone = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.1, lost_grace_s=1.0)
+    event = await first_event(gone)
+    assert event["state"] == "lost" and "unreachable" in event["reason"] and time.monotonic() - t0 >= 1.0
+
+
+async def test_worker_job_trigger_deadline(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
+    job_id = submit_job(tmp_path, worker, n=400)
+    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, deadline=time.time() + 0.3,
+                               poll_interval_s=0.1)  # fmt: skip
+    assert (await first_event(trigger))["state"] == "timeout"
+
+
+async def test_pool_ready_trigger(conn: str, worker: WorkerProcess) -> None:
+    ready = await first_event(PoolReadyTrigger(worker_pool=conn, replicas=1, deadline=time.time() + 30))
+    assert ready == {"state": "ready", "urls": [worker.url]}
+    more = PoolReadyTrigger(worker_pool=conn, replicas=2, deadline=time.time() + 0.5, poll_interval_s=0.1)
+    assert (await first_event(more))["state"] == "timeout"

@@ -1,0 +1,170 @@
+"""Round decisions and the round close, over real files on local disk (no pool: job manifests are
+written as a worker would)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rounds import (
+    ACCEPT,
+    CONTINUE,
+    CONTINUE_IN_PLACE,
+    MAX_ROUNDS,
+    NOTHING_PENDING,
+    STOP,
+    STOPPED_BY_REVIEW,
+    apply_choice,
+    close_round,
+    job_spec,
+    propose,
+    record_job_error,
+    write_plan,
+)
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
+from airflow_batchinfer.worker.manifest import write_job_manifest
+
+
+def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i:02d}", "question": f"q{i}"}) + "\n" for i in range(n)))
+    cfg = RunConfig(
+        input=str(data),
+        run_root=str(tmp_path / "run"),
+        prompt_template="{{ question }}",
+        judge={"type": "length", "min_chars": 1},
+        records_per_shard=10,
+        **settings,
+    )
+    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    return cfg
+
+
+def fake_round(cfg: RunConfig, slot: str, approve: set[str]) -> dict[str, Any]:
+    """Plan ``slot``, then do what its infer and judge jobs would: results, rejected, manifests."""
+    plan = propose(cfg, slot).plan
+    write_plan(RunLayout(cfg.run_root), plan)
+    for shard in plan.shards:
+        rows = list(JsonlFile(shard["uri"]).iter_records())
+        ok = [r for r in rows if r["id"] in approve]
+        bad = [{**r, "judgment": {"approved": False, "reason": "no"}} for r in rows if r["id"] not in approve]
+        for kind in ("infer", "judge"):
+            spec = job_spec(cfg, kind, plan.round, shard)
+            if kind == "judge":
+                for name, out in (("approved", ok), ("rejected", bad)):
+                    with JsonlFile(spec.outputs[name]).writer_sync() as w:
+                        for r in out:
+                            w.write(r)
+            counts = {"approved": len(ok), "rejected": len(bad)} if kind == "judge" else {"ok": len(rows)}
+            write_job_manifest(spec.outputs["manifest"], {"counts": counts, "timings": {"run_s": 1.0}})
+    summary = close_round(cfg, plan)
+    assert summary is not None
+    return summary
+
+
+def test_round_zero_runs_the_input_shards_without_review(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, review="every_round")
+    proposal = propose(cfg, "round-00")
+    assert proposal.plan.mode == "rounds" and proposal.plan.records == 30 and proposal.options == []
+
+
+def test_rounds_recompact_rejected_and_stop_at_max_rounds(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, max_rounds=2)
+    s0 = fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})
+    assert (s0["approved"], s0["rejected"], s0["next_pending"]) == (20, 10, 10) and s0["invariant"]["ok"]
+    s1 = fake_round(cfg, "round-01", {"r25"})
+    assert s1["pending"] == 10 and s1["approved"] == 1
+    tail = propose(cfg, "tail").plan
+    assert tail.mode == "skip" and tail.stop == MAX_ROUNDS and tail.records == 9
+
+
+def test_nothing_pending_stops_and_later_slots_skip(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, max_rounds=3)
+    fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(30)})
+    plan = propose(cfg, "round-01").plan
+    assert plan.stop == NOTHING_PENDING
+    write_plan(RunLayout(cfg.run_root), plan)
+    later = propose(cfg, "round-02").plan
+    assert later.mode == "skip" and later.stop is None and "stopped at round-01" in later.reason
+
+
+def test_review_modes_decide_when_a_gate_opens(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, review="on_low_approval", review_min_approval=0.5)
+    fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})  # 67% approved: no gate
+    assert propose(cfg, "round-01").options == []
+    cfg.review_min_approval = 0.9
+    assert propose(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
+    cfg.review = "every_round"
+    assert propose(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
+
+
+def test_review_choices(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, review="every_round")
+    fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
+    proposal = propose(cfg, "round-01")
+    assert apply_choice(cfg, proposal, CONTINUE).mode == "rounds"
+    stop = apply_choice(cfg, proposal, STOP)
+    assert stop.mode == "skip" and stop.stop == STOPPED_BY_REVIEW
+    switch = apply_choice(cfg, proposal, CONTINUE_IN_PLACE, by="alice")
+    assert switch.switch_in_place and switch.review == {
+        "choice": CONTINUE_IN_PLACE, "by": "alice", "proposed": "rounds", "proposed_reason": proposal.plan.reason,
+    }  # fmt: skip
+    write_plan(RunLayout(cfg.run_root), switch)
+    assert propose(cfg, "round-02").plan.mode == "skip"
+    assert propose(cfg, "tail").plan.mode == "in_place"  # the tail takes the pending set in place
+    with pytest.raises(ConfigError, match="not one of"):
+        apply_choice(cfg, proposal, "Maybe")
+
+    accept = apply_choice(cfg, proposal, ACCEPT)
+    rows = [r for f in JsonlDir(RunLayout(cfg.run_root).results).jsonl_files() for r in f.iter_records()]
+    accepted = [r for r in rows if r.get("accepted_by_review")]
+    assert len(accepted) == 5 and accept.stop and "accepted 5" in accept.reason
+
+
+def test_hybrid_switches_when_a_round_approves_too_little(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, strategy="hybrid", hybrid_min_shrink=0.5)
+    fake_round(cfg, "round-00", {"r00", "r01"})
+    plan = propose(cfg, "round-01").plan
+    assert plan.mode == "skip" and plan.switch_in_place and "switching to in place" in plan.reason
+    write_plan(RunLayout(cfg.run_root), plan)
+    assert propose(cfg, "tail").plan.mode == "in_place"
+
+
+def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)
+    plan = propose(cfg, "round-00").plan
+    write_plan(RunLayout(cfg.run_root), plan)
+    good, bad = plan.shards[0], plan.shards[1]
+    spec = job_spec(cfg, "judge", 0, good)
+    for name in ("approved", "rejected"):
+        with JsonlFile(spec.outputs[name]).writer_sync() as w:
+            for r in JsonlFile(good["uri"]).iter_records():
+                if (name == "approved") == (r["id"] < "r05"):
+                    w.write(r)
+    write_job_manifest(spec.outputs["manifest"], {"counts": {"approved": 5, "rejected": 5}})
+    record_job_error(cfg, 0, bad["shard_id"], "infer", "disk full", None)
+    summary = close_round(cfg, plan)
+    assert summary is not None
+    failed = {f["shard_id"]: f for f in summary["failed_shards"]}
+    assert set(failed) == {bad["shard_id"], plan.shards[2]["shard_id"]}
+    assert failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer"
+    assert "no completion manifest" in failed[plan.shards[2]["shard_id"]]["error"]
+    assert summary["invariant"] == {"planned": 30, "accounted": 30, "ok": True}
+    assert (Path(RunLayout(cfg.run_root).failed(0)) / f"{bad['shard_id']}.json").exists()
+
+
+def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)
+    shard = propose(cfg, "round-00").plan.shards[0]
+    a = job_spec(cfg, "infer", 0, shard)
+    assert a.job_id == job_spec(cfg, "infer", 0, shard).job_id
+    cfg.sampling = {"temperature": 0.1}
+    assert job_spec(cfg, "infer", 0, shard).job_id != a.job_id
+    other = RunConfig(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
+    assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]
