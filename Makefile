@@ -60,13 +60,14 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/batcher.py
 	$(BIN)/python bench/shard.py --sizes-mb 100 1000
 	$(BIN)/python bench/worker.py
+	$(BIN)/python bench/airflow_e2e.py
 
 bench-quick: venv
 	$(BIN)/python bench/batcher.py --records 50000 --per-producer 400
 	$(BIN)/python bench/shard.py --sizes-mb 50
 
-demo: venv  ## the pipeline end to end: local warm pool, SmolLM2 on CPU, rounds judged by a rule
-	BATCHINFER_CACHE=$(CURDIR)/.cache $(BIN)/batchinfer demo
+demo: venv  ## local Airflow + local warm pool with SmolLM2 on CPU: the review example DAG end to end
+	BATCHINFER_CACHE=$(CURDIR)/.cache $(BIN)/batchinfer demo $(DEMO_ARGS)
 
 lock:  ## re-resolve dependencies from scratch and freeze them into constraints.txt
 	rm -rf .cache/lock-venv

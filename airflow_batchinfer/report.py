@@ -45,11 +45,13 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     if stop is None and in_place_ran:
         stop = "in-place retry finished"
     status = STATUS.get(stop or "", "stopped_by_review" if stop and "review" in stop else "complete")
+    exhausted = sum(s.get("exhausted", 0) for s in rounds)
+    if status == "complete" and exhausted:
+        status = "exhausted"  # samples that used up max_attempts in place are not a normal completion
     failed = [f for s in rounds for f in s.get("failed_shards", [])]
     # What is still pending: the set the last round left, unless in place or acceptance took it.
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next, so)
-    exhausted = sum(s.get("exhausted", 0) for s in rounds)
     id_field = cfg.id_field or "id"
     invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so)
     if failed and len(failed) > cfg.max_failed_shards:

@@ -9,6 +9,8 @@ the GPU works), and returns a small dict (the shard, its round and counts) for X
 - A failing job fails the task, so Airflow's ``retries`` apply; its error is kept next to the
   shard's manifests, and the round's close quarantines the shard once retries are exhausted.
 - ``execution_timeout`` holds while deferred: the trigger's deadline is the task's.
+- A job that finishes within ``inline_wait_s`` of its submission (a rule judge, a small shard) is
+  awaited in the task itself: deferring and resuming would cost more than the job.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from typing import Any, ClassVar, cast
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_batchinfer.exceptions import WorkerBusy, WorkerUnavailable
+from airflow_batchinfer.exceptions import RpcError, WorkerBusy, WorkerUnavailable
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import PoolEndpoints, pool_endpoints
 from airflow_batchinfer.rounds import inferred_shard, job_spec, read_run_config, record_job_error
-from airflow_batchinfer.rpc.models import JobKind, JobSpec
+from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import ShardDescriptor
@@ -45,6 +47,7 @@ class ShardJobOperator(BaseOperator):
     :param poll_interval_s: how often the trigger asks the worker.
     :param lost_grace_s: how long an unreachable worker is waited for before resubmitting.
     :param max_resubmits: resubmissions after lost workers within one try.
+    :param inline_wait_s: how long to wait in the task before deferring (0: defer at once).
     """
 
     kind: ClassVar[JobKind]
@@ -61,6 +64,7 @@ class ShardJobOperator(BaseOperator):
         poll_interval_s: float = 2.0,
         lost_grace_s: float = 30.0,
         max_resubmits: int = 5,
+        inline_wait_s: float = 5.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -71,6 +75,7 @@ class ShardJobOperator(BaseOperator):
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
         self.max_resubmits = max_resubmits
+        self.inline_wait_s = inline_wait_s
 
     # ------------------------------------------------------------------------------- helpers
     @property
@@ -121,22 +126,34 @@ class ShardJobOperator(BaseOperator):
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
             return self._result(cfg, done)
-        self._submit(context, spec, ep, resubmits=0)
-        return None
+        return self._submit(context, spec, ep, resubmits=0)
 
-    def _submit(self, context: Context, spec: JobSpec, ep: PoolEndpoints, resubmits: int) -> None:
+    def _submit(
+        self, context: Context, spec: JobSpec, ep: PoolEndpoints, resubmits: int
+    ) -> dict[str, Any] | None:
         deadline = self._deadline(context)
 
-        async def submit() -> str:
+        async def submit() -> tuple[str, dict[str, Any] | None]:
             client = self._client(ep)
             try:
-                url, _ = await client.submit_when_free(spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S)
-                return url
+                url, status = await client.submit_when_free(
+                    spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S
+                )
+                waited = time.monotonic() + self.inline_wait_s
+                while status.state not in TERMINAL_STATES and time.monotonic() < waited:
+                    await asyncio.sleep(min(0.5, self.poll_interval_s))
+                    try:
+                        status = await client.clients[url].status(spec.job_id)
+                    except RpcError:
+                        break  # the trigger handles lost workers
+                if status.state in TERMINAL_STATES:
+                    return url, {"state": status.state, "error": status.error, "counts": status.counts}
+                return url, None
             finally:
                 await client.aclose()
 
         try:
-            url = asyncio.run(submit())
+            url, event = asyncio.run(submit())
         except (WorkerBusy, WorkerUnavailable) as exc:
             raise AirflowException(
                 f"{self._what()}: no worker of pool {self.worker_pool!r} took the job within "
@@ -146,6 +163,8 @@ class ShardJobOperator(BaseOperator):
             ) from exc
         self.log.info("%s: job %s submitted to %s (%d records)", self._what(), spec.job_id, url,
                       self.shard["records"])  # fmt: skip
+        if event is not None:
+            return self.execute_complete(context, event, url=url, resubmits=resubmits)
         timeout = None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time() + 60))
         self.defer(
             trigger=WorkerJobTrigger(
@@ -160,6 +179,7 @@ class ShardJobOperator(BaseOperator):
             kwargs={"url": url, "resubmits": resubmits},
             timeout=timeout,
         )
+        return None  # not reached: defer() raises
 
     def execute_complete(
         self, context: Context, event: dict[str, Any], url: str = "", resubmits: int = 0
@@ -181,7 +201,7 @@ class ShardJobOperator(BaseOperator):
             if resubmits >= self.max_resubmits:
                 self._fail(cfg, f"lost {resubmits + 1} times (last: {event.get('reason')})")
             self.log.warning("%s: %s; resubmitting", self._what(), event.get("reason"))
-            self._submit(context, spec, pool_endpoints(self.worker_pool), resubmits + 1)
+            return self._submit(context, spec, pool_endpoints(self.worker_pool), resubmits + 1)
         if state == "timeout":
             self._fail(cfg, f"did not finish within execution_timeout ({self.execution_timeout})")
         self._fail(cfg, f"{state} on {url}: {event.get('error')}")

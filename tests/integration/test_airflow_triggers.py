@@ -74,7 +74,9 @@ def test_connection_with_a_wrong_token_fails_its_test(monkeypatch: pytest.Monkey
     assert not ok and ("401" in message or "token" in message.lower()), message
 
 
-def test_local_pool_reference_without_workers_says_what_to_do(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+def test_local_pool_reference_without_workers_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
     monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
     ep = pool_endpoints("local://nothing-here")
     assert ep.urls == [] and ep.token == LocalPool("nothing-here").token
@@ -92,14 +94,20 @@ async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, wor
     assert event["state"] == "succeeded" and event["counts"] == {"ok": 30}
 
 
-async def test_worker_job_trigger_reports_lost_jobs_and_workers(tmp_path: Path, conn: str, worker: WorkerProcess):
-    unknown = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1)
+async def test_worker_job_trigger_reports_lost_jobs_and_workers(
+    tmp_path: Path, conn: str, worker: WorkerProcess
+):
+    unknown = WorkerJobTrigger(
+        worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1
+    )
     assert (await first_event(unknown))["state"] == "lost"
     job_id = submit_job(tmp_path, worker, n=200)
     worker.process.kill()
     worker.process.wait()
     t0 = time.monotonic()
-    gone = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.1, lost_grace_s=1.0)
+    gone = WorkerJobTrigger(
+        worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.1, lost_grace_s=1.0
+    )
     event = await first_event(gone)
     assert event["state"] == "lost" and "unreachable" in event["reason"] and time.monotonic() - t0 >= 1.0
 

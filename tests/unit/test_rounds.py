@@ -113,7 +113,8 @@ def test_review_choices(tmp_path: Path) -> None:
     assert stop.mode == "skip" and stop.stop == STOPPED_BY_REVIEW
     switch = apply_choice(cfg, proposal, CONTINUE_IN_PLACE, by="alice")
     assert switch.switch_in_place and switch.review == {
-        "choice": CONTINUE_IN_PLACE, "by": "alice", "proposed": "rounds", "proposed_reason": proposal.plan.reason,
+        "choice": CONTINUE_IN_PLACE, "by": "alice", "proposed": "rounds",
+        "proposed_reason": proposal.plan.reason,
     }  # fmt: skip
     write_plan(RunLayout(cfg.run_root), switch)
     assert propose(cfg, "round-02").plan.mode == "skip"
