@@ -27,10 +27,11 @@ from airflow_batchinfer.exceptions import RpcError, WorkerBusy, WorkerUnavailabl
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import PoolEndpoints, pool_endpoints
 from airflow_batchinfer.rounds import inferred_shard, job_spec, read_run_config, record_job_error
+from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import ShardDescriptor
+from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
@@ -86,7 +87,9 @@ class ShardJobOperator(BaseOperator):
         return read_run_config(self.run_root, self.storage_options)
 
     def _spec(self, cfg: RunConfig) -> JobSpec:
-        return job_spec(cfg, self.kind, int(self.shard["round"]), cast(ShardDescriptor, self.shard))
+        """The shard's job, pinned to the current version of its input (see ``pin_input``)."""
+        spec = job_spec(cfg, self.kind, int(self.shard["round"]), cast(ShardDescriptor, self.shard))
+        return pin_input(spec, JsonlFile(spec.input, storage_options=self.storage_options).info())
 
     def _client(self, ep: PoolEndpoints) -> PoolClient:
         return ep.client(storage_options=self.storage_options)

@@ -30,6 +30,19 @@ def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[st
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def input_version(input_info: Mapping[str, Any]) -> str:
+    return f"{input_info.get('size')}:{input_info.get('ETag') or input_info.get('mtime') or ''}"
+
+
+def pin_input(spec: JobSpec, input_info: Mapping[str, Any]) -> JobSpec:
+    """``spec`` for this version of its input: ``params.input_version`` set and the job id's last part
+    (its :func:`spec_key`) recomputed. A warm worker remembers finished jobs by id; without this, a
+    rewritten input (a re-run upstream round) would be answered with the old job's result."""
+    pinned = spec.model_copy(update={"params": {**spec.params, "input_version": input_version(input_info)}})
+    pinned.job_id = f"{spec.job_id.rsplit('-', 1)[0]}-{spec_key(pinned)}"
+    return pinned
+
+
 def spec_key(spec: JobSpec) -> str:
     """A short hash of what the client asks for (kind, input, outputs, semantic params): part of job
     ids, so a changed request is a new job rather than a 409 from a worker that remembers the old."""

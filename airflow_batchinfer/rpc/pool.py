@@ -13,7 +13,7 @@ import httpx
 
 from airflow_batchinfer.exceptions import JobFailed, JobNotFound, StorageError, WorkerBusy, WorkerUnavailable
 from airflow_batchinfer.rpc.client import WorkerClient
-from airflow_batchinfer.rpc.fingerprint import fingerprint
+from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import Observation, next_action
 from airflow_batchinfer.storage import JsonlFile
@@ -99,6 +99,11 @@ class PoolClient:
                 raise WorkerUnavailable(f"no worker of the pool answers ({', '.join(self.clients)})")
         return self._engine
 
+    async def pinned(self, spec: JobSpec) -> JobSpec:
+        """``spec`` pinned to the current version of its input file (see :func:`pin_input`)."""
+        info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
+        return pin_input(spec, info)
+
     async def finished(self, spec: JobSpec) -> dict[str, Any] | None:
         """The completion manifest of an earlier identical run of ``spec``, or ``None``.
 
@@ -130,6 +135,7 @@ class PoolClient:
         Raises :class:`JobFailed` when the job fails (the worker's reason inside).
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        spec = await self.pinned(spec)
         done = await self.finished(spec)
         if done is not None:
             return done

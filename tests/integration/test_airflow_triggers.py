@@ -124,3 +124,25 @@ async def test_pool_ready_trigger(conn: str, worker: WorkerProcess) -> None:
     assert ready == {"state": "ready", "urls": [worker.url]}
     more = PoolReadyTrigger(worker_pool=conn, replicas=2, deadline=time.time() + 0.5, poll_interval_s=0.1)
     assert (await first_event(more))["state"] == "timeout"
+
+
+def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: str) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.report import PreflightOperator
+    from airflow_batchinfer.rounds import write_run_config
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20)  # fmt: skip
+    shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=30)
+    write_run_config(cfg)
+    op = PreflightOperator(task_id="preflight", run_root=cfg.run_root, worker_pool=conn)
+    summary = op.execute({})  # type: ignore[arg-type]
+    assert summary is not None and summary["sample_records"] == 20 and summary["dataset_records"] == 100
+    assert summary["tokens_per_s"] > 0 and 0 <= summary["approval_rate"] <= 1
+    assert summary["projected_gpu_hours"] > 0
+    write_run_config(RunConfig(**{**cfg.to_dict(), "budget_gpu_hours": 1e-9}))
+    with pytest.raises(AirflowFailException, match="exceeds the budget"):
+        op.execute({})  # type: ignore[arg-type]

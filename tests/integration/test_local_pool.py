@@ -209,3 +209,34 @@ def test_run_on_a_static_pool_of_running_workers(tmp_path: Path, env: dict[str, 
         assert w.http("GET", "/v1/stats").json()["jobs"]["succeeded"] >= 2
     finally:
         w.stop()
+
+
+def test_rerun_reuses_finished_jobs_and_recomputes_changed_ones(tmp_path: Path, env: dict[str, str]) -> None:
+    """Resume: the same settings on the same run root run no job twice; changed sampling makes the
+    fingerprints differ, so those jobs run again (a stale result is never reused)."""
+    src = dataset(tmp_path, 200)
+    root = tmp_path / "run"
+
+    def run(*extra: str) -> dict[str, Any]:
+        return cli("run", str(src), str(root), "--name", "resume", "--engine", "simulated",
+                   "--prompt-template", "{{ question }}", "--judge", '{"type": "llm"}', "--max-rounds", "2",
+                   "--records-per-shard", "50", *extra, env=env)  # fmt: skip
+
+    def manifests() -> dict[str, tuple[int, str]]:
+        return {
+            p.name: (p.stat().st_mtime_ns, json.loads(p.read_text())["fingerprint"])
+            for p in (root / "round-00" / "jobs").glob("*.json")
+        }
+
+    try:
+        first = run()
+        before = manifests()
+        assert len(before) == 8  # 4 shards x (infer, judge)
+        again = run()
+        assert manifests() == before and again["approved"] == first["approved"]
+        run("--sampling", '{"max_tokens": 8}')
+        after = manifests()
+        infer = [name for name in before if name.endswith(".infer.json")]
+        assert all(after[n][1] != before[n][1] and after[n][0] > before[n][0] for n in infer)
+    finally:
+        cli("pool", "down", "--name", "resume", env=env)

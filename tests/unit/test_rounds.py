@@ -169,3 +169,14 @@ def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> Non
     assert job_spec(cfg, "infer", 0, shard).job_id != a.job_id
     other = RunConfig(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
     assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]
+
+
+def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:
+    from airflow_batchinfer.rpc.fingerprint import pin_input
+
+    cfg = make_run(tmp_path)
+    spec = job_spec(cfg, "judge", 0, propose(cfg, "round-00").plan.shards[0])
+    a = pin_input(spec, {"size": 10, "mtime": 1.0})
+    assert a.job_id == pin_input(spec, {"size": 10, "mtime": 1.0}).job_id
+    assert a.params["input_version"] == "10:1.0" and a.job_id.startswith(spec.job_id.rsplit("-", 1)[0])
+    assert pin_input(spec, {"size": 10, "mtime": 2.0}).job_id != a.job_id  # rewritten input: a new job
