@@ -34,8 +34,10 @@ def expected_passes(approval: float, cfg: RunConfig) -> float:
 
 
 def run_preflight(
-    cfg: RunConfig, pool: PoolClient, workers: int, so: StorageOptions | None = None
+    cfg: RunConfig, urls: list[str], token: str | None, so: StorageOptions | None = None
 ) -> dict[str, Any]:
+    """Sample, run infer and judge on the pool at ``urls``, store and return the projection."""
+    workers = len(urls)
     layout = RunLayout(cfg.run_root)
     shards = pending_shards(layout, 0, so)
     total = sum(s["records"] for s in shards)
@@ -60,9 +62,13 @@ def run_preflight(
                   {**cfg.judge_params(), "input_records": n})  # fmt: skip
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], float]:
+        pool = PoolClient(urls, token=token, storage_options=so)
         t0 = time.monotonic()
-        a = await pool.run(infer)
-        b = await pool.run(judge)
+        try:
+            a = await pool.run(infer)
+            b = await pool.run(judge)
+        finally:
+            await pool.aclose()
         return a, b, time.monotonic() - t0
 
     mi, mj, wall = asyncio.run(go())

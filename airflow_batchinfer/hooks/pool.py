@@ -33,13 +33,17 @@ class PoolEndpoints:
 
     name: str = ""
 
-    def client(self, **kwargs: Any) -> PoolClient:
+    def require(self) -> PoolEndpoints:
+        """``self``, or a :class:`ConfigError` with the remedy when no worker is live."""
         if not self.urls:
             raise ConfigError(
                 f"worker pool {self.name!r} has no live workers: run the DAG's pool setup task "
                 "(or `batchinfer pool up`), or check the connection's worker URLs"
             )
-        return PoolClient(self.urls, token=self.token, **kwargs)
+        return self
+
+    def client(self, **kwargs: Any) -> PoolClient:
+        return PoolClient(self.require().urls, token=self.token, **kwargs)
 
 
 def _local(name: str) -> PoolEndpoints:

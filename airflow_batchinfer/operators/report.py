@@ -34,8 +34,8 @@ class PreflightOperator(BaseOperator):
         if cfg.preflight_records <= 0:
             self.log.info("pre-flight is off (preflight_records=0)")
             return None
-        ep = pool_endpoints(self.worker_pool)
-        s = run_preflight(cfg, ep.client(storage_options=so), len(ep.urls), so)
+        ep = pool_endpoints(self.worker_pool).require()
+        s = run_preflight(cfg, ep.urls, ep.token, so)
         self.log.info(
             "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
             "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
