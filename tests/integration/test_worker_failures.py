@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
@@ -118,6 +119,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     layout, s = shard(tmp_path, 300)
     spec = infer_spec(layout, s, "lost-1", chunk_size=10)
     workers = [start_worker(tmp_path, engine_args={"latency_base_s": 0.05}) for _ in range(2)]
+    job_id = pin_input(spec, JsonlFile(spec.input).info()).job_id  # the id the pool client submits
 
     async def scenario() -> dict[str, Any]:
         pool = PoolClient([w.url for w in workers], token=TOKEN, poll_interval_s=0.1, lost_grace_s=0.5)
@@ -126,7 +128,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
         while victim is None:
             await asyncio.sleep(0.1)
             for w in workers:
-                if (await asyncio.to_thread(w.http, "GET", f"/v1/jobs/{spec.job_id}")).status_code == 200:
+                if (await asyncio.to_thread(w.http, "GET", f"/v1/jobs/{job_id}")).status_code == 200:
                     victim = w
         victim.stop(signal.SIGKILL)
         try:
