@@ -71,7 +71,6 @@ def get_provider_info() -> dict[str, Any]:
         "integrations": [
             {
                 "integration-name": "Batch Inference",
-                "external-doc-url": "https://github.com/airflow-batchinfer/airflow-batchinfer",
                 "tags": ["software"],
             }
         ],
