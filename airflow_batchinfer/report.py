@@ -209,11 +209,11 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
     xs = [s["round"] for s in rounds]
     ax[0].bar(xs, [s["pending"] for s in rounds], label="pending", color="#bbb")
     ax[0].bar(xs, [s["approved"] for s in rounds], label="approved", color="#2a7")
-    ax[0].set(title="records per round", xlabel="round")
+    ax[0].set(title="records per round", xlabel="round", xticks=xs)
     ax[0].legend()
     tput = [sum(s["tokens"].values()) / s["job_seconds"] if s["job_seconds"] else 0 for s in rounds]
     ax[1].plot(xs, tput, marker="o")
-    ax[1].set(title="tokens / job-second", xlabel="round")
+    ax[1].set(title="tokens / job-second (infer + judge)", xlabel="round", xticks=xs)
     out["rounds.png"] = _png(fig, plt)
     workers = report["workers"]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))

@@ -313,20 +313,24 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         return read_job_manifest(layout.job_manifest(r, sid, kind), so)
 
     with ThreadPoolExecutor(8) as ex:
-        done = list(ex.map(lambda s: manifest(kinds[-1], s["shard_id"]), plan.shards))
+        found = list(ex.map(lambda sk: manifest(sk[1], sk[0]["shard_id"]),
+                            [(s, k) for s in plan.shards for k in kinds]))  # fmt: skip
+    per_shard = [found[i : i + len(kinds)] for i in range(0, len(found), len(kinds))]
+    done = [ms[-1] for ms in per_shard]  # the last job of a shard accounts for its records
     counts: dict[str, int] = {}
     tokens: dict[str, int] = {}
     job_seconds = 0.0
     failed: list[dict[str, Any]] = []
-    for shard, m in zip(plan.shards, done, strict=True):
-        if m is None:
+    for shard, ms in zip(plan.shards, per_shard, strict=True):
+        if ms[-1] is None:
             failed.append(_quarantine(layout, r, shard, kinds, so))
-            continue
-        for k, v in m.get("counts", {}).items():
-            counts[k] = counts.get(k, 0) + int(v)
-        for k, v in (m.get("tokens") or {}).items():
-            tokens[k] = tokens.get(k, 0) + int(v)
-        job_seconds += float((m.get("timings") or {}).get("run_s", 0.0))
+        else:
+            for k, v in ms[-1].get("counts", {}).items():
+                counts[k] = counts.get(k, 0) + int(v)
+        for m in ms:  # tokens and job time of every job that finished, infer and judge alike
+            for k, v in ((m or {}).get("tokens") or {}).items():
+                tokens[k] = tokens.get(k, 0) + int(v)
+            job_seconds += float(((m or {}).get("timings") or {}).get("run_s", 0.0))
     failed_records = sum(f["records"] for f in failed)
     summary: dict[str, Any] = {
         "round": r,

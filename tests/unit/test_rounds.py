@@ -78,6 +78,7 @@ def test_rounds_recompact_rejected_and_stop_at_max_rounds(tmp_path: Path) -> Non
     cfg = make_run(tmp_path, max_rounds=2)
     s0 = fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})
     assert (s0["approved"], s0["rejected"], s0["next_pending"]) == (20, 10, 10) and s0["invariant"]["ok"]
+    assert s0["job_seconds"] == 6.0  # 3 shards x (infer + judge) x 1 s: both jobs count
     s1 = fake_round(cfg, "round-01", {"r25"})
     assert s1["pending"] == 10 and s1["approved"] == 1
     tail = propose(cfg, "tail").plan
