@@ -21,35 +21,18 @@ from airflow_batchinfer.rounds import (
     close_round,
     inferred_shard,
     job_spec,
+    prepare_run,
     propose,
     record_job_error,
     slots,
     write_plan,
-    write_run_config,
 )
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import ShardDescriptor
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
-
-
-def prepare_run(cfg: RunConfig) -> RunConfig:
-    """Validate the settings, shard the input (reused when identical) and store ``run.json``."""
-    cfg.validate()
-    layout = RunLayout(cfg.run_root)
-    sharded = shard_dataset(
-        cfg.input,
-        layout.input,
-        records_per_shard=cfg.records_per_shard,
-        id_field=cfg.id_field,
-        assign_ids=cfg.assign_ids,
-        rejects=layout.rejects,
-    )
-    cfg.id_field = sharded.id_field
-    write_run_config(cfg)
-    return cfg
 
 
 async def _run_jobs(
@@ -88,7 +71,7 @@ async def run_pipeline(
 ) -> dict[str, Any]:
     if cfg.review != "never":
         raise ConfigError("review between rounds needs Airflow (the Required Actions page); use review=never")
-    cfg = await asyncio.to_thread(prepare_run, cfg)
+    await asyncio.to_thread(prepare_run, cfg)
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose, cfg, slot)).plan
         await asyncio.to_thread(write_plan, RunLayout(cfg.run_root), plan)

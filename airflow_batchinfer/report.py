@@ -10,9 +10,11 @@ from typing import Any
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import (
     ACCEPTED_BY_REVIEW,
+    IN_PLACE_DONE,
     MAX_ROUNDS,
     NOTHING_PENDING,
-    Plan,
+    STOPPED_BY_REVIEW,
+    WORKER_FIELDS,
     pending_shards,
     read_doc,
     read_plan,
@@ -25,13 +27,14 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
-from airflow_batchinfer.worker.manifest import read_job_manifest
 
 # How a run ended, from its stop reason; only "complete" is a normal completion.
 STATUS = {
     NOTHING_PENDING: "complete",
+    IN_PLACE_DONE: "complete",
     MAX_ROUNDS: "exhausted",
     ACCEPTED_BY_REVIEW: "accepted_by_review",
+    STOPPED_BY_REVIEW: "stopped_by_review",
 }
 
 
@@ -42,9 +45,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     rounds = [s for p in ran if (s := read_summary(layout, p.round, so))]
     stop = next((p.stop for p in plans if p.stop), None)
     in_place_ran = any(p.mode == "in_place" for p in ran)
-    if stop is None and in_place_ran:
-        stop = "in-place retry finished"
-    status = STATUS.get(stop or "", "stopped_by_review" if stop and "review" in stop else "complete")
+    stop = stop or (IN_PLACE_DONE if in_place_ran else NOTHING_PENDING)
+    status = STATUS[stop]
     exhausted = sum(s.get("exhausted", 0) for s in rounds)
     if status == "complete" and exhausted:
         status = "exhausted"  # samples that used up max_attempts in place are not a normal completion
@@ -60,7 +62,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "run_root": cfg.run_root,
         "strategy": cfg.strategy,
         "status": status,
-        "stop_reason": stop or NOTHING_PENDING,
+        "stop_reason": stop,
         "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
         "rounds": rounds,
         "plans": [p.as_dict() | {"shards": len(p.shards)} for p in plans],
@@ -72,7 +74,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "failed_shards": failed,
         "max_failed_shards": cfg.max_failed_shards,
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
-        "workers": _per_worker(layout, ran, so),
+        "workers": _per_worker(rounds),
         "invariant": invariant,
     }
     write_doc(join(layout.report, "summary.json"), report, so)
@@ -87,34 +89,23 @@ def _count_rows(layout: RunLayout, prefix: str, so: StorageOptions | None) -> in
     return sum(1 for f in files if f.uri.rsplit("/", 1)[-1].startswith(prefix) for _ in f.iter_records())
 
 
-def _per_worker(layout: RunLayout, ran: list[Plan], so: StorageOptions | None) -> dict[str, Any]:
-    """Batch fullness and engine utilization per worker, from the batcher activity each job recorded."""
-    out: dict[str, dict[str, float]] = {}
-    for plan in ran:
-        kinds = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
-        for shard in plan.shards:
-            for kind in kinds:
-                m = read_job_manifest(layout.job_manifest(plan.round, shard["shard_id"], kind), so)
-                if not m:
-                    continue
-                w = out.setdefault(
-                    str(m.get("worker")), {"jobs": 0, "run_s": 0.0, "busy_s": 0.0, "fill": 0.0}
-                )
-                b = m.get("batcher") or {}
-                w["jobs"] += 1
-                w["run_s"] += float(m.get("timings", {}).get("run_s", 0.0))
-                w["busy_s"] += float(b.get("busy_s", 0.0))
-                w["fill"] += float(b.get("avg_fill", 0.0))
-                w["tokens"] = w.get("tokens", 0.0) + sum((m.get("tokens") or {}).values())
+def _per_worker(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Batch fullness and engine busy time per worker, summed over the rounds' summaries."""
+    total: dict[str, dict[str, float]] = {}
+    for summary in rounds:
+        for name, w in summary.get("workers", {}).items():
+            acc = total.setdefault(name, dict.fromkeys(WORKER_FIELDS, 0.0))
+            for key in WORKER_FIELDS:
+                acc[key] += w.get(key, 0.0)
     return {
         name: {
             "jobs": int(w["jobs"]),
-            "avg_fill": round(w["fill"] / w["jobs"], 3) if w["jobs"] else 0.0,
-            "engine_busy_s": round(w["busy_s"], 3),
-            "job_seconds": round(w["run_s"], 3),
-            "tokens": int(w.get("tokens", 0)),
+            "avg_fill": round(w["fill_sum"] / w["jobs"], 3) if w["jobs"] else 0.0,
+            "engine_busy_s": round(w["engine_busy_s"], 3),
+            "job_seconds": round(w["job_seconds"], 3),
+            "tokens": int(w["tokens"]),
         }
-        for name, w in out.items()
+        for name, w in total.items()
     }
 
 

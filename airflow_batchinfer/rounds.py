@@ -21,15 +21,17 @@ from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact, shard_dataset
 from airflow_batchinfer.storage.json_doc import read_json, write_json
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.sharding import ShardingResult
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
 log = logging.getLogger("airflow_batchinfer.rounds")
 
 TAIL = "tail"
+WORKER_FIELDS = ("jobs", "job_seconds", "engine_busy_s", "fill_sum", "tokens")
 Mode = Literal["rounds", "in_place", "skip"]
 
 # Review gate options (the Required Actions page shows them as buttons).
@@ -43,6 +45,7 @@ NOTHING_PENDING = "nothing pending"
 MAX_ROUNDS = "max_rounds reached"
 STOPPED_BY_REVIEW = "stopped by review"
 ACCEPTED_BY_REVIEW = "remaining accepted by review"
+IN_PLACE_DONE = "in-place retry finished"
 
 
 def slots(max_rounds: int) -> list[str]:
@@ -78,6 +81,35 @@ def read_run_config(run_root: str, storage_options: StorageOptions | None = None
         raise ConfigError(f"{RunLayout(run_root).run_config} is missing: the run's first task writes it")
     data.pop("schema_version", None)
     return RunConfig.from_dict(data)
+
+
+def prepare_run(
+    cfg: RunConfig, so: StorageOptions | None = None, *, max_shards: int | None = None
+) -> ShardingResult:
+    """A run's first step: validate the settings, shard the input (reused when identical), refuse
+    more than ``max_shards`` shards with the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
+    cfg.validate()
+    layout = RunLayout(cfg.run_root)
+    result = shard_dataset(
+        cfg.input,
+        layout.input,
+        records_per_shard=cfg.records_per_shard,
+        id_field=cfg.id_field,
+        assign_ids=cfg.assign_ids,
+        rejects=layout.rejects,
+        storage_options=so,
+    )
+    if max_shards is not None and len(result.shards) > max_shards:
+        records = result.counts.get("records", 0)
+        raise ConfigError(
+            f"{len(result.shards)} shards, but a round maps one task per shard and this deployment "
+            f"allows {max_shards} ([core] max_map_length). Remedy: raise records_per_shard to at least "
+            f"{-(-records // max_shards)}, or raise max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the "
+            "scheduler and workers."
+        )
+    cfg.id_field = result.id_field
+    write_run_config(cfg, so)
+    return result
 
 
 # ---------------------------------------------------------------------------------------- jobs
@@ -321,16 +353,27 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     tokens: dict[str, int] = {}
     job_seconds = 0.0
     failed: list[dict[str, Any]] = []
+    workers: dict[str, dict[str, float]] = {}
     for shard, ms in zip(plan.shards, per_shard, strict=True):
         if ms[-1] is None:
-            failed.append(_quarantine(layout, r, shard, kinds, so))
+            phase = next(k for k, m in zip(kinds, ms, strict=True) if m is None)
+            failed.append(_quarantine(layout, r, shard, phase, so))
         else:
             for k, v in ms[-1].get("counts", {}).items():
                 counts[k] = counts.get(k, 0) + int(v)
-        for m in ms:  # tokens and job time of every job that finished, infer and judge alike
-            for k, v in ((m or {}).get("tokens") or {}).items():
+        for m in filter(None, ms):  # every job that finished, infer and judge alike
+            run_s = float((m.get("timings") or {}).get("run_s", 0.0))
+            job_tokens = m.get("tokens") or {}
+            for k, v in job_tokens.items():
                 tokens[k] = tokens.get(k, 0) + int(v)
-            job_seconds += float(((m or {}).get("timings") or {}).get("run_s", 0.0))
+            job_seconds += run_s
+            w = workers.setdefault(str(m.get("worker")), dict.fromkeys(WORKER_FIELDS, 0.0))
+            batcher = m.get("batcher") or {}
+            w["jobs"] += 1
+            w["job_seconds"] += run_s
+            w["engine_busy_s"] += float(batcher.get("busy_s", 0.0))
+            w["fill_sum"] += float(batcher.get("avg_fill", 0.0))
+            w["tokens"] += sum(job_tokens.values())
     failed_records = sum(f["records"] for f in failed)
     summary: dict[str, Any] = {
         "round": r,
@@ -343,6 +386,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         "failed_records": failed_records,
         "tokens": tokens,
         "job_seconds": round(job_seconds, 3),
+        "workers": workers,  # per worker: jobs, job_seconds, engine_busy_s, fill_sum, tokens
     }
     if plan.mode == "rounds":
         summary["rejected"] = counts.get("rejected", 0)
@@ -382,11 +426,10 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
 
 
 def _quarantine(
-    layout: RunLayout, r: int, shard: ShardDescriptor, kinds: tuple[str, ...], so: StorageOptions | None
+    layout: RunLayout, r: int, shard: ShardDescriptor, phase: str, so: StorageOptions | None
 ) -> dict[str, Any]:
-    """A shard whose job exhausted its retries: its whole input is recorded in ``failed/``."""
+    """A shard whose ``phase`` job exhausted its retries: its whole input is recorded in ``failed/``."""
     sid = shard["shard_id"]
-    phase = next(k for k in kinds if read_job_manifest(layout.job_manifest(r, sid, k), so) is None)
     note = read_doc(join(layout.round(r), "jobs", f"{sid}.{phase}.error.json"), "job error", so)
     record = {
         "shard_id": sid,

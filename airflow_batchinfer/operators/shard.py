@@ -12,9 +12,9 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import write_run_config
+from airflow_batchinfer.rounds import prepare_run
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import ShardDescriptor
 
 
 def max_map_length() -> int:
@@ -48,33 +48,13 @@ class ShardDatasetOperator(BaseOperator):
     def execute(self, context: Context) -> list[ShardDescriptor]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
-            cfg = RunConfig.from_dict(dict(self.config)).validate()
+            cfg = RunConfig.from_dict(dict(self.config))
+            self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
+                          RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip
+            result = prepare_run(cfg, so, max_shards=self.max_map_length or max_map_length())
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
-        layout = RunLayout(cfg.run_root)
-        self.log.info("sharding %s into %s (%d records per shard)", cfg.input, layout.input,
-                      cfg.records_per_shard)  # fmt: skip
-        result = shard_dataset(
-            cfg.input,
-            layout.input,
-            records_per_shard=cfg.records_per_shard,
-            id_field=cfg.id_field,
-            assign_ids=cfg.assign_ids,
-            rejects=layout.rejects,
-            storage_options=so,
-        )
-        limit = self.max_map_length or max_map_length()
-        if len(result.shards) > limit:
-            records = result.counts.get("records", 0)
-            raise AirflowFailException(
-                f"{len(result.shards)} shards, but a round maps one task per shard and this deployment "
-                f"allows {limit} ([core] max_map_length). Remedy: raise records_per_shard to at least "
-                f"{-(-records // limit)}, or raise max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the "
-                "scheduler and workers."
-            )
-        cfg.id_field = result.id_field
-        write_run_config(cfg, so)
         self.log.info("%s%d shards, counts %s; quarantined lines in %s",
                       "reused: " if result.reused else "", len(result.shards), result.counts,
                       result.rejects_uri)  # fmt: skip
-        return [s for s in result.shards]
+        return list(result.shards)
