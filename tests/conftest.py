@@ -64,3 +64,46 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
         return Root(str(tmp_path), {}, "local")
     server: S3Server = request.getfixturevalue("s3_server")
     return Root(f"s3://{server.bucket}/{uuid.uuid4().hex}", server.storage_options(), "s3")
+
+
+@dataclass
+class Kube:
+    """The session's Kubernetes control plane and kubelet stand-in; ``namespace()`` isolates a test."""
+
+    plane: Any
+    kubelet: Any
+    api: Any
+
+    def namespace(self) -> str:
+        import time
+
+        from kubernetes import client
+
+        name = f"t-{uuid.uuid4().hex[:8]}"
+        core = client.CoreV1Api(self.api)
+        core.create_namespace({"metadata": {"name": name}})
+        for _ in range(100):  # pods need the namespace's default ServiceAccount (admission)
+            if core.list_namespaced_service_account(name).items:
+                return name
+            time.sleep(0.1)
+        raise TimeoutError(f"namespace {name}: no default ServiceAccount")
+
+
+@pytest.fixture(scope="session")
+def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """A real API server (../shared/tools/k8s/up.sh) with a kubelet stand-in running pods as local
+    worker processes on 127.x pod IPs. Skips when the tool is absent."""
+    pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
+    from tests.support.kube import Kubelet, start_control_plane
+
+    state = Path(tempfile.mkdtemp(prefix="bi-k8s-"))  # short: etcd's unix sockets
+    plane = start_control_plane(state)
+    api = plane.api()
+    import sys
+
+    kubelet = Kubelet(api, tmp_path_factory.mktemp("kubelet"), bin_dir=Path(sys.executable).parent).start()
+    try:
+        yield Kube(plane, kubelet, api)
+    finally:
+        kubelet.stop()
+        plane.stop()

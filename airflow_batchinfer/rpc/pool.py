@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import httpx
@@ -25,7 +25,9 @@ log = logging.getLogger("airflow_batchinfer.rpc")
 
 class PoolClient:
     """:param urls: worker base URLs. :param token: the pool's RPC token.
-    :param storage_options: to read completion manifests (the environment by default)."""
+    :param storage_options: to read completion manifests (the environment by default).
+    :param discover: for pools whose workers come and go (Kubernetes): returns the current worker
+        URLs; asked at most every ``refresh_interval_s`` when submitting, and at once after a loss."""
 
     def __init__(
         self,
@@ -37,18 +39,45 @@ class PoolClient:
         lost_grace_s: float = 20.0,
         busy_backoff_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        discover: Callable[[], Awaitable[Sequence[str]]] | None = None,
+        refresh_interval_s: float = 5.0,
     ) -> None:
-        if not urls:
+        if not urls and discover is None:
             raise ValueError("a pool needs at least one worker URL")
-        self.clients = {u.rstrip("/"): WorkerClient(u, token=token, transport=transport) for u in urls}
+        self._token, self._transport = token, transport
+        self.clients: dict[str, WorkerClient] = {}  # the workers submits go to
+        self._known: dict[str, WorkerClient] = {}  # every worker seen: jobs are followed where they run
+        self._use(urls)
+        self.discover = discover
+        self.refresh_interval_s = refresh_interval_s
+        self._refreshed = time.monotonic() if urls else float("-inf")
         self.storage_options = storage_options
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
         self.busy_backoff_s = busy_backoff_s
         self._engine: dict[str, Any] | None = None
 
+    def _use(self, urls: Sequence[str]) -> None:
+        for u in urls:
+            u = u.rstrip("/")
+            if u not in self._known:
+                self._known[u] = WorkerClient(u, token=self._token, transport=self._transport)
+        self.clients = {u.rstrip("/"): self._known[u.rstrip("/")] for u in urls}
+
+    async def refresh(self, *, force: bool = False) -> None:
+        """Take the current worker list from ``discover`` (no-op for a fixed pool)."""
+        if self.discover is None or (
+            not force and time.monotonic() - self._refreshed < self.refresh_interval_s
+        ):
+            return
+        urls = list(await self.discover())
+        self._refreshed = time.monotonic()
+        if set(urls) != set(self.clients):
+            log.info("pool workers now: %s", ", ".join(urls) or "none")
+        self._use(urls)
+
     async def aclose(self) -> None:
-        await asyncio.gather(*(c.aclose() for c in self.clients.values()))
+        await asyncio.gather(*(c.aclose() for c in self._known.values()))
 
     async def _free_slots(self, url: str) -> int:
         try:
@@ -60,6 +89,7 @@ class PoolClient:
     async def submit(self, spec: JobSpec, *, avoid: str | None = None) -> tuple[str, JobStatus]:
         """Submit to the worker with the most free slots; on 429 try the next. ``WorkerBusy`` if
         every worker is full, ``WorkerUnavailable`` if none answers."""
+        await self.refresh()
         urls = list(self.clients)
         free = await asyncio.gather(*(self._free_slots(u) for u in urls))
         ranked = sorted((f, u != avoid, u) for f, u in zip(free, urls, strict=True) if f >= 0)
@@ -82,6 +112,7 @@ class PoolClient:
                 if deadline is not None and time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(self.busy_backoff_s)
+                await self.refresh(force=True)
 
     def _manifest(self, spec: JobSpec) -> dict[str, Any] | None:
         return read_job_manifest(spec.outputs["manifest"], self.storage_options)
@@ -89,6 +120,7 @@ class PoolClient:
     async def engine(self) -> dict[str, Any]:
         """What the pool's workers run (engine, model, engine args): any worker that answers."""
         if self._engine is None:
+            await self.refresh()
             for client in self.clients.values():
                 try:
                     self._engine = (await client.stats()).engine
@@ -149,7 +181,7 @@ class PoolClient:
             else:
                 await asyncio.sleep(self.poll_interval_s)
                 try:
-                    status = await self.clients[url].status(spec.job_id)
+                    status = await self._known[url].status(spec.job_id)
                     lost_since = None
                     if on_status is not None:
                         on_status(status)
@@ -173,6 +205,7 @@ class PoolClient:
                 raise JobFailed(spec.job_id, str(status.state), status.error)
             if action == "resubmit":
                 log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, obs.seen)
+                await self.refresh(force=True)
                 url, status = await self.submit_when_free(spec, deadline=deadline)
                 lost_since = None
             if deadline is not None and time.monotonic() > deadline:

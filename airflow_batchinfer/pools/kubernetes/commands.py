@@ -1,0 +1,114 @@
+"""``batchinfer pool … --backend kubernetes``: the same pool manager the Airflow tasks use."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import socket
+from typing import TYPE_CHECKING, Any
+
+from airflow_batchinfer.pools.kubernetes.objects import MANAGED_BY, SPEC_HASH, pool_objects, to_yaml
+from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE, KubernetesPoolSpec
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.pools.kubernetes.manager import KubernetesPool
+
+
+def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
+    g = p.add_argument_group("kubernetes backend")
+    g.add_argument("--namespace", default="default")
+    g.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config or in-cluster")
+    g.add_argument("--context", default=None)
+    if not spec:
+        return
+    g.add_argument("--image", default=DEFAULT_IMAGE, help="the worker image (k8s/Dockerfile)")
+    g.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu per worker (0: CPU)")
+    g.add_argument("--cpu", default="4")
+    g.add_argument("--memory", default="32Gi")
+    g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
+    g.add_argument("--interruptible", action="store_true", help="tolerate spot/preemptible nodes")
+    g.add_argument("--model-pvc", default=None, help="PersistentVolumeClaim mounted read-only at /models")
+    g.add_argument("--storage-secret", default=None, help="Secret with storage credentials (env)")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument(
+        "--scaledown-ttl", type=float, default=120.0, help="seconds of lower demand before a replica goes"
+    )
+    g.add_argument("--lease", default=None, help="lease id this command holds (default cli:USER@HOST)")
+    g.add_argument("--lease-ttl", type=float, default=12 * 3600, help="the lease lapses after this long")
+    g.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for ready workers")
+
+
+def _pool(args: argparse.Namespace) -> KubernetesPool:
+    from airflow_batchinfer.pools.kubernetes.manager import KubernetesPool, api_client
+
+    return KubernetesPool(api_client(args.kubeconfig, args.context), args.name, args.namespace)
+
+
+def _lease(args: argparse.Namespace) -> str:
+    return args.lease or f"cli:{getpass.getuser()}@{socket.gethostname()}"
+
+
+def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
+    from airflow_batchinfer.worker.config import parse_options
+
+    return KubernetesPoolSpec(
+        name=args.name, namespace=args.namespace, image=args.image, engine=args.engine, model=args.model,
+        engine_options=parse_options(args.engine_arg), replicas=args.replicas, concurrency=args.concurrency,
+        target_batch_tokens=args.target_batch_tokens, allowed_prefixes=tuple(args.allow_prefix),
+        gpus=args.gpus, cpu=args.cpu, memory=args.memory,
+        node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
+        interruptible=args.interruptible, model_pvc=args.model_pvc, storage_secret=args.storage_secret,
+        port=args.port, idle_ttl_s=args.idle_ttl, scaledown_ttl_s=args.scaledown_ttl,
+    )  # fmt: skip
+
+
+def up(args: argparse.Namespace) -> dict[str, Any]:
+    spec = spec_from_args(args)
+    pool = _pool(args)
+    deployment = pool.ensure(spec, lease_id=_lease(args))
+    pool.acquire(_lease(args), spec.replicas, ttl_s=args.lease_ttl)
+    urls = pool.wait_ready(spec.replicas, timeout_s=args.timeout)
+    return {"pool": f"kubernetes://{spec.namespace}/{spec.name}", "deployment": deployment,
+            "lease": _lease(args), "workers": urls, "token_secret": spec.token_secret}  # fmt: skip
+
+
+def status(args: argparse.Namespace) -> dict[str, Any]:
+    return _pool(args).status()
+
+
+def down(args: argparse.Namespace) -> dict[str, Any]:
+    """Release this CLI's lease; ``--force`` scales to zero even under other leases; ``--delete``
+    removes the pool's objects."""
+    pool = _pool(args)
+    if args.delete:
+        pool.delete()
+        return {"pool": str(pool), "deleted": True}
+    replicas = pool.release(_lease(args))
+    if replicas and (args.force or args.now):
+        replicas = pool.scale_to_zero(force=args.force)
+    return {"pool": str(pool), "replicas": replicas}
+
+
+def reap(args: argparse.Namespace) -> dict[str, Any]:
+    """Apply idle_ttl / scaledown_ttl / lease expiry to every pool this package manages in the
+    namespace (the reaper CronJob in k8s/ runs this)."""
+    from kubernetes import client
+
+    from airflow_batchinfer.pools.kubernetes.manager import KubernetesPool, api_client
+
+    api = api_client(args.kubeconfig, args.context)
+    sel = ",".join(f"{k}={v}" for k, v in MANAGED_BY.items())
+    deps = client.AppsV1Api(api).list_namespaced_deployment(args.namespace, label_selector=sel).items
+    return {d.metadata.name: KubernetesPool(api, d.metadata.name, args.namespace).reconcile() for d in deps}
+
+
+def manifests(args: argparse.Namespace) -> None:
+    """The pool's objects for ``kubectl apply`` / GitOps. They carry no spec hash, so the pool
+    manager adopts them: Airflow leases and scales the Deployment and never edits its template."""
+    objs = pool_objects(spec_from_args(args))
+    for obj in objs:
+        annotations = obj["metadata"].pop("annotations", {})
+        annotations.pop(SPEC_HASH, None)
+        if annotations:
+            obj["metadata"]["annotations"] = annotations
+    print(to_yaml(objs, namespace=not args.no_namespace), end="")

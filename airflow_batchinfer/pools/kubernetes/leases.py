@@ -1,0 +1,123 @@
+"""Who is using a pool, and how many replicas it should have: state kept on the Deployment.
+
+Several Airflow runs (and ``batchinfer pool up``) may share one warm pool. Each holds a *lease*
+(``batchinfer.io/leases``: id → replicas wanted, expiry), recorded on the Deployment's annotations
+and updated with optimistic concurrency, so any process (the setup and teardown tasks, the CLI, the
+reaper CronJob) sees the same truth; none of it lives in process memory. A lease expires by itself
+so a run that died without its teardown cannot pin GPUs forever.
+
+The replica count follows from the leases:
+
+- live leases: the largest number any of them wants. Fewer are removed only after demand has stayed
+  below the replica count for ``scaledown_ttl_s`` (damps churn between overlapping runs);
+- no live lease: the pool stays as it is until ``idle_ttl_s`` after its last use, then scales to zero.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "batchinfer.io/"
+LEASES = PREFIX + "leases"
+LAST_USED = PREFIX + "last-used"
+LOW_SINCE = PREFIX + "low-demand-since"
+IDLE_TTL = PREFIX + "idle-ttl-s"
+SCALEDOWN_TTL = PREFIX + "scaledown-ttl-s"
+
+
+@dataclass
+class Lease:
+    replicas: int
+    acquired: float
+    expires: float
+
+
+def _float(value: str | None) -> float | None:
+    return float(value) if value else None
+
+
+@dataclass
+class PoolState:
+    replicas: int
+    idle_ttl_s: float
+    scaledown_ttl_s: float
+    leases: dict[str, Lease] = field(default_factory=dict)
+    last_used: float | None = None
+    low_since: float | None = None
+
+    @classmethod
+    def from_annotations(
+        cls, replicas: int, annotations: dict[str, str] | None, *, idle_ttl_s: float, scaledown_ttl_s: float
+    ) -> PoolState:
+        a = annotations or {}
+        leases = {k: Lease(**v) for k, v in json.loads(a.get(LEASES) or "{}").items()}
+        return cls(
+            replicas=replicas,
+            idle_ttl_s=float(a.get(IDLE_TTL) or idle_ttl_s),
+            scaledown_ttl_s=float(a.get(SCALEDOWN_TTL) or scaledown_ttl_s),
+            leases=leases,
+            last_used=_float(a.get(LAST_USED)),
+            low_since=_float(a.get(LOW_SINCE)),
+        )
+
+    def annotations(self) -> dict[str, str | None]:
+        """For a merge patch: ``None`` removes an annotation."""
+        return {
+            LEASES: json.dumps({k: vars(v) for k, v in sorted(self.leases.items())}, sort_keys=True),
+            LAST_USED: None if self.last_used is None else f"{self.last_used:.3f}",
+            LOW_SINCE: None if self.low_since is None else f"{self.low_since:.3f}",
+            IDLE_TTL: f"{self.idle_ttl_s:g}",
+            SCALEDOWN_TTL: f"{self.scaledown_ttl_s:g}",
+        }
+
+    def acquire(self, lease_id: str, replicas: int, *, now: float, ttl_s: float) -> None:
+        self.leases[lease_id] = Lease(replicas=replicas, acquired=now, expires=now + ttl_s)
+        self.last_used = now
+
+    def release(self, lease_id: str, *, now: float) -> bool:
+        self.last_used = now
+        return self.leases.pop(lease_id, None) is not None
+
+    def live(self, now: float) -> dict[str, Lease]:
+        return {k: v for k, v in self.leases.items() if v.expires > now}
+
+    def decide(self, now: float) -> int:
+        """The replica count for ``now``; drops expired leases (their expiry counts as a last use)."""
+        for key, lease in list(self.leases.items()):
+            if lease.expires <= now:
+                del self.leases[key]
+                self.last_used = max(self.last_used or 0.0, lease.expires)
+        if not self.leases and self.last_used is None:
+            self.last_used = now  # never used (e.g. applied from k8s/): the idle clock starts now
+        if self.leases:
+            demand = max(lease.replicas for lease in self.leases.values())
+        elif self.last_used is not None and now - self.last_used < self.idle_ttl_s:
+            demand = self.replicas  # idle but within idle_ttl: stay warm for the next run
+        else:
+            demand = 0
+        if demand >= self.replicas or not self.leases:
+            self.low_since = None
+            return demand
+        if self.low_since is None:
+            self.low_since = now
+        if now - self.low_since >= self.scaledown_ttl_s:
+            self.low_since = None
+            return demand
+        return self.replicas
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "leases": {
+                k: {
+                    "replicas": v.replicas,
+                    "age_s": round(now - v.acquired, 1),
+                    "expires_in_s": round(v.expires - now, 1),
+                }
+                for k, v in self.live(now).items()
+            },
+            "idle_for_s": None if self.leases or self.last_used is None else round(now - self.last_used, 1),
+            "idle_ttl_s": self.idle_ttl_s,
+            "scaledown_ttl_s": self.scaledown_ttl_s,
+        }

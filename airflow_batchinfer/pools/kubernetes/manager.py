@@ -1,0 +1,362 @@
+"""The Kubernetes pool manager: create or adopt a pool's objects, lease and scale it, find its workers.
+
+Everything goes through the Kubernetes API with the caller's identity (the Airflow connection's, or
+the CLI's kubeconfig); the Role it needs is ``k8s/base/rbac.yaml``. Workers are found from the pods
+of the Deployment (ready, not terminating, with a pod IP) and handed to the same RPC client the local
+pool uses.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.pools.kubernetes import objects
+from airflow_batchinfer.pools.kubernetes.leases import IDLE_TTL, SCALEDOWN_TTL, PoolState
+from airflow_batchinfer.pools.kubernetes.spec import (
+    DEFAULT_IDLE_TTL_S,
+    DEFAULT_SCALEDOWN_TTL_S,
+    KubernetesPoolSpec,
+)
+
+log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
+MERGE = "application/merge-patch+json"
+RBAC_REMEDY = (
+    "Remedy: bind the Role in k8s/base/rbac.yaml (batchinfer-pool-manager) in this namespace to the "
+    "identity Airflow or the CLI uses"
+)
+
+
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> client.ApiClient:
+    """A client from ``kubeconfig`` (or ``$KUBECONFIG`` / ``~/.kube/config``), or the in-cluster
+    service account when running in a pod without one."""
+    if kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ and "KUBECONFIG" not in os.environ:
+        cfg = client.Configuration()
+        config.load_incluster_config(client_configuration=cfg)
+        return client.ApiClient(cfg)
+    return config.new_client_from_config(config_file=kubeconfig, context=context)
+
+
+def _refused(exc: ApiException, what: str, namespace: str) -> BaseException:
+    if exc.status == 403:
+        return ConfigError(
+            f"Kubernetes refused to {what} in namespace {namespace!r} ({exc.reason}). {RBAC_REMEDY}"
+        )
+    if exc.status == 401:
+        return ConfigError(
+            f"Kubernetes did not accept the credentials to {what}: check the kubeconfig/connection"
+        )
+    return exc  # type: ignore[no-any-return]
+
+
+class KubernetesPool:
+    """One pool: the Deployment ``name`` in ``namespace``, its headless Service and token Secret."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        name: str,
+        namespace: str = "default",
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.api, self.name, self.namespace, self.clock = api, name, namespace, clock
+        self.apps = client.AppsV1Api(api)
+        self.core = client.CoreV1Api(api)
+
+    def __repr__(self) -> str:
+        return f"KubernetesPool({self.namespace}/{self.name})"
+
+    def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            raise _refused(exc, what, self.namespace) from exc
+
+    def _get(self, what: str, fn: Callable[..., Any], *args: Any) -> Any | None:
+        """``fn(*args)``, or ``None`` when the object does not exist."""
+        try:
+            return fn(*args)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _refused(exc, what, self.namespace) from exc
+
+    # -------------------------------------------------------------------------------- objects
+    def ensure(self, spec: KubernetesPoolSpec, *, lease_id: str | None = None) -> str:
+        """Create what is missing; adopt what exists. Returns ``created``, ``adopted``, ``updated`` or
+        ``unchanged`` for the Deployment.
+
+        A Deployment this package created carries its spec hash: when the spec changed and no other
+        run holds a lease, its pod template is replaced (a rolling update); while one does, this
+        refuses rather than pull workers from under a running job (``lease_id``'s own lease aside).
+        A Deployment without the hash was
+        applied by someone else (e.g. from ``k8s/``): its template is theirs; only its scale is ours.
+        """
+        if (spec.name, spec.namespace) != (self.name, self.namespace):
+            raise ConfigError(f"spec is for {spec.namespace}/{spec.name}, this pool is {self}")
+        ns = self.namespace
+        if self._get("read secrets", self.core.read_namespaced_secret, spec.token_secret, ns) is None:
+            body = objects.token_secret(spec, secrets.token_urlsafe(32))
+            self._call("create secrets", self.core.create_namespaced_secret, ns, body)
+        if self._get("read services", self.core.read_namespaced_service, self.name, ns) is None:
+            self._call(
+                "create services", self.core.create_namespaced_service, ns, objects.worker_service(spec)
+            )
+        self._ensure_disruption_budget(spec)
+        dep = self._get("read deployments", self.apps.read_namespaced_deployment, self.name, ns)
+        if dep is None:
+            body = objects.worker_deployment(spec, replicas=0)
+            body["metadata"]["annotations"].update(self._state(0, {}, spec).annotations())
+            self._call("create deployments", self.apps.create_namespaced_deployment, ns, body)
+            log.info("%s: created (image %s, %d GPU per worker)", self, spec.image, spec.gpus)
+            return "created"
+        ttls = {
+            k: v
+            for k, v in self._state(0, None, spec).annotations().items()
+            if k in (IDLE_TTL, SCALEDOWN_TTL)
+        }
+        for _ in range(20):
+            annotations = dep.metadata.annotations or {}
+            have = annotations.get(objects.SPEC_HASH)
+            if have is None or have == spec.key():
+                if any(annotations.get(k) != v for k, v in ttls.items()):
+                    self._call("patch deployments", self.apps.patch_namespaced_deployment, self.name, ns,
+                               {"metadata": {"annotations": ttls}}, _content_type=MERGE)  # fmt: skip
+                if have is None:
+                    log.info(
+                        "%s: adopted a Deployment this package did not create; its template is kept", self
+                    )
+                    return "adopted"
+                return "unchanged"
+            holders = sorted(set(self._state(0, annotations).live(self.clock())) - {lease_id})
+            if holders:
+                raise ConfigError(
+                    f"{self} runs other settings (image, model or engine) and is leased by {holders}. "
+                    "Remedy: use another pool name for these settings, or wait for those runs to finish"
+                )
+            patch = {  # guarded by resourceVersion: no lease may arrive between the check and the patch
+                "metadata": {"resourceVersion": dep.metadata.resource_version,
+                             "annotations": {objects.SPEC_HASH: spec.key(), **ttls}},
+                "spec": {"template": objects.worker_deployment(spec)["spec"]["template"]},
+            }  # fmt: skip
+            try:
+                self.apps.patch_namespaced_deployment(self.name, ns, patch, _content_type=MERGE)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise _refused(exc, "patch deployments", ns) from exc
+                dep = self._deployment()
+                continue
+            log.info("%s: settings changed; replacing its workers", self)
+            return "updated"
+        raise WorkerUnavailable(f"{self}: the Deployment kept changing; try again")
+
+    def _ensure_disruption_budget(self, spec: KubernetesPoolSpec) -> None:
+        versions = [v.version for v in client.PolicyApi(self.api).get_api_group().versions]
+        if "v1" not in versions:  # policy/v1 arrived in Kubernetes 1.21
+            log.info("%s: the API server serves policy %s, not v1: no PodDisruptionBudget", self, versions)
+            return
+        policy = client.PolicyV1Api(self.api)
+        if self._get("read poddisruptionbudgets", policy.read_namespaced_pod_disruption_budget,
+                     self.name, self.namespace) is None:  # fmt: skip
+            self._call("create poddisruptionbudgets", policy.create_namespaced_pod_disruption_budget,
+                       self.namespace, objects.disruption_budget(spec))  # fmt: skip
+
+    def token(self) -> str:
+        secret = self._get(
+            "read secrets", self.core.read_namespaced_secret, f"{self.name}-token", self.namespace
+        )
+        if secret is None or not (secret.data or {}).get("token"):
+            raise ConfigError(
+                f"{self}: no RPC token (Secret {self.name}-token, key 'token'). Remedy: run the pool setup "
+                "task or `batchinfer pool up --backend kubernetes`, or create the Secret"
+            )
+        return base64.b64decode(secret.data["token"]).decode().strip()
+
+    # ------------------------------------------------------------------------- leases & scale
+    @staticmethod
+    def _state(
+        replicas: int, annotations: dict[str, str] | None, spec: KubernetesPoolSpec | None = None
+    ) -> PoolState:
+        """The lease state on a Deployment; TTLs from ``spec`` where given (they are the caller's to set)."""
+        state = PoolState.from_annotations(
+            replicas, annotations, idle_ttl_s=DEFAULT_IDLE_TTL_S, scaledown_ttl_s=DEFAULT_SCALEDOWN_TTL_S
+        )
+        if spec is not None:
+            state.idle_ttl_s, state.scaledown_ttl_s = spec.idle_ttl_s, spec.scaledown_ttl_s
+        return state
+
+    def _deployment(self) -> Any:
+        dep = self._get("read deployments", self.apps.read_namespaced_deployment, self.name, self.namespace)
+        if dep is None:
+            raise ConfigError(
+                f"{self} does not exist. Remedy: run the pool setup task or "
+                f"`batchinfer pool up --backend kubernetes --name {self.name} --namespace {self.namespace}`"
+            )
+        return dep
+
+    def _update(self, change: Callable[[PoolState, float], object], what: str) -> tuple[int, PoolState]:
+        """Read the Deployment, apply ``change`` to its lease state, decide the replica count and
+        write both in one patch guarded by ``resourceVersion`` (retried on a conflict)."""
+        for _ in range(20):
+            dep = self._deployment()
+            now = self.clock()
+            state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
+            change(state, now)
+            target = state.decide(now)
+            patch = {
+                "metadata": {
+                    "resourceVersion": dep.metadata.resource_version,
+                    "annotations": state.annotations(),
+                },
+                "spec": {"replicas": target},
+            }
+            try:
+                self.apps.patch_namespaced_deployment(self.name, self.namespace, patch, _content_type=MERGE)
+            except ApiException as exc:
+                if exc.status == 409:  # someone else updated it meanwhile: read again
+                    continue
+                raise _refused(exc, "patch deployments", self.namespace) from exc
+            if target != state.replicas:
+                log.info("%s: %s; replicas %d -> %d", self, what, state.replicas, target)
+            return target, state
+        raise WorkerUnavailable(f"{self}: the Deployment kept changing under {what}; try again")
+
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = 24 * 3600) -> int:
+        """Hold the pool for ``lease_id`` with ``replicas`` workers; returns the replica count."""
+        return self._update(lambda s, now: s.acquire(lease_id, replicas, now=now, ttl_s=ttl_s),
+                            f"lease {lease_id} wants {replicas}")[0]  # fmt: skip
+
+    def release(self, lease_id: str) -> int:
+        """Drop ``lease_id``; the pool stays warm for ``idle_ttl_s`` unless others still hold it."""
+        return self._update(lambda s, now: s.release(lease_id, now=now), f"lease {lease_id} released")[0]
+
+    def reconcile(self) -> int:
+        """Apply the lease rules now (expired leases, idle_ttl, scaledown_ttl): the reaper's job."""
+        return self._update(lambda s, now: None, "reconcile")[0]
+
+    def scale_to_zero(self, *, force: bool = False) -> int:
+        """Stop every worker now. Refuses while runs hold leases, unless ``force`` (drops them)."""
+
+        def change(state: PoolState, now: float) -> None:
+            live = sorted(state.live(now))
+            if live and not force:
+                raise ConfigError(
+                    f"{self} is leased by {live}: they would lose their workers. Remedy: --force"
+                )
+            state.leases.clear()
+            state.last_used = now - state.idle_ttl_s  # idle long enough: decide() scales to zero
+
+        return self._update(change, "scaled to zero")[0]
+
+    def delete(self) -> None:
+        """Remove the pool's objects (Deployment, Service, budget, token Secret)."""
+        self.scale_to_zero()
+        policy = client.PolicyV1Api(self.api)
+        for what, fn, name in (
+            ("delete deployments", self.apps.delete_namespaced_deployment, self.name),
+            ("delete services", self.core.delete_namespaced_service, self.name),
+            ("delete poddisruptionbudgets", policy.delete_namespaced_pod_disruption_budget, self.name),
+            ("delete secrets", self.core.delete_namespaced_secret, f"{self.name}-token"),
+        ):
+            self._get(what, fn, name, self.namespace)
+
+    # ----------------------------------------------------------------------------- discovery
+    def _pods(self) -> tuple[list[Any], int]:
+        dep = self._deployment()
+        match = dep.spec.selector.match_labels or {}
+        port = next(
+            (
+                p.container_port
+                for c in dep.spec.template.spec.containers
+                for p in (c.ports or [])
+                if p.name == "rpc"
+            ),
+            8000,
+        )
+        sel = ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+        pods = self._call(
+            "list pods", self.core.list_namespaced_pod, self.namespace, label_selector=sel
+        ).items
+        return pods, port
+
+    @staticmethod
+    def _ready(pod: Any) -> bool:
+        conds = pod.status.conditions or []
+        return (
+            pod.metadata.deletion_timestamp is None
+            and bool(pod.status.pod_ip)
+            and any(c.type == "Ready" and c.status == "True" for c in conds)
+        )
+
+    def endpoints(self) -> list[str]:
+        """URLs of the ready workers (sorted, so every caller sees the same order)."""
+        pods, port = self._pods()
+        return sorted(f"http://{p.status.pod_ip}:{port}" for p in pods if self._ready(p))
+
+    def problems(self) -> list[str]:
+        """Why workers are not ready, in the scheduler's and kubelet's words (for error messages)."""
+        out = []
+        pods, _ = self._pods()
+        for pod in pods:
+            name = pod.metadata.name
+            for c in pod.status.conditions or []:
+                if c.type == "PodScheduled" and c.status == "False":
+                    out.append(f"{name}: not scheduled: {c.message} (GPUs, node selector or tolerations?)")
+            for cs in pod.status.container_statuses or []:
+                waiting = cs.state.waiting if cs.state else None
+                if waiting and waiting.reason not in (None, "ContainerCreating"):
+                    out.append(f"{name}: {waiting.reason}: {waiting.message or ''}".rstrip(": "))
+                if cs.restart_count:
+                    out.append(f"{name}: restarted {cs.restart_count} times (kubectl logs --previous {name})")
+        return out
+
+    def wait_ready(self, replicas: int, *, timeout_s: float = 900.0, poll_s: float = 1.0) -> list[str]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            urls = self.endpoints()
+            if len(urls) >= replicas:
+                return urls
+            if time.monotonic() > deadline:
+                why = "; ".join(self.problems()) or "pods still starting (model loading?)"
+                raise WorkerUnavailable(
+                    f"{self}: {len(urls)} of {replicas} workers ready after {timeout_s:.0f} s: {why}"
+                )
+            time.sleep(poll_s)
+
+    def status(self) -> dict[str, Any]:
+        dep = self._deployment()
+        now = self.clock()
+        state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
+        pods, port = self._pods()
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "backend": "kubernetes",
+            "replicas": dep.spec.replicas or 0,
+            "ready": dep.status.ready_replicas or 0,
+            "image": dep.spec.template.spec.containers[0].image,
+            "managed": objects.SPEC_HASH in (dep.metadata.annotations or {}),
+            **state.describe(now),
+            "workers": [
+                {
+                    "pod": p.metadata.name,
+                    "node": p.spec.node_name,
+                    "url": f"http://{p.status.pod_ip}:{port}" if p.status.pod_ip else None,
+                    "phase": p.status.phase,
+                    "ready": self._ready(p),
+                    "terminating": p.metadata.deletion_timestamp is not None,
+                }
+                for p in sorted(pods, key=lambda p: p.metadata.name)
+            ],
+            "problems": self.problems(),
+        }

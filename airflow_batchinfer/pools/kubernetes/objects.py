@@ -1,0 +1,189 @@
+"""The Kubernetes objects of a worker pool, built from a :class:`KubernetesPoolSpec`.
+
+One source for both paths: the pool manager creates these through the API, and
+``batchinfer pool manifests`` prints them as YAML (``k8s/base/worker.yaml`` is that output for the
+default spec, checked by a test).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow_batchinfer import __version__
+from airflow_batchinfer.pools.kubernetes.spec import GPU_TOLERATION, SPOT_TOLERATIONS, KubernetesPoolSpec
+
+ANNOTATION = "batchinfer.io/"
+SPEC_HASH = ANNOTATION + "spec-hash"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "airflow-batchinfer"}
+
+
+def selector(name: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "batchinfer-worker", "app.kubernetes.io/instance": name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {**selector(name), **MANAGED_BY, "app.kubernetes.io/version": __version__}
+
+
+def _meta(spec: KubernetesPoolSpec, name: str, **extra: Any) -> dict[str, Any]:
+    return {"name": name, "namespace": spec.namespace, "labels": labels(spec.name), **extra}
+
+
+def _args(spec: KubernetesPoolSpec) -> list[str]:
+    return [
+        f"--engine-arg={key}={value if isinstance(value, str) else json.dumps(value)}"
+        for key, value in sorted(spec.engine_options.items())
+    ]
+
+
+def _resources(spec: KubernetesPoolSpec) -> dict[str, Any]:
+    requests = {"cpu": spec.cpu, "memory": spec.memory}
+    limits = {"memory": spec.memory}  # no CPU limit: throttling a tokenizer helps nobody
+    if spec.gpus:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = str(spec.gpus)
+    return {"requests": requests, "limits": limits}
+
+
+def _volumes(spec: KubernetesPoolSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The root filesystem is read-only: scratch, caches and shared memory are volumes."""
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if spec.gpus:  # vLLM and NCCL use /dev/shm; the container default is 64 MiB
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": spec.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if spec.model_pvc:
+        volumes.append(
+            {"name": "models", "persistentVolumeClaim": {"claimName": spec.model_pvc, "readOnly": True}}
+        )
+        mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    return volumes, mounts
+
+
+def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
+    """Settings as ``BATCHINFER_WORKER_*`` variables, so a kustomize patch can change any one by name."""
+    worker = {
+        "HOST": "$(POD_IP)", "PORT": str(spec.port), "ENGINE": spec.engine, "MODEL": spec.model,
+        "CONCURRENCY": str(spec.concurrency), "TARGET_BATCH_TOKENS": str(spec.target_batch_tokens),
+        "DRAIN_TIMEOUT": str(spec.drain_timeout_s), "ALLOW_PREFIX": ",".join(spec.allowed_prefixes),
+    }  # fmt: skip
+    env: list[dict[str, Any]] = [
+        {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *({"name": f"BATCHINFER_WORKER_{k}", "value": v} for k, v in worker.items() if v is not None),
+        {"name": "BATCHINFER_WORKER_TOKEN",
+         "valueFrom": {"secretKeyRef": {"name": spec.token_secret, "key": "token"}}},
+        {"name": "HOME", "value": "/tmp"},
+        # Models come from the image or the model volume; nothing is downloaded at run time.
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "OMP_NUM_THREADS", "value": spec.cpu if spec.cpu.isdigit() else "1"},
+    ]  # fmt: skip
+    env += [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    return env
+
+
+def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[str, Any]:
+    volumes, mounts = _volumes(spec)
+    tolerations = list(spec.tolerations)
+    if spec.gpus:
+        tolerations.append(GPU_TOLERATION)
+    if spec.interruptible:
+        tolerations += SPOT_TOLERATIONS
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["batchinfer", "worker", "serve"],
+        "env": _env(spec),
+        "ports": [{"name": "rpc", "containerPort": spec.port, "protocol": "TCP"}],
+        # Ready once the model is loaded; not ready while draining, so no new jobs arrive.
+        "readinessProbe": {"httpGet": {"path": "/v1/ready", "port": "rpc"}, "periodSeconds": 5,
+                           "failureThreshold": 2},
+        # Loading a large model takes minutes; the health endpoint answers meanwhile.
+        "livenessProbe": {"httpGet": {"path": "/v1/health", "port": "rpc"}, "initialDelaySeconds": 30,
+                          "periodSeconds": 15, "failureThreshold": 4},
+        "resources": _resources(spec),
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": mounts,
+    }  # fmt: skip
+    if spec.engine_options:
+        container["args"] = _args(spec)
+    if spec.storage_secret:
+        container["envFrom"] = [{"secretRef": {"name": spec.storage_secret}}]
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # workers never talk to the Kubernetes API
+        "enableServiceLinks": False,
+        # SIGTERM drains: running jobs finish (in-place jobs checkpoint) before the pod goes.
+        "terminationGracePeriodSeconds": spec.drain_timeout_s + 30,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [container],
+        "volumes": volumes,
+    }  # fmt: skip
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(spec, spec.name, annotations={SPEC_HASH: spec.key()}),
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(spec.name)},
+            # Replace one worker at a time, without a surge pod that would need a spare GPU.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": selector(spec.name)}, "spec": pod_spec},
+        },
+    }
+
+
+def worker_service(spec: KubernetesPoolSpec) -> dict[str, Any]:
+    """Headless: clients talk to each worker (least-loaded choice), never through a balancer."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(spec, spec.name),
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(spec.name),
+            "ports": [{"name": "rpc", "port": spec.port, "targetPort": "rpc", "protocol": "TCP"}],
+        },
+    }
+
+
+def disruption_budget(spec: KubernetesPoolSpec) -> dict[str, Any]:
+    """Node drains take one worker at a time; it drains its jobs first."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _meta(spec, spec.name),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(spec.name)}},
+    }
+
+
+def token_secret(spec: KubernetesPoolSpec, token: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": _meta(spec, spec.token_secret),
+        "stringData": {"token": token},
+    }
+
+
+def pool_objects(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
+    """Everything but the token Secret (it is made once, from a fresh random token)."""
+    return [worker_deployment(spec), worker_service(spec), disruption_budget(spec)]
+
+
+def to_yaml(objects: list[dict[str, Any]], *, namespace: bool = True) -> str:
+    import yaml
+
+    docs = []
+    for obj in objects:
+        obj = json.loads(json.dumps(obj))
+        if not namespace:
+            obj["metadata"].pop("namespace", None)
+        docs.append(yaml.safe_dump(obj, sort_keys=False, width=110))
+    return "---\n".join(docs)
