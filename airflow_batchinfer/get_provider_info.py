@@ -33,12 +33,32 @@ def get_provider_info() -> dict[str, Any]:
                 "conn-fields": {
                     "backend": {
                         "label": "Backend",
-                        "description": "static: the URLs above; local: worker processes on the Airflow host",
-                        "schema": {"type": "string", "enum": ["static", "local"], "default": "static"},
+                        "description": "static: the URLs above; local: worker processes on the Airflow "
+                        "host; kubernetes: a worker Deployment leased and scaled through the API",
+                        "schema": {
+                            "type": "string",
+                            "enum": ["static", "local", "kubernetes"],
+                            "default": "static",
+                        },
                     },
                     "local_pool": {
                         "label": "Local pool name",
                         "description": "for the local backend: the pool `batchinfer pool up --name` started",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "namespace": {
+                        "label": "Kubernetes namespace",
+                        "description": "for the kubernetes backend (bind the Role in k8s/base/rbac.yaml)",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "pool": {
+                        "label": "Kubernetes pool name",
+                        "description": "for the kubernetes backend: the worker Deployment's name",
+                        "schema": {"type": ["string", "null"]},
+                    },
+                    "kubernetes_conn_id": {
+                        "label": "Kubernetes connection",
+                        "description": "a cncf.kubernetes connection; empty: in-cluster or $KUBECONFIG",
                         "schema": {"type": ["string", "null"]},
                     },
                 },

@@ -1,5 +1,6 @@
-"""Worker pool backends: ``static`` (known URLs), ``local`` (processes on 127.0.0.1); Kubernetes
-comes with its own issue. Each yields worker URLs and a token for ``rpc.pool.PoolClient``."""
+"""Worker pool backends: ``static`` (known URLs), ``local`` (processes on 127.0.0.1) and
+``kubernetes`` (a worker Deployment; ``pools.kubernetes``, imported on use: it needs the client).
+Each yields worker URLs and a token for ``rpc.pool.PoolClient``."""
 
 from __future__ import annotations
 

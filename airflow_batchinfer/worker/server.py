@@ -102,8 +102,9 @@ def serve(config: WorkerConfig) -> None:
     sock.bind((config.host, config.port))
     host, port = sock.getsockname()[:2]
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    # host:port names this worker in job statuses and manifests: local pools run several per host
-    app.state.registry.worker_name = f"{socket.gethostname()}:{port}"
+    # host:port names this worker in job statuses and manifests: local pools run several per host.
+    # $HOSTNAME first: in a container it is the pod's name (what `kubectl logs` takes).
+    app.state.registry.worker_name = f"{os.environ.get('HOSTNAME') or socket.gethostname()}:{port}"
     uv_config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
     server = _DrainingServer(uv_config, app.state.registry, config.drain_timeout_s)
     log.info("worker listening on %s (engine %s, concurrency %d)", url, config.engine, config.concurrency)

@@ -121,6 +121,7 @@ class Kubelet:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         self.errors: list[str] = []
+        self.ran: list[tuple[str, str]] = []  # (namespace, pod) of every pod started
 
     # ---------------------------------------------------------------------------------- nodes
     def register_nodes(self) -> None:
@@ -165,7 +166,8 @@ class Kubelet:
         return ip
 
     def _resolve_env(self, pod: Any, container: Any, ip: str) -> dict[str, str]:
-        env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
+        # what a container runtime sets: PATH from the image, HOSTNAME = the pod's name
+        env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin", "HOSTNAME": pod.metadata.name, "LANG": "C.UTF-8"}
         fields = {"status.podIP": ip, "metadata.name": pod.metadata.name,
                   "metadata.namespace": pod.metadata.namespace}  # fmt: skip
         for source in container.env_from or []:
@@ -205,6 +207,7 @@ class Kubelet:
         )  # fmt: skip
         proc.spawn()
         self.pods[pod.metadata.uid] = proc
+        self.ran.append((proc.namespace, proc.name))
         self._report(proc)
 
     def _report(self, p: PodProcess) -> None:

@@ -79,3 +79,33 @@ async def test_http_errors_map_to_exceptions(code: int, exc: type[Exception]) ->
 def test_pool_needs_urls() -> None:
     with pytest.raises(ValueError, match="at least one"):
         PoolClient([], token=None)
+
+
+async def test_a_discovering_pool_follows_workers_as_they_come_and_go() -> None:
+    free = {"http://a:1": 1, "http://b:1": 3}
+    transport, _ = fake_workers(free, refuse=set())
+    current = ["http://a:1"]
+
+    async def discover() -> list[str]:
+        return list(current)
+
+    pool = PoolClient([], token="tok", transport=transport, discover=discover, refresh_interval_s=3600)
+    assert (await pool.submit(SPEC))[0] == "http://a:1"  # empty at first: asked at once
+    current[:] = ["http://b:1"]  # a replaced, b arrived
+    assert (await pool.submit(SPEC))[0] == "http://a:1"  # not asked again within the interval
+    await pool.refresh(force=True)  # what a lost job triggers
+    assert list(pool.clients) == ["http://b:1"]
+    assert (await pool.submit(SPEC))[0] == "http://b:1"
+    await pool.aclose()
+
+
+def test_kubernetes_pool_references() -> None:
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow_batchinfer.exceptions import ConfigError
+    from airflow_batchinfer.hooks.pool import KubernetesRef
+
+    ref = KubernetesRef.parse("kubernetes://gpu-pools/qwen?kubernetes_conn_id=k8s")
+    assert (ref.namespace, ref.name, ref.kubernetes_conn_id) == ("gpu-pools", "qwen", "k8s")
+    assert str(KubernetesRef.parse("kubernetes://ns/p")) == "kubernetes://ns/p"
+    with pytest.raises(ConfigError, match="NAMESPACE/NAME"):
+        KubernetesRef.parse("kubernetes://justaname")

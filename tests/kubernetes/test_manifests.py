@@ -1,0 +1,140 @@
+"""k8s/: generated from the pool spec, valid against the Kubernetes schemas (strict, offline), and
+accepted by a real API server (server-side dry run)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Kube
+
+pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
+ROOT = Path(__file__).resolve().parents[2]
+K8S = ROOT / "k8s"
+BIN = str(Path(sys.executable).parent / "batchinfer")
+
+
+def base_spec_args() -> list[str]:
+    """``K8S_BASE_SPEC`` from the Makefile: what ``make manifests`` generates k8s/base/worker.yaml with."""
+    text = (ROOT / "Makefile").read_text().replace("\\\n", " ")
+    return shlex.split(re.search(r"^K8S_BASE_SPEC := (.*)$", text, re.M).group(1))  # type: ignore[union-attr]
+
+
+def load_all(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def base_docs() -> list[dict[str, Any]]:
+    files = ("worker.yaml", "rbac.yaml", "reaper.yaml")
+    return [d for f in files for d in load_all((K8S / "base" / f).read_text())]
+
+
+def rendered(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """The overlays as ``kubectl kustomize`` renders them (with a token file, as a user writes it);
+    empty without kubectl."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        return {}
+    tree = tmp_path / "k8s"
+    shutil.copytree(K8S, tree)
+    out = {}
+    for overlay in ("gpu", "cpu-demo"):
+        (tree / "overlays" / overlay / "token.env").write_text("token=" + "t" * 32 + "\n")
+        res = subprocess.run(
+            [kubectl, "kustomize", str(tree / "overlays" / overlay)], capture_output=True, text=True
+        )
+        assert res.returncode == 0, res.stderr
+        out[overlay] = load_all(res.stdout)
+    return out
+
+
+def test_base_worker_yaml_is_what_the_pool_manager_creates() -> None:
+    out = subprocess.run(
+        [BIN, "pool", "manifests", *base_spec_args()], capture_output=True, text=True, check=True
+    )
+    assert (K8S / "base" / "worker.yaml").read_text() == out.stdout, (
+        "k8s/base/worker.yaml is stale: make manifests"
+    )
+
+
+def test_base_and_overlays_pass_strict_schema_validation(tmp_path: Path) -> None:
+    import kubernetes_validate
+
+    docs = base_docs() + [d for objs in rendered(tmp_path).values() for d in objs]
+    kinds = {
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "CronJob",
+    }
+    assert {d["kind"] for d in docs} >= kinds
+    for version in ("1.25.0", kubernetes_validate.latest_version()):
+        for doc in docs:
+            kubernetes_validate.validate(doc, version, strict=True)  # raises on any unknown or bad field
+    bad = load_all((K8S / "base" / "worker.yaml").read_text())[0]
+    bad["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}  # a typo must not pass
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.25.0", strict=True)
+
+
+def test_overlays_render_what_they_promise(tmp_path: Path) -> None:
+    out = rendered(tmp_path)
+    if not out:
+        pytest.skip("kubectl (its kustomize) is not on PATH: the overlays are not rendered here")
+    by_kind = {o: {d["kind"]: d for d in docs} for o, docs in out.items()}
+    for overlay, kinds in by_kind.items():
+        assert all(d["metadata"].get("namespace", "batchinfer") == "batchinfer" for d in out[overlay])
+        assert kinds["Secret"]["metadata"]["name"] == "batchinfer-token"  # read by name by the pool manager
+        env = {
+            e["name"]: e.get("value")
+            for e in kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+        assert env["BATCHINFER_WORKER_HOST"] == "$(POD_IP)"
+    gpu = by_kind["gpu"]["Deployment"]["spec"]["template"]["spec"]
+    assert gpu["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert gpu["containers"][0]["image"].startswith("registry.example.com/")
+    assert by_kind["gpu"]["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
+        "image"
+    ].startswith("registry.example.com/")  # the reaper runs the same image
+    cpu = by_kind["cpu-demo"]["Deployment"]["spec"]["template"]["spec"]
+    assert "nvidia.com/gpu" not in str(cpu) and "dshm" not in str(cpu)
+    env = {e["name"]: e.get("value") for e in cpu["containers"][0]["env"]}
+    assert env["BATCHINFER_WORKER_ENGINE"] == "transformers"
+
+
+@pytest.mark.kubernetes
+def test_server_side_dry_run_accepts_every_object(kube: Kube, tmp_path: Path) -> None:
+    """Everything the server serves passes its validation and admission; what it cannot serve (APIs
+    newer than its 1.20) is named, and is exactly that."""
+    from kubernetes import dynamic
+    from kubernetes.dynamic.exceptions import ResourceNotFoundError
+
+    dyn = dynamic.DynamicClient(kube.api)
+    ns = kube.namespace()
+    docs = [d for objs in rendered(tmp_path).values() for d in objs] or base_docs()
+    unserved, accepted = set(), 0
+    for doc in docs:
+        try:
+            resource = dyn.resources.get(api_version=doc["apiVersion"], kind=doc["kind"])
+        except ResourceNotFoundError:
+            unserved.add(f"{doc['apiVersion']}/{doc['kind']}")
+            continue
+        if resource.namespaced:
+            doc = {**doc, "metadata": {**doc["metadata"], "namespace": ns}}
+            resource.create(body=doc, namespace=ns, dry_run="All")
+        else:
+            resource.create(body=doc, dry_run="All")
+        accepted += 1
+    assert accepted >= 6
+    assert unserved == {"policy/v1/PodDisruptionBudget", "batch/v1/CronJob"}  # GA in 1.21
