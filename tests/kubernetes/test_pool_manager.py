@@ -11,6 +11,7 @@ import random
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,8 @@ def test_two_overlapping_runs_share_the_pool_then_idle_ttl_scales_it_to_zero(
     ns = kube.namespace()
     sp = spec(ns, tmp_path, idle_ttl_s=4, scaledown_ttl_s=2)
     a, b = KubernetesPool(kube.api, "pool", ns), KubernetesPool(kube.api, "pool", ns)  # two processes' view
-    a.ensure(sp)
+    with ThreadPoolExecutor(2) as ex:  # both setups at once on a fresh pool: one creates, one finds it
+        assert sorted(ex.map(lambda p: p.ensure(sp), (a, b))) == ["created", "unchanged"]
     assert a.acquire("dag/run-a", 2) == 2
     assert b.acquire("dag/run-b", 1) == 2  # run b rides on run a's workers
     a.wait_ready(2, timeout_s=90)

@@ -91,6 +91,16 @@ class KubernetesPool:
                 return None
             raise _refused(exc, what, self.namespace) from exc
 
+    def _create(self, resource: str, fn: Callable[..., Any], body: dict[str, Any]) -> bool:
+        """Create ``body``; ``False`` when it already exists (another process was first)."""
+        try:
+            fn(self.namespace, body)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise _refused(exc, f"create {resource}", self.namespace) from exc
+
     # -------------------------------------------------------------------------------- objects
     def ensure(self, spec: KubernetesPoolSpec, *, lease_id: str | None = None) -> str:
         """Create what is missing; adopt what exists. Returns ``created``, ``adopted``, ``updated`` or
@@ -99,27 +109,27 @@ class KubernetesPool:
         A Deployment this package created carries its spec hash: when the spec changed and no other
         run holds a lease, its pod template is replaced (a rolling update); while one does, this
         refuses rather than pull workers from under a running job (``lease_id``'s own lease aside).
-        A Deployment without the hash was
-        applied by someone else (e.g. from ``k8s/``): its template is theirs; only its scale is ours.
+        A Deployment without the hash was applied by someone else (e.g. from ``k8s/``): its template
+        is theirs; only its scale is ours. Concurrent setups of one pool are safe: a create that
+        loses the race finds the winner's object.
         """
         if (spec.name, spec.namespace) != (self.name, self.namespace):
             raise ConfigError(f"spec is for {spec.namespace}/{spec.name}, this pool is {self}")
         ns = self.namespace
         if self._get("read secrets", self.core.read_namespaced_secret, spec.token_secret, ns) is None:
             body = objects.token_secret(spec, secrets.token_urlsafe(32))
-            self._call("create secrets", self.core.create_namespaced_secret, ns, body)
+            self._create("secrets", self.core.create_namespaced_secret, body)
         if self._get("read services", self.core.read_namespaced_service, self.name, ns) is None:
-            self._call(
-                "create services", self.core.create_namespaced_service, ns, objects.worker_service(spec)
-            )
+            self._create("services", self.core.create_namespaced_service, objects.worker_service(spec))
         self._ensure_disruption_budget(spec)
         dep = self._get("read deployments", self.apps.read_namespaced_deployment, self.name, ns)
         if dep is None:
             body = objects.worker_deployment(spec, replicas=0)
             body["metadata"]["annotations"].update(self._state(0, {}, spec).annotations())
-            self._call("create deployments", self.apps.create_namespaced_deployment, ns, body)
-            log.info("%s: created (image %s, %d GPU per worker)", self, spec.image, spec.gpus)
-            return "created"
+            if self._create("deployments", self.apps.create_namespaced_deployment, body):
+                log.info("%s: created (image %s, %d GPU per worker)", self, spec.image, spec.gpus)
+                return "created"
+            dep = self._deployment()
         ttls = {
             k: v
             for k, v in self._state(0, None, spec).annotations().items()
@@ -168,8 +178,8 @@ class KubernetesPool:
         policy = client.PolicyV1Api(self.api)
         if self._get("read poddisruptionbudgets", policy.read_namespaced_pod_disruption_budget,
                      self.name, self.namespace) is None:  # fmt: skip
-            self._call("create poddisruptionbudgets", policy.create_namespaced_pod_disruption_budget,
-                       self.namespace, objects.disruption_budget(spec))  # fmt: skip
+            self._create("poddisruptionbudgets", policy.create_namespaced_pod_disruption_budget,
+                         objects.disruption_budget(spec))  # fmt: skip
 
     def token(self) -> str:
         secret = self._get(
