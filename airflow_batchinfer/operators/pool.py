@@ -42,9 +42,22 @@ def _as_dict(value: dict[str, Any] | str | None, what: str = "engine_options") -
     return value
 
 
+LEASE_TTL_S = 24 * 3600
+
+
 def lease_id(context: Context) -> str:
     """The lease a run holds on a shared pool: its DAG and run id."""
     return f"{context['dag'].dag_id}/{context['run_id']}"
+
+
+def renew_lease(worker_pool: str, context: Context, log: Any, ttl_s: float = LEASE_TTL_S) -> None:
+    """On a Kubernetes pool, extend this run's lease (runs may outlast one lease period)."""
+    ref = kubernetes_ref(worker_pool)
+    if ref is not None and not ref.pool().renew(lease_id(context), ttl_s=ttl_s):
+        log.warning(
+            "Kubernetes pool %s: this run's lease %s has lapsed; the pool may scale down under it. Remedy: "
+            "raise the setup task's lease_ttl_s, or re-run pool_setup", ref, lease_id(context),
+        )  # fmt: skip
 
 
 def _ttl(value: float | str | None) -> float | None:
@@ -61,7 +74,8 @@ class PoolSetupOperator(BaseOperator):
     :class:`~airflow_batchinfer.pools.kubernetes.KubernetesPoolSpec` (image, gpus, cpu, memory,
     node_selector, tolerations, interruptible, model_pvc, storage_secret, scaledown_ttl_s, ...).
     :param ready_timeout_s: model loading included. :param lease_ttl_s: a run's lease on a shared
-    Kubernetes pool lapses after this long even if its teardown never ran."""
+    Kubernetes pool lapses after this long unless renewed (each shard task renews it), so a run
+    that died without its teardown does not hold GPUs."""
 
     template_fields = (
         "worker_pool", "engine", "model", "engine_options", "replicas", "concurrency", "idle_ttl_s",
@@ -83,7 +97,7 @@ class PoolSetupOperator(BaseOperator):
         target_batch_tokens: int | str = 16_384,
         kubernetes: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 900.0,
-        lease_ttl_s: float = 24 * 3600,
+        lease_ttl_s: float = LEASE_TTL_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

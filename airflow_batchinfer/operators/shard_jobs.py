@@ -26,6 +26,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_batchinfer.exceptions import RpcError, WorkerBusy, WorkerUnavailable
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import PoolEndpoints, pool_endpoints
+from airflow_batchinfer.operators.pool import renew_lease
 from airflow_batchinfer.rounds import inferred_shard, job_spec, read_run_config, record_job_error
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobKind, JobSpec
@@ -129,6 +130,7 @@ class ShardJobOperator(BaseOperator):
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
             return self._result(cfg, done)
+        renew_lease(self.worker_pool, context, self.log)
         return self._submit(context, spec, ep, resubmits=0)
 
     def _submit(

@@ -163,13 +163,18 @@ def test_two_overlapping_runs_share_the_pool_then_idle_ttl_scales_it_to_zero(
     wait_for(lambda: not pods(kube, ns), what="scaled to zero after idle_ttl")
 
 
-def test_an_expired_lease_does_not_pin_the_pool(kube: Kube, tmp_path: Path) -> None:
+def test_a_live_run_renews_its_lease_and_an_expired_one_does_not_pin_the_pool(
+    kube: Kube, tmp_path: Path
+) -> None:
     ns = kube.namespace()
     pool = KubernetesPool(kube.api, "pool", ns)
     pool.ensure(spec(ns, tmp_path, idle_ttl_s=0))
+    assert pool.acquire("long-run", 1, ttl_s=1) == 1
     assert pool.acquire("crashed-run", 1, ttl_s=1) == 1  # its teardown never runs
+    assert pool.renew("long-run", ttl_s=60)  # what each shard task of a live run does
     time.sleep(1.2)
-    assert pool.reconcile() == 0
+    assert pool.reconcile() == 1 and not pool.renew("crashed-run")
+    assert pool.release("long-run") == 0  # idle_ttl 0
     assert pool.status()["leases"] == {}
 
 

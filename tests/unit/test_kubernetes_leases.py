@@ -50,6 +50,14 @@ def test_expired_lease_is_dropped_and_counts_as_the_last_use() -> None:
     assert s.decide(90) == 0
 
 
+def test_a_live_run_renews_its_lease_and_a_lapsed_one_cannot() -> None:
+    s = state(1, idle=60)
+    s.acquire("long-run", 1, now=0, ttl_s=30)
+    assert s.renew("long-run", now=25, ttl_s=30) and s.leases["long-run"].expires == 55
+    assert not s.renew("long-run", now=56, ttl_s=30)  # lapsed: renewing cannot resurrect it
+    assert not s.renew("never-held", now=1, ttl_s=30)
+
+
 def test_a_pool_never_used_starts_its_idle_clock_when_first_seen() -> None:
     s = state(2, idle=60)  # e.g. applied from k8s/ with replicas set by hand
     assert s.decide(1000) == 2 and s.last_used == 1000

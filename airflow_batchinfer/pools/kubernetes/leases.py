@@ -4,7 +4,8 @@ Several Airflow runs (and ``batchinfer pool up``) may share one warm pool. Each 
 (``batchinfer.io/leases``: id → replicas wanted, expiry), recorded on the Deployment's annotations
 and updated with optimistic concurrency, so any process (the setup and teardown tasks, the CLI, the
 reaper CronJob) sees the same truth; none of it lives in process memory. A lease expires by itself
-so a run that died without its teardown cannot pin GPUs forever.
+so a run that died without its teardown cannot pin GPUs forever; a live run renews it as its shard
+tasks start.
 
 The replica count follows from the leases:
 
@@ -75,6 +76,15 @@ class PoolState:
     def acquire(self, lease_id: str, replicas: int, *, now: float, ttl_s: float) -> None:
         self.leases[lease_id] = Lease(replicas=replicas, acquired=now, expires=now + ttl_s)
         self.last_used = now
+
+    def renew(self, lease_id: str, *, now: float, ttl_s: float) -> bool:
+        """Push ``lease_id``'s expiry to ``now + ttl_s`` (never earlier); ``False`` if it is gone."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.expires <= now:
+            return False
+        lease.expires = max(lease.expires, now + ttl_s)
+        self.last_used = now
+        return True
 
     def release(self, lease_id: str, *, now: float) -> bool:
         self.last_used = now

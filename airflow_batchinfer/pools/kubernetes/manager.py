@@ -246,6 +246,15 @@ class KubernetesPool:
         return self._update(lambda s, now: s.acquire(lease_id, replicas, now=now, ttl_s=ttl_s),
                             f"lease {lease_id} wants {replicas}")[0]  # fmt: skip
 
+    def renew(self, lease_id: str, *, ttl_s: float = 24 * 3600) -> bool:
+        """Keep ``lease_id`` alive another ``ttl_s``; ``False`` if it has lapsed or was released."""
+        renewed: list[bool] = []
+        self._update(
+            lambda s, now: renewed.append(s.renew(lease_id, now=now, ttl_s=ttl_s)),
+            f"lease {lease_id} renewed",
+        )
+        return renewed[-1]
+
     def release(self, lease_id: str) -> int:
         """Drop ``lease_id``; the pool stays warm for ``idle_ttl_s`` unless others still hold it."""
         return self._update(lambda s, now: s.release(lease_id, now=now), f"lease {lease_id} released")[0]
