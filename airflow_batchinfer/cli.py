@@ -278,11 +278,13 @@ def _kubernetes(args: argparse.Namespace) -> Any:
     if args.backend != "kubernetes":
         return None
     try:
-        from airflow_batchinfer.pools.kubernetes import commands
+        import kubernetes  # noqa: F401 - the client the commands use
     except ImportError as exc:  # pragma: no cover - the extra is missing
         raise ConfigError(
             f"the kubernetes backend needs: pip install 'airflow-batchinfer[kubernetes]' ({exc})"
         ) from exc
+    from airflow_batchinfer.pools.kubernetes import commands
+
     return commands
 
 
