@@ -6,6 +6,9 @@ Messages name the bad value and the remedy. Classes that also subclass a builtin
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 
 class BatchInferError(Exception):
     """Root of every error raised by airflow-batchinfer."""
@@ -13,6 +16,14 @@ class BatchInferError(Exception):
 
 class ConfigError(BatchInferError, ValueError):
     """An argument or setting is invalid; the message names it and the accepted values."""
+
+
+def check_known_fields(cls: type, data: dict[str, Any], what: str) -> None:
+    """Refuse keys of ``data`` that are not fields of the dataclass ``cls``, listing the known ones."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"unknown {what} {unknown}; known: {sorted(known)}")
 
 
 class StorageError(BatchInferError):

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 
 STRATEGIES = ("rounds", "in_place", "hybrid")
 REVIEW_MODES = ("never", "every_round", "on_low_approval")
@@ -84,8 +84,5 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown run settings {unknown}; known: {sorted(known)}")
+        check_known_fields(cls, data, "run settings")
         return cls(**data)

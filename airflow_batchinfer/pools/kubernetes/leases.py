@@ -28,6 +28,11 @@ IDLE_TTL = PREFIX + "idle-ttl-s"
 SCALEDOWN_TTL = PREFIX + "scaledown-ttl-s"
 
 
+def ttl_annotations(idle_ttl_s: float, scaledown_ttl_s: float) -> dict[str, str]:
+    """The pool's lifecycle settings as annotations: the reaper reads them without the spec."""
+    return {IDLE_TTL: f"{idle_ttl_s:g}", SCALEDOWN_TTL: f"{scaledown_ttl_s:g}"}
+
+
 @dataclass
 class Lease:
     replicas: int
@@ -69,8 +74,7 @@ class PoolState:
             LEASES: json.dumps({k: vars(v) for k, v in sorted(self.leases.items())}, sort_keys=True),
             LAST_USED: None if self.last_used is None else f"{self.last_used:.3f}",
             LOW_SINCE: None if self.low_since is None else f"{self.low_since:.3f}",
-            IDLE_TTL: f"{self.idle_ttl_s:g}",
-            SCALEDOWN_TTL: f"{self.scaledown_ttl_s:g}",
+            **ttl_annotations(self.idle_ttl_s, self.scaledown_ttl_s),
         }
 
     def acquire(self, lease_id: str, replicas: int, *, now: float, ttl_s: float) -> None:

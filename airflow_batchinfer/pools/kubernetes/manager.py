@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.pools.kubernetes import objects
-from airflow_batchinfer.pools.kubernetes.leases import IDLE_TTL, SCALEDOWN_TTL, PoolState
+from airflow_batchinfer.pools.kubernetes.leases import PoolState, ttl_annotations
 from airflow_batchinfer.pools.kubernetes.spec import (
     DEFAULT_IDLE_TTL_S,
     DEFAULT_SCALEDOWN_TTL_S,
@@ -130,11 +130,7 @@ class KubernetesPool:
                 log.info("%s: created (image %s, %d GPU per worker)", self, spec.image, spec.gpus)
                 return "created"
             dep = self._deployment()
-        ttls = {
-            k: v
-            for k, v in self._state(0, None, spec).annotations().items()
-            if k in (IDLE_TTL, SCALEDOWN_TTL)
-        }
+        ttls = ttl_annotations(spec.idle_ttl_s, spec.scaledown_ttl_s)
         for _ in range(20):
             annotations = dep.metadata.annotations or {}
             have = annotations.get(objects.SPEC_HASH)
@@ -290,8 +286,9 @@ class KubernetesPool:
             self._get(what, fn, name, self.namespace)
 
     # ----------------------------------------------------------------------------- discovery
-    def _pods(self) -> tuple[list[Any], int]:
-        dep = self._deployment()
+    def _pods(self, dep: Any = None) -> tuple[list[Any], int]:
+        """The Deployment's pods and the workers' RPC port (``dep``: already read, or read now)."""
+        dep = dep or self._deployment()
         match = dep.spec.selector.match_labels or {}
         port = next(
             (
@@ -322,11 +319,10 @@ class KubernetesPool:
         pods, port = self._pods()
         return sorted(f"http://{p.status.pod_ip}:{port}" for p in pods if self._ready(p))
 
-    def problems(self) -> list[str]:
+    def problems(self, pods: list[Any] | None = None) -> list[str]:
         """Why workers are not ready, in the scheduler's and kubelet's words (for error messages)."""
         out = []
-        pods, _ = self._pods()
-        for pod in pods:
+        for pod in self._pods()[0] if pods is None else pods:
             name = pod.metadata.name
             for c in pod.status.conditions or []:
                 if c.type == "PodScheduled" and c.status == "False":
@@ -356,7 +352,7 @@ class KubernetesPool:
         dep = self._deployment()
         now = self.clock()
         state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
-        pods, port = self._pods()
+        pods, port = self._pods(dep)
         return {
             "name": self.name,
             "namespace": self.namespace,
@@ -377,5 +373,5 @@ class KubernetesPool:
                 }
                 for p in sorted(pods, key=lambda p: p.metadata.name)
             ],
-            "problems": self.problems(),
+            "problems": self.problems(pods),
         }

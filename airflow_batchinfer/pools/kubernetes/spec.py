@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer import __version__
-from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 
 # What the Dockerfile in k8s/ builds; push it to your registry and set `image`.
 DEFAULT_IMAGE = f"airflow-batchinfer-worker:{__version__}"
@@ -84,10 +84,7 @@ class KubernetesPoolSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown Kubernetes pool settings {unknown}; known: {sorted(known)}")
+        check_known_fields(cls, data, "Kubernetes pool settings")
         data = dict(data)
         for key in ("allowed_prefixes", "tolerations"):
             if key in data:
