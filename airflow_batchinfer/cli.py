@@ -342,7 +342,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
     from airflow_batchinfer.pipeline import run_pipeline
-    from airflow_batchinfer.pools import LocalPool
+    from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
     from airflow_batchinfer.run_config import RunConfig
@@ -363,23 +363,22 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         id_field=args.id_field,
         assign_ids=args.assign_ids,
     )
-    discover: Any = None  # Kubernetes workers come and go
+    # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
+    lease = f"cli-run:{args.run_root}"
+    pool: WorkerPool
     if args.worker_url:
-        from airflow_batchinfer.pools import StaticPool
         from airflow_batchinfer.worker.config import load_token
 
-        static = StaticPool(urls=args.worker_url, token=load_token(args.token_file))
-        urls, token = static.urls, static.token
+        pool = StaticPool(urls=args.worker_url, rpc_token=load_token(args.token_file))
     elif args.kubernetes_pool:
-        from airflow_batchinfer.hooks.pool import KubernetesRef
-
-        kpool = KubernetesRef.parse("kubernetes://" + args.kubernetes_pool).pool()
-        lease = f"cli-run:{args.run_root}"
-        kpool.acquire(lease, args.replicas, ttl_s=24 * 3600)
-        urls, token, discover = kpool.wait_ready(args.replicas), kpool.token(), kpool.endpoints
+        kpool: Any = PoolRef.parse("kubernetes://" + args.kubernetes_pool).open()
+        kpool.acquire(lease, args.replicas)
+        kpool.wait_ready(args.replicas)
+        pool = kpool
     else:
         local = LocalPool(args.name)
-        urls, token = local.up(_pool_spec(args, [args.run_root, parent(args.input)])), local.token
+        local.up(_pool_spec(args, [args.run_root, parent(args.input)]), lease_id=lease)
+        pool = local
     bars: dict[str, ProgressBar] = {}
 
     def progress(phase: str, done: int, total: int) -> None:
@@ -392,7 +391,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         bar(done - bar.records, done - bar.records)
 
     async def go() -> dict[str, Any]:
-        client = PoolClient(urls, token=token, discover=discover and (lambda: asyncio.to_thread(discover)))
+        client = PoolClient.for_pool(pool, lease_id=lease)
         try:
             return await run_pipeline(cfg, client, progress=progress)
         finally:
@@ -403,8 +402,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         for bar in bars.values():
             bar.close()
-        if args.kubernetes_pool:
-            kpool.release(lease)
+        pool.release(lease)
 
 
 def _env(name: str, default: Any = None) -> Any:
@@ -454,6 +452,11 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         help="exit after this many seconds without jobs",
     )
     p.add_argument(
+        "--lease-file",
+        default=_env("LEASE_FILE"),
+        help="with --idle-ttl: the local pool's lease file; stay while a run leases the pool",
+    )
+    p.add_argument(
         "--drain-timeout",
         type=float,
         default=float(_env("DRAIN_TIMEOUT", 300)),
@@ -486,6 +489,7 @@ def _cmd_worker_serve(args: argparse.Namespace) -> None:
         insecure_no_auth=args.insecure_no_auth,
         allowed_prefixes=None if args.allow_any_prefix else args.allow_prefix,
         idle_ttl_s=args.idle_ttl,
+        lease_file=args.lease_file,
         drain_timeout_s=args.drain_timeout,
         target_batch_tokens=args.target_batch_tokens,
         max_batch_size=args.max_batch_size,

@@ -196,8 +196,16 @@ def build_batch_inference_dag(
     :param airflow_pool: the Airflow pool bounding in-flight shard jobs.
     :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form.
     :param retries: Airflow retries of each shard job before its shard is quarantined.
-    :param assigned_users, response_timeout, notifiers: for the review gates.
+    :param retry_delay: between those retries.
+    :param execution_timeout: per shard job try; it holds while the task is deferred.
+    :param aws_conn_id: the AWS connection for ``s3://`` input and run roots on the Airflow side.
+    :param assigned_users: who may answer the review gates (default: anyone allowed to).
+    :param response_timeout: how long a review gate waits; unanswered means ``Stop``.
+    :param notifiers: notifiers of the review gates.
     :param pool_setup: add the pool setup/teardown tasks (local pools start; others are waited for).
+    :param poll_interval_s: how often a deferred shard task's trigger asks its worker.
+    :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
+        ``False``, ``tags`` to ``["batchinfer"]``).
     """
     values = {**DEFAULTS, **(defaults or {})}
     values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
@@ -248,7 +256,9 @@ def build_batch_inference_dag(
         upstream: Any = preflight
         for slot in slots(max_rounds):
             with TaskGroup(slot.replace("-", "_")) as group:
-                plan = RoundControllerOperator(task_id="plan", slot=slot, **common, **review_args)
+                plan = RoundControllerOperator(
+                    task_id="plan", slot=slot, worker_pool=_p("worker_pool"), **common, **review_args
+                )
                 if slot == TAIL:
                     jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
                         shard=plan.output

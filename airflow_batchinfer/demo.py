@@ -190,7 +190,7 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
         print(f"  {phase}: {done}/{total} records")
 
     async def go() -> dict[str, Any]:
-        client = PoolClient(urls, token=pool.token)
+        client = PoolClient(urls, token=pool.token())
         try:
             return await run_pipeline(cfg, client, progress=progress)
         finally:

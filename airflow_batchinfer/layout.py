@@ -1,11 +1,14 @@
-"""The run directory layout (DESIGN §3), one place for every path a run reads or writes.
+"""The run directory layout, one place for every path a run reads or writes (docs/architecture.md).
 
 ::
 
     <root>/input/                 sharded input            <root>/rejects/   malformed input lines
     <root>/round-00/pending/      this round's input       <root>/round-00/inferred/
     <root>/round-00/rejected/     judge's rejected rows    <root>/round-00/failed/
-    <root>/round-00/jobs/         completion manifests     <root>/round-00/summary.json
+    <root>/round-00/jobs/         completion manifests, <shard>.<kind>.accepted.json (what close accepted)
+    <root>/round-00/staged/       fenced job outputs: <shard>.<kind>/<attempt token>/<name>.jsonl.zst,
+                                  moved into results/ and rejected/ by close (one attempt, once)
+    <root>/round-00/summary.json
     <root>/results/               approved rows (round00-part-NNNNN..., tail-part-NNNNN...)
     <root>/checkpoints/           in-place retry state     <root>/report/
     <root>/run.json               the run's settings       <root>/round-00/plan.json, <root>/tail/plan.json
@@ -14,11 +17,29 @@
 
 from __future__ import annotations
 
+import posixpath
+import re
 from dataclasses import dataclass
 
 from airflow_batchinfer.storage.location import join
 
 SHARD_SUFFIX = ".jsonl.zst"
+# Outputs a job with ``outputs["staging"]`` writes per attempt, for the round's close to accept once.
+FENCED_OUTPUTS = ("approved", "rejected")
+
+
+def staged_name(manifest_uri: str) -> str:
+    """The staging folder of one job, from its manifest's name (``part-00003.judge.json`` →
+    ``part-00003.judge``); reduced to safe characters, so it always stays inside the staging URI."""
+    base = posixpath.basename(manifest_uri.rstrip("/"))
+    base = base[: -len(".json")] if base.endswith(".json") else base
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", base).lstrip(".")
+    return name or "job"
+
+
+def staged_output(staging: str, manifest_uri: str, token: str, name: str) -> str:
+    """Where the attempt ``token`` of a job writes its fenced output ``name``."""
+    return join(staging, staged_name(manifest_uri), token, name + SHARD_SUFFIX)
 
 
 @dataclass(frozen=True)
@@ -72,6 +93,17 @@ class RunLayout:
 
     def job_manifest(self, r: int, shard_id: str, kind: str) -> str:
         return join(self.round(r), "jobs", f"{shard_id}.{kind}.json")
+
+    def accepted(self, r: int, shard_id: str, kind: str) -> str:
+        """What close accepted for a shard's job (the attempt and its counts), or its quarantine."""
+        return join(self.round(r), "jobs", f"{shard_id}.{kind}.accepted.json")
+
+    def staging(self, r: int) -> str:
+        return join(self.round(r), "staged")
+
+    def staged_job(self, r: int, shard_id: str, kind: str) -> str:
+        """Every attempt's staged outputs of one job (see :func:`staged_output`)."""
+        return join(self.staging(r), staged_name(self.job_manifest(r, shard_id, kind)))
 
     def summary(self, r: int) -> str:
         return join(self.round(r), "summary.json")

@@ -9,16 +9,21 @@ records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
+import posixpath
+import shutil
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rpc.fingerprint import spec_key
+from airflow_batchinfer.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact, shard_dataset
@@ -52,7 +57,7 @@ def slots(max_rounds: int) -> list[str]:
     return [f"round-{r:02d}" for r in range(max_rounds)] + [TAIL]
 
 
-DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
+DOC_VERSION = 1  # of run.json, plan.json, summary.json, failed/ records and jobs/*.accepted.json
 
 
 def read_doc(uri: str, what: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
@@ -114,7 +119,9 @@ def prepare_run(
 
 # ---------------------------------------------------------------------------------------- jobs
 def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> JobSpec:
-    """The job a round runs for one shard (``shard["uri"]`` is the job's input)."""
+    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Judge and in-place
+    jobs carry ``outputs["staging"]``: the worker writes their approved and rejected rows under an
+    attempt token there, and :func:`close_round` moves one attempt's files to the final URIs."""
     layout = RunLayout(cfg.run_root)
     sid = shard["shard_id"]
     params: dict[str, Any]
@@ -126,6 +133,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "approved": layout.result(r, sid),
             "rejected": layout.rejected(r, sid),
             "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),  # fenced: close accepts one attempt's outputs, once
         }
         params = cfg.judge_params()
     else:
@@ -134,6 +142,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "rejected": layout.rejected(r, sid),
             "checkpoints": layout.checkpoints(r, sid),
             "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),
         }
         params = cfg.in_place_params()
     spec = JobSpec(
@@ -331,37 +340,56 @@ def accept_pending(
 
 
 # --------------------------------------------------------------------------------------- close
+STALE = (
+    "{uri} was written under other settings or for another input version: re-run the DAG run to recompute it"
+)
+ACCEPTED_FIELDS = ("counts", "tokens", "timings", "worker", "batcher", "engine")
+
+
+@dataclass
+class _Settled:
+    """What close decided for one shard."""
+
+    shard: ShardDescriptor
+    jobs: list[dict[str, Any]]  # valid manifests / the accepted doc: tokens, timings, workers
+    counts: dict[str, Any] | None  # the accepted attempt's counts; None when quarantined
+    failed: dict[str, Any] | None = None
+    orphans: list[str] = field(default_factory=list)
+
+
 def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) -> dict[str, Any] | None:
-    """Account for every shard the plan ran: quarantine those without a completion manifest into
-    ``failed/``, check the counts, recompact the rejected set into the next round's pending set and
-    write ``summary.json``. ``None`` for a skipped slot."""
+    """Account for every shard the plan ran, accepting each shard's outputs once.
+
+    Per shard (8 threads): every job's completion manifest must match the round's *current* settings
+    and input versions (job id and fingerprint recomputed); the accounting job (judge, or in_place)
+    is then accepted once: ``jobs/<shard>.<kind>.accepted.json`` records the attempt, and that
+    attempt's staged outputs are moved to ``results/`` and ``rejected/`` (a copy that finishes later is
+    never promoted). A shard without a valid manifest is quarantined into ``failed/`` and any final
+    output close did not promote is removed. Then: check the counts, recompact the rejected set into
+    the next round's pending set and write ``summary.json``. ``None`` for a skipped slot. Re-running
+    it is safe: accepted shards stay as they are, and a quarantined shard whose job has since
+    finished is accepted then."""
     if plan.mode == "skip":
         return None
     layout = RunLayout(cfg.run_root)
     r = plan.round
-    kinds: tuple[str, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
-
-    def manifest(kind: str, sid: str) -> dict[str, Any] | None:
-        return read_job_manifest(layout.job_manifest(r, sid, kind), so)
-
+    kinds: tuple[JobKind, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
+    already_failed = set(_names(layout.failed(r), so))
     with ThreadPoolExecutor(8) as ex:
-        found = list(ex.map(lambda sk: manifest(sk[1], sk[0]["shard_id"]),
-                            [(s, k) for s in plan.shards for k in kinds]))  # fmt: skip
-    per_shard = [found[i : i + len(kinds)] for i in range(0, len(found), len(kinds))]
-    done = [ms[-1] for ms in per_shard]  # the last job of a shard accounts for its records
+        settled = list(ex.map(lambda s: _settle(cfg, layout, r, s, kinds, already_failed, so), plan.shards))
+    orphans = [u for x in settled for u in x.orphans]
+    orphans += _remove_unplanned(layout, r, plan, so)
     counts: dict[str, int] = {}
     tokens: dict[str, int] = {}
     job_seconds = 0.0
     failed: list[dict[str, Any]] = []
     workers: dict[str, dict[str, float]] = {}
-    for shard, ms in zip(plan.shards, per_shard, strict=True):
-        if ms[-1] is None:
-            phase = next(k for k, m in zip(kinds, ms, strict=True) if m is None)
-            failed.append(_quarantine(layout, r, shard, phase, so))
-        else:
-            for k, v in ms[-1].get("counts", {}).items():
-                counts[k] = counts.get(k, 0) + int(v)
-        for m in filter(None, ms):  # every job that finished, infer and judge alike
+    for x in settled:
+        if x.failed is not None:
+            failed.append(x.failed)
+        for k, v in (x.counts or {}).items():
+            counts[k] = counts.get(k, 0) + int(v)
+        for m in x.jobs:  # every job that counts, infer and judge alike
             run_s = float((m.get("timings") or {}).get("run_s", 0.0))
             job_tokens = m.get("tokens") or {}
             for k, v in job_tokens.items():
@@ -384,6 +412,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         "approved": counts.get("approved", 0),
         "failed_shards": failed,
         "failed_records": failed_records,
+        "orphans_removed": orphans,
         "tokens": tokens,
         "job_seconds": round(job_seconds, 3),
         "workers": workers,  # per worker: jobs, job_seconds, engine_busy_s, fill_sum, tokens
@@ -392,9 +421,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         summary["rejected"] = counts.get("rejected", 0)
         summary["inference_errors"] = counts.get("inference_errors", 0)
         judged = {
-            s["shard_id"]: m["counts"].get("rejected", 0)
-            for s, m in zip(plan.shards, done, strict=True)
-            if m is not None
+            x.shard["shard_id"]: int(x.counts.get("rejected", 0)) for x in settled if x.counts is not None
         }
         nxt = recompact(
             layout.rejected_dir(r),
@@ -425,21 +452,231 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     return summary
 
 
+def _settle(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    already_failed: set[str],
+    so: StorageOptions | None,
+) -> _Settled:
+    """Check one shard's manifests against the current settings, accept its accounting job once
+    (promoting that attempt's staged outputs), or quarantine the shard."""
+    sid = shard["shard_id"]
+    acct = kinds[-1]
+    final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
+    accepted_uri = layout.accepted(r, sid, acct)
+    jobs: list[dict[str, Any]] = []
+    keep: dict[str, Any] | None = None  # the accepted doc (earlier or now)
+    fresh = False  # accepted by this close (the doc is still to be written)
+    problem: tuple[str, str] | None = None  # (phase, error)
+    rerun = False  # the manifest is unusable although current: delete it so a re-run recomputes
+    stale_staged: list[str] = []
+    for kind in kinds:
+        spec = job_spec(cfg, kind, r, inferred_shard(cfg, r, shard) if kind == "judge" else shard)
+        manifest_uri = layout.job_manifest(r, sid, kind)
+        m = read_job_manifest(manifest_uri, so)
+        prior = read_doc(accepted_uri, "accepted job", so) if kind == acct else None
+        if prior is not None and prior.get("quarantined"):
+            prior = None
+        info = _input_info(spec.input, so) if m is not None or prior is not None else None
+        pinned = pin_input(spec, info) if info is not None else None
+
+        def current(doc: dict[str, Any] | None, pinned: JobSpec | None = pinned, info: Any = info) -> bool:
+            return (
+                doc is not None
+                and pinned is not None
+                and doc.get("job_id") == pinned.job_id
+                and doc.get("fingerprint") == fingerprint(pinned, doc.get("engine") or {}, info or {})
+            )
+
+        if current(prior):  # accepted earlier for these settings: a later copy never replaces it
+            keep = prior
+            continue
+        if m is None or not current(m):
+            note = read_doc(join(layout.round(r), "jobs", f"{sid}.{kind}.error.json"), "job error", so)
+            error = (note or {}).get("error")
+            if m is None:
+                problem = (kind, error or "the job never completed (no completion manifest)")
+            else:
+                problem = (kind, STALE.format(uri=manifest_uri) + (f"; last error: {error}" if error else ""))
+                if kind == acct:
+                    stale_staged = list((m.get("committed") or {}).values())
+            break
+        if kind == acct:
+            keep, fresh = _accepted_doc(m, sid, kind, final, manifest_uri), True
+        else:
+            jobs.append(m)
+
+    if problem is None and keep is not None and fresh:
+        missing = [u for u in keep["committed"].values() if not _exists(u, so)]
+        if missing:
+            problem = (acct, f"the staged outputs of attempt {keep['attempt']} are missing "
+                             f"({', '.join(missing)}): re-run the DAG run to recompute them")  # fmt: skip
+            rerun = True
+        else:
+            write_doc(accepted_uri, keep, so)  # first the decision, then the moves (redone if cut short)
+            log.info("round %d: shard %s: accepted attempt %s of %s", r, sid, keep["attempt"], keep["job_id"])
+    if problem is None and keep is not None:
+        lost = _promote(keep, so)
+        if lost:
+            problem = (acct, f"the accepted outputs {', '.join(lost)} of attempt {keep['attempt']} are "
+                             "missing: re-run the DAG run to recompute them")  # fmt: skip
+            rerun = True
+    if problem is None and keep is not None:
+        _remove_tree(layout.staged_job(r, sid, acct), so)  # other copies' attempts: never promoted
+        if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
+            _remove(join(layout.failed(r), f"{sid}.json"), so)
+            log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
+        return _Settled(shard, [*jobs, keep], dict(keep.get("counts") or {}))
+
+    assert problem is not None
+    phase, error = problem
+    if rerun:
+        _remove(layout.job_manifest(r, sid, acct), so)
+    for uri in stale_staged:
+        _remove(uri, so)
+    orphans = [final[name] for name in FENCED_OUTPUTS if _remove(final[name], so)]
+    if orphans:
+        log.warning("round %d: shard %s is quarantined: removed outputs no accepted job produced: %s",
+                    r, sid, ", ".join(orphans))  # fmt: skip
+    write_doc(
+        accepted_uri,
+        {"shard_id": sid, "kind": acct, "quarantined": True, "phase": phase, "error": error,
+         "orphans_removed": orphans, "quarantined_at": time.time()},
+        so,
+    )  # fmt: skip
+    record = _quarantine(layout, r, shard, phase, error, orphans, so)
+    return _Settled(shard, jobs, None, record, orphans)
+
+
+def _accepted_doc(
+    m: dict[str, Any], sid: str, kind: str, final: dict[str, str], manifest_uri: str
+) -> dict[str, Any]:
+    """What close accepts of a job: its attempt, the staged files to move and the counts to use."""
+    return {
+        "shard_id": sid,
+        "kind": kind,
+        "quarantined": False,
+        "job_id": m.get("job_id"),
+        "fingerprint": m.get("fingerprint"),
+        "attempt": m.get("attempt"),
+        "committed": dict(m.get("committed") or {}),  # name -> staged URI (none: written in place)
+        "outputs": {name: final[name] for name in FENCED_OUTPUTS},
+        "manifest": manifest_uri,
+        **{k: m.get(k) for k in ACCEPTED_FIELDS},
+        "accepted_at": time.time(),
+    }
+
+
+def _promote(doc: dict[str, Any], so: StorageOptions | None) -> list[str]:
+    """Move the accepted attempt's staged outputs to their final URIs. Idempotent: an output whose
+    staged file is gone was moved by an earlier close (a job without staging wrote it in place).
+    Returns the outputs found nowhere."""
+    lost = []
+    committed = doc.get("committed") or {}
+    for name, dst in doc["outputs"].items():
+        staged = committed.get(name)
+        if staged and _exists(staged, so):
+            _move(staged, dst, so)
+        elif not _exists(dst, so):
+            lost.append(dst)
+    return lost
+
+
+def _remove_unplanned(layout: RunLayout, r: int, plan: Plan, so: StorageOptions | None) -> list[str]:
+    """Final outputs of this round for shards the plan does not name (an earlier plan's): orphans that
+    would break the count check and the recompaction."""
+    planned = {s["shard_id"] for s in plan.shards}
+    prefix = f"round{r:02d}-" if plan.mode == "rounds" else "tail-"
+    found = [join(layout.rejected_dir(r), n) for n in _names(layout.rejected_dir(r), so)
+             if n.endswith(SHARD_SUFFIX) and n[: -len(SHARD_SUFFIX)] not in planned]  # fmt: skip
+    found += [join(layout.results, n) for n in _names(layout.results, so)
+              if n.startswith(prefix) and n.endswith(SHARD_SUFFIX)
+              and n[len(prefix) : -len(SHARD_SUFFIX)] not in planned]  # fmt: skip
+    removed = [u for u in found if _remove(u, so)]
+    if removed:
+        log.warning("round %d: removed outputs of shards the plan does not name: %s", r, ", ".join(removed))
+    return removed
+
+
 def _quarantine(
-    layout: RunLayout, r: int, shard: ShardDescriptor, phase: str, so: StorageOptions | None
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    phase: str,
+    error: str,
+    orphans: list[str],
+    so: StorageOptions | None,
 ) -> dict[str, Any]:
     """A shard whose ``phase`` job exhausted its retries: its whole input is recorded in ``failed/``."""
     sid = shard["shard_id"]
-    note = read_doc(join(layout.round(r), "jobs", f"{sid}.{phase}.error.json"), "job error", so)
+    if orphans:
+        error += f" (removed outputs no accepted job produced: {', '.join(orphans)})"
     record = {
         "shard_id": sid,
         "uri": shard["uri"],
         "records": shard["records"],
         "round": r,
         "phase": phase,
-        "error": (note or {}).get("error", "the job never completed (no completion manifest)"),
+        "error": error,
+        "orphans_removed": orphans,
         "remedy": "fix the cause, then re-run the DAG run (finished shards are not run again)",
     }
     write_doc(join(layout.failed(r), f"{sid}.json"), record, so)
     log.error("round %d: shard %s quarantined (%s): %s", r, sid, phase, record["error"])
     return record
+
+
+# ------------------------------------------------------------------------------------- storage
+def _input_info(uri: str, so: StorageOptions | None) -> dict[str, Any] | None:
+    try:
+        return JsonlFile(uri, storage_options=so).info()
+    except FileNotFoundError:
+        return None
+
+
+def _exists(uri: str, so: StorageOptions | None) -> bool:
+    loc = resolve(uri, so)
+    return bool(loc.fs.isfile(loc.path))
+
+
+def _move(src: str, dst: str, so: StorageOptions | None) -> None:
+    """Local: a rename (atomic); object stores: copy, then delete the source (redone if cut short)."""
+    s, d = resolve(src, so), resolve(dst, so)
+    if s.is_local:
+        os.makedirs(os.path.dirname(d.path), exist_ok=True)
+        os.replace(s.path, d.path)
+        return
+    s.fs.copy(s.path, d.path)
+    with contextlib.suppress(FileNotFoundError):
+        s.fs.rm(s.path)
+
+
+def _remove(uri: str, so: StorageOptions | None) -> bool:
+    """Delete a file; ``True`` if it existed."""
+    loc = resolve(uri, so)
+    if not loc.fs.isfile(loc.path):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(loc.path)
+    return True
+
+
+def _remove_tree(uri: str, so: StorageOptions | None) -> None:
+    loc = resolve(uri, so)
+    if loc.is_local:
+        shutil.rmtree(loc.path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(loc.path, recursive=True)
+
+
+def _names(uri: str, so: StorageOptions | None) -> list[str]:
+    """The names in a folder (none when it does not exist)."""
+    loc = resolve(uri, so)
+    try:
+        return [posixpath.basename(str(p).rstrip("/")) for p in loc.fs.ls(loc.path, detail=False)]
+    except FileNotFoundError:
+        return []

@@ -103,7 +103,7 @@ def main() -> None:
                     chunk_size=args.records_per_shard, max_rounds=1)  # fmt: skip
 
     async def direct() -> float:
-        client = PoolClient(urls, token=pool.token, poll_interval_s=args.poll)
+        client = PoolClient(urls, token=pool.token(), poll_interval_s=args.poll)
         t0 = time.monotonic()
         try:
             await run_pipeline(cfg, client)

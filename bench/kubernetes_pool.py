@@ -1,5 +1,8 @@
-"""Kubernetes pool benchmark (printed, not asserted), SIMULATED engine, on the local control plane
-(``../shared/tools/k8s``) with the test suite's kubelet stand-in running pods as local processes.
+"""Kubernetes pool benchmark (printed, not asserted), SIMULATED engine, on a local control plane with
+the test suite's kubelet stand-in running pods as local processes. The control plane is found as the
+Kubernetes tests find it (``tests/support/kube.py``): ``$BATCHINFER_TEST_K8S_BIN`` (etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler), ``$KUBEBUILDER_ASSETS`` (not enough here:
+envtest has no controller-manager or scheduler), or the workplace's tool.
 
 Side by side in one run:
 
@@ -38,7 +41,13 @@ from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSp
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.run_config import RunConfig  # noqa: E402
-from tests.support.kube import TOOLS, Kubelet, start_control_plane  # noqa: E402
+from tests.support.kube import (  # noqa: E402
+    NEEDS_CONTROLLERS,
+    NO_CONTROL_PLANE,
+    Kubelet,
+    find_control_plane,
+    start_control_plane,
+)
 
 
 class Resubmits(logging.Handler):
@@ -80,12 +89,14 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--records", type=int, default=400)
     args = ap.parse_args()
-    if not (TOOLS / "up.sh").exists():
-        print(f"kubernetes_pool: no control plane tool at {TOOLS} (../shared/tools/k8s): skipped")
+    found = find_control_plane()
+    if found is None or not found.controllers:
+        why = NO_CONTROL_PLANE if found is None else NEEDS_CONTROLLERS.format(source=found.source)
+        print(f"kubernetes_pool: skipped: {why}")
         return
     logging.getLogger("airflow_batchinfer.rpc").addHandler(Resubmits())
     work = Path(tempfile.mkdtemp(prefix="bi-k8s-bench-"))
-    plane = start_control_plane(work / "cp")
+    plane = start_control_plane(work / "cp", found)
     api = plane.api()
     kubelet = Kubelet(api, work / "kubelet", bin_dir=Path(sys.executable).parent).start()
     results: dict[str, Any] = {}

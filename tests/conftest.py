@@ -68,7 +68,8 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
 
 @dataclass
 class Kube:
-    """The session's Kubernetes control plane and kubelet stand-in; ``namespace()`` isolates a test."""
+    """The session's Kubernetes control plane and kubelet stand-in; ``namespace()`` isolates a test.
+    ``kubelet`` is ``None`` for :func:`kube_api` (the API server without pods)."""
 
     plane: Any
     kubelet: Any
@@ -82,6 +83,8 @@ class Kube:
         name = f"t-{uuid.uuid4().hex[:8]}"
         core = client.CoreV1Api(self.api)
         core.create_namespace({"metadata": {"name": name}})
+        if not self.plane.controllers:  # no controller-manager makes it: pods need it (admission)
+            core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
         for _ in range(100):  # pods need the namespace's default ServiceAccount (admission)
             if core.list_namespaced_service_account(name).items:
                 return name
@@ -90,20 +93,51 @@ class Kube:
 
 
 @pytest.fixture(scope="session")
-def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    """A real API server (../shared/tools/k8s/up.sh) with a kubelet stand-in running pods as local
-    worker processes on 127.x pod IPs. Skips when the tool is absent."""
+def kube_plane() -> Iterator[Any]:
+    """A real Kubernetes control plane on 127.0.0.1, found as ``tests/support/kube.py`` says
+    (``$BATCHINFER_TEST_K8S_BIN``, then ``$KUBEBUILDER_ASSETS``, then the workplace's tool). Skips,
+    saying how to get one (``setup-envtest``), when none is found."""
     pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
-    from tests.support.kube import Kubelet, start_control_plane
+    from tests.support.kube import NO_CONTROL_PLANE, find_control_plane, start_control_plane
 
+    try:
+        found = find_control_plane()
+    except ValueError as exc:  # a variable names a directory without the binaries
+        pytest.fail(str(exc))
+    if found is None:
+        pytest.skip(NO_CONTROL_PLANE)
     state = Path(tempfile.mkdtemp(prefix="bi-k8s-"))  # short: etcd's unix sockets
-    plane = start_control_plane(state)
-    api = plane.api()
+    try:
+        plane = start_control_plane(state, found)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def kube_api(kube_plane: Any) -> Kube:
+    """The API server alone (validation, admission, RBAC, dry runs): works with any control plane,
+    envtest's etcd + kube-apiserver included. No pods run."""
+    return Kube(kube_plane, None, kube_plane.api())
+
+
+@pytest.fixture(scope="session")
+def kube(kube_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """A real control plane with its controller-manager and scheduler, and a kubelet stand-in running
+    pods as local worker processes on 127.x pod IPs. Skips with the reason when the control plane
+    found has no controller-manager and scheduler (envtest's), or when none is found."""
+    from tests.support.kube import NEEDS_CONTROLLERS, Kubelet
+
+    if not kube_plane.controllers:
+        pytest.skip(NEEDS_CONTROLLERS.format(source=kube_plane.found.source))
+    api = kube_plane.api()
     import sys
 
     kubelet = Kubelet(api, tmp_path_factory.mktemp("kubelet"), bin_dir=Path(sys.executable).parent).start()
     try:
-        yield Kube(plane, kubelet, api)
+        yield Kube(kube_plane, kubelet, api)
     finally:
         kubelet.stop()
-        plane.stop()

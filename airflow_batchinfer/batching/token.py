@@ -32,6 +32,7 @@ class TokenBatcher(DynamicBatcher[T, R]):
     :param inference_fn: the batch function (``process_fn`` is accepted as an alias).
     :param target_batch_tokens: tokens per batch (default 32,000).
     :param default_token_estimate: tokens of a record nothing else estimates (default 1).
+
     Other keyword arguments are those of :class:`DynamicBatcher`.
     """
 

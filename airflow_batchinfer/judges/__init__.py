@@ -29,6 +29,19 @@ from airflow_batchinfer.judges.rules import (
     RegexJudge,
 )
 
+LLM_JUDGE_KEYS = frozenset(
+    {
+        "template",
+        "system",
+        "sampling",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+    }
+)
 JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
 
 
@@ -41,7 +54,14 @@ def build_judge(spec: Mapping[str, Any]) -> Judge:
     args = {k: v for k, v in spec.items() if k != "type"}
     try:
         if kind == "llm":
-            sampling = SamplingParams.from_mapping(args, SamplingParams(max_tokens=128, temperature=0.0))
+            unknown = set(args) - LLM_JUDGE_KEYS
+            if unknown:
+                raise ConfigError(
+                    f"llm judge: unknown keys {sorted(unknown)}; it takes {sorted(LLM_JUDGE_KEYS)}"
+                )
+            # Sampling as an object (like the run's `sampling`) or at the top level (which wins).
+            values = {**(args.get("sampling") or {}), **args}
+            sampling = SamplingParams.from_mapping(values, SamplingParams(max_tokens=128, temperature=0.0))
             return LLMJudge(
                 args.get("template") or DEFAULT_TEMPLATE, system=args.get("system"), sampling=sampling
             )

@@ -1,15 +1,18 @@
 """Pool setup and teardown (Airflow setup/teardown tasks around a run).
 
-Setup starts the local pool's workers, or creates/adopts a Kubernetes pool's Deployment and takes a
-lease on it for this run (scaling it up), or, for a connection's static pool, starts nothing; then
-it waits on the triggerer until ``replicas`` workers are ready. Teardown releases the pool: local
-workers stay warm and exit by themselves after ``idle_ttl_s`` without jobs; a Kubernetes pool drops
-this run's lease and stays warm for ``idle_ttl_s`` (then the reaper scales it to zero), so
-back-to-back runs reuse warm workers; ``idle_ttl_s=0`` stops them at once.
+Setup takes a lease on the pool for this run (``DAG/RUN``) and starts what is missing: the local
+pool's workers, or a Kubernetes pool's Deployment (created or adopted, scaled up); a connection's
+static pool is only waited for. Then it waits on the triggerer until ``replicas`` workers are ready.
+While the run lives its lease keeps the workers, however long a review gate waits: shard tasks and
+gates renew it (:func:`hold_pool`), and a local pool whose workers died is restarted from its spec.
+Teardown releases the lease: the workers stay warm for ``idle_ttl_s`` (local workers then exit by
+themselves, a Kubernetes pool is scaled to zero by the reaper), so back-to-back runs reuse warm
+workers; ``idle_ttl_s=0`` or ``stop`` stops them at once unless another run holds them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from typing import Any
@@ -17,13 +20,17 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.hooks.pool import LOCAL, KubernetesRef, kubernetes_ref
+from airflow_batchinfer.exceptions import ConfigError, RpcError
+from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
-from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
+from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
+from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
+from airflow_batchinfer.rpc.client import SyncWorkerClient
+from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger
 
 BUILTIN_MODELS = {"builtin:smollm2": lambda: str(prepare_smollm2(default_cache_dir()))}
+LEASE_TTL_S = DEFAULT_LEASE_TTL_S
 
 
 def resolve_model(model: str | None) -> str | None:
@@ -42,22 +49,30 @@ def _as_dict(value: dict[str, Any] | str | None, what: str = "engine_options") -
     return value
 
 
-LEASE_TTL_S = 24 * 3600
-
-
 def lease_id(context: Context) -> str:
     """The lease a run holds on a shared pool: its DAG and run id."""
     return f"{context['dag'].dag_id}/{context['run_id']}"
 
 
-def renew_lease(worker_pool: str, context: Context, log: Any, ttl_s: float = LEASE_TTL_S) -> None:
-    """On a Kubernetes pool, extend this run's lease (runs may outlast one lease period)."""
-    ref = kubernetes_ref(worker_pool)
-    if ref is not None and not ref.pool().renew(lease_id(context), ttl_s=ttl_s):
-        log.warning(
-            "Kubernetes pool %s: this run's lease %s has lapsed; the pool may scale down under it. Remedy: "
-            "raise the setup task's lease_ttl_s, or re-run pool_setup", ref, lease_id(context),
-        )  # fmt: skip
+def hold_pool(worker_pool: str, context: Context, log: Any, ttl_s: float = LEASE_TTL_S) -> WorkerPool:
+    """Open the run's pool and keep it: renew this run's lease (runs outlast one lease period, review
+    gates wait for hours) and, for a local pool, restart workers that died."""
+    pool = open_pool(worker_pool)
+    note = pool.keep(lease_id(context), ttl_s=ttl_s)
+    if note:
+        log.warning("worker pool %s: %s", pool, note)
+    return pool
+
+
+def _ready(pool: WorkerPool, lease: str) -> list[str]:
+    """The pool's workers that answer ready now (model loaded, not draining)."""
+    token = pool.token()
+    ready = []
+    for url in pool.endpoints(lease):
+        with contextlib.suppress(RpcError), SyncWorkerClient(url, token=token, timeout=5) as client:
+            if client.ready():
+                ready.append(url)
+    return ready
 
 
 def _ttl(value: float | str | None) -> float | None:
@@ -65,17 +80,21 @@ def _ttl(value: float | str | None) -> float | None:
 
 
 class PoolSetupOperator(BaseOperator):
-    """:param worker_pool: ``local://NAME`` (started here) or a ``batchinfer_pool`` connection id
-    (only waited for), or a Kubernetes pool (``kubernetes://NAMESPACE/NAME`` or a connection with
-    the kubernetes backend: created or adopted, leased and scaled here). The rest configures the
-    pool: ``engine``, ``model``, ``engine_options``, ``replicas``, ``concurrency``, ``idle_ttl_s``,
-    ``allowed_prefixes`` (the storage locations its jobs may touch: the run roots),
-    ``target_batch_tokens``; ``kubernetes`` holds the Kubernetes-only settings of
+    """Take this run's lease on its pool, start what is missing, and wait until it is ready.
+
+    :param worker_pool: ``local://NAME`` (started here) or a ``batchinfer_pool`` connection id
+        (only waited for), or a Kubernetes pool (``kubernetes://NAMESPACE/NAME`` or a connection with
+        the kubernetes backend: created or adopted, leased and scaled here).
+    :param ready_timeout_s: model loading included.
+    :param lease_ttl_s: a run's lease on a shared pool (local or Kubernetes) lapses after this long
+        unless renewed (each shard task and each review gate renews it), so a run that died without
+        its teardown does not hold GPUs.
+
+    The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
+    ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
+    the run roots), ``target_batch_tokens``; ``kubernetes`` holds the Kubernetes-only settings of
     :class:`~airflow_batchinfer.pools.kubernetes.KubernetesPoolSpec` (image, gpus, cpu, memory,
-    node_selector, tolerations, interruptible, model_pvc, storage_secret, scaledown_ttl_s, ...).
-    :param ready_timeout_s: model loading included. :param lease_ttl_s: a run's lease on a shared
-    Kubernetes pool lapses after this long unless renewed (each shard task renews it), so a run
-    that died without its teardown does not hold GPUs."""
+    node_selector, tolerations, interruptible, model_pvc, storage_secret, scaledown_ttl_s, ...)."""
 
     template_fields = (
         "worker_pool", "engine", "model", "engine_options", "replicas", "concurrency", "idle_ttl_s",
@@ -114,7 +133,7 @@ class PoolSetupOperator(BaseOperator):
         self.ready_timeout_s = ready_timeout_s
         self.lease_ttl_s = lease_ttl_s
 
-    def _kubernetes_up(self, ref: KubernetesRef, replicas: int, context: Context) -> None:
+    def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> None:
         from airflow_batchinfer.pools.kubernetes import KubernetesPoolSpec
 
         if self.model in BUILTIN_MODELS:
@@ -122,57 +141,69 @@ class PoolSetupOperator(BaseOperator):
                               "image or model volume (model_pvc is mounted at /models)")  # fmt: skip
         idle = _ttl(self.idle_ttl_s)
         spec = KubernetesPoolSpec.from_dict({
-            "name": ref.name, "namespace": ref.namespace, "engine": self.engine, "model": self.model or None,
+            "name": pool.name, "namespace": pool.namespace, "engine": self.engine,
+            "model": self.model or None,
             "engine_options": _as_dict(self.engine_options), "replicas": replicas,
             "concurrency": int(self.concurrency), "idle_ttl_s": float("inf") if idle is None else idle,
             "allowed_prefixes": tuple(p for p in self.allowed_prefixes if p),
             "target_batch_tokens": int(self.target_batch_tokens),
             **_as_dict(self.kubernetes, "kubernetes"),
         })  # fmt: skip
-        pool = ref.pool()
         what = pool.ensure(spec, lease_id=lease_id(context))
         now = pool.acquire(lease_id(context), replicas, ttl_s=self.lease_ttl_s)
         self.log.info("Kubernetes pool %s: Deployment %s; lease %s for %d workers (running %d); image %s",
-                      ref, what, lease_id(context), replicas, now, spec.image)  # fmt: skip
+                      pool, what, lease_id(context), replicas, now, spec.image)  # fmt: skip
 
-    def execute(self, context: Context) -> None:
+    def _local_up(self, pool: LocalPool, replicas: int, context: Context) -> None:
+        spec = LocalPoolSpec(
+            engine=self.engine,
+            model=resolve_model(self.model),
+            engine_options=_as_dict(self.engine_options),
+            replicas=replicas,
+            concurrency=int(self.concurrency),
+            idle_ttl_s=_ttl(self.idle_ttl_s),
+            allowed_prefixes=tuple(p for p in self.allowed_prefixes if p),
+            target_batch_tokens=int(self.target_batch_tokens),
+        )
+        warm = pool.start(spec, lease_id=lease_id(context), ttl_s=self.lease_ttl_s)
+        self.log.info("local pool %s: lease %s; %d warm workers kept, %d starting (%s, model %s); logs in %s",
+                      pool.name, lease_id(context), len(warm), max(replicas - len(warm), 0), spec.engine,
+                      spec.model, pool.dir)  # fmt: skip
+
+    def execute(self, context: Context) -> list[str] | None:
         replicas = int(self.replicas)
-        ref = kubernetes_ref(self.worker_pool)
-        if ref is not None:
-            self._kubernetes_up(ref, replicas, context)
-        elif self.worker_pool.startswith(LOCAL):
-            pool = LocalPool(self.worker_pool[len(LOCAL) :])
-            spec = LocalPoolSpec(
-                engine=self.engine,
-                model=resolve_model(self.model),
-                engine_options=_as_dict(self.engine_options),
-                replicas=replicas,
-                concurrency=int(self.concurrency),
-                idle_ttl_s=_ttl(self.idle_ttl_s),
-                allowed_prefixes=tuple(p for p in self.allowed_prefixes if p),
-                target_batch_tokens=int(self.target_batch_tokens),
-            )
-            warm = pool.start(spec)
-            self.log.info("local pool %s: %d warm workers kept, %d starting (%s, model %s); logs in %s",
-                          pool.name, len(warm), replicas - len(warm), spec.engine, spec.model,
-                          pool.dir)  # fmt: skip
+        pool = open_pool(self.worker_pool)
+        if isinstance(pool, LocalPool):
+            self._local_up(pool, replicas, context)
+        elif pool.backend == "kubernetes":
+            self._kubernetes_up(pool, replicas, context)
+        else:
+            self.log.info("worker pool %s is managed outside Airflow: waiting for its workers", pool)
+        ready = _ready(pool, lease_id(context))
+        if len(ready) >= replicas:  # warm: nothing to wait for, and no deferral to pay
+            self.log.info("worker pool %s ready: %s", self.worker_pool, ready)
+            return ready
         self.defer(
             trigger=PoolReadyTrigger(
-                worker_pool=self.worker_pool, replicas=replicas, deadline=time.time() + self.ready_timeout_s
+                worker_pool=self.worker_pool,
+                replicas=replicas,
+                deadline=time.time() + self.ready_timeout_s,
+                lease_id=lease_id(context),
+                not_before=time.time() + SETTLE_S,
             ),
             method_name="execute_complete",
         )
+        return None  # not reached: defer() raises
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> list[str]:
         if event.get("state") != "ready":
-            where = ""
-            if self.worker_pool.startswith(LOCAL):
-                where = f"; worker logs: {LocalPool(self.worker_pool[len(LOCAL) :]).dir}"
-            elif (ref := kubernetes_ref(self.worker_pool)) is not None:
-                where = "; " + ("; ".join(ref.pool().problems()) or "pods still starting")
+            pool = open_pool(self.worker_pool)
+            where = "; ".join(pool.problems()) or "workers still starting"
+            if isinstance(pool, LocalPool):
+                where += f"; worker logs: {pool.dir}"
             raise AirflowException(
                 f"worker pool {self.worker_pool!r}: {event.get('ready', 0)} of {self.replicas} workers ready "
-                f"after {self.ready_timeout_s:.0f} s{where}. Remedy: check the model path and engine "
+                f"after {self.ready_timeout_s:.0f} s; {where}. Remedy: check the model path and engine "
                 "options, or raise ready_timeout_s for large models."
             )
         self.log.info("worker pool %s ready: %s", self.worker_pool, event["urls"])
@@ -193,25 +224,12 @@ class PoolTeardownOperator(BaseOperator):
         self.stop = stop
 
     def execute(self, context: Context) -> None:
-        ref = kubernetes_ref(self.worker_pool)
-        if ref is not None:
-            kpool = ref.pool()
-            replicas = kpool.release(lease_id(context))
-            if str(self.stop).lower() in ("true", "1") and replicas:
-                try:
-                    replicas = kpool.scale_to_zero()
-                except ConfigError as exc:  # other runs still use it
-                    self.log.info("not stopping %s: %s", ref, exc)
-            self.log.info("Kubernetes pool %s: lease %s released; %d workers %s", ref, lease_id(context),
-                          replicas, "stay warm" if replicas else "(scaled to zero)")  # fmt: skip
-            return
-        if not self.worker_pool.startswith(LOCAL):
-            self.log.info("worker pool %s is managed outside Airflow: nothing to release", self.worker_pool)
-            return
-        pool = LocalPool(self.worker_pool[len(LOCAL) :])
-        spec = pool.status().get("spec") or {}
-        if str(self.stop).lower() in ("true", "1") or spec.get("idle_ttl_s") == 0:
-            self.log.info("stopping local pool %s: %d workers", pool.name, pool.down())
-        else:
-            self.log.info("local pool %s stays warm; its workers exit after %s s without jobs",
-                          pool.name, spec.get("idle_ttl_s"))  # fmt: skip
+        pool = open_pool(self.worker_pool)
+        left = pool.release(lease_id(context))
+        if str(self.stop).lower() in ("true", "1") and left:
+            try:
+                left = pool.scale_to_zero()
+            except ConfigError as exc:  # other runs still use it
+                self.log.info("not stopping %s: %s", pool, exc)
+        self.log.info("worker pool %s: lease %s released; %d workers %s", pool, lease_id(context), left,
+                      "stay warm for other runs or idle_ttl_s" if left else "(stopped)")  # fmt: skip

@@ -8,11 +8,12 @@ from airflow.sdk import Asset, BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.hooks.pool import pool_endpoints
 from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
 from airflow_batchinfer.report import build_report
-from airflow_batchinfer.rounds import read_run_config
+from airflow_batchinfer.run_owner import owned_run_config
 
 
 class PreflightOperator(BaseOperator):
@@ -30,12 +31,12 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = read_run_config(self.run_root, so)
+        cfg = owned_run_config(self.run_root, context, so)
         if cfg.preflight_records <= 0:
             self.log.info("pre-flight is off (preflight_records=0)")
             return None
-        ep = pool_endpoints(self.worker_pool).require()
-        s = run_preflight(cfg, ep.urls, ep.token, so)
+        pool = hold_pool(self.worker_pool, context, self.log)
+        s = run_preflight(cfg, require_endpoints(pool, lease_id(context)), pool.token(), so)
         self.log.info(
             "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
             "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
@@ -66,7 +67,7 @@ class RunReportOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = read_run_config(self.run_root, so)
+        cfg = owned_run_config(self.run_root, context, so)
         report = build_report(cfg, so)
         layout = RunLayout(cfg.run_root)
         for outlet in self.outlets:

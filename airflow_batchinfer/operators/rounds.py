@@ -22,6 +22,7 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.operators.pool import LEASE_TTL_S, hold_pool
 from airflow_batchinfer.report import review_body
 from airflow_batchinfer.rounds import (
     ACCEPT,
@@ -33,9 +34,9 @@ from airflow_batchinfer.rounds import (
     close_round,
     propose,
     read_plan,
-    read_run_config,
     write_plan,
 )
+from airflow_batchinfer.run_owner import owned_run_config
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
 
@@ -45,12 +46,18 @@ def _descriptors(plan: Plan) -> list[dict[str, Any]]:
 
 
 class RoundControllerOperator(HITLOperator):
-    """:param slot: ``round-NN`` or ``tail``. :param run_root: the run's root (templated).
+    """The plan task of one round slot, with its review gate.
+
+    :param slot: ``round-NN`` or ``tail``.
+    :param run_root: the run's root (templated).
     :param review_default: the answer taken when nobody answers within ``response_timeout``
         (``Stop`` by default: nothing more is spent without a person's decision).
+    :param worker_pool: the run's pool: its lease is renewed here, to outlast the review gate (the
+        workers stay warm however long the review takes), and dead local workers are restarted.
+
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
-    template_fields = ("run_root", "aws_conn_id")
+    template_fields = ("run_root", "aws_conn_id", "worker_pool")
     ui_color = "#fff3cd"
 
     def __init__(
@@ -59,6 +66,7 @@ class RoundControllerOperator(HITLOperator):
         slot: str,
         run_root: str,
         aws_conn_id: str | None = None,
+        worker_pool: str | None = None,
         review_default: str = STOP,
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         **kwargs: Any,
@@ -73,12 +81,21 @@ class RoundControllerOperator(HITLOperator):
         self.slot = slot
         self.run_root = run_root
         self.aws_conn_id = aws_conn_id
+        self.worker_pool = worker_pool
+
+    def _hold_pool(self, context: Context, gate: bool) -> None:
+        if not self.worker_pool:
+            return
+        wait = self.response_timeout.total_seconds() if gate and self.response_timeout else 0.0
+        hold_pool(self.worker_pool, context, self.log, ttl_s=LEASE_TTL_S + wait)
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = read_run_config(self.run_root, so)
+        cfg = owned_run_config(self.run_root, context, so)
         proposal = propose(cfg, self.slot, so)
         plan = proposal.plan
+        if plan.mode != "skip" or proposal.options:
+            self._hold_pool(context, gate=bool(proposal.options))
         if not proposal.options:
             write_plan(RunLayout(cfg.run_root), plan, so)
             self.log.info("%s: %s (%s)%s", self.slot, plan.mode, plan.reason,
@@ -95,7 +112,7 @@ class RoundControllerOperator(HITLOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> Any:
         payload = super().execute_complete(context, event)
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = read_run_config(self.run_root, so)
+        cfg = owned_run_config(self.run_root, context, so)
         proposal = propose(cfg, self.slot, so)
         choice = payload["chosen_options"][0]
         user = payload.get("responded_by_user") or {}
@@ -103,6 +120,8 @@ class RoundControllerOperator(HITLOperator):
         who = str(who or "the timeout default")
         plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so)
         write_plan(RunLayout(cfg.run_root), plan, so)
+        if plan.mode != "skip":
+            self._hold_pool(context, gate=False)  # workers that died during the review start again
         self.log.info("%s: %s chose %r: %s (%s)", self.slot, who, choice, plan.mode, plan.reason)
         return _descriptors(plan)
 
@@ -122,7 +141,7 @@ class CloseRoundOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = read_run_config(self.run_root, so)
+        cfg = owned_run_config(self.run_root, context, so)
         plan = read_plan(RunLayout(cfg.run_root), self.slot, so)
         if plan is None:
             raise AirflowFailException(f"{self.slot}: no plan.json; the round controller did not finish")

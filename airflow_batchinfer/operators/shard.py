@@ -1,20 +1,26 @@
-"""``ShardDatasetOperator``: the run's first task. Validates the run settings, shards the input
+"""``ShardDatasetOperator``: the run's first task. Validates the run settings, claims the run root
+for this DAG run (``owner.json``: a root another live DAG run owns is refused), shards the input
 (CPU; reused when an identical sharding exists), stores ``run.json`` and returns shard descriptors
 (references and counts, never records)."""
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowException, AirflowFailException
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import prepare_run
 from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run_owner import RunIdentity, claim, owner_uri
 from airflow_batchinfer.storage import ShardDescriptor
+
+# Storage full or read-only: retrying the same write will not help until someone frees space.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
 def max_map_length() -> int:
@@ -23,11 +29,28 @@ def max_map_length() -> int:
     return conf.getint("core", "max_map_length", fallback=1024)
 
 
+def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
+    """The state of another DAG run through the task SDK (``None``: no such run)."""
+    from airflow.sdk.exceptions import AirflowRuntimeError
+
+    try:
+        state = ti.get_dagrun_state(run.dag_id, run.run_id)
+        return str(getattr(state, "value", state))  # a DagRunState enum or its value
+    except AirflowRuntimeError as exc:
+        detail = getattr(getattr(exc, "error", None), "detail", None) or {}
+        if isinstance(detail, dict) and detail.get("status_code") == 404:
+            return None
+        raise AirflowException(f"cannot read the state of DAG run {run}, which owns this run root: {exc}. "
+                               "Airflow retries the task.") from exc  # fmt: skip
+
+
 class ShardDatasetOperator(BaseOperator):
     """:param config: the run settings (:class:`RunConfig` fields; templated, so DAG params fit).
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param max_map_length: refuse more shards than this (default: the deployment's
-        ``[core] max_map_length``, since a round maps one task per shard)."""
+        ``[core] max_map_length``, since a round maps one task per shard).
+    :param claim_settle_s: how long a new claim of the run root settles before it is read back
+        (see :mod:`airflow_batchinfer.run_owner`)."""
 
     template_fields = ("config", "aws_conn_id")
     ui_color = "#fdf5e6"
@@ -38,22 +61,55 @@ class ShardDatasetOperator(BaseOperator):
         config: dict[str, Any],
         aws_conn_id: str | None = None,
         max_map_length: int | None = None,
+        claim_settle_s: float = 1.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.config = config
         self.aws_conn_id = aws_conn_id
         self.max_map_length = max_map_length
+        self.claim_settle_s = claim_settle_s
+
+    def _claim(self, cfg: RunConfig, context: Context, so: dict[str, Any]) -> None:
+        """Record this DAG run as the run root's owner; refuse a root another live run owns."""
+        ti = context.get("ti") if hasattr(context, "get") else None
+        if ti is None or not getattr(ti, "run_id", None):
+            self.log.warning("no DAG run in the context: %s is not claimed", owner_uri(cfg.run_root))
+            return
+        me = RunIdentity(ti.dag_id, ti.run_id)
+        decision = claim(
+            cfg.run_root,
+            me,
+            lambda run: dagrun_state(ti, run),
+            so,
+            settle_s=self.claim_settle_s,
+            extra={"try_number": getattr(ti, "try_number", None)},
+        )
+        if decision.action == "refuse":
+            raise AirflowFailException(decision.reason)
+        self.log.info("%s (%s)", decision.reason, owner_uri(cfg.run_root))
 
     def execute(self, context: Context) -> list[ShardDescriptor]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(self.config))
+            cfg.validate()  # before anything is written, the owner record included
+            self._claim(cfg, context, so)
             self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
                           RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip
             result = prepare_run(cfg, so, max_shards=self.max_map_length or max_map_length())
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            root = str(self.config.get("run_root"))
+            raise AirflowFailException(
+                f"cannot write the run under {root}: {exc.strerror or exc} (errno {exc.errno}"
+                f"{', ' + exc.filename if exc.filename else ''}). Nothing half-written is visible: files "
+                "commit atomically. Remedy: free space (or make it writable) under the output root, then "
+                "clear this DAG run; finished steps are reused."
+            ) from exc
         self.log.info("%s%d shards, counts %s; quarantined lines in %s",
                       "reused: " if result.reused else "", len(result.shards), result.counts,
                       result.rejects_uri)  # fmt: skip

@@ -5,7 +5,13 @@ job to the warm pool by reference, defers on :class:`WorkerJobTrigger` (no worke
 the GPU works), and returns a small dict (the shard, its round and counts) for XCom.
 
 - A job whose completion manifest already exists with the same fingerprint is not run again.
-- A lost worker or job is resubmitted under the same job id (idempotent); the manifest decides.
+- A job id runs on at most one worker: a retry (after a zombie task, a timeout, a re-run) first asks
+  the pool's workers whether one still runs the job and follows it there.
+- A lost worker or job, or one a draining worker gave up, is resubmitted under the same job id
+  (idempotent); the completion manifest decides. The decisions are the shared job tracker's
+  (:mod:`airflow_batchinfer.rpc.tracking`), as in ``batchinfer run``.
+- A task that times out or is killed cancels its remote job.
+- Each task renews the run's lease on the pool (a local pool also restarts workers that died).
 - A failing job fails the task, so Airflow's ``retries`` apply; its error is kept next to the
   shard's manifests, and the round's close quarantines the shard once retries are exhausted.
 - ``execution_timeout`` holds while deferred: the trigger's deadline is the task's.
@@ -23,16 +29,21 @@ from typing import Any, ClassVar, cast
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_batchinfer.exceptions import RpcError, WorkerBusy, WorkerUnavailable
+from airflow_batchinfer.exceptions import BatchInferError, WorkerBusy, WorkerUnavailable
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.hooks.pool import PoolEndpoints, pool_endpoints
-from airflow_batchinfer.operators.pool import renew_lease
-from airflow_batchinfer.rounds import inferred_shard, job_spec, read_run_config, record_job_error
+from airflow_batchinfer.hooks.pool import open_pool
+from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.pools import WorkerPool
+from airflow_batchinfer.rounds import inferred_shard, job_spec, record_job_error
+from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.fingerprint import pin_input
-from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobKind, JobSpec
-from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.rpc.models import JobKind, JobSpec
+from airflow_batchinfer.rpc.pool import PoolClient, follow
+from airflow_batchinfer.rpc.tracking import JobEvent, after_event
 from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run_owner import owned_run_config
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
+from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
@@ -78,22 +89,26 @@ class ShardJobOperator(BaseOperator):
         self.lost_grace_s = lost_grace_s
         self.max_resubmits = max_resubmits
         self.inline_wait_s = inline_wait_s
+        self._remote: tuple[str, str] | None = None  # (worker URL, job id) of the job in flight
 
     # ------------------------------------------------------------------------------- helpers
     @property
     def storage_options(self) -> dict[str, Any]:
         return storage_options_from_aws_conn(self.aws_conn_id)
 
-    def _config(self) -> RunConfig:
-        return read_run_config(self.run_root, self.storage_options)
+    def _config(self, context: Context) -> RunConfig:
+        return owned_run_config(self.run_root, context, self.storage_options)
 
     def _spec(self, cfg: RunConfig) -> JobSpec:
         """The shard's job, pinned to the current version of its input (see ``pin_input``)."""
         spec = job_spec(cfg, self.kind, int(self.shard["round"]), cast(ShardDescriptor, self.shard))
         return pin_input(spec, JsonlFile(spec.input, storage_options=self.storage_options).info())
 
-    def _client(self, ep: PoolEndpoints) -> PoolClient:
-        return ep.client(storage_options=self.storage_options)
+    def _client(self, pool: WorkerPool, context: Context) -> PoolClient:
+        return PoolClient.for_pool(
+            pool, lease_id=lease_id(context), storage_options=self.storage_options,
+            poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s,
+        )  # fmt: skip
 
     def _what(self) -> str:
         return f"shard {self.shard['shard_id']} ({self.kind}, round {self.shard['round']})"
@@ -115,12 +130,12 @@ class ShardJobOperator(BaseOperator):
 
     # ------------------------------------------------------------------------------- execute
     def execute(self, context: Context) -> dict[str, Any] | None:
-        cfg = self._config()
+        cfg = self._config(context)
         spec = self._spec(cfg)
-        ep = pool_endpoints(self.worker_pool)
+        pool = hold_pool(self.worker_pool, context, self.log)
 
         async def check() -> dict[str, Any] | None:
-            client = self._client(ep)
+            client = self._client(pool, context)
             try:
                 return await client.finished(spec)
             finally:
@@ -130,30 +145,28 @@ class ShardJobOperator(BaseOperator):
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
             return self._result(cfg, done)
-        renew_lease(self.worker_pool, context, self.log)
-        return self._submit(context, spec, ep, resubmits=0)
+        # A first try cannot have a copy running anywhere; a later one (zombie, timeout, clear) may.
+        return self._submit(context, spec, pool, resubmits=0, locate=context["ti"].try_number > 1)
 
     def _submit(
-        self, context: Context, spec: JobSpec, ep: PoolEndpoints, resubmits: int
+        self, context: Context, spec: JobSpec, pool: WorkerPool, resubmits: int, *, locate: bool = True
     ) -> dict[str, Any] | None:
         deadline = self._deadline(context)
 
-        async def submit() -> tuple[str, dict[str, Any] | None]:
-            client = self._client(ep)
+        async def submit() -> tuple[str, JobEvent | None]:
+            client = self._client(pool, context)
             try:
                 url, status = await client.submit_when_free(
-                    spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S
+                    spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S, locate=locate
                 )
-                waited = time.monotonic() + self.inline_wait_s
-                while status.state not in TERMINAL_STATES and time.monotonic() < waited:
-                    await asyncio.sleep(min(0.5, self.poll_interval_s))
-                    try:
-                        status = await client.clients[url].status(spec.job_id)
-                    except RpcError:
-                        break  # the trigger handles lost workers
-                if status.state in TERMINAL_STATES:
-                    return url, {"state": status.state, "error": status.error, "counts": status.counts}
-                return url, None
+                self._remote = (url, spec.job_id)  # what on_kill cancels
+                # Short jobs finish here: deferring and resuming would cost more than the job.
+                event = await follow(
+                    client.worker(url), spec.job_id, first=status,
+                    poll_interval_s=min(0.5, self.poll_interval_s), lost_grace_s=self.lost_grace_s,
+                    until=time.monotonic() + self.inline_wait_s, deadline=deadline,
+                )  # fmt: skip
+                return url, event
             finally:
                 await client.aclose()
 
@@ -166,10 +179,9 @@ class ShardJobOperator(BaseOperator):
                 "that the Airflow pool's slots do not exceed replicas x concurrency; Airflow retries the "
                 "task."
             ) from exc
-        self.log.info("%s: job %s submitted to %s (%d records)", self._what(), spec.job_id, url,
-                      self.shard["records"])  # fmt: skip
+        self.log.info("%s: job %s on %s (%d records)", self._what(), spec.job_id, url, self.shard["records"])
         if event is not None:
-            return self.execute_complete(context, event, url=url, resubmits=resubmits)
+            return self.execute_complete(context, event.to_dict(), url=url, resubmits=resubmits)
         timeout = None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time() + 60))
         self.defer(
             trigger=WorkerJobTrigger(
@@ -179,6 +191,7 @@ class ShardJobOperator(BaseOperator):
                 deadline=deadline,
                 poll_interval_s=self.poll_interval_s,
                 lost_grace_s=self.lost_grace_s,
+                not_before=time.time() + SETTLE_S,
             ),
             method_name="execute_complete",
             kwargs={"url": url, "resubmits": resubmits},
@@ -189,32 +202,59 @@ class ShardJobOperator(BaseOperator):
     def execute_complete(
         self, context: Context, event: dict[str, Any], url: str = "", resubmits: int = 0
     ) -> dict[str, Any] | None:
-        cfg = self._config()
+        cfg = self._config(context)
         spec = self._spec(cfg)
-        state = event.get("state")
-        if state == "succeeded":
+        ev = JobEvent.from_dict(event, job_id=spec.job_id, url=url)
+        self._remote = (ev.url, ev.job_id)
+        manifest = None
+        if ev.state in ("succeeded", "lost"):
             manifest = read_job_manifest(spec.outputs["manifest"], self.storage_options)
+        outcome = after_event(
+            ev, manifest_found=manifest is not None, resubmits=resubmits, max_resubmits=self.max_resubmits
+        )
+        if outcome == "done":
             if manifest is None:
-                raise AirflowException(f"{self._what()}: the worker reports success but "
-                                       f"{spec.outputs['manifest']} is missing")  # fmt: skip
-            self.log.info("%s: done on %s: %s", self._what(), url, manifest.get("counts"))
+                self._fail(cfg, f"the worker reports success but {spec.outputs['manifest']} is missing")
+            assert manifest is not None
+            self.log.info("%s: done on %s: %s", self._what(), ev.url, manifest.get("counts"))
             return self._result(cfg, manifest)
-        if state == "lost":
-            manifest = read_job_manifest(spec.outputs["manifest"], self.storage_options)
-            if manifest is not None:
-                return self._result(cfg, manifest)  # it finished before the worker went away
-            if resubmits >= self.max_resubmits:
-                self._fail(cfg, f"lost {resubmits + 1} times (last: {event.get('reason')})")
-            self.log.warning("%s: %s; resubmitting", self._what(), event.get("reason"))
-            return self._submit(context, spec, pool_endpoints(self.worker_pool), resubmits + 1)
-        if state == "timeout":
-            self._fail(cfg, f"did not finish within execution_timeout ({self.execution_timeout})")
-        self._fail(cfg, f"{state} on {url}: {event.get('error')}")
+        if outcome == "resubmit":
+            self.log.warning("%s: %s; resubmitting", self._what(), ev.error)
+            pool = hold_pool(self.worker_pool, context, self.log)
+            return self._submit(context, spec, pool, resubmits + 1)
+        if ev.state == "timeout":
+            self._cancel_remote()
+            self._fail(
+                cfg, f"did not finish within execution_timeout ({self.execution_timeout}); job cancelled"
+            )
+        if ev.state == "lost":
+            self._fail(cfg, f"lost {resubmits + 1} times (last: {ev.error})")
+        self._fail(cfg, f"{ev.state} on {ev.url}: {ev.error}")
         return None
 
+    def on_kill(self) -> None:
+        """The task is being killed (timeout, marked failed, cleared): its job must not run on."""
+        self._cancel_remote()
+
+    def _cancel_remote(self) -> None:
+        remote = self._remote
+        if remote is None:
+            return
+        url, job_id = remote
+        try:
+            # Synchronous: on_kill may run in a signal handler while the task's event loop runs.
+            with SyncWorkerClient(url, token=open_pool(self.worker_pool).token(), timeout=10) as client:
+                client.cancel(job_id)
+            self.log.info("%s: cancelled job %s on %s", self._what(), job_id, url)
+        except Exception as exc:  # best effort: a retry finds and follows the job anyway
+            self.log.warning("%s: could not cancel job %s on %s: %s", self._what(), job_id, url, exc)
+
     def _fail(self, cfg: RunConfig, error: str) -> None:
-        record_job_error(cfg, int(self.shard["round"]), self.shard["shard_id"], self.kind, error,
-                         self.storage_options)  # fmt: skip
+        try:
+            record_job_error(cfg, int(self.shard["round"]), self.shard["shard_id"], self.kind, error,
+                             self.storage_options)  # fmt: skip
+        except (OSError, BatchInferError) as exc:  # a full or unreachable store must not hide the error
+            self.log.error("%s: could not record the job error next to its manifest: %s", self._what(), exc)
         raise AirflowException(
             f"{self._what()} {error}. Remedy: see the worker log for the record that failed; Airflow retries "
             "the task, and after the last retry the round's close quarantines the shard into failed/."

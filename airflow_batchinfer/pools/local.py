@@ -1,9 +1,18 @@
-"""The local pool: N worker processes on 127.0.0.1, detached, reused across runs.
+"""The local pool: worker processes on 127.0.0.1, detached, shared by runs through leases.
 
-State lives in ``<state_dir>/<name>/``: ``pool.json`` (spec and workers), the RPC ``token`` (mode
-0600), and one log per worker. ``up()`` keeps live workers whose spec matches, replaces the rest,
-starts what is missing and waits until all are ready. Workers exit by themselves after
-``idle_ttl_s`` without jobs, so back-to-back runs reuse warm workers and nothing lingers.
+State lives in ``<state_dir>/<name>/``: ``pool.json`` (one *generation* per spec, with its workers),
+``leases-<key>.json`` per generation (who uses it, as :class:`~airflow_batchinfer.pools.leases.PoolState`),
+the RPC ``token`` (mode 0600) and one log per worker. Every change happens under a file lock.
+
+- A run takes a lease on the generation of its spec (``start(spec, lease_id=...)``). Pools with
+  different settings are different generations, side by side: starting one never stops workers that
+  a live lease uses (a generation nobody leases is replaced).
+- Workers exit by themselves only when idle: no job for ``idle_ttl_s``, no live lease on their
+  generation and ``idle_ttl_s`` since its last release (each worker reads its lease file). A review
+  gate that waits for hours keeps its run's workers; back-to-back runs reuse warm ones.
+- :meth:`LocalPool.keep` (every shard task, every review gate) renews the run's lease, takes it again
+  if it lapsed, and restarts workers that died from the stored spec: a crashed worker costs a model
+  load, not a shard.
 """
 
 from __future__ import annotations
@@ -19,14 +28,17 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.models import default_cache_dir
+from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.rpc.client import SyncWorkerClient
+
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -48,10 +60,15 @@ class LocalPoolSpec:
             raise ConfigError("a local pool needs allowed_prefixes: the storage locations its jobs use")
 
     def key(self) -> str:
+        """What makes workers interchangeable: everything but the replica count and idle time."""
         data = dataclasses.asdict(self)
         data.pop("replicas")
         data.pop("idle_ttl_s")
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LocalPoolSpec:
+        return cls(**{**data, "allowed_prefixes": tuple(data.get("allowed_prefixes") or ())})
 
 
 # Workers this process started: kept so they are reaped (not left as zombies) once they exit.
@@ -74,13 +91,31 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _log_tail(worker: dict[str, Any], chars: int = 1500) -> str:
+    with contextlib.suppress(OSError):
+        return Path(worker["log"]).read_text(errors="replace")[-chars:]
+    return ""
+
+
 class LocalPool:
-    def __init__(self, name: str = "default", *, state_dir: str | Path | None = None) -> None:
+    backend = "local"
+
+    def __init__(
+        self,
+        name: str = "default",
+        *,
+        state_dir: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         if not name.replace("-", "").replace("_", "").isalnum():
             raise ConfigError(f"pool name {name!r}: use letters, digits, '-' and '_'")
         self.name = name
         self.dir = Path(state_dir or default_cache_dir() / "pools") / name
         self.state_file = self.dir / "pool.json"
+        self.clock = clock
+
+    def __str__(self) -> str:
+        return f"local://{self.name}"
 
     # ----------------------------------------------------------------------------------- state
     @contextlib.contextmanager
@@ -92,59 +127,193 @@ class LocalPool:
 
     def _load(self) -> dict[str, Any]:
         try:
-            return dict(json.loads(self.state_file.read_text()))
+            state = dict(json.loads(self.state_file.read_text()))
         except FileNotFoundError:
-            return {"workers": []}
+            state = {}
+        if state.get("version") != STATE_VERSION:  # none yet, or a pool from before generations
+            old = state.get("spec")
+            gens = {state["key"]: {"spec": old, "workers": state.get("workers", [])}} if old else {}
+            state = {"version": STATE_VERSION, "current": state.get("key"), "generations": gens}
+        return state
 
     def _save(self, state: dict[str, Any]) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2))
-        os.replace(tmp, self.state_file)
+        _write_atomic(self.state_file, state)
 
-    @property
+    def _lease_file(self, key: str) -> Path:
+        return self.dir / f"leases-{key}.json"
+
+    def _leases(self, key: str, spec: LocalPoolSpec) -> PoolState:
+        try:
+            state = PoolState.from_dict(json.loads(self._lease_file(key).read_text()))
+        except FileNotFoundError:
+            state = PoolState(replicas=spec.replicas, idle_ttl_s=0.0, scaledown_ttl_s=0.0)
+            state.last_used = self.clock()  # a new generation: the idle clock starts now
+        state.idle_ttl_s = float("inf") if spec.idle_ttl_s is None else float(spec.idle_ttl_s)
+        return state
+
+    def _save_leases(self, key: str, leases: PoolState) -> None:
+        _write_atomic(self._lease_file(key), leases.to_dict())
+
     def token(self) -> str:
         path = self.dir / "token"
         if not path.exists():
             self.dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32))
+            with contextlib.suppress(FileExistsError):
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32))
         return path.read_text().strip()
 
-    def _live(self, state: dict[str, Any]) -> list[dict[str, Any]]:
-        return [w for w in state.get("workers", []) if _alive(int(w["pid"]))]
+    @staticmethod
+    def _live(gen: dict[str, Any]) -> list[dict[str, Any]]:
+        return [w for w in gen.get("workers", []) if _alive(int(w["pid"]))]
+
+    def _generation(self, state: dict[str, Any], lease_id: str | None) -> tuple[str, dict[str, Any]] | None:
+        """The generation ``lease_id`` holds a lease on, else the newest one."""
+        gens: dict[str, dict[str, Any]] = state["generations"]
+        if lease_id is not None:
+            for key, gen in gens.items():
+                if lease_id in self._leases(key, LocalPoolSpec.from_dict(gen["spec"])).leases:
+                    return key, gen
+        current = state.get("current")
+        return (current, gens[current]) if current in gens else None
+
+    def _ensure(self, gen: dict[str, Any], leases: PoolState) -> int:
+        """Start workers until the generation has as many as its largest live lease wants."""
+        spec = LocalPoolSpec.from_dict(gen["spec"])
+        want = max([spec.replicas, *(lease.replicas for lease in leases.live(self.clock()).values())])
+        live = self._live(gen)
+        started = [self._start(spec) for _ in range(want - len(live))]
+        gen["workers"] = live + started
+        return len(started)
 
     # ------------------------------------------------------------------------------- commands
-    def up(self, spec: LocalPoolSpec, *, timeout_s: float = 600.0) -> list[str]:
+    def up(self, spec: LocalPoolSpec, *, lease_id: str | None = None, timeout_s: float = 600.0) -> list[str]:
         """Ensure ``spec.replicas`` ready workers; returns their URLs."""
-        return self.start(spec, wait=True, timeout_s=timeout_s)
+        return self.start(spec, lease_id=lease_id, wait=True, timeout_s=timeout_s)
 
-    def start(self, spec: LocalPoolSpec, *, wait: bool = False, timeout_s: float = 600.0) -> list[str]:
-        """Like :meth:`up`; without ``wait`` it returns once the workers are started, and
-        :meth:`urls` lists each one as soon as it listens (the Airflow setup task waits in a trigger)."""
+    def start(
+        self,
+        spec: LocalPoolSpec,
+        *,
+        lease_id: str | None = None,
+        ttl_s: float = DEFAULT_LEASE_TTL_S,
+        wait: bool = False,
+        timeout_s: float = 600.0,
+    ) -> list[str]:
+        """Start (or reuse) the workers of ``spec``, leased for ``lease_id`` when given. Without
+        ``wait`` it returns the URLs of workers already listening; :meth:`endpoints` lists each new
+        one as soon as it listens (the Airflow setup task waits in a trigger)."""
+        key = spec.key()
         with self._locked():
             state = self._load()
-            live = self._live(state)
-            if state.get("key") not in (None, spec.key()):
-                self._stop([w for w in live], wait=True)  # different model or settings: replace
+            now = self.clock()
+            for other, gen in list(state["generations"].items()):
+                if other != key and not self._leases(other, LocalPoolSpec.from_dict(gen["spec"])).live(now):
+                    self._stop(self._live(gen), wait=False)  # other settings, unused: replace
+                    del state["generations"][other]
+                    self._lease_file(other).unlink(missing_ok=True)
+            gen = state["generations"].setdefault(key, {"spec": None, "workers": []})
+            gen["spec"] = dataclasses.asdict(spec)
+            leases = self._leases(key, spec)
+            if lease_id is not None:
+                leases.acquire(lease_id, spec.replicas, now=now, ttl_s=ttl_s)
+            else:
+                leases.last_used = now
+            self._ensure(gen, leases)
+            state["current"] = key
+            self._save_leases(key, leases)
+            self._save(state)
+            workers = list(gen["workers"])
+        if not wait:
+            return [w["url"] for w in self._announced(workers) if w.get("url")]
+        return [w["url"] for w in self._wait_ready(workers, timeout_s)]
+
+    @contextlib.contextmanager
+    def _editing(self, lease_id: str | None) -> Iterator[tuple[dict[str, Any], PoolState] | None]:
+        """Under the lock: ``lease_id``'s generation (else the newest) and its leases, saved after
+        the block; ``None`` when the pool has no generation."""
+        with self._locked():
+            state = self._load()
+            found = self._generation(state, lease_id)
+            if found is None:
+                yield None
+                return
+            key, gen = found
+            leases = self._leases(key, LocalPoolSpec.from_dict(gen["spec"]))
+            yield gen, leases
+            self._save_leases(key, leases)
+            self._save(state)
+
+    def _never_started(self) -> ConfigError:
+        return ConfigError(
+            f"{self} was never started (or was stopped): run the DAG's pool setup task or "
+            f"`batchinfer pool up --name {self.name}`"
+        )
+
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
+        """Lease the newest generation for ``lease_id`` with ``replicas`` workers; returns how many run."""
+        with self._editing(None) as found:
+            if found is None:
+                raise self._never_started()
+            gen, leases = found
+            leases.acquire(lease_id, replicas, now=self.clock(), ttl_s=ttl_s)
+            self._ensure(gen, leases)
+            return len(gen["workers"])
+
+    def keep(self, lease_id: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> str | None:
+        """Keep ``lease_id``'s workers: renew the lease (take it again if it lapsed) and restart
+        workers that died. Returns what had to be repaired, for the log, or ``None``."""
+        with self._editing(lease_id) as found:
+            if found is None:
+                raise self._never_started()
+            gen, leases = found
+            notes = []
+            now = self.clock()
+            if lease_id in leases.leases and not leases.renew(lease_id, now=now, ttl_s=ttl_s):
+                leases.acquire(lease_id, leases.leases[lease_id].replicas, now=now, ttl_s=ttl_s)
+                notes.append(f"lease {lease_id} had lapsed: taken again")
+            if started := self._ensure(gen, leases):
+                notes.append(
+                    f"{started} workers had exited: restarted from the pool's spec (logs in {self.dir})"
+                )
+        return "; ".join(notes) or None
+
+    def release(self, lease_id: str) -> int:
+        """Drop ``lease_id``. Its workers stay warm for ``idle_ttl_s`` unless other leases hold them,
+        or stop now when ``idle_ttl_s`` is 0 and nobody else does. Returns the workers still running."""
+        with self._editing(lease_id) as found:
+            if found is None:
+                return 0
+            gen, leases = found
+            leases.release(lease_id, now=self.clock())
+            live = self._live(gen)
+            if leases.idle_ttl_s == 0 and not leases.live(self.clock()):
+                self._stop(live, wait=False)
                 live = []
-            keep, extra = live[: spec.replicas], live[spec.replicas :]
-            self._stop(extra, wait=False)
-            started = [self._start(spec) for _ in range(spec.replicas - len(keep))]
-            state = {"key": spec.key(), "spec": dataclasses.asdict(spec), "workers": keep + started}
-            self._save(state)
-            if not wait:
-                return [w["url"] for w in keep]
-            workers = self._wait_ready(state["workers"], timeout_s)
-            state["workers"] = workers
-            self._save(state)
-            return [w["url"] for w in workers]
+            return len(live)
+
+    def scale_to_zero(self, *, force: bool = False) -> int:
+        """Stop the newest generation's workers now. Refuses while runs hold leases on it, unless
+        ``force`` (drops them). Returns the workers left (0)."""
+        with self._editing(None) as found:
+            if found is None:
+                return 0
+            gen, leases = found
+            if (held := sorted(leases.live(self.clock()))) and not force:
+                raise ConfigError(
+                    f"{self} is leased by {held}: they would lose their workers. Remedy: --force"
+                )
+            leases.leases.clear()
+            leases.last_used = self.clock() - leases.idle_ttl_s
+            self._stop(self._live(gen), wait=False)
+            return 0
 
     def _start(self, spec: LocalPoolSpec) -> dict[str, Any]:
         wid = secrets.token_hex(4)
         announce = self.dir / f"worker-{wid}.json"
         log = self.dir / f"worker-{wid}.log"
-        self.token  # noqa: B018 - make sure the token file exists before workers read it
+        self.token()  # make sure the token file exists before workers read it
         cmd = [
             str(Path(spec.python).parent / "batchinfer"),
             "worker",
@@ -166,12 +335,12 @@ class LocalPool:
         ]
         if spec.model:
             cmd += ["--model", spec.model]
-        for key, value in spec.engine_options.items():
-            cmd += ["--engine-arg", f"{key}={json.dumps(value) if not isinstance(value, str) else value}"]
+        for k, value in spec.engine_options.items():
+            cmd += ["--engine-arg", f"{k}={json.dumps(value) if not isinstance(value, str) else value}"]
         for prefix in spec.allowed_prefixes:
             cmd += ["--allow-prefix", prefix]
         if spec.idle_ttl_s is not None:
-            cmd += ["--idle-ttl", str(spec.idle_ttl_s)]
+            cmd += ["--idle-ttl", str(spec.idle_ttl_s), "--lease-file", str(self._lease_file(spec.key()))]
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -194,23 +363,27 @@ class LocalPool:
                     w["url"] = json.loads(announce.read_text())["url"]
                     pending.remove(w)
                 elif not _alive(int(w["pid"])):
-                    tail = Path(w["log"]).read_text(errors="replace")[-3000:]
                     raise WorkerUnavailable(
-                        f"local worker {w['id']} exited while starting; log {w['log']}:\n{tail}"
+                        f"local worker {w['id']} exited while starting; log {w['log']}:\n{_log_tail(w, 3000)}"
                     )
             if pending and time.monotonic() > deadline:
                 raise WorkerUnavailable(f"{len(pending)} local workers not ready after {timeout_s:.0f} s")
             time.sleep(0.1)
         for w in workers:
-            with SyncWorkerClient(w["url"], token=self.token) as client:
+            with SyncWorkerClient(w["url"], token=self.token()) as client:
                 if not client.ready():
                     raise WorkerUnavailable(f"local worker {w['url']} is not ready; see {w['log']}")
         return workers
 
     def status(self) -> dict[str, Any]:
         state = self._load()
+        found = self._generation(state, None)
+        if found is None:
+            return {"name": self.name, "dir": str(self.dir), "spec": None, "workers": []}
+        key, gen = found
+        spec = LocalPoolSpec.from_dict(gen["spec"])
         out = []
-        for w in self._announced(state.get("workers", [])):
+        for w in self._announced(gen.get("workers", [])):
             entry: dict[str, Any] = {
                 "id": w["id"],
                 "pid": w["pid"],
@@ -219,7 +392,7 @@ class LocalPool:
             }
             if entry["alive"] and w.get("url"):
                 try:
-                    with SyncWorkerClient(w["url"], token=self.token, timeout=5) as client:
+                    with SyncWorkerClient(w["url"], token=self.token(), timeout=5) as client:
                         stats, ready = client.stats(), client.ready()
                     entry.update(
                         ready=ready,
@@ -231,7 +404,17 @@ class LocalPool:
                 except Exception as exc:
                     entry["error"] = str(exc)
             out.append(entry)
-        return {"name": self.name, "dir": str(self.dir), "spec": state.get("spec"), "workers": out}
+        others = [k for k in state["generations"] if k != key]
+        return {
+            "name": self.name,
+            "dir": str(self.dir),
+            "backend": "local",
+            "generation": key,
+            "spec": gen["spec"],
+            **self._leases(key, spec).describe(self.clock()),
+            "workers": out,
+            "other_generations": others,
+        }
 
     @staticmethod
     def _announced(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -242,15 +425,37 @@ class LocalPool:
                     w["url"] = json.loads(Path(w["announce"]).read_text())["url"]
         return workers
 
+    def endpoints(self, lease_id: str | None = None) -> list[str]:
+        """URLs of the live, listening workers of ``lease_id``'s generation (else the newest one);
+        a starting worker appears once it announces."""
+        found = self._generation(self._load(), lease_id)
+        if found is None:
+            return []
+        return [w["url"] for w in self._announced(self._live(found[1])) if w.get("url")]
+
     def urls(self) -> list[str]:
-        """URLs of the live workers that listen (a starting worker appears once it announces)."""
-        return [w["url"] for w in self._announced(self._live(self._load())) if w.get("url")]
+        return self.endpoints()
+
+    def problems(self) -> list[str]:
+        """Why workers are missing: the ones that exited, with the end of their logs."""
+        found = self._generation(self._load(), None)
+        if found is None:
+            return [f"{self} was never started (run the pool setup task or `batchinfer pool up`)"]
+        return [
+            f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{_log_tail(w, 600)}"
+            for w in found[1].get("workers", [])
+            if not _alive(int(w["pid"]))
+        ]
 
     def down(self, *, wait: bool = True) -> int:
+        """Stop every worker of every generation now (leases included)."""
         with self._locked():
-            live = self._live(self._load())
+            state = self._load()
+            live = [w for gen in state["generations"].values() for w in self._live(gen)]
             self._stop(live, wait=wait)
-            self._save({"workers": []})
+            for key in state["generations"]:
+                self._lease_file(key).unlink(missing_ok=True)
+            self._save({"version": STATE_VERSION, "current": None, "generations": {}})
             return len(live)
 
     @staticmethod
@@ -266,3 +471,9 @@ class LocalPool:
                         os.kill(int(w["pid"]), signal.SIGKILL)
                 break
             time.sleep(0.1)
+
+
+def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2))
+    os.replace(tmp, path)

@@ -1,4 +1,7 @@
-"""A pool whose workers already run somewhere: a list of URLs and the token they accept."""
+"""A pool whose workers already run somewhere: a list of URLs and the token they accept.
+
+Nothing here starts or stops them, so leases are no-ops: whoever runs the workers keeps them up.
+"""
 
 from __future__ import annotations
 
@@ -10,11 +13,38 @@ from airflow_batchinfer.exceptions import ConfigError
 @dataclass(frozen=True)
 class StaticPool:
     urls: list[str] = field(default_factory=list)
-    token: str | None = None
+    rpc_token: str | None = None
+    name: str = "static"
+
+    backend = "static"
 
     def __post_init__(self) -> None:
         if not self.urls:
-            raise ConfigError("a static pool needs at least one worker URL")
+            raise ConfigError(f"pool {self.name!r}: a static pool needs at least one worker URL")
         for url in self.urls:
             if not url.startswith(("http://", "https://")):
                 raise ConfigError(f"worker URL {url!r} must start with http:// or https://")
+
+    def __str__(self) -> str:
+        return self.name
+
+    def token(self) -> str | None:
+        return self.rpc_token
+
+    def endpoints(self, lease_id: str | None = None) -> list[str]:
+        return list(self.urls)
+
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = 0.0) -> int:
+        return len(self.urls)
+
+    def keep(self, lease_id: str, *, ttl_s: float = 0.0) -> str | None:
+        return None
+
+    def release(self, lease_id: str) -> int:
+        return len(self.urls)
+
+    def scale_to_zero(self, *, force: bool = False) -> int:
+        return len(self.urls)  # not ours to stop
+
+    def problems(self) -> list[str]:
+        return []

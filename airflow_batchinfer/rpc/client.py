@@ -81,8 +81,9 @@ class WorkerClient:
     async def submit(self, spec: JobSpec) -> JobStatus:
         return JobStatus.model_validate(await self._call("POST", "/v1/jobs", json=spec.model_dump()))
 
-    async def status(self, job_id: str) -> JobStatus:
-        return JobStatus.model_validate(await self._call("GET", f"/v1/jobs/{job_id}"))
+    async def status(self, job_id: str, *, timeout: float | None = None) -> JobStatus:
+        extra = {} if timeout is None else {"timeout": timeout}
+        return JobStatus.model_validate(await self._call("GET", f"/v1/jobs/{job_id}", **extra))
 
     async def cancel(self, job_id: str) -> JobStatus:
         return JobStatus.model_validate(await self._call("DELETE", f"/v1/jobs/{job_id}"))

@@ -43,6 +43,9 @@ class JobStatus(BaseModel):
     counts: dict[str, int] = Field(default_factory=dict)
     progress: Progress = Field(default_factory=Progress)
     error: str | None = None
+    # True when the worker gave the job up for its own reasons (it is draining): the job did not
+    # fail, so a client resubmits it elsewhere instead of counting a failure.
+    retryable: bool = False
     manifest: str | None = None
     worker: str | None = None
     started_at: float | None = None

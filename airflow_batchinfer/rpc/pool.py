@@ -1,5 +1,9 @@
 """A client for a pool of workers: submit to the least-loaded one, move on at 429, track jobs to
-completion and resubmit lost ones, with the completion manifest as the truth."""
+completion and resubmit lost ones, with the completion manifest as the truth.
+
+A job id runs on at most one worker: before submitting, the client asks the workers it knows whether
+one already has the job, and follows it there (an Airflow retry, a re-run or a resubmission never
+starts a second copy of a job that still runs)."""
 
 from __future__ import annotations
 
@@ -7,24 +11,85 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from airflow_batchinfer.exceptions import JobFailed, JobNotFound, StorageError, WorkerBusy, WorkerUnavailable
+from airflow_batchinfer.exceptions import (
+    JobFailed,
+    JobNotFound,
+    RpcError,
+    StorageError,
+    WorkerBusy,
+    WorkerUnavailable,
+)
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobSpec, JobStatus
-from airflow_batchinfer.rpc.tracking import Observation, next_action
+from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.manifest import read_job_manifest
 
+if TYPE_CHECKING:
+    from airflow_batchinfer.pools.ref import WorkerPool
+
 log = logging.getLogger("airflow_batchinfer.rpc")
+LOCATE_TIMEOUT_S = 5.0  # asking a worker whether it has a job: a dead one must not hold a submit up
+LIVE = ("queued", "running", "succeeded")  # a copy in these states is followed, never duplicated
+
+
+async def follow(
+    worker: WorkerClient,
+    job_id: str,
+    *,
+    poll_interval_s: float,
+    lost_grace_s: float,
+    first: JobStatus | None = None,
+    until: float | None = None,
+    deadline: float | None = None,
+    on_status: Callable[[JobStatus], None] | None = None,
+) -> JobEvent | None:
+    """Poll ``job_id`` on ``worker`` until the tracker decides (:func:`next_action`), and return the
+    event. ``first``: a status already in hand. ``until`` (monotonic): return ``None`` if the job is
+    still running then (an inline wait). ``deadline`` (wall clock): a ``timeout`` event past it."""
+    url = worker.base_url
+    lost_since: float | None = None
+    status = first
+    while True:
+        if status is not None:
+            obs = Observation.of(status)
+        else:
+            try:
+                status = await worker.status(job_id)
+                lost_since = None
+                if on_status is not None:
+                    on_status(status)
+                obs = Observation.of(status)
+            except JobNotFound:
+                obs = Observation("not_found")
+            except WorkerUnavailable:
+                lost_since = lost_since or time.monotonic()
+                obs = Observation("unreachable")
+            except RpcError as exc:  # auth or a bad request: polling again will not help
+                return JobEvent("failed", job_id, url, error=f"{type(exc).__name__}: {exc}")
+        now = time.monotonic()
+        action = next_action(obs, lost_since=lost_since, now=now, grace_s=lost_grace_s)
+        if action != "wait":
+            return event_for(action, obs, job_id=job_id, url=url, lost_for_s=now - (lost_since or now))
+        if deadline is not None and time.time() > deadline:
+            return JobEvent("timeout", job_id, url, error="past the task's deadline")
+        if until is not None and now >= until:
+            return None
+        status = None
+        await asyncio.sleep(poll_interval_s)
 
 
 class PoolClient:
-    """:param urls: worker base URLs. :param token: the pool's RPC token.
+    """A client over a pool's workers (see the module doc).
+
+    :param urls: worker base URLs.
+    :param token: the pool's RPC token.
     :param storage_options: to read completion manifests (the environment by default).
     :param discover: for pools whose workers come and go (Kubernetes): returns the current worker
         URLs; asked at most every ``refresh_interval_s`` when submitting, and at once after a loss."""
@@ -41,6 +106,7 @@ class PoolClient:
         transport: httpx.AsyncBaseTransport | None = None,
         discover: Callable[[], Awaitable[Sequence[str]]] | None = None,
         refresh_interval_s: float = 5.0,
+        max_resubmits: int = 5,
     ) -> None:
         if not urls and discover is None:
             raise ValueError("a pool needs at least one worker URL")
@@ -55,7 +121,15 @@ class PoolClient:
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
         self.busy_backoff_s = busy_backoff_s
+        self.max_resubmits = max_resubmits
         self._engine: dict[str, Any] | None = None
+
+    @classmethod
+    def for_pool(cls, pool: WorkerPool, *, lease_id: str | None = None, **kwargs: Any) -> PoolClient:
+        """A client over ``pool``'s workers (``lease_id``'s, where that matters), refreshed from the
+        pool as workers come and go (Kubernetes pods, restarted local workers)."""
+        kwargs.setdefault("discover", lambda: asyncio.to_thread(pool.endpoints, lease_id))
+        return cls(pool.endpoints(lease_id), token=pool.token(), **kwargs)
 
     def _use(self, urls: Sequence[str]) -> None:
         for u in urls:
@@ -76,6 +150,10 @@ class PoolClient:
             log.info("pool workers now: %s", ", ".join(urls) or "none")
         self._use(urls)
 
+    def worker(self, url: str) -> WorkerClient:
+        """The client of a worker this pool client has seen (jobs are followed where they run)."""
+        return self._known[url.rstrip("/")]
+
     async def aclose(self) -> None:
         await asyncio.gather(*(c.aclose() for c in self._known.values()))
 
@@ -86,9 +164,42 @@ class PoolClient:
             return -1
         return -1 if s.draining else s.slots_total - s.slots_busy
 
-    async def submit(self, spec: JobSpec, *, avoid: str | None = None) -> tuple[str, JobStatus]:
-        """Submit to the worker with the most free slots; on 429 try the next. ``WorkerBusy`` if
-        every worker is full, ``WorkerUnavailable`` if none answers."""
+    async def locate(self, job_id: str) -> tuple[str, JobStatus] | None:
+        """The worker that already runs (or ran to success) ``job_id``, asked of every worker this
+        client knows, or ``None``. A failed or cancelled copy may be resubmitted."""
+        await self.refresh()
+
+        async def ask(url: str) -> tuple[str, JobStatus] | None:
+            try:
+                return url, await self._known[url].status(job_id, timeout=LOCATE_TIMEOUT_S)
+            except RpcError:
+                return None
+
+        found = [f for f in await asyncio.gather(*(ask(u) for u in self._known)) if f is not None]
+        live = [f for f in found if f[1].state in LIVE]
+        return min(live, key=lambda f: f[1].state == "succeeded") if live else None  # running first
+
+    async def _running_copy(self, spec: JobSpec) -> tuple[str, JobStatus] | None:
+        found = await self.locate(spec.job_id)
+        if found is not None:
+            log.info("job %s already %s on %s: following it there", spec.job_id, found[1].state, found[0])
+        return found
+
+    async def cancel(self, url: str, job_id: str) -> JobStatus | None:
+        """Cancel ``job_id`` on ``url`` (a task that times out or is killed); ``None`` if it is gone."""
+        try:
+            return await self.worker(url).cancel(job_id)
+        except (KeyError, JobNotFound, WorkerUnavailable):
+            return None
+
+    async def submit(
+        self, spec: JobSpec, *, avoid: str | None = None, locate: bool = True
+    ) -> tuple[str, JobStatus]:
+        """Follow the copy of ``spec`` a worker already runs (``locate``), else submit to the worker
+        with the most free slots; on 429 try the next. ``WorkerBusy`` if every worker is full,
+        ``WorkerUnavailable`` if none answers."""
+        if locate and (found := await self._running_copy(spec)) is not None:
+            return found
         await self.refresh()
         urls = list(self.clients)
         free = await asyncio.gather(*(self._free_slots(u) for u in urls))
@@ -103,11 +214,15 @@ class PoolClient:
         raise WorkerBusy(f"all {len(ranked)} reachable workers are busy")
 
     async def submit_when_free(
-        self, spec: JobSpec, *, deadline: float | None = None
+        self, spec: JobSpec, *, deadline: float | None = None, locate: bool = True
     ) -> tuple[str, JobStatus]:
+        """:meth:`submit`, waiting for a free slot until ``deadline`` (monotonic). The workers are
+        asked for a running copy once, not at every wait."""
+        if locate and (found := await self._running_copy(spec)) is not None:
+            return found
         while True:
             try:
-                return await self.submit(spec)
+                return await self.submit(spec, locate=False)
             except (WorkerBusy, WorkerUnavailable):
                 if deadline is not None and time.monotonic() > deadline:
                     raise
@@ -162,51 +277,46 @@ class PoolClient:
     ) -> dict[str, Any]:
         """Run ``spec`` to completion on the pool; returns its completion manifest.
 
-        A finished identical job (see :meth:`finished`) is not run again. Lost workers and jobs are
-        resubmitted.
-        Raises :class:`JobFailed` when the job fails (the worker's reason inside).
+        A finished identical job (see :meth:`finished`) is not run again; a copy a worker already
+        runs is followed. Lost workers and jobs are resubmitted (up to ``max_resubmits`` times).
+        Raises :class:`JobFailed` when the job fails (the worker's reason inside), ``TimeoutError``
+        (after cancelling the job) past ``timeout_s``.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        wall_deadline = None if timeout_s is None else time.time() + timeout_s
         spec = await self.pinned(spec)
         done = await self.finished(spec)
         if done is not None:
             return done
         url, status = await self.submit_when_free(spec, deadline=deadline)
-        lost_since: float | None = None
+        resubmits = 0
         while True:
-            if status.state == "succeeded":
-                obs = Observation("status", status.state)
-            elif status.state in ("failed", "cancelled"):
-                raise JobFailed(spec.job_id, status.state, status.error)
-            else:
-                await asyncio.sleep(self.poll_interval_s)
-                try:
-                    status = await self._known[url].status(spec.job_id)
-                    lost_since = None
-                    if on_status is not None:
-                        on_status(status)
-                    obs = Observation("status", status.state)
-                except (JobNotFound, WorkerUnavailable) as exc:
-                    lost_since = lost_since or time.monotonic()
-                    seen: Literal["not_found", "unreachable"] = (
-                        "not_found" if isinstance(exc, JobNotFound) else "unreachable"
-                    )
-                    found = await asyncio.to_thread(self._manifest, spec) is not None
-                    obs = Observation(seen, manifest_found=found)
-            action = next_action(obs, lost_since=lost_since, now=time.monotonic(), grace_s=self.lost_grace_s)
-            if action == "done":
+            event = await follow(
+                self.worker(url), spec.job_id, first=status, poll_interval_s=self.poll_interval_s,
+                lost_grace_s=self.lost_grace_s, deadline=wall_deadline, on_status=on_status,
+            )  # fmt: skip
+            assert event is not None  # no `until`: follow() returns only with a decision
+            manifest = None
+            if event.state in ("succeeded", "lost"):
                 manifest = await asyncio.to_thread(self._manifest, spec)
+            outcome = after_event(
+                event,
+                manifest_found=manifest is not None,
+                resubmits=resubmits,
+                max_resubmits=self.max_resubmits,
+            )
+            if outcome == "done":
                 if manifest is None:
                     raise StorageError(
                         f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is missing"
                     )
                 return manifest
-            if action == "failed":
-                raise JobFailed(spec.job_id, str(status.state), status.error)
-            if action == "resubmit":
-                log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, obs.seen)
-                await self.refresh(force=True)
-                url, status = await self.submit_when_free(spec, deadline=deadline)
-                lost_since = None
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {spec.job_id} did not finish within {timeout_s} s")
+            if outcome == "fail":
+                if event.state == "timeout":
+                    await self.cancel(url, spec.job_id)
+                    raise TimeoutError(f"job {spec.job_id} did not finish within {timeout_s} s (cancelled)")
+                raise JobFailed(spec.job_id, event.state, event.error)
+            log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, event.error)
+            resubmits += 1
+            await self.refresh(force=True)
+            url, status = await self.submit_when_free(spec, deadline=deadline)

@@ -1,4 +1,13 @@
-"""Pure decisions for tracking a submitted job (no I/O; ``now`` is an argument).
+"""One job tracker for every caller: pure decisions, no I/O (``now`` is an argument).
+
+``PoolClient.run`` (the CLI, the pre-flight), ``WorkerJobTrigger`` (the triggerer) and the shard
+operators (their inline wait and ``execute_complete``) all feed what they observe into these
+functions and act on the answer, so a lost worker, a draining worker or a finished job is handled
+the same way everywhere:
+
+- :func:`next_action` decides from one poll: wait, done, failed, or resubmit;
+- :func:`event_for` turns a decision into the typed :class:`JobEvent` a trigger hands its task;
+- :func:`after_event` decides what the task does with an event, given the completion manifest.
 
 The completion manifest in storage is the truth: a job whose worker vanished is finished if its
 manifest exists, and resubmitted (same ``job_id``, so idempotent) if not.
@@ -6,12 +15,14 @@ manifest exists, and resubmitted (same ``job_id``, so idempotent) if not.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
 
-from airflow_batchinfer.rpc.models import JobState
+from airflow_batchinfer.rpc.models import JobState, JobStatus
 
 Action = Literal["wait", "done", "failed", "resubmit"]
+EventState = Literal["succeeded", "failed", "cancelled", "lost", "timeout"]
+Outcome = Literal["done", "resubmit", "fail"]
 
 
 @dataclass(frozen=True)
@@ -20,7 +31,14 @@ class Observation:
 
     seen: Literal["status", "not_found", "unreachable"]
     state: JobState | None = None
+    retryable: bool = False  # cancelled by a draining worker: not a failure of the job
     manifest_found: bool = False
+    error: str | None = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, status: JobStatus) -> Observation:
+        return cls("status", status.state, status.retryable, error=status.error, counts=dict(status.counts))
 
 
 def next_action(obs: Observation, *, lost_since: float | None, now: float, grace_s: float) -> Action:
@@ -28,6 +46,8 @@ def next_action(obs: Observation, *, lost_since: float | None, now: float, grace
     if obs.seen == "status":
         if obs.state == "succeeded":
             return "done"
+        if obs.state == "cancelled" and obs.retryable:  # the worker is shutting down: run it elsewhere
+            return "resubmit"
         if obs.state in ("failed", "cancelled"):
             return "failed"
         return "wait"
@@ -38,3 +58,66 @@ def next_action(obs: Observation, *, lost_since: float | None, now: float, grace
     # Unreachable: a blip or a dead worker. Resubmit only once it has been gone for a while, so a
     # network hiccup does not run the job twice.
     return "resubmit" if lost_since is not None and now - lost_since >= grace_s else "wait"
+
+
+@dataclass(frozen=True)
+class JobEvent:
+    """How a tracked job ended, as a trigger reports it to its task (a dict across processes)."""
+
+    VERSION: ClassVar[int] = 1
+
+    state: EventState
+    job_id: str
+    url: str
+    error: str | None = None  # the worker's reason, or why the job counts as lost
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.VERSION, "state": self.state, "job_id": self.job_id, "url": self.url,
+                "error": self.error, "counts": dict(self.counts)}  # fmt: skip
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, job_id: str = "", url: str = "") -> JobEvent:
+        """Also reads the untyped events of earlier releases (a deferral that spans an upgrade)."""
+        version = data.get("version", cls.VERSION)
+        if version != cls.VERSION:
+            raise ValueError(f"job event version {version} is not {cls.VERSION}: {data}")
+        return cls(
+            state=data["state"],
+            job_id=str(data.get("job_id") or job_id),
+            url=str(data.get("url") or url),
+            error=data.get("error") or data.get("reason"),
+            counts=dict(data.get("counts") or {}),
+        )
+
+
+def event_for(
+    action: Action, obs: Observation, *, job_id: str, url: str, lost_for_s: float = 0.0
+) -> JobEvent:
+    """The event for a decision other than ``wait``."""
+    if action == "done":
+        return JobEvent("succeeded", job_id, url, counts=obs.counts)
+    if action == "failed":
+        state: EventState = "cancelled" if obs.state == "cancelled" else "failed"
+        return JobEvent(state, job_id, url, error=obs.error, counts=obs.counts)
+    if action == "resubmit":
+        if obs.seen == "status":
+            why = f"{url} is draining and gave the job up"
+        elif obs.seen == "not_found":
+            why = f"{url} no longer knows the job (the worker restarted)"
+        else:
+            why = f"{url} unreachable for {lost_for_s:.0f} s"
+        return JobEvent("lost", job_id, url, error=why)
+    raise ValueError(f"no event for {action!r}")
+
+
+def after_event(event: JobEvent, *, manifest_found: bool, resubmits: int, max_resubmits: int) -> Outcome:
+    """What a task does with its trigger's event. A lost job whose manifest exists finished before
+    its worker went away; otherwise it is resubmitted up to ``max_resubmits`` times in one try."""
+    if event.state == "succeeded":
+        return "done"
+    if event.state == "lost":
+        if manifest_found:
+            return "done"
+        return "fail" if resubmits >= max_resubmits else "resubmit"
+    return "fail"

@@ -41,23 +41,29 @@ class AtomicSink:
             self.file = cast(BinaryIO, loc.fs.open(loc.path, "wb"))
 
     def write(self, data: bytes) -> None:
-        self.file.write(data)
+        try:
+            self.file.write(data)
+        except OSError as exc:
+            raise _naming(exc, self.loc.uri) from exc
 
     def commit(self) -> None:
         if self._done:
             return
         self._done = True
-        if self._temp is not None:
-            try:
-                self.file.flush()
-                os.fsync(self.file.fileno())
-                self.file.close()
-                os.replace(self._temp, self.loc.path)
-            except BaseException:
-                self._discard_local()
-                raise
-        else:
-            self.file.close()  # completes the upload; only now does the object exist
+        try:
+            if self._temp is not None:
+                try:
+                    self.file.flush()
+                    os.fsync(self.file.fileno())
+                    self.file.close()
+                    os.replace(self._temp, self.loc.path)
+                except BaseException:
+                    self._discard_local()
+                    raise
+            else:
+                self.file.close()  # completes the upload; only now does the object exist
+        except OSError as exc:
+            raise _naming(exc, self.loc.uri) from exc
 
     def abort(self) -> None:
         if self._done:
@@ -80,6 +86,13 @@ class AtomicSink:
             self.file.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._temp)
+
+
+def _naming(exc: OSError, uri: str) -> OSError:
+    """``exc`` with the file it was writing (a full disk's ``ENOSPC`` names none by itself)."""
+    if exc.filename:
+        return exc
+    return type(exc)(exc.errno, exc.strerror or str(exc), uri)
 
 
 def remove_stale_temps(loc: Location) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
 
@@ -112,7 +112,8 @@ class AsyncWriter:
     """Async twin of a sync writer: records are buffered on the event loop and handed to a thread
     in blocks, so compression and uploads never block the loop.
 
-    ``async with dir.writer() as w: await w.write(record)``; an exception in the block aborts.
+    ``async with dir.writer() as w: await w.write(record)``; an exception in the block aborts. Any
+    number of tasks may write into one writer at once (an in-place job's samples do).
     """
 
     BLOCK = 512
@@ -120,31 +121,41 @@ class AsyncWriter:
     def __init__(self, sync: SyncRecordWriter) -> None:
         self.sync = sync
         self._pending: list[Mapping[str, Any]] = []
+        # The sync writer (one zstd stream, one upload) is not thread-safe, and tasks sharing this
+        # writer drain at once: blocks go to the thread one at a time, each taken off ``_pending``
+        # under the lock so they keep the records' order; commit and abort wait their turn too.
+        self._lock = asyncio.Lock()
 
     async def write(self, record: Mapping[str, Any]) -> None:
         self._pending.append(record)
         if len(self._pending) >= self.BLOCK:
-            await self._drain()
+            async with self._lock:
+                await self._drain(self.BLOCK)
 
     async def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
         for record in records:
             await self.write(record)
 
-    async def _drain(self) -> None:
-        block, self._pending = self._pending, []
-        await asyncio.to_thread(self.sync.write_many, block)
+    async def _drain(self, at_least: int = 1) -> None:
+        """Write what is pending as one block, unless an earlier drain took it meanwhile (hold the lock)."""
+        if len(self._pending) >= at_least:
+            block, self._pending = self._pending, []
+            await in_thread(self.sync.write_many, block)
 
     async def commit(self) -> None:
-        try:
-            await self._drain()
-        except BaseException:
-            await asyncio.to_thread(self.sync.abort)
-            raise
-        await asyncio.to_thread(self.sync.commit)
+        async with self._lock:
+            try:
+                await self._drain()
+            except BaseException:
+                await in_thread(self.sync.abort)
+                raise
+            await in_thread(self.sync.commit)
 
     async def abort(self) -> None:
-        self._pending = []
-        await asyncio.to_thread(self.sync.abort)
+        self._pending = []  # drains queued on the lock find nothing left to write
+        async with self._lock:
+            self._pending = []
+            await in_thread(self.sync.abort)
 
     async def __aenter__(self) -> AsyncWriter:
         return self
@@ -156,3 +167,15 @@ class AsyncWriter:
             await self.commit()
         else:
             await self.abort()
+
+
+async def in_thread(fn: Callable[..., None], *args: Any) -> None:
+    """``asyncio.to_thread``, except that a cancelled caller still waits for the thread to finish
+    before the cancellation goes on: a task cancelled mid-drain keeps the writer's lock until the
+    sync writer is free again, so an abort or the next block never runs alongside it."""
+    task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    try:
+        await asyncio.shield(task)
+    finally:
+        if not task.done():
+            await asyncio.wait({task})

@@ -11,19 +11,31 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_batchinfer.exceptions import WorkerUnavailable
-from airflow_batchinfer.hooks.pool import apool_endpoints
+from airflow_batchinfer.hooks.pool import aopen_pool
 from airflow_batchinfer.rpc.client import WorkerClient
+from airflow_batchinfer.triggers import settle
 
 
 class PoolReadyTrigger(BaseTrigger):
+    """:param lease_id: the run whose workers to wait for (a local pool may run several generations)."""
+
     def __init__(
-        self, *, worker_pool: str, replicas: int, deadline: float, poll_interval_s: float = 2.0
+        self,
+        *,
+        worker_pool: str,
+        replicas: int,
+        deadline: float,
+        poll_interval_s: float = 2.0,
+        lease_id: str | None = None,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()
         self.worker_pool = worker_pool
         self.replicas = replicas
         self.deadline = deadline
         self.poll_interval_s = poll_interval_s
+        self.lease_id = lease_id
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -33,6 +45,8 @@ class PoolReadyTrigger(BaseTrigger):
                 "replicas": self.replicas,
                 "deadline": self.deadline,
                 "poll_interval_s": self.poll_interval_s,
+                "lease_id": self.lease_id,
+                "not_before": self.not_before,
             },
         )
 
@@ -44,15 +58,18 @@ class PoolReadyTrigger(BaseTrigger):
             return False
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        ready: list[str] = []
+        pool = await aopen_pool(self.worker_pool)
+        token = await asyncio.to_thread(pool.token)
         while True:
-            ep = await apool_endpoints(self.worker_pool)
-            answers = await asyncio.gather(*(self._ready(u, ep.token) for u in ep.urls))
-            ready = [u for u, ok in zip(ep.urls, answers, strict=True) if ok]
+            urls = await asyncio.to_thread(pool.endpoints, self.lease_id)
+            answers = await asyncio.gather(*(self._ready(u, token) for u in urls))
+            ready = [u for u, ok in zip(urls, answers, strict=True) if ok]
             if len(ready) >= self.replicas:
+                await settle(self.not_before)
                 yield TriggerEvent({"state": "ready", "urls": ready})
                 return
             if time.time() > self.deadline:
-                yield TriggerEvent({"state": "timeout", "ready": len(ready), "urls": ep.urls})
+                await settle(self.not_before)
+                yield TriggerEvent({"state": "timeout", "ready": len(ready), "urls": urls})
                 return
             await asyncio.sleep(self.poll_interval_s)

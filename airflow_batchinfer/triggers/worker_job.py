@@ -2,13 +2,19 @@
 
 Thin and serializable: a pool reference (never its token), a worker URL, a job id, a wall-clock
 deadline. It polls the job's status (every ``poll_interval_s``; a second or more, so a small model
-on a busy worker does not lose time to the polling) and ends with one event:
+on a busy worker does not lose time to the polling) through the shared job tracker
+(:func:`airflow_batchinfer.rpc.pool.follow`) and ends with one
+:class:`~airflow_batchinfer.rpc.tracking.JobEvent`, as a dict:
 
-- ``{"state": "succeeded" | "failed" | "cancelled", ...}`` as the worker reports it;
-- ``{"state": "lost", "reason": ...}`` when the worker no longer knows the job (it restarted) or has
-  not answered for ``lost_grace_s``: the operator then consults the completion manifest and
-  resubmits if needed;
-- ``{"state": "timeout"}`` past the deadline.
+- ``succeeded``, ``failed`` or ``cancelled`` as the worker reports it;
+- ``lost`` when the worker no longer knows the job (it restarted), has not answered for
+  ``lost_grace_s``, or gave the job up while draining: the operator then consults the completion
+  manifest and resubmits if needed;
+- ``timeout`` past the deadline (the operator cancels the job).
+
+A user who clears the deferred task or marks it failed or succeeded kills the trigger: Airflow 3.3
+calls :meth:`WorkerJobTrigger.on_kill`, which cancels the job on its worker (a triggerer restart
+does not: the trigger carries on in the new triggerer).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_batchinfer.exceptions import JobNotFound, RpcError, WorkerUnavailable
-from airflow_batchinfer.hooks.pool import apool_endpoints
+from airflow_batchinfer.exceptions import RpcError
+from airflow_batchinfer.hooks.pool import aopen_pool
 from airflow_batchinfer.rpc.client import WorkerClient
-from airflow_batchinfer.rpc.models import TERMINAL_STATES
+from airflow_batchinfer.rpc.models import JobStatus
+from airflow_batchinfer.rpc.pool import follow
+from airflow_batchinfer.triggers import settle
 
 PROGRESS_LOG_S = 30.0
 
@@ -38,6 +46,7 @@ class WorkerJobTrigger(BaseTrigger):
         deadline: float | None = None,
         poll_interval_s: float = 2.0,
         lost_grace_s: float = 30.0,
+        not_before: float | None = None,
     ) -> None:
         super().__init__()
         self.worker_pool = worker_pool
@@ -46,6 +55,7 @@ class WorkerJobTrigger(BaseTrigger):
         self.deadline = deadline
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
+        self.not_before = not_before
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -57,45 +67,40 @@ class WorkerJobTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "poll_interval_s": self.poll_interval_s,
                 "lost_grace_s": self.lost_grace_s,
+                "not_before": self.not_before,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        token = (await apool_endpoints(self.worker_pool)).token
-        lost_since: float | None = None
+        pool = await aopen_pool(self.worker_pool)
+        token = await asyncio.to_thread(pool.token)
         logged = 0.0
+
+        def progress(status: JobStatus) -> None:
+            nonlocal logged
+            if time.monotonic() - logged >= PROGRESS_LOG_S:
+                logged = time.monotonic()
+                total = status.progress.total
+                self.log.info("job %s on %s: %d/%s records", self.job_id, self.url, status.progress.done,
+                              total if total is not None else "?")  # fmt: skip
+
         async with WorkerClient(self.url, token=token) as client:
-            while True:
-                try:
-                    status = await client.status(self.job_id)
-                    lost_since = None
-                    if status.state in TERMINAL_STATES:
-                        yield TriggerEvent(
-                            {"state": status.state, "error": status.error, "counts": status.counts}
-                        )
-                        return
-                    if time.monotonic() - logged >= PROGRESS_LOG_S:
-                        logged = time.monotonic()
-                        total = status.progress.total
-                        self.log.info("job %s on %s: %d/%s records", self.job_id, self.url,
-                                      status.progress.done, total if total is not None else "?")  # fmt: skip
-                except JobNotFound:
-                    yield TriggerEvent({"state": "lost", "reason": f"{self.url} no longer knows the job"})
-                    return
-                except WorkerUnavailable as exc:
-                    lost_since = lost_since or time.monotonic()
-                    if time.monotonic() - lost_since >= self.lost_grace_s:
-                        yield TriggerEvent(
-                            {
-                                "state": "lost",
-                                "reason": f"{self.url} unreachable for {self.lost_grace_s:.0f} s: {exc}",
-                            }
-                        )
-                        return
-                except RpcError as exc:  # auth or a bad request: polling again will not help
-                    yield TriggerEvent({"state": "failed", "error": f"{type(exc).__name__}: {exc}"})
-                    return
-                if self.deadline is not None and time.time() > self.deadline:
-                    yield TriggerEvent({"state": "timeout"})
-                    return
-                await asyncio.sleep(self.poll_interval_s)
+            event = await follow(
+                client, self.job_id, poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s,
+                deadline=self.deadline, on_status=progress,
+            )  # fmt: skip
+        assert event is not None  # no `until`: follow() returns only with a decision
+        await settle(self.not_before)
+        yield TriggerEvent(event.to_dict())
+
+    async def on_kill(self) -> None:
+        """The task was cleared or marked by a user: its job must not run on (Airflow 3.3+)."""
+        pool = await aopen_pool(self.worker_pool)
+        token = await asyncio.to_thread(pool.token)
+        async with WorkerClient(self.url, token=token, timeout=10) as client:
+            try:
+                status = await client.cancel(self.job_id)
+                self.log.info("job %s on %s cancelled (task killed by a user): %s", self.job_id, self.url,
+                              status.state)  # fmt: skip
+            except RpcError as exc:
+                self.log.warning("could not cancel job %s on %s: %s", self.job_id, self.url, exc)

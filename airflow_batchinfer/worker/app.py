@@ -1,4 +1,4 @@
-"""The worker's HTTP/JSON API (FastAPI). See DESIGN §5 for the contract.
+"""The worker's HTTP/JSON API (FastAPI); docs/reference/worker.md describes the contract.
 
 ``/v1/health`` and ``/v1/ready`` are open (probes); everything else needs the bearer token unless
 the worker runs with ``--insecure-no-auth`` on loopback.

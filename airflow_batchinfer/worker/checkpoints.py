@@ -15,6 +15,7 @@ from typing import Any
 
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.writer import in_thread
 
 
 @dataclass
@@ -63,7 +64,9 @@ class CheckpointLog:
             if not self._buffer:
                 return
             events, self._buffer = self._buffer, []
-            await asyncio.to_thread(self._write_segment, events)
+            # A cancelled flush still waits for its segment: the final flush must not write another
+            # segment with the same index alongside it.
+            await in_thread(self._write_segment, events)
 
     def _write_segment(self, events: list[dict[str, Any]]) -> None:
         with self.dir.writer_sync(max_records_per_shard=len(events) + 1, start_index=self._next_index) as w:

@@ -26,6 +26,7 @@ class WorkerConfig:
     insecure_no_auth: bool = False
     allowed_prefixes: list[str] | None = field(default_factory=list)
     idle_ttl_s: float | None = None
+    lease_file: str | None = None  # a local pool's leases: idle only when no run holds one
     drain_timeout_s: float = 300.0
     target_batch_tokens: int = 16_384
     max_batch_size: int = 256

@@ -20,6 +20,7 @@ from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
 
 log = logging.getLogger("airflow_batchinfer.worker")
 KEEP_FINISHED = 10_000  # finished jobs remembered for status queries
+DRAINED = "cancelled: the worker is draining (shutting down); resubmit elsewhere"
 
 
 @dataclass
@@ -30,6 +31,9 @@ class Job:
     started_at: float = field(default_factory=time.time)
     finished_at: float | None = None
     task: asyncio.Task[None] | None = None
+    # Given up by the worker itself (draining), not failed: a client resubmits it elsewhere.
+    retryable: bool = False
+    drained: bool = False  # cancelled by drain (set before the cancel reaches the job)
 
     def status(self, worker: str) -> JobStatus:
         spec = self.ctx.spec
@@ -40,6 +44,7 @@ class Job:
             counts=dict(self.ctx.counts),
             progress=self.ctx.progress,
             error=self.error,
+            retryable=self.retryable,
             manifest=spec.outputs.get("manifest"),
             worker=worker,
             started_at=self.started_at,
@@ -105,6 +110,7 @@ class JobRegistry:
                 "state": "succeeded",
                 "input": spec.input,
                 "outputs": spec.outputs,
+                "attempt": ctx.attempt,
                 "counts": counts,
                 "tokens": dict(ctx.tokens),
                 "round": ctx.params.round,
@@ -118,6 +124,8 @@ class JobRegistry:
                 },
                 "batcher": _delta(batch_before, self.runtime.batcher.stats),
             }
+            if ctx.committed:  # fenced outputs: where this attempt wrote them (close moves them)
+                manifest["committed"] = dict(ctx.committed)
             await asyncio.to_thread(
                 write_job_manifest, spec.outputs["manifest"], manifest, self.runtime.storage_options
             )
@@ -125,7 +133,10 @@ class JobRegistry:
                 await asyncio.to_thread(cleanup)
             job.state = "succeeded"
         except asyncio.CancelledError:
-            job.state, job.error = "cancelled", "cancelled"
+            if job.drained:
+                job.state, job.error, job.retryable = "cancelled", DRAINED, True
+            else:
+                job.state, job.error = "cancelled", "cancelled"
         except BatchInferError as exc:
             job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
         except Exception as exc:
@@ -158,15 +169,17 @@ class JobRegistry:
 
     async def drain(self, timeout: float) -> None:
         """Stop accepting jobs; let running ones finish for ``timeout`` s, then cancel them
-        (in-place jobs flush their checkpoints when cancelled)."""
+        (in-place jobs flush their checkpoints when cancelled). A job cancelled here ends
+        ``cancelled`` with ``retryable`` set: it did not fail, it is to be resubmitted elsewhere."""
         self.draining = True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)
         except TimeoutError:
-            running = [j.task for j in self.jobs.values() if j.state == "running" and j.task is not None]
-            for task in running:
+            running = [(j, j.task) for j in self.jobs.values() if j.state == "running" and j.task is not None]
+            for job, task in running:
+                job.drained = True  # the job did not fail: the worker is going away
                 task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
+            await asyncio.gather(*(task for _, task in running), return_exceptions=True)
 
     def state_counts(self) -> dict[str, int]:
         return dict(Counter(j.state for j in self.jobs.values()))

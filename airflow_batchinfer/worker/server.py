@@ -2,7 +2,8 @@
 
 SIGTERM drains: the worker stops accepting jobs (503), lets running ones finish (in-place jobs
 checkpoint if the drain timeout passes), then exits 0. A second SIGTERM/SIGINT exits at once.
-With ``idle_ttl`` the worker drains itself after that long without jobs (local pools).
+With ``idle_ttl`` the worker drains itself after that long without jobs (local pools), unless its
+``lease_file`` shows a run still holding the pool (a review gate may wait for hours between rounds).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from types import FrameType
 import uvicorn
 
 from airflow_batchinfer.engines import create_engine
+from airflow_batchinfer.pools.leases import PoolState
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.registry import JobRegistry
@@ -62,8 +64,24 @@ def _announce(path: str, url: str) -> None:
     os.replace(tmp, path)
 
 
+def _leased(lease_file: str | None) -> bool:
+    """Whether the local pool's lease file keeps this worker: a live lease, or a release less than
+    ``idle_ttl_s`` ago. A missing file means the pool was stopped or replaced."""
+    if lease_file is None:
+        return False
+    try:
+        with open(lease_file, encoding="utf-8") as f:
+            state = PoolState.from_dict(json.load(f))
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # never exit on a file we cannot read
+        log.warning("cannot read the lease file %s (%s): staying up", lease_file, exc)
+        return True
+    return not state.idle_expired(time.time())
+
+
 async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig, url: str) -> None:
-    """Announce readiness once the model is loaded; drain after ``idle_ttl`` without jobs."""
+    """Announce readiness once the model is loaded; drain after ``idle_ttl`` without jobs and leases."""
     announced = False
     while not server.should_exit:
         await asyncio.sleep(0.5)
@@ -72,7 +90,12 @@ async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig
             announced = True
         registry = server.registry
         idle_for = time.monotonic() - registry.last_activity
-        if config.idle_ttl_s is not None and registry.busy == 0 and idle_for > config.idle_ttl_s:
+        if (
+            config.idle_ttl_s is not None
+            and registry.busy == 0
+            and idle_for > config.idle_ttl_s
+            and not await asyncio.to_thread(_leased, config.lease_file)
+        ):
             log.info("idle for %.0f s (idle_ttl %.0f s): exiting", idle_for, config.idle_ttl_s)
             server.start_drain()
             return

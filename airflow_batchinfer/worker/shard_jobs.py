@@ -4,6 +4,10 @@ Each streams its input shard in chunks (memory is bounded by ``concurrency × ch
 per worker, whatever the shard size), submits prompts to the worker's shared batcher, turns every
 per-record failure into a row with a reason, and commits each output file atomically. Output rows
 are the input record plus ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``.
+
+Fencing: a judge or in-place spec with ``outputs["staging"]`` has its approved and rejected rows
+written under a fresh attempt token (:meth:`JobContext.output`), never to their final URIs; the
+completion manifest names the attempt and its files, and the round's close accepts one attempt.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
@@ -18,6 +23,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.judges import JudgeItem, Verdict
+from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
 from airflow_batchinfer.prompts import PromptError
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
@@ -37,9 +43,26 @@ class JobContext:
     tokens: Counter[str] = field(default_factory=Counter)
     # Run after the completion manifest is written (e.g. deleting checkpoints that served).
     cleanup: list[Callable[[], None]] = field(default_factory=list)
+    # This attempt's token: a fresh one each time the worker starts the job, so two copies of one job
+    # (an Airflow retry while the first still runs elsewhere) never write the same staged files.
+    attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Fenced outputs as written by this attempt: name -> staged URI (recorded in the manifest).
+    committed: dict[str, str] = field(default_factory=dict)
 
     def file(self, uri: str) -> JsonlFile:
         return JsonlFile(uri, storage_options=self.runtime.storage_options)
+
+    def output(self, name: str) -> str:
+        """Where this attempt writes output ``name``. With ``outputs["staging"]`` the fenced outputs
+        (approved, rejected) go to ``<staging>/<job>/<attempt>/<name>.jsonl.zst``, and the round's close
+        moves one attempt's files to their final URIs (``outputs[name]``); without it, straight there."""
+        outputs = self.spec.outputs
+        staging = outputs.get("staging")
+        if not staging or name not in FENCED_OUTPUTS or self.spec.kind == "infer":
+            return outputs[name]
+        uri = staged_output(staging, outputs["manifest"], self.attempt, name)
+        self.committed[name] = uri
+        return uri
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """The worker's shared batcher, with this job's token usage counted."""
@@ -217,8 +240,8 @@ async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record,
 
 async def run_judge(ctx: JobContext) -> dict[str, int]:
     ctx.progress.total = ctx.params.input_records
-    approved_out = ctx.file(ctx.spec.outputs["approved"]).writer()
-    rejected_out = ctx.file(ctx.spec.outputs["rejected"]).writer()
+    approved_out = ctx.file(ctx.output("approved")).writer()
+    rejected_out = ctx.file(ctx.output("rejected")).writer()
     async with approved_out, rejected_out:
 
         async def process(chunk: list[Record]) -> list[Record]:
@@ -256,8 +279,8 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
     )
     state: dict[str, SampleState] = await asyncio.to_thread(log.load)
     ctx.counts["resumed"] = sum(1 for s in state.values() if s.attempts)
-    approved_out = ctx.file(ctx.spec.outputs["approved"]).writer()
-    rejected_out = ctx.file(ctx.spec.outputs["rejected"]).writer()
+    approved_out = ctx.file(ctx.output("approved")).writer()
+    rejected_out = ctx.file(ctx.output("rejected")).writer()
     window = asyncio.Semaphore(p.chunk_size)
 
     async def finish(row: Record) -> None:

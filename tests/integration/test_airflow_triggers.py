@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,9 +16,9 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
 from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
-from airflow_batchinfer.hooks.pool import BatchInferPoolHook, pool_endpoints  # noqa: E402
+from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa: E402
 from airflow_batchinfer.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.pools import LocalPool  # noqa: E402
+from airflow_batchinfer.pools import LocalPool, require_endpoints  # noqa: E402
 from airflow_batchinfer.rounds import job_spec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.run_config import RunConfig  # noqa: E402
@@ -62,8 +63,8 @@ def submit_job(tmp_path: Path, worker: WorkerProcess, n: int = 30) -> str:
 
 
 def test_connection_hook_gives_urls_and_token(conn: str, worker: WorkerProcess) -> None:
-    ep = pool_endpoints(conn)
-    assert ep.urls == [worker.url] and ep.token == TOKEN
+    pool = open_pool(conn)
+    assert pool.endpoints() == [worker.url] and pool.token() == TOKEN
     assert BatchInferPoolHook(conn).test_connection() == (True, "1 workers answer")
 
 
@@ -78,10 +79,10 @@ def test_local_pool_reference_without_workers_says_what_to_do(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ):
     monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
-    ep = pool_endpoints("local://nothing-here")
-    assert ep.urls == [] and ep.token == LocalPool("nothing-here").token
+    pool = open_pool("local://nothing-here")
+    assert pool.endpoints() == [] and pool.token() == LocalPool("nothing-here").token()
     with pytest.raises(ConfigError, match="pool setup task"):
-        ep.client()
+        require_endpoints(pool)
 
 
 async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
@@ -109,7 +110,7 @@ async def test_worker_job_trigger_reports_lost_jobs_and_workers(
         worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.1, lost_grace_s=1.0
     )
     event = await first_event(gone)
-    assert event["state"] == "lost" and "unreachable" in event["reason"] and time.monotonic() - t0 >= 1.0
+    assert event["state"] == "lost" and "unreachable" in event["error"] and time.monotonic() - t0 >= 1.0
 
 
 async def test_worker_job_trigger_deadline(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
@@ -139,10 +140,11 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=30)
     write_run_config(cfg)
     op = PreflightOperator(task_id="preflight", run_root=cfg.run_root, worker_pool=conn)
-    summary = op.execute({})  # type: ignore[arg-type]
+    context: Any = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r"}
+    summary = op.execute(context)
     assert summary is not None and summary["sample_records"] == 20 and summary["dataset_records"] == 100
     assert summary["tokens_per_s"] > 0 and 0 <= summary["approval_rate"] <= 1
     assert summary["projected_gpu_hours"] > 0
     write_run_config(RunConfig(**{**cfg.to_dict(), "budget_gpu_hours": 1e-9}))
     with pytest.raises(AirflowFailException, match="exceeds the budget"):
-        op.execute({})  # type: ignore[arg-type]
+        op.execute(context)

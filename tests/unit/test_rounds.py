@@ -27,8 +27,8 @@ from airflow_batchinfer.rounds import (
     write_plan,
 )
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
-from airflow_batchinfer.worker.manifest import write_job_manifest
+from airflow_batchinfer.storage import JsonlDir, shard_dataset
+from tests.support.fake_jobs import finish_shard
 
 
 def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
@@ -47,22 +47,11 @@ def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
 
 
 def fake_round(cfg: RunConfig, slot: str, approve: set[str]) -> dict[str, Any]:
-    """Plan ``slot``, then do what its infer and judge jobs would: results, rejected, manifests."""
+    """Plan ``slot``, then do what its infer and judge jobs would (staged outputs, manifests)."""
     plan = propose(cfg, slot).plan
     write_plan(RunLayout(cfg.run_root), plan)
     for shard in plan.shards:
-        rows = list(JsonlFile(shard["uri"]).iter_records())
-        ok = [r for r in rows if r["id"] in approve]
-        bad = [{**r, "judgment": {"approved": False, "reason": "no"}} for r in rows if r["id"] not in approve]
-        for kind in ("infer", "judge"):
-            spec = job_spec(cfg, kind, plan.round, shard)
-            if kind == "judge":
-                for name, out in (("approved", ok), ("rejected", bad)):
-                    with JsonlFile(spec.outputs[name]).writer_sync() as w:
-                        for r in out:
-                            w.write(r)
-            counts = {"approved": len(ok), "rejected": len(bad)} if kind == "judge" else {"ok": len(rows)}
-            write_job_manifest(spec.outputs["manifest"], {"counts": counts, "timings": {"run_s": 1.0}})
+        finish_shard(cfg, plan.round, shard, approve)
     summary = close_round(cfg, plan)
     assert summary is not None
     return summary
@@ -143,13 +132,7 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     plan = propose(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     good, bad = plan.shards[0], plan.shards[1]
-    spec = job_spec(cfg, "judge", 0, good)
-    for name in ("approved", "rejected"):
-        with JsonlFile(spec.outputs[name]).writer_sync() as w:
-            for r in JsonlFile(good["uri"]).iter_records():
-                if (name == "approved") == (r["id"] < "r05"):
-                    w.write(r)
-    write_job_manifest(spec.outputs["manifest"], {"counts": {"approved": 5, "rejected": 5}})
+    finish_shard(cfg, 0, good, {f"r{i:02d}" for i in range(5)})
     record_job_error(cfg, 0, bad["shard_id"], "infer", "disk full", None)
     summary = close_round(cfg, plan)
     assert summary is not None
@@ -158,6 +141,7 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     assert failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer"
     assert "no completion manifest" in failed[plan.shards[2]["shard_id"]]["error"]
     assert summary["invariant"] == {"planned": 30, "accounted": 30, "ok": True}
+    assert (summary["approved"], summary["rejected"]) == (5, 5)
     assert (Path(RunLayout(cfg.run_root).failed(0)) / f"{bad['shard_id']}.json").exists()
 
 

@@ -21,12 +21,12 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.pools.kubernetes import objects
-from airflow_batchinfer.pools.kubernetes.leases import PoolState, ttl_annotations
 from airflow_batchinfer.pools.kubernetes.spec import (
     DEFAULT_IDLE_TTL_S,
     DEFAULT_SCALEDOWN_TTL_S,
     KubernetesPoolSpec,
 )
+from airflow_batchinfer.pools.leases import PoolState, ttl_annotations
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
 MERGE = "application/merge-patch+json"
@@ -73,8 +73,13 @@ class KubernetesPool:
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
 
+    backend = "kubernetes"
+
     def __repr__(self) -> str:
         return f"KubernetesPool({self.namespace}/{self.name})"
+
+    def __str__(self) -> str:
+        return f"kubernetes://{self.namespace}/{self.name}"
 
     def _call(self, what: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         try:
@@ -251,6 +256,17 @@ class KubernetesPool:
         )
         return renewed[-1]
 
+    def keep(self, lease_id: str, *, ttl_s: float = 24 * 3600) -> str | None:
+        """Renew ``lease_id`` (shard tasks and review gates); the Deployment restarts dead pods
+        itself. Returns a warning when the lease has lapsed (it is not resurrected: the replica
+        count it wanted is the setup task's to decide)."""
+        if self.renew(lease_id, ttl_s=ttl_s):
+            return None
+        return (
+            f"this run's lease {lease_id} on {self} has lapsed; the pool may scale down under it. "
+            "Remedy: raise the setup task's lease_ttl_s, or re-run pool_setup"
+        )
+
     def release(self, lease_id: str) -> int:
         """Drop ``lease_id``; the pool stays warm for ``idle_ttl_s`` unless others still hold it."""
         return self._update(lambda s, now: s.release(lease_id, now=now), f"lease {lease_id} released")[0]
@@ -314,7 +330,7 @@ class KubernetesPool:
             and any(c.type == "Ready" and c.status == "True" for c in conds)
         )
 
-    def endpoints(self) -> list[str]:
+    def endpoints(self, lease_id: str | None = None) -> list[str]:
         """URLs of the ready workers (sorted, so every caller sees the same order)."""
         pods, port = self._pods()
         return sorted(f"http://{p.status.pod_ip}:{port}" for p in pods if self._ready(p))

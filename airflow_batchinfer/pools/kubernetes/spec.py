@@ -31,10 +31,14 @@ GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSc
 
 @dataclass(frozen=True)
 class KubernetesPoolSpec:
-    """:param name: the pool; the Deployment, headless Service, PodDisruptionBudget and the token
-    Secret (``<name>-token``) are named after it. :param replicas: workers this run needs.
-    :param gpus: ``nvidia.com/gpu`` per worker (0: a CPU pool). :param model: a path inside the
-    container (a model volume, ``model_pvc``, is mounted read-only at ``/models``).
+    """What a Kubernetes worker pool runs.
+
+    :param name: the pool; the Deployment, headless Service, PodDisruptionBudget and the token
+        Secret (``<name>-token``) are named after it.
+    :param replicas: workers this run needs.
+    :param gpus: ``nvidia.com/gpu`` per worker (0: a CPU pool).
+    :param model: a path inside the container (a model volume, ``model_pvc``, is mounted read-only
+        at ``/models``).
     :param idle_ttl_s: scale to zero once no run has held a lease for this long.
     :param scaledown_ttl_s: demand must stay below the replica count this long before a replica goes.
     :param interruptible: tolerate spot/preemptible node taints (jobs lost there are resubmitted).

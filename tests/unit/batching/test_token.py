@@ -71,8 +71,19 @@ async def test_batches_by_prompt_tokens() -> None:
     assert b.target_batch_tokens == 50
 
 
-def test_process_fn_alias_and_exactly_one_function() -> None:
-    assert isinstance(TokenBatcher(process_fn=echo), DynamicBatcher)
+async def test_process_fn_alias_and_exactly_one_function() -> None:
+    batches: list[list[str]] = []
+
+    async def shout(batch: list[str]) -> list[str]:
+        batches.append(batch)
+        return [x.upper() for x in batch]
+
+    b = TokenBatcher(process_fn=shout, target_batch_tokens=2, default_token_estimate=1, batch_timeout_s=5)
+    assert isinstance(b, DynamicBatcher)
+    async with b:
+        futs = [await b.submit(x) for x in ("a", "b", "c", "d")]
+        assert await asyncio.wait_for(asyncio.gather(*futs), 1) == ["A", "B", "C", "D"]
+    assert batches == [["a", "b"], ["c", "d"]]  # the alias is the batch function, batched by tokens
     with pytest.raises(ValueError, match="exactly one"):
         TokenBatcher()
     with pytest.raises(ValueError, match="exactly one"):

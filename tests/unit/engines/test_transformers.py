@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -56,20 +57,21 @@ async def test_prompt_too_long_fails_only_that_element(engine: Engine) -> None:
 
 
 async def test_raw_prompt_and_stop_strings(engine: Engine) -> None:
-    raw = GenerationRequest("r", prompt="the answer is", sampling=SamplingParams(max_tokens=5))
-    (out,) = await engine.generate([raw])
+    def raw(**sampling: Any) -> GenerationRequest:
+        return GenerationRequest(
+            "r", prompt="the answer is", sampling=SamplingParams(max_tokens=16, **sampling)
+        )
+
+    (out,) = await engine.generate([raw()])  # greedy, on a model built from a fixed seed: same text each time
     assert out.ok and out.prompt_tokens > 0
     text = out.text or ""
-    if len(text) > 1:
-        stop = text[1]
-        (cut,) = await engine.generate(
-            [
-                GenerationRequest(
-                    "s", prompt="the answer is", sampling=SamplingParams(max_tokens=5, stop=(stop,))
-                )
-            ]
-        )
-        assert stop not in (cut.text or "") and cut.finish_reason == "stop"
+    # cut inside the text, not at its start: the first position holding a character other than text[0]
+    at = next((i for i, ch in enumerate(text) if ch != text[0]), len(text))
+    assert at + 2 <= len(text), f"precondition: greedy output {text!r} is too short to cut"
+    stop = text[at : at + 2]  # a two-character stop string; it cannot occur before ``at``
+    (cut,) = await engine.generate([raw(stop=(stop,))])
+    assert cut.ok and cut.finish_reason == "stop"
+    assert cut.text == text[:at] and stop not in cut.text
 
 
 @pytest.mark.slow

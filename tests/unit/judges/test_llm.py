@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from airflow_batchinfer.engines import GenerationRequest, GenerationResult
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, LLMJudge, Verdict, build_judge, parse_verdict
 
 
@@ -80,3 +81,12 @@ async def test_llm_judge_template_error_rejects_only_that_item() -> None:
 async def test_llm_judge_needs_an_engine() -> None:
     with pytest.raises(ValueError, match="needs an engine"):
         await LLMJudge().judge([JudgeItem({}, "x", "1")])
+
+
+def test_llm_judge_sampling_as_an_object_or_top_level_and_no_unknown_keys() -> None:
+    nested = build_judge({"type": "llm", "sampling": {"max_tokens": 48, "temperature": 0.5}})
+    assert (nested.sampling.max_tokens, nested.sampling.temperature) == (48, 0.5)
+    top = build_judge({"type": "llm", "max_tokens": 7, "sampling": {"max_tokens": 48}})
+    assert top.sampling.max_tokens == 7  # the top level wins
+    with pytest.raises(ConfigError, match="unknown keys \\['samplng'\\]"):
+        build_judge({"type": "llm", "samplng": {"max_tokens": 48}})

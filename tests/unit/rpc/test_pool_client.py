@@ -17,14 +17,22 @@ SPEC = JobSpec(
 )
 
 
-def fake_workers(free: dict[str, int], refuse: set[str]) -> tuple[httpx.MockTransport, list[str]]:
+def fake_workers(
+    free: dict[str, int], refuse: set[str], jobs: dict[str, str] | None = None
+) -> tuple[httpx.MockTransport, list[str]]:
+    """``jobs``: worker → the state of the job it already has (others answer 404 for it)."""
     calls: list[str] = []
+    jobs = jobs or {}
 
     def handler(request: httpx.Request) -> httpx.Response:
         host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         assert request.headers["authorization"] == "Bearer tok"
         if host not in free:
             raise httpx.ConnectError("refused", request=request)
+        if request.method == "GET" and request.url.path.startswith("/v1/jobs/"):
+            if host not in jobs:
+                return httpx.Response(404, json={"error": "not_found", "detail": "no such job"})
+            return httpx.Response(200, json={"job_id": "j1", "kind": "infer", "state": jobs[host]})
         if request.url.path == "/v1/stats":
             return httpx.Response(
                 200,
@@ -53,6 +61,22 @@ async def test_submits_to_least_loaded_and_moves_on_at_429() -> None:
     url, status = await pool.submit(SPEC)
     assert calls == ["http://b:1", "http://c:1"]  # most free first; b answered 429
     assert url == "http://c:1" and status.state == "running"
+    await pool.aclose()
+
+
+async def test_a_job_runs_on_at_most_one_worker() -> None:
+    free = {"http://a:1": 3, "http://b:1": 1, "http://c:1": 2}
+    transport, calls = fake_workers(
+        free, refuse=set(), jobs={"http://b:1": "running", "http://c:1": "failed"}
+    )
+    pool = PoolClient(list(free), token="tok", transport=transport)
+    url, status = await pool.submit_when_free(SPEC)
+    assert (url, status.state, calls) == ("http://b:1", "running", [])  # followed, not submitted again
+    url, _ = await pool.submit(SPEC, locate=False)  # a first try skips the question
+    assert url == "http://a:1" and calls == ["http://a:1"]
+    transport, calls = fake_workers(free, refuse=set(), jobs={"http://c:1": "cancelled"})
+    pool = PoolClient(list(free), token="tok", transport=transport)
+    assert (await pool.submit(SPEC))[0] == "http://a:1" and calls == ["http://a:1"]  # a dead copy: run anew
     await pool.aclose()
 
 
@@ -97,15 +121,3 @@ async def test_a_discovering_pool_follows_workers_as_they_come_and_go() -> None:
     assert list(pool.clients) == ["http://b:1"]
     assert (await pool.submit(SPEC))[0] == "http://b:1"
     await pool.aclose()
-
-
-def test_kubernetes_pool_references() -> None:
-    pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.exceptions import ConfigError
-    from airflow_batchinfer.hooks.pool import KubernetesRef
-
-    ref = KubernetesRef.parse("kubernetes://gpu-pools/qwen?kubernetes_conn_id=k8s")
-    assert (ref.namespace, ref.name, ref.kubernetes_conn_id) == ("gpu-pools", "qwen", "k8s")
-    assert str(KubernetesRef.parse("kubernetes://ns/p")) == "kubernetes://ns/p"
-    with pytest.raises(ConfigError, match="NAMESPACE/NAME"):
-        KubernetesRef.parse("kubernetes://justaname")

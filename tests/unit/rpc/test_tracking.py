@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batchinfer.rpc.tracking import Observation, next_action
+from airflow_batchinfer.rpc.models import JobStatus
+from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
 
 
 @pytest.mark.parametrize(
@@ -13,6 +14,7 @@ from airflow_batchinfer.rpc.tracking import Observation, next_action
         (Observation("status", "succeeded"), None, 0, "done"),
         (Observation("status", "failed"), None, 0, "failed"),
         (Observation("status", "cancelled"), None, 0, "failed"),
+        (Observation("status", "cancelled", retryable=True), None, 0, "resubmit"),  # a draining worker
         (Observation("not_found", manifest_found=True), 0, 0, "done"),
         (Observation("not_found"), 0, 0, "resubmit"),
         (Observation("unreachable", manifest_found=True), 0, 1, "done"),
@@ -22,3 +24,48 @@ from airflow_batchinfer.rpc.tracking import Observation, next_action
 )
 def test_next_action(obs: Observation, lost_since: float | None, now: float, action: str) -> None:
     assert next_action(obs, lost_since=lost_since, now=now, grace_s=20) == action
+
+
+def test_events_carry_the_decision() -> None:
+    drained = Observation.of(
+        JobStatus(job_id="j", kind="infer", state="cancelled", retryable=True, error="x")
+    )
+    event = event_for(
+        next_action(drained, lost_since=None, now=0, grace_s=20), drained, job_id="j", url="http://w"
+    )
+    assert (event.state, "draining" in (event.error or "")) == ("lost", True)
+    failed = Observation("status", "failed", error="bad template")
+    assert event_for("failed", failed, job_id="j", url="u") == JobEvent(
+        "failed", "j", "u", error="bad template"
+    )
+    assert event_for("resubmit", Observation("unreachable"), job_id="j", url="u", lost_for_s=31).error == (
+        "u unreachable for 31 s"
+    )
+    with pytest.raises(ValueError, match="no event"):
+        event_for("wait", failed, job_id="j", url="u")
+
+
+def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> None:
+    event = JobEvent("succeeded", "j", "http://w", counts={"ok": 3})
+    assert JobEvent.from_dict(event.to_dict()) == event
+    old = JobEvent.from_dict({"state": "lost", "reason": "gone"}, job_id="j", url="u")
+    assert old == JobEvent("lost", "j", "u", error="gone")
+    with pytest.raises(ValueError, match="version 9"):
+        JobEvent.from_dict({**event.to_dict(), "version": 9})
+
+
+@pytest.mark.parametrize(
+    ("state", "manifest", "resubmits", "outcome"),
+    [
+        ("succeeded", True, 0, "done"),
+        ("lost", True, 0, "done"),  # it finished before its worker went away
+        ("lost", False, 0, "resubmit"),
+        ("lost", False, 5, "fail"),  # lost too often within one try
+        ("failed", False, 0, "fail"),
+        ("cancelled", False, 0, "fail"),
+        ("timeout", False, 0, "fail"),
+    ],
+)
+def test_after_event(state: str, manifest: bool, resubmits: int, outcome: str) -> None:
+    event = JobEvent(state, "j", "u")  # type: ignore[arg-type]
+    assert after_event(event, manifest_found=manifest, resubmits=resubmits, max_resubmits=5) == outcome

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.pools.kubernetes.leases import LEASES, PoolState
 from airflow_batchinfer.pools.kubernetes.objects import worker_deployment
 from airflow_batchinfer.pools.kubernetes.spec import GPU_TOLERATION, SPOT_TOLERATIONS, KubernetesPoolSpec
+from airflow_batchinfer.pools.leases import LEASES, PoolState
 
 
 def state(replicas: int = 0, **kw: float) -> PoolState:

@@ -1,11 +1,12 @@
-"""Who is using a pool, and how many replicas it should have: state kept on the Deployment.
+"""Who is using a pool, and how many replicas it should have: the lease rules of every backend.
 
-Several Airflow runs (and ``batchinfer pool up``) may share one warm pool. Each holds a *lease*
-(``batchinfer.io/leases``: id → replicas wanted, expiry), recorded on the Deployment's annotations
-and updated with optimistic concurrency, so any process (the setup and teardown tasks, the CLI, the
-reaper CronJob) sees the same truth; none of it lives in process memory. A lease expires by itself
-so a run that died without its teardown cannot pin GPUs forever; a live run renews it as its shard
-tasks start.
+Several Airflow runs (and ``batchinfer pool up``/``run``) may share one warm pool. Each holds a
+*lease* (id → replicas wanted, expiry). A Kubernetes pool keeps them on its Deployment's annotations
+(``batchinfer.io/leases``, updated with optimistic concurrency); a local pool in a file beside its
+workers, under a lock. Either way any process (setup and teardown tasks, the CLI, the reaper, the
+workers themselves) sees the same truth; none of it lives in process memory. A lease expires by
+itself so a run that died without its teardown cannot pin GPUs forever; a live run renews it as its
+shard tasks start and while its review gates wait.
 
 The replica count follows from the leases:
 
@@ -25,6 +26,8 @@ LEASES = PREFIX + "leases"
 LAST_USED = PREFIX + "last-used"
 LOW_SINCE = PREFIX + "low-demand-since"
 IDLE_TTL = PREFIX + "idle-ttl-s"
+# A run's lease lapses after this long unless renewed (its shard tasks and review gates renew it).
+DEFAULT_LEASE_TTL_S = 24 * 3600.0
 SCALEDOWN_TTL = PREFIX + "scaledown-ttl-s"
 
 
@@ -120,6 +123,35 @@ class PoolState:
             self.low_since = None
             return demand
         return self.replicas
+
+    def idle_expired(self, now: float) -> bool:
+        """No live lease and unused for ``idle_ttl_s``: a local worker with no job may exit."""
+        if self.live(now):
+            return False
+        return self.last_used is None or now - self.last_used >= self.idle_ttl_s
+
+    def to_dict(self) -> dict[str, Any]:
+        """As a local pool stores it (``leases-<key>.json``)."""
+        return {
+            "replicas": self.replicas,
+            "idle_ttl_s": self.idle_ttl_s,
+            "scaledown_ttl_s": self.scaledown_ttl_s,
+            "leases": {k: vars(v) for k, v in sorted(self.leases.items())},
+            "last_used": self.last_used,
+            "low_since": self.low_since,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolState:
+        leases = {k: Lease(**v) for k, v in (data.get("leases") or {}).items()}
+        return cls(
+            replicas=int(data["replicas"]),
+            idle_ttl_s=float(data["idle_ttl_s"]),
+            scaledown_ttl_s=float(data.get("scaledown_ttl_s", 0.0)),
+            leases=leases,
+            last_used=data.get("last_used"),
+            low_since=data.get("low_since"),
+        )
 
     def describe(self, now: float) -> dict[str, Any]:
         return {

@@ -1,0 +1,184 @@
+"""A ``worker_pool`` reference, parsed once, and the interface every pool backend offers.
+
+A DAG (or the CLI) names its pool with one string:
+
+- ``local://NAME``: the local pool ``NAME`` on this host (the embedded default);
+- ``kubernetes://NAMESPACE/NAME[?kubernetes_conn_id=ID]``: a worker Deployment;
+- anything else: the id of a ``batchinfer_pool`` connection, whose host lists worker URLs (a static
+  pool, token in the password) or whose extra says ``backend: local`` (``local_pool``) or
+  ``backend: kubernetes`` (``namespace``, ``pool``, ``kubernetes_conn_id``).
+
+:meth:`PoolRef.parse` turns the string into a :class:`PoolRef` (no secrets: safe in trigger
+arguments and logs); :meth:`PoolRef.open` turns that into a :class:`WorkerPool`. Connections and
+Kubernetes credentials come from the caller (``airflow_batchinfer.hooks.pool`` on the Airflow
+side), so nothing here imports Airflow.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+from urllib.parse import parse_qs, urlsplit
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.pools.local import LocalPool
+from airflow_batchinfer.pools.static import StaticPool
+
+LOCAL = "local://"
+KUBERNETES = "kubernetes://"
+
+
+class WorkerPool(Protocol):
+    """What the Airflow layer and the CLI need from any pool. A *lease* is one run's claim on the
+    pool (``DAG/RUN``): it keeps the workers up while the run lives, however long its reviews take."""
+
+    backend: str
+
+    def endpoints(self, lease_id: str | None = None) -> list[str]:
+        """The URLs of the workers that answer now (of ``lease_id``'s workers, where that differs)."""
+        ...
+
+    def token(self) -> str | None: ...
+
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = ...) -> int: ...
+
+    def keep(self, lease_id: str, *, ttl_s: float = ...) -> str | None:
+        """Renew the lease and repair what the backend can (restart dead local workers); returns a
+        note for the log when something had to be repaired or could not be."""
+        ...
+
+    def release(self, lease_id: str) -> int: ...
+
+    def scale_to_zero(self, *, force: bool = False) -> int:
+        """Stop the workers now; refuses (``ConfigError``) while another run holds a lease."""
+        ...
+
+    def problems(self) -> list[str]:
+        """Why workers are missing, in the backend's words (for error messages)."""
+        ...
+
+
+class ConnectionLike(Protocol):
+    """The fields of an Airflow connection a pool reads."""
+
+    conn_id: str
+    host: str | None
+    password: str | None
+
+    @property
+    def extra_dejson(self) -> Mapping[str, Any]: ...
+
+
+# Returns a Kubernetes API client for a cncf.kubernetes connection id (``None``: the default
+# kubeconfig or in-cluster account).
+KubernetesApi = Callable[[str | None], Any]
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    backend: Literal["local", "kubernetes", "connection"]
+    name: str  # the local pool, the Deployment, or the connection id
+    namespace: str | None = None
+    kubernetes_conn_id: str | None = None
+
+    @classmethod
+    def parse(cls, worker_pool: str) -> PoolRef:
+        text = str(worker_pool).strip()
+        if not text:
+            raise ConfigError(
+                "worker_pool is empty: name a local://NAME pool, a kubernetes:// pool or a connection"
+            )
+        if text.startswith(LOCAL):
+            name = text[len(LOCAL) :]
+            LocalPool(name)  # validates the name
+            return cls("local", name)
+        if text.startswith(KUBERNETES):
+            parts = urlsplit(text)
+            path = [p for p in parts.path.split("/") if p]
+            if not parts.netloc or len(path) != 1:
+                raise ConfigError(f"{text!r}: write a Kubernetes pool as kubernetes://NAMESPACE/NAME")
+            conn = parse_qs(parts.query).get("kubernetes_conn_id", [None])[0]
+            return cls("kubernetes", path[0], parts.netloc, conn)
+        if "://" in text:
+            raise ConfigError(
+                f"{text!r}: worker_pool is local://NAME, kubernetes://NAMESPACE/NAME or a connection id"
+            )
+        return cls("connection", text)
+
+    def __str__(self) -> str:
+        if self.backend == "local":
+            return LOCAL + self.name
+        if self.backend == "kubernetes":
+            query = f"?kubernetes_conn_id={self.kubernetes_conn_id}" if self.kubernetes_conn_id else ""
+            return f"{KUBERNETES}{self.namespace}/{self.name}{query}"
+        return self.name
+
+    def resolve(self, connection: ConnectionLike | None = None) -> PoolRef:
+        """For a connection: the local or Kubernetes pool its extra names (``self`` otherwise, and
+        for a static connection)."""
+        if self.backend != "connection":
+            return self
+        if connection is None:
+            raise ConfigError(f"pool {self.name!r} is a connection: look it up first")
+        extra = dict(connection.extra_dejson or {})
+        backend = extra.get("backend")
+        if backend == "kubernetes":
+            if not extra.get("pool"):
+                raise ConfigError(
+                    f"connection {self.name!r}: the kubernetes backend needs extra.pool (and namespace)"
+                )
+            return PoolRef(
+                "kubernetes",
+                str(extra["pool"]),
+                str(extra.get("namespace") or "default"),
+                extra.get("kubernetes_conn_id") or None,
+            )
+        if backend == "local":
+            if not extra.get("local_pool"):
+                raise ConfigError(f"connection {self.name!r}: the local backend needs extra.local_pool")
+            return PoolRef("local", str(extra["local_pool"]))
+        if backend not in (None, "", "static"):
+            raise ConfigError(
+                f"connection {self.name!r}: extra.backend {backend!r} is not local, kubernetes or static"
+            )
+        return self
+
+    def open(
+        self, connection: ConnectionLike | None = None, *, kubernetes_api: KubernetesApi | None = None
+    ) -> WorkerPool:
+        """The pool itself. ``connection``: the Airflow connection a connection reference names.
+        ``kubernetes_api``: makes the API client for a ``kubernetes_conn_id`` (Airflow's hook)."""
+        ref = self.resolve(connection)
+        if ref.backend == "local":
+            return LocalPool(ref.name)
+        if ref.backend == "kubernetes":
+            from airflow_batchinfer.pools.kubernetes import KubernetesPool, api_client
+
+            if ref.kubernetes_conn_id and kubernetes_api is None:
+                raise ConfigError(
+                    f"{ref}: a kubernetes_conn_id needs Airflow's cncf.kubernetes provider "
+                    "(pip install 'airflow-batchinfer[cncf]')"
+                )
+            api = kubernetes_api(ref.kubernetes_conn_id) if kubernetes_api else api_client()
+            pool: WorkerPool = KubernetesPool(api, ref.name, ref.namespace or "default")
+            return pool
+        assert connection is not None
+        urls = [u.strip() for u in (connection.host or "").split(",") if u.strip()]
+        return StaticPool(urls=urls, rpc_token=connection.password or None, name=self.name)
+
+    @property
+    def needs_connection(self) -> bool:
+        return self.backend == "connection"
+
+
+def require_endpoints(pool: WorkerPool, lease_id: str | None = None) -> list[str]:
+    """The pool's worker URLs, or a :class:`ConfigError` with what is wrong and the remedy."""
+    urls = pool.endpoints(lease_id)
+    if urls:
+        return urls
+    why = "; ".join(pool.problems()[:3])
+    raise ConfigError(
+        f"worker pool {pool} has no live workers{f' ({why})' if why else ''}: run the DAG's pool setup "
+        "task (or `batchinfer pool up`), or check the connection's worker URLs"
+    )

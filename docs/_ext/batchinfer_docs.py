@@ -1,0 +1,190 @@
+"""Reference tables generated from the code, so the docs cannot drift from it.
+
+Directives (in the MyST pages: a fenced block named after the directive), each building docutils
+nodes directly (a table, or a literal block):
+
+- ``batchinfer-params``: the DAG params (``dag_factory.DEFAULTS`` and ``SCHEMAS``);
+- ``batchinfer-connection``: the ``batchinfer_pool`` connection type (``get_provider_info``);
+- ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
+- ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
+- ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+from typing import Any
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.util.docutils import SphinxDirective
+
+
+def _inline(text: str) -> list[nodes.Node]:
+    """Text with ``literal`` spans, as docutils nodes (no other markup)."""
+    out: list[nodes.Node] = []
+    for i, part in enumerate(re.split(r"``(.+?)``", str(text))):
+        if part:
+            out.append(nodes.literal(part, part) if i % 2 else nodes.Text(part))
+    return out
+
+
+def _table(header: list[str], rows: list[list[str]]) -> nodes.table:
+    """A table whose cells are plain text with ``literal`` spans."""
+    table = nodes.table(classes=["batchinfer-generated"])
+    group = nodes.tgroup(cols=len(header))
+    table += group
+    group.extend(nodes.colspec(colwidth=1) for _ in header)
+
+    def row(cells: list[str]) -> nodes.row:
+        r = nodes.row()
+        for cell in cells:
+            entry = nodes.entry()
+            entry += nodes.paragraph("", "", *_inline(cell))
+            r += entry
+        return r
+
+    head = nodes.thead()
+    head += row(header)
+    body = nodes.tbody()
+    body.extend(row(r) for r in rows)
+    group += head
+    group += body
+    return table
+
+
+def _code(value: Any) -> str:
+    if hasattr(value, "model_dump"):  # a pydantic default such as Progress()
+        value = value.model_dump()
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return f"``{text}``" if text else ""
+
+
+class _Generated(SphinxDirective):
+    def nodes(self) -> list[nodes.Node]:
+        raise NotImplementedError
+
+    def run(self) -> list[nodes.Node]:
+        return self.nodes()
+
+
+RUN_ROOT = ("output_root", "run_name")  # <output_root>/<run_name>
+
+
+class Params(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.dag_factory import DEFAULTS, RUN_SETTINGS, SCHEMAS
+
+        rows = []
+        for name, default in DEFAULTS.items():
+            schema = SCHEMAS[name]
+            kind = schema.get("type")
+            kind = " | ".join(kind) if isinstance(kind, list) else kind
+            limits = []
+            if "enum" in schema:
+                limits.append("one of " + ", ".join(f"``{v}``" for v in schema["enum"]))
+            for key, word in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥")):
+                if key in schema:
+                    limits.append(f"{word} {schema[key]}")
+            what = "; ".join(x for x in [schema.get("description", ""), *limits] if x)
+            role = "run setting" if name in RUN_SETTINGS else "run root" if name in RUN_ROOT else "pool"
+            rows.append([f"``{name}``", str(kind), _code(default), role, what])
+        return [_table(["param", "type", "default", "goes to", "meaning"], rows)]
+
+
+class Connection(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.get_provider_info import get_provider_info
+
+        (conn,) = get_provider_info()["connection-types"]
+        ui = conn["ui-field-behaviour"]
+        hidden = ", ".join(f"``{f}``" for f in ui["hidden-fields"])
+        lead = nodes.paragraph("", "", *_inline(
+            f"Connection type ``{conn['connection-type']}`` (\"{conn['hook-name']}\"), hook "
+            f"``{conn['hook-class-name']}``. Hidden standard fields: {hidden}."
+        ))  # fmt: skip
+        rows = [
+            [f"``{field}``", "standard", label, ui["placeholders"].get(field, "")]
+            for field, label in ui["relabeling"].items()
+        ]
+        for name, spec in conn["conn-fields"].items():
+            schema = spec["schema"]
+            kind = schema.get("type")
+            kind = " | ".join(kind) if isinstance(kind, list) else kind
+            extra = ""
+            if "enum" in schema:
+                extra = f"; one of {', '.join(schema['enum'])}; default ``{schema['default']}``"
+            rows.append([f"``{name}``", f"extra ({kind})", spec["label"], spec["description"] + extra])
+        return [lead, _table(["field", "where", "label in the UI", "meaning"], rows)]
+
+
+def _subparser(parser: argparse.ArgumentParser, path: list[str]) -> argparse.ArgumentParser:
+    for word in path:
+        action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = action.choices[word]
+    return parser
+
+
+class Cli(_Generated):
+    required_arguments = 1
+    final_argument_whitespace = True
+
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.cli import build_parser
+
+        saved = os.environ.get("COLUMNS")
+        os.environ["COLUMNS"] = "100"
+        try:
+            text = _subparser(build_parser(), self.arguments[0].split()).format_help()
+        finally:
+            if saved is None:
+                os.environ.pop("COLUMNS", None)
+            else:
+                os.environ["COLUMNS"] = saved
+        text = text.rstrip()
+        return [nodes.literal_block(text, text, language="text")]
+
+
+class Model(_Generated):
+    required_arguments = 1
+
+    def nodes(self) -> list[nodes.Node]:
+        module, _, name = self.arguments[0].rpartition(".")
+        model = getattr(importlib.import_module(module), name)
+        rows = []
+        for field, info in model.model_fields.items():
+            hint = info.annotation
+            annotation = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            if info.is_required():
+                default = "required"
+            elif info.default_factory is not None:
+                default = _code(info.default_factory())
+            else:
+                default = _code(info.default)
+            pattern = next((m.pattern for m in info.metadata if hasattr(m, "pattern") and m.pattern), None)
+            rows.append([f"``{field}``", f"``{annotation}``", default,
+                         f"pattern ``{pattern}``" if pattern else ""])  # fmt: skip
+        refused = " Unknown fields are refused." if model.model_config.get("extra") == "forbid" else ""
+        lead = nodes.paragraph("", "", *_inline(f"Fields of ``{name}``.{refused}"))
+        return [lead, _table(["field", "type", "default", "constraint"], rows)]
+
+
+class JobOutputs(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS
+
+        rows = [[f"``{k}``", ", ".join(f"``{o}``" for o in outs)] for k, outs in REQUIRED_OUTPUTS.items()]
+        return [_table(["kind", "required outputs (URIs)"], rows)]
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("batchinfer-params", Params)
+    app.add_directive("batchinfer-connection", Connection)
+    app.add_directive("batchinfer-cli", Cli)
+    app.add_directive("batchinfer-model", Model)
+    app.add_directive("batchinfer-job-outputs", JobOutputs)
+    return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -1,0 +1,83 @@
+"""DAGs for the chaos suite: the factory's pipeline on the SIMULATED engine (no model; batch latency
+and the judge's verdicts are set per run through ``engine_options``), one DAG per way of failing.
+
+- ``chaos_rounds``: a job that finishes within ``inline_wait_s`` (2 s) is awaited in the task, a
+  longer one defers (a slow engine makes a round of deferred tasks).
+- ``chaos_disk``: the same with one retry per shard job (a full disk fails every try).
+- ``chaos_inline``: shard tasks wait for their job in the task process (``inline_wait_s=120``), so a
+  running task instance has a process to kill while its job runs.
+- ``chaos_s3``: the run root on the S3 server; the Airflow side reaches it through the AWS
+  connection ``chaos_s3`` (``endpoint_url`` in its extra), the workers through the environment.
+- ``chaos_review``: a review gate before every round after the first, on a pool with a short
+  ``idle_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from airflow_batchinfer.dag_factory import build_batch_inference_dag
+
+ROOT = os.environ.get("BATCHINFER_CHAOS_ROOT", "/tmp/batchinfer-chaos")
+BUCKET = os.environ.get("BATCHINFER_CHAOS_BUCKET", "batchinfer-chaos")
+SIMULATED = {
+    "input": f"{ROOT}/data.jsonl",
+    "output_root": f"{ROOT}/runs",
+    "engine": "simulated",
+    "model": None,
+    "engine_options": {"approval_rate": 0.6, "latency_base_s": 1.0},
+    "prompt_template": "{{ question }}",
+    "judge": {"type": "llm"},
+    "records_per_shard": 10,
+    "chunk_size": 10,
+    "worker_pool": "local://chaos",
+    "replicas": 2,
+    "concurrency": 2,
+    "idle_ttl_s": 900,
+    "preflight_records": 0,
+    "max_rounds": 2,
+}
+COMMON = {
+    "max_rounds": 2,
+    "airflow_pool": "chaos",
+    "retries": 2,
+    "retry_delay": timedelta(seconds=2),
+    "poll_interval_s": 1.0,
+}
+
+build_batch_inference_dag(
+    "chaos_rounds",
+    defaults=SIMULATED,
+    default_args={"inline_wait_s": 2.0, "lost_grace_s": 5.0},
+    **COMMON,
+)
+
+build_batch_inference_dag(
+    "chaos_disk",
+    defaults=SIMULATED,
+    default_args={"inline_wait_s": 2.0, "lost_grace_s": 5.0},
+    **{**COMMON, "retries": 1},
+)
+
+build_batch_inference_dag(
+    "chaos_inline",
+    defaults=SIMULATED,
+    default_args={"inline_wait_s": 120.0, "lost_grace_s": 5.0},
+    **COMMON,
+)
+
+build_batch_inference_dag(
+    "chaos_s3",
+    defaults={**SIMULATED, "output_root": f"s3://{BUCKET}/chaos", "worker_pool": "local://chaos-s3"},
+    aws_conn_id="chaos_s3",
+    default_args={"lost_grace_s": 5.0},
+    **{**COMMON, "retries": 3, "retry_delay": timedelta(seconds=8)},
+)
+
+build_batch_inference_dag(
+    "chaos_review",
+    defaults={**SIMULATED, "review": "every_round", "worker_pool": "local://chaos-review", "idle_ttl_s": 3},
+    default_args={"lost_grace_s": 5.0},
+    **COMMON,
+)
