@@ -99,3 +99,7 @@ class JobFailed(BatchInferError):
     def __init__(self, job_id: str, state: str, error: str | None) -> None:
         self.job_id, self.state, self.error = job_id, state, error
         super().__init__(f"job {job_id} {state}: {error}")
+
+
+class JobTimeout(BatchInferError, TimeoutError):
+    """A shard job did not finish in time (it was cancelled on its worker)."""

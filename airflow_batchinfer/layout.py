@@ -94,6 +94,10 @@ class RunLayout:
     def job_manifest(self, r: int, shard_id: str, kind: str) -> str:
         return join(self.round(r), "jobs", f"{shard_id}.{kind}.json")
 
+    def job_error(self, r: int, shard_id: str, kind: str) -> str:
+        """The last error of a shard's job (the round's close quotes it when it quarantines)."""
+        return join(self.round(r), "jobs", f"{shard_id}.{kind}.error.json")
+
     def accepted(self, r: int, shard_id: str, kind: str) -> str:
         """What close accepted for a shard's job (the attempt and its counts), or its quarantine."""
         return join(self.round(r), "jobs", f"{shard_id}.{kind}.accepted.json")

@@ -172,7 +172,7 @@ def record_job_error(
 ) -> None:
     """Keep the last error of a shard's job next to its manifest: ``close`` quotes it when it
     quarantines the shard."""
-    uri = join(RunLayout(cfg.run_root).round(r), "jobs", f"{shard_id}.{kind}.error.json")
+    uri = RunLayout(cfg.run_root).job_error(r, shard_id, kind)
     write_doc(uri, {"shard_id": shard_id, "kind": kind, "error": error}, storage_options)
 
 
@@ -495,7 +495,7 @@ def _settle(
             keep = prior
             continue
         if m is None or not current(m):
-            note = read_doc(join(layout.round(r), "jobs", f"{sid}.{kind}.error.json"), "job error", so)
+            note = read_doc(layout.job_error(r, sid, kind), "job error", so)
             error = (note or {}).get("error")
             if m is None:
                 problem = (kind, error or "the job never completed (no completion manifest)")

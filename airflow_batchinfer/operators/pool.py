@@ -12,7 +12,7 @@ workers; ``idle_ttl_s=0`` or ``stop`` stops them at once unless another run hold
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import json
 import time
 from typing import Any
@@ -20,17 +20,16 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_batchinfer.exceptions import ConfigError, RpcError
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
-from airflow_batchinfer.rpc.client import SyncWorkerClient
+from airflow_batchinfer.rpc.pool import ready_workers
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger
 
 BUILTIN_MODELS = {"builtin:smollm2": lambda: str(prepare_smollm2(default_cache_dir()))}
-LEASE_TTL_S = DEFAULT_LEASE_TTL_S
 
 
 def resolve_model(model: str | None) -> str | None:
@@ -54,7 +53,7 @@ def lease_id(context: Context) -> str:
     return f"{context['dag'].dag_id}/{context['run_id']}"
 
 
-def hold_pool(worker_pool: str, context: Context, log: Any, ttl_s: float = LEASE_TTL_S) -> WorkerPool:
+def hold_pool(worker_pool: str, context: Context, log: Any, ttl_s: float = DEFAULT_LEASE_TTL_S) -> WorkerPool:
     """Open the run's pool and keep it: renew this run's lease (runs outlast one lease period, review
     gates wait for hours) and, for a local pool, restart workers that died."""
     pool = open_pool(worker_pool)
@@ -62,17 +61,6 @@ def hold_pool(worker_pool: str, context: Context, log: Any, ttl_s: float = LEASE
     if note:
         log.warning("worker pool %s: %s", pool, note)
     return pool
-
-
-def _ready(pool: WorkerPool, lease: str) -> list[str]:
-    """The pool's workers that answer ready now (model loaded, not draining)."""
-    token = pool.token()
-    ready = []
-    for url in pool.endpoints(lease):
-        with contextlib.suppress(RpcError), SyncWorkerClient(url, token=token, timeout=5) as client:
-            if client.ready():
-                ready.append(url)
-    return ready
 
 
 def _ttl(value: float | str | None) -> float | None:
@@ -116,7 +104,7 @@ class PoolSetupOperator(BaseOperator):
         target_batch_tokens: int | str = 16_384,
         kubernetes: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 900.0,
-        lease_ttl_s: float = LEASE_TTL_S,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -179,7 +167,7 @@ class PoolSetupOperator(BaseOperator):
             self._kubernetes_up(pool, replicas, context)
         else:
             self.log.info("worker pool %s is managed outside Airflow: waiting for its workers", pool)
-        ready = _ready(pool, lease_id(context))
+        ready = asyncio.run(ready_workers(pool.endpoints(lease_id(context)), pool.token()))
         if len(ready) >= replicas:  # warm: nothing to wait for, and no deferral to pay
             self.log.info("worker pool %s ready: %s", self.worker_pool, ready)
             return ready
@@ -225,11 +213,6 @@ class PoolTeardownOperator(BaseOperator):
 
     def execute(self, context: Context) -> None:
         pool = open_pool(self.worker_pool)
-        left = pool.release(lease_id(context))
-        if str(self.stop).lower() in ("true", "1") and left:
-            try:
-                left = pool.scale_to_zero()
-            except ConfigError as exc:  # other runs still use it
-                self.log.info("not stopping %s: %s", pool, exc)
+        left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
         self.log.info("worker pool %s: lease %s released; %d workers %s", pool, lease_id(context), left,
                       "stay warm for other runs or idle_ttl_s" if left else "(stopped)")  # fmt: skip

@@ -22,7 +22,8 @@ from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.operators.pool import LEASE_TTL_S, hold_pool
+from airflow_batchinfer.operators.pool import hold_pool
+from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.report import review_body
 from airflow_batchinfer.rounds import (
     ACCEPT,
@@ -87,7 +88,7 @@ class RoundControllerOperator(HITLOperator):
         if not self.worker_pool:
             return
         wait = self.response_timeout.total_seconds() if gate and self.response_timeout else 0.0
-        hold_pool(self.worker_pool, context, self.log, ttl_s=LEASE_TTL_S + wait)
+        hold_pool(self.worker_pool, context, self.log, ttl_s=DEFAULT_LEASE_TTL_S + wait)
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)

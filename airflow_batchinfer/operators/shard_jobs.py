@@ -90,6 +90,7 @@ class ShardJobOperator(BaseOperator):
         self.max_resubmits = max_resubmits
         self.inline_wait_s = inline_wait_s
         self._remote: tuple[str, str] | None = None  # (worker URL, job id) of the job in flight
+        self._pool: WorkerPool | None = None  # opened once per execution
 
     # ------------------------------------------------------------------------------- helpers
     @property
@@ -132,7 +133,7 @@ class ShardJobOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any] | None:
         cfg = self._config(context)
         spec = self._spec(cfg)
-        pool = hold_pool(self.worker_pool, context, self.log)
+        pool = self._pool = hold_pool(self.worker_pool, context, self.log)
 
         async def check() -> dict[str, Any] | None:
             client = self._client(pool, context)
@@ -213,22 +214,22 @@ class ShardJobOperator(BaseOperator):
             ev, manifest_found=manifest is not None, resubmits=resubmits, max_resubmits=self.max_resubmits
         )
         if outcome == "done":
-            if manifest is None:
-                self._fail(cfg, f"the worker reports success but {spec.outputs['manifest']} is missing")
             assert manifest is not None
             self.log.info("%s: done on %s: %s", self._what(), ev.url, manifest.get("counts"))
             return self._result(cfg, manifest)
         if outcome == "resubmit":
             self.log.warning("%s: %s; resubmitting", self._what(), ev.error)
-            pool = hold_pool(self.worker_pool, context, self.log)
-            return self._submit(context, spec, pool, resubmits + 1)
+            self._pool = hold_pool(self.worker_pool, context, self.log)
+            return self._submit(context, spec, self._pool, resubmits + 1)
         if ev.state == "timeout":
             self._cancel_remote()
             self._fail(
                 cfg, f"did not finish within execution_timeout ({self.execution_timeout}); job cancelled"
             )
-        if ev.state == "lost":
-            self._fail(cfg, f"lost {resubmits + 1} times (last: {ev.error})")
+        if ev.state in ("lost", "succeeded"):
+            self._fail(
+                cfg, f"lost or without a manifest {resubmits + 1} times (last: {ev.error or ev.state})"
+            )
         self._fail(cfg, f"{ev.state} on {ev.url}: {ev.error}")
         return None
 
@@ -243,7 +244,8 @@ class ShardJobOperator(BaseOperator):
         url, job_id = remote
         try:
             # Synchronous: on_kill may run in a signal handler while the task's event loop runs.
-            with SyncWorkerClient(url, token=open_pool(self.worker_pool).token(), timeout=10) as client:
+            token = (self._pool or open_pool(self.worker_pool)).token()
+            with SyncWorkerClient(url, token=token, timeout=10) as client:
                 client.cancel(job_id)
             self.log.info("%s: cancelled job %s on %s", self._what(), job_id, url)
         except Exception as exc:  # best effort: a retry finds and follows the job anyway

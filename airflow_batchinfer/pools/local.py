@@ -209,7 +209,12 @@ class LocalPool:
             state = self._load()
             now = self.clock()
             for other, gen in list(state["generations"].items()):
-                if other != key and not self._leases(other, LocalPoolSpec.from_dict(gen["spec"])).live(now):
+                if other == key:
+                    continue
+                held = self._leases(other, LocalPoolSpec.from_dict(gen["spec"]))
+                if lease_id is not None and held.release(lease_id, now=now):  # one generation per lease
+                    self._save_leases(other, held)
+                if not held.live(now):
                     self._stop(self._live(gen), wait=False)  # other settings, unused: replace
                     del state["generations"][other]
                     self._lease_file(other).unlink(missing_ok=True)
@@ -279,35 +284,20 @@ class LocalPool:
                 )
         return "; ".join(notes) or None
 
-    def release(self, lease_id: str) -> int:
+    def release(self, lease_id: str, *, stop: bool = False) -> int:
         """Drop ``lease_id``. Its workers stay warm for ``idle_ttl_s`` unless other leases hold them,
-        or stop now when ``idle_ttl_s`` is 0 and nobody else does. Returns the workers still running."""
+        or stop now (``stop``, or ``idle_ttl_s`` 0) when no other run holds them. Returns the
+        workers still running."""
         with self._editing(lease_id) as found:
             if found is None:
                 return 0
             gen, leases = found
             leases.release(lease_id, now=self.clock())
             live = self._live(gen)
-            if leases.idle_ttl_s == 0 and not leases.live(self.clock()):
+            if (stop or leases.idle_ttl_s == 0) and not leases.live(self.clock()):
                 self._stop(live, wait=False)
                 live = []
             return len(live)
-
-    def scale_to_zero(self, *, force: bool = False) -> int:
-        """Stop the newest generation's workers now. Refuses while runs hold leases on it, unless
-        ``force`` (drops them). Returns the workers left (0)."""
-        with self._editing(None) as found:
-            if found is None:
-                return 0
-            gen, leases = found
-            if (held := sorted(leases.live(self.clock()))) and not force:
-                raise ConfigError(
-                    f"{self} is leased by {held}: they would lose their workers. Remedy: --force"
-                )
-            leases.leases.clear()
-            leases.last_used = self.clock() - leases.idle_ttl_s
-            self._stop(self._live(gen), wait=False)
-            return 0
 
     def _start(self, spec: LocalPoolSpec) -> dict[str, Any]:
         wid = secrets.token_hex(4)
@@ -432,9 +422,6 @@ class LocalPool:
         if found is None:
             return []
         return [w["url"] for w in self._announced(self._live(found[1])) if w.get("url")]
-
-    def urls(self) -> list[str]:
-        return self.endpoints()
 
     def problems(self) -> list[str]:
         """Why workers are missing: the ones that exited, with the end of their logs."""

@@ -48,10 +48,9 @@ class WorkerPool(Protocol):
         note for the log when something had to be repaired or could not be."""
         ...
 
-    def release(self, lease_id: str) -> int: ...
-
-    def scale_to_zero(self, *, force: bool = False) -> int:
-        """Stop the workers now; refuses (``ConfigError``) while another run holds a lease."""
+    def release(self, lease_id: str, *, stop: bool = False) -> int:
+        """Drop the lease; the workers stay warm for ``idle_ttl_s``, or stop now with ``stop`` unless
+        another run holds them. Returns the workers still running."""
         ...
 
     def problems(self) -> list[str]:

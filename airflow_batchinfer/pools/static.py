@@ -40,10 +40,7 @@ class StaticPool:
     def keep(self, lease_id: str, *, ttl_s: float = 0.0) -> str | None:
         return None
 
-    def release(self, lease_id: str) -> int:
-        return len(self.urls)
-
-    def scale_to_zero(self, *, force: bool = False) -> int:
+    def release(self, lease_id: str, *, stop: bool = False) -> int:
         return len(self.urls)  # not ours to stop
 
     def problems(self) -> list[str]:

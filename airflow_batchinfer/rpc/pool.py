@@ -18,6 +18,7 @@ import httpx
 from airflow_batchinfer.exceptions import (
     JobFailed,
     JobNotFound,
+    JobTimeout,
     RpcError,
     StorageError,
     WorkerBusy,
@@ -36,7 +37,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("airflow_batchinfer.rpc")
 LOCATE_TIMEOUT_S = 5.0  # asking a worker whether it has a job: a dead one must not hold a submit up
-LIVE = ("queued", "running", "succeeded")  # a copy in these states is followed, never duplicated
+# A copy in these states is followed, never duplicated. A succeeded one is not: its manifest (checked
+# first, by ``finished``) is the truth, and a worker runs a succeeded job again once that is gone.
+LIVE = ("queued", "running")
+
+
+async def ready_workers(urls: Sequence[str], token: str | None, *, timeout_s: float = 5.0) -> list[str]:
+    """The workers among ``urls`` that answer ready (model loaded, not draining)."""
+
+    async def ready(url: str) -> bool:
+        try:
+            async with WorkerClient(url, token=token, timeout=timeout_s) as client:
+                return await client.ready()
+        except WorkerUnavailable:  # still starting
+            return False
+
+    answers = await asyncio.gather(*(ready(u) for u in urls))
+    return [u for u, ok in zip(urls, answers, strict=True) if ok]
 
 
 async def follow(
@@ -165,8 +182,8 @@ class PoolClient:
         return -1 if s.draining else s.slots_total - s.slots_busy
 
     async def locate(self, job_id: str) -> tuple[str, JobStatus] | None:
-        """The worker that already runs (or ran to success) ``job_id``, asked of every worker this
-        client knows, or ``None``. A failed or cancelled copy may be resubmitted."""
+        """The worker that already runs ``job_id``, asked of every worker this client knows, or
+        ``None``. A failed or cancelled copy may be resubmitted."""
         await self.refresh()
 
         async def ask(url: str) -> tuple[str, JobStatus] | None:
@@ -175,9 +192,8 @@ class PoolClient:
             except RpcError:
                 return None
 
-        found = [f for f in await asyncio.gather(*(ask(u) for u in self._known)) if f is not None]
-        live = [f for f in found if f[1].state in LIVE]
-        return min(live, key=lambda f: f[1].state == "succeeded") if live else None  # running first
+        found = await asyncio.gather(*(ask(u) for u in self._known))
+        return next((f for f in found if f is not None and f[1].state in LIVE), None)
 
     async def _running_copy(self, spec: JobSpec) -> tuple[str, JobStatus] | None:
         found = await self.locate(spec.job_id)
@@ -279,7 +295,7 @@ class PoolClient:
 
         A finished identical job (see :meth:`finished`) is not run again; a copy a worker already
         runs is followed. Lost workers and jobs are resubmitted (up to ``max_resubmits`` times).
-        Raises :class:`JobFailed` when the job fails (the worker's reason inside), ``TimeoutError``
+        Raises :class:`JobFailed` when the job fails (the worker's reason inside), :class:`JobTimeout`
         (after cancelling the job) past ``timeout_s``.
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -306,15 +322,16 @@ class PoolClient:
                 max_resubmits=self.max_resubmits,
             )
             if outcome == "done":
-                if manifest is None:
-                    raise StorageError(
-                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is missing"
-                    )
+                assert manifest is not None
                 return manifest
             if outcome == "fail":
                 if event.state == "timeout":
                     await self.cancel(url, spec.job_id)
-                    raise TimeoutError(f"job {spec.job_id} did not finish within {timeout_s} s (cancelled)")
+                    raise JobTimeout(f"job {spec.job_id} did not finish within {timeout_s} s (cancelled)")
+                if event.state == "succeeded":
+                    raise StorageError(
+                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is missing"
+                    )
                 raise JobFailed(spec.job_id, event.state, event.error)
             log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, event.error)
             resubmits += 1

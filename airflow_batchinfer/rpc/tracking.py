@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
 
 Action = Literal["wait", "done", "failed", "resubmit"]
@@ -81,7 +82,9 @@ class JobEvent:
         """Also reads the untyped events of earlier releases (a deferral that spans an upgrade)."""
         version = data.get("version", cls.VERSION)
         if version != cls.VERSION:
-            raise ValueError(f"job event version {version} is not {cls.VERSION}: {data}")
+            raise RpcError(
+                f"job event version {version} is not {cls.VERSION} (another release wrote it): {data}"
+            )
         return cls(
             state=data["state"],
             job_id=str(data.get("job_id") or job_id),
@@ -108,15 +111,15 @@ def event_for(
         else:
             why = f"{url} unreachable for {lost_for_s:.0f} s"
         return JobEvent("lost", job_id, url, error=why)
-    raise ValueError(f"no event for {action!r}")
+    raise RpcError(f"no event for {action!r}")
 
 
 def after_event(event: JobEvent, *, manifest_found: bool, resubmits: int, max_resubmits: int) -> Outcome:
-    """What a task does with its trigger's event. A lost job whose manifest exists finished before
-    its worker went away; otherwise it is resubmitted up to ``max_resubmits`` times in one try."""
-    if event.state == "succeeded":
-        return "done"
-    if event.state == "lost":
+    """What a task does with its trigger's event; the completion manifest decides. A lost job whose
+    manifest exists finished before its worker went away. A job without a manifest (lost, or
+    reported succeeded while its manifest has since been removed) is resubmitted, up to
+    ``max_resubmits`` times in one try."""
+    if event.state in ("succeeded", "lost"):
         if manifest_found:
             return "done"
         return "fail" if resubmits >= max_resubmits else "resubmit"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any, Protocol
@@ -177,5 +178,6 @@ async def in_thread(fn: Callable[..., None], *args: Any) -> None:
     try:
         await asyncio.shield(task)
     finally:
-        if not task.done():
-            await asyncio.wait({task})
+        while not task.done():  # a second cancellation must not end the wait either
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})

@@ -10,9 +10,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_batchinfer.exceptions import WorkerUnavailable
 from airflow_batchinfer.hooks.pool import aopen_pool
-from airflow_batchinfer.rpc.client import WorkerClient
+from airflow_batchinfer.rpc.pool import ready_workers
 from airflow_batchinfer.triggers import settle
 
 
@@ -50,20 +49,12 @@ class PoolReadyTrigger(BaseTrigger):
             },
         )
 
-    async def _ready(self, url: str, token: str | None) -> bool:
-        try:
-            async with WorkerClient(url, token=token, timeout=5) as client:
-                return await client.ready()
-        except WorkerUnavailable:  # still starting
-            return False
-
     async def run(self) -> AsyncIterator[TriggerEvent]:
         pool = await aopen_pool(self.worker_pool)
         token = await asyncio.to_thread(pool.token)
         while True:
             urls = await asyncio.to_thread(pool.endpoints, self.lease_id)
-            answers = await asyncio.gather(*(self._ready(u, token) for u in urls))
-            ready = [u for u, ok in zip(urls, answers, strict=True) if ok]
+            ready = await ready_workers(urls, token)
             if len(ready) >= self.replicas:
                 await settle(self.not_before)
                 yield TriggerEvent({"state": "ready", "urls": ready})

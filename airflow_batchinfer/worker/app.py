@@ -20,6 +20,7 @@ from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
@@ -117,6 +118,11 @@ def create_app(
             raise ApiError(
                 503, "not_ready", state["load_error"] or "the model is still loading", {"Retry-After": "5"}
             )
+        known = registry.status(spec.job_id)
+        if known is not None and known.state == "succeeded":
+            manifest = spec.outputs["manifest"]
+            if await asyncio.to_thread(read_job_manifest, manifest, runtime.storage_options) is None:
+                registry.forget(spec.job_id)  # its outputs were removed since (a close found them gone)
         try:
             status, created = registry.submit(spec, params)
         except JobConflict as exc:

@@ -74,7 +74,7 @@ class JobRegistry:
         """Start ``spec`` or return the existing job with that id. ``True`` when newly started.
 
         A job id that is running or succeeded is never run twice; a failed or cancelled one may be
-        submitted again (a retry).
+        submitted again (a retry), and so may a succeeded one the app has :meth:`forget`-ten.
         """
         existing = self.jobs.get(spec.job_id)
         if existing is not None and existing.state not in ("failed", "cancelled"):
@@ -154,6 +154,12 @@ class JobRegistry:
                 )
             if self.busy == 0:
                 self._idle.set()
+
+    def forget(self, job_id: str) -> None:
+        """Drop a finished job, so the same id runs again when submitted (its manifest is gone)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.state in TERMINAL_STATES:
+            del self.jobs[job_id]
 
     def status(self, job_id: str) -> JobStatus | None:
         job = self.jobs.get(job_id)

@@ -39,6 +39,7 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
         input_records=N,
         checkpoint_every=2_000,
     )
+    spec.outputs["staging"] = layout.staging(0)  # fenced, as the DAG runs it: outputs staged per attempt
     env = {
         "AWS_ACCESS_KEY_ID": s3_server.key,
         "AWS_SECRET_ACCESS_KEY": s3_server.secret,
@@ -61,8 +62,12 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
         code = w.stop()
     assert code == 0, w.log_tail()  # e.g. not killed by a signal (-11: a crash in the writers)
 
-    approved = list(JsonlFile(spec.outputs["approved"], storage_options=options).iter_records())
-    rejected = list(JsonlFile(spec.outputs["rejected"], storage_options=options).iter_records())
+    manifest = read_job_manifest(spec.outputs["manifest"], options)
+    assert manifest is not None and manifest["state"] == "succeeded"
+    staged = manifest["committed"]  # what the round's close would promote
+    assert all(uri.startswith(layout.staging(0)) for uri in staged.values())
+    approved = list(JsonlFile(staged["approved"], storage_options=options).iter_records())
+    rejected = list(JsonlFile(staged["rejected"], storage_options=options).iter_records())
     ids = Counter(r["id"] for r in approved + rejected)
     assert ids == Counter(f"r{i}" for i in range(N)), (
         f"missing {N - len(ids)}, duplicated {sum(1 for c in ids.values() if c > 1)}"
@@ -71,8 +76,6 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
     assert {r["status"] for r in rejected} <= {"max_attempts", "error"}
     assert status.progress.done == N
 
-    manifest = read_job_manifest(spec.outputs["manifest"], options)
-    assert manifest is not None and manifest["state"] == "succeeded"
     counts = manifest["counts"]
     assert counts["approved"] == len(approved) > N // 2
     assert counts.get("max_attempts", 0) + counts.get("error", 0) == len(rejected) > 1_000

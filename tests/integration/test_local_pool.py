@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 from airflow_batchinfer.storage import JsonlDir
 
@@ -56,7 +55,7 @@ def test_pool_up_reuses_warm_workers_and_down_stops_them(tmp_path: Path, env: di
     down = cli("pool", "down", "--name", "t", env=env)
     assert down["stopped"] == 2
     assert cli("pool", "status", "--name", "t", env=env)["workers"] == []
-    assert LocalPool("t", state_dir=Path(env["BATCHINFER_CACHE"]) / "pools").urls() == []
+    assert LocalPool("t", state_dir=Path(env["BATCHINFER_CACHE"]) / "pools").endpoints() == []
 
 
 def test_changed_spec_replaces_workers(tmp_path: Path) -> None:
@@ -77,9 +76,9 @@ def test_idle_ttl_lets_workers_exit(tmp_path: Path) -> None:
     pool = LocalPool("idle", state_dir=tmp_path / "pools")
     pool.up(LocalPoolSpec(engine="simulated", idle_ttl_s=1.0, allowed_prefixes=(str(tmp_path),)))
     deadline = time.monotonic() + 30
-    while pool.urls() and time.monotonic() < deadline:
+    while pool.endpoints() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert pool.urls() == []
+    assert pool.endpoints() == []
 
 
 def alive(pid: int) -> bool:
@@ -124,13 +123,14 @@ def test_other_settings_never_stop_workers_another_run_leases(tmp_path: Path) ->
         assert pool.up(b, lease_id="dag/c") == b_urls  # the same settings share warm workers
         pool.up(dataclasses.replace(b, replicas=1), lease_id="dag/b")  # fewer wanted: nobody is stopped
         assert sorted(pool.endpoints("dag/b")) == sorted(b_urls)
-        with pytest.raises(ConfigError, match="leased by"):
-            pool.scale_to_zero()
-        pool.release("dag/a")
+        assert pool.release("dag/c", stop=True) == 2  # dag/b still holds them: nothing stops
         assert all(alive(pid) for pid in a_pids)  # all along
-        pool.up(b, lease_id="dag/b")  # a is unleased now: starting b replaces it
-        assert pool.status()["other_generations"] == []
+        pool.up(b, lease_id="dag/a")  # run a moves to b's settings: a lease holds one generation
+        assert pool.status()["other_generations"] == []  # nobody holds a any more: replaced
         wait_until(lambda: not any(alive(pid) for pid in a_pids))
+        assert sorted(pool.endpoints("dag/a")) == sorted(b_urls)
+        pool.release("dag/a")
+        assert pool.release("dag/b", stop=True) == 0  # the last holder stops them
     finally:
         pool.down()
 

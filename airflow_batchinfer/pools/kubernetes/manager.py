@@ -9,6 +9,7 @@ pool uses.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 import secrets
@@ -26,7 +27,7 @@ from airflow_batchinfer.pools.kubernetes.spec import (
     DEFAULT_SCALEDOWN_TTL_S,
     KubernetesPoolSpec,
 )
-from airflow_batchinfer.pools.leases import PoolState, ttl_annotations
+from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
 MERGE = "application/merge-patch+json"
@@ -242,12 +243,12 @@ class KubernetesPool:
             return target, state
         raise WorkerUnavailable(f"{self}: the Deployment kept changing under {what}; try again")
 
-    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = 24 * 3600) -> int:
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
         """Hold the pool for ``lease_id`` with ``replicas`` workers; returns the replica count."""
         return self._update(lambda s, now: s.acquire(lease_id, replicas, now=now, ttl_s=ttl_s),
                             f"lease {lease_id} wants {replicas}")[0]  # fmt: skip
 
-    def renew(self, lease_id: str, *, ttl_s: float = 24 * 3600) -> bool:
+    def renew(self, lease_id: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> bool:
         """Keep ``lease_id`` alive another ``ttl_s``; ``False`` if it has lapsed or was released."""
         renewed: list[bool] = []
         self._update(
@@ -256,10 +257,13 @@ class KubernetesPool:
         )
         return renewed[-1]
 
-    def keep(self, lease_id: str, *, ttl_s: float = 24 * 3600) -> str | None:
+    def keep(self, lease_id: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> str | None:
         """Renew ``lease_id`` (shard tasks and review gates); the Deployment restarts dead pods
         itself. Returns a warning when the lease has lapsed (it is not resurrected: the replica
         count it wanted is the setup task's to decide)."""
+        lease = self._state(0, self._deployment().metadata.annotations).leases.get(lease_id)
+        if lease is not None and lease.expires - self.clock() > ttl_s / 2:
+            return None  # fresh enough: a read, not a write, for each of a round's many shard tasks
         if self.renew(lease_id, ttl_s=ttl_s):
             return None
         return (
@@ -267,9 +271,14 @@ class KubernetesPool:
             "Remedy: raise the setup task's lease_ttl_s, or re-run pool_setup"
         )
 
-    def release(self, lease_id: str) -> int:
-        """Drop ``lease_id``; the pool stays warm for ``idle_ttl_s`` unless others still hold it."""
-        return self._update(lambda s, now: s.release(lease_id, now=now), f"lease {lease_id} released")[0]
+    def release(self, lease_id: str, *, stop: bool = False) -> int:
+        """Drop ``lease_id``; the pool stays warm for ``idle_ttl_s`` unless others still hold it, or
+        scales to zero now with ``stop`` when nobody else does. Returns the replica count."""
+        replicas = self._update(lambda s, now: s.release(lease_id, now=now), f"lease {lease_id} released")[0]
+        if stop and replicas:
+            with contextlib.suppress(ConfigError):  # other runs still hold it: they keep their workers
+                replicas = self.scale_to_zero()
+        return replicas
 
     def reconcile(self) -> int:
         """Apply the lease rules now (expired leases, idle_ttl, scaledown_ttl): the reaper's job."""

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
 
@@ -41,7 +42,7 @@ def test_events_carry_the_decision() -> None:
     assert event_for("resubmit", Observation("unreachable"), job_id="j", url="u", lost_for_s=31).error == (
         "u unreachable for 31 s"
     )
-    with pytest.raises(ValueError, match="no event"):
+    with pytest.raises(RpcError, match="no event"):
         event_for("wait", failed, job_id="j", url="u")
 
 
@@ -50,7 +51,7 @@ def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> No
     assert JobEvent.from_dict(event.to_dict()) == event
     old = JobEvent.from_dict({"state": "lost", "reason": "gone"}, job_id="j", url="u")
     assert old == JobEvent("lost", "j", "u", error="gone")
-    with pytest.raises(ValueError, match="version 9"):
+    with pytest.raises(RpcError, match="version 9"):
         JobEvent.from_dict({**event.to_dict(), "version": 9})
 
 
@@ -58,6 +59,7 @@ def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> No
     ("state", "manifest", "resubmits", "outcome"),
     [
         ("succeeded", True, 0, "done"),
+        ("succeeded", False, 0, "resubmit"),  # its manifest was removed since: run it again
         ("lost", True, 0, "done"),  # it finished before its worker went away
         ("lost", False, 0, "resubmit"),
         ("lost", False, 5, "fail"),  # lost too often within one try

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -213,3 +214,28 @@ def test_http_staging_outside_the_allowed_prefixes_is_refused(tmp_path: Path) ->
     r = asyncio.run(main())
     assert r.status_code == 403 and "elsewhere" in r.json()["detail"]
     assert not (tmp_path / "elsewhere").exists()
+
+
+def test_a_succeeded_job_runs_again_once_its_manifest_is_gone(tmp_path: Path) -> None:
+    """A close that found a shard's outputs gone deletes its manifest so a re-run recomputes it: the
+    warm worker that remembers the job as succeeded must run it again, not answer from memory."""
+    layout, s = shard(tmp_path, 10)
+    spec = in_place_spec(layout, s, max_attempts=2)
+
+    async def main() -> list[int]:
+        async with app_client(tmp_path, latency_base_s=0.001) as (client, _):
+            codes = []
+            for _ in range(3):
+                codes.append((await client.post("/v1/jobs", json=spec.model_dump())).status_code)
+
+                async def done() -> bool:
+                    return bool((await client.get(f"/v1/jobs/{spec.job_id}")).json()["state"] == "succeeded")
+
+                await until(done)
+                if len(codes) == 2:
+                    os.remove(spec.outputs["manifest"])
+            return codes
+
+    # new, known (manifest there: answered from memory), new again (manifest gone)
+    assert asyncio.run(main()) == [202, 200, 202]
+    assert read_job_manifest(spec.outputs["manifest"]) is not None
