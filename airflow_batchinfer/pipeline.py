@@ -74,6 +74,8 @@ async def run_pipeline(
     await asyncio.to_thread(prepare_run, cfg)
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose, cfg, slot)).plan
+        if plan.mode != "skip":
+            plan.engine = await pool.engine()
         await asyncio.to_thread(write_plan, RunLayout(cfg.run_root), plan)
         if plan.mode == "rounds":
             inferred = await _run_jobs(pool, cfg, "infer", plan.round, plan.shards, progress)

@@ -189,6 +189,9 @@ class Plan:
     stop: str | None = None
     switch_in_place: bool = False
     review: dict[str, Any] | None = None
+    # What the round's pool runs (engine, model, engine args), recorded when the round starts: close
+    # counts only jobs run by it, so a resume on another model never keeps the old model's rows.
+    engine: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -376,7 +379,9 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     kinds: tuple[JobKind, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
     already_failed = set(_names(layout.failed(r), so))
     with ThreadPoolExecutor(8) as ex:
-        settled = list(ex.map(lambda s: _settle(cfg, layout, r, s, kinds, already_failed, so), plan.shards))
+        settled = list(
+            ex.map(lambda s: _settle(cfg, layout, r, s, kinds, already_failed, plan.engine, so), plan.shards)
+        )
     orphans = [u for x in settled for u in x.orphans]
     orphans += _remove_unplanned(layout, r, plan, so)
     counts: dict[str, int] = {}
@@ -459,10 +464,12 @@ def _settle(
     shard: ShardDescriptor,
     kinds: tuple[JobKind, ...],
     already_failed: set[str],
+    engine: dict[str, Any] | None,
     so: StorageOptions | None,
 ) -> _Settled:
-    """Check one shard's manifests against the current settings, accept its accounting job once
-    (promoting that attempt's staged outputs), or quarantine the shard."""
+    """Check one shard's manifests against the current settings (and ``engine``, what the round's
+    pool runs, where the plan recorded it), accept its accounting job once (promoting that
+    attempt's staged outputs), or quarantine the shard."""
     sid = shard["shard_id"]
     acct = kinds[-1]
     final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
@@ -488,6 +495,7 @@ def _settle(
                 doc is not None
                 and pinned is not None
                 and doc.get("job_id") == pinned.job_id
+                and (engine is None or doc.get("engine") == engine)
                 and doc.get("fingerprint") == fingerprint(pinned, doc.get("engine") or {}, info or {})
             )
 

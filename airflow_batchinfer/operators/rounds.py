@@ -13,6 +13,7 @@ manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -20,9 +21,11 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import BaseOperator, Context
 from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.operators.pool import hold_pool
+from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.report import review_body
 from airflow_batchinfer.rounds import (
@@ -37,6 +40,7 @@ from airflow_batchinfer.rounds import (
     read_plan,
     write_plan,
 )
+from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_owner import owned_run_config
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
@@ -84,19 +88,41 @@ class RoundControllerOperator(HITLOperator):
         self.aws_conn_id = aws_conn_id
         self.worker_pool = worker_pool
 
-    def _hold_pool(self, context: Context, gate: bool) -> None:
+    def _hold_pool(self, context: Context, gate: bool) -> WorkerPool | None:
         if not self.worker_pool:
-            return
+            return None
         wait = self.response_timeout.total_seconds() if gate and self.response_timeout else 0.0
-        hold_pool(self.worker_pool, context, self.log, ttl_s=DEFAULT_LEASE_TTL_S + wait)
+        return hold_pool(self.worker_pool, context, self.log, ttl_s=DEFAULT_LEASE_TTL_S + wait)
+
+    def _start(self, plan: Plan, context: Context) -> None:
+        """For a round about to run: keep the pool (restarting dead local workers) and record what it
+        runs in the plan, so the round's close counts only that engine's jobs."""
+        pool = self._hold_pool(context, gate=False)
+        if pool is None:
+            return
+
+        async def engine() -> dict[str, Any]:
+            client = PoolClient.for_pool(pool, lease_id=lease_id(context))
+            try:
+                return await client.engine()
+            finally:
+                await client.aclose()
+
+        try:
+            plan.engine = asyncio.run(engine())
+        except RpcError as exc:  # workers still starting: close then trusts each manifest's engine
+            self.log.warning("%s: could not ask the pool what it runs (%s); not recorded in the plan",
+                             self.slot, exc)  # fmt: skip
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
         proposal = propose(cfg, self.slot, so)
         plan = proposal.plan
-        if plan.mode != "skip" or proposal.options:
-            self._hold_pool(context, gate=bool(proposal.options))
+        if proposal.options:
+            self._hold_pool(context, gate=True)
+        elif plan.mode != "skip":
+            self._start(plan, context)
         if not proposal.options:
             write_plan(RunLayout(cfg.run_root), plan, so)
             self.log.info("%s: %s (%s)%s", self.slot, plan.mode, plan.reason,
@@ -120,9 +146,9 @@ class RoundControllerOperator(HITLOperator):
         who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
         who = str(who or "the timeout default")
         plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so)
-        write_plan(RunLayout(cfg.run_root), plan, so)
         if plan.mode != "skip":
-            self._hold_pool(context, gate=False)  # workers that died during the review start again
+            self._start(plan, context)  # workers that died during the review start again
+        write_plan(RunLayout(cfg.run_root), plan, so)
         self.log.info("%s: %s chose %r: %s (%s)", self.slot, who, choice, plan.mode, plan.reason)
         return _descriptors(plan)
 

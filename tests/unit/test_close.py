@@ -32,7 +32,7 @@ from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from tests.support.fake_jobs import finish_job, finish_shard, judge_shard, write_rows
+from tests.support.fake_jobs import ENGINE, finish_job, finish_shard, judge_shard, write_rows
 
 IDS = [f"r{i:02d}" for i in range(30)]
 
@@ -412,3 +412,21 @@ def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_
     again = close(cfg, plan)
     assert again["approved"] == summary["approved"] and again["exhausted"] == summary["exhausted"]
     assert Counter(ids_in(layout.results) + ids_in(layout.rejected_dir(0))) == Counter(IDS)
+
+
+@pytest.mark.parametrize("model", ["simulated", "another-model"])
+def test_close_counts_only_jobs_of_the_engine_the_plan_recorded(tmp_path: Path, model: str) -> None:
+    """A resume on another model whose new jobs failed: the old model's manifests are not counted."""
+    cfg = make_run(tmp_path)
+    plan = plan_round(cfg)
+    for x in plan.shards:
+        finish_shard(cfg, 0, x, half(x))  # run by ENGINE (model "simulated")
+    plan.engine = {**ENGINE, "model": model}  # what the round's pool runs, as the plan task recorded it
+    summary = close(cfg, plan)
+    failed = summary["failed_shards"]
+    if model == "simulated":
+        assert failed == [] and summary["approved"] == 15
+    else:
+        assert len(failed) == len(plan.shards) and summary["approved"] == 0
+        assert all("was written under other settings" in f["error"] for f in failed)
+    assert_each_id_once(cfg, summary)
