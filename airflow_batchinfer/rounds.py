@@ -9,12 +9,8 @@ records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
-import os
-import posixpath
-import shutil
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +22,7 @@ from airflow_batchinfer.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, recompact, shard_dataset
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact, shard_dataset
 from airflow_batchinfer.storage.json_doc import read_json, write_json
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -377,7 +373,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     layout = RunLayout(cfg.run_root)
     r = plan.round
     kinds: tuple[JobKind, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
-    already_failed = set(_names(layout.failed(r), so))
+    already_failed = set(files.names(layout.failed(r), so))
     with ThreadPoolExecutor(8) as ex:
         settled = list(
             ex.map(lambda s: _settle(cfg, layout, r, s, kinds, already_failed, plan.engine, so), plan.shards)
@@ -518,7 +514,7 @@ def _settle(
             jobs.append(m)
 
     if problem is None and keep is not None and fresh:
-        missing = [u for u in keep["committed"].values() if not _exists(u, so)]
+        missing = [u for u in keep["committed"].values() if not files.exists(u, so)]
         if missing:
             problem = (acct, f"the staged outputs of attempt {keep['attempt']} are missing "
                              f"({', '.join(missing)}): re-run the DAG run to recompute them")  # fmt: skip
@@ -533,19 +529,19 @@ def _settle(
                              "missing: re-run the DAG run to recompute them")  # fmt: skip
             rerun = True
     if problem is None and keep is not None:
-        _remove_tree(layout.staged_job(r, sid, acct), so)  # other copies' attempts: never promoted
+        files.remove_tree(layout.staged_job(r, sid, acct), so)  # other copies' attempts: never promoted
         if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
-            _remove(join(layout.failed(r), f"{sid}.json"), so)
+            files.remove(join(layout.failed(r), f"{sid}.json"), so)
             log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
         return _Settled(shard, [*jobs, keep], dict(keep.get("counts") or {}))
 
     assert problem is not None
     phase, error = problem
     if rerun:
-        _remove(layout.job_manifest(r, sid, acct), so)
+        files.remove(layout.job_manifest(r, sid, acct), so)
     for uri in stale_staged:
-        _remove(uri, so)
-    orphans = [final[name] for name in FENCED_OUTPUTS if _remove(final[name], so)]
+        files.remove(uri, so)
+    orphans = [final[name] for name in FENCED_OUTPUTS if files.remove(final[name], so)]
     if orphans:
         log.warning("round %d: shard %s is quarantined: removed outputs no accepted job produced: %s",
                     r, sid, ", ".join(orphans))  # fmt: skip
@@ -586,9 +582,9 @@ def _promote(doc: dict[str, Any], so: StorageOptions | None) -> list[str]:
     committed = doc.get("committed") or {}
     for name, dst in doc["outputs"].items():
         staged = committed.get(name)
-        if staged and _exists(staged, so):
-            _move(staged, dst, so)
-        elif not _exists(dst, so):
+        if staged and files.exists(staged, so):
+            files.move(staged, dst, so)
+        elif not files.exists(dst, so):
             lost.append(dst)
     return lost
 
@@ -598,12 +594,12 @@ def _remove_unplanned(layout: RunLayout, r: int, plan: Plan, so: StorageOptions 
     would break the count check and the recompaction."""
     planned = {s["shard_id"] for s in plan.shards}
     prefix = f"round{r:02d}-" if plan.mode == "rounds" else "tail-"
-    found = [join(layout.rejected_dir(r), n) for n in _names(layout.rejected_dir(r), so)
+    found = [join(layout.rejected_dir(r), n) for n in files.names(layout.rejected_dir(r), so)
              if n.endswith(SHARD_SUFFIX) and n[: -len(SHARD_SUFFIX)] not in planned]  # fmt: skip
-    found += [join(layout.results, n) for n in _names(layout.results, so)
+    found += [join(layout.results, n) for n in files.names(layout.results, so)
               if n.startswith(prefix) and n.endswith(SHARD_SUFFIX)
               and n[len(prefix) : -len(SHARD_SUFFIX)] not in planned]  # fmt: skip
-    removed = [u for u in found if _remove(u, so)]
+    removed = [u for u in found if files.remove(u, so)]
     if removed:
         log.warning("round %d: removed outputs of shards the plan does not name: %s", r, ", ".join(removed))
     return removed
@@ -643,48 +639,3 @@ def _input_info(uri: str, so: StorageOptions | None) -> dict[str, Any] | None:
         return JsonlFile(uri, storage_options=so).info()
     except FileNotFoundError:
         return None
-
-
-def _exists(uri: str, so: StorageOptions | None) -> bool:
-    loc = resolve(uri, so)
-    return bool(loc.fs.isfile(loc.path))
-
-
-def _move(src: str, dst: str, so: StorageOptions | None) -> None:
-    """Local: a rename (atomic); object stores: copy, then delete the source (redone if cut short)."""
-    s, d = resolve(src, so), resolve(dst, so)
-    if s.is_local:
-        os.makedirs(os.path.dirname(d.path), exist_ok=True)
-        os.replace(s.path, d.path)
-        return
-    s.fs.copy(s.path, d.path)
-    with contextlib.suppress(FileNotFoundError):
-        s.fs.rm(s.path)
-
-
-def _remove(uri: str, so: StorageOptions | None) -> bool:
-    """Delete a file; ``True`` if it existed."""
-    loc = resolve(uri, so)
-    if not loc.fs.isfile(loc.path):
-        return False
-    with contextlib.suppress(FileNotFoundError):
-        loc.fs.rm(loc.path)
-    return True
-
-
-def _remove_tree(uri: str, so: StorageOptions | None) -> None:
-    loc = resolve(uri, so)
-    if loc.is_local:
-        shutil.rmtree(loc.path, ignore_errors=True)
-        return
-    with contextlib.suppress(FileNotFoundError):
-        loc.fs.rm(loc.path, recursive=True)
-
-
-def _names(uri: str, so: StorageOptions | None) -> list[str]:
-    """The names in a folder (none when it does not exist)."""
-    loc = resolve(uri, so)
-    try:
-        return [posixpath.basename(str(p).rstrip("/")) for p in loc.fs.ls(loc.path, detail=False)]
-    except FileNotFoundError:
-        return []

@@ -303,7 +303,7 @@ def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
     plan = plan_round(cfg)
     for x in plan.shards:
         finish_shard(cfg, 0, x, half(x), token="t1")
-    move, moved = rounds._move, list[str]()
+    move, moved = rounds.files.move, list[str]()
 
     def crash_after_one(src: str, dst: str, so: Any) -> None:
         if moved:
@@ -311,10 +311,10 @@ def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
         moved.append(src)
         move(src, dst, so)
 
-    monkeypatch.setattr(rounds, "_move", crash_after_one)
+    monkeypatch.setattr(rounds.files, "move", crash_after_one)
     with pytest.raises(OSError, match="killed"):
         close_round(cfg, Plan(plan.slot, 0, "rounds", plan.shards[:1]))
-    monkeypatch.setattr(rounds, "_move", move)
+    monkeypatch.setattr(rounds.files, "move", move)
     sid = plan.shards[0]["shard_id"]
     judge_shard(cfg, 0, plan.shards[0], set(), token="t2")  # another copy lands before the re-run
     summary = close(cfg, plan)

@@ -1,0 +1,57 @@
+"""Whole-file operations on any storage location: exists, move, remove, list (local or fsspec)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import shutil
+
+from airflow_batchinfer.storage.location import StorageOptions, resolve
+
+
+def exists(uri: str, so: StorageOptions | None) -> bool:
+    """Whether a file exists at ``uri``."""
+    loc = resolve(uri, so)
+    return bool(loc.fs.isfile(loc.path))
+
+
+def move(src: str, dst: str, so: StorageOptions | None) -> None:
+    """Local: a rename (atomic); object stores: copy, then delete the source (redone if cut short)."""
+    s, d = resolve(src, so), resolve(dst, so)
+    if s.is_local:
+        os.makedirs(os.path.dirname(d.path), exist_ok=True)
+        os.replace(s.path, d.path)
+        return
+    s.fs.copy(s.path, d.path)
+    with contextlib.suppress(FileNotFoundError):
+        s.fs.rm(s.path)
+
+
+def remove(uri: str, so: StorageOptions | None) -> bool:
+    """Delete a file; ``True`` if it existed."""
+    loc = resolve(uri, so)
+    if not loc.fs.isfile(loc.path):
+        return False
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(loc.path)
+    return True
+
+
+def remove_tree(uri: str, so: StorageOptions | None) -> None:
+    """Delete a folder and everything under it (nothing when it does not exist)."""
+    loc = resolve(uri, so)
+    if loc.is_local:
+        shutil.rmtree(loc.path, ignore_errors=True)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(loc.path, recursive=True)
+
+
+def names(uri: str, so: StorageOptions | None) -> list[str]:
+    """The names in a folder (none when it does not exist)."""
+    loc = resolve(uri, so)
+    try:
+        return [posixpath.basename(str(p).rstrip("/")) for p in loc.fs.ls(loc.path, detail=False)]
+    except FileNotFoundError:
+        return []
