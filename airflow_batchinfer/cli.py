@@ -228,7 +228,72 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep Airflow up at the end until Enter (default: when run in a terminal)",
     )  # fmt: skip
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("plan", help="size a run before spending: shards, waves, wall time, GPU-hours, pool")
+    _plan_args(p)
+    p.set_defaults(func=_cmd_plan)
     return parser
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from airflow_batchinfer.sizing import DEFAULT_MAX_MAP_LENGTH, DEFAULT_TOKENS_PER_RECORD
+
+    p.add_argument("--records", type=int, required=True, help="records in the dataset")
+    p.add_argument("--gpus", type=int, required=True, help="workers, one GPU each (the pool's replicas)")
+    p.add_argument(
+        "--tokens-per-s", type=float, required=True,
+        help="tokens a second one GPU turns out, measured (the pre-flight log prints it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--tokens-per-record", type=float, default=DEFAULT_TOKENS_PER_RECORD,
+        help=f"prompt + completion tokens a record costs, plus an LLM judge's (default {DEFAULT_TOKENS_PER_RECORD})",
+    )  # fmt: skip
+    p.add_argument("--concurrency", type=int, default=10, help="shard jobs per worker (default 10)")
+    p.add_argument(
+        "--records-per-shard", type=int, default=None,
+        help="assess this shard size (default: choose the best: a whole number of full waves)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-map-length", type=int, default=DEFAULT_MAX_MAP_LENGTH,
+        help=f"Airflow's [core] max_map_length: the most shards a round maps (default {DEFAULT_MAX_MAP_LENGTH})",
+    )  # fmt: skip
+    p.add_argument(
+        "--approval-rate", type=float, default=None,
+        help="the judge's approval rate, 0-1 (the pre-flight measures it); default: one pass",
+    )  # fmt: skip
+    p.add_argument("--max-rounds", type=int, default=1, help="rounds that re-run the rejected (default 1)")
+    p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
+    p.add_argument("--max-attempts", type=int, default=3, help="in-place attempts a record (default 3)")
+    p.add_argument(
+        "--execution-timeout-hours", type=float, default=12.0,
+        help="a shard task's execution_timeout; longer jobs get a note (default 12)",
+    )  # fmt: skip
+    p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+
+
+def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
+    from airflow_batchinfer.sizing import plan_run
+
+    plan = plan_run(
+        args.records,
+        args.gpus,
+        args.tokens_per_s,
+        concurrency=args.concurrency,
+        tokens_per_record=args.tokens_per_record,
+        max_map_length=args.max_map_length,
+        records_per_shard=args.records_per_shard,
+        approval_rate=args.approval_rate,
+        max_rounds=args.max_rounds,
+        strategy=args.strategy,
+        max_attempts=args.max_attempts,
+        execution_timeout_s=args.execution_timeout_hours * 3600,
+        airflow_pool=args.airflow_pool,
+    )
+    if args.json:
+        return plan.to_dict()
+    print(plan.table())
+    return None
 
 
 def _cmd_demo(args: argparse.Namespace) -> None:
@@ -263,6 +328,10 @@ def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
     p.add_argument("--target-batch-tokens", type=int, default=16_384)
     if with_prefix:
         p.add_argument("--allow-prefix", action="append", required=True, help="storage prefix jobs may use")
+        p.add_argument(
+            "--allow-callable", action="append", default=[], metavar="TARGET",
+            help="a callable judge the workers may import: module:function, or a module: or package. prefix",
+        )  # fmt: skip
 
 
 def _backend(p: argparse.ArgumentParser, *, spec: bool, only_kubernetes: bool = False) -> None:
@@ -288,7 +357,7 @@ def _kubernetes(args: argparse.Namespace) -> Any:
     return commands
 
 
-def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
+def _pool_spec(args: argparse.Namespace, prefixes: list[str], callables: list[str]) -> Any:
     from airflow_batchinfer.pools import LocalPoolSpec
     from airflow_batchinfer.worker.config import parse_options
 
@@ -301,6 +370,7 @@ def _pool_spec(args: argparse.Namespace, prefixes: list[str]) -> Any:
         idle_ttl_s=args.idle_ttl,
         allowed_prefixes=tuple(prefixes),
         target_batch_tokens=args.target_batch_tokens,
+        allowed_callables=tuple(callables),
     )
 
 
@@ -310,7 +380,7 @@ def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
     if k8s := _kubernetes(args):
         return dict(k8s.up(args))
     pool = LocalPool(args.name)
-    urls = pool.up(_pool_spec(args, args.allow_prefix))
+    urls = pool.up(_pool_spec(args, args.allow_prefix, args.allow_callable))
     return {"name": args.name, "workers": urls, "token_file": str(pool.dir / "token")}
 
 
@@ -341,6 +411,7 @@ def _cmd_pool_manifests(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
+    from airflow_batchinfer.limits import callable_targets
     from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool
     from airflow_batchinfer.progress import ProgressBar
@@ -377,7 +448,9 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         pool = kpool
     else:
         local = LocalPool(args.name)
-        local.up(_pool_spec(args, [args.run_root, parent(args.input)]), lease_id=lease)
+        # the run's own judge callables: whoever runs the CLI chose them
+        callables = callable_targets(cfg.judge)
+        local.up(_pool_spec(args, [args.run_root, parent(args.input)], callables), lease_id=lease)
         pool = local
     bars: dict[str, ProgressBar] = {}
 
@@ -407,6 +480,9 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _env(name: str, default: Any = None) -> Any:
     return os.environ.get(f"BATCHINFER_WORKER_{name}", default)
+
+
+_MAX_BODY_BYTES = 1024 * 1024  # worker.config.DEFAULT_MAX_BODY_BYTES (not imported: keep the CLI light)
 
 
 def _worker_args(p: argparse.ArgumentParser) -> None:
@@ -444,6 +520,21 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         default=_env("ALLOW_ANY_PREFIX") == "1",
         help="allow every storage location (not for shared clusters)",
+    )
+    p.add_argument(
+        "--allow-callable",
+        action="append",
+        default=[x.strip() for x in (_env("ALLOW_CALLABLE") or "").split(",") if x.strip()],
+        metavar="TARGET",
+        help="a callable judge jobs may import: 'pkg.mod:function', or every function of a module "
+        "'pkg.mod:' or every module of a package 'pkg.' (repeatable; env: comma-separated); "
+        "none by default",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=int(_env("MAX_BODY_BYTES", _MAX_BODY_BYTES)),
+        help=f"largest request body the worker reads, in bytes (default {_MAX_BODY_BYTES}); larger: 413",
     )
     p.add_argument(
         "--idle-ttl",
@@ -488,6 +579,8 @@ def _cmd_worker_serve(args: argparse.Namespace) -> None:
         token=load_token(args.token_file),
         insecure_no_auth=args.insecure_no_auth,
         allowed_prefixes=None if args.allow_any_prefix else args.allow_prefix,
+        allowed_callables=args.allow_callable,
+        max_body_bytes=args.max_body_bytes,
         idle_ttl_s=args.idle_ttl,
         lease_file=args.lease_file,
         drain_timeout_s=args.drain_timeout,

@@ -19,6 +19,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, Param, TaskGroup
 
+from airflow_batchinfer.limits import TriggerLimits, implied_by
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import PreflightOperator, RunReportOperator
 from airflow_batchinfer.operators.rounds import (
@@ -188,6 +189,7 @@ def build_batch_inference_dag(
     notifiers: list[Any] | None = None,
     pool_setup: bool = True,
     poll_interval_s: float = 2.0,
+    limits: TriggerLimits | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Build the pipeline DAG.
@@ -204,6 +206,11 @@ def build_batch_inference_dag(
     :param notifiers: notifiers of the review gates.
     :param pool_setup: add the pool setup/teardown tasks (local pools start; others are waited for).
     :param poll_interval_s: how often a deferred shard task's trigger asks its worker.
+    :param limits: what people who trigger the DAG may choose beyond its ``defaults`` (which are
+        allowed as written): storage prefixes, pools, images, Secrets, judge callables, maxima. The
+        deployment's ``[batchinfer]`` config section and the pool connection widen them further; a
+        run whose params go beyond all of them fails at its first task, before any work
+        (docs: Security model).
     :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
@@ -215,6 +222,7 @@ def build_batch_inference_dag(
         )
         for name in DEFAULTS
     }
+    trusted = implied_by(values).widen(limits)
     results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"batchinfer://{dag_id}/results")
     common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
     job_args: dict[str, Any] = {
@@ -234,7 +242,7 @@ def build_batch_inference_dag(
     with DAG(dag_id, params=params, render_template_as_native_obj=True, **dag_kwargs) as dag:
         config = {name: _p(name) for name in RUN_SETTINGS}
         config["run_root"] = RUN_ROOT
-        shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id)
+        shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id, limits=trusted)
         preflight = PreflightOperator(task_id="preflight", worker_pool=_p("worker_pool"), **common)
         shard >> preflight
         setup = None
@@ -251,6 +259,7 @@ def build_batch_inference_dag(
                 allowed_prefixes=[_p("output_root")],
                 target_batch_tokens=_p("target_batch_tokens"),
                 kubernetes=_p("kubernetes"),
+                limits=trusted,
             ).as_setup()
             setup >> preflight
         upstream: Any = preflight
@@ -280,7 +289,7 @@ def build_batch_inference_dag(
         upstream >> report
         if setup is not None:
             teardown = PoolTeardownOperator(
-                task_id="pool_teardown", worker_pool=_p("worker_pool")
+                task_id="pool_teardown", worker_pool=_p("worker_pool"), limits=trusted
             ).as_teardown(setups=setup)
             report >> teardown
     return dag

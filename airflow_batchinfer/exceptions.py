@@ -26,6 +26,19 @@ def check_known_fields(cls: type, data: dict[str, Any], what: str) -> None:
         raise ConfigError(f"unknown {what} {unknown}; known: {sorted(known)}")
 
 
+class ParamsRefused(ConfigError):
+    """A DAG run's params go beyond what the deployment allows (:mod:`airflow_batchinfer.limits`);
+    nothing was started or written. ``reasons`` lists every refusal."""
+
+    def __init__(self, reasons: list[str]) -> None:
+        self.reasons = reasons
+        super().__init__("these params are not allowed here: " + "; ".join(reasons))
+
+
+class PromptError(BatchInferError, ValueError):
+    """A record could not be turned into a prompt; the message says why (becomes the row's error)."""
+
+
 class StorageError(BatchInferError):
     """Reading or writing a storage location failed."""
 
@@ -103,3 +116,9 @@ class JobFailed(BatchInferError):
 
 class JobTimeout(BatchInferError, TimeoutError):
     """A shard job did not finish in time (it was cancelled on its worker)."""
+
+
+class OverQuickBudget(BatchInferError):
+    """A ``quick`` prompt rendering (inline, on the worker's event loop) went past
+    ``prompts.QUICK_LIMITS``: not an error of the record; render it again without ``quick``, in a
+    thread (``PromptBuilder.abuild`` does)."""

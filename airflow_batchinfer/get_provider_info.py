@@ -1,11 +1,50 @@
 """Provider metadata for Airflow's providers manager (entry point ``apache_airflow_provider``).
 
-Kept free of imports so the providers manager can read it cheaply.
+Kept free of heavy imports so the providers manager can read it cheaply: the limits' descriptions
+(``airflow_batchinfer.limits``, which imports nothing but the exception tree) give the config section
+and the connection's limit fields.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS
+
+_EXAMPLES = {"prefixes": "s3://datasets/llm/,s3://runs/batchinfer/", "names": "name-a,name-b", "count": "8"}
+
+
+def _config() -> dict[str, Any]:
+    """``[batchinfer]``: the deployment's limits on trigger params (docs: Security model)."""
+    options = {
+        s.name: {
+            "description": s.help.replace("`", "") + (". Comma-separated." if s.kind != "count" else "."),
+            "version_added": "0.1.0",
+            "type": "integer" if s.kind == "count" else "string",
+            "example": _EXAMPLES[s.kind],
+            "default": None,
+        }
+        for s in SETTINGS
+    }
+    return {
+        CONFIG_SECTION: {
+            "description": "What people who trigger a batch inference DAG may choose, for every DAG of "
+            "this deployment (a DAG's defaults and limits, and a pool connection's extra, widen it).",
+            "options": options,
+        }
+    }
+
+
+def _limit_fields() -> dict[str, Any]:
+    """The same limits on a ``batchinfer_pool`` connection: they apply to runs on that pool."""
+    return {
+        s.name: {
+            "label": s.name.replace("_", " ").capitalize(),
+            "description": s.help.replace("`", "") + (" (comma-separated)" if s.kind != "count" else ""),
+            "schema": {"type": ["integer", "null"]} if s.kind == "count" else {"type": ["string", "null"]},
+        }
+        for s in SETTINGS
+    }
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -61,9 +100,11 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "a cncf.kubernetes connection; empty: in-cluster or $KUBECONFIG",
                         "schema": {"type": ["string", "null"]},
                     },
+                    **_limit_fields(),
                 },
             }
         ],
+        "config": _config(),
         "hooks": [
             {"integration-name": "Batch Inference", "python-modules": ["airflow_batchinfer.hooks.pool"]}
         ],

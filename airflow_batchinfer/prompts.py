@@ -3,46 +3,22 @@
 A record with ``custom_id`` and a ``body`` object is an OpenAI batch request: its ``body.messages``
 (or ``body.prompt``) is the prompt and its sampling fields override the job's. Any other record is
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
-whole record is also available as ``record``). Rendering errors are per-record errors.
+whole record is also available as ``record``). Rendering errors are per-record errors. Templates
+render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
+record's rendering may cost.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
-from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.exceptions import OverQuickBudget, PromptError
+from airflow_batchinfer.templates import MAX_PROMPT_CHARS, compile_template, render
 
-
-class PromptError(ValueError):
-    """A record could not be turned into a prompt; the message says why (becomes the row's error)."""
-
-
-@functools.lru_cache(maxsize=1)
-def _env() -> ImmutableSandboxedEnvironment:
-    return ImmutableSandboxedEnvironment(
-        undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True
-    )
-
-
-@functools.lru_cache(maxsize=256)
-def compile_template(source: str) -> Any:
-    try:
-        return _env().from_string(source)
-    except TemplateError as exc:
-        raise ConfigError(f"invalid prompt template: {exc}") from exc
-
-
-def render(source: str, variables: Mapping[str, Any]) -> str:
-    try:
-        return str(compile_template(source).render(**variables))
-    except TemplateError as exc:
-        raise PromptError(f"prompt template: {exc}") from exc
+__all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
 
 
 def is_openai_batch(record: Mapping[str, Any]) -> bool:
@@ -89,7 +65,10 @@ class PromptBuilder:
         attempt: int = 1,
         role: str = "infer",
         variables: Mapping[str, Any] | None = None,
+        quick: bool = False,
     ) -> GenerationRequest:
+        """The request for ``record``; :class:`PromptError` when it cannot be built. ``quick``: render
+        within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see :meth:`abuild`)."""
         meta = {"record_id": request_id, "attempt": attempt, "role": role}
         if is_openai_batch(record):
             body = record["body"]
@@ -103,10 +82,19 @@ class PromptBuilder:
             raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
-        text = render(self.template, {**record, **(variables or {}), "record": record})
+        text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
         sampling = attempt_seed(self.sampling, attempt)
         if not self.chat:
             return GenerationRequest(request_id, prompt=text, sampling=sampling, metadata=meta)
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": text})
         return GenerationRequest(request_id, messages=messages, sampling=sampling, metadata=meta)
+
+    async def abuild(self, record: Mapping[str, Any], **kwargs: Any) -> GenerationRequest:
+        """:meth:`build` from an event loop: inline when the rendering fits :data:`QUICK_LIMITS` (an
+        ordinary template: no thread hop), else again in a thread with the full limits, so a heavy
+        template never holds the loop for more than a moment."""
+        try:
+            return self.build(record, quick=True, **kwargs)
+        except OverQuickBudget:
+            return await asyncio.to_thread(self.build, record, **kwargs)

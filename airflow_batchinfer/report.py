@@ -4,6 +4,7 @@ rounds left in storage (plans, summaries, job manifests), plus the whole-run id 
 from __future__ import annotations
 
 import io
+import re
 from collections import Counter
 from typing import Any
 
@@ -287,6 +288,13 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
     return "\n".join(lines)
 
 
+# Every ASCII punctuation character may be backslash-escaped in CommonMark, and then means itself.
+_MARKUP = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
 def _cell(value: Any, width: int = 80) -> str:
-    text = " ".join(str("" if value is None else value).split()).replace("|", "\\|")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """Model output and record fields as literal text in a markdown table cell: never HTML, an
+    image, a link or emphasis (the review page renders the body as markdown)."""
+    text = " ".join(str("" if value is None else value).split())
+    text = text if len(text) <= width else text[: width - 1] + "…"
+    return _MARKUP.sub(r"\\\1", text)

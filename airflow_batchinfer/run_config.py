@@ -55,13 +55,16 @@ class RunConfig:
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
 
-    def validate(self) -> RunConfig:
+    def validate(self, callables: tuple[str, ...] | None = None) -> RunConfig:
         """Check templates, judge and sampling as the workers will, so a bad setting fails the first
-        task with its reason instead of every shard job."""
+        task with its reason instead of every shard job. ``callables``: the callable judge targets
+        allowed (checked before anything is imported); ``None``: any (the caller vouches)."""
+        from airflow_batchinfer.judges import CallablePolicy
         from airflow_batchinfer.worker.params import parse_params
 
-        parse_params("infer", self.infer_params())
-        parse_params("judge", self.judge_params())
+        policy = None if callables is None else CallablePolicy(callables)
+        parse_params("infer", self.infer_params(), callables=policy)
+        parse_params("judge", self.judge_params(), callables=policy)
         return self
 
     def infer_params(self) -> dict[str, Any]:

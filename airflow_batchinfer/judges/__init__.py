@@ -9,6 +9,10 @@ Spec examples::
     {"type": "length", "min_chars": 1, "max_chars": 2000}
     {"type": "callable", "target": "my_pkg.checks:is_good"}
     {"type": "all", "judges": [...]}       # or "any"
+
+``callable`` targets are checked against a :class:`CallablePolicy` before anything is imported (a
+worker allows those it was started with, ``--allow-callable``); ``regex`` and ``json_schema``
+patterns run on RE2 (linear time).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
+    CallablePolicy,
     Combined,
     ExpectedAnswer,
     JsonSchemaJudge,
@@ -45,7 +50,13 @@ LLM_JUDGE_KEYS = frozenset(
 JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
 
 
-def build_judge(spec: Mapping[str, Any]) -> Judge:
+def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) -> Judge:
+    """The judge ``spec`` describes (ConfigError naming the problem otherwise).
+
+    :param callables: which ``callable`` judge targets may be imported, checked before any import;
+        ``None`` allows every target (the caller's explicit choice; workers pass their
+        ``--allow-callable`` policy, which allows none by default).
+    """
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise ConfigError(
             f"judge spec must be an object with a 'type' ({', '.join(JUDGE_TYPES)}), got {spec!r}"
@@ -66,13 +77,14 @@ def build_judge(spec: Mapping[str, Any]) -> Judge:
                 args.get("template") or DEFAULT_TEMPLATE, system=args.get("system"), sampling=sampling
             )
         if kind in ("all", "any"):
-            return Combined(kind, [build_judge(s) for s in args.get("judges", [])])
+            return Combined(kind, [build_judge(s, callables=callables) for s in args.get("judges", [])])
+        if kind == "callable":
+            return CallableJudge(**args, policy=callables)
         cls = {
             "expected_answer": ExpectedAnswer,
             "regex": RegexJudge,
             "json_schema": JsonSchemaJudge,
             "length": LengthJudge,
-            "callable": CallableJudge,
         }.get(kind)
         if cls is None:
             raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")
@@ -82,4 +94,13 @@ def build_judge(spec: Mapping[str, Any]) -> Judge:
         raise ConfigError(f"judge {kind!r}: bad arguments {sorted(args)} ({exc})") from exc
 
 
-__all__ = ["JUDGE_TYPES", "Judge", "JudgeItem", "LLMJudge", "Verdict", "build_judge", "parse_verdict"]
+__all__ = [
+    "JUDGE_TYPES",
+    "CallablePolicy",
+    "Judge",
+    "JudgeItem",
+    "LLMJudge",
+    "Verdict",
+    "build_judge",
+    "parse_verdict",
+]

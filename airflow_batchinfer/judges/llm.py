@@ -8,17 +8,19 @@ APPROVED / REJECTED. Anything else — unparsable, truncated, both words — is 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
 
 INVALID = "invalid_judgment"
+INLINE_ITEMS = 4  # up to this many judge prompts render inline when quick (else all in a thread)
 _WORDS = re.compile(r"\b(APPROVED|REJECTED)\b", re.IGNORECASE)
 
 DEFAULT_TEMPLATE = (
@@ -35,7 +37,7 @@ def _json_objects(text: str) -> list[Any]:
     for match in re.finditer(r"\{", text):
         try:
             value, _ = decoder.raw_decode(text, match.start())
-        except ValueError:
+        except (ValueError, RecursionError):  # broken, or nested deeper than the decoder goes
             continue
         if isinstance(value, dict):
             found.append(value)
@@ -83,21 +85,20 @@ class LLMJudge(Judge):
         if generate is None:
             raise ConfigError("the llm judge needs an engine: run it on a worker")
         verdicts: list[Verdict | None] = [None] * len(items)
-        requests, positions = [], []
-        for i, item in enumerate(items):
-            try:
-                request = self.prompts.build(
-                    {k: v for k, v in item.record.items() if k != "body"},
-                    request_id=item.record_id,
-                    attempt=item.attempt,
-                    role="judge",
-                    variables={"result": item.result},
-                )
-            except PromptError as exc:
-                verdicts[i] = Verdict(False, f"judge_error: {exc}")
-                continue
-            requests.append(request)
-            positions.append(i)
+        # Rendering is bounded per record (prompts.py) but CPU work: a batch renders in a thread; a
+        # few items (in-place retries judge one at a time) inline when quick, else in a thread too.
+        if len(items) > INLINE_ITEMS:
+            requests, positions = await asyncio.to_thread(self._build_all, items, verdicts)
+        else:
+            requests, positions = [], []
+            for i, item in enumerate(items):
+                try:
+                    record, kwargs = self._prompt_args(item)
+                    requests.append(await self.prompts.abuild(record, **kwargs))
+                except PromptError as exc:
+                    verdicts[i] = Verdict(False, f"judge_error: {exc}")
+                    continue
+                positions.append(i)
         if requests:
             results = await generate(requests)
             for i, result in zip(positions, results, strict=True):
@@ -107,6 +108,34 @@ class LLMJudge(Judge):
                     else Verdict(False, f"judge_error: {result.error}")
                 )
         return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
+
+    def _build_all(
+        self, items: Sequence[JudgeItem], verdicts: list[Verdict | None]
+    ) -> tuple[list[GenerationRequest], list[int]]:
+        """The judge prompts of ``items``; a record whose prompt fails gets its rejection in
+        ``verdicts`` instead."""
+        requests, positions = [], []
+        for i, item in enumerate(items):
+            record, kwargs = self._prompt_args(item)
+            try:
+                request = self.prompts.build(record, **kwargs)
+            except PromptError as exc:
+                verdicts[i] = Verdict(False, f"judge_error: {exc}")
+                continue
+            requests.append(request)
+            positions.append(i)
+        return requests, positions
+
+    @staticmethod
+    def _prompt_args(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
+        record = {k: v for k, v in item.record.items() if k != "body"}
+        kwargs = {
+            "request_id": item.record_id,
+            "attempt": item.attempt,
+            "role": "judge",
+            "variables": {"result": item.result},
+        }
+        return record, kwargs
 
     def describe(self) -> dict[str, Any]:
         return {

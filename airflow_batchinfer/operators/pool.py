@@ -22,7 +22,9 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
+from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
+from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.rpc.pool import ready_workers
@@ -77,6 +79,11 @@ class PoolSetupOperator(BaseOperator):
     :param lease_ttl_s: a run's lease on a shared pool (local or Kubernetes) lapses after this long
         unless renewed (each shard task and each review gate renews it), so a run that died without
         its teardown does not hold GPUs.
+    :param allowed_callables: ``callable`` judge targets the workers accept (``module:function``;
+        an entry ending in ``.`` or ``:`` allows a package or module); with ``limits`` those allowed
+        there are added.
+    :param limits: check the DAG run's params against these (widened by the deployment's) before
+        anything starts (:mod:`airflow_batchinfer.limits`).
 
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
@@ -105,6 +112,8 @@ class PoolSetupOperator(BaseOperator):
         kubernetes: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 900.0,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        allowed_callables: list[str] | None = None,
+        limits: TriggerLimits | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -120,10 +129,17 @@ class PoolSetupOperator(BaseOperator):
         self.kubernetes = kubernetes or {}
         self.ready_timeout_s = ready_timeout_s
         self.lease_ttl_s = lease_ttl_s
+        self.allowed_callables = tuple(allowed_callables or ())
+        self.limits = limits
 
     def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> None:
         from airflow_batchinfer.pools.kubernetes import KubernetesPoolSpec
+        from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS
 
+        kube = _as_dict(self.kubernetes, "kubernetes")
+        pinned = sorted(set(kube) - TRIGGER_KEYS)
+        if pinned:  # name, namespace, allowed_prefixes…: the pool reference and the other params own them
+            raise ConfigError(f"kubernetes: {pinned} cannot be set here; it takes {sorted(TRIGGER_KEYS)}")
         if self.model in BUILTIN_MODELS:
             raise ConfigError(f"{self.model} is a model on this host; a Kubernetes pool needs a path in its "
                               "image or model volume (model_pvc is mounted at /models)")  # fmt: skip
@@ -135,7 +151,7 @@ class PoolSetupOperator(BaseOperator):
             "concurrency": int(self.concurrency), "idle_ttl_s": float("inf") if idle is None else idle,
             "allowed_prefixes": tuple(p for p in self.allowed_prefixes if p),
             "target_batch_tokens": int(self.target_batch_tokens),
-            **_as_dict(self.kubernetes, "kubernetes"),
+            "allowed_callables": self.allowed_callables, **kube,
         })  # fmt: skip
         what = pool.ensure(spec, lease_id=lease_id(context))
         now = pool.acquire(lease_id(context), replicas, ttl_s=self.lease_ttl_s)
@@ -152,6 +168,7 @@ class PoolSetupOperator(BaseOperator):
             idle_ttl_s=_ttl(self.idle_ttl_s),
             allowed_prefixes=tuple(p for p in self.allowed_prefixes if p),
             target_batch_tokens=int(self.target_batch_tokens),
+            allowed_callables=self.allowed_callables,
         )
         warm = pool.start(spec, lease_id=lease_id(context), ttl_s=self.lease_ttl_s)
         self.log.info("local pool %s: lease %s; %d warm workers kept, %d starting (%s, model %s); logs in %s",
@@ -159,6 +176,9 @@ class PoolSetupOperator(BaseOperator):
                       spec.model, pool.dir)  # fmt: skip
 
     def execute(self, context: Context) -> list[str] | None:
+        if self.limits is not None:
+            allowed = check_params(context, self.limits).allowed_judge_callables
+            self.allowed_callables = tuple(dict.fromkeys((*self.allowed_callables, *allowed)))
         replicas = int(self.replicas)
         pool = open_pool(self.worker_pool)
         if isinstance(pool, LocalPool):
@@ -202,16 +222,27 @@ class PoolTeardownOperator(BaseOperator):
     """Release the pool after the run. Local workers stay warm for their ``idle_ttl_s`` (the next
     run reuses them) unless ``stop=True`` or ``idle_ttl_s`` is 0. A Kubernetes pool drops this run's
     lease; it scales to zero now if no other run holds one and ``stop=True`` or ``idle_ttl_s`` is 0,
-    else after ``idle_ttl_s`` (the reaper: ``batchinfer pool reap``, or the CronJob in ``k8s/``)."""
+    else after ``idle_ttl_s`` (the reaper: ``batchinfer pool reap``, or the CronJob in ``k8s/``).
+    ``limits``: as for the setup (a teardown runs even when its setup refused the params)."""
 
     template_fields = ("worker_pool", "stop")
 
-    def __init__(self, *, worker_pool: str, stop: bool | str = False, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        worker_pool: str,
+        stop: bool | str = False,
+        limits: TriggerLimits | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.worker_pool = worker_pool
         self.stop = stop
+        self.limits = limits
 
     def execute(self, context: Context) -> None:
+        if self.limits is not None:
+            check_params(context, self.limits)
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
         self.log.info("worker pool %s: lease %s released; %d workers %s", pool, lease_id(context), left,

@@ -14,6 +14,8 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.limits import TriggerLimits
+from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.rounds import prepare_run
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import RunIdentity, claim, owner_uri
@@ -50,7 +52,10 @@ class ShardDatasetOperator(BaseOperator):
     :param max_map_length: refuse more shards than this (default: the deployment's
         ``[core] max_map_length``, since a round maps one task per shard).
     :param claim_settle_s: how long a new claim of the run root settles before it is read back
-        (see :mod:`airflow_batchinfer.run_owner`)."""
+        (see :mod:`airflow_batchinfer.run_owner`).
+    :param limits: check the DAG run's params against these (widened by the deployment's) before
+        anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
+        vouches for ``config``, and callable judges are not restricted here."""
 
     template_fields = ("config", "aws_conn_id")
     ui_color = "#fdf5e6"
@@ -62,9 +67,11 @@ class ShardDatasetOperator(BaseOperator):
         aws_conn_id: str | None = None,
         max_map_length: int | None = None,
         claim_settle_s: float = 1.0,
+        limits: TriggerLimits | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.limits = limits
         self.config = config
         self.aws_conn_id = aws_conn_id
         self.max_map_length = max_map_length
@@ -93,7 +100,10 @@ class ShardDatasetOperator(BaseOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(self.config))
-            cfg.validate()  # before anything is written, the owner record included
+            callables = None
+            if self.limits is not None:
+                callables = check_params(context, self.limits, run_root=cfg.run_root).allowed_judge_callables
+            cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._claim(cfg, context, so)
             self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
                           RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip

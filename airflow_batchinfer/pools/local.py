@@ -52,23 +52,42 @@ class LocalPoolSpec:
     allowed_prefixes: tuple[str, ...] = ()
     target_batch_tokens: int = 16_384
     python: str = sys.executable  # the interpreter whose `batchinfer` runs the workers
+    # callable judges the workers may run ("module:function"), one --allow-callable each; none by default
+    allowed_callables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
         if not self.allowed_prefixes:
             raise ConfigError("a local pool needs allowed_prefixes: the storage locations its jobs use")
+        if isinstance(self.allowed_callables, str) or not all(
+            isinstance(e, str) and e and not any(c == "," or c.isspace() for c in e)
+            for e in self.allowed_callables
+        ):
+            raise ConfigError(
+                f"allowed_callables: {self.allowed_callables!r}: expected a list of "
+                "'package.module:function', without commas or spaces"
+            )
 
     def key(self) -> str:
         """What makes workers interchangeable: everything but the replica count and idle time."""
         data = dataclasses.asdict(self)
         data.pop("replicas")
         data.pop("idle_ttl_s")
+        if not data["allowed_callables"]:  # the default: pools from before the field keep their key
+            data.pop("allowed_callables")
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LocalPoolSpec:
-        return cls(**{**data, "allowed_prefixes": tuple(data.get("allowed_prefixes") or ())})
+        """From ``pool.json``; a file from before a field has its default."""
+        return cls(
+            **{
+                **data,
+                "allowed_prefixes": tuple(data.get("allowed_prefixes") or ()),
+                "allowed_callables": tuple(data.get("allowed_callables") or ()),
+            }
+        )
 
 
 # Workers this process started: kept so they are reaped (not left as zombies) once they exit.
@@ -329,6 +348,8 @@ class LocalPool:
             cmd += ["--engine-arg", f"{k}={json.dumps(value) if not isinstance(value, str) else value}"]
         for prefix in spec.allowed_prefixes:
             cmd += ["--allow-prefix", prefix]
+        for entry in spec.allowed_callables:
+            cmd += ["--allow-callable", entry]
         if spec.idle_ttl_s is not None:
             cmd += ["--idle-ttl", str(spec.idle_ttl_s), "--lease-file", str(self._lease_file(spec.key()))]
         with open(log, "ab") as out:

@@ -1,7 +1,7 @@
 """Worker RPC clients (httpx): async :class:`WorkerClient` and sync :class:`SyncWorkerClient`.
 
 HTTP errors map to the exception tree (``WorkerBusy`` for 429/503, ``AuthenticationError`` 401,
-``ForbiddenError`` 403, ``BadJobError`` 400, ``JobNotFound`` 404, ``WorkerUnavailable`` when the
+``ForbiddenError`` 403, ``BadJobError`` 400 and 413, ``JobNotFound`` 404, ``WorkerUnavailable`` when the
 worker cannot be reached). Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without sockets.
 """
 
@@ -28,6 +28,7 @@ _ERRORS: dict[int, type[RpcError]] = {
     401: AuthenticationError,
     403: ForbiddenError,
     404: JobNotFound,
+    413: BadJobError,  # a request body over the worker's --max-body-bytes
     429: WorkerBusy,
     503: WorkerBusy,
 }

@@ -1,7 +1,9 @@
 """The worker's HTTP/JSON API (FastAPI); docs/reference/worker.md describes the contract.
 
 ``/v1/health`` and ``/v1/ready`` are open (probes); everything else needs the bearer token unless
-the worker runs with ``--insecure-no-auth`` on loopback.
+the worker runs with ``--insecure-no-auth`` on loopback. The token and the body size
+(``--max-body-bytes``) are checked by :class:`~airflow_batchinfer.worker.guard.RequestGuard` before
+FastAPI reads or parses anything.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
@@ -20,11 +22,12 @@ from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.guard import RequestGuard
 from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from airflow_batchinfer.worker.security import PrefixPolicy, token_ok
+from airflow_batchinfer.worker.security import PrefixPolicy
 
 log = logging.getLogger("airflow_batchinfer.worker")
 
@@ -39,8 +42,11 @@ def create_app(
 ) -> FastAPI:
     """The worker app. ``on_fatal`` is called when the engine cannot start (the process should exit
     non-zero, so a supervisor restarts it and shows why)."""
+    if not config.insecure_no_auth and not config.token:
+        raise ConfigError("the worker app needs a token unless insecure_no_auth (loopback only) is set")
     registry = JobRegistry(runtime, concurrency=config.concurrency)
     prefixes = PrefixPolicy(config.allowed_prefixes)
+    callables = config.callable_policy()
     state: dict[str, Any] = {"load_error": None}
 
     @contextlib.asynccontextmanager
@@ -68,6 +74,12 @@ def create_app(
     app.state.registry = registry
     app.state.runtime = runtime
     app.state.load_state = state
+    # Outside FastAPI's routing and body parsing: the token first, then a bounded body.
+    app.add_middleware(
+        RequestGuard,
+        token=None if config.insecure_no_auth else config.token,
+        max_body_bytes=config.max_body_bytes,
+    )
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -80,17 +92,6 @@ def create_app(
         reasons = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"error": "bad_request", "detail": reasons}, status_code=400)
 
-    def authorized(request: Request) -> None:
-        if config.insecure_no_auth:
-            return
-        assert config.token
-        if not token_ok(request.headers.get("authorization"), config.token):
-            raise ApiError(
-                401, "unauthorized", "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"}
-            )
-
-    auth = [Depends(authorized)]
-
     @app.get("/v1/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -102,16 +103,18 @@ def create_app(
         reason = state["load_error"] or ("draining" if registry.draining else "loading the model")
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 
-    @app.post("/v1/jobs", dependencies=auth, status_code=202, response_model=JobStatus)
+    @app.post("/v1/jobs", status_code=202, response_model=JobStatus)
     async def submit(spec: JobSpec) -> JSONResponse:
         missing = [name for name in REQUIRED_OUTPUTS[spec.kind] if name not in spec.outputs]
         if missing:
             raise ApiError(400, "bad_request", f"a {spec.kind} job needs outputs {missing}")
         for uri in [spec.input, *spec.outputs.values()]:
-            if not prefixes.allows(uri):
-                raise ApiError(403, "forbidden", f"{uri} is outside this worker's allowed prefixes")
+            reason = await asyncio.to_thread(prefixes.why_not, uri)  # realpath: file system calls
+            if reason is not None:
+                raise ApiError(403, "forbidden", reason)
         try:
-            params = parse_params(spec.kind, spec.params)
+            # off the loop: compiling templates, schemas and patterns takes time in the spec's size
+            params = await asyncio.to_thread(parse_params, spec.kind, spec.params, callables=callables)
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
         if not runtime.ready:
@@ -134,21 +137,21 @@ def create_app(
             ) from exc
         return JSONResponse(status.model_dump(), status_code=202 if created else 200)
 
-    @app.get("/v1/jobs/{job_id:path}", dependencies=auth, response_model=JobStatus)
+    @app.get("/v1/jobs/{job_id:path}", response_model=JobStatus)
     async def job_status(job_id: str) -> JobStatus:
         status = registry.status(job_id)
         if status is None:
             raise ApiError(404, "not_found", f"no job {job_id} on this worker")
         return status
 
-    @app.delete("/v1/jobs/{job_id:path}", dependencies=auth, response_model=JobStatus)
+    @app.delete("/v1/jobs/{job_id:path}", response_model=JobStatus)
     async def cancel(job_id: str) -> JobStatus:
         status = registry.cancel(job_id)
         if status is None:
             raise ApiError(404, "not_found", f"no job {job_id} on this worker")
         return status
 
-    @app.get("/v1/stats", dependencies=auth, response_model=WorkerStats)
+    @app.get("/v1/stats", response_model=WorkerStats)
     async def stats() -> WorkerStats:
         return WorkerStats(
             engine=runtime.describe(),
@@ -159,7 +162,7 @@ def create_app(
             batcher=runtime.batcher.stats.as_dict(),
         )
 
-    @app.get("/metrics", dependencies=auth)
+    @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(registry), media_type="text/plain; version=0.0.4")
 

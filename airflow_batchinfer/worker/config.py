@@ -8,10 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.rules import CallablePolicy
 from airflow_batchinfer.worker.security import is_loopback
 
 TOKEN_ENV = "BATCHINFER_WORKER_TOKEN"
 TOKEN_FILE_ENV = "BATCHINFER_WORKER_TOKEN_FILE"
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # a JobSpec is a few KiB: URIs and params, never records
 
 
 @dataclass
@@ -25,6 +27,9 @@ class WorkerConfig:
     token: str | None = None
     insecure_no_auth: bool = False
     allowed_prefixes: list[str] | None = field(default_factory=list)
+    # callable judge targets jobs may import (--allow-callable): none by default
+    allowed_callables: list[str] = field(default_factory=list)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # the largest request body read (413 beyond)
     idle_ttl_s: float | None = None
     lease_file: str | None = None  # a local pool's leases: idle only when no run holds one
     drain_timeout_s: float = 300.0
@@ -35,9 +40,16 @@ class WorkerConfig:
     announce_file: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
 
+    def callable_policy(self) -> CallablePolicy:
+        """The callable judges this worker's jobs may import (ConfigError for a malformed entry)."""
+        return CallablePolicy(self.allowed_callables)
+
     def validate(self) -> None:
         if self.concurrency < 1:
             raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.max_body_bytes < 1024:
+            raise ConfigError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        self.callable_policy()
         if self.insecure_no_auth:
             if not is_loopback(self.host):
                 raise ConfigError("--insecure-no-auth is only allowed on a loopback address (127.0.0.0/8)")

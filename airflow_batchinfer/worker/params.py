@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import Judge, build_judge
+from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge
 from airflow_batchinfer.prompts import PromptBuilder
 
 DEFAULT_CHUNK = 2_000
@@ -36,8 +36,15 @@ def _int(params: Mapping[str, Any], key: str, default: int, minimum: int) -> int
     return value
 
 
-def parse_params(kind: str, params: Mapping[str, Any]) -> JobParams:
-    """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``in_place``)."""
+def parse_params(
+    kind: str, params: Mapping[str, Any], *, callables: CallablePolicy | None = None
+) -> JobParams:
+    """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``in_place``).
+
+    :param callables: the ``callable`` judge targets that may be imported (checked before any import);
+        ``None``, the default, allows every target: workers pass their own policy
+        (``WorkerConfig.callable_policy()``, none allowed unless ``--allow-callable``).
+    """
     common: dict[str, Any] = {
         "chunk_size": _int(params, "chunk_size", DEFAULT_CHUNK, 1),
         "id_field": str(params.get("id_field", "id")),
@@ -56,7 +63,7 @@ def parse_params(kind: str, params: Mapping[str, Any]) -> JobParams:
     if kind in ("judge", "in_place"):
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
-        common["judge"] = build_judge(params["judge"])
+        common["judge"] = build_judge(params["judge"], callables=callables)
     if kind == "infer":
         fmt = params.get("output_format", "rows")
         if fmt not in ("rows", "openai"):

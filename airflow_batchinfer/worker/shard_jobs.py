@@ -103,7 +103,7 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
     created = int(time.time())
     model = str(ctx.runtime.describe().get("model", ctx.runtime.describe().get("engine")))
 
-    async def process(chunk: list[Record]) -> list[Record]:
+    def build(chunk: list[Record]) -> list[tuple[Record, GenerationRequest | str]]:
         built: list[tuple[Record, GenerationRequest | str]] = []
         for record in chunk:
             attempts = int(record.get("attempts") or 0) + 1
@@ -113,6 +113,11 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
                 )
             except PromptError as exc:
                 built.append((record, str(exc)))
+        return built
+
+    async def process(chunk: list[Record]) -> list[Record]:
+        # Rendering a chunk's prompts is CPU work (bounded per record): off the event loop.
+        built = await asyncio.to_thread(build, chunk)
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
         results = iter(await ctx.generate(requests))
         rows = []
@@ -299,8 +304,8 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
             while True:
                 attempt += 1
                 ctx.counts["attempts"] += 1
-                try:
-                    request = prompts.build(record, request_id=rid, attempt=attempt)
+                try:  # inline when quick, else in a thread: a heavy template never holds the loop
+                    request = await prompts.abuild(record, request_id=rid, attempt=attempt)
                 except PromptError as exc:  # permanent: retrying cannot help
                     row = output_row(
                         record,

@@ -7,7 +7,8 @@ nodes directly (a table, or a literal block):
 - ``batchinfer-connection``: the ``batchinfer_pool`` connection type (``get_provider_info``);
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
-- ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``).
+- ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``);
+- ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set.
 """
 
 from __future__ import annotations
@@ -181,10 +182,25 @@ class JobOutputs(_Generated):
         return [_table(["kind", "required outputs (URIs)"], rows)]
 
 
+class Limits(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS
+
+        kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)"}
+        rows = [
+            [f"``{s.name}``", kinds[s.kind], f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
+             re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s.help)]
+            for s in SETTINGS
+        ]  # fmt: skip
+        return [_table(["limit (config key, connection extra, ``TriggerLimits`` field)", "kind",
+                        "environment variable", "what it pins"], rows)]  # fmt: skip
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-params", Params)
     app.add_directive("batchinfer-connection", Connection)
     app.add_directive("batchinfer-cli", Cli)
     app.add_directive("batchinfer-model", Model)
     app.add_directive("batchinfer-job-outputs", JobOutputs)
+    app.add_directive("batchinfer-limits", Limits)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -376,7 +376,13 @@ def test_worker_refuses_to_start_without_token_or_prefixes(tmp_path: Path) -> No
 
 def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path) -> None:
     repo = str(Path(__file__).resolve().parents[2])
-    w = start_worker(tmp_path, concurrency=2, engine_args={"latency_base_s": 0.05}, env={"PYTHONPATH": repo})
+    w = start_worker(
+        tmp_path,
+        concurrency=2,
+        engine_args={"latency_base_s": 0.05},
+        env={"PYTHONPATH": repo},
+        extra=["--allow-callable", "tests.support.judges:"],  # callable judges: only those allowed
+    )
     try:
         src = tmp_path / "data.jsonl"
         src.write_text("".join(json.dumps({"id": i, "q": str(i)}) + "\n" for i in [*range(29), "stubborn"]))

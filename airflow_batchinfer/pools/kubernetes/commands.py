@@ -59,6 +59,7 @@ def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
         node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
         interruptible=args.interruptible, model_pvc=args.model_pvc, storage_secret=args.storage_secret,
         port=args.port, idle_ttl_s=args.idle_ttl, scaledown_ttl_s=args.scaledown_ttl,
+        allowed_callables=tuple(args.allow_callable),
     )  # fmt: skip
 
 

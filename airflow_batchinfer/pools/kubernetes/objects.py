@@ -61,13 +61,20 @@ def _volumes(spec: KubernetesPoolSpec) -> tuple[list[dict[str, Any]], list[dict[
 
 
 def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
-    """Settings as ``BATCHINFER_WORKER_*`` variables, so a kustomize patch can change any one by name."""
+    """Settings as ``BATCHINFER_WORKER_*`` variables, so a kustomize patch can change any one by name.
+
+    The user's ``env`` comes first: for a repeated name the container gets the later entry, so the
+    worker's own (token, allow-lists, bind address) win even over a name the spec check missed. The
+    trust settings are all set, off ones included (``ALLOW_ANY_PREFIX=0``, ``ALLOW_CALLABLE=""``,
+    ``TOKEN_FILE=""``): ``env`` beats ``envFrom``, so a key of the storage Secret cannot set them."""
     worker = {
         "HOST": "$(POD_IP)", "PORT": str(spec.port), "ENGINE": spec.engine, "MODEL": spec.model,
         "CONCURRENCY": str(spec.concurrency), "TARGET_BATCH_TOKENS": str(spec.target_batch_tokens),
         "DRAIN_TIMEOUT": str(spec.drain_timeout_s), "ALLOW_PREFIX": ",".join(spec.allowed_prefixes),
+        "ALLOW_ANY_PREFIX": "0", "ALLOW_CALLABLE": ",".join(spec.allowed_callables), "TOKEN_FILE": "",
     }  # fmt: skip
-    env: list[dict[str, Any]] = [
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
+    env += [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         *({"name": f"BATCHINFER_WORKER_{k}", "value": v} for k, v in worker.items() if v is not None),
         {"name": "BATCHINFER_WORKER_TOKEN",
@@ -77,7 +84,6 @@ def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "OMP_NUM_THREADS", "value": spec.cpu if spec.cpu.isdigit() else "1"},
     ]  # fmt: skip
-    env += [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
     return env
 
 

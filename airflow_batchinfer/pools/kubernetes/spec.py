@@ -15,6 +15,34 @@ from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 # What the Dockerfile in k8s/ builds; push it to your registry and set `image`.
 DEFAULT_IMAGE = f"airflow-batchinfer-worker:{__version__}"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a C identifier, ASCII only (POSIX shells read these)
+
+# Names of user `env` that the worker's container sets itself, and why: refused when a spec is built.
+# (In a container's env the later entry of a name wins; objects.py emits the user's entries first, so
+# ours would win anyway, but an entry silently ignored is worse than an error.) Every
+# `BATCHINFER_WORKER_*` name is the worker's: its settings, the RPC token (..._TOKEN, ..._TOKEN_FILE)
+# and the allow-lists (..._ALLOW_PREFIX, ..._ALLOW_ANY_PREFIX, ..._ALLOW_CALLABLE) come from the
+# spec's fields, never from `env`.
+RESERVED_ENV_PREFIX = "BATCHINFER_WORKER_"
+RESERVED_ENV: dict[str, str] = {
+    "POD_IP": "the worker binds the pod IP it names (BATCHINFER_WORKER_HOST=$(POD_IP))",
+    "HF_HUB_OFFLINE": "workers never download models or model code at run time",
+    "HOME": "it is /tmp: the root filesystem is read-only",
+    "OMP_NUM_THREADS": "it is set from `cpu`",
+}
+
+# The fields a trigger's `kubernetes` param may set (operators/pool.py merges that param into the spec
+# last): where the pods run and with what resources. Not what the pool is (name, namespace: another
+# pool, another namespace's Secrets), what it runs or how hard (engine, model, engine_options,
+# concurrency, target_batch_tokens: DAG settings with params of their own), what jobs may do there
+# (allowed_prefixes, allowed_callables: the trust boundary the pool enforces), or its scale and idle
+# time (replicas, idle_ttl_s: params of their own). The port may change: the NetworkPolicy admits
+# only its own port, so another one makes the pool unreachable, not open. `image`, `storage_secret`
+# and `model_pvc` must be on the deployment's allow-lists (airflow_batchinfer.limits).
+TRIGGER_KEYS: frozenset[str] = frozenset({
+    "image", "image_pull_policy", "gpus", "cpu", "memory", "shm_size", "node_selector", "tolerations",
+    "interruptible", "model_pvc", "storage_secret", "env", "drain_timeout_s", "scaledown_ttl_s", "port",
+})  # fmt: skip
 
 # Taints that the common providers put on spot/preemptible nodes; `interruptible` tolerates them.
 SPOT_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -42,6 +70,11 @@ class KubernetesPoolSpec:
     :param idle_ttl_s: scale to zero once no run has held a lease for this long.
     :param scaledown_ttl_s: demand must stay below the replica count this long before a replica goes.
     :param interruptible: tolerate spot/preemptible node taints (jobs lost there are resubmitted).
+    :param allowed_callables: the ``callable`` judges (``module:function``) the workers may run
+        (``BATCHINFER_WORKER_ALLOW_CALLABLE``); none by default.
+    :param env: extra variables for the worker container; names must be C identifiers, and none of
+        the worker's own (``BATCHINFER_WORKER_*``, ``POD_IP``, ``HOME``, ``HF_HUB_OFFLINE``,
+        ``OMP_NUM_THREADS``).
     """
 
     name: str = "batchinfer"
@@ -55,6 +88,7 @@ class KubernetesPoolSpec:
     concurrency: int = 8
     target_batch_tokens: int = 16_384
     allowed_prefixes: tuple[str, ...] = ()
+    allowed_callables: tuple[str, ...] = ()  # callable judges the workers may run: "module:function"
     gpus: int = 1
     cpu: str = "4"
     memory: str = "32Gi"
@@ -85,12 +119,14 @@ class KubernetesPoolSpec:
             )
         if self.idle_ttl_s < 0 or self.scaledown_ttl_s < 0:
             raise ConfigError("idle_ttl_s and scaledown_ttl_s must be >= 0")
+        check_callables(self.allowed_callables)
+        check_env(self.env)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
         check_known_fields(cls, data, "Kubernetes pool settings")
         data = dict(data)
-        for key in ("allowed_prefixes", "tolerations"):
+        for key in ("allowed_prefixes", "allowed_callables", "tolerations"):
             if key in data:
                 data[key] = tuple(data[key] or ())
         return cls(**data)
@@ -100,8 +136,44 @@ class KubernetesPoolSpec:
         data = dataclasses.asdict(self)
         for k in ("replicas", "idle_ttl_s", "scaledown_ttl_s"):
             data.pop(k)
+        if not data["allowed_callables"]:  # the default: pools from before the field keep their key
+            data.pop("allowed_callables")
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
     def token_secret(self) -> str:
         return f"{self.name}-token"
+
+
+def check_env(env: Any) -> None:
+    """Refuse user env that is not ``{NAME: "value"}`` with a C-identifier name the pod spec does not set."""
+    if not isinstance(env, dict):
+        raise ConfigError(f"env: expected a mapping of variable names to strings, got {type(env).__name__}")
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise ConfigError(
+                f"env: {name!r} is not a valid environment variable name (letters, digits and '_', "
+                "not starting with a digit)"
+            )
+        if name.upper().startswith(RESERVED_ENV_PREFIX):
+            raise ConfigError(
+                f"env: {name} is reserved: {RESERVED_ENV_PREFIX}* variables are the worker's own settings "
+                "(its RPC token, the storage-prefix and callable allow-lists); set them with the pool's "
+                "fields (allowed_prefixes, allowed_callables, ...), not env"
+            )
+        if name.upper() in RESERVED_ENV:
+            raise ConfigError(f"env: {name} is set by the worker's pod spec: {RESERVED_ENV[name.upper()]}")
+        if not isinstance(value, str):
+            raise ConfigError(f"env: {name}: the value must be a string, got {value!r}")
+
+
+def check_callables(entries: Any) -> None:
+    """Each allowed callable is one non-empty entry without commas or whitespace: the workers get the
+    list as one comma-separated variable, so an entry with a comma would allow two."""
+    if isinstance(entries, str):
+        raise ConfigError(f"allowed_callables: expected a list of 'package.module:function', got {entries!r}")
+    for entry in entries:
+        if not isinstance(entry, str) or not entry or any(c == "," or c.isspace() for c in entry):
+            raise ConfigError(
+                f"allowed_callables: {entry!r}: expected 'package.module:function', without commas or spaces"
+            )

@@ -18,6 +18,7 @@ import os
 from datetime import timedelta
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
+from airflow_batchinfer.limits import TriggerLimits
 
 ROOT = os.environ.get("BATCHINFER_CHAOS_ROOT", "/tmp/batchinfer-chaos")
 BUCKET = os.environ.get("BATCHINFER_CHAOS_BUCKET", "batchinfer-chaos")
@@ -44,6 +45,8 @@ COMMON = {
     "retries": 2,
     "retry_delay": timedelta(seconds=2),
     "poll_interval_s": 1.0,
+    # each test triggers with its own dataset, and one on a pool of its own
+    "limits": TriggerLimits(allowed_input_prefixes=(ROOT,), allowed_worker_pools=("local://",)),
 }
 
 build_batch_inference_dag(

@@ -7,6 +7,7 @@ import os
 from datetime import timedelta
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
+from airflow_batchinfer.limits import TriggerLimits
 
 ROOT = os.environ.get("BATCHINFER_E2E_ROOT", "/tmp/batchinfer-e2e")
 SIMULATED = {
@@ -25,6 +26,9 @@ SIMULATED = {
     "idle_ttl_s": 300,
     "preflight_records": 5,
 }
+# each test triggers with its own dataset under ROOT (the deployment's [batchinfer] config could say
+# the same; the security tests check what a trigger may not choose)
+LIMITS = TriggerLimits(allowed_input_prefixes=(ROOT,))
 
 for strategy in ("rounds", "hybrid", "in_place"):
     build_batch_inference_dag(
@@ -35,6 +39,7 @@ for strategy in ("rounds", "hybrid", "in_place"):
         retries=1,
         retry_delay=timedelta(seconds=1),
         poll_interval_s=1.0,
+        limits=LIMITS,
     )
 
 build_batch_inference_dag(
@@ -45,4 +50,5 @@ build_batch_inference_dag(
     retries=1,
     retry_delay=timedelta(seconds=1),
     poll_interval_s=1.0,
+    limits=LIMITS,
 )

@@ -71,7 +71,9 @@ async def test_llm_judge_template_error_rejects_only_that_item() -> None:
     async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
         return [GenerationResult('{"approved": true}') for _ in requests]
 
-    judge = build_judge({"type": "llm", "template": "{{ question }} / {{ result }}", "max_tokens": 16})
+    judge = build_judge(
+        {"type": "llm", "template": "{{ question }} / {{ result }}", "max_tokens": 16}, callables=None
+    )
     items = [JudgeItem({"question": "q"}, "a", "1"), JudgeItem({"other": "x"}, "a", "2")]
     verdicts = await judge.judge(items, generate)
     assert verdicts[0] == Verdict(True, "")
@@ -84,9 +86,9 @@ async def test_llm_judge_needs_an_engine() -> None:
 
 
 def test_llm_judge_sampling_as_an_object_or_top_level_and_no_unknown_keys() -> None:
-    nested = build_judge({"type": "llm", "sampling": {"max_tokens": 48, "temperature": 0.5}})
+    nested = build_judge({"type": "llm", "sampling": {"max_tokens": 48, "temperature": 0.5}}, callables=None)
     assert (nested.sampling.max_tokens, nested.sampling.temperature) == (48, 0.5)
-    top = build_judge({"type": "llm", "max_tokens": 7, "sampling": {"max_tokens": 48}})
+    top = build_judge({"type": "llm", "max_tokens": 7, "sampling": {"max_tokens": 48}}, callables=None)
     assert top.sampling.max_tokens == 7  # the top level wins
     with pytest.raises(ConfigError, match="unknown keys \\['samplng'\\]"):
-        build_judge({"type": "llm", "samplng": {"max_tokens": 48}})
+        build_judge({"type": "llm", "samplng": {"max_tokens": 48}}, callables=None)

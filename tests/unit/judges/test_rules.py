@@ -5,11 +5,13 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import JudgeItem, Verdict, build_judge
+from airflow_batchinfer.judges import CallablePolicy, JudgeItem, Verdict, build_judge
+
+HERE = CallablePolicy([f"{__name__}:"])  # this module's functions, and nothing else
 
 
 async def decide(spec: dict[str, Any], record: dict[str, Any], result: str) -> Verdict:
-    (verdict,) = await build_judge(spec).judge([JudgeItem(record, result, "1")])
+    (verdict,) = await build_judge(spec, callables=HERE).judge([JudgeItem(record, result, "1")])
     return verdict
 
 
@@ -62,7 +64,9 @@ async def test_callable_judge_and_its_failures() -> None:
     v = await decide({"type": "callable", "target": f"{__name__}:broken"}, {}, "4")
     assert not v.approved and "bug in user code" in v.reason
     with pytest.raises(ConfigError, match="cannot import"):
-        build_judge({"type": "callable", "target": "no_such_module:fn"})
+        build_judge({"type": "callable", "target": "no_such_module:fn"}, callables=None)
+    with pytest.raises(ConfigError, match="is not allowed"):
+        build_judge({"type": "callable", "target": "no_such_module:fn"}, callables=HERE)
 
 
 async def test_all_and_any_compose() -> None:
@@ -92,4 +96,4 @@ async def test_all_and_any_compose() -> None:
 )
 def test_bad_specs_are_config_errors(spec: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
-        build_judge(spec)
+        build_judge(spec, callables=HERE)

@@ -1,0 +1,244 @@
+"""What the people who trigger a DAG may choose: limits the deployment pins (docs/security.md).
+
+A DAG's params are user input: whoever may trigger the DAG fills them in. The people who deploy it
+are trusted more, and pin what a trigger may choose, in three places that widen one another:
+
+- the DAG's own defaults (what its author wrote is allowed as written) and its ``limits=`` argument
+  (:func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag`);
+- the provider's config section ``[batchinfer]`` (``AIRFLOW__BATCHINFER__ALLOWED_INPUT_PREFIXES``…);
+- the ``batchinfer_pool`` connection the run's ``worker_pool`` names (its extra; admins own it).
+
+Trigger params cannot widen anything. :func:`refusals` is the one decision, a pure function of the
+params and the limits; the first tasks of a run (shard, pool setup) and the teardown call it before
+they touch storage or a pool (``operators/limits.py`` gathers the inputs). Nothing here imports
+Airflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from airflow_batchinfer.exceptions import ConfigError
+
+Kind = Literal["prefixes", "names", "count"]
+
+
+@dataclass(frozen=True)
+class LimitSetting:
+    """One limit: its name (the config key, the connection extra key and the field), kind and help."""
+
+    name: str
+    kind: Kind
+    help: str
+
+
+# The one description of every limit: the dataclass below, the provider's config section, the
+# connection form and the docs derive from it.
+SETTINGS: tuple[LimitSetting, ...] = (
+    LimitSetting("allowed_input_prefixes", "prefixes",
+                 "storage locations the `input` param may name (read on the Airflow side)"),
+    LimitSetting("allowed_output_prefixes", "prefixes",
+                 "storage locations `output_root` may name (the run root is written there, and the "
+                 "pool's workers may touch only it)"),
+    LimitSetting("allowed_worker_pools", "names",
+                 "pool references `worker_pool` may name besides the DAG's default and any "
+                 "`batchinfer_pool` connection (`local://` allows every local pool, "
+                 "`kubernetes://NAMESPACE/` every pool of a namespace)"),
+    LimitSetting("allowed_images", "names",
+                 "worker images `kubernetes.image` may name (an entry ending in `:` or `/` allows "
+                 "every tag or every image under it)"),
+    LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
+    LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
+    LimitSetting("allowed_judge_callables", "names",
+                 "`module:function` targets a `callable` judge may name (an entry ending in `.` or "
+                 "`:` allows a package or a module); the pool's workers allow the same"),
+    LimitSetting("max_replicas", "count", "the most workers `replicas` may ask for"),
+    LimitSetting("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
+)  # fmt: skip
+CONFIG_SECTION = "batchinfer"
+
+
+def matches(entry: str, value: str) -> bool:
+    """An allow-list entry admits ``value`` when equal, or as a prefix when it ends in ``/ : .``."""
+    return value == entry or (entry[-1:] in ("/", ":", ".") and value.startswith(entry))
+
+
+def _names(value: Any, what: str) -> tuple[str, ...]:
+    """A list, or comma-separated text (config files and connection forms hold text)."""
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, Iterable):
+        raise ConfigError(f"{what}: expected a list or comma-separated text, got {value!r}")
+    return tuple(str(v).strip() for v in items if str(v).strip())
+
+
+def _count(value: Any, what: str) -> int | None:
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what}: expected a whole number, got {value!r}") from None
+    if number < 0:
+        raise ConfigError(f"{what}: must be >= 0, got {number}")
+    return number
+
+
+@dataclass(frozen=True)
+class TriggerLimits:
+    """What trigger params may choose (see :data:`SETTINGS` for each field). Empty lists allow
+    nothing beyond the DAG's defaults; an unset maximum (``None``) is no limit."""
+
+    allowed_input_prefixes: tuple[str, ...] = ()
+    allowed_output_prefixes: tuple[str, ...] = ()
+    allowed_worker_pools: tuple[str, ...] = ()
+    allowed_images: tuple[str, ...] = ()
+    allowed_storage_secrets: tuple[str, ...] = ()
+    allowed_model_pvcs: tuple[str, ...] = ()
+    allowed_judge_callables: tuple[str, ...] = ()
+    max_replicas: int | None = None
+    max_gpus: int | None = None
+
+    def __post_init__(self) -> None:  # lists as tuples (hashable, and the same whatever was passed)
+        for s in SETTINGS:
+            if s.kind != "count":
+                object.__setattr__(self, s.name, _names(getattr(self, s.name), s.name))
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any] | None, source: str) -> TriggerLimits:
+        """The limits among ``data``'s keys (other keys are ignored: a connection's extra holds more).
+        ``source`` names where they come from, for errors."""
+        data = data or {}
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            if s.name in data:
+                what = f"{source}: {s.name}"
+                values[s.name] = (
+                    _count(data[s.name], what) if s.kind == "count" else _names(data[s.name], what)
+                )
+        return cls(**values)
+
+    def widen(self, other: TriggerLimits | None) -> TriggerLimits:
+        """Both limits' allowances: lists joined, the larger maximum."""
+        if other is None:
+            return self
+        values: dict[str, Any] = {}
+        for s in SETTINGS:
+            mine, theirs = getattr(self, s.name), getattr(other, s.name)
+            if s.kind == "count":
+                values[s.name] = theirs if mine is None else mine if theirs is None else max(mine, theirs)
+            else:
+                values[s.name] = tuple(dict.fromkeys((*mine, *theirs)))
+        return TriggerLimits(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
+
+
+def callable_targets(judge: Any) -> list[str]:
+    """Every ``callable`` judge target in a judge spec (``all``/``any`` nest judges)."""
+    if not isinstance(judge, Mapping):
+        return []
+    if judge.get("type") == "callable":
+        return [str(judge.get("target"))]
+    if judge.get("type") in ("all", "any"):
+        return [t for j in judge.get("judges") or [] for t in callable_targets(j)]
+    return []
+
+
+def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
+    """What a DAG's defaults allow as written: its author chose them, in code."""
+    from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
+
+    kube = defaults.get("kubernetes") or {}
+    return TriggerLimits(
+        allowed_input_prefixes=tuple(v for v in [defaults.get("input")] if v),
+        allowed_output_prefixes=tuple(v for v in [defaults.get("output_root")] if v),
+        allowed_worker_pools=tuple(v for v in [defaults.get("worker_pool")] if v),
+        allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
+        allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
+        allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
+        allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
+    )
+
+
+def _where(setting: str) -> str:
+    return (
+        f"the DAG's limits, the [{CONFIG_SECTION}] {setting} setting, or the pool connection's extra "
+        f"{setting}"
+    )
+
+
+def _within(uri: str, prefixes: tuple[str, ...]) -> bool:
+    from airflow_batchinfer.worker.security import PrefixPolicy  # the workers' rules, exactly
+
+    return bool(prefixes) and PrefixPolicy(list(prefixes)).allows(uri)
+
+
+def refusals(
+    params: Mapping[str, Any],
+    limits: TriggerLimits,
+    *,
+    run_root: str | None = None,
+    pool_is_connection: bool = False,
+) -> list[str]:
+    """Why a DAG run's ``params`` go beyond ``limits`` (empty: they do not). Only the params present
+    are checked: ``input``, ``output_root``, ``worker_pool``, ``judge``, ``replicas`` and
+    ``kubernetes``. ``run_root``: the run root the task rendered (``output_root`` plus the run's
+    name), checked too. ``pool_is_connection``: ``worker_pool`` names a connection of type
+    ``batchinfer_pool`` (which pins its own pool and is always allowed)."""
+    out: list[str] = []
+    for what, uri, setting in (
+        ("input", params.get("input"), "allowed_input_prefixes"),
+        ("output_root", params.get("output_root"), "allowed_output_prefixes"),
+        ("the run root", run_root, "allowed_output_prefixes"),
+    ):
+        prefixes = getattr(limits, setting)
+        if uri and not _within(str(uri), prefixes):
+            out.append(f"{what} {str(uri)!r} is outside {list(prefixes)} (widen with {_where(setting)})")
+    if pool := params.get("worker_pool"):
+        from airflow_batchinfer.pools.ref import PoolRef
+
+        ref = str(PoolRef.parse(str(pool)))
+        if not pool_is_connection and not any(matches(e, ref) for e in limits.allowed_worker_pools):
+            why = f"widen with {_where('allowed_worker_pools')}"
+            out.append(
+                f"worker_pool {ref!r} is not the DAG's pool, a batchinfer_pool connection or allowed ({why})"
+            )
+    for target in callable_targets(params.get("judge")):
+        if not any(matches(e, target) for e in limits.allowed_judge_callables):
+            out.append(
+                f"judge callable {target!r} is not allowed (widen with {_where('allowed_judge_callables')})"
+            )
+    replicas = params.get("replicas")
+    if limits.max_replicas is not None and replicas is not None and int(replicas) > limits.max_replicas:
+        out.append(f"replicas {replicas} is more than max_replicas {limits.max_replicas}")
+    out += _kubernetes_refusals(params.get("kubernetes") or {}, limits)
+    return out
+
+
+def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
+    from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS
+
+    if not isinstance(kube, Mapping):
+        return [f"kubernetes must be an object, got {kube!r}"]
+    out = [
+        f"kubernetes.{key} is not a trigger setting: the DAG or the pool connection sets it "
+        f"(a trigger may set {', '.join(sorted(TRIGGER_KEYS))})"
+        for key in sorted(set(kube) - TRIGGER_KEYS)
+    ]
+    if (image := kube.get("image")) and not any(matches(e, str(image)) for e in limits.allowed_images):
+        out.append(f"kubernetes.image {image!r} is not allowed (widen with {_where('allowed_images')})")
+    for key, allowed in (("storage_secret", limits.allowed_storage_secrets),
+                         ("model_pvc", limits.allowed_model_pvcs)):  # fmt: skip
+        if (name := kube.get(key)) and str(name) not in allowed:
+            setting = "allowed_storage_secrets" if key == "storage_secret" else "allowed_model_pvcs"
+            out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
+    gpus = kube.get("gpus")
+    if limits.max_gpus is not None and gpus is not None and int(gpus) > limits.max_gpus:
+        out.append(f"kubernetes.gpus {gpus} is more than max_gpus {limits.max_gpus}")
+    return out

@@ -1,0 +1,57 @@
+"""The trust check at the start of a run: the DAG run's params against what the deployment allows.
+
+The decision is :func:`airflow_batchinfer.limits.refusals`; this module only gathers its inputs
+where a task runs: the run's params, the provider's ``[batchinfer]`` config section and the
+``batchinfer_pool`` connection the params name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.sdk import BaseHook, Context
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
+from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, refusals
+from airflow_batchinfer.pools.ref import PoolRef
+
+POOL_CONN_TYPE = "batchinfer_pool"
+
+
+def config_limits() -> TriggerLimits:
+    """The limits in the provider's config section (``airflow.cfg`` or ``AIRFLOW__BATCHINFER__*``)."""
+    from airflow.configuration import conf
+
+    values = {s.name: conf.get(CONFIG_SECTION, s.name, fallback=None) for s in SETTINGS}
+    # An option left unset reads as its declared default: None, or "None" once written out.
+    set_ = {k: v for k, v in values.items() if v is not None and str(v).strip() not in ("", "None")}
+    return TriggerLimits.from_mapping(set_, f"[{CONFIG_SECTION}]")
+
+
+def check_params(
+    context: Context, dag_limits: TriggerLimits, *, run_root: str | None = None
+) -> TriggerLimits:
+    """Refuse (fail the task, no retries) a run whose params go beyond ``dag_limits`` widened by the
+    deployment's; returns the limits in force (the pool's workers allow their judge callables)."""
+    params: dict[str, Any] = dict(context.get("params") or {})
+    limits = dag_limits.widen(config_limits())
+    is_connection = False
+    try:
+        if params.get("worker_pool"):
+            ref = PoolRef.parse(str(params["worker_pool"]))
+            if ref.needs_connection:
+                conn = BaseHook.get_connection(ref.name)
+                is_connection = conn.conn_type == POOL_CONN_TYPE
+                if is_connection:
+                    extra = conn.extra_dejson or {}
+                    limits = limits.widen(TriggerLimits.from_mapping(extra, f"connection {ref.name!r}"))
+        reasons = refusals(params, limits, run_root=run_root, pool_is_connection=is_connection)
+        if reasons:
+            raise ParamsRefused(reasons)
+    except ConfigError as exc:
+        raise AirflowFailException(
+            f"{exc}. Nothing was started or written. Remedy: trigger with allowed values, or ask whoever "
+            "deploys the DAG to widen its limits (docs: Security model)."
+        ) from exc
+    return limits

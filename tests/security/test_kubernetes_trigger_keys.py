@@ -1,0 +1,22 @@
+"""``TRIGGER_KEYS``: the Kubernetes pool settings a trigger's ``kubernetes`` param may set. Pod
+placement and resources only; never what the pool is (name, namespace), what it runs (engine, model,
+engine options) or what it lets jobs do (the allow-lists)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS, KubernetesPoolSpec
+
+NEVER_FROM_A_TRIGGER = {
+    "name", "namespace", "engine", "model", "engine_options", "replicas", "concurrency",
+    "target_batch_tokens", "allowed_prefixes", "allowed_callables", "idle_ttl_s",
+}  # fmt: skip
+
+
+def test_trigger_keys_are_pod_settings_only() -> None:
+    fields = {f.name for f in dataclasses.fields(KubernetesPoolSpec)}
+    assert isinstance(TRIGGER_KEYS, frozenset) and fields >= TRIGGER_KEYS
+    assert not TRIGGER_KEYS & NEVER_FROM_A_TRIGGER
+    # every field is decided one way or the other: a new field must be placed on purpose
+    assert fields == TRIGGER_KEYS | NEVER_FROM_A_TRIGGER

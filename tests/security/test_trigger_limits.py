@@ -1,0 +1,115 @@
+"""Issue 14, item 1 and 3: what a DAG trigger may choose. The decision (``limits.refusals``) is pure:
+these tests feed it the params an attacker would type into the trigger form."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.limits import TriggerLimits, callable_targets, implied_by, matches, refusals
+from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
+
+DEFAULTS = {
+    "input": "/data/demo/input.jsonl",
+    "output_root": "/data/runs",
+    "worker_pool": "local://batchinfer",
+    "judge": {"type": "expected_answer"},
+    "kubernetes": {},
+}
+DAG = implied_by(DEFAULTS)
+
+
+def test_the_defaults_are_allowed_as_written() -> None:
+    assert refusals(DEFAULTS, DAG, run_root="/data/runs/run-1") == []
+
+
+def test_input_outside_the_allowed_prefixes_is_refused() -> None:
+    (why,) = refusals({**DEFAULTS, "input": "/etc/passwd"}, DAG)
+    assert "input '/etc/passwd' is outside" in why and "allowed_input_prefixes" in why
+
+
+def test_a_run_name_cannot_leave_the_output_root() -> None:
+    assert refusals(DEFAULTS, DAG, run_root="/data/runs/../../etc/cron.d") != []
+    assert refusals({**DEFAULTS, "output_root": "/data/runs-other"}, DAG) != []  # a prefix is a directory
+
+
+def test_a_symlink_inside_an_allowed_prefix_does_not_lead_out(tmp_path: Path) -> None:
+    allowed = tmp_path / "data"
+    allowed.mkdir()
+    os.symlink("/etc", allowed / "etc")
+    limits = TriggerLimits(allowed_input_prefixes=(str(allowed),))
+    assert refusals({"input": str(allowed / "ok.jsonl")}, limits) == []
+    assert refusals({"input": str(allowed / "etc" / "passwd")}, limits) != []
+
+
+def test_raw_pool_references_are_refused_unless_the_dag_allows_them() -> None:
+    attack = {**DEFAULTS, "worker_pool": "kubernetes://kube-system/x?kubernetes_conn_id=admin_kube"}
+    (why,) = refusals(attack, DAG)
+    assert "kubernetes://kube-system/x?kubernetes_conn_id=admin_kube" in why
+    assert refusals({**DEFAULTS, "worker_pool": "local://other"}, DAG) != []
+    # a batchinfer_pool connection pins its own pool (the caller checked its type)
+    assert refusals({**DEFAULTS, "worker_pool": "gpu_pool"}, DAG, pool_is_connection=True) == []
+    assert refusals({**DEFAULTS, "worker_pool": "aws_default"}, DAG) != []  # any other connection
+    # a DAG author widens in code
+    widened = DAG.widen(TriggerLimits(allowed_worker_pools=("kubernetes://batch/",)))
+    assert refusals({**DEFAULTS, "worker_pool": "kubernetes://batch/llm"}, widened) == []
+    assert refusals(attack, widened) != []
+
+
+def test_kubernetes_settings_within_the_pinned_images_secrets_and_maxima() -> None:
+    kube = {"image": "evil.example/miner:latest", "storage_secret": "prod-db", "model_pvc": "other",
+            "gpus": 8, "namespace": "kube-system", "allowed_prefixes": ["/"]}  # fmt: skip
+    reasons = refusals({**DEFAULTS, "kubernetes": kube}, DAG.widen(TriggerLimits(max_gpus=1)))
+    text = "\n".join(reasons)
+    for expected in ("kubernetes.allowed_prefixes is not a trigger setting",
+                     "kubernetes.namespace is not a trigger setting", "kubernetes.image 'evil.example/miner:latest'",
+                     "kubernetes.storage_secret 'prod-db'", "kubernetes.model_pvc 'other'",
+                     "kubernetes.gpus 8 is more than max_gpus 1"):  # fmt: skip
+        assert expected in text, text
+    assert refusals({**DEFAULTS, "kubernetes": {"image": DEFAULT_IMAGE}}, DAG) == []
+    tagged = TriggerLimits(allowed_images=("registry.example/batchinfer-worker:",))
+    assert refusals({"kubernetes": {"image": "registry.example/batchinfer-worker:0.2"}}, tagged) == []
+    assert refusals({"kubernetes": {"image": "registry.example/batchinfer-worker-evil:0.2"}}, tagged) != []
+
+
+def test_judge_callables_and_replicas() -> None:
+    judge = {"type": "all", "judges": [{"type": "length"}, {"type": "callable", "target": "os:system"}]}
+    assert callable_targets(judge) == ["os:system"]
+    (why,) = refusals({**DEFAULTS, "judge": judge}, DAG)
+    assert "'os:system' is not allowed" in why
+    mine = TriggerLimits(allowed_judge_callables=("my_checks.",), max_replicas=4)
+    assert refusals({"judge": {"type": "callable", "target": "my_checks.math:is_number"}}, mine) == []
+    assert refusals({"replicas": 5}, mine) == ["replicas 5 is more than max_replicas 4"]
+
+
+def test_limits_read_from_a_connection_or_config_text_and_widen() -> None:
+    extra = {"backend": "kubernetes", "pool": "llm", "allowed_images": "reg/w:, reg/x:1",
+             "max_replicas": "8", "allowed_input_prefixes": ["s3://data/"]}  # fmt: skip
+    conn = TriggerLimits.from_mapping(extra, "connection 'gpu'")
+    assert conn.allowed_images == ("reg/w:", "reg/x:1") and conn.max_replicas == 8
+    both = conn.widen(TriggerLimits(max_replicas=16, allowed_images=("reg/w:",)))
+    assert both.max_replicas == 16 and both.allowed_images == ("reg/w:", "reg/x:1")
+    assert TriggerLimits().widen(conn).max_replicas == 8  # unset does not lift a pinned maximum
+    with pytest.raises(ConfigError, match="max_gpus: expected a whole number"):
+        TriggerLimits.from_mapping({"max_gpus": "lots"}, "[batchinfer]")
+    assert matches("local://", "local://x") and not matches("local://a", "local://ab")
+
+
+def test_the_factory_checks_at_the_first_tasks_with_its_defaults_and_limits() -> None:
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow_batchinfer.dag_factory import build_batch_inference_dag
+
+    dag = build_batch_inference_dag(
+        "limits_wiring",
+        defaults={"input": "s3://data/a.jsonl", "output_root": "s3://runs/x"},
+        limits=TriggerLimits(allowed_input_prefixes=("s3://data/more/",), max_replicas=3),
+    )
+    checked = {t.task_id: t.limits for t in dag.tasks if getattr(t, "limits", None) is not None}
+    assert set(checked) == {"shard", "pool_setup", "pool_teardown"}
+    limits = checked["shard"]
+    assert limits.allowed_input_prefixes == ("s3://data/a.jsonl", "s3://data/more/")
+    assert limits.allowed_output_prefixes == ("s3://runs/x",) and limits.max_replicas == 3
+    assert limits.allowed_worker_pools == ("local://batchinfer",)
