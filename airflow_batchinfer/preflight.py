@@ -8,6 +8,10 @@ import asyncio
 import time
 from typing import Any
 
+import httpx
+
+from airflow_batchinfer import sizing
+from airflow_batchinfer.exceptions import ConfigError, RpcError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import pending_shards, run_key, write_doc
 from airflow_batchinfer.rpc.fingerprint import spec_key
@@ -24,19 +28,75 @@ def _spec(cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], param
     return spec
 
 
+async def _slots(pool: PoolClient) -> list[int]:
+    """Each answering worker's job slots (its ``--concurrency``), from ``/v1/stats``."""
+    out = []
+    for client in pool.clients.values():
+        try:
+            out.append((await client.stats()).slots_total)
+        except RpcError:
+            continue
+    return out
+
+
 def expected_passes(approval: float, cfg: RunConfig) -> float:
     """Records processed per input record: every round (or in-place attempt) re-runs the share the
-    judge rejected, assuming attempts succeed independently at the sample's approval rate."""
-    tries = cfg.max_rounds if cfg.strategy == "rounds" else cfg.max_rounds + cfg.max_attempts
-    if cfg.strategy == "in_place":
-        tries = cfg.max_attempts
-    return sum((1.0 - approval) ** k for k in range(tries))
+    judge rejected, assuming attempts succeed independently at the sample's approval rate
+    (:func:`airflow_batchinfer.sizing.expected_passes` with the run's settings)."""
+    return sizing.expected_passes(approval, cfg.strategy, cfg.max_rounds, cfg.max_attempts)
+
+
+def _sizing(
+    cfg: RunConfig,
+    records: int,
+    workers: int,
+    concurrency: int | None,
+    tokens_per_s: float,
+    tokens_per_record: float,
+    approval: float,
+    max_map_length: int,
+) -> dict[str, Any]:
+    """The sizing plan for the whole run from the measured rates, or ``{"error": why}``."""
+    if concurrency is None:
+        return {"error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"}
+    try:
+        plan = sizing.plan_run(
+            records,
+            workers,
+            tokens_per_s,
+            concurrency=concurrency,
+            tokens_per_record=tokens_per_record,
+            max_map_length=max_map_length,
+            records_per_shard=cfg.records_per_shard,
+            approval_rate=approval,
+            max_rounds=cfg.max_rounds,
+            strategy=cfg.strategy,
+            max_attempts=cfg.max_attempts,
+        )
+    except ConfigError as exc:
+        return {"error": str(exc)}
+    return plan.to_dict()
 
 
 def run_preflight(
-    cfg: RunConfig, urls: list[str], token: str | None, so: StorageOptions | None = None
+    cfg: RunConfig,
+    urls: list[str],
+    token: str | None,
+    so: StorageOptions | None = None,
+    *,
+    concurrency: int | None = None,
+    max_map_length: int = sizing.DEFAULT_MAX_MAP_LENGTH,
+    transport: httpx.AsyncBaseTransport | None = None,
 ) -> dict[str, Any]:
-    """Sample, run infer and judge on the pool at ``urls``, store and return the projection."""
+    """Sample, run infer and judge on the pool at ``urls``, store and return the projection.
+
+    The summary's ``"sizing"`` is :func:`airflow_batchinfer.sizing.plan_run` for the whole dataset
+    from the measured tokens/s (as one GPU's) and tokens per record, the measured approval rate, the
+    ``len(urls)`` workers and the run's ``records_per_shard``, retry settings and ``max_map_length``
+    (Airflow's ``[core] max_map_length``); ``projected_wall_s`` and ``projected_gpu_hours`` are its
+    totals. ``concurrency``: jobs per worker (default: the workers' ``slots_total``, the fewest).
+    ``transport``: for tests (an in-process worker).
+    """
     workers = len(urls)
     layout = RunLayout(cfg.run_root)
     shards = pending_shards(layout, 0, so)
@@ -61,17 +121,19 @@ def run_preflight(
                    "manifest": join(p, "judge.json")},
                   {**cfg.judge_params(), "input_records": n})  # fmt: skip
 
-    async def go() -> tuple[dict[str, Any], dict[str, Any], float]:
-        pool = PoolClient(urls, token=token, storage_options=so)
+    async def go() -> tuple[dict[str, Any], dict[str, Any], float, list[int]]:
+        pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
         t0 = time.monotonic()
         try:
             a = await pool.run(infer)
             b = await pool.run(judge)
+            wall = time.monotonic() - t0
+            slots = [] if concurrency else await _slots(pool)
         finally:
             await pool.aclose()
-        return a, b, time.monotonic() - t0
+        return a, b, wall, slots
 
-    mi, mj, wall = asyncio.run(go())
+    mi, mj, wall, slots = asyncio.run(go())
     infer_s = float(mi["timings"]["run_s"]) or 1e-9
     judge_s = float(mj["timings"]["run_s"])
     tokens = sum(mi.get("tokens", {}).values()) + sum(mj.get("tokens", {}).values())
@@ -79,10 +141,15 @@ def run_preflight(
     per_record_s = (infer_s + judge_s) / n if n else 0.0
     passes = expected_passes(approval, cfg)
     wall_s = total * passes * per_record_s / max(workers, 1)
+    tokens_per_s = tokens / (infer_s + judge_s)
+    plan = _sizing(cfg, total, workers, concurrency or (min(slots) if slots else None), tokens_per_s,
+                   tokens / n if n else 0.0, approval, max_map_length)  # fmt: skip
+    if "error" not in plan:
+        wall_s = plan["wall_s"]  # waves and tail idle included
     summary = {
         "sample_records": n,
         "dataset_records": total,
-        "tokens_per_s": round(tokens / (infer_s + judge_s), 1),
+        "tokens_per_s": round(tokens_per_s, 1),
         "approval_rate": round(approval, 4),
         "expected_passes_per_record": round(passes, 3),
         "workers": workers,
@@ -90,7 +157,9 @@ def run_preflight(
         "projected_gpu_hours": round(wall_s * workers / 3600, 4),
         "budget_gpu_hours": cfg.budget_gpu_hours,
         "sample_wall_s": round(wall, 3),
-        "note": "one job on one worker, scaled by the worker count; a full pool batches more per step",
+        "note": "measured on one job on one worker; the sizing spreads it over the workers' shard jobs "
+        "in waves (a GPU's tokens/s shared by its jobs). A full pool batches more per step: it errs long",
+        "sizing": plan,
     }
     write_doc(join(layout.preflight, "summary.json"), summary, so)
     return summary

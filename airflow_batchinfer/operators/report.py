@@ -10,15 +10,19 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
 from airflow_batchinfer.report import build_report
 from airflow_batchinfer.run_owner import owned_run_config
+from airflow_batchinfer.sizing import SizingPlan
 
 
 class PreflightOperator(BaseOperator):
-    """Run ``preflight_records`` (run settings) through infer and judge, log the projection, and fail
-    the run when it exceeds ``budget_gpu_hours``. ``preflight_records=0`` turns it off."""
+    """Run ``preflight_records`` (run settings) through infer and judge, log the projection and the
+    sizing plan (shards, waves, tail idle, GPU-hours per round, Airflow pool size: what
+    ``batchinfer plan`` prints, from the measured rates), and fail the run when the projection exceeds
+    ``budget_gpu_hours``. ``preflight_records=0`` turns it off."""
 
     template_fields = ("run_root", "worker_pool", "aws_conn_id")
     ui_color = "#fde2e4"
@@ -36,13 +40,19 @@ class PreflightOperator(BaseOperator):
             self.log.info("pre-flight is off (preflight_records=0)")
             return None
         pool = hold_pool(self.worker_pool, context, self.log)
-        s = run_preflight(cfg, require_endpoints(pool, lease_id(context)), pool.token(), so)
+        s = run_preflight(
+            cfg, require_endpoints(pool, lease_id(context)), pool.token(), so, max_map_length=max_map_length()
+        )
         self.log.info(
             "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
             "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
             s["sample_records"], s["tokens_per_s"], 100 * s["approval_rate"], s["dataset_records"],
             s["expected_passes_per_record"], s["projected_wall_s"], s["projected_gpu_hours"], s["workers"],
         )  # fmt: skip
+        if "error" in s["sizing"]:
+            self.log.warning("no sizing plan: %s", s["sizing"]["error"])
+        else:
+            self.log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s["sizing"]).table())
         if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
             raise AirflowFailException(
                 f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of "

@@ -145,6 +145,11 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     assert summary is not None and summary["sample_records"] == 20 and summary["dataset_records"] == 100
     assert summary["tokens_per_s"] > 0 and 0 <= summary["approval_rate"] <= 1
     assert summary["projected_gpu_hours"] > 0
+    # the sizing plan from the measured rates: 4 shards of 30 on 1 worker's slots (from /v1/stats)
+    sizing = summary["sizing"]
+    assert (sizing["records"], sizing["gpus"], sizing["max_map_length"]) == (100, 1, 1024)
+    assert sizing["concurrency"] >= 1 and sizing["rounds"][0]["shards"] == 4
+    assert summary["projected_wall_s"] == round(sizing["wall_s"], 1)
     write_run_config(RunConfig(**{**cfg.to_dict(), "budget_gpu_hours": 1e-9}))
     with pytest.raises(AirflowFailException, match="exceeds the budget"):
         op.execute(context)

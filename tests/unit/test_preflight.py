@@ -1,0 +1,70 @@
+"""``run_preflight`` against an in-process worker (no sockets): the projection and its sizing plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+
+from airflow_batchinfer.engines import create_engine
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.preflight import run_preflight
+from airflow_batchinfer.rounds import write_run_config
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.sizing import SizingPlan
+from airflow_batchinfer.storage import shard_dataset
+from airflow_batchinfer.worker.app import create_app
+from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.runtime import Runtime
+
+TOKEN = "t" * 32
+
+
+class InProcessWorker(httpx.AsyncBaseTransport):
+    """The worker app over ASGI; its runtime starts on the first request's event loop (the one
+    ``run_preflight`` makes) and closes with the client."""
+
+    def __init__(self, tmp_path: Path, concurrency: int) -> None:
+        config = WorkerConfig(token=TOKEN, allowed_prefixes=[str(tmp_path)], concurrency=concurrency)
+        self.runtime = Runtime(create_engine("simulated", latency_base_s=0.01), batch_timeout_s=0.001)
+        self.asgi = httpx.ASGITransport(app=create_app(config, self.runtime))
+        self.started = False
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not self.started:
+            self.started = True
+            await self.runtime.start()
+        return await self.asgi.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        if self.started:
+            await self.runtime.close()
+
+
+def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20,
+                    max_rounds=2)  # fmt: skip
+    shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=30)
+    write_run_config(cfg)
+    summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 3))
+    # the keys the operator logs and the budget check reads
+    assert summary["sample_records"] == 20 and summary["dataset_records"] == 100 and summary["workers"] == 1
+    assert summary["tokens_per_s"] > 0 and 0 <= summary["approval_rate"] <= 1
+    plan = SizingPlan.from_dict(summary["sizing"])
+    assert (plan.records, plan.gpus, plan.concurrency, plan.slots) == (100, 1, 3, 3)  # slots from /v1/stats
+    assert round(plan.tokens_per_s, 1) == summary["tokens_per_s"]
+    assert plan.rounds[0].shards == 4 and plan.rounds[0].records_per_shard == 30  # the run's shards
+    assert plan.max_rounds == 2 and plan.approval_rate == summary["approval_rate"]
+    assert summary["projected_wall_s"] == round(plan.wall_s, 1)
+    assert summary["projected_gpu_hours"] == round(plan.wall_s / 3600, 4)
+    stored = json.loads((tmp_path / "run" / "preflight" / "summary.json").read_text())
+    assert stored["sizing"] == summary["sizing"]
+    # the workers' concurrency can be given instead of asked
+    again = run_preflight(cfg, ["http://worker"], TOKEN, concurrency=8, max_map_length=2,
+                          transport=InProcessWorker(tmp_path, 3))  # fmt: skip
+    assert "max_map_length is 2" in again["sizing"]["error"]  # no plan, the pre-flight still reports
+    assert again["projected_gpu_hours"] > 0
