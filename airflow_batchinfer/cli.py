@@ -246,7 +246,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--tokens-per-record", type=float, default=DEFAULT_TOKENS_PER_RECORD,
-        help=f"prompt + completion tokens a record costs, plus an LLM judge's (default {DEFAULT_TOKENS_PER_RECORD})",
+        help="prompt + completion tokens a record costs, plus an LLM judge's "
+        f"(default {DEFAULT_TOKENS_PER_RECORD})",
     )  # fmt: skip
     p.add_argument("--concurrency", type=int, default=10, help="shard jobs per worker (default 10)")
     p.add_argument(
@@ -255,7 +256,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     p.add_argument(
         "--max-map-length", type=int, default=DEFAULT_MAX_MAP_LENGTH,
-        help=f"Airflow's [core] max_map_length: the most shards a round maps (default {DEFAULT_MAX_MAP_LENGTH})",
+        help="Airflow's [core] max_map_length: the most shards a round maps "
+        f"(default {DEFAULT_MAX_MAP_LENGTH})",
     )  # fmt: skip
     p.add_argument(
         "--approval-rate", type=float, default=None,
