@@ -134,7 +134,8 @@ def embedded_defaults(backend: str | None = None) -> dict[str, Any]:
     ``backend`` (default ``$BATCHINFER_POOL_BACKEND``, else ``local``) is the examples' switch:
     ``kubernetes`` runs the same model on the pool ``kubernetes://batchinfer/batchinfer`` (the image's
     copy of SmolLM2, CPU workers as in ``k8s/overlays/cpu-demo``); input and output_root must then be
-    storage the pods reach (``s3://…``): set them in the trigger form.
+    storage the pods reach (``s3://…``): set them in the trigger form, once the deployment allows
+    those prefixes (``[batchinfer] allowed_input_prefixes`` / ``allowed_output_prefixes``).
     """
     from airflow_batchinfer.models import default_cache_dir
 
@@ -260,6 +261,7 @@ def build_batch_inference_dag(
                 target_batch_tokens=_p("target_batch_tokens"),
                 kubernetes=_p("kubernetes"),
                 limits=trusted,
+                run_root=RUN_ROOT,
             ).as_setup()
             setup >> preflight
         upstream: Any = preflight

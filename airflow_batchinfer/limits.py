@@ -17,6 +17,7 @@ Airflow.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,6 +48,15 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "pool references `worker_pool` may name besides the DAG's default and any "
                  "`batchinfer_pool` connection (`local://` allows every local pool, "
                  "`kubernetes://NAMESPACE/` every pool of a namespace)"),
+    LimitSetting("allowed_engines", "names",
+                 "engines `engine` may name besides the DAG's default (the `openai` engine sends prompts "
+                 "where its `base_url` points)"),
+    LimitSetting("allowed_models", "names",
+                 "models `model` may name besides the DAG's default (a path on the workers, or "
+                 "`builtin:smollm2`; an entry ending in `/` allows a directory)"),
+    LimitSetting("allowed_engine_options", "names",
+                 "`engine_options` keys a trigger may set besides those the DAG's default sets (keys "
+                 "such as `trust_remote_code` or `base_url` only when listed)"),
     LimitSetting("allowed_images", "names",
                  "worker images `kubernetes.image` may name (an entry ending in `:` or `/` allows "
                  "every tag or every image under it)"),
@@ -59,6 +69,7 @@ SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
 )  # fmt: skip
 CONFIG_SECTION = "batchinfer"
+SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
 def matches(entry: str, value: str) -> bool:
@@ -96,6 +107,9 @@ class TriggerLimits:
     allowed_input_prefixes: tuple[str, ...] = ()
     allowed_output_prefixes: tuple[str, ...] = ()
     allowed_worker_pools: tuple[str, ...] = ()
+    allowed_engines: tuple[str, ...] = ()
+    allowed_models: tuple[str, ...] = ()
+    allowed_engine_options: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
     allowed_model_pvcs: tuple[str, ...] = ()
@@ -159,6 +173,9 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_input_prefixes=tuple(v for v in [defaults.get("input")] if v),
         allowed_output_prefixes=tuple(v for v in [defaults.get("output_root")] if v),
         allowed_worker_pools=tuple(v for v in [defaults.get("worker_pool")] if v),
+        allowed_engines=tuple(v for v in [defaults.get("engine")] if v),
+        allowed_models=tuple(v for v in [defaults.get("model")] if v),
+        allowed_engine_options=tuple(defaults.get("engine_options") or {}),
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
@@ -187,10 +204,11 @@ def refusals(
     pool_is_connection: bool = False,
 ) -> list[str]:
     """Why a DAG run's ``params`` go beyond ``limits`` (empty: they do not). Only the params present
-    are checked: ``input``, ``output_root``, ``worker_pool``, ``judge``, ``replicas`` and
-    ``kubernetes``. ``run_root``: the run root the task rendered (``output_root`` plus the run's
-    name), checked too. ``pool_is_connection``: ``worker_pool`` names a connection of type
-    ``batchinfer_pool`` (which pins its own pool and is always allowed)."""
+    are checked: ``input``, ``output_root``, ``run_name``, ``worker_pool``, ``engine``, ``model``,
+    ``engine_options``, ``judge``, ``replicas`` and ``kubernetes``. ``run_root``: the run root the
+    task rendered (``output_root`` plus the run's name), checked too. ``pool_is_connection``:
+    ``worker_pool`` names a connection of type ``batchinfer_pool`` (which pins its own pool and is
+    always allowed)."""
     out: list[str] = []
     for what, uri, setting in (
         ("input", params.get("input"), "allowed_input_prefixes"),
@@ -203,19 +221,38 @@ def refusals(
     if pool := params.get("worker_pool"):
         from airflow_batchinfer.pools.ref import PoolRef
 
-        ref = str(PoolRef.parse(str(pool)))
-        if not pool_is_connection and not any(matches(e, ref) for e in limits.allowed_worker_pools):
+        ref = PoolRef.parse(str(pool))
+        # a reference that names its own Kubernetes connection must be allowed as written: a prefix
+        # entry (every pool of a namespace) does not let a trigger choose the credentials
+        exact = ref.kubernetes_conn_id is not None
+        allowed = any(
+            e == str(ref) or (not exact and matches(e, str(ref))) for e in limits.allowed_worker_pools
+        )
+        if not pool_is_connection and not allowed:
             why = f"widen with {_where('allowed_worker_pools')}"
             out.append(
-                f"worker_pool {ref!r} is not the DAG's pool, a batchinfer_pool connection or allowed ({why})"
+                f"worker_pool {str(ref)!r} is not the DAG's pool, a batchinfer_pool connection "
+                f"or allowed ({why})"
             )
+    run_name = params.get("run_name")
+    if run_name and (not SAFE_NAME.fullmatch(str(run_name)) or set(str(run_name)) == {"."}):
+        out.append(f"run_name {run_name!r} must be one folder name (letters, digits, . _ - ; not . or ..)")
+    for key, setting in (("engine", "allowed_engines"), ("model", "allowed_models")):
+        value = params.get(key)
+        if value and not any(matches(e, str(value)) for e in getattr(limits, setting)):
+            out.append(f"{key} {value!r} is not the DAG's nor allowed (widen with {_where(setting)})")
+    options = params.get("engine_options") or {}
+    for key in (
+        sorted(set(options) - set(limits.allowed_engine_options)) if isinstance(options, Mapping) else []
+    ):
+        out.append(f"engine_options.{key} is not allowed (widen with {_where('allowed_engine_options')})")
     for target in callable_targets(params.get("judge")):
         if not any(matches(e, target) for e in limits.allowed_judge_callables):
             out.append(
                 f"judge callable {target!r} is not allowed (widen with {_where('allowed_judge_callables')})"
             )
     replicas = params.get("replicas")
-    if limits.max_replicas is not None and replicas is not None and int(replicas) > limits.max_replicas:
+    if limits.max_replicas is not None and replicas is not None and float(replicas) > limits.max_replicas:
         out.append(f"replicas {replicas} is more than max_replicas {limits.max_replicas}")
     out += _kubernetes_refusals(params.get("kubernetes") or {}, limits)
     return out
@@ -239,6 +276,6 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
             setting = "allowed_storage_secrets" if key == "storage_secret" else "allowed_model_pvcs"
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
     gpus = kube.get("gpus")
-    if limits.max_gpus is not None and gpus is not None and int(gpus) > limits.max_gpus:
+    if limits.max_gpus is not None and gpus is not None and float(gpus) > limits.max_gpus:
         out.append(f"kubernetes.gpus {gpus} is more than max_gpus {limits.max_gpus}")
     return out

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import io
 import re
-from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import (
     ACCEPTED_BY_REVIEW,
     IN_PLACE_DONE,
+    MAX_NAMED,
     MAX_ROUNDS,
     NOTHING_PENDING,
     STOPPED_BY_REVIEW,
     WORKER_FIELDS,
+    Plan,
     pending_shards,
     read_doc,
     read_plan,
@@ -24,7 +26,8 @@ from airflow_batchinfer.rounds import (
     write_doc,
 )
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
+from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -56,7 +59,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next, so)
     id_field = cfg.id_field or "id"
-    invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so)
+    invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so, plans=plans)
     if failed and len(failed) > cfg.max_failed_shards:
         status = "failed_shards"
     report = {
@@ -117,33 +120,73 @@ def check_invariant(
     rounds: list[dict[str, Any]],
     failed: list[dict[str, Any]],
     so: StorageOptions | None = None,
+    *,
+    plans: list[Plan] | None = None,
 ) -> dict[str, Any]:
     """Every input id is in exactly one of: results (approved or accepted), the final pending set,
-    an in-place round's exhausted rows, or (by shard) a quarantined job. Lists ids lost or doubled."""
+    an in-place round's exhausted rows, or (by shard) a quarantined job.
 
-    def ids(directory: str) -> list[Any]:
-        return [r.get(id_field) for f in JsonlDir(directory, storage_options=so).jsonl_files()
-                for r in f.iter_records()]  # fmt: skip
-
-    expected = ids(layout.input)
-    seen: list[Any] = ids(layout.results)
-    for s in pending:
-        seen += [r.get(id_field) for r in JsonlFile(s["uri"], storage_options=so).iter_records()]
+    Checked from digests, in O(shards) and holding no id in memory: the input's shard digests
+    (``input/_manifest.json``) must equal the sum of every round's approved, exhausted and
+    quarantined digests (``summary.json``), the final pending set's shard digests and what a review
+    accepted (its plan). Each round's close checked its own shards and named the ids it found lost or
+    doubled; the report repeats them. Only a run whose documents lack digests (started before they
+    existed), or whose digests disagree with no round naming why, is checked by reading its ids, in
+    bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`). ``lost``, ``doubled`` and
+    ``unexpected`` name at most 20 ids each; ``checked`` says how (``digests`` or ``ids``)."""
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
+    expected = total(IdDigest.maybe(s.get("ids")) for s in manifest.get("shards", []))
+    parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
+    for x in rounds:
+        ids = x.get("ids") or {}
+        names = ("approved", "failed") + (("exhausted",) if x.get("mode") == "in_place" else ())
+        parts += [IdDigest.maybe(ids.get(name)) for name in names]
+    parts += _accepted_ids(layout, plans, so)
+    accounted = total(parts)
+    named = {
+        k: _named(x.get("invariant", {}).get(k) for x in rounds) for k in ("lost", "doubled", "unexpected")
+    }
+    if expected is not None and accounted is not None and (expected == accounted or any(named.values())):
+        return {
+            "input": expected.count,
+            "accounted": accounted.count,
+            **named,
+            "ok": expected == accounted and not any(named.values()),
+            "checked": "digests",
+        }
+    # No digests to go by, or digests that disagree with no round naming why: read the ids.
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    seen = JsonlDir(layout.results, storage_options=so).jsonl_files()
+    seen += [JsonlFile(s["uri"], storage_options=so) for s in pending]
     for x in rounds:
         if x["mode"] == "in_place":
-            seen += ids(layout.rejected_dir(x["round"]))
-    for f in failed:  # a failed shard job accounts for its whole input shard
-        seen += [r.get(id_field) for r in JsonlFile(f["uri"], storage_options=so).iter_records()]
-    counts = Counter(seen)
-    doubled = sorted((k for k, n in counts.items() if n > 1), key=str)[:20]
-    lost = sorted(set(expected) - set(counts), key=str)[:20]
+            seen += JsonlDir(layout.rejected_dir(x["round"]), storage_options=so).jsonl_files()
+    seen += [JsonlFile(f["uri"], storage_options=so) for f in failed]  # a failed job: its whole input shard
+    inputs = [input_dir.file(s.name) for s in input_dir.shards()]
+    diff = diff_ids(lambda: file_ids(inputs, id_field), lambda: file_ids(seen, id_field), limit=MAX_NAMED)
     return {
-        "input": len(expected),
-        "accounted": len(seen),
-        "lost": lost,
-        "doubled": doubled,
-        "ok": not doubled and not lost and len(seen) == len(expected),
+        "input": diff.expected.count,
+        "accounted": diff.actual.count,
+        "lost": diff.lost,
+        "doubled": diff.doubled,
+        "unexpected": diff.unexpected,
+        "ok": diff.ok,
+        "checked": "ids",
     }
+
+
+def _named(lists: Iterable[list[Any] | None]) -> list[Any]:
+    return list(dict.fromkeys(i for ids in lists for i in ids or []))[:MAX_NAMED]
+
+
+def _accepted_ids(
+    layout: RunLayout, plans: list[Plan] | None, so: StorageOptions | None
+) -> list[IdDigest | None]:
+    """What a review accepted as it was: the digest its plan recorded (``[None]`` when unknown)."""
+    if plans is None:  # the caller did not say: any accepted rows make the digests incomplete
+        found = any(n.startswith("accepted-") for n in files.names(layout.results, so))
+        return [None] if found else []
+    return [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -236,7 +279,7 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
     last = proposal.last or {}
     lines = [
-        f"**Run** `{cfg.run_root}` · strategy **{cfg.strategy}** · next: **{plan.slot}**",
+        f"**Run** {_cell(cfg.run_root, 2000)} · strategy **{cfg.strategy}** · next: **{plan.slot}**",
         "",
         f"Round {last.get('round', '?')} approved **{last.get('approved', 0)}** of {last.get('pending', 0)} "
         f"({(last.get('approval_rate') or 0):.0%}); "
@@ -279,7 +322,7 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
         )
     lines += [
         "",
-        f"Full rejected set: `{layout.pending(plan.round)}`",
+        f"Full rejected set: {_cell(layout.pending(plan.round), 2000)}",
         "",
         "**Continue**: another round on the pending set. **Continue in place**: retry each pending sample "
         "inside the workers until approved or max_attempts. **Accept remaining as they are**: copy them "

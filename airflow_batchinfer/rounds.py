@@ -23,11 +23,12 @@ from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact, shard_dataset
+from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids
 from airflow_batchinfer.storage.json_doc import read_json, write_json
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
 from airflow_batchinfer.storage.sharding import ShardingResult
-from airflow_batchinfer.worker.manifest import read_job_manifest
+from airflow_batchinfer.worker.manifest import manifest_ids, read_job_manifest
 
 log = logging.getLogger("airflow_batchinfer.rounds")
 
@@ -188,6 +189,8 @@ class Plan:
     # What the round's pool runs (engine, model, engine args), recorded when the round starts: close
     # counts only jobs run by it, so a resume on another model never keeps the old model's rows.
     engine: dict[str, Any] | None = None
+    # Rows a review accepted as they are: the count and digest of their ids (the report counts them).
+    accepted: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -309,14 +312,15 @@ def apply_choice(
         reason = f"{by} chose in place: the tail slot retries the rest"
         return Plan(plan.slot, plan.round, "skip", reason=reason, switch_in_place=True, review=review)
     if choice == ACCEPT:
-        accepted = accept_pending(layout, plan.round, pending, so)
+        accepted = accept_pending(layout, plan.round, pending, so, id_field=cfg.id_field or "id")
         return Plan(
             plan.slot,
             plan.round,
             "skip",
-            reason=f"{by} accepted {accepted} remaining rows as they are",
+            reason=f"{by} accepted {accepted.count} remaining rows as they are",
             stop=ACCEPTED_BY_REVIEW,
             review=review,
+            accepted=accepted.to_dict(),
         )
     if choice == STOP:
         return Plan(plan.slot, plan.round, "skip", reason=f"{by} stopped the run", stop=STOPPED_BY_REVIEW,
@@ -325,24 +329,33 @@ def apply_choice(
 
 
 def accept_pending(
-    layout: RunLayout, r: int, pending: Iterable[ShardDescriptor], so: StorageOptions | None = None
-) -> int:
-    """Copy round ``r``'s pending rows into ``results/accepted-rNN-…``, marked as accepted by review."""
-    n = 0
+    layout: RunLayout,
+    r: int,
+    pending: Iterable[ShardDescriptor],
+    so: StorageOptions | None = None,
+    *,
+    id_field: str = "id",
+) -> IdDigest:
+    """Copy round ``r``'s pending rows into ``results/accepted-rNN-…``, marked as accepted by review.
+    Returns the count and digest of the ids copied (the plan records them for the report)."""
+    accepted = IdDigest()
     for shard in pending:
         dst = join(layout.results, f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst")
+        ids: list[Any] = []
         with JsonlFile(dst, storage_options=so).writer_sync() as out:
             for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
                 out.write({**row, "accepted_by_review": True})
-                n += 1
-    return n
+                ids.append(row.get(id_field))
+        accepted.add_many(ids)
+    return accepted
 
 
 # --------------------------------------------------------------------------------------- close
 STALE = (
     "{uri} was written under other settings or for another input version: re-run the DAG run to recompute it"
 )
-ACCEPTED_FIELDS = ("counts", "tokens", "timings", "worker", "batcher", "engine")
+ACCEPTED_FIELDS = ("counts", "ids", "tokens", "timings", "worker", "batcher", "engine")
+MAX_NAMED = 20  # ids named per list (lost, doubled, unexpected) in a summary or the report
 
 
 @dataclass
@@ -354,6 +367,13 @@ class _Settled:
     counts: dict[str, Any] | None  # the accepted attempt's counts; None when quarantined
     failed: dict[str, Any] | None = None
     orphans: list[str] = field(default_factory=list)
+    accepted: dict[str, Any] | None = None  # the accepted doc (its ``ids``, final ``outputs``)
+    # The id accounting (see _account): the shard's digest, its outputs' digests (None when
+    # quarantined), whether its files were read, and what reading them found.
+    planned: IdDigest = field(default_factory=IdDigest)
+    outputs: dict[str, IdDigest] | None = None
+    opened: bool = False
+    diff: IdDiff | None = None
 
 
 def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) -> dict[str, Any] | None:
@@ -367,17 +387,28 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     output close did not promote is removed. Then: check the counts, recompact the rejected set into
     the next round's pending set and write ``summary.json``. ``None`` for a skipped slot. Re-running
     it is safe: accepted shards stay as they are, and a quarantined shard whose job has since
-    finished is accepted then."""
+    finished is accepted then.
+
+    The id invariant is checked from digests, in O(shards) and without reading a row: per shard, the
+    plan's digest of its ids must equal the accepted job's approved + rejected digests (a quarantined
+    shard accounts for its whole planned digest), and the recompacted next pending set's digest
+    must equal the rejected files' sum. Only a shard whose digests disagree, or that has none (a
+    manifest or plan written before digests), is opened: its ids are read and the lost, doubled or
+    unexpected ones named (as is the rejected set when the recompaction's digest disagrees)."""
     if plan.mode == "skip":
         return None
     layout = RunLayout(cfg.run_root)
     r = plan.round
     kinds: tuple[JobKind, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
     already_failed = set(files.names(layout.failed(r), so))
+    id_field = cfg.id_field or "id"
+
+    def settle(shard: ShardDescriptor) -> _Settled:
+        x = _settle(cfg, layout, r, shard, kinds, already_failed, plan.engine, so)
+        return _account(x, id_field, so)
+
     with ThreadPoolExecutor(8) as ex:
-        settled = list(
-            ex.map(lambda s: _settle(cfg, layout, r, s, kinds, already_failed, plan.engine, so), plan.shards)
-        )
+        settled = list(ex.map(settle, plan.shards))
     orphans = [u for x in settled for u in x.orphans]
     orphans += _remove_unplanned(layout, r, plan, so)
     counts: dict[str, int] = {}
@@ -404,6 +435,16 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             w["fill_sum"] += float(batcher.get("avg_fill", 0.0))
             w["tokens"] += sum(job_tokens.values())
     failed_records = sum(f["records"] for f in failed)
+    planned_ids, failed_ids = IdDigest(), IdDigest()
+    out_ids = {name: IdDigest() for name in FENCED_OUTPUTS}
+    for x in settled:
+        planned_ids += x.planned
+        if x.outputs is None:
+            failed_ids += x.planned  # a quarantined shard accounts for its whole input
+        else:
+            for name, d in x.outputs.items():
+                out_ids[name] += d
+    diffs = [x.diff for x in settled if x.diff is not None]
     summary: dict[str, Any] = {
         "round": r,
         "slot": plan.slot,
@@ -432,25 +473,96 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             workers=8,
             storage_options=so,
             overwrite=True,
+            id_field=id_field,
         )
         summary["next_pending"] = nxt.records
         accounted = summary["approved"] + summary["rejected"] + failed_records
-        recompacted_ok = nxt.records == summary["rejected"]
+        next_ids = IdDigest.maybe(nxt.ids)
+        if next_ids is None:  # an output recompacted before digests existed: read it
+            next_ids = IdDigest()
+            for desc in nxt.shards:
+                next_ids += file_digest(JsonlFile(desc["uri"], storage_options=so), id_field)
+        if next_ids != out_ids["rejected"]:
+            log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
+            rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
+            sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
+            targets = [JsonlFile(d["uri"], storage_options=so) for d in nxt.shards]
+            diffs.append(_diff(sources, targets, id_field))
+        recompacted_ok = nxt.records == summary["rejected"] and next_ids == out_ids["rejected"]
+        ids = {"planned": planned_ids, "approved": out_ids["approved"], "rejected": out_ids["rejected"],
+               "failed": failed_ids, "next_pending": next_ids}  # fmt: skip
     else:
         summary["exhausted"] = counts.get("max_attempts", 0) + counts.get("error", 0)
         summary["attempts"] = counts.get("attempts", 0)
         accounted = summary["approved"] + summary["exhausted"] + failed_records
         recompacted_ok = True
+        ids = {"planned": planned_ids, "approved": out_ids["approved"], "exhausted": out_ids["rejected"],
+               "failed": failed_ids}  # fmt: skip
+    digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids
+    named = {k: _named([getattr(d, k) for d in diffs]) for k in ("lost", "doubled", "unexpected")}
     summary["approval_rate"] = round(summary["approved"] / plan.records, 4) if plan.records else None
+    summary["ids"] = {k: v.to_dict() for k, v in ids.items()}  # count and digest of each set's ids
     summary["invariant"] = {
         "planned": plan.records,
         "accounted": accounted,
-        "ok": accounted == plan.records and recompacted_ok,
+        "ok": accounted == plan.records and recompacted_ok and digests_ok and not any(named.values()),
+        **named,
+        "opened": [x.shard["shard_id"] for x in settled if x.opened],  # shards whose ids were read
     }
     write_doc(layout.summary(r), summary, so)
     if not summary["invariant"]["ok"]:
-        log.error("round %d: %d records planned but %d accounted for", r, plan.records, accounted)
+        log.error("round %d: %d records planned but %d accounted for; ids lost %s, doubled %s, "
+                  "unexpected %s", r, plan.records, accounted, *named.values())  # fmt: skip
     return summary
+
+
+def _named(lists: list[list[Any]]) -> list[Any]:
+    """Ids named by several diffs, once each, at most :data:`MAX_NAMED`."""
+    return list(dict.fromkeys(i for ids in lists for i in ids))[:MAX_NAMED]
+
+
+def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> IdDiff:
+    """The ids that differ between two sets of files, read in bounded memory (:func:`diff_ids`)."""
+    return diff_ids(lambda: file_ids(expected, id_field), lambda: file_ids(actual, id_field), limit=MAX_NAMED)
+
+
+def _account(x: _Settled, id_field: str, so: StorageOptions | None) -> _Settled:
+    """The id accounting of one settled shard, from digests where they agree.
+
+    The shard's planned digest is its descriptor's ``ids`` (the writer of the pending set recorded
+    it), else the digest its first job read (``ids.input``). An accepted shard is consistent when
+    that equals the accepted job's approved + rejected digests; otherwise, or with no digests at all
+    (a run started before digests existed), its input and final output files are read: their real
+    digests are used, and the ids that differ are named. A quarantined shard accounts for its
+    planned digest (read from its input file when the plan has none)."""
+    shard = x.shard
+    planned = IdDigest.maybe(shard.get("ids"))
+    if x.counts is None or x.accepted is None:
+        if planned is None:
+            planned, x.opened = file_digest(JsonlFile(shard["uri"], storage_options=so), id_field), True
+        x.planned = planned
+        return x
+    if planned is None and x.jobs:
+        planned = manifest_ids(x.jobs[0], "input")
+    outputs = {name: manifest_ids(x.accepted, name) for name in FENCED_OUTPUTS}
+    if planned is not None and None not in outputs.values():
+        x.planned, x.outputs = planned, {k: v for k, v in outputs.items() if v is not None}
+        if planned == sum(x.outputs.values(), IdDigest()):
+            return x  # the common case: nothing is read
+    sid = shard["shard_id"]
+    source = JsonlFile(shard["uri"], storage_options=so)
+    finals = {name: JsonlFile(x.accepted["outputs"][name], storage_options=so) for name in FENCED_OUTPUTS}
+    read = file_digest(source, id_field)
+    x.outputs = {name: file_digest(f, id_field) for name, f in finals.items()}
+    x.planned, x.opened = planned if planned is not None else read, True
+    found = sum(x.outputs.values(), IdDigest())
+    if found != x.planned or read != x.planned:
+        x.diff = _diff([source], list(finals.values()), id_field)
+        log.error("shard %s: its outputs do not hold its ids once each: lost %s, doubled %s, unexpected %s",
+                  sid, x.diff.lost, x.diff.doubled, x.diff.unexpected)  # fmt: skip
+    elif planned is None or outputs != x.outputs:
+        log.info("shard %s: ids checked by reading its files (its manifest has no or other digests)", sid)
+    return x
 
 
 def _settle(
@@ -533,7 +645,7 @@ def _settle(
         if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
             files.remove(join(layout.failed(r), f"{sid}.json"), so)
             log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
-        return _Settled(shard, [*jobs, keep], dict(keep.get("counts") or {}))
+        return _Settled(shard, [*jobs, keep], dict(keep.get("counts") or {}), accepted=keep)
 
     assert problem is not None
     phase, error = problem
@@ -628,6 +740,8 @@ def _quarantine(
         "orphans_removed": orphans,
         "remedy": "fix the cause, then re-run the DAG run (finished shards are not run again)",
     }
+    if "ids" in shard:
+        record["ids"] = shard["ids"]  # what the quarantined shard accounts for
     write_doc(join(layout.failed(r), f"{sid}.json"), record, so)
     log.error("round %d: shard %s quarantined (%s): %s", r, sid, phase, record["error"])
     return record

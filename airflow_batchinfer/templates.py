@@ -6,7 +6,9 @@ steps", "prompt longer than …"), never a stalled worker or a failed job:
 - the prompt is at most :data:`MAX_PROMPT_CHARS` characters (rendering stops there);
 - ``*``, ``**``, ``+`` and ``%`` refuse results larger than that (strings, lists) or integers over
   :data:`MAX_INT_BITS` bits — before computing them; nothing is folded at compile time;
-- loop iterations and calls (macros, methods, functions) count against :data:`MAX_RENDER_STEPS`;
+- loop iterations and calls (macros, methods, functions) count against :data:`MAX_RENDER_STEPS`, and
+  one rendering stops after :data:`MAX_RENDER_SECONDS` (work inside a filter, such as sorting, is not
+  counted in steps: the clock and the :data:`MAX_ITEMS` cap on containers bound it);
 - padding, repeating and joining operations (``center``, ``indent``, ``wordwrap``, ``replace``,
   ``join``, format widths, ``tojson`` indents…) check the size of their result before building it;
 - values made of nested lists/dicts are measured (shared parts counted each time they appear) before
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import re
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -33,6 +36,10 @@ MAX_PROMPT_CHARS = 1_000_000
 """The longest prompt (and the largest string or list a template may build), in characters/items."""
 MAX_RENDER_STEPS = 200_000
 """Loop iterations plus calls one rendering may make."""
+MAX_RENDER_SECONDS = 2.0
+"""The longest one rendering may take (checked at every step, call, filter and measured value)."""
+MAX_ITEMS = 100_000
+"""The most elements a list or dict a template handles may hold (so no single filter runs long)."""
 MAX_INT_BITS = 100_000
 """The largest integer ``*`` and ``**`` may produce (about 30,000 decimal digits)."""
 MAX_BUILT_CHARS = 16 * MAX_PROMPT_CHARS
@@ -63,6 +70,7 @@ class _Render:
         self.steps = 0
         self.built = 0
         self.read = 0
+        self.deadline = time.monotonic() + MAX_RENDER_SECONDS
         # id -> (the object, kept so the id is not reused; its nodes; its printed length, about)
         self.sizes: dict[int, tuple[Any, int, int]] = {}
 
@@ -81,11 +89,17 @@ def _over(state: _Render, error: str) -> Exception:
 def _step(n: int = 1) -> None:
     state = _RENDER.get()
     if state is not None:
+        _on_time(state)
         state.steps += n
         if state.steps > state.limits.steps:
             raise _over(
                 state, f"the template took too many steps (over {MAX_RENDER_STEPS} loop iterations and calls)"
             )
+
+
+def _on_time(state: _Render) -> None:
+    if time.monotonic() > state.deadline:
+        raise _over(state, f"the template took too long (over {MAX_RENDER_SECONDS:g} s for one record)")
 
 
 def _too_large(what: str, size: int) -> SecurityError:
@@ -133,7 +147,8 @@ def _check_value(value: Any, *, printed: bool = False) -> Any:
     """Refuse a container with too many elements (or, ``printed``, too long a ``str()``)."""
     if isinstance(value, _CONTAINERS):
         n, c = _measure(value, _current())
-        _check_len(n, "value")
+        if n > MAX_ITEMS:
+            raise SecurityError(f"value too large: {n} elements (the limit is {MAX_ITEMS})")
         if printed:
             _check_len(c, "value")
     return value
@@ -150,6 +165,7 @@ def _built(size: int) -> None:
 
 
 def _read_count(state: _Render, size: int) -> None:
+    _on_time(state)
     state.read += size
     if state.read > state.limits.read:
         raise _over(
@@ -236,7 +252,8 @@ def _check_replace(s: Any, old: Any, new: Any, count: Any = -1) -> None:
 def _joined(sep: Any, items: Any) -> list[Any]:
     """``items`` as a list, refused when ``sep.join(items)`` would be over the limit."""
     listed: list[Any] = list(items)
-    _check_len(len(listed), "value")
+    if len(listed) > MAX_ITEMS:
+        raise SecurityError(f"value too large: {len(listed)} elements (the limit is {MAX_ITEMS})")
     size = len(sep) * max(len(listed) - 1, 0) if isinstance(sep, str | bytes) else 0
     for item in listed:
         size += len(item) if isinstance(item, str | bytes) else _measure(item, _current())[1]

@@ -70,6 +70,8 @@ class DynamicBatcher(Generic[T, R]):
         requests while the longest generations of a batch finish.
     """
 
+    SUBMIT_SLICE = 256  # submit_batch yields to the event loop between slices of this many records
+
     def __init__(
         self,
         process_fn: ProcessFn[T, R],
@@ -194,7 +196,14 @@ class DynamicBatcher(Generic[T, R]):
             costs: Sequence[float | None] = estimated_cost
         else:
             costs = [estimated_cost] * len(items)
-        return [await self._submit(r, self._cost(r, c)) for r, c in zip(items, costs, strict=True)]
+        futures: list[asyncio.Future[R]] = []
+        for i, (record, cost) in enumerate(zip(items, costs, strict=True)):
+            if i and not i % self.SUBMIT_SLICE:
+                # A long list is queued in slices: a due timer (an engine batch that just ended)
+                # runs between them instead of waiting for the whole list.
+                await asyncio.sleep(0)
+            futures.append(await self._submit(record, self._cost(record, cost)))
+        return futures
 
     async def _submit(self, record: T, cost: float) -> asyncio.Future[R]:
         self._check_loop("submit()")
@@ -341,10 +350,15 @@ class DynamicBatcher(Generic[T, R]):
         idle_since = busy_since = loop.time()
 
         async def run(batch: list[_Item], cost: float, reason: str) -> None:
-            nonlocal active, idle_since, busy_since
-            try:
-                await self._run_batch(batch)
-            finally:
+            released = False
+
+            def release() -> None:
+                """``process_fn`` is done with this batch: count it and free its slot, before the
+                batch's futures resolve, so the next batch starts ahead of the work their waiters do."""
+                nonlocal active, idle_since, released
+                if released:
+                    return
+                released = True
                 active -= 1
                 if active == 0:  # busy time is the union of running batches
                     idle_since = loop.time()
@@ -353,6 +367,11 @@ class DynamicBatcher(Generic[T, R]):
                 self._closed_by[reason] += 1
                 self._counts["batches"] += 1
                 slots.release()
+
+            try:
+                await self._run_batch(batch, release)
+            finally:
+                release()
 
         try:
             while True:
@@ -368,11 +387,11 @@ class DynamicBatcher(Generic[T, R]):
                     busy_since = loop.time()
                     self._idle += busy_since - idle_since
                 active += 1
+                # The slot is freed as soon as process_fn returns (one batch at a time when
+                # max_concurrent_batches is 1): the next batch starts while this one's results go out.
                 task = loop.create_task(run(*entry))
                 running.add(task)
                 task.add_done_callback(running.discard)
-                if self.max_concurrent_batches == 1:
-                    await task  # the common case: strictly one batch at a time
             if running:
                 await asyncio.gather(*running)
         except asyncio.CancelledError:
@@ -380,15 +399,26 @@ class DynamicBatcher(Generic[T, R]):
                 task.cancel()
             raise
 
-    async def _run_batch(self, batch: list[_Item]) -> None:
+    async def _run_batch(self, batch: list[_Item], done: Callable[[], None] | None = None) -> None:
+        """Run ``process_fn`` on ``batch`` and resolve its futures; ``done()`` is called as soon as
+        ``process_fn`` has returned or raised, before any future resolves (a next batch is started
+        before the results of this one are delivered)."""
         try:
-            out = self._process_fn([it.record for it in batch])
-            results = await out if inspect.isawaitable(out) else out
+            try:
+                out = self._process_fn([it.record for it in batch])
+                results = await out if inspect.isawaitable(out) else out
+            finally:
+                if done is not None:
+                    done()
             if len(results) != len(batch):
                 raise ValueError(
                     f"process_fn returned {len(results)} results for a batch of {len(batch)} records; it "
                     "must return exactly one result per record, in order"
                 )
+            if done is not None:
+                # One loop turn before the results go out: the processor, woken by done(), starts
+                # the next batch first, and the work of this batch's waiters runs while it runs.
+                await asyncio.sleep(0)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             for it in batch:

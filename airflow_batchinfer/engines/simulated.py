@@ -46,12 +46,18 @@ class SimulatedEngine(Engine):
         self.batches = 0
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """The batch's results after ``a + b·tokens`` seconds, counted from the call: building the
+        results (hashing, on the event loop) is part of that time, not added to it."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         tokens = sum(
             r.prompt_chars() // 4 + 1 + min(self.completion_tokens, r.sampling.max_tokens) for r in requests
         )
-        await asyncio.sleep(self.latency_base_s + self.latency_per_token_s * tokens)
+        due += self.latency_base_s + self.latency_per_token_s * tokens
+        results = [self._one(r) for r in requests]
+        await asyncio.sleep(max(0.0, due - loop.time()))
         self.batches += 1
-        return [self._one(r) for r in requests]
+        return results
 
     def _one(self, request: GenerationRequest) -> GenerationResult:
         prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))

@@ -3,8 +3,13 @@
 Every request of a batch is handed to vLLM at once and vLLM schedules them token by token; the
 worker keeps several batches in flight (``--max-concurrent-batches``, 4 by default for this engine)
 so vLLM's scheduler always has work queued and its KV cache stays full. Chat messages go through the
-model's chat template. A request vLLM rejects (prompt longer than ``max_model_len``, say) becomes
-that request's error result; only a dead engine raises.
+model's chat template, rendered for a whole batch in a thread (never on the event loop that feeds
+vLLM). A request vLLM rejects (prompt longer than ``max_model_len``, say) becomes that request's
+error result; only a dead engine raises.
+
+Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
+result once, when it is finished, instead of streaming every token back to the worker's event loop.
+No caller streams: the engine interface returns whole results.
 """
 
 from __future__ import annotations
@@ -44,29 +49,48 @@ class VllmEngine(Engine):
         self.tokenizer = self.llm.get_tokenizer()
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+        prompts = await asyncio.to_thread(self._prompts, requests)
+        return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
-    async def _one(self, request: GenerationRequest) -> GenerationResult:
+    def _prompts(self, requests: list[GenerationRequest]) -> list[str | GenerationResult]:
+        """Each request's prompt text (chat messages through the model's chat template: a Jinja
+        render per request, CPU work for a thread), or the error result of one that cannot render."""
+        prompts: list[str | GenerationResult] = []
+        for r in requests:
+            if r.prompt is not None:
+                prompts.append(r.prompt)
+                continue
+            try:
+                prompts.append(
+                    self.tokenizer.apply_chat_template(
+                        list(r.messages or ()), add_generation_prompt=True, tokenize=False
+                    )
+                )
+            except Exception as exc:
+                prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
+        return prompts
+
+    async def _one(self, request: GenerationRequest, prompt: str | GenerationResult) -> GenerationResult:
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
+        if isinstance(prompt, GenerationResult):
+            return prompt
         s = request.sampling
         try:
-            prompt = request.prompt
-            if prompt is None:
-                prompt = self.tokenizer.apply_chat_template(
-                    list(request.messages or ()), add_generation_prompt=True, tokenize=False
-                )
             params = SamplingParams(
                 max_tokens=s.max_tokens,
                 temperature=s.temperature,
                 top_p=s.top_p,
                 seed=s.seed,
                 stop=list(s.stop) or None,
+                output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when finished
             )
             final = None
             async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):
-                final = out
+                if out.finished:
+                    final = out
         except EngineDeadError:
             raise
         except Exception as exc:  # vLLM refused this one request

@@ -9,6 +9,7 @@ APPROVED / REJECTED. Anything else — unparsable, truncated, both words — is 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import re
 from collections.abc import Sequence
@@ -30,11 +31,17 @@ DEFAULT_TEMPLATE = (
 )
 
 
+MAX_VERDICT_CHARS = 16_384  # a verdict is short: what a longer output holds past this is not read
+MAX_OBJECT_STARTS = 64  # each start is a decode attempt: a text of nested braces would be quadratic
+
+
 def _json_objects(text: str) -> list[Any]:
-    """Every JSON object that can be decoded starting at a ``{`` in ``text``."""
+    """The JSON objects that can be decoded starting at one of the first ``{`` in ``text`` (bounded:
+    judge output is model output, and this runs on the worker's event loop)."""
     decoder = json.JSONDecoder()
     found = []
-    for match in re.finditer(r"\{", text):
+    text = text[:MAX_VERDICT_CHARS]
+    for match in itertools.islice(re.finditer(r"\{", text), MAX_OBJECT_STARTS):
         try:
             value, _ = decoder.raw_decode(text, match.start())
         except (ValueError, RecursionError):  # broken, or nested deeper than the decoder goes

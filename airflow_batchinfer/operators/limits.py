@@ -10,13 +10,12 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import BaseHook, Context
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
 from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
+from airflow_batchinfer.hooks.pool import BatchInferPoolHook
 from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, refusals
 from airflow_batchinfer.pools.ref import PoolRef
-
-POOL_CONN_TYPE = "batchinfer_pool"
 
 
 def config_limits() -> TriggerLimits:
@@ -41,8 +40,11 @@ def check_params(
         if params.get("worker_pool"):
             ref = PoolRef.parse(str(params["worker_pool"]))
             if ref.needs_connection:
-                conn = BaseHook.get_connection(ref.name)
-                is_connection = conn.conn_type == POOL_CONN_TYPE
+                try:
+                    conn = BaseHook.get_connection(ref.name)
+                except AirflowNotFoundException as exc:
+                    raise ParamsRefused([f"worker_pool {ref.name!r}: no such connection"]) from exc
+                is_connection = conn.conn_type == BatchInferPoolHook.conn_type
                 if is_connection:
                     extra = conn.extra_dejson or {}
                     limits = limits.widen(TriggerLimits.from_mapping(extra, f"connection {ref.name!r}"))

@@ -84,6 +84,8 @@ class PoolSetupOperator(BaseOperator):
         there are added.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything starts (:mod:`airflow_batchinfer.limits`).
+    :param run_root: the run's root (templated), checked with the params: the setup runs beside the
+        shard task and must not start a pool for a run whose root is refused.
 
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
@@ -93,7 +95,7 @@ class PoolSetupOperator(BaseOperator):
 
     template_fields = (
         "worker_pool", "engine", "model", "engine_options", "replicas", "concurrency", "idle_ttl_s",
-        "allowed_prefixes", "target_batch_tokens", "kubernetes",
+        "allowed_prefixes", "target_batch_tokens", "kubernetes", "run_root",
     )  # fmt: skip
     ui_color = "#ede7f6"
 
@@ -114,10 +116,12 @@ class PoolSetupOperator(BaseOperator):
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         allowed_callables: list[str] | None = None,
         limits: TriggerLimits | None = None,
+        run_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.worker_pool = worker_pool
+        self.run_root = run_root
         self.engine = engine
         self.model = model
         self.engine_options = engine_options or {}
@@ -177,7 +181,7 @@ class PoolSetupOperator(BaseOperator):
 
     def execute(self, context: Context) -> list[str] | None:
         if self.limits is not None:
-            allowed = check_params(context, self.limits).allowed_judge_callables
+            allowed = check_params(context, self.limits, run_root=self.run_root).allowed_judge_callables
             self.allowed_callables = tuple(dict.fromkeys((*self.allowed_callables, *allowed)))
         replicas = int(self.replicas)
         pool = open_pool(self.worker_pool)
@@ -233,10 +237,12 @@ class PoolTeardownOperator(BaseOperator):
         worker_pool: str,
         stop: bool | str = False,
         limits: TriggerLimits | None = None,
+        run_root: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.worker_pool = worker_pool
+        self.run_root = run_root
         self.stop = stop
         self.limits = limits
 

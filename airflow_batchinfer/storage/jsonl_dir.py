@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
@@ -24,11 +24,18 @@ Compression = Literal["zstd", "none"]
 
 
 class ShardDescriptor(TypedDict):
-    """What travels between tasks (XCom) for one shard: a reference and a count, never records."""
+    """What travels between tasks (XCom) for one shard: a reference and a count, never records.
+
+    ``ids`` (where the writer knew them: sharding, recompaction) is the count and order-independent
+    digest of the shard's ids, ``{"count": n, "sum": "<32 hex digits>"}``
+    (:class:`~airflow_batchinfer.storage.digest.IdDigest`): the round's close checks its outputs
+    against it without reading them.
+    """
 
     shard_id: str
     uri: str
     records: int
+    ids: NotRequired[dict[str, Any]]
 
 
 @dataclass(frozen=True, order=True)

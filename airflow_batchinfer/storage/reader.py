@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -18,6 +17,7 @@ from airflow_batchinfer.storage.records import (
     record_id,
     reject_row,
 )
+from airflow_batchinfer.storage.writer import in_thread
 
 
 class RecordSink(Protocol):
@@ -107,11 +107,23 @@ class RecordReader:
             yield record
 
     async def __aiter__(self) -> AsyncIterator[Record]:
+        async for block in self.blocks(self.ASYNC_BLOCK):
+            for record in block:
+                yield record
+
+    async def blocks(self, size: int, *, first: int | None = None) -> AsyncGenerator[list[Record], None]:
+        """The records in lists of ``size`` (the last may be shorter; the first has ``first``, if
+        given), each read, decompressed and parsed in a thread: an event loop pays one hop per
+        block, nothing per record. A consumer cancelled mid-block waits for that block's thread
+        before the file closes."""
+        if size < 1 or (first is not None and first < 1):
+            raise ValueError(f"block sizes must be >= 1, got {size} (first {first})")
         it = iter(self)
         try:
-            while block := await asyncio.to_thread(_take, it, self.ASYNC_BLOCK):
-                for record in block:
-                    yield record
+            n = first or size
+            while block := await in_thread(_take, it, n):
+                yield block
+                n = size
         finally:
             it.close()
 

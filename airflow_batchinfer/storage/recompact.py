@@ -5,6 +5,11 @@ in a fast parallel pass that only decompresses), output shard ``j`` holds global
 ``[j*R, (j+1)*R)`` in source order. Contiguous groups of output shards are then written by parallel
 workers, each reading only the source ranges it needs. The result is identical to a serial pass,
 every shard but the last is full, and lines pass through byte for byte.
+
+With ``id_field``, each output shard's descriptor carries ``ids``, the count and order-independent
+digest of its ids (:class:`~airflow_batchinfer.storage.digest.IdDigest`), and the result their sum:
+the round's close compares that sum with the digests the jobs recorded for the rejected files it
+read, so a line lost or doubled here is caught without reading a row again.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.exceptions import StorageError
+from airflow_batchinfer.storage.digest import CHUNK, IdDigest, LineIds
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
     DEFAULT_RECORDS_PER_SHARD,
@@ -43,14 +49,18 @@ class RecompactResult:
     sources: int
     reused: bool = False
     seconds: float = field(default=0.0, compare=False)
+    ids: dict[str, Any] | None = None  # the digest of every id written (with ``id_field``)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "shards": self.shards,
             "records": self.records,
             "sources": self.sources,
             "reused": self.reused,
         }
+        if self.ids is not None:
+            out["ids"] = self.ids
+        return out
 
 
 def _records(file: JsonlFile) -> Iterator[bytes]:
@@ -72,6 +82,7 @@ def recompact(
     storage_options: StorageOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    id_field: str | None = None,
 ) -> RecompactResult:
     """Rewrite the shards of ``src`` into full shards of ``records_per_shard`` under ``dst``.
 
@@ -80,6 +91,8 @@ def recompact(
     :param counts: records per source shard, keyed by shard id (``part-00003``) or name, when known
         (job manifests carry them); sources not listed are counted.
     :param overwrite: replace shards in ``dst`` written by another run (see :func:`shard_dataset`).
+    :param id_field: digest each output shard's ids (descriptor ``ids``; the result's ``ids`` is
+        their sum). Most rows this package writes start with their id and are not parsed for it.
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
@@ -96,9 +109,14 @@ def recompact(
         "max_bytes_per_shard": max_bytes_per_shard,
         "compression": compression,
     }
+    # (``id_field`` is not part of the fingerprint: an identical output recompacted before digests
+    # existed is reused as it is, without ``ids``, rather than rewritten under its round's next jobs.)
     done = claim_output(out, kind="recompact", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return RecompactResult(done["shards"], done["records"], done["sources"], reused=True)
+        return RecompactResult(
+            done["shards"], done["records"], done["sources"], reused=True, ids=done.get("ids")
+        )
+    line_ids = LineIds(id_field) if id_field is not None else None
 
     known = dict(counts or {})
     files = [src_dir.file(s.name) for s in sources]
@@ -143,16 +161,21 @@ def recompact(
         )
         descs: list[ShardDescriptor] = []
         writer: JsonlWriter | None = None
+        digest, encoded = IdDigest(), list[bytes]()  # the open shard's ids (with ``id_field``)
 
         def open_shard(index: int) -> JsonlWriter:
             name = shard_name(index, compression)
             return JsonlWriter(out.loc.child(name), compression_level=compression_level)
 
         def close(w: JsonlWriter) -> None:
+            nonlocal digest
             w.commit()
-            descs.append(
-                ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
-            )
+            desc = ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
+            if line_ids is not None:
+                desc["ids"] = digest.add_encoded(encoded).to_dict()
+                digest = IdDigest()
+                encoded.clear()
+            descs.append(desc)
             report(w.records, w.bytes)
 
         try:
@@ -169,6 +192,11 @@ def recompact(
                         writer = open_shard(next(overflow))
                 assert writer is not None
                 writer.write_line(line)
+                if line_ids is not None:
+                    encoded.append(line_ids(line))
+                    if len(encoded) >= CHUNK:
+                        digest.add_encoded(encoded)
+                        encoded.clear()
             if writer is not None:
                 close(writer)
                 writer = None
@@ -190,7 +218,13 @@ def recompact(
             f"recompact wrote {produced} records but planned {total}: the sources under {src_dir.uri} "
             "changed while being read; re-run the recompaction"
         )
-    result = RecompactResult(written, total, len(sources), seconds=time.monotonic() - started)
+    ids = None
+    if line_ids is not None:
+        whole = IdDigest()
+        for d in written:
+            whole += IdDigest.from_dict(d["ids"])
+        ids = whole.to_dict()
+    result = RecompactResult(written, total, len(sources), seconds=time.monotonic() - started, ids=ids)
     write_manifest(
         out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
     )

@@ -3,6 +3,11 @@
 Lines pass through byte for byte (no re-serialization) unless an id is assigned, which is what
 keeps sharding near the speed of ``split``. Every line ends up counted as a record, a blank, a
 skipped line or a quarantined reject.
+
+Each shard descriptor carries ``ids``: the count and order-independent digest of its records' ids
+(:class:`~airflow_batchinfer.storage.digest.IdDigest`), the start of the run's id accounting. A
+rejected line has no usable id (that is why it is rejected: invalid JSON, no id, a repeated id), so
+rejects are accounted for by line (``counts["quarantined"]``), never by id.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
     DEFAULT_RECORDS_PER_SHARD,
@@ -39,7 +45,8 @@ class ShardingResult:
     """Shard descriptors plus the counts that account for every input line.
 
     ``counts`` holds ``lines``, ``records``, ``blank``, ``skipped`` and ``quarantined``, with
-    ``lines == records + blank + skipped + quarantined``.
+    ``lines == records + blank + skipped + quarantined``. Each shard's ``ids`` is the digest of its
+    ids (absent from a manifest written before digests existed).
     """
 
     shards: list[ShardDescriptor]
@@ -106,7 +113,8 @@ def shard_dataset(
     :param overwrite: replace shards in ``dst`` that another run wrote. Without it, an identical
         earlier run is reused, an interrupted identical run is redone, and anything else is refused.
     :param progress: ``progress(records, nbytes)`` callback for progress bars.
-    :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records.
+    :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records. Each
+        carries ``ids``, the count and digest of its ids (rejects are counted by line, not by id).
     """
     started = time.monotonic()
     source = JsonlFile(src, storage_options=storage_options)
@@ -155,6 +163,10 @@ def shard_dataset(
     seen: dict[Any, int] = {}
     seen_before: dict[Any, int] = {}
     line_no = 0
+    # Ids written but not yet in a committed shard's digest, in order: each shard the writer commits
+    # takes the first ``records`` of them (the writer rotates by records and bytes, in order).
+    unsealed: list[Any] = []
+    sealed = 0
 
     loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with reject_writer, writer:
@@ -196,12 +208,15 @@ def shard_dataset(
                 if len(seen) >= records_per_shard:
                     seen_before, seen = seen, {}
                 good.append(line)
+                unsealed.append(rid)
             stats.lines += len(block)
             if good:
                 writer.write_lines(good)
                 stats.records += len(good)
+                sealed = _seal(writer.shards_written, sealed, unsealed)
             if progress is not None:
                 progress(len(good), sum(map(len, block)) + len(block))
+    _seal(writer.shards_written, sealed, unsealed)  # the last shard, committed as the writer closed
 
     result = ShardingResult(
         shards=writer.shards_written,
@@ -214,3 +229,13 @@ def shard_dataset(
         out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
     )
     return result
+
+
+def _seal(written: list[ShardDescriptor], sealed: int, unsealed: list[Any]) -> int:
+    """Give each shard committed since the ``sealed`` first the digest of its ids, the first
+    ``records`` of ``unsealed`` (removed from it). Returns how many shards have their digest."""
+    for desc in written[sealed:]:
+        n = desc["records"]
+        desc["ids"] = IdDigest.of(unsealed[:n]).to_dict()
+        del unsealed[:n]
+    return len(written)

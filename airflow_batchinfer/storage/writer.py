@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
 import zstandard
@@ -15,6 +15,7 @@ from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.lines import is_zstd
 from airflow_batchinfer.storage.location import Location
 
+T = TypeVar("T")
 FLUSH_BYTES = 1024 * 1024
 DEFAULT_ZSTD_LEVEL = 3
 
@@ -111,10 +112,11 @@ class SyncRecordWriter(Protocol):
 
 class AsyncWriter:
     """Async twin of a sync writer: records are buffered on the event loop and handed to a thread
-    in blocks, so compression and uploads never block the loop.
+    in blocks, so serialization, compression and uploads never block the loop.
 
     ``async with dir.writer() as w: await w.write(record)``; an exception in the block aborts. Any
     number of tasks may write into one writer at once (an in-place job's samples do).
+    ``write_many`` hands a whole list to the thread at once (one hop per chunk of a shard job).
     """
 
     BLOCK = 512
@@ -134,8 +136,12 @@ class AsyncWriter:
                 await self._drain(self.BLOCK)
 
     async def write_many(self, records: Iterable[Mapping[str, Any]]) -> None:
-        for record in records:
-            await self.write(record)
+        """Queue ``records`` (in order) and, from ``BLOCK`` pending on, write them all in one thread
+        call: the caller's list is in memory already, so a chunk costs the loop one hop."""
+        self._pending.extend(records)
+        if len(self._pending) >= self.BLOCK:
+            async with self._lock:
+                await self._drain(self.BLOCK)
 
     async def _drain(self, at_least: int = 1) -> None:
         """Write what is pending as one block, unless an earlier drain took it meanwhile (hold the lock)."""
@@ -170,13 +176,14 @@ class AsyncWriter:
             await self.abort()
 
 
-async def in_thread(fn: Callable[..., None], *args: Any) -> None:
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
     """``asyncio.to_thread``, except that a cancelled caller still waits for the thread to finish
     before the cancellation goes on: a task cancelled mid-drain keeps the writer's lock until the
-    sync writer is free again, so an abort or the next block never runs alongside it."""
+    sync writer is free again, so an abort or the next block never runs alongside it (and a reader
+    cancelled mid-read never closes its file under the thread still reading it)."""
     task = asyncio.ensure_future(asyncio.to_thread(fn, *args))
     try:
-        await asyncio.shield(task)
+        return await asyncio.shield(task)
     finally:
         while not task.done():  # a second cancellation must not end the wait either
             with contextlib.suppress(asyncio.CancelledError):

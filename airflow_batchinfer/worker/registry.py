@@ -112,6 +112,7 @@ class JobRegistry:
                 "outputs": spec.outputs,
                 "attempt": ctx.attempt,
                 "counts": counts,
+                "ids": ctx.ids_doc(),  # per output file (and input): count and digest of the ids
                 "tokens": dict(ctx.tokens),
                 "round": ctx.params.round,
                 "fingerprint": fingerprint(spec, self.runtime.describe(), info),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import gc
 from typing import Any
 
 from airflow_batchinfer.batching import TokenBatcher
@@ -45,6 +45,7 @@ class Runtime:
     async def start(self) -> None:
         await self.engine.start()
         await self.batcher.start()
+        freeze_startup_objects()
         self.ready = True
 
     async def close(self) -> None:
@@ -52,10 +53,48 @@ class Runtime:
         await self.batcher.stop()
         await self.engine.close()
 
-    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """Submit requests to the shared batcher and wait for their results (in order)."""
-        futures = [await self.batcher.submit(r) for r in requests]
-        return list(await asyncio.gather(*futures))
+    def estimate(self, requests: list[GenerationRequest]) -> list[float]:
+        """The batch cost (tokens) of each request: plain CPU work, for a thread to do ahead of
+        :meth:`generate` (a chunk's estimates then cost the event loop nothing)."""
+        return [float(self.engine.estimate_tokens(r)) for r in requests]
+
+    async def generate(
+        self, requests: list[GenerationRequest], costs: list[float] | None = None
+    ) -> list[GenerationResult]:
+        """Submit requests to the shared batcher and wait for their results (in order).
+
+        ``costs``: the requests' :meth:`estimate`, when already known. The results are awaited one
+        by one, not gathered: most are done by the time their turn comes (batches finish in order),
+        so a chunk wakes this task about once per engine batch instead of once per request.
+        """
+        futures = await self.batcher.submit_batch(requests, estimated_cost=costs)
+        results: list[GenerationResult] = []
+        try:
+            for future in futures:
+                results.append(await future)
+        except BaseException:
+            for future in futures:  # no longer awaited: drop what has not run, and its errors
+                if not future.cancel() and not future.cancelled():
+                    future.exception()  # retrieved: no "exception was never retrieved" noise
+            raise
+        return results
 
     def describe(self) -> dict[str, Any]:
         return self.engine.describe()
+
+
+_frozen = False
+
+
+def freeze_startup_objects() -> None:
+    """Once per process, after the model has loaded: move every object alive now (modules, the
+    web app, the engine) out of the garbage collector's reach (``gc.freeze``). They live as long as
+    the process anyway; left in, each full collection walks all of them while the event loop
+    stands still (100+ ms per collection in a worker: an engine batch that ends meanwhile waits
+    for the loop that feeds the next one). Objects frozen are still freed by reference counting."""
+    global _frozen
+    if _frozen:
+        return
+    _frozen = True
+    gc.collect()
+    gc.freeze()

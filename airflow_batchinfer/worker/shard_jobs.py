@@ -8,6 +8,10 @@ are the input record plus ``result``, ``status``, ``error``, ``judgment``, ``att
 Fencing: a judge or in-place spec with ``outputs["staging"]`` has its approved and rejected rows
 written under a fresh attempt token (:meth:`JobContext.output`), never to their final URIs; the
 completion manifest names the attempt and its files, and the round's close accepts one attempt.
+
+Accounting: next to its counts, a job digests the ids it reads (``input``) and those of every row
+it emits per output file (:data:`~airflow_batchinfer.worker.manifest.ID_OUTPUTS`); the manifest's
+``ids`` carries them, and the round's close checks the invariant from them without reading rows.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import hashlib
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +31,10 @@ from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
 from airflow_batchinfer.prompts import PromptError
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage.digest import IdDigest, record_ids
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
+from airflow_batchinfer.worker.manifest import ID_OUTPUTS
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 
@@ -48,6 +54,20 @@ class JobContext:
     attempt: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Fenced outputs as written by this attempt: name -> staged URI (recorded in the manifest).
     committed: dict[str, str] = field(default_factory=dict)
+    # "input" and each output name -> the count and digest of its ids (the manifest's ``ids``).
+    ids: dict[str, IdDigest] = field(default_factory=dict)
+
+    def count_ids(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
+        """Add the ids of ``records`` (read, or emitted into output ``name``) to that digest."""
+        digest = self.ids.get(name)
+        if digest is None:
+            digest = self.ids[name] = IdDigest()
+        digest.add_many(record_ids(records, self.params.id_field))
+
+    def ids_doc(self) -> dict[str, dict[str, Any]]:
+        """The manifest's ``ids``: ``input`` and every output of the kind, empty ones included."""
+        names = ("input", *ID_OUTPUTS.get(self.spec.kind, ()))
+        return {n: self.ids.get(n, IdDigest()).to_dict() for n in dict.fromkeys([*names, *self.ids])}
 
     def file(self, uri: str) -> JsonlFile:
         return JsonlFile(uri, storage_options=self.runtime.storage_options)
@@ -64,9 +84,12 @@ class JobContext:
         self.committed[name] = uri
         return uri
 
-    async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        """The worker's shared batcher, with this job's token usage counted."""
-        results = await self.runtime.generate(requests)
+    async def generate(
+        self, requests: list[GenerationRequest], costs: list[float] | None = None
+    ) -> list[GenerationResult]:
+        """The worker's shared batcher, with this job's token usage counted (``costs``: the
+        requests' :meth:`Runtime.estimate`, if known)."""
+        results = await self.runtime.generate(requests, costs)
         for r in results:
             self.tokens["prompt"] += r.prompt_tokens
             self.tokens["completion"] += r.completion_tokens
@@ -77,24 +100,18 @@ class JobContext:
         return str(rid)
 
 
-async def chunks(records: AsyncIterator[Record], size: int) -> AsyncIterator[list[Record]]:
-    chunk: list[Record] = []
-    async for record in records:
-        chunk.append(record)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
     row = {k: v for k, v in record.items() if k != "judgment"}
     row.update(fields)
     return row
 
 
+FIRST_CHUNK = 256  # records in a job's first chunk: enough for an engine batch to start on
+
 # ------------------------------------------------------------------------------------------ infer
+Built = list[tuple[Record, GenerationRequest | str]]  # each record with its request or prompt error
+
+
 async def run_infer(ctx: JobContext) -> dict[str, int]:
     p = ctx.params
     prompts = p.prompts
@@ -103,8 +120,8 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
     created = int(time.time())
     model = str(ctx.runtime.describe().get("model", ctx.runtime.describe().get("engine")))
 
-    def build(chunk: list[Record]) -> list[tuple[Record, GenerationRequest | str]]:
-        built: list[tuple[Record, GenerationRequest | str]] = []
+    def build(chunk: list[Record]) -> tuple[Built, list[GenerationRequest], list[float]]:
+        built: Built = []
         for record in chunk:
             attempts = int(record.get("attempts") or 0) + 1
             try:
@@ -113,17 +130,16 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
                 )
             except PromptError as exc:
                 built.append((record, str(exc)))
-        return built
-
-    async def process(chunk: list[Record]) -> list[Record]:
-        # Rendering a chunk's prompts is CPU work (bounded per record): off the event loop.
-        built = await asyncio.to_thread(build, chunk)
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
-        results = iter(await ctx.generate(requests))
+        return built, requests, ctx.runtime.estimate(requests)
+
+    def make_rows(built: Built, results: list[GenerationResult]) -> tuple[list[Record], Counter[str]]:
+        counts: Counter[str] = Counter()
         rows = []
+        it = iter(results)
         for record, req in built:
-            res = next(results) if isinstance(req, GenerationRequest) else GenerationResult.failed(req)
-            ctx.counts["ok" if res.ok else "error"] += 1
+            res = next(it) if isinstance(req, GenerationRequest) else GenerationResult.failed(req)
+            counts["ok" if res.ok else "error"] += 1
             if p.output_format == "openai":
                 rows.append(openai_batch_row(record, res, model=model, created=created))
             else:
@@ -137,6 +153,18 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
                         round=p.round,
                     )
                 )
+        return rows, counts
+
+    async def process(chunk: list[Record]) -> list[Record]:
+        ctx.count_ids("input", chunk)
+        # The event loop only feeds the batcher: rendering a chunk's prompts (and estimating their
+        # tokens) and building its rows are CPU work for a thread, one hop each per chunk; the
+        # rows' encoding and compression happen in the writer's thread.
+        built, requests, costs = await asyncio.to_thread(build, chunk)
+        results = await ctx.generate(requests, costs)
+        rows, counts = await asyncio.to_thread(make_rows, built, results)
+        ctx.counts.update(counts)
+        ctx.count_ids("inferred", (record for record, _ in built))  # one row per record, its id
         return rows
 
     async with ctx.file(ctx.spec.outputs["inferred"]).writer() as out:
@@ -150,11 +178,13 @@ async def _pipelined(
     write: Callable[[list[Record]], Awaitable[None]],
 ) -> None:
     """Process chunk k+1 while chunk k is written: the batcher never waits on this job's I/O.
-    At most two chunks are in memory per job."""
+    At most two chunks are in memory per job (and one being read). Each chunk is read, decoded and
+    parsed in a thread, in one hop; the first is small, so the engine starts on it at once."""
     reader = ctx.file(ctx.spec.input).iter_records()
     pending: asyncio.Task[list[Record]] | None = None
+    size = ctx.params.chunk_size
     try:
-        async for chunk in chunks(aiter(reader), ctx.params.chunk_size):
+        async for chunk in reader.blocks(size, first=min(size, FIRST_CHUNK)):
             task = asyncio.create_task(process(chunk))
             if pending is not None:
                 rows = await pending
@@ -250,6 +280,7 @@ async def run_judge(ctx: JobContext) -> dict[str, int]:
     async with approved_out, rejected_out:
 
         async def process(chunk: list[Record]) -> list[Record]:
+            ctx.count_ids("input", chunk)
             rows = []
             for row, verdict in await _judge_rows(ctx, chunk):
                 status = "approved" if verdict.approved else "rejected"
@@ -257,6 +288,8 @@ async def run_judge(ctx: JobContext) -> dict[str, int]:
                     ctx.counts["inference_errors"] += 1
                 ctx.counts[status] += 1
                 rows.append({**row, "status": status, "judgment": verdict.as_dict()})
+            for name in ("approved", "rejected"):
+                ctx.count_ids(name, (r for r in rows if r["status"] == name))
             return rows
 
         async def write(rows: list[Record]) -> None:
@@ -290,11 +323,13 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
 
     async def finish(row: Record) -> None:
         ctx.counts[row["status"]] += 1
+        ctx.count_ids("approved" if row["status"] == "approved" else "rejected", (row,))
         await (approved_out if row["status"] == "approved" else rejected_out).write(row)
         ctx.progress.done += 1
 
     async def sample(record: Record) -> None:
         try:
+            ctx.count_ids("input", (record,))
             rid = ctx.record_id(record)
             saved = state.get(rid, SampleState())
             if saved.final is not None:

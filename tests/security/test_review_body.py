@@ -29,11 +29,14 @@ def test_model_output_in_the_review_body_is_text(tmp_path: Path) -> None:
             for i, out in enumerate(OUTPUTS)]  # fmt: skip
     with JsonlFile(str(shard)).writer_sync() as w:
         w.write_many(rows)
-    cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
+    # a run name can carry markup too (it passes the prefix check): the run root is escaped as well
+    root = str(tmp_path / "run`![p](evil.png)`")
+    cfg = RunConfig(input="x", run_root=root, prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
     proposal = Proposal(Plan("round-01", 1, "rounds", shards=shards), options=["Continue"], last={})
     body = review_body(cfg, proposal)
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(body)
+    assert "<img" not in html and "![p](evil.png)" in html
     html = html.split("Rejected samples", 1)[1].split("</table>")[0]  # the samples (the rest has markup)
     for tag in ("<script", "<img", "<a ", "<strong>loud", "<code>", "<b>"):
         assert tag not in html, (tag, html)

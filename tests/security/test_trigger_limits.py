@@ -64,10 +64,14 @@ def test_kubernetes_settings_within_the_pinned_images_secrets_and_maxima() -> No
             "gpus": 8, "namespace": "kube-system", "allowed_prefixes": ["/"]}  # fmt: skip
     reasons = refusals({**DEFAULTS, "kubernetes": kube}, DAG.widen(TriggerLimits(max_gpus=1)))
     text = "\n".join(reasons)
-    for expected in ("kubernetes.allowed_prefixes is not a trigger setting",
-                     "kubernetes.namespace is not a trigger setting", "kubernetes.image 'evil.example/miner:latest'",
-                     "kubernetes.storage_secret 'prod-db'", "kubernetes.model_pvc 'other'",
-                     "kubernetes.gpus 8 is more than max_gpus 1"):  # fmt: skip
+    for expected in (
+        "kubernetes.allowed_prefixes is not a trigger setting",
+        "kubernetes.namespace is not a trigger setting",
+        "kubernetes.image 'evil.example/miner:latest'",
+        "kubernetes.storage_secret 'prod-db'",
+        "kubernetes.model_pvc 'other'",
+        "kubernetes.gpus 8 is more than max_gpus 1",
+    ):
         assert expected in text, text
     assert refusals({**DEFAULTS, "kubernetes": {"image": DEFAULT_IMAGE}}, DAG) == []
     tagged = TriggerLimits(allowed_images=("registry.example/batchinfer-worker:",))
@@ -113,3 +117,41 @@ def test_the_factory_checks_at_the_first_tasks_with_its_defaults_and_limits() ->
     assert limits.allowed_input_prefixes == ("s3://data/a.jsonl", "s3://data/more/")
     assert limits.allowed_output_prefixes == ("s3://runs/x",) and limits.max_replicas == 3
     assert limits.allowed_worker_pools == ("local://batchinfer",)
+
+
+def test_a_namespace_entry_does_not_let_a_trigger_choose_kubernetes_credentials() -> None:
+    limits = TriggerLimits(allowed_worker_pools=("kubernetes://batch/",))
+    assert refusals({"worker_pool": "kubernetes://batch/llm"}, limits) == []
+    assert refusals({"worker_pool": "kubernetes://batch/llm?kubernetes_conn_id=prod_admin"}, limits) != []
+    exact = TriggerLimits(allowed_worker_pools=("kubernetes://batch/llm?kubernetes_conn_id=k8s",))
+    assert refusals({"worker_pool": "kubernetes://batch/llm?kubernetes_conn_id=k8s"}, exact) == []
+
+
+def test_engine_model_and_engine_options_stay_within_the_dag() -> None:
+    dag = implied_by(
+        {**DEFAULTS, "engine": "vllm", "model": "/models/llama", "engine_options": {"max_model_len": 4096}}
+    )
+    assert (
+        refusals({"engine": "vllm", "model": "/models/llama", "engine_options": {"max_model_len": 2048}}, dag)
+        == []
+    )
+    attack = {"engine": "openai", "model": "/etc", "engine_options": {"base_url": "https://evil.example/v1",
+                                                                      "trust_remote_code": True}}  # fmt: skip
+    text = "\n".join(refusals(attack, dag))
+    for expected in (
+        "engine 'openai'",
+        "model '/etc'",
+        "engine_options.base_url",
+        "engine_options.trust_remote_code",
+    ):
+        assert expected in text, text
+    wider = dag.widen(
+        TriggerLimits(allowed_models=("/models/",), allowed_engine_options=("trust_remote_code",))
+    )
+    assert refusals({"model": "/models/qwen", "engine_options": {"trust_remote_code": True}}, wider) == []
+
+
+def test_a_run_name_is_one_folder() -> None:
+    for bad in ("../../etc", "..", "a/b", "x`![p](evil.png)`"):
+        assert refusals({**DEFAULTS, "run_name": bad}, DAG) != [], bad
+    assert refusals({**DEFAULTS, "run_name": "eval-2026.11_30"}, DAG) == []

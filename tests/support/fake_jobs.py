@@ -1,24 +1,58 @@
 """Shard jobs finished "as a worker would" without a worker: outputs (staged for fenced jobs),
-then a completion manifest with the job id and fingerprint a worker writes. For round tests that
-need exact control over what each job produced (which copy, which attempt, what counts)."""
+then a completion manifest with the job id, fingerprint and id digests a worker writes. For round
+tests that need exact control over what each job produced (which copy, which attempt, what counts)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import staged_output
-from airflow_batchinfer.rounds import inferred_shard, job_spec
+from airflow_batchinfer.layout import RunLayout, staged_output
+from airflow_batchinfer.rounds import Plan, close_round, inferred_shard, job_spec, propose, write_plan
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
+from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.manifest import write_job_manifest
 
 ENGINE = {"engine": "simulated", "model": "simulated", "approval_rate": 0.5}
+
+
+IDS = [f"r{i:02d}" for i in range(30)]
+
+
+def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
+    """A run of ``IDS`` sharded into three shards of 10, judged by an LLM judge."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": f"q {i}"}) + "\n" for i in IDS))
+    cfg = RunConfig(
+        input=str(data),
+        run_root=str(tmp_path / "run"),
+        prompt_template="{{ question }}",
+        judge={"type": "llm"},
+        records_per_shard=10,
+        **settings,
+    )
+    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    return cfg
+
+
+def plan_round(cfg: RunConfig, slot: str = "round-00") -> Plan:
+    plan = propose(cfg, slot).plan
+    write_plan(RunLayout(cfg.run_root), plan)
+    return plan
+
+
+def close(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
+    summary = close_round(cfg, plan)
+    assert summary is not None
+    return summary
 
 
 def write_rows(uri: str, rows: Iterable[Mapping[str, Any]], so: StorageOptions | None = None) -> None:
@@ -38,17 +72,25 @@ def finish_job(
     token: str | None = None,
     engine: Mapping[str, Any] = ENGINE,
     run_s: float = 1.0,
+    ids: Mapping[str, IdDigest | None] | None = None,
     so: StorageOptions | None = None,
 ) -> dict[str, Any]:
     """Finish ``kind`` for ``shard`` (the pending shard; a judge reads the inferred file): write
-    ``outputs`` (name -> rows) where the worker would and the manifest. Returns the manifest."""
+    ``outputs`` (name -> rows) where the worker would and the manifest. Returns the manifest.
+
+    The manifest's ``ids`` digests the input file's ids and each output's rows, as a worker does;
+    ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests)."""
     src = inferred_shard(cfg, r, shard) if kind == "judge" else shard
     spec = job_spec(cfg, kind, r, src)
     info = JsonlFile(spec.input, storage_options=so).info()
     pinned = pin_input(spec, info)
     token = token or uuid.uuid4().hex
     committed: dict[str, str] = {}
+    id_field = cfg.id_field or "id"
+    digests = {"input": IdDigest.of(r.get(id_field) for r in read_rows(spec.input, so))}
     for name, rows in outputs.items():
+        rows = list(rows)
+        digests[name] = IdDigest.of(r.get(id_field) for r in rows)
         if "staging" in spec.outputs and name in ("approved", "rejected"):
             uri = committed[name] = staged_output(
                 spec.outputs["staging"], spec.outputs["manifest"], token, name
@@ -64,6 +106,7 @@ def finish_job(
         "outputs": spec.outputs,
         "attempt": token,
         "counts": dict(counts),
+        "ids": {k: d.to_dict() for k, d in {**digests, **(ids or {})}.items() if d is not None},
         "tokens": {"prompt": 1, "completion": 1},
         "round": r,
         "fingerprint": fingerprint(pinned, engine, info),

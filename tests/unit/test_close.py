@@ -19,49 +19,28 @@ from airflow_batchinfer.rounds import (
     close_round,
     inferred_shard,
     job_spec,
-    propose,
     read_doc,
     record_job_error,
-    write_plan,
 )
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobStatus
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
 from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from tests.support.fake_jobs import ENGINE, finish_job, finish_shard, judge_shard, write_rows
-
-IDS = [f"r{i:02d}" for i in range(30)]
-
-
-def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
-    data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "question": f"q {i}"}) + "\n" for i in IDS))
-    cfg = RunConfig(
-        input=str(data),
-        run_root=str(tmp_path / "run"),
-        prompt_template="{{ question }}",
-        judge={"type": "llm"},
-        records_per_shard=10,
-        **settings,
-    )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
-    return cfg
-
-
-def plan_round(cfg: RunConfig, slot: str = "round-00") -> Plan:
-    plan = propose(cfg, slot).plan
-    write_plan(RunLayout(cfg.run_root), plan)
-    return plan
-
-
-def close(cfg: RunConfig, plan: Plan) -> dict[str, Any]:
-    summary = close_round(cfg, plan)
-    assert summary is not None
-    return summary
+from tests.support.fake_jobs import (
+    ENGINE,
+    IDS,
+    close,
+    finish_job,
+    finish_shard,
+    judge_shard,
+    make_run,
+    plan_round,
+    write_rows,
+)
 
 
 def ids_in(directory: str) -> list[str]:
@@ -386,6 +365,10 @@ def test_worker_rounds_jobs_stage_their_outputs_and_close_accepts_them(tmp_path:
     assert summary["approved"] + summary["rejected"] == 30 and 0 < summary["approved"] < 30
     assert summary["workers"]["w1"]["jobs"] == 6
     assert_each_id_once(cfg, summary)
+    # the worker's digests agree with its files: close read none of them to check the ids
+    assert summary["invariant"]["opened"] == [] and set(m["ids"]) == {"input", "approved", "rejected"}
+    infer = read_job_manifest(layout.job_manifest(0, sid, "infer"))
+    assert infer is not None and infer["ids"]["input"] == infer["ids"]["inferred"] == plan.shards[0]["ids"]
 
 
 def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_one(tmp_path: Path) -> None:
@@ -400,6 +383,7 @@ def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_
     assert not Path(layout.result(0, sid, tail=True)).exists()
     summary = close(cfg, plan)
     assert summary["approved"] + summary["exhausted"] == 30 and summary["invariant"]["ok"]
+    assert summary["invariant"]["opened"] == [] and m["ids"]["input"] == plan.shards[0]["ids"]
     accepted = read_doc(layout.accepted(0, sid, "in_place"), "accepted job")
     assert accepted is not None and accepted["attempt"] == m["attempt"] and accepted["counts"] == first.counts
     tail_ids = ids_in(layout.results) + ids_in(layout.rejected_dir(0))

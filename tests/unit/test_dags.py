@@ -73,6 +73,7 @@ def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:
 
 def test_shard_returns_descriptors_and_stores_the_settings(tmp_path: Path) -> None:
     shards = shard_op(tmp_path, records_per_shard=10).execute({})  # type: ignore[arg-type]
-    assert [s["records"] for s in shards] == [10, 10, 5] and set(shards[0]) == {"shard_id", "uri", "records"}
+    assert [s["records"] for s in shards] == [10, 10, 5]
+    assert set(shards[0]) == {"shard_id", "uri", "records", "ids"}  # references and id digests
     stored = json.loads((tmp_path / "run" / "run.json").read_text())
     assert stored["id_field"] == "id" and stored["records_per_shard"] == 10

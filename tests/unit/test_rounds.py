@@ -140,7 +140,9 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     assert set(failed) == {bad["shard_id"], plan.shards[2]["shard_id"]}
     assert failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer"
     assert "no completion manifest" in failed[plan.shards[2]["shard_id"]]["error"]
-    assert summary["invariant"] == {"planned": 30, "accounted": 30, "ok": True}
+    assert summary["invariant"] == {
+        "planned": 30, "accounted": 30, "ok": True, "lost": [], "doubled": [], "unexpected": [], "opened": [],
+    }  # fmt: skip
     assert (summary["approved"], summary["rejected"]) == (5, 5)
     assert (Path(RunLayout(cfg.run_root).failed(0)) / f"{bad['shard_id']}.json").exists()
 

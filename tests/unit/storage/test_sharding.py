@@ -8,6 +8,7 @@ import zstandard
 
 from airflow_batchinfer.exceptions import MalformedRecordError, OutputExistsError
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
+from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.manifest import read_manifest
 from tests.conftest import Root
 
@@ -43,7 +44,10 @@ def test_shards_a_file_into_full_shards_and_returns_descriptors(root: Root) -> N
         ("part-00001", 1000),
         ("part-00002", 500),
     ]
-    assert all(set(d) == {"shard_id", "uri", "records"} for d in result.shards)  # references, never records
+    # references and the digest of their ids, never records
+    assert all(set(d) == {"shard_id", "uri", "records", "ids"} for d in result.shards)
+    for i, d in enumerate(result.shards):
+        assert d["ids"] == IdDigest.of(f"r{j}" for j in range(i * 1000, min(2500, (i + 1) * 1000))).to_dict()
     assert result.shards[0]["uri"].endswith("/run/input/part-00000.jsonl.zst")
     assert ids_in(root, "run/input") == [f"r{i}" for i in range(2500)]
     assert result.counts == {"lines": 2500, "records": 2500, "blank": 0, "skipped": 0, "quarantined": 0}

@@ -1,0 +1,238 @@
+"""Throughput at 100M scale (issue 12), SIMULATED engine: printed, not asserted.
+
+The workload: ``--gpus`` simulated GPUs (one worker process each, one engine batch at a time:
+``--max-concurrent-batches 1``), batch latency ``a + b·prompt tokens`` (a = 5 ms, b = 2 µs/token;
+the engine's ``completion_tokens`` is 0, so its latency is exactly that), ``--records`` records of
+50–400 tokens (seeded, uniform; a record's text has ``(tokens - 1) · 4`` characters, so
+``chars // 4 + 1`` gives its tokens back), ``--target-batch-tokens`` 32,000, ``--max-batch-size``
+256. The ideal bound is ``(ceil(total_tokens / target) · a + b · total_tokens) / GPUs``: every batch
+full, every engine busy from the first second to the last; efficiency (the pool level) = bound /
+wall. Each request's batch cost is its prompt tokens plus its completion budget (``max_tokens`` = 1),
+so the worker's batches hold one token per record less prompt than the bound assumes (< 0.5 %).
+
+Parts (each prints a table; one JSON line at the end holds them all):
+
+(a) warm pool: the dataset sharded into ``--shards`` shards (the storage API), ``--gpus`` workers
+    already up, the shard jobs submitted over the RPC (``PoolClient``, no Airflow) all at once.
+    Printed: wall (client-observed, and first job start to last job end from the completion
+    manifests), bound, efficiency, engine busy fraction per worker (batcher ``busy_time_s`` / wall),
+    batches vs the ideal count, and the workers' peak RSS.
+
+Run: ``python bench/scale.py [--quick] [--records 1000000]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from airflow_batchinfer.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
+from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
+from airflow_batchinfer.storage import JsonlDir  # noqa: E402
+from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
+from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
+
+WORDS = ["sun", "haze", "dust", "cloud", "evening", "scatter", "light", "blue", "red", "angle", "air",
+         "ocean", "wave", "salt", "wind"]  # fmt: skip
+PROMPT = "{{ text }}"  # the prompt is the record's text: its tokens are the record's tokens
+
+
+# ------------------------------------------------------------------------------------- dataset
+def make_dataset(root: Path, records: int, shards: int, seed: int) -> tuple[list[ShardDescriptor], int]:
+    """``records`` records of 50–400 tokens in ``shards`` shards; returns them and the total tokens."""
+    rng = random.Random(seed)
+    corpus = " ".join(rng.choices(WORDS, k=400_000))  # text to slice from: a realistic ~3x compression
+    lengths = [rng.randint(50, 400) for _ in range(records)]
+    total_tokens = sum(lengths)
+
+    def rows() -> Any:
+        for i, tokens in enumerate(lengths):
+            chars = (tokens - 1) * 4
+            start = rng.randrange(len(corpus) - chars)
+            yield {"id": i, "text": corpus[start : start + chars]}
+
+    per_shard = math.ceil(records / shards)
+    with JsonlDir(str(root / "input")).writer_sync(max_records_per_shard=per_shard) as w:
+        w.write_many(rows())
+    return list(w.shards_written), total_tokens
+
+
+def ideal_bound(total_tokens: int, target: int, a: float, b: float, gpus: int) -> tuple[float, int]:
+    batches = math.ceil(total_tokens / target)
+    return (batches * a + b * total_tokens) / gpus, batches
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def batcher_stats(workers: list[WorkerProcess]) -> list[dict[str, Any]]:
+    return [w.http("GET", "/v1/stats").json()["batcher"] for w in workers]
+
+
+def infer_spec(layout: RunLayout, shard: ShardDescriptor, tag: str) -> JobSpec:
+    job = f"{tag}-{shard['shard_id']}"
+    return JobSpec(
+        job_id=job,
+        kind="infer",
+        input=shard["uri"],
+        outputs={"inferred": layout.inferred(0, job), "manifest": layout.job_manifest(0, job, "infer")},
+        params={
+            "prompt_template": PROMPT,
+            "chat": False,
+            "input_records": shard["records"],
+            "sampling": {"max_tokens": 1},
+        },
+    )
+
+
+# ------------------------------------------------------------------------------ (a) warm pool
+async def submit_all(urls: list[str], specs: list[JobSpec], poll_s: float) -> list[dict[str, Any]]:
+    client = PoolClient(urls, token=TOKEN, poll_interval_s=poll_s)
+    try:
+        return list(await asyncio.gather(*(client.run(s) for s in specs)))
+    finally:
+        await client.aclose()
+
+
+def part_a(
+    args: argparse.Namespace, work: Path, shards: list[ShardDescriptor], total_tokens: int
+) -> dict[str, Any]:
+    """Warm pool: ``--gpus`` workers up, the shard jobs over the RPC, no Airflow."""
+    concurrency = math.ceil(len(shards) / args.gpus)  # every shard job runs at once
+    flags = ["--target-batch-tokens", str(args.target_batch_tokens), "--max-batch-size"]
+    flags += [str(args.max_batch_size), "--max-concurrent-batches", "1"]  # one batch at a time per GPU
+    engine = {
+        "latency_base_s": args.a,
+        "latency_per_token_s": args.b,
+        "completion_tokens": 0,  # latency = a + b·prompt tokens, exactly the issue's model
+    }
+    workers = [
+        start_worker(work, concurrency=concurrency, engine_args=engine, extra=flags) for _ in range(args.gpus)
+    ]
+    layout = RunLayout(str(work / "run"))
+    try:
+        before = batcher_stats(workers)
+        t0, epoch0 = time.perf_counter(), time.time()
+        manifests = asyncio.run(
+            submit_all([w.url for w in workers], [infer_spec(layout, s, "a") for s in shards], args.poll)
+        )
+        wall, epoch1 = time.perf_counter() - t0, time.time()
+        after = batcher_stats(workers)
+        rss = [round(peak_rss_mb(w.process.pid), 1) for w in workers]
+    finally:
+        for w in workers:
+            w.stop()
+    bound, ideal_batches = ideal_bound(total_tokens, args.target_batch_tokens, args.a, args.b, args.gpus)
+    starts = [m["timings"]["started_at"] for m in manifests]
+    ends = [m["timings"]["finished_at"] for m in manifests]
+    span = max(ends) - min(starts)
+    busy = [x["busy_time_s"] - y["busy_time_s"] for x, y in zip(after, before, strict=True)]
+    batches = sum(x["total_batches"] - y["total_batches"] for x, y in zip(after, before, strict=True))
+    counts = [m["counts"] for m in manifests]
+    return {
+        "records": sum(s["records"] for s in shards),
+        "shards": len(shards),
+        "gpus": args.gpus,
+        "total_tokens": total_tokens,
+        "wall_s": round(wall, 2),
+        "jobs_span_s": round(span, 2),
+        "jobs_start_spread_s": round(max(starts) - min(starts), 2),
+        "to_first_start_s": round(min(starts) - epoch0, 2),
+        "after_last_end_s": round(epoch1 - max(ends), 2),
+        "poll_s": args.poll,
+        "bound_s": round(bound, 2),
+        "efficiency": round(bound / wall, 3),
+        "efficiency_jobs_span": round(bound / span, 3),
+        "engine_busy_fraction": [round(b / wall, 3) for b in busy],
+        "batches": batches,
+        "ideal_batches": ideal_batches,
+        "peak_rss_mb": rss,
+        "ok": sum(c.get("ok", 0) for c in counts),
+        "errors": sum(c.get("error", 0) for c in counts),
+    }
+
+
+def print_a(r: dict[str, Any]) -> None:
+    print(
+        f"\n== (a) warm pool, SIMULATED engine: {r['records']:,} records, {r['shards']} shard jobs over the "
+        f"RPC on {r['gpus']} workers (no Airflow) =="
+    )
+    rows = [
+        ("wall (client)", f"{r['wall_s']} s"),
+        ("wall (jobs span)", f"{r['jobs_span_s']} s (first job start to last job end)"),
+        (
+            "client overhead",
+            f"{r['to_first_start_s']} s to the first start, {r['after_last_end_s']} s after "
+            f"the last end (poll {r['poll_s']} s); starts spread {r['jobs_start_spread_s']} s",
+        ),
+        ("ideal bound", f"{r['bound_s']} s"),
+        ("efficiency", f"{r['efficiency']}  (jobs span: {r['efficiency_jobs_span']})"),
+        ("engine busy / wall", ", ".join(map(str, r["engine_busy_fraction"]))),
+        ("batches / ideal", f"{r['batches']} / {r['ideal_batches']}"),
+        ("peak RSS", ", ".join(f"{m} MB" for m in r["peak_rss_mb"])),
+        ("rows ok / error", f"{r['ok']:,} / {r['errors']:,}"),
+    ]
+    for k, v in rows:
+        print(f"{k:>20}: {v}")
+
+
+# -------------------------------------------------------------------------------------------- main
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20,000 records (a fast look)")
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--shards", type=int, default=10)
+    parser.add_argument("--gpus", type=int, default=2, help="simulated GPUs: one worker process each")
+    parser.add_argument("--target-batch-tokens", type=int, default=32_000)
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--a", type=float, default=0.005, help="engine latency per batch, s")
+    parser.add_argument("--b", type=float, default=2e-6, help="engine latency per prompt token, s")
+    parser.add_argument(
+        "--poll", type=float, default=0.25, help="the client's status poll interval, s (default 0.25)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--keep", action="store_true", help="keep the dataset and outputs (temp dir)")
+    args = parser.parse_args()
+    if args.quick:
+        args.records = 20_000
+    work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    try:
+        t0 = time.perf_counter()
+        shards, total_tokens = make_dataset(work, args.records, args.shards, args.seed)
+        print(f"dataset: {args.records:,} records, {total_tokens:,} tokens, {len(shards)} shards "
+              f"({time.perf_counter() - t0:.1f} s to generate) in {work}")  # fmt: skip
+        result: dict[str, Any] = {"bench": "scale", "records": args.records, "seed": args.seed}
+
+        result["warm_pool"] = a = part_a(args, work, shards, total_tokens)
+        print_a(a)
+
+        # Further parts (e.g. the same shards through the factory DAG on local Airflow) go here: each
+        # takes ``args``, ``work``, ``shards`` and ``total_tokens``, prints its table and adds its
+        # result under its own key.
+
+        print(json.dumps(result))
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
