@@ -183,6 +183,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", default=None, help="system message for chat prompts")
     p.add_argument("--sampling", default="{}", help='JSON, e.g. \'{"max_tokens": 64, "temperature": 0.7}\'')
     p.add_argument("--judge", default='{"type": "llm"}', help="judge spec as JSON (see README)")
+    p.add_argument(
+        "--judge-pool",
+        default=None,
+        metavar="POOL",
+        help="judge on this running pool with its own model (local://NAME or kubernetes://NS/NAME, "
+        "started with `pool up`; an llm judge): each shard's judge starts when its inference ends. "
+        "Default: each shard is inferred and judged in one job",
+    )
     p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
     p.add_argument("--max-rounds", type=int, default=3)
     p.add_argument("--max-attempts", type=int, default=3)
@@ -435,6 +443,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         chunk_size=args.chunk_size,
         id_field=args.id_field,
         assign_ids=args.assign_ids,
+        judge_pool=args.judge_pool,
     )
     # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
     lease = f"cli-run:{args.run_root}"
@@ -465,12 +474,20 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
             bar = bars[phase] = ProgressBar(phase, total, unit="rec")
         bar(done - bar.records, done - bar.records)
 
+    judge_pool: WorkerPool | None = None
+    if cfg.judge_pool:
+        judge_pool = PoolRef.parse(cfg.judge_pool).open()
+        judge_pool.acquire(lease, 1)  # a running pool, leased as it is
+
     async def go() -> dict[str, Any]:
         client = PoolClient.for_pool(pool, lease_id=lease)
+        judge = None if judge_pool is None else PoolClient.for_pool(judge_pool, lease_id=lease)
         try:
-            return await run_pipeline(cfg, client, progress=progress)
+            return await run_pipeline(cfg, client, judge_pool=judge, progress=progress)
         finally:
             await client.aclose()
+            if judge is not None:
+                await judge.aclose()
 
     try:
         return asyncio.run(go())
@@ -478,6 +495,8 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         for bar in bars.values():
             bar.close()
         pool.release(lease)
+        if judge_pool is not None:
+            judge_pool.release(lease)
 
 
 def _env(name: str, default: Any = None) -> Any:

@@ -4,7 +4,13 @@
 
     shard ─┐
            ├─ preflight ─ round_00 ─ round_01 ─ … ─ tail ─ report ─ pool_teardown
-    pool_setup ┘           (plan → infer[] → judge[] → close)   (plan → in_place[] → close)
+    pool_setup ┘           (plan → infer_judge[] → close)   (plan → in_place[] → close)
+
+Each round runs one mapped ``infer_judge`` task per shard: the shard is inferred and judged in one job
+on the run's pool, so a shard's approved and rejected rows exist as soon as its own job ends. With
+``judge_airflow_pool``, the judge has its own warm pool and model (params ``judge_pool``,
+``judge_model`` …) and a round maps a task group per shard instead, ``shard.infer → shard.judge``: a
+shard's judge starts when its own infer ends, and each Airflow pool bounds its own pool's jobs.
 
 Every run setting is a DAG param with a JSON schema, so the trigger form in the UI asks for them.
 Mapped shard tasks run in the Airflow pool ``airflow_pool``; create it with
@@ -17,7 +23,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, Param, TaskGroup
+from airflow.sdk import DAG, Asset, Param, TaskGroup, task_group
 
 from airflow_batchinfer.limits import TriggerLimits, implied_by
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
@@ -29,6 +35,7 @@ from airflow_batchinfer.operators.rounds import (
 )
 from airflow_batchinfer.operators.shard import ShardDatasetOperator
 from airflow_batchinfer.operators.shard_jobs import (
+    InferJudgeShardOperator,
     InferShardOperator,
     InPlaceRetryShardOperator,
     JudgeShardOperator,
@@ -118,6 +125,30 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "max_failed_shards": {"type": "integer", "minimum": 0, "description": "quarantined shards tolerated"},
 }
 
+# The judge's own pool (DAGs built with ``judge_airflow_pool``): an LLM judge on another model.
+JUDGE_POOL_DEFAULTS: dict[str, Any] = {
+    "judge_pool": "local://batchinfer-judge",
+    "judge_engine": "transformers",
+    "judge_model": "builtin:smollm2",
+    "judge_engine_options": {},
+    "judge_replicas": 1,
+    "judge_concurrency": 4,
+    "judge_kubernetes": {},
+}
+SCHEMAS.update(
+    judge_pool={
+        "type": "string",
+        "minLength": 1,
+        "description": "the judge's own warm pool (as worker_pool)",
+    },
+    judge_engine=SCHEMAS["engine"],
+    judge_model={**SCHEMAS["model"], "description": "the judge's model, on the judge's pool"},
+    judge_engine_options=SCHEMAS["engine_options"],
+    judge_replicas={**SCHEMAS["replicas"], "description": "judge workers this run needs"},
+    judge_concurrency={**SCHEMAS["concurrency"], "description": "judge jobs per judge worker"},
+    judge_kubernetes={**SCHEMAS["kubernetes"], "description": "the judge pool's Kubernetes settings"},
+)
+
 # Params that become the run's settings (run.json); the rest configure the pool.
 RUN_SETTINGS = (
     "input", "prompt_template", "judge", "system", "sampling", "strategy", "max_rounds", "max_attempts",
@@ -191,6 +222,7 @@ def build_batch_inference_dag(
     pool_setup: bool = True,
     poll_interval_s: float = 2.0,
     limits: TriggerLimits | None = None,
+    judge_airflow_pool: str | None = None,
     **dag_kwargs: Any,
 ) -> DAG:
     """Build the pipeline DAG.
@@ -212,16 +244,21 @@ def build_batch_inference_dag(
         deployment's ``[batchinfer]`` config section and the pool connection widen them further; a
         run whose params go beyond all of them fails at its first task, before any work
         (docs: Security model).
+    :param judge_airflow_pool: give the judge its own warm pool (params ``judge_pool``,
+        ``judge_engine``, ``judge_model``, ``judge_engine_options``, ``judge_replicas``,
+        ``judge_concurrency``, ``judge_kubernetes``; the judge must be an ``llm`` judge), its jobs
+        bounded by this Airflow pool. Without it, each shard is inferred and judged in one job.
     :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
-    values = {**DEFAULTS, **(defaults or {})}
+    names = {**DEFAULTS, **(JUDGE_POOL_DEFAULTS if judge_airflow_pool else {})}
+    values = {**names, **(defaults or {})}
     values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
     params = {
         name: Param(
             values[name], **{**SCHEMAS[name], **({"maximum": max_rounds} if name == "max_rounds" else {})}
         )
-        for name in DEFAULTS
+        for name in names
     }
     trusted = implied_by(values).widen(limits)
     results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"batchinfer://{dag_id}/results")
@@ -243,55 +280,71 @@ def build_batch_inference_dag(
     with DAG(dag_id, params=params, render_template_as_native_obj=True, **dag_kwargs) as dag:
         config = {name: _p(name) for name in RUN_SETTINGS}
         config["run_root"] = RUN_ROOT
+        if judge_airflow_pool:
+            config["judge_pool"] = _p("judge_pool")
         shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id, limits=trusted)
         preflight = PreflightOperator(task_id="preflight", worker_pool=_p("worker_pool"), **common)
         shard >> preflight
-        setup = None
+        setups: list[Any] = []
         if pool_setup:
-            setup = PoolSetupOperator(
-                task_id="pool_setup",
-                worker_pool=_p("worker_pool"),
-                engine=_p("engine"),
-                model=_p("model"),
-                engine_options=_p("engine_options"),
-                replicas=_p("replicas"),
-                concurrency=_p("concurrency"),
-                idle_ttl_s=_p("idle_ttl_s"),
-                allowed_prefixes=[_p("output_root")],
-                target_batch_tokens=_p("target_batch_tokens"),
-                kubernetes=_p("kubernetes"),
-                limits=trusted,
-                run_root=RUN_ROOT,
-            ).as_setup()
-            setup >> preflight
+            pools = [("pool_setup", "")] + ([("judge_pool_setup", "judge_")] if judge_airflow_pool else [])
+            for task_id, prefix in pools:
+                setup = PoolSetupOperator(
+                    task_id=task_id,
+                    worker_pool=_p(f"{prefix or 'worker_'}pool"),
+                    engine=_p(f"{prefix}engine"),
+                    model=_p(f"{prefix}model"),
+                    engine_options=_p(f"{prefix}engine_options"),
+                    replicas=_p(f"{prefix}replicas"),
+                    concurrency=_p(f"{prefix}concurrency"),
+                    idle_ttl_s=_p("idle_ttl_s"),
+                    allowed_prefixes=[
+                        _p("output_root")
+                    ],  # and the allowed input prefixes (limits)  # round-0 jobs read input ranges
+                    target_batch_tokens=_p("target_batch_tokens"),
+                    kubernetes=_p(f"{prefix}kubernetes"),
+                    limits=trusted,
+                    run_root=RUN_ROOT,
+                ).as_setup()
+                setup >> preflight
+                setups.append(setup)
         upstream: Any = preflight
+        judge_args = {**job_args, "worker_pool": _p("judge_pool"), "pool": judge_airflow_pool}
+
+        @task_group(group_id="shard")
+        def per_shard(shard: Any) -> None:
+            # Mapped per shard: shard.judge[i] starts as soon as shard.infer[i] ends.
+            infer = InferShardOperator(task_id="infer", shard=shard, **job_args)
+            inferred: Any = infer.output
+            JudgeShardOperator(task_id="judge", shard=inferred, **judge_args)
+
         for slot in slots(max_rounds):
             with TaskGroup(slot.replace("-", "_")) as group:
                 plan = RoundControllerOperator(
                     task_id="plan", slot=slot, worker_pool=_p("worker_pool"), **common, **review_args
                 )
+                jobs: Any
                 if slot == TAIL:
                     jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
                         shard=plan.output
                     )
-                    last_jobs = [jobs]
+                elif judge_airflow_pool is None:
+                    jobs = InferJudgeShardOperator.partial(task_id="infer_judge", **job_args).expand(
+                        shard=plan.output
+                    )
                 else:
-                    infer = InferShardOperator.partial(task_id="infer", **job_args).expand(shard=plan.output)
-                    judge = JudgeShardOperator.partial(
-                        task_id="judge", trigger_rule="all_done", **job_args
-                    ).expand(shard=infer.output)
-                    last_jobs = [infer, judge]
+                    jobs = per_shard.expand(shard=plan.output)
                 close = CloseRoundOperator(task_id="close", slot=slot, **common)
-                last_jobs[-1] >> close
-                if len(last_jobs) > 1:
-                    last_jobs[0] >> close
+                jobs >> close
             upstream >> group
             upstream = group
         report = RunReportOperator(task_id="report", outlets=[results], **common)
         upstream >> report
-        if setup is not None:
+        for setup in setups:
             teardown = PoolTeardownOperator(
-                task_id="pool_teardown", worker_pool=_p("worker_pool"), limits=trusted
+                task_id=setup.task_id.replace("setup", "teardown"),
+                worker_pool=setup.worker_pool,
+                limits=trusted,
             ).as_teardown(setups=setup)
             report >> teardown
     return dag

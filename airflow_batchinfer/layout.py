@@ -88,6 +88,11 @@ class RunLayout:
     def rejected(self, r: int, shard_id: str) -> str:
         return join(self.rejected_dir(r), shard_id + SHARD_SUFFIX)
 
+    def range_rejects(self, r: int, shard_id: str) -> str:
+        """Bad lines a round-0 range job found in its range (line in range, byte offset); round 0's
+        close rewrites them into ``rejects/`` with absolute line numbers."""
+        return join(self.round(r), "input-rejects", shard_id + SHARD_SUFFIX)
+
     def failed(self, r: int) -> str:
         return join(self.round(r), "failed")
 

@@ -169,7 +169,7 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
     from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
 
     kube = defaults.get("kubernetes") or {}
-    return TriggerLimits(
+    limits = TriggerLimits(
         allowed_input_prefixes=tuple(v for v in [defaults.get("input")] if v),
         allowed_output_prefixes=tuple(v for v in [defaults.get("output_root")] if v),
         allowed_worker_pools=tuple(v for v in [defaults.get("worker_pool")] if v),
@@ -181,6 +181,22 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
         allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
     )
+    judge = judge_pool_view(defaults)
+    return limits.widen(implied_by(judge)) if judge else limits
+
+
+# A judge with its own pool (``judge_pool``) names that pool's settings with these params; they are
+# checked against the same limits as the run's pool.
+JUDGE_POOL_PARAMS = {"worker_pool": "judge_pool", "engine": "judge_engine", "model": "judge_model",
+                     "engine_options": "judge_engine_options", "replicas": "judge_replicas",
+                     "kubernetes": "judge_kubernetes"}  # fmt: skip
+
+
+def judge_pool_view(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The judge pool's settings under the run pool's names (empty without ``judge_pool``)."""
+    if not params.get("judge_pool"):
+        return {}
+    return {key: params[name] for key, name in JUDGE_POOL_PARAMS.items() if name in params}
 
 
 def _where(setting: str) -> str:
@@ -202,14 +218,21 @@ def refusals(
     *,
     run_root: str | None = None,
     pool_is_connection: bool = False,
+    judge_pool_is_connection: bool = False,
 ) -> list[str]:
     """Why a DAG run's ``params`` go beyond ``limits`` (empty: they do not). Only the params present
     are checked: ``input``, ``output_root``, ``run_name``, ``worker_pool``, ``engine``, ``model``,
     ``engine_options``, ``judge``, ``replicas`` and ``kubernetes``. ``run_root``: the run root the
     task rendered (``output_root`` plus the run's name), checked too. ``pool_is_connection``:
     ``worker_pool`` names a connection of type ``batchinfer_pool`` (which pins its own pool and is
-    always allowed)."""
+    always allowed). The judge's own pool (``judge_pool`` and the other :data:`JUDGE_POOL_PARAMS`)
+    is checked like the run's (``judge_pool_is_connection`` likewise)."""
     out: list[str] = []
+    if judge := judge_pool_view(params):
+        out += [
+            f"judge pool: {why}"
+            for why in refusals(judge, limits, pool_is_connection=judge_pool_is_connection)
+        ]
     for what, uri, setting in (
         ("input", params.get("input"), "allowed_input_prefixes"),
         ("output_root", params.get("output_root"), "allowed_output_prefixes"),

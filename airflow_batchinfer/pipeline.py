@@ -1,7 +1,8 @@
 """``batchinfer run``: the whole round pipeline on a worker pool, without Airflow.
 
 The same steps the DAG runs, in one process: shard, then per round slot propose a plan, run its
-jobs (infer → judge, or in place), close the round; then the report. The decisions and files are
+jobs (infer_judge, infer → judge on the judge's own pool, or in place), close the round; then the
+report. The decisions and files are
 those of :mod:`airflow_batchinfer.rounds`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
 page); here ``review`` must be ``never``.
@@ -24,6 +25,7 @@ from airflow_batchinfer.rounds import (
     prepare_run,
     propose,
     record_job_error,
+    round_kinds,
     slots,
     write_plan,
 )
@@ -35,53 +37,69 @@ from airflow_batchinfer.storage import ShardDescriptor
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
 
 
-async def _run_jobs(
-    pool: PoolClient,
+async def _run_job(pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> bool:
+    """Run one shard's job; a failing job is retried ``job_retries`` times, then left for
+    ``close_round`` to quarantine. Returns whether it finished."""
+    spec = job_spec(cfg, kind, r, shard)
+    for _ in range(cfg.job_retries + 1):
+        try:
+            await pool.run(spec)
+        except JobFailed as exc:
+            await asyncio.to_thread(record_job_error, cfg, r, shard["shard_id"], kind, str(exc), None)
+            continue
+        return True
+    return False
+
+
+async def _run_round(
+    pools: dict[JobKind, PoolClient],
     cfg: RunConfig,
-    kind: JobKind,
-    r: int,
-    shards: list[ShardDescriptor],
+    plan: Plan,
     progress: Progress | None,
-) -> list[ShardDescriptor]:
-    """Run one job per shard; a failing job is retried ``job_retries`` times, then left for
-    ``close_round`` to quarantine. Returns the shards whose job finished."""
+) -> None:
+    """Every shard's jobs (:func:`~airflow_batchinfer.rounds.round_kinds`), shard by shard: a shard's
+    judge (on the judge's own pool) starts as soon as its own inference ends."""
+    kinds = round_kinds(cfg, plan.mode)
     done_records = 0
-    total = sum(s["records"] for s in shards)
+    phase = f"round {plan.round} {'+'.join(kinds)}"
 
-    async def one(shard: ShardDescriptor) -> ShardDescriptor | None:
+    async def one(shard: ShardDescriptor) -> None:
         nonlocal done_records
-        spec = job_spec(cfg, kind, r, shard)
-        for _ in range(cfg.job_retries + 1):
-            try:
-                await pool.run(spec)
-            except JobFailed as exc:
-                await asyncio.to_thread(record_job_error, cfg, r, shard["shard_id"], kind, str(exc), None)
-                continue
-            done_records += shard["records"]
-            if progress:
-                progress(f"round {r} {kind}", done_records, total)
-            return shard
-        return None
+        for kind in kinds:
+            job_input = inferred_shard(cfg, plan.round, shard) if kind == "judge" else shard
+            if not await _run_job(pools[kind], cfg, kind, plan.round, job_input):
+                return
+        done_records += shard["records"]
+        if progress:
+            progress(phase, done_records, plan.records)
 
-    return [s for s in await asyncio.gather(*(one(s) for s in shards)) if s is not None]
+    await asyncio.gather(*(one(s) for s in plan.shards))
 
 
 async def run_pipeline(
-    cfg: RunConfig, pool: PoolClient, *, progress: Progress | None = None
+    cfg: RunConfig,
+    pool: PoolClient,
+    *,
+    judge_pool: PoolClient | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, Any]:
+    """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judge_pool``'s judge jobs."""
     if cfg.review != "never":
         raise ConfigError("review between rounds needs Airflow (the Required Actions page); use review=never")
+    if bool(cfg.judge_pool) != (judge_pool is not None):
+        raise ConfigError("judge_pool is set in the run's settings but no judge pool client was given, "
+                          "or the other way round")  # fmt: skip
+    pools: dict[JobKind, PoolClient] = {"infer": pool, "infer_judge": pool, "in_place": pool,
+                                        "judge": judge_pool or pool}  # fmt: skip
     await asyncio.to_thread(prepare_run, cfg)
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose, cfg, slot)).plan
         if plan.mode != "skip":
             plan.engine = await pool.engine()
+            if judge_pool is not None:
+                plan.judge_engine = await judge_pool.engine()
         await asyncio.to_thread(write_plan, RunLayout(cfg.run_root), plan)
-        if plan.mode == "rounds":
-            inferred = await _run_jobs(pool, cfg, "infer", plan.round, plan.shards, progress)
-            judge_in = [inferred_shard(cfg, plan.round, s) for s in inferred]
-            await _run_jobs(pool, cfg, "judge", plan.round, judge_in, progress)
-        elif plan.mode == "in_place":
-            await _run_jobs(pool, cfg, "in_place", plan.round, plan.shards, progress)
+        if plan.mode != "skip":
+            await _run_round(pools, cfg, plan, progress)
         await asyncio.to_thread(close_round, cfg, plan)
     return await asyncio.to_thread(build_report, cfg)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import httpx
@@ -18,8 +19,9 @@ from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
 
 
 def _spec(cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: dict[str, Any]) -> JobSpec:
@@ -78,6 +80,16 @@ def _sizing(
     return plan.to_dict()
 
 
+def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) -> Iterable[dict[str, Any]]:
+    """A pending shard's records; a round-0 byte range is read and validated as its job reads it
+    (bad lines are skipped here: its job quarantines them)."""
+    if "range" not in shard:
+        return JsonlFile(shard["uri"], storage_options=so).iter_records()
+    reader = read_range(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=DiscardRejects(),
+                        storage_options=so)  # fmt: skip
+    return reader
+
+
 def run_preflight(
     cfg: RunConfig,
     urls: list[str],
@@ -87,8 +99,10 @@ def run_preflight(
     concurrency: int | None = None,
     max_map_length: int = sizing.DEFAULT_MAX_MAP_LENGTH,
     transport: httpx.AsyncBaseTransport | None = None,
+    judge_pool: tuple[list[str], str | None] | None = None,
 ) -> dict[str, Any]:
     """Sample, run infer and judge on the pool at ``urls``, store and return the projection.
+    ``judge_pool``: the judge's own pool (its URLs and token), where the judge job runs instead.
 
     The summary's ``"sizing"`` is :func:`airflow_batchinfer.sizing.plan_run` for the whole dataset
     from the measured tokens/s (as one GPU's) and tokens per record, the measured approval rate, the
@@ -105,7 +119,7 @@ def run_preflight(
     n = 0
     with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
         for shard in shards:
-            for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+            for row in _records(cfg, shard, so):
                 if n >= cfg.preflight_records:
                     break
                 out.write(row)
@@ -123,14 +137,19 @@ def run_preflight(
 
     async def go() -> tuple[dict[str, Any], dict[str, Any], float, list[int]]:
         pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
+        judges = pool
+        if judge_pool is not None:
+            judges = PoolClient(judge_pool[0], token=judge_pool[1], storage_options=so, transport=transport)
         t0 = time.monotonic()
         try:
             a = await pool.run(infer)
-            b = await pool.run(judge)
+            b = await judges.run(judge)
             wall = time.monotonic() - t0
             slots = [] if concurrency else await _slots(pool)
         finally:
             await pool.aclose()
+            if judges is not pool:
+                await judges.aclose()
         return a, b, wall, slots
 
     mi, mj, wall, slots = asyncio.run(go())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import io
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from airflow_batchinfer.layout import RunLayout
@@ -26,11 +26,12 @@ from airflow_batchinfer.rounds import (
     write_doc,
 )
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.ranges import range_ids
 
 # How a run ended, from its stop reason; only "complete" is a normal completion.
 STATUS = {
@@ -132,8 +133,10 @@ def check_invariant(
     accepted (its plan). Each round's close checked its own shards and named the ids it found lost or
     doubled; the report repeats them. Only a run whose documents lack digests (started before they
     existed), or whose digests disagree with no round naming why, is checked by reading its ids, in
-    bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`). ``lost``, ``doubled`` and
-    ``unexpected`` name at most 20 ids each; ``checked`` says how (``digests`` or ``ids``)."""
+    bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`); round 0's range shards
+    (:mod:`~airflow_batchinfer.storage.ranges`), a quarantined one's included, are then read by
+    their ranges, never the whole source. ``lost``, ``doubled`` and ``unexpected`` name at most 20
+    ids each; ``checked`` says how (``digests`` or ``ids``)."""
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
     expected = total(IdDigest.maybe(s.get("ids")) for s in manifest.get("shards", []))
     parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
@@ -156,14 +159,21 @@ def check_invariant(
         }
     # No digests to go by, or digests that disagree with no round naming why: read the ids.
     input_dir = JsonlDir(layout.input, storage_options=so)
-    seen = JsonlDir(layout.results, storage_options=so).jsonl_files()
-    seen += [JsonlFile(s["uri"], storage_options=so) for s in pending]
+    ranges = {s["shard_id"]: s for s in manifest.get("shards", []) if "range" in s}
+    reads = _RangeIds(manifest, id_field, so)
+    seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
+    seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
     for x in rounds:
         if x["mode"] == "in_place":
             seen += JsonlDir(layout.rejected_dir(x["round"]), storage_options=so).jsonl_files()
-    seen += [JsonlFile(f["uri"], storage_options=so) for f in failed]  # a failed job: its whole input shard
-    inputs = [input_dir.file(s.name) for s in input_dir.shards()]
-    diff = diff_ids(lambda: file_ids(inputs, id_field), lambda: file_ids(seen, id_field), limit=MAX_NAMED)
+    for f in failed:  # a failed job: its whole input shard (round 0's: the range it was to read)
+        shard = ranges.get(f["shard_id"]) if f.get("round") == 0 else None
+        seen.append(shard or JsonlFile(f["uri"], storage_options=so))
+    # Range shards of the source leave nothing under input/ but the manifest.
+    inputs: list[JsonlFile | ShardDescriptor] = (
+        list(manifest["shards"]) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
+    )
+    diff = diff_ids(lambda: reads.ids(inputs), lambda: reads.ids(seen), limit=MAX_NAMED)
     return {
         "input": diff.expected.count,
         "accounted": diff.actual.count,
@@ -173,6 +183,26 @@ def check_invariant(
         "ok": diff.ok,
         "checked": "ids",
     }
+
+
+class _RangeIds:
+    """The ids of files and of round-0 range shards, one at a time (a side of :func:`diff_ids`). A
+    range is read by its range only, validated as its job read it (bad lines dropped, ids assigned
+    as the run assigned them), never the whole source."""
+
+    def __init__(self, manifest: dict[str, Any], id_field: str, so: StorageOptions | None) -> None:
+        self.id_field = id_field
+        self.range_id_field = manifest.get("id_field") or id_field  # what round 0's jobs used
+        self.assign_ids = bool((manifest.get("fingerprint") or {}).get("assign_ids"))
+        self.so = so
+
+    def ids(self, sources: Iterable[JsonlFile | ShardDescriptor]) -> Iterator[Any]:
+        for src in sources:
+            if isinstance(src, JsonlFile):
+                yield from file_ids([src], self.id_field)
+                continue
+            yield from range_ids(src, id_field=self.range_id_field, assign_ids=self.assign_ids,
+                                 storage_options=self.so)  # fmt: skip
 
 
 def _named(lists: Iterable[list[Any] | None]) -> list[Any]:

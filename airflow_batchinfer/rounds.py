@@ -10,9 +10,10 @@ records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -23,10 +24,12 @@ from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact, shard_dataset
-from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids
+from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
 from airflow_batchinfer.storage.json_doc import read_json, write_json
+from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
-from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
+from airflow_batchinfer.storage.ranges import range_ids, range_params, read_range, shard_ranges
 from airflow_batchinfer.storage.sharding import ShardingResult
 from airflow_batchinfer.worker.manifest import manifest_ids, read_job_manifest
 
@@ -92,15 +95,7 @@ def prepare_run(
     more than ``max_shards`` shards with the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
     cfg.validate()
     layout = RunLayout(cfg.run_root)
-    result = shard_dataset(
-        cfg.input,
-        layout.input,
-        records_per_shard=cfg.records_per_shard,
-        id_field=cfg.id_field,
-        assign_ids=cfg.assign_ids,
-        rejects=layout.rejects,
-        storage_options=so,
-    )
+    result = shard_input(cfg, layout, so)
     if max_shards is not None and len(result.shards) > max_shards:
         records = result.counts.get("records", 0)
         raise ConfigError(
@@ -114,25 +109,58 @@ def prepare_run(
     return result
 
 
+def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> ShardingResult:
+    """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
+    see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
+    frame), shards copied from it as before."""
+    rps, id_field, assign = cfg.records_per_shard, cfg.id_field, cfg.assign_ids
+    planned = shard_ranges(
+        cfg.input, layout.input, records_per_shard=rps, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD,
+        id_field=id_field, assign_ids=assign, rejects=layout.rejects, storage_options=so,
+    )  # fmt: skip
+    if planned is None:
+        return shard_dataset(
+            cfg.input, layout.input, records_per_shard=rps, id_field=id_field, assign_ids=assign,
+            rejects=layout.rejects, storage_options=so,
+        )  # fmt: skip
+    shards, manifest, reused = planned
+    return ShardingResult(
+        shards=shards,
+        counts=manifest["counts"],
+        id_field=manifest.get("id_field") or cfg.id_field or "id",
+        rejects_uri=manifest["rejects_uri"],
+        reused=reused,
+    )
+
+
 # ---------------------------------------------------------------------------------------- jobs
+def round_kinds(cfg: RunConfig, mode: Mode) -> tuple[JobKind, ...]:
+    """The jobs a round of ``mode`` runs per shard, in order; the last one's outputs are accepted.
+    A judge on the run's pool is fused with inference (the shard is read once, no inferred file);
+    a judge with its own pool (``judge_pool``) runs after inference, shard by shard."""
+    if mode == "in_place":
+        return ("in_place",)
+    return ("infer", "judge") if cfg.judge_pool else ("infer_judge",)
+
+
 def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> JobSpec:
-    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Judge and in-place
-    jobs carry ``outputs["staging"]``: the worker writes their approved and rejected rows under an
-    attempt token there, and :func:`close_round` moves one attempt's files to the final URIs."""
+    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Judge, infer_judge
+    and in-place jobs carry ``outputs["staging"]``: the worker writes their approved and rejected
+    rows under an attempt token there, and :func:`close_round` moves one attempt's files to the final URIs."""
     layout = RunLayout(cfg.run_root)
     sid = shard["shard_id"]
     params: dict[str, Any]
     if kind == "infer":
         outputs = {"inferred": layout.inferred(r, sid), "manifest": layout.job_manifest(r, sid, kind)}
         params = cfg.infer_params()
-    elif kind == "judge":
+    elif kind in ("judge", "infer_judge"):
         outputs = {
             "approved": layout.result(r, sid),
             "rejected": layout.rejected(r, sid),
             "manifest": layout.job_manifest(r, sid, kind),
             "staging": layout.staging(r),  # fenced: close accepts one attempt's outputs, once
         }
-        params = cfg.judge_params()
+        params = cfg.judge_params() if kind == "judge" else {**cfg.infer_params(), **cfg.judge_params()}
     else:
         outputs = {
             "approved": layout.result(r, sid, tail=True),
@@ -149,10 +177,20 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
         outputs=outputs,
         params={**params, "round": r, "input_records": shard["records"]},
     )
+    _read_range_job(cfg, r, shard, spec)
     # The id names the run, the shard and what is asked: resubmitting it is idempotent, and a changed
     # request (other settings) is a new job rather than a conflict with a remembered one.
     spec.job_id = f"{run_key(cfg.run_root)}-r{r:02d}-{sid}-{kind}-{spec_key(spec)}"
     return spec
+
+
+def _read_range_job(cfg: RunConfig, r: int, shard: ShardDescriptor, spec: JobSpec) -> None:
+    """A job whose input is a round-0 range shard reads and validates just that range: it gets
+    ``params.input_range`` and an ``input_rejects`` output for the lines it rejects."""
+    extra = range_params(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids)
+    if extra and spec.input == shard["uri"]:
+        spec.params.update(extra)
+        spec.outputs["input_rejects"] = RunLayout(cfg.run_root).range_rejects(r, shard["shard_id"])
 
 
 def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:
@@ -189,6 +227,8 @@ class Plan:
     # What the round's pool runs (engine, model, engine args), recorded when the round starts: close
     # counts only jobs run by it, so a resume on another model never keeps the old model's rows.
     engine: dict[str, Any] | None = None
+    # The same for the judge's own pool (``judge_pool``), when it has one.
+    judge_engine: dict[str, Any] | None = None
     # Rows a review accepted as they are: the count and digest of their ids (the report counts them).
     accepted: dict[str, Any] | None = None
 
@@ -371,6 +411,8 @@ class _Settled:
     # The id accounting (see _account): the shard's digest, its outputs' digests (None when
     # quarantined), whether its files were read, and what reading them found.
     planned: IdDigest = field(default_factory=IdDigest)
+    # A round-0 range shard's line counts as read (lines, records, blank, skipped, quarantined).
+    read: dict[str, int] | None = None
     outputs: dict[str, IdDigest] | None = None
     opened: bool = False
     diff: IdDiff | None = None
@@ -399,16 +441,23 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         return None
     layout = RunLayout(cfg.run_root)
     r = plan.round
-    kinds: tuple[JobKind, ...] = ("infer", "judge") if plan.mode == "rounds" else ("in_place",)
+    kinds = round_kinds(cfg, plan.mode)
+    # What ran each kind: a judge with its own pool is checked against that pool's engine.
+    engines: dict[str, dict[str, Any] | None] = {
+        k: plan.judge_engine if k == "judge" else plan.engine for k in kinds
+    }
     already_failed = set(files.names(layout.failed(r), so))
     id_field = cfg.id_field or "id"
 
     def settle(shard: ShardDescriptor) -> _Settled:
-        x = _settle(cfg, layout, r, shard, kinds, already_failed, plan.engine, so)
-        return _account(x, id_field, so)
+        x = _settle(cfg, layout, r, shard, kinds, already_failed, engines, so)
+        x = _settle_range(cfg, layout, r, x, so)
+        return _account(x, id_field, so, cfg.assign_ids)
 
     with ThreadPoolExecutor(8) as ex:
         settled = list(ex.map(settle, plan.shards))
+    _close_input_ranges(layout, settled, so)
+    pending_records = sum(x.shard["records"] for x in settled)  # a range shard's, as read
     orphans = [u for x in settled for u in x.orphans]
     orphans += _remove_unplanned(layout, r, plan, so)
     counts: dict[str, int] = {}
@@ -449,7 +498,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         "round": r,
         "slot": plan.slot,
         "mode": plan.mode,
-        "pending": plan.records,
+        "pending": pending_records,
         "shards": len(plan.shards),
         "approved": counts.get("approved", 0),
         "failed_shards": failed,
@@ -500,19 +549,19 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
                "failed": failed_ids}  # fmt: skip
     digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids
     named = {k: _named([getattr(d, k) for d in diffs]) for k in ("lost", "doubled", "unexpected")}
-    summary["approval_rate"] = round(summary["approved"] / plan.records, 4) if plan.records else None
+    summary["approval_rate"] = round(summary["approved"] / pending_records, 4) if pending_records else None
     summary["ids"] = {k: v.to_dict() for k, v in ids.items()}  # count and digest of each set's ids
     summary["invariant"] = {
-        "planned": plan.records,
+        "planned": pending_records,
         "accounted": accounted,
-        "ok": accounted == plan.records and recompacted_ok and digests_ok and not any(named.values()),
+        "ok": accounted == pending_records and recompacted_ok and digests_ok and not any(named.values()),
         **named,
         "opened": [x.shard["shard_id"] for x in settled if x.opened],  # shards whose ids were read
     }
     write_doc(layout.summary(r), summary, so)
     if not summary["invariant"]["ok"]:
         log.error("round %d: %d records planned but %d accounted for; ids lost %s, doubled %s, "
-                  "unexpected %s", r, plan.records, accounted, *named.values())  # fmt: skip
+                  "unexpected %s", r, pending_records, accounted, *named.values())  # fmt: skip
     return summary
 
 
@@ -526,7 +575,69 @@ def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> 
     return diff_ids(lambda: file_ids(expected, id_field), lambda: file_ids(actual, id_field), limit=MAX_NAMED)
 
 
-def _account(x: _Settled, id_field: str, so: StorageOptions | None) -> _Settled:
+def _settle_range(
+    cfg: RunConfig, layout: RunLayout, r: int, x: _Settled, so: StorageOptions | None
+) -> _Settled:
+    """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read_*`` counts of
+    the job that read the range, or (no job read it to the end: the shard is quarantined) from
+    reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
+    shard = x.shard
+    if "range" not in shard:
+        return x
+    sid = shard["shard_id"]
+    reader = next((d for d in x.jobs if "read_lines" in (d.get("counts") or {})), None)
+    ids = manifest_ids(reader, "input") if reader is not None else None
+    if reader is not None and ids is not None:
+        stats = {k[len("read_") :]: int(v) for k, v in reader["counts"].items() if k.startswith("read_")}
+    else:
+        ids = IdDigest()
+        with JsonlFile(layout.range_rejects(r, sid), storage_options=so).writer_sync() as rejects:
+            rng = read_range(
+                shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=rejects, storage_options=so
+            )
+            records = iter(rng)  # one pass: each iter() of a reader reads the range again
+            for block in iter(lambda: list(itertools.islice(records, 4096)), []):
+                ids.add_many(record_ids(block, rng.check.id_field or cfg.id_field or "id"))
+        stats = rng.stats.as_dict()
+        x.opened = True
+    x.read = stats
+    x.shard = {**shard, "records": ids.count, "ids": ids.to_dict()}
+    if x.failed is not None:  # its quarantine record accounts for the ids as read
+        x.failed.update(records=ids.count, ids=ids.to_dict())
+        write_doc(join(layout.failed(r), f"{sid}.json"), x.failed, so)
+    return x
+
+
+def _close_input_ranges(layout: RunLayout, settled: list[_Settled], so: StorageOptions | None) -> None:
+    """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
+    first line is the sum of the line counts of the ranges before it), one file per shard with
+    bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
+    input's counts and each shard's records and ids as read (the report's input)."""
+    ranged = sorted((x for x in settled if x.read is not None), key=lambda x: x.shard["range"][0])
+    if not ranged:
+        return
+    totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
+    first_line = 0
+    for x in ranged:
+        sid = x.shard["shard_id"]
+        assert x.read is not None
+        if x.read.get("quarantined"):
+            rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
+            with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
+                for row in rows:
+                    out.write({**row, "line_no": first_line + int(row["line_in_range"]), "shard_id": sid})
+        first_line += x.read.get("lines", 0)
+        for k in totals:
+            totals[k] += x.read.get(k, 0)
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    manifest = read_manifest(input_dir) or {}
+    read = {x.shard["shard_id"]: x.shard for x in ranged}
+    manifest["shards"] = [read.get(s["shard_id"], s) for s in manifest.get("shards", [])]
+    manifest["counts"] = totals
+    write_manifest(input_dir, manifest)
+
+
+def _account(x: _Settled, id_field: str, so: StorageOptions | None, assign_ids: bool = False) -> _Settled:
     """The id accounting of one settled shard, from digests where they agree.
 
     The shard's planned digest is its descriptor's ``ids`` (the writer of the pending set recorded
@@ -550,14 +661,20 @@ def _account(x: _Settled, id_field: str, so: StorageOptions | None) -> _Settled:
         if planned == sum(x.outputs.values(), IdDigest()):
             return x  # the common case: nothing is read
     sid = shard["shard_id"]
-    source = JsonlFile(shard["uri"], storage_options=so)
     finals = {name: JsonlFile(x.accepted["outputs"][name], storage_options=so) for name in FENCED_OUTPUTS}
-    read = file_digest(source, id_field)
+    source = JsonlFile(shard["uri"], storage_options=so)
+
+    def source_ids() -> Iterator[Any]:  # a round-0 range: just its range, validated as its job read it
+        if "range" in shard:
+            return range_ids(shard, id_field=id_field, assign_ids=assign_ids, storage_options=so)
+        return file_ids([source], id_field)
+
+    read = IdDigest.of(source_ids()) if "range" in shard else file_digest(source, id_field)
     x.outputs = {name: file_digest(f, id_field) for name, f in finals.items()}
     x.planned, x.opened = planned if planned is not None else read, True
     found = sum(x.outputs.values(), IdDigest())
     if found != x.planned or read != x.planned:
-        x.diff = _diff([source], list(finals.values()), id_field)
+        x.diff = diff_ids(source_ids, lambda: file_ids(list(finals.values()), id_field), limit=MAX_NAMED)
         log.error("shard %s: its outputs do not hold its ids once each: lost %s, doubled %s, unexpected %s",
                   sid, x.diff.lost, x.diff.doubled, x.diff.unexpected)  # fmt: skip
     elif planned is None or outputs != x.outputs:
@@ -572,11 +689,11 @@ def _settle(
     shard: ShardDescriptor,
     kinds: tuple[JobKind, ...],
     already_failed: set[str],
-    engine: dict[str, Any] | None,
+    engines: dict[str, dict[str, Any] | None],
     so: StorageOptions | None,
 ) -> _Settled:
-    """Check one shard's manifests against the current settings (and ``engine``, what the round's
-    pool runs, where the plan recorded it), accept its accounting job once (promoting that
+    """Check one shard's manifests against the current settings (and ``engines``, what the round's
+    pools run per job kind, where the plan recorded it), accept its accounting job once (promoting that
     attempt's staged outputs), or quarantine the shard."""
     sid = shard["shard_id"]
     acct = kinds[-1]
@@ -597,8 +714,11 @@ def _settle(
             prior = None
         info = _input_info(spec.input, so) if m is not None or prior is not None else None
         pinned = pin_input(spec, info) if info is not None else None
+        engine = engines.get(kind)
 
-        def current(doc: dict[str, Any] | None, pinned: JobSpec | None = pinned, info: Any = info) -> bool:
+        def current(
+            doc: dict[str, Any] | None, pinned: Any = pinned, info: Any = info, engine: Any = engine
+        ) -> bool:
             return (
                 doc is not None
                 and pinned is not None
@@ -740,6 +860,8 @@ def _quarantine(
         "orphans_removed": orphans,
         "remedy": "fix the cause, then re-run the DAG run (finished shards are not run again)",
     }
+    if "range" in shard:  # round 0 read in place: the shard is these bytes of the source
+        record["range"] = shard["range"]
     if "ids" in shard:
         record["ids"] = shard["ids"]  # what the quarantined shard accounts for
     write_doc(join(layout.failed(r), f"{sid}.json"), record, so)

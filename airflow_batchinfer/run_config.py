@@ -42,6 +42,10 @@ class RunConfig:
     # pre-flight sample (Airflow only): records to try first (0: off), and the GPU-hour budget
     preflight_records: int = 200
     budget_gpu_hours: float | None = None
+    # the judge's own warm pool (a pool reference; e.g. a larger model judging a small generator):
+    # each round then infers on the run's pool and judges there, shard by shard. None: every shard
+    # is inferred and judged in one job on the run's pool.
+    judge_pool: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -54,6 +58,13 @@ class RunConfig:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
+        if self.judge_pool == "":
+            self.judge_pool = None  # the form's empty field
+        if self.judge_pool is not None and self.judge.get("type") != "llm":
+            raise ConfigError(
+                f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is "
+                f"{self.judge.get('type')!r}, which needs none: remove judge_pool, or use an llm judge"
+            )
 
     def validate(self, callables: tuple[str, ...] | None = None) -> RunConfig:
         """Check templates, judge and sampling as the workers will, so a bad setting fails the first

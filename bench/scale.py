@@ -18,7 +18,24 @@ Parts (each prints a table; one JSON line at the end holds them all):
     manifests), bound, efficiency, engine busy fraction per worker (batcher ``busy_time_s`` / wall),
     batches vs the ideal count, and the workers' peak RSS.
 
-Run: ``python bench/scale.py [--quick] [--records 1000000]``.
+(b) the factory DAG on a real local Airflow 3.3.2 (api-server, scheduler, dag-processor, triggerer;
+    SQLite, LocalExecutor; ``bench/scale_dag.py``): the same records as ONE plain JSONL file, the DAG
+    of ``build_batch_inference_dag`` (simulated engine with the same latency model, a rule judge
+    (``length``), one round, ``--records-per-shard`` 10,000: 1M records = 100 shards), an Airflow
+    pool of ``--gpus × --dag-concurrency`` slots with ``include_deferred``, the local warm pool up
+    beforehand with the spec ``pool_setup`` asks for; trigger → success over the REST API, sharding
+    included. Printed: wall, bound, efficiency, engine busy fraction and batches (the workers'
+    ``/v1/stats``), per task type (the task id's last part) durations, queue waits, deferrals
+    (trigger logs) and peak RSS of its task processes (psutil, every ``--sample-s``), per shard-job
+    task the overhead (task duration minus its job's ``run_s`` from the job manifests), the workers'
+    peak RSS, and the CPU seconds of the scheduler, dag-processor, triggerer and api-server.
+    ``--shards-per-round 1000`` makes small shards: a round of 1,000 mapped shards (issue 12 item 6,
+    the default ``max_map_length`` is 1024).
+
+Targets (issue 12): pool ≥ 0.95; DAG ≥ 0.85 at 1M and ≥ 0.75 at 100k; every Airflow task ≤ 300 MB.
+The machine is shared: the load average is printed next to the figures.
+
+Run: ``python bench/scale.py [--quick] [--records 1000000] [--parts a b] [--shards-per-round 1000]``.
 """
 
 from __future__ import annotations
@@ -27,6 +44,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import shutil
 import sys
@@ -51,8 +69,12 @@ PROMPT = "{{ text }}"  # the prompt is the record's text: its tokens are the rec
 
 
 # ------------------------------------------------------------------------------------- dataset
-def make_dataset(root: Path, records: int, shards: int, seed: int) -> tuple[list[ShardDescriptor], int]:
-    """``records`` records of 50–400 tokens in ``shards`` shards; returns them and the total tokens."""
+def make_dataset(
+    root: Path, records: int, shards: int, seed: int, *, sharded: bool = True, single: Path | None = None
+) -> tuple[list[ShardDescriptor], int]:
+    """``records`` records of 50–400 tokens: in ``shards`` shards under ``root/input`` (``sharded``,
+    for part (a)) and/or as ONE plain JSONL file ``single`` (part (b)), in one pass; returns the
+    shards and the total tokens."""
     rng = random.Random(seed)
     corpus = " ".join(rng.choices(WORDS, k=400_000))  # text to slice from: a realistic ~3x compression
     lengths = [rng.randint(50, 400) for _ in range(records)]
@@ -64,10 +86,27 @@ def make_dataset(root: Path, records: int, shards: int, seed: int) -> tuple[list
             start = rng.randrange(len(corpus) - chars)
             yield {"id": i, "text": corpus[start : start + chars]}
 
-    per_shard = math.ceil(records / shards)
-    with JsonlDir(str(root / "input")).writer_sync(max_records_per_shard=per_shard) as w:
-        w.write_many(rows())
-    return list(w.shards_written), total_tokens
+    out = single.open("w") if single is not None else None
+    try:
+        if not sharded:
+            assert out is not None
+            for row in rows():
+                out.write(json.dumps(row) + "\n")
+            return [], total_tokens
+
+        def tee() -> Any:
+            for row in rows():
+                if out is not None:
+                    out.write(json.dumps(row) + "\n")
+                yield row
+
+        per_shard = math.ceil(records / shards)
+        with JsonlDir(str(root / "input")).writer_sync(max_records_per_shard=per_shard) as w:
+            w.write_many(tee())
+        return list(w.shards_written), total_tokens
+    finally:
+        if out is not None:
+            out.close()
 
 
 def ideal_bound(total_tokens: int, target: int, a: float, b: float, gpus: int) -> tuple[float, int]:
@@ -199,15 +238,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20,000 records (a fast look)")
     parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--shards", type=int, default=10)
+    parser.add_argument("--parts", nargs="+", choices=["a", "b"], default=["a", "b"])
+    parser.add_argument("--shards", type=int, default=10, help="(a): shard jobs")
     parser.add_argument("--gpus", type=int, default=2, help="simulated GPUs: one worker process each")
     parser.add_argument("--target-batch-tokens", type=int, default=32_000)
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--a", type=float, default=0.005, help="engine latency per batch, s")
     parser.add_argument("--b", type=float, default=2e-6, help="engine latency per prompt token, s")
     parser.add_argument(
-        "--poll", type=float, default=0.25, help="the client's status poll interval, s (default 0.25)"
+        "--poll", type=float, default=0.25, help="(a): the client's status poll interval, s (default 0.25)"
     )
+    parser.add_argument("--records-per-shard", type=int, default=10_000, help="(b): the DAG's shards")
+    parser.add_argument(
+        "--shards-per-round", type=int, default=None,
+        help="(b): records per shard chosen to make this many shards (1000: item 6's 1,000-shard round)",
+    )  # fmt: skip
+    parser.add_argument("--dag-concurrency", type=int, default=5, help="(b): shard jobs per worker")
+    parser.add_argument("--dag-parallelism", type=int, default=16, help="(b): LocalExecutor task slots")
+    parser.add_argument("--dag-poll", type=float, default=2.0, help="(b): the shard triggers' poll, s")
+    parser.add_argument("--dag-timeout", type=float, default=7200, help="(b): give up after, s")
+    parser.add_argument("--preflight-records", type=int, default=200, help="(b): 0 skips the pre-flight")
+    parser.add_argument("--sample-s", type=float, default=0.2, help="(b): RSS/CPU sampling interval")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the dataset and outputs (temp dir)")
     args = parser.parse_args()
@@ -216,17 +267,29 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         t0 = time.perf_counter()
-        shards, total_tokens = make_dataset(work, args.records, args.shards, args.seed)
-        print(f"dataset: {args.records:,} records, {total_tokens:,} tokens, {len(shards)} shards "
+        single = work / "data.jsonl" if "b" in args.parts else None
+        shards, total_tokens = make_dataset(
+            work, args.records, args.shards, args.seed, sharded="a" in args.parts, single=single
+        )
+        print(f"dataset: {args.records:,} records, {total_tokens:,} tokens, {len(shards)} shards"
+              f"{f', and one JSONL file of {single.stat().st_size / 2**20:.0f} MiB' if single else ''} "
               f"({time.perf_counter() - t0:.1f} s to generate) in {work}")  # fmt: skip
         result: dict[str, Any] = {"bench": "scale", "records": args.records, "seed": args.seed}
 
-        result["warm_pool"] = a = part_a(args, work, shards, total_tokens)
-        print_a(a)
+        if "a" in args.parts:
+            result["warm_pool"] = a = part_a(args, work, shards, total_tokens)
+            print_a(a)
+            print(f"{'load avg':>20}: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
-        # Further parts (e.g. the same shards through the factory DAG on local Airflow) go here: each
-        # takes ``args``, ``work``, ``shards`` and ``total_tokens``, prints its table and adds its
-        # result under its own key.
+        if "b" in args.parts:
+            from bench.scale_dag import part_b, print_b
+
+            assert single is not None
+            bound, ideal_batches = ideal_bound(
+                total_tokens, args.target_batch_tokens, args.a, args.b, args.gpus
+            )
+            result["dag"] = b = part_b(args, work, single, total_tokens, args.records, bound, ideal_batches)
+            print_b(b)
 
         print(json.dumps(result))
     finally:

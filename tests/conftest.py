@@ -145,6 +145,7 @@ def kube(kube_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 E2E_DAGS = Path(__file__).parent / "e2e" / "dags"
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool
+JUDGE_POOL_SLOTS = 2  # = judge_replicas (1) x judge_concurrency (2) of e2e_judge_pool's judge pool
 
 
 @pytest.fixture(scope="session")
@@ -171,10 +172,11 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         env={"BATCHINFER_E2E_ROOT": str(e2e_root), "BATCHINFER_CACHE": str(cache)},
     )
     try:
-        af.start(pools={"e2e": POOL_SLOTS})
-        for dag_id in ("e2e_rounds", "e2e_hybrid", "e2e_in_place", "e2e_review"):
+        af.start(pools={"e2e": POOL_SLOTS, "e2e_judge": JUDGE_POOL_SLOTS})
+        for dag_id in ("e2e_rounds", "e2e_hybrid", "e2e_in_place", "e2e_review", "e2e_judge_pool"):
             af.wait_for_dag(dag_id)
         yield af
     finally:
         af.stop()
-        LocalPool("e2e", state_dir=cache / "pools").down()
+        for name in ("e2e", "e2e-judge"):
+            LocalPool(name, state_dir=cache / "pools").down()

@@ -35,20 +35,25 @@ def check_params(
     deployment's; returns the limits in force (the pool's workers allow their judge callables)."""
     params: dict[str, Any] = dict(context.get("params") or {})
     limits = dag_limits.widen(config_limits())
-    is_connection = False
+    is_connection: dict[str, bool] = {}
     try:
-        if params.get("worker_pool"):
-            ref = PoolRef.parse(str(params["worker_pool"]))
+        for name in ("worker_pool", "judge_pool"):
+            if not params.get(name):
+                continue
+            ref = PoolRef.parse(str(params[name]))
             if ref.needs_connection:
                 try:
                     conn = BaseHook.get_connection(ref.name)
                 except AirflowNotFoundException as exc:
-                    raise ParamsRefused([f"worker_pool {ref.name!r}: no such connection"]) from exc
-                is_connection = conn.conn_type == BatchInferPoolHook.conn_type
-                if is_connection:
+                    raise ParamsRefused([f"{name} {ref.name!r}: no such connection"]) from exc
+                is_connection[name] = conn.conn_type == BatchInferPoolHook.conn_type
+                if is_connection[name]:
                     extra = conn.extra_dejson or {}
                     limits = limits.widen(TriggerLimits.from_mapping(extra, f"connection {ref.name!r}"))
-        reasons = refusals(params, limits, run_root=run_root, pool_is_connection=is_connection)
+        reasons = refusals(
+            params, limits, run_root=run_root, pool_is_connection=is_connection.get("worker_pool", False),
+            judge_pool_is_connection=is_connection.get("judge_pool", False),
+        )  # fmt: skip
         if reasons:
             raise ParamsRefused(reasons)
     except ConfigError as exc:

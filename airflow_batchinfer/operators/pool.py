@@ -2,7 +2,9 @@
 
 Setup takes a lease on the pool for this run (``DAG/RUN``) and starts what is missing: the local
 pool's workers, or a Kubernetes pool's Deployment (created or adopted, scaled up); a connection's
-static pool is only waited for. Then it waits on the triggerer until ``replicas`` workers are ready.
+static pool is only waited for. A pool already ready with this spec returns at once (no deferral);
+else it waits on the triggerer until ``replicas`` workers are ready (one decision for both:
+:func:`~airflow_batchinfer.triggers.pool_ready.pool_readiness`).
 While the run lives its lease keeps the workers, however long a review gate waits: shard tasks and
 gates renew it (:func:`hold_pool`), and a local pool whose workers died is restarted from its spec.
 Teardown releases the lease: the workers stay warm for ``idle_ttl_s`` (local workers then exit by
@@ -27,9 +29,8 @@ from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
-from airflow_batchinfer.rpc.pool import ready_workers
 from airflow_batchinfer.triggers import SETTLE_S
-from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger
+from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness
 
 BUILTIN_MODELS = {"builtin:smollm2": lambda: str(prepare_smollm2(default_cache_dir()))}
 
@@ -89,7 +90,8 @@ class PoolSetupOperator(BaseOperator):
 
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
-    the run roots), ``target_batch_tokens``; ``kubernetes`` holds the Kubernetes-only settings of
+    the run roots, and with ``limits`` the allowed input prefixes), ``target_batch_tokens``;
+    ``kubernetes`` holds the Kubernetes-only settings of
     :class:`~airflow_batchinfer.pools.kubernetes.KubernetesPoolSpec` (image, gpus, cpu, memory,
     node_selector, tolerations, interruptible, model_pvc, storage_secret, scaledown_ttl_s, ...)."""
 
@@ -136,7 +138,7 @@ class PoolSetupOperator(BaseOperator):
         self.allowed_callables = tuple(allowed_callables or ())
         self.limits = limits
 
-    def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> None:
+    def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> str:
         from airflow_batchinfer.pools.kubernetes import KubernetesPoolSpec
         from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS
 
@@ -161,6 +163,7 @@ class PoolSetupOperator(BaseOperator):
         now = pool.acquire(lease_id(context), replicas, ttl_s=self.lease_ttl_s)
         self.log.info("Kubernetes pool %s: Deployment %s; lease %s for %d workers (running %d); image %s",
                       pool, what, lease_id(context), replicas, now, spec.image)  # fmt: skip
+        return spec.key()
 
     def _local_up(self, pool: LocalPool, replicas: int, context: Context) -> None:
         spec = LocalPoolSpec(
@@ -181,20 +184,33 @@ class PoolSetupOperator(BaseOperator):
 
     def execute(self, context: Context) -> list[str] | None:
         if self.limits is not None:
-            allowed = check_params(context, self.limits, run_root=self.run_root).allowed_judge_callables
-            self.allowed_callables = tuple(dict.fromkeys((*self.allowed_callables, *allowed)))
+            in_force = check_params(context, self.limits, run_root=self.run_root)
+            self.allowed_callables = tuple(
+                dict.fromkeys((*self.allowed_callables, *in_force.allowed_judge_callables))
+            )
+            # Round 0 reads the input in place: the workers may read wherever a run's input is allowed
+            # to be. That list is the deployment's, not each run's file, so the pool's spec (and its
+            # warm workers) stay the same from one input to the next.
+            self.allowed_prefixes = list(
+                dict.fromkeys([*self.allowed_prefixes, *in_force.allowed_input_prefixes])
+            )
         replicas = int(self.replicas)
         pool = open_pool(self.worker_pool)
+        spec_key = None  # a local generation is its spec; a static pool's is not ours to check
         if isinstance(pool, LocalPool):
             self._local_up(pool, replicas, context)
         elif pool.backend == "kubernetes":
-            self._kubernetes_up(pool, replicas, context)
+            spec_key = self._kubernetes_up(pool, replicas, context)
         else:
             self.log.info("worker pool %s is managed outside Airflow: waiting for its workers", pool)
-        ready = asyncio.run(ready_workers(pool.endpoints(lease_id(context)), pool.token()))
-        if len(ready) >= replicas:  # warm: nothing to wait for, and no deferral to pay
-            self.log.info("worker pool %s ready: %s", self.worker_pool, ready)
-            return ready
+        # The warm fast path: the trigger's own readiness decision, asked once here. A ready pool
+        # running this spec returns now; only a pool still starting (or rolling out) defers.
+        obs = asyncio.run(observe_pool(pool, pool.token(), lease_id(context)))
+        if pool_readiness(obs, replicas, spec_key=spec_key) == "ready":
+            self.log.info("worker pool %s ready (warm, no deferral): %s", self.worker_pool, list(obs.ready))
+            return list(obs.ready)
+        self.log.info("worker pool %s: %d of %d workers ready; waiting on the triggerer",
+                      self.worker_pool, len(obs.ready), replicas)  # fmt: skip
         self.defer(
             trigger=PoolReadyTrigger(
                 worker_pool=self.worker_pool,
@@ -202,6 +218,7 @@ class PoolSetupOperator(BaseOperator):
                 deadline=time.time() + self.ready_timeout_s,
                 lease_id=lease_id(context),
                 not_before=time.time() + SETTLE_S,
+                spec_key=spec_key,
             ),
             method_name="execute_complete",
         )

@@ -40,9 +40,12 @@ class PreflightOperator(BaseOperator):
             self.log.info("pre-flight is off (preflight_records=0)")
             return None
         pool = hold_pool(self.worker_pool, context, self.log)
-        s = run_preflight(
-            cfg, require_endpoints(pool, lease_id(context)), pool.token(), so, max_map_length=max_map_length()
-        )
+        judge = None
+        if cfg.judge_pool:  # the judge's own pool judges the sample
+            judge_pool = hold_pool(cfg.judge_pool, context, self.log)
+            judge = (require_endpoints(judge_pool, lease_id(context)), judge_pool.token())
+        urls = require_endpoints(pool, lease_id(context))
+        s = run_preflight(cfg, urls, pool.token(), so, max_map_length=max_map_length(), judge_pool=judge)
         self.log.info(
             "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
             "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",

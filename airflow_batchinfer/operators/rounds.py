@@ -41,6 +41,7 @@ from airflow_batchinfer.rounds import (
     write_plan,
 )
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import owned_run_config
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
@@ -88,31 +89,33 @@ class RoundControllerOperator(HITLOperator):
         self.aws_conn_id = aws_conn_id
         self.worker_pool = worker_pool
 
-    def _hold_pool(self, context: Context, gate: bool) -> WorkerPool | None:
-        if not self.worker_pool:
-            return None
+    def _pools(self, cfg: RunConfig) -> dict[str, str]:
+        """The plan field each pool's engine is recorded in -> the pool: the run's, and the judge's own."""
+        refs = {"engine": self.worker_pool, "judge_engine": cfg.judge_pool}
+        return {name: ref for name, ref in refs.items() if ref}
+
+    def _hold_pools(self, cfg: RunConfig, context: Context, gate: bool) -> dict[str, WorkerPool]:
         wait = self.response_timeout.total_seconds() if gate and self.response_timeout else 0.0
-        return hold_pool(self.worker_pool, context, self.log, ttl_s=DEFAULT_LEASE_TTL_S + wait)
+        ttl = DEFAULT_LEASE_TTL_S + wait
+        return {name: hold_pool(ref, context, self.log, ttl_s=ttl) for name, ref in self._pools(cfg).items()}
 
-    def _start(self, plan: Plan, context: Context) -> None:
-        """For a round about to run: keep the pool (restarting dead local workers) and record what it
-        runs in the plan, so the round's close counts only that engine's jobs."""
-        pool = self._hold_pool(context, gate=False)
-        if pool is None:
-            return
+    def _start(self, cfg: RunConfig, plan: Plan, context: Context) -> None:
+        """For a round about to run: keep the pools (restarting dead local workers) and record what
+        they run in the plan, so the round's close counts only those engines' jobs."""
 
-        async def engine() -> dict[str, Any]:
+        async def engine(pool: WorkerPool) -> dict[str, Any]:
             client = PoolClient.for_pool(pool, lease_id=lease_id(context))
             try:
                 return await client.engine()
             finally:
                 await client.aclose()
 
-        try:
-            plan.engine = asyncio.run(engine())
-        except RpcError as exc:  # workers still starting: close then trusts each manifest's engine
-            self.log.warning("%s: could not ask the pool what it runs (%s); not recorded in the plan",
-                             self.slot, exc)  # fmt: skip
+        for name, pool in self._hold_pools(cfg, context, gate=False).items():
+            try:
+                setattr(plan, name, asyncio.run(engine(pool)))
+            except RpcError as exc:  # workers still starting: close then trusts each manifest's engine
+                self.log.warning("%s: could not ask the pool what it runs (%s); not recorded in the plan",
+                                 self.slot, exc)  # fmt: skip
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)
@@ -120,9 +123,9 @@ class RoundControllerOperator(HITLOperator):
         proposal = propose(cfg, self.slot, so)
         plan = proposal.plan
         if proposal.options:
-            self._hold_pool(context, gate=True)
+            self._hold_pools(cfg, context, gate=True)
         elif plan.mode != "skip":
-            self._start(plan, context)
+            self._start(cfg, plan, context)
         if not proposal.options:
             write_plan(RunLayout(cfg.run_root), plan, so)
             self.log.info("%s: %s (%s)%s", self.slot, plan.mode, plan.reason,
@@ -147,7 +150,7 @@ class RoundControllerOperator(HITLOperator):
         who = str(who or "the timeout default")
         plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so)
         if plan.mode != "skip":
-            self._start(plan, context)  # workers that died during the review start again
+            self._start(cfg, plan, context)  # workers that died during the review start again
         write_plan(RunLayout(cfg.run_root), plan, so)
         self.log.info("%s: %s chose %r: %s (%s)", self.slot, who, choice, plan.mode, plan.reason)
         return _descriptors(plan)

@@ -1,7 +1,8 @@
 """``ShardDatasetOperator``: the run's first task. Validates the run settings, claims the run root
-for this DAG run (``owner.json``: a root another live DAG run owns is refused), shards the input
-(CPU; reused when an identical sharding exists), stores ``run.json`` and returns shard descriptors
-(references and counts, never records)."""
+for this DAG run (``owner.json``: a root another live DAG run owns is refused), plans round 0's
+shards (byte ranges of the input, a few KB read per shard and nothing copied; input that cannot be
+split, such as single-frame zstd, is copied into shards; reused when identical), stores ``run.json``
+and returns shard descriptors (references and counts, never records)."""
 
 from __future__ import annotations
 
@@ -120,7 +121,13 @@ class ShardDatasetOperator(BaseOperator):
                 "commit atomically. Remedy: free space (or make it writable) under the output root, then "
                 "clear this DAG run; finished steps are reused."
             ) from exc
-        self.log.info("%s%d shards, counts %s; quarantined lines in %s",
-                      "reused: " if result.reused else "", len(result.shards), result.counts,
-                      result.rejects_uri)  # fmt: skip
+        reused = "reused: " if result.reused else ""
+        if result.shards and "range" in result.shards[0]:
+            self.log.info("%s%d byte-range shards of %s, about %d records (nothing copied: each range is "
+                          "validated by the job that reads it; bad lines go to %s when round 0 closes)",
+                          reused, len(result.shards), cfg.input, result.counts.get("records", 0),
+                          result.rejects_uri)  # fmt: skip
+        else:
+            self.log.info("%s%d shards, counts %s; quarantined lines in %s", reused, len(result.shards),
+                          result.counts, result.rejects_uri)  # fmt: skip
         return list(result.shards)

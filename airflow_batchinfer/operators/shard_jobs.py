@@ -1,4 +1,6 @@
-"""Shard job operators: ``InferShardOperator``, ``JudgeShardOperator``, ``InPlaceRetryShardOperator``.
+"""Shard job operators: ``InferJudgeShardOperator`` (a round's one job per shard), ``InferShardOperator``
+and ``JudgeShardOperator`` (the two passes of a judge with its own pool) and
+``InPlaceRetryShardOperator``.
 
 Mapped over shard descriptors (``.partial(pool=...).expand(shard=...)``). Each submits its shard's
 job to the warm pool by reference, defers on :class:`WorkerJobTrigger` (no worker slot held while
@@ -51,7 +53,7 @@ SUBMIT_TIMEOUT_S = 600.0  # how long to wait for a free worker slot before faili
 
 
 class ShardJobOperator(BaseOperator):
-    """Base of the three shard job operators.
+    """Base of the shard job operators.
 
     :param shard: a shard descriptor ``{shard_id, uri, records, round}`` (from the round's plan).
     :param run_root: the run's root (templated).
@@ -278,6 +280,14 @@ class JudgeShardOperator(ShardJobOperator):
     """Judge an inferred shard into approved (results) and rejected (next round's candidates)."""
 
     kind = "judge"
+
+
+class InferJudgeShardOperator(ShardJobOperator):
+    """Infer and judge the shard in one job on the run's pool: the shard is read once, and its
+    approved and rejected rows are written directly (a rule judge, or an LLM judge served by the
+    same pool)."""
+
+    kind = "infer_judge"
 
 
 class InPlaceRetryShardOperator(ShardJobOperator):

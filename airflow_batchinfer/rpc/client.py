@@ -82,8 +82,12 @@ class WorkerClient:
     async def submit(self, spec: JobSpec) -> JobStatus:
         return JobStatus.model_validate(await self._call("POST", "/v1/jobs", json=spec.model_dump()))
 
-    async def status(self, job_id: str, *, timeout: float | None = None) -> JobStatus:
-        extra = {} if timeout is None else {"timeout": timeout}
+    async def status(self, job_id: str, *, timeout: float | None = None, wait_s: float = 0.0) -> JobStatus:
+        """The job's status; with ``wait_s``, once it ends or ``wait_s`` later (a long poll; a worker
+        that predates it answers at once)."""
+        extra: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+        if wait_s > 0:
+            extra = {"params": {"wait_s": round(wait_s, 3)}, "timeout": (timeout or 30.0) + wait_s}
         return JobStatus.model_validate(await self._call("GET", f"/v1/jobs/{job_id}", **extra))
 
     async def cancel(self, job_id: str) -> JobStatus:

@@ -6,14 +6,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-JobKind = Literal["infer", "judge", "in_place"]
+JobKind = Literal["infer", "judge", "infer_judge", "in_place"]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+# ``GET /v1/jobs/{id}?wait_s=`` answers when the job ends, or after at most this long (a long poll).
+MAX_WAIT_S = 30.0
 
 # Output names each job kind requires (all are URIs; "manifest" is the completion manifest).
 REQUIRED_OUTPUTS: dict[str, tuple[str, ...]] = {
     "infer": ("inferred", "manifest"),
     "judge": ("approved", "rejected", "manifest"),
+    "infer_judge": ("approved", "rejected", "manifest"),
     "in_place": ("approved", "rejected", "checkpoints", "manifest"),
 }
 

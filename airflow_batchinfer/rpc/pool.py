@@ -26,7 +26,7 @@ from airflow_batchinfer.exceptions import (
 )
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
-from airflow_batchinfer.rpc.models import JobSpec, JobStatus
+from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
@@ -73,12 +73,14 @@ async def follow(
     url = worker.base_url
     lost_since: float | None = None
     status = first
+    wait_s = 0.0  # the next ask's long poll: the job's end is seen when it happens
     while True:
+        asked = time.monotonic()
         if status is not None:
             obs = Observation.of(status)
         else:
             try:
-                status = await worker.status(job_id)
+                status = await worker.status(job_id, wait_s=wait_s)
                 lost_since = None
                 if on_status is not None:
                     on_status(status)
@@ -98,8 +100,15 @@ async def follow(
             return JobEvent("timeout", job_id, url, error="past the task's deadline")
         if until is not None and now >= until:
             return None
+        # Seen running: ask again at once, as a long poll of up to a poll interval (never past
+        # ``until``). Anything else (no answer, an unknown job), or a worker that answered a long poll
+        # early while the job still runs (one that predates long polls): wait out the interval.
+        interval = poll_interval_s if until is None else min(poll_interval_s, until - now)
+        running = obs.seen == "status"
+        if not running or (wait_s > 0 and now - asked < 0.9 * wait_s):
+            await asyncio.sleep(max(interval - (now - asked), 0.0) if running else interval)
+        wait_s = min(interval, MAX_WAIT_S) if running else 0.0
         status = None
-        await asyncio.sleep(poll_interval_s)
 
 
 class PoolClient:

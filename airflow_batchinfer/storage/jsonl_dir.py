@@ -30,12 +30,24 @@ class ShardDescriptor(TypedDict):
     digest of the shard's ids, ``{"count": n, "sum": "<32 hex digits>"}``
     (:class:`~airflow_batchinfer.storage.digest.IdDigest`): the round's close checks its outputs
     against it without reading them.
+
+    A round-0 *range shard* (:mod:`airflow_batchinfer.storage.ranges`) is not a file of its own:
+    ``uri`` is the input file and ``range`` its stored bytes ``[start, end)`` (at line starts, or at
+    zstd frame starts), ``bytes`` their number, ``version`` the input's ``size:ETag-or-mtime`` the
+    plan is valid for, ``estimated`` true: ``records`` is an estimate and ``ids`` is absent until
+    the job that reads the range reports them (round 0's close fills both in). A zstd range after
+    the first has ``lead_in``, the stored bytes of the frame before it (frames need not end at a line).
     """
 
     shard_id: str
     uri: str
     records: int
     ids: NotRequired[dict[str, Any]]
+    range: NotRequired[list[int]]
+    bytes: NotRequired[int]
+    version: NotRequired[str]
+    estimated: NotRequired[bool]
+    lead_in: NotRequired[list[int]]
 
 
 @dataclass(frozen=True, order=True)

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
-from airflow_batchinfer.storage.lines import is_zstd, iter_chunks, iter_line_blocks, iter_lines
+from airflow_batchinfer.storage.lines import RangeReader, is_zstd, iter_chunks, iter_line_blocks, iter_lines
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import OnError
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter
+
+RANGE_BLOCK = 4 * 1024 * 1024
 
 
 class JsonlFile:
@@ -18,10 +21,20 @@ class JsonlFile:
     :param uri: plain path, ``file://``, ``s3://bucket/key`` or any fsspec URI. A name ending in
         ``.zst``/``.zstd`` (any case) is zstd-compressed.
     :param storage_options: fsspec options for remote storage (credentials, ``endpoint_url``).
+    :param byte_range: ``(start, end)``: read only those stored bytes (ranged reads on object stores).
+        They must start and end at line starts (plain) or frame starts (zstd): a round-0 range shard
+        (:mod:`airflow_batchinfer.storage.ranges`). Writing ignores it.
     """
 
-    def __init__(self, uri: str | Location, *, storage_options: StorageOptions | None = None) -> None:
+    def __init__(
+        self,
+        uri: str | Location,
+        *,
+        storage_options: StorageOptions | None = None,
+        byte_range: tuple[int, int] | None = None,
+    ) -> None:
         self.loc = uri if isinstance(uri, Location) else resolve(uri, storage_options)
+        self.byte_range = byte_range
 
     @property
     def uri(self) -> str:
@@ -32,7 +45,20 @@ class JsonlFile:
         return is_zstd(self.loc.path)
 
     def __repr__(self) -> str:
-        return f"JsonlFile({self.uri!r})"
+        rng = f", byte_range={self.byte_range!r}" if self.byte_range else ""
+        return f"JsonlFile({self.uri!r}{rng})"
+
+    @contextlib.contextmanager
+    def open_raw(self) -> Iterator[BinaryIO]:
+        """The stored bytes (of ``byte_range`` only, when set), not decompressed."""
+        if self.byte_range is None:
+            with self.loc.fs.open(self.loc.path, "rb") as raw:
+                yield raw
+            return
+        start, end = self.byte_range
+        # fsspec reads ahead a block past each miss: a block of at most RANGE_BLOCK bounds the over-read
+        with self.loc.fs.open(self.loc.path, "rb", block_size=min(RANGE_BLOCK, max(end - start, 1))) as raw:
+            yield RangeReader(raw, start, end)  # type: ignore[misc]
 
     def exists(self) -> bool:
         return bool(self.loc.fs.isfile(self.loc.path))
@@ -43,13 +69,14 @@ class JsonlFile:
 
     def iter_lines(self) -> Iterator[tuple[int, bytes]]:
         """Raw ``(line_no, bytes)`` pairs, decompressed, without terminators, blank lines included."""
-        with self.loc.fs.open(self.loc.path, "rb") as raw:
+        with self.open_raw() as raw:
             yield from iter_lines(iter_chunks(raw, zstd=self.compressed, source=self.uri))
 
-    def iter_line_blocks(self) -> Iterator[list[bytes]]:
+    def iter_line_blocks(self, *, strip_cr: bool = True) -> Iterator[list[bytes]]:
         """Raw lines in blocks (one per decoded chunk): the fast path for bulk copies."""
-        with self.loc.fs.open(self.loc.path, "rb") as raw:
-            yield from iter_line_blocks(iter_chunks(raw, zstd=self.compressed, source=self.uri))
+        with self.open_raw() as raw:
+            chunks = iter_chunks(raw, zstd=self.compressed, source=self.uri)
+            yield from iter_line_blocks(chunks, strip_cr=strip_cr)
 
     def iter_records(
         self,

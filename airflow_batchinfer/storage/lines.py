@@ -63,11 +63,12 @@ def iter_chunks(raw: BinaryIO, *, zstd: bool, source: str) -> Iterator[bytes]:
         )
 
 
-def iter_line_blocks(chunks: Iterator[bytes]) -> Iterator[list[bytes]]:
+def iter_line_blocks(chunks: Iterator[bytes], *, strip_cr: bool = True) -> Iterator[list[bytes]]:
     """Lists of complete lines, one list per decoded chunk, without ``\n`` / ``\r\n`` terminators.
 
     Blank lines are kept (callers count them); a last line without a newline is a line. Working a
-    chunk at a time keeps the per-line cost in C (``bytes.split``).
+    chunk at a time keeps the per-line cost in C (``bytes.split``). ``strip_cr=False`` keeps a
+    ``\r`` before the ``\n`` (for callers that need each line's byte offset).
     """
     pending: list[bytes] = []  # pieces of a line that spans chunks; a list, so huge lines stay linear
     for chunk in chunks:
@@ -83,13 +84,32 @@ def iter_line_blocks(chunks: Iterator[bytes]) -> Iterator[list[bytes]]:
         if tail:
             pending.append(tail)
         # CRLF: a C-speed test first; a "\r" split from its "\n" by a chunk edge sits in lines[0].
-        yield _strip_cr(lines) if b"\r" in chunk or lines[0].endswith(b"\r") else lines
+        if strip_cr and (b"\r" in chunk or lines[0].endswith(b"\r")):
+            lines = _strip_cr(lines)
+        yield lines
     if pending:
-        yield _strip_cr([b"".join(pending)])
+        last = [b"".join(pending)]
+        yield _strip_cr(last) if strip_cr else last
 
 
 def _strip_cr(lines: list[bytes]) -> list[bytes]:
     return [line[:-1] if line.endswith(b"\r") else line for line in lines]
+
+
+class RangeReader:
+    """A binary file read from ``start`` to ``end`` only (``read`` returns ``b""`` at ``end``): one
+    shard of a bigger file, fetched by ranged reads on object stores."""
+
+    def __init__(self, raw: BinaryIO, start: int, end: int) -> None:
+        raw.seek(start)
+        self._raw = raw
+        self._left = max(0, end - start)
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._left if n < 0 else min(n, self._left)
+        data = self._raw.read(n) if n else b""
+        self._left -= len(data)
+        return data
 
 
 def iter_lines(chunks: Iterator[bytes]) -> Iterator[tuple[int, bytes]]:

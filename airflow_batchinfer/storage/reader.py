@@ -55,14 +55,16 @@ class ErrorPolicy:
         self._rejects = rejects
         self.stats = ReadStats()
 
-    def bad_line(self, line_no: int, raw: bytes, reason: str) -> None:
+    def bad_line(self, line_no: int, raw: bytes, reason: str, where: Record | None = None) -> None:
+        """``where``: extra fields for the reject row (a range shard's ``offset``, ``line_in_range``)."""
         if self.on_error == "raise":
             raise MalformedRecordError(self.source, line_no, reason)
         if self.on_error == "skip":
             self.stats.skipped += 1
         else:
             assert self._rejects is not None
-            self._rejects.write(reject_row(self.source, line_no, reason, raw))
+            row = reject_row(self.source, line_no, reason, raw)
+            self._rejects.write({**row, **where} if where else row)
             self.stats.quarantined += 1
 
 

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
@@ -31,13 +29,15 @@ from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
-from airflow_batchinfer.storage.records import OnError, RecordError, dumps, parse_record, record_id
+from airflow_batchinfer.storage.records import OnError
+from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 
 Progress = Callable[[int, int], None]
 """``progress(records, nbytes)``: called with increments as input is consumed."""
 
 REJECTS_PER_SHARD = 100_000
+__all__ = ["ShardingResult", "detect_id_field", "shard_dataset"]
 
 
 @dataclass(frozen=True)
@@ -64,21 +64,6 @@ class ShardingResult:
             "rejects_uri": self.rejects_uri,
             "reused": self.reused,
         }
-
-
-def _reason(line: bytes) -> str:
-    try:
-        parse_record(line)
-    except RecordError as exc:
-        return str(exc)
-    return "invalid JSON"
-
-
-def detect_id_field(record: dict[str, Any]) -> str:
-    """``custom_id`` for an OpenAI batch input line (``custom_id`` + ``body``, no ``id``), else ``id``."""
-    if "id" not in record and "custom_id" in record and "body" in record:
-        return "custom_id"
-    return "id"
 
 
 def shard_dataset(
@@ -154,65 +139,25 @@ def shard_dataset(
     )
     reject_writer = rejects_dir.writer_sync(max_records_per_shard=REJECTS_PER_SHARD)
     policy = ErrorPolicy(source.uri, on_error, reject_writer)
-    stats = policy.stats
-    id_name = id_field
-    openai = False
     source_name = source.loc.name
-    # Duplicate ids: two generations of records_per_shard ids each. Every shard holds at most
-    # records_per_shard consecutive accepted records, so any two records of one shard meet here.
-    seen: dict[Any, int] = {}
-    seen_before: dict[Any, int] = {}
-    line_no = 0
+    # Repeated ids: every shard holds at most records_per_shard consecutive kept records, so a window
+    # of that many (two generations) makes any two records of one shard meet.
+    check = LineValidator(
+        policy,
+        id_field=id_field,
+        assign=(lambda line_no, _offset: f"{source_name}:{line_no}") if assign_ids else None,
+        window=records_per_shard,
+    )
     # Ids written but not yet in a committed shard's digest, in order: each shard the writer commits
     # takes the first ``records`` of them (the writer rotates by records and bytes, in order).
     unsealed: list[Any] = []
     sealed = 0
-
-    loads, decode_error = orjson.loads, orjson.JSONDecodeError
     with reject_writer, writer:
         for block in source.iter_line_blocks():
-            good: list[bytes] = []
-            # The common path (a valid object with a fresh id) is kept to a few C calls per line;
-            # every error path goes through the helpers that name what is wrong.
-            for line in block:
-                line_no += 1
-                try:
-                    record = loads(line)
-                except decode_error:
-                    if not line or line.isspace():
-                        stats.blank += 1
-                    else:
-                        policy.bad_line(line_no, line, _reason(line))
-                    continue
-                try:
-                    if type(record) is not dict:
-                        parse_record(line)  # raises: not an object
-                    if id_name is None:
-                        id_name = detect_id_field(record)
-                        openai = id_name == "custom_id"
-                    if openai and type(record.get("body")) is not dict:
-                        raise RecordError("OpenAI batch line without a 'body' object")
-                    rid = record.get(id_name)
-                    if rid is None and assign_ids:
-                        rid = record[id_name] = f"{source_name}:{line_no}"
-                        line = dumps(record)
-                    elif not ((type(rid) is str and rid) or type(rid) is int):
-                        record_id(record, id_name)  # raises, naming what is wrong with the id
-                    if rid in seen or rid in seen_before:
-                        first = seen.get(rid) or seen_before.get(rid)
-                        raise RecordError(f"duplicate id {rid!r} (first at line {first})")
-                except RecordError as exc:
-                    policy.bad_line(line_no, line, str(exc))
-                    continue
-                seen[rid] = line_no
-                if len(seen) >= records_per_shard:
-                    seen_before, seen = seen, {}
-                good.append(line)
-                unsealed.append(rid)
-            stats.lines += len(block)
+            good, ids, _ = check.check_block(block)
             if good:
                 writer.write_lines(good)
-                stats.records += len(good)
+                unsealed.extend(ids)
                 sealed = _seal(writer.shards_written, sealed, unsealed)
             if progress is not None:
                 progress(len(good), sum(map(len, block)) + len(block))
@@ -220,8 +165,8 @@ def shard_dataset(
 
     result = ShardingResult(
         shards=writer.shards_written,
-        counts=stats.as_dict(),
-        id_field=id_name or "id",
+        counts=policy.stats.as_dict(),
+        id_field=check.id_field or "id",
         rejects_uri=rejects_dir.uri,
         seconds=time.monotonic() - started,
     )

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
-from airflow_batchinfer.rpc.models import REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
@@ -138,8 +138,9 @@ def create_app(
         return JSONResponse(status.model_dump(), status_code=202 if created else 200)
 
     @app.get("/v1/jobs/{job_id:path}", response_model=JobStatus)
-    async def job_status(job_id: str) -> JobStatus:
-        status = registry.status(job_id)
+    async def job_status(job_id: str, wait_s: float = 0.0) -> JobStatus:
+        # A long poll: a follower learns of the job's end when it happens, not a poll interval later.
+        status = await registry.wait(job_id, min(max(wait_s, 0.0), MAX_WAIT_S))
         if status is None:
             raise ApiError(404, "not_found", f"no job {job_id} on this worker")
         return status

@@ -23,6 +23,7 @@ SCHEMA_VERSION = 1
 ID_OUTPUTS: dict[str, tuple[str, ...]] = {
     "infer": ("inferred",),
     "judge": ("approved", "rejected"),
+    "infer_judge": ("approved", "rejected"),
     "in_place": ("approved", "rejected"),
 }
 

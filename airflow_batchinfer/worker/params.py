@@ -39,7 +39,7 @@ def _int(params: Mapping[str, Any], key: str, default: int, minimum: int) -> int
 def parse_params(
     kind: str, params: Mapping[str, Any], *, callables: CallablePolicy | None = None
 ) -> JobParams:
-    """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``in_place``).
+    """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``infer_judge``, ``in_place``).
 
     :param callables: the ``callable`` judge targets that may be imported (checked before any import);
         ``None``, the default, allows every target: workers pass their own policy
@@ -52,7 +52,7 @@ def parse_params(
         "input_records": params.get("input_records"),
         "raw": dict(params),
     }
-    if kind in ("infer", "in_place"):
+    if kind in ("infer", "infer_judge", "in_place"):
         template = params.get("prompt_template")
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
@@ -60,7 +60,7 @@ def parse_params(
         common["prompts"] = PromptBuilder(
             template, system=params.get("system"), chat=bool(params.get("chat", True)), sampling=sampling
         )
-    if kind in ("judge", "in_place"):
+    if kind in ("judge", "infer_judge", "in_place"):
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
         common["judge"] = build_judge(params["judge"], callables=callables)

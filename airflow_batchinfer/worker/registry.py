@@ -166,6 +166,14 @@ class JobRegistry:
         job = self.jobs.get(job_id)
         return None if job is None else job.status(self.worker_name)
 
+    async def wait(self, job_id: str, timeout_s: float) -> JobStatus | None:
+        """The job's status once it has ended, or after ``timeout_s`` if it runs on (``None``: no such
+        job). The job itself is never cancelled by this (a caller that goes away only stops waiting)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.task is not None and not job.task.done() and timeout_s > 0:
+            await asyncio.wait({job.task}, timeout=timeout_s)
+        return self.status(job_id)
+
     def cancel(self, job_id: str) -> JobStatus | None:
         job = self.jobs.get(job_id)
         if job is None:

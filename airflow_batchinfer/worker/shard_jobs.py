@@ -1,4 +1,5 @@
-"""The three shard jobs a worker runs: ``infer``, ``judge`` and ``in_place``.
+"""The shard jobs a worker runs: ``infer``, ``judge``, ``infer_judge`` (both in one pass over the
+shard) and ``in_place``.
 
 Each streams its input shard in chunks (memory is bounded by ``concurrency × chunk_size`` records
 per worker, whatever the shard size), submits prompts to the worker's shared batcher, turns every
@@ -26,12 +27,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
 from airflow_batchinfer.prompts import PromptError
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
+from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader, read_stats
+from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
 from airflow_batchinfer.worker.manifest import ID_OUTPUTS
@@ -71,6 +75,36 @@ class JobContext:
 
     def file(self, uri: str) -> JsonlFile:
         return JsonlFile(uri, storage_options=self.runtime.storage_options)
+
+    def read_input(self) -> RecordReader:
+        """The job's input records, for every job kind. A round-0 range shard (``params.input_range``:
+        a byte range of the input file, nothing copied) is validated line by line exactly as sharding
+        validates (:class:`~airflow_batchinfer.storage.ranges.RangeRecordReader`): bad lines go to
+        ``outputs["input_rejects"]`` with their line in the range and byte offset, and the read's
+        line counts join the job's counts as ``read_lines``, ``read_records``, ``read_blank``,
+        ``read_skipped`` and ``read_quarantined`` (round 0's close turns them into the run's
+        ``rejects/`` with absolute line numbers)."""
+        raw = self.params.raw.get("input_range")
+        if raw is None:
+            return self.file(self.spec.input).iter_records()
+        rng = InputRange.from_params(raw)
+        rejects_uri = self.spec.outputs.get("input_rejects")
+        if rejects_uri is None:
+            raise ConfigError(
+                f"shard {rng.shard_id}: a range job needs outputs['input_rejects'] (where its bad lines go)"
+            )
+        rejects = self.file(rejects_uri).writer_sync()
+        reader: RangeRecordReader
+
+        def finish(ok: bool) -> None:
+            if not ok:
+                rejects.abort()
+                return
+            rejects.commit()
+            self.counts.update(read_stats(reader.policy))
+
+        reader = RangeRecordReader(self.file(self.spec.input), rng, rejects=rejects, finish=finish)
+        return reader
 
     def output(self, name: str) -> str:
         """Where this attempt writes output ``name``. With ``outputs["staging"]`` the fenced outputs
@@ -112,28 +146,33 @@ FIRST_CHUNK = 256  # records in a job's first chunk: enough for an engine batch 
 Built = list[tuple[Record, GenerationRequest | str]]  # each record with its request or prompt error
 
 
-async def run_infer(ctx: JobContext) -> dict[str, int]:
-    p = ctx.params
-    prompts = p.prompts
-    assert prompts is not None
-    ctx.progress.total = p.input_records
-    created = int(time.time())
-    model = str(ctx.runtime.describe().get("model", ctx.runtime.describe().get("engine")))
+class _Inference:
+    """Generation for one job's chunks (``infer`` and ``infer_judge``). The event loop only feeds
+    the batcher: rendering a chunk's prompts (and estimating their tokens) and building its rows are
+    CPU work for a thread, one hop each per chunk; the rows' encoding and compression happen in the
+    writer's thread."""
 
-    def build(chunk: list[Record]) -> tuple[Built, list[GenerationRequest], list[float]]:
+    def __init__(self, ctx: JobContext) -> None:
+        assert ctx.params.prompts is not None
+        self.ctx, self.prompts = ctx, ctx.params.prompts
+        self.created = int(time.time())
+        described = ctx.runtime.describe()
+        self.model = str(described.get("model", described.get("engine")))
+
+    def build(self, chunk: list[Record]) -> tuple[Built, list[GenerationRequest], list[float]]:
         built: Built = []
         for record in chunk:
             attempts = int(record.get("attempts") or 0) + 1
             try:
-                built.append(
-                    (record, prompts.build(record, request_id=ctx.record_id(record), attempt=attempts))
-                )
+                rid = self.ctx.record_id(record)
+                built.append((record, self.prompts.build(record, request_id=rid, attempt=attempts)))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
-        return built, requests, ctx.runtime.estimate(requests)
+        return built, requests, self.ctx.runtime.estimate(requests)
 
-    def make_rows(built: Built, results: list[GenerationResult]) -> tuple[list[Record], Counter[str]]:
+    def rows(self, built: Built, results: list[GenerationResult]) -> tuple[list[Record], Counter[str]]:
+        p = self.ctx.params
         counts: Counter[str] = Counter()
         rows = []
         it = iter(results)
@@ -141,7 +180,7 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
             res = next(it) if isinstance(req, GenerationRequest) else GenerationResult.failed(req)
             counts["ok" if res.ok else "error"] += 1
             if p.output_format == "openai":
-                rows.append(openai_batch_row(record, res, model=model, created=created))
+                rows.append(openai_batch_row(record, res, model=self.model, created=self.created))
             else:
                 rows.append(
                     output_row(
@@ -155,16 +194,23 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
                 )
         return rows, counts
 
+    async def __call__(self, chunk: list[Record]) -> list[Record]:
+        """One output row per record of ``chunk``, in order."""
+        built, requests, costs = await asyncio.to_thread(self.build, chunk)
+        results = await self.ctx.generate(requests, costs)
+        rows, counts = await asyncio.to_thread(self.rows, built, results)
+        self.ctx.counts.update(counts)
+        return rows
+
+
+async def run_infer(ctx: JobContext) -> dict[str, int]:
+    ctx.progress.total = ctx.params.input_records
+    infer = _Inference(ctx)
+
     async def process(chunk: list[Record]) -> list[Record]:
         ctx.count_ids("input", chunk)
-        # The event loop only feeds the batcher: rendering a chunk's prompts (and estimating their
-        # tokens) and building its rows are CPU work for a thread, one hop each per chunk; the
-        # rows' encoding and compression happen in the writer's thread.
-        built, requests, costs = await asyncio.to_thread(build, chunk)
-        results = await ctx.generate(requests, costs)
-        rows, counts = await asyncio.to_thread(make_rows, built, results)
-        ctx.counts.update(counts)
-        ctx.count_ids("inferred", (record for record, _ in built))  # one row per record, its id
+        rows = await infer(chunk)
+        ctx.count_ids("inferred", chunk)  # one row per record, its id
         return rows
 
     async with ctx.file(ctx.spec.outputs["inferred"]).writer() as out:
@@ -180,7 +226,7 @@ async def _pipelined(
     """Process chunk k+1 while chunk k is written: the batcher never waits on this job's I/O.
     At most two chunks are in memory per job (and one being read). Each chunk is read, decoded and
     parsed in a thread, in one hop; the first is small, so the engine starts on it at once."""
-    reader = ctx.file(ctx.spec.input).iter_records()
+    reader = ctx.read_input()
     pending: asyncio.Task[list[Record]] | None = None
     size = ctx.params.chunk_size
     try:
@@ -273,7 +319,24 @@ async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record,
     ]
 
 
-async def run_judge(ctx: JobContext) -> dict[str, int]:
+async def _judged(ctx: JobContext, rows: list[Record]) -> list[Record]:
+    """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted, and
+    their ids digested per output)."""
+    judged = []
+    for row, verdict in await _judge_rows(ctx, rows):
+        status = "approved" if verdict.approved else "rejected"
+        if row.get("status") == "error":
+            ctx.counts["inference_errors"] += 1
+        ctx.counts[status] += 1
+        judged.append({**row, "status": status, "judgment": verdict.as_dict()})
+    for name in ("approved", "rejected"):
+        ctx.count_ids(name, (r for r in judged if r["status"] == name))
+    return judged
+
+
+async def _judge_job(ctx: JobContext, infer: _Inference | None) -> dict[str, int]:
+    """Judge every row of the input into approved and rejected; with ``infer``, generate the rows
+    first (the fused job: the shard is read once, and nothing is written in between)."""
     ctx.progress.total = ctx.params.input_records
     approved_out = ctx.file(ctx.output("approved")).writer()
     rejected_out = ctx.file(ctx.output("rejected")).writer()
@@ -281,16 +344,7 @@ async def run_judge(ctx: JobContext) -> dict[str, int]:
 
         async def process(chunk: list[Record]) -> list[Record]:
             ctx.count_ids("input", chunk)
-            rows = []
-            for row, verdict in await _judge_rows(ctx, chunk):
-                status = "approved" if verdict.approved else "rejected"
-                if row.get("status") == "error":
-                    ctx.counts["inference_errors"] += 1
-                ctx.counts[status] += 1
-                rows.append({**row, "status": status, "judgment": verdict.as_dict()})
-            for name in ("approved", "rejected"):
-                ctx.count_ids(name, (r for r in rows if r["status"] == name))
-            return rows
+            return await _judged(ctx, await infer(chunk) if infer is not None else chunk)
 
         async def write(rows: list[Record]) -> None:
             await approved_out.write_many([r for r in rows if r["status"] == "approved"])
@@ -298,6 +352,15 @@ async def run_judge(ctx: JobContext) -> dict[str, int]:
 
         await _pipelined(ctx, process, write)
     return dict(ctx.counts)
+
+
+async def run_judge(ctx: JobContext) -> dict[str, int]:
+    return await _judge_job(ctx, None)
+
+
+async def run_infer_judge(ctx: JobContext) -> dict[str, int]:
+    """Infer and judge in one pass: a rule judge, or an LLM judge served by this worker's engine."""
+    return await _judge_job(ctx, _Inference(ctx))
 
 
 # --------------------------------------------------------------------------------------- in place
@@ -377,7 +440,7 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
     flusher = asyncio.create_task(log.run_periodic_flush())
     try:
         async with approved_out, rejected_out, asyncio.TaskGroup() as group:
-            async for record in aiter(ctx.file(ctx.spec.input).iter_records()):
+            async for record in aiter(ctx.read_input()):
                 await window.acquire()
                 group.create_task(sample(record))
     finally:
@@ -391,5 +454,6 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
 SHARD_JOBS: dict[str, Callable[[JobContext], Awaitable[dict[str, int]]]] = {
     "infer": run_infer,
     "judge": run_judge,
+    "infer_judge": run_infer_judge,
     "in_place": run_in_place,
 }

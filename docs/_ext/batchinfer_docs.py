@@ -3,7 +3,8 @@
 Directives (in the MyST pages: a fenced block named after the directive), each building docutils
 nodes directly (a table, or a literal block):
 
-- ``batchinfer-params``: the DAG params (``dag_factory.DEFAULTS`` and ``SCHEMAS``);
+- ``batchinfer-params``: the DAG params (``dag_factory.DEFAULTS``, ``JUDGE_POOL_DEFAULTS`` and
+  ``SCHEMAS``);
 - ``batchinfer-connection``: the ``batchinfer_pool`` connection type (``get_provider_info``);
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
@@ -78,10 +79,10 @@ RUN_ROOT = ("output_root", "run_name")  # <output_root>/<run_name>
 
 class Params(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.dag_factory import DEFAULTS, RUN_SETTINGS, SCHEMAS
+        from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, RUN_SETTINGS, SCHEMAS
 
         rows = []
-        for name, default in DEFAULTS.items():
+        for name, default in {**DEFAULTS, **JUDGE_POOL_DEFAULTS}.items():
             schema = SCHEMAS[name]
             kind = schema.get("type")
             kind = " | ".join(kind) if isinstance(kind, list) else kind
@@ -93,6 +94,8 @@ class Params(_Generated):
                     limits.append(f"{word} {schema[key]}")
             what = "; ".join(x for x in [schema.get("description", ""), *limits] if x)
             role = "run setting" if name in RUN_SETTINGS else "run root" if name in RUN_ROOT else "pool"
+            if name in JUDGE_POOL_DEFAULTS:
+                role = "judge pool (run setting)" if name == "judge_pool" else "judge pool"
             rows.append([f"``{name}``", str(kind), _code(default), role, what])
         return [_table(["param", "type", "default", "goes to", "meaning"], rows)]
 

@@ -41,7 +41,7 @@ from tests.support.seaweedfs import S3Server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(420)]
 RUN_TIMEOUT_S = 240
-# One round whose infer jobs outlast the shard tasks' inline wait (2 s), so they defer: 6 s per batch
+# One round whose infer_judge jobs outlast the shard tasks' inline wait (2 s), so they defer: 6 s per batch
 # (a batch is a shard); a rule judge (approves ~60%: answers ending in a digit) takes no engine time.
 # The same engine settings everywhere keep the shared pool warm between tests.
 ENGINE = {"approval_rate": 0.6, "latency_base_s": 6.0}
@@ -188,28 +188,27 @@ def job_manifests(run: Run) -> list[str]:
 
     loc = resolve(run.root, run.so)
     found = loc.fs.glob(f"{loc.path}/round-*/jobs/*.json")
-    return sorted(p for p in found if re.search(r"/part-\d+\.(infer|judge|in_place)\.json$", p))
+    return sorted(p for p in found if re.search(r"/part-\d+\.(infer_judge|infer|judge|in_place)\.json$", p))
 
 
 # ----------------------------------------------------------------------------------- 1. triggerer
 def test_triggerer_restarted_twice_mid_round(chaos_airflow: LocalAirflow, chaos_root: Path) -> None:
-    """Fault: the triggerer is stopped while shard tasks are deferred on it — first with SIGTERM and
-    started again at once, then with SIGKILL and started again 2 s later.
+    """Fault: the triggerer is stopped while shard tasks (infer_judge) are deferred on it — first with
+    SIGTERM and started again at once, then, once the new one has taken the triggers over, with
+    SIGKILL and started again 2 s later.
     System: deferred tasks keep their state in the database; the new triggerer takes the triggers
     over (after a SIGKILL, once the dead one's heartbeat is older than the health threshold) and
     resumes polling the workers, whose jobs never stopped. Nothing is resubmitted or lost.
     Operator: nothing to do; restarting the triggerer is safe at any time."""
     af = chaos_airflow
-    slow_judge = {**SLOW, "judge": {"type": "llm"}}  # judge jobs on the engine: they defer too
+    slow_judge = {**SLOW, "judge": {"type": "llm"}}  # judged on the engine too: the jobs defer
     run = start(af, chaos_root, "chaos_rounds", "triggerer", 40, **slow_judge)
     restarts = []
-    for phase, sig, down_s in ((".infer", signal.SIGTERM, 0.0), (".judge", signal.SIGKILL, 2.0)):
-        run.wait_for_tis(
-            f"deferred {phase[1:]} tasks",
-            lambda tis, phase=phase: [t for t in shard_tis(tis, "deferred") if t["task_id"].endswith(phase)],
-        )
+    for sig, down_s in ((signal.SIGTERM, 0.0), (signal.SIGKILL, 2.0)):
+        run.wait_for_tis("deferred infer_judge tasks", lambda tis: shard_tis(tis, "deferred"))
         old, new = af.restart("triggerer", sig, down_s=down_s)
         restarts.append((signal.Signals(sig).name, old, new))
+        time.sleep(3.0)  # the new triggerer takes the deferred tasks' triggers over before it is killed
     report = succeed(run)
     assert_invariant(run, report)
     assert report["rounds"][0]["shards"] == 4 and not report["failed_shards"]
@@ -272,7 +271,7 @@ def test_task_process_killed_becomes_a_zombie_and_is_retried(
 
 
 def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """A round-0 infer task instance that is running in its process while its job runs on a worker,
+    """A round-0 infer_judge task instance that is running in its process while its job runs on a worker,
     and its processes."""
 
     def find() -> tuple[dict[str, Any], dict[str, int]] | None:
@@ -283,7 +282,7 @@ def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, A
             )
         for ti in shard_tis(tis, "running"):
             if (
-                ti["task_id"] == "round_00.infer"
+                ti["task_id"] == "round_00.infer_judge"
                 and job_state(run, pools_dir, pool, ti["map_index"]) == "running"
             ):
                 procs = _processes(run.af, run, ti)
@@ -291,11 +290,11 @@ def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, A
                     return ti, procs
         return None
 
-    found = wait_until(find, 90, "an infer task waiting in its process for its running job")
+    found = wait_until(find, 90, "an infer_judge task waiting in its process for its running job")
     return found[0], found[1]
 
 
-def job_state(run: Run, pools_dir: Path, pool: str, map_index: int, kind: str = "infer") -> str | None:
+def job_state(run: Run, pools_dir: Path, pool: str, map_index: int, kind: str = "infer_judge") -> str | None:
     """The state of round 0's ``kind`` job for shard ``map_index`` on the pool's workers, if any has it."""
     from airflow_batchinfer.layout import RunLayout
     from airflow_batchinfer.rounds import job_spec, read_plan, read_run_config

@@ -38,11 +38,17 @@ def disk(tmp_path: Path) -> Iterator[SmallDisk]:
         d.unmount()
 
 
-def shard_task(tmp_path: Path, root: Path) -> Any:
+def shard_task(tmp_path: Path, root: Path, *, single_frame: bool = False) -> Any:
+    """``single_frame``: a one-frame ``.jsonl.zst`` input, which cannot be split into byte ranges and
+    is copied into shards (plain JSONL is read in place: nothing but small documents is written)."""
+    import zstandard
+
     from airflow_batchinfer.operators.shard import ShardDatasetOperator
 
-    data = tmp_path / "data.jsonl"  # outside the small disk; ~600 KB of poorly compressible text
-    data.write_text("".join(json.dumps({"id": i, "q": os.urandom(300).hex()}) + "\n" for i in range(1000)))
+    # outside the small disk; ~600 KB of poorly compressible text
+    text = "".join(json.dumps({"id": i, "q": os.urandom(300).hex()}) + "\n" for i in range(1000))
+    data = tmp_path / ("data.jsonl.zst" if single_frame else "data.jsonl")
+    data.write_bytes(zstandard.ZstdCompressor().compress(text.encode()) if single_frame else text.encode())
     config = {"input": str(data), "run_root": str(root), "prompt_template": "{{ q }}",
               "judge": {"type": "llm"}, "records_per_shard": 100}  # fmt: skip
     return ShardDatasetOperator(task_id="shard", config=config, claim_settle_s=0)
@@ -55,7 +61,7 @@ def test_the_shard_task_on_a_full_disk_names_the_path_and_leaves_nothing_half_wr
     from airflow.sdk.exceptions import AirflowFailException
 
     root = disk.path / "run"
-    op = shard_task(tmp_path, root)
+    op = shard_task(tmp_path, root, single_frame=bool(room_kb))  # almost full: a copy does not fit
     disk.fill()
     if room_kb:  # room for the small documents, not for the shards
         os.truncate(disk.ballast, disk.ballast.stat().st_size - room_kb * 1024)
@@ -68,3 +74,15 @@ def test_the_shard_task_on_a_full_disk_names_the_path_and_leaves_nothing_half_wr
     disk.free()
     shards = op.execute({"ti": FakeTI()})  # the remedy: space freed, the same task again
     assert sum(s["records"] for s in shards) == 1000 and partial_files(str(disk.path)) == []
+
+
+def test_plain_jsonl_needs_no_room_for_shards(tmp_path: Path, disk: SmallDisk) -> None:
+    """Round 0 reads plain JSONL in place: with room for the run's small documents only, the shard
+    task succeeds (the copy of the previous test's single-frame input does not fit there)."""
+    root = disk.path / "run"
+    op = shard_task(tmp_path, root)
+    disk.fill()
+    os.truncate(disk.ballast, disk.ballast.stat().st_size - 64 * 1024)
+    shards = op.execute({"ti": FakeTI()})
+    assert all("range" in s for s in shards) and sum(s["records"] for s in shards) > 0
+    assert partial_files(str(disk.path)) == []

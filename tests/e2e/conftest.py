@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import POOL_SLOTS
+from tests.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-__all__ = ["POOL_SLOTS", "write_dataset"]
+__all__ = ["JUDGE_POOL_SLOTS", "POOL_SLOTS", "write_dataset"]
 
 
 def write_dataset(path: Path, n: int, prefix: str = "r") -> list[str]:

@@ -22,8 +22,9 @@ import pytest
 from airflow_batchinfer.engines.simulated import stable_fraction
 from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool
-from airflow_batchinfer.storage import JsonlDir, JsonlFile
-from tests.e2e.conftest import POOL_SLOTS, write_dataset
+from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage.ranges import range_ids
+from tests.e2e.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 RATE = 0.5  # the e2e DAGs' simulated approval rate
@@ -51,9 +52,9 @@ def conf_for(root: Path, name: str, n: int, **extra: Any) -> tuple[dict[str, Any
     return {"input": str(data), "output_root": str(root / "runs"), "run_name": name, **extra}, ids
 
 
-def first_approval(rid: str, max_rounds: int) -> int | None:
+def first_approval(rid: str, max_rounds: int, rate: float = RATE) -> int | None:
     """The round the simulated judge approves ``rid`` in (attempt = round + 1), or None."""
-    return next((r for r in range(max_rounds) if stable_fraction(rid, r + 1) < RATE), None)
+    return next((r for r in range(max_rounds) if stable_fraction(rid, r + 1) < rate), None)
 
 
 def max_overlap(tis: list[dict[str, Any]], task_suffixes: tuple[str, ...]) -> int:
@@ -90,7 +91,7 @@ def test_rounds_run_as_the_judge_dictates_and_the_pool_bounds_shards(airflow: Lo
         sum(1 for i in ids if first_approval(i, 3) == k) for k in range(3)
     ]
     # 12 shards in round 0 through a pool of 4 slots: never more than 4 in flight, and it got to 4
-    assert max_overlap(tis, (".infer", ".judge")) == POOL_SLOTS
+    assert max_overlap(tis, (".infer_judge",)) == POOL_SLOTS
     assert (root / "report" / "report.md").read_text().startswith("# Batch inference report: ")
     assert (root / "report" / "rounds.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -173,20 +174,55 @@ def test_a_worker_killed_mid_round_loses_nothing(airflow: LocalAirflow, e2e_root
 
 def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: LocalAirflow, e2e_root: Path):
     conf, _ids = conf_for(e2e_root, "broken", 30, preflight_records=0, max_rounds=1)
-    # a directory where shard part-00001's inferred output must go: that job fails on every try
-    blocked = Path(conf["output_root"]) / "broken" / "round-00" / "inferred" / "part-00001.jsonl.zst"
-    blocked.mkdir(parents=True)
+    # a file where shard part-00001's job stages its outputs (a folder): that job fails on every try
+    blocked = Path(conf["output_root"]) / "broken" / "round-00" / "staged" / "part-00001.infer_judge"
+    blocked.parent.mkdir(parents=True)
+    blocked.write_text("not a folder")
     state, root, report, tis = run(airflow, "e2e_rounds", conf)
     assert state == "failed"
     assert report["status"] == "failed_shards"
     [failed] = report["failed_shards"]
-    assert failed["shard_id"] == "part-00001" and failed["phase"] == "infer" and failed["records"] == 10
+    assert failed["shard_id"] == "part-00001" and failed["phase"] == "infer_judge" and failed["records"] == 10
     record = json.loads((root / "round-00" / "failed" / "part-00001.json").read_text())
     assert record["error"] and "re-run" in record["remedy"]
     assert report["invariant"]["ok"], report["invariant"]  # the quarantined shard's ids are accounted for
-    shard_ids = {r["id"] for r in JsonlFile(failed["uri"]).iter_records()}
+    # round 0 reads the input in place: the quarantined shard is a byte range of it
+    assert failed["uri"] == conf["input"] and record["range"] == failed["range"]
+    shard = next(s for s in json.loads((root / "input" / "_manifest.json").read_text())["shards"]
+                 if s["shard_id"] == "part-00001")  # fmt: skip
+    shard_ids = set(range_ids(shard, id_field="id", assign_ids=False, storage_options=None))
+    assert len(shard_ids) == 10
     assert not shard_ids & {r["id"] for r in rows(root / "results")}
-    infer = [ti for ti in tis if ti["task_id"] == "round_00.infer" and ti["map_index"] == 1]
+    infer = [ti for ti in tis if ti["task_id"] == "round_00.infer_judge" and ti["map_index"] == 1]
     assert infer[0]["state"] == "failed" and infer[0]["try_number"] == 2  # retries=1 applied
     report_ti = next(ti for ti in tis if ti["task_id"] == "report")
     assert report_ti["state"] == "failed"
+
+
+def test_a_judge_with_its_own_pool_judges_each_shard_when_its_inference_ends(
+    airflow: LocalAirflow, e2e_root: Path
+):
+    """``judge_pool``: a mapped task group per shard, infer on the run's pool then judge on the
+    judge's own pool (another engine configuration), each bounded by its own Airflow pool."""
+    conf, ids = conf_for(e2e_root, "judgepool", 80, preflight_records=0, max_rounds=2)
+    state, root, report, tis = run(airflow, "e2e_judge_pool", conf)
+    assert state == "success", report
+    assert report["invariant"]["ok"], report["invariant"]
+    # approved as the judge pool's engine decides (it approves 80%; the run's pool would approve 50%)
+    approved = rows(root / "results")
+    assert sorted(r["id"] for r in approved) == sorted(
+        i for i in ids if first_approval(i, 2, 0.8) is not None
+    )
+    assert all(r["round"] == first_approval(r["id"], 2, 0.8) for r in approved)
+    # the judge jobs ran on the judge's pool: its engine is recorded in the plan and close kept them
+    plan = json.loads((root / "round-00" / "plan.json").read_text())
+    assert plan["judge_engine"] and plan["judge_engine"] != plan["engine"], plan
+    judge_jobs = list((root / "round-00" / "jobs").glob("*.judge.json"))
+    assert len(judge_jobs) == 8 and all(json.loads(p.read_text())["engine"] == plan["judge_engine"]
+                                        for p in judge_jobs)  # fmt: skip
+    # pipelined: a shard's judge started before the round's last inference ended
+    infer = [t for t in tis if t["task_id"] == "round_00.shard.infer"]
+    judge = [t for t in tis if t["task_id"] == "round_00.shard.judge"]
+    assert len(infer) == len(judge) == 8 and all(t["state"] == "success" for t in infer + judge)
+    assert min(t["start_date"] for t in judge) < max(t["end_date"] for t in infer)
+    assert max_overlap(tis, (".shard.judge",)) <= JUDGE_POOL_SLOTS

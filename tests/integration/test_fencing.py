@@ -40,6 +40,7 @@ def make_run(tmp_path: Path, run_root: str, so: dict[str, Any] | None = None) ->
         prompt_template="{{ q }}",
         judge={"type": "llm"},
         records_per_shard=10,
+        judge_pool="local://judge",  # two jobs per shard (infer, then judge): the judge's copies race
     )
     layout = RunLayout(run_root)
     cfg.id_field = shard_dataset(cfg.input, layout.input, records_per_shard=10, storage_options=so).id_field

@@ -308,12 +308,46 @@ def test_rerun_reuses_finished_jobs_and_recomputes_changed_ones(tmp_path: Path, 
     try:
         first = run()
         before = manifests()
-        assert len(before) == 8  # 4 shards x (infer, judge)
+        assert len(before) == 4  # 4 shards x one infer_judge job
         again = run()
         assert manifests() == before and again["approved"] == first["approved"]
         run("--sampling", '{"max_tokens": 8}')
         after = manifests()
-        infer = [name for name in before if name.endswith(".infer.json")]
-        assert all(after[n][1] != before[n][1] and after[n][0] > before[n][0] for n in infer)
+        assert all(after[n][1] != before[n][1] and after[n][0] > before[n][0] for n in before)
     finally:
         cli("pool", "down", "--name", "resume", env=env)
+
+
+def test_run_with_a_judge_pool_judges_there_shard_by_shard(tmp_path: Path, env: dict[str, str]) -> None:
+    """``run --judge-pool``: each shard is inferred on the run's pool and judged on the judge's own
+    pool (here a simulated judge that approves 90%, the run's pool 50%), a shard's judge starting as
+    soon as its own inference ends."""
+    from airflow_batchinfer.engines.simulated import stable_fraction
+
+    src = dataset(tmp_path, 120)
+    root = tmp_path / "run"
+    judges = ["--name", "judges", "--engine", "simulated", "--engine-arg", "approval_rate=0.9",
+              "--engine-arg", "latency_base_s=0.05", "--allow-prefix", str(tmp_path)]  # fmt: skip
+    cli("pool", "up", *judges, env=env)
+    try:
+        report = cli("run", str(src), str(root), "--name", "gen", "--engine", "simulated",
+                     "--engine-arg", "latency_base_s=0.05", "--prompt-template", "{{ question }}",
+                     "--judge", '{"type": "llm"}', "--judge-pool", "local://judges", "--max-rounds", "1",
+                     "--records-per-shard", "20", env=env)  # fmt: skip
+        assert report["invariant"]["ok"], report["invariant"]
+        assert report["approved"] == sum(1 for i in range(120) if stable_fraction(f"q{i}", 1) < 0.9)
+        plan = json.loads((root / "round-00" / "plan.json").read_text())
+        assert plan["judge_engine"] and plan["judge_engine"] != plan["engine"]
+        jobs = root / "round-00" / "jobs"
+        infer = [json.loads(p.read_text()) for p in sorted(jobs.glob("*.infer.json"))]
+        judge = [json.loads(p.read_text()) for p in sorted(jobs.glob("*.judge.json"))]
+        assert len(infer) == len(judge) == 6
+        assert {m["worker"] for m in infer}.isdisjoint(m["worker"] for m in judge)  # two pools
+        assert all(m["engine"] == plan["judge_engine"] for m in judge)
+        # pipelined: the first judge started before the last inference finished
+        assert min(m["timings"]["started_at"] for m in judge) < max(
+            m["timings"]["finished_at"] for m in infer
+        )
+    finally:
+        for name in ("gen", "judges"):
+            cli("pool", "down", "--name", name, env=env)

@@ -427,3 +427,22 @@ def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path)
         assert row["id"] == "stubborn" and row["attempts"] == 60
     finally:
         w.stop()
+
+
+def test_a_long_poll_answers_when_the_job_ends_and_never_ends_the_job(tmp_path: Path) -> None:
+    """``GET /v1/jobs/{id}?wait_s=``: one request sees the job's end (no poll interval between the end
+    and the follower knowing it); a shorter wait answers ``running``, and a follower that goes away
+    mid-wait leaves the job running."""
+    w = start_worker(tmp_path, engine_args={"latency_base_s": 0.3})
+    try:
+        layout, shards = make_run(tmp_path, 40)
+        spec = infer_spec(layout, shards[0], chunk_size=5)  # 8 chunks of 0.3 s batches
+        w.submit(spec)
+        assert w.http("GET", f"/v1/jobs/{spec.job_id}", params={"wait_s": 0.2}).json()["state"] == "running"
+        with pytest.raises(httpx.ReadTimeout):  # the follower gives up mid-wait...
+            w.http("GET", f"/v1/jobs/{spec.job_id}", params={"wait_s": 20}, timeout=0.3)
+        done = w.http("GET", f"/v1/jobs/{spec.job_id}", params={"wait_s": 25}, timeout=30).json()
+        assert done["state"] == "succeeded" and done["counts"]["ok"] == 40  # ...the job ran to its end
+        assert w.http("GET", "/v1/jobs/nope", params={"wait_s": 1}).status_code == 404
+    finally:
+        w.stop()

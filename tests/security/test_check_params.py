@@ -69,3 +69,30 @@ def test_the_config_section_widens_every_dag(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(AirflowFailException, match="replicas 50 is more than max_replicas 4"):
         check(input="/srv/more/x.jsonl", worker_pool="local://batchinfer", replicas=50)
     assert json.dumps(limits.to_dict())  # limits are plain data
+
+
+def test_pool_setup_lets_workers_read_the_allowed_input_prefixes_not_each_runs_file(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Round 0 reads the input in place, so the workers may read the allowed input prefixes: the
+    deployment's list, the same for every run, so a run on another file keeps the warm pool's spec."""
+    from airflow_batchinfer.operators.pool import PoolSetupOperator
+
+    seen: list[list[str]] = []
+
+    class Started(Exception):
+        pass
+
+    def local_up(self: PoolSetupOperator, *args: Any) -> None:  # the seam: record the spec, start nothing
+        seen.append(self.allowed_prefixes)
+        raise Started
+
+    monkeypatch.setattr(PoolSetupOperator, "_local_up", local_up)
+    wide = DAG.widen(TriggerLimits(allowed_input_prefixes=("/data/inputs",)))
+    for data in ("/data/inputs/a.jsonl", "/data/inputs/b.jsonl"):
+        op = PoolSetupOperator(task_id="pool_setup", worker_pool="local://batchinfer", limits=wide,
+                               allowed_prefixes=["/data/runs"])  # fmt: skip
+        params = {"output_root": "/data/runs", "input": data, "worker_pool": "local://batchinfer"}
+        with pytest.raises(Started):
+            op.execute({"params": params})  # type: ignore[arg-type]
+    assert seen == [["/data/runs", "/data/in.jsonl", "/data/inputs"]] * 2

@@ -155,3 +155,29 @@ def test_a_run_name_is_one_folder() -> None:
     for bad in ("../../etc", "..", "a/b", "x`![p](evil.png)`"):
         assert refusals({**DEFAULTS, "run_name": bad}, DAG) != [], bad
     assert refusals({**DEFAULTS, "run_name": "eval-2026.11_30"}, DAG) == []
+
+
+def test_a_judge_pool_is_held_to_the_same_limits_as_the_run_pool() -> None:
+    """``judge_pool`` and its ``judge_*`` settings are a second pool: the DAG's defaults allow theirs
+    as written, and a trigger cannot choose another pool, model, engine option or image for it."""
+    judge = {"judge_pool": "local://judges", "judge_engine": "vllm", "judge_model": "/models/70b",
+             "judge_engine_options": {"tensor_parallel_size": 4}, "judge_replicas": 2,
+             "judge_kubernetes": {}}  # fmt: skip
+    dag = implied_by({**DEFAULTS, **judge})
+    assert refusals({**DEFAULTS, **judge}, dag) == []
+    for change, word in (
+        ({"judge_pool": "kubernetes://kube-system/x"}, "judge pool: worker_pool"),
+        ({"judge_model": "/models/other"}, "judge pool: model '/models/other'"),
+        (
+            {"judge_engine_options": {"trust_remote_code": True}},
+            "judge pool: engine_options.trust_remote_code",
+        ),
+        ({"judge_kubernetes": {"image": "evil/img"}}, "judge pool: kubernetes.image 'evil/img'"),
+    ):
+        (why,) = refusals({**DEFAULTS, **judge, **change}, dag)
+        assert why.startswith(word), why
+    # a batchinfer_pool connection pins its own pool, for the judge as for the run
+    assert (
+        refusals({**DEFAULTS, **judge, "judge_pool": "judge_conn"}, dag, judge_pool_is_connection=True) == []
+    )
+    assert refusals({**DEFAULTS, **judge, "judge_pool": "judge_conn"}, dag) != []

@@ -26,7 +26,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.atomic import is_temp_name
 from airflow_batchinfer.storage.location import resolve
 
-SHARD_TASKS = (".infer", ".judge", ".in_place")
+SHARD_TASKS = (".infer_judge", ".infer", ".judge", ".in_place")
 BAD_ID = "bad-line"  # the id of the one malformed input line every chaos dataset carries
 
 
@@ -55,7 +55,8 @@ def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: flo
 
 
 def shard_tis(tis: Iterable[dict[str, Any]], *states: str) -> list[dict[str, Any]]:
-    """The shard job task instances (infer/judge/in_place) in one of ``states`` (any if none)."""
+    """The shard job task instances (infer_judge, infer, judge, in_place) in one of ``states`` (any
+    if none)."""
     return [
         ti for ti in tis
         if ti["task_id"].endswith(SHARD_TASKS) and (not states or ti["state"] in states)

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.layout import RunLayout, staged_output
-from airflow_batchinfer.rounds import Plan, close_round, inferred_shard, job_spec, propose, write_plan
+from airflow_batchinfer.rounds import (
+    Plan,
+    close_round,
+    inferred_shard,
+    job_spec,
+    propose,
+    round_kinds,
+    write_plan,
+)
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.run_config import RunConfig
@@ -28,7 +36,8 @@ IDS = [f"r{i:02d}" for i in range(30)]
 
 
 def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
-    """A run of ``IDS`` sharded into three shards of 10, judged by an LLM judge."""
+    """A run of ``IDS`` sharded into three shards of 10, judged by an LLM judge (on the run's pool,
+    fused with inference, unless ``judge_pool`` gives it its own)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "question": f"q {i}"}) + "\n" for i in IDS))
     cfg = RunConfig(
@@ -130,10 +139,11 @@ def finish_shard(
     token: str | None = None,
     so: StorageOptions | None = None,
 ) -> dict[str, Any]:
-    """Infer then judge one shard: ids in ``approve`` approved, the rest rejected. Returns the judge's
-    manifest."""
-    rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
-    finish_job(cfg, "infer", r, shard, {"inferred": rows}, {"ok": len(rows)}, so=so)
+    """Run one shard's round jobs (infer_judge, or infer then judge on the judge's pool): ids in
+    ``approve`` approved, the rest rejected. Returns the accepted job's manifest."""
+    if round_kinds(cfg, "rounds")[0] == "infer":
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
+        finish_job(cfg, "infer", r, shard, {"inferred": rows}, {"ok": len(rows)}, so=so)
     return judge_shard(cfg, r, shard, approve, token=token, so=so)
 
 
@@ -150,7 +160,13 @@ def judge_shard(
     token: str | None = None,
     so: StorageOptions | None = None,
 ) -> dict[str, Any]:
-    rows = read_rows(inferred_shard(cfg, r, shard)["uri"], so)
+    """The round's accepting job for ``shard``: the judge (reading the inferred file) or the fused
+    infer_judge (reading the pending shard)."""
+    kind = round_kinds(cfg, "rounds")[-1]
+    if kind == "judge":
+        rows = read_rows(inferred_shard(cfg, r, shard)["uri"], so)
+    else:
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
     ok = [{**row, "status": "approved"} for row in rows if row["id"] in approve]
     bad = [
         {**row, "status": "rejected", "judgment": {"approved": False, "reason": "no"}}
@@ -159,7 +175,7 @@ def judge_shard(
     ]
     return finish_job(
         cfg,
-        "judge",
+        kind,
         r,
         shard,
         {"approved": ok, "rejected": bad},

@@ -37,7 +37,7 @@ class WorkerProcess:
             if token is None
             else {"Authorization": f"Bearer {self.token if token == 'default' else token}"}
         )
-        return httpx.request(method, self.url + path, headers=headers, timeout=30, **kw)
+        return httpx.request(method, self.url + path, headers=headers, **{"timeout": 30, **kw})
 
     def wait(self, job_id: str, timeout: float = 120, poll_s: float = 0.05) -> JobStatus:
         deadline = time.monotonic() + timeout

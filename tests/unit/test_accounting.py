@@ -18,7 +18,6 @@ from airflow_batchinfer.report import build_report
 from airflow_batchinfer.rounds import (
     ACCEPT,
     apply_choice,
-    inferred_shard,
     propose,
     read_summary,
     write_plan,
@@ -65,9 +64,8 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def judge_rows(cfg: RunConfig, shard: ShardDescriptor, approve: set[str]) -> tuple[list[Any], list[Any]]:
-    """Infer ``shard`` as a worker would; return the rows a judge would approve and reject."""
+    """The rows a fused infer_judge job would approve and reject for ``shard``."""
     rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard["uri"])]
-    finish_job(cfg, "infer", 0, shard, {"inferred": rows}, {"ok": len(rows)})
     ok = [{**r, "status": "approved"} for r in rows if r["id"] in approve]
     bad = [{**r, "status": "rejected"} for r in rows if r["id"] not in approve]
     return ok, bad
@@ -109,7 +107,9 @@ def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path
     ok, rejected = judge_rows(cfg, bad, evens(bad))
     rejected = [r for r in rejected if r["id"] != "r03"]
     ok.append(next(r for r in ok if r["id"] == "r04"))
-    finish_job(cfg, "judge", 0, bad, {"approved": ok, "rejected": rejected}, {"approved": 6, "rejected": 4})
+    finish_job(
+        cfg, "infer_judge", 0, bad, {"approved": ok, "rejected": rejected}, {"approved": 6, "rejected": 4}
+    )
     reads.clear()
     summary = close(cfg, plan)
     inv = summary["invariant"]
@@ -132,7 +132,7 @@ def test_a_manifest_whose_digest_is_wrong_is_opened_and_the_files_decide(tmp_pat
     s = plan.shards[2]
     ok, rejected = judge_rows(cfg, s, evens(s))
     finish_job(
-        cfg, "judge", 0, s, {"approved": ok, "rejected": rejected}, {"approved": 5, "rejected": 5},
+        cfg, "infer_judge", 0, s, {"approved": ok, "rejected": rejected}, {"approved": 5, "rejected": 5},
         ids={"approved": IdDigest.of(["nope"])},
     )  # fmt: skip
     summary = close(cfg, plan)
@@ -304,9 +304,9 @@ def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     finish_shard(cfg, 0, plan.shards[0], evens(plan.shards[0]))
-    m = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "judge"))
+    m = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "infer_judge"))
     assert m is not None and m["schema_version"] == 1 and set(m["ids"]) == {"input", "approved", "rejected"}
-    inferred = inferred_shard(cfg, 0, plan.shards[0])["uri"]
-    assert IdDigest.from_dict(m["ids"]["input"]) == IdDigest.of(r["id"] for r in read_rows(inferred))
+    pending = plan.shards[0]["uri"]
+    assert IdDigest.from_dict(m["ids"]["input"]) == IdDigest.of(r["id"] for r in read_rows(pending))
     summary = close(cfg, plan)
     assert json.loads(Path(layout.summary(0)).read_text())["schema_version"] == 1 and "ids" in summary

@@ -37,10 +37,16 @@ from tests.support.fake_jobs import (
     finish_job,
     finish_shard,
     judge_shard,
-    make_run,
     plan_round,
     write_rows,
 )
+from tests.support.fake_jobs import make_run as make_fused_run
+
+
+def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
+    """Rounds of two jobs per shard (infer, then judge on the judge's own pool): close checks both.
+    The fused infer_judge round is closed in test_accounting and by the pipeline tests."""
+    return make_fused_run(tmp_path, judge_pool="local://judge", **settings)
 
 
 def ids_in(directory: str) -> list[str]:

@@ -3,6 +3,7 @@ the first task refuses bad settings and too many shards with the remedy."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.airflow
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
 from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 
-from airflow_batchinfer.dag_factory import DEFAULTS, build_batch_inference_dag  # noqa: E402
+from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, build_batch_inference_dag  # noqa: E402
 from airflow_batchinfer.operators.shard import ShardDatasetOperator  # noqa: E402
 
 DAGS = Path(__file__).parents[2] / "dags"
@@ -32,22 +33,45 @@ def test_example_dags_import_cleanly() -> None:
 
 
 def test_factory_shape_pools_and_params() -> None:
+    """One fused infer_judge task per shard: a shard is inferred and judged in one job."""
     dag = build_batch_inference_dag("shape", max_rounds=2, airflow_pool="gpu")
     assert set(dag.task_dict) == {
         "shard", "pool_setup", "preflight", "report", "pool_teardown",
-        "round_00.plan", "round_00.infer", "round_00.judge", "round_00.close",
-        "round_01.plan", "round_01.infer", "round_01.judge", "round_01.close",
+        "round_00.plan", "round_00.infer_judge", "round_00.close",
+        "round_01.plan", "round_01.infer_judge", "round_01.close",
         "tail.plan", "tail.in_place", "tail.close",
     }  # fmt: skip
-    for task_id in ("round_00.infer", "round_01.judge", "tail.in_place"):
+    for task_id in ("round_00.infer_judge", "round_01.infer_judge", "tail.in_place"):
         assert dag.task_dict[task_id].pool == "gpu"
-    assert dag.task_dict["round_00.judge"].trigger_rule == "all_done"
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
     assert set(dag.params) == set(DEFAULTS)
     schema = dag.params.get_param("max_rounds").schema
     assert schema["maximum"] == 2
     assert dag.params.get_param("strategy").schema["enum"] == ["rounds", "in_place", "hybrid"]
+
+
+def test_factory_with_a_judge_pool_maps_a_task_group_per_shard() -> None:
+    """A judge with its own pool: per shard, infer (the run's Airflow pool) then judge (the judge's),
+    in a mapped task group; the judge pool has its own setup and teardown and params."""
+    judge = {"judge": {"type": "llm"}}
+    dag = build_batch_inference_dag("two", max_rounds=1, airflow_pool="gpu", judge_airflow_pool="judge",
+                                    defaults=judge)  # fmt: skip
+    assert set(dag.task_dict) == {
+        "shard", "pool_setup", "judge_pool_setup", "preflight", "report", "pool_teardown",
+        "judge_pool_teardown", "round_00.plan", "round_00.shard.infer", "round_00.shard.judge",
+        "round_00.close", "tail.plan", "tail.in_place", "tail.close",
+    }  # fmt: skip
+    infer, judge_task = dag.task_dict["round_00.shard.infer"], dag.task_dict["round_00.shard.judge"]
+    assert (infer.pool, judge_task.pool) == ("gpu", "judge")
+    assert judge_task.worker_pool == "{{ params.judge_pool }}"
+    assert type(infer.task_group).__name__ == "MappedTaskGroup"
+    assert judge_task.upstream_task_ids == {"round_00.shard.infer"}
+    assert "round_00.close" in judge_task.downstream_task_ids
+    setup = dag.task_dict["judge_pool_setup"]
+    assert setup.is_setup and dag.task_dict["judge_pool_teardown"].is_teardown
+    assert (setup.worker_pool, setup.model) == ("{{ params.judge_pool }}", "{{ params.judge_model }}")
+    assert set(dag.params) == set(DEFAULTS) | set(JUDGE_POOL_DEFAULTS)
 
 
 def shard_op(tmp_path: Path, **config: object) -> ShardDatasetOperator:
@@ -73,7 +97,11 @@ def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:
 
 def test_shard_returns_descriptors_and_stores_the_settings(tmp_path: Path) -> None:
     shards = shard_op(tmp_path, records_per_shard=10).execute({})  # type: ignore[arg-type]
-    assert [s["records"] for s in shards] == [10, 10, 5]
-    assert set(shards[0]) == {"shard_id", "uri", "records", "ids"}  # references and id digests
+    # byte ranges of the input at line starts (nothing copied): references, estimated record counts
+    data = tmp_path / "data.jsonl"
+    assert {s["uri"] for s in shards} == {str(data)} and all(s["estimated"] for s in shards)
+    assert shards[0]["range"][0] == 0 and shards[-1]["range"][1] == data.stat().st_size
+    assert all(a["range"][1] == b["range"][0] for a, b in itertools.pairwise(shards))
+    assert sum(s["records"] for s in shards) == 25 and "ids" not in shards[0]  # ids: once read
     stored = json.loads((tmp_path / "run" / "run.json").read_text())
     assert stored["id_field"] == "id" and stored["records_per_shard"] == 10

@@ -67,7 +67,7 @@ def test_rounds_recompact_rejected_and_stop_at_max_rounds(tmp_path: Path) -> Non
     cfg = make_run(tmp_path, max_rounds=2)
     s0 = fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})
     assert (s0["approved"], s0["rejected"], s0["next_pending"]) == (20, 10, 10) and s0["invariant"]["ok"]
-    assert s0["job_seconds"] == 6.0  # 3 shards x (infer + judge) x 1 s: both jobs count
+    assert s0["job_seconds"] == 3.0  # 3 shards x 1 s: one fused infer_judge job per shard
     s1 = fake_round(cfg, "round-01", {"r25"})
     assert s1["pending"] == 10 and s1["approved"] == 1
     tail = propose(cfg, "tail").plan
@@ -133,12 +133,14 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     write_plan(RunLayout(cfg.run_root), plan)
     good, bad = plan.shards[0], plan.shards[1]
     finish_shard(cfg, 0, good, {f"r{i:02d}" for i in range(5)})
-    record_job_error(cfg, 0, bad["shard_id"], "infer", "disk full", None)
+    record_job_error(cfg, 0, bad["shard_id"], "infer_judge", "disk full", None)
     summary = close_round(cfg, plan)
     assert summary is not None
     failed = {f["shard_id"]: f for f in summary["failed_shards"]}
     assert set(failed) == {bad["shard_id"], plan.shards[2]["shard_id"]}
-    assert failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer"
+    assert (
+        failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer_judge"
+    )
     assert "no completion manifest" in failed[plan.shards[2]["shard_id"]]["error"]
     assert summary["invariant"] == {
         "planned": 30, "accounted": 30, "ok": True, "lost": [], "doubled": [], "unexpected": [], "opened": [],
@@ -167,3 +169,23 @@ def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:
     assert a.job_id == pin_input(spec, {"size": 10, "mtime": 1.0}).job_id
     assert a.params["input_version"] == "10:1.0" and a.job_id.startswith(spec.job_id.rsplit("-", 1)[0])
     assert pin_input(spec, {"size": 10, "mtime": 2.0}).job_id != a.job_id  # rewritten input: a new job
+
+
+def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path: Path) -> None:
+    from airflow_batchinfer.rounds import job_spec, round_kinds
+
+    base = {"input": "x.jsonl", "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}"}
+    fused = RunConfig(**base, judge={"type": "llm"}, sampling={"max_tokens": 8})
+    two = RunConfig(**base, judge={"type": "llm"}, judge_pool="local://judges")
+    assert round_kinds(fused, "rounds") == ("infer_judge",)
+    assert round_kinds(fused, "in_place") == ("in_place",)
+    assert round_kinds(two, "rounds") == ("infer", "judge")
+    empty = RunConfig(**base, judge={"type": "llm"}, judge_pool="")  # the trigger form's empty field
+    assert empty.judge_pool is None
+    # the fused job carries both the generation and the judge settings, and writes approved/rejected
+    spec = job_spec(fused, "infer_judge", 0, {"shard_id": "part-00000", "uri": "p.jsonl", "records": 3})
+    assert spec.params["sampling"] == {"max_tokens": 8} and spec.params["judge"] == {"type": "llm"}
+    assert {"approved", "rejected", "staging", "manifest"} <= set(spec.outputs)
+    assert "inferred" not in spec.outputs
+    with pytest.raises(ConfigError, match=r"judge_pool 'local://judges' serves a judge model.*'regex'"):
+        RunConfig(**base, judge={"type": "regex", "pattern": "x"}, judge_pool="local://judges")

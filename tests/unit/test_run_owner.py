@@ -214,7 +214,7 @@ def test_the_shard_task_claims_then_refuses_another_live_run(tmp_path: Path) -> 
 
     op: Any = shard_task(tmp_path)
     shards = op.execute({"ti": FakeTI(OTHER, {})})
-    assert [s["records"] for s in shards] == [5, 5, 2]
+    assert len(shards) == 3 and sum(s["records"] for s in shards) == 12  # estimated per byte range
     assert read_owner(str(tmp_path / "run"))["run_id"] == OTHER.run_id  # type: ignore[index]
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
     with pytest.raises(

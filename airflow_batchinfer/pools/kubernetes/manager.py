@@ -344,6 +344,19 @@ class KubernetesPool:
         pods, port = self._pods()
         return sorted(f"http://{p.status.pod_ip}:{port}" for p in pods if self._ready(p))
 
+    def rollout(self) -> dict[str, Any]:
+        """What a readiness check needs beyond the ready pods, in one read of the Deployment:
+        ``spec_key``, the spec hash it carries (``None`` for an adopted one), and ``current_ready``,
+        its ready pods of the current template, 0 while the controller has not seen the latest
+        change or pods of an older template remain (they could still take jobs)."""
+        dep = self._deployment()
+        st = dep.status
+        seen = (st.observed_generation or 0) >= (dep.metadata.generation or 0)
+        updated = st.updated_replicas or 0
+        stale = (st.replicas or 0) > updated  # pods of an older template are still there
+        current = min(updated, st.ready_replicas or 0) if seen and not stale else 0
+        return {"spec_key": (dep.metadata.annotations or {}).get(objects.SPEC_HASH), "current_ready": current}
+
     def problems(self, pods: list[Any] | None = None) -> list[str]:
         """Why workers are not ready, in the scheduler's and kubelet's words (for error messages)."""
         out = []

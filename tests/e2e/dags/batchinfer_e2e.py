@@ -52,3 +52,24 @@ build_batch_inference_dag(
     poll_interval_s=1.0,
     limits=LIMITS,
 )
+
+# A judge with its own warm pool: another engine configuration, its own Airflow pool.
+build_batch_inference_dag(
+    "e2e_judge_pool",
+    max_rounds=2,
+    airflow_pool="e2e",
+    judge_airflow_pool="e2e_judge",
+    defaults={
+        **SIMULATED,
+        "judge_pool": "local://e2e-judge",
+        "judge_engine": "simulated",
+        "judge_model": None,
+        "judge_engine_options": {"approval_rate": 0.8, "latency_base_s": 0.1},  # the judge's own model
+        "judge_replicas": 1,
+        "judge_concurrency": 2,
+    },
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+    poll_interval_s=1.0,
+    limits=LIMITS,
+)

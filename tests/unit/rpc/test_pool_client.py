@@ -121,3 +121,31 @@ async def test_a_discovering_pool_follows_workers_as_they_come_and_go() -> None:
     assert list(pool.clients) == ["http://b:1"]
     assert (await pool.submit(SPEC))[0] == "http://b:1"
     await pool.aclose()
+
+
+@pytest.mark.parametrize("long_polls", [True, False])
+async def test_follow_long_polls_a_running_job_and_never_spins_on_an_old_worker(long_polls: bool) -> None:
+    """``follow`` asks a running job's worker with ``wait_s`` (the job's end is seen when it happens);
+    a worker that predates long polls answers at once, and ``follow`` then waits out each interval
+    instead of asking in a loop."""
+    import asyncio
+    import time
+
+    from airflow_batchinfer.rpc.pool import follow
+
+    asks: list[float] = []
+    ends = time.monotonic() + 0.5
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        wait_s = float(request.url.params.get("wait_s", 0))
+        asks.append(wait_s)
+        if long_polls and wait_s:
+            await asyncio.sleep(max(min(wait_s, ends - time.monotonic()), 0))
+        state = "succeeded" if time.monotonic() >= ends else "running"
+        return httpx.Response(200, json={"job_id": "j1", "kind": "infer", "state": state})
+
+    worker = WorkerClient("http://a:1", token="tok", transport=httpx.MockTransport(handler))
+    event = await follow(worker, "j1", poll_interval_s=0.2, lost_grace_s=5.0)
+    assert event is not None and event.state == "succeeded"
+    assert asks[0] == 0 and all(w == 0.2 for w in asks[1:])  # after the first answer, long polls
+    assert 3 <= len(asks) <= 6  # about one ask per interval either way: never a busy loop

@@ -1,0 +1,132 @@
+"""Input lines to records, the one way: sharding a file and reading a round-0 range shard both
+validate here, so a bad line is rejected for the same reason whichever of the two reads it.
+
+A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
+or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
+non-object value, a missing or invalid id, an OpenAI batch line without ``body``, a repeated id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from airflow_batchinfer.storage.reader import ErrorPolicy
+from airflow_batchinfer.storage.records import Record, RecordError, dumps, parse_record, record_id
+
+AssignId = Callable[[int, int], str]
+"""``assign(line_no, offset)``: the id given to a record without one (``assign_ids``)."""
+
+
+def detect_id_field(record: dict[str, Any]) -> str:
+    """``custom_id`` for an OpenAI batch input line (``custom_id`` + ``body``, no ``id``), else ``id``."""
+    if "id" not in record and "custom_id" in record and "body" in record:
+        return "custom_id"
+    return "id"
+
+
+def reason(line: bytes) -> str:
+    """Why ``line`` (which ``orjson`` refused) is not a record."""
+    try:
+        parse_record(line)
+    except RecordError as exc:
+        return str(exc)
+    return "invalid JSON"
+
+
+class LineValidator:
+    """Validates blocks of raw lines in order, counting every line in ``policy.stats``.
+
+    :param id_field: the id field; ``None`` detects it from the first record (:func:`detect_id_field`).
+    :param assign: gives records without an id one (``assign_ids``); ``None`` rejects them.
+    :param window: repeated ids are found among the last ``window`` to ``2 × window`` kept records
+        (sharding: any two records of one shard meet); ``None``: among all records read.
+    :param offsets: lines come with their ``\\r`` (``iter_line_blocks(strip_cr=False)``): the
+        validator strips it and tracks each line's byte offset (a range shard's reject rows and
+        assigned ids name it, as absolute line numbers are not known inside a range).
+    """
+
+    def __init__(
+        self,
+        policy: ErrorPolicy,
+        *,
+        id_field: str | None,
+        assign: AssignId | None = None,
+        window: int | None = None,
+        offsets: bool = False,
+    ) -> None:
+        self.policy = policy
+        self.stats = policy.stats
+        self.id_field = id_field
+        self._openai = id_field == "custom_id"
+        self._assign = assign
+        self._window = window
+        self._offsets = offsets
+        self._seen: dict[Any, int] = {}
+        self._seen_before: dict[Any, int] = {}
+        self.line_no = 0  # of the last line checked (1-based)
+        self.offset = 0  # byte offset of the next line (with ``offsets``)
+
+    def check_block(self, block: list[bytes]) -> tuple[list[bytes], list[Any], list[Record]]:
+        """The good lines of ``block`` (re-serialized where an id was assigned), their ids and
+        records. The common path (a valid object with a fresh id) is a few C calls per line; every
+        error path goes through the helpers that name what is wrong."""
+        good: list[bytes] = []
+        ids: list[Any] = []
+        records: list[Record] = []
+        loads, decode_error = orjson.loads, orjson.JSONDecodeError
+        stats, seen, offsets = self.stats, self._seen, self._offsets
+        for line in block:
+            self.line_no += 1
+            offset = self.offset
+            if offsets:
+                self.offset += len(line) + 1
+                if line.endswith(b"\r"):
+                    line = line[:-1]
+            try:
+                record = loads(line)
+            except decode_error:
+                if not line or line.isspace():
+                    stats.blank += 1
+                else:
+                    self._bad(line, offset, reason(line))
+                continue
+            try:
+                if type(record) is not dict:
+                    parse_record(line)  # raises: not an object
+                if self.id_field is None:
+                    self.id_field = detect_id_field(record)
+                    self._openai = self.id_field == "custom_id"
+                if self._openai and type(record.get("body")) is not dict:
+                    raise RecordError("OpenAI batch line without a 'body' object")
+                rid = record.get(self.id_field)
+                if rid is None and self._assign is not None:
+                    rid = record[self.id_field] = self._assign(self.line_no, offset)
+                    line = dumps(record)
+                elif not ((type(rid) is str and rid) or type(rid) is int):
+                    record_id(record, self.id_field)  # raises, naming what is wrong with the id
+                if rid in seen or rid in self._seen_before:
+                    first = seen.get(rid) or self._seen_before.get(rid)
+                    raise RecordError(f"duplicate id {rid!r} (first at line {self._line_name(first)})")
+            except RecordError as exc:
+                self._bad(line, offset, str(exc))
+                continue
+            seen[rid] = self.line_no
+            if self._window is not None and len(seen) >= self._window:
+                self._seen_before, self._seen = seen, {}
+                seen = self._seen
+            good.append(line)
+            ids.append(rid)
+            records.append(record)
+        stats.lines += len(block)
+        stats.records += len(good)
+        return good, ids, records
+
+    def _line_name(self, line_no: int | None) -> str:
+        return f"{line_no} of this range" if self._offsets else str(line_no)
+
+    def _bad(self, line: bytes, offset: int, why: str) -> None:
+        where = {"line_in_range": self.line_no, "offset": offset} if self._offsets else None
+        self.policy.bad_line(self.line_no, line, why, where)

@@ -1,0 +1,106 @@
+"""Round 0 over range shards (the input is read in place): the worker's job code validates each
+range, and close writes the run's rejects with absolute line numbers and checks the id invariant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.rounds import Plan, close_round, prepare_run, propose, round_kinds, write_plan
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage.manifest import read_manifest
+from tests.unit.test_close import run_jobs
+
+
+def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tuple[RunConfig, Plan, Any]:
+    """Round 0 over range shards of ``data`` (nothing copied): every shard's job runs but the last
+    one's, which close quarantines (reading its range itself). Returns the run, plan and summary."""
+    (tmp_path / name).write_bytes(data)
+    cfg = RunConfig(
+        input=str(tmp_path / name), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
+        judge={"type": "llm"}, records_per_shard=10, **settings,
+    )  # fmt: skip
+    shards = prepare_run(cfg).shards
+    assert len(shards) >= 3 and all("range" in s and "ids" not in s for s in shards)
+    layout = RunLayout(cfg.run_root)
+    assert JsonlDir(layout.input).shards() == []  # nothing copied
+    plan = propose(cfg, "round-00").plan
+    write_plan(layout, plan)
+    run_jobs(
+        cfg, [(k, 0, s) for k in round_kinds(cfg, "rounds") for s in plan.shards[:-1]], approval_rate=0.5
+    )
+    summary = close_round(cfg, plan)
+    assert summary is not None
+    assert [f["shard_id"] for f in summary["failed_shards"]] == [plan.shards[-1]["shard_id"]]
+    return cfg, plan, summary
+
+
+def test_range_jobs_reject_bad_lines_and_close_numbers_them_absolutely(tmp_path: Path) -> None:
+    lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(40)]
+    lines[5], lines[31], lines[17] = "{bad", "[]", json.dumps({"id": "r12", "question": "again"})
+    cfg, _, summary = ranged_round(tmp_path, "data.jsonl", ("\r\n".join(lines) + "\r\n").encode())
+    layout = RunLayout(cfg.run_root)
+    assert summary["invariant"]["ok"], summary["invariant"]
+    assert summary["pending"] == 37
+    rejects = sorted(
+        (r["line_no"], r["error"].split(" ")[0])
+        for f in JsonlDir(layout.rejects).jsonl_files()
+        for r in f.iter_records()
+    )
+    assert [n for n, _ in rejects] == [6, 18, 32]  # 1-based lines of the whole file
+    counts = (read_manifest(JsonlDir(layout.input)) or {})["counts"]
+    assert counts == {"lines": 40, "records": 37, "blank": 0, "skipped": 0, "quarantined": 3}
+
+
+def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path) -> None:
+    import zstandard
+
+    rows = "".join(json.dumps({"id": f"r{i}", "question": "q"}) + "\n" for i in range(25))
+    (tmp_path / "d.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(rows.encode()))
+    settings: dict[str, Any] = {
+        "input": str(tmp_path / "d.jsonl.zst"), "run_root": str(tmp_path / "run"),
+        "prompt_template": "{{ question }}", "judge": {"type": "llm"}, "records_per_shard": 10,
+    }  # fmt: skip
+    first = prepare_run(RunConfig(**settings))
+    assert [s["records"] for s in first.shards] == [10, 10, 5] and all("range" not in s for s in first.shards)
+    assert prepare_run(RunConfig(**settings)).reused  # a retried shard task: the copy is reused
+
+
+def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_path: Path) -> None:
+    """Close reads a disagreeing range shard's ids from its range (validated as its job read it),
+    never the whole source: only the ids really lost or doubled are named."""
+    from airflow_batchinfer.storage import JsonlFile
+    from airflow_batchinfer.worker.manifest import read_job_manifest, write_job_manifest
+
+    lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]
+    lines[4] = "{bad"
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = RunConfig(
+        input=str(tmp_path / "data.jsonl"), run_root=str(tmp_path / "run"),
+        prompt_template="{{ question }}", judge={"type": "llm"}, records_per_shard=10,
+    )  # fmt: skip
+    prepare_run(cfg)
+    layout = RunLayout(cfg.run_root)
+    plan = propose(cfg, "round-00").plan
+    write_plan(layout, plan)
+    run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], approval_rate=1.0)
+    sid = plan.shards[0]["shard_id"]
+    manifest_uri = layout.job_manifest(0, sid, "infer_judge")
+    m = read_job_manifest(manifest_uri)
+    assert m is not None
+    staged = JsonlFile(m["committed"]["approved"])
+    rows = list(staged.iter_records())
+    with staged.writer_sync() as out:  # r00 lost, r01 doubled: the same count
+        for row in [rows[1], *rows[1:]]:
+            out.write(row)
+    del m["ids"]["approved"]  # a manifest without that digest: close reads the files
+    m.pop("schema_version", None)
+    write_job_manifest(manifest_uri, m)
+    summary = close_round(cfg, plan)
+    assert summary is not None
+    inv = summary["invariant"]
+    assert not inv["ok"] and inv["opened"] == [sid]
+    assert (inv["lost"], inv["doubled"], inv["unexpected"]) == (["r00"], ["r01"], [])
