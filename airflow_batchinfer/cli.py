@@ -447,6 +447,12 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     )
     # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
     lease = f"cli-run:{args.run_root}"
+    judge_ref = PoolRef.parse(cfg.judge_pool) if cfg.judge_pool else None
+    ref = f"kubernetes://{args.kubernetes_pool}" if args.kubernetes_pool else f"local://{args.name}"
+    own = None if args.worker_url else ref  # a static pool: URLs, not a reference
+    if judge_ref is not None and own is not None and str(judge_ref) == str(PoolRef.parse(own)):
+        raise ConfigError(f"--judge-pool {judge_ref} is the run's own pool: leave it out to judge there "
+                          "(one job per shard), or name another pool")  # fmt: skip
     pool: WorkerPool
     if args.worker_url:
         from airflow_batchinfer.worker.config import load_token
@@ -474,10 +480,12 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
             bar = bars[phase] = ProgressBar(phase, total, unit="rec")
         bar(done - bar.records, done - bar.records)
 
-    judge_pool: WorkerPool | None = None
-    if cfg.judge_pool:
-        judge_pool = PoolRef.parse(cfg.judge_pool).open()
-        judge_pool.acquire(lease, 1)  # a running pool, leased as it is
+    judge_pool: Any = None
+    if judge_ref is not None:  # a running pool (`pool up`), leased as it is
+        judge_pool = judge_ref.open()
+        judge_pool.acquire(lease, 1)
+        if judge_pool.backend == "kubernetes":
+            judge_pool.wait_ready(1)  # scaled to zero while idle: up again before any shard is judged
 
     async def go() -> dict[str, Any]:
         client = PoolClient.for_pool(pool, lease_id=lease)

@@ -298,9 +298,8 @@ def build_batch_inference_dag(
                     replicas=_p(f"{prefix}replicas"),
                     concurrency=_p(f"{prefix}concurrency"),
                     idle_ttl_s=_p("idle_ttl_s"),
-                    allowed_prefixes=[
-                        _p("output_root")
-                    ],  # and the allowed input prefixes (limits)  # round-0 jobs read input ranges
+                    # the operator adds the allowed input prefixes (round 0 reads the input in place)
+                    allowed_prefixes=[_p("output_root")],
                     target_batch_tokens=_p("target_batch_tokens"),
                     kubernetes=_p(f"{prefix}kubernetes"),
                     limits=trusted,

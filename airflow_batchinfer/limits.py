@@ -40,10 +40,11 @@ class LimitSetting:
 # connection form and the docs derive from it.
 SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("allowed_input_prefixes", "prefixes",
-                 "storage locations the `input` param may name (read on the Airflow side)"),
+                 "storage locations the `input` param may name (the pool's workers may read them: round 0 "
+                 "reads the input in place)"),
     LimitSetting("allowed_output_prefixes", "prefixes",
-                 "storage locations `output_root` may name (the run root is written there, and the "
-                 "pool's workers may touch only it)"),
+                 "storage locations `output_root` may name (the run root is written there, by the "
+                 "pool's workers too)"),
     LimitSetting("allowed_worker_pools", "names",
                  "pool references `worker_pool` may name besides the DAG's default and any "
                  "`batchinfer_pool` connection (`local://` allows every local pool, "
@@ -218,6 +219,7 @@ def refusals(
     *,
     run_root: str | None = None,
     pool_is_connection: bool = False,
+    judge_limits: TriggerLimits | None = None,
     judge_pool_is_connection: bool = False,
 ) -> list[str]:
     """Why a DAG run's ``params`` go beyond ``limits`` (empty: they do not). Only the params present
@@ -226,13 +228,17 @@ def refusals(
     task rendered (``output_root`` plus the run's name), checked too. ``pool_is_connection``:
     ``worker_pool`` names a connection of type ``batchinfer_pool`` (which pins its own pool and is
     always allowed). The judge's own pool (``judge_pool`` and the other :data:`JUDGE_POOL_PARAMS`)
-    is checked like the run's (``judge_pool_is_connection`` likewise)."""
+    is checked like the run's, against ``judge_limits`` (default: ``limits``; the judge pool
+    connection widens only those), and may not be the run's pool."""
     out: list[str] = []
     if judge := judge_pool_view(params):
-        out += [
-            f"judge pool: {why}"
-            for why in refusals(judge, limits, pool_is_connection=judge_pool_is_connection)
-        ]
+        if str(judge["worker_pool"]) == str(params.get("worker_pool")):
+            out.append(
+                f"judge_pool {judge['worker_pool']!r} is the run's own worker_pool: leave judge_pool out "
+                "to judge on the run's pool (one job per shard), or name another pool"
+            )
+        judged = refusals(judge, judge_limits or limits, pool_is_connection=judge_pool_is_connection)
+        out += [f"judge pool: {w}" for w in judged]
     for what, uri, setting in (
         ("input", params.get("input"), "allowed_input_prefixes"),
         ("output_root", params.get("output_root"), "allowed_output_prefixes"),

@@ -14,7 +14,7 @@ import httpx
 from airflow_batchinfer import sizing
 from airflow_batchinfer.exceptions import ConfigError, RpcError
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import pending_shards, run_key, write_doc
+from airflow_batchinfer.rounds import pending_shards, round_kinds, run_key, write_doc
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -127,35 +127,41 @@ def run_preflight(
             if n >= cfg.preflight_records:
                 break
     p = layout.preflight
-    infer = _spec(cfg, "infer", sample_uri,
+    judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
+    # The sample runs the jobs the rounds run: one infer_judge job, or infer then judge on the judge's pool.
+    if round_kinds(cfg, "rounds") == ("infer_judge",):
+        jobs = [_spec(cfg, "infer_judge", sample_uri, {**judged, "manifest": join(p, "infer_judge.json")},
+                      {**cfg.infer_params(), **cfg.judge_params(), "input_records": n})]  # fmt: skip
+    else:
+        jobs = [
+            _spec(cfg, "infer", sample_uri,
                   {"inferred": join(p, "inferred.jsonl.zst"), "manifest": join(p, "infer.json")},
-                  {**cfg.infer_params(), "input_records": n})  # fmt: skip
-    judge = _spec(cfg, "judge", join(p, "inferred.jsonl.zst"),
-                  {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst"),
-                   "manifest": join(p, "judge.json")},
-                  {**cfg.judge_params(), "input_records": n})  # fmt: skip
+                  {**cfg.infer_params(), "input_records": n}),
+            _spec(cfg, "judge", join(p, "inferred.jsonl.zst"), {**judged, "manifest": join(p, "judge.json")},
+                  {**cfg.judge_params(), "input_records": n}),
+        ]  # fmt: skip
 
-    async def go() -> tuple[dict[str, Any], dict[str, Any], float, list[int]]:
+    async def go() -> tuple[list[dict[str, Any]], float, list[int]]:
         pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
         judges = pool
         if judge_pool is not None:
             judges = PoolClient(judge_pool[0], token=judge_pool[1], storage_options=so, transport=transport)
         t0 = time.monotonic()
         try:
-            a = await pool.run(infer)
-            b = await judges.run(judge)
+            done = [await (judges if spec.kind == "judge" else pool).run(spec) for spec in jobs]
             wall = time.monotonic() - t0
             slots = [] if concurrency else await _slots(pool)
         finally:
             await pool.aclose()
             if judges is not pool:
                 await judges.aclose()
-        return a, b, wall, slots
+        return done, wall, slots
 
-    mi, mj, wall, slots = asyncio.run(go())
+    manifests, wall, slots = asyncio.run(go())
+    mi, mj = manifests[0], manifests[-1]  # the first job generated; the last one judged
     infer_s = float(mi["timings"]["run_s"]) or 1e-9
-    judge_s = float(mj["timings"]["run_s"])
-    tokens = sum(mi.get("tokens", {}).values()) + sum(mj.get("tokens", {}).values())
+    judge_s = float(mj["timings"]["run_s"]) if mj is not mi else 0.0
+    tokens = sum(sum(m.get("tokens", {}).values()) for m in manifests)
     approval = mj["counts"].get("approved", 0) / n if n else 0.0
     per_record_s = (infer_s + judge_s) / n if n else 0.0
     passes = expected_passes(approval, cfg)

@@ -610,29 +610,32 @@ def _settle_range(
 
 def _close_input_ranges(layout: RunLayout, settled: list[_Settled], so: StorageOptions | None) -> None:
     """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
-    first line is the sum of the line counts of the ranges before it), one file per shard with
+    first line is the sum of the line counts of every range before it), one file per shard with
     bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
-    input's counts and each shard's records and ids as read (the report's input)."""
-    ranged = sorted((x for x in settled if x.read is not None), key=lambda x: x.shard["range"][0])
-    if not ranged:
+    input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
+    close plans only shards with records, so the line counts of the others come from there."""
+    fresh = {x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None}
+    if not fresh:
         return
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    manifest = read_manifest(input_dir) or {}
+    shards = [fresh.get(s["shard_id"], s) for s in manifest.get("shards", [])]
     totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
     first_line = 0
-    for x in ranged:
-        sid = x.shard["shard_id"]
-        assert x.read is not None
-        if x.read.get("quarantined"):
+    for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
+        sid, read = shard["shard_id"], shard.get("read")
+        if read is None:  # never read to its end: the lines after it cannot be numbered
+            log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
+            break
+        if sid in fresh and read.get("quarantined"):
             rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
             with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
                 for row in rows:
                     out.write({**row, "line_no": first_line + int(row["line_in_range"]), "shard_id": sid})
-        first_line += x.read.get("lines", 0)
+        first_line += read.get("lines", 0)
         for k in totals:
-            totals[k] += x.read.get(k, 0)
-    input_dir = JsonlDir(layout.input, storage_options=so)
-    manifest = read_manifest(input_dir) or {}
-    read = {x.shard["shard_id"]: x.shard for x in ranged}
-    manifest["shards"] = [read.get(s["shard_id"], s) for s in manifest.get("shards", [])]
+            totals[k] += read.get(k, 0)
+    manifest["shards"] = shards
     manifest["counts"] = totals
     write_manifest(input_dir, manifest)
 

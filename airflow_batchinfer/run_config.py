@@ -59,7 +59,7 @@ class RunConfig:
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         if self.judge_pool == "":
-            self.judge_pool = None  # the form's empty field
+            self.judge_pool = None  # an empty value: no pool of its own
         if self.judge_pool is not None and self.judge.get("type") != "llm":
             raise ConfigError(
                 f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is "

@@ -35,9 +35,12 @@ def check_params(
     deployment's; returns the limits in force (the pool's workers allow their judge callables)."""
     params: dict[str, Any] = dict(context.get("params") or {})
     limits = dag_limits.widen(config_limits())
+    # A pool connection's extra widens only what runs on that pool: the run pool's connection the
+    # run's settings, the judge pool's connection the judge pool's own (never the run's input).
+    per_pool = {"worker_pool": limits, "judge_pool": limits}
     is_connection: dict[str, bool] = {}
     try:
-        for name in ("worker_pool", "judge_pool"):
+        for name in per_pool:
             if not params.get(name):
                 continue
             ref = PoolRef.parse(str(params[name]))
@@ -48,11 +51,13 @@ def check_params(
                     raise ParamsRefused([f"{name} {ref.name!r}: no such connection"]) from exc
                 is_connection[name] = conn.conn_type == BatchInferPoolHook.conn_type
                 if is_connection[name]:
-                    extra = conn.extra_dejson or {}
-                    limits = limits.widen(TriggerLimits.from_mapping(extra, f"connection {ref.name!r}"))
+                    extra = TriggerLimits.from_mapping(conn.extra_dejson or {}, f"connection {ref.name!r}")
+                    per_pool[name] = per_pool[name].widen(extra)
+        limits = per_pool["worker_pool"]
+        named = is_connection.get
         reasons = refusals(
-            params, limits, run_root=run_root, pool_is_connection=is_connection.get("worker_pool", False),
-            judge_pool_is_connection=is_connection.get("judge_pool", False),
+            params, limits, run_root=run_root, pool_is_connection=named("worker_pool", False),
+            judge_limits=per_pool["judge_pool"], judge_pool_is_connection=named("judge_pool", False),
         )  # fmt: skip
         if reasons:
             raise ParamsRefused(reasons)

@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 
 import zstandard
 
-from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, StorageError
+from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, OutputExistsError, StorageError
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
@@ -343,8 +343,23 @@ def shard_ranges(
         "rejects": rejects_dir.uri,
     }
     earlier = read_manifest(out)
+    detected = earlier is not None and (earlier.get("fingerprint") or {}).get("id_field") is None
+    if detected and earlier is not None and id_field is not None and id_field == earlier.get("id_field"):
+        fingerprint["id_field"] = None  # the field the earlier plan detected, now named: the same plan
     if earlier is not None and earlier.get("kind") == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
+    if (
+        earlier is not None and earlier.get("kind") == "ranges" and earlier.get("state") == "complete"
+        and earlier.get("fingerprint") != fingerprint and not overwrite
+    ):  # fmt: skip
+        # Its rounds read ranges of the file as it was: a new plan over a changed file would mix them.
+        was = earlier.get("fingerprint") or {}
+        raise OutputExistsError(
+            f"{out.uri} holds the range plan of {was.get('source')} (version {was.get('version')}), but the "
+            f"input is now {source.uri} (version {fingerprint['version']}) or other sharding settings: the "
+            "run's rounds read the file as it was. Remedy: restore the file, or start a new run (another "
+            "run_name) over the new one."
+        )
     done = claim_output(out, kind="ranges", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return done["shards"], done, True
@@ -427,15 +442,6 @@ def _input_range(shard: Mapping[str, Any], id_field: str | None, assign_ids: boo
         shard["shard_id"], start, end, shard.get("version", ""), id_field, assign_ids,
         lead_in=shard.get("lead_in"),
     )  # fmt: skip
-
-
-def shard_file(shard: Mapping[str, Any], storage_options: StorageOptions | None = None) -> JsonlFile:
-    """The file a descriptor names: just its range for a range shard (read it with
-    :class:`RangeRecordReader` to validate its lines)."""
-    rng = shard.get("range")
-    return JsonlFile(
-        shard["uri"], storage_options=storage_options, byte_range=(rng[0], rng[1]) if rng else None
-    )
 
 
 def assigned_id(name: str, rng: InputRange, compressed: bool) -> Callable[[int, int], str]:

@@ -96,3 +96,26 @@ def test_pool_setup_lets_workers_read_the_allowed_input_prefixes_not_each_runs_f
         with pytest.raises(Started):
             op.execute({"params": params})  # type: ignore[arg-type]
     assert seen == [["/data/runs", "/data/in.jsonl", "/data/inputs"]] * 2
+
+
+def test_a_judge_pool_connection_widens_only_the_judge_pools_settings() -> None:
+    """Naming an admin's pool connection as ``judge_pool`` must not lend its input prefixes (or
+    anything else) to the run: its extra widens the judge pool's own settings only."""
+    CONNECTIONS["judge_conn"] = SimpleNamespace(
+        conn_type="batchinfer_pool",
+        extra_dejson={"backend": "kubernetes", "pool": "j", "allowed_input_prefixes": "/",
+                      "allowed_models": "/models/"},
+    )  # fmt: skip
+    try:
+        with pytest.raises(AirflowFailException, match="'/etc/passwd' is outside"):
+            check(input="/etc/passwd", worker_pool="local://batchinfer", judge_pool="judge_conn")
+        # the judge pool's own model is within its connection's limits
+        check(input="/data/in.jsonl", worker_pool="local://batchinfer", judge_pool="judge_conn",
+              judge_model="/models/70b")  # fmt: skip
+        with pytest.raises(AirflowFailException, match="judge pool: model '/models/70b'"):
+            check(input="/data/in.jsonl", worker_pool="gpu_pool", judge_pool="local://batchinfer",
+                  judge_model="/models/70b")  # fmt: skip
+        with pytest.raises(AirflowFailException, match="is the run's own worker_pool"):
+            check(input="/data/in.jsonl", worker_pool="local://batchinfer", judge_pool="local://batchinfer")
+    finally:
+        del CONNECTIONS["judge_conn"]

@@ -68,3 +68,6 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
                           transport=InProcessWorker(tmp_path, 3))  # fmt: skip
     assert "max_map_length is 2" in again["sizing"]["error"]  # no plan, the pre-flight still reports
     assert again["projected_gpu_hours"] > 0
+    # the sample ran what the rounds run: one fused infer_judge job (no inferred file in between)
+    preflight = Path(RunLayout(cfg.run_root).preflight)
+    assert (preflight / "infer_judge.json").exists() and not (preflight / "inferred.jsonl.zst").exists()

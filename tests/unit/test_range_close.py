@@ -55,6 +55,24 @@ def test_range_jobs_reject_bad_lines_and_close_numbers_them_absolutely(tmp_path:
     assert counts == {"lines": 40, "records": 37, "blank": 0, "skipped": 0, "quarantined": 3}
 
 
+def test_a_rerun_close_numbers_rejects_from_every_range_not_only_the_planned_ones(tmp_path: Path) -> None:
+    """A re-run plans only range shards with records (a range of bad lines drops out): close still
+    counts the lines of every range, from the line counts the first close stored."""
+    lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(40)]
+    lines[5], lines[31], lines[17] = "{bad", "[]", json.dumps({"id": "r12", "question": "again"})
+    cfg, plan, _ = ranged_round(tmp_path, "data.jsonl", ("\n".join(lines) + "\n").encode())
+    layout = RunLayout(cfg.run_root)
+
+    def rejects() -> list[int]:
+        return sorted(r["line_no"] for f in JsonlDir(layout.rejects).jsonl_files() for r in f.iter_records())
+
+    counts = (read_manifest(JsonlDir(layout.input)) or {})["counts"]
+    assert rejects() == [6, 18, 32]
+    plan.shards = plan.shards[1:]  # as if the first range held no record: not planned again
+    close_round(cfg, plan)
+    assert rejects() == [6, 18, 32] and (read_manifest(JsonlDir(layout.input)) or {})["counts"] == counts
+
+
 def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path) -> None:
     import zstandard
 
@@ -104,3 +122,22 @@ def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_pa
     inv = summary["invariant"]
     assert not inv["ok"] and inv["opened"] == [sid]
     assert (inv["lost"], inv["doubled"], inv["unexpected"]) == (["r00"], ["r01"], [])
+
+
+def test_a_changed_input_is_refused_on_resume_not_planned_again(tmp_path: Path) -> None:
+    """The rounds read ranges of the file as it was: a resume over a changed file (or other sharding
+    settings) is refused with the remedy, and the run's plan and counts stay as they are."""
+    import pytest
+
+    from airflow_batchinfer.exceptions import OutputExistsError
+
+    lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]
+    cfg, _, _ = ranged_round(tmp_path, "data.jsonl", ("\n".join(lines) + "\n").encode())
+    layout = RunLayout(cfg.run_root)
+    before = read_manifest(JsonlDir(layout.input))
+    assert prepare_run(cfg).reused  # the same file: the plan is reused
+    with (tmp_path / "data.jsonl").open("a") as f:
+        f.write(json.dumps({"id": "late", "question": "q"}) + "\n")
+    with pytest.raises(OutputExistsError, match="restore the file, or start a new run"):
+        prepare_run(cfg)
+    assert read_manifest(JsonlDir(layout.input)) == before

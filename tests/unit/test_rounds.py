@@ -180,7 +180,7 @@ def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path:
     assert round_kinds(fused, "rounds") == ("infer_judge",)
     assert round_kinds(fused, "in_place") == ("in_place",)
     assert round_kinds(two, "rounds") == ("infer", "judge")
-    empty = RunConfig(**base, judge={"type": "llm"}, judge_pool="")  # the trigger form's empty field
+    empty = RunConfig(**base, judge={"type": "llm"}, judge_pool="")  # empty: no pool of its own
     assert empty.judge_pool is None
     # the fused job carries both the generation and the judge settings, and writes approved/rejected
     spec = job_spec(fused, "infer_judge", 0, {"shard_id": "part-00000", "uri": "p.jsonl", "records": 3})
