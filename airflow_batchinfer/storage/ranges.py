@@ -46,7 +46,6 @@ SAMPLE = 256 * 1024  # bytes read from the start to estimate bytes per record
 FIRST_PROBE = 4 * 1024  # bytes of the first read looking for the next line start
 PROBE = 64 * 1024  # the most bytes per such read (a long line takes several)
 PLAN_BLOCK = 256 * 1024  # fsspec block size while planning: small reads stay small
-READ_BLOCK = 4 * 1024 * 1024  # fsspec block size when a job reads its range (over-read at most this)
 
 ZSTD_MAGIC = 0xFD2FB528
 SKIPPABLE_MASK, SKIPPABLE_MAGIC = 0xFFFFFFF0, 0x184D2A50
@@ -461,22 +460,17 @@ def range_chunks(file: JsonlFile, rng: InputRange) -> Iterator[bytes]:
     end at a line (``pzstd`` cuts every few MiB): a range whose lead-in frame does not end with a
     newline skips its first partial line (the previous range owns it), and a range that does not
     end with a newline reads on into the next frame until its last line ends."""
-    source = file.uri
-    loc = file.loc
     if not file.compressed:
-        yield from iter_chunks(_open_range(file, rng.start, rng.end), zstd=False, source=source)
+        yield from _decoded(file, rng.start, rng.end)
         return
     skip = False
     if rng.lead_in:
         last = b"\n"
-        for chunk in iter_chunks(_open_range(file, *rng.lead_in), zstd=True, source=source):
+        for chunk in _decoded(file, *rng.lead_in):
             last = chunk[-1:] or last
         skip = last != b"\n"
-    size = int(JsonlFile(loc).info().get("size") or 0)
-    body = iter_chunks(_open_range(file, rng.start, rng.end), zstd=True, source=source)
-    after = _open_range(file, rng.end, size) if rng.end < size else None
     last = b"\n"
-    for chunk in body:
+    for chunk in _decoded(file, rng.start, rng.end):
         if skip:
             i = chunk.find(b"\n")
             if i < 0:
@@ -485,9 +479,10 @@ def range_chunks(file: JsonlFile, rng: InputRange) -> Iterator[bytes]:
         if chunk:
             last = chunk[-1:]
             yield chunk
-    if skip or last == b"\n" or after is None:
+    if skip or last == b"\n":
         return
-    for chunk in iter_chunks(after, zstd=True, source=source):  # the rest of the last line
+    size = int(file.info().get("size") or 0)  # asked only when the last line reads on
+    for chunk in _decoded(file, rng.end, size) if rng.end < size else ():  # the rest of the last line
         i = chunk.find(b"\n")
         if i >= 0:
             yield chunk[: i + 1]
@@ -495,10 +490,11 @@ def range_chunks(file: JsonlFile, rng: InputRange) -> Iterator[bytes]:
         yield chunk
 
 
-def _open_range(file: JsonlFile, start: int, end: int) -> BinaryIO:
-    """A :class:`RangeReader` over stored bytes ``[start, end)``; closed with the reader's generator."""
-    raw = file.loc.fs.open(file.loc.path, "rb", block_size=min(READ_BLOCK, max(end - start, 1)))
-    return RangeReader(raw, start, end)  # type: ignore[return-value]
+def _decoded(file: JsonlFile, start: int, end: int) -> Iterator[bytes]:
+    """The decoded chunks of stored bytes ``[start, end)`` (:meth:`JsonlFile.open_raw`: ranged reads,
+    the file closed with the generator)."""
+    with JsonlFile(file.loc, byte_range=(start, end)).open_raw() as raw:
+        yield from iter_chunks(raw, zstd=file.compressed, source=file.uri)
 
 
 class RangeRecordReader(RecordReader):
@@ -516,8 +512,8 @@ class RangeRecordReader(RecordReader):
         rejects: RecordSink | None,
         finish: Callable[[bool], None] | None = None,
     ) -> None:
-        super().__init__(file.uri, file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end))
+        super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
         assign = assigned_id(file.loc.name, rng, file.compressed) if rng.assign_ids else None
         self.check = LineValidator(self.policy, id_field=rng.id_field, assign=assign, offsets=True)
