@@ -85,14 +85,19 @@ def _cmd_recompact(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD, DEFAULT_RECORDS_PER_SHARD
+    from airflow_batchinfer.settings import add_run_arguments, setting
+    from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 
     parser = argparse.ArgumentParser(prog="batchinfer", description="LLM batch inference at scale.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--records-per-shard", type=int, default=DEFAULT_RECORDS_PER_SHARD)
+        rps = setting("records_per_shard")
+        p.add_argument(
+            "--records-per-shard", type=rps.flag_kwargs()["type"], default=rps.default,
+            help=f"records per shard (default {rps.default:,}, as a run's records_per_shard)",
+        )  # fmt: skip
         p.add_argument(
             "--max-bytes-per-shard",
             type=int,
@@ -174,30 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_pool_manifests)
 
     p = sub.add_parser("run", help="run the round pipeline on a local pool, without Airflow")
-    p.add_argument("input", help="JSONL(.zst) dataset: path or URI")
-    p.add_argument("run_root", help="run directory: path or URI")
+    p.add_argument("input", **setting("input").flag_kwargs())
+    p.add_argument("run_root", help="the run's directory (a DAG's output_root/run_name): path or URI")
     _pool_args(p, with_prefix=False)
-    p.add_argument(
-        "--prompt-template", default=None, help="Jinja2 over record fields, e.g. 'What is {{ q }}?'"
-    )
-    p.add_argument("--system", default=None, help="system message for chat prompts")
-    p.add_argument("--sampling", default="{}", help='JSON, e.g. \'{"max_tokens": 64, "temperature": 0.7}\'')
-    p.add_argument("--judge", default='{"type": "llm"}', help="judge spec as JSON (see README)")
-    p.add_argument(
-        "--judge-pool",
-        default=None,
-        metavar="POOL",
-        help="judge on this running pool with its own model (local://NAME or kubernetes://NS/NAME, "
-        "started with `pool up`; an llm judge): each shard's judge starts when its inference ends. "
-        "Default: each shard is inferred and judged in one job",
-    )
-    p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
-    p.add_argument("--max-rounds", type=int, default=3)
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--records-per-shard", type=int, default=2_000)
-    p.add_argument("--chunk-size", type=int, default=500)
-    p.add_argument("--id-field", default=None)
-    p.add_argument("--assign-ids", action="store_true")
+    add_run_arguments(p, positionals=False)  # the run settings: flags, defaults and help
     p.add_argument(
         "--worker-url",
         action="append",
@@ -326,16 +311,34 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
+    from airflow_batchinfer.engines import ENGINES
+    from airflow_batchinfer.settings import setting
+
+    def helped(name: str) -> str:  # a DAG param's help and default
+        s = setting(name)
+        return f"{s.help} (default {s.default})".replace("%", "%%")
+
     p.add_argument(
         "--name", default="default", help="pool name (state under ~/.cache/airflow-batchinfer/pools)"
     )
-    p.add_argument("--engine", default="simulated", choices=["vllm", "transformers", "openai", "simulated"])
-    p.add_argument("--model", default=None)
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--replicas", type=int, default=1)
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--idle-ttl", type=float, default=600.0, help="workers exit after this long without jobs")
-    p.add_argument("--target-batch-tokens", type=int, default=16_384)
+    p.add_argument(
+        "--engine", default="simulated", choices=list(ENGINES),
+        help="the engine the workers run (default simulated: no model needed; a DAG's engine param "
+        f"defaults to {setting('engine').default})",
+    )  # fmt: skip
+    p.add_argument(
+        "--model", default=None,
+        help="a model directory on the workers (vllm, transformers) or a model name (openai); "
+        "default none, for the simulated engine",
+    )  # fmt: skip
+    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine argument (repeatable), e.g. max_model_len=4096")  # fmt: skip
+    for name in ("replicas", "concurrency", "target_batch_tokens"):
+        flag = "--" + name.replace("_", "-")
+        p.add_argument(flag, type=int, default=setting(name).default, help=helped(name))
+    p.add_argument(
+        "--idle-ttl", type=float, default=float(setting("idle_ttl_s").default), help=helped("idle_ttl_s")
+    )
     if with_prefix:
         p.add_argument("--allow-prefix", action="append", required=True, help="storage prefix jobs may use")
         p.add_argument(
@@ -427,24 +430,10 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
     from airflow_batchinfer.run_config import RunConfig
+    from airflow_batchinfer.settings import run_settings_from_args
     from airflow_batchinfer.storage.location import parent
 
-    cfg = RunConfig(
-        input=args.input,
-        run_root=args.run_root,
-        prompt_template=args.prompt_template,
-        system=args.system,
-        sampling=json.loads(args.sampling),
-        judge=json.loads(args.judge),
-        strategy=args.strategy,
-        max_rounds=args.max_rounds,
-        max_attempts=args.max_attempts,
-        records_per_shard=args.records_per_shard,
-        chunk_size=args.chunk_size,
-        id_field=args.id_field,
-        assign_ids=args.assign_ids,
-        judge_pool=args.judge_pool,
-    )
+    cfg = RunConfig(run_root=args.run_root, **run_settings_from_args(args))
     # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
     lease = f"cli-run:{args.run_root}"
     judge_ref = PoolRef.parse(cfg.judge_pool) if cfg.judge_pool else None

@@ -2,9 +2,12 @@
 
 ::
 
-    shard ─┐
-           ├─ preflight ─ round_00 ─ round_01 ─ … ─ tail ─ report ─ pool_teardown
-    pool_setup ┘           (plan → infer_judge[] → close)   (plan → in_place[] → close)
+    shard ──────┐                                                        ┌─ report
+                ├─ round_00 ─ round_01 ─ … ─ tail ─┤
+    pool_setup ─┘  (plan → infer_judge[] → close)      (plan → in_place[] → close) └─ pool_teardown
+
+The first round's plan runs the pre-flight (a sample through the pool, the projection against
+``budget_gpu_hours``) before its fan-out.
 
 Each round runs one mapped ``infer_judge`` task per shard: the shard is inferred and judged in one job
 on the run's pool, so a shard's approved and rejected rows exist as soon as its own job ends. With
@@ -23,11 +26,11 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, Param, TaskGroup, task_group
+from airflow.sdk import DAG, Asset, TaskGroup, task_group
 
 from airflow_batchinfer.limits import TriggerLimits, implied_by
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
-from airflow_batchinfer.operators.report import PreflightOperator, RunReportOperator
+from airflow_batchinfer.operators.report import RunReportOperator
 from airflow_batchinfer.operators.rounds import (
     DEFAULT_RESPONSE_TIMEOUT,
     CloseRoundOperator,
@@ -41,7 +44,13 @@ from airflow_batchinfer.operators.shard_jobs import (
     JudgeShardOperator,
 )
 from airflow_batchinfer.rounds import TAIL, slots
-from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.settings import (
+    dag_params,
+    param_defaults,
+    param_schemas,
+    param_values,
+    run_setting_params,
+)
 
 # A run's root: <output_root>/<run_name>, or the DAG run id (made path-safe) when run_name is empty.
 # Re-running a DAG run, or a new run with the same run_name, resumes in the same root.
@@ -50,111 +59,15 @@ RUN_ROOT = (
     "{{ params.run_name or (run_id | replace(':', '-') | replace('+', '-')) }}"
 )
 
-DEFAULTS: dict[str, Any] = {
-    "input": "/tmp/batchinfer/input.jsonl",
-    "output_root": "/tmp/batchinfer/runs",
-    "run_name": "",
-    "engine": "transformers",
-    "model": "builtin:smollm2",
-    "engine_options": {},
-    "prompt_template": "{{ question }}",
-    "system": None,
-    "sampling": {"max_tokens": 64, "temperature": 0.7},
-    "judge": {"type": "expected_answer", "field": "answer", "match": "number"},
-    "strategy": "rounds",
-    "max_rounds": 3,
-    "max_attempts": 3,
-    "hybrid_min_shrink": 0.3,
-    "review": "never",
-    "review_min_approval": 0.5,
-    "records_per_shard": 2000,
-    "chunk_size": 500,
-    "id_field": None,
-    "worker_pool": "local://batchinfer",
-    "replicas": 1,
-    "concurrency": 4,
-    "idle_ttl_s": 600,
-    "target_batch_tokens": 16384,
-    "kubernetes": {},
-    "preflight_records": 200,
-    "budget_gpu_hours": None,
-    "max_failed_shards": 0,
-}
-
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "input": {
-        "type": "string",
-        "minLength": 1,
-        "description": "the JSONL(.zst) dataset: a path or s3:// URI",
-    },
-    "output_root": {"type": "string", "minLength": 1, "description": "runs are written under this root"},
-    "run_name": {"type": "string", "description": "the run's folder; empty: the DAG run id. Reuse to resume"},
-    "engine": {"type": "string", "enum": ["vllm", "transformers", "openai", "simulated"]},
-    "model": {"type": ["string", "null"], "description": "model path on the workers, or builtin:smollm2"},
-    "engine_options": {"type": "object", "description": 'engine arguments, e.g. {"max_model_len": 4096}'},
-    "prompt_template": {"type": ["string", "null"], "description": "Jinja2 over record fields"},
-    "system": {"type": ["string", "null"], "description": "system message for chat models"},
-    "sampling": {"type": "object", "description": "max_tokens, temperature, top_p, seed, stop…"},
-    "judge": {"type": "object", "description": 'judge spec: {"type": "llm" | "expected_answer" | …}'},
-    "strategy": {"type": "string", "enum": list(STRATEGIES)},
-    "max_rounds": {"type": "integer", "minimum": 1},
-    "max_attempts": {"type": "integer", "minimum": 1, "description": "per sample, in place"},
-    "hybrid_min_shrink": {"type": "number", "minimum": 0, "maximum": 1},
-    "review": {"type": "string", "enum": list(REVIEW_MODES)},
-    "review_min_approval": {"type": "number", "minimum": 0, "maximum": 1},
-    "records_per_shard": {"type": "integer", "minimum": 1},
-    "chunk_size": {"type": "integer", "minimum": 1},
-    "id_field": {"type": ["string", "null"], "description": "record id field; empty: detected"},
-    "worker_pool": {
-        "type": "string",
-        "description": "the backend switch: local://NAME, kubernetes://NAMESPACE/NAME or a batchinfer_pool "
-        "connection id",
-    },
-    "replicas": {"type": "integer", "minimum": 1, "description": "workers this run needs"},
-    "concurrency": {"type": "integer", "minimum": 1, "description": "shard jobs per worker"},
-    "idle_ttl_s": {"type": "number", "minimum": 0, "description": "the pool stops after this idle time"},
-    "target_batch_tokens": {"type": "integer", "minimum": 1},
-    "kubernetes": {
-        "type": "object",
-        "description": "Kubernetes pools only: image, gpus, cpu, memory, node_selector, tolerations, "
-        "interruptible, model_pvc, storage_secret, scaledown_ttl_s…, "
-        'e.g. {"image": "reg/worker:0.1.0", "gpus": 1}',
-    },
-    "preflight_records": {"type": "integer", "minimum": 0, "description": "0 turns pre-flight off"},
-    "budget_gpu_hours": {"type": ["number", "null"], "minimum": 0},
-    "max_failed_shards": {"type": "integer", "minimum": 0, "description": "quarantined shards tolerated"},
-}
-
+# The params, their defaults and JSON schemas, all generated from the one description of the run
+# settings (airflow_batchinfer.settings), as are the ``batchinfer run`` flags and the docs' table.
+DEFAULTS: dict[str, Any] = param_defaults()
 # The judge's own pool (DAGs built with ``judge_airflow_pool``): an LLM judge on another model.
-JUDGE_POOL_DEFAULTS: dict[str, Any] = {
-    "judge_pool": "local://batchinfer-judge",
-    "judge_engine": "transformers",
-    "judge_model": "builtin:smollm2",
-    "judge_engine_options": {},
-    "judge_replicas": 1,
-    "judge_concurrency": 4,
-    "judge_kubernetes": {},
-}
-SCHEMAS.update(
-    judge_pool={
-        "type": "string",
-        "minLength": 1,
-        "description": "the judge's own warm pool (as worker_pool)",
-    },
-    judge_engine=SCHEMAS["engine"],
-    judge_model={**SCHEMAS["model"], "description": "the judge's model, on the judge's pool"},
-    judge_engine_options=SCHEMAS["engine_options"],
-    judge_replicas={**SCHEMAS["replicas"], "description": "judge workers this run needs"},
-    judge_concurrency={**SCHEMAS["concurrency"], "description": "judge jobs per judge worker"},
-    judge_kubernetes={**SCHEMAS["kubernetes"], "description": "the judge pool's Kubernetes settings"},
-)
+JUDGE_POOL_DEFAULTS: dict[str, Any] = param_defaults(judge_pool=True)
+SCHEMAS: dict[str, dict[str, Any]] = param_schemas()
 
-# Params that become the run's settings (run.json); the rest configure the pool.
-RUN_SETTINGS = (
-    "input", "prompt_template", "judge", "system", "sampling", "strategy", "max_rounds", "max_attempts",
-    "records_per_shard", "chunk_size", "id_field", "hybrid_min_shrink", "review", "review_min_approval",
-    "max_failed_shards", "preflight_records", "budget_gpu_hours",
-)  # fmt: skip
+# Params that become the run's settings (run.json); the rest configure the pool or name the run root.
+RUN_SETTINGS: tuple[str, ...] = run_setting_params()
 
 
 def embedded_defaults(backend: str | None = None) -> dict[str, Any]:
@@ -229,7 +142,8 @@ def build_batch_inference_dag(
 
     :param max_rounds: round slots built into the DAG (the ``max_rounds`` param may use fewer).
     :param airflow_pool: the Airflow pool bounding in-flight shard jobs.
-    :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form.
+    :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form. An
+        unknown name is refused (``ValueError``), as is a ``judge_*`` param without ``judge_airflow_pool``.
     :param retries: Airflow retries of each shard job before its shard is quarantined.
     :param retry_delay: between those retries.
     :param execution_timeout: per shard job try; it holds while the task is deferred.
@@ -251,17 +165,12 @@ def build_batch_inference_dag(
     :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
-    names = {**DEFAULTS, **(JUDGE_POOL_DEFAULTS if judge_airflow_pool else {})}
-    values = {**names, **(defaults or {})}
-    values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
-    params = {
-        name: Param(
-            values[name], **{**SCHEMAS[name], **({"maximum": max_rounds} if name == "max_rounds" else {})}
-        )
-        for name in names
-    }
+    values = param_values(defaults, judge_pool=bool(judge_airflow_pool), max_rounds=max_rounds)
+    params = dag_params(values, max_rounds=max_rounds)
     trusted = implied_by(values).widen(limits)
-    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"batchinfer://{dag_id}/results")
+    # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
+    # the DAG file (every task start) would import each provider's asset handlers (boto3: 0.16 s).
+    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"x-batchinfer://{dag_id}/results")
     common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
     job_args: dict[str, Any] = {
         **common,
@@ -283,8 +192,6 @@ def build_batch_inference_dag(
         if judge_airflow_pool:
             config["judge_pool"] = _p("judge_pool")
         shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id, limits=trusted)
-        preflight = PreflightOperator(task_id="preflight", worker_pool=_p("worker_pool"), **common)
-        shard >> preflight
         setups: list[Any] = []
         if pool_setup:
             pools = [("pool_setup", "")] + ([("judge_pool_setup", "judge_")] if judge_airflow_pool else [])
@@ -305,9 +212,8 @@ def build_batch_inference_dag(
                     limits=trusted,
                     run_root=RUN_ROOT,
                 ).as_setup()
-                setup >> preflight
                 setups.append(setup)
-        upstream: Any = preflight
+        upstream: Any = [shard, *setups]
         judge_args = {**job_args, "worker_pool": _p("judge_pool"), "pool": judge_airflow_pool}
 
         @task_group(group_id="shard")
@@ -317,11 +223,13 @@ def build_batch_inference_dag(
             inferred: Any = infer.output
             JudgeShardOperator(task_id="judge", shard=inferred, **judge_args)
 
+        first = slots(max_rounds)[0]  # its plan runs the pre-flight before the fan-out
         for slot in slots(max_rounds):
             with TaskGroup(slot.replace("-", "_")) as group:
                 plan = RoundControllerOperator(
-                    task_id="plan", slot=slot, worker_pool=_p("worker_pool"), **common, **review_args
-                )
+                    task_id="plan", slot=slot, worker_pool=_p("worker_pool"), preflight=slot == first,
+                    **common, **review_args,
+                )  # fmt: skip
                 jobs: Any
                 if slot == TAIL:
                     jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
@@ -345,5 +253,5 @@ def build_batch_inference_dag(
                 worker_pool=setup.worker_pool,
                 limits=trusted,
             ).as_teardown(setups=setup)
-            report >> teardown
+            upstream >> teardown  # the pool is free once the last round closes: beside the report
     return dag

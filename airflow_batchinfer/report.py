@@ -1,13 +1,13 @@
-"""The run report: ``report/summary.json``, ``report/report.md`` and PNG plots, from the files the
+"""The run report: ``report/summary.json``, ``report/report.md`` and SVG plots, from the files the
 rounds left in storage (plans, summaries, job manifests), plus the whole-run id check."""
 
 from __future__ import annotations
 
-import io
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from airflow_batchinfer import charts
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import (
     ACCEPTED_BY_REVIEW,
@@ -84,8 +84,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     }
     write_doc(join(layout.report, "summary.json"), report, so)
     write_bytes(resolve(join(layout.report, "report.md"), so), render_markdown(report).encode())
-    for name, png in plots(report).items():
-        write_bytes(resolve(join(layout.report, name), so), png)
+    for name, svg in plots(report).items():
+        write_bytes(resolve(join(layout.report, name), so), svg)
     return report
 
 
@@ -254,52 +254,63 @@ def render_markdown(report: dict[str, Any]) -> str:
     ]
     lines += [
         "",
-        "Plots: `rounds.png` (approval and pending per round), `workers.png` (batch fill, busy time).",
+        "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time).",
     ]
     return "\n".join(lines) + "\n"
 
 
+_PANEL = (420, 300)  # one chart's width and height, in pixels; a plot file holds two side by side
+
+
 def plots(report: dict[str, Any]) -> dict[str, bytes]:
-    """PNG plots; none when matplotlib is not installed (it comes with the ``airflow`` extra)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return {}
-    out: dict[str, bytes] = {}
+    """SVG plots (:mod:`~airflow_batchinfer.charts`, no plotting library): ``rounds.svg`` (records
+    pending and approved per round; tokens per job-second) and ``workers.svg`` (average batch fill;
+    engine busy over job time, per worker). A round without job time has no throughput point."""
     rounds = report["rounds"]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
     xs = [s["round"] for s in rounds]
-    ax[0].bar(xs, [s["pending"] for s in rounds], label="pending", color="#bbb")
-    ax[0].bar(xs, [s["approved"] for s in rounds], label="approved", color="#2a7")
-    ax[0].set(title="records per round", xlabel="round", xticks=xs)
-    ax[0].legend()
-    tput = [sum(s["tokens"].values()) / s["job_seconds"] if s["job_seconds"] else 0 for s in rounds]
-    ax[1].plot(xs, tput, marker="o")
-    ax[1].set(title="tokens / job-second (infer + judge)", xlabel="round", xticks=xs)
-    out["rounds.png"] = _png(fig, plt)
-    workers = report["workers"]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-    names = [n[-12:] for n in workers]
-    ax[0].bar(names, [w["avg_fill"] for w in workers.values()])
-    ax[0].set(title="average batch fill", ylim=(0, 1.1))
-    ax[1].bar(
-        names,
-        [w["engine_busy_s"] / w["job_seconds"] if w["job_seconds"] else 0 for w in workers.values()],
+    records = charts.bar_chart(
+        xs,
+        [
+            charts.Series("pending", [s["pending"] for s in rounds], color="#bbb"),
+            charts.Series("approved", [s["approved"] for s in rounds], color="#2a7"),
+        ],
+        overlay=True,
+        title="records per round",
+        x_label="round",
+        width=_PANEL[0],
+        height=_PANEL[1],
     )
-    ax[1].set(title="engine busy / job time")
-    out["workers.png"] = _png(fig, plt)
-    return out
-
-
-def _png(fig: Any, plt: Any) -> bytes:
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png", dpi=80)
-    plt.close(fig)
-    return buf.getvalue()
+    tput = [sum(s["tokens"].values()) / s["job_seconds"] if s["job_seconds"] else None for s in rounds]
+    throughput = charts.line_chart(
+        xs,
+        [charts.Series("tokens / job-second", tput)],
+        title="tokens / job-second (infer + judge)",
+        x_label="round",
+        width=_PANEL[0],
+        height=_PANEL[1],
+    )
+    workers = report["workers"]
+    names = [n[-12:] for n in workers]
+    fill = charts.bar_chart(
+        names,
+        [charts.Series("average batch fill", [w["avg_fill"] for w in workers.values()])],
+        y_range=(0, 1.1),
+        title="average batch fill",
+        width=_PANEL[0],
+        height=_PANEL[1],
+    )
+    busy = [w["engine_busy_s"] / w["job_seconds"] if w["job_seconds"] else None for w in workers.values()]
+    engine = charts.bar_chart(
+        names,
+        [charts.Series("engine busy / job time", busy)],
+        title="engine busy / job time",
+        width=_PANEL[0],
+        height=_PANEL[1],
+    )
+    return {
+        "rounds.svg": charts.side_by_side(records, throughput).encode(),
+        "workers.svg": charts.side_by_side(fill, engine).encode(),
+    }
 
 
 def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None, sample: int = 10) -> str:

@@ -9,6 +9,7 @@ records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import logging
@@ -231,6 +232,9 @@ class Plan:
     judge_engine: dict[str, Any] | None = None
     # Rows a review accepted as they are: the count and digest of their ids (the report counts them).
     accepted: dict[str, Any] | None = None
+    # Settings a review changed for this round and the ones after it (see GATE_CHANGES), over
+    # run.json's: inherited from the plan before, so a change holds until changed again.
+    settings: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -247,6 +251,55 @@ class Proposal:
     plan: Plan
     options: list[str] = field(default_factory=list)
     last: dict[str, Any] | None = None  # the previous round's summary (what the review shows)
+
+
+# What a reviewer may change for the next rounds with the gate's answer: sampling keys and templates.
+GATE_CHANGES = {"temperature": "sampling", "max_tokens": "sampling", "prompt_template": None, "system": None}
+
+
+def changed_settings(previous: dict[str, Any] | None, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """``previous`` (a plan's settings) with a reviewer's ``changes`` (``None``: unchanged), checked."""
+    unknown = set(changes) - set(GATE_CHANGES)
+    if unknown:
+        raise ConfigError(f"a review may change {sorted(GATE_CHANGES)}, not {sorted(unknown)}")
+    settings = {**(previous or {}), **{k: v for k, v in changes.items() if v is not None}}
+    return settings or None
+
+
+def current_settings(cfg: RunConfig) -> dict[str, Any]:
+    """The values of :data:`GATE_CHANGES` that ``cfg`` runs with (what a gate's form shows)."""
+    return {
+        k: (cfg.sampling.get(k) if where == "sampling" else getattr(cfg, k))
+        for k, where in GATE_CHANGES.items()
+    }
+
+
+def gate_changes(current: dict[str, Any], answered: dict[str, Any]) -> dict[str, Any]:
+    """What a gate's answer changes: the answered values that are set and differ from ``current``."""
+    return {k: v for k, v in answered.items() if k in GATE_CHANGES and v is not None and v != current.get(k)}
+
+
+def round_config(cfg: RunConfig, plan: Plan | None) -> RunConfig:
+    """The run's settings as ``plan``'s round runs them: run.json with the review's changes
+    (validated as the workers will: a bad template fails here, not in every job). Job ids and
+    fingerprints follow, so a changed round never reuses the old settings' outputs."""
+    if plan is None or not plan.settings:
+        return cfg
+    sampling = dict(cfg.sampling)
+    other: dict[str, Any] = {}
+    for key, value in plan.settings.items():
+        if GATE_CHANGES.get(key) == "sampling":
+            sampling[key] = value
+        elif key in GATE_CHANGES:
+            other[key] = value
+    return dataclasses.replace(cfg, sampling=sampling, **other).validate()
+
+
+def plan_for(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None = None) -> Plan | None:
+    """The plan of the round slot a shard descriptor names, when its settings differ from run.json's
+    (the descriptor then carries ``slot``)."""
+    slot = shard.get("slot")
+    return read_plan(RunLayout(cfg.run_root), str(slot), so) if slot else None
 
 
 def _plan_uri(layout: RunLayout, slot: str) -> str:
@@ -317,6 +370,7 @@ def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Prop
             )
         else:
             plan = Plan(slot, r, "rounds", pending, reason=f"round {r} on {len(pending)} pending shards")
+    plan.settings = next((p.settings for p in reversed(prior) if p.settings), None)
     if r == 0 or (switched and plan.mode == "skip" and plan.stop is None):
         return Proposal(plan, last=last)  # nothing to review yet / the decision was already made
     approval = _approval(last)
@@ -333,13 +387,40 @@ def _approval(summary: dict[str, Any] | None) -> float | None:
 
 
 def apply_choice(
-    cfg: RunConfig, proposal: Proposal, choice: str, *, by: str = "review", so: StorageOptions | None = None
+    cfg: RunConfig,
+    proposal: Proposal,
+    choice: str,
+    *,
+    by: str = "review",
+    so: StorageOptions | None = None,
+    changes: dict[str, Any] | None = None,
 ) -> Plan:
-    """Turn a review answer into the slot's plan (accepting copies the pending rows into results)."""
+    """Turn a review answer into the slot's plan (accepting copies the pending rows into results);
+    ``changes`` (see :data:`GATE_CHANGES`) hold for this round and the next ones."""
     plan = proposal.plan
     layout = RunLayout(cfg.run_root)
     pending = plan.shards or pending_shards(layout, plan.round, so)
-    review = {"choice": choice, "by": by, "proposed": plan.mode, "proposed_reason": plan.reason}
+    review: dict[str, Any] = {"choice": choice, "by": by, "proposed": plan.mode,
+                              "proposed_reason": plan.reason}  # fmt: skip
+    settings = changed_settings(plan.settings, changes or {})
+    if settings != plan.settings:
+        review["changes"] = {k: v for k, v in (changes or {}).items() if v is not None}
+        round_config(cfg, Plan(plan.slot, plan.round, plan.mode, settings=settings))  # refuse a bad one now
+    chosen = _apply_choice(cfg, layout, plan, pending, choice, by, review, so)
+    chosen.settings = settings
+    return chosen
+
+
+def _apply_choice(
+    cfg: RunConfig,
+    layout: RunLayout,
+    plan: Plan,
+    pending: list[ShardDescriptor],
+    choice: str,
+    by: str,
+    review: dict[str, Any],
+    so: StorageOptions | None,
+) -> Plan:
     if choice == CONTINUE:
         return Plan(
             plan.slot, plan.round, "rounds", pending, reason=f"{by} chose another round", review=review
@@ -439,6 +520,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     unexpected ones named (as is the rejected set when the recompaction's digest disagrees)."""
     if plan.mode == "skip":
         return None
+    cfg = round_config(cfg, plan)
     layout = RunLayout(cfg.run_root)
     r = plan.round
     kinds = round_kinds(cfg, plan.mode)

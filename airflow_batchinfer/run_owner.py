@@ -18,8 +18,9 @@ tasks: they must not touch a root another DAG run owns (a refused run's ``all_do
 
 A claim is written, then read back after ``settle_s``: if two runs claim at the same instant, the
 later write wins and the earlier run sees a live owner on its read-back and refuses. (A run whose
-write lands more than ``settle_s`` after the other's read-back is not detected; the shard task's
-claim is milliseconds of work.)
+write lands more than ``settle_s`` after the other's read-back is not detected: the window is one
+read and one write of a small file, so ``settle_s`` defaults to 0.2 s on a local filesystem, where
+both take microseconds, and to 1 s on object storage.)
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 
 OWNER_FILE = "owner.json"
 OWNER_VERSION = 1
+# How long a claim settles before it is read back (see the module doc), by the run root's storage.
+LOCAL_SETTLE_S, REMOTE_SETTLE_S = 0.2, 1.0
 LIVE_STATES = frozenset({"queued", "running"})
 FINISHED_STATES = frozenset({"success", "failed"})
 
@@ -189,7 +192,7 @@ def claim(
     state_of: StateOf,
     so: StorageOptions | None = None,
     *,
-    settle_s: float = 1.0,
+    settle_s: float | None = None,
     extra: dict[str, Any] | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Decision:
@@ -198,7 +201,8 @@ def claim(
     :param state_of: the state of a DAG run (``None`` if it does not exist); asked only about a
         recorded owner that is not ``me``.
     Returns the decision (``keep`` or ``claim``; a ``refuse`` is returned too, with nothing written:
-    the caller raises its ``reason``). A claim is read back after ``settle_s`` (see the module doc).
+    the caller raises its ``reason``). A claim is read back after ``settle_s`` (see the module doc;
+    ``None``: the default for the run root's storage).
     """
 
     def check() -> tuple[dict[str, Any] | None, Decision]:
@@ -215,6 +219,8 @@ def claim(
     if decision.action != "claim":
         return decision
     write_owner(run_root, me, so, previous=decision.owner, extra=extra)
+    if settle_s is None:
+        settle_s = LOCAL_SETTLE_S if resolve(run_root, so).is_local else REMOTE_SETTLE_S
     if settle_s > 0:
         sleep(settle_s)
     _, after = check()

@@ -390,7 +390,7 @@ def part_b(
         t_trigger = time.time()
         t0 = time.monotonic()
         run_id = af.trigger(DAG_ID)
-        state = af.wait_run(DAG_ID, run_id, timeout_s=args.dag_timeout, poll_s=0.5)
+        state = af.wait_run(DAG_ID, run_id, timeout_s=args.dag_timeout, poll_s=0.1)
         wall = time.monotonic() - t0
         load1 = os.getloadavg()
         sampler.stop()
@@ -457,7 +457,7 @@ def part_b(
     }  # fmt: skip
 
 
-ORDER = ["shard", "pool_setup", "preflight", "plan", "infer", "judge", "infer_judge", "in_place", "close",
+ORDER = ["shard", "pool_setup", "plan", "infer", "judge", "infer_judge", "in_place", "close",
          "report", "pool_teardown"]  # fmt: skip
 
 

@@ -87,21 +87,22 @@ def main() -> None:
         generate(src, size)
         subprocess.run(["pzstd", "-q", "-3", str(src), "-o", str(src) + ".zst"], check=True)
         mb = src.stat().st_size / 2**20
+        per_shard = ["--records-per-shard", str(n)]  # as split -l
         cases = [
             (
                 "plain->plain",
                 f"split -l {n} data.jsonl cli-a-",
-                [batchinfer, "shard", "data.jsonl", "ours-a", "--compression", "none"],
+                [batchinfer, "shard", "data.jsonl", "ours-a", "--compression", "none", *per_shard],
             ),
             (
                 "plain->zst",
                 f"split -l {n} {zfilter} data.jsonl cli-b-",
-                [batchinfer, "shard", "data.jsonl", "ours-b"],
+                [batchinfer, "shard", "data.jsonl", "ours-b", *per_shard],
             ),
             (
                 "zst->zst",
                 f"zstd -dc data.jsonl.zst | split -l {n} {zfilter} - cli-c-",
-                [batchinfer, "shard", "data.jsonl.zst", "ours-c"],
+                [batchinfer, "shard", "data.jsonl.zst", "ours-c", *per_shard],
             ),
         ]
         copy_s = {}

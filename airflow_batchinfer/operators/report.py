@@ -1,4 +1,5 @@
-"""``PreflightOperator`` (a sample before the fan-out) and ``RunReportOperator`` (the final report)."""
+"""``PreflightOperator`` (a sample before the fan-out: :func:`preflight_check`, which the factory
+DAG's first round plan runs itself) and ``RunReportOperator`` (the final report)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
 from airflow_batchinfer.report import build_report
+from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import owned_run_config
 from airflow_batchinfer.sizing import SizingPlan
 
@@ -35,34 +37,43 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        cfg = owned_run_config(self.run_root, context, so)
-        if cfg.preflight_records <= 0:
-            self.log.info("pre-flight is off (preflight_records=0)")
-            return None
-        pool = hold_pool(self.worker_pool, context, self.log)
-        judge = None
-        if cfg.judge_pool:  # the judge's own pool judges the sample
-            judge_pool = hold_pool(cfg.judge_pool, context, self.log)
-            judge = (require_endpoints(judge_pool, lease_id(context)), judge_pool.token())
-        urls = require_endpoints(pool, lease_id(context))
-        s = run_preflight(cfg, urls, pool.token(), so, max_map_length=max_map_length(), judge_pool=judge)
-        self.log.info(
-            "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
-            "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
-            s["sample_records"], s["tokens_per_s"], 100 * s["approval_rate"], s["dataset_records"],
-            s["expected_passes_per_record"], s["projected_wall_s"], s["projected_gpu_hours"], s["workers"],
-        )  # fmt: skip
-        if "error" in s["sizing"]:
-            self.log.warning("no sizing plan: %s", s["sizing"]["error"])
-        else:
-            self.log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s["sizing"]).table())
-        if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
-            raise AirflowFailException(
-                f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of "
-                f"{cfg.budget_gpu_hours}. "
-                "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
-            )
-        return s
+        return preflight_check(owned_run_config(self.run_root, context, so), self.worker_pool, context, so,
+                               self.log)  # fmt: skip
+
+
+def preflight_check(
+    cfg: RunConfig, worker_pool: str, context: Context, so: dict[str, Any], log: Any
+) -> dict[str, Any] | None:
+    """The pre-flight (``PreflightOperator``, and the factory DAG's first round plan): run the
+    sample on the run's pool (judged on the judge's own pool, if any), log the projection and the
+    sizing plan, and fail the run when the projection exceeds ``budget_gpu_hours``."""
+    if cfg.preflight_records <= 0:
+        log.info("pre-flight is off (preflight_records=0)")
+        return None
+    pool = hold_pool(worker_pool, context, log)
+    judge = None
+    if cfg.judge_pool:  # the judge's own pool judges the sample
+        judge_pool = hold_pool(cfg.judge_pool, context, log)
+        judge = (require_endpoints(judge_pool, lease_id(context)), judge_pool.token())
+    urls = require_endpoints(pool, lease_id(context))
+    s = run_preflight(cfg, urls, pool.token(), so, max_map_length=max_map_length(), judge_pool=judge)
+    log.info(
+        "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
+        "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
+        s["sample_records"], s["tokens_per_s"], 100 * s["approval_rate"], s["dataset_records"],
+        s["expected_passes_per_record"], s["projected_wall_s"], s["projected_gpu_hours"], s["workers"],
+    )  # fmt: skip
+    if "error" in s["sizing"]:
+        log.warning("no sizing plan: %s", s["sizing"]["error"])
+    else:
+        log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s["sizing"]).table())
+    if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
+        raise AirflowFailException(
+            f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of "
+            f"{cfg.budget_gpu_hours}. "
+            "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
+        )
+    return s
 
 
 class RunReportOperator(BaseOperator):

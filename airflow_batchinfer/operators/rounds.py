@@ -18,13 +18,14 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
-from airflow.sdk import BaseOperator, Context
+from airflow.sdk import BaseOperator, Context, Param
 from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.operators.report import preflight_check
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.report import review_body
@@ -36,8 +37,11 @@ from airflow_batchinfer.rounds import (
     Plan,
     apply_choice,
     close_round,
+    current_settings,
+    gate_changes,
     propose,
     read_plan,
+    round_config,
     write_plan,
 )
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -45,10 +49,31 @@ from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import owned_run_config
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
+# The gate's form: what a reviewer may change for the next rounds with the answer ("Continue with
+# changes"); each shows the value the next round would run with.
+GATE_PARAM = "next_{}"
+GATE_SCHEMAS: dict[str, dict[str, Any]] = {
+    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 5},
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "prompt_template": {"type": ["string", "null"], "maxLength": 100_000},
+    "system": {"type": ["string", "null"], "maxLength": 100_000},
+}
+
+
+def gate_params() -> dict[str, Param]:
+    about = "the next rounds' {} (change it to retry with another)"
+    return {
+        GATE_PARAM.format(k): Param(None, description=about.format(k), **v) for k, v in GATE_SCHEMAS.items()
+    }
 
 
 def _descriptors(plan: Plan) -> list[dict[str, Any]]:
-    return [] if plan.mode == "skip" else [{**s, "round": plan.round} for s in plan.shards]
+    """The mapped jobs' shard descriptors; ``slot`` when a review changed the round's settings (the
+    job reads them from the plan: kilobytes of templates stay out of XCom)."""
+    if plan.mode == "skip":
+        return []
+    extra = {"slot": plan.slot} if plan.settings else {}
+    return [{**s, "round": plan.round, **extra} for s in plan.shards]
 
 
 class RoundControllerOperator(HITLOperator):
@@ -60,6 +85,9 @@ class RoundControllerOperator(HITLOperator):
         (``Stop`` by default: nothing more is spent without a person's decision).
     :param worker_pool: the run's pool: its lease is renewed here, to outlast the review gate (the
         workers stay warm however long the review takes), and dead local workers are restarted.
+    :param preflight: run the pre-flight (:func:`~airflow_batchinfer.operators.report.preflight_check`)
+        before a round that will run, as the factory DAG's first slot does: one task start less
+        between the shard task and the fan-out than a ``PreflightOperator`` of its own.
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
@@ -73,21 +101,27 @@ class RoundControllerOperator(HITLOperator):
         run_root: str,
         aws_conn_id: str | None = None,
         worker_pool: str | None = None,
+        preflight: bool = False,
         review_default: str = STOP,
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         **kwargs: Any,
     ) -> None:
+        kwargs.pop("params", None)  # the DAG's, merged in by Airflow: HITLOperator merges them again
         super().__init__(
             subject=f"Review before {slot}",
             options=[CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP],
             defaults=[review_default],
             response_timeout=response_timeout,
+            params=gate_params(),
             **kwargs,
         )
         self.slot = slot
         self.run_root = run_root
         self.aws_conn_id = aws_conn_id
         self.worker_pool = worker_pool
+        self.preflight = preflight
+        if preflight and not worker_pool:
+            raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
 
     def _pools(self, cfg: RunConfig) -> dict[str, str]:
         """The plan field each pool's engine is recorded in -> the pool: the run's, and the judge's own."""
@@ -122,6 +156,8 @@ class RoundControllerOperator(HITLOperator):
         cfg = owned_run_config(self.run_root, context, so)
         proposal = propose(cfg, self.slot, so)
         plan = proposal.plan
+        if self.preflight and plan.mode != "skip" and self.worker_pool:
+            preflight_check(cfg, self.worker_pool, context, so, self.log)  # fails a run over budget
         if proposal.options:
             self._hold_pools(cfg, context, gate=True)
         elif plan.mode != "skip":
@@ -134,6 +170,8 @@ class RoundControllerOperator(HITLOperator):
         self.options = proposal.options
         if self.defaults and not set(self.defaults) <= set(self.options):
             self.defaults = [STOP]
+        for name, value in current_settings(round_config(cfg, plan)).items():
+            self.params[GATE_PARAM.format(name)] = value  # the form shows what the next round runs
         self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({cfg.run_root})"
         self.body = review_body(cfg, proposal, so)
         self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
@@ -148,11 +186,16 @@ class RoundControllerOperator(HITLOperator):
         user = payload.get("responded_by_user") or {}
         who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
         who = str(who or "the timeout default")
-        plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so)
+        answered = {
+            name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_SCHEMAS
+        }
+        changes = gate_changes(current_settings(round_config(cfg, proposal.plan)), answered)
+        plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes)
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
         write_plan(RunLayout(cfg.run_root), plan, so)
-        self.log.info("%s: %s chose %r: %s (%s)", self.slot, who, choice, plan.mode, plan.reason)
+        self.log.info("%s: %s chose %r: %s (%s)%s", self.slot, who, choice, plan.mode, plan.reason,
+                      f"; changed for the next rounds: {sorted(changes)}" if changes else "")  # fmt: skip
         return _descriptors(plan)
 
 

@@ -53,7 +53,7 @@ class ShardDatasetOperator(BaseOperator):
     :param max_map_length: refuse more shards than this (default: the deployment's
         ``[core] max_map_length``, since a round maps one task per shard).
     :param claim_settle_s: how long a new claim of the run root settles before it is read back
-        (see :mod:`airflow_batchinfer.run_owner`).
+        (default: by the run root's storage, see :mod:`airflow_batchinfer.run_owner`).
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
         vouches for ``config``, and callable judges are not restricted here."""
@@ -67,7 +67,7 @@ class ShardDatasetOperator(BaseOperator):
         config: dict[str, Any],
         aws_conn_id: str | None = None,
         max_map_length: int | None = None,
-        claim_settle_s: float = 1.0,
+        claim_settle_s: float | None = None,
         limits: TriggerLimits | None = None,
         **kwargs: Any,
     ) -> None:

@@ -36,7 +36,7 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.pools import WorkerPool
-from airflow_batchinfer.rounds import inferred_shard, job_spec, record_job_error
+from airflow_batchinfer.rounds import inferred_shard, job_spec, plan_for, record_job_error, round_config
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
@@ -100,7 +100,9 @@ class ShardJobOperator(BaseOperator):
         return storage_options_from_aws_conn(self.aws_conn_id)
 
     def _config(self, context: Context) -> RunConfig:
-        return owned_run_config(self.run_root, context, self.storage_options)
+        """The run's settings as this shard's round runs them (a review may have changed them)."""
+        cfg = owned_run_config(self.run_root, context, self.storage_options)
+        return round_config(cfg, plan_for(cfg, cast(ShardDescriptor, self.shard), self.storage_options))
 
     def _spec(self, cfg: RunConfig) -> JobSpec:
         """The shard's job, pinned to the current version of its input (see ``pin_input``)."""
@@ -116,12 +118,13 @@ class ShardJobOperator(BaseOperator):
     def _what(self) -> str:
         return f"shard {self.shard['shard_id']} ({self.kind}, round {self.shard['round']})"
 
-    def _result(self, cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _result(self, cfg: RunConfig, counts: dict[str, int]) -> dict[str, Any]:
+        """The task's return value (XCom): the shard, its round and its job's counts."""
         return {
             "shard_id": self.shard["shard_id"],
             "round": self.shard["round"],
             "records": self.shard["records"],
-            "counts": manifest.get("counts", {}),
+            "counts": counts,
         }
 
     def _deadline(self, context: Context) -> float | None:
@@ -147,12 +150,19 @@ class ShardJobOperator(BaseOperator):
         done = asyncio.run(check())
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
-            return self._result(cfg, done)
+            return self._result(cfg, done.get("counts", {}))
         # A first try cannot have a copy running anywhere; a later one (zombie, timeout, clear) may.
-        return self._submit(context, spec, pool, resubmits=0, locate=context["ti"].try_number > 1)
+        return self._submit(context, cfg, spec, pool, resubmits=0, locate=context["ti"].try_number > 1)
 
     def _submit(
-        self, context: Context, spec: JobSpec, pool: WorkerPool, resubmits: int, *, locate: bool = True
+        self,
+        context: Context,
+        cfg: RunConfig,
+        spec: JobSpec,
+        pool: WorkerPool,
+        resubmits: int,
+        *,
+        locate: bool = True,
     ) -> dict[str, Any] | None:
         deadline = self._deadline(context)
 
@@ -195,6 +205,7 @@ class ShardJobOperator(BaseOperator):
                 poll_interval_s=self.poll_interval_s,
                 lost_grace_s=self.lost_grace_s,
                 not_before=time.time() + SETTLE_S,
+                result=self._result(cfg, {}),  # a job that succeeds ends the task on the triggerer
             ),
             method_name="execute_complete",
             kwargs={"url": url, "resubmits": resubmits},
@@ -218,11 +229,11 @@ class ShardJobOperator(BaseOperator):
         if outcome == "done":
             assert manifest is not None
             self.log.info("%s: done on %s: %s", self._what(), ev.url, manifest.get("counts"))
-            return self._result(cfg, manifest)
+            return self._result(cfg, manifest.get("counts", {}))
         if outcome == "resubmit":
             self.log.warning("%s: %s; resubmitting", self._what(), ev.error)
             self._pool = hold_pool(self.worker_pool, context, self.log)
-            return self._submit(context, spec, self._pool, resubmits + 1)
+            return self._submit(context, cfg, spec, self._pool, resubmits + 1)
         if ev.state == "timeout":
             self._cancel_remote()
             self._fail(
@@ -270,10 +281,11 @@ class InferShardOperator(ShardJobOperator):
 
     kind = "infer"
 
-    def _result(self, cfg: RunConfig, manifest: dict[str, Any]) -> dict[str, Any]:
+    def _result(self, cfg: RunConfig, counts: dict[str, int]) -> dict[str, Any]:
         r = int(self.shard["round"])
         shard = cast(ShardDescriptor, self.shard)
-        return {**inferred_shard(cfg, r, shard), "round": r, "counts": manifest.get("counts", {})}
+        slot = {"slot": shard["slot"]} if "slot" in shard else {}
+        return {**inferred_shard(cfg, r, shard), "round": r, **slot, "counts": counts}
 
 
 class JudgeShardOperator(ShardJobOperator):

@@ -48,6 +48,10 @@ class ShardDescriptor(TypedDict):
     version: NotRequired[str]
     estimated: NotRequired[bool]
     lead_in: NotRequired[list[int]]
+    # A round's job descriptors (the round controller's): the round, and the slot whose plan holds
+    # settings a review changed (absent: run.json's settings).
+    round: NotRequired[int]
+    slot: NotRequired[str]
 
 
 @dataclass(frozen=True, order=True)

@@ -3,8 +3,8 @@
 Directives (in the MyST pages: a fenced block named after the directive), each building docutils
 nodes directly (a table, or a literal block):
 
-- ``batchinfer-params``: the DAG params (``dag_factory.DEFAULTS``, ``JUDGE_POOL_DEFAULTS`` and
-  ``SCHEMAS``);
+- ``batchinfer-params``: every run setting, as DAG param and ``batchinfer run`` flag
+  (``settings.RUN_SETTINGS_SPEC``, which the params, their schemas and the flags are generated from);
 - ``batchinfer-connection``: the ``batchinfer_pool`` connection type (``get_provider_info``);
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
@@ -74,30 +74,12 @@ class _Generated(SphinxDirective):
         return self.nodes()
 
 
-RUN_ROOT = ("output_root", "run_name")  # <output_root>/<run_name>
-
-
 class Params(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, RUN_SETTINGS, SCHEMAS
+        from airflow_batchinfer.settings import reference_table
 
-        rows = []
-        for name, default in {**DEFAULTS, **JUDGE_POOL_DEFAULTS}.items():
-            schema = SCHEMAS[name]
-            kind = schema.get("type")
-            kind = " | ".join(kind) if isinstance(kind, list) else kind
-            limits = []
-            if "enum" in schema:
-                limits.append("one of " + ", ".join(f"``{v}``" for v in schema["enum"]))
-            for key, word in (("minimum", "≥"), ("maximum", "≤"), ("minLength", "length ≥")):
-                if key in schema:
-                    limits.append(f"{word} {schema[key]}")
-            what = "; ".join(x for x in [schema.get("description", ""), *limits] if x)
-            role = "run setting" if name in RUN_SETTINGS else "run root" if name in RUN_ROOT else "pool"
-            if name in JUDGE_POOL_DEFAULTS:
-                role = "judge pool (run setting)" if name == "judge_pool" else "judge pool"
-            rows.append([f"``{name}``", str(kind), _code(default), role, what])
-        return [_table(["param", "type", "default", "goes to", "meaning"], rows)]
+        header, rows = reference_table()
+        return [_table(header, rows)]
 
 
 class Connection(_Generated):

@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
+from airflow.triggers.base import TaskSuccessEvent  # noqa: E402
+
 from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa: E402
 from airflow_batchinfer.layout import RunLayout  # noqa: E402
@@ -93,6 +95,21 @@ async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, wor
     assert TOKEN not in json.dumps(kwargs)  # the token is resolved in the triggerer, never stored
     event = await first_event(WorkerJobTrigger(**kwargs))
     assert event["state"] == "succeeded" and event["counts"] == {"ok": 30}
+
+
+async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn: str, worker: WorkerProcess):
+    """Given the task's result, a succeeded job ends the task on the triggerer (no resume on a
+    worker) with the worker's counts in its XCom; any other end still resumes the task."""
+    result = {"shard_id": "part-00000", "round": 0, "records": 30, "counts": {}}
+    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=submit_job(tmp_path, worker),
+                               poll_interval_s=0.2, result=result)  # fmt: skip
+    event = await anext(WorkerJobTrigger(**trigger.serialize()[1]).run())
+    assert isinstance(event, TaskSuccessEvent)
+    assert event.xcoms == {"return_value": {**result, "counts": {"ok": 30}}}
+    lost = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1,
+                            result=result)  # fmt: skip
+    event = await anext(lost.run())
+    assert not isinstance(event, TaskSuccessEvent) and event.payload["state"] == "lost"
 
 
 async def test_worker_job_trigger_reports_lost_jobs_and_workers(

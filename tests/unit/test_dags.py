@@ -36,7 +36,7 @@ def test_factory_shape_pools_and_params() -> None:
     """One fused infer_judge task per shard: a shard is inferred and judged in one job."""
     dag = build_batch_inference_dag("shape", max_rounds=2, airflow_pool="gpu")
     assert set(dag.task_dict) == {
-        "shard", "pool_setup", "preflight", "report", "pool_teardown",
+        "shard", "pool_setup", "report", "pool_teardown",
         "round_00.plan", "round_00.infer_judge", "round_00.close",
         "round_01.plan", "round_01.infer_judge", "round_01.close",
         "tail.plan", "tail.in_place", "tail.close",
@@ -45,6 +45,13 @@ def test_factory_shape_pools_and_params() -> None:
         assert dag.task_dict[task_id].pool == "gpu"
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
+    # the first plan runs the pre-flight as soon as the input is planned and the pool is ready; the
+    # pool is released beside the report, once the last round has closed
+    plans = {t: dag.task_dict[f"{t}.plan"] for t in ("round_00", "round_01", "tail")}
+    assert [p.preflight for p in plans.values()] == [True, False, False]
+    assert plans["round_00"].upstream_task_ids == {"shard", "pool_setup"}
+    assert dag.task_dict["pool_teardown"].upstream_task_ids == {"pool_setup", "tail.close"}
+    assert dag.task_dict["report"].upstream_task_ids == {"tail.close"}
     assert set(dag.params) == set(DEFAULTS)
     schema = dag.params.get_param("max_rounds").schema
     assert schema["maximum"] == 2
@@ -58,7 +65,7 @@ def test_factory_with_a_judge_pool_maps_a_task_group_per_shard() -> None:
     dag = build_batch_inference_dag("two", max_rounds=1, airflow_pool="gpu", judge_airflow_pool="judge",
                                     defaults=judge)  # fmt: skip
     assert set(dag.task_dict) == {
-        "shard", "pool_setup", "judge_pool_setup", "preflight", "report", "pool_teardown",
+        "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown",
         "judge_pool_teardown", "round_00.plan", "round_00.shard.infer", "round_00.shard.judge",
         "round_00.close", "tail.plan", "tail.in_place", "tail.close",
     }  # fmt: skip

@@ -21,9 +21,12 @@ from airflow_batchinfer.rounds import (
     STOPPED_BY_REVIEW,
     apply_choice,
     close_round,
+    current_settings,
+    gate_changes,
     job_spec,
     propose,
     record_job_error,
+    round_config,
     write_plan,
 )
 from airflow_batchinfer.run_config import RunConfig
@@ -116,6 +119,36 @@ def test_review_choices(tmp_path: Path) -> None:
     rows = [r for f in JsonlDir(RunLayout(cfg.run_root).results).jsonl_files() for r in f.iter_records()]
     accepted = [r for r in rows if r.get("accepted_by_review")]
     assert len(accepted) == 5 and accept.stop and "accepted 5" in accept.reason
+
+
+def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, review="every_round", max_rounds=3, sampling={"temperature": 0.7, "max_tokens": 8})
+    fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
+    proposal = propose(cfg, "round-01")
+    now = current_settings(round_config(cfg, proposal.plan))
+    assert now == {"temperature": 0.7, "max_tokens": 8, "prompt_template": "{{ question }}", "system": None}
+    answered = {"temperature": 1.1, "max_tokens": 8, "prompt_template": None, "system": "Be brief."}
+    changes = gate_changes(now, answered)
+    assert changes == {"temperature": 1.1, "system": "Be brief."}  # unchanged and empty values are not changes
+    plan = apply_choice(cfg, proposal, CONTINUE, by="alice", changes=changes)
+    assert plan.settings == changes and plan.review is not None and plan.review["changes"] == changes
+    changed = round_config(cfg, plan)
+    assert changed.sampling == {"temperature": 1.1, "max_tokens": 8} and changed.system == "Be brief."
+    assert cfg.sampling["temperature"] == 0.7  # run.json's settings stay as they were
+    shard = plan.shards[0]
+    before, after = job_spec(cfg, "infer_judge", 1, shard), job_spec(changed, "infer_judge", 1, shard)
+    assert after.params["sampling"]["temperature"] == 1.1 and after.job_id != before.job_id
+    write_plan(RunLayout(cfg.run_root), plan)
+    for s in plan.shards:
+        finish_shard(changed, 1, s, {"r25"})
+    summary = close_round(cfg, plan)  # close checks the jobs against the round's settings
+    assert summary is not None and summary["approved"] == 1 and summary["invariant"]["ok"]
+    nxt = propose(cfg, "round-02").plan
+    assert nxt.settings == changes  # a change holds until changed again
+    with pytest.raises(ConfigError):  # a template the workers could not render is refused at the gate
+        apply_choice(cfg, propose(cfg, "round-02"), CONTINUE, changes={"prompt_template": "{{ question"})
+    with pytest.raises(ConfigError, match="may change"):
+        apply_choice(cfg, proposal, CONTINUE, changes={"judge": {"type": "llm"}})
 
 
 def test_hybrid_switches_when_a_round_approves_too_little(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.run_owner import (
+    LOCAL_SETTLE_S,
     OWNER_VERSION,
+    REMOTE_SETTLE_S,
     OwnedElsewhere,
     RunIdentity,
     claim,
@@ -114,6 +116,16 @@ def test_claim_writes_a_versioned_record_and_a_rerun_keeps_it(tmp_path: Path) ->
     before = (tmp_path / "run" / "owner.json").stat().st_mtime_ns
     assert claim(root, ME, states, settle_s=0).action == "keep" and states.asked == []
     assert (tmp_path / "run" / "owner.json").stat().st_mtime_ns == before  # a re-run writes nothing
+
+
+def test_a_claim_settles_by_the_run_roots_storage(tmp_path: Path) -> None:
+    """The read-back waits out one read and one write of another run: microseconds on a local
+    filesystem, a round trip or two on object storage."""
+    waits: list[float] = []
+    claim(str(tmp_path / "run"), ME, States(), sleep=waits.append)
+    assert waits == [LOCAL_SETTLE_S] and LOCAL_SETTLE_S < REMOTE_SETTLE_S
+    assert claim(str(tmp_path / "other"), ME, States(), settle_s=0.5, sleep=waits.append).action == "claim"
+    assert waits == [LOCAL_SETTLE_S, 0.5]
 
 
 def test_claim_refuses_a_live_owner_and_writes_nothing(tmp_path: Path) -> None:

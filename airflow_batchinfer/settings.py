@@ -1,0 +1,458 @@
+"""Every setting of a run, described once.
+
+:data:`RUN_SETTINGS_SPEC` is the one description: each :class:`Setting` has its default, its JSON
+schema (type, null, enum, bounds), its help and where it appears. Generated from it:
+
+- the DAG params of :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag` (their
+  defaults, schemas and descriptions: :func:`param_defaults`, :func:`param_schemas`,
+  :func:`dag_params`), so the trigger form asks for every one;
+- the ``batchinfer run`` flags, their defaults and help (:func:`add_run_arguments`,
+  :func:`run_settings_from_args`);
+- the params table of the docs (:func:`reference_table`);
+
+and the tests check ``RunConfig``'s defaults against it. A setting whose empty value means "the
+default" or "none" (``run_name``, ``model``, ``prompt_template``, ``system``, ``id_field``,
+``budget_gpu_hours``) is *nullable*: its schema accepts ``null``, its default is ``None`` where it
+has none, and Airflow's trigger form (which treats an empty field of a type without ``null`` as
+missing, and disables Trigger) submits it empty as ``null``.
+
+This module imports no Airflow (:func:`dag_params` imports ``Param`` when called) and nothing heavy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
+
+# airflow_batchinfer.judges.JUDGE_TYPES (not imported: keep this module light; a test compares them)
+JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
+# limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
+RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
+
+# engines.base.SamplingParams: the fields it reads and the values it refuses (other fields are ignored)
+SAMPLING_PROPERTIES: dict[str, Any] = {
+    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+    "temperature": {"type": ["number", "null"], "minimum": 0},
+    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+    "seed": {"type": ["integer", "null"]},
+    "stop": {"type": ["string", "array", "null"], "items": {"type": "string"}},
+}
+
+JsonType = Literal["string", "integer", "number", "boolean", "object"]
+GoesTo = Literal["run", "run root", "pool"]
+
+_SAME: Any = object()  # Setting.param_default: the same as Setting.default
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a run.
+
+    :ivar name: the DAG param, the ``RunConfig`` field (run settings) and the flag's ``dest``.
+    :ivar type: its JSON-schema type.
+    :ivar default: the one default: the DAG param's (unless ``param_default``), the flag's and
+        ``RunConfig``'s.
+    :ivar help: what it means; the param's description, the flag's help and the docs' text.
+    :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
+        run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
+    :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
+    :ivar enum: the allowed values.
+    :ivar minimum: the smallest number allowed.
+    :ivar maximum: the largest number allowed.
+    :ivar min_length: the shortest string allowed (an empty string is refused: use ``None``).
+    :ivar pattern: a regular expression the string matches.
+    :ivar schema_extra: more JSON schema (e.g. an object's ``required`` keys).
+    :ivar param: a DAG param.
+    :ivar judge_pool_param: a param only of DAGs built with ``judge_airflow_pool``.
+    :ivar param_default: the param's default where it must differ from ``default`` (``judge_pool``:
+        a DAG built with a judge pool always judges there; a run without one, nowhere).
+    :ivar flag: the ``batchinfer run`` flag (``--records-per-shard``), or a positional's name
+        (``input``); ``None``: not on the command line.
+    :ivar flag_help: what the command line adds to ``help``.
+    :ivar metavar: the flag's metavar.
+    """
+
+    name: str
+    type: JsonType
+    default: Any
+    help: str
+    goes_to: GoesTo
+    nullable: bool = False
+    enum: tuple[str, ...] = ()
+    minimum: float | None = None
+    maximum: float | None = None
+    min_length: int | None = None
+    pattern: str | None = None
+    schema_extra: Mapping[str, Any] = field(default_factory=dict)
+    param: bool = True
+    judge_pool_param: bool = False
+    param_default: Any = _SAME
+    flag: str | None = None
+    flag_help: str = ""
+    metavar: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.type == "boolean" and self.flag and self.default is not False:
+            raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
+        if self.type == "string" and not self.nullable and not (self.enum or self.min_length):
+            # Airflow's trigger form treats an empty required string as missing (Trigger disabled)
+            raise ValueError(f"{self.name}: a string that is not nullable needs an enum or a min_length")
+
+    @property
+    def is_run_setting(self) -> bool:
+        """A ``RunConfig`` field (stored in ``run.json``)."""
+        return self.goes_to == "run"
+
+    @property
+    def dag_default(self) -> Any:
+        """The DAG param's default (a copy)."""
+        return copy.deepcopy(self.default if self.param_default is _SAME else self.param_default)
+
+    def schema(self) -> dict[str, Any]:
+        """The param's JSON schema, with its description."""
+        out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
+        if self.enum:
+            out["enum"] = [*self.enum, *([None] if self.nullable else [])]
+        for key, value in (("minimum", self.minimum), ("maximum", self.maximum),
+                           ("minLength", self.min_length), ("pattern", self.pattern)):  # fmt: skip
+            if value is not None:
+                out[key] = value
+        out.update(copy.deepcopy(dict(self.schema_extra)))
+        out["description"] = self.help
+        return out
+
+    def limits_text(self) -> str:
+        """The schema's constraints in words (for the docs)."""
+        out = []
+        if self.enum:
+            out.append("one of " + ", ".join(f"``{v}``" for v in self.enum))
+        for value, word in ((self.minimum, "≥"), (self.maximum, "≤"), (self.min_length, "length ≥")):
+            if value is not None:
+                out.append(f"{word} {value}")
+        if self.pattern is not None:
+            out.append("one folder name: letters, digits, ``.`` ``_`` ``-``")
+        if "required" in self.schema_extra:
+            out.append("needs " + ", ".join(f"``{k}``" for k in self.schema_extra["required"]))
+        return "; ".join(out)
+
+    # -------------------------------------------------------------------------- the command line
+    def parse(self, text: str) -> Any:
+        """A command-line value as this setting's type, checked against its schema's bounds
+        (``argparse.ArgumentTypeError`` otherwise); an empty nullable value is ``None``."""
+        if self.nullable and text == "":
+            return None
+        value: Any
+        try:
+            if self.type == "object":
+                value = json.loads(text)
+                if not isinstance(value, dict):
+                    raise ValueError("not a JSON object")
+            elif self.type == "integer":
+                value = int(text)
+            elif self.type == "number":
+                value = float(text)
+            else:
+                value = text
+        except ValueError as exc:
+            want = {"object": "a JSON object", "integer": "a whole number", "number": "a number"}
+            raise argparse.ArgumentTypeError(f"{text!r} is not {want.get(self.type, self.type)}") from exc
+        if self.minimum is not None and value < self.minimum:
+            raise argparse.ArgumentTypeError(f"{value} is less than {_num(self.minimum)}")
+        if self.maximum is not None and value > self.maximum:
+            raise argparse.ArgumentTypeError(f"{value} is more than {_num(self.maximum)}")
+        if self.min_length is not None and isinstance(value, str) and len(value) < self.min_length:
+            raise argparse.ArgumentTypeError("may not be empty")
+        return value
+
+    def flag_kwargs(self) -> dict[str, Any]:
+        """``add_argument`` keyword arguments for :attr:`flag`."""
+        help_ = " ".join(x for x in (self.help, self.flag_help) if x)
+        if self.flag is not None and not self.flag.startswith("-"):  # a positional: required
+            return {"help": help_.replace("%", "%%"), "metavar": self.metavar}
+        if self.type == "boolean":
+            return {"action": "store_true", "help": help_.replace("%", "%%")}
+        shown = self.default if self.type != "object" else json.dumps(self.default)
+        if self.default is not None:
+            help_ += f" (default {shown})"
+        out: dict[str, Any] = {"default": copy.deepcopy(self.default), "help": help_.replace("%", "%%"),
+                               "dest": self.name}  # fmt: skip
+        if self.enum:
+            out["choices"] = list(self.enum)
+        else:
+            out["type"] = _Parser(self)
+        if self.metavar:
+            out["metavar"] = self.metavar
+        return out
+
+
+class _Parser:
+    """``type=`` of a flag: :meth:`Setting.parse`, named for argparse's messages."""
+
+    def __init__(self, setting: Setting) -> None:
+        self.setting = setting
+        self.__name__ = setting.type
+
+    def __call__(self, text: str) -> Any:
+        return self.setting.parse(text)
+
+    def __repr__(self) -> str:
+        return self.setting.type
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def _pool(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Setting:
+    return Setting(name, type_, default, help_, "pool", **kw)
+
+
+def _run(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Setting:
+    return Setting(name, type_, default, help_, "run", **kw)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES)
+_MODEL = _pool(
+    "model", "string", "builtin:smollm2",
+    "the model: a directory on the workers (vllm, transformers), a model name (openai), or "
+    "builtin:smollm2 (SmolLM2-135M-Instruct, local pools); empty: none (the simulated engine needs none)",
+    nullable=True,
+)  # fmt: skip
+_ENGINE_OPTIONS = _pool("engine_options", "object", {}, 'engine arguments, e.g. {"max_model_len": 4096}')
+_REPLICAS = _pool("replicas", "integer", 1, "workers this run needs", minimum=1)
+_CONCURRENCY = _pool("concurrency", "integer", 4, "shard jobs per worker", minimum=1)
+_KUBERNETES = _pool(
+    "kubernetes", "object", {},
+    "Kubernetes pools only: image, gpus, cpu, memory, node_selector, tolerations, interruptible, "
+    'model_pvc, storage_secret, scaledown_ttl_s…, e.g. {"image": "reg/worker:0.1.0", "gpus": 1}',
+)  # fmt: skip
+
+
+def _judge_pool(setting: Setting, help_: str) -> Setting:
+    return dataclasses.replace(setting, name=f"judge_{setting.name}", help=help_, judge_pool_param=True)
+
+
+# fmt: off
+#: Every setting of a run, in the trigger form's order.
+RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
+    # where the data comes from and where the run goes
+    _run("input", "string", "/tmp/batchinfer/input.jsonl", "the JSONL(.zst) dataset: a path or s3:// URI",
+         min_length=1, flag="input"),
+    Setting("output_root", "string", "/tmp/batchinfer/runs", "runs are written under this root", "run root",
+            min_length=1),
+    Setting(
+        "run_name", "string", None,
+        "the run's folder under output_root; empty: the DAG run id. The same name resumes that run",
+        "run root", nullable=True, pattern=RUN_NAME_PATTERN,
+    ),
+    # the model
+    _ENGINE,
+    _MODEL,
+    _ENGINE_OPTIONS,
+    # prompts, sampling, judge
+    _run(
+        "prompt_template", "string", None,
+        "Jinja2 over record fields, e.g. 'What is {{ question }}?'; empty: the records are OpenAI batch "
+        "requests (their body is sent as it is)",
+        nullable=True, min_length=1, flag="--prompt-template", metavar="TEMPLATE",
+    ),
+    _run("system", "string", None, "system message for chat models; empty: none", nullable=True,
+         flag="--system", metavar="TEXT"),
+    _run(
+        "sampling", "object", {},
+        'max_tokens, temperature, top_p, seed, stop, e.g. {"max_tokens": 64, "temperature": 0.7}; '
+        "unset fields: max_tokens 256, temperature 0, top_p 1",
+        schema_extra={"properties": SAMPLING_PROPERTIES}, flag="--sampling", metavar="JSON",
+    ),
+    _run(
+        "judge", "object", {"type": "llm"},
+        'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
+        '"json_schema", "length", "callable", "all" or "any" with their fields',
+        schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
+        flag="--judge", metavar="JSON",
+    ),
+    # rounds
+    _run("strategy", "string", "rounds", "rounds: re-run the rejected set round by round; in_place: retry "
+         "each sample in its job; hybrid: rounds, then in place once they stop paying",
+         enum=STRATEGIES, flag="--strategy"),
+    _run("max_rounds", "integer", 3, "rounds at most (also capped by the DAG's round slots)", minimum=1,
+         flag="--max-rounds"),
+    _run("max_attempts", "integer", 3, "attempts per sample, in place", minimum=1, flag="--max-attempts"),
+    _run("hybrid_min_shrink", "number", 0.3, "hybrid: switch to in place once a round approves less than "
+         "this share of its pending set", minimum=0, maximum=1, flag="--hybrid-min-shrink"),
+    _run("review", "string", "never", "human review between rounds, on Airflow's Required Actions page",
+         enum=REVIEW_MODES),
+    _run("review_min_approval", "number", 0.5, "on_low_approval: review a round that approves less than "
+         "this share", minimum=0, maximum=1),
+    # shards
+    _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each", minimum=1,
+         flag="--records-per-shard"),
+    _run("chunk_size", "integer", 500, "records a job holds per step", minimum=1, flag="--chunk-size"),
+    _run("id_field", "string", None, "the records' unique id field; empty: detected (id, or custom_id in "
+         "OpenAI batch input)", nullable=True, min_length=1, flag="--id-field", metavar="FIELD"),
+    _run("assign_ids", "boolean", False, "give records without an id the id '<file>:<line>'",
+         flag="--assign-ids"),
+    # the pool
+    _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
+          "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),
+    _REPLICAS,
+    _CONCURRENCY,
+    _pool("idle_ttl_s", "number", 600, "the pool stops after this idle time, in seconds", minimum=0),
+    _pool("target_batch_tokens", "integer", 16_384, "tokens per engine batch (prompt estimate + max_tokens)",
+          minimum=1),
+    _KUBERNETES,
+    # checks and budgets
+    _run("preflight_records", "integer", 200, "records tried before the fan-out; 0 turns pre-flight off",
+         minimum=0),
+    _run("budget_gpu_hours", "number", None, "refuse a run the pre-flight projects above this many "
+         "GPU-hours; empty: no budget", nullable=True, minimum=0),
+    _run("max_failed_shards", "integer", 0, "quarantined shards the run tolerates before it fails",
+         minimum=0, flag="--max-failed-shards"),
+    _run("job_retries", "integer", 2, "retries of a failing shard job before its shard is quarantined "
+         "(a DAG: the factory's retries argument)", minimum=0, param=False, flag="--job-retries"),
+    # the judge's own pool (DAGs built with judge_airflow_pool; batchinfer run --judge-pool)
+    _run(
+        "judge_pool", "string", None,
+        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model, "
+        "each shard's judge starting when its inference ends",
+        min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
+        flag="--judge-pool", metavar="POOL",
+        flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "
+        "Default: each shard is inferred and judged in one job on the run's pool",
+    ),
+    _judge_pool(_ENGINE, "the judge pool's engine"),
+    _judge_pool(_MODEL, "the judge's model, on the judge's pool (as model)"),
+    _judge_pool(_ENGINE_OPTIONS, "the judge pool's engine arguments"),
+    _judge_pool(_REPLICAS, "judge workers this run needs"),
+    _judge_pool(_CONCURRENCY, "judge jobs per judge worker"),
+    _judge_pool(_KUBERNETES, "the judge pool's Kubernetes settings (as kubernetes)"),
+)
+# fmt: on
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in RUN_SETTINGS_SPEC}
+
+
+def setting(name: str) -> Setting:
+    """The setting called ``name``."""
+    return BY_NAME[name]
+
+
+def _params(judge_pool: bool | None) -> Iterable[Setting]:
+    """The DAG params: ``judge_pool`` None: all; True: only the judge pool's; False: the others."""
+    return (s for s in RUN_SETTINGS_SPEC
+            if s.param and (judge_pool is None or s.judge_pool_param == judge_pool))  # fmt: skip
+
+
+def param_defaults(*, judge_pool: bool | None = False) -> dict[str, Any]:
+    """The params' defaults (copies): of every DAG (``judge_pool=False``), only of DAGs built with a
+    judge pool (``True``), or both (``None``)."""
+    return {s.name: s.dag_default for s in _params(judge_pool)}
+
+
+def param_schemas(*, judge_pool: bool | None = None) -> dict[str, dict[str, Any]]:
+    """The params' JSON schemas, with descriptions (``judge_pool`` as in :func:`param_defaults`)."""
+    return {s.name: s.schema() for s in _params(judge_pool)}
+
+
+def run_setting_params() -> tuple[str, ...]:
+    """The params of every DAG that become the run's settings (``run.json``); the rest configure the
+    pool or name the run's folder (``judge_pool``, a run setting too, exists only with a judge pool)."""
+    return tuple(s.name for s in _params(False) if s.is_run_setting)
+
+
+def param_values(
+    defaults: Mapping[str, Any] | None, *, judge_pool: bool, max_rounds: int | None = None
+) -> dict[str, Any]:
+    """A DAG's param defaults: :func:`param_defaults` updated with the DAG author's ``defaults``, and
+    ``max_rounds`` capped by the DAG's round slots. Unknown names are refused (a typo would
+    otherwise be ignored)."""
+    values = {**param_defaults(judge_pool=False), **(param_defaults(judge_pool=True) if judge_pool else {})}
+    unknown = sorted(set(defaults or {}) - set(values))
+    if unknown:
+        judge_only = [n for n in unknown if n in BY_NAME and BY_NAME[n].judge_pool_param]
+        hint = (f"; {', '.join(judge_only)}: params of DAGs built with judge_airflow_pool="
+                if judge_only else "")  # fmt: skip
+        raise ValueError(f"defaults: unknown params {unknown}{hint} (the params: {', '.join(values)})")
+    values.update(copy.deepcopy(dict(defaults or {})))
+    if max_rounds is not None:
+        values["max_rounds"] = min(int(values["max_rounds"]), max_rounds)
+    return values
+
+
+def dag_params(values: Mapping[str, Any], *, max_rounds: int | None = None) -> dict[str, Any]:
+    """``airflow.sdk.Param`` objects for ``values`` (from :func:`param_values`): each setting's schema
+    and description; ``max_rounds`` also bounded by the DAG's round slots."""
+    from airflow.sdk import Param
+
+    out = {}
+    for name, value in values.items():
+        schema = BY_NAME[name].schema()
+        if name == "max_rounds" and max_rounds is not None:
+            schema["maximum"] = max_rounds
+        out[name] = Param(value, **schema)
+    return out
+
+
+# ------------------------------------------------------------------------------ the command line
+def cli_settings() -> tuple[Setting, ...]:
+    """The settings ``batchinfer run`` takes (flags and the ``input`` positional)."""
+    return tuple(s for s in RUN_SETTINGS_SPEC if s.flag)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, *, positionals: bool = True) -> None:
+    """Add the run settings' flags (and positionals, e.g. ``input``) to ``parser``."""
+    for s in cli_settings():
+        assert s.flag is not None
+        if positionals or s.flag.startswith("-"):
+            parser.add_argument(s.flag, **s.flag_kwargs())
+
+
+def run_settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``RunConfig`` fields the parsed flags give (every setting of :func:`cli_settings`)."""
+    return {s.name: getattr(args, s.name) for s in cli_settings() if s.is_run_setting}
+
+
+# --------------------------------------------------------------------------------------- the docs
+def reference_table() -> tuple[list[str], list[list[str]]]:
+    """The header and rows of the settings table in the docs (cells: text with ````literal```` spans)."""
+    header = ["setting", "type", "default", "DAG param / ``batchinfer run``", "goes to", "meaning"]
+    rows = []
+    for s in RUN_SETTINGS_SPEC:
+        kind = f"{s.type} | null" if s.nullable else s.type
+        default = _code(s.dag_default)
+        if s.param_default is not _SAME:
+            default = f"{default} (a DAG with a judge pool); {_code(s.default)} (``batchinfer run``)"
+        where = []
+        if s.param:
+            where.append("param" + (" (with a judge pool)" if s.judge_pool_param else ""))
+        if s.flag:
+            where.append(f"``{s.flag}``" if s.flag.startswith("-") else f"``{s.flag.upper()}`` (positional)")
+        goes = {"run": "run setting", "run root": "run root", "pool": "pool"}[s.goes_to]
+        if s.judge_pool_param and s.goes_to == "pool":
+            goes = "judge pool"
+        meaning = "; ".join(x for x in (_literal_braces(s.help), s.limits_text()) if x)
+        rows.append([f"``{s.name}``", kind, default, ", ".join(where), goes, meaning])
+    return header, rows
+
+
+def _code(value: Any) -> str:
+    return f"``{json.dumps(value, ensure_ascii=False)}``"
+
+
+def _literal_braces(text: str) -> str:
+    """JSON examples in help text as literals."""
+    return re.sub(r"(\{[^{}]*\}|'[^']*\{\{[^']*\}\}[^']*')", r"``\1``", text)
