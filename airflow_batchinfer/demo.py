@@ -6,7 +6,8 @@ triggerer on 127.0.0.1) and triggers the ``batchinfer_human_review`` example DAG
 API. The DAG's setup task starts a local warm pool on the transformers engine; rounds run at
 temperature 0.7, so wrong answers get another try. At each review gate the demo shows the summary
 and answers after 10 s (``--review auto``: another round, then in place for the rest), or leaves
-the gate open for you to answer on the Required Actions page (``--review ui``).
+the gate open for you (``--review ui``): the demo prints the run's review desk, where you decide on
+the round's samples, and the Required Actions page, where you answer the gate.
 ``--no-airflow`` runs the same rounds without Airflow (``batchinfer run``'s pipeline).
 """
 
@@ -17,6 +18,7 @@ import json
 import random
 import sys
 import time
+import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,27 @@ def _dags_folder(workdir: Path) -> Path:
         '    defaults={**embedded_defaults(), "review": "every_round"})\n'
     )
     return folder
+
+
+def gate_message(base_url: str, dag_id: str, run_id: str, detail: dict[str, Any], *, review: str) -> str:
+    """What the demo prints when a review gate opens: its subject and body (``detail``: the gate's
+    HITL detail from the REST API) and, with ``review="ui"`` (the gate is left open for you), where
+    to review the round's samples (the run's review desk) and where to answer the gate."""
+    from airflow_batchinfer.report import desk_url
+
+    rule = "=" * 100
+    lines = ["", rule, f"REVIEW GATE ({detail['subject']})", "", str(detail.get("body") or ""), rule]
+    if review == "ui":
+        dag, run = (urllib.parse.quote(p, safe="") for p in (dag_id, run_id))
+        actions = f"{base_url.rstrip('/')}/dags/{dag}/runs/{run}/required_actions"
+        lines += [
+            f"review the samples on the review desk:  {desk_url(base_url, dag_id, run_id)}",
+            "  (accept, retry or drop them one by one or by filter; the decisions apply when you answer)",
+            f"answer it on the Required Actions page: {actions}",
+            "  (Continue / Continue in place / Accept remaining / Stop; the form may change the next rounds'",
+            "   temperature, max_tokens, prompt template and system message)",
+        ]
+    return "\n".join(lines)
 
 
 def _progress(tis: list[dict[str, Any]], last: list[str]) -> None:
@@ -110,15 +133,7 @@ def run_airflow_demo(
             task_id = detail["task_instance"]["task_id"]
             if task_id not in shown:
                 shown.add(task_id)
-                print(
-                    "\n"
-                    + "=" * 100
-                    + f"\nREVIEW GATE ({detail['subject']})\n\n{detail['body']}\n"
-                    + "=" * 100
-                )
-                if review == "ui":
-                    url = f"{af.url}/dags/{DEMO_DAG}/runs/{run_id}/required_actions"
-                    print(f"answer it on the Required Actions page: {url}", flush=True)
+                print(gate_message(af.url, DEMO_DAG, run_id, detail, review=review), flush=True)
             if review == "ui":
                 return None
             slot = task_id.split(".")[0]

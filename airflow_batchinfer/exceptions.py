@@ -26,6 +26,11 @@ def check_known_fields(cls: type, data: dict[str, Any], what: str) -> None:
         raise ConfigError(f"unknown {what} {unknown}; known: {sorted(known)}")
 
 
+class ReviewError(ConfigError):
+    """A review request or decision is invalid (a bad cursor, an unknown action, a decision that names
+    neither ids nor a filter), or a review document cannot be read; the message says what and why."""
+
+
 class ParamsRefused(ConfigError):
     """A DAG run's params go beyond what the deployment allows (:mod:`airflow_batchinfer.limits`);
     nothing was started or written. ``reasons`` lists every refusal."""

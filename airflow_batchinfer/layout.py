@@ -13,6 +13,11 @@
     <root>/checkpoints/           in-place retry state     <root>/report/
     <root>/run.json               the run's settings       <root>/round-00/plan.json, <root>/tail/plan.json
     <root>/preflight/             the pre-flight sample and its projection
+    <root>/round-00/review/decisions.jsonl
+                                  reviewers' decisions on the round's rejected rows (accept, retry, drop)
+    <root>/round-01/reviewed/     round 1's pending set once those decisions took effect
+    <root>/dropped/               rows a review dropped out of the run (reviewed-r00-part-NNNNN..., each
+                                  with the decision and its note); accepted ones: results/reviewed-r00-...
 """
 
 from __future__ import annotations
@@ -73,6 +78,11 @@ class RunLayout:
     def report(self) -> str:
         return self._p("report")
 
+    @property
+    def dropped(self) -> str:
+        """Rows a review dropped out of the run, each with the reviewer's note."""
+        return self._p("dropped")
+
     def round(self, r: int) -> str:
         return self._p(f"round-{r:02d}")
 
@@ -123,3 +133,23 @@ class RunLayout:
 
     def checkpoints(self, r: int, shard_id: str) -> str:
         return join(self.root, "checkpoints", f"round-{r:02d}", shard_id)
+
+    def review(self, r: int) -> str:
+        """Round ``r``'s review of its rejected rows (:mod:`airflow_batchinfer.review`)."""
+        return join(self.round(r), "review")
+
+    def reviewed(self, r: int) -> str:
+        """Round ``r``'s pending set after a review's decisions took effect (what it runs then)."""
+        return join(self.round(r), "reviewed")
+
+    def decisions(self, r: int) -> str:
+        """The reviewers' decisions on round ``r``'s rejected rows, one JSON line each."""
+        return join(self.review(r), "decisions.jsonl")
+
+    def review_accepted(self, reviewed: int, shard_id: str) -> str:
+        """Where a pending shard's rows that the review of round ``reviewed`` accepted go."""
+        return join(self.results, f"reviewed-r{reviewed:02d}-{shard_id}{SHARD_SUFFIX}")
+
+    def review_dropped(self, reviewed: int, shard_id: str) -> str:
+        """Where a pending shard's rows that the review of round ``reviewed`` dropped go."""
+        return join(self.dropped, f"reviewed-r{reviewed:02d}-{shard_id}{SHARD_SUFFIX}")

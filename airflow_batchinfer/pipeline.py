@@ -5,7 +5,8 @@ jobs (infer_judge, infer → judge on the judge's own pool, or in place), close 
 report. The decisions and files are
 those of :mod:`airflow_batchinfer.rounds`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
-page); here ``review`` must be ``never``.
+page); here ``review`` must be ``never``, and a person may not judge (``{"type": "human"}``,
+``review_below_score``).
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ async def run_pipeline(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judge_pool``'s judge jobs."""
-    if cfg.review != "never":
-        raise ConfigError("review between rounds needs Airflow (the Required Actions page); use review=never")
+    if cfg.review != "never" or cfg.human_review:
+        raise ConfigError(
+            "review between rounds, a human judge and review_below_score need Airflow (the review gate and "
+            "the review page); here use review=never and an automated judge"
+        )
     if bool(cfg.judge_pool) != (judge_pool is not None):
         raise ConfigError("judge_pool is set in the run's settings but no judge pool client was given, "
                           "or the other way round")  # fmt: skip

@@ -4,10 +4,12 @@ rounds left in storage (plans, summaries, job manifests), plus the whole-run id 
 from __future__ import annotations
 
 import re
+import urllib.parse
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from airflow_batchinfer import charts
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import (
     ACCEPTED_BY_REVIEW,
@@ -22,6 +24,7 @@ from airflow_batchinfer.rounds import (
     read_doc,
     read_plan,
     read_summary,
+    review_applied,
     slots,
     write_doc,
 )
@@ -33,6 +36,8 @@ from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
 from airflow_batchinfer.storage.ranges import range_ids
 
+# A run some of whose round slots never planned or closed (an upstream task failed).
+INCOMPLETE = "incomplete"
 # How a run ended, from its stop reason; only "complete" is a normal completion.
 STATUS = {
     NOTHING_PENDING: "complete",
@@ -52,29 +57,45 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     in_place_ran = any(p.mode == "in_place" for p in ran)
     stop = stop or (IN_PLACE_DONE if in_place_ran else NOTHING_PENDING)
     status = STATUS[stop]
+    # Every slot plans (a skip too) and every round that ran closes: a run where one did not (an
+    # upstream task failed: the shard task, the pool setup, a plan or a close) has not finished.
+    unplanned = [s for s in slots(cfg.max_rounds) if s not in {p.slot for p in plans}]
+    unclosed = [p.slot for p in ran if read_summary(layout, p.round, so) is None]
+    reason = stop
+    if unplanned or unclosed:
+        status = INCOMPLETE
+        missing = ", ".join([*unplanned, *unclosed])
+        reason = f"the run did not finish: {missing} " + (
+            "not planned" if unplanned and not unclosed else "not planned or not closed"
+        )
     exhausted = sum(s.get("exhausted", 0) for s in rounds)
     if status == "complete" and exhausted:
         status = "exhausted"  # samples that used up max_attempts in place are not a normal completion
     failed = [f for s in rounds for f in s.get("failed_shards", [])]
     # What is still pending: the set the last round left, unless in place or acceptance took it.
     r_next = sum(1 for p in ran if p.mode == "rounds")
-    final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next, so)
+    final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else _pending(layout, r_next, status, so)
     id_field = cfg.id_field or "id"
     invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so, plans=plans)
-    if failed and len(failed) > cfg.max_failed_shards:
+    if failed and len(failed) > cfg.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
+    reviews = _reviews(layout, plans, so)
     report = {
         "run_root": cfg.run_root,
         "strategy": cfg.strategy,
         "status": status,
-        "stop_reason": stop,
+        "stop_reason": reason,
         "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
         "rounds": rounds,
         "plans": [p.as_dict() | {"shards": len(p.shards)} for p in plans],
         "approved": sum(s.get("approved", 0) for s in rounds),
-        "accepted_by_review": _count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0,
+        "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
+        + sum(int(a["accepted"]["count"]) for a in reviews),
+        "dropped_by_review": sum(int(a["dropped"]["count"]) for a in reviews),
+        "reviews": reviews,  # the reviewers' decisions per reviewed round, as they took effect
         "remaining_pending": sum(s["records"] for s in final_pending),
-        "remaining_pending_uri": layout.pending(r_next) if final_pending else None,
+        # where it is: what a review's decisions left pending, or the round's pending set
+        "remaining_pending_uri": _pending_uri(layout, r_next, so) if final_pending else None,
         "exhausted_in_place": exhausted,
         "failed_shards": failed,
         "max_failed_shards": cfg.max_failed_shards,
@@ -87,6 +108,20 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     for name, svg in plots(report).items():
         write_bytes(resolve(join(layout.report, name), so), svg)
     return report
+
+
+def _pending_uri(layout: RunLayout, r: int, so: StorageOptions | None) -> str:
+    return layout.reviewed(r) if review_applied(layout, r, so) else layout.pending(r)
+
+
+def _pending(layout: RunLayout, r: int, status: str, so: StorageOptions | None) -> list[ShardDescriptor]:
+    """What the run leaves pending; of an incomplete run, what is known (its invariant then fails)."""
+    try:
+        return pending_shards(layout, r, so)
+    except ConfigError:
+        if status != INCOMPLETE:
+            raise
+        return []
 
 
 def _count_rows(layout: RunLayout, prefix: str, so: StorageOptions | None) -> int:
@@ -163,6 +198,7 @@ def check_invariant(
     reads = _RangeIds(manifest, id_field, so)
     seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
     seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
+    seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
     for x in rounds:
         if x["mode"] == "in_place":
             seen += JsonlDir(layout.rejected_dir(x["round"]), storage_options=so).jsonl_files()
@@ -212,11 +248,20 @@ def _named(lists: Iterable[list[Any] | None]) -> list[Any]:
 def _accepted_ids(
     layout: RunLayout, plans: list[Plan] | None, so: StorageOptions | None
 ) -> list[IdDigest | None]:
-    """What a review accepted as it was: the digest its plan recorded (``[None]`` when unknown)."""
+    """What a review took out of the pending sets, by the digests its plans recorded (``[None]`` when
+    unknown): the rows accepted as they were, and those reviewers' decisions accepted or dropped."""
     if plans is None:  # the caller did not say: any accepted rows make the digests incomplete
         found = any(n.startswith("accepted-") for n in files.names(layout.results, so))
         return [None] if found else []
-    return [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
+    accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
+    # what reviewers' decisions took out of a pending set: accepted into results, or dropped
+    decided = [IdDigest.maybe(a.get(k)) for a in _reviews(layout, plans, so) for k in ("accepted", "dropped")]
+    return accepted + decided
+
+
+def _reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[dict[str, Any]]:
+    """What reviewers' decisions did, once per round whichever gate applied them."""
+    return [a for r in sorted({p.round for p in plans}) if (a := review_applied(layout, r, so))]
 
 
 def render_markdown(report: dict[str, Any]) -> str:
@@ -227,7 +272,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- strategy: {report['strategy']}; stopped because: **{report['stop_reason']}**",
         f"- input: {report['input']}",
         f"- approved: {report['approved']}; "
-        f"accepted by review: {report['accepted_by_review']}; still pending: {report['remaining_pending']}; "
+        f"accepted by review: {report['accepted_by_review']}; dropped by review: "
+        f"{report.get('dropped_by_review', 0)}; still pending: {report['remaining_pending']}; "
         f"exhausted in place: {report['exhausted_in_place']}",
         f"- quarantined shards: {len(report['failed_shards'])} (budget {report['max_failed_shards']})",
         f"- every input id accounted for exactly once: {report['invariant']['ok']}",
@@ -246,6 +292,14 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", "## Quarantined shards", ""]
         lines += [f"- round {f['round']} `{f['shard_id']}` ({f['phase']}): {f['error']}" for f in
                   report["failed_shards"]]  # fmt: skip
+    if report.get("reviews"):
+        head = "| round reviewed | decisions | accepted | retried | dropped |"
+        lines += ["", "## Review decisions", "", head, "| --- | --- | --- | --- | --- |"]
+        lines += [
+            f"| {v['round']} | {v['decisions']} | {v['counts']['accept']} | {v['counts']['retry']} | "
+            f"{v['counts']['drop']} |"
+            for v in report["reviews"]
+        ]
     lines += ["", "## Workers", "", "| worker | jobs | avg batch fill | engine busy s | tokens |"]
     lines += ["| --- | --- | --- | --- | --- |"]
     lines += [
@@ -313,8 +367,16 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
     }
 
 
-def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None, sample: int = 10) -> str:
-    """The markdown a reviewer sees on the Required Actions page before round slot ``proposal.plan``."""
+def review_body(
+    cfg: RunConfig,
+    proposal: Any,
+    so: StorageOptions | None = None,
+    sample: int = 10,
+    *,
+    desk: str | None = None,
+) -> str:
+    """The markdown a reviewer sees on the Required Actions page before round slot ``proposal.plan``;
+    ``desk`` is the URL of this gate on the review desk (:func:`desk_url`)."""
     layout = RunLayout(cfg.run_root)
     plan = proposal.plan
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
@@ -322,6 +384,15 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
     lines = [
         f"**Run** {_cell(cfg.run_root, 2000)} · strategy **{cfg.strategy}** · next: **{plan.slot}**",
         "",
+        *(
+            [
+                f"**[Review every sample on the review desk]({desk})**: accept, retry or drop them "
+                "one by one or by filter before you answer.",
+                "",
+            ]
+            if desk
+            else []
+        ),
         f"Round {last.get('round', '?')} approved **{last.get('approved', 0)}** of {last.get('pending', 0)} "
         f"({(last.get('approval_rate') or 0):.0%}); "
         f"**{plan.records or last.get('next_pending', 0)}** records "
@@ -372,8 +443,21 @@ def review_body(cfg: RunConfig, proposal: Any, so: StorageOptions | None = None,
     return "\n".join(lines)
 
 
+def desk_url(base_url: str, dag_id: str, run_id: str) -> str:
+    """A DAG run's tab on the review desk in the Airflow UI (the plugin's ``review-desk`` view), every
+    part percent-encoded: safe as a markdown link target whatever the ids hold."""
+    quoted = "/".join(urllib.parse.quote(p, safe="") for p in (dag_id, run_id))
+    dag, run = quoted.split("/")
+    return f"{base_url.rstrip('/')}/dags/{dag}/runs/{run}/plugin/review-desk"
+
+
 # Every ASCII punctuation character may be backslash-escaped in CommonMark, and then means itself.
 _MARKUP = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+
+
+# GitHub-flavoured markdown (the UI's) links bare URLs, www. names and e-mail addresses even when
+# escaped: a word joiner (U+2060, invisible) after "://", "www" and "@" keeps them text.
+_AUTOLINK = re.compile(r"(://|\bwww(?=\.)|@)", re.IGNORECASE)
 
 
 def _cell(value: Any, width: int = 80) -> str:
@@ -381,4 +465,4 @@ def _cell(value: Any, width: int = 80) -> str:
     image, a link or emphasis (the review page renders the body as markdown)."""
     text = " ".join(str("" if value is None else value).split())
     text = text if len(text) <= width else text[: width - 1] + "…"
-    return _MARKUP.sub(r"\\\1", text)
+    return _MARKUP.sub(r"\\\1", _AUTOLINK.sub("\\1\u2060", text))

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import itertools
 import logging
+import re
 import time
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -235,6 +236,9 @@ class Plan:
     # Settings a review changed for this round and the ones after it (see GATE_CHANGES), over
     # run.json's: inherited from the plan before, so a change holds until changed again.
     settings: dict[str, Any] | None = None
+    # What the reviewers' decisions on the previous round's rejected rows did when the gate was
+    # answered (:func:`airflow_batchinfer.review.apply.apply_decisions`): counts and id digests.
+    reviewed: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -322,8 +326,24 @@ def read_summary(layout: RunLayout, r: int, so: StorageOptions | None = None) ->
     return read_doc(layout.summary(r), "round summary", so)
 
 
-def pending_shards(layout: RunLayout, r: int, so: StorageOptions | None = None) -> list[ShardDescriptor]:
-    """Round ``r``'s input: the sharded dataset, or what round ``r - 1`` recompacted."""
+def review_applied(layout: RunLayout, r: int, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    """What reviewers' decisions did to round ``r``'s pending set (counts, accepted and dropped id
+    digests), once per round whichever gate applied them; ``None`` when none did."""
+    if r < 1:
+        return None
+    split = read_manifest(JsonlDir(layout.reviewed(r), storage_options=so))
+    return split.get("applied") if split is not None and split.get("state") == "complete" else None
+
+
+def pending_shards(
+    layout: RunLayout, r: int, so: StorageOptions | None = None, *, reviewed: bool = True
+) -> list[ShardDescriptor]:
+    """Round ``r``'s input: the sharded dataset, or what round ``r - 1`` recompacted; once a
+    review's decisions took effect (``reviewed``), what they left pending."""
+    if reviewed and r > 0:
+        split = read_manifest(JsonlDir(layout.reviewed(r), storage_options=so))
+        if split is not None and split.get("state") == "complete":
+            return [s for s in split.get("shards", []) if s["records"]]
     manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
     if manifest is None or manifest.get("state") != "complete":
         raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
@@ -335,6 +355,12 @@ def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Prop
     layout = RunLayout(cfg.run_root)
     all_slots = slots(cfg.max_rounds)
     if slot not in all_slots:
+        if re.fullmatch(r"round-\d{2}", slot) and int(slot[6:]) >= cfg.max_rounds:
+            # a DAG built with more round slots than this run's max_rounds: the slot has no round
+            r = sum(1 for s in all_slots[:-1] if (p := read_plan(layout, s, so)) and p.mode == "rounds")
+            return Proposal(
+                Plan(slot, r, "skip", reason=f"max_rounds is {cfg.max_rounds}: this slot is not used")
+            )
         raise ConfigError(f"round slot {slot!r} is not one of {all_slots}")
     prior = [p for s in all_slots[: all_slots.index(slot)] if (p := read_plan(layout, s, so))]
     r = sum(1 for p in prior if p.mode == "rounds")
@@ -374,8 +400,16 @@ def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Prop
     if r == 0 or (switched and plan.mode == "skip" and plan.stop is None):
         return Proposal(plan, last=last)  # nothing to review yet / the decision was already made
     approval = _approval(last)
-    review = cfg.review == "every_round" or (
-        cfg.review == "on_low_approval" and approval is not None and approval < cfg.review_min_approval
+    if any(p.review and p.round == r for p in prior):
+        return Proposal(plan, last=last)  # this round's gate was answered already (Continue in place)
+    if cfg.judge.get("type") == "human":
+        options = [o for o in options if o != CONTINUE_IN_PLACE]  # no person answers inside a job
+    review = (
+        cfg.review == "every_round"
+        or (cfg.review == "on_low_approval" and approval is not None and approval < cfg.review_min_approval)
+        # people judge: after a human-judged round, or one whose low-scored verdicts await them
+        or cfg.judge.get("type") == "human"
+        or bool((last or {}).get("for_review"))
     )
     return Proposal(plan, options if review else [], last)
 
@@ -397,17 +431,29 @@ def apply_choice(
 ) -> Plan:
     """Turn a review answer into the slot's plan (accepting copies the pending rows into results);
     ``changes`` (see :data:`GATE_CHANGES`) hold for this round and the next ones."""
+    from airflow_batchinfer.review.apply import apply_decisions  # the review package reads rounds
+
     plan = proposal.plan
     layout = RunLayout(cfg.run_root)
-    pending = plan.shards or pending_shards(layout, plan.round, so)
+    # The reviewers' decisions on the rejected rows take effect whatever the answer; the rest (retry)
+    # is what the answer acts on.
     review: dict[str, Any] = {"choice": choice, "by": by, "proposed": plan.mode,
                               "proposed_reason": plan.reason}  # fmt: skip
     settings = changed_settings(plan.settings, changes or {})
-    if settings != plan.settings:
+    if settings != plan.settings:  # refused before anything is written
         review["changes"] = {k: v for k, v in (changes or {}).items() if v is not None}
-        round_config(cfg, Plan(plan.slot, plan.round, plan.mode, settings=settings))  # refuse a bad one now
-    chosen = _apply_choice(cfg, layout, plan, pending, choice, by, review, so)
+        round_config(cfg, Plan(plan.slot, plan.round, plan.mode, settings=settings))
+    applied = apply_decisions(cfg, plan.round, pending_shards(layout, plan.round, so, reviewed=False), so)
+    pending = applied.shards if applied is not None else plan.shards or pending_shards(layout, plan.round, so)
+    if choice != ACCEPT or not pending:  # a retried gate task: an earlier "Accept remaining" is undone
+        _remove_accepted(layout, plan.round, set(), so)
+    if applied is not None and not pending and choice != STOP:  # every row decided: nothing to run
+        reason = f"{by} decided every pending row ({applied.counts})"
+        chosen = Plan(plan.slot, plan.round, "skip", reason=reason, stop=NOTHING_PENDING, review=review)
+    else:
+        chosen = _apply_choice(cfg, layout, plan, pending, choice, by, review, so)
     chosen.settings = settings
+    chosen.reviewed = applied.to_dict() if applied is not None else None
     return chosen
 
 
@@ -460,6 +506,8 @@ def accept_pending(
     """Copy round ``r``'s pending rows into ``results/accepted-rNN-…``, marked as accepted by review.
     Returns the count and digest of the ids copied (the plan records them for the report)."""
     accepted = IdDigest()
+    pending = list(pending)
+    _remove_accepted(layout, r, {f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst" for shard in pending}, so)
     for shard in pending:
         dst = join(layout.results, f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst")
         ids: list[Any] = []
@@ -471,11 +519,18 @@ def accept_pending(
     return accepted
 
 
+def _remove_accepted(layout: RunLayout, r: int, keep: set[str], so: StorageOptions | None) -> None:
+    """Rows an earlier answer to round ``r``'s gate accepted as they were, that this answer does not."""
+    for name in files.names(layout.results, so):
+        if name.startswith(f"accepted-r{r:02d}-") and name not in keep:
+            files.remove(join(layout.results, name), so)
+
+
 # --------------------------------------------------------------------------------------- close
 STALE = (
     "{uri} was written under other settings or for another input version: re-run the DAG run to recompute it"
 )
-ACCEPTED_FIELDS = ("counts", "ids", "tokens", "timings", "worker", "batcher", "engine")
+ACCEPTED_FIELDS = ("counts", "ids", "tokens", "timings", "worker", "batcher", "engine", "reason_groups")
 MAX_NAMED = 20  # ids named per list (lost, doubled, unexpected) in a summary or the report
 
 
@@ -593,6 +648,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     if plan.mode == "rounds":
         summary["rejected"] = counts.get("rejected", 0)
         summary["inference_errors"] = counts.get("inference_errors", 0)
+        summary["for_review"] = counts.get("for_review", 0)  # rejected rows that await people
         judged = {
             x.shard["shard_id"]: int(x.counts.get("rejected", 0)) for x in settled if x.counts is not None
         }

@@ -37,6 +37,8 @@ class RunConfig:
     # human review between rounds (Airflow only): never | every_round | on_low_approval
     review: str = "never"
     review_min_approval: float = 0.5
+    # an llm judge's verdicts scored below this (or without a score) go to people, not through
+    review_below_score: float | None = None
     # quarantined shards the run tolerates before its final state is failed
     max_failed_shards: int = 0
     # pre-flight sample (Airflow only): records to try first (0: off), and the GPU-hour budget
@@ -58,6 +60,17 @@ class RunConfig:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
+        judge_type = self.judge.get("type")
+        if judge_type == "human" and self.strategy != "rounds":
+            raise ConfigError(
+                f"a human judge judges between rounds on the review page: strategy {self.strategy!r} retries "
+                "in place, where no person can answer. Use strategy rounds"
+            )
+        if self.review_below_score is not None and judge_type != "llm":
+            raise ConfigError(
+                "review_below_score routes low-scored verdicts of an llm judge to people; the "
+                f"{judge_type!r} judge gives no scores. Remove it, or use an llm judge"
+            )
         if self.judge_pool == "":
             self.judge_pool = None  # an empty value: no pool of its own
         if self.judge_pool is not None and self.judge.get("type") != "llm":
@@ -88,7 +101,18 @@ class RunConfig:
         }
 
     def judge_params(self) -> dict[str, Any]:
-        return {"judge": self.judge, "chunk_size": self.chunk_size, "id_field": self.id_field or "id"}
+        review = {} if self.review_below_score is None else {"review_below_score": self.review_below_score}
+        return {
+            "judge": self.judge,
+            "chunk_size": self.chunk_size,
+            "id_field": self.id_field or "id",
+            **review,
+        }
+
+    @property
+    def human_review(self) -> bool:
+        """Whether people judge some of every round's samples: a human judge, or low-scored verdicts."""
+        return self.judge.get("type") == "human" or self.review_below_score is not None
 
     def in_place_params(self) -> dict[str, Any]:
         return {**self.infer_params(), "judge": self.judge, "max_attempts": self.max_attempts}

@@ -34,7 +34,7 @@ from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
 
 # airflow_batchinfer.judges.JUDGE_TYPES (not imported: keep this module light; a test compares them)
-JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
+JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
 RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
 
@@ -281,7 +281,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run(
         "judge", "object", {"type": "llm"},
         'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
-        '"json_schema", "length", "callable", "all" or "any" with their fields',
+        '"json_schema", "length", "callable", "all" or "any" with their fields; "human": people judge every '
+        "sample on the review page between rounds",
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON",
     ),
@@ -298,6 +299,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          enum=REVIEW_MODES),
     _run("review_min_approval", "number", 0.5, "on_low_approval: review a round that approves less than "
          "this share", minimum=0, maximum=1),
+    _run("review_below_score", "number", None, "an llm judge's verdicts scored below this (or without a "
+         "score) go to people on the review page instead of passing on their own; empty: none",
+         nullable=True, minimum=0, maximum=1),
     # shards
     _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each", minimum=1,
          flag="--records-per-shard"),

@@ -2,7 +2,8 @@
 
 Batch latency is ``a + b·tokens``; outputs are deterministic. As a judge (``metadata.role ==
 "judge"``) it answers a JSON verdict approving a record with probability ``approval_rate``, decided
-by a hash of (record id, attempt), so rounds and retries are reproducible. ``fail_marker`` makes any
+by a hash of (record id, attempt), with a ``score`` in [0, 1) hashed the same way, so rounds and
+retries are reproducible. ``fail_marker`` makes any
 request whose prompt contains it fail alone (to show a bad element fails only its record).
 """
 
@@ -66,7 +67,9 @@ class SimulatedEngine(Engine):
         meta = request.metadata
         if meta.get("role") == "judge":
             approved = stable_fraction(meta.get("record_id"), meta.get("attempt", 1)) < self.approval_rate
-            text = json.dumps({"approved": approved, "reason": "simulated verdict"})
+            # a confidence, also deterministic (review_below_score sends the low ones to people)
+            score = round(stable_fraction("score", meta.get("record_id"), meta.get("attempt", 1)), 3)
+            text = json.dumps({"approved": approved, "reason": "simulated verdict", "score": score})
         else:
             digest = hashlib.sha256(f"{prompt}\x1f{meta.get('attempt', 1)}".encode()).hexdigest()[:16]
             text = f"simulated answer {digest}"

@@ -23,6 +23,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
@@ -47,7 +48,7 @@ LLM_JUDGE_KEYS = frozenset(
         "stop",
     }
 )
-JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any")
+JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
 
 
 def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) -> Judge:
@@ -76,6 +77,10 @@ def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) ->
             return LLMJudge(
                 args.get("template") or DEFAULT_TEMPLATE, system=args.get("system"), sampling=sampling
             )
+        if kind == "human":
+            if args:
+                raise ConfigError(f"human judge: takes no fields, got {sorted(args)}")
+            return HumanJudge()
         if kind in ("all", "any"):
             return Combined(kind, [build_judge(s, callables=callables) for s in args.get("judges", [])])
         if kind == "callable":
@@ -97,6 +102,7 @@ def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) ->
 __all__ = [
     "JUDGE_TYPES",
     "CallablePolicy",
+    "HumanJudge",
     "Judge",
     "JudgeItem",
     "LLMJudge",

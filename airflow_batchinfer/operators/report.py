@@ -14,7 +14,7 @@ from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
-from airflow_batchinfer.report import build_report
+from airflow_batchinfer.report import INCOMPLETE, build_report
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import owned_run_config
 from airflow_batchinfer.sizing import SizingPlan
@@ -103,6 +103,11 @@ class RunReportOperator(BaseOperator):
         self.log.info("run %s: %s (%s); approved %d, pending %d; report: %s/report.md", cfg.run_root,
                       report["status"], report["stop_reason"], report["approved"],
                       report["remaining_pending"], layout.report)  # fmt: skip
+        if report["status"] == INCOMPLETE:
+            raise AirflowFailException(
+                f"{report['stop_reason']}. Remedy: see the failed task's log (shard, pool_setup, a plan or a "
+                "close), fix it and clear the DAG run: finished work is reused."
+            )
         if not report["invariant"]["ok"]:
             raise AirflowFailException(f"ids lost or doubled: {report['invariant']}; see {layout.report}")
         if report["status"] == "failed_shards":

@@ -28,7 +28,7 @@ from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
-from airflow_batchinfer.report import review_body
+from airflow_batchinfer.report import desk_url, review_body
 from airflow_batchinfer.rounds import (
     ACCEPT,
     CONTINUE,
@@ -74,6 +74,17 @@ def _descriptors(plan: Plan) -> list[dict[str, Any]]:
         return []
     extra = {"slot": plan.slot} if plan.settings else {}
     return [{**s, "round": plan.round, **extra} for s in plan.shards]
+
+
+def _desk(context: Context) -> str | None:
+    """This DAG run's review desk (the plugin's page in the Airflow UI)."""
+    from airflow.configuration import conf
+
+    ti = context.get("ti") if hasattr(context, "get") else None
+    base = conf.get("api", "base_url", fallback=None)
+    if ti is None or not base:
+        return None
+    return desk_url(base, ti.dag_id, ti.run_id)
 
 
 class RoundControllerOperator(HITLOperator):
@@ -173,7 +184,7 @@ class RoundControllerOperator(HITLOperator):
         for name, value in current_settings(round_config(cfg, plan)).items():
             self.params[GATE_PARAM.format(name)] = value  # the form shows what the next round runs
         self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({cfg.run_root})"
-        self.body = review_body(cfg, proposal, so)
+        self.body = review_body(cfg, proposal, so, desk=_desk(context))
         self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
         return super().execute(context)
 

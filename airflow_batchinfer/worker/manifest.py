@@ -7,6 +7,11 @@ order-independent digest of the ids the job read and wrote (``{"count", "sum"}``
 these, in O(shards), and opens only a shard whose digests disagree. The field is optional (schema
 version 1 unchanged): a manifest written before it existed has none, and close then reads that
 shard's files instead.
+
+Judge, infer_judge and in-place manifests also carry ``reason_groups``: ``{group: rows}`` of the rows
+the job rejected (in place: exhausted), by :func:`~airflow_batchinfer.review.reasons.reason_group`,
+the 64 most common and ``(other)`` with the rest. Optional too: older manifests have none, and the
+review page then reads that shard's rejected rows.
 """
 
 from __future__ import annotations

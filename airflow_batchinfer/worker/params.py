@@ -24,6 +24,8 @@ class JobParams:
     judge: Judge | None = None
     output_format: str = "rows"
     max_attempts: int = 3
+    # verdicts scored below this (or unscored) go to people: rejected, marked for_review
+    review_below: float | None = None
     checkpoint_every: int = 256
     checkpoint_interval_s: float = 5.0
     raw: Mapping[str, Any] = field(default_factory=dict)
@@ -64,6 +66,16 @@ def parse_params(
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
         common["judge"] = build_judge(params["judge"], callables=callables)
+        if kind == "in_place" and common["judge"].kind == "human":
+            raise ConfigError(
+                "a human judge cannot retry in place: people judge between rounds (strategy rounds)"
+            )
+        below = params.get("review_below_score")
+        if below is not None and (
+            isinstance(below, bool) or not isinstance(below, int | float) or not 0 <= below <= 1
+        ):
+            raise ConfigError(f"params.review_below_score must be a number in [0, 1], got {below!r}")
+        common["review_below"] = None if below is None else float(below)
     if kind == "infer":
         fmt = params.get("output_format", "rows")
         if fmt not in ("rows", "openai"):

@@ -115,6 +115,8 @@ class JobRegistry:
                 "ids": ctx.ids_doc(),  # per output file (and input): count and digest of the ids
                 "tokens": dict(ctx.tokens),
                 "round": ctx.params.round,
+                # what the outputs were generated with (a review may change it between rounds)
+                "sampling": spec.params.get("sampling"),
                 "fingerprint": fingerprint(spec, self.runtime.describe(), info),
                 "engine": self.runtime.describe(),
                 "worker": self.worker_name,
@@ -125,6 +127,8 @@ class JobRegistry:
                 },
                 "batcher": _delta(batch_before, self.runtime.batcher.stats),
             }
+            if spec.kind != "infer":  # the rejected rows' reason groups (the review page reads them)
+                manifest["reason_groups"] = ctx.reason_groups.as_dict()
             if ctx.committed:  # fenced outputs: where this attempt wrote them (close moves them)
                 manifest["committed"] = dict(ctx.committed)
             await asyncio.to_thread(

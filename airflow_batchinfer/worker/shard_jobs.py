@@ -13,6 +13,9 @@ completion manifest names the attempt and its files, and the round's close accep
 Accounting: next to its counts, a job digests the ids it reads (``input``) and those of every row
 it emits per output file (:data:`~airflow_batchinfer.worker.manifest.ID_OUTPUTS`); the manifest's
 ``ids`` carries them, and the round's close checks the invariant from them without reading rows.
+Judge, infer_judge and in-place jobs also count the reason groups of the rows they reject
+(:func:`~airflow_batchinfer.review.reasons.reason_group`), the manifest's ``reason_groups``: the review
+page shows a round's groups from them without reading its rows.
 """
 
 from __future__ import annotations
@@ -29,8 +32,10 @@ from typing import Any
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
+from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
 from airflow_batchinfer.prompts import PromptError
+from airflow_batchinfer.review.reasons import ReasonGroups
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
@@ -60,6 +65,13 @@ class JobContext:
     committed: dict[str, str] = field(default_factory=dict)
     # "input" and each output name -> the count and digest of its ids (the manifest's ``ids``).
     ids: dict[str, IdDigest] = field(default_factory=dict)
+    # The reason groups of the rows this job rejected (the manifest's ``reason_groups``).
+    reason_groups: ReasonGroups = field(default_factory=ReasonGroups)
+
+    def count_rejected(self, row: Mapping[str, Any]) -> None:
+        """Count a rejected (or, in place, exhausted) row's reason group."""
+        judgment = row.get("judgment")
+        self.reason_groups.add(str(judgment.get("reason") or "") if isinstance(judgment, dict) else "")
 
     def count_ids(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Add the ids of ``records`` (read, or emitted into output ``name``) to that digest."""
@@ -319,16 +331,35 @@ async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record,
     ]
 
 
+def _for_review(ctx: JobContext, verdict: Verdict) -> bool:
+    """Whether people judge this sample: a human judge's, or a verdict scored below the run's
+    ``review_below_score`` (or not scored at all: the judge's answer could not be read)."""
+    if isinstance(ctx.params.judge, HumanJudge):
+        return True
+    below = ctx.params.review_below
+    return below is not None and (verdict.score is None or verdict.score < below)
+
+
 async def _judged(ctx: JobContext, rows: list[Record]) -> list[Record]:
     """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted, and
     their ids digested per output)."""
     judged = []
     for row, verdict in await _judge_rows(ctx, rows):
-        status = "approved" if verdict.approved else "rejected"
+        judgment = verdict.as_dict()
         if row.get("status") == "error":
             ctx.counts["inference_errors"] += 1
+        elif _for_review(ctx, verdict):  # a person decides: held back from results, on the review page
+            if not isinstance(ctx.params.judge, HumanJudge):
+                judgment.update(
+                    approved=False, judge_approved=verdict.approved, reason=f"for review: {verdict.reason}"
+                )
+            judgment["for_review"] = True
+            ctx.counts["for_review"] += 1
+        status = "approved" if judgment["approved"] else "rejected"
         ctx.counts[status] += 1
-        judged.append({**row, "status": status, "judgment": verdict.as_dict()})
+        if status == "rejected":
+            ctx.reason_groups.add(judgment["reason"])
+        judged.append({**row, "status": status, "judgment": judgment})
     for name in ("approved", "rejected"):
         ctx.count_ids(name, (r for r in judged if r["status"] == name))
     return judged
@@ -386,6 +417,8 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
 
     async def finish(row: Record) -> None:
         ctx.counts[row["status"]] += 1
+        if row["status"] != "approved":
+            ctx.count_rejected(row)
         ctx.count_ids("approved" if row["status"] == "approved" else "rejected", (row,))
         await (approved_out if row["status"] == "approved" else rejected_out).write(row)
         ctx.progress.done += 1

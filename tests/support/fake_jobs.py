@@ -44,9 +44,8 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
-        judge={"type": "llm"},
         records_per_shard=10,
-        **settings,
+        **{"judge": {"type": "llm"}, **settings},
     )
     cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
     return cfg

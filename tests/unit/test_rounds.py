@@ -122,14 +122,19 @@ def test_review_choices(tmp_path: Path) -> None:
 
 
 def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(tmp_path: Path) -> None:
-    cfg = make_run(tmp_path, review="every_round", max_rounds=3, sampling={"temperature": 0.7, "max_tokens": 8})
+    cfg = make_run(
+        tmp_path, review="every_round", max_rounds=3, sampling={"temperature": 0.7, "max_tokens": 8}
+    )
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
     proposal = propose(cfg, "round-01")
     now = current_settings(round_config(cfg, proposal.plan))
     assert now == {"temperature": 0.7, "max_tokens": 8, "prompt_template": "{{ question }}", "system": None}
     answered = {"temperature": 1.1, "max_tokens": 8, "prompt_template": None, "system": "Be brief."}
     changes = gate_changes(now, answered)
-    assert changes == {"temperature": 1.1, "system": "Be brief."}  # unchanged and empty values are not changes
+    assert changes == {
+        "temperature": 1.1,
+        "system": "Be brief.",
+    }  # unchanged and empty values are not changes
     plan = apply_choice(cfg, proposal, CONTINUE, by="alice", changes=changes)
     assert plan.settings == changes and plan.review is not None and plan.review["changes"] == changes
     changed = round_config(cfg, plan)

@@ -1,0 +1,66 @@
+"""The review desk: a round's rejected samples for the people at the review gate between rounds.
+
+Pure Python over the package's storage layer (local paths and ``s3://`` alike), no Airflow:
+
+* :mod:`~airflow_batchinfer.review.reasons`: judge reasons normalised into groups, counted by the
+  workers into their completion manifests;
+* :mod:`~airflow_batchinfer.review.browse`: :class:`RoundView` pages, filters, samples and finds a
+  round's rejected rows straight from its shards, without loading the round;
+* :mod:`~airflow_batchinfer.review.decisions`: reviewers' decisions (accept, retry, drop) per
+  sample or in bulk, stored in ``round-NN/review/decisions.jsonl``.
+
+The Airflow page that shows them lives in the same package (its own modules import Airflow; these
+do not).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.review.browse import Page, RoundView, Sample, ShardRows, matches, trend
+    from airflow_batchinfer.review.decisions import (
+        ACTIONS,
+        Action,
+        Decision,
+        DecisionLog,
+        Resolver,
+        resolve,
+        tally,
+    )
+    from airflow_batchinfer.review.reasons import MAX_GROUPS, OTHER, ReasonGroups, reason_group
+
+# Imported on first use: the worker imports ``review.reasons`` alone, without the browsing side.
+_EXPORTS = {
+    "browse": ("Page", "RoundView", "Sample", "ShardRows", "matches", "trend"),
+    "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
+    "reasons": ("MAX_GROUPS", "OTHER", "ReasonGroups", "reason_group"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = [
+    "ACTIONS",
+    "MAX_GROUPS",
+    "OTHER",
+    "Action",
+    "Decision",
+    "DecisionLog",
+    "Page",
+    "ReasonGroups",
+    "Resolver",
+    "RoundView",
+    "Sample",
+    "ShardRows",
+    "matches",
+    "reason_group",
+    "resolve",
+    "tally",
+    "trend",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

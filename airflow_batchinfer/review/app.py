@@ -1,0 +1,690 @@
+"""The review desk's web app, mounted by the plugin (:mod:`airflow_batchinfer.plugin`) at
+``/batchinfer`` in Airflow's api-server.
+
+It reads a closed round's rejected rows (:mod:`airflow_batchinfer.review.browse`) and records what a
+reviewer decides about them (:mod:`airflow_batchinfer.review.decisions`) while the round's review
+gate — the ``round_NN.plan`` / ``tail.plan`` task of a DAG run, waiting on the Required Actions page
+— is open. Continue / Stop is still answered on the Required Actions page.
+
+Where things come from:
+
+- **Who**: Airflow's own login (``get_user`` on the whole app: the UI's ``_token`` cookie or a
+  Bearer token); no second login.
+- **May read**: GET on the DAG's HITL details (the same permission the Required Actions page needs).
+  **May decide**: PUT on them and, when the gate names ``assigned_users``, being one of them — the
+  checks Airflow makes before it accepts an answer to the gate.
+- **Which storage**: the plan task's *rendered* ``run_root`` and ``aws_conn_id``, stored by Airflow
+  when the task ran (``rendered_task_instance_fields``), and checked against the run root's
+  ``owner.json``. A request names a DAG run, never a path.
+- **Which round**: the gate of slot ``round_NN`` reviews round NN-1; the ``tail`` gate reviews the
+  last round the plans in storage ran.
+
+Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
+
+    GET  /review/                                   the page (HTML); /review/static/<file>: its JS and CSS
+    GET  /api/gates[?dag_id=&run_id=]               open review gates the user may read
+    GET  /api/gates/{dag_id}/{run_id}               the run's gate (open, else its last one) and rounds
+    GET  /api/gates/{dag_id}/{run_id}/summary       counts, reason groups, trend       [?round=]
+    GET  /api/gates/{dag_id}/{run_id}/trend.svg     the trend plot (image/svg+xml)
+    GET  /api/gates/{dag_id}/{run_id}/page          ?cursor=&size=&group=&text=&round=
+    GET  /api/gates/{dag_id}/{run_id}/sample        ?n=&seed=&round=
+    GET  /api/gates/{dag_id}/{run_id}/sample/{id}   one sample by id                    [?round=]
+    GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
+    POST /api/gates/{dag_id}/{run_id}/decisions     {"action", "ids" | "filter", "note"} (open gate only)
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field, is_dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+from urllib.parse import quote
+
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
+from airflow.api_fastapi.common.db.common import SessionDep
+from airflow.api_fastapi.core_api.security import GetUserDep, get_user, requires_access_dag
+from airflow.models.dag import DagModel
+from airflow.models.dagrun import DagRun
+from airflow.models.hitl import HITLDetail
+from airflow.models.renderedtifields import RenderedTaskInstanceFields as RTIF
+from airflow.models.taskinstance import TaskInstance as TI
+from airflow.utils.state import TaskInstanceState
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import and_, select
+from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewError
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.review.browse import RoundView, trend
+from airflow_batchinfer.review.decisions import Decision, DecisionLog, Resolver, tally
+from airflow_batchinfer.rounds import TAIL, read_plan, read_run_config, read_summary, slots
+from airflow_batchinfer.run_owner import RunIdentity, parse_owner, read_owner
+
+PAGE_DIR = Path(__file__).parent / "page"
+STATIC_FILES = {"page.js": "text/javascript", "page.css": "text/css"}
+MAX_PAGE = 200  # rows per page, and samples per draw
+MAX_TEXT = 200  # characters of a search text or a group name
+MAX_IDS = 10_000  # ids in one decision
+MAX_NOTE = 2_000
+# A gate of ours: the plan task of a round slot (task group round_NN or tail, maybe in a group).
+PLAN_TASK = re.compile(r"(?:^|\.)(?:round_(?P<n>\d+)|(?P<tail>tail))\.plan$")
+OPEN_STATES = (TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)
+SO_TTL_S = 300.0  # how long storage options made from a connection are reused
+VIEW_TTL_S, MAX_VIEWS = 600.0, 32  # round views kept (each knows its round's shards and counts)
+
+# The page under a Content-Security-Policy: its own scripts and styles, same-origin requests only,
+# nothing from elsewhere (an image link in a model's output could not load even if rendered).
+PAGE_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'self'"
+)
+SVG_CSP = "default-src 'none'; style-src 'unsafe-inline'"
+
+
+# ----------------------------------------------------------------------------- gates and runs
+@dataclass
+class Gate:
+    """One review gate: the HITL request of a plan task."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int
+    subject: str
+    created_at: datetime | None
+    assigned_users: list[dict[str, str]]
+    state: str | None
+    open: bool
+    rendered: dict[str, Any] = field(default_factory=dict)
+    round: int | None = None
+    error: str | None = None
+
+    @property
+    def slot(self) -> str:
+        m = PLAN_TASK.search(self.task_id)
+        if m is None:  # pragma: no cover - filtered out by the query
+            raise ValueError(self.task_id)
+        return TAIL if m.group("tail") else f"round-{int(m.group('n')):02d}"
+
+    @property
+    def run_root(self) -> str | None:
+        root = self.rendered.get("run_root")
+        return root if isinstance(root, str) and root else None
+
+    @property
+    def aws_conn_id(self) -> str | None:
+        conn = self.rendered.get("aws_conn_id")
+        return conn if isinstance(conn, str) and conn and conn != "None" else None
+
+    def required_actions_path(self) -> str:
+        """The gate's Required Actions page, relative to the Airflow UI's base URL."""
+        q = functools.partial(quote, safe="")
+        return (
+            f"dags/{q(self.dag_id)}/runs/{q(self.run_id)}/tasks/{q(self.task_id)}/required_actions"
+            f"?map_index={self.map_index}"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dag_id": self.dag_id,
+            "run_id": self.run_id,
+            "task_id": self.task_id,
+            "map_index": self.map_index,
+            "slot": self.slot,
+            "subject": self.subject,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+            "open": self.open,
+            "state": self.state,
+            "run_root": self.run_root,
+            "round": self.round,
+            "assigned_users": self.assigned_users,
+            "required_actions_path": self.required_actions_path(),
+            "error": self.error,
+        }
+
+
+def _gates(
+    session: Session, *, dag_id: str | None = None, run_id: str | None = None, open_only: bool = True
+) -> list[Gate]:
+    """Review gates of our plan tasks, oldest first: HITL requests joined with their task instance
+    and the task's rendered fields (the way Airflow's own HITL routes join them)."""
+    query = (
+        select(
+            HITLDetail.subject,
+            HITLDetail.created_at,
+            HITLDetail.assignees,
+            HITLDetail.responded_at,
+            TI.dag_id,
+            TI.run_id,
+            TI.task_id,
+            TI.map_index,
+            TI.state,
+            RTIF.rendered_fields,
+        )
+        .select_from(HITLDetail)
+        .join(TI, HITLDetail.ti_id == TI.id)
+        .outerjoin(
+            RTIF,
+            and_(
+                RTIF.dag_id == TI.dag_id,
+                RTIF.run_id == TI.run_id,
+                RTIF.task_id == TI.task_id,
+                RTIF.map_index == TI.map_index,
+            ),
+        )
+        .where(TI.task_id.like("%.plan"))
+        .order_by(HITLDetail.created_at)
+    )
+    if open_only:
+        query = query.where(HITLDetail.responded_at.is_(None), TI.state.in_(OPEN_STATES))
+    if dag_id is not None:
+        query = query.where(TI.dag_id == dag_id)
+    if run_id is not None:
+        query = query.where(TI.run_id == run_id)
+    out = []
+    for row in session.execute(query):
+        if not PLAN_TASK.search(row.task_id):
+            continue
+        rendered = row.rendered_fields if isinstance(row.rendered_fields, dict) else {}
+        open_ = row.responded_at is None and row.state in OPEN_STATES
+        out.append(
+            Gate(
+                dag_id=row.dag_id,
+                run_id=row.run_id,
+                task_id=row.task_id,
+                map_index=row.map_index,
+                subject=row.subject,
+                created_at=row.created_at,
+                assigned_users=[
+                    {"id": str(u.get("id")), "name": str(u.get("name") or u.get("id"))}
+                    for u in (row.assignees or [])
+                    if isinstance(u, dict)
+                ],
+                state=str(row.state) if row.state is not None else None,
+                open=open_,
+                rendered=rendered,
+            )
+        )
+    return out
+
+
+_so_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+_so_lock = threading.Lock()
+
+
+def storage_options(aws_conn_id: str | None) -> dict[str, Any]:
+    """fsspec options from the plan task's AWS connection (reused for a few minutes)."""
+    if not aws_conn_id:
+        return {}
+    with _so_lock:
+        hit = _so_cache.get(aws_conn_id)
+        if hit and time.monotonic() - hit[0] < SO_TTL_S:
+            return hit[1]
+    from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+
+    so = storage_options_from_aws_conn(aws_conn_id)
+    with _so_lock:
+        _so_cache[aws_conn_id] = (time.monotonic(), so)
+    return so
+
+
+def reviewed_round(slot: str, run_root: str, so: dict[str, Any]) -> int:
+    """The round a gate in ``slot`` reviews: ``round-NN`` → NN-1; ``tail`` → the last round the
+    plans in storage ran (the tail runs under the next round number)."""
+    if slot != TAIL:
+        return int(slot.split("-")[1]) - 1
+    layout = RunLayout(run_root)
+    cfg = read_run_config(run_root, so)
+    ran = sum(
+        1
+        for s in slots(cfg.max_rounds)
+        if s != TAIL and (p := read_plan(layout, s, so)) and p.mode == "rounds"
+    )
+    return ran - 1
+
+
+@dataclass
+class RunContext:
+    """A DAG run the desk can show: its gate and where its storage is."""
+
+    dag_id: str
+    run_id: str
+    gate: Gate
+    run_root: str
+    so: dict[str, Any]
+    round: int | None
+
+
+def _resolve_gate(gate: Gate) -> None:
+    """Fill in a gate's round from storage (an error is kept on the gate, not raised)."""
+    if gate.run_root is None:
+        gate.error = "the plan task has no rendered run_root"
+        return
+    try:
+        gate.round = reviewed_round(gate.slot, gate.run_root, storage_options(gate.aws_conn_id))
+    except Exception as exc:  # storage unreachable, a document of an unknown version, ...
+        gate.error = f"{type(exc).__name__}: {exc}"
+
+
+def run_context(session: Session, dag_id: str, run_id: str) -> RunContext:
+    """The run's open gate (or, once answered, its latest one) with the run root from Airflow."""
+    gates = _gates(session, dag_id=dag_id, run_id=run_id, open_only=False)
+    if not gates:
+        exists = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        what = "no review gate has opened in this DAG run" if exists else "no such DAG run"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{dag_id}/{run_id}: {what}")
+    open_gates = [g for g in gates if g.open]
+    gate = open_gates[-1] if open_gates else gates[-1]
+    if gate.run_root is None:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"{dag_id}/{run_id}: the gate's task {gate.task_id} has no rendered run_root (not a "
+            "batchinfer round controller, or its rendered fields were not stored)",
+        )
+    so = storage_options(gate.aws_conn_id)
+    try:
+        owner = parse_owner(read_owner(gate.run_root, so))
+    except (ConfigError, ValueError) as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"{gate.run_root}: {exc}") from exc
+    if owner is None:  # every run root a DAG run works in names it (its shard task claims it)
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"{dag_id}/{run_id}: {gate.run_root} has no owner.json: not this run's root",
+        )
+    if owner != RunIdentity(dag_id, run_id):
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"{dag_id}/{run_id}: its run root {gate.run_root} now belongs to the DAG run {owner}",
+        )
+    try:
+        r = reviewed_round(gate.slot, gate.run_root, so)
+    except ConfigError as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"{gate.run_root}: {exc}") from exc
+    gate.round = r
+    return RunContext(dag_id, run_id, gate, gate.run_root, so, r if r >= 0 else None)
+
+
+# ------------------------------------------------------------------------------------- access
+def may_read(user: Any, dag_id: str, team_name: str | None = None) -> bool:
+    return bool(
+        get_auth_manager().is_authorized_dag(
+            method="GET",
+            access_entity=DagAccessEntity.HITL_DETAIL,
+            details=DagDetails(id=dag_id, team_name=team_name),
+            user=user,
+        )
+    )
+
+
+def _user_name(user: Any) -> str:
+    name = user.get_name() if hasattr(user, "get_name") else None
+    return str(name or user.get_id())
+
+
+def check_respondent(gate: Gate, user: Any) -> None:
+    """A gate with ``assigned_users`` takes decisions only from them (as Airflow takes answers)."""
+    if not gate.assigned_users:
+        return
+    ids = {u["id"] for u in gate.assigned_users}
+    if not get_auth_manager().is_authorized_hitl_task(assigned_users=ids, user=user):
+        names = ", ".join(sorted(u["name"] for u in gate.assigned_users))
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN,
+            f"User={_user_name(user)} (id={user.get_id()}) is not among this gate's assigned users "
+            f"({names}): only they may record decisions",
+        )
+
+
+ReadDag = Depends(requires_access_dag("GET", DagAccessEntity.HITL_DETAIL))
+DecideDag = Depends(requires_access_dag("PUT", DagAccessEntity.HITL_DETAIL))
+
+
+# ---------------------------------------------------------------------------------- the tally
+TALLY_SCAN_MAX = 200_000  # rows a text filter's tally may read on a request; beyond: at the answer
+_tallies: OrderedDict[tuple[str, int, int], dict[str, int]] = OrderedDict()
+_tallies_lock = threading.Lock()
+
+
+def _tally(ctx: RunContext, r: int, log: list[Decision]) -> dict[str, int] | str:
+    """How many rows each action takes, once per state of the log (the page asks after every
+    decision). A text filter must render and search every row: over a large round that is left to
+    the gate's answer, which applies the decisions anyway, and the page says so."""
+    key = (ctx.run_root, r, len(log))
+    with _tallies_lock:
+        if key in _tallies:
+            return _tallies[key]
+    view = _view(ctx, r)
+    if Resolver(log).needs_prompts and view.total() > TALLY_SCAN_MAX:
+        return f"counted when the gate is answered (a text filter over {view.total():,} rows)"
+    counts: dict[str, int] = {str(k): v for k, v in tally(log, view).items()}
+    with _tallies_lock:
+        _tallies[key] = counts
+        while len(_tallies) > MAX_VIEWS:
+            _tallies.popitem(last=False)
+    return counts
+
+
+# ---------------------------------------------------------------------------------- the data
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return asdict(obj)
+    return obj
+
+
+def _round_of(ctx: RunContext, requested: int | None) -> int:
+    r = ctx.round if requested is None else requested
+    if r is None or r < 0:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{ctx.dag_id}/{ctx.run_id}: no round has closed yet")
+    if ctx.round is not None and r > ctx.round:
+        raise HTTPException(
+            status.HTTP_404_NOT_FOUND, f"round {r} has not closed (the gate reviews round {ctx.round})"
+        )
+    return r
+
+
+_views: OrderedDict[tuple[str, int, str], tuple[float, RoundView]] = OrderedDict()
+_views_lock = threading.Lock()
+
+
+def _view(ctx: RunContext, r: int) -> RoundView:
+    """The round's view, shared between requests for a while: a view learns the round's shards and
+    counts once (one document per shard), and a closed round's rejected rows do not change."""
+    key = (ctx.run_root, r, repr(sorted(ctx.so.items())))
+    now = time.monotonic()
+    with _views_lock:
+        hit = _views.get(key)
+        if hit and now - hit[0] < VIEW_TTL_S:
+            _views.move_to_end(key)
+            return hit[1]
+        view = RoundView(ctx.run_root, r, so=ctx.so)
+        _views[key] = (now, view)
+        while len(_views) > MAX_VIEWS:
+            _views.popitem(last=False)
+        return view
+
+
+class DecisionFilter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: str | None = Field(default=None, max_length=MAX_TEXT)
+    text: str | None = Field(default=None, max_length=MAX_TEXT)
+
+
+class DecisionIn(BaseModel):
+    """A decision on the selected samples (``ids``) or on every sample matching ``filter``."""
+
+    model_config = ConfigDict(extra="forbid")
+    action: Literal["accept", "retry", "drop"]
+    ids: list[str | int] | None = Field(default=None, max_length=MAX_IDS)
+    filter: DecisionFilter | None = None
+    note: str = Field(default="", max_length=MAX_NOTE)
+    round: int | None = None  # if given, must be the gate's round (a stale page is refused)
+
+
+# --------------------------------------------------------------------------------------- app
+def create_app() -> FastAPI:
+    from airflow.api_fastapi.core_api.security import auth_manager_from_app
+
+    app = FastAPI(
+        title="Batch inference review desk",
+        dependencies=[Depends(get_user)],
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    # Dependencies that read request.app.state.auth_manager would see this app's state.
+    app.dependency_overrides[auth_manager_from_app] = get_auth_manager
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body')}: {e.get('msg')}"
+            for e in exc.errors()
+        ]
+        return JSONResponse({"detail": "; ".join(errors) or "bad request"}, status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 401 and request.url.path.rstrip("/").endswith("/review"):
+            return HTMLResponse(_LOGIN_PAGE, status_code=401, headers={"Content-Security-Policy": PAGE_CSP})
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(ReviewError)
+    async def _review_error(request: Request, exc: ReviewError) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=400)  # a bad cursor, count, filter, ...
+
+    @app.exception_handler(BatchInferError)
+    async def _batchinfer_error(request: Request, exc: BatchInferError) -> JSONResponse:
+        # a document of a version this code does not know, a run root that is not a run, ...
+        return JSONResponse({"detail": f"{type(exc).__name__}: {exc}"}, status_code=409)
+
+    @app.exception_handler(OSError)
+    async def _storage_error(request: Request, exc: OSError) -> JSONResponse:
+        return JSONResponse({"detail": f"storage: {type(exc).__name__}: {exc}"}, status_code=502)
+
+    @app.middleware("http")
+    async def _headers(request: Request, call_next: Any) -> Response:
+        response: Response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    # ---------------------------------------------------------------------------- the page
+    @app.get("/review/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(
+            PAGE_DIR / "index.html", media_type="text/html", headers={"Content-Security-Policy": PAGE_CSP}
+        )
+
+    @app.get("/review/static/{name}", include_in_schema=False)
+    def static(name: str) -> FileResponse:
+        if name not in STATIC_FILES:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, "no such file")
+        return FileResponse(PAGE_DIR / name, media_type=STATIC_FILES[name])
+
+    # --------------------------------------------------------------------------- the gates
+    @app.get("/api/gates")
+    def list_gates(
+        user: GetUserDep,
+        session: SessionDep,
+        dag_id: Annotated[str | None, Query(max_length=250)] = None,
+        run_id: Annotated[str | None, Query(max_length=250)] = None,
+    ) -> dict[str, Any]:
+        gates = _gates(session, dag_id=dag_id, run_id=run_id)
+        dag_ids = sorted({g.dag_id for g in gates})
+        teams = DagModel.get_dag_id_to_team_name_mapping(dag_ids, session=session) if dag_ids else {}
+        readable = {d for d in dag_ids if may_read(user, d, teams.get(d))}
+        out = []
+        for gate in gates:
+            if gate.dag_id in readable and gate.run_root is not None:
+                _resolve_gate(gate)
+                out.append(gate.to_dict())
+        return {"gates": out, "total_entries": len(out)}
+
+    @app.get("/api/gates/{dag_id}/{run_id}", dependencies=[ReadDag])
+    def get_gate(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        return {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "run_root": ctx.run_root,
+            "round": ctx.round,
+            "gate": ctx.gate.to_dict(),
+        }
+
+    @app.get("/api/gates/{dag_id}/{run_id}/summary", dependencies=[ReadDag])
+    def summary(
+        dag_id: str, run_id: str, session: SessionDep, round: Annotated[int | None, Query(ge=0)] = None
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        r = _round_of(ctx, round)
+        view = _view(ctx, r)
+        groups = view.groups()
+        doc = read_summary(RunLayout(ctx.run_root), r, ctx.so) or {}
+        counts = {k: doc.get(k) for k in ("pending", "approved", "rejected", "failed_records") if k in doc}
+        return {
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "round": r,
+            "gate_round": ctx.round,
+            "total": view.total(),
+            "counts": counts,
+            "groups": [{"group": g, "count": n} for g, n in groups.items()],  # most common first
+            "trend": trend(ctx.run_root, so=ctx.so),
+        }
+
+    @app.get("/api/gates/{dag_id}/{run_id}/trend.svg", dependencies=[ReadDag])
+    def trend_svg(dag_id: str, run_id: str, session: SessionDep) -> Response:
+        ctx = run_context(session, dag_id, run_id)
+        svg = trend_chart(trend(ctx.run_root, so=ctx.so))
+        return Response(svg, media_type="image/svg+xml", headers={"Content-Security-Policy": SVG_CSP})
+
+    @app.get("/api/gates/{dag_id}/{run_id}/page", dependencies=[ReadDag])
+    def browse(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        cursor: Annotated[str | None, Query(max_length=1000)] = None,
+        size: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
+        group: Annotated[str | None, Query(max_length=MAX_TEXT)] = None,
+        text: Annotated[str | None, Query(max_length=MAX_TEXT)] = None,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        r = _round_of(ctx, round)
+        page = _view(ctx, r).page(cursor or None, size=size, group=group or None, text=text or None)
+        return {
+            "round": r,
+            "samples": [_jsonable(s) for s in page.samples],
+            "cursor": page.cursor,
+            "scanned": page.scanned,
+            "total": page.total,
+        }
+
+    @app.get("/api/gates/{dag_id}/{run_id}/sample", dependencies=[ReadDag])
+    def sample(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        n: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
+        seed: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        r = _round_of(ctx, round)
+        samples = _view(ctx, r).sample(n=n, seed=seed)
+        return {"round": r, "seed": seed, "samples": [_jsonable(s) for s in samples]}
+
+    @app.get("/api/gates/{dag_id}/{run_id}/sample/{sample_id:path}", dependencies=[ReadDag])
+    def find(
+        dag_id: str,
+        run_id: str,
+        sample_id: str,
+        session: SessionDep,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        r = _round_of(ctx, round)
+        found = _view(ctx, r).find(sample_id)
+        if found is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no sample {sample_id!r} in round {r}")
+        return {"round": r, "sample": _jsonable(found)}
+
+    # ------------------------------------------------------------------------ the decisions
+    @app.get("/api/gates/{dag_id}/{run_id}/decisions", dependencies=[ReadDag])
+    def decisions(
+        dag_id: str, run_id: str, session: SessionDep, round: Annotated[int | None, Query(ge=0)] = None
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        r = _round_of(ctx, round)
+        log = DecisionLog(ctx.run_root, r, ctx.so).read()
+        return {
+            "round": r,
+            "decisions": [d.to_dict() for d in log],
+            "tally": _tally(ctx, r, log),  # how many of the round's rows each action takes
+            "open": ctx.gate.open and r == ctx.round,
+        }
+
+    @app.post("/api/gates/{dag_id}/{run_id}/decisions", dependencies=[DecideDag], status_code=201)
+    def decide(
+        dag_id: str, run_id: str, body: DecisionIn, user: GetUserDep, session: SessionDep
+    ) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id)
+        if not ctx.gate.open:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"{dag_id}/{run_id}: no review gate is open; decisions are recorded only while one waits",
+            )
+        check_respondent(ctx.gate, user)
+        if ctx.round is None:
+            raise HTTPException(status.HTTP_409_CONFLICT, "the gate reviews no closed round")
+        if body.round is not None and body.round != ctx.round:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"the open gate reviews round {ctx.round}, not round {body.round}: reload the page",
+            )
+        if (body.ids is None) == (body.filter is None):
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "give either ids (the selection) or a filter")
+        if body.ids is not None and not body.ids:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST, "no ids selected")
+        flt = None
+        if body.filter is not None:
+            flt = {k: v for k, v in body.filter.model_dump().items() if v}
+        decision = Decision.make(
+            ctx.round, body.action, _user_name(user), note=body.note, ids=body.ids or (), filter=flt
+        )  # validated: a ReviewError is a 400
+        log = DecisionLog(ctx.run_root, ctx.round, ctx.so)
+        log.append(decision)
+        return {"round": ctx.round, "decision": decision.to_dict(), "decisions": len(log.read())}
+
+    return app
+
+
+@functools.cache
+def get_app() -> FastAPI:
+    """The one app of this process (the plugin asks for it on every plugin load)."""
+    return create_app()
+
+
+def trend_chart(rows: list[dict[str, Any]]) -> str:
+    """The trend plot: records pending and approved per closed round, and the approval rate."""
+    from airflow_batchinfer.charts import Series, bar_chart, line_chart, side_by_side
+
+    rounds = [row.get("round") for row in rows]
+    counts = bar_chart(
+        rounds,
+        [
+            Series("pending", [row.get("pending") for row in rows], color="#bbb"),
+            Series("approved", [row.get("approved") for row in rows], color="#2a7"),
+        ],
+        overlay=True,
+        title="records per round",
+        x_label="round",
+    )
+    rate = line_chart(
+        rounds,
+        [Series("approval rate", [row.get("approval_rate") for row in rows], color="#1f77b4")],
+        title="approval rate",
+        x_label="round",
+        y_range=(0, 1),
+    )
+    return side_by_side(counts, rate)
+
+
+_LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>Review desk: sign in</title></head>
+<body><h1>Review desk</h1><p>Not signed in. Sign in to Airflow, then open the run's
+<b>Review desk</b> tab (or Browse → Review desk).</p></body></html>
+"""

@@ -1,0 +1,689 @@
+"""Browsing a round's rejected rows straight from its shards, never loading the round.
+
+:class:`RoundView` knows the round's rejected shards (``round-NN/rejected/part-*.jsonl.zst``) and
+their row counts from what the round's close accepted (``jobs/<shard>.<kind>.accepted.json``: the
+count of the rejected file's id digest), in O(shards) and without reading a row. From these counts:
+
+* an unfiltered page seeks straight to its cursor's shard and row (a zstd shard is decompressed
+  from its start up to there: shards are a few 10k rows; nothing is parsed before the cursor);
+* a filtered page (reason group, text) scans forward from its cursor and stops after ``size``
+  matches or ``scan_limit`` rows read, returning a cursor to go on from; shards whose job counted no
+  row of the group (the manifests' ``reason_groups``) are skipped unread;
+* a seeded random sample draws positions over the whole round and reads each touched shard once;
+* the reason groups are the manifests' counts added up (a shard whose manifest has none is read).
+
+Every row is read through the package's storage layer, so local paths and ``s3://`` work alike.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import json
+import random
+import re
+import threading
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, cast
+
+import orjson
+
+from airflow_batchinfer.exceptions import BatchInferError, ReviewError
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
+from airflow_batchinfer.review.reasons import OTHER, ReasonGroups, reason_group
+from airflow_batchinfer.rounds import read_doc, read_run_config, read_summary
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage.digest import LineIds
+from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.records import parse_record
+from airflow_batchinfer.worker.manifest import manifest_ids, read_job_manifest
+
+__all__ = ["Page", "RoundView", "Sample", "ShardRows", "matches", "trend"]
+
+# Fields a job adds to an input record (the rest of a row is the record as the round read it).
+OUTPUT_FIELDS = frozenset(
+    {"result", "status", "error", "judgment", "attempts", "round", "accepted_by_review"}
+)
+MAX_PAGE = 1_000  # samples one page or one random sample returns at most
+DOC_THREADS = 16  # documents read at once (one per shard: object stores answer in parallel)
+_CURSOR = re.compile(r"^s(\d+):(\d+)$")
+TREND_FIELDS = (
+    "round", "slot", "mode", "pending", "approved", "rejected", "exhausted", "inference_errors",
+    "failed_records", "next_pending", "approval_rate",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One rejected row as the review page shows it.
+
+    ``position`` is the row's index within its shard's rejected file; ``prompt`` is rendered from the
+    row's input fields with the run's ``prompt_template`` and ``system`` as the worker renders it
+    (``None`` when it cannot be); ``output`` is the row's ``result``; ``group`` the reason's
+    :func:`~airflow_batchinfer.review.reasons.reason_group`; ``record`` the input fields (the row
+    without ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``)."""
+
+    id: str
+    shard_id: str
+    position: int
+    round: int
+    attempts: int
+    prompt: str | None
+    output: str | None
+    approved: bool
+    reason: str
+    score: float | None
+    group: str
+    record: dict[str, Any]
+    status: str = "rejected"
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "shard_id": self.shard_id,
+            "position": self.position,
+            "round": self.round,
+            "attempts": self.attempts,
+            "prompt": self.prompt,
+            "output": self.output,
+            "approved": self.approved,
+            "reason": self.reason,
+            "score": self.score,
+            "group": self.group,
+            "record": dict(self.record),
+            "status": self.status,
+            "error": self.error,
+        }
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of samples. ``cursor`` continues after it (``None``: the round's end); ``scanned`` is
+    the number of rows read to fill it; ``total`` the rows the filter selects, when known without a
+    scan (unfiltered: the round's rejected rows; a group alone: its count from the manifests)."""
+
+    samples: list[Sample]
+    cursor: str | None
+    scanned: int
+    total: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples": [s.to_dict() for s in self.samples],
+            "cursor": self.cursor,
+            "scanned": self.scanned,
+            "total": self.total,
+        }
+
+
+class ShardRows(NamedTuple):
+    """One rejected shard of the round: its id, its file's URI and its row count."""
+
+    shard_id: str
+    uri: str
+    rows: int
+
+
+def matches(sample: Sample, group: str | None = None, text: str | None = None) -> bool:
+    """Whether ``sample`` is selected by a filter: ``group`` equals its reason group (when given), and
+    ``text`` (when given, not blank) is a case-insensitive substring of its id, prompt, output or
+    reason. The one rule for pages, searches and bulk decisions."""
+    if group is not None and sample.group != group:
+        return False
+    needle = (text or "").strip().casefold()
+    if not needle:
+        return True
+    return any(needle in f.casefold() for f in (sample.id, sample.prompt, sample.output, sample.reason) if f)
+
+
+def trend(run_root: str, so: StorageOptions | None = None) -> list[dict[str, Any]]:
+    """Per closed round, from its ``summary.json``: round, slot, mode, pending, approved, rejected (in
+    place: exhausted), inference errors, failed records, next pending and approval rate, as far as
+    the summary has them. Rounds in order, up to the first one not closed."""
+    layout = RunLayout(run_root)
+    out = []
+    r = 0
+    while (summary := read_summary(layout, r, so)) is not None:
+        out.append({k: summary[k] for k in TREND_FIELDS if k in summary})
+        r += 1
+    return out
+
+
+@dataclass
+class _Shard:
+    index: int
+    shard_id: str
+    uri: str
+    rows: int
+    accepted: dict[str, Any] | None = None  # the accepted doc close wrote (None: none readable)
+    groups: dict[str, int] | None = None  # its rejected rows' reason groups (None: not known yet)
+    groups_known: bool = False  # groups looked up in the manifest (maybe still None: read the rows)
+
+
+class RoundView:
+    """Round ``round``'s rejected rows (``round-NN/rejected/``) for review, read page by page.
+
+    Constructing it reads nothing; the first call lists the round's rejected shards and reads what
+    close accepted for each (one small document per shard, in parallel). Safe to share between
+    threads; :meth:`refresh` forgets what it learnt (after a re-run close)."""
+
+    def __init__(self, run_root: str, round: int, so: StorageOptions | None = None) -> None:
+        if isinstance(round, bool) or not isinstance(round, int) or round < 0:
+            raise ReviewError(f"round must be an integer >= 0, got {round!r}")
+        self.run_root = run_root
+        self.round = round
+        self.so = so
+        self.layout = RunLayout(run_root)
+        self._lock = threading.Lock()
+        self._shards: list[_Shard] | None = None
+        self._starts: list[int] = []  # each shard's first row's position in the round
+        self._settings: tuple[str, _Prompts | None] | None = None
+
+    # ----------------------------------------------------------------------------- what it holds
+    def refresh(self) -> None:
+        with self._lock:
+            self._shards, self._settings = None, None
+
+    def shards(self) -> list[ShardRows]:
+        """The round's rejected shards in order, with their row counts (O(shards), no row read)."""
+        return [ShardRows(s.shard_id, s.uri, s.rows) for s in self._load()]
+
+    def total(self) -> int:
+        """The round's rejected rows."""
+        return sum(s.rows for s in self._load())
+
+    def groups(self) -> dict[str, int]:
+        """The round's rejected rows per reason group (most common first, at most
+        :data:`~airflow_batchinfer.review.reasons.MAX_GROUPS` and ``(other)``): the jobs' manifests'
+        ``reason_groups`` added up; a shard whose manifest has none (an older run) is read."""
+        total = ReasonGroups()
+        for shard in self._with_groups(scan=True):
+            total.merge(shard.groups or {})
+        return total.as_dict()
+
+    @property
+    def id_field(self) -> str:
+        return self._run_settings()[0]
+
+    # ---------------------------------------------------------------------------------- reading
+    def page(
+        self,
+        cursor: str | None = None,
+        *,
+        size: int = 50,
+        group: str | None = None,
+        text: str | None = None,
+        scan_limit: int = 200_000,
+    ) -> Page:
+        """``size`` samples from ``cursor`` on (``None``: the start). Unfiltered, the page seeks straight
+        to its position; with ``group`` and/or ``text`` (see :func:`matches`) it scans forward and
+        stops after ``size`` matches or ``scan_limit`` rows read (then fewer samples, maybe none, and
+        a cursor to go on scanning from). ``cursor`` is opaque: pass back what a page returned."""
+        _check_count("size", size, 1)
+        _check_count("scan_limit", scan_limit, 1, None)
+        text = (text or "").strip() or None
+        if group is not None and not isinstance(group, str):
+            raise ReviewError(f"group must be a string, got {group!r}")
+        shards = self._load()
+        index, row = self._parse(cursor, shards)
+        if group is None and text is None:
+            return self._seek_page(shards, index, row, size)
+        return self._scan_page(shards, index, row, size, group, text, scan_limit)
+
+    def sample(self, n: int = 20, seed: int = 0) -> list[Sample]:
+        """``n`` rows drawn at random over the whole round (every row equally likely, so shards in
+        proportion to their rows), the same ones for the same ``seed``; in round order. Each touched
+        shard is read once, up to its last drawn row."""
+        _check_count("n", n, 0)
+        shards = self._load()
+        total = sum(s.rows for s in shards)
+        if not n or not total:
+            return []
+        drawn = sorted(random.Random(seed).sample(range(total), min(n, total)))
+        wanted: dict[int, list[int]] = {}
+        for p in drawn:
+            i = bisect.bisect_right(self._starts, p) - 1
+            wanted.setdefault(i, []).append(p - self._starts[i])
+
+        def read(i: int) -> list[Sample]:
+            rows = set(wanted[i])
+            last = max(rows)
+            out = []
+            for pos, line in self._lines(shards[i], stop=last + 1):
+                if pos in rows:
+                    out.append(self.to_sample(parse_record(line), shards[i].shard_id, pos))
+            return out
+
+        with ThreadPoolExecutor(min(8, len(wanted))) as ex:
+            return [s for part in ex.map(read, sorted(wanted)) for s in part]
+
+    def find(self, sample_id: str) -> Sample | None:
+        """The rejected row with this id (compared as text), or ``None``. Reads the round's shards in
+        order until found; only lines that hold the id are parsed."""
+        found = next(self._with_ids([str(sample_id)]), None)
+        return None if found is None else self._with_prompt(found)
+
+    def at(self, shard_id: str, position: int) -> Sample | None:
+        """The row at ``position`` of a shard's rejected file (``Sample.shard_id``, ``Sample.position``),
+        or ``None``."""
+        shard = next((s for s in self._load() if s.shard_id == shard_id), None)
+        if shard is None or position < 0:
+            return None
+        for pos, line in self._lines(shard, start=position, stop=position + 1):
+            return self.to_sample(parse_record(line), shard.shard_id, pos)
+        return None
+
+    def with_ids(self, ids: Iterable[str]) -> Iterator[Sample]:
+        """The rows whose id (as text) is one of ``ids``, in round order, without prompts. Reads the
+        round once, parsing only the lines of those ids."""
+        return self._with_ids(ids)
+
+    def _with_ids(self, ids: Iterable[str]) -> Generator[Sample, None, None]:
+        keys: set[bytes] = set()  # each id's canonical JSON in a row: a string, or an integer
+        for sid in map(str, ids):
+            keys.add(orjson.dumps(sid))
+            if sid.lstrip("-").isdigit() and str(int(sid)) == sid:
+                keys.add(sid.encode())
+        if not keys:
+            return
+        # a block is looked at only if one id's text (as a line holds it: escaped) is in it
+        needles = [k[1:-1] if k.startswith(b'"') else k for k in keys]
+        id_of = LineIds(self.id_field)
+        for shard in self._load():
+            for start, block in self._blocks(shard):
+                joined = b"\n".join(block)
+                if len(needles) <= 8 and not any(n in joined for n in needles):
+                    continue
+                for k, line in enumerate(block):
+                    if id_of(line) in keys:
+                        yield self.to_sample(parse_record(line), shard.shard_id, start + k, prompt=False)
+
+    def exact_groups(self) -> dict[str, int] | None:
+        """The round's rows per reason group, uncapped, when every shard's manifest counts its groups
+        exactly (no ``(other)``, adding up to its rows); else ``None``. Reads no row."""
+        total: dict[str, int] = {}
+        for shard in self._with_groups(scan=False):
+            groups = shard.groups
+            if groups is None or OTHER in groups or sum(groups.values()) != shard.rows:
+                return None
+            for g, n in groups.items():
+                total[g] = total.get(g, 0) + n
+        return total
+
+    def scan(self, *, prompts: bool = True) -> Iterator[tuple[Sample, dict[str, Any]]]:
+        """Every rejected row of the round in order, as ``(sample, row)`` (streaming: one shard's
+        block at a time). ``prompts=False`` leaves ``sample.prompt`` ``None`` (no rendering)."""
+        for shard in self._load():
+            for pos, line in self._lines(shard):
+                row = parse_record(line)
+                yield self.to_sample(row, shard.shard_id, pos, prompt=prompts), row
+
+    def to_sample(
+        self, row: Mapping[str, Any], shard_id: str = "", position: int = 0, *, prompt: bool = True
+    ) -> Sample:
+        """A row of this run (any round's rejected or pending row) as a :class:`Sample`."""
+        id_field, prompts = self._run_settings()
+        judgment = row.get("judgment")
+        judgment = judgment if isinstance(judgment, dict) else {}
+        reason = _text(judgment.get("reason"))
+        score = judgment.get("score")
+        record = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
+        rid = _text(row.get(id_field))
+        attempts = _int(row.get("attempts"), 0)
+        error = row.get("error")
+        output = row.get("result")
+        return Sample(
+            id=rid,
+            shard_id=shard_id,
+            position=position,
+            round=_int(row.get("round"), self.round),
+            attempts=attempts,
+            prompt=_render(prompts, record, rid, attempts) if prompt else None,
+            output=None if output is None else _text(output),
+            approved=bool(judgment.get("approved", False)),
+            reason=reason,
+            score=float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
+            group=reason_group(reason),
+            record=record,
+            status=_text(row.get("status")) or "rejected",
+            error=None if error is None else _text(error),
+        )
+
+    # --------------------------------------------------------------------------------- internals
+    def _seek_page(self, shards: list[_Shard], index: int, row: int, size: int) -> Page:
+        samples: list[Sample] = []
+        scanned = 0
+        while index < len(shards) and len(samples) < size:
+            shard = shards[index]
+            if row >= shard.rows:
+                index, row = index + 1, 0
+                continue
+            want = size - len(samples)
+            got = 0
+            for pos, line in self._lines(shard, start=row, stop=row + want):
+                samples.append(self.to_sample(parse_record(line), shard.shard_id, pos))
+                got += 1
+            scanned += got
+            if got < want or row + got >= shard.rows:
+                index, row = index + 1, 0  # this shard is done (or its file ends before its count)
+            else:
+                row += got
+        return Page(samples, self._cursor(shards, index, row), scanned, sum(s.rows for s in shards))
+
+    def _scan_page(
+        self,
+        shards: list[_Shard],
+        index: int,
+        row: int,
+        size: int,
+        group: str | None,
+        text: str | None,
+        scan_limit: int,
+    ) -> Page:
+        samples: list[Sample] = []
+        scanned = 0
+        known = self._with_groups(scan=False) if group is not None else shards
+        while index < len(shards):
+            shard = known[index]
+            if group is not None and _lacks(shard, group):
+                index, row = index + 1, 0  # its job counted no row of this group: not read
+                continue
+            for pos, line in self._lines(shard, start=row):
+                if scanned >= scan_limit:
+                    return Page(samples, self._cursor(shards, index, pos), scanned, None)
+                scanned += 1
+                # the prompt is rendered for the rows of the group (every row, without one)
+                sample = self.to_sample(parse_record(line), shard.shard_id, pos, prompt=group is None)
+                if group is not None:
+                    if sample.group != group:
+                        continue
+                    sample = self._with_prompt(sample)
+                if matches(sample, group, text):
+                    samples.append(sample)
+                    if len(samples) == size:
+                        return Page(samples, self._cursor(shards, index, pos + 1), scanned,
+                                    self._group_total(group, text))  # fmt: skip
+            index, row = index + 1, 0
+        return Page(samples, None, scanned, self._group_total(group, text))
+
+    def _with_prompt(self, sample: Sample) -> Sample:
+        prompts = self._run_settings()[1]
+        return replace(sample, prompt=_render(prompts, sample.record, sample.id, sample.attempts))
+
+    def _group_total(self, group: str | None, text: str | None) -> int | None:
+        """A group's row count from the manifests, when they know it exactly."""
+        if group is None or text is not None:
+            return None
+        shards = self._with_groups(scan=False)
+        if any(s.groups is None or OTHER in s.groups for s in shards):
+            return None
+        return sum((s.groups or {}).get(group, 0) for s in shards)
+
+    def _cursor(self, shards: list[_Shard], index: int, row: int) -> str | None:
+        while index < len(shards) and row >= shards[index].rows:
+            index, row = index + 1, 0
+        return None if index >= len(shards) else f"s{index}:{row}"
+
+    def _parse(self, cursor: str | None, shards: list[_Shard]) -> tuple[int, int]:
+        if cursor is None or cursor == "":
+            return 0, 0
+        m = _CURSOR.match(str(cursor))
+        if m is None:
+            raise ReviewError(f"cursor {cursor!r} is not one this page returned (expected s<shard>:<row>)")
+        return min(int(m.group(1)), len(shards)), int(m.group(2))
+
+    def _blocks(self, shard: _Shard) -> Generator[tuple[int, list[bytes]], None, None]:
+        """A shard's non-blank lines in blocks, each with its first line's position."""
+        pos = 0
+        file = JsonlFile(shard.uri, storage_options=self.so)
+        blocks = cast(Generator[list[bytes], None, None], file.iter_line_blocks())
+        with contextlib.closing(blocks):
+            for block in blocks:
+                lines = [line for line in block if line.strip()]
+                if lines:
+                    yield pos, lines
+                    pos += len(lines)
+
+    def _lines(self, shard: _Shard, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, bytes]]:
+        """A shard's lines ``[start, stop)`` with their positions; lines before ``start`` are
+        decompressed but not parsed."""
+        if stop is not None and stop <= start:
+            return
+        blocks = self._blocks(shard)
+        with contextlib.closing(blocks):
+            for first, lines in blocks:
+                end = first + len(lines)
+                if end <= start:
+                    continue
+                for k in range(max(start - first, 0), len(lines)):
+                    if stop is not None and first + k >= stop:
+                        return
+                    yield first + k, lines[k]
+                if stop is not None and end >= stop:
+                    return
+
+    def _run_settings(self) -> tuple[str, _Prompts | None]:
+        """The run's id field and prompts (from ``run.json``; without it: ``id``, no prompts)."""
+        if self._settings is None:
+            try:
+                cfg = read_run_config(self.run_root, self.so)
+            except BatchInferError:
+                self._settings = ("id", None)
+            else:
+                prompts: _Prompts | None
+                try:
+                    prompts = _Prompts(cfg.prompt_template, cfg.system)
+                except BatchInferError:
+                    prompts = None
+                self._settings = (cfg.id_field or "id", prompts)
+        return self._settings
+
+    def _load(self) -> list[_Shard]:
+        with self._lock:
+            if self._shards is None:
+                self._shards = self._list()
+                starts, n = [], 0
+                for s in self._shards:
+                    starts.append(n)
+                    n += s.rows
+                self._starts = starts
+            return self._shards
+
+    def _list(self) -> list[_Shard]:
+        """The rejected shards and their counts from the accepted docs (a file without one is counted
+        by reading it)."""
+        r = self.round
+        listed = JsonlDir(self.layout.rejected_dir(r), storage_options=self.so).shards()
+        jobs = JsonlDir(join(self.layout.round(r), "jobs"), storage_options=self.so)
+        kinds: dict[str, list[str]] = {}
+        try:
+            names = jobs.loc.fs.ls(jobs.loc.path, detail=False)
+        except FileNotFoundError:
+            names = []
+        for name in names:
+            base = str(name).rstrip("/").rsplit("/", 1)[-1]
+            if base.endswith(".accepted.json"):
+                sid, _, kind = base[: -len(".accepted.json")].rpartition(".")
+                kinds.setdefault(sid, []).append(kind)
+
+        def one(item: tuple[int, Any]) -> _Shard:
+            i, listed_shard = item
+            sid = listed_shard.shard_id
+            doc = None
+            for kind in sorted(kinds.get(sid, [])):
+                found = read_doc(self.layout.accepted(r, sid, kind), "accepted job", self.so)
+                if found is not None and not found.get("quarantined"):
+                    doc = found
+                    break
+            shard = _Shard(i, sid, listed_shard.uri, 0, accepted=doc)
+            rows = _rejected_rows(doc)
+            if rows is None:
+                rows = sum(len(lines) for _, lines in self._blocks(shard))
+            shard.rows = rows
+            return shard
+
+        if not listed:
+            return []
+        with ThreadPoolExecutor(min(DOC_THREADS, len(listed))) as ex:
+            return list(ex.map(one, enumerate(listed)))
+
+    def _with_groups(self, *, scan: bool) -> list[_Shard]:
+        """The shards with their reason groups: the accepted doc's or its manifest's (the accepted
+        attempt's); with ``scan``, a shard with neither is read."""
+        shards = self._load()
+        missing = [s for s in shards if not s.groups_known]
+        if missing:
+            with ThreadPoolExecutor(min(DOC_THREADS, len(missing))) as ex:
+                found = list(ex.map(self._manifest_groups, missing))
+            with self._lock:
+                for s, groups in zip(missing, found, strict=True):
+                    s.groups, s.groups_known = groups, True
+        if scan:
+            for s in shards:
+                if s.groups is None:
+                    counted = ReasonGroups()
+                    for _, line in self._lines(s):
+                        judgment = parse_record(line).get("judgment")
+                        counted.add(_text(judgment.get("reason")) if isinstance(judgment, dict) else "")
+                    with self._lock:
+                        s.groups = counted.as_dict()
+        return shards
+
+    def _manifest_groups(self, shard: _Shard) -> dict[str, int] | None:
+        doc = shard.accepted
+        if doc is None:
+            return None
+        if isinstance(doc.get("reason_groups"), dict):
+            return {str(k): int(v) for k, v in doc["reason_groups"].items()}
+        kind = doc.get("kind")
+        if not kind:
+            return None
+        manifest = read_job_manifest(self.layout.job_manifest(self.round, shard.shard_id, str(kind)), self.so)
+        if manifest is None or manifest.get("attempt") != doc.get("attempt"):
+            return None  # another attempt's manifest: its groups are not this file's
+        groups = manifest.get("reason_groups")
+        return {str(k): int(v) for k, v in groups.items()} if isinstance(groups, dict) else None
+
+
+def _lacks(shard: _Shard, group: str) -> bool:
+    """Whether a shard's job counted no row of ``group`` (exactly: its groups were not capped)."""
+    return shard.groups is not None and OTHER not in shard.groups and not shard.groups.get(group)
+
+
+def _rejected_rows(doc: dict[str, Any] | None) -> int | None:
+    """The rows of the accepted attempt's rejected file: its id digest's count, else its counts."""
+    if doc is None:
+        return None
+    digest = manifest_ids(doc, "rejected")
+    if digest is not None:
+        return digest.count
+    counts = doc.get("counts") or {}
+    if doc.get("kind") == "in_place":
+        return int(counts.get("max_attempts", 0)) + int(counts.get("error", 0))
+    return int(counts["rejected"]) if "rejected" in counts else None
+
+
+_SIMPLE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_JINJA_OPEN = ("{{", "{%", "{#")
+_JINJA_LITERALS = frozenset({"true", "false", "none", "True", "False", "None", "record"})
+
+
+class _Prompts:
+    """The prompt the worker renders for a record, as text: the package's
+    :class:`~airflow_batchinfer.prompts.PromptBuilder` (the sandboxed Jinja2 renderer) with the run's
+    template and system message. A template of plain text and ``{{ field }}`` substitutions over
+    text or integer fields is filled in directly, with the same result (a text search renders
+    hundreds of thousands of prompts); anything else goes through the builder."""
+
+    def __init__(self, template: str | None, system: str | None) -> None:
+        self.builder = PromptBuilder(template, system=system)  # a bad template: ConfigError
+        self.system = system
+        self.parts: list[str] | None = None  # literal, field, literal, …, literal
+        if template is not None:
+            parts = _SIMPLE_VAR.split(template)
+            literals, names = parts[0::2], parts[1::2]
+            if not any(d in lit for lit in literals for d in _JINJA_OPEN) and not _JINJA_LITERALS & set(
+                names
+            ):
+                self.parts = parts
+
+    def text(self, record: dict[str, Any], rid: str, attempts: int) -> str | None:
+        """The prompt's text (chat messages as ``[role]`` blocks), or ``None`` when it cannot be built."""
+        if self.parts is not None and not is_openai_batch(record):
+            out = []
+            for k, part in enumerate(self.parts):
+                if not k % 2:
+                    out.append(part)
+                    continue
+                value = record.get(part, _MISSING)
+                if type(value) is str:
+                    out.append(value)
+                elif type(value) is int:
+                    out.append(str(value))
+                else:
+                    break  # missing, or printed by Jinja's rules: the builder decides
+            else:
+                text = "".join(out)
+                if len(text) <= MAX_PROMPT_CHARS:
+                    system = [("system", self.system)] if self.system else []
+                    return _as_text([*system, ("user", text)])
+        try:
+            request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1))
+        except Exception:  # a bad template or record: the page shows the record instead
+            return None
+        if request.prompt is not None:
+            return request.prompt
+        return _as_text(
+            [(str(m.get("role", "")), _content(m.get("content"))) for m in request.messages or ()]
+        )
+
+
+_MISSING = object()
+
+
+def _as_text(messages: list[tuple[str, str]]) -> str:
+    if len(messages) == 1 and messages[0][0] == "user":
+        return messages[0][1]
+    return "\n\n".join(f"[{role}]\n{content}" for role, content in messages)
+
+
+def _render(prompts: _Prompts | None, record: dict[str, Any], rid: str, attempts: int) -> str | None:
+    return None if prompts is None else prompts.text(record, rid, attempts)
+
+
+def _content(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):  # content parts: their text
+        texts = [p.get("text") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)]
+        if len(texts) == len(value):
+            return "\n".join(t for t in texts if t is not None)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float | bool):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _check_count(name: str, value: Any, minimum: int, maximum: int | None = MAX_PAGE) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ReviewError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ReviewError(f"{name} must be at most {maximum}, got {value}")

@@ -1,0 +1,578 @@
+// The review desk page (airflow_batchinfer/review/app.py serves it). Plain JavaScript, no build step,
+// nothing fetched from anywhere but this app.
+//
+// Safety rule: every text that comes from storage or from Airflow (model output, prompts, reasons,
+// ids, subjects, notes) is put into the page as a text node (el() / textContent), never parsed as
+// HTML and never rendered as markdown. Do not add HTML parsing sinks to this file (a unit test
+// forbids them).
+//
+// Every URL is relative: the page sits under [api] base_url's path, in an iframe of the Airflow UI.
+"use strict";
+
+(function () {
+  const API = "../api/";
+  const UI_BASE = new URL("../../", window.location.href); // the Airflow UI, from <base>/batchinfer/review/
+  const query = new URLSearchParams(window.location.search);
+  const dagId = query.get("dag_id");
+  const runId = query.get("run_id");
+  const app = document.getElementById("app");
+  const statusLine = document.getElementById("status");
+
+  // ---------------------------------------------------------------------------- helpers
+  // el("div", {class: "x", "data-testid": "y"}, child, "text", ...): strings become text nodes.
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key.startsWith("on")) throw new Error("no event attributes: use addEventListener");
+      node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.appendChild(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  function clear(node) {
+    while (node.firstChild) node.removeChild(node.firstChild);
+  }
+
+  function asText(value) {
+    if (value === null || value === undefined) return "";
+    if (typeof value === "string") return value;
+    return JSON.stringify(value, null, 2);
+  }
+
+  function say(message, kind) {
+    statusLine.textContent = message || "";
+    statusLine.className = "status" + (kind ? " " + kind : "");
+  }
+
+  async function api(path, options) {
+    const init = Object.assign({ credentials: "same-origin", headers: { Accept: "application/json" } }, options || {});
+    if (init.body !== undefined) {
+      init.headers = Object.assign({ "Content-Type": "application/json" }, init.headers);
+      init.body = JSON.stringify(init.body);
+    }
+    const response = await fetch(API + path, init);
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (e) {
+      data = null;
+    }
+    if (!response.ok) {
+      let detail = data && data.detail !== undefined ? data.detail : response.statusText;
+      if (response.status === 401) detail = "Not signed in to Airflow (" + asText(detail) + ")";
+      const error = new Error(asText(detail));
+      error.status = response.status;
+      throw error;
+    }
+    return data;
+  }
+
+  function gatePath(suffix) {
+    return "gates/" + encodeURIComponent(dagId) + "/" + encodeURIComponent(runId) + (suffix || "");
+  }
+
+  function params(values) {
+    const p = new URLSearchParams();
+    for (const [key, value] of Object.entries(values)) {
+      if (value !== null && value !== undefined && value !== "") p.set(key, String(value));
+    }
+    const s = p.toString();
+    return s ? "?" + s : "";
+  }
+
+  // The Airflow UI around this page, when the page is its "Review desk" tab (a same-origin iframe
+  // whose sandbox allows no top navigation); null when the page is opened on its own.
+  function hostWindow() {
+    try {
+      if (window.top === window || window.top.location.origin !== window.location.origin) return null;
+      return window.top;
+    } catch (e) {
+      return null; // another origin
+    }
+  }
+
+  // A link to a page of the Airflow UI. Inside the UI's iframe a plain click would load a second
+  // Airflow UI inside the frame (and the sandbox forbids navigating the top window), so the click
+  // moves the UI itself there: a history entry its router follows, as its own links do.
+  function uiLink(href, attrs, text) {
+    const link = el("a", Object.assign({ href: href }, attrs), text);
+    link.addEventListener("click", (event) => {
+      const host = hostWindow();
+      if (!host || event.button !== 0 || event.ctrlKey || event.metaKey || event.shiftKey || event.altKey) return;
+      event.preventDefault();
+      const target = new URL(href);
+      host.history.pushState(null, "", target.pathname + target.search + target.hash);
+      host.dispatchEvent(new PopStateEvent("popstate", { state: null }));
+    });
+    return link;
+  }
+
+  function requiredActionsLink(gate) {
+    return uiLink(
+      new URL(gate.required_actions_path, UI_BASE).href,
+      { "data-testid": "required-actions-link" },
+      "Answer the gate (Continue / Stop) on its Required Actions page",
+    );
+  }
+
+  // ------------------------------------------------------------------------- the gate list
+  async function showGateList() {
+    document.title = "Review desk: open gates";
+    say("Loading the open review gates…");
+    const data = await api("gates");
+    clear(app);
+    app.appendChild(el("h2", {}, "Open review gates"));
+    if (!data.gates.length) {
+      app.appendChild(el("p", { "data-testid": "no-gates" }, "No review gate is waiting."));
+      say("");
+      return;
+    }
+    const rows = data.gates.map((gate) =>
+      el(
+        "tr",
+        { "data-testid": "gate-row" },
+        el("td", {}, el("a", { href: "./" + params({ dag_id: gate.dag_id, run_id: gate.run_id }), "data-testid": "gate-link" }, gate.dag_id)),
+        el("td", {}, gate.run_id),
+        el("td", {}, gate.task_id),
+        el("td", {}, gate.round === null ? "?" : String(gate.round)),
+        el("td", {}, gate.subject),
+        el("td", {}, gate.created_at || ""),
+        el("td", {}, gate.assigned_users.map((u) => u.name).join(", ") || "anyone who may answer"),
+        el("td", {}, gate.error ? el("span", { class: "error" }, gate.error) : ""),
+      ),
+    );
+    app.appendChild(
+      el(
+        "table",
+        { class: "grid", "data-testid": "gates" },
+        el("thead", {}, el("tr", {}, ["DAG", "run", "gate", "round", "subject", "opened", "assigned to", ""].map((h) => el("th", {}, h)))),
+        el("tbody", {}, rows),
+      ),
+    );
+    say("");
+  }
+
+  // --------------------------------------------------------------------------- one gate
+  const state = {
+    gate: null,
+    round: null,
+    open: false,
+    mode: "sample", // or "browse"
+    group: "",
+    text: "",
+    seed: 0,
+    n: 20,
+    size: 50,
+    cursors: [null], // the cursor of each page seen; the last one is the page shown
+    next: null,
+    samples: [],
+    selected: new Map(), // JSON of the id -> the id
+    bulkArmed: false,
+  };
+  const parts = {};
+
+  function section(title, testid, ...children) {
+    return el("section", { "data-testid": testid }, el("h2", {}, title), ...children);
+  }
+
+  async function showGate() {
+    document.title = "Review desk: " + dagId + " / " + runId;
+    say("Loading the gate…");
+    const info = await api(gatePath(""));
+    state.gate = info.gate;
+    state.round = info.round;
+    state.open = info.gate.open;
+    clear(app);
+
+    const gate = info.gate;
+    app.appendChild(
+      el(
+        "section",
+        { class: "gate", "data-testid": "gate" },
+        el("h2", { "data-testid": "gate-subject" }, gate.subject),
+        el(
+          "dl",
+          {},
+          el("dt", {}, "DAG run"),
+          el("dd", { "data-testid": "gate-run" }, dagId + " / " + runId),
+          el("dt", {}, "gate"),
+          el("dd", {}, gate.task_id + (gate.open ? " (waiting)" : " (answered or closed)")),
+          el("dt", {}, "round under review"),
+          el("dd", { "data-testid": "gate-round" }, info.round === null ? "none closed yet" : String(info.round)),
+          el("dt", {}, "run root"),
+          el("dd", { class: "mono" }, info.run_root),
+          el("dt", {}, "may decide"),
+          el("dd", {}, gate.assigned_users.map((u) => u.name).join(", ") || "anyone who may answer the gate"),
+        ),
+        el("p", {}, requiredActionsLink(gate)),
+      ),
+    );
+    if (info.round === null) {
+      say("No round has closed yet: nothing to review.");
+      return;
+    }
+
+    parts.counts = el("div", { class: "counts", "data-testid": "counts" });
+    parts.trend = el("img", {
+      src: API + gatePath("/trend.svg"),
+      alt: "Records pending and approved per round, and the approval rate",
+      class: "trend",
+      "data-testid": "trend-plot",
+    });
+    app.appendChild(section("Round " + info.round, "summary", parts.counts, parts.trend));
+
+    parts.groups = el("div", { class: "groups", "data-testid": "groups" });
+    parts.text = el("input", { type: "search", placeholder: "text in prompt, output, reason or id", maxlength: "200", "data-testid": "search-text" });
+    const searchButton = el("button", { type: "submit", "data-testid": "search-button" }, "Search");
+    const clearButton = el("button", { type: "button", "data-testid": "clear-filter" }, "Clear filter");
+    const searchForm = el("form", { class: "search", "data-testid": "search-form" }, parts.text, searchButton, clearButton);
+    parts.filterLine = el("p", { class: "filter", "data-testid": "filter" });
+    app.appendChild(section("Reasons and search", "filters", parts.groups, searchForm, parts.filterLine));
+    searchForm.addEventListener("submit", (event) => {
+      event.preventDefault();
+      setFilter(state.group, parts.text.value.trim());
+    });
+    clearButton.addEventListener("click", () => {
+      parts.text.value = "";
+      setFilter("", "");
+    });
+
+    parts.seed = el("input", { type: "number", min: "0", step: "1", value: String(state.seed), "data-testid": "sample-seed" });
+    parts.n = el("input", { type: "number", min: "1", max: "200", step: "1", value: String(state.n), "data-testid": "sample-size" });
+    const sampleButton = el("button", { type: "button", "data-testid": "sample-button" }, "Draw a random sample");
+    const browseButton = el("button", { type: "button", "data-testid": "browse-button" }, "Browse all (filtered)");
+    parts.prev = el("button", { type: "button", "data-testid": "page-prev" }, "← Previous");
+    parts.next = el("button", { type: "button", "data-testid": "page-next" }, "Next →");
+    parts.pageInfo = el("span", { class: "page-info", "data-testid": "page-info" });
+    parts.size = el(
+      "select",
+      { "data-testid": "page-size", title: "samples per page" },
+      [10, 20, 50, 100, 200].map((n) => el("option", { value: String(n), selected: n === state.size }, n + " per page")),
+    );
+    parts.selectAll = el("input", { type: "checkbox", "data-testid": "select-all", title: "select every sample shown" });
+    parts.samples = el("tbody", { "data-testid": "samples" });
+    app.appendChild(
+      section(
+        "Samples",
+        "samples-section",
+        el(
+          "div",
+          { class: "controls" },
+          el("label", {}, "seed ", parts.seed),
+          el("label", {}, "how many ", parts.n),
+          sampleButton,
+          browseButton,
+          parts.size,
+          parts.prev,
+          parts.next,
+          parts.pageInfo,
+        ),
+        el(
+          "table",
+          { class: "grid samples" },
+          el(
+            "thead",
+            {},
+            el("tr", {}, el("th", {}, parts.selectAll), ["id", "verdict", "reason", "score", "attempts", "prompt", "output"].map((h) => el("th", {}, h))),
+          ),
+          parts.samples,
+        ),
+      ),
+    );
+    sampleButton.addEventListener("click", () => {
+      state.mode = "sample";
+      state.seed = Math.max(0, parseInt(parts.seed.value, 10) || 0);
+      state.n = Math.min(200, Math.max(1, parseInt(parts.n.value, 10) || 20));
+      loadSamples().catch(fail);
+    });
+    browseButton.addEventListener("click", () => {
+      state.mode = "browse";
+      state.cursors = [null];
+      loadSamples().catch(fail);
+    });
+    parts.size.addEventListener("change", () => {
+      state.size = parseInt(parts.size.value, 10) || 50;
+      state.mode = "browse";
+      state.cursors = [null];
+      loadSamples().catch(fail);
+    });
+    parts.prev.addEventListener("click", () => {
+      if (state.cursors.length > 1) state.cursors.pop();
+      loadSamples().catch(fail);
+    });
+    parts.next.addEventListener("click", () => {
+      if (state.next === null) return;
+      state.cursors.push(state.next);
+      loadSamples().catch(fail);
+    });
+    parts.selectAll.addEventListener("change", () => {
+      for (const sample of state.samples) {
+        const key = JSON.stringify(sample.id);
+        if (parts.selectAll.checked) state.selected.set(key, sample.id);
+        else state.selected.delete(key);
+      }
+      renderSamples();
+    });
+
+    // decisions
+    parts.note = el("textarea", { rows: "2", maxlength: "2000", placeholder: "note (optional)", "data-testid": "decision-note" });
+    parts.selection = el("span", { class: "selection", "data-testid": "selection-count" });
+    const buttons = ["accept", "retry", "drop"].map((action) => {
+      const button = el("button", { type: "button", class: "decide " + action, "data-testid": "decide-" + action }, label(action) + " selected");
+      button.addEventListener("click", () => decide(action, false).catch(fail));
+      return button;
+    });
+    parts.bulkAction = el(
+      "select",
+      { "data-testid": "bulk-action" },
+      ["accept", "retry", "drop"].map((action) => el("option", { value: action }, label(action))),
+    );
+    parts.bulk = el("button", { type: "button", "data-testid": "decide-bulk" }, "Apply to all matching the filter");
+    parts.bulkConfirm = el("button", { type: "button", class: "confirm", hidden: true, "data-testid": "decide-bulk-confirm" }, "Confirm");
+    parts.bulkCancel = el("button", { type: "button", hidden: true, "data-testid": "decide-bulk-cancel" }, "Cancel");
+    parts.bulkWhat = el("span", { class: "bulk-what", "data-testid": "bulk-what" });
+    parts.bulk.addEventListener("click", () => armBulk(true));
+    parts.bulkCancel.addEventListener("click", () => armBulk(false));
+    parts.bulkConfirm.addEventListener("click", () => decide(parts.bulkAction.value, true).catch(fail));
+    parts.decisions = el("tbody", { "data-testid": "decisions" });
+    parts.tally = el("div", { class: "tally", "data-testid": "tally" });
+    parts.decideControls = [...buttons, parts.bulkAction, parts.bulk, parts.bulkConfirm, parts.note];
+    app.appendChild(
+      section(
+        "Decisions",
+        "decisions-section",
+        el(
+          "p",
+          { class: "hint" },
+          "Accept takes the samples as they are, Retry sends them to the next round, Drop leaves them out. ",
+          "Decisions are recorded for the gate's round; answer the gate on its Required Actions page to go on.",
+        ),
+        el("div", { class: "controls" }, parts.note),
+        el("div", { class: "controls" }, buttons, parts.selection),
+        el("div", { class: "controls" }, parts.bulkAction, parts.bulk, parts.bulkWhat, parts.bulkConfirm, parts.bulkCancel),
+        parts.tally,
+        el(
+          "table",
+          { class: "grid" },
+          el("thead", {}, el("tr", {}, ["when", "by", "action", "what", "note"].map((h) => el("th", {}, h)))),
+          parts.decisions,
+        ),
+      ),
+    );
+    if (!state.open) {
+      for (const control of parts.decideControls) control.disabled = true;
+      parts.bulkWhat.textContent = "The gate is not waiting: decisions are closed.";
+    }
+
+    await Promise.all([loadSummary(), loadSamples(), loadDecisions()]);
+    say("");
+  }
+
+  function plural(n, word) {
+    return n + " " + word + (n === 1 ? "" : "s");
+  }
+
+  function filterText(filter) {
+    const bits = [];
+    if (filter.group) bits.push("reason group “" + filter.group + "”");
+    if (filter.text) bits.push("text “" + filter.text + "”");
+    return bits.length ? bits.join(" and ") : "every rejected sample of the round";
+  }
+
+  function label(action) {
+    return { accept: "Accept", retry: "Retry", drop: "Drop" }[action] || action;
+  }
+
+  function describeFilter() {
+    return filterText({ group: state.group, text: state.text });
+  }
+
+  function armBulk(on) {
+    state.bulkArmed = on;
+    parts.bulkConfirm.hidden = !on;
+    parts.bulkCancel.hidden = !on;
+    parts.bulk.hidden = on;
+    parts.bulkWhat.textContent = on ? label(parts.bulkAction.value) + " all matching " + describeFilter() + "?" : "";
+  }
+
+  function setFilter(group, text) {
+    state.group = group;
+    state.text = text;
+    state.cursors = [null];
+    if (state.group || state.text) state.mode = "browse";
+    parts.filterLine.textContent = "Filter: " + describeFilter();
+    armBulk(false);
+    renderGroups();
+    loadSamples().catch(fail);
+  }
+
+  async function loadSummary() {
+    const data = await api(gatePath("/summary"));
+    state.groups = data.groups;
+    clear(parts.counts);
+    const counts = Object.assign({ "rejected rows": data.total }, data.counts || {});
+    for (const [key, value] of Object.entries(counts)) {
+      parts.counts.appendChild(el("span", { class: "count", "data-testid": "count" }, el("b", {}, asText(value)), " " + key));
+    }
+    parts.filterLine.textContent = "Filter: " + describeFilter();
+    renderGroups();
+  }
+
+  function renderGroups() {
+    clear(parts.groups);
+    const all = el("button", { type: "button", class: state.group ? "group" : "group active", "data-testid": "group-all" }, "all reasons");
+    all.addEventListener("click", () => setFilter("", state.text));
+    parts.groups.appendChild(all);
+    for (const { group, count } of state.groups || []) {
+      if (group === "(other)") {
+        // the groups past the most common ones, folded: not one reason, so not a filter
+        parts.groups.appendChild(el("span", { class: "group other", "data-testid": "group-other" }, group, el("span", { class: "n" }, " " + count)));
+        continue;
+      }
+      const button = el(
+        "button",
+        { type: "button", class: group === state.group ? "group active" : "group", "data-testid": "group", "data-group": group },
+        group,
+        el("span", { class: "n" }, " " + count),
+      );
+      button.addEventListener("click", () => setFilter(group, state.text));
+      parts.groups.appendChild(button);
+    }
+  }
+
+  async function loadSamples() {
+    say("Loading samples…");
+    let data;
+    if (state.mode === "sample" && !state.group && !state.text) {
+      data = await api(gatePath("/sample" + params({ n: state.n, seed: state.seed })));
+      state.next = null;
+      parts.pageInfo.textContent = data.samples.length + " random samples (seed " + data.seed + ")";
+    } else {
+      state.mode = "browse";
+      const cursor = state.cursors[state.cursors.length - 1];
+      data = await api(gatePath("/page" + params({ cursor: cursor, size: state.size, group: state.group, text: state.text })));
+      state.next = data.cursor || null;
+      const page = state.cursors.length;
+      // total: the rows the filter selects, null when unknown without reading them all (a text search)
+      const of = data.total === null || data.total === undefined ? "" : " of " + data.total;
+      parts.pageInfo.textContent = "page " + page + ": " + data.samples.length + " shown, " + data.scanned + " rows read" + of;
+    }
+    state.samples = data.samples;
+    parts.prev.disabled = state.mode !== "browse" || state.cursors.length <= 1;
+    parts.next.disabled = state.mode !== "browse" || state.next === null;
+    renderSamples();
+    say("");
+  }
+
+  function verdict(sample) {
+    if (sample.approved === true) return "approved";
+    if (sample.approved === false) return "rejected";
+    return asText(sample.approved);
+  }
+
+  function renderSamples() {
+    clear(parts.samples);
+    if (!state.samples.length) {
+      parts.samples.appendChild(el("tr", {}, el("td", { colspan: "8", "data-testid": "no-samples" }, "No samples match.")));
+    }
+    for (const sample of state.samples) {
+      const key = JSON.stringify(sample.id);
+      const box = el("input", { type: "checkbox", "data-testid": "select-sample", "aria-label": "select " + asText(sample.id) });
+      box.checked = state.selected.has(key);
+      box.addEventListener("change", () => {
+        if (box.checked) state.selected.set(key, sample.id);
+        else state.selected.delete(key);
+        renderSelection();
+      });
+      parts.samples.appendChild(
+        el(
+          "tr",
+          { "data-testid": "sample-row", "data-sample-id": asText(sample.id) },
+          el("td", {}, box),
+          el("td", { class: "mono", "data-testid": "sample-id" }, asText(sample.id)),
+          el("td", { "data-testid": "sample-verdict" }, verdict(sample)),
+          el("td", { "data-testid": "sample-reason" }, asText(sample.reason)),
+          el("td", { "data-testid": "sample-score" }, asText(sample.score)),
+          el("td", { "data-testid": "sample-attempts" }, asText(sample.attempts)),
+          el("td", {}, el("pre", { "data-testid": "sample-prompt" }, asText(sample.prompt))),
+          el("td", {}, el("pre", { "data-testid": "sample-output" }, asText(sample.output))),
+        ),
+      );
+    }
+    parts.selectAll.checked = state.samples.length > 0 && state.samples.every((s) => state.selected.has(JSON.stringify(s.id)));
+    renderSelection();
+  }
+
+  function renderSelection() {
+    parts.selection.textContent = state.selected.size + " selected";
+  }
+
+  async function decide(action, bulk) {
+    const body = { action: action, note: parts.note.value.trim(), round: state.round };
+    if (bulk) {
+      body.filter = { group: state.group || null, text: state.text || null };
+    } else {
+      if (!state.selected.size) {
+        say("Select samples first (the checkboxes), or apply to all matching the filter.", "error");
+        return;
+      }
+      body.ids = Array.from(state.selected.values());
+    }
+    say("Recording…");
+    const result = await api(gatePath("/decisions"), { method: "POST", body: body });
+    if (!bulk) state.selected.clear();
+    parts.note.value = "";
+    armBulk(false);
+    renderSamples();
+    await loadDecisions();
+    const what = bulk ? "all matching " + describeFilter() : plural((body.ids || []).length, "sample");
+    say("Recorded: " + label(action) + " " + what + ". " + plural(result.decisions, "decision") + " so far.", "ok");
+  }
+
+  async function loadDecisions() {
+    const data = await api(gatePath("/decisions"));
+    clear(parts.decisions);
+    for (const d of data.decisions) {
+      let what;
+      if (d.ids && d.ids.length) {
+        what = plural(d.ids.length, "sample") + ": " + d.ids.slice(0, 5).map(asText).join(", ") + (d.ids.length > 5 ? ", …" : "");
+      }
+      else if (d.filter) what = "all matching " + filterText(d.filter);
+      else what = "";
+      parts.decisions.appendChild(
+        el(
+          "tr",
+          { "data-testid": "decision-row" },
+          el("td", {}, asText(d.at)),
+          el("td", {}, asText(d.by)),
+          el("td", {}, label(d.action)),
+          el("td", {}, what),
+          el("td", {}, asText(d.note)),
+        ),
+      );
+    }
+    clear(parts.tally);
+    parts.tally.appendChild(el("b", {}, "Tally: "));
+    const tally = data.tally;
+    if (tally && typeof tally === "object" && !Array.isArray(tally)) {
+      const entries = Object.entries(tally);
+      if (!entries.length) parts.tally.appendChild(document.createTextNode("no decisions yet"));
+      for (const [key, value] of entries) {
+        parts.tally.appendChild(el("span", { class: "count", "data-testid": "tally-" + key }, el("b", {}, asText(value)), " " + key));
+      }
+    } else {
+      parts.tally.appendChild(document.createTextNode(asText(tally)));
+    }
+  }
+
+  function fail(error) {
+    say(error && error.message ? error.message : String(error), "error");
+  }
+
+  (dagId && runId ? showGate() : showGateList()).catch(fail);
+})();

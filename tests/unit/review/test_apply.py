@@ -1,0 +1,188 @@
+"""Reviewers' decisions take effect at the gate's answer: accepted rows go to results (marked), dropped
+rows to dropped/ with the note, the rest stays pending for the next round; the plan, the round's
+close and the run's report account for every id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.report import build_report
+from airflow_batchinfer.review.decisions import Decision, DecisionLog
+from airflow_batchinfer.rounds import (
+    CONTINUE,
+    STOP,
+    apply_choice,
+    pending_shards,
+    propose,
+    read_plan,
+    slots,
+    write_plan,
+)
+from airflow_batchinfer.storage import JsonlDir
+from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
+
+
+def finished_report(cfg: Any) -> dict[str, Any]:
+    """The report once every slot has planned (as in a DAG run that went to its end)."""
+    layout = RunLayout(cfg.run_root)
+    for slot in slots(cfg.max_rounds):
+        if read_plan(layout, slot) is None:
+            write_plan(layout, propose(cfg, slot).plan)
+    return build_report(cfg)
+
+
+def rows_in(uri: str) -> dict[str, dict[str, Any]]:
+    return {r["id"]: r for f in JsonlDir(uri).jsonl_files() for r in f.iter_records()}
+
+
+def reviewed_run(tmp_path: Path) -> Any:
+    """Round 0 approves r00–r19; r20–r29 are rejected and await review before round 1."""
+    cfg = make_run(tmp_path, review="every_round", max_rounds=2)
+    plan = plan_round(cfg)
+    for shard in plan.shards:
+        finish_shard(cfg, 0, shard, set(IDS[:20]))
+    close(cfg, plan)
+    log = DecisionLog(cfg.run_root, 0)
+    log.append(Decision.make(0, "accept", "alice", ids=["r20", "r21", "r22"]))
+    log.append(Decision.make(0, "drop", "alice", ids=["r23", "r24"], note="duplicates of r1"))
+    log.append(Decision.make(0, "retry", "bob", ids=["r22"]))  # a later decision wins
+    return cfg
+
+
+def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path: Path) -> None:
+    cfg = reviewed_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    proposal = propose(cfg, "round-01")
+    assert proposal.options and proposal.plan.records == 10
+    plan = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
+    assert plan.mode == "rounds" and plan.reviewed is not None
+    assert plan.reviewed["counts"] == {"accept": 2, "retry": 6, "drop": 2} and plan.reviewed["decisions"] == 3
+    assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
+    assert plan.records == 6 and {s["uri"] for s in plan.shards} <= {
+        f.uri for f in JsonlDir(layout.reviewed(1)).jsonl_files()
+    }
+    assert [s["records"] for s in pending_shards(layout, 1)] == [s["records"] for s in plan.shards]
+    results = rows_in(layout.results)
+    assert {i for i, r in results.items() if r.get("accepted_by_review")} == {"r20", "r21"}
+    assert results["r20"]["review"]["by"] == "alice" and results["r20"]["review"]["action"] == "accept"
+    dropped = rows_in(layout.dropped)
+    assert sorted(dropped) == ["r23", "r24"] and dropped["r23"]["review"]["note"] == "duplicates of r1"
+
+    write_plan(layout, plan)
+    for shard in plan.shards:
+        finish_shard(cfg, 1, shard, {"r25"})
+    summary = close(cfg, plan)
+    assert summary["pending"] == 6 and summary["approved"] == 1 and summary["invariant"]["ok"]
+    write_plan(layout, propose(cfg, "tail").plan)
+    report = finished_report(cfg)
+    assert report["invariant"]["ok"] and report["invariant"]["checked"] == "digests"
+    assert (report["accepted_by_review"], report["dropped_by_review"], report["remaining_pending"]) == (
+        2,
+        2,
+        5,
+    )
+    assert report["reviews"][0]["counts"] == {"accept": 2, "retry": 6, "drop": 2}
+    assert "## Review decisions" in (Path(layout.report) / "report.md").read_text()
+
+
+def test_applying_again_follows_the_decisions_as_they_are_now(tmp_path: Path) -> None:
+    """A retried plan task applies the log again: files the earlier split made that the decisions no
+    longer make are removed (no id is doubled), and it reads the original pending set."""
+    cfg = reviewed_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    DecisionLog(cfg.run_root, 0).append(Decision.make(0, "retry", "carol", ids=["r20", "r21", "r23", "r24"]))
+    plan = apply_choice(cfg, propose(cfg, "round-01"), STOP)
+    assert plan.stop and plan.reviewed is not None
+    assert plan.reviewed["counts"] == {"accept": 0, "retry": 10, "drop": 0}
+    assert not any(r.get("accepted_by_review") for r in rows_in(layout.results).values())
+    assert rows_in(layout.dropped) == {}
+    write_plan(layout, plan)
+    report = finished_report(cfg)
+    assert report["invariant"]["ok"] and report["remaining_pending"] == 10
+
+
+def test_a_bulk_decision_by_reason_group_and_no_log_no_split(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, review="every_round", max_rounds=2)
+    plan = plan_round(cfg)
+    for shard in plan.shards:
+        finish_shard(cfg, 0, shard, set(IDS[:25]))
+    close(cfg, plan)
+    plain = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    assert plain.reviewed is None and not Path(RunLayout(cfg.run_root).reviewed(1)).exists()
+    DecisionLog(cfg.run_root, 0).append(
+        Decision.make(0, "drop", "alice", filter={"group": "no"}, note="junk")
+    )
+    decided = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    assert decided.mode == "skip" and decided.stop == "nothing pending"  # every pending row was decided
+    assert decided.reviewed is not None and decided.reviewed["counts"]["drop"] == 5
+    write_plan(RunLayout(cfg.run_root), decided)
+    assert finished_report(cfg)["invariant"]["ok"]
+    dropped = rows_in(RunLayout(cfg.run_root).dropped)
+    assert sorted(dropped) == IDS[25:] and {r["review"]["note"] for r in dropped.values()} == {"junk"}
+
+
+def test_a_run_whose_rounds_did_not_all_plan_or_close_is_incomplete(tmp_path: Path) -> None:
+    """The report of a DAG run whose upstream task failed (no plan for a slot, or a round that ran
+    without closing) says so, instead of "complete" (its task then fails)."""
+    cfg = make_run(tmp_path, max_rounds=2)
+    plan = plan_round(cfg)
+    report = build_report(cfg)
+    assert report["status"] == "incomplete" and "not closed" in report["stop_reason"]
+    for shard in plan.shards:
+        finish_shard(cfg, 0, shard, set(IDS))
+    close(cfg, plan)
+    report = build_report(cfg)
+    assert report["status"] == "incomplete" and "round-01, tail not planned" in report["stop_reason"]
+    for slot in ("round-01", "tail"):
+        write_plan(RunLayout(cfg.run_root), propose(cfg, slot).plan)
+    assert build_report(cfg)["status"] == "complete"
+
+
+def test_decisions_take_effect_once_per_round_and_the_report_points_at_what_is_pending(
+    tmp_path: Path,
+) -> None:
+    """Continue in place at round 1's gate: the tail retries in place without a second gate on the
+    same round (the decisions took effect once); the report counts them once and names the pending
+    set they left."""
+    cfg = reviewed_run(tmp_path)
+    cfg.strategy = "hybrid"
+    layout = RunLayout(cfg.run_root)
+    switch = apply_choice(cfg, propose(cfg, "round-01"), "Continue in place")
+    assert switch.switch_in_place and switch.reviewed is not None
+    write_plan(layout, switch)
+    tail = propose(cfg, "tail")
+    assert tail.plan.mode == "in_place" and tail.options == [] and tail.plan.records == 6
+    stop = apply_choice(cfg, propose(cfg, "round-01"), STOP)  # a retried gate task answers again
+    write_plan(layout, stop)
+    write_plan(layout, propose(cfg, "tail").plan)
+    report = finished_report(cfg)
+    assert (report["accepted_by_review"], report["dropped_by_review"], len(report["reviews"])) == (2, 2, 1)
+    assert report["remaining_pending_uri"] == layout.reviewed(1) and report["invariant"]["ok"]
+
+
+def test_accept_remaining_after_decisions_and_again(tmp_path: Path) -> None:
+    """ "Accept remaining" accepts what the decisions left; answered again after the decisions changed,
+    it leaves no earlier acceptance behind (no id doubled)."""
+    cfg = reviewed_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
+    write_plan(layout, plan)
+    assert finished_report(cfg)["invariant"]["ok"]
+    DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", filter={}, note="all of it"))
+    plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
+    write_plan(layout, plan)
+    report = finished_report(cfg)
+    assert report["invariant"]["ok"] and report["dropped_by_review"] == 10
+    assert not [r for r in rows_in(layout.results).values() if r.get("accepted_by_review")]
+
+
+def test_a_human_judges_gate_offers_no_in_place(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, judge={"type": "human"}, max_rounds=2)
+    plan = plan_round(cfg)
+    for shard in plan.shards:
+        finish_shard(cfg, 0, shard, set())
+    close(cfg, plan)
+    assert propose(cfg, "round-01").options == [CONTINUE, "Accept remaining as they are", STOP]

@@ -1,0 +1,109 @@
+"""Workers count the reason groups of the rows they reject into their completion manifests, and the
+review page reads a round's groups from them (the worker's own job code, in process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from airflow_batchinfer.engines import create_engine
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.review.browse import RoundView
+from airflow_batchinfer.review.reasons import ReasonGroups
+from airflow_batchinfer.rounds import job_spec, write_run_config
+from airflow_batchinfer.rpc.fingerprint import pin_input
+from airflow_batchinfer.rpc.models import JobKind
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.worker.manifest import read_job_manifest
+from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.worker.registry import JobRegistry
+from airflow_batchinfer.worker.runtime import Runtime
+from tests.support.fake_jobs import close, plan_round
+
+
+def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
+    """40 arithmetic questions; the SIMULATED engine's answers are wrong numbers (rejected as
+    "expected N, got M"), none at all, or, for every fifth, an inference error."""
+    data = tmp_path / "data.jsonl"
+    rows = [{"id": f"q{i}", "question": ("FAIL " if i % 5 == 0 else "") + f"{i} + 1", "answer": i + 1}
+            for i in range(40)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = RunConfig(
+        input=str(data),
+        run_root=str(tmp_path / "run"),
+        prompt_template="{{ question }}",
+        records_per_shard=15,
+        **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
+    )
+    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    write_run_config(cfg)
+    return cfg
+
+
+def run_jobs(cfg: RunConfig, kind: JobKind, shards: list[ShardDescriptor]) -> None:
+    async def main() -> None:
+        engine = create_engine("simulated", latency_base_s=0.0, fail_marker="FAIL")
+        runtime = Runtime(engine, batch_timeout_s=0.001)
+        await runtime.start()
+        registry = JobRegistry(runtime, concurrency=4, worker_name="w1")
+        try:
+            for shard in shards:
+                spec = job_spec(cfg, kind, 0, shard)
+                pinned = pin_input(spec, JsonlFile(spec.input).info())
+                registry.submit(pinned, parse_params(kind, pinned.params))
+                task = registry.jobs[pinned.job_id].task
+                assert task is not None
+                await task
+                status = registry.status(pinned.job_id)
+                assert status is not None and status.state == "succeeded", status
+        finally:
+            await runtime.close()
+
+    asyncio.run(main())
+
+
+def staged_rejected_groups(manifest: dict[str, Any]) -> dict[str, int]:
+    groups = ReasonGroups()
+    for row in JsonlFile(manifest["committed"]["rejected"]).iter_records():
+        groups.add(row["judgment"]["reason"])
+    return groups.as_dict()
+
+
+def test_infer_judge_manifests_count_the_rejected_rows_reason_groups(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    run_jobs(cfg, "infer_judge", plan.shards)
+    total: dict[str, int] = {}
+    for shard in plan.shards:
+        m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer_judge"))
+        assert m is not None
+        groups = m["reason_groups"]
+        assert groups == staged_rejected_groups(m) and sum(groups.values()) == m["counts"]["rejected"]
+        for g, n in groups.items():
+            total[g] = total.get(g, 0) + n
+    assert total['inference_error: simulated failure: prompt contains "…"'] == 8  # q0, q5, … q35
+    assert any(g.startswith("expected #") or g == "no number in the output" for g in total)
+    close(cfg, plan)
+    view = RoundView(cfg.run_root, 0)
+    assert view.exact_groups() == total  # from the manifests, no row read
+    assert view.groups() == ReasonGroups(total).as_dict()
+
+
+def test_in_place_manifests_count_the_exhausted_rows_and_infer_has_none(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, strategy="in_place", max_attempts=2)
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg, "tail")
+    run_jobs(cfg, "in_place", plan.shards)
+    for shard in plan.shards:
+        m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "in_place"))
+        assert m is not None
+        exhausted = m["counts"].get("max_attempts", 0) + m["counts"].get("error", 0)
+        assert sum(m["reason_groups"].values()) == exhausted > 0
+        assert m["reason_groups"] == staged_rejected_groups(m)
+    run_jobs(cfg, "infer", plan.shards)
+    infer = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "infer"))
+    assert infer is not None and "reason_groups" not in infer
