@@ -34,7 +34,16 @@ from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
 from airflow_batchinfer.review.reasons import OTHER, ReasonGroups, reason_group
-from airflow_batchinfer.rounds import read_doc, read_run_config, read_summary
+from airflow_batchinfer.rounds import (
+    Plan,
+    read_doc,
+    read_plan,
+    read_run_config,
+    read_summary,
+    round_config,
+    slots,
+)
+from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.digest import LineIds
 from airflow_batchinfer.storage.location import StorageOptions, join
@@ -467,13 +476,16 @@ class RoundView:
                     return
 
     def _run_settings(self) -> tuple[str, _Prompts | None]:
-        """The run's id field and prompts (from ``run.json``; without it: ``id``, no prompts)."""
+        """The run's id field and the round's prompts: ``run.json`` with what a review changed for the
+        round (the plan that ran it); without ``run.json``: ``id``, no prompts."""
         if self._settings is None:
             try:
                 cfg = read_run_config(self.run_root, self.so)
             except BatchInferError:
                 self._settings = ("id", None)
             else:
+                with contextlib.suppress(BatchInferError):  # a plan that cannot be read: run.json's
+                    cfg = round_config(cfg, self._plan(cfg))
                 prompts: _Prompts | None
                 try:
                     prompts = _Prompts(cfg.prompt_template, cfg.system)
@@ -481,6 +493,14 @@ class RoundView:
                     prompts = None
                 self._settings = (cfg.id_field or "id", prompts)
         return self._settings
+
+    def _plan(self, cfg: RunConfig) -> Plan | None:
+        """The plan of the slot that ran this round."""
+        for slot in slots(cfg.max_rounds):
+            plan = read_plan(self.layout, slot, self.so)
+            if plan is not None and plan.round == self.round and plan.mode != "skip":
+                return plan
+        return None
 
     def _load(self) -> list[_Shard]:
         with self._lock:

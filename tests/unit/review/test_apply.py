@@ -186,3 +186,21 @@ def test_a_human_judges_gate_offers_no_in_place(tmp_path: Path) -> None:
         finish_shard(cfg, 0, shard, set())
     close(cfg, plan)
     assert propose(cfg, "round-01").options == [CONTINUE, "Accept remaining as they are", STOP]
+
+
+def test_the_desk_shows_the_prompts_the_round_ran(tmp_path: Path) -> None:
+    """A round run with a review's changed template shows (and text filters search) that prompt."""
+    from airflow_batchinfer.review.browse import RoundView
+    from airflow_batchinfer.rounds import round_config, write_run_config
+
+    cfg = make_run(tmp_path)
+    write_run_config(cfg)
+    assert RoundView(cfg.run_root, 0).to_sample({"id": "x", "question": "q x"}).prompt == "q x"
+    plan = propose(cfg, "round-00").plan
+    plan.settings = {"prompt_template": "Q: {{ question }}"}
+    write_plan(RunLayout(cfg.run_root), plan)
+    for shard in plan.shards:
+        finish_shard(round_config(cfg, plan), 0, shard, set(IDS[:20]))
+    close(cfg, plan)
+    (sample,) = RoundView(cfg.run_root, 0).sample(1)
+    assert sample.prompt == f"Q: q {sample.id}"
