@@ -521,9 +521,7 @@ def accept_pending(
 
 def _remove_accepted(layout: RunLayout, r: int, keep: set[str], so: StorageOptions | None) -> None:
     """Rows an earlier answer to round ``r``'s gate accepted as they were, that this answer does not."""
-    for name in files.names(layout.results, so):
-        if name.startswith(f"accepted-r{r:02d}-") and name not in keep:
-            files.remove(join(layout.results, name), so)
+    files.remove_others(layout.results, f"accepted-r{r:02d}-", {join(layout.results, n) for n in keep}, so)
 
 
 # --------------------------------------------------------------------------------------- close

@@ -67,7 +67,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, trend
-from airflow_batchinfer.review.decisions import Decision, DecisionLog, Resolver, tally
+from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.rounds import TAIL, read_plan, read_run_config, read_summary, slots
 from airflow_batchinfer.run_owner import RunIdentity, parse_owner, read_owner
 
@@ -75,8 +75,6 @@ PAGE_DIR = Path(__file__).parent / "page"
 STATIC_FILES = {"page.js": "text/javascript", "page.css": "text/css"}
 MAX_PAGE = 200  # rows per page, and samples per draw
 MAX_TEXT = 200  # characters of a search text or a group name
-MAX_IDS = 10_000  # ids in one decision
-MAX_NOTE = 2_000
 # A gate of ours: the plan task of a round slot (task group round_NN or tail, maybe in a group).
 PLAN_TASK = re.compile(r"(?:^|\.)(?:round_(?P<n>\d+)|(?P<tail>tail))\.plan$")
 OPEN_STATES = (TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)

@@ -25,7 +25,7 @@ from airflow_batchinfer.review.decisions import Action, Decision, DecisionLog, R
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
-from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import write_manifest
 
 APPLIED_VERSION = 1
@@ -106,7 +106,11 @@ def apply_decisions(
                     "ids": digests["retry"].to_dict(),
                 }
             )
-    _remove_stale(layout, reviewed, made, retained_dir, so)
+    # what an earlier application of these decisions wrote that they no longer make
+    prefix = f"reviewed-r{reviewed:02d}-"
+    files.remove_others(layout.results, prefix, made, so)
+    files.remove_others(layout.dropped, prefix, made, so)
+    files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
     write_manifest(
         retained_dir,
         {"kind": "review", "state": "complete", "round": r, "reviewed_round": reviewed,
@@ -120,17 +124,3 @@ def _marked(row: dict[str, Any], decision: Decision) -> dict[str, Any]:
     review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**row, **extra, "review": review}
-
-
-def _remove_stale(
-    layout: RunLayout, reviewed: int, made: set[str], retained: JsonlDir, so: StorageOptions | None
-) -> None:
-    """Files an earlier application of this round's decisions wrote that these no longer make."""
-    prefix = f"reviewed-r{reviewed:02d}-"
-    candidates = [join(layout.results, n) for n in files.names(layout.results, so) if n.startswith(prefix)]
-    candidates += [join(layout.dropped, n) for n in files.names(layout.dropped, so) if n.startswith(prefix)]
-    candidates += [f.uri for f in retained.jsonl_files()]
-    for uri in candidates:
-        if uri not in made:
-            loc = resolve(uri, so)
-            loc.fs.rm(loc.path)

@@ -7,7 +7,7 @@ import os
 import posixpath
 import shutil
 
-from airflow_batchinfer.storage.location import StorageOptions, resolve
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 
 
 def exists(uri: str, so: StorageOptions | None) -> bool:
@@ -36,6 +36,15 @@ def remove(uri: str, so: StorageOptions | None) -> bool:
     with contextlib.suppress(FileNotFoundError):
         loc.fs.rm(loc.path)
     return True
+
+
+def remove_others(folder: str, prefix: str, keep: set[str], so: StorageOptions | None) -> None:
+    """Delete the files of ``folder`` whose names start with ``prefix``, but for those in ``keep``
+    (URIs): what an earlier try of a rewrite made that this one does not."""
+    for name in names(folder, so):
+        uri = join(folder, name)
+        if name.startswith(prefix) and uri not in keep:
+            remove(uri, so)
 
 
 def remove_tree(uri: str, so: StorageOptions | None) -> None:
