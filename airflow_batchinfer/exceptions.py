@@ -31,6 +31,11 @@ class ReviewError(ConfigError):
     neither ids nor a filter), or a review document cannot be read; the message says what and why."""
 
 
+class ReviewClosedError(ReviewError):
+    """A decision came after its round's gate was answered: the run has applied the round's
+    decisions (and sealed their log), so this one would never take effect."""
+
+
 class ParamsRefused(ConfigError):
     """A DAG run's params go beyond what the deployment allows (:mod:`airflow_batchinfer.limits`);
     nothing was started or written. ``reasons`` lists every refusal."""

@@ -64,7 +64,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewError
+from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, trend
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
@@ -644,7 +644,10 @@ def create_app() -> FastAPI:
             ctx.round, body.action, _user_name(user), note=body.note, ids=body.ids or (), filter=flt
         )  # validated: a ReviewError is a 400
         log = DecisionLog(ctx.run_root, ctx.round, ctx.so)
-        log.append(decision)
+        try:
+            log.append(decision)
+        except ReviewClosedError as exc:  # the gate was answered after the check above
+            raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
         return {"round": ctx.round, "decision": decision.to_dict(), "decisions": len(log.read())}
 
     return app

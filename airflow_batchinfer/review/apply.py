@@ -62,7 +62,8 @@ def apply_decisions(
     ``None`` when there are none (nothing is written)."""
     if r < 1:
         return None
-    decisions = DecisionLog(cfg.run_root, r - 1, so).read()
+    # sealed first: a decision recorded from now on is refused, not silently left out
+    decisions = DecisionLog(cfg.run_root, r - 1, so).seal()
     if not decisions:
         return None
     layout = RunLayout(cfg.run_root)

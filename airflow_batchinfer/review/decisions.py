@@ -4,7 +4,8 @@ A decision names samples by id, or selects every sample matching a filter (a bul
 ``{"group": …, "text": …}``, the page's filter, see :func:`~airflow_batchinfer.review.browse.matches`;
 ``{}`` selects every rejected sample of the round). Decisions are appended to
 ``round-NN/review/decisions.jsonl``, one versioned JSON line each (who, when, what, which filter);
-the next round's plan applies them when the gate is answered (:mod:`airflow_batchinfer.review.apply`).
+the next round's plan seals the log and applies them when the gate is answered
+(:mod:`airflow_batchinfer.review.apply`).
 For each sample the **last** decision that names it or whose filter matches it wins; a sample no
 decision selects is retried (the default):
 
@@ -15,19 +16,16 @@ decision selects is retried (the default):
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
-from airflow_batchinfer.exceptions import ReviewError
+from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, Sample, matches
-from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage import swap
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.location import resolve as resolve_uri
 
@@ -203,23 +201,19 @@ def _filter(value: Any) -> dict[str, str] | None:
 
 
 # ------------------------------------------------------------------------------------- the log
-_LOCKS: dict[str, threading.Lock] = {}
-_LOCKS_LOCK = threading.Lock()
-
-
-def _lock_for(uri: str) -> threading.Lock:
-    with _LOCKS_LOCK:
-        return _LOCKS.setdefault(uri, threading.Lock())
-
-
 class DecisionLog:
     """Round ``round``'s decisions, ``round-NN/review/decisions.jsonl`` under ``run_root``.
 
-    :meth:`append` reads the file, adds the decision and replaces the file atomically (a reader sees
-    the old or the new log, never half of one). Appends in one process are serialised by a lock per
-    file; on a local disk a file lock (``.decisions.lock`` beside it) also serialises processes. Two
-    processes appending to the same object-store log at the same instant can still lose one of the
-    two: serve the review page from one api-server process, or keep reviewers of one round on one."""
+    Every change is a read-modify-write through :func:`airflow_batchinfer.storage.swap.update`:
+    reviewers deciding at the same instant, from any number of api-server processes, all have their
+    decision recorded (a file lock on a local disk, a compare-and-swap on S3's ETag), and a reader
+    sees the log before or after a change, never half of one. (On other object stores the last of
+    two simultaneous writers wins: serve the page from one process there.)
+
+    When the gate is answered the run :meth:`seal` s the log (a last line, ``{"sealed_at"}``) and
+    applies exactly the decisions before the seal; an :meth:`append` after it is refused
+    (:class:`~airflow_batchinfer.exceptions.ReviewClosedError`), so a decision is either applied or
+    refused, never recorded and ignored."""
 
     def __init__(self, run_root: str, round: int, so: StorageOptions | None = None) -> None:
         if isinstance(round, bool) or not isinstance(round, int) or round < 0:
@@ -230,45 +224,68 @@ class DecisionLog:
 
     def read(self) -> list[Decision]:
         """The decisions in the order they were made (``[]`` before the first)."""
-        try:
-            rows = list(JsonlFile(self._loc).iter_records())
-        except FileNotFoundError:
-            return []
-        out = []
-        for n, row in enumerate(rows, 1):
-            try:
-                out.append(Decision.from_dict(row))
-            except ReviewError as exc:
-                raise ReviewError(f"{self.uri}, decision {n}: {exc}") from None
-        return out
+        return self._parse(swap.read(self._loc))[0]
 
     def append(self, decision: Decision) -> None:
-        """Add ``decision`` (validated; it must be for this log's round)."""
+        """Add ``decision`` (validated; it must be for this log's round); refused once sealed."""
         if not isinstance(decision, Decision):
             raise ReviewError(f"append takes a Decision, got {type(decision).__name__}")
         if decision.round != self.round:
             raise ReviewError(
                 f"a decision on round {decision.round} does not belong in round {self.round}'s log"
             )
-        with _lock_for(self._loc.uri), self._file_lock():
-            rows = [d.to_dict() for d in self.read()]
-            rows.append(decision.to_dict())
-            with JsonlFile(self._loc).writer_sync() as out:
-                out.write_many(rows)
+        line = _line(decision.to_dict())
 
-    @contextlib.contextmanager
-    def _file_lock(self) -> Iterator[None]:
-        if not self._loc.is_local:
-            yield
-            return
-        directory = os.path.dirname(self._loc.path)
-        os.makedirs(directory, exist_ok=True)
-        with open(os.path.join(directory, ".decisions.lock"), "a+b") as f:
-            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        def add(current: bytes | None) -> bytes:
+            sealed_at = self._parse(current)[1]
+            if sealed_at is not None:
+                raise ReviewClosedError(
+                    f"round {self.round}'s gate was answered at {sealed_at} and its decisions applied: "
+                    "this decision was not recorded (reload the page)"
+                )
+            return _ended(current) + line
+
+        swap.update(self._loc, add)
+
+    def seal(self) -> list[Decision]:
+        """Close the log to new decisions (once; sealing again changes nothing) and return the
+        decisions it holds: the ones to apply."""
+
+        def close(current: bytes | None) -> bytes:
+            if current is not None and self._parse(current)[1] is not None:
+                return current
+            at = datetime.now(UTC).isoformat(timespec="seconds")
+            return _ended(current) + _line({"schema_version": DECISION_VERSION, "sealed_at": at})
+
+        return self._parse(swap.update(self._loc, close))[0]
+
+    def _parse(self, data: bytes | None) -> tuple[list[Decision], str | None]:
+        """The decisions, and when the log was sealed (``None``: open)."""
+        decisions: list[Decision] = []
+        sealed_at = None
+        for n, raw in enumerate((data or b"").splitlines(), 1):
+            if not raw.strip():
+                continue
             try:
-                yield
-            finally:
-                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+                row = json.loads(raw)
+                if isinstance(row, dict) and "sealed_at" in row:
+                    sealed_at = str(row["sealed_at"])
+                    continue
+                decisions.append(Decision.from_dict(row))
+            except (ValueError, ReviewError) as exc:  # a JSONDecodeError is a ValueError
+                raise ReviewError(f"{self.uri}, line {n}: {exc}") from None
+        return decisions, sealed_at
+
+
+def _line(row: dict[str, Any]) -> bytes:
+    return json.dumps(row, ensure_ascii=False).encode() + b"\n"
+
+
+def _ended(current: bytes | None) -> bytes:
+    """``current`` ending with a newline (a log edited by hand may lack its last one)."""
+    if not current:
+        return b""
+    return current if current.endswith(b"\n") else current + b"\n"
 
 
 # ---------------------------------------------------------------------------------- resolving

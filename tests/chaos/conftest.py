@@ -24,7 +24,7 @@ from tests.support.seaweedfs import S3Server, start_seaweedfs
 DAGS = Path(__file__).parent / "dags"
 DAG_IDS = ("chaos_rounds", "chaos_disk", "chaos_inline", "chaos_s3", "chaos_review")
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the chaos DAGs' local pools
-LOCAL_POOLS = ("chaos", "chaos-s3", "chaos-review", "chaos-retry")
+LOCAL_POOLS = ("chaos", "chaos-s3", "chaos-review", "chaos-retry", "chaos-triggerer")
 BUCKET = "batchinfer-chaos"
 FAILURE_TIMEOUT_S = 10
 

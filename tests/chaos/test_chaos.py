@@ -201,7 +201,10 @@ def test_triggerer_restarted_twice_mid_round(chaos_airflow: LocalAirflow, chaos_
     resumes polling the workers, whose jobs never stopped. Nothing is resubmitted or lost.
     Operator: nothing to do; restarting the triggerer is safe at any time."""
     af = chaos_airflow
-    slow_judge = {**SLOW, "judge": {"type": "llm"}}  # judged on the engine too: the jobs defer
+    # judged on the engine too, 15 s a batch (~30 s a job, on a pool of its own): the tasks stay
+    # deferred through both restarts, whatever a restart costs on a busy machine
+    slow_judge = {**SLOW, "judge": {"type": "llm"}, "worker_pool": "local://chaos-triggerer",
+                  "engine_options": {**ENGINE, "latency_base_s": 15.0}}  # fmt: skip
     run = start(af, chaos_root, "chaos_rounds", "triggerer", 40, **slow_judge)
     restarts = []
     for sig, down_s in ((signal.SIGTERM, 0.0), (signal.SIGKILL, 2.0)):
@@ -480,7 +483,7 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     chaos_airflow: LocalAirflow, chaos_root: Path, pools_dir: Path
 ) -> None:
     """Fault: the first try of a shard task is killed (task process and supervisor, SIGKILL) while its
-    job runs on a slow engine (30 s per batch); Airflow retries the task while the job still runs.
+    job runs on a slow engine (60 s per batch); Airflow retries the task while the job still runs.
     System: before submitting, the retry asks the pool's workers whether one already runs the job
     id and follows it there, so the job runs once; a second copy on another worker would waste a
     slot and race the first on the same outputs.
@@ -489,19 +492,24 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     pool = "chaos-retry"  # fresh workers: their job counts are this run's
     run = start(af, chaos_root, "chaos_inline", "retryfollow", 10, max_rounds=1, worker_pool=f"local://{pool}",
                 judge={"type": "length", "min_chars": 1},
-                engine_options={"approval_rate": 0.6, "latency_base_s": 30.0})  # fmt: skip
+                engine_options={"approval_rate": 0.6, "latency_base_s": 60.0})  # fmt: skip
     victim, procs = _running_job_task(run, pools_dir, pool)
     kill_pids([procs["task"], procs["supervisor"]])
-    retry = wait_until(
-        lambda: (
-            (t := ti_by_id(run.tis(), victim["task_id"], 0))
-            and t["try_number"] > procs["try_number"]
-            and t["state"] in ("running", "deferred", "success")
-            and t
-        ),
-        FAILURE_TIMEOUT_S * 6,
-        "the retry to start",
-    )
+    seen: list[tuple[float, int, str]] = []  # the victim's (seconds since the kill, try, state) changes
+    killed_at = time.monotonic()
+
+    def retried() -> dict[str, Any] | None:
+        t = ti_by_id(run.tis(), victim["task_id"], 0)
+        if t and (not seen or seen[-1][1:] != (t["try_number"], t["state"])):
+            seen.append((round(time.monotonic() - killed_at, 1), t["try_number"], t["state"]))
+        if t and t["try_number"] > procs["try_number"] and t["state"] in ("running", "deferred", "success"):
+            return t
+        return None
+
+    try:  # usually ~12 s: a heartbeat timeout, a retry delay and a start
+        retry = wait_until(retried, FAILURE_TIMEOUT_S * 9, "the retry to start")
+    except TimeoutError as exc:
+        raise AssertionError(f"{exc}; the killed task instance's (s, try, state): {seen}") from None
     running_at_retry = worker_jobs(pools_dir, pool)
     report = succeed(run)
     assert_invariant(run, report)

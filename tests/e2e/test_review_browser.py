@@ -26,7 +26,7 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
     pytest.skip(str(missing()), allow_module_level=True)
 
-from playwright.sync_api import Browser, BrowserContext, FrameLocator, Page, expect
+from playwright.sync_api import Browser, BrowserContext, FrameLocator, Page, Route, expect
 
 from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.storage import JsonlFile
@@ -296,9 +296,20 @@ def test_a_reviewer_decides_on_the_desk_and_continues_with_a_hotter_temperature(
     whole.set_viewport_size({"width": 1200, "height": 800})
     whole.goto(f"{airflow.url}/batchinfer/review/?" + urlencode({"dag_id": dag_id, "run_id": run_id}))
     expect(whole.get_by_test_id("decision-row")).to_have_count(2)
+    # answers out of order: the group filter's page (50 rows) is held until the page size's (10) shows
+    held: list[Route] = []
+    whole.route(
+        lambda url: "/page?" in url, lambda r: held.append(r) if "size=50" in r.request.url else r.continue_()
+    )
     whole.locator("[data-testid=group]", has_text="expected").click()
     whole.get_by_test_id("page-size").select_option("10")
     expect(whole.get_by_test_id("page-info")).to_contain_text("page 1: 10 shown")
+    assert len(held) == 1, [r.request.url for r in held]
+    with whole.expect_response(lambda r: "/page?" in r.url and "size=50" in r.url):
+        held[0].continue_()
+    whole.wait_for_timeout(500)  # the stale answer reaches the page's script; it must not show
+    expect(whole.get_by_test_id("page-info")).to_contain_text("page 1: 10 shown")
+    expect(whole.get_by_test_id("sample-row")).to_have_count(10)
     shots.take(whole, "desk-whole")
     whole.close()
 
@@ -404,7 +415,8 @@ def test_people_judge_a_round_on_the_desk_one_by_one_and_by_filter(
     assert all(r["accepted_by_review"] and r["review"]["by"] == airflow.username for r in by_review)
     assert sorted(ids(root / "round-01" / "reviewed")) == sorted(set(everyone) - set(accepted))
     decisions = (root / "round-00" / "review" / "decisions.jsonl").read_text().splitlines()
-    log = [json.loads(line) for line in decisions]
+    *log, seal = [json.loads(line) for line in decisions]
+    assert set(seal) == {"schema_version", "sealed_at"}  # the answer's task sealed the log it applied
     assert [(d["action"], d.get("ids")) for d in log[:3]] == [("accept", [rid]) for rid in accepted]
     assert (log[3]["action"], log[3]["filter"]["text"]) == ("retry", "What is 7 +") and len(log) == 4
     plan = json.loads((root / "round-01" / "plan.json").read_text())

@@ -445,17 +445,28 @@
     }
   }
 
+  // Requests can answer out of order (a filter click, then a page size; two decisions in a row): of
+  // each kind, only the latest request's answer is shown, an earlier one's is stale.
+  const requests = {};
+  function latest(kind) {
+    const n = (requests[kind] = (requests[kind] || 0) + 1);
+    return () => requests[kind] === n;
+  }
+
   async function loadSamples() {
+    const current = latest("samples");
     say("Loading samples…");
     let data;
     if (state.mode === "sample" && !state.group && !state.text) {
       data = await api(gatePath("/sample" + params({ n: state.n, seed: state.seed })));
+      if (!current()) return;
       state.next = null;
       parts.pageInfo.textContent = data.samples.length + " random samples (seed " + data.seed + ")";
     } else {
       state.mode = "browse";
       const cursor = state.cursors[state.cursors.length - 1];
       data = await api(gatePath("/page" + params({ cursor: cursor, size: state.size, group: state.group, text: state.text })));
+      if (!current()) return;
       state.next = data.cursor || null;
       const page = state.cursors.length;
       // total: the rows the filter selects, null when unknown without reading them all (a text search)
@@ -535,7 +546,9 @@
   }
 
   async function loadDecisions() {
+    const current = latest("decisions");
     const data = await api(gatePath("/decisions"));
+    if (!current()) return;
     clear(parts.decisions);
     for (const d of data.decisions) {
       let what;

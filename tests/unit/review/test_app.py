@@ -22,6 +22,7 @@ pytestmark = pytest.mark.airflow
 from fastapi.testclient import TestClient  # noqa: E402
 
 from airflow_batchinfer.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.review.decisions import DecisionLog  # noqa: E402
 from airflow_batchinfer.rounds import round_kinds, write_run_config  # noqa: E402
 from airflow_batchinfer.run_config import RunConfig  # noqa: E402
 from airflow_batchinfer.run_owner import RunIdentity, write_owner  # noqa: E402
@@ -530,6 +531,24 @@ def test_decisions_are_closed_once_the_gate_is_answered(desk: Desk) -> None:
     r = desk.post("alice", gate_url("answered", "/decisions"), {"action": "drop", "ids": ["r01"]})
     assert r.status_code == 409 and "no review gate is open" in r.json()["detail"]
     assert desk.get("bob", gate_url("answered", "/decisions")).json()["open"] is False
+
+
+def test_a_decision_after_the_run_applied_the_round_is_refused_not_lost(desk: Desk) -> None:
+    """The gate still reads as open in Airflow, but the answer's plan task has sealed the log (it
+    is applying the decisions): the decision is refused (409), never recorded and ignored."""
+    log = DecisionLog(desk.roots["open"], 0)
+    path = Path(log.uri)
+    before = path.read_bytes() if path.exists() else None
+    try:
+        applied = log.seal()
+        r = desk.post("alice", gate_url("open", "/decisions"), {"action": "drop", "ids": ["r01"]})
+        assert r.status_code == 409 and "was not recorded" in r.json()["detail"], r.text
+        assert log.read() == applied
+    finally:
+        if before is None:
+            path.unlink()
+        else:
+            path.write_bytes(before)
 
 
 def test_storage_options_come_from_the_plan_tasks_rendered_connection(

@@ -7,6 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from airflow_batchinfer.exceptions import ReviewClosedError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import build_report
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
@@ -51,6 +54,15 @@ def reviewed_run(tmp_path: Path) -> Any:
     return cfg
 
 
+def unseal(cfg: Any) -> None:
+    """What an operator does to change round 0's decisions after they were applied: remove the seal
+    (the log's last line), then clear the plan task."""
+    path = Path(RunLayout(cfg.run_root).decisions(0))
+    lines = path.read_text().splitlines(keepends=True)
+    assert "sealed_at" in lines[-1]
+    path.write_text("".join(lines[:-1]))
+
+
 def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path: Path) -> None:
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
@@ -87,12 +99,29 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
     assert "## Review decisions" in (Path(layout.report) / "report.md").read_text()
 
 
-def test_applying_again_follows_the_decisions_as_they_are_now(tmp_path: Path) -> None:
-    """A retried plan task applies the log again: files the earlier split made that the decisions no
-    longer make are removed (no id is doubled), and it reads the original pending set."""
+def test_a_retried_plan_task_applies_the_same_decisions_and_later_ones_are_refused(tmp_path: Path) -> None:
+    """The first application seals the log: a decision made after it is refused (never recorded and
+    ignored), and a retried plan task applies exactly the same decisions."""
+    cfg = reviewed_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    first = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    with pytest.raises(ReviewClosedError):
+        DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", ids=["r25"]))
+    again = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    assert again.reviewed == first.reviewed and again.reviewed is not None
+    assert again.reviewed["counts"] == {"accept": 2, "retry": 6, "drop": 2}
+    assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
+    assert sorted(rows_in(layout.dropped)) == ["r23", "r24"]
+
+
+def test_a_log_an_operator_edited_is_applied_as_it_is_now(tmp_path: Path) -> None:
+    """An operator unseals the log, changes the decisions by hand and clears the plan task: the retry
+    applies the log as it is now; files the earlier split made that it no longer makes are removed
+    (no id is doubled), and it reads the original pending set."""
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    unseal(cfg)
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "retry", "carol", ids=["r20", "r21", "r23", "r24"]))
     plan = apply_choice(cfg, propose(cfg, "round-01"), STOP)
     assert plan.stop and plan.reviewed is not None
@@ -105,13 +134,19 @@ def test_applying_again_follows_the_decisions_as_they_are_now(tmp_path: Path) ->
 
 
 def test_a_bulk_decision_by_reason_group_and_no_log_no_split(tmp_path: Path) -> None:
-    cfg = make_run(tmp_path, review="every_round", max_rounds=2)
-    plan = plan_round(cfg)
-    for shard in plan.shards:
-        finish_shard(cfg, 0, shard, set(IDS[:25]))
-    close(cfg, plan)
-    plain = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
-    assert plain.reviewed is None and not Path(RunLayout(cfg.run_root).reviewed(1)).exists()
+    def closed_round(root: Path) -> Any:
+        root.mkdir()
+        cfg = make_run(root, review="every_round", max_rounds=2)
+        plan = plan_round(cfg)
+        for shard in plan.shards:
+            finish_shard(cfg, 0, shard, set(IDS[:25]))
+        close(cfg, plan)
+        return cfg
+
+    plain_cfg = closed_round(tmp_path / "plain")
+    plain = apply_choice(plain_cfg, propose(plain_cfg, "round-01"), CONTINUE)
+    assert plain.reviewed is None and not Path(RunLayout(plain_cfg.run_root).reviewed(1)).exists()
+    cfg = closed_round(tmp_path / "bulk")
     DecisionLog(cfg.run_root, 0).append(
         Decision.make(0, "drop", "alice", filter={"group": "no"}, note="junk")
     )
@@ -164,13 +199,14 @@ def test_decisions_take_effect_once_per_round_and_the_report_points_at_what_is_p
 
 
 def test_accept_remaining_after_decisions_and_again(tmp_path: Path) -> None:
-    """ "Accept remaining" accepts what the decisions left; answered again after the decisions changed,
-    it leaves no earlier acceptance behind (no id doubled)."""
+    """ "Accept remaining" accepts what the decisions left; answered again after an operator changed
+    the decisions, it leaves no earlier acceptance behind (no id doubled)."""
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
     write_plan(layout, plan)
     assert finished_report(cfg)["invariant"]["ok"]
+    unseal(cfg)
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", filter={}, note="all of it"))
     plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
     write_plan(layout, plan)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.exceptions import ReviewError
+from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, Sample
 from airflow_batchinfer.review.decisions import (
@@ -22,6 +22,7 @@ from airflow_batchinfer.review.decisions import (
     tally,
 )
 from airflow_batchinfer.run_config import RunConfig
+from tests.conftest import Root
 from tests.unit.review.helpers import build_round, drop_manifest_groups
 
 AT = "2026-01-02T03:04:05+00:00"
@@ -67,7 +68,7 @@ def test_an_unknown_version_is_refused_with_a_clear_error(tmp_path: Path) -> Non
     path = Path(log.uri)
     row = {**d("drop", ids=("r2",)).to_dict(), "schema_version": 2}
     path.write_text(path.read_text() + json.dumps(row) + "\n")
-    with pytest.raises(ReviewError, match=r"decision 2: .*schema_version 2 is not supported"):
+    with pytest.raises(ReviewError, match=r"line 2: .*schema_version 2 is not supported"):
         log.read()
     with pytest.raises(ReviewError, match="version 3 is not supported"):
         Decision(0, "drop", "a", AT, ids=("x",), version=3)
@@ -107,8 +108,10 @@ def test_append_checks_the_round_and_takes_exactly_10000_ids(tmp_path: Path) -> 
     assert Decision.make(1, "retry", "a", filter={}).filter == {}  # {}: every sample
 
 
-def test_concurrent_appends_lose_nothing(tmp_path: Path) -> None:
-    root = str(tmp_path / "run")
+def test_concurrent_appends_lose_nothing(root: Root) -> None:
+    """10 reviewers deciding at once, on a local disk (file lock) and on the real S3 server (a
+    compare-and-swap on the ETag): every decision is in the log."""
+    run_root, so = root.uri("run"), root.storage_options
     barrier = threading.Barrier(10)
     errors: list[BaseException] = []
 
@@ -116,7 +119,7 @@ def test_concurrent_appends_lose_nothing(tmp_path: Path) -> None:
         try:
             barrier.wait()
             for j in range(5):  # each thread its own DecisionLog, as each request has
-                DecisionLog(root, 0).append(Decision.make(0, "drop", f"user{k}", ids=[f"{k}-{j}"]))
+                DecisionLog(run_root, 0, so).append(Decision.make(0, "drop", f"user{k}", ids=[f"{k}-{j}"]))
         except BaseException as exc:
             errors.append(exc)
 
@@ -126,8 +129,67 @@ def test_concurrent_appends_lose_nothing(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert errors == []
-    got = DecisionLog(root, 0).read()
+    got = DecisionLog(run_root, 0, so).read()
     assert len(got) == 50 and {x.ids[0] for x in got} == {f"{k}-{j}" for k in range(10) for j in range(5)}
+
+
+def test_a_sealed_log_refuses_decisions_and_keeps_what_it_held(tmp_path: Path) -> None:
+    log = DecisionLog(str(tmp_path), 0)
+    first = d("drop", ids=("r1",))
+    log.append(first)
+    assert log.seal() == [first]
+    assert log.seal() == [first]  # again (a retried task): the same decisions, one seal
+    with pytest.raises(ReviewClosedError, match=r"round 0's gate was answered at .* not recorded"):
+        log.append(d("accept", ids=("r2",)))
+    assert log.read() == [first]
+    lines = [json.loads(x) for x in Path(log.uri).read_text().splitlines()]
+    assert len(lines) == 2 and set(lines[1]) == {"schema_version", "sealed_at"}
+    assert DecisionLog(str(tmp_path), 1).seal() == []  # a round nobody decided on: sealed empty
+    with pytest.raises(ReviewClosedError):
+        DecisionLog(str(tmp_path), 1).append(Decision.make(1, "drop", "a", ids=["x"]))
+
+
+def test_a_log_without_its_last_newline_still_appends(tmp_path: Path) -> None:
+    log = DecisionLog(str(tmp_path), 0)
+    first = d("drop", ids=("r1",))
+    Path(log.uri).parent.mkdir(parents=True)
+    Path(log.uri).write_text(json.dumps(first.to_dict()))  # edited by hand: no newline at the end
+    log.append(second := d("accept", ids=("r2",)))
+    assert log.read() == [first, second]
+
+
+def test_decisions_racing_the_seal_are_applied_or_refused(root: Root) -> None:
+    """Reviewers deciding while the answered gate's task seals the log: every decision that was
+    recorded is among those the seal returns (applied), every other one was refused (409)."""
+    run_root, so = root.uri("run"), root.storage_options
+    barrier = threading.Barrier(7)
+    recorded: list[str] = []
+    refused: list[str] = []
+    sealed: list[list[Decision]] = []
+
+    def reviewer(k: int) -> None:
+        barrier.wait()
+        for j in range(4):
+            sid = f"{k}-{j}"
+            try:
+                DecisionLog(run_root, 0, so).append(Decision.make(0, "drop", f"user{k}", ids=[sid]))
+                recorded.append(sid)
+            except ReviewClosedError:
+                refused.append(sid)
+
+    def gate_task() -> None:
+        barrier.wait()
+        sealed.append(DecisionLog(run_root, 0, so).seal())
+
+    threads = [threading.Thread(target=reviewer, args=(k,)) for k in range(6)]
+    threads.append(threading.Thread(target=gate_task))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    applied = sorted(x.ids[0] for x in sealed[0])
+    assert applied == sorted(recorded) and len(recorded) + len(refused) == 24
+    assert sorted(x.ids[0] for x in DecisionLog(run_root, 0, so).read()) == applied
 
 
 # ---------------------------------------------------------------------------------- precedence
