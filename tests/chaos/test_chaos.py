@@ -483,7 +483,7 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     chaos_airflow: LocalAirflow, chaos_root: Path, pools_dir: Path
 ) -> None:
     """Fault: the first try of a shard task is killed (task process and supervisor, SIGKILL) while its
-    job runs on a slow engine (60 s per batch); Airflow retries the task while the job still runs.
+    job runs on a slow engine (30 s per batch); Airflow retries the task while the job still runs.
     System: before submitting, the retry asks the pool's workers whether one already runs the job
     id and follows it there, so the job runs once; a second copy on another worker would waste a
     slot and race the first on the same outputs.
@@ -492,14 +492,14 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     pool = "chaos-retry"  # fresh workers: their job counts are this run's
     run = start(af, chaos_root, "chaos_inline", "retryfollow", 10, max_rounds=1, worker_pool=f"local://{pool}",
                 judge={"type": "length", "min_chars": 1},
-                engine_options={"approval_rate": 0.6, "latency_base_s": 60.0})  # fmt: skip
+                engine_options={"approval_rate": 0.6, "latency_base_s": 30.0})  # fmt: skip
     victim, procs = _running_job_task(run, pools_dir, pool)
     kill_pids([procs["task"], procs["supervisor"]])
     seen: list[tuple[float, int, str]] = []  # the victim's (seconds since the kill, try, state) changes
     killed_at = time.monotonic()
 
     def retried() -> dict[str, Any] | None:
-        t = ti_by_id(run.tis(), victim["task_id"], 0)
+        t = ti_by_id(run.tis(), victim["task_id"], victim["map_index"])
         if t and (not seen or seen[-1][1:] != (t["try_number"], t["state"])):
             seen.append((round(time.monotonic() - killed_at, 1), t["try_number"], t["state"]))
         if t and t["try_number"] > procs["try_number"] and t["state"] in ("running", "deferred", "success"):
@@ -507,7 +507,7 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
         return None
 
     try:  # usually ~12 s: a heartbeat timeout, a retry delay and a start
-        retry = wait_until(retried, FAILURE_TIMEOUT_S * 9, "the retry to start")
+        retry = wait_until(retried, FAILURE_TIMEOUT_S * 6, "the retry to start")
     except TimeoutError as exc:
         raise AssertionError(f"{exc}; the killed task instance's (s, try, state): {seen}") from None
     running_at_retry = worker_jobs(pools_dir, pool)
