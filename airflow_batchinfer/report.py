@@ -52,7 +52,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     layout = RunLayout(cfg.run_root)
     plans = [p for s in slots(cfg.max_rounds) if (p := read_plan(layout, s, so))]
     ran = [p for p in plans if p.mode != "skip"]
-    rounds = [s for p in ran if (s := read_summary(layout, p.round, so))]
+    summaries = {p.slot: read_summary(layout, p.round, so) for p in ran}
+    rounds = [s for s in summaries.values() if s]
     stop = next((p.stop for p in plans if p.stop), None)
     in_place_ran = any(p.mode == "in_place" for p in ran)
     stop = stop or (IN_PLACE_DONE if in_place_ran else NOTHING_PENDING)
@@ -60,7 +61,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     # Every slot plans (a skip too) and every round that ran closes: a run where one did not (an
     # upstream task failed: the shard task, the pool setup, a plan or a close) has not finished.
     unplanned = [s for s in slots(cfg.max_rounds) if s not in {p.slot for p in plans}]
-    unclosed = [p.slot for p in ran if read_summary(layout, p.round, so) is None]
+    unclosed = [slot for slot, s in summaries.items() if s is None]
     reason = stop
     if unplanned or unclosed:
         status = INCOMPLETE

@@ -326,13 +326,24 @@ def read_summary(layout: RunLayout, r: int, so: StorageOptions | None = None) ->
     return read_doc(layout.summary(r), "round summary", so)
 
 
-def review_applied(layout: RunLayout, r: int, so: StorageOptions | None = None) -> dict[str, Any] | None:
-    """What reviewers' decisions did to round ``r``'s pending set (counts, accepted and dropped id
-    digests), once per round whichever gate applied them; ``None`` when none did."""
+def _review_split(layout: RunLayout, r: int, so: StorageOptions | None) -> dict[str, Any] | None:
+    """The manifest of round ``r``'s pending set as reviewers' decisions left it, once complete."""
     if r < 1:
         return None
     split = read_manifest(JsonlDir(layout.reviewed(r), storage_options=so))
-    return split.get("applied") if split is not None and split.get("state") == "complete" else None
+    return split if split is not None and split.get("state") == "complete" else None
+
+
+def review_applied(layout: RunLayout, r: int, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    """What reviewers' decisions did to round ``r``'s pending set (counts, accepted and dropped id
+    digests), once per round whichever gate applied them; ``None`` when none did."""
+    split = _review_split(layout, r, so)
+    return split.get("applied") if split is not None else None
+
+
+def rounds_ran(layout: RunLayout, max_rounds: int, so: StorageOptions | None = None) -> int:
+    """How many of the round slots before the tail ran a round (their plans in storage)."""
+    return sum(1 for s in slots(max_rounds)[:-1] if (p := read_plan(layout, s, so)) and p.mode == "rounds")
 
 
 def pending_shards(
@@ -340,10 +351,9 @@ def pending_shards(
 ) -> list[ShardDescriptor]:
     """Round ``r``'s input: the sharded dataset, or what round ``r - 1`` recompacted; once a
     review's decisions took effect (``reviewed``), what they left pending."""
-    if reviewed and r > 0:
-        split = read_manifest(JsonlDir(layout.reviewed(r), storage_options=so))
-        if split is not None and split.get("state") == "complete":
-            return [s for s in split.get("shards", []) if s["records"]]
+    split = _review_split(layout, r, so) if reviewed else None
+    if split is not None:
+        return [s for s in split.get("shards", []) if s["records"]]
     manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
     if manifest is None or manifest.get("state") != "complete":
         raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
@@ -357,9 +367,13 @@ def propose(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> Prop
     if slot not in all_slots:
         if re.fullmatch(r"round-\d{2}", slot) and int(slot[6:]) >= cfg.max_rounds:
             # a DAG built with more round slots than this run's max_rounds: the slot has no round
-            r = sum(1 for s in all_slots[:-1] if (p := read_plan(layout, s, so)) and p.mode == "rounds")
             return Proposal(
-                Plan(slot, r, "skip", reason=f"max_rounds is {cfg.max_rounds}: this slot is not used")
+                Plan(
+                    slot,
+                    rounds_ran(layout, cfg.max_rounds, so),
+                    "skip",
+                    reason=f"max_rounds is {cfg.max_rounds}: this slot is not used",
+                )
             )
         raise ConfigError(f"round slot {slot!r} is not one of {all_slots}")
     prior = [p for s in all_slots[: all_slots.index(slot)] if (p := read_plan(layout, s, so))]

@@ -68,7 +68,7 @@ from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewCl
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, trend
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
-from airflow_batchinfer.rounds import TAIL, read_plan, read_run_config, read_summary, slots
+from airflow_batchinfer.rounds import TAIL, read_run_config, read_summary, rounds_ran
 from airflow_batchinfer.run_owner import RunIdentity, parse_owner, read_owner
 
 PAGE_DIR = Path(__file__).parent / "page"
@@ -242,14 +242,7 @@ def reviewed_round(slot: str, run_root: str, so: dict[str, Any]) -> int:
     plans in storage ran (the tail runs under the next round number)."""
     if slot != TAIL:
         return int(slot.split("-")[1]) - 1
-    layout = RunLayout(run_root)
-    cfg = read_run_config(run_root, so)
-    ran = sum(
-        1
-        for s in slots(cfg.max_rounds)
-        if s != TAIL and (p := read_plan(layout, s, so)) and p.mode == "rounds"
-    )
-    return ran - 1
+    return rounds_ran(RunLayout(run_root), read_run_config(run_root, so).max_rounds, so) - 1
 
 
 @dataclass
@@ -645,10 +638,10 @@ def create_app() -> FastAPI:
         )  # validated: a ReviewError is a 400
         log = DecisionLog(ctx.run_root, ctx.round, ctx.so)
         try:
-            log.append(decision)
+            decisions = log.append(decision)
         except ReviewClosedError as exc:  # the gate was answered after the check above
             raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
-        return {"round": ctx.round, "decision": decision.to_dict(), "decisions": len(log.read())}
+        return {"round": ctx.round, "decision": decision.to_dict(), "decisions": len(decisions)}
 
     return app
 

@@ -44,7 +44,7 @@ from airflow_batchinfer.rounds import (
     slots,
 )
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import LineIds
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.records import parse_record
@@ -518,14 +518,8 @@ class RoundView:
         by reading it)."""
         r = self.round
         listed = JsonlDir(self.layout.rejected_dir(r), storage_options=self.so).shards()
-        jobs = JsonlDir(join(self.layout.round(r), "jobs"), storage_options=self.so)
         kinds: dict[str, list[str]] = {}
-        try:
-            names = jobs.loc.fs.ls(jobs.loc.path, detail=False)
-        except FileNotFoundError:
-            names = []
-        for name in names:
-            base = str(name).rstrip("/").rsplit("/", 1)[-1]
+        for base in files.names(join(self.layout.round(r), "jobs"), self.so):
             if base.endswith(".accepted.json"):
                 sid, _, kind = base[: -len(".accepted.json")].rpartition(".")
                 kinds.setdefault(sid, []).append(kind)

@@ -226,8 +226,9 @@ class DecisionLog:
         """The decisions in the order they were made (``[]`` before the first)."""
         return self._parse(swap.read(self._loc))[0]
 
-    def append(self, decision: Decision) -> None:
-        """Add ``decision`` (validated; it must be for this log's round); refused once sealed."""
+    def append(self, decision: Decision) -> list[Decision]:
+        """Add ``decision`` (validated; it must be for this log's round); refused once sealed.
+        Returns the log's decisions, this one last."""
         if not isinstance(decision, Decision):
             raise ReviewError(f"append takes a Decision, got {type(decision).__name__}")
         if decision.round != self.round:
@@ -245,7 +246,7 @@ class DecisionLog:
                 )
             return _ended(current) + line
 
-        swap.update(self._loc, add)
+        return self._parse(swap.update(self._loc, add))[0]
 
     def seal(self) -> list[Decision]:
         """Close the log to new decisions (once; sealing again changes nothing) and return the

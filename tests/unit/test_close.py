@@ -4,7 +4,6 @@ finished as a worker would (tests.support.fake_jobs) or by the worker's own job 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections import Counter
 from pathlib import Path
@@ -12,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rounds import (
     Plan,
@@ -22,14 +20,9 @@ from airflow_batchinfer.rounds import (
     read_doc,
     record_job_error,
 )
-from airflow_batchinfer.rpc.fingerprint import pin_input
-from airflow_batchinfer.rpc.models import JobKind, JobStatus
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
 from airflow_batchinfer.worker.manifest import read_job_manifest
-from airflow_batchinfer.worker.params import parse_params
-from airflow_batchinfer.worker.registry import JobRegistry
-from airflow_batchinfer.worker.runtime import Runtime
 from tests.support.fake_jobs import (
     ENGINE,
     IDS,
@@ -41,6 +34,7 @@ from tests.support.fake_jobs import (
     write_rows,
 )
 from tests.support.fake_jobs import make_run as make_fused_run
+from tests.support.worker_jobs import run_jobs
 
 
 def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
@@ -326,36 +320,6 @@ def test_a_valid_manifest_whose_staged_outputs_are_gone_is_quarantined_for_recom
 
 
 # ------------------------------------------------------------------ the worker's own job code
-def run_jobs(
-    cfg: RunConfig, jobs: list[tuple[JobKind, int, ShardDescriptor]], **engine: Any
-) -> list[JobStatus]:
-    """Run shard jobs with the worker's registry and job code in this process (SIMULATED engine)."""
-
-    async def main() -> list[JobStatus]:
-        engine.setdefault("latency_base_s", 0.0)
-        runtime = Runtime(create_engine("simulated", **engine), batch_timeout_s=0.001)
-        await runtime.start()
-        registry = JobRegistry(runtime, concurrency=4, worker_name="w1")
-        out = []
-        try:
-            for kind, r, shard in jobs:
-                src = inferred_shard(cfg, r, shard) if kind == "judge" else shard
-                spec = job_spec(cfg, kind, r, src)
-                pinned = pin_input(spec, JsonlFile(spec.input).info())
-                registry.submit(pinned, parse_params(kind, pinned.params))
-                task = registry.jobs[pinned.job_id].task
-                assert task is not None
-                await task
-                status = registry.status(pinned.job_id)
-                assert status is not None and status.state == "succeeded", status
-                out.append(status)
-        finally:
-            await runtime.close()
-        return out
-
-    return asyncio.run(main())
-
-
 def test_worker_rounds_jobs_stage_their_outputs_and_close_accepts_them(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)

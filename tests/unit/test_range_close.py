@@ -12,7 +12,7 @@ from airflow_batchinfer.rounds import Plan, close_round, prepare_run, propose, r
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
-from tests.unit.test_close import run_jobs
+from tests.support.worker_jobs import run_jobs
 
 
 def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tuple[RunConfig, Plan, Any]:

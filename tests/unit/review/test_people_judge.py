@@ -14,15 +14,16 @@ from airflow_batchinfer.rounds import CONTINUE, apply_choice, propose, write_pla
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import close, plan_round
+from tests.support.worker_jobs import run_jobs
 from tests.unit.review.test_apply import finished_report
-from tests.unit.review.test_worker_groups import make_run, run_jobs
+from tests.unit.review.test_worker_groups import make_run
 
 
 def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, judge={"type": "human"}, review="never")
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
-    run_jobs(cfg, "infer_judge", plan.shards)
+    run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], fail_marker="FAIL")
     summary = close(cfg, plan)
     # every sample awaits a verdict, but for the inference errors (the model failed: retried)
     assert summary["approved"] == 0 and summary["for_review"] == 32 and summary["rejected"] == 40
@@ -47,7 +48,7 @@ def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tm
 def test_review_below_score_routes_low_scored_verdicts_to_people(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, judge={"type": "llm"}, review_below_score=0.5)
     plan = plan_round(cfg)
-    run_jobs(cfg, "infer_judge", plan.shards)
+    run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], fail_marker="FAIL")
     summary = close(cfg, plan)
     rows = [
         r for f in JsonlDir(RunLayout(cfg.run_root).rejected_dir(0)).jsonl_files() for r in f.iter_records()

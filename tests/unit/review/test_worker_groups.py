@@ -3,25 +3,19 @@ review page reads a round's groups from them (the worker's own job code, in proc
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.reasons import ReasonGroups
-from airflow_batchinfer.rounds import job_spec, write_run_config
-from airflow_batchinfer.rpc.fingerprint import pin_input
-from airflow_batchinfer.rpc.models import JobKind
+from airflow_batchinfer.rounds import write_run_config
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from airflow_batchinfer.worker.manifest import read_job_manifest
-from airflow_batchinfer.worker.params import parse_params
-from airflow_batchinfer.worker.registry import JobRegistry
-from airflow_batchinfer.worker.runtime import Runtime
 from tests.support.fake_jobs import close, plan_round
+from tests.support.worker_jobs import run_jobs
 
 
 def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
@@ -43,28 +37,6 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
     return cfg
 
 
-def run_jobs(cfg: RunConfig, kind: JobKind, shards: list[ShardDescriptor]) -> None:
-    async def main() -> None:
-        engine = create_engine("simulated", latency_base_s=0.0, fail_marker="FAIL")
-        runtime = Runtime(engine, batch_timeout_s=0.001)
-        await runtime.start()
-        registry = JobRegistry(runtime, concurrency=4, worker_name="w1")
-        try:
-            for shard in shards:
-                spec = job_spec(cfg, kind, 0, shard)
-                pinned = pin_input(spec, JsonlFile(spec.input).info())
-                registry.submit(pinned, parse_params(kind, pinned.params))
-                task = registry.jobs[pinned.job_id].task
-                assert task is not None
-                await task
-                status = registry.status(pinned.job_id)
-                assert status is not None and status.state == "succeeded", status
-        finally:
-            await runtime.close()
-
-    asyncio.run(main())
-
-
 def staged_rejected_groups(manifest: dict[str, Any]) -> dict[str, int]:
     groups = ReasonGroups()
     for row in JsonlFile(manifest["committed"]["rejected"]).iter_records():
@@ -76,7 +48,7 @@ def test_infer_judge_manifests_count_the_rejected_rows_reason_groups(tmp_path: P
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
-    run_jobs(cfg, "infer_judge", plan.shards)
+    run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], fail_marker="FAIL")
     total: dict[str, int] = {}
     for shard in plan.shards:
         m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer_judge"))
@@ -97,13 +69,13 @@ def test_in_place_manifests_count_the_exhausted_rows_and_infer_has_none(tmp_path
     cfg = make_run(tmp_path, strategy="in_place", max_attempts=2)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg, "tail")
-    run_jobs(cfg, "in_place", plan.shards)
+    run_jobs(cfg, [("in_place", 0, s) for s in plan.shards], fail_marker="FAIL")
     for shard in plan.shards:
         m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "in_place"))
         assert m is not None
         exhausted = m["counts"].get("max_attempts", 0) + m["counts"].get("error", 0)
         assert sum(m["reason_groups"].values()) == exhausted > 0
         assert m["reason_groups"] == staged_rejected_groups(m)
-    run_jobs(cfg, "infer", plan.shards)
+    run_jobs(cfg, [("infer", 0, s) for s in plan.shards], fail_marker="FAIL")
     infer = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "infer"))
     assert infer is not None and "reason_groups" not in infer
