@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ COMPONENTS: dict[str, list[str]] = {
     "triggerer": ["triggerer", "--skip-serve-logs"],
 }
 TERMINAL_RUN_STATES = ("success", "failed")
+DB_ERROR_TRIES = 4
 _ATTEMPT = re.compile(r"attempt=(\d+)\.log")  # a try's task log (not its ``.trigger.N.log``)
 
 
@@ -80,7 +82,9 @@ class LocalAirflow:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.username}:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": f"{home}/passwords.json",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            # four processes write to one SQLite file: a writer waits up to 60 s for the lock
+            # (with sqlite3's 5 s, a DAG-run trigger met a "Database error" on a busy CI machine)
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db?timeout=60",
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
             "AIRFLOW__API__BASE_URL": self.url,
@@ -332,16 +336,32 @@ class LocalAirflow:
         return self._token
 
     def api(self, method: str, path: str, **kwargs: Any) -> Any:
-        r = httpx.request(
-            method,
-            f"{self.url}/api/v2{path}",
-            headers={"Authorization": f"Bearer {self.token()}"},
-            timeout=60,
-            **kwargs,
-        )
+        """One REST call. A request that met a database error is sent again (up to
+        ``DB_ERROR_TRIES`` times): SQLite can refuse a write at once when another process's write
+        overtook this one's snapshot, and Airflow rolled the failed request's transaction back."""
+        for attempt in range(1, DB_ERROR_TRIES + 1):
+            r = httpx.request(
+                method,
+                f"{self.url}/api/v2{path}",
+                headers={"Authorization": f"Bearer {self.token()}"},
+                timeout=60,
+                **kwargs,
+            )
+            if not (r.status_code == 500 and "Database error" in r.text and attempt < DB_ERROR_TRIES):
+                break
+            time.sleep(attempt)
         if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:2000]}")
+            server_log = self._log_tail("api-server") if r.status_code >= 500 else ""
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:2000]}{server_log}")
         return r.json() if r.content else None
+
+    def _log_tail(self, component: str, chars: int = 4000) -> str:
+        """The end of a component's log, for an error that says "check the logs"."""
+        try:
+            text = self.log(component).read_bytes()[-chars:].decode(errors="replace")
+        except OSError:
+            return ""
+        return f"\n--- the end of {self.log(component)}:\n{text}"
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> None:
         """Until the dag-processor has parsed ``dag_id`` (import errors are raised, not waited on)."""
@@ -358,9 +378,10 @@ class LocalAirflow:
         self._wait(parsed, timeout_s, f"DAG {dag_id} to be parsed", poll_s=1)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None) -> str:
-        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}}
-        if run_id:
-            body["dag_run_id"] = run_id
+        # the run id is chosen here (in Airflow's own form), so a trigger sent again after a
+        # database error cannot start a second run: it would be refused as a duplicate
+        run_id = run_id or f"manual__{datetime.now(UTC).isoformat()}"
+        body: dict[str, Any] = {"logical_date": None, "conf": conf or {}, "dag_run_id": run_id}
         return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
 
     def clear_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> list[str]:

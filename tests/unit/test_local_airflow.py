@@ -1,0 +1,97 @@
+"""LocalAirflow's REST client against a stand-in api-server on 127.0.0.1 (a real HTTP server that
+answers like Airflow 3.3.2's, including its 500 for a database error)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batchinfer.local_airflow import DB_ERROR_TRIES, LocalAirflow
+
+DB_ERROR = {"detail": {"reason": "Database error", "message": "Serious error ... look for ID abc"}}
+
+
+class StandIn:
+    """Answers /auth/token, and each POST with the next of ``answers`` (status, body); 200 echoes."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, dict[str, Any]]] = []
+        self.posts: list[dict[str, Any]] = []
+        stand_in = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+                if self.path == "/auth/token":
+                    self.reply(201, {"access_token": "t"})
+                    return
+                stand_in.posts.append(body)
+                status, answer = stand_in.answers.pop(0) if stand_in.answers else (200, body)
+                self.reply(status, answer)
+
+            def reply(self, status: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server.server_address[1])
+
+
+@pytest.fixture
+def stand_in() -> Iterator[StandIn]:
+    s = StandIn()
+    yield s
+    s.server.shutdown()
+    s.server.server_close()
+
+
+@pytest.fixture
+def af(stand_in: StandIn, tmp_path: Path) -> LocalAirflow:
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "api-server.log").write_text("sqlite3.OperationalError: database is locked\n")
+    return LocalAirflow(home=tmp_path, dags_folder=tmp_path, port=stand_in.port)
+
+
+def test_a_trigger_that_met_a_database_error_is_sent_again_with_the_same_run_id(
+    af: LocalAirflow, stand_in: StandIn
+) -> None:
+    stand_in.answers = [(500, DB_ERROR), (500, DB_ERROR)]
+    run_id = af.trigger("d", {"k": 1})
+    assert len(stand_in.posts) == 3
+    assert {p["dag_run_id"] for p in stand_in.posts} == {run_id}
+    assert run_id.startswith("manual__") and stand_in.posts[-1]["conf"] == {"k": 1}
+
+
+def test_database_errors_end_in_an_error_that_quotes_the_api_server_log(
+    af: LocalAirflow, stand_in: StandIn
+) -> None:
+    stand_in.answers = [(500, DB_ERROR)] * DB_ERROR_TRIES
+    with pytest.raises(RuntimeError, match=r"(?s)Database error.*api-server\.log.*database is locked"):
+        af.trigger("d")
+    assert len(stand_in.posts) == DB_ERROR_TRIES
+
+
+def test_other_errors_are_not_sent_again(af: LocalAirflow, stand_in: StandIn) -> None:
+    stand_in.answers = [(409, {"detail": "exists"}), (500, {"detail": "boom"})]
+    with pytest.raises(RuntimeError, match="409"):
+        af.trigger("d", run_id="r")
+    with pytest.raises(RuntimeError, match="boom"):
+        af.trigger("d", run_id="r")
+    assert len(stand_in.posts) == 2
