@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowException
+from airflow.sdk.exceptions import AirflowFailException
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
@@ -88,6 +89,11 @@ class PoolSetupOperator(BaseOperator):
     :param run_root: the run's root (templated), checked with the params: the setup runs beside the
         shard task and must not start a pool for a run whose root is refused.
 
+    It is retried once by default (``retries``, ``retry_delay`` or the DAG's ``default_args`` change
+    that): Airflow 3.3.2 can fail a deferred task whose trigger fires before the scheduler has seen
+    the deferral, and the retry finds the pool warm and returns without deferring. Refused params
+    and a pool that did not get ready in ``ready_timeout_s`` fail at once (a retry would not help).
+
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
     the run roots, and with ``limits`` the allowed input prefixes), ``target_batch_tokens``;
@@ -119,9 +125,11 @@ class PoolSetupOperator(BaseOperator):
         allowed_callables: list[str] | None = None,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
+        retries: int = 1,  # named here so that a DAG's default_args still override it
+        retry_delay: timedelta = timedelta(seconds=5),
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(retries=retries, retry_delay=retry_delay, **kwargs)
         self.worker_pool = worker_pool
         self.run_root = run_root
         self.engine = engine
@@ -230,7 +238,7 @@ class PoolSetupOperator(BaseOperator):
             where = "; ".join(pool.problems()) or "workers still starting"
             if isinstance(pool, LocalPool):
                 where += f"; worker logs: {pool.dir}"
-            raise AirflowException(
+            raise AirflowFailException(
                 f"worker pool {self.worker_pool!r}: {event.get('ready', 0)} of {self.replicas} workers ready "
                 f"after {self.ready_timeout_s:.0f} s; {where}. Remedy: check the model path and engine "
                 "options, or raise ready_timeout_s for large models."

@@ -117,9 +117,9 @@ def start(
 # Airflow 3.3.2 race (see the suite's report): a deferred task whose trigger fires before the
 # scheduler has processed the executor's event for the deferral is marked FAILED ("task state
 # changed externally"). pool_setup on a warm pool defers and its trigger fires at once, so it hits
-# this in about one run in five here, and a failed setup task fails the whole run before any fault
-# is injected. Such a run is cleared (the documented remedy) and counted in Run.setup_races, so each
-# test still tests its own fault.
+# this in about one run in five here. pool_setup is retried once (its retry finds the pool warm); a
+# setup that failed both tries fails the whole run before any fault is injected. Such a run is
+# cleared (the documented remedy) and counted in Run.setup_races, so each test tests its own fault.
 SETUP_RACE = "finished with state success, but the task instance's state attribute is queued"
 
 

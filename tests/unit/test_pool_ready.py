@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-from airflow.sdk.exceptions import TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
 from airflow_batchinfer.operators import pool as pool_ops
 from airflow_batchinfer.operators.pool import PoolSetupOperator
@@ -192,3 +192,18 @@ async def test_the_trigger_decides_as_the_setup_does(
     assert events[0].payload == {"state": "ready", "urls": URLS}
     # the spec key travels with the trigger to the triggerer
     assert trigger.serialize()[1]["spec_key"] == "new"
+
+
+def test_setup_is_retried_once_unless_the_dag_says_otherwise() -> None:
+    # the retry heals Airflow 3.3.2's resume-after-defer race: it finds the pool warm, no deferral
+    assert PoolSetupOperator(task_id="s", worker_pool="conn").retries == 1
+    assert PoolSetupOperator(task_id="s", worker_pool="conn", default_args={"retries": 0}).retries == 0
+    assert PoolSetupOperator(task_id="s", worker_pool="conn", retries=3).retries == 3
+
+
+def test_a_pool_not_ready_by_its_deadline_fails_the_setup_without_a_retry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    op = _setup(monkeypatch)
+    with pytest.raises(AirflowFailException, match=r"1 of 2 workers ready after 900 s.*Remedy"):
+        op.execute_complete(_context(), {"state": "timeout", "ready": 1})
