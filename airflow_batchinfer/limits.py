@@ -63,6 +63,10 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "every tag or every image under it)"),
     LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
     LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
+    LimitSetting("allowed_env", "names",
+                 "variable names `kubernetes.env` may set besides those the DAG's default sets (a "
+                 "variable overrides the same key of the `storage_secret`, and can change what the "
+                 "image runs: `AWS_ENDPOINT_URL`, `LD_PRELOAD` only when listed)"),
     LimitSetting("allowed_judge_callables", "names",
                  "`module:function` targets a `callable` judge may name (an entry ending in `.` or "
                  "`:` allows a package or a module); the pool's workers allow the same"),
@@ -114,6 +118,7 @@ class TriggerLimits:
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
     allowed_model_pvcs: tuple[str, ...] = ()
+    allowed_env: tuple[str, ...] = ()
     allowed_judge_callables: tuple[str, ...] = ()
     max_replicas: int | None = None
     max_gpus: int | None = None
@@ -180,6 +185,7 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
+        allowed_env=tuple(kube.get("env") or {}),
         allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
     )
     judge = judge_pool_view(defaults)
@@ -304,6 +310,9 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
         if (name := kube.get(key)) and str(name) not in allowed:
             setting = "allowed_storage_secrets" if key == "storage_secret" else "allowed_model_pvcs"
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
+    env = kube.get("env") or {}
+    for name in sorted(set(env) - set(limits.allowed_env)) if isinstance(env, Mapping) else []:
+        out.append(f"kubernetes.env.{name} is not allowed (widen with {_where('allowed_env')})")
     gpus = kube.get("gpus")
     if limits.max_gpus is not None and gpus is not None and float(gpus) > limits.max_gpus:
         out.append(f"kubernetes.gpus {gpus} is more than max_gpus {limits.max_gpus}")

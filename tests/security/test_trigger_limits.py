@@ -79,6 +79,27 @@ def test_kubernetes_settings_within_the_pinned_images_secrets_and_maxima() -> No
     assert refusals({"kubernetes": {"image": "registry.example/batchinfer-worker-evil:0.2"}}, tagged) != []
 
 
+def test_kubernetes_env_names_stay_within_the_dag_and_the_allowed_ones() -> None:
+    # env beats the storage Secret's envFrom: a free name would redirect the workers' storage
+    attack = {"AWS_ENDPOINT_URL": "http://evil.example", "AWS_ACCESS_KEY_ID": "mine", "LD_PRELOAD": "/x.so"}
+    reasons = refusals({**DEFAULTS, "kubernetes": {"env": attack}}, DAG)
+    assert reasons == [
+        f"kubernetes.env.{name} is not allowed (widen with the DAG's limits, the [batchinfer] allowed_env "
+        "setting, or the pool connection's extra allowed_env)"
+        for name in sorted(attack)
+    ]
+    dag = implied_by({**DEFAULTS, "kubernetes": {"env": {"HF_HOME": "/models/hf"}}})
+    assert refusals({"kubernetes": {"env": {"HF_HOME": "/elsewhere"}}}, dag) == []  # the DAG's name
+    widened = dag.widen(TriggerLimits.from_mapping({"allowed_env": "VLLM_LOGGING_LEVEL, NCCL_DEBUG"}, "conn"))
+    assert (
+        refusals({"kubernetes": {"env": {"VLLM_LOGGING_LEVEL": "DEBUG", "NCCL_DEBUG": "INFO"}}}, widened)
+        == []
+    )
+    judged = {"judge_pool": "j_conn", "judge_kubernetes": {"env": {"LD_PRELOAD": "/x.so"}}}
+    (why,) = refusals(judged, dag, judge_pool_is_connection=True)
+    assert why.startswith("judge pool: kubernetes.env.LD_PRELOAD is not allowed"), why
+
+
 def test_judge_callables_and_replicas() -> None:
     judge = {"type": "all", "judges": [{"type": "length"}, {"type": "callable", "target": "os:system"}]}
     assert callable_targets(judge) == ["os:system"]
