@@ -16,15 +16,18 @@ work, and refuses to start while another DAG run that is still queued or running
 run's state); :func:`claim` does the I/O around it. :func:`verify_owner` is for the run's later
 tasks: they must not touch a root another DAG run owns (a refused run's ``all_done`` tasks would).
 
-A claim is written, then read back after ``settle_s``: if two runs claim at the same instant, the
-later write wins and the earlier run sees a live owner on its read-back and refuses. (A run whose
-write lands more than ``settle_s`` after the other's read-back is not detected: the window is one
-read and one write of a small file, so ``settle_s`` defaults to 0.2 s on a local filesystem, where
-both take microseconds, and to 1 s on object storage.)
+On a local disk and on S3 a claim is one read-decide-write through
+:func:`airflow_batchinfer.storage.swap.update` (a file lock; a compare-and-swap on the object's
+ETag): of two runs claiming at the same instant, one writes and the other decides again on what it
+wrote, and refuses. On other object stores (no conditional write) a claim is written, then read back
+after ``settle_s``: the later write wins and the earlier run sees a live owner on its read-back and
+refuses. (A run whose write lands more than ``settle_s`` after the other's read-back is not
+detected there: the window is one read and one write of a small file; ``settle_s`` defaults to 1 s.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -34,13 +37,14 @@ from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage.json_doc import read_json, write_json
-from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage import swap
+from airflow_batchinfer.storage.json_doc import encode_json, parse_json, read_json, write_json
+from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 
 OWNER_FILE = "owner.json"
 OWNER_VERSION = 1
-# How long a claim settles before it is read back (see the module doc), by the run root's storage.
-LOCAL_SETTLE_S, REMOTE_SETTLE_S = 0.2, 1.0
+# How long a claim settles before it is read back, where it is not a compare-and-swap (the module doc).
+SETTLE_S = 1.0
 LIVE_STATES = frozenset({"queued", "running"})
 FINISHED_STATES = frozenset({"success", "failed"})
 
@@ -115,20 +119,23 @@ def decide(
     )
 
 
+_WHAT, _REMEDY = "run owner record", "delete it if no other DAG run uses this run root"
+
+
 def read_owner(run_root: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
-    return read_json(
-        resolve(owner_uri(run_root), so),
-        schema_version=OWNER_VERSION,
-        what="run owner record",
-        remedy="delete it if no other DAG run uses this run root",
-    )
+    loc = resolve(owner_uri(run_root), so)
+    return read_json(loc, schema_version=OWNER_VERSION, what=_WHAT, remedy=_REMEDY)
 
 
-def write_owner(
-    run_root: str, me: RunIdentity, so: StorageOptions | None = None, *, previous: RunIdentity | None = None,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    record = {
+def _parse(loc: Location, raw: bytes) -> dict[str, Any]:
+    return parse_json(loc, raw, schema_version=OWNER_VERSION, what=_WHAT, remedy=_REMEDY)
+
+
+def owner_record(
+    me: RunIdentity, *, previous: RunIdentity | None = None, extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """What ``owner.json`` holds for ``me`` (without its ``schema_version``)."""
+    return {
         "dag_id": me.dag_id,
         "run_id": me.run_id,
         "claimed_at": datetime.now(UTC).isoformat(),
@@ -136,6 +143,13 @@ def write_owner(
         "previous": None if previous is None else {"dag_id": previous.dag_id, "run_id": previous.run_id},
         **(extra or {}),
     }
+
+
+def write_owner(
+    run_root: str, me: RunIdentity, so: StorageOptions | None = None, *, previous: RunIdentity | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    record = owner_record(me, previous=previous, extra=extra)
     write_json(resolve(owner_uri(run_root), so), record, schema_version=OWNER_VERSION)
     return {"schema_version": OWNER_VERSION, **record}
 
@@ -186,6 +200,10 @@ def owned_run_config(run_root: str, context: Any, so: StorageOptions | None = No
 StateOf = Callable[[RunIdentity], "str | None"]
 
 
+class _Unchanged(Exception):
+    """Raised inside a swap's change: the decision writes nothing."""
+
+
 def claim(
     run_root: str,
     me: RunIdentity,
@@ -201,29 +219,40 @@ def claim(
     :param state_of: the state of a DAG run (``None`` if it does not exist); asked only about a
         recorded owner that is not ``me``.
     Returns the decision (``keep`` or ``claim``; a ``refuse`` is returned too, with nothing written:
-    the caller raises its ``reason``). A claim is read back after ``settle_s`` (see the module doc;
-    ``None``: the default for the run root's storage).
+    the caller raises its ``reason``). On storage without a compare-and-swap a claim is read back
+    after ``settle_s`` (see the module doc; ``None``: :data:`SETTLE_S`).
     """
+    loc = resolve(owner_uri(run_root), so)
 
-    def check() -> tuple[dict[str, Any] | None, Decision]:
-        record = read_owner(run_root, so)
+    def decide_on(record: dict[str, Any] | None) -> Decision:
         try:
             owner = parse_owner(record)
         except ConfigError as exc:
-            raise ConfigError(f"{owner_uri(run_root)}: {exc}; delete it if no other DAG run uses this run "
-                              "root") from exc  # fmt: skip
+            raise ConfigError(f"{loc.uri}: {exc}; {_REMEDY}") from exc
         state = state_of(owner) if owner is not None and owner != me else None
-        return record, decide(record, me, state, run_root=run_root)
+        return decide(record, me, state, run_root=run_root)
 
-    _, decision = check()
+    if swap.exact(loc):
+        decided: list[Decision] = []
+
+        def change(current: bytes | None) -> bytes:  # may run again after another run's write
+            record = None if current is None else _parse(loc, current)
+            decided.append(decide_on(record))
+            if decided[-1].action != "claim":
+                raise _Unchanged
+            return encode_json(owner_record(me, previous=decided[-1].owner, extra=extra),
+                               schema_version=OWNER_VERSION)  # fmt: skip
+
+        with contextlib.suppress(_Unchanged):
+            swap.update(loc, change)
+        return decided[-1]
+
+    decision = decide_on(read_owner(run_root, so))
     if decision.action != "claim":
         return decision
     write_owner(run_root, me, so, previous=decision.owner, extra=extra)
-    if settle_s is None:
-        settle_s = LOCAL_SETTLE_S if resolve(run_root, so).is_local else REMOTE_SETTLE_S
-    if settle_s > 0:
-        sleep(settle_s)
-    _, after = check()
+    sleep(SETTLE_S if settle_s is None else settle_s)
+    after = decide_on(read_owner(run_root, so))
     if after.action == "refuse":  # another run claimed it at the same time and its write won
         return after
     if after.action == "claim":  # ours was overwritten by a run that has ended since: take it again

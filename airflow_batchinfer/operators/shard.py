@@ -52,8 +52,9 @@ class ShardDatasetOperator(BaseOperator):
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param max_map_length: refuse more shards than this (default: the deployment's
         ``[core] max_map_length``, since a round maps one task per shard).
-    :param claim_settle_s: how long a new claim of the run root settles before it is read back
-        (default: by the run root's storage, see :mod:`airflow_batchinfer.run_owner`).
+    :param claim_settle_s: on storage without a compare-and-swap (not a local disk, not S3), how
+        long a new claim of the run root settles before it is read back (default 1 s, see
+        :mod:`airflow_batchinfer.run_owner`).
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
         vouches for ``config``, and callable judges are not restricted here."""

@@ -24,7 +24,7 @@ from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location
 
-__all__ = ["read", "update"]
+__all__ = ["exact", "read", "update"]
 
 TRIES = 20  # compare-and-swap attempts before giving up (each after a short random wait)
 _LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
@@ -44,7 +44,7 @@ def update(loc: Location, change: Callable[[bytes | None], bytes]) -> bytes:
             finally:
                 sink.abort()
             return data
-    if not _is_s3(loc):
+    if not exact(loc):
         data = change(read(loc))
         loc.fs.pipe_file(loc.path, data)
         return data
@@ -62,6 +62,11 @@ def update(loc: Location, change: Callable[[bytes | None], bytes]) -> bytes:
     raise StorageError(
         f"{loc.uri}: {TRIES} concurrent writers in a row changed it while this one did; try again"
     )
+
+
+def exact(loc: Location) -> bool:
+    """Whether :func:`update` is exact at ``loc`` (a local disk or S3); elsewhere the last writer wins."""
+    return loc.is_local or _is_s3(loc)
 
 
 def _is_s3(loc: Location) -> bool:

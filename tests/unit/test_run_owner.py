@@ -1,9 +1,12 @@
-"""Who owns a run root: the pure decision, and the claim around it on local storage (no sockets:
-the owner run's state comes from a dict)."""
+"""Who owns a run root: the pure decision, and the claim around it: a compare-and-swap on local disk
+and the real S3 server, a settled read-back on a store without conditional writes (fsspec's
+memory://). The owner run's state comes from a dict."""
 
 from __future__ import annotations
 
 import json
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +14,8 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.run_owner import (
-    LOCAL_SETTLE_S,
     OWNER_VERSION,
-    REMOTE_SETTLE_S,
+    SETTLE_S,
     OwnedElsewhere,
     RunIdentity,
     claim,
@@ -23,6 +25,7 @@ from airflow_batchinfer.run_owner import (
     verify_owner,
     write_owner,
 )
+from tests.conftest import Root
 
 ME = RunIdentity("llm_eval", "manual__2025-01-02T00:00:00+00:00")
 OTHER = RunIdentity("llm_eval", "manual__2025-01-01T00:00:00+00:00")
@@ -118,14 +121,42 @@ def test_claim_writes_a_versioned_record_and_a_rerun_keeps_it(tmp_path: Path) ->
     assert (tmp_path / "run" / "owner.json").stat().st_mtime_ns == before  # a re-run writes nothing
 
 
-def test_a_claim_settles_by_the_run_roots_storage(tmp_path: Path) -> None:
-    """The read-back waits out one read and one write of another run: microseconds on a local
-    filesystem, a round trip or two on object storage."""
+def test_a_claim_settles_only_where_it_is_not_a_compare_and_swap(tmp_path: Path) -> None:
+    """A local disk (and S3) decide and write under a lock or an ETag: nothing to wait out. A store
+    without conditional writes reads its claim back after one read and one write of another run."""
     waits: list[float] = []
-    claim(str(tmp_path / "run"), ME, States(), sleep=waits.append)
-    assert waits == [LOCAL_SETTLE_S] and LOCAL_SETTLE_S < REMOTE_SETTLE_S
-    assert claim(str(tmp_path / "other"), ME, States(), settle_s=0.5, sleep=waits.append).action == "claim"
-    assert waits == [LOCAL_SETTLE_S, 0.5]
+    assert claim(str(tmp_path / "run"), ME, States(), sleep=waits.append).action == "claim"
+    assert waits == []
+    assert claim(memory_root(), ME, States(), sleep=waits.append).action == "claim"
+    assert claim(memory_root(), ME, States(), settle_s=0.5, sleep=waits.append).action == "claim"
+    assert waits == [SETTLE_S, 0.5]
+
+
+def memory_root() -> str:
+    return f"memory://owners/{uuid.uuid4().hex}"
+
+
+def test_simultaneous_claims_leave_exactly_one_owner(root: Root) -> None:
+    """Eight DAG runs claim one root at once (each sees the others as running): one claims it, the
+    seven others refuse, and the record names the one that claimed it."""
+    run_root = root.uri("run")
+    runs = [RunIdentity("llm_eval", f"manual__{k}") for k in range(8)]
+    decisions: dict[RunIdentity, str] = {}
+    start = threading.Barrier(len(runs))
+
+    def run(me: RunIdentity) -> None:
+        start.wait()
+        decisions[me] = claim(run_root, me, lambda other: "running", root.storage_options).action
+
+    threads = [threading.Thread(target=run, args=(me,)) for me in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (winner,) = [me for me, action in decisions.items() if action == "claim"]
+    assert sorted(decisions.values()) == ["claim"] + ["refuse"] * 7
+    stored = read_owner(run_root, root.storage_options)
+    assert stored is not None and (stored["dag_id"], stored["run_id"]) == (winner.dag_id, winner.run_id)
 
 
 def test_claim_refuses_a_live_owner_and_writes_nothing(tmp_path: Path) -> None:
@@ -136,7 +167,7 @@ def test_claim_refuses_a_live_owner_and_writes_nothing(tmp_path: Path) -> None:
     d = claim(root, ME, states, settle_s=0)
     assert d.action == "refuse" and states.asked == [OTHER]
     assert (tmp_path / "run" / "owner.json").read_bytes() == before
-    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["owner.json"]
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".owner.json.lock", "owner.json"]
 
 
 def test_claim_takes_over_a_finished_owner_and_remembers_it(tmp_path: Path) -> None:
@@ -149,9 +180,9 @@ def test_claim_takes_over_a_finished_owner_and_remembers_it(tmp_path: Path) -> N
     assert stored["previous"] == {"dag_id": OTHER.dag_id, "run_id": OTHER.run_id}
 
 
-def test_two_simultaneous_claims_leave_one_owner(tmp_path: Path) -> None:
+def test_without_conditional_writes_two_simultaneous_claims_leave_one_owner() -> None:
     """Both read "no owner"; the other run's write lands while our claim settles: we refuse."""
-    root = str(tmp_path / "run")
+    root = memory_root()
     states = States(**{OTHER.run_id: "running"})
 
     def other_claims_meanwhile(_: float) -> None:
@@ -163,8 +194,8 @@ def test_two_simultaneous_claims_leave_one_owner(tmp_path: Path) -> None:
     assert stored is not None and stored["run_id"] == OTHER.run_id  # the other run goes on alone
 
 
-def test_a_claim_overwritten_by_a_finished_run_is_taken_again(tmp_path: Path) -> None:
-    root = str(tmp_path / "run")
+def test_without_conditional_writes_a_claim_overwritten_by_a_finished_run_is_taken_again() -> None:
+    root = memory_root()
 
     def stale_write_meanwhile(_: float) -> None:
         write_owner(root, OTHER)
