@@ -63,6 +63,12 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "every tag or every image under it)"),
     LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
     LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
+    LimitSetting("allowed_node_selectors", "names",
+                 "`kubernetes.node_selector` labels a trigger may set besides the DAG default's: "
+                 "`key=value`, or `key` for any value of that label"),
+    LimitSetting("allowed_toleration_keys", "names",
+                 "taint keys `kubernetes.tolerations` may tolerate besides the DAG default's (`*`: "
+                 "a toleration without a key, which tolerates every taint)"),
     LimitSetting("allowed_env", "names",
                  "variable names `kubernetes.env` may set besides those the DAG's default sets (a "
                  "variable overrides the same key of the `storage_secret`, and can change what the "
@@ -118,6 +124,8 @@ class TriggerLimits:
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
     allowed_model_pvcs: tuple[str, ...] = ()
+    allowed_node_selectors: tuple[str, ...] = ()
+    allowed_toleration_keys: tuple[str, ...] = ()
     allowed_env: tuple[str, ...] = ()
     allowed_judge_callables: tuple[str, ...] = ()
     max_replicas: int | None = None
@@ -185,6 +193,8 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
+        allowed_node_selectors=tuple(f"{k}={v}" for k, v in (kube.get("node_selector") or {}).items()),
+        allowed_toleration_keys=tuple(_toleration_key(t) for t in kube.get("tolerations") or ()),
         allowed_env=tuple(kube.get("env") or {}),
         allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
     )
@@ -197,6 +207,11 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
 JUDGE_POOL_PARAMS = {"worker_pool": "judge_pool", "engine": "judge_engine", "model": "judge_model",
                      "engine_options": "judge_engine_options", "replicas": "judge_replicas",
                      "kubernetes": "judge_kubernetes"}  # fmt: skip
+
+
+def _toleration_key(toleration: Any) -> str:
+    """The taint key a toleration tolerates (``*``: every taint; also for what is not a toleration)."""
+    return str(toleration.get("key") or "*") if isinstance(toleration, Mapping) else "*"
 
 
 def judge_pool_view(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -313,6 +328,16 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
     env = kube.get("env") or {}
     for name in sorted(set(env) - set(limits.allowed_env)) if isinstance(env, Mapping) else []:
         out.append(f"kubernetes.env.{name} is not allowed (widen with {_where('allowed_env')})")
+    labels = kube.get("node_selector") or {}
+    for key, value in sorted(labels.items()) if isinstance(labels, Mapping) else []:
+        if not {f"{key}={value}", str(key)} & set(limits.allowed_node_selectors):
+            out.append(f"kubernetes.node_selector {key}={value} is not allowed (widen with "
+                       f"{_where('allowed_node_selectors')})")  # fmt: skip
+    tolerations = kube.get("tolerations") or ()
+    for key in sorted({_toleration_key(t) for t in tolerations} - set(limits.allowed_toleration_keys)):
+        what = "every taint (a toleration without a key)" if key == "*" else f"the taint key {key!r}"
+        out.append(f"kubernetes.tolerations may not tolerate {what} (widen with "
+                   f"{_where('allowed_toleration_keys')})")  # fmt: skip
     gpus = kube.get("gpus")
     if limits.max_gpus is not None and gpus is not None and float(gpus) > limits.max_gpus:
         out.append(f"kubernetes.gpus {gpus} is more than max_gpus {limits.max_gpus}")

@@ -100,6 +100,30 @@ def test_kubernetes_env_names_stay_within_the_dag_and_the_allowed_ones() -> None
     assert why.startswith("judge pool: kubernetes.env.LD_PRELOAD is not allowed"), why
 
 
+def test_pod_placement_stays_on_the_dags_nodes_unless_allowed() -> None:
+    gpu_nodes = {
+        "node_selector": {"pool": "gpu"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+    }
+    dag = implied_by({**DEFAULTS, "kubernetes": gpu_nodes})
+    assert refusals({"kubernetes": gpu_nodes}, dag) == []
+    reasons = refusals({"kubernetes": {"node_selector": {"pool": "system", "zone": "a"},
+                                       "tolerations": [{"key": "node-role.kubernetes.io/control-plane"},
+                                                       {"operator": "Exists"}]}}, dag)  # fmt: skip
+    assert [r.split(" (widen")[0] for r in reasons] == [
+        "kubernetes.node_selector pool=system is not allowed",
+        "kubernetes.node_selector zone=a is not allowed",
+        "kubernetes.tolerations may not tolerate every taint (a toleration without a key)",
+        "kubernetes.tolerations may not tolerate the taint key 'node-role.kubernetes.io/control-plane'",
+    ]
+    assert "allowed_toleration_keys setting" in reasons[-1]
+    wide = dag.widen(
+        TriggerLimits(allowed_node_selectors=("zone", "pool=cpu"), allowed_toleration_keys=("*",))
+    )
+    assert refusals({"kubernetes": {"node_selector": {"zone": "b", "pool": "cpu"},
+                                    "tolerations": [{"operator": "Exists"}]}}, wide) == []  # fmt: skip
+
+
 def test_judge_callables_and_replicas() -> None:
     judge = {"type": "all", "judges": [{"type": "length"}, {"type": "callable", "target": "os:system"}]}
     assert callable_targets(judge) == ["os:system"]
