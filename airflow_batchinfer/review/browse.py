@@ -33,7 +33,7 @@ import orjson
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
-from airflow_batchinfer.review.reasons import OTHER, ReasonGroups, reason_group
+from airflow_batchinfer.review.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
 from airflow_batchinfer.rounds import (
     Plan,
     read_doc,
@@ -338,10 +338,10 @@ class RoundView:
         id_field, prompts = self._run_settings()
         judgment = row.get("judgment")
         judgment = judgment if isinstance(judgment, dict) else {}
-        reason = _text(judgment.get("reason"))
+        reason = row_reason(row)
         score = judgment.get("score")
         record = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
-        rid = _text(row.get(id_field))
+        rid = text_of(row.get(id_field))
         attempts = _int(row.get("attempts"), 0)
         error = row.get("error")
         output = row.get("result")
@@ -352,14 +352,14 @@ class RoundView:
             round=_int(row.get("round"), self.round),
             attempts=attempts,
             prompt=_render(prompts, record, rid, attempts) if prompt else None,
-            output=None if output is None else _text(output),
+            output=None if output is None else text_of(output),
             approved=bool(judgment.get("approved", False)),
             reason=reason,
             score=float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
             group=reason_group(reason),
             record=record,
-            status=_text(row.get("status")) or "rejected",
-            error=None if error is None else _text(error),
+            status=text_of(row.get("status")) or "rejected",
+            error=None if error is None else text_of(error),
         )
 
     # --------------------------------------------------------------------------------- internals
@@ -561,8 +561,7 @@ class RoundView:
                 if s.groups is None:
                     counted = ReasonGroups()
                     for _, line in self._lines(s):
-                        judgment = parse_record(line).get("judgment")
-                        counted.add(_text(judgment.get("reason")) if isinstance(judgment, dict) else "")
+                        counted.add(row_reason(parse_record(line)))
                     with self._lock:
                         s.groups = counted.as_dict()
         return shards
@@ -644,14 +643,14 @@ class _Prompts:
                 text = "".join(out)
                 if len(text) <= MAX_PROMPT_CHARS:
                     system = [("system", self.system)] if self.system else []
-                    return _as_text([*system, ("user", text)])
+                    return _astext_of([*system, ("user", text)])
         try:
             request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1))
         except Exception:  # a bad template or record: the page shows the record instead
             return None
         if request.prompt is not None:
             return request.prompt
-        return _as_text(
+        return _astext_of(
             [(str(m.get("role", "")), _content(m.get("content"))) for m in request.messages or ()]
         )
 
@@ -659,7 +658,7 @@ class _Prompts:
 _MISSING = object()
 
 
-def _as_text(messages: list[tuple[str, str]]) -> str:
+def _astext_of(messages: list[tuple[str, str]]) -> str:
     if len(messages) == 1 and messages[0][0] == "user":
         return messages[0][1]
     return "\n\n".join(f"[{role}]\n{content}" for role, content in messages)
@@ -677,16 +676,6 @@ def _content(value: Any) -> str:
         if len(texts) == len(value):
             return "\n".join(t for t in texts if t is not None)
     return json.dumps(value, ensure_ascii=False)
-
-
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, int | float | bool):
-        return str(value)
-    return orjson.dumps(value).decode()
 
 
 def _int(value: Any, default: int) -> int:

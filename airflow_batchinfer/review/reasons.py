@@ -12,6 +12,9 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
+
+import orjson
 
 __all__ = ["MAX_GROUPS", "MAX_KEY_CHARS", "NO_REASON", "OTHER", "ReasonGroups", "reason_group"]
 
@@ -69,6 +72,25 @@ def _cut(key: str) -> str:
     if len(key) <= MAX_KEY_CHARS:
         return key
     return key[: MAX_KEY_CHARS - 1].rstrip() + "…"
+
+
+def text_of(value: Any) -> str:
+    """A row's value as the desk shows it: strings as they are, numbers as written, other JSON
+    compact ("" for none)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float | bool):
+        return str(value)
+    return orjson.dumps(value).decode()
+
+
+def row_reason(row: Mapping[str, Any]) -> str:
+    """The judge's reason of a judged row: what the worker counts into a manifest's reason groups
+    and the desk groups, filters and shows, so the two always agree."""
+    judgment = row.get("judgment")
+    return text_of(judgment.get("reason")) if isinstance(judgment, dict) else ""
 
 
 def ranked(counts: Mapping[str, int]) -> list[tuple[str, int]]:

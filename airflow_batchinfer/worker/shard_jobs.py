@@ -35,7 +35,7 @@ from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
 from airflow_batchinfer.prompts import PromptError
-from airflow_batchinfer.review.reasons import ReasonGroups
+from airflow_batchinfer.review.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
@@ -70,8 +70,7 @@ class JobContext:
 
     def count_rejected(self, row: Mapping[str, Any]) -> None:
         """Count a rejected (or, in place, exhausted) row's reason group."""
-        judgment = row.get("judgment")
-        self.reason_groups.add(str(judgment.get("reason") or "") if isinstance(judgment, dict) else "")
+        self.reason_groups.add(row_reason(row))
 
     def count_ids(self, name: str, records: Iterable[Mapping[str, Any]]) -> None:
         """Add the ids of ``records`` (read, or emitted into output ``name``) to that digest."""

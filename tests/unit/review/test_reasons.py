@@ -11,6 +11,7 @@ from airflow_batchinfer.review.reasons import (
     OTHER,
     ReasonGroups,
     reason_group,
+    row_reason,
 )
 
 
@@ -83,3 +84,18 @@ def test_counter_memory_is_bounded_and_totals_stay_exact(monkeypatch: pytest.Mon
             groups.add("unique " + "".join(chr(ord("a") + int(d)) for d in str(i)))  # no digits: distinct
     assert len(groups.counts) <= 101 and groups.total() == 100 * 5 + 900
     assert groups.as_dict()["common"] == 500
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [
+        ({"judgment": {"reason": "expected 4, got 5"}}, "expected 4, got 5"),
+        ({"judgment": {"reason": {"missing": ["a", "b"]}}}, '{"missing":["a","b"]}'),  # a judge's JSON
+        ({"judgment": {"reason": 0}}, "0"),
+        ({"judgment": {"reason": None}}, ""),
+        ({"judgment": "not a judgment"}, ""),
+        ({}, ""),
+    ],
+)
+def test_a_rows_reason_is_one_text_for_the_workers_counts_and_the_desk(row: dict, reason: str) -> None:
+    assert row_reason(row) == reason
