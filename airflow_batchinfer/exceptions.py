@@ -116,6 +116,14 @@ class JobNotFound(RpcError):
     """The worker does not know this job (HTTP 404): it restarted, or the job ran elsewhere."""
 
 
+class AirflowApiError(BatchInferError, RuntimeError):
+    """Airflow's REST API answered an error (``status``), for the local Airflow's client."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
 class JobFailed(BatchInferError):
     """A shard job ended failed or cancelled; ``error`` is the worker's reason."""
 

@@ -183,6 +183,10 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
     from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
 
     kube = defaults.get("kubernetes") or {}
+    if not isinstance(kube, Mapping):
+        raise ConfigError(f"the DAG's default kubernetes must be an object, got {kube!r}")
+    env, labels, tolerations = _placement(kube, "the DAG's default kubernetes")
+    spot = bool(kube.get("interruptible"))
     limits = TriggerLimits(
         allowed_input_prefixes=tuple(v for v in [defaults.get("input")] if v),
         allowed_output_prefixes=tuple(v for v in [defaults.get("output_root")] if v),
@@ -193,9 +197,11 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
-        allowed_node_selectors=tuple(f"{k}={v}" for k, v in (kube.get("node_selector") or {}).items()),
-        allowed_toleration_keys=tuple(_toleration_key(t) for t in kube.get("tolerations") or ()),
-        allowed_env=tuple(kube.get("env") or {}),
+        allowed_node_selectors=tuple(f"{k}={v}" for k, v in labels.items()),
+        allowed_toleration_keys=tuple(
+            dict.fromkeys([*(_toleration_key(t) for t in tolerations), *(_spot_keys() if spot else ())])
+        ),
+        allowed_env=tuple(env),
         allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
     )
     judge = judge_pool_view(defaults)
@@ -209,9 +215,39 @@ JUDGE_POOL_PARAMS = {"worker_pool": "judge_pool", "engine": "judge_engine", "mod
                      "kubernetes": "judge_kubernetes"}  # fmt: skip
 
 
-def _toleration_key(toleration: Any) -> str:
-    """The taint key a toleration tolerates (``*``: every taint; also for what is not a toleration)."""
-    return str(toleration.get("key") or "*") if isinstance(toleration, Mapping) else "*"
+def _toleration_key(toleration: Mapping[str, Any]) -> str:
+    """The taint key a toleration tolerates (``*``: every taint)."""
+    return str(toleration.get("key") or "*")
+
+
+def _spot_keys() -> set[str]:
+    from airflow_batchinfer.pools.kubernetes.spec import SPOT_TOLERATIONS
+
+    return {_toleration_key(t) for t in SPOT_TOLERATIONS}
+
+
+def _placement(
+    kube: Mapping[str, Any], where: str, problems: list[str] | None = None
+) -> tuple[Mapping[str, Any], Mapping[str, Any], list[Mapping[str, Any]]]:
+    """``env``, ``node_selector`` and ``tolerations`` of a ``kubernetes`` setting (empty when absent
+    or malformed). What is malformed is added to ``problems``, or raised when that is ``None``."""
+    env, labels, tolerations = (kube.get(k) or {} for k in ("env", "node_selector", "tolerations"))
+    found: list[str] = []
+    if not isinstance(env, Mapping):
+        found.append(f"{where}.env must be an object of names to strings, got {env!r}")
+        env = {}
+    if not isinstance(labels, Mapping):
+        found.append(f"{where}.node_selector must be an object of labels to values, got {labels!r}")
+        labels = {}
+    tolerations = tolerations or []
+    if not isinstance(tolerations, list | tuple) or not all(isinstance(t, Mapping) for t in tolerations):
+        found.append(f"{where}.tolerations must be a list of objects (key, operator, value, effect), "
+                     f"got {tolerations!r}")  # fmt: skip
+        tolerations = []
+    if found and problems is None:
+        raise ConfigError("; ".join(found))
+    (problems if problems is not None else []).extend(found)
+    return env, labels, list(tolerations)
 
 
 def judge_pool_view(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -325,20 +361,27 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
         if (name := kube.get(key)) and str(name) not in allowed:
             setting = "allowed_storage_secrets" if key == "storage_secret" else "allowed_model_pvcs"
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
-    env = kube.get("env") or {}
-    for name in sorted(set(env) - set(limits.allowed_env)) if isinstance(env, Mapping) else []:
+    env, labels, tolerations = _placement(kube, "kubernetes", out)
+    for name in sorted(set(env) - set(limits.allowed_env)):
         out.append(f"kubernetes.env.{name} is not allowed (widen with {_where('allowed_env')})")
-    labels = kube.get("node_selector") or {}
-    for key, value in sorted(labels.items()) if isinstance(labels, Mapping) else []:
+    for key, value in sorted(labels.items()):
         if not {f"{key}={value}", str(key)} & set(limits.allowed_node_selectors):
             out.append(f"kubernetes.node_selector {key}={value} is not allowed (widen with "
                        f"{_where('allowed_node_selectors')})")  # fmt: skip
-    tolerations = kube.get("tolerations") or ()
-    for key in sorted({_toleration_key(t) for t in tolerations} - set(limits.allowed_toleration_keys)):
+    tolerable = set(limits.allowed_toleration_keys)
+    for key in sorted({_toleration_key(t) for t in tolerations} - tolerable):
         what = "every taint (a toleration without a key)" if key == "*" else f"the taint key {key!r}"
         out.append(f"kubernetes.tolerations may not tolerate {what} (widen with "
                    f"{_where('allowed_toleration_keys')})")  # fmt: skip
+    if kube.get("interruptible") and (spot := sorted(_spot_keys() - tolerable)):
+        out.append(f"kubernetes.interruptible tolerates the spot taints {spot}, which are not allowed (widen "
+                   f"with {_where('allowed_toleration_keys')})")  # fmt: skip
     gpus = kube.get("gpus")
-    if limits.max_gpus is not None and gpus is not None and float(gpus) > limits.max_gpus:
-        out.append(f"kubernetes.gpus {gpus} is more than max_gpus {limits.max_gpus}")
+    if limits.max_gpus is not None and gpus is not None:
+        try:
+            over = float(gpus) > limits.max_gpus
+        except (TypeError, ValueError):
+            over = True
+        if over:
+            out.append(f"kubernetes.gpus {gpus!r} is more than max_gpus {limits.max_gpus}")
     return out

@@ -26,6 +26,9 @@ from typing import Any
 
 import httpx
 
+from airflow_batchinfer.exceptions import AirflowApiError
+from airflow_batchinfer.pools.local import log_tail
+
 COMPONENTS: dict[str, list[str]] = {
     "api-server": ["api-server", "--workers", "1"],
     "scheduler": ["scheduler", "--skip-serve-logs"],
@@ -351,17 +354,11 @@ class LocalAirflow:
                 break
             time.sleep(attempt)
         if r.status_code >= 400:
-            server_log = self._log_tail("api-server") if r.status_code >= 500 else ""
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:2000]}{server_log}")
+            # a 5xx says "check the logs": the end of the api-server's is in the error
+            log = self.log("api-server")
+            ends = f"\n--- the end of {log}:\n{log_tail(log, 4000)}" if r.status_code >= 500 else ""
+            raise AirflowApiError(f"{method} {path}: {r.status_code} {r.text[:2000]}{ends}", r.status_code)
         return r.json() if r.content else None
-
-    def _log_tail(self, component: str, chars: int = 4000) -> str:
-        """The end of a component's log, for an error that says "check the logs"."""
-        try:
-            text = self.log(component).read_bytes()[-chars:].decode(errors="replace")
-        except OSError:
-            return ""
-        return f"\n--- the end of {self.log(component)}:\n{text}"
 
     def wait_for_dag(self, dag_id: str, timeout_s: float = 180) -> None:
         """Until the dag-processor has parsed ``dag_id`` (import errors are raised, not waited on)."""
@@ -378,11 +375,18 @@ class LocalAirflow:
         self._wait(parsed, timeout_s, f"DAG {dag_id} to be parsed", poll_s=1)
 
     def trigger(self, dag_id: str, conf: dict[str, Any] | None = None, run_id: str | None = None) -> str:
-        # the run id is chosen here (in Airflow's own form), so a trigger sent again after a
-        # database error cannot start a second run: it would be refused as a duplicate
+        # The run id is chosen here (in Airflow's own form), so a trigger sent again after a
+        # database error cannot start a second run. A chosen id is new: if it already exists, the
+        # first try did start the run before its answer failed.
+        chosen = run_id is None
         run_id = run_id or f"manual__{datetime.now(UTC).isoformat()}"
         body: dict[str, Any] = {"logical_date": None, "conf": conf or {}, "dag_run_id": run_id}
-        return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
+        try:
+            return str(self.api("POST", f"/dags/{dag_id}/dagRuns", json=body)["dag_run_id"])
+        except AirflowApiError as exc:
+            if chosen and exc.status == 409:
+                return run_id
+            raise
 
     def clear_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> list[str]:
         """Re-run a DAG run (the documented remedy after a failure): clear its task instances

@@ -90,9 +90,10 @@ class PoolSetupOperator(BaseOperator):
         shard task and must not start a pool for a run whose root is refused.
 
     It is retried once by default (``retries``, ``retry_delay`` or the DAG's ``default_args`` change
-    that): Airflow 3.3.2 can fail a deferred task whose trigger fires before the scheduler has seen
-    the deferral, and the retry finds the pool warm and returns without deferring. Refused params
-    and a pool that did not get ready in ``ready_timeout_s`` fail at once (a retry would not help).
+    that; ``[core] default_task_retries`` does not): Airflow 3.3.2 can fail a deferred task whose
+    trigger fires before the scheduler has seen the deferral, and the retry finds the pool warm and
+    returns without deferring. Refused params, bad settings and a pool that did not get ready in
+    ``ready_timeout_s`` fail at once (a retry would not help).
 
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
@@ -191,6 +192,12 @@ class PoolSetupOperator(BaseOperator):
                       spec.model, pool.dir)  # fmt: skip
 
     def execute(self, context: Context) -> list[str] | None:
+        try:
+            return self._setup(context)
+        except ConfigError as exc:  # a bad setting stays bad: no retry
+            raise AirflowFailException(f"worker pool {self.worker_pool!r}: {exc}") from exc
+
+    def _setup(self, context: Context) -> list[str] | None:
         if self.limits is not None:
             in_force = check_params(context, self.limits, run_root=self.run_root)
             self.allowed_callables = tuple(

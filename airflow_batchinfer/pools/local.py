@@ -110,9 +110,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _log_tail(worker: dict[str, Any], chars: int = 1500) -> str:
-    with contextlib.suppress(OSError):
-        return Path(worker["log"]).read_text(errors="replace")[-chars:]
+def log_tail(path: str | Path, chars: int = 1500) -> str:
+    """The last ``chars`` bytes of a log file as text ("" when it cannot be read)."""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(max(f.seek(0, os.SEEK_END) - chars, 0))
+        return f.read().decode(errors="replace")
     return ""
 
 
@@ -375,7 +377,8 @@ class LocalPool:
                     pending.remove(w)
                 elif not _alive(int(w["pid"])):
                     raise WorkerUnavailable(
-                        f"local worker {w['id']} exited while starting; log {w['log']}:\n{_log_tail(w, 3000)}"
+                        f"local worker {w['id']} exited while starting; log {w['log']}:\n"
+                        f"{log_tail(w['log'], 3000)}"
                     )
             if pending and time.monotonic() > deadline:
                 raise WorkerUnavailable(f"{len(pending)} local workers not ready after {timeout_s:.0f} s")
@@ -450,7 +453,7 @@ class LocalPool:
         if found is None:
             return [f"{self} was never started (run the pool setup task or `batchinfer pool up`)"]
         return [
-            f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{_log_tail(w, 600)}"
+            f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{log_tail(w['log'], 600)}"
             for w in found[1].get("workers", [])
             if not _alive(int(w["pid"]))
         ]

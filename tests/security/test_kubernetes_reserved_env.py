@@ -108,3 +108,21 @@ def test_a_storage_secret_cannot_set_the_trust_settings() -> None:
     assert env["BATCHINFER_WORKER_ALLOW_CALLABLE"]["value"] == ""
     assert env["BATCHINFER_WORKER_TOKEN_FILE"]["value"] == ""
     assert "secretKeyRef" in env["BATCHINFER_WORKER_TOKEN"]["valueFrom"]
+
+
+@pytest.mark.parametrize(
+    ("settings", "problem"),
+    [
+        ({"node_selector": [["pool", "system"]]}, "node_selector: expected an object of label names"),
+        ({"node_selector": {"pool": 1}}, "node_selector: expected an object of label names"),
+        ({"tolerations": 5}, "tolerations: expected a list"),
+        ({"tolerations": ["x"]}, "tolerations: expected objects"),
+        ({"allowed_callables": "os:system"}, "allowed_callables: expected a list"),
+    ],
+)
+def test_malformed_placement_is_refused_when_the_spec_is_built(
+    settings: dict[str, Any], problem: str
+) -> None:
+    # a hand-built DAG without limits and the CLI reach the spec directly
+    with pytest.raises(ConfigError, match=problem):
+        KubernetesPoolSpec.from_dict({"allowed_prefixes": list(PREFIXES), **settings})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -122,6 +123,38 @@ def test_pod_placement_stays_on_the_dags_nodes_unless_allowed() -> None:
     )
     assert refusals({"kubernetes": {"node_selector": {"zone": "b", "pool": "cpu"},
                                     "tolerations": [{"operator": "Exists"}]}}, wide) == []  # fmt: skip
+
+
+def test_spot_nodes_need_their_taints_allowed() -> None:
+    (why,) = refusals({"kubernetes": {"interruptible": True}}, DAG)
+    assert why.startswith(
+        "kubernetes.interruptible tolerates the spot taints ['batchinfer.io/interruptible'"
+    ), why
+    assert (
+        refusals({"kubernetes": {"interruptible": True}}, implied_by({"kubernetes": {"interruptible": True}}))
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("kube", "problem"),
+    [
+        ({"node_selector": [["pool", "system"]]}, "kubernetes.node_selector must be an object of labels"),
+        ({"env": ["LD_PRELOAD=/x.so"]}, "kubernetes.env must be an object of names to strings"),
+        ({"tolerations": 5}, "kubernetes.tolerations must be a list of objects"),
+        ({"tolerations": {"key": "x"}}, "kubernetes.tolerations must be a list of objects"),
+        ({"tolerations": ["x"]}, "kubernetes.tolerations must be a list of objects"),
+        ({"gpus": "lots"}, "kubernetes.gpus 'lots' is more than max_gpus 1"),
+    ],
+)
+def test_malformed_kubernetes_settings_are_refused_not_skipped(kube: dict[str, Any], problem: str) -> None:
+    reasons = refusals({"kubernetes": kube}, DAG.widen(TriggerLimits(max_gpus=1)))
+    assert [r for r in reasons if r.startswith(problem)], reasons
+
+
+def test_a_dag_default_that_is_malformed_is_an_error_when_the_dag_is_built() -> None:
+    with pytest.raises(ConfigError, match=r"the DAG.s default kubernetes\.node_selector must be an object"):
+        implied_by({"kubernetes": {"node_selector": "pool=gpu"}})
 
 
 def test_judge_callables_and_replicas() -> None:

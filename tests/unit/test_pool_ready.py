@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -196,9 +197,24 @@ async def test_the_trigger_decides_as_the_setup_does(
 
 def test_setup_is_retried_once_unless_the_dag_says_otherwise() -> None:
     # the retry heals Airflow 3.3.2's resume-after-defer race: it finds the pool warm, no deferral
-    assert PoolSetupOperator(task_id="s", worker_pool="conn").retries == 1
-    assert PoolSetupOperator(task_id="s", worker_pool="conn", default_args={"retries": 0}).retries == 0
+    from airflow_batchinfer.dag_factory import build_batch_inference_dag
+
+    setup = PoolSetupOperator(task_id="s", worker_pool="conn")
+    assert (setup.retries, setup.retry_delay) == (1, timedelta(seconds=5))
     assert PoolSetupOperator(task_id="s", worker_pool="conn", retries=3).retries == 3
+    built = build_batch_inference_dag("d").get_task("pool_setup")
+    assert (built.retries, built.retry_delay) == (1, timedelta(seconds=5))
+    quiet = build_batch_inference_dag("q", default_args={"retries": 0, "retry_delay": timedelta(seconds=1)})
+    setup = quiet.get_task("pool_setup")
+    assert (setup.retries, setup.retry_delay) == (0, timedelta(seconds=1))
+
+
+def test_a_bad_setting_fails_the_setup_without_a_retry() -> None:
+    op = PoolSetupOperator(task_id="pool_setup", worker_pool="local://p")  # no allowed_prefixes
+    with pytest.raises(
+        AirflowFailException, match=r"worker pool 'local://p': a local pool needs allowed_prefixes"
+    ):
+        op.execute(_context())
 
 
 def test_a_pool_not_ready_by_its_deadline_fails_the_setup_without_a_retry(

@@ -159,7 +159,7 @@ def test_simultaneous_claims_leave_exactly_one_owner(root: Root) -> None:
     assert stored is not None and (stored["dag_id"], stored["run_id"]) == (winner.dag_id, winner.run_id)
 
 
-def test_claim_refuses_a_live_owner_and_writes_nothing(tmp_path: Path) -> None:
+def test_claim_refuses_a_live_owner_and_leaves_its_record_as_it_was(tmp_path: Path) -> None:
     root = str(tmp_path / "run")
     write_owner(root, OTHER)
     before = (tmp_path / "run" / "owner.json").read_bytes()

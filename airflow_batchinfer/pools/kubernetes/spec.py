@@ -121,6 +121,12 @@ class KubernetesPoolSpec:
             raise ConfigError("idle_ttl_s and scaledown_ttl_s must be >= 0")
         check_callables(self.allowed_callables)
         check_env(self.env)
+        labels = self.node_selector
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in [*labels, *labels.values()]):
+            raise ConfigError(f"node_selector: expected an object of label names to strings, got {labels!r}")
+        if not all(isinstance(t, dict) for t in self.tolerations):
+            raise ConfigError(f"tolerations: expected objects (key, operator, value, effect), got "
+                              f"{list(self.tolerations)!r}")  # fmt: skip
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
@@ -128,6 +134,8 @@ class KubernetesPoolSpec:
         data = dict(data)
         for key in ("allowed_prefixes", "allowed_callables", "tolerations"):
             if key in data:
+                if data[key] and not isinstance(data[key], list | tuple):
+                    raise ConfigError(f"{key}: expected a list, got {data[key]!r}")
                 data[key] = tuple(data[key] or ())
         return cls(**data)
 
