@@ -5,6 +5,7 @@ rounds), so a run that would blow its budget stops before it spends it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -80,6 +81,34 @@ def _sizing(
     return plan.to_dict()
 
 
+SAMPLE_SPREAD = 8  # shards the pre-flight sample is drawn from, spread over the input
+
+
+def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> list[tuple[int, int, int]]:
+    """Where the pre-flight sample comes from: ``(shard index, rows to skip, rows to take)``, the
+    first rows of up to ``spread`` shards spread evenly over the input (a file sorted by length or
+    by task is sampled across, not from its start), each taking an equal share; a share a shard
+    cannot fill goes to the next, and what the spread shards cannot fill comes from the others in
+    order. ``counts``: each shard's records (as planned: a range shard's estimate)."""
+    k = max(1, min(len(counts), spread, wanted))
+    picks = sorted({i * len(counts) // k for i in range(k)}) if counts else []
+    plan: list[tuple[int, int, int]] = []
+    taken = dict.fromkeys(range(len(counts)), 0)
+    left = wanted
+    for j, i in enumerate(picks):
+        take = min(counts[i], -(-left // (len(picks) - j)))
+        if take > 0:
+            plan.append((i, 0, take))
+            taken[i], left = take, left - take
+    for i, count in enumerate(counts):
+        if left <= 0:
+            break
+        if (more := min(count - taken[i], left)) > 0:
+            plan.append((i, taken[i], more))
+            left -= more
+    return sorted(plan)
+
+
 def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) -> Iterable[dict[str, Any]]:
     """A pending shard's records; a round-0 byte range is read and validated as its job reads it
     (bad lines are skipped here: its job quarantines them)."""
@@ -118,14 +147,10 @@ def run_preflight(
     sample_uri = join(layout.preflight, "sample.jsonl.zst")
     n = 0
     with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
-        for shard in shards:
-            for row in _records(cfg, shard, so):
-                if n >= cfg.preflight_records:
-                    break
+        for shard, skip, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
+            for row in itertools.islice(_records(cfg, shards[shard], so), skip, skip + take):
                 out.write(row)
                 n += 1
-            if n >= cfg.preflight_records:
-                break
     p = layout.preflight
     judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
     # The sample runs the jobs the rounds run: one infer_judge job, or infer then judge on the judge's pool.

@@ -9,7 +9,7 @@ import httpx
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.preflight import run_preflight
+from airflow_batchinfer.preflight import run_preflight, sample_plan
 from airflow_batchinfer.rounds import write_run_config
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.sizing import SizingPlan
@@ -71,3 +71,21 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     # the sample ran what the rounds run: one fused infer_judge job (no inferred file in between)
     preflight = Path(RunLayout(cfg.run_root).preflight)
     assert (preflight / "infer_judge.json").exists() and not (preflight / "inferred.jsonl.zst").exists()
+
+
+def test_the_sample_is_spread_over_the_input() -> None:
+    # 10 shards: the first rows of 8 of them, evenly spaced, an equal share each
+    plan = sample_plan([100] * 10, 20)
+    assert [i for i, _, _ in plan] == [0, 1, 2, 3, 5, 6, 7, 8] and sum(t for _, _, t in plan) == 20
+    assert {skip for _, skip, _ in plan} == {0} and max(t for _, _, t in plan) - min(
+        t for _, _, t in plan
+    ) <= 1
+    # a share a small shard cannot fill goes to the next; what the spread cannot fill, to the others
+    assert sample_plan([1, 100], 10) == [(0, 0, 1), (1, 0, 9)]
+    topped = sample_plan([2] * 20, 30)  # 8 spread shards give 16; 7 more in order give the rest
+    assert [i for i, _, _ in topped] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 17]
+    assert sum(t for _, _, t in topped) == 30
+    assert sample_plan([5, 5], 7) == [(0, 0, 4), (1, 0, 3)]
+    few = sample_plan([3, 3, 3], 20)
+    assert few == [(0, 0, 3), (1, 0, 3), (2, 0, 3)]
+    assert sample_plan([], 10) == [] and sample_plan([5], 0) == []
