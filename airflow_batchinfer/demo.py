@@ -18,7 +18,6 @@ import json
 import random
 import sys
 import time
-import urllib.parse
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -61,13 +60,12 @@ def gate_message(base_url: str, dag_id: str, run_id: str, detail: dict[str, Any]
     """What the demo prints when a review gate opens: its subject and body (``detail``: the gate's
     HITL detail from the REST API) and, with ``review="ui"`` (the gate is left open for you), where
     to review the round's samples (the run's review desk) and where to answer the gate."""
-    from airflow_batchinfer.report import desk_url
+    from airflow_batchinfer.report import desk_url, run_url
 
     rule = "=" * 100
     lines = ["", rule, f"REVIEW GATE ({detail['subject']})", "", str(detail.get("body") or ""), rule]
     if review == "ui":
-        dag, run = (urllib.parse.quote(p, safe="") for p in (dag_id, run_id))
-        actions = f"{base_url.rstrip('/')}/dags/{dag}/runs/{run}/required_actions"
+        actions = run_url(base_url, dag_id, run_id, "required_actions")
         lines += [
             f"review the samples on the review desk:  {desk_url(base_url, dag_id, run_id)}",
             "  (accept, retry or drop them one by one or by filter; the decisions apply when you answer)",
@@ -102,6 +100,7 @@ def run_airflow_demo(
 ) -> dict[str, Any]:
     from airflow_batchinfer.local_airflow import LocalAirflow
     from airflow_batchinfer.pools import LocalPool
+    from airflow_batchinfer.report import run_url
 
     data = workdir / "arithmetic.jsonl"
     make_dataset(data, n)
@@ -156,7 +155,7 @@ def run_airflow_demo(
               f"still pending {report['remaining_pending']}")  # fmt: skip
         print(f"every id accounted for exactly once: {report['invariant']['ok']}")
         print(f"results: {root / 'results'}\nreport:  {root / 'report' / 'report.md'} (plots beside it)")
-        print(f"UI:      {af.url}/dags/{DEMO_DAG}/runs/{run_id}  (login: {af.username} / {af.password})")
+        print(f"UI:      {run_url(af.url, DEMO_DAG, run_id)}  (login: {af.username} / {af.password})")
         if keep:
             input("Airflow stays up for you to look around; press Enter to stop it ... ")
         return report

@@ -444,12 +444,16 @@ def review_body(
     return "\n".join(lines)
 
 
+def run_url(base_url: str, dag_id: str, run_id: str, page: str = "") -> str:
+    """A DAG run's page in the Airflow UI (``page``: a tab below it, e.g. ``required_actions``), the
+    ids percent-encoded: safe to paste and as a markdown link target whatever they hold."""
+    dag, run = (urllib.parse.quote(p, safe="") for p in (dag_id, run_id))
+    return f"{base_url.rstrip('/')}/dags/{dag}/runs/{run}" + (f"/{page}" if page else "")
+
+
 def desk_url(base_url: str, dag_id: str, run_id: str) -> str:
-    """A DAG run's tab on the review desk in the Airflow UI (the plugin's ``review-desk`` view), every
-    part percent-encoded: safe as a markdown link target whatever the ids hold."""
-    quoted = "/".join(urllib.parse.quote(p, safe="") for p in (dag_id, run_id))
-    dag, run = quoted.split("/")
-    return f"{base_url.rstrip('/')}/dags/{dag}/runs/{run}/plugin/review-desk"
+    """A DAG run's tab on the review desk (the plugin's ``review-desk`` view)."""
+    return run_url(base_url, dag_id, run_id, "plugin/review-desk")
 
 
 # Every ASCII punctuation character may be backslash-escaped in CommonMark, and then means itself.
