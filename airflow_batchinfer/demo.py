@@ -60,10 +60,11 @@ def gate_message(base_url: str, dag_id: str, run_id: str, detail: dict[str, Any]
     """What the demo prints when a review gate opens: its subject and body (``detail``: the gate's
     HITL detail from the REST API) and, with ``review="ui"`` (the gate is left open for you), where
     to review the round's samples (the run's review desk) and where to answer the gate."""
-    from airflow_batchinfer.report import desk_url, run_url
+    from airflow_batchinfer.report import desk_url, plain_text, run_url
 
     rule = "=" * 100
-    lines = ["", rule, f"REVIEW GATE ({detail['subject']})", "", str(detail.get("body") or ""), rule]
+    body = plain_text(str(detail.get("body") or ""))  # markdown for the UI; text here
+    lines = ["", rule, f"REVIEW GATE ({detail['subject']})", "", body, rule]
     if review == "ui":
         actions = run_url(base_url, dag_id, run_id, "required_actions")
         lines += [

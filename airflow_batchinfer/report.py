@@ -458,11 +458,18 @@ def desk_url(base_url: str, dag_id: str, run_id: str) -> str:
 
 # Every ASCII punctuation character may be backslash-escaped in CommonMark, and then means itself.
 _MARKUP = re.compile(r"""([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~])""")
+_ESCAPED = re.compile(r"\\" + _MARKUP.pattern)  # what _MARKUP escaped, for plain_text
 
 
 # GitHub-flavoured markdown (the UI's) links bare URLs, www. names and e-mail addresses even when
 # escaped: a word joiner (U+2060, invisible) after "://", "www" and "@" keeps them text.
 _AUTOLINK = re.compile(r"(://|\bwww(?=\.)|@)", re.IGNORECASE)
+
+
+def plain_text(markdown: str) -> str:
+    """A gate body for a terminal: the escapes that keep its values literal in the UI removed
+    (``\\.`` becomes ``.``, the word joiners go)."""
+    return _ESCAPED.sub(r"\1", markdown).replace("\u2060", "")
 
 
 def _cell(value: Any, width: int = 80) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -23,6 +22,7 @@ import pytest
 from airflow_batchinfer.engines.simulated import stable_fraction
 from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool
+from airflow_batchinfer.report import plain_text
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.ranges import range_ids
 from tests.e2e.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
@@ -130,7 +130,7 @@ def test_review_gate_continue_then_accept(airflow: LocalAirflow, e2e_root: Path)
     state, root, report, _ = run(airflow, "e2e_review", conf, on_review=review)
     assert state == "success", report
     assert [d["task_instance"]["task_id"] for d in seen] == ["round_01.plan", "round_02.plan"]
-    body = re.sub(r"\\(.)", r"\1", seen[0]["body"])  # paths and samples are markdown-escaped
+    body = plain_text(seen[0]["body"])  # paths and samples are markdown-escaped
     assert "Round 0 approved" in body and "Rejected samples" in body and "round-01/pending" in body
     plans = {p["slot"]: p for p in report["plans"]}
     assert plans["round-01"]["review"]["choice"] == "Continue" and plans["round-01"]["mode"] == "rounds"

@@ -28,3 +28,10 @@ def test_with_review_auto_it_prints_the_gate_only() -> None:
     text = gate_message("http://127.0.0.1:8080", DEMO_DAG, RUN, {**GATE, "body": None}, review="auto")
     assert "REVIEW GATE (Round 1: review 39 pending records)" in text
     assert "http" not in text and "None" not in text
+
+
+def test_the_gate_body_is_printed_as_plain_text() -> None:
+    # the UI's markdown keeps values literal (backslashes, word joiners); a terminal shows them plain
+    body = "\\/runs\\/demo\\-1 · http\\:\\/\\/\u2060x\\.example\\: 11 \\+ 11\\?"
+    text = gate_message("http://127.0.0.1:8080", DEMO_DAG, RUN, {**GATE, "body": body}, review="auto")
+    assert "/runs/demo-1 · http://x.example: 11 + 11?" in text.splitlines()
