@@ -231,7 +231,8 @@ def _placement(
 ) -> tuple[Mapping[str, Any], Mapping[str, Any], list[Mapping[str, Any]]]:
     """``env``, ``node_selector`` and ``tolerations`` of a ``kubernetes`` setting (empty when absent
     or malformed). What is malformed is added to ``problems``, or raised when that is ``None``."""
-    env, labels, tolerations = (kube.get(k) or {} for k in ("env", "node_selector", "tolerations"))
+    env, labels = kube.get("env") or {}, kube.get("node_selector") or {}
+    tolerations = kube.get("tolerations") or []
     found: list[str] = []
     if not isinstance(env, Mapping):
         found.append(f"{where}.env must be an object of names to strings, got {env!r}")
@@ -239,14 +240,14 @@ def _placement(
     if not isinstance(labels, Mapping):
         found.append(f"{where}.node_selector must be an object of labels to values, got {labels!r}")
         labels = {}
-    tolerations = tolerations or []
     if not isinstance(tolerations, list | tuple) or not all(isinstance(t, Mapping) for t in tolerations):
         found.append(f"{where}.tolerations must be a list of objects (key, operator, value, effect), "
                      f"got {tolerations!r}")  # fmt: skip
         tolerations = []
-    if found and problems is None:
+    if problems is None and found:
         raise ConfigError("; ".join(found))
-    (problems if problems is not None else []).extend(found)
+    if problems is not None:
+        problems += found
     return env, labels, list(tolerations)
 
 

@@ -84,29 +84,23 @@ def _sizing(
 SAMPLE_SPREAD = 8  # shards the pre-flight sample is drawn from, spread over the input
 
 
-def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> list[tuple[int, int, int]]:
-    """Where the pre-flight sample comes from: ``(shard index, rows to skip, rows to take)``, the
-    first rows of up to ``spread`` shards spread evenly over the input (a file sorted by length or
-    by task is sampled across, not from its start), each taking an equal share; a share a shard
-    cannot fill goes to the next, and what the spread shards cannot fill comes from the others in
-    order. ``counts``: each shard's records (as planned: a range shard's estimate)."""
+def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> list[tuple[int, int]]:
+    """Where the pre-flight sample comes from: ``(shard index, its first rows to take)``, from up to
+    ``spread`` shards spread evenly over the input (a file sorted by length or by task is sampled
+    across, not from its start), each taking an equal share; a share a shard cannot fill goes to the
+    next, and what the spread shards cannot fill comes from the others in order. ``counts``: each
+    shard's records (as planned: a range shard's estimate)."""
     k = max(1, min(len(counts), spread, wanted))
     picks = sorted({i * len(counts) // k for i in range(k)}) if counts else []
-    plan: list[tuple[int, int, int]] = []
-    taken = dict.fromkeys(range(len(counts)), 0)
+    taken = [0] * len(counts)
     left = wanted
     for j, i in enumerate(picks):
-        take = min(counts[i], -(-left // (len(picks) - j)))
-        if take > 0:
-            plan.append((i, 0, take))
-            taken[i], left = take, left - take
+        taken[i] = min(counts[i], -(-left // (len(picks) - j)))
+        left -= taken[i]
     for i, count in enumerate(counts):
-        if left <= 0:
-            break
-        if (more := min(count - taken[i], left)) > 0:
-            plan.append((i, taken[i], more))
-            left -= more
-    return sorted(plan)
+        more = max(0, min(count - taken[i], left))
+        taken[i], left = taken[i] + more, left - more
+    return [(i, n) for i, n in enumerate(taken) if n > 0]
 
 
 def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) -> Iterable[dict[str, Any]]:
@@ -147,8 +141,8 @@ def run_preflight(
     sample_uri = join(layout.preflight, "sample.jsonl.zst")
     n = 0
     with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
-        for shard, skip, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
-            for row in itertools.islice(_records(cfg, shards[shard], so), skip, skip + take):
+        for shard, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
+            for row in itertools.islice(_records(cfg, shards[shard], so), take):
                 out.write(row)
                 n += 1
     p = layout.preflight

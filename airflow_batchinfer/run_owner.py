@@ -27,7 +27,6 @@ detected there: the window is one read and one write of a small file; ``settle_s
 
 from __future__ import annotations
 
-import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -200,10 +199,6 @@ def owned_run_config(run_root: str, context: Any, so: StorageOptions | None = No
 StateOf = Callable[[RunIdentity], "str | None"]
 
 
-class _Unchanged(Exception):
-    """Raised inside a swap's change: the decision writes nothing."""
-
-
 def claim(
     run_root: str,
     me: RunIdentity,
@@ -236,15 +231,13 @@ def claim(
         decided: list[Decision] = []
 
         def change(current: bytes | None) -> bytes:  # may run again after another run's write
-            record = None if current is None else _parse(loc, current)
-            decided.append(decide_on(record))
-            if decided[-1].action != "claim":
-                raise _Unchanged
+            decided.append(decide_on(None if current is None else _parse(loc, current)))
+            if current is not None and decided[-1].action != "claim":
+                return current  # keep or refuse (there is a record): nothing written
             return encode_json(owner_record(me, previous=decided[-1].owner, extra=extra),
                                schema_version=OWNER_VERSION)  # fmt: skip
 
-        with contextlib.suppress(_Unchanged):
-            swap.update(loc, change)
+        swap.update(loc, change)
         return decided[-1]
 
     decision = decide_on(read_owner(run_root, so))

@@ -643,14 +643,14 @@ class _Prompts:
                 text = "".join(out)
                 if len(text) <= MAX_PROMPT_CHARS:
                     system = [("system", self.system)] if self.system else []
-                    return _astext_of([*system, ("user", text)])
+                    return _as_text([*system, ("user", text)])
         try:
             request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1))
         except Exception:  # a bad template or record: the page shows the record instead
             return None
         if request.prompt is not None:
             return request.prompt
-        return _astext_of(
+        return _as_text(
             [(str(m.get("role", "")), _content(m.get("content"))) for m in request.messages or ()]
         )
 
@@ -658,7 +658,7 @@ class _Prompts:
 _MISSING = object()
 
 
-def _astext_of(messages: list[tuple[str, str]]) -> str:
+def _as_text(messages: list[tuple[str, str]]) -> str:
     if len(messages) == 1 and messages[0][0] == "user":
         return messages[0][1]
     return "\n\n".join(f"[{role}]\n{content}" for role, content in messages)

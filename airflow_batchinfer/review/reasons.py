@@ -16,7 +16,16 @@ from typing import Any
 
 import orjson
 
-__all__ = ["MAX_GROUPS", "MAX_KEY_CHARS", "NO_REASON", "OTHER", "ReasonGroups", "reason_group"]
+__all__ = [
+    "MAX_GROUPS",
+    "MAX_KEY_CHARS",
+    "NO_REASON",
+    "OTHER",
+    "ReasonGroups",
+    "reason_group",
+    "row_reason",
+    "text_of",
+]
 
 MAX_GROUPS = 64  # groups a manifest (or a round's view) keeps; the rest add up under OTHER
 MAX_KEY_CHARS = 120  # a group key's length at most (longer ones end with "…")

@@ -32,11 +32,15 @@ _LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
 
 def update(loc: Location, change: Callable[[bytes | None], bytes]) -> bytes:
     """Replace the file at ``loc`` with ``change(current)`` (``None`` when it does not exist yet);
-    returns what was written. ``change`` may run more than once (again after a concurrent write), so
-    it must only compute; an exception it raises leaves the file as it was."""
+    returns the file's bytes after the change. A ``change`` that returns ``current`` itself writes
+    nothing. ``change`` may run more than once (again after a concurrent write), so it must only
+    compute; an exception it raises leaves the file as it was."""
     if loc.is_local:
         with _flock(loc):
-            data = change(read(loc))
+            current = read(loc)
+            data = change(current)
+            if data is current:
+                return data
             sink = AtomicSink(loc)
             try:
                 sink.write(data)
@@ -45,12 +49,16 @@ def update(loc: Location, change: Callable[[bytes | None], bytes]) -> bytes:
                 sink.abort()
             return data
     if not exact(loc):
-        data = change(read(loc))
-        loc.fs.pipe_file(loc.path, data)
+        current = read(loc)
+        data = change(current)
+        if data is not current:
+            loc.fs.pipe_file(loc.path, data)
         return data
     for attempt in range(TRIES):
         etag, current = _read_tagged(loc)
         data = change(current)
+        if data is current:
+            return data
         condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
         try:
             loc.fs.pipe_file(loc.path, data, **condition)

@@ -76,16 +76,15 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
 def test_the_sample_is_spread_over_the_input() -> None:
     # 10 shards: the first rows of 8 of them, evenly spaced, an equal share each
     plan = sample_plan([100] * 10, 20)
-    assert [i for i, _, _ in plan] == [0, 1, 2, 3, 5, 6, 7, 8] and sum(t for _, _, t in plan) == 20
-    assert {skip for _, skip, _ in plan} == {0} and max(t for _, _, t in plan) - min(
-        t for _, _, t in plan
-    ) <= 1
+    assert [i for i, _ in plan] == [0, 1, 2, 3, 5, 6, 7, 8] and sum(t for _, t in plan) == 20
+    assert max(t for _, t in plan) - min(t for _, t in plan) <= 1
     # a share a small shard cannot fill goes to the next; what the spread cannot fill, to the others
-    assert sample_plan([1, 100], 10) == [(0, 0, 1), (1, 0, 9)]
+    assert sample_plan([1, 100], 10) == [(0, 1), (1, 9)]
     topped = sample_plan([2] * 20, 30)  # 8 spread shards give 16; 7 more in order give the rest
-    assert [i for i, _, _ in topped] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 17]
-    assert sum(t for _, _, t in topped) == 30
-    assert sample_plan([5, 5], 7) == [(0, 0, 4), (1, 0, 3)]
+    assert [i for i, _ in topped] == [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 15, 17]
+    assert sum(t for _, t in topped) == 30
+    assert sample_plan([5, 5], 7) == [(0, 4), (1, 3)]
+    assert sample_plan([5, 1], 6) == [(0, 5), (1, 1)]  # a spread shard topped up: still read once
     few = sample_plan([3, 3, 3], 20)
-    assert few == [(0, 0, 3), (1, 0, 3), (2, 0, 3)]
+    assert few == [(0, 3), (1, 3), (2, 3)]
     assert sample_plan([], 10) == [] and sample_plan([5], 0) == []
