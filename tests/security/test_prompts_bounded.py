@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer import prompts
+from airflow_batchinfer import prompts, templates
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.judges.llm import LLMJudge
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
@@ -67,13 +67,21 @@ def test_unbounded_templates_are_prompt_errors(template: str, record: dict[str, 
 
 
 @pytest.mark.timeout(30)
-def test_loops_are_bounded_even_without_output() -> None:
+def test_loops_are_bounded_even_without_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the step count is under test: the 2 s bound (tested below) must not win on a slow machine
+    monkeypatch.setattr(templates, "MAX_RENDER_SECONDS", 60.0)
     started = time.monotonic()
     with pytest.raises(PromptError, match="too many steps"):
         build("{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}")
     with pytest.raises(PromptError, match="too many steps"):
         build(FAN_OUT)
     assert time.monotonic() - started < 10
+
+
+def test_a_rendering_past_its_time_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(templates, "MAX_RENDER_SECONDS", 0.0)  # every step is past the deadline
+    with pytest.raises(PromptError, match=r"took too long \(over 0 s for one record\)"):
+        build(FAN_OUT)
 
 
 def test_a_huge_exponent_is_refused_before_it_is_computed() -> None:
