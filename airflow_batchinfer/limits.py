@@ -63,6 +63,11 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "every tag or every image under it)"),
     LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
     LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
+    LimitSetting("allowed_service_accounts", "names",
+                 "ServiceAccounts `kubernetes.service_account` may run the worker pods as (the cloud "
+                 "identity their storage access comes from, by IRSA or Workload Identity)"),
+    LimitSetting("allowed_image_pull_secrets", "names",
+                 "Secrets `kubernetes.image_pull_secrets` may name to pull the worker image with"),
     LimitSetting("allowed_node_selectors", "names",
                  "`kubernetes.node_selector` labels a trigger may set besides the DAG default's: "
                  "`key=value`, or `key` for any value of that label"),
@@ -80,6 +85,9 @@ SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
 )  # fmt: skip
 CONFIG_SECTION = "batchinfer"
+# ``[batchinfer] one_host = True``: every component of the deployment runs on one host, whatever the
+# executor, so local pools may be used (pools/local.py decides; docs/deployment.md)
+ONE_HOST_OPTION = "one_host"
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
@@ -124,6 +132,8 @@ class TriggerLimits:
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
     allowed_model_pvcs: tuple[str, ...] = ()
+    allowed_service_accounts: tuple[str, ...] = ()
+    allowed_image_pull_secrets: tuple[str, ...] = ()
     allowed_node_selectors: tuple[str, ...] = ()
     allowed_toleration_keys: tuple[str, ...] = ()
     allowed_env: tuple[str, ...] = ()
@@ -197,6 +207,8 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
+        allowed_service_accounts=tuple(v for v in [kube.get("service_account")] if v),
+        allowed_image_pull_secrets=_pull_secrets(kube, "the DAG's default kubernetes"),
         allowed_node_selectors=tuple(f"{k}={v}" for k, v in labels.items()),
         allowed_toleration_keys=tuple(
             dict.fromkeys([*(_toleration_key(t) for t in tolerations), *(_spot_keys() if spot else ())])
@@ -249,6 +261,19 @@ def _placement(
     if problems is not None:
         problems += found
     return env, labels, list(tolerations)
+
+
+def _pull_secrets(kube: Mapping[str, Any], where: str, problems: list[str] | None = None) -> tuple[str, ...]:
+    """``image_pull_secrets`` of a ``kubernetes`` setting (empty when absent or malformed); what is
+    malformed is added to ``problems``, or raised when that is ``None`` (as :func:`_placement`)."""
+    names = kube.get("image_pull_secrets") or []
+    if isinstance(names, list | tuple) and all(isinstance(n, str) for n in names):
+        return tuple(names)
+    found = f"{where}.image_pull_secrets must be a list of Secret names, got {names!r}"
+    if problems is None:
+        raise ConfigError(found)
+    problems.append(found)
+    return ()
 
 
 def judge_pool_view(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -357,11 +382,14 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
     ]
     if (image := kube.get("image")) and not any(matches(e, str(image)) for e in limits.allowed_images):
         out.append(f"kubernetes.image {image!r} is not allowed (widen with {_where('allowed_images')})")
-    for key, allowed in (("storage_secret", limits.allowed_storage_secrets),
-                         ("model_pvc", limits.allowed_model_pvcs)):  # fmt: skip
-        if (name := kube.get(key)) and str(name) not in allowed:
-            setting = "allowed_storage_secrets" if key == "storage_secret" else "allowed_model_pvcs"
+    for key, setting in (("storage_secret", "allowed_storage_secrets"), ("model_pvc", "allowed_model_pvcs"),
+                         ("service_account", "allowed_service_accounts")):  # fmt: skip
+        if (name := kube.get(key)) and str(name) not in getattr(limits, setting):
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
+    for name in _pull_secrets(kube, "kubernetes", out):
+        if name not in limits.allowed_image_pull_secrets:
+            out.append(f"kubernetes.image_pull_secrets {name!r} is not allowed (widen with "
+                       f"{_where('allowed_image_pull_secrets')})")  # fmt: skip
     env, labels, tolerations = _placement(kube, "kubernetes", out)
     for name in sorted(set(env) - set(limits.allowed_env)):
         out.append(f"kubernetes.env.{name} is not allowed (widen with {_where('allowed_env')})")

@@ -64,6 +64,8 @@ class LocalAirflow:
     password: str = field(default_factory=lambda: secrets.token_urlsafe(12))
     python: str = sys.executable
     failure_timeout_s: int = 0
+    # the processes to run, by name: ``airflow`` CLI arguments each
+    components: dict[str, list[str]] = field(default_factory=lambda: dict(COMPONENTS))
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     _token: str | None = None
 
@@ -71,7 +73,8 @@ class LocalAirflow:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def environ(self) -> dict[str, str]:
+    def environ(self, component: str | None = None) -> dict[str, str]:
+        """The environment of ``component`` (``None``: the CLI): the same for every one here."""
         home = str(self.home)
         return {
             **os.environ,
@@ -160,7 +163,7 @@ class LocalAirflow:
         for name, slots in (pools or {}).items():
             self.set_pool(name, slots)
         (self.home / "logs").mkdir(exist_ok=True)
-        for name in COMPONENTS:
+        for name in self.components:
             self._spawn(name)
         self._wait(lambda: self._healthy(), timeout_s, "the api-server to answer")
         self._warm_execution_api()
@@ -174,11 +177,16 @@ class LocalAirflow:
         with contextlib.suppress(httpx.HTTPError):
             httpx.get(f"{self.url}/execution/health", timeout=60)
 
+    def workdir(self, component: str) -> Path | None:
+        """The working directory of ``component`` (``None``: this process's)."""
+        return None
+
     def _spawn(self, name: str) -> None:
         log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 - the child keeps it
         self.procs[name] = subprocess.Popen(
-            [str(Path(self.python).parent / "airflow"), *COMPONENTS[name]],
-            env=self.environ(),
+            [str(Path(self.python).parent / "airflow"), *self.components[name]],
+            env=self.environ(name),
+            cwd=self.workdir(name),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -218,8 +226,8 @@ class LocalAirflow:
 
     def start_component(self, component: str, timeout_s: float = 120) -> int:
         """Start one component again (after :meth:`kill`); returns its PID."""
-        if component not in COMPONENTS:
-            raise ValueError(f"unknown component {component!r}: one of {sorted(COMPONENTS)}")
+        if component not in self.components:
+            raise ValueError(f"unknown component {component!r}: one of {sorted(self.components)}")
         proc = self.procs.get(component)
         if proc is not None and proc.poll() is None:
             raise RuntimeError(f"airflow {component} is still running (pid {proc.pid})")

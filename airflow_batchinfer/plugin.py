@@ -5,6 +5,9 @@ Registered through the ``airflow.plugins`` entry point only (pyproject.toml). Ta
 plugins too, so this module imports nothing heavy: the FastAPI app
 (:mod:`airflow_batchinfer.review.app`) is built on first use of :attr:`BatchInferPlugin.fastapi_apps`,
 which only the api-server asks for.
+
+The desk needs Airflow 3.3 (:func:`airflow_batchinfer.compat.review_desk_unavailable`): on an older
+Airflow the plugin lists no views and serves no app, and the api-server's log says why.
 """
 
 from __future__ import annotations
@@ -14,13 +17,17 @@ from typing import Any
 
 from airflow.plugins_manager import AirflowPlugin
 
+from airflow_batchinfer.compat import review_desk_unavailable
+
 URL_PREFIX = "/batchinfer"
 log = logging.getLogger(__name__)
+UNAVAILABLE = review_desk_unavailable()  # None where this Airflow has what the desk needs
 
 
 class BatchInferPlugin(AirflowPlugin):
     """The review desk: a "Review desk" tab on every DAG run and an entry in the Browse menu, both
-    showing the page that :mod:`airflow_batchinfer.review.app` serves under ``/batchinfer``."""
+    showing the page that :mod:`airflow_batchinfer.review.app` serves under ``/batchinfer``; neither
+    on an Airflow older than the desk needs (:data:`UNAVAILABLE` says why)."""
 
     name = "batchinfer"
     # Relative hrefs: they resolve against the UI's <base href> ([api] base_url's path).
@@ -39,11 +46,16 @@ class BatchInferPlugin(AirflowPlugin):
             "url_route": "batchinfer-review",
         },
     ]
+    if UNAVAILABLE:  # no tab or menu entry that would lead to a 404
+        external_views = []
 
     @property
     def fastapi_apps(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        """The review desk's app; none (logged) if it cannot be built: a broken page must not keep
-        the api-server from starting."""
+        """The review desk's app; none (logged) if this Airflow is older than it needs or it cannot
+        be built: a broken page must not keep the api-server from starting."""
+        if UNAVAILABLE:
+            log.warning("batchinfer: %s", UNAVAILABLE)
+            return []
         try:
             from airflow_batchinfer.review.app import get_app
 

@@ -181,7 +181,7 @@ def task_owns(run_root: str, context: Any, so: StorageOptions | None = None) -> 
     try:
         verify_owner(run_root, RunIdentity(ti.dag_id, ti.run_id), so)
     except OwnedElsewhere as exc:
-        from airflow.sdk.exceptions import AirflowFailException
+        from airflow_batchinfer.compat import AirflowFailException
 
         raise AirflowFailException(str(exc)) from exc
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import BaseHook, Context
-from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
+from airflow_batchinfer.compat import AirflowFailException, AirflowNotFoundException
 from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook
 from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, refusals

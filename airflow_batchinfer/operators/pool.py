@@ -21,17 +21,18 @@ from datetime import timedelta
 from typing import Any
 
 from airflow.sdk import BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
-from airflow_batchinfer.limits import TriggerLimits
+from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, TriggerLimits
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
+from airflow_batchinfer.pools.local import one_host_refusal
 from airflow_batchinfer.triggers import SETTLE_S
-from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness
+from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
 
 BUILTIN_MODELS = {"builtin:smollm2": lambda: str(prepare_smollm2(default_cache_dir()))}
 
@@ -213,6 +214,13 @@ class PoolSetupOperator(BaseOperator):
         pool = open_pool(self.worker_pool)
         spec_key = None  # a local generation is its spec; a static pool's is not ours to check
         if isinstance(pool, LocalPool):
+            from airflow.configuration import conf
+
+            executors = conf.get("core", "executor", fallback="LocalExecutor")
+            one_host = conf.getboolean(CONFIG_SECTION, ONE_HOST_OPTION, fallback=False)
+            refusal = one_host_refusal(str(pool), executors, one_host=one_host)
+            if refusal:
+                raise ConfigError(refusal)  # before anything starts or is written on this host
             self._local_up(pool, replicas, context)
         elif pool.backend == "kubernetes":
             spec_key = self._kubernetes_up(pool, replicas, context)
@@ -221,7 +229,10 @@ class PoolSetupOperator(BaseOperator):
         # The warm fast path: the trigger's own readiness decision, asked once here. A ready pool
         # running this spec returns now; only a pool still starting (or rolling out) defers.
         obs = asyncio.run(observe_pool(pool, pool.token(), lease_id(context)))
-        if pool_readiness(obs, replicas, spec_key=spec_key) == "ready":
+        decision = pool_readiness(obs, replicas, spec_key=spec_key)
+        if decision == "refused":
+            raise ConfigError(why_refused(obs, str(pool)))
+        if decision == "ready":
             self.log.info("worker pool %s ready (warm, no deferral): %s", self.worker_pool, list(obs.ready))
             return list(obs.ready)
         self.log.info("worker pool %s: %d of %d workers ready; waiting on the triggerer",
@@ -240,6 +251,8 @@ class PoolSetupOperator(BaseOperator):
         return None  # not reached: defer() raises
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> list[str]:
+        if event.get("state") == "refused":
+            raise AirflowFailException(str(event["reason"]))
         if event.get("state") != "ready":
             pool = open_pool(self.worker_pool)
             where = "; ".join(pool.problems()) or "workers still starting"

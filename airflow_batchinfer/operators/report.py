@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.operators.pool import hold_pool, lease_id

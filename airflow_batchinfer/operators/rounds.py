@@ -19,8 +19,8 @@ from typing import Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import BaseOperator, Context, Param
-from airflow.sdk.exceptions import AirflowFailException
 
+from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
@@ -77,12 +77,13 @@ def _descriptors(plan: Plan) -> list[dict[str, Any]]:
 
 
 def _desk(context: Context) -> str | None:
-    """This DAG run's review desk (the plugin's page in the Airflow UI)."""
+    """This DAG run's review desk (the plugin's page in the Airflow UI); none on an Airflow older
+    than the desk needs."""
     from airflow.configuration import conf
 
     ti = context.get("ti") if hasattr(context, "get") else None
     base = conf.get("api", "base_url", fallback=None)
-    if ti is None or not base:
+    if ti is None or not base or review_desk_unavailable():
         return None
     return desk_url(base, ti.dag_id, ti.run_id)
 

@@ -34,11 +34,44 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.limits import ONE_HOST_OPTION
 from airflow_batchinfer.models import default_cache_dir
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 
 STATE_VERSION = 2
+# Why a local pool needs one host, said wherever one is refused or not found.
+ONE_HOST = (
+    "A local pool's workers listen on 127.0.0.1 of the host that started them and its state and token "
+    "are on that host's disk, so local pools need the tasks, the triggerer and the workers on one host "
+    "(LocalExecutor). With Celery or Kubernetes executors, or several triggerers on other hosts, use a "
+    "static pool (a batchinfer_pool connection listing each worker's own URL) or a Kubernetes pool "
+    "(kubernetes://NAMESPACE/NAME); see the deployment guide (docs/deployment.md)."
+)
+# Executors that run every task on the scheduler's host.
+ONE_HOST_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
+
+
+def executor_name(configured: str) -> str:
+    """The class name of one ``[core] executor`` entry: ``LocalExecutor``, an import path
+    (``airflow.providers.celery.executors.celery_executor.CeleryExecutor``) or ``alias:path``."""
+    return configured.strip().rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def one_host_refusal(pool: str, executors: str, *, one_host: bool = False) -> str | None:
+    """Why ``pool`` (a local pool) cannot run under ``executors`` (``[core] executor``, a
+    comma-separated list), or ``None``. ``one_host``: the deployment says every component runs on
+    one host (``[batchinfer] one_host = True``) whatever the executor. Pure: the pool setup
+    decides with it before it starts anything."""
+    named = (executor_name(x) for x in executors.split(",") if x.strip())
+    others = [e for e in named if e not in ONE_HOST_EXECUTORS]
+    if one_host or not others:
+        return None
+    return (
+        f"{pool} cannot run on this Airflow: its executor {', '.join(others)} may run tasks on other "
+        f"hosts than the one that starts the workers. {ONE_HOST} If every component does run on this "
+        f"one host, set [batchinfer] {ONE_HOST_OPTION} = True."
+    )
 
 
 @dataclass(frozen=True)
@@ -176,14 +209,29 @@ class LocalPool:
         _write_atomic(self._lease_file(key), leases.to_dict())
 
     def token(self) -> str:
-        path = self.dir / "token"
-        if not path.exists():
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileExistsError):
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(secrets.token_urlsafe(32))
-        return path.read_text().strip()
+        """The workers' RPC token, written when the pool first started on this host. Reading it
+        never makes one: a host without the pool's state (a triggerer or a Celery worker elsewhere)
+        is told so, instead of writing a token no worker accepts."""
+        try:
+            return (self.dir / "token").read_text().strip()
+        except FileNotFoundError:
+            raise self.not_here() from None
+
+    def _make_token(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            fd = os.open(self.dir / "token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(32))
+
+    def has_state(self) -> bool:
+        """Whether this host holds the pool's state (it was started here)."""
+        return self.state_file.exists()
+
+    def not_here(self) -> ConfigError:
+        return ConfigError(
+            f"{self} has no state on this host ({self.dir}): it was never started here. {ONE_HOST}"
+        )
 
     @staticmethod
     def _live(gen: dict[str, Any]) -> list[dict[str, Any]]:
@@ -272,6 +320,8 @@ class LocalPool:
             self._save(state)
 
     def _never_started(self) -> ConfigError:
+        if not self.has_state():
+            return self.not_here()
         return ConfigError(
             f"{self} was never started (or was stopped): run the DAG's pool setup task or "
             f"`batchinfer pool up --name {self.name}`"
@@ -324,7 +374,7 @@ class LocalPool:
         wid = secrets.token_hex(4)
         announce = self.dir / f"worker-{wid}.json"
         log = self.dir / f"worker-{wid}.log"
-        self.token()  # make sure the token file exists before workers read it
+        self._make_token()  # the token file exists before workers read it
         cmd = [
             str(Path(spec.python).parent / "batchinfer"),
             "worker",
@@ -451,7 +501,7 @@ class LocalPool:
         """Why workers are missing: the ones that exited, with the end of their logs."""
         found = self._generation(self._load(), None)
         if found is None:
-            return [f"{self} was never started (run the pool setup task or `batchinfer pool up`)"]
+            return [str(self._never_started())]
         return [
             f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{log_tail(w['log'], 600)}"
             for w in found[1].get("workers", [])

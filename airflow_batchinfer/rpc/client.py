@@ -99,6 +99,12 @@ class WorkerClient:
     async def health(self) -> bool:
         return bool((await self._call("GET", "/v1/health")).get("status") == "ok")
 
+    async def instance(self) -> str | None:
+        """The id of the worker process that answers (``/v1/health``; ``None`` from a worker that
+        predates it)."""
+        instance = (await self._call("GET", "/v1/health")).get("instance")
+        return None if instance is None else str(instance)
+
     async def ready(self) -> bool:
         try:
             return bool((await self._call("GET", "/v1/ready")).get("ready"))

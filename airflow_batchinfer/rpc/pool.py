@@ -56,6 +56,28 @@ async def ready_workers(urls: Sequence[str], token: str | None, *, timeout_s: fl
     return [u for u, ok in zip(urls, answers, strict=True) if ok]
 
 
+async def worker_instances(
+    urls: Sequence[str], *, probes: int = 4, timeout_s: float = 5.0
+) -> dict[str, set[str]]:
+    """The worker processes that answer at each of ``urls``: ``probes`` requests each, every one on
+    a new connection and all at once, so an address that a Service or load balancer spreads over
+    several workers shows more than one. A URL that does not answer has an empty set."""
+
+    async def probe(url: str) -> str | None:
+        try:
+            async with WorkerClient(url, token=None, timeout=timeout_s) as client:
+                return await client.instance()
+        except (WorkerUnavailable, RpcError):
+            return None
+
+    answers = await asyncio.gather(*(probe(u) for u in urls for _ in range(probes)))
+    seen: dict[str, set[str]] = {u: set() for u in urls}
+    for i, instance in enumerate(answers):
+        if instance is not None:
+            seen[urls[i // probes]].add(instance)
+    return seen
+
+
 async def follow(
     worker: WorkerClient,
     job_id: str,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -48,6 +49,9 @@ def create_app(
     prefixes = PrefixPolicy(config.allowed_prefixes)
     callables = config.callable_policy()
     state: dict[str, Any] = {"load_error": None}
+    # Which process answers: a pool client tells a worker's own address from one address that a
+    # Service or load balancer spreads over several workers (whose job states it could not follow).
+    instance = secrets.token_hex(8)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -94,7 +98,7 @@ def create_app(
 
     @app.get("/v1/health")
     async def health() -> dict[str, str]:
-        return {"status": "ok"}
+        return {"status": "ok", "instance": instance}
 
     @app.get("/v1/ready")
     async def ready() -> JSONResponse:

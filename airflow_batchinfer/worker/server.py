@@ -22,6 +22,7 @@ import uvicorn
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.pools.leases import PoolState
+from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.registry import JobRegistry
@@ -124,7 +125,7 @@ def serve(config: WorkerConfig) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
     host, port = sock.getsockname()[:2]
-    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    url = http_url(host, port)
     # host:port names this worker in job statuses and manifests: local pools run several per host.
     # $HOSTNAME first: in a container it is the pod's name (what `kubectl logs` takes).
     app.state.registry.worker_name = f"{os.environ.get('HOSTNAME') or socket.gethostname()}:{port}"

@@ -20,7 +20,7 @@ from airflow.triggers.base import TaskSuccessEvent  # noqa: E402
 from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa: E402
 from airflow_batchinfer.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.pools import LocalPool, require_endpoints  # noqa: E402
+from airflow_batchinfer.pools import require_endpoints  # noqa: E402
 from airflow_batchinfer.rounds import job_spec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.run_config import RunConfig  # noqa: E402
@@ -82,7 +82,10 @@ def test_local_pool_reference_without_workers_says_what_to_do(
 ):
     monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
     pool = open_pool("local://nothing-here")
-    assert pool.endpoints() == [] and pool.token() == LocalPool("nothing-here").token()
+    assert pool.endpoints() == []
+    with pytest.raises(ConfigError, match="no state on this host"):
+        pool.token()  # never made here: a token no worker has would only get 401s
+    assert not (tmp_path / "pools" / "nothing-here" / "token").exists()
     with pytest.raises(ConfigError, match="pool setup task"):
         require_endpoints(pool)
 

@@ -37,6 +37,21 @@ def base_docs() -> list[dict[str, Any]]:
     return [d for f in files for d in load_all((K8S / "base" / f).read_text())]
 
 
+def identity_docs() -> list[dict[str, Any]]:
+    """A pool whose workers run as their own ServiceAccount and pull from a private registry, as
+    ``batchinfer pool manifests`` prints it (the objects the pool manager creates for that spec)."""
+    flags = ["--service-account", "batchinfer-s3", "--image-pull-secret", "regcred",
+             "--image-pull-secret", "mirror.example.com"]  # fmt: skip
+    out = subprocess.run(
+        [BIN, "pool", "manifests", *base_spec_args(), *flags], capture_output=True, text=True, check=True
+    )
+    docs = load_all(out.stdout)
+    pod = docs[0]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "batchinfer-s3" and pod["automountServiceAccountToken"] is False
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror.example.com"}]
+    return docs
+
+
 def rendered(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:
     """The overlays as ``kubectl kustomize`` renders them (with a token file, as a user writes it);
     empty without kubectl."""
@@ -68,7 +83,7 @@ def test_base_worker_yaml_is_what_the_pool_manager_creates() -> None:
 def test_base_and_overlays_pass_strict_schema_validation(tmp_path: Path) -> None:
     import kubernetes_validate
 
-    docs = base_docs() + [d for objs in rendered(tmp_path).values() for d in objs]
+    docs = base_docs() + identity_docs() + [d for objs in rendered(tmp_path).values() for d in objs]
     kinds = {
         "Deployment",
         "Service",
@@ -113,6 +128,12 @@ def test_overlays_render_what_they_promise(tmp_path: Path) -> None:
     assert by_kind["gpu"]["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0][
         "image"
     ].startswith("registry.example.com/")  # the reaper runs the same image
+    for kinds in by_kind.values():  # the Role is bound to the reaper and to Airflow's components
+        subjects = {(s["name"], s["namespace"]) for s in kinds["RoleBinding"]["subjects"]}
+        assert ("batchinfer-airflow", "batchinfer") in subjects  # the reaper's, in the pools' namespace
+        assert {n for n, ns in subjects if ns == "airflow"} >= {"airflow-worker", "airflow-triggerer"}
+        reaper = kinds["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        assert reaper["serviceAccountName"] == "batchinfer-airflow"
     cpu = by_kind["cpu-demo"]["Deployment"]["spec"]["template"]["spec"]
     assert "nvidia.com/gpu" not in str(cpu) and "dshm" not in str(cpu)
     env = {e["name"]: e.get("value") for e in cpu["containers"][0]["env"]}
@@ -131,6 +152,7 @@ def test_server_side_dry_run_accepts_every_object(kube_api: Kube, tmp_path: Path
     ns = kube.namespace()
     minor = int(re.match(r"\d+", client.VersionApi(kube.api).get_code().minor).group())  # type: ignore[union-attr]
     docs = [d for objs in rendered(tmp_path).values() for d in objs] or base_docs()
+    docs += identity_docs()
     unserved, accepted = set(), []
     for doc in docs:
         try:

@@ -115,6 +115,34 @@ def test_changed_settings_replace_workers_only_when_no_other_run_holds_the_pool(
     assert dep.spec.template.spec.containers[0].args == ["--engine-arg=approval_rate=0.9"]
 
 
+def test_workers_run_as_the_specs_service_account_and_a_spec_without_one_drops_it(
+    kube: Kube, tmp_path: Path
+) -> None:
+    """``service_account`` and ``image_pull_secrets`` reach the pods the API admits (the ServiceAccount
+    admission checks the account exists and mounts no token: ``automountServiceAccountToken`` is
+    false); a later spec without them removes them from the template (the update is a merge patch)."""
+    ns = kube.namespace()
+    core, apps = client.CoreV1Api(kube.api), client.AppsV1Api(kube.api)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "batchinfer-s3"}})
+    pool = KubernetesPool(kube.api, "pool", ns)
+    sp = spec(ns, tmp_path, service_account="batchinfer-s3", image_pull_secrets=("regcred",),
+              node_selector={"nvidia.com/gpu.present": "true"})  # fmt: skip
+    assert pool.ensure(sp) == "created"
+    pool.acquire("run", 1)
+    assert len(pool.wait_ready(1, timeout_s=90)) == 1
+    (pod,) = pods(kube, ns)
+    assert pod.spec.service_account_name == "batchinfer-s3"
+    assert [s.name for s in pod.spec.image_pull_secrets] == ["regcred"]
+    assert not [v for v in pod.spec.volumes or [] if v.secret or v.projected]  # no API token mounted
+    pool.release("run")
+    plain = spec(ns, tmp_path, port=sp.port)
+    assert pool.ensure(plain) == "updated"
+    template = apps.read_namespaced_deployment("pool", ns).spec.template.spec
+    assert template.service_account_name is None and template.service_account is None
+    assert template.image_pull_secrets is None and template.node_selector is None
+    pool.scale_to_zero()
+
+
 def test_adopts_a_deployment_applied_from_manifests(kube: Kube, tmp_path: Path) -> None:
     """A Deployment someone applied (no spec hash): leased and scaled, its template never touched."""
     ns = kube.namespace()

@@ -80,6 +80,39 @@ def test_kubernetes_settings_within_the_pinned_images_secrets_and_maxima() -> No
     assert refusals({"kubernetes": {"image": "registry.example/batchinfer-worker-evil:0.2"}}, tagged) != []
 
 
+def test_service_account_and_pull_secrets_stay_within_the_dag_and_the_allowed_ones() -> None:
+    """The pods' ServiceAccount is a cloud identity (IRSA, Workload Identity: what the workers may read
+    and write in storage); a free choice would run them as any account of the namespace."""
+    dag = implied_by({**DEFAULTS, "kubernetes": {"service_account": "batchinfer-s3-runs",
+                                                 "image_pull_secrets": ["regcred"]}})  # fmt: skip
+    assert dag.allowed_service_accounts == ("batchinfer-s3-runs",)
+    assert dag.allowed_image_pull_secrets == ("regcred",)
+    as_written = {"service_account": "batchinfer-s3-runs", "image_pull_secrets": ["regcred"]}
+    assert refusals({**DEFAULTS, "kubernetes": as_written}, dag) == []  # the DAG's own, as written
+    attack = {"service_account": "airflow-worker", "image_pull_secrets": ["regcred", "prod-registry"]}
+    assert refusals({**DEFAULTS, "kubernetes": attack}, dag) == [
+        "kubernetes.service_account 'airflow-worker' is not allowed (widen with the DAG's limits, the "
+        "[batchinfer] allowed_service_accounts setting, or the pool connection's extra "
+        "allowed_service_accounts)",
+        "kubernetes.image_pull_secrets 'prod-registry' is not allowed (widen with the DAG's limits, the "
+        "[batchinfer] allowed_image_pull_secrets setting, or the pool connection's extra "
+        "allowed_image_pull_secrets)",
+    ]
+    # none by default: a DAG without them allows none
+    assert len(refusals({"kubernetes": attack}, DAG)) == 3
+    # the config section and the connection extra hold text; they widen, exactly (no prefixes)
+    extra = {
+        "allowed_service_accounts": "airflow-worker, eval-s3",
+        "allowed_image_pull_secrets": ["prod-registry"],
+    }
+    widened = dag.widen(TriggerLimits.from_mapping(extra, "connection 'gpu'"))
+    assert refusals({"kubernetes": attack}, widened) == []
+    assert refusals({"kubernetes": {"service_account": "airflow-worker-2"}}, widened) != []
+    judged = {"judge_pool": "j_conn", "judge_kubernetes": {"service_account": "admin"}}
+    (why,) = refusals(judged, dag, judge_pool_is_connection=True)
+    assert why.startswith("judge pool: kubernetes.service_account 'admin' is not allowed"), why
+
+
 def test_kubernetes_env_names_stay_within_the_dag_and_the_allowed_ones() -> None:
     # env beats the storage Secret's envFrom: a free name would redirect the workers' storage
     attack = {"AWS_ENDPOINT_URL": "http://evil.example", "AWS_ACCESS_KEY_ID": "mine", "LD_PRELOAD": "/x.so"}
@@ -145,6 +178,8 @@ def test_spot_nodes_need_their_taints_allowed() -> None:
         ({"tolerations": {"key": "x"}}, "kubernetes.tolerations must be a list of objects"),
         ({"tolerations": ["x"]}, "kubernetes.tolerations must be a list of objects"),
         ({"gpus": "lots"}, "kubernetes.gpus 'lots' is more than max_gpus 1"),
+        ({"image_pull_secrets": "regcred"}, "kubernetes.image_pull_secrets must be a list of Secret names"),
+        ({"image_pull_secrets": [{"name": "x"}]}, "kubernetes.image_pull_secrets must be a list"),
     ],
 )
 def test_malformed_kubernetes_settings_are_refused_not_skipped(kube: dict[str, Any], problem: str) -> None:
@@ -155,6 +190,8 @@ def test_malformed_kubernetes_settings_are_refused_not_skipped(kube: dict[str, A
 def test_a_dag_default_that_is_malformed_is_an_error_when_the_dag_is_built() -> None:
     with pytest.raises(ConfigError, match=r"the DAG.s default kubernetes\.node_selector must be an object"):
         implied_by({"kubernetes": {"node_selector": "pool=gpu"}})
+    with pytest.raises(ConfigError, match=r"the DAG.s default kubernetes\.image_pull_secrets must be a list"):
+        implied_by({"kubernetes": {"image_pull_secrets": "regcred"}})
 
 
 def test_judge_callables_and_replicas() -> None:

@@ -16,6 +16,7 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 
 from airflow.sdk.exceptions import AirflowFailException, TaskDeferred
 
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.operators import pool as pool_ops
 from airflow_batchinfer.operators.pool import PoolSetupOperator
 from airflow_batchinfer.pools.static import StaticPool
@@ -25,6 +26,7 @@ from airflow_batchinfer.triggers.pool_ready import (
     PoolReadyTrigger,
     observe_pool,
     pool_readiness,
+    why_refused,
 )
 
 URLS = ["http://w1:8000", "http://w2:8000"]
@@ -63,6 +65,17 @@ def test_timeout_only_past_the_deadline_and_never_over_ready() -> None:
     assert pool_readiness(PoolObservation(ready=tuple(URLS)), 2, now=99.0, deadline=20.0) == "ready"
 
 
+def test_a_pool_that_cannot_work_from_here_is_refused_whatever_else() -> None:
+    shared = PoolObservation(ready=tuple(URLS), shared=(URLS[0],))
+    assert pool_readiness(shared, 2) == "refused"
+    assert pool_readiness(shared, 2, now=99.0, deadline=1.0) == "refused"  # not a timeout
+    assert pool_readiness(PoolObservation(elsewhere=True), 1) == "refused"
+    why = why_refused(shared, "conn")
+    assert URLS[0] in why and "several workers" in why and "each worker's own URL" in why
+    why = why_refused(PoolObservation(elsewhere=True), "local://gpu")
+    assert "local://gpu has no state on this host" in why and "one host" in why and "kubernetes://" in why
+
+
 # ---------------------------------------------------------------------------- the observation
 class FakePool:
     backend = "fake"
@@ -95,7 +108,15 @@ def answering(monkeypatch: pytest.MonkeyPatch) -> set[str]:
         return [u for u in urls if u in up]
 
     monkeypatch.setattr(pool_ready, "ready_workers", fake_ready_workers)
+    monkeypatch.setattr(pool_ready, "worker_instances", fake_worker_instances)
     return up
+
+
+SHARED: set[str] = set()  # URLs that several worker processes answer (a balancer in front of them)
+
+
+async def fake_worker_instances(urls: Sequence[str], **_: Any) -> dict[str, set[str]]:
+    return {u: {f"{u}#1", f"{u}#2"} if u in SHARED else {f"{u}#1"} for u in urls}
 
 
 async def test_observe_asks_the_leases_workers_and_reads_a_rollout(answering: set[str]) -> None:
@@ -105,6 +126,29 @@ async def test_observe_asks_the_leases_workers_and_reads_a_rollout(answering: se
     assert obs == PoolObservation(ready=(URLS[0],), spec_key="k", current_ready=1)
     assert pool.asked == ["dag/run"]
     assert await observe_pool(FakePool(URLS), "t") == PoolObservation(ready=(URLS[0],))  # type: ignore[arg-type]
+
+
+async def test_observe_finds_a_static_url_shared_by_several_workers(
+    answering: set[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    answering.update(URLS)
+    monkeypatch.setattr(f"{__name__}.SHARED", {URLS[1]})
+    obs = await observe_pool(StaticPool(urls=URLS, rpc_token="t"), "t")
+    assert obs.shared == (URLS[1],) and pool_readiness(obs, 2) == "refused"
+    # only a static pool is probed: a backend that finds its workers itself lists each one
+    assert (await observe_pool(FakePool(URLS), "t")).shared == ()  # type: ignore[arg-type]
+
+
+async def test_observe_a_local_pool_started_on_another_host(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batchinfer.pools import LocalPool
+
+    pool = LocalPool("elsewhere", state_dir=tmp_path)
+    assert await observe_pool(pool, None) == PoolObservation(elsewhere=True)
+    with pytest.raises(ConfigError, match="no state on this host"):
+        pool.token()  # reading the token never writes one
+    assert not (tmp_path / "elsewhere" / "token").exists()
 
 
 def test_a_kubernetes_rollout_counts_only_pods_of_the_current_template() -> None:
@@ -223,3 +267,66 @@ def test_a_pool_not_ready_by_its_deadline_fails_the_setup_without_a_retry(
     op = _setup(monkeypatch)
     with pytest.raises(AirflowFailException, match=r"1 of 2 workers ready after 900 s.*Remedy"):
         op.execute_complete(_context(), {"state": "timeout", "ready": 1})
+
+
+# --------------------------------------------------------------- pools that cannot work from here
+def test_setup_refuses_a_static_url_shared_by_several_workers_at_once(
+    monkeypatch: pytest.MonkeyPatch, answering: set[str]
+) -> None:
+    answering.update(URLS)
+    monkeypatch.setattr(f"{__name__}.SHARED", {URLS[0]})
+    op = _setup(monkeypatch)
+    with pytest.raises(AirflowFailException, match=r"answered by several workers"):
+        op.execute(_context())
+    # a trigger that saw it instead (the pool was still starting at setup) fails the task the same way
+    with pytest.raises(AirflowFailException, match=r"several workers"):
+        op.execute_complete(
+            _context(), {"state": "refused", "reason": "conn: x is answered by several workers"}
+        )
+
+
+@pytest.mark.parametrize(
+    ("executor", "refused"),
+    [
+        ("LocalExecutor", False),
+        ("airflow.executors.local_executor.LocalExecutor", False),
+        ("CeleryExecutor", True),
+        ("LocalExecutor,CeleryExecutor", True),  # some tasks may go to Celery workers elsewhere
+        ("KubernetesExecutor", True),
+        ("my_edge:airflow.providers.edge3.executors.EdgeExecutor", True),
+    ],
+)
+def test_the_one_host_decision(executor: str, refused: bool) -> None:
+    from airflow_batchinfer.pools.local import one_host_refusal
+
+    why = one_host_refusal("local://gpu", executor)
+    assert (why is not None) == refused
+    if why:
+        assert executor.split(",")[-1].rsplit(".", 1)[-1].rsplit(":", 1)[-1] in why
+        assert "one host" in why and "static pool" in why and "kubernetes://" in why and "one_host" in why
+    # a deployment that runs every component on one host says so
+    assert one_host_refusal("local://gpu", executor, one_host=True) is None
+
+
+def test_setup_refuses_a_local_pool_under_celery_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
+    op = PoolSetupOperator(task_id="pool_setup", worker_pool="local://gpu", allowed_prefixes=[str(tmp_path)])
+    with pytest.raises(AirflowFailException, match=r"CeleryExecutor may run tasks on other hosts"):
+        op.execute(_context())
+    assert not list(tmp_path.rglob("token")) and not list(tmp_path.rglob("pool.json"))
+
+
+async def test_the_trigger_refuses_a_local_pool_whose_state_is_on_another_host(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
+    trigger = PoolReadyTrigger(worker_pool="local://gpu", replicas=1, deadline=time.time() + 900)
+    t0 = time.monotonic()
+    events = [e async for e in trigger.run()]
+    assert time.monotonic() - t0 < 5  # not at the 900 s deadline
+    assert [e.payload["state"] for e in events] == ["refused"]
+    assert "no state on this host" in events[0].payload["reason"]
+    assert not list(tmp_path.rglob("token"))

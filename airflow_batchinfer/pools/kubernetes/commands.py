@@ -29,6 +29,13 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
     g.add_argument("--interruptible", action="store_true", help="tolerate spot/preemptible nodes")
     g.add_argument("--model-pvc", default=None, help="PersistentVolumeClaim mounted read-only at /models")
     g.add_argument("--storage-secret", default=None, help="Secret with storage credentials (env)")
+    g.add_argument(
+        "--service-account",
+        default=None,
+        help="the worker pods' ServiceAccount (storage access by IRSA or Workload Identity)",
+    )
+    g.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
+                   help="Secret to pull the image from a private registry (repeatable)")  # fmt: skip
     g.add_argument("--port", type=int, default=8000)
     g.add_argument(
         "--scaledown-ttl", type=float, default=120.0, help="seconds of lower demand before a replica goes"
@@ -58,6 +65,7 @@ def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
         gpus=args.gpus, cpu=args.cpu, memory=args.memory,
         node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
         interruptible=args.interruptible, model_pvc=args.model_pvc, storage_secret=args.storage_secret,
+        service_account=args.service_account, image_pull_secrets=tuple(args.image_pull_secret),
         port=args.port, idle_ttl_s=args.idle_ttl, scaledown_ttl_s=args.scaledown_ttl,
         allowed_callables=tuple(args.allow_callable),
     )  # fmt: skip

@@ -28,6 +28,7 @@ from airflow_batchinfer.pools.kubernetes.spec import (
     KubernetesPoolSpec,
 )
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
+from airflow_batchinfer.rpc.urls import http_url
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
 MERGE = "application/merge-patch+json"
@@ -159,7 +160,7 @@ class KubernetesPool:
             patch = {  # guarded by resourceVersion: no lease may arrive between the check and the patch
                 "metadata": {"resourceVersion": dep.metadata.resource_version,
                              "annotations": {objects.SPEC_HASH: spec.key(), **ttls}},
-                "spec": {"template": objects.worker_deployment(spec)["spec"]["template"]},
+                "spec": {"template": objects.template_patch(spec)},
             }  # fmt: skip
             try:
                 self.apps.patch_namespaced_deployment(self.name, ns, patch, _content_type=MERGE)
@@ -342,7 +343,7 @@ class KubernetesPool:
     def endpoints(self, lease_id: str | None = None) -> list[str]:
         """URLs of the ready workers (sorted, so every caller sees the same order)."""
         pods, port = self._pods()
-        return sorted(f"http://{p.status.pod_ip}:{port}" for p in pods if self._ready(p))
+        return sorted(http_url(p.status.pod_ip, port) for p in pods if self._ready(p))
 
     def rollout(self) -> dict[str, Any]:
         """What a readiness check needs beyond the ready pods, in one read of the Deployment:
@@ -404,7 +405,7 @@ class KubernetesPool:
                 {
                     "pod": p.metadata.name,
                     "node": p.spec.node_name,
-                    "url": f"http://{p.status.pod_ip}:{port}" if p.status.pod_ip else None,
+                    "url": http_url(p.status.pod_ip, port) if p.status.pod_ip else None,
                     "phase": p.status.phase,
                     "ready": self._ready(p),
                     "terminating": p.metadata.deletion_timestamp is not None,

@@ -117,7 +117,9 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
     if spec.storage_secret:
         container["envFrom"] = [{"secretRef": {"name": spec.storage_secret}}]
     pod_spec: dict[str, Any] = {
-        "automountServiceAccountToken": False,  # workers never talk to the Kubernetes API
+        # Workers never talk to the Kubernetes API: no token, whatever the service account. IRSA and
+        # Workload Identity still work (their webhook or metadata server gives the cloud credential).
+        "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         # SIGTERM drains: running jobs finish (in-place jobs checkpoint) before the pod goes.
         "terminationGracePeriodSeconds": spec.drain_timeout_s + 30,
@@ -126,6 +128,10 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
         "containers": [container],
         "volumes": volumes,
     }  # fmt: skip
+    if spec.service_account:
+        pod_spec["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": name} for name in spec.image_pull_secrets]
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if tolerations:
@@ -142,6 +148,22 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
             "template": {"metadata": {"labels": selector(spec.name)}, "spec": pod_spec},
         },
     }
+
+
+# Pod settings a spec may leave out (``serviceAccount``: the API's old alias of ``serviceAccountName``,
+# which it fills in and reads back when the new name is missing).
+OPTIONAL_POD_FIELDS = ("serviceAccountName", "serviceAccount", "imagePullSecrets", "nodeSelector",
+                       "tolerations")  # fmt: skip
+
+
+def template_patch(spec: KubernetesPoolSpec) -> dict[str, Any]:
+    """The pod template as a merge patch (RFC 7386) over an older one: that keeps every key it does not
+    name, so the optional settings this spec leaves out are named as ``null`` (removed); a pool that
+    drops its ``service_account`` must not keep running under it."""
+    template: dict[str, Any] = worker_deployment(spec)["spec"]["template"]
+    for key in OPTIONAL_POD_FIELDS:
+        template["spec"].setdefault(key, None)
+    return template
 
 
 def worker_service(spec: KubernetesPoolSpec) -> dict[str, Any]:

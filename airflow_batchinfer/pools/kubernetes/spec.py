@@ -15,6 +15,8 @@ from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 # What the Dockerfile in k8s/ builds; push it to your registry and set `image`.
 DEFAULT_IMAGE = f"airflow-batchinfer-worker:{__version__}"
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# ServiceAccount and Secret names: DNS subdomains (RFC 1123), at most 253 characters
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a C identifier, ASCII only (POSIX shells read these)
 
 # Names of user `env` that the worker's container sets itself, and why: refused when a spec is built.
@@ -37,11 +39,13 @@ RESERVED_ENV: dict[str, str] = {
 # concurrency, target_batch_tokens: DAG settings with params of their own), what jobs may do there
 # (allowed_prefixes, allowed_callables: the trust boundary the pool enforces), or its scale and idle
 # time (replicas, idle_ttl_s: params of their own). The port may change: the NetworkPolicy admits
-# only its own port, so another one makes the pool unreachable, not open. `image`, `storage_secret`
-# and `model_pvc` must be on the deployment's allow-lists (airflow_batchinfer.limits).
+# only its own port, so another one makes the pool unreachable, not open. `image`, `storage_secret`,
+# `model_pvc`, `service_account` and `image_pull_secrets` must be on the deployment's allow-lists
+# (airflow_batchinfer.limits).
 TRIGGER_KEYS: frozenset[str] = frozenset({
     "image", "image_pull_policy", "gpus", "cpu", "memory", "shm_size", "node_selector", "tolerations",
     "interruptible", "model_pvc", "storage_secret", "env", "drain_timeout_s", "scaledown_ttl_s", "port",
+    "service_account", "image_pull_secrets",
 })  # fmt: skip
 
 # Taints that the common providers put on spot/preemptible nodes; `interruptible` tolerates them.
@@ -75,6 +79,12 @@ class KubernetesPoolSpec:
     :param env: extra variables for the worker container; names must be C identifiers, and none of
         the worker's own (``BATCHINFER_WORKER_*``, ``POD_IP``, ``HOME``, ``HF_HUB_OFFLINE``,
         ``OMP_NUM_THREADS``).
+    :param service_account: the worker pods' ``serviceAccountName`` (it must exist in the namespace):
+        the identity a cloud gives storage access to (EKS IRSA, GKE Workload Identity), instead of a
+        ``storage_secret``. No API token is mounted (``automountServiceAccountToken: false``): the
+        workers never call the Kubernetes API. ``None``: the namespace's ``default``.
+    :param image_pull_secrets: Secrets (``kubernetes.io/dockerconfigjson``, in the namespace) the
+        kubelet pulls ``image`` with, for a private registry.
     """
 
     name: str = "batchinfer"
@@ -99,6 +109,8 @@ class KubernetesPoolSpec:
     model_pvc: str | None = None
     storage_secret: str | None = None  # envFrom: e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
     env: dict[str, str] = field(default_factory=dict)
+    service_account: str | None = None  # serviceAccountName: IRSA / Workload Identity for storage
+    image_pull_secrets: tuple[str, ...] = ()  # Secrets to pull `image` from a private registry
     port: int = 8000
     drain_timeout_s: int = 300
     idle_ttl_s: float = DEFAULT_IDLE_TTL_S
@@ -121,6 +133,13 @@ class KubernetesPoolSpec:
             raise ConfigError("idle_ttl_s and scaledown_ttl_s must be >= 0")
         check_callables(self.allowed_callables)
         check_env(self.env)
+        if self.service_account:  # empty: unset, like storage_secret and model_pvc
+            check_object_name(self.service_account, "service_account", "ServiceAccount")
+        if not isinstance(self.image_pull_secrets, list | tuple):
+            raise ConfigError(f"image_pull_secrets: expected a list of Secret names, got "
+                              f"{self.image_pull_secrets!r}")  # fmt: skip
+        for secret in self.image_pull_secrets:
+            check_object_name(secret, "image_pull_secrets", "Secret")
         labels = self.node_selector
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in [*labels, *labels.values()]):
             raise ConfigError(f"node_selector: expected an object of label names to strings, got {labels!r}")
@@ -132,7 +151,7 @@ class KubernetesPoolSpec:
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
         check_known_fields(cls, data, "Kubernetes pool settings")
         data = dict(data)
-        for key in ("allowed_prefixes", "allowed_callables", "tolerations"):
+        for key in ("allowed_prefixes", "allowed_callables", "tolerations", "image_pull_secrets"):
             if key in data:
                 if data[key] and not isinstance(data[key], list | tuple):
                     raise ConfigError(f"{key}: expected a list, got {data[key]!r}")
@@ -144,8 +163,9 @@ class KubernetesPoolSpec:
         data = dataclasses.asdict(self)
         for k in ("replicas", "idle_ttl_s", "scaledown_ttl_s"):
             data.pop(k)
-        if not data["allowed_callables"]:  # the default: pools from before the field keep their key
-            data.pop("allowed_callables")
+        for k in ("allowed_callables", "service_account", "image_pull_secrets"):
+            if not data[k]:  # the default: pools from before the field keep their key
+                data.pop(k)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @property
@@ -173,6 +193,15 @@ def check_env(env: Any) -> None:
             raise ConfigError(f"env: {name} is set by the worker's pod spec: {RESERVED_ENV[name.upper()]}")
         if not isinstance(value, str):
             raise ConfigError(f"env: {name}: the value must be a string, got {value!r}")
+
+
+def check_object_name(name: Any, what: str, kind: str) -> None:
+    """``name`` must be a Kubernetes object name (a DNS subdomain: lowercase letters, digits, '-' and
+    '.'), so a bad one is refused when the spec is built, not by the API server at scale-up."""
+    if not isinstance(name, str) or len(name) > 253 or not _DNS_SUBDOMAIN.fullmatch(name):
+        raise ConfigError(
+            f"{what}: {name!r} is not a {kind} name (at most 253 lowercase letters, digits, '-' and '.')"
+        )
 
 
 def check_callables(entries: Any) -> None:
