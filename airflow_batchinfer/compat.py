@@ -44,7 +44,7 @@ def review_desk_unavailable(version: str | None = None) -> str | None:
     from packaging.version import Version
 
     version = version or airflow_version()
-    if Version(version).release >= Version(REVIEW_DESK_AIRFLOW).release:
+    if Version(Version(version).base_version) >= Version(REVIEW_DESK_AIRFLOW):  # 3.3, 3.3.0rc1: on
         return None
     return (
         f"the review desk needs Airflow {REVIEW_DESK_AIRFLOW} or later and this is Airflow {version}: "

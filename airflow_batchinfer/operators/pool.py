@@ -231,7 +231,7 @@ class PoolSetupOperator(BaseOperator):
         obs = asyncio.run(observe_pool(pool, pool.token(), lease_id(context)))
         decision = pool_readiness(obs, replicas, spec_key=spec_key)
         if decision == "refused":
-            raise ConfigError(why_refused(obs, str(pool)))
+            raise ConfigError(why_refused(obs, pool))
         if decision == "ready":
             self.log.info("worker pool %s ready (warm, no deferral): %s", self.worker_pool, list(obs.ready))
             return list(obs.ready)

@@ -67,7 +67,7 @@ async def worker_instances(
         try:
             async with WorkerClient(url, token=None, timeout=timeout_s) as client:
                 return await client.instance()
-        except (WorkerUnavailable, RpcError):
+        except (WorkerUnavailable, RpcError, ValueError, AttributeError):  # not a worker's answer
             return None
 
     answers = await asyncio.gather(*(probe(u) for u in urls for _ in range(probes)))

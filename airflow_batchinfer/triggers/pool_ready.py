@@ -77,10 +77,10 @@ def pool_readiness(
     return "wait"
 
 
-def why_refused(obs: PoolObservation, pool: str) -> str:
-    """What a ``refused`` observation means, and the remedy."""
-    if obs.elsewhere:
-        return str(LocalPool(pool.removeprefix("local://")).not_here())
+def why_refused(obs: PoolObservation, pool: WorkerPool) -> str:
+    """What a ``refused`` observation of ``pool`` means, and the remedy."""
+    if obs.elsewhere and isinstance(pool, LocalPool):
+        return str(pool.not_here())
     return (f"worker pool {pool}: {', '.join(obs.shared)} is answered by several workers (a Service or "
             "load balancer in front of them). A job's status lives on the worker that runs it, so "
             "asking another one would call it lost and run it twice. List each worker's own URL in "
@@ -165,7 +165,7 @@ class PoolReadyTrigger(BaseTrigger):
                 if decision == "ready":
                     yield TriggerEvent({"state": "ready", "urls": list(obs.ready)})
                 elif decision == "refused":
-                    yield TriggerEvent({"state": "refused", "reason": why_refused(obs, str(pool))})
+                    yield TriggerEvent({"state": "refused", "reason": why_refused(obs, pool)})
                 else:
                     yield TriggerEvent({"state": "timeout", "ready": len(obs.ready), "urls": list(obs.ready)})
                 return

@@ -3,7 +3,8 @@ Redis, the CeleryExecutor and the FAB auth manager; an api-server, a scheduler, 
 triggerers and two Celery workers, each on a "host" of its own sharing no disk; input and run roots
 on a SeaweedFS S3 server; static pools of real ``batchinfer worker serve`` processes on their own
 ports. Connections, the Airflow pool and the people are made in the metadata database, through the
-REST API and Airflow's CLI, as an operator of a deployment would. Failure detection is fast (10 s)."""
+REST API and Airflow's CLI, as an operator of a deployment would. Failure detection is fast (15 s).
+Everything is stopped when the package's tests are done, so later tiers run without it."""
 
 from __future__ import annotations
 
@@ -28,9 +29,9 @@ DAGS = Path(__file__).parent / "dags"
 DAG_IDS = ("deploy_review", "deploy_rounds", "deploy_deferred", "deploy_inline")
 BUCKET = "batchinfer-deploy"
 POOL_SLOTS = 8
-FAILURE_TIMEOUT_S = 10
+FAILURE_TIMEOUT_S = 15
 FAST = {"approval_rate": 0.5, "latency_base_s": 0.05}
-SLOW = {"approval_rate": 0.5, "latency_base_s": 30.0}  # a batch (one shard) takes 30 s: tasks defer
+SLOW = {"approval_rate": 0.5, "latency_base_s": 45.0}  # a batch (one shard) takes 45 s: tasks defer
 REVIEWER_ROLE = "User"  # FAB's role with the DAGs' edit and HITL permissions
 OUTSIDER_ROLE = "Outsider"  # may see DAGs, nothing of their HITL details
 
@@ -42,14 +43,14 @@ class StaticPools:
     shared: RoundRobinProxy  # one address in front of the fast pool's workers
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deploy_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if why := missing():
         pytest.skip(why)
     return tmp_path_factory.mktemp("deployment")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deploy_s3(deploy_root: Path) -> Iterator[S3Server]:
     server = start_seaweedfs(deploy_root / "seaweedfs", bucket=BUCKET)
     try:
@@ -58,7 +59,7 @@ def deploy_s3(deploy_root: Path) -> Iterator[S3Server]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def static_pools(deploy_root: Path, deploy_s3: S3Server) -> Iterator[StaticPools]:
     """Two pools of two workers each, run outside Airflow (as a team runs them on GPU hosts)."""
     started: list[WorkerProcess] = []
@@ -84,7 +85,7 @@ def static_pools(deploy_root: Path, deploy_s3: S3Server) -> Iterator[StaticPools
             w.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def deployment(
     deploy_root: Path, deploy_s3: S3Server, static_pools: StaticPools
 ) -> Iterator[DeployedAirflow]:

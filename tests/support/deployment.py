@@ -36,7 +36,7 @@ def component_host() -> str:
     return os.environ.get(HOST_ENV) or "cli"
 
 
-NEEDS = "the deployment tier needs Debian's postgresql and redis-server packages (make deployment-services)"
+NEEDS = "the deployment tier needs Debian's postgresql and redis-server packages (make services)"
 
 
 def postgres_bin() -> Path | None:
@@ -334,9 +334,6 @@ class DeployedAirflow(LocalAirflow):
         r.raise_for_status()
         return str(r.json()["access_token"])
 
-    def log(self, component: str) -> Path:
-        return self.home / "logs" / f"{component}.log"
-
     def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
         """Every attempt's log of a task instance, oldest first, from whichever worker host ran it."""
         logs = []
@@ -413,9 +410,11 @@ def start_deployment(
     af = DeployedAirflow(
         home=home, dags_folder=dags_folder, env=env, failure_timeout_s=failure_timeout_s, **kw
     )
+    af.postgres = Postgres(pg_dir, free_port())  # before start: a failed start is stopped too
+    af.redis = Redis(home / "redis", free_port())
     try:
-        af.postgres = Postgres(pg_dir, free_port()).start()
-        af.redis = Redis(home / "redis", free_port()).start()
+        af.postgres.start()
+        af.redis.start()
         af.start(pools=pools)
     except BaseException:
         af.stop()

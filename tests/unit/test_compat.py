@@ -13,19 +13,29 @@ pytestmark = pytest.mark.airflow
 
 
 def test_the_exceptions_are_the_ones_airflow_raises() -> None:
+    from airflow import exceptions as core
+    from airflow.sdk import exceptions as sdk
+
     from airflow_batchinfer.compat import AirflowFailException, AirflowNotFoundException
 
-    try:
-        from airflow.sdk import exceptions
-    except ImportError:  # pragma: no cover - task SDK 1.1
-        from airflow import exceptions  # type: ignore[no-redef]
-    assert AirflowFailException is getattr(exceptions, "AirflowFailException", AirflowFailException)
-    assert issubclass(AirflowNotFoundException, Exception)
+    # task SDK 1.2+ (Airflow 3.2+) has them; on 3.1 they are Airflow core's
+    for name, ours in (
+        ("AirflowFailException", AirflowFailException),
+        ("AirflowNotFoundException", AirflowNotFoundException),
+    ):
+        assert ours is (getattr(sdk, name) if hasattr(sdk, name) else getattr(core, name)), name
 
 
 @pytest.mark.parametrize(
     ("version", "off"),
-    [("3.1.0", True), ("3.2.2", True), ("3.3.0rc1", False), ("3.3.0", False), ("4.0.0", False)],
+    [
+        ("3.1.0", True),
+        ("3.2.2", True),
+        ("3.3.0rc1", False),
+        ("3.3", False),
+        ("3.3.0", False),
+        ("4.0.0", False),
+    ],
 )
 def test_the_review_desk_needs_airflow_3_3(version: str, off: bool) -> None:
     from airflow_batchinfer.compat import review_desk_unavailable

@@ -70,10 +70,13 @@ def test_a_pool_that_cannot_work_from_here_is_refused_whatever_else() -> None:
     assert pool_readiness(shared, 2) == "refused"
     assert pool_readiness(shared, 2, now=99.0, deadline=1.0) == "refused"  # not a timeout
     assert pool_readiness(PoolObservation(elsewhere=True), 1) == "refused"
-    why = why_refused(shared, "conn")
+    why = why_refused(shared, StaticPool(urls=URLS, name="conn"))
     assert URLS[0] in why and "several workers" in why and "each worker's own URL" in why
-    why = why_refused(PoolObservation(elsewhere=True), "local://gpu")
-    assert "local://gpu has no state on this host" in why and "one host" in why and "kubernetes://" in why
+    from airflow_batchinfer.pools import LocalPool
+
+    why = why_refused(PoolObservation(elsewhere=True), LocalPool("gpu", state_dir="/srv/pools"))
+    assert "local://gpu has no state on this host (/srv/pools/gpu)" in why
+    assert "one host" in why and "kubernetes://" in why
 
 
 # ---------------------------------------------------------------------------- the observation
@@ -330,3 +333,35 @@ async def test_the_trigger_refuses_a_local_pool_whose_state_is_on_another_host(
     assert [e.payload["state"] for e in events] == ["refused"]
     assert "no state on this host" in events[0].payload["reason"]
     assert not list(tmp_path.rglob("token"))
+
+
+def test_one_host_in_the_config_lets_a_local_pool_start_under_celery(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    monkeypatch.setenv("AIRFLOW__BATCHINFER__ONE_HOST", "True")
+
+    def local_up(self: Any, pool: Any, replicas: int, context: Any) -> None:
+        raise ConfigError(f"{pool} started")
+
+    monkeypatch.setattr(PoolSetupOperator, "_local_up", local_up)
+    op = PoolSetupOperator(task_id="pool_setup", worker_pool="local://gpu", allowed_prefixes=[str(tmp_path)])
+    with pytest.raises(AirflowFailException, match=r"local://gpu started"):  # past the refusal
+        op.execute(_context())
+
+
+async def test_the_trigger_refuses_a_shared_static_url_it_meets(
+    monkeypatch: pytest.MonkeyPatch, answering: set[str]
+) -> None:
+    async def fake_open(ref: str) -> StaticPool:
+        return StaticPool(urls=URLS, rpc_token="t", name="conn")
+
+    monkeypatch.setattr(pool_ready, "aopen_pool", fake_open)
+    monkeypatch.setattr(f"{__name__}.SHARED", {URLS[0]})
+    answering.update(URLS)
+    trigger = PoolReadyTrigger(
+        worker_pool="conn", replicas=2, deadline=time.time() + 900, poll_interval_s=0.05
+    )
+    events = [e async for e in trigger.run()]
+    assert [e.payload["state"] for e in events] == ["refused"]
+    assert "several workers" in events[0].payload["reason"]

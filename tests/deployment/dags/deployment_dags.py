@@ -5,7 +5,7 @@ engine, input and run roots on the S3 server (the Airflow side reaches it throug
 - ``deploy_review``: two rounds with a review gate after the first, on the static pool ``deploy_static``;
 - ``deploy_rounds``: one round; tests point ``worker_pool`` at the Kubernetes pool, a local pool or
   a static pool behind one shared URL;
-- ``deploy_deferred``: jobs of 30 s on the static pool ``deploy_slow``, so shard tasks defer;
+- ``deploy_deferred``: jobs of 45 s on the static pool ``deploy_slow``, so shard tasks defer;
 - ``deploy_inline``: the same jobs awaited inside the shard task (``inline_wait_s``), so a running
   task has a Celery worker to lose.
 """
