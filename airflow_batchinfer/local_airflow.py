@@ -158,8 +158,7 @@ class LocalAirflow:
     def start(self, *, pools: dict[str, int] | None = None, timeout_s: float = 300) -> LocalAirflow:
         self.home.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
-        (self.home / "passwords.json").write_text(json.dumps({self.username: self.password}))
-        self.airflow("db", "migrate")
+        self._prepare()
         for name, slots in (pools or {}).items():
             self.set_pool(name, slots)
         (self.home / "logs").mkdir(exist_ok=True)
@@ -168,6 +167,11 @@ class LocalAirflow:
         self._wait(lambda: self._healthy(), timeout_s, "the api-server to answer")
         self._warm_execution_api()
         return self
+
+    def _prepare(self) -> None:
+        """Before the components start: the database and the admin's login."""
+        (self.home / "passwords.json").write_text(json.dumps({self.username: self.password}))
+        self.airflow("db", "migrate")
 
     def _warm_execution_api(self) -> None:
         """Answer one request of the api-server's task execution API now: its first request builds

@@ -263,41 +263,14 @@ class DeployedAirflow(LocalAirflow):
             shutil.rmtree(host / "dags", ignore_errors=True)
             shutil.copytree(self.dags_folder, host / "dags", ignore=shutil.ignore_patterns("__pycache__"))
 
-    def start(self, *, pools: dict[str, int] | None = None, timeout_s: float = 300) -> DeployedAirflow:
-        self.home.mkdir(parents=True, exist_ok=True)
-        self.port = self.port or free_port()
+    def _prepare(self) -> None:
+        """Every host's folders and DAGs, the database (FAB's tables too) and the admin."""
         self._lay_out_hosts()
         self.airflow("db", "migrate")
         self.airflow("fab-db", "migrate")
-        self.airflow(
-            "users",
-            "create",
-            "--username",
-            self.username,
-            "--password",
-            self.password,
-            "--role",
-            "Admin",
-            "--firstname",
-            "Ada",
-            "--lastname",
-            "Admin",
-            "--email",
-            "admin@example.org",
-        )
-        for name, slots in (pools or {}).items():
-            self.set_pool(name, slots)
-        (self.home / "logs").mkdir(exist_ok=True)
-        for name in self.components:
-            self._spawn(name)
-        self._wait(lambda: self._healthy(), timeout_s, "the api-server to answer")
-        self._warm_execution_api()
-        return self
+        self._create_user(self.username, self.password, "Admin")
 
-    def add_user(self, username: str, role: str) -> str:
-        """A FAB user with ``role`` (a built-in role or one made with :meth:`add_role`); returns the
-        password."""
-        password = secrets.token_urlsafe(12)
+    def _create_user(self, username: str, password: str, role: str) -> None:
         self.airflow(
             "users",
             "create",
@@ -314,6 +287,12 @@ class DeployedAirflow(LocalAirflow):
             "--email",
             f"{username}@example.org",
         )
+
+    def add_user(self, username: str, role: str) -> str:
+        """A FAB user with ``role`` (a built-in role or one made with :meth:`add_role`); returns the
+        password."""
+        password = secrets.token_urlsafe(12)
+        self._create_user(username, password, role)
         self.users[username] = password
         return password
 
