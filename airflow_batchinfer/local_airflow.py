@@ -285,13 +285,18 @@ class LocalAirflow:
         raise LookupError(f"task instance {dag_id}/{run_id}/{task_id}[{map_index}] ({ti['state']}) runs no "
                           "process here")  # fmt: skip
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
-        """Every attempt's log of one task instance, oldest first (read from the log folder)."""
+    def attempt_logs(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[int, Path]:
+        """The log file of each try of one task instance in the log folder, by try number, in order."""
         base = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
         if map_index >= 0:
             base = base / f"map_index={map_index}"
         tries = {int(m.group(1)): p for p in base.glob("attempt=*.log") if (m := _ATTEMPT.fullmatch(p.name))}
-        return "\n".join(tries[n].read_text(errors="replace") for n in sorted(tries))
+        return dict(sorted(tries.items()))
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+        """Every attempt's log of one task instance, oldest first (read from the log folder)."""
+        tries = self.attempt_logs(dag_id, run_id, task_id, map_index)
+        return "\n".join(path.read_text(errors="replace") for path in tries.values())
 
     def set_pool(self, name: str, slots: int) -> None:
         """An Airflow pool that counts deferred tasks too (``include_deferred``): see the README."""

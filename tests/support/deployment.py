@@ -313,46 +313,25 @@ class DeployedAirflow(LocalAirflow):
         r.raise_for_status()
         return str(r.json()["access_token"])
 
+    def _worker_logs(self, worker: str) -> LocalAirflow:
+        """The log folder of one Celery worker's host (its ``AIRFLOW_HOME``)."""
+        return LocalAirflow(home=self.host(worker) / "airflow", dags_folder=self.dags_folder)
+
     def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
         """Every attempt's log of a task instance, oldest first, from whichever worker host ran it."""
         logs = []
         for worker in CELERY_WORKERS:
-            probe = LocalAirflow(home=self.host(worker) / "airflow", dags_folder=self.dags_folder)
-            if text := probe.task_log(dag_id, run_id, task_id, map_index):
+            if text := self._worker_logs(worker).task_log(dag_id, run_id, task_id, map_index):
                 logs.append(f"--- on {worker}:\n{text}")
         return "\n".join(logs)
 
     def ran_on(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> dict[str, list[int]]:
         """Which Celery worker host ran which tries of a task instance (from their log folders)."""
-        from airflow_batchinfer.local_airflow import _ATTEMPT
-
-        found: dict[str, list[int]] = {}
-        for worker in CELERY_WORKERS:
-            base = (
-                self.host(worker)
-                / "airflow"
-                / "logs"
-                / f"dag_id={dag_id}"
-                / f"run_id={run_id}"
-                / f"task_id={task_id}"
-            )
-            if map_index >= 0:
-                base = base / f"map_index={map_index}"
-            tries = sorted(
-                int(m.group(1)) for p in base.glob("attempt=*.log") if (m := _ATTEMPT.fullmatch(p.name))
-            )
-            if tries:
-                found[worker] = tries
-        return found
-
-    def triggerer_of(self, ti: dict[str, Any]) -> str | None:
-        """The triggerer component that runs a deferred task instance's trigger (a REST task instance:
-        its trigger's ``triggerer_id`` is a job of the jobs table, whose hostname names the component)."""
-        job = (ti.get("trigger") or {}).get("triggerer_id")
-        if job is None:
-            return None
-        jobs = self.api("GET", "/jobs", params={"job_type": "TriggererJob", "limit": 100})["jobs"]
-        return next((j["hostname"] for j in jobs if j["id"] == job), None)
+        found = {
+            w: list(self._worker_logs(w).attempt_logs(dag_id, run_id, task_id, map_index))
+            for w in CELERY_WORKERS
+        }
+        return {w: tries for w, tries in found.items() if tries}
 
     def component_of(self, pid: int) -> str | None:
         """The component whose process tree holds ``pid``."""
