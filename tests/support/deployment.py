@@ -333,6 +333,15 @@ class DeployedAirflow(LocalAirflow):
         }
         return {w: tries for w, tries in found.items() if tries}
 
+    def triggerer_of(self, ti: dict[str, Any]) -> str | None:
+        """The triggerer component that runs a deferred task instance's trigger (a REST task instance:
+        its trigger's ``triggerer_id`` is a job of the jobs table, whose hostname names the component)."""
+        job = (ti.get("trigger") or {}).get("triggerer_id")
+        if job is None:
+            return None
+        jobs = self.api("GET", "/jobs", params={"job_type": "TriggererJob", "limit": 100})["jobs"]
+        return next((j["hostname"] for j in jobs if j["id"] == job), None)
+
     def component_of(self, pid: int) -> str | None:
         """The component whose process tree holds ``pid``."""
         parents = self.descendants()
