@@ -25,7 +25,7 @@ FLOOR_STAMP := $(FLOOR_VENV)/.installed-$(shell cat pyproject.toml $(FLOOR_CONST
 export OMP_NUM_THREADS ?= 1
 # The pool in k8s/base: vLLM, one GPU per worker; overlays change it by env var name.
 K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
-	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace
+	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace --no-network-policy
 
 .PHONY: venv vllm-venv models chromium test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
 .PHONY: test-floor lock-floor services test-deployment

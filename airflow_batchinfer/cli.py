@@ -41,6 +41,8 @@ def _cmd_shard(args: argparse.Namespace) -> dict[str, Any]:
             id_field=args.id_field,
             assign_ids=args.assign_ids,
             on_error=args.on_error,
+            max_line_bytes=args.max_line_bytes,
+            max_id_bytes=args.max_id_bytes,
             rejects=args.rejects,
             compression=args.compression,
             storage_options=options,
@@ -127,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--assign-ids", action="store_true", help="give records without an id '<file>:<line>'")
     p.add_argument("--on-error", choices=["quarantine", "raise", "skip"], default="quarantine")
     p.add_argument("--rejects", default=None, help="where bad lines go (default: rejects/ beside DST)")
+    for bound in (setting("max_line_bytes"), setting("max_id_bytes")):  # as a run's input bounds
+        p.add_argument(str(bound.flag), **bound.flag_kwargs())
     p.set_defaults(func=_cmd_shard)
 
     p = sub.add_parser("recompact", help="rewrite a directory of small shards into full shards")
@@ -176,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     _pool_args(p)
     _backend(p, spec=True, only_kubernetes=True)
     p.add_argument("--no-namespace", action="store_true", help="leave the namespace to kustomize/kubectl")
+    p.add_argument("--no-network-policy", action="store_true",
+                   help="leave out the pool's NetworkPolicy (k8s/base ships one for every pool)")  # fmt: skip
     p.set_defaults(func=_cmd_pool_manifests)
 
     p = sub.add_parser("run", help="run the round pipeline on a local pool, without Airflow")
@@ -478,8 +484,10 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
             judge_pool.wait_ready(1)  # scaled to zero while idle: up again before any shard is judged
 
     async def go() -> dict[str, Any]:
-        client = PoolClient.for_pool(pool, lease_id=lease)
-        judge = None if judge_pool is None else PoolClient.for_pool(judge_pool, lease_id=lease)
+        grace = cfg.unreachable_grace_s  # a silent worker that may run a job holds its copy back
+        client = PoolClient.for_pool(pool, lease_id=lease, unreachable_grace_s=grace)
+        judge = (None if judge_pool is None
+                 else PoolClient.for_pool(judge_pool, lease_id=lease, unreachable_grace_s=grace))  # fmt: skip
         try:
             return await run_pipeline(cfg, client, judge_pool=judge, progress=progress)
         finally:
@@ -526,6 +534,12 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=int(_env("PORT", 0)), help="0 picks a free port")
     p.add_argument(
         "--token-file", default=None, help="file holding the RPC token (else $BATCHINFER_WORKER_TOKEN)"
+    )
+    p.add_argument(
+        "--engine-secrets-file",
+        default=_env("ENGINE_SECRETS_FILE"),
+        help="a JSON object of the engine's secret options (api_key, default_headers) in a file of mode "
+        "0600; they are never --engine-arg (argv is readable by every local user)",
     )
     p.add_argument("--insecure-no-auth", action="store_true", help="no token (loopback only; development)")
     p.add_argument(
@@ -585,13 +599,14 @@ def _worker_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_worker_serve(args: argparse.Namespace) -> None:
-    from airflow_batchinfer.worker.config import WorkerConfig, load_token, parse_options
+    from airflow_batchinfer.worker.config import WorkerConfig, load_engine_secrets, load_token, parse_options
     from airflow_batchinfer.worker.server import serve
 
     config = WorkerConfig(
         engine=args.engine,
         model=args.model,
         engine_options=parse_options(args.engine_arg),
+        engine_secrets=load_engine_secrets(args.engine_secrets_file, args.engine),
         concurrency=args.concurrency,
         host=args.host,
         port=args.port,

@@ -28,6 +28,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, TaskGroup, task_group
 
+from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.limits import TriggerLimits, implied_by
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import RunReportOperator
@@ -166,6 +167,8 @@ def build_batch_inference_dag(
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
     values = param_values(defaults, judge_pool=bool(judge_airflow_pool), max_rounds=max_rounds)
+    for name in ("engine_options", "judge_engine_options"):  # defaults are params: shown to every viewer
+        check_no_secrets(values.get(name) or {}, f"the DAG's default {name}")
     params = dag_params(values, max_rounds=max_rounds)
     trusted = implied_by(values).widen(limits)
     # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
@@ -228,7 +231,7 @@ def build_batch_inference_dag(
             with TaskGroup(slot.replace("-", "_")) as group:
                 plan = RoundControllerOperator(
                     task_id="plan", slot=slot, worker_pool=_p("worker_pool"), preflight=slot == first,
-                    **common, **review_args,
+                    limits=trusted, **common, **review_args,
                 )  # fmt: skip
                 jobs: Any
                 if slot == TAIL:

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, SETTINGS
+from airflow_batchinfer.desk_bounds import DESK_SETTINGS
+from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, POOL_NETWORK_SETTINGS, SETTINGS
 
-_EXAMPLES = {"prefixes": "s3://datasets/llm/,s3://runs/batchinfer/", "names": "name-a,name-b", "count": "8"}
+_EXAMPLES = {"prefixes": "s3://datasets/llm/,s3://runs/batchinfer/", "names": "name-a,name-b", "count": "8",
+             "quantity": "64Gi"}  # fmt: skip
+_LISTS = ("prefixes", "names")  # written comma-separated; a count or a quantity is one value
 
 
 def _config() -> dict[str, Any]:
     """``[batchinfer]``: the deployment's limits on trigger params (docs: Security model)."""
     options = {
         s.name: {
-            "description": s.help.replace("`", "") + (". Comma-separated." if s.kind != "count" else "."),
+            "description": s.help.replace("`", "") + (". Comma-separated." if s.kind in _LISTS else "."),
             "version_added": "0.1.0",
             "type": "integer" if s.kind == "count" else "string",
             "example": _EXAMPLES[s.kind],
@@ -34,11 +37,27 @@ def _config() -> dict[str, Any]:
         "example": "True",
         "default": "False",
     }
+    for n in POOL_NETWORK_SETTINGS:  # a Kubernetes pool's NetworkPolicy, where its connection is silent
+        options[n.name] = {
+            "description": n.help.replace("`", "") + ". A pool connection's extra of the same name wins.",
+            "version_added": "0.1.0",
+            "type": "string",
+            "example": n.example,
+            "default": None,
+        }
+    for d in DESK_SETTINGS:  # the review desk's caps, read by the api-server
+        options[d.name] = {
+            "description": d.help.replace("`", "") + f". Bytes, at least {d.minimum}.",
+            "version_added": "0.1.0",
+            "type": "integer",
+            "example": str(d.default),
+            "default": str(d.default),
+        }
     return {
         CONFIG_SECTION: {
             "description": "What people who trigger a batch inference DAG may choose, for every DAG of "
             "this deployment (a DAG's defaults and limits, and a pool connection's extra, widen it), "
-            "and where this deployment's components run.",
+            "where this deployment's components run, and how much the review desk returns at once.",
             "options": options,
         }
     }
@@ -49,10 +68,23 @@ def _limit_fields() -> dict[str, Any]:
     return {
         s.name: {
             "label": s.name.replace("_", " ").capitalize(),
-            "description": s.help.replace("`", "") + (" (comma-separated)" if s.kind != "count" else ""),
+            "description": s.help.replace("`", "") + (" (comma-separated)" if s.kind in _LISTS else ""),
             "schema": {"type": ["integer", "null"]} if s.kind == "count" else {"type": ["string", "null"]},
         }
         for s in SETTINGS
+    }
+
+
+def _network_fields() -> dict[str, Any]:
+    """Who may call the kubernetes backend's workers (over the ``[batchinfer]`` keys of that name)."""
+    return {
+        n.name: {
+            "label": n.name.replace("_", " ").capitalize().replace("Rpc", "RPC"),
+            "description": f"for the kubernetes backend: {n.help.replace('`', '')} (over [{CONFIG_SECTION}] "
+            f"{n.name})",
+            "schema": {"type": ["string", "null"]},
+        }
+        for n in POOL_NETWORK_SETTINGS
     }
 
 
@@ -109,6 +141,7 @@ def get_provider_info() -> dict[str, Any]:
                         "description": "a cncf.kubernetes connection; empty: in-cluster or $KUBECONFIG",
                         "schema": {"type": ["string", "null"]},
                     },
+                    **_network_fields(),
                     **_limit_fields(),
                 },
             }

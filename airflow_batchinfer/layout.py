@@ -7,7 +7,9 @@
     <root>/round-00/rejected/     judge's rejected rows    <root>/round-00/failed/
     <root>/round-00/jobs/         completion manifests, <shard>.<kind>.accepted.json (what close accepted)
     <root>/round-00/staged/       fenced job outputs: <shard>.<kind>/<attempt token>/<name>.jsonl.zst,
-                                  moved into results/ and rejected/ by close (one attempt, once)
+                                  moved into results/, rejected/ and inferred/ by close (one attempt,
+                                  once); a quarantined shard's attempts no current manifest names
+                                  are swept by close
     <root>/round-00/summary.json
     <root>/results/               approved rows (round00-part-NNNNN..., tail-part-NNNNN...)
     <root>/checkpoints/           in-place retry state     <root>/report/
@@ -31,6 +33,12 @@ from airflow_batchinfer.storage.location import join
 SHARD_SUFFIX = ".jsonl.zst"
 # Outputs a job with ``outputs["staging"]`` writes per attempt, for the round's close to accept once.
 FENCED_OUTPUTS = ("approved", "rejected")
+INFERRED = "inferred"  # an infer job's one output: fenced too (the judge reads the attempt it names)
+
+
+def fenced_outputs(kind: str) -> tuple[str, ...]:
+    """The outputs a job of ``kind`` writes per attempt when its spec has ``outputs["staging"]``."""
+    return (INFERRED,) if kind == "infer" else FENCED_OUTPUTS
 
 
 def staged_name(manifest_uri: str) -> str:
@@ -45,6 +53,16 @@ def staged_name(manifest_uri: str) -> str:
 def staged_output(staging: str, manifest_uri: str, token: str, name: str) -> str:
     """Where the attempt ``token`` of a job writes its fenced output ``name``."""
     return join(staging, staged_name(manifest_uri), token, name + SHARD_SUFFIX)
+
+
+def staged_attempt(job_dir: str, uri: str, name: str) -> str | None:
+    """The attempt token when ``uri`` is output ``name`` of one attempt under ``job_dir`` (a
+    :meth:`RunLayout.staged_job`), else ``None``: a job's recorded input is trusted only there."""
+    prefix, suffix = job_dir.rstrip("/") + "/", "/" + name + SHARD_SUFFIX
+    if not (uri.startswith(prefix) and uri.endswith(suffix)):
+        return None
+    token = uri[len(prefix) : -len(suffix)]
+    return token if token and "/" not in token and token not in (".", "..") else None
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,15 @@ import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
 
-Kind = Literal["prefixes", "names", "count"]
+# count: a whole number; quantity: a Kubernetes quantity (``8``, ``500m``, ``32Gi``); both caps, unset
+# (``None``) is no cap
+Kind = Literal["prefixes", "names", "count", "quantity"]
+CAP_KINDS = ("count", "quantity")
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,9 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "worker images `kubernetes.image` may name (an entry ending in `:` or `/` allows "
                  "every tag or every image under it)"),
     LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
+    LimitSetting("allowed_engine_secrets", "names",
+                 "Secrets `kubernetes.engine_secret` may give the engine its secret options from "
+                 "(`api_key`, `default_headers` of the `openai` engine, one key each)"),
     LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
     LimitSetting("allowed_service_accounts", "names",
                  "ServiceAccounts `kubernetes.service_account` may run the worker pods as (the cloud "
@@ -81,13 +88,66 @@ SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("allowed_judge_callables", "names",
                  "`module:function` targets a `callable` judge may name (an entry ending in `.` or "
                  "`:` allows a package or a module); the pool's workers allow the same"),
+    LimitSetting("shared_run_root_dags", "names",
+                 "DAG ids whose runs may take over each other's finished run roots (a run root belongs "
+                 "to the DAG that created it: a run of another DAG is refused, so one who may trigger "
+                 "only DAG `a` cannot name DAG `b`'s `output_root` and `run_name` to read and rewrite "
+                 "its results; list DAGs here only if their triggerers and readers are the same people)"),
     LimitSetting("max_replicas", "count", "the most workers `replicas` may ask for"),
     LimitSetting("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
+    # the size of the work a run puts on a (shared) pool: caps, checked like max_replicas
+    LimitSetting("max_concurrency", "count",
+                 "the most shard jobs per worker `concurrency` and `judge_concurrency` may ask for"),
+    LimitSetting("max_records_per_shard", "count",
+                 "the most records per shard `records_per_shard` may ask for"),
+    LimitSetting("max_chunk_size", "count", "the most records a job holds per step `chunk_size` may ask for"),
+    LimitSetting("max_max_attempts", "count", "the most attempts per sample `max_attempts` may ask for"),
+    LimitSetting("max_target_batch_tokens", "count",
+                 "the most tokens per engine batch `target_batch_tokens` may ask for"),
+    LimitSetting("max_max_tokens", "count",
+                 "the most tokens per completion `sampling.max_tokens` (unset: 256) and an `llm` judge's "
+                 "`max_tokens` may ask for"),
+    LimitSetting("max_preflight_records", "count", "the most records `preflight_records` may try"),
+    LimitSetting("max_idle_ttl_s", "count",
+                 "the longest idle time, in seconds, `idle_ttl_s` may keep a pool's workers up"),
+    LimitSetting("max_cpu", "quantity",
+                 "the most CPU per worker `kubernetes.cpu` may request (a Kubernetes quantity: `8`, "
+                 "`500m`; unset in the param: the pool's 4)"),
+    LimitSetting("max_memory", "quantity",
+                 "the most memory per worker `kubernetes.memory` may request (a Kubernetes quantity: "
+                 "`64Gi`; unset in the param: the pool's 32Gi)"),
+    LimitSetting("max_shm_size", "quantity",
+                 "the most shared memory per GPU worker `kubernetes.shm_size` may ask for (a Kubernetes "
+                 "quantity: `16Gi`; unset in the param: the pool's 8Gi)"),
 )  # fmt: skip
 CONFIG_SECTION = "batchinfer"
 # ``[batchinfer] one_host = True``: every component of the deployment runs on one host, whatever the
 # executor, so local pools may be used (pools/local.py decides; docs/deployment.md)
 ONE_HOST_OPTION = "one_host"
+
+
+@dataclass(frozen=True)
+class PoolNetworkSetting:
+    """Who may call a Kubernetes pool's workers: a ``[batchinfer]`` key and the ``batchinfer_pool``
+    connection's extra key of the same name (it wins), never a trigger param
+    (:class:`~airflow_batchinfer.pools.ref.RpcPeers` reads them)."""
+
+    name: str
+    example: str
+    help: str
+
+
+# The one description of each: the provider's config section, the connection form and the docs
+# derive from it.
+POOL_NETWORK_SETTINGS: tuple[PoolNetworkSetting, ...] = (
+    PoolNetworkSetting("rpc_from", '{"matchLabels": {"release": "airflow"}}',
+                       "the Airflow pods that may call a Kubernetes pool's workers, as a label selector "
+                       "(JSON): the pool's NetworkPolicy admits only them to its RPC port (unset: the "
+                       "Helm chart's `tier: airflow` pods whose `component` is `worker`, `triggerer`, "
+                       "`scheduler` or `api-server`; an empty selector is refused)"),
+    PoolNetworkSetting("rpc_from_namespace", "airflow",
+                       "the namespace those pods run in (unset: the pool's own)"),
+)  # fmt: skip
 SAFE_NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
@@ -118,6 +178,27 @@ def _count(value: Any, what: str) -> int | None:
     return number
 
 
+def _quantity(value: Any, what: str) -> str | None:
+    """A Kubernetes quantity cap, kept as written (``32Gi``) once it parses."""
+    from airflow_batchinfer.pools.kubernetes.spec import parse_quantity
+
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    parse_quantity(value, what)
+    return str(value).strip()
+
+
+def _amount(value: Any) -> Decimal:
+    """A cap's value as a number: a count, or a quantity's units (cores, bytes)."""
+    from airflow_batchinfer.pools.kubernetes.spec import parse_quantity
+
+    return Decimal(value) if isinstance(value, int) else parse_quantity(value, "a cap")
+
+
+def _larger(mine: Any, theirs: Any) -> Any:
+    return theirs if _amount(theirs) > _amount(mine) else mine
+
+
 @dataclass(frozen=True)
 class TriggerLimits:
     """What trigger params may choose (see :data:`SETTINGS` for each field). Empty lists allow
@@ -131,6 +212,7 @@ class TriggerLimits:
     allowed_engine_options: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
+    allowed_engine_secrets: tuple[str, ...] = ()
     allowed_model_pvcs: tuple[str, ...] = ()
     allowed_service_accounts: tuple[str, ...] = ()
     allowed_image_pull_secrets: tuple[str, ...] = ()
@@ -138,12 +220,26 @@ class TriggerLimits:
     allowed_toleration_keys: tuple[str, ...] = ()
     allowed_env: tuple[str, ...] = ()
     allowed_judge_callables: tuple[str, ...] = ()
+    shared_run_root_dags: tuple[str, ...] = ()
     max_replicas: int | None = None
     max_gpus: int | None = None
+    max_concurrency: int | None = None
+    max_records_per_shard: int | None = None
+    max_chunk_size: int | None = None
+    max_max_attempts: int | None = None
+    max_target_batch_tokens: int | None = None
+    max_max_tokens: int | None = None
+    max_preflight_records: int | None = None
+    max_idle_ttl_s: int | None = None
+    max_cpu: str | None = None  # Kubernetes quantities, as written
+    max_memory: str | None = None
+    max_shm_size: str | None = None
 
     def __post_init__(self) -> None:  # lists as tuples (hashable, and the same whatever was passed)
         for s in SETTINGS:
-            if s.kind != "count":
+            if s.kind == "quantity":  # checked here too: a DAG's limits= is built directly
+                object.__setattr__(self, s.name, _quantity(getattr(self, s.name), s.name))
+            elif s.kind != "count":
                 object.__setattr__(self, s.name, _names(getattr(self, s.name), s.name))
 
     @classmethod
@@ -155,9 +251,8 @@ class TriggerLimits:
         for s in SETTINGS:
             if s.name in data:
                 what = f"{source}: {s.name}"
-                values[s.name] = (
-                    _count(data[s.name], what) if s.kind == "count" else _names(data[s.name], what)
-                )
+                parse = {"count": _count, "quantity": _quantity}.get(s.kind, _names)
+                values[s.name] = parse(data[s.name], what)
         return cls(**values)
 
     def widen(self, other: TriggerLimits | None) -> TriggerLimits:
@@ -167,8 +262,8 @@ class TriggerLimits:
         values: dict[str, Any] = {}
         for s in SETTINGS:
             mine, theirs = getattr(self, s.name), getattr(other, s.name)
-            if s.kind == "count":
-                values[s.name] = theirs if mine is None else mine if theirs is None else max(mine, theirs)
+            if s.kind in CAP_KINDS:
+                values[s.name] = theirs if mine is None else mine if theirs is None else _larger(mine, theirs)
             else:
                 values[s.name] = tuple(dict.fromkeys((*mine, *theirs)))
         return TriggerLimits(**values)
@@ -206,6 +301,7 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_engine_options=tuple(defaults.get("engine_options") or {}),
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
+        allowed_engine_secrets=tuple(v for v in [kube.get("engine_secret")] if v),
         allowed_model_pvcs=tuple(v for v in [kube.get("model_pvc")] if v),
         allowed_service_accounts=tuple(v for v in [kube.get("service_account")] if v),
         allowed_image_pull_secrets=_pull_secrets(kube, "the DAG's default kubernetes"),
@@ -224,7 +320,7 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
 # checked against the same limits as the run's pool.
 JUDGE_POOL_PARAMS = {"worker_pool": "judge_pool", "engine": "judge_engine", "model": "judge_model",
                      "engine_options": "judge_engine_options", "replicas": "judge_replicas",
-                     "kubernetes": "judge_kubernetes"}  # fmt: skip
+                     "concurrency": "judge_concurrency", "kubernetes": "judge_kubernetes"}  # fmt: skip
 
 
 def _toleration_key(toleration: Mapping[str, Any]) -> str:
@@ -349,11 +445,13 @@ def refusals(
     run_name = params.get("run_name")
     if run_name and (not SAFE_NAME.fullmatch(str(run_name)) or set(str(run_name)) == {"."}):
         out.append(f"run_name {run_name!r} must be one folder name (letters, digits, . _ - ; not . or ..)")
-    for key, setting in (("engine", "allowed_engines"), ("model", "allowed_models")):
-        value = params.get(key)
-        if value and not any(matches(e, str(value)) for e in getattr(limits, setting)):
-            out.append(f"{key} {value!r} is not the DAG's nor allowed (widen with {_where(setting)})")
+    engine = params.get("engine")
+    if engine and not any(matches(e, str(engine)) for e in limits.allowed_engines):
+        out.append(f"engine {engine!r} is not the DAG's nor allowed (widen with {_where('allowed_engines')})")
+    if model := params.get("model"):
+        out += _model_refusals(str(model), limits.allowed_models)
     options = params.get("engine_options") or {}
+    out += _secret_option_refusals(options)
     for key in (
         sorted(set(options) - set(limits.allowed_engine_options)) if isinstance(options, Mapping) else []
     ):
@@ -367,7 +465,122 @@ def refusals(
     if limits.max_replicas is not None and replicas is not None and float(replicas) > limits.max_replicas:
         out.append(f"replicas {replicas} is more than max_replicas {limits.max_replicas}")
     out += _kubernetes_refusals(params.get("kubernetes") or {}, limits)
+    out += _size_refusals(params, limits)
     return out
+
+
+# The params that size the work a run puts on its pool, and their caps (kind "count").
+SIZE_CAPS: tuple[tuple[str, str], ...] = (
+    ("concurrency", "max_concurrency"), ("records_per_shard", "max_records_per_shard"),
+    ("chunk_size", "max_chunk_size"), ("max_attempts", "max_max_attempts"),
+    ("target_batch_tokens", "max_target_batch_tokens"), ("preflight_records", "max_preflight_records"),
+    ("idle_ttl_s", "max_idle_ttl_s"),
+)  # fmt: skip
+# The ``kubernetes`` settings that size a worker pod, and their caps (kind "quantity").
+RESOURCE_CAPS: tuple[tuple[str, str], ...] = (("cpu", "max_cpu"), ("memory", "max_memory"),
+                                              ("shm_size", "max_shm_size"))  # fmt: skip
+
+
+def _cap_refusal(
+    what: str, value: Any, cap_name: str, limits: TriggerLimits, *, quantity: bool = False
+) -> list[str]:
+    """``[why]`` when ``value`` is over its cap (a value that is no number is over it), else ``[]``."""
+    from airflow_batchinfer.pools.kubernetes.spec import parse_quantity
+
+    cap = getattr(limits, cap_name)
+    if cap is None:
+        return []
+    try:
+        amount = parse_quantity(value, what) if quantity else Decimal(str(float(value)))
+        over = amount > _amount(cap)
+    except (ConfigError, TypeError, ValueError, InvalidOperation):
+        over = True
+    if not over:
+        return []
+    return [f"{what} {value!r} is more than {cap_name} {cap} (lower it, or widen with {_where(cap_name)})"]
+
+
+def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
+    """The params that size the work over their caps (only those present; ``None`` is no number)."""
+    out: list[str] = []
+    for name, cap in SIZE_CAPS:
+        if name in params and (params[name] is not None or name == "idle_ttl_s"):  # None: never idles out
+            out += _cap_refusal(name, params[name], cap, limits)
+    sampling = params.get("sampling")
+    if "sampling" in params and isinstance(sampling or {}, Mapping):
+        from airflow_batchinfer.engines.base import SamplingParams
+
+        tokens = _completion_tokens(sampling or {})
+        tokens = SamplingParams().max_tokens if tokens is None else tokens
+        out += _cap_refusal("sampling.max_tokens", tokens, "max_max_tokens", limits)
+    for tokens in _judge_completion_tokens(params.get("judge")):
+        out += _cap_refusal("judge max_tokens", tokens, "max_max_tokens", limits)
+    return out + _resource_refusals(params, limits)
+
+
+def _completion_tokens(sampling: Mapping[str, Any]) -> Any:
+    """The completion budget ``SamplingParams.from_mapping`` reads (``None``: unset)."""
+    return sampling.get("max_completion_tokens", sampling.get("max_tokens"))
+
+
+def _judge_completion_tokens(judge: Any) -> list[Any]:
+    """The ``max_tokens`` each ``llm`` judge of a judge spec sets (``all``/``any`` nest judges)."""
+    if not isinstance(judge, Mapping):
+        return []
+    if judge.get("type") in ("all", "any"):
+        return [t for j in judge.get("judges") or [] for t in _judge_completion_tokens(j)]
+    sampling = judge.get("sampling")
+    values = {**(sampling if isinstance(sampling, Mapping) else {}), **judge}  # the top level wins
+    tokens = _completion_tokens(values)
+    return [tokens] if judge.get("type") == "llm" and tokens is not None else []
+
+
+def _resource_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
+    """A worker pod's cpu, memory and shm_size over their caps. A Kubernetes run that leaves one out
+    gets the pool's default, which is checked then (``shm_size`` only for GPU workers, that mount it)."""
+    from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
+
+    kube = params.get("kubernetes") or {}
+    if not isinstance(kube, Mapping):
+        return []  # refused as malformed by _kubernetes_refusals
+    defaults = {f.name: f.default for f in dataclasses.fields(KubernetesPoolSpec)}
+    on_kubernetes = bool(kube) or str(params.get("worker_pool") or "").startswith("kubernetes://")
+    gpus = kube.get("gpus", defaults["gpus"])
+    out: list[str] = []
+    for key, cap in RESOURCE_CAPS:
+        if key in kube:
+            out += _cap_refusal(f"kubernetes.{key}", kube[key], cap, limits, quantity=True)
+        elif on_kubernetes and (key != "shm_size" or gpus):
+            out += _cap_refusal(f"kubernetes.{key} (unset: the pool's default)", defaults[key], cap, limits,
+                                quantity=True)  # fmt: skip
+    return out
+
+
+def _model_refusals(model: str, allowed: tuple[str, ...]) -> list[str]:
+    """Why ``model`` is refused: a local path compares as its normalised real path, by whole
+    segments (``/models/../etc`` is ``/etc``, not under ``/models/``); other references as written
+    (:func:`~airflow_batchinfer.worker.security.model_allows`, the workers' rules)."""
+    from airflow_batchinfer.worker.security import is_path_model, model_allows, normalize_model
+
+    widen = f"widen with {_where('allowed_models')}"
+    try:
+        if any(model_allows(e, model) for e in allowed):
+            return []
+        key = normalize_model(model)
+    except ValueError as exc:  # no allow-list entry can bound it: the message says what to pass
+        return [f"model {exc}"]
+    resolved = f" (it resolves to {key})" if is_path_model(model) and key != model.rstrip("/") else ""
+    return [f"model {model!r}{resolved} is not the DAG's nor allowed ({widen})"]
+
+
+def _secret_option_refusals(options: Any) -> list[str]:
+    """A secret engine option (``api_key``…) as a param is refused whatever the limits allow: params
+    are stored with the run and shown in the UI, and would reach the workers' arguments."""
+    from airflow_batchinfer.engines import secret_options, secret_refusal
+
+    if not isinstance(options, Mapping):
+        return []
+    return [secret_refusal(key, "engine_options") for key in sorted(set(options) & set(secret_options()))]
 
 
 def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
@@ -383,7 +596,8 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
     if (image := kube.get("image")) and not any(matches(e, str(image)) for e in limits.allowed_images):
         out.append(f"kubernetes.image {image!r} is not allowed (widen with {_where('allowed_images')})")
     for key, setting in (("storage_secret", "allowed_storage_secrets"), ("model_pvc", "allowed_model_pvcs"),
-                         ("service_account", "allowed_service_accounts")):  # fmt: skip
+                         ("service_account", "allowed_service_accounts"),
+                         ("engine_secret", "allowed_engine_secrets")):  # fmt: skip
         if (name := kube.get(key)) and str(name) not in getattr(limits, setting):
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
     for name in _pull_secrets(kube, "kubernetes", out):

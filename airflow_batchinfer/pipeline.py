@@ -21,8 +21,8 @@ from airflow_batchinfer.report import build_report
 from airflow_batchinfer.rounds import (
     Plan,
     close_round,
-    inferred_shard,
     job_spec,
+    judge_input,
     prepare_run,
     propose,
     record_job_error,
@@ -67,7 +67,9 @@ async def _run_round(
     async def one(shard: ShardDescriptor) -> None:
         nonlocal done_records
         for kind in kinds:
-            job_input = inferred_shard(cfg, plan.round, shard) if kind == "judge" else shard
+            job_input = (
+                await asyncio.to_thread(judge_input, cfg, plan.round, shard) if kind == "judge" else shard
+            )  # the infer attempt its manifest names (a late copy's is never read)
             if not await _run_job(pools[kind], cfg, kind, plan.round, job_input):
                 return
         done_records += shard["records"]

@@ -31,6 +31,7 @@ from airflow_batchinfer.rounds import (
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
+from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -161,7 +162,9 @@ def check_invariant(
     plans: list[Plan] | None = None,
 ) -> dict[str, Any]:
     """Every input id is in exactly one of: results (approved or accepted), the final pending set,
-    an in-place round's exhausted rows, or (by shard) a quarantined job.
+    an in-place round's exhausted rows, or (by shard) a quarantined job; a later occurrence of an id
+    in another of round 0's byte ranges is in ``rejects/`` instead (the input's digests count lines:
+    such an id twice, in results or pending once and in rejects once).
 
     Checked from digests, in O(shards) and holding no id in memory: the input's shard digests
     (``input/_manifest.json``) must equal the sum of every round's approved, exhausted and
@@ -179,6 +182,7 @@ def check_invariant(
     for x in rounds:
         ids = x.get("ids") or {}
         names = ("approved", "failed") + (("exhausted",) if x.get("mode") == "in_place" else ())
+        names += ("repeated",) if "repeated" in ids else ()  # round 0's repeats, rejected: lines read
         parts += [IdDigest.maybe(ids.get(name)) for name in names]
     parts += _accepted_ids(layout, plans, so)
     accounted = total(parts)
@@ -200,6 +204,9 @@ def check_invariant(
     seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
     seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
     seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
+    # round 0's repeats rejected into rejects/ (each row has its id)
+    seen += [f for f in JsonlDir(layout.rejects, storage_options=so).jsonl_files()
+             if f.uri.endswith(REJECTS_SUFFIX)]  # fmt: skip
     for x in rounds:
         if x["mode"] == "in_place":
             seen += JsonlDir(layout.rejected_dir(x["round"]), storage_options=so).jsonl_files()
@@ -377,13 +384,15 @@ def review_body(
     desk: str | None = None,
 ) -> str:
     """The markdown a reviewer sees on the Required Actions page before round slot ``proposal.plan``;
-    ``desk`` is the URL of this gate on the review desk (:func:`desk_url`)."""
+    ``desk`` is the URL of this gate on the review desk (:func:`desk_url`). Bounded whatever the rows
+    hold: each text in it is cut (a cell to 80 characters, a reason of the controller's to
+    :data:`MAX_BODY_TEXT`), and the whole to :data:`MAX_BODY_BYTES` (:func:`_fit`)."""
     layout = RunLayout(cfg.run_root)
     plan = proposal.plan
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
     last = proposal.last or {}
     lines = [
-        f"**Run** {_cell(cfg.run_root, 2000)} · strategy **{cfg.strategy}** · next: **{plan.slot}**",
+        f"**Run** {_cell(cfg.run_root, 2000)} · strategy **{_cut(cfg.strategy)}** · next: **{plan.slot}**",
         "",
         *(
             [
@@ -400,7 +409,7 @@ def review_body(
         f"are pending; {len(last.get('failed_shards', []))} shards quarantined.",
         "",
         f"The controller proposes: **{'stop' if plan.stop else plan.mode}** "
-        f"({plan.stop + ': ' if plan.stop else ''}{plan.reason}).",
+        f"({_cut(plan.stop) + ': ' if plan.stop else ''}{_cut(plan.reason)}).",
         "",
         "| round | pending | approved | approval |",
         "| --- | --- | --- | --- |",
@@ -410,30 +419,15 @@ def review_body(
         for s in history
     ]
     pending = plan.shards or (pending_shards(layout, plan.round, so) if plan.stop != NOTHING_PENDING else [])
-    rows: list[dict[str, Any]] = []
-    for shard in pending:
-        for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
-            rows.append(row)
-            if len(rows) >= sample:
-                break
-        if len(rows) >= sample:
-            break
-    id_field = cfg.id_field or "id"
+    table = _sample_rows(pending, cfg.id_field or "id", sample, so)  # cut as each row is read
     lines += [
         "",
-        f"**Rejected samples** (first {len(rows)}):",
+        f"**Rejected samples** (first {len(table)}):",
         "",
         "| id | prompt | output | judge's reason |",
     ]
-    lines += ["| --- | --- | --- | --- |"]
-    for row in rows:
-        prompt = row.get("prompt", row.get("question", ""))
-        judgment = row.get("judgment") or {}
-        lines.append(
-            f"| {_cell(row.get(id_field))} | {_cell(prompt)} | {_cell(row.get('result'))} | "
-            f"{_cell(judgment.get('reason') or row.get('status'))} |"
-        )
-    lines += [
+    lines += ["| --- | --- | --- | --- |", *table]
+    tail = [
         "",
         f"Full rejected set: {_cell(layout.pending(plan.round), 2000)}",
         "",
@@ -441,7 +435,56 @@ def review_body(
         "inside the workers until approved or max_attempts. **Accept remaining as they are**: copy them "
         "into results, marked `accepted_by_review`. **Stop**: end the run; the pending set stays reported.",
     ]
-    return "\n".join(lines)
+    return _fit(lines, tail)
+
+
+MAX_BODY_BYTES = 64 * 1024  # a gate's body at most (UTF-8): Airflow stores it and its UI renders it
+MAX_BODY_TEXT = 1_000  # characters of one text of the controller's in it (a reason, a stop)
+
+
+def _sample_rows(pending: list[Any], id_field: str, sample: int, so: StorageOptions | None) -> list[str]:
+    """The first ``sample`` pending rows as table lines, each row's cells cut as it is read (no row
+    is kept: a row may be many MiB)."""
+    out: list[str] = []
+    for shard in pending:
+        if len(out) >= sample:
+            break
+        for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+            prompt = row.get("prompt", row.get("question", ""))
+            judgment = row.get("judgment") or {}
+            out.append(
+                f"| {_cell(row.get(id_field))} | {_cell(prompt)} | {_cell(row.get('result'))} | "
+                f"{_cell(judgment.get('reason') or row.get('status'))} |"
+            )
+            if len(out) >= sample:
+                break
+    return out
+
+
+def _fit(lines: list[str], tail: list[str], limit: int = MAX_BODY_BYTES) -> str:
+    """``lines`` then ``tail`` (the answers' meaning: always kept) in ``limit`` UTF-8 bytes: the lines
+    past it are left out, and a note says how many and where to read everything."""
+    ending = "\n".join(tail)
+    budget = limit - len(ending.encode()) - 400  # room for the note
+    kept: list[str] = []
+    used = 0
+    for k, line in enumerate(lines):
+        used += len(line.encode()) + 1
+        if used > budget:
+            note = (
+                f"*(truncated: {len(lines) - k} more lines left out to keep this text under "
+                f"{limit // 1024} KiB; the review desk and the run root hold every sample)*"
+            )
+            kept += ["", note]
+            break
+        kept.append(line)
+    return "\n".join([*kept, ending])
+
+
+def _cut(value: Any, limit: int = MAX_BODY_TEXT) -> str:
+    """A text of ours in the body (not escaped: it is markdown), cut to ``limit`` characters."""
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def run_url(base_url: str, dag_id: str, run_id: str, page: str = "") -> str:
@@ -475,6 +518,9 @@ def plain_text(markdown: str) -> str:
 def _cell(value: Any, width: int = 80) -> str:
     """Model output and record fields as literal text in a markdown table cell: never HTML, an
     image, a link or emphasis (the review page renders the body as markdown)."""
-    text = " ".join(str("" if value is None else value).split())
-    text = text if len(text) <= width else text[: width - 1] + "…"
+    raw = str("" if value is None else value)
+    head = raw[: width * 8]  # whitespace runs fold to one space: enough to fill the cell, not MiBs
+    text = " ".join(head.split())
+    if len(text) > width or len(head) < len(raw):
+        text = text[: width - 1] + "…"
     return _MARKUP.sub(r"\\\1", _AUTOLINK.sub("\\1\u2060", text))

@@ -9,10 +9,12 @@ records and ``summary.json``. Slots are ``round-00`` … ``round-{max_rounds-1}`
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import logging
+import posixpath
 import re
 import time
 from collections.abc import Iterable, Iterator
@@ -20,16 +22,42 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.exceptions import ConfigError, ReviewError, StorageError
+from airflow_batchinfer.layout import (
+    FENCED_OUTPUTS,
+    INFERRED,
+    SHARD_SUFFIX,
+    RunLayout,
+    fenced_outputs,
+    staged_attempt,
+)
+from airflow_batchinfer.limits import TriggerLimits, refusals
+from airflow_batchinfer.review.reasons import OTHER, reason_group, row_reason
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact, shard_dataset
-from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
-from airflow_batchinfer.storage.json_doc import read_json, write_json
+from airflow_batchinfer.storage import (
+    JsonlDir,
+    JsonlFile,
+    ShardDescriptor,
+    files,
+    recompact,
+    shard_dataset,
+    swap,
+)
+from airflow_batchinfer.storage.digest import (
+    IdDiff,
+    IdDigest,
+    diff_ids,
+    file_digest,
+    file_ids,
+    id_bytes,
+    record_ids,
+)
+from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, hashes_beside, rejects_uri
+from airflow_batchinfer.storage.json_doc import encode_json, parse_json, read_json, write_json
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
-from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
 from airflow_batchinfer.storage.ranges import range_ids, range_params, read_range, shard_ranges
 from airflow_batchinfer.storage.sharding import ShardingResult
@@ -116,14 +144,16 @@ def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) ->
     see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
     frame), shards copied from it as before."""
     rps, id_field, assign = cfg.records_per_shard, cfg.id_field, cfg.assign_ids
+    max_line, max_id = cfg.max_line_bytes, cfg.max_id_bytes
     planned = shard_ranges(
         cfg.input, layout.input, records_per_shard=rps, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD,
         id_field=id_field, assign_ids=assign, rejects=layout.rejects, storage_options=so,
+        max_line_bytes=max_line, max_id_bytes=max_id,
     )  # fmt: skip
     if planned is None:
         return shard_dataset(
             cfg.input, layout.input, records_per_shard=rps, id_field=id_field, assign_ids=assign,
-            rejects=layout.rejects, storage_options=so,
+            rejects=layout.rejects, storage_options=so, max_line_bytes=max_line, max_id_bytes=max_id,
         )  # fmt: skip
     shards, manifest, reused = planned
     return ShardingResult(
@@ -146,14 +176,19 @@ def round_kinds(cfg: RunConfig, mode: Mode) -> tuple[JobKind, ...]:
 
 
 def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> JobSpec:
-    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Judge, infer_judge
-    and in-place jobs carry ``outputs["staging"]``: the worker writes their approved and rejected
-    rows under an attempt token there, and :func:`close_round` moves one attempt's files to the final URIs."""
+    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Every kind carries
+    ``outputs["staging"]``: the worker writes its outputs (approved and rejected rows; an infer job's
+    inferred rows) under an attempt token there, and :func:`close_round` moves one attempt's files to
+    the final URIs. A judge's input is :func:`judge_input`."""
     layout = RunLayout(cfg.run_root)
     sid = shard["shard_id"]
     params: dict[str, Any]
     if kind == "infer":
-        outputs = {"inferred": layout.inferred(r, sid), "manifest": layout.job_manifest(r, sid, kind)}
+        outputs = {
+            "inferred": layout.inferred(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),  # fenced: a late copy never rewrites what a judge read
+        }
         params = cfg.infer_params()
     elif kind in ("judge", "infer_judge"):
         outputs = {
@@ -196,12 +231,35 @@ def _read_range_job(cfg: RunConfig, r: int, shard: ShardDescriptor, spec: JobSpe
 
 
 def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:
-    """The judge's input for a shard the round inferred."""
+    """The descriptor of a shard the round inferred (its final ``inferred/`` file): what the judge
+    task is mapped over. The judge job itself reads :func:`judge_input`."""
     return {
         "shard_id": shard["shard_id"],
         "uri": RunLayout(cfg.run_root).inferred(r, shard["shard_id"]),
         "records": shard["records"],
     }
+
+
+def judge_input(
+    cfg: RunConfig, r: int, shard: ShardDescriptor, so: StorageOptions | None = None
+) -> ShardDescriptor:
+    """What a judge submitted now reads: the infer attempt the infer manifest names (a late copy of
+    the infer job writes an attempt of its own, never this one), or the final ``inferred/`` file
+    once close accepted that job (its attempt promoted there) or for an infer job that wrote it in
+    place. Close accepts the infer attempt the accepted judge read (its manifest's ``input``)."""
+    layout = RunLayout(cfg.run_root)
+    desc = inferred_shard(cfg, r, shard)
+    m = read_job_manifest(layout.job_manifest(r, shard["shard_id"], "infer"), so)
+    staged = ((m or {}).get("committed") or {}).get(INFERRED)
+    if m is None or not staged:
+        return desc
+    acc = read_doc(layout.accepted(r, shard["shard_id"], "infer"), "accepted job", so) or {}
+    if not acc.get("quarantined") and (acc.get("job_id"), acc.get("fingerprint")) == (
+        m.get("job_id"),
+        m.get("fingerprint"),
+    ):
+        return desc  # accepted: its attempt is in inferred/, whatever a later copy staged since
+    return {**desc, "uri": staged}
 
 
 def record_job_error(
@@ -281,6 +339,17 @@ def current_settings(cfg: RunConfig) -> dict[str, Any]:
 def gate_changes(current: dict[str, Any], answered: dict[str, Any]) -> dict[str, Any]:
     """What a gate's answer changes: the answered values that are set and differ from ``current``."""
     return {k: v for k, v in answered.items() if k in GATE_CHANGES and v is not None and v != current.get(k)}
+
+
+def gate_refusals(changed: RunConfig, settings: dict[str, Any], limits: TriggerLimits) -> list[str]:
+    """Why the settings a review changed go over the deployment's caps (``[]``: they do not), decided
+    by :func:`~airflow_batchinfer.limits.refusals` as for a trigger's params. ``changed``: the config
+    the next rounds would run (a sampling key is checked with the whole sampling, as the engines read
+    it: ``max_completion_tokens`` before ``max_tokens``, 256 when neither is set)."""
+    params = {k: getattr(changed, k) for k in settings if GATE_CHANGES[k] != "sampling"}
+    if any(GATE_CHANGES[k] == "sampling" for k in settings):
+        params["sampling"] = changed.sampling
+    return refusals(params, limits)
 
 
 def round_config(cfg: RunConfig, plan: Plan | None) -> RunConfig:
@@ -442,9 +511,12 @@ def apply_choice(
     by: str = "review",
     so: StorageOptions | None = None,
     changes: dict[str, Any] | None = None,
+    limits: TriggerLimits | None = None,
 ) -> Plan:
     """Turn a review answer into the slot's plan (accepting copies the pending rows into results);
-    ``changes`` (see :data:`GATE_CHANGES`) hold for this round and the next ones."""
+    ``changes`` (see :data:`GATE_CHANGES`) hold for this round and the next ones. ``limits``: the
+    limits in force for the run; an answer whose changes go over a cap is refused
+    (:class:`~airflow_batchinfer.exceptions.ReviewError`) before anything of it is applied."""
     from airflow_batchinfer.review.apply import apply_decisions  # the review package reads rounds
 
     plan = proposal.plan
@@ -456,7 +528,13 @@ def apply_choice(
     settings = changed_settings(plan.settings, changes or {})
     if settings != plan.settings:  # refused before anything is written
         review["changes"] = {k: v for k, v in (changes or {}).items() if v is not None}
-        round_config(cfg, Plan(plan.slot, plan.round, plan.mode, settings=settings))
+        changed = round_config(cfg, Plan(plan.slot, plan.round, plan.mode, settings=settings))
+        if limits is not None and (over := gate_refusals(changed, settings or {}, limits)):
+            raise ReviewError(
+                f"{plan.slot}: the answer of {by} is refused, nothing of it was applied: {'; '.join(over)}. "
+                "Remedy: clear this plan task (with its downstream tasks) to open its review again, and "
+                "answer within the caps"
+            )
     applied = apply_decisions(cfg, plan.round, pending_shards(layout, plan.round, so, reviewed=False), so)
     pending = applied.shards if applied is not None else plan.shards or pending_shards(layout, plan.round, so)
     if choice != ACCEPT or not pending:  # a retried gate task: an earlier "Accept remaining" is undone
@@ -599,11 +677,14 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     id_field = cfg.id_field or "id"
 
     def settle(shard: ShardDescriptor) -> _Settled:
-        x = _settle(cfg, layout, r, shard, kinds, already_failed, engines, so)
+        repeated = repeats.of(shard["shard_id"])  # later occurrences of ids an earlier range holds
+        x = _settle(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated)
         x = _settle_range(cfg, layout, r, x, so)
+        _settle_repeats(layout, r, x, repeated, id_field, so)
         return _account(x, id_field, so, cfg.assign_ids)
 
-    with ThreadPoolExecutor(8) as ex:
+    # before any shard is accepted: the repeats are left out of what it accepts
+    with _range_repeats(cfg, layout, so) if r == 0 else Repeats() as repeats, ThreadPoolExecutor(8) as ex:
         settled = list(ex.map(settle, plan.shards))
     _close_input_ranges(layout, settled, so)
     pending_records = sum(x.shard["records"] for x in settled)  # a range shard's, as read
@@ -634,7 +715,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             w["tokens"] += sum(job_tokens.values())
     failed_records = sum(f["records"] for f in failed)
     planned_ids, failed_ids = IdDigest(), IdDigest()
-    out_ids = {name: IdDigest() for name in FENCED_OUTPUTS}
+    out_ids = {name: IdDigest() for name in (*FENCED_OUTPUTS, REPEATED)}
     for x in settled:
         planned_ids += x.planned
         if x.outputs is None:
@@ -675,7 +756,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             id_field=id_field,
         )
         summary["next_pending"] = nxt.records
-        accounted = summary["approved"] + summary["rejected"] + failed_records
+        accounted = summary["approved"] + summary["rejected"] + failed_records + out_ids[REPEATED].count
         next_ids = IdDigest.maybe(nxt.ids)
         if next_ids is None:  # an output recompacted before digests existed: read it
             next_ids = IdDigest()
@@ -689,15 +770,17 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             diffs.append(_diff(sources, targets, id_field))
         recompacted_ok = nxt.records == summary["rejected"] and next_ids == out_ids["rejected"]
         ids = {"planned": planned_ids, "approved": out_ids["approved"], "rejected": out_ids["rejected"],
-               "failed": failed_ids, "next_pending": next_ids}  # fmt: skip
+               "failed": failed_ids, "next_pending": next_ids, REPEATED: out_ids[REPEATED]}  # fmt: skip
     else:
         summary["exhausted"] = counts.get("max_attempts", 0) + counts.get("error", 0)
         summary["attempts"] = counts.get("attempts", 0)
-        accounted = summary["approved"] + summary["exhausted"] + failed_records
+        accounted = summary["approved"] + summary["exhausted"] + failed_records + out_ids[REPEATED].count
         recompacted_ok = True
         ids = {"planned": planned_ids, "approved": out_ids["approved"], "exhausted": out_ids["rejected"],
-               "failed": failed_ids}  # fmt: skip
-    digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids
+               "failed": failed_ids, REPEATED: out_ids[REPEATED]}  # fmt: skip
+    # A repeat rejected into rejects/ was read (and digested) by its range's job: it counts as a line.
+    digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids + out_ids[REPEATED]
+    summary["repeated_ids"] = out_ids[REPEATED].count
     named = {k: _named([getattr(d, k) for d in diffs]) for k in ("lost", "doubled", "unexpected")}
     summary["approval_rate"] = round(summary["approved"] / pending_records, 4) if pending_records else None
     summary["ids"] = {k: v.to_dict() for k, v in ids.items()}  # count and digest of each set's ids
@@ -758,6 +841,138 @@ def _settle_range(
     return x
 
 
+REPEATED = "repeated"  # ids digest of the repeats a shard's accepted doc left out (rejects/)
+
+
+def _range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> Repeats:
+    """Round 0 over range shards: the later occurrences of ids that an earlier range holds (each
+    range's job finds repeats only within its range), from the ranges' id hash files its jobs wrote
+    (:mod:`~airflow_batchinfer.storage.id_hashes`); the first occurrence stays, the others are
+    rejected (:func:`_drop_repeats`, :func:`_settle_repeats`)."""
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
+    ranges = sorted((s for s in manifest.get("shards", []) if "range" in s), key=lambda s: s["range"][0])
+    if len(ranges) < 2:
+        return Repeats()
+    # where every range's job writes it (infer, or infer_judge: the one reading the range)
+    repeats = find_repeats(
+        ranges, lambda sid: hashes_beside(layout.job_manifest(0, sid, "infer"), sid),
+        id_field=manifest.get("id_field") or cfg.id_field, assign_ids=cfg.assign_ids, so=so,
+    )  # fmt: skip
+    if repeats.count:
+        log.warning("round 0: %s holds %d later occurrences of ids an earlier line holds (in other byte "
+                    "ranges): each is rejected into %s, the first stays", cfg.input, repeats.count,
+                    layout.rejects)  # fmt: skip
+    return repeats
+
+
+def _drop_repeats(
+    doc: dict[str, Any], repeats: list[Repeat], id_field: str, rejects: str, so: StorageOptions | None
+) -> dict[str, Any]:
+    """The accepted doc of a shard holding ``repeats``: its staged approved and rejected files
+    rewritten without those rows (beside the originals, atomically: a re-run close rewrites the
+    same), its counts, reason groups and id digests less theirs (``ids.repeated``: what was left
+    out, ``repeats``: how many and their ``rejects/`` file). An inferred file keeps them: it is what
+    the accepted judge read (rewriting it would make that judge stale), and nothing counts it."""
+    if not repeats:
+        return doc
+    drop = {id_bytes(x.id) for x in repeats}
+    doc = {**doc, **{k: dict(doc.get(k) or {}) for k in ("counts", "ids", "reason_groups", "committed")}}
+    left_out = IdDigest()
+    for name in FENCED_OUTPUTS:
+        src = doc["committed"].get(name)
+        if src is None:  # written in place (no staging): nothing to rewrite before promotion
+            raise StorageError(
+                f"shard {doc['shard_id']}: {len(repeats)} ids repeated from earlier ranges (first: "
+                f"{repeats[0].id!r} at line {repeats[0].line}) but its {name} output was not staged: "
+                "delete its job manifest and re-run the DAG run to recompute it"
+            )
+        dst = src[: -len(SHARD_SUFFIX)] + ".unrepeated" + SHARD_SUFFIX
+        gone = _rewrite_without(src, dst, drop, id_field, so)
+        for row in gone:
+            _uncount(doc, row, name)
+        removed = IdDigest.of(row.get(id_field) for row in gone)
+        before = IdDigest.maybe(doc["ids"].get(name))
+        if before is not None:
+            doc["ids"][name] = (before - removed).to_dict()
+        doc["committed"][name] = dst
+        left_out += removed
+    doc["ids"][REPEATED] = left_out.to_dict()
+    doc["counts"]["repeated_ids"] = left_out.count
+    doc["repeats"] = {"count": left_out.count, "rejects": rejects}
+    return doc
+
+
+def _rewrite_without(
+    src: str, dst: str, drop: set[bytes], id_field: str, so: StorageOptions | None
+) -> list[dict[str, Any]]:
+    """Copy ``src`` to ``dst`` (atomically) without the rows whose id is in ``drop``; returns those."""
+    gone: list[dict[str, Any]] = []
+    with JsonlFile(dst, storage_options=so).writer_sync() as out:
+        for row in JsonlFile(src, storage_options=so).iter_records():
+            if id_bytes(row.get(id_field)) in drop:
+                gone.append(row)
+            else:
+                out.write(row)
+    return gone
+
+
+def _uncount(doc: dict[str, Any], row: dict[str, Any], output: str) -> None:
+    """Take one left-out row out of the doc's counts (as the job counted it) and reason groups."""
+    counts = doc["counts"]
+    judgment = row.get("judgment")
+    judgment = judgment if isinstance(judgment, dict) else {}
+    keys = [str(row.get("status"))]
+    if judgment.get("for_review"):
+        keys.append("for_review")
+    if doc.get("kind") in ("judge", "infer_judge") and row.get("error") is not None:
+        keys.append("inference_errors")
+    if doc.get("kind") == "infer_judge":  # its inference counts, per row: ok or error
+        keys.append("error" if row.get("error") is not None else "ok")
+    for key in keys:
+        if counts.get(key):
+            counts[key] = int(counts[key]) - 1
+    groups = doc["reason_groups"]
+    if output == "rejected" and groups:
+        group = reason_group(row_reason(row))
+        key = group if groups.get(group) else OTHER
+        if groups.get(key):
+            groups[key] = int(groups[key]) - 1
+            if not groups[key]:
+                del groups[key]
+
+
+def _settle_repeats(
+    layout: RunLayout, r: int, x: _Settled, repeats: list[Repeat], id_field: str, so: StorageOptions | None
+) -> None:
+    """The rejects of a shard's repeats: ``rejects/<shard>.repeated-ids.jsonl.zst`` (rewritten whole,
+    the same each close) once the shard is accepted without them. A quarantined shard holds them in
+    its ``failed/`` record (its whole range is retried; they are rejected when it is accepted)."""
+    if r != 0 or "range" not in x.shard:
+        return
+    sid = x.shard["shard_id"]
+    uri = rejects_uri(layout.rejects, sid)
+    left_out = (x.accepted or {}).get("repeats") or {}
+    if x.accepted is not None and left_out.get("count"):
+        with JsonlFile(uri, storage_options=so).writer_sync() as out:
+            for rep in repeats:
+                out.write(rep.reject_row(x.shard["uri"], id_field))
+        return
+    files.remove(uri, so)  # no accepted doc leaves them out (now): none are rejected
+    if not repeats:
+        return
+    first = f"id {repeats[0].id!r} at line {repeats[0].line} (first at line {repeats[0].first_line})"
+    if x.failed is not None:
+        x.failed["repeated_ids"] = {
+            "count": len(repeats),
+            "first": first,
+            "note": "rejected into rejects/ once the shard is accepted: the first occurrence stays",
+        }
+        write_doc(join(layout.failed(r), f"{sid}.json"), x.failed, so)
+    elif x.accepted is not None:
+        log.error("round 0: shard %s was accepted before repeats were rejected: its %d repeated ids (%s) "
+                  "stay in its outputs", sid, len(repeats), first)  # fmt: skip
+
+
 def _close_input_ranges(layout: RunLayout, settled: list[_Settled], so: StorageOptions | None) -> None:
     """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
     first line is the sum of the line counts of every range before it), one file per shard with
@@ -808,13 +1023,17 @@ def _account(x: _Settled, id_field: str, so: StorageOptions | None, assign_ids: 
         return x
     if planned is None and x.jobs:
         planned = manifest_ids(x.jobs[0], "input")
-    outputs = {name: manifest_ids(x.accepted, name) for name in FENCED_OUTPUTS}
+    left_out = x.accepted.get("repeats")  # repeats rejected into rejects/: lines its job read too
+    names = (*FENCED_OUTPUTS, REPEATED) if left_out else FENCED_OUTPUTS
+    outputs = {name: manifest_ids(x.accepted, name) for name in names}
     if planned is not None and None not in outputs.values():
         x.planned, x.outputs = planned, {k: v for k, v in outputs.items() if v is not None}
         if planned == sum(x.outputs.values(), IdDigest()):
             return x  # the common case: nothing is read
     sid = shard["shard_id"]
     finals = {name: JsonlFile(x.accepted["outputs"][name], storage_options=so) for name in FENCED_OUTPUTS}
+    if left_out:  # its reject rows carry the id
+        finals[REPEATED] = JsonlFile(str(left_out["rejects"]), storage_options=so)
     source = JsonlFile(shard["uri"], storage_options=so)
 
     def source_ids() -> Iterator[Any]:  # a round-0 range: just its range, validated as its job read it
@@ -844,106 +1063,355 @@ def _settle(
     already_failed: set[str],
     engines: dict[str, dict[str, Any] | None],
     so: StorageOptions | None,
+    repeats: list[Repeat] | None = None,
 ) -> _Settled:
-    """Check one shard's manifests against the current settings (and ``engines``, what the round's
-    pools run per job kind, where the plan recorded it), accept its accounting job once (promoting that
-    attempt's staged outputs), or quarantine the shard."""
+    """Check one shard's jobs against the current settings (and ``engines``, what the round's
+    pools run per job kind, where the plan recorded it), then accept them once (promoting the
+    accepted attempts' staged outputs: the accounting job's, and the infer attempt its judge read)
+    or quarantine the shard. Every decision is a compare-and-swap of the accounting job's accepted
+    doc from what this close read (:func:`_claim`): of two closes at once, the one that loses adopts
+    the decision that stands, never its own."""
+    for _ in range(CLAIM_TRIES):
+        settled = _settle_once(cfg, layout, r, shard, kinds, already_failed, engines, so, repeats or [])
+        if settled is not None:
+            return settled
+    uri = layout.accepted(r, shard["shard_id"], kinds[-1])
+    raise StorageError(
+        f"round {r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
+        "differently; run only one close of the round at a time, then re-run it"
+    )
+
+
+CLAIM_TRIES = 3  # settles of one shard when concurrent closes keep changing its decision
+
+
+@dataclass
+class _Checked:
+    """One job of a shard as close finds it."""
+
+    kind: str
+    manifest: dict[str, Any] | None
+    seen: dict[str, Any] | None  # its accepted doc as read (quarantined or stale too): claims swap from it
+    manifest_current: bool = False
+    doc: dict[str, Any] | None = None  # what counts: ``seen`` (accepted earlier) or ``manifest``
+    problem: str | None = None  # why neither is current
+
+    @property
+    def kept(self) -> bool:
+        return self.doc is not None and self.doc is self.seen
+
+
+def _settle_once(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    already_failed: set[str],
+    engines: dict[str, dict[str, Any] | None],
+    so: StorageOptions | None,
+    repeats: list[Repeat],
+) -> _Settled | None:
+    """One try of :func:`_settle`; ``None`` when another close accepted the shard while this one was
+    quarantining it (settled again then, from what that close decided)."""
     sid = shard["shard_id"]
     acct = kinds[-1]
     final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
     accepted_uri = layout.accepted(r, sid, acct)
-    jobs: list[dict[str, Any]] = []
-    keep: dict[str, Any] | None = None  # the accepted doc (earlier or now)
-    fresh = False  # accepted by this close (the doc is still to be written)
-    problem: tuple[str, str] | None = None  # (phase, error)
-    rerun = False  # the manifest is unusable although current: delete it so a re-run recomputes
-    stale_staged: list[str] = []
+    checked: list[_Checked] = []
     for kind in kinds:
-        spec = job_spec(cfg, kind, r, inferred_shard(cfg, r, shard) if kind == "judge" else shard)
-        manifest_uri = layout.job_manifest(r, sid, kind)
-        m = read_job_manifest(manifest_uri, so)
-        prior = read_doc(accepted_uri, "accepted job", so) if kind == acct else None
-        if prior is not None and prior.get("quarantined"):
-            prior = None
-        info = _input_info(spec.input, so) if m is not None or prior is not None else None
-        pinned = pin_input(spec, info) if info is not None else None
-        engine = engines.get(kind)
-
-        def current(
-            doc: dict[str, Any] | None, pinned: Any = pinned, info: Any = info, engine: Any = engine
-        ) -> bool:
-            return (
-                doc is not None
-                and pinned is not None
-                and doc.get("job_id") == pinned.job_id
-                and (engine is None or doc.get("engine") == engine)
-                and doc.get("fingerprint") == fingerprint(pinned, doc.get("engine") or {}, info or {})
-            )
-
-        if current(prior):  # accepted earlier for these settings: a later copy never replaces it
-            keep = prior
-            continue
-        if m is None or not current(m):
-            note = read_doc(layout.job_error(r, sid, kind), "job error", so)
-            error = (note or {}).get("error")
-            if m is None:
-                problem = (kind, error or "the job never completed (no completion manifest)")
-            else:
-                problem = (kind, STALE.format(uri=manifest_uri) + (f"; last error: {error}" if error else ""))
-                if kind == acct:
-                    stale_staged = list((m.get("committed") or {}).values())
+        checked.append(_check_job(cfg, layout, r, shard, kind, engines.get(kind), so))
+        if checked[-1].problem is not None:
             break
-        if kind == acct:
-            keep, fresh = _accepted_doc(m, sid, kind, final, manifest_uri), True
-        else:
-            jobs.append(m)
-
-    if problem is None and keep is not None and fresh:
-        missing = [u for u in keep["committed"].values() if not files.exists(u, so)]
+    last = checked[-1]
+    seen = last.seen if last.kind == acct else read_doc(accepted_uri, "accepted job", so)
+    problem = None if last.problem is None else (last.kind, last.problem)
+    rerun = False  # a current manifest is unusable: delete it so a re-run recomputes
+    stood: dict[str, Any] | None = None  # the accounting job's accepted doc (earlier, or now)
+    if problem is None and last.kept:
+        stood = last.doc  # accepted earlier for these settings: a later copy never replaces it
+    elif problem is None:
+        assert last.doc is not None
+        committed = (last.doc.get("committed") or {}).values()
+        missing = [u for u in committed if not files.exists(u, so)]
         if missing:
-            problem = (acct, f"the staged outputs of attempt {keep['attempt']} are missing "
+            problem = (acct, f"the staged outputs of attempt {last.doc.get('attempt')} are missing "
                              f"({', '.join(missing)}): re-run the DAG run to recompute them")  # fmt: skip
             rerun = True
-        else:
-            write_doc(accepted_uri, keep, so)  # first the decision, then the moves (redone if cut short)
-            log.info("round %d: shard %s: accepted attempt %s of %s", r, sid, keep["attempt"], keep["job_id"])
-    if problem is None and keep is not None:
-        lost = _promote(keep, so)
+        else:  # first the decision, then the moves (redone if cut short)
+            mine = _accepted_doc(last.doc, sid, acct, final, layout.job_manifest(r, sid, acct), so)
+            # ids an earlier range holds are left out of what is accepted (rejects/: _settle_repeats)
+            mine = _drop_repeats(mine, repeats, cfg.id_field or "id", rejects_uri(layout.rejects, sid), so)
+            stood, won = _claim(accepted_uri, seen, mine, so)
+            seen = stood
+            _log_claim(r, sid, stood, won, mine)
+    if stood is not None and stood.get("quarantined"):  # another close quarantined it meanwhile
+        return _adopt_quarantine(layout, r, shard, stood, checked, so)
+    if stood is not None:
+        jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
+        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so)] if problem is None else []
         if lost:
-            problem = (acct, f"the accepted outputs {', '.join(lost)} of attempt {keep['attempt']} are "
+            problem = (acct, f"the accepted outputs {', '.join(lost)} of attempt {stood.get('attempt')} are "
                              "missing: re-run the DAG run to recompute them")  # fmt: skip
             rerun = True
-    if problem is None and keep is not None:
-        files.remove_tree(layout.staged_job(r, sid, acct), so)  # other copies' attempts: never promoted
-        if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
-            files.remove(join(layout.failed(r), f"{sid}.json"), so)
-            log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
-        return _Settled(shard, [*jobs, keep], dict(keep.get("counts") or {}), accepted=keep)
-
+        if problem is None:
+            for kind in kinds:  # other copies' attempts: never promoted
+                files.remove_tree(layout.staged_job(r, sid, kind), so)
+            if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
+                files.remove(join(layout.failed(r), f"{sid}.json"), so)
+                log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
+            return _Settled(shard, [*jobs, stood], dict(stood.get("counts") or {}), accepted=stood)
     assert problem is not None
+    return _quarantine_shard(layout, r, shard, kinds, checked, problem, rerun, seen, final, so)
+
+
+def _check_job(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kind: JobKind,
+    engine: dict[str, Any] | None,
+    so: StorageOptions | None,
+) -> _Checked:
+    """One job's accepted doc and manifest, each checked against the current settings."""
+    sid = shard["shard_id"]
+    manifest_uri = layout.job_manifest(r, sid, kind)
+    m = read_job_manifest(manifest_uri, so)
+    seen = read_doc(layout.accepted(r, sid, kind), "accepted job", so)
+    prior = seen if seen is not None and not seen.get("quarantined") else None
+    x = _Checked(kind, m, seen, manifest_current=_current(cfg, layout, r, shard, kind, m, engine, so))
+    if _current(cfg, layout, r, shard, kind, prior, engine, so):
+        x.doc = prior
+    elif x.manifest_current:
+        x.doc = m
+    else:
+        note = read_doc(layout.job_error(r, sid, kind), "job error", so)
+        error = (note or {}).get("error")
+        if m is None:
+            x.problem = error or "the job never completed (no completion manifest)"
+        else:
+            x.problem = STALE.format(uri=manifest_uri) + (f"; last error: {error}" if error else "")
+    return x
+
+
+def _current(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kind: JobKind,
+    doc: dict[str, Any] | None,
+    engine: dict[str, Any] | None,
+    so: StorageOptions | None,
+) -> bool:
+    """Whether ``doc`` (a manifest or an accepted doc) is the job the current settings ask for: its job
+    id and fingerprint recomputed from its input's version. A judge's input is the inferred file its
+    doc names, when that is this shard's (see :func:`_judge_read`)."""
+    if doc is None:
+        return False
+    src = shard
+    if kind == "judge":
+        read = _judge_read(layout, r, shard["shard_id"], doc)
+        if read is None:
+            return False
+        src = {**inferred_shard(cfg, r, shard), "uri": read}
+    spec = job_spec(cfg, kind, r, src)
+    info = _input_info(spec.input, so)
+    if info is None and kind == "judge" and "accepted_at" in doc:
+        info = doc.get("input_info")  # the infer attempt it read, moved to inferred/ since
+    if info is None:
+        return False
+    pinned = pin_input(spec, info)
+    return (
+        doc.get("job_id") == pinned.job_id
+        and (engine is None or doc.get("engine") == engine)
+        and doc.get("fingerprint") == fingerprint(pinned, doc.get("engine") or {}, info)
+    )
+
+
+def _judge_read(layout: RunLayout, r: int, sid: str, doc: dict[str, Any]) -> str | None:
+    """The inferred file a judge's manifest or accepted doc says the judge read, when it is this
+    shard's: the final ``inferred/`` file, or one attempt its infer job staged."""
+    final = layout.inferred(r, sid)
+    read = str(doc.get("input") or final)  # an accepted doc from before inputs were recorded: the final
+    ours = read == final or staged_attempt(layout.staged_job(r, sid, "infer"), read, INFERRED) is not None
+    return read if ours else None
+
+
+def _accept_feeds(
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    feeds: list[_Checked],
+    stood: dict[str, Any],
+    so: StorageOptions | None,
+) -> tuple[list[dict[str, Any]], tuple[str, str] | None]:
+    """Accept the jobs before the accounting one (an infer job before its judge): the attempt the
+    accepted judge read, whatever a later copy wrote since, claimed once as the judge's doc is."""
+    sid = shard["shard_id"]
+    docs: list[dict[str, Any]] = []
+    for x in feeds:
+        assert x.doc is not None
+        final = layout.inferred(r, sid)
+        read = _judge_read(layout, r, sid, stood)
+        attempt = (x.doc.get("committed") or {}).get(INFERRED) or final
+        if x.kept and read not in (final, attempt):
+            return docs, (x.kind, f"its judge read {read}, not the attempt {x.doc.get('attempt')} of "
+                                  f"{layout.job_manifest(r, sid, x.kind)} close accepted earlier: re-run the "
+                                  "DAG run to recompute the judge")  # fmt: skip
+        if x.kept:
+            docs.append(x.doc)
+            continue
+        if read is None:  # validated when it was accepted: a doc edited by hand since
+            return docs, (x.kind, f"{layout.accepted(r, sid, 'judge')} names an input that is not this "
+                                  "shard's inferred file: delete it and re-run the DAG run")  # fmt: skip
+        mine = _accepted_doc(x.doc, sid, x.kind, {INFERRED: final}, layout.job_manifest(r, sid, x.kind), so)
+        token = staged_attempt(layout.staged_job(r, sid, x.kind), read, INFERRED)
+        if token is None:  # the judge read the final file: written in place, or promoted earlier
+            mine["committed"] = {}
+        elif token != mine["attempt"]:  # a later copy rewrote the manifest: the judge's read stands
+            mine.update(attempt=token, committed={INFERRED: read}, manifest_attempt=mine["attempt"])
+        doc, won = _claim(layout.accepted(r, sid, x.kind), x.seen, mine, so)
+        _log_claim(r, sid, doc, won, mine)
+        docs.append(doc)
+    return docs, None
+
+
+def _quarantine_shard(
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    checked: list[_Checked],
+    problem: tuple[str, str],
+    rerun: bool,
+    seen: dict[str, Any] | None,
+    final: dict[str, str],
+    so: StorageOptions | None,
+) -> _Settled | None:
+    """Quarantine the shard once its decision stands: then delete the unusable manifest (``rerun``),
+    sweep its staged attempts but those a current manifest names (a later close accepts them), and
+    remove final outputs no accepted job produced. ``None`` when another close accepted it meanwhile."""
+    sid, acct = shard["shard_id"], kinds[-1]
     phase, error = problem
-    if rerun:
-        files.remove(layout.job_manifest(r, sid, acct), so)
-    for uri in stale_staged:
+    orphans = [final[name] for name in FENCED_OUTPUTS if files.exists(final[name], so)]
+    mine = {"shard_id": sid, "kind": acct, "quarantined": True, "phase": phase, "error": error,
+            "orphans_removed": orphans, "quarantined_at": time.time()}  # fmt: skip
+    stood, won = _claim(layout.accepted(r, sid, acct), seen, mine, so)
+    if not stood.get("quarantined"):
+        return None
+    if not won:  # another close's quarantine: it sweeps and removes
+        return _adopt_quarantine(layout, r, shard, stood, checked, so)
+    # a re-run recomputes the accounting job, and a job before it whose attempt is gone
+    removed = {
+        x.kind for x in checked if x.manifest is not None and rerun and (x.kind == acct or _lost(x, so))
+    }
+    for kind in removed:
+        files.remove(layout.job_manifest(r, sid, kind), so)
+    keep = {
+        posixpath.dirname(u)
+        for x in checked
+        if x.manifest_current and x.manifest is not None and x.kind not in removed
+        for u in (x.manifest.get("committed") or {}).values()
+    }
+    swept = _sweep_staged(layout, r, sid, kinds, keep, so)
+    if swept:
+        log.info("round %d: shard %s is quarantined: swept staged attempts %s", r, sid, ", ".join(swept))
+    for uri in orphans:
         files.remove(uri, so)
-    orphans = [final[name] for name in FENCED_OUTPUTS if files.remove(final[name], so)]
     if orphans:
         log.warning("round %d: shard %s is quarantined: removed outputs no accepted job produced: %s",
                     r, sid, ", ".join(orphans))  # fmt: skip
-    write_doc(
-        accepted_uri,
-        {"shard_id": sid, "kind": acct, "quarantined": True, "phase": phase, "error": error,
-         "orphans_removed": orphans, "quarantined_at": time.time()},
-        so,
-    )  # fmt: skip
     record = _quarantine(layout, r, shard, phase, error, orphans, so)
-    return _Settled(shard, jobs, None, record, orphans)
+    return _Settled(shard, _feed_docs(checked, acct), None, record, orphans)
+
+
+def _adopt_quarantine(
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    stood: dict[str, Any],
+    checked: list[_Checked],
+    so: StorageOptions | None,
+) -> _Settled:
+    """The quarantine another close decided, as it recorded it (that close removes what it named)."""
+    orphans = list(stood.get("orphans_removed") or [])
+    record = _quarantine(layout, r, shard, str(stood.get("phase")), str(stood.get("error")), orphans, so)
+    return _Settled(shard, _feed_docs(checked, str(stood.get("kind"))), None, record, orphans)
+
+
+def _feed_docs(checked: list[_Checked], acct: str) -> list[dict[str, Any]]:
+    """The current docs of a quarantined shard's jobs before the accounting one (their figures count)."""
+    return [x.doc for x in checked if x.doc is not None and x.kind != acct]
+
+
+def _sweep_staged(
+    layout: RunLayout, r: int, sid: str, kinds: Iterable[str], keep: set[str], so: StorageOptions | None
+) -> list[str]:
+    """Remove a quarantined shard's staged attempts but those in ``keep`` (attempt folders); returns
+    the folders removed. A copy still writing into one fails, and its task's retry runs it anew."""
+    swept = []
+    for kind in kinds:
+        job_dir = layout.staged_job(r, sid, kind)
+        for token in files.names(job_dir, so):
+            attempt = join(job_dir, token)
+            if attempt not in keep:
+                files.remove_tree(attempt, so)
+                swept.append(attempt)
+    return swept
+
+
+def _lost(x: _Checked, so: StorageOptions | None) -> bool:
+    """Whether a job's manifest names staged files that are gone (and were not promoted by close)."""
+    committed = ((x.manifest or {}).get("committed") or {}).values()
+    return not x.kept and any(not files.exists(u, so) for u in committed)
+
+
+def _claim(
+    uri: str, seen: dict[str, Any] | None, doc: dict[str, Any], so: StorageOptions | None
+) -> tuple[dict[str, Any], bool]:
+    """Write the decision ``doc`` at ``uri`` unless another close changed it since this one read
+    ``seen`` (one compare-and-swap, :func:`airflow_batchinfer.storage.swap.update`: a lock on a local
+    disk, ``If-None-Match``/``If-Match`` on S3). Returns the decision that stands (with its
+    ``schema_version``) and whether it is ``doc``."""
+    loc = resolve(uri, so)
+    mine = encode_json(doc, schema_version=DOC_VERSION)
+
+    def change(current: bytes | None) -> bytes:
+        if current is not None and _parse_doc(loc, current) != seen:
+            return current  # decided by another close after this one read it: that stands
+        return mine
+
+    data = swap.update(loc, change)
+    return _parse_doc(loc, data), data == mine
+
+
+def _parse_doc(loc: Location, raw: bytes) -> dict[str, Any]:
+    return parse_json(loc, raw, schema_version=DOC_VERSION, what="accepted job",
+                      remedy="delete it to redo that step")  # fmt: skip
+
+
+def _log_claim(r: int, sid: str, stood: dict[str, Any], won: bool, mine: dict[str, Any]) -> None:
+    what = f"attempt {stood.get('attempt')} of {stood.get('job_id')} ({stood.get('kind')})"
+    if won:
+        log.info("round %d: shard %s: accepted %s", r, sid, what)
+    else:
+        log.warning("round %d: shard %s: another close of the round decided first; accepting its %s, not "
+                    "attempt %s", r, sid, what, mine.get("attempt"))  # fmt: skip
 
 
 def _accepted_doc(
-    m: dict[str, Any], sid: str, kind: str, final: dict[str, str], manifest_uri: str
+    m: dict[str, Any],
+    sid: str,
+    kind: str,
+    final: dict[str, str],
+    manifest_uri: str,
+    so: StorageOptions | None,
 ) -> dict[str, Any]:
-    """What close accepts of a job: its attempt, the staged files to move and the counts to use."""
+    """What close accepts of a job: its attempt, the staged files to move, the counts to use and the
+    version of the input it read (a judge's, an infer attempt, is moved to inferred/ after)."""
+    info = _input_info(str(m.get("input")), so) if m.get("input") else None
     return {
         "shard_id": sid,
         "kind": kind,
@@ -952,8 +1420,10 @@ def _accepted_doc(
         "fingerprint": m.get("fingerprint"),
         "attempt": m.get("attempt"),
         "committed": dict(m.get("committed") or {}),  # name -> staged URI (none: written in place)
-        "outputs": {name: final[name] for name in FENCED_OUTPUTS},
+        "outputs": {name: final[name] for name in fenced_outputs(kind)},
         "manifest": manifest_uri,
+        "input": m.get("input"),
+        "input_info": {k: info[k] for k in ("size", "ETag", "mtime") if k in info} if info else None,
         **{k: m.get(k) for k in ACCEPTED_FIELDS},
         "accepted_at": time.time(),
     }
@@ -961,15 +1431,16 @@ def _accepted_doc(
 
 def _promote(doc: dict[str, Any], so: StorageOptions | None) -> list[str]:
     """Move the accepted attempt's staged outputs to their final URIs. Idempotent: an output whose
-    staged file is gone was moved by an earlier close (a job without staging wrote it in place).
-    Returns the outputs found nowhere."""
+    staged file is gone was moved by an earlier close, or by another close at once (a job without
+    staging wrote it in place). Returns the outputs found nowhere."""
     lost = []
     committed = doc.get("committed") or {}
     for name, dst in doc["outputs"].items():
         staged = committed.get(name)
         if staged and files.exists(staged, so):
-            files.move(staged, dst, so)
-        elif not files.exists(dst, so):
+            with contextlib.suppress(FileNotFoundError):  # moved by a concurrent close just now
+                files.move(staged, dst, so)
+        if not files.exists(dst, so):
             lost.append(dst)
     return lost
 

@@ -31,9 +31,14 @@ class RunConfig:
     chunk_size: int = 500
     id_field: str | None = None
     assign_ids: bool = False
+    # input bounds (storage.lines.MAX_LINE_BYTES, storage.records.MAX_ID_BYTES; settings.py)
+    max_line_bytes: int = 16 * 1024 * 1024
+    max_id_bytes: int = 512
     # hybrid: switch to in place once a round approves less than this share of its pending set
     hybrid_min_shrink: float = 0.3
     job_retries: int = 2
+    # a silent worker that may run a job: waited for this long before a second copy may start
+    unreachable_grace_s: float = 120.0
     # human review between rounds (Airflow only): never | every_round | on_low_approval
     review: str = "never"
     review_min_approval: float = 0.5
@@ -58,6 +63,11 @@ class RunConfig:
             raise ConfigError("max_rounds and max_attempts must be >= 1")
         if self.records_per_shard < 1:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
+        if self.max_line_bytes < 1024 or self.max_id_bytes < 32:
+            raise ConfigError(
+                f"max_line_bytes must be >= 1024 and max_id_bytes >= 32, got {self.max_line_bytes} and "
+                f"{self.max_id_bytes}"
+            )
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")

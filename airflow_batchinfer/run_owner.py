@@ -5,31 +5,35 @@ plan, run and close the same rounds). The run's first task records its owner —
 ``dag_id`` and ``run_id`` — in ``<run_root>/owner.json`` (a versioned JSON doc) before any other
 work, and refuses to start while another DAG run that is still queued or running owns the root.
 
-- No owner recorded: this run claims the root.
+A run root belongs to the DAG that created it (``creator_dag_id``; a version-1 record's ``dag_id``):
+its results and rejected rows are that DAG's, shown on the review desk to that DAG's readers.
+
+- No owner recorded: this run claims the root (its DAG becomes the creator).
 - This DAG run is the owner (a retry, or the run cleared and re-run): it keeps it.
+- A run of another DAG than the creator: refused, whatever state the owner run is in, unless the
+  deployment lists both DAGs in the ``shared_run_root_dags`` limit. Nothing is written.
 - The owner is queued or running: refused, with the remedy (another ``run_name``, or wait for /
   fail the other run). Nothing is written.
 - The owner finished (``success``/``failed``) or no longer exists: this run takes the root over.
   Resuming a run under the same ``run_name`` is a feature: finished work is reused.
 
-:func:`decide` is the pure decision (fed the stored record, this run's identity and the owner
-run's state); :func:`claim` does the I/O around it. :func:`verify_owner` is for the run's later
-tasks: they must not touch a root another DAG run owns (a refused run's ``all_done`` tasks would).
+:func:`decide` is the pure decision (fed the stored record, this run's identity, the owner run's
+state and the DAGs that may share); :func:`claim` does the I/O around it. :func:`verify_owner` is
+for the run's later tasks: they must not touch a root another DAG run owns (a refused run's
+``all_done`` tasks would).
 
-On a local disk and on S3 a claim is one read-decide-write through
-:func:`airflow_batchinfer.storage.swap.update` (a file lock; a compare-and-swap on the object's
-ETag): of two runs claiming at the same instant, one writes and the other decides again on what it
-wrote, and refuses. On other object stores (no conditional write) a claim is written, then read back
-after ``settle_s``: the later write wins and the earlier run sees a live owner on its read-back and
-refuses. (A run whose write lands more than ``settle_s`` after the other's read-back is not
-detected there: the window is one read and one write of a small file; ``settle_s`` defaults to 1 s.)
+A claim is one read-decide-write through :func:`airflow_batchinfer.storage.swap.update` (a file
+lock on a local disk; a compare-and-swap on the object's ETag on S3): of two runs claiming at the
+same instant, one writes and the other decides again on what it wrote, and refuses. Other object
+stores have no conditional write, so two claims there could both succeed: a claim there is refused
+(:func:`~airflow_batchinfer.storage.swap.require_exact`), naming the store and the remedy.
 """
 
 from __future__ import annotations
 
+import json
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -37,13 +41,14 @@ from typing import Any, Literal
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import swap
-from airflow_batchinfer.storage.json_doc import encode_json, parse_json, read_json, write_json
+from airflow_batchinfer.storage.json_doc import encode_json, parse_json, write_json
 from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 
 OWNER_FILE = "owner.json"
-OWNER_VERSION = 1
-# How long a claim settles before it is read back, where it is not a compare-and-swap (the module doc).
-SETTLE_S = 1.0
+OWNER_VERSION = 2  # 2: records the DAG that created the run root (``creator_dag_id``)
+READABLE_VERSIONS = (1, OWNER_VERSION)  # a version-1 record's creator is its ``dag_id``
+CREATOR = "creator_dag_id"
+SHARING_LIMIT = "shared_run_root_dags"  # the limit that lets DAGs take over each other's roots
 LIVE_STATES = frozenset({"queued", "running"})
 FINISHED_STATES = frozenset({"success", "failed"})
 
@@ -64,11 +69,12 @@ class RunIdentity:
 @dataclass(frozen=True)
 class Decision:
     """``claim``: write this run as the owner; ``keep``: it already is; ``refuse``: another live run
-    owns the root (``reason`` is the error with its remedy)."""
+    owns the root, or another DAG created it (``reason`` is the error with its remedy)."""
 
     action: Action
     reason: str
     owner: RunIdentity | None = None  # the recorded owner before this decision
+    creator: str | None = None  # the DAG that created the root (a claim of a new root: this run's)
 
 
 def owner_uri(run_root: str) -> str:
@@ -85,8 +91,36 @@ def parse_owner(record: dict[str, Any] | None) -> RunIdentity | None:
     return RunIdentity(dag_id, run_id)
 
 
+def creator_of(record: dict[str, Any] | None) -> str | None:
+    """The DAG that created the run root ``record`` describes (``None``: no record). A version-1
+    record (before creators were recorded) was written by the creating DAG's first run: its
+    ``dag_id``; a later record without a creator is an error (``ConfigError``)."""
+    owner = parse_owner(record)
+    return None if record is None or owner is None else _creator(record, owner)
+
+
+def _creator(record: dict[str, Any], owner: RunIdentity) -> str:
+    creator = record.get(CREATOR)
+    if creator is None and record.get("schema_version") == 1:
+        return owner.dag_id
+    if not isinstance(creator, str) or not creator:
+        raise ConfigError(f"the owner record names no creating DAG ({CREATOR}: {creator!r})")
+    return creator
+
+
+def may_share(creator: str, dag_id: str, shared_dags: Collection[str]) -> bool:
+    """Whether a run of ``dag_id`` may use a run root ``creator`` created: its own, or both DAGs are
+    listed in the deployment's :data:`SHARING_LIMIT`."""
+    return dag_id == creator or (dag_id in shared_dags and creator in shared_dags)
+
+
 def decide(
-    record: dict[str, Any] | None, me: RunIdentity, owner_state: str | None, *, run_root: str = "the run root"
+    record: dict[str, Any] | None,
+    me: RunIdentity,
+    owner_state: str | None,
+    *,
+    run_root: str = "the run root",
+    shared_dags: Collection[str] = (),
 ) -> Decision:
     """What this run does with a run root whose stored owner record is ``record``.
 
@@ -94,20 +128,25 @@ def decide(
     :param me: this DAG run.
     :param owner_state: the recorded owner run's state (``queued``, ``running``, ``success``,
         ``failed``), or ``None`` when that run no longer exists. Not consulted when ``record`` is
-        ``None`` or names ``me``.
+        ``None``, names ``me``, or was created by a DAG this run may not share with.
+    :param shared_dags: the :data:`SHARING_LIMIT` in force: DAGs whose runs may take over each
+        other's finished run roots.
     """
     owner = parse_owner(record)
-    if owner is None:
-        return Decision("claim", f"{run_root} has no owner: {me} claims it")
+    if record is None or owner is None:
+        return Decision("claim", f"{run_root} has no owner: {me} claims it", creator=me.dag_id)
+    creator = _creator(record, owner)
     if owner == me:
-        return Decision("keep", f"{me} already owns {run_root} (a retry or a re-run)", owner)
+        return Decision("keep", f"{me} already owns {run_root} (a retry or a re-run)", owner, creator)
+    if not may_share(creator, me.dag_id, shared_dags):
+        return Decision("refuse", _foreign(run_root, me, owner, creator), owner, creator)
     if owner_state is None:
         return Decision("claim", f"{run_root} was owned by {owner}, which no longer exists: {me} takes it "
-                        "over", owner)  # fmt: skip
+                        "over", owner, creator)  # fmt: skip
     state = str(getattr(owner_state, "value", owner_state)).lower()  # a DagRunState or its value
     if state in FINISHED_STATES:
         return Decision("claim", f"{run_root} was owned by {owner}, which finished ({state}): {me} takes it "
-                        "over and resumes there", owner)  # fmt: skip
+                        "over and resumes there", owner, creator)  # fmt: skip
     what = state if state in LIVE_STATES else f"in state {state!r}"
     return Decision(
         "refuse",
@@ -115,6 +154,17 @@ def decide(
         f"(the run_name param). Remedy: trigger this run with another run_name, or wait until {owner} has "
         "finished (or mark it failed) and then clear this run to resume in the same root.",
         owner,
+        creator,
+    )
+
+
+def _foreign(run_root: str, me: RunIdentity, owner: RunIdentity, creator: str) -> str:
+    return (
+        f"{run_root} belongs to DAG {creator!r}, which created it (its last owner: DAG run {owner}): a run "
+        f"of DAG {me.dag_id!r} may not use it, whatever state that run is in, since its results and "
+        f"rejected rows are {creator!r}'s. Remedy: trigger this run with another run_name or output_root; "
+        f"if these DAGs may share run roots, the deployment lists both in {SHARING_LIMIT} (the DAG's "
+        f"limits, the [batchinfer] config or the pool connection's extra)."
     )
 
 
@@ -122,18 +172,28 @@ _WHAT, _REMEDY = "run owner record", "delete it if no other DAG run uses this ru
 
 
 def read_owner(run_root: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    """``owner.json`` as stored (version 1 or 2), ``None`` when the root has none."""
     loc = resolve(owner_uri(run_root), so)
-    return read_json(loc, schema_version=OWNER_VERSION, what=_WHAT, remedy=_REMEDY)
+    raw = swap.read(loc)
+    return None if raw is None else _parse(loc, raw)
 
 
 def _parse(loc: Location, raw: bytes) -> dict[str, Any]:
-    return parse_json(loc, raw, schema_version=OWNER_VERSION, what=_WHAT, remedy=_REMEDY)
+    """The record, of a version this code reads (:data:`READABLE_VERSIONS`; others are refused)."""
+    try:
+        found = json.loads(raw).get("schema_version")
+    except (ValueError, AttributeError):  # not JSON, or not an object: parse_json says so
+        found = None
+    version = found if found in READABLE_VERSIONS else OWNER_VERSION
+    return parse_json(loc, raw, schema_version=version, what=_WHAT, remedy=_REMEDY)
 
 
 def owner_record(
-    me: RunIdentity, *, previous: RunIdentity | None = None, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """What ``owner.json`` holds for ``me`` (without its ``schema_version``)."""
+    me: RunIdentity, *, creator: str | None = None, previous: RunIdentity | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """What ``owner.json`` holds for ``me`` (without its ``schema_version``); ``creator``: the DAG
+    that created the root (default: ``me``'s, for a new root)."""
     return {
         "dag_id": me.dag_id,
         "run_id": me.run_id,
@@ -141,14 +201,15 @@ def owner_record(
         "host": socket.gethostname(),
         "previous": None if previous is None else {"dag_id": previous.dag_id, "run_id": previous.run_id},
         **(extra or {}),
+        CREATOR: creator or me.dag_id,
     }
 
 
 def write_owner(
-    run_root: str, me: RunIdentity, so: StorageOptions | None = None, *, previous: RunIdentity | None = None,
-    extra: dict[str, Any] | None = None,
+    run_root: str, me: RunIdentity, so: StorageOptions | None = None, *, creator: str | None = None,
+    previous: RunIdentity | None = None, extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    record = owner_record(me, previous=previous, extra=extra)
+    record = owner_record(me, creator=creator, previous=previous, extra=extra)
     write_json(resolve(owner_uri(run_root), so), record, schema_version=OWNER_VERSION)
     return {"schema_version": OWNER_VERSION, **record}
 
@@ -205,49 +266,39 @@ def claim(
     state_of: StateOf,
     so: StorageOptions | None = None,
     *,
-    settle_s: float | None = None,
+    shared_dags: Collection[str] = (),
     extra: dict[str, Any] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> Decision:
-    """Record ``me`` as the owner of ``run_root`` unless another live DAG run owns it.
+    """Record ``me`` as the owner of ``run_root`` unless another live DAG run owns it or another
+    DAG created it (``shared_dags``: the :data:`SHARING_LIMIT` in force, see :func:`decide`).
 
     :param state_of: the state of a DAG run (``None`` if it does not exist); asked only about a
-        recorded owner that is not ``me``.
+        recorded owner that is not ``me``, of a root this run's DAG may use.
     Returns the decision (``keep`` or ``claim``; a ``refuse`` is returned too, with nothing written:
-    the caller raises its ``reason``). On storage without a compare-and-swap a claim is read back
-    after ``settle_s`` (see the module doc; ``None``: :data:`SETTLE_S`).
+    the caller raises its ``reason``). A ``ConfigError`` on a store without a compare-and-swap
+    (see the module doc), before anything is read or written.
     """
     loc = resolve(owner_uri(run_root), so)
+    swap.require_exact(loc, f"Claiming the run root {run_root} for DAG run {me}")
 
     def decide_on(record: dict[str, Any] | None) -> Decision:
         try:
-            owner = parse_owner(record)
+            owner, creator = parse_owner(record), creator_of(record)
         except ConfigError as exc:
             raise ConfigError(f"{loc.uri}: {exc}; {_REMEDY}") from exc
-        state = state_of(owner) if owner is not None and owner != me else None
-        return decide(record, me, state, run_root=run_root)
+        state = None  # another DAG's run is refused unasked: its state is none of this run's business
+        if owner is not None and owner != me and creator is not None:
+            state = state_of(owner) if may_share(creator, me.dag_id, shared_dags) else None
+        return decide(record, me, state, run_root=run_root, shared_dags=shared_dags)
 
-    if swap.exact(loc):
-        decided: list[Decision] = []
+    decided: list[Decision] = []
 
-        def change(current: bytes | None) -> bytes:  # may run again after another run's write
-            decided.append(decide_on(None if current is None else _parse(loc, current)))
-            if current is not None and decided[-1].action != "claim":
-                return current  # keep or refuse (there is a record): nothing written
-            return encode_json(owner_record(me, previous=decided[-1].owner, extra=extra),
-                               schema_version=OWNER_VERSION)  # fmt: skip
+    def change(current: bytes | None) -> bytes:  # may run again after another run's write
+        decided.append(decide_on(None if current is None else _parse(loc, current)))
+        if current is not None and decided[-1].action != "claim":
+            return current  # keep or refuse (there is a record): nothing written
+        record = owner_record(me, creator=decided[-1].creator, previous=decided[-1].owner, extra=extra)
+        return encode_json(record, schema_version=OWNER_VERSION)
 
-        swap.update(loc, change)
-        return decided[-1]
-
-    decision = decide_on(read_owner(run_root, so))
-    if decision.action != "claim":
-        return decision
-    write_owner(run_root, me, so, previous=decision.owner, extra=extra)
-    sleep(SETTLE_S if settle_s is None else settle_s)
-    after = decide_on(read_owner(run_root, so))
-    if after.action == "refuse":  # another run claimed it at the same time and its write won
-        return after
-    if after.action == "claim":  # ours was overwritten by a run that has ended since: take it again
-        write_owner(run_root, me, so, previous=after.owner, extra=extra)
-    return decision
+    swap.update(loc, change)
+    return decided[-1]

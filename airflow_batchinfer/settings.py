@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
+from airflow_batchinfer.storage.records import MAX_ID_BYTES
 
 # airflow_batchinfer.judges.JUDGE_TYPES (not imported: keep this module light; a test compares them)
 JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
@@ -238,7 +240,8 @@ _CONCURRENCY = _pool("concurrency", "integer", 4, "shard jobs per worker", minim
 _KUBERNETES = _pool(
     "kubernetes", "object", {},
     "Kubernetes pools only: image, gpus, cpu, memory, node_selector, tolerations, interruptible, "
-    'model_pvc, storage_secret, scaledown_ttl_s…, e.g. {"image": "reg/worker:0.1.0", "gpus": 1}',
+    "model_pvc, storage_secret, engine_secret (the Secret of api_key…), scaledown_ttl_s…, e.g. "
+    '{"image": "reg/worker:0.1.0", "gpus": 1}',
 )  # fmt: skip
 
 
@@ -310,6 +313,11 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          "OpenAI batch input)", nullable=True, min_length=1, flag="--id-field", metavar="FIELD"),
     _run("assign_ids", "boolean", False, "give records without an id the id '<file>:<line>'",
          flag="--assign-ids"),
+    _run("max_line_bytes", "integer", MAX_LINE_BYTES, "the longest input line, in bytes: a longer one goes "
+         "to rejects/ with its line number, its first KiB and its length, and is never held whole",
+         minimum=1024, flag="--max-line-bytes"),
+    _run("max_id_bytes", "integer", MAX_ID_BYTES, "the longest record id, in UTF-8 bytes of the id as "
+         "text: a record with a longer one goes to rejects/", minimum=32, flag="--max-id-bytes"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),
@@ -328,6 +336,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          minimum=0, flag="--max-failed-shards"),
     _run("job_retries", "integer", 2, "retries of a failing shard job before its shard is quarantined "
          "(a DAG: the factory's retries argument)", minimum=0, param=False, flag="--job-retries"),
+    _run("unreachable_grace_s", "number", 120, "seconds a worker that may run a shard's job is waited "
+         "for when it does not answer, before a resubmission takes it for gone and starts a second copy "
+         "(until then the copy is not started)", minimum=0, flag="--unreachable-grace-s"),
     # the judge's own pool (DAGs built with judge_airflow_pool; batchinfer run --judge-pool)
     _run(
         "judge_pool", "string", None,

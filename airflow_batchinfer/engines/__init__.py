@@ -7,9 +7,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+from airflow_batchinfer.engines.base import (
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    SecretOption,
+)
 from airflow_batchinfer.exceptions import ConfigError
 
 ENGINES = ("vllm", "transformers", "openai", "simulated")
@@ -40,4 +47,51 @@ def create_engine(name: str, *, model: str | None = None, **options: Any) -> Eng
     return OpenAIEngine(model, **options)
 
 
-__all__ = ["ENGINES", "Engine", "GenerationRequest", "GenerationResult", "SamplingParams", "create_engine"]
+def engine_class(name: str) -> type[Engine]:
+    """The class of engine ``name`` (importing its module only: heavy libraries load on start)."""
+    from airflow_batchinfer.engines.openai import OpenAIEngine
+    from airflow_batchinfer.engines.simulated import SimulatedEngine
+    from airflow_batchinfer.engines.transformers import TransformersEngine
+    from airflow_batchinfer.engines.vllm import VllmEngine
+
+    classes: dict[str, type[Engine]] = {
+        "vllm": VllmEngine, "transformers": TransformersEngine, "openai": OpenAIEngine,
+        "simulated": SimulatedEngine,
+    }  # fmt: skip
+    if name not in classes:
+        raise ConfigError(f"engine {name!r} is unknown: choose one of {', '.join(ENGINES)}")
+    return classes[name]
+
+
+def secret_options(engine: str | None = None) -> dict[str, SecretOption]:
+    """The secret options of ``engine`` by name; of every engine when ``None`` (what a param or an
+    argument may never set, whichever engine it is for)."""
+    names = ENGINES if engine is None else (engine,)
+    return {o.name: o for name in names for o in engine_class(name).secret_options}
+
+
+def secret_refusal(key: str, where: str) -> str:
+    """Why the secret option ``key`` may not be set in ``where`` (``engine_options``, the name of a
+    param or spec field, or ``--engine-arg``), and where it goes instead."""
+    option = secret_options()[key]
+    what = f"--engine-arg {key}=..." if where.startswith("--") else f"{where}.{key}"
+    return (
+        f"{what} is a secret: it would be readable by anyone who can see the run's params, the "
+        f"process list or the pool's Deployment. Put it in a Kubernetes Secret (key {key}) that the "
+        f"pool's kubernetes.engine_secret names; for a local pool in ${option.env} of the process "
+        "that starts the pool; for a worker started by hand in a 0600 JSON file named by "
+        "--engine-secrets-file (docs/security.md, Engine secrets)"
+    )
+
+
+def check_no_secrets(options: Mapping[str, Any], where: str) -> None:
+    """Refuse ``options`` (engine options from a param, a spec or argv) that set a secret option."""
+    found = sorted(set(options) & set(secret_options()))
+    if found:
+        raise ConfigError("; ".join(secret_refusal(key, where) for key in found))
+
+
+__all__ = [
+    "ENGINES", "Engine", "GenerationRequest", "GenerationResult", "SamplingParams", "SecretOption",
+    "check_no_secrets", "create_engine", "engine_class", "secret_options", "secret_refusal",
+]  # fmt: skip

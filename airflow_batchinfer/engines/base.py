@@ -110,10 +110,31 @@ class GenerationResult:
         return cls(text=None, error=error, finish_reason="error")
 
 
+@dataclass(frozen=True)
+class SecretOption:
+    """An engine option that is a credential. It never travels as an argument, a DAG param or in a
+    pool's state, which others can read (argv, the Deployment, ``pool.json``): a Kubernetes pool's
+    worker gets it as the variable ``env`` from the key ``name`` of its ``engine_secret``; a local
+    pool reads ``env`` where it starts and hands it to its workers in a 0600 file
+    (``--engine-secrets-file``).
+
+    :param env: the variable the engine reads it from when not given.
+    :param required: a Kubernetes ``engine_secret`` must hold the key (the pod does not start without).
+    :param is_json: the value is JSON (an object of headers), not text.
+    """
+
+    name: str
+    env: str
+    required: bool = False
+    is_json: bool = False
+
+
 class Engine(abc.ABC):
     """Start once, generate many batches, close once. One instance serves all jobs of a worker."""
 
     name: ClassVar[str] = "engine"
+    # The options that are credentials (see SecretOption); none for engines that take none.
+    secret_options: ClassVar[tuple[SecretOption, ...]] = ()
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model (called once, before the worker reports ready)."""

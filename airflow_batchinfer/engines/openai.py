@@ -8,13 +8,16 @@ that still fails becomes that request's error result, never an exception over th
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SecretOption
+from airflow_batchinfer.exceptions import ConfigError
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
 
@@ -22,9 +25,16 @@ RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
 class OpenAIEngine(Engine):
     """:param model: the model name the endpoint serves.
     :param base_url: e.g. ``http://127.0.0.1:8000/v1`` (default ``$OPENAI_BASE_URL``).
-    :param api_key: default ``$OPENAI_API_KEY`` (may be empty for local servers)."""
+    :param api_key: default ``$OPENAI_API_KEY`` (may be empty for local servers). A secret: never an
+        engine option; see :attr:`secret_options`.
+    :param default_headers: extra HTTP headers for every request (an organisation, a gateway's key),
+        default ``$OPENAI_DEFAULT_HEADERS`` (a JSON object). A secret, like ``api_key``."""
 
     name = "openai"
+    secret_options = (
+        SecretOption("api_key", "OPENAI_API_KEY", required=True),
+        SecretOption("default_headers", "OPENAI_DEFAULT_HEADERS", is_json=True),
+    )
 
     def __init__(
         self,
@@ -32,6 +42,7 @@ class OpenAIEngine(Engine):
         *,
         base_url: str | None = None,
         api_key: str | None = None,
+        default_headers: Mapping[str, str] | None = None,
         max_concurrency: int = 64,
         max_retries: int = 5,
         backoff_s: float = 0.5,
@@ -43,7 +54,9 @@ class OpenAIEngine(Engine):
             "/"
         )
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._headers = {**_env_headers(default_headers)}
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
         self.max_retries = max_retries
         self.backoff_s = backoff_s
         self.timeout_s = timeout_s
@@ -121,6 +134,21 @@ class OpenAIEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "base_url": self.base_url}
+
+
+def _env_headers(given: Mapping[str, str] | None) -> dict[str, str]:
+    """``given``, else ``$OPENAI_DEFAULT_HEADERS`` (a JSON object); values are never in the error."""
+    if given is None:
+        text = os.environ.get("OPENAI_DEFAULT_HEADERS", "").strip()
+        try:
+            given = json.loads(text) if text else {}
+        except ValueError:
+            raise ConfigError("$OPENAI_DEFAULT_HEADERS is not JSON: write an object of header names "
+                              'to values, e.g. {"OpenAI-Organization": "org-1"}') from None  # fmt: skip
+    if not isinstance(given, Mapping) or not all(isinstance(v, str) for v in given.values()):
+        raise ConfigError("default_headers of the openai engine: expected an object of header names to "
+                          "text values")  # fmt: skip
+    return {str(k): v for k, v in given.items()}
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -25,12 +25,13 @@ from airflow.sdk import BaseOperator, Context
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
-from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, TriggerLimits
+from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, POOL_NETWORK_SETTINGS, TriggerLimits
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.pools.local import one_host_refusal
+from airflow_batchinfer.pools.ref import RpcPeers
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
 
@@ -66,6 +67,17 @@ def hold_pool(worker_pool: str, context: Context, log: Any, ttl_s: float = DEFAU
     if note:
         log.warning("worker pool %s: %s", pool, note)
     return pool
+
+
+def config_peers() -> RpcPeers:
+    """Who may call a Kubernetes pool's workers, as ``[batchinfer]`` names them (for a pool whose
+    connection does not, or a plain ``kubernetes://`` reference)."""
+    from airflow.configuration import conf
+
+    values = {n.name: conf.get(CONFIG_SECTION, n.name, fallback=None) for n in POOL_NETWORK_SETTINGS}
+    # unset reads as None, or "None" once written out (as config_limits reads the limits)
+    set_ = {k: v for k, v in values.items() if v is not None and str(v).strip() not in ("", "None")}
+    return RpcPeers.from_mapping(set_, f"[{CONFIG_SECTION}]")
 
 
 def _ttl(value: float | str | None) -> float | None:
@@ -155,11 +167,14 @@ class PoolSetupOperator(BaseOperator):
         kube = _as_dict(self.kubernetes, "kubernetes")
         pinned = sorted(set(kube) - TRIGGER_KEYS)
         if pinned:  # name, namespace, allowed_prefixes…: the pool reference and the other params own them
-            raise ConfigError(f"kubernetes: {pinned} cannot be set here; it takes {sorted(TRIGGER_KEYS)}")
+            raise ConfigError(f"kubernetes: {pinned} cannot be set here; it takes {sorted(TRIGGER_KEYS)} "
+                              "(rpc_from and rpc_from_namespace: set them in the pool connection's extra "
+                              f"or [{CONFIG_SECTION}])")  # fmt: skip
         if self.model in BUILTIN_MODELS:
             raise ConfigError(f"{self.model} is a model on this host; a Kubernetes pool needs a path in its "
                               "image or model volume (model_pvc is mounted at /models)")  # fmt: skip
         idle = _ttl(self.idle_ttl_s)
+        peers = pool.peers.over(config_peers())  # the connection's extra, then [batchinfer]
         spec = KubernetesPoolSpec.from_dict({
             "name": pool.name, "namespace": pool.namespace, "engine": self.engine,
             "model": self.model or None,
@@ -167,7 +182,7 @@ class PoolSetupOperator(BaseOperator):
             "concurrency": int(self.concurrency), "idle_ttl_s": float("inf") if idle is None else idle,
             "allowed_prefixes": tuple(p for p in self.allowed_prefixes if p),
             "target_batch_tokens": int(self.target_batch_tokens),
-            "allowed_callables": self.allowed_callables, **kube,
+            "allowed_callables": self.allowed_callables, **kube, **peers.spec_fields(),
         })  # fmt: skip
         what = pool.ensure(spec, lease_id=lease_id(context))
         now = pool.acquire(lease_id(context), replicas, ttl_s=self.lease_ttl_s)

@@ -24,6 +24,8 @@ from airflow_batchinfer.compat import AirflowFailException, review_desk_unavaila
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.limits import TriggerLimits
+from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check
 from airflow_batchinfer.pools import WorkerPool
@@ -100,6 +102,10 @@ class RoundControllerOperator(HITLOperator):
     :param preflight: run the pre-flight (:func:`~airflow_batchinfer.operators.report.preflight_check`)
         before a round that will run, as the factory DAG's first slot does: one task start less
         between the shard task and the fan-out than a ``PreflightOperator`` of its own.
+    :param limits: the DAG's limits (widened by the deployment's and the pool connection's, as
+        :func:`~airflow_batchinfer.operators.limits.check_params` computes them): a review answer that
+        sets a setting over a cap (``max_tokens`` over ``max_max_tokens``) is refused, the task fails
+        with the reason and nothing of the answer is applied. ``None``: no caps.
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
@@ -116,6 +122,7 @@ class RoundControllerOperator(HITLOperator):
         preflight: bool = False,
         review_default: str = STOP,
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
+        limits: TriggerLimits | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("params", None)  # the DAG's, merged in by Airflow: HITLOperator merges them again
@@ -132,6 +139,7 @@ class RoundControllerOperator(HITLOperator):
         self.aws_conn_id = aws_conn_id
         self.worker_pool = worker_pool
         self.preflight = preflight
+        self.limits = limits
         if preflight and not worker_pool:
             raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
 
@@ -202,7 +210,11 @@ class RoundControllerOperator(HITLOperator):
             name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_SCHEMAS
         }
         changes = gate_changes(current_settings(round_config(cfg, proposal.plan)), answered)
-        plan = apply_choice(cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes)
+        # the caps a trigger's params are held to hold for what the answer changes
+        in_force = check_params(context, self.limits) if self.limits is not None and changes else None
+        plan = apply_choice(
+            cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes, limits=in_force
+        )
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
         write_plan(RunLayout(cfg.run_root), plan, so)

@@ -1,5 +1,6 @@
 """``ShardDatasetOperator``: the run's first task. Validates the run settings, claims the run root
-for this DAG run (``owner.json``: a root another live DAG run owns is refused), plans round 0's
+for this DAG run (``owner.json``: a root another live DAG run owns, or another DAG created, is
+refused), plans round 0's
 shards (byte ranges of the input, a few KB read per shard and nothing copied; input that cannot be
 split, such as single-frame zstd, is copied into shards; reused when identical), stores ``run.json``
 and returns shard descriptors (references and counts, never records)."""
@@ -17,7 +18,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import TriggerLimits
-from airflow_batchinfer.operators.limits import check_params
+from airflow_batchinfer.operators.limits import check_params, config_limits
 from airflow_batchinfer.rounds import prepare_run
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.run_owner import RunIdentity, claim, owner_uri
@@ -53,9 +54,6 @@ class ShardDatasetOperator(BaseOperator):
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param max_map_length: refuse more shards than this (default: the deployment's
         ``[core] max_map_length``, since a round maps one task per shard).
-    :param claim_settle_s: on storage without a compare-and-swap (not a local disk, not S3), how
-        long a new claim of the run root settles before it is read back (default 1 s, see
-        :mod:`airflow_batchinfer.run_owner`).
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
         vouches for ``config``, and callable judges are not restricted here."""
@@ -69,7 +67,6 @@ class ShardDatasetOperator(BaseOperator):
         config: dict[str, Any],
         aws_conn_id: str | None = None,
         max_map_length: int | None = None,
-        claim_settle_s: float | None = None,
         limits: TriggerLimits | None = None,
         **kwargs: Any,
     ) -> None:
@@ -78,10 +75,12 @@ class ShardDatasetOperator(BaseOperator):
         self.config = config
         self.aws_conn_id = aws_conn_id
         self.max_map_length = max_map_length
-        self.claim_settle_s = claim_settle_s
 
-    def _claim(self, cfg: RunConfig, context: Context, so: dict[str, Any]) -> None:
-        """Record this DAG run as the run root's owner; refuse a root another live run owns."""
+    def _claim(
+        self, cfg: RunConfig, context: Context, so: dict[str, Any], shared_dags: tuple[str, ...]
+    ) -> None:
+        """Record this DAG run as the run root's owner; refuse a root another live run owns, or
+        another DAG created (unless both are in ``shared_dags``, the limit in force)."""
         ti = context.get("ti") if hasattr(context, "get") else None
         if ti is None or not getattr(ti, "run_id", None):
             self.log.warning("no DAG run in the context: %s is not claimed", owner_uri(cfg.run_root))
@@ -92,7 +91,7 @@ class ShardDatasetOperator(BaseOperator):
             me,
             lambda run: dagrun_state(ti, run),
             so,
-            settle_s=self.claim_settle_s,
+            shared_dags=shared_dags,
             extra={"try_number": getattr(ti, "try_number", None)},
         )
         if decision.action == "refuse":
@@ -103,11 +102,14 @@ class ShardDatasetOperator(BaseOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(self.config))
-            callables = None
-            if self.limits is not None:
-                callables = check_params(context, self.limits, run_root=cfg.run_root).allowed_judge_callables
+            # without the DAG's limits its code vouches for config; the deployment's still apply
+            if self.limits is None:
+                limits = config_limits()
+            else:
+                limits = check_params(context, self.limits, run_root=cfg.run_root)
+            callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
-            self._claim(cfg, context, so)
+            self._claim(cfg, context, so, limits.shared_run_root_dags)
             self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
                           RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip
             result = prepare_run(cfg, so, max_shards=self.max_map_length or max_map_length())

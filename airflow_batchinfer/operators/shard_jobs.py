@@ -36,7 +36,14 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.pools import WorkerPool
-from airflow_batchinfer.rounds import inferred_shard, job_spec, plan_for, record_job_error, round_config
+from airflow_batchinfer.rounds import (
+    inferred_shard,
+    job_spec,
+    judge_input,
+    plan_for,
+    record_job_error,
+    round_config,
+)
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
@@ -109,11 +116,18 @@ class ShardJobOperator(BaseOperator):
         spec = job_spec(cfg, self.kind, int(self.shard["round"]), cast(ShardDescriptor, self.shard))
         return pin_input(spec, JsonlFile(spec.input, storage_options=self.storage_options).info())
 
-    def _client(self, pool: WorkerPool, context: Context) -> PoolClient:
+    def _client(self, pool: WorkerPool, context: Context, cfg: RunConfig | None = None) -> PoolClient:
+        grace = {} if cfg is None else {"unreachable_grace_s": cfg.unreachable_grace_s}
         return PoolClient.for_pool(
             pool, lease_id=lease_id(context), storage_options=self.storage_options,
-            poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s,
+            poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s, **grace,
         )  # fmt: skip
+
+    def _submit_deadline(self, deadline: float | None) -> float:
+        """When submitting gives up (monotonic): :data:`SUBMIT_TIMEOUT_S` from now, or the task's own
+        ``deadline`` (wall clock) if sooner: a wait for a silent worker never outlasts the task."""
+        until = time.monotonic() + SUBMIT_TIMEOUT_S
+        return until if deadline is None else min(until, time.monotonic() + deadline - time.time())
 
     def _what(self) -> str:
         return f"shard {self.shard['shard_id']} ({self.kind}, round {self.shard['round']})"
@@ -167,10 +181,10 @@ class ShardJobOperator(BaseOperator):
         deadline = self._deadline(context)
 
         async def submit() -> tuple[str, JobEvent | None]:
-            client = self._client(pool, context)
-            try:
+            client = self._client(pool, context, cfg)
+            try:  # a copy a silent worker may run is waited for (unreachable_grace_s), never doubled
                 url, status = await client.submit_when_free(
-                    spec, deadline=time.monotonic() + SUBMIT_TIMEOUT_S, locate=locate
+                    spec, deadline=self._submit_deadline(deadline), locate=locate
                 )
                 self._remote = (url, spec.job_id)  # what on_kill cancels
                 # Short jobs finish here: deferring and resuming would cost more than the job.
@@ -292,6 +306,13 @@ class JudgeShardOperator(ShardJobOperator):
     """Judge an inferred shard into approved (results) and rejected (next round's candidates)."""
 
     kind = "judge"
+
+    def _spec(self, cfg: RunConfig) -> JobSpec:
+        """The judge of the infer attempt the infer manifest names now (see ``judge_input``): a late
+        infer copy writes an attempt of its own, so what this job reads never changes under it."""
+        r, shard = int(self.shard["round"]), cast(ShardDescriptor, self.shard)
+        spec = job_spec(cfg, self.kind, r, judge_input(cfg, r, shard, self.storage_options))
+        return pin_input(spec, JsonlFile(spec.input, storage_options=self.storage_options).info())
 
 
 class InferJudgeShardOperator(ShardJobOperator):

@@ -2,7 +2,9 @@
 
 State lives in ``<state_dir>/<name>/``: ``pool.json`` (one *generation* per spec, with its workers),
 ``leases-<key>.json`` per generation (who uses it, as :class:`~airflow_batchinfer.pools.leases.PoolState`),
-the RPC ``token`` (mode 0600) and one log per worker. Every change happens under a file lock.
+the RPC ``token`` (mode 0600), ``engine-secrets-<key>.json`` per generation whose engine has secret
+options set (mode 0600; see :meth:`LocalPool._secrets_file`) and one log per worker. Every change
+happens under a file lock.
 
 - A run takes a lease on the generation of its spec (``start(spec, lease_id=...)``). Pools with
   different settings are different generations, side by side: starting one never stops workers that
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.limits import ONE_HOST_OPTION
 from airflow_batchinfer.models import default_cache_dir
@@ -93,6 +96,7 @@ class LocalPoolSpec:
             raise ConfigError(f"replicas must be >= 1, got {self.replicas}")
         if not self.allowed_prefixes:
             raise ConfigError("a local pool needs allowed_prefixes: the storage locations its jobs use")
+        check_no_secrets(self.engine_options, "engine_options")  # pool.json and argv are not secret
         if isinstance(self.allowed_callables, str) or not all(
             isinstance(e, str) and e and not any(c == "," or c.isspace() for c in e)
             for e in self.allowed_callables
@@ -287,6 +291,7 @@ class LocalPool:
                     self._stop(self._live(gen), wait=False)  # other settings, unused: replace
                     del state["generations"][other]
                     self._lease_file(other).unlink(missing_ok=True)
+                    self._secrets_path(other).unlink(missing_ok=True)
             gen = state["generations"].setdefault(key, {"spec": None, "workers": []})
             gen["spec"] = dataclasses.asdict(spec)
             leases = self._leases(key, spec)
@@ -404,6 +409,11 @@ class LocalPool:
             cmd += ["--allow-callable", entry]
         if spec.idle_ttl_s is not None:
             cmd += ["--idle-ttl", str(spec.idle_ttl_s), "--lease-file", str(self._lease_file(spec.key()))]
+        if (secrets_file := self._secrets_file(spec)) is not None:
+            cmd += ["--engine-secrets-file", str(secrets_file)]  # the path only, never a value
+        # The workers' secrets come from that file alone, not from variables they inherit.
+        secret_env = {o.env for o in secret_options().values()}
+        env = {k: v for k, v in os.environ.items() if k not in secret_env}
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd,
@@ -411,10 +421,26 @@ class LocalPool:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+                env={**env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
             )
         _CHILDREN[proc.pid] = proc
         return {"id": wid, "pid": proc.pid, "url": None, "announce": str(announce), "log": str(log)}
+
+    def _secrets_path(self, key: str) -> Path:
+        return self.dir / f"engine-secrets-{key}.json"
+
+    def _secrets_file(self, spec: LocalPoolSpec) -> Path | None:
+        """The 0600 file of the engine's secret options for ``spec``'s workers. Each one comes from its
+        variable (``$OPENAI_API_KEY``...) in the environment of the process that starts workers
+        (the pool setup task, ``batchinfer pool up``): the file is rewritten when any is set there,
+        else a file written before is kept, so a worker restarted by a task without them gets the
+        same. ``None``: the engine takes no secrets, or none was ever set."""
+        path = self._secrets_path(spec.key())
+        options = secret_options(spec.engine).values()
+        values = {o.name: _secret_value(o) for o in options if os.environ.get(o.env)}
+        if values:
+            _write_private(path, values)
+        return path if path.exists() else None
 
     def _wait_ready(self, workers: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
         deadline = time.monotonic() + timeout_s
@@ -516,6 +542,7 @@ class LocalPool:
             self._stop(live, wait=wait)
             for key in state["generations"]:
                 self._lease_file(key).unlink(missing_ok=True)
+                self._secrets_path(key).unlink(missing_ok=True)
             self._save({"version": STATE_VERSION, "current": None, "generations": {}})
             return len(live)
 
@@ -538,3 +565,24 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(f".tmp-{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2))
     os.replace(tmp, path)
+
+
+def _write_private(path: Path, data: dict[str, Any]) -> None:
+    """``data`` as JSON in ``path``, mode 0600 from its creation on (never briefly readable)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _secret_value(option: SecretOption) -> Any:
+    """``option``'s value from its variable: text, or JSON for ``is_json`` options."""
+    text = os.environ[option.env]
+    if not option.is_json:
+        return text
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConfigError(f"${option.env} (the engine option {option.name}) is not JSON; the value is "
+                          "not shown. Remedy: set it to a JSON object") from None  # fmt: skip

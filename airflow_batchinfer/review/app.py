@@ -29,6 +29,11 @@ Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
     GET  /api/gates/{dag_id}/{run_id}/page          ?cursor=&size=&group=&text=&round=
     GET  /api/gates/{dag_id}/{run_id}/sample        ?n=&seed=&round=
     GET  /api/gates/{dag_id}/{run_id}/sample/{id}   one sample by id                    [?round=]
+    GET  /api/gates/{dag_id}/{run_id}/field         ?shard=&position=&path=[&round=]: one value whole
+
+Every sample they return is cut to the ``[batchinfer] review_*`` caps as its row is read
+(:mod:`airflow_batchinfer.desk_bounds`): its ``truncated`` names what was cut, and ``field`` reads
+one such value whole (a sample's ``shard_id`` and ``position`` address it).
     GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
     POST /api/gates/{dag_id}/{run_id}/decisions     {"action", "ids" | "filter", "note"} (open gate only)
 """
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import quote
 
+import orjson
 from airflow.api_fastapi.app import get_auth_manager
 from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
 from airflow.api_fastapi.common.db.common import SessionDep
@@ -64,17 +70,20 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_batchinfer.desk_bounds import Bounds, json_text
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.review.browse import RoundView, trend
+from airflow_batchinfer.limits import CONFIG_SECTION
+from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.rounds import TAIL, read_run_config, read_summary, rounds_ran
-from airflow_batchinfer.run_owner import RunIdentity, parse_owner, read_owner
+from airflow_batchinfer.run_owner import RunIdentity, creator_of, parse_owner, read_owner
 
 PAGE_DIR = Path(__file__).parent / "page"
 STATIC_FILES = {"page.js": "text/javascript", "page.css": "text/css"}
 MAX_PAGE = 200  # rows per page, and samples per draw
 MAX_TEXT = 200  # characters of a search text or a group name
+MAX_FIELD_PATH = 20_000  # characters of a field's path (record.<key>: keys up to review_field_bytes)
 # A gate of ours: the plan task of a round slot (task group round_NN or tail, maybe in a group).
 PLAN_TASK = re.compile(r"(?:^|\.)(?:round_(?P<n>\d+)|(?P<tail>tail))\.plan$")
 OPEN_STATES = (TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)
@@ -268,8 +277,11 @@ def _resolve_gate(gate: Gate) -> None:
         gate.error = f"{type(exc).__name__}: {exc}"
 
 
-def run_context(session: Session, dag_id: str, run_id: str) -> RunContext:
-    """The run's open gate (or, once answered, its latest one) with the run root from Airflow."""
+def run_context(session: Session, dag_id: str, run_id: str, user: Any) -> RunContext:
+    """The run's open gate (or, once answered, its latest one) with the run root from Airflow, for
+    ``user`` (who may read ``dag_id``: the route checks that): a root that another DAG created
+    (``shared_run_root_dags`` let this one take it over) is served only if ``user`` may read that
+    DAG too, since its earlier rounds' rows are that DAG's."""
     gates = _gates(session, dag_id=dag_id, run_id=run_id, open_only=False)
     if not gates:
         exists = session.scalar(select(DagRun.id).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
@@ -285,7 +297,8 @@ def run_context(session: Session, dag_id: str, run_id: str) -> RunContext:
         )
     so = storage_options(gate.aws_conn_id)
     try:
-        owner = parse_owner(read_owner(gate.run_root, so))
+        record = read_owner(gate.run_root, so)
+        owner, creator = parse_owner(record), creator_of(record)
     except (ConfigError, ValueError) as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, f"{gate.run_root}: {exc}") from exc
     if owner is None:  # every run root a DAG run works in names it (its shard task claims it)
@@ -298,6 +311,7 @@ def run_context(session: Session, dag_id: str, run_id: str) -> RunContext:
             status.HTTP_409_CONFLICT,
             f"{dag_id}/{run_id}: its run root {gate.run_root} now belongs to the DAG run {owner}",
         )
+    check_creator_readable(session, user, gate.run_root, dag_id, creator)
     try:
         r = reviewed_round(gate.slot, gate.run_root, so)
     except ConfigError as exc:
@@ -315,6 +329,25 @@ def may_read(user: Any, dag_id: str, team_name: str | None = None) -> bool:
             details=DagDetails(id=dag_id, team_name=team_name),
             user=user,
         )
+    )
+
+
+def team_of(session: Session, dag_id: str) -> str | None:
+    return DagModel.get_dag_id_to_team_name_mapping([dag_id], session=session).get(dag_id)
+
+
+def check_creator_readable(
+    session: Session, user: Any, run_root: str, dag_id: str, creator: str | None
+) -> None:
+    """403 unless ``user`` may read the DAG that created ``run_root`` (``dag_id`` itself is checked
+    by the route): what a root holds from before a takeover is the creating DAG's."""
+    if creator is None or creator == dag_id or may_read(user, creator, team_of(session, creator)):
+        return
+    raise HTTPException(
+        status.HTTP_403_FORBIDDEN,
+        f"User={_user_name(user)} (id={user.get_id()}) may not read DAG {creator!r}, which created the "
+        f"run root {run_root} that {dag_id!r} now uses (shared_run_root_dags): its rows are that DAG's. "
+        f"Remedy: ask for read access to {creator!r}'s HITL details, or review a run of its own root.",
     )
 
 
@@ -405,6 +438,33 @@ def _view(ctx: RunContext, r: int) -> RoundView:
         while len(_views) > MAX_VIEWS:
             _views.popitem(last=False)
         return view
+
+
+def desk_bounds() -> Bounds:
+    """The desk's caps from ``[batchinfer]`` (read per request: cheap, and a bad value is a 409 that
+    names the setting, not a desk that fails to load)."""
+    from airflow.configuration import conf
+
+    return Bounds.from_options(lambda name: conf.get(CONFIG_SECTION, name, fallback=None))
+
+
+def _whole(sample: Sample, path: str, r: int, bounds: Bounds) -> Response:
+    """``path``'s value of ``sample``, whole: ``{round, shard_id, position, path, bytes, value}``
+    (``bytes``: its UTF-8 size, as text or as JSON), or 413 past ``bounds.whole_field_bytes``."""
+    value = field_value(sample, path)  # an unknown path: ReviewError, a 400
+    text = value if isinstance(value, str) else json_text(value)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > bounds.whole_field_bytes:
+        raise HTTPException(
+            413,  # content too large (its name in starlette changed across the versions we support)
+            f"{path[:200]} of the sample at {sample.shard_id} position {sample.position} (round {r}) is "
+            f"{size} bytes, more than [{CONFIG_SECTION}] review_whole_field_bytes = "
+            f"{bounds.whole_field_bytes}: read it from the round's rejected file in storage, or raise "
+            "the setting",
+        )
+    doc = {"round": r, "shard_id": sample.shard_id, "position": sample.position, "path": path,
+           "bytes": size, "value": value}  # fmt: skip
+    return Response(orjson.dumps(doc), media_type="application/json")
 
 
 class DecisionFilter(BaseModel):
@@ -505,8 +565,8 @@ def create_app() -> FastAPI:
         return {"gates": out, "total_entries": len(out)}
 
     @app.get("/api/gates/{dag_id}/{run_id}", dependencies=[ReadDag])
-    def get_gate(dag_id: str, run_id: str, session: SessionDep) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+    def get_gate(dag_id: str, run_id: str, session: SessionDep, user: GetUserDep) -> dict[str, Any]:
+        ctx = run_context(session, dag_id, run_id, user)
         return {
             "dag_id": dag_id,
             "run_id": run_id,
@@ -517,9 +577,13 @@ def create_app() -> FastAPI:
 
     @app.get("/api/gates/{dag_id}/{run_id}/summary", dependencies=[ReadDag])
     def summary(
-        dag_id: str, run_id: str, session: SessionDep, round: Annotated[int | None, Query(ge=0)] = None
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         r = _round_of(ctx, round)
         view = _view(ctx, r)
         groups = view.groups()
@@ -537,8 +601,8 @@ def create_app() -> FastAPI:
         }
 
     @app.get("/api/gates/{dag_id}/{run_id}/trend.svg", dependencies=[ReadDag])
-    def trend_svg(dag_id: str, run_id: str, session: SessionDep) -> Response:
-        ctx = run_context(session, dag_id, run_id)
+    def trend_svg(dag_id: str, run_id: str, session: SessionDep, user: GetUserDep) -> Response:
+        ctx = run_context(session, dag_id, run_id, user)
         svg = trend_chart(trend(ctx.run_root, so=ctx.so))
         return Response(svg, media_type="image/svg+xml", headers={"Content-Security-Policy": SVG_CSP})
 
@@ -547,21 +611,25 @@ def create_app() -> FastAPI:
         dag_id: str,
         run_id: str,
         session: SessionDep,
+        user: GetUserDep,
         cursor: Annotated[str | None, Query(max_length=1000)] = None,
         size: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 50,
         group: Annotated[str | None, Query(max_length=MAX_TEXT)] = None,
         text: Annotated[str | None, Query(max_length=MAX_TEXT)] = None,
         round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         r = _round_of(ctx, round)
-        page = _view(ctx, r).page(cursor or None, size=size, group=group or None, text=text or None)
+        page = _view(ctx, r).page(
+            cursor or None, size=size, group=group or None, text=text or None, bounds=desk_bounds()
+        )
         return {
             "round": r,
             "samples": [_jsonable(s) for s in page.samples],
             "cursor": page.cursor,
             "scanned": page.scanned,
             "total": page.total,
+            "capped": page.capped,  # stopped at review_page_bytes: the cursor goes on from there
         }
 
     @app.get("/api/gates/{dag_id}/{run_id}/sample", dependencies=[ReadDag])
@@ -569,14 +637,17 @@ def create_app() -> FastAPI:
         dag_id: str,
         run_id: str,
         session: SessionDep,
+        user: GetUserDep,
         n: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 20,
         seed: Annotated[int, Query(ge=0, le=2**63 - 1)] = 0,
         round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         r = _round_of(ctx, round)
-        samples = _view(ctx, r).sample(n=n, seed=seed)
-        return {"round": r, "seed": seed, "samples": [_jsonable(s) for s in samples]}
+        view = _view(ctx, r)
+        samples = view.sample(n=n, seed=seed, bounds=desk_bounds())
+        capped = len(samples) < min(n, view.total())  # the rest drawn would pass review_page_bytes
+        return {"round": r, "seed": seed, "samples": [_jsonable(s) for s in samples], "capped": capped}
 
     @app.get("/api/gates/{dag_id}/{run_id}/sample/{sample_id:path}", dependencies=[ReadDag])
     def find(
@@ -584,21 +655,48 @@ def create_app() -> FastAPI:
         run_id: str,
         sample_id: str,
         session: SessionDep,
+        user: GetUserDep,
         round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         r = _round_of(ctx, round)
-        found = _view(ctx, r).find(sample_id)
+        found = _view(ctx, r).find(sample_id, bounds=desk_bounds())
         if found is None:
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"no sample {sample_id!r} in round {r}")
         return {"round": r, "sample": _jsonable(found)}
 
+    @app.get("/api/gates/{dag_id}/{run_id}/field", dependencies=[ReadDag])
+    def whole_field(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        shard: Annotated[str, Query(min_length=1, max_length=MAX_TEXT)],
+        position: Annotated[int, Query(ge=0)],
+        path: Annotated[str, Query(min_length=1, max_length=MAX_FIELD_PATH)],
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> Response:
+        """One value of a sample whole (what its ``truncated`` names), up to review_whole_field_bytes:
+        the sample is addressed by its ``shard_id`` and ``position`` (read straight from there)."""
+        ctx = run_context(session, dag_id, run_id, user)
+        r = _round_of(ctx, round)
+        found = _view(ctx, r).at(shard, position)
+        if found is None:
+            raise HTTPException(
+                status.HTTP_404_NOT_FOUND, f"no sample at {shard!r} position {position} in round {r}"
+            )
+        return _whole(found, path, r, desk_bounds())
+
     # ------------------------------------------------------------------------ the decisions
     @app.get("/api/gates/{dag_id}/{run_id}/decisions", dependencies=[ReadDag])
     def decisions(
-        dag_id: str, run_id: str, session: SessionDep, round: Annotated[int | None, Query(ge=0)] = None
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         r = _round_of(ctx, round)
         log = DecisionLog(ctx.run_root, r, ctx.so).read()
         return {
@@ -612,7 +710,7 @@ def create_app() -> FastAPI:
     def decide(
         dag_id: str, run_id: str, body: DecisionIn, user: GetUserDep, session: SessionDep
     ) -> dict[str, Any]:
-        ctx = run_context(session, dag_id, run_id)
+        ctx = run_context(session, dag_id, run_id, user)
         if not ctx.gate.open:
             raise HTTPException(
                 status.HTTP_409_CONFLICT,

@@ -25,11 +25,12 @@ import re
 import threading
 from collections.abc import Generator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple, cast
 
 import orjson
 
+from airflow_batchinfer.desk_bounds import Bounds, clip, json_text
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
@@ -50,7 +51,7 @@ from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.records import parse_record
 from airflow_batchinfer.worker.manifest import manifest_ids, read_job_manifest
 
-__all__ = ["Page", "RoundView", "Sample", "ShardRows", "matches", "trend"]
+__all__ = ["FIELDS", "Page", "RoundView", "Sample", "ShardRows", "field_value", "matches", "trend"]
 
 # Fields a job adds to an input record (the rest of a row is the record as the round read it).
 OUTPUT_FIELDS = frozenset(
@@ -73,7 +74,12 @@ class Sample:
     row's input fields with the run's ``prompt_template`` and ``system`` as the worker renders it
     (``None`` when it cannot be); ``output`` is the row's ``result``; ``group`` the reason's
     :func:`~airflow_batchinfer.review.reasons.reason_group`; ``record`` the input fields (the row
-    without ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``)."""
+    without ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``).
+
+    ``truncated`` names what :meth:`bounded` cut short, each with its whole size in UTF-8 bytes: a
+    text of :data:`FIELDS` (its start kept), ``record.<key>`` (one record field: the start of its
+    JSON text kept, as a string) or ``record`` (the record's later fields left out; its whole JSON's
+    size). Empty: the sample is whole. :func:`field_value` reads one of them whole."""
 
     id: str
     shard_id: str
@@ -89,6 +95,20 @@ class Sample:
     record: dict[str, Any]
     status: str = "rejected"
     error: str | None = None
+    truncated: Mapping[str, int] = field(default_factory=dict)
+
+    def bounded(self, bounds: Bounds) -> Sample:
+        """This sample as the desk shows it: each text of :data:`FIELDS` and each record field cut to
+        ``bounds.field_bytes``, the record to ``bounds.record_bytes``, what was cut in ``truncated``."""
+        cut: dict[str, int] = {}
+        texts: dict[str, str | None] = {}
+        for name in FIELDS:
+            value = getattr(self, name)
+            texts[name] = value if value is None else _clip_into(cut, name, value, bounds.field_bytes)
+        record = _bounded_record(self.record, bounds, cut)
+        if not cut:
+            return self
+        return replace(self, **texts, record=record, truncated=cut)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -106,19 +126,64 @@ class Sample:
             "record": dict(self.record),
             "status": self.status,
             "error": self.error,
+            "truncated": dict(self.truncated),
         }
+
+
+# A sample's texts the desk cuts to ``field_bytes`` (and reads whole through field_value).
+FIELDS = ("id", "prompt", "output", "reason", "error", "status")
+
+
+def _clip_into(cut: dict[str, int], path: str, text: str, limit: int) -> str:
+    head, whole = clip(text, limit)
+    if whole is not None:
+        cut[path] = whole
+    return head
+
+
+def _bounded_record(record: Mapping[str, Any], bounds: Bounds, cut: dict[str, int]) -> dict[str, Any]:
+    """The record's fields in order, each cut to ``field_bytes`` (a value that is not text: as the
+    start of its JSON text), until ``record_bytes`` are shown; then ``cut["record"]``."""
+    out: dict[str, Any] = {}
+    used = 0
+    for key, value in record.items():
+        whole: int | None = None
+        shown: Any
+        if isinstance(value, str):
+            shown, whole = clip(value, bounds.field_bytes)
+            text = shown
+        elif isinstance(value, dict | list):
+            text, whole = clip(json_text(value), bounds.field_bytes)
+            shown = value if whole is None else text
+        else:  # a number, a boolean, null
+            shown, text = value, json_text(value)
+        used += _utf8_len(key) + _utf8_len(text)
+        if _utf8_len(key) > bounds.field_bytes or used > bounds.record_bytes:
+            cut["record"] = _utf8_len(json_text(dict(record)))  # this field and the rest left out
+            break
+        out[key] = shown
+        if whole is not None:
+            cut[f"record.{key}"] = whole
+    return out
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)
 class Page:
     """One page of samples. ``cursor`` continues after it (``None``: the round's end); ``scanned`` is
     the number of rows read to fill it; ``total`` the rows the filter selects, when known without a
-    scan (unfiltered: the round's rejected rows; a group alone: its count from the manifests)."""
+    scan (unfiltered: the round's rejected rows; a group alone: its count from the manifests);
+    ``capped``: the page stopped before ``size`` samples at ``Bounds.page_bytes`` (its cursor goes on
+    from the sample left out)."""
 
     samples: list[Sample]
     cursor: str | None
     scanned: int
     total: int | None
+    capped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,7 +191,31 @@ class Page:
             "cursor": self.cursor,
             "scanned": self.scanned,
             "total": self.total,
+            "capped": self.capped,
         }
+
+
+class _Fill:
+    """The samples of one answer and their size (their JSON), up to ``bounds.page_bytes``: one at a
+    time, each cut to the bounds as it is read, so an answer never holds more."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        self.bounds = bounds
+        self.samples: list[Sample] = []
+        self.bytes = 0
+        self.capped = False
+
+    def add(self, sample: Sample) -> bool:
+        """Add ``sample`` (bounded); ``False``: it would pass the cap, and is left out (never the
+        first: an answer always holds one sample)."""
+        shown = sample.bounded(self.bounds)
+        size = len(orjson.dumps(shown.to_dict()))
+        if self.samples and self.bytes + size > self.bounds.page_bytes:
+            self.capped = True
+            return False
+        self.samples.append(shown)
+        self.bytes += size
+        return True
 
 
 class ShardRows(NamedTuple):
@@ -147,6 +236,22 @@ def matches(sample: Sample, group: str | None = None, text: str | None = None) -
     if not needle:
         return True
     return any(needle in f.casefold() for f in (sample.id, sample.prompt, sample.output, sample.reason) if f)
+
+
+def field_value(sample: Sample, path: str) -> Any:
+    """One value of a whole sample, by a path of its ``truncated`` (a text of :data:`FIELDS`,
+    ``record`` or ``record.<key>``: the record field named by the rest of the path, dots and all)."""
+    if path in FIELDS:
+        return getattr(sample, path)
+    if path == "record":
+        return dict(sample.record)
+    key = path.removeprefix("record.")
+    if key != path and key in sample.record:
+        return sample.record[key]
+    raise ReviewError(
+        f"sample {sample.id[:200]!r} has no field {path[:200]!r}: name one of {', '.join(FIELDS)}, "
+        "record or record.<key> (the paths its truncated map names)"
+    )
 
 
 def trend(run_root: str, so: StorageOptions | None = None) -> list[dict[str, Any]]:
@@ -227,11 +332,14 @@ class RoundView:
         group: str | None = None,
         text: str | None = None,
         scan_limit: int = 200_000,
+        bounds: Bounds | None = None,
     ) -> Page:
         """``size`` samples from ``cursor`` on (``None``: the start). Unfiltered, the page seeks straight
         to its position; with ``group`` and/or ``text`` (see :func:`matches`) it scans forward and
         stops after ``size`` matches or ``scan_limit`` rows read (then fewer samples, maybe none, and
-        a cursor to go on scanning from). ``cursor`` is opaque: pass back what a page returned."""
+        a cursor to go on scanning from). ``cursor`` is opaque: pass back what a page returned. Each
+        sample is :meth:`Sample.bounded` as it is read (``bounds``: the defaults when ``None``), and the
+        page stops at ``bounds.page_bytes`` (``capped``)."""
         _check_count("size", size, 1)
         _check_count("scan_limit", scan_limit, 1, None)
         text = (text or "").strip() or None
@@ -239,14 +347,17 @@ class RoundView:
             raise ReviewError(f"group must be a string, got {group!r}")
         shards = self._load()
         index, row = self._parse(cursor, shards)
+        fill = _Fill(bounds or Bounds())
         if group is None and text is None:
-            return self._seek_page(shards, index, row, size)
-        return self._scan_page(shards, index, row, size, group, text, scan_limit)
+            return self._seek_page(shards, index, row, size, fill)
+        return self._scan_page(shards, index, row, size, group, text, scan_limit, fill)
 
-    def sample(self, n: int = 20, seed: int = 0) -> list[Sample]:
+    def sample(self, n: int = 20, seed: int = 0, *, bounds: Bounds | None = None) -> list[Sample]:
         """``n`` rows drawn at random over the whole round (every row equally likely, so shards in
         proportion to their rows), the same ones for the same ``seed``; in round order. Each touched
-        shard is read once, up to its last drawn row."""
+        shard is read once, up to its last drawn row. Each sample is :meth:`Sample.bounded` as it is
+        read; those past ``bounds.page_bytes`` are left out (then fewer than drawn)."""
+        bounds = bounds or Bounds()
         _check_count("n", n, 0)
         shards = self._load()
         total = sum(s.rows for s in shards)
@@ -264,17 +375,22 @@ class RoundView:
             out = []
             for pos, line in self._lines(shards[i], stop=last + 1):
                 if pos in rows:
-                    out.append(self.to_sample(parse_record(line), shards[i].shard_id, pos))
+                    out.append(self.to_sample(parse_record(line), shards[i].shard_id, pos).bounded(bounds))
             return out
 
+        fill = _Fill(bounds)
         with ThreadPoolExecutor(min(8, len(wanted))) as ex:
-            return [s for part in ex.map(read, sorted(wanted)) for s in part]
+            for part in ex.map(read, sorted(wanted)):
+                if not all(fill.add(s) for s in part):
+                    break
+        return fill.samples
 
-    def find(self, sample_id: str) -> Sample | None:
+    def find(self, sample_id: str, *, bounds: Bounds | None = None) -> Sample | None:
         """The rejected row with this id (compared as text), or ``None``. Reads the round's shards in
-        order until found; only lines that hold the id are parsed."""
+        order until found; only lines that hold the id are parsed. :meth:`Sample.bounded` by
+        ``bounds`` (the defaults when ``None``)."""
         found = next(self._with_ids([str(sample_id)]), None)
-        return None if found is None else self._with_prompt(found)
+        return None if found is None else self._with_prompt(found).bounded(bounds or Bounds())
 
     def at(self, shard_id: str, position: int) -> Sample | None:
         """The row at ``position`` of a shard's rejected file (``Sample.shard_id``, ``Sample.position``),
@@ -363,9 +479,10 @@ class RoundView:
         )
 
     # --------------------------------------------------------------------------------- internals
-    def _seek_page(self, shards: list[_Shard], index: int, row: int, size: int) -> Page:
-        samples: list[Sample] = []
+    def _seek_page(self, shards: list[_Shard], index: int, row: int, size: int, fill: _Fill) -> Page:
+        samples = fill.samples
         scanned = 0
+        total = sum(s.rows for s in shards)
         while index < len(shards) and len(samples) < size:
             shard = shards[index]
             if row >= shard.rows:
@@ -374,14 +491,15 @@ class RoundView:
             want = size - len(samples)
             got = 0
             for pos, line in self._lines(shard, start=row, stop=row + want):
-                samples.append(self.to_sample(parse_record(line), shard.shard_id, pos))
+                if not fill.add(self.to_sample(parse_record(line), shard.shard_id, pos)):
+                    return Page(samples, self._cursor(shards, index, pos), scanned + got, total, capped=True)
                 got += 1
             scanned += got
             if got < want or row + got >= shard.rows:
                 index, row = index + 1, 0  # this shard is done (or its file ends before its count)
             else:
                 row += got
-        return Page(samples, self._cursor(shards, index, row), scanned, sum(s.rows for s in shards))
+        return Page(samples, self._cursor(shards, index, row), scanned, total)
 
     def _scan_page(
         self,
@@ -392,8 +510,9 @@ class RoundView:
         group: str | None,
         text: str | None,
         scan_limit: int,
+        fill: _Fill,
     ) -> Page:
-        samples: list[Sample] = []
+        samples = fill.samples
         scanned = 0
         known = self._with_groups(scan=False) if group is not None else shards
         while index < len(shards):
@@ -411,8 +530,10 @@ class RoundView:
                     if sample.group != group:
                         continue
                     sample = self._with_prompt(sample)
-                if matches(sample, group, text):
-                    samples.append(sample)
+                if matches(sample, group, text):  # on the whole sample: then cut for the page
+                    if not fill.add(sample):
+                        return Page(samples, self._cursor(shards, index, pos), scanned,
+                                    self._group_total(group, text), capped=True)  # fmt: skip
                     if len(samples) == size:
                         return Page(samples, self._cursor(shards, index, pos + 1), scanned,
                                     self._group_total(group, text))  # fmt: skip

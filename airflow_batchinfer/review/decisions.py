@@ -207,8 +207,10 @@ class DecisionLog:
     Every change is a read-modify-write through :func:`airflow_batchinfer.storage.swap.update`:
     reviewers deciding at the same instant, from any number of api-server processes, all have their
     decision recorded (a file lock on a local disk, a compare-and-swap on S3's ETag), and a reader
-    sees the log before or after a change, never half of one. (On other object stores the last of
-    two simultaneous writers wins: serve the page from one process there.)
+    sees the log before or after a change, never half of one. Other object stores have no
+    conditional write (the last of two simultaneous writers would win, losing the other's
+    decision): :meth:`append` is refused there, naming the store and the remedy. (:meth:`seal` is
+    the run's one write, so a gate there is still answered; it just has no decisions.)
 
     When the gate is answered the run :meth:`seal` s the log (a last line, ``{"sealed_at"}``) and
     applies exactly the decisions before the seal; an :meth:`append` after it is refused
@@ -228,7 +230,9 @@ class DecisionLog:
 
     def append(self, decision: Decision) -> list[Decision]:
         """Add ``decision`` (validated; it must be for this log's round); refused once sealed.
-        Returns the log's decisions, this one last."""
+        Returns the log's decisions, this one last. A ``ConfigError`` (nothing written) where the
+        log's store has no compare-and-swap."""
+        swap.require_exact(self._loc, f"Recording a review decision on round {self.round} of {self.run_root}")
         if not isinstance(decision, Decision):
             raise ReviewError(f"append takes a Decision, got {type(decision).__name__}")
         if decision.round != self.round:

@@ -3,7 +3,9 @@ completion and resubmit lost ones, with the completion manifest as the truth.
 
 A job id runs on at most one worker: before submitting, the client asks the workers it knows whether
 one already has the job, and follows it there (an Airflow retry, a re-run or a resubmission never
-starts a second copy of a job that still runs)."""
+starts a second copy of a job that still runs). A worker that does not answer may still run it: the
+client asks again until it answers, the pool stops listing it, or it has been silent for
+``unreachable_grace_s`` (:func:`~airflow_batchinfer.rpc.locate.locate_decision` decides)."""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ from airflow_batchinfer.exceptions import (
 )
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
+from airflow_batchinfer.rpc.locate import Located, WorkerAnswer, locate_decision
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
+from airflow_batchinfer.settings import setting
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.manifest import read_job_manifest
@@ -36,10 +40,8 @@ if TYPE_CHECKING:
     from airflow_batchinfer.pools.ref import WorkerPool
 
 log = logging.getLogger("airflow_batchinfer.rpc")
-LOCATE_TIMEOUT_S = 5.0  # asking a worker whether it has a job: a dead one must not hold a submit up
-# A copy in these states is followed, never duplicated. A succeeded one is not: its manifest (checked
-# first, by ``finished``) is the truth, and a worker runs a succeeded job again once that is gone.
-LIVE = ("queued", "running")
+LOCATE_TIMEOUT_S = 5.0  # one ask of a worker for a job; a silent one is asked again, never skipped
+UNREACHABLE_GRACE_S = float(setting("unreachable_grace_s").default)
 
 
 async def ready_workers(urls: Sequence[str], token: str | None, *, timeout_s: float = 5.0) -> list[str]:
@@ -140,7 +142,9 @@ class PoolClient:
     :param token: the pool's RPC token.
     :param storage_options: to read completion manifests (the environment by default).
     :param discover: for pools whose workers come and go (Kubernetes): returns the current worker
-        URLs; asked at most every ``refresh_interval_s`` when submitting, and at once after a loss."""
+        URLs; asked at most every ``refresh_interval_s`` when submitting, and at once after a loss.
+    :param unreachable_grace_s: how long a silent worker that may run a job holds up its submission
+        (the ``unreachable_grace_s`` setting)."""
 
     def __init__(
         self,
@@ -155,6 +159,7 @@ class PoolClient:
         discover: Callable[[], Awaitable[Sequence[str]]] | None = None,
         refresh_interval_s: float = 5.0,
         max_resubmits: int = 5,
+        unreachable_grace_s: float = UNREACHABLE_GRACE_S,
     ) -> None:
         if not urls and discover is None:
             raise ValueError("a pool needs at least one worker URL")
@@ -170,6 +175,8 @@ class PoolClient:
         self.lost_grace_s = lost_grace_s
         self.busy_backoff_s = busy_backoff_s
         self.max_resubmits = max_resubmits
+        self.unreachable_grace_s = unreachable_grace_s
+        self._silent_since: dict[str, float] = {}  # url -> when it first did not answer (monotonic)
         self._engine: dict[str, Any] | None = None
 
     @classmethod
@@ -212,25 +219,60 @@ class PoolClient:
             return -1
         return -1 if s.draining else s.slots_total - s.slots_busy
 
-    async def locate(self, job_id: str) -> tuple[str, JobStatus] | None:
-        """The worker that already runs ``job_id``, asked of every worker this client knows, or
-        ``None``. A failed or cancelled copy may be resubmitted."""
+    async def _ask(self, url: str, job_id: str) -> tuple[WorkerAnswer, JobStatus | None]:
+        """One worker's answer for ``job_id``; a silent one's time without an answer is tracked."""
+        listed = url in self.clients
+        try:
+            status = await self._known[url].status(job_id, timeout=LOCATE_TIMEOUT_S)
+        except JobNotFound:
+            self._silent_since.pop(url, None)
+            return WorkerAnswer(url, listed=listed), None
+        except RpcError as exc:  # no answer (or not one to trust): it may still run the job
+            since = self._silent_since.setdefault(url, time.monotonic())
+            refused = isinstance(exc.__cause__, httpx.ConnectError)  # no connection: nothing listens
+            silent = WorkerAnswer(url, answered=False, unreachable_s=time.monotonic() - since, listed=listed,
+                                  refused=refused, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            return silent, None
+        self._silent_since.pop(url, None)
+        return WorkerAnswer(url, state=status.state, listed=listed), status
+
+    async def locate(self, job_id: str) -> tuple[Located, JobStatus | None]:
+        """Ask every worker this client knows for ``job_id``: the verdict (``found``, ``not_found``
+        or ``unknown``, see :func:`locate_decision`) and, when found, the copy's status. A failed or
+        cancelled copy may be resubmitted."""
         await self.refresh()
+        asked = await asyncio.gather(*(self._ask(u, job_id) for u in list(self._known)))
+        located = locate_decision([a for a, _ in asked], grace_s=self.unreachable_grace_s)
+        status = next((s for a, s in asked if a.url == located.url), None)
+        return located, status
 
-        async def ask(url: str) -> tuple[str, JobStatus] | None:
-            try:
-                return url, await self._known[url].status(job_id, timeout=LOCATE_TIMEOUT_S)
-            except RpcError:
+    async def _running_copy(
+        self, spec: JobSpec, *, deadline: float | None = None
+    ) -> tuple[str, JobStatus] | None:
+        """The live copy of ``spec`` to follow, or ``None`` once no worker that may run it is
+        silent. ``WorkerUnavailable`` past ``deadline`` (monotonic) while one still is."""
+        while True:
+            located, status = await self.locate(spec.job_id)
+            for url, why in located.gone:
+                log.warning("job %s: worker %s taken for gone (%s)", spec.job_id, url, why)
+            if located.verdict == "found":
+                assert located.url is not None and status is not None
+                log.info("job %s already %s on %s: following it there", spec.job_id, status.state,
+                         located.url)  # fmt: skip
+                return located.url, status
+            if located.verdict == "not_found":
                 return None
-
-        found = await asyncio.gather(*(ask(u) for u in self._known))
-        return next((f for f in found if f is not None and f[1].state in LIVE), None)
-
-    async def _running_copy(self, spec: JobSpec) -> tuple[str, JobStatus] | None:
-        found = await self.locate(spec.job_id)
-        if found is not None:
-            log.info("job %s already %s on %s: following it there", spec.job_id, found[1].state, found[0])
-        return found
+            waiting = "; ".join(f"{url} ({why})" for url, why in located.waiting)
+            if deadline is not None and time.monotonic() > deadline:
+                raise WorkerUnavailable(
+                    f"job {spec.job_id}: not started, as {waiting} may still run it and does not answer. "
+                    "Remedy: check that worker (`batchinfer pool status`); once it answers, or once the pool "
+                    "no longer lists it or unreachable_grace_s passes, a retry follows or starts the job."
+                )
+            log.warning("job %s: not starting a copy while a worker that may run it is silent: %s; asking "
+                        "again in %.0f s", spec.job_id, waiting, self.poll_interval_s)  # fmt: skip
+            await asyncio.sleep(self.poll_interval_s)
+            await self.refresh(force=True)
 
     async def cancel(self, url: str, job_id: str) -> JobStatus | None:
         """Cancel ``job_id`` on ``url`` (a task that times out or is killed); ``None`` if it is gone."""
@@ -264,8 +306,9 @@ class PoolClient:
         self, spec: JobSpec, *, deadline: float | None = None, locate: bool = True
     ) -> tuple[str, JobStatus]:
         """:meth:`submit`, waiting for a free slot until ``deadline`` (monotonic). The workers are
-        asked for a running copy once, not at every wait."""
-        if locate and (found := await self._running_copy(spec)) is not None:
+        asked for a running copy until every one that may run it answers (or ``deadline``), not at
+        every wait for a slot."""
+        if locate and (found := await self._running_copy(spec, deadline=deadline)) is not None:
             return found
         while True:
             try:

@@ -16,6 +16,7 @@ import re
 import uuid
 from typing import Any, BinaryIO, cast
 
+from airflow_batchinfer.storage.confine import check_opened, check_path
 from airflow_batchinfer.storage.location import Location
 
 _TEMP_RE = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
@@ -31,14 +32,40 @@ class AtomicSink:
     def __init__(self, loc: Location) -> None:
         self.loc = loc
         self._done = False
-        self._temp: str | None = None
+        self._temp: str | None = None  # local: the temporary file's name in the held directory
+        self._dir_fd: int | None = None
         if loc.is_local:
-            directory, name = os.path.split(loc.path)
-            os.makedirs(directory, exist_ok=True)
-            self._temp = os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-            self.file: BinaryIO = open(self._temp, "wb")  # noqa: SIM115 - closed in commit/abort
+            self.file: BinaryIO = self._open_local()
         else:
             self.file = cast(BinaryIO, loc.fs.open(loc.path, "wb"))
+
+    def _open_local(self) -> BinaryIO:
+        """The temporary file, created in the target's directory held open by fd: the commit renames
+        it inside that same directory, wherever its path leads by then. Under a job's policy
+        (:mod:`~airflow_batchinfer.storage.confine`) the path is checked before a directory is made
+        (``makedirs`` follows symlinks) and the held directory once it is open."""
+        directory, name = os.path.split(self.loc.path)
+        check_path(self.loc.path, self.loc.uri)
+        os.makedirs(directory, exist_ok=True)
+        self._dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        temp = f".{name}.tmp-{uuid.uuid4().hex}"
+        try:
+            check_opened(self._dir_fd, self.loc.path, self.loc.uri, name)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                fd = os.open(temp, flags, 0o666, dir_fd=self._dir_fd)
+            except OSError as exc:
+                raise type(exc)(exc.errno, exc.strerror, os.path.join(directory, temp)) from exc
+        except BaseException:
+            self._close_dir()
+            raise
+        self._temp = temp
+        return os.fdopen(fd, "wb")
+
+    def _close_dir(self) -> None:
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     def write(self, data: bytes) -> None:
         try:
@@ -56,10 +83,11 @@ class AtomicSink:
                     self.file.flush()
                     os.fsync(self.file.fileno())
                     self.file.close()
-                    os.replace(self._temp, self.loc.path)
+                    self._replace_local()
                 except BaseException:
                     self._discard_local()
                     raise
+                self._close_dir()
             else:
                 self.file.close()  # completes the upload; only now does the object exist
         except OSError as exc:
@@ -80,12 +108,26 @@ class AtomicSink:
             # Mark closed without close(): close() would upload what was buffered.
             f.closed = True
 
+    def _replace_local(self) -> None:
+        """The final rename, inside the held directory. Under a job's policy both the path as it
+        resolves now and the held directory (moved away, it goes along) must still be inside."""
+        assert self._temp is not None and self._dir_fd is not None
+        name = os.path.basename(self.loc.path)
+        check_path(self.loc.path, self.loc.uri)
+        check_opened(self._dir_fd, self.loc.path, self.loc.uri, name)
+        try:
+            os.replace(self._temp, name, src_dir_fd=self._dir_fd, dst_dir_fd=self._dir_fd)
+        except OSError as exc:  # name the target, not the bare temporary name
+            raise type(exc)(exc.errno, exc.strerror, self.loc.path) from exc
+
     def _discard_local(self) -> None:
         assert self._temp is not None
         with contextlib.suppress(OSError):
             self.file.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._temp)
+        if self._dir_fd is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._temp, dir_fd=self._dir_fd)
+        self._close_dir()
 
 
 def _naming(exc: OSError, uri: str) -> OSError:
@@ -99,6 +141,7 @@ def remove_stale_temps(loc: Location) -> int:
     """Delete leftover temporary files of killed local writers in a directory; returns how many."""
     if not loc.is_local or not os.path.isdir(loc.path):
         return 0
+    check_path(loc.path, loc.uri)  # a job's sweep must not follow a swapped link out of its prefixes
     removed = 0
     for name in os.listdir(loc.path):
         if is_temp_name(name):

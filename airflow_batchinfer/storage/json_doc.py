@@ -6,6 +6,7 @@ import json
 from typing import Any, cast
 
 from airflow_batchinfer.exceptions import StorageError
+from airflow_batchinfer.storage import confine
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location
 
@@ -37,6 +38,8 @@ def read_json(loc: Location, *, schema_version: int, what: str, remedy: str) -> 
     versions are errors (a failed read is never reported as "not found")."""
     try:
         with loc.fs.open(loc.path, "rb") as f:
+            if loc.is_local and confine.active():  # a worker's job: checked once opened
+                confine.check_opened(f.fileno(), loc.path, loc.uri)
             raw = f.read()
     except FileNotFoundError:
         return None

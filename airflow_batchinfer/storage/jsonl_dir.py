@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, Literal, NotRequired, TypedDict
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
+from airflow_batchinfer.storage.confine import check_path
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
 from airflow_batchinfer.storage.records import OnError, Record
@@ -48,6 +49,9 @@ class ShardDescriptor(TypedDict):
     version: NotRequired[str]
     estimated: NotRequired[bool]
     lead_in: NotRequired[list[int]]
+    # A range shard's line and id bounds (the run's max_line_bytes, max_id_bytes; storage.ranges)
+    max_line_bytes: NotRequired[int]
+    max_id_bytes: NotRequired[int]
     # A round's job descriptors (the round controller's): the round, and the slot whose plan holds
     # settings a review changed (absent: run.json's settings).
     round: NotRequired[int]
@@ -138,6 +142,8 @@ class JsonlDir:
         """Delete every shard (and local temp leftovers); returns the number of shards deleted."""
         shards = self.shards()
         if shards:
+            if self.loc.is_local:  # a job's delete must not follow a swapped link out of its prefixes
+                check_path(self.loc.path, self.uri)
             self.loc.fs.rm([self.loc.child(s.name).path for s in shards])
         remove_stale_temps(self.loc)
         return len(shards)

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
+from airflow_batchinfer.storage import confine
 from airflow_batchinfer.storage.lines import RangeReader, is_zstd, iter_chunks, iter_line_blocks, iter_lines
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
@@ -24,6 +25,10 @@ class JsonlFile:
     :param byte_range: ``(start, end)``: read only those stored bytes (ranged reads on object stores).
         They must start and end at line starts (plain) or frame starts (zstd): a round-0 range shard
         (:mod:`airflow_batchinfer.storage.ranges`). Writing ignores it.
+    :param max_line_bytes: reads hold at most this many bytes of one line: a longer line comes as an
+        :class:`~airflow_batchinfer.storage.lines.OversizedLine` (its first bytes), which record
+        readers reject. ``None`` (default): no bound. Input is read with the run's
+        ``max_line_bytes`` (sharding, round-0 ranges); the run's own files hold only lines that passed.
     """
 
     def __init__(
@@ -32,9 +37,11 @@ class JsonlFile:
         *,
         storage_options: StorageOptions | None = None,
         byte_range: tuple[int, int] | None = None,
+        max_line_bytes: int | None = None,
     ) -> None:
         self.loc = uri if isinstance(uri, Location) else resolve(uri, storage_options)
         self.byte_range = byte_range
+        self.max_line_bytes = max_line_bytes
 
     @property
     def uri(self) -> str:
@@ -50,15 +57,22 @@ class JsonlFile:
 
     @contextlib.contextmanager
     def open_raw(self) -> Iterator[BinaryIO]:
-        """The stored bytes (of ``byte_range`` only, when set), not decompressed."""
+        """The stored bytes (of ``byte_range`` only, when set), not decompressed. A local file read by
+        a worker's job is checked against the job's prefixes once opened (:mod:`.confine`)."""
         if self.byte_range is None:
             with self.loc.fs.open(self.loc.path, "rb") as raw:
+                self._check_opened(raw)
                 yield raw
             return
         start, end = self.byte_range
         # fsspec reads ahead a block past each miss: a block of at most RANGE_BLOCK bounds the over-read
         with self.loc.fs.open(self.loc.path, "rb", block_size=min(RANGE_BLOCK, max(end - start, 1))) as raw:
+            self._check_opened(raw)
             yield RangeReader(raw, start, end)  # type: ignore[misc]
+
+    def _check_opened(self, raw: BinaryIO) -> None:
+        if self.loc.is_local and confine.active():  # once per open, before the first byte is read
+            confine.check_opened(raw.fileno(), self.loc.path, self.uri)
 
     def exists(self) -> bool:
         return bool(self.loc.fs.isfile(self.loc.path))
@@ -70,13 +84,14 @@ class JsonlFile:
     def iter_lines(self) -> Iterator[tuple[int, bytes]]:
         """Raw ``(line_no, bytes)`` pairs, decompressed, without terminators, blank lines included."""
         with self.open_raw() as raw:
-            yield from iter_lines(iter_chunks(raw, zstd=self.compressed, source=self.uri))
+            chunks = iter_chunks(raw, zstd=self.compressed, source=self.uri)
+            yield from iter_lines(chunks, max_line=self.max_line_bytes)
 
     def iter_line_blocks(self, *, strip_cr: bool = True) -> Iterator[list[bytes]]:
         """Raw lines in blocks (one per decoded chunk): the fast path for bulk copies."""
         with self.open_raw() as raw:
             chunks = iter_chunks(raw, zstd=self.compressed, source=self.uri)
-            yield from iter_line_blocks(chunks, strip_cr=strip_cr)
+            yield from iter_line_blocks(chunks, strip_cr=strip_cr, max_line=self.max_line_bytes)
 
     def iter_records(
         self,
@@ -84,9 +99,12 @@ class JsonlFile:
         on_error: OnError | str = "raise",
         rejects: RecordSink | None = None,
         id_field: str | None = None,
+        max_id_bytes: int | None = None,
     ) -> RecordReader:
-        """The records, for ``for`` (sync) or ``async for``. See :class:`RecordReader` for ``on_error``."""
-        return RecordReader(self.uri, self.iter_lines, on_error=on_error, rejects=rejects, id_field=id_field)
+        """The records, for ``for`` (sync) or ``async for``. See :class:`RecordReader` for ``on_error``;
+        ``max_id_bytes`` bounds the ids (with ``id_field``)."""
+        return RecordReader(self.uri, self.iter_lines, on_error=on_error, rejects=rejects, id_field=id_field,
+                            max_id_bytes=max_id_bytes)  # fmt: skip
 
     def writer_sync(self, *, compression_level: int = DEFAULT_ZSTD_LEVEL) -> JsonlWriter:
         """A writer that replaces the file atomically when the ``with`` block ends cleanly."""

@@ -17,7 +17,9 @@ The job that reads the range validates each line exactly as sharding does
 (:class:`~airflow_batchinfer.storage.validate.LineValidator`; repeated ids are found within the range),
 writes bad lines with their ``line_in_range`` and byte ``offset`` to its ``input_rejects`` output
 and records its line counts (``read_*``) and ``ids["input"]``; the round's close turns those into the
-run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts).
+run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts). The job
+also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hashes`), from which
+round 0's close finds ids that two ranges hold without reading the input again.
 """
 
 from __future__ import annotations
@@ -35,11 +37,26 @@ from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, OutputE
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
-from airflow_batchinfer.storage.lines import RangeReader, iter_chunks, iter_line_blocks
+from airflow_batchinfer.storage.lines import (
+    FEED_SIZE,
+    MAX_LINE_BYTES,
+    OversizedLine,
+    RangeReader,
+    iter_chunks,
+    iter_line_blocks,
+)
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import claim_output, read_manifest, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy, RecordReader, RecordSink
-from airflow_batchinfer.storage.records import OnError, Record, RecordError, check_on_error, parse_record
+from airflow_batchinfer.storage.records import (
+    MAX_ID_BYTES,
+    OnError,
+    Record,
+    RecordError,
+    check_on_error,
+    parse_record,
+)
+from airflow_batchinfer.storage.sharding import bounds_fingerprint
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
 
 SAMPLE = 256 * 1024  # bytes read from the start to estimate bytes per record
@@ -209,7 +226,7 @@ def _zstd_sample(raw: BinaryIO, frame: Frame, source: str) -> tuple[float, float
     out: list[bytes] = []
     decoded = used = 0
     try:
-        while decoded < SAMPLE and (piece := reader.read(4096)):
+        while decoded < SAMPLE and (piece := reader.read(FEED_SIZE)):  # small: see FEED_SIZE
             used += len(piece)
             while piece:
                 data = dobj.decompress(piece)
@@ -324,13 +341,17 @@ def shard_ranges(
     rejects: str | None = None,
     storage_options: StorageOptions | None = None,
     overwrite: bool = False,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    max_id_bytes: int = MAX_ID_BYTES,
 ) -> tuple[list[ShardDescriptor], dict[str, Any], bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
-    does. Returns ``(shards, manifest, reused)``, or ``None`` when ``src`` cannot be split."""
+    does. Returns ``(shards, manifest, reused)``, or ``None`` when ``src`` cannot be split. Each
+    shard carries ``max_line_bytes`` and ``max_id_bytes``, so every reader of a range (its job, the
+    close, the pre-flight) validates it with the same bounds."""
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
-    source = JsonlFile(src, storage_options=storage_options)
+    source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
     fingerprint = {
         "source": source.uri,
         "version": source_version(source.info()),
@@ -340,6 +361,7 @@ def shard_ranges(
         "assign_ids": assign_ids,
         "on_error": on_error,
         "rejects": rejects_dir.uri,
+        **bounds_fingerprint(max_line_bytes, max_id_bytes),
     }
     earlier = read_manifest(out)
     detected = earlier is not None and (earlier.get("fingerprint") or {}).get("id_field") is None
@@ -374,6 +396,8 @@ def shard_ranges(
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
         id_field = _first_id_field(source)
+    for shard in plan.shards:
+        shard["max_line_bytes"], shard["max_id_bytes"] = max_line_bytes, max_id_bytes
     manifest = {
         "kind": "ranges",
         "state": "complete",
@@ -392,6 +416,8 @@ def shard_ranges(
 def _first_id_field(source: JsonlFile) -> str:
     """:func:`detect_id_field` of the first record among the first lines (a short read)."""
     for _, line in itertools.islice(source.iter_lines(), 1000):
+        if type(line) is OversizedLine:  # its first bytes are not the record
+            continue
         try:
             return detect_id_field(parse_record(line))
         except RecordError:
@@ -412,6 +438,9 @@ class InputRange:
     assign_ids: bool = False
     on_error: str = "quarantine"
     lead_in: list[int] | None = None  # zstd: the frame before the range (see range_chunks)
+    # The plan's bounds (None: a plan from before they existed, read as its jobs read it then).
+    max_line_bytes: int | None = None
+    max_id_bytes: int | None = None
 
     def as_params(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -425,6 +454,10 @@ class InputRange:
             raise ConfigError(f"params.input_range is not a range shard's description ({exc})") from None
         if not (isinstance(rng.start, int) and isinstance(rng.end, int) and 0 <= rng.start < rng.end):
             raise ConfigError(f"params.input_range [{rng.start}, {rng.end}) is not a byte range")
+        for name in ("max_line_bytes", "max_id_bytes"):
+            bound = getattr(rng, name)
+            if bound is not None and (type(bound) is not int or bound < 1):
+                raise ConfigError(f"params.input_range.{name} must be a whole number >= 1, got {bound!r}")
         return rng
 
 
@@ -439,7 +472,8 @@ def _input_range(shard: Mapping[str, Any], id_field: str | None, assign_ids: boo
     start, end = shard["range"]
     return InputRange(
         shard["shard_id"], start, end, shard.get("version", ""), id_field, assign_ids,
-        lead_in=shard.get("lead_in"),
+        lead_in=shard.get("lead_in"), max_line_bytes=shard.get("max_line_bytes"),
+        max_id_bytes=shard.get("max_id_bytes"),
     )  # fmt: skip
 
 
@@ -502,7 +536,8 @@ class RangeRecordReader(RecordReader):
     ``rejects`` with ``line_in_range`` and ``offset``; ``line_no`` is the line within the range until
     the round's close makes it absolute). Refuses a source whose version is not the planned one.
     ``finish(ok)`` is called once: ``True`` after the last line, ``False`` when the read stops early
-    (an error, or a consumer that closed it), e.g. to commit or abort the rejects writer."""
+    (an error, or a consumer that closed it), e.g. to commit or abort the rejects writer.
+    ``keep(id, line_in_range)`` is called for each kept record as it is read."""
 
     def __init__(
         self,
@@ -511,13 +546,21 @@ class RangeRecordReader(RecordReader):
         *,
         rejects: RecordSink | None,
         finish: Callable[[bool], None] | None = None,
+        keep: Callable[[Any, int], None] | None = None,
     ) -> None:
-        self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end))
+        self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end), max_line_bytes=rng.max_line_bytes)
         super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
         assign = assigned_id(file.loc.name, rng, file.compressed) if rng.assign_ids else None
-        self.check = LineValidator(self.policy, id_field=rng.id_field, assign=assign, offsets=True)
+        self.check = LineValidator(self.policy, id_field=rng.id_field, assign=assign, offsets=True,
+                                   max_id_bytes=rng.max_id_bytes)  # fmt: skip
         self._finish = finish
+        self._keep = keep
+
+    def line_of(self, value: Any) -> int:
+        """The line in the range of the kept record with id ``value`` (read already): the validator
+        keeps every id of a range with its line (``window=None``) to find repeats."""
+        return self.check._seen[value]
 
     def check_version(self) -> None:
         now = source_version(self.file.info())
@@ -533,8 +576,12 @@ class RangeRecordReader(RecordReader):
         ok = False
         try:
             self.check_version()
-            for block in iter_line_blocks(range_chunks(self.file, self.range), strip_cr=False):
-                _, _, records = self.check.check_block(block)
+            chunks = range_chunks(self.file, self.range)
+            for block in iter_line_blocks(chunks, strip_cr=False, max_line=self.range.max_line_bytes):
+                _, ids, records = self.check.check_block(block)
+                if self._keep is not None:  # e.g. the job's id hash file (storage.id_hashes)
+                    for value in ids:
+                        self._keep(value, self.line_of(value))
                 yield from records
             ok = True
         finally:

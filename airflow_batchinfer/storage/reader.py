@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from airflow_batchinfer.exceptions import MalformedRecordError
+from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.records import (
     OnError,
     Record,
@@ -85,23 +86,28 @@ class RecordReader:
         on_error: OnError | str = "raise",
         rejects: RecordSink | None = None,
         id_field: str | None = None,
+        max_id_bytes: int | None = None,
     ) -> None:
         self.policy = ErrorPolicy(source, on_error, rejects)
         self.stats = self.policy.stats
         self._lines = lines
         self._id_field = id_field
+        self._max_id = max_id_bytes
 
     def __iter__(self) -> Generator[Record, None, None]:
         stats = self.stats
         for line_no, line in self._lines():
             stats.lines += 1
+            if type(line) is OversizedLine:  # the lines' source bounds them (JsonlFile.max_line_bytes)
+                self.policy.bad_line(line_no, line, line.reason())
+                continue
             if not line.strip():
                 stats.blank += 1
                 continue
             try:
                 record = parse_record(line)
                 if self._id_field is not None:
-                    record_id(record, self._id_field)
+                    record_id(record, self._id_field, self._max_id)
             except RecordError as exc:
                 self.policy.bad_line(line_no, line, str(exc))
                 continue

@@ -11,8 +11,11 @@ from typing import Any, Literal
 
 import orjson
 
+from airflow_batchinfer.storage.lines import OversizedLine
+
 OnError = Literal["raise", "skip", "quarantine"]
 ON_ERROR_CHOICES: tuple[OnError, ...] = ("raise", "skip", "quarantine")
+MAX_ID_BYTES = 512  # the max_id_bytes setting's default (settings.py): UTF-8 bytes of an id as text
 
 Record = dict[str, Any]
 
@@ -42,19 +45,38 @@ def parse_record(line: bytes) -> Record:
     return value
 
 
-def record_id(record: Record, id_field: str) -> str | int:
-    """The record's id, or :class:`RecordError` when it is missing or not a string/integer."""
+def record_id(record: Record, id_field: str, max_bytes: int | None = None) -> str | int:
+    """The record's id, or :class:`RecordError` when it is missing, not a string/integer, or longer
+    than ``max_bytes`` UTF-8 bytes as text (``None``: any length)."""
     value = record.get(id_field)
     if value is None:
         raise RecordError(f"missing id field {id_field!r}")
     if isinstance(value, bool) or not isinstance(value, str | int) or value == "":
-        raise RecordError(f"id field {id_field!r} must be a non-empty string or an integer, got {value!r}")
+        raise RecordError(
+            f"id field {id_field!r} must be a non-empty string or an integer, got {_short(repr(value))}"
+        )
+    if max_bytes is not None and isinstance(value, str) and len(value) * 4 > max_bytes:  # else it fits
+        size = len(value.encode("utf-8", "surrogatepass"))
+        if size > max_bytes:
+            raise RecordError(
+                f"id field {id_field!r} is {size:,} bytes, longer than max_id_bytes={max_bytes:,} "
+                f"(it starts {_short(repr(value[:80]))}); shorten the ids, or raise the max_id_bytes setting"
+            )
     return value
 
 
+def _short(text: str, n: int = 80) -> str:
+    """``text`` cut to ``n`` characters for a message (an error must stay small whatever the id)."""
+    return text if len(text) <= n else f"{text[:n]}…"
+
+
 def reject_row(source: str, line_no: int, error: str, raw: bytes) -> Record:
-    """The quarantine row ``{source, line_no, error, raw}`` (plus ``raw_base64`` for non-UTF-8)."""
+    """The quarantine row ``{source, line_no, error, raw}`` (plus ``raw_base64`` for non-UTF-8). For
+    an :class:`~airflow_batchinfer.storage.lines.OversizedLine`, ``raw`` is its first bytes and
+    ``raw_bytes`` the whole line's length."""
     row: Record = {"source": source, "line_no": line_no, "error": error}
+    if type(raw) is OversizedLine:
+        row["raw_bytes"] = raw.size
     try:
         row["raw"] = raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -26,10 +26,11 @@ from airflow_batchinfer.storage.jsonl_dir import (
     ShardDescriptor,
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
-from airflow_batchinfer.storage.records import OnError
+from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 
@@ -81,6 +82,8 @@ def shard_dataset(
     storage_options: StorageOptions | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    max_line_bytes: int = MAX_LINE_BYTES,
+    max_id_bytes: int = MAX_ID_BYTES,
 ) -> ShardingResult:
     """Stream ``src`` (one ``.jsonl`` / ``.jsonl.zst`` file) into shards under ``dst``.
 
@@ -98,11 +101,14 @@ def shard_dataset(
     :param overwrite: replace shards in ``dst`` that another run wrote. Without it, an identical
         earlier run is reused, an interrupted identical run is redone, and anything else is refused.
     :param progress: ``progress(records, nbytes)`` callback for progress bars.
+    :param max_line_bytes: a longer line is bad (its reject row keeps its first KiB and
+        ``raw_bytes``), and is never held whole while it is read.
+    :param max_id_bytes: a longer id (UTF-8 bytes of it as text) makes its line bad.
     :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records. Each
         carries ``ids``, the count and digest of its ids (rejects are counted by line, not by id).
     """
     started = time.monotonic()
-    source = JsonlFile(src, storage_options=storage_options)
+    source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
     info = source.info()
@@ -117,6 +123,7 @@ def shard_dataset(
         "on_error": on_error,
         "compression": compression,
         "rejects": rejects_dir.uri,
+        **bounds_fingerprint(max_line_bytes, max_id_bytes),
     }
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
@@ -147,6 +154,7 @@ def shard_dataset(
         id_field=id_field,
         assign=(lambda line_no, _offset: f"{source_name}:{line_no}") if assign_ids else None,
         window=records_per_shard,
+        max_id_bytes=max_id_bytes,
     )
     # Ids written but not yet in a committed shard's digest, in order: each shard the writer commits
     # takes the first ``records`` of them (the writer rotates by records and bytes, in order).
@@ -174,6 +182,17 @@ def shard_dataset(
         out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
     )
     return result
+
+
+def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> dict[str, int | None]:
+    """The line and id bounds as fingerprint keys, only where they differ from the defaults: a
+    manifest written before the bounds existed still matches a run at the defaults."""
+    return {
+        k: v
+        for k, v, default in (("max_line_bytes", max_line_bytes, MAX_LINE_BYTES),
+                              ("max_id_bytes", max_id_bytes, MAX_ID_BYTES))
+        if v != default
+    }  # fmt: skip
 
 
 def _seal(written: list[ShardDescriptor], sealed: int, unsealed: list[Any]) -> int:

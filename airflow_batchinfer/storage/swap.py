@@ -9,6 +9,8 @@ file at once both see their change land:
   compare-and-swap on the object's ETag (``If-Match``; ``If-None-Match: *`` to create it); a writer
   that lost the race reads again and retries;
 - any other fsspec store: a plain write (its last writer wins), so keep its writers to one process.
+  What many processes write at once (run-owner claims, review decisions) calls :func:`require_exact`
+  first and is refused there.
 """
 
 from __future__ import annotations
@@ -20,11 +22,16 @@ import random
 import time
 from collections.abc import Callable, Iterator
 
-from airflow_batchinfer.exceptions import StorageError
+from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location
 
-__all__ = ["exact", "read", "update"]
+__all__ = ["exact", "read", "require_exact", "update"]
+
+SAFE_STORES = (
+    "a local disk of one host (the Airflow components that write it on that host), or S3 / an "
+    "S3-compatible server with conditional writes (MinIO, SeaweedFS, Ceph)"
+)
 
 TRIES = 20  # compare-and-swap attempts before giving up (each after a short random wait)
 _LOST_RACE = {"PreconditionFailed", "ConditionalRequestConflict", "412", "409"}
@@ -75,6 +82,20 @@ def update(loc: Location, change: Callable[[bytes | None], bytes]) -> bytes:
 def exact(loc: Location) -> bool:
     """Whether :func:`update` is exact at ``loc`` (a local disk or S3); elsewhere the last writer wins."""
     return loc.is_local or _is_s3(loc)
+
+
+def require_exact(loc: Location, what: str) -> None:
+    """Refuse ``what`` at ``loc`` unless :func:`update` is exact there: on a store without
+    conditional writes two writers at once would silently lose one's change (a ``ConfigError``
+    naming the store and the remedy; nothing is read or written)."""
+    if exact(loc):
+        return
+    protocol = loc.fs.protocol
+    name = "/".join(protocol) if isinstance(protocol, tuple | list) else str(protocol)
+    raise ConfigError(
+        f"{what} is refused: {loc.uri} is on a {name}:// store, which has no conditional writes, so "
+        f"writers at the same instant would overwrite each other. Remedy: put the run root on {SAFE_STORES}."
+    )
 
 
 def _is_s3(loc: Location) -> bool:

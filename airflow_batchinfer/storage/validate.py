@@ -3,7 +3,9 @@ validate here, so a bad line is rejected for the same reason whichever of the tw
 
 A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
-non-object value, a missing or invalid id, an OpenAI batch line without ``body``, a repeated id.
+non-object value, a missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
+without ``body``, a repeated id, or a line longer than ``max_line_bytes`` (which the splitter never
+held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,16 @@ from typing import Any
 
 import orjson
 
+from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
-from airflow_batchinfer.storage.records import Record, RecordError, dumps, parse_record, record_id
+from airflow_batchinfer.storage.records import (
+    MAX_ID_BYTES,
+    Record,
+    RecordError,
+    dumps,
+    parse_record,
+    record_id,
+)
 
 AssignId = Callable[[int, int], str]
 """``assign(line_no, offset)``: the id given to a record without one (``assign_ids``)."""
@@ -46,6 +56,7 @@ class LineValidator:
     :param offsets: lines come with their ``\\r`` (``iter_line_blocks(strip_cr=False)``): the
         validator strips it and tracks each line's byte offset (a range shard's reject rows and
         assigned ids name it, as absolute line numbers are not known inside a range).
+    :param max_id_bytes: the most UTF-8 bytes of a string id; ``None``: any length.
     """
 
     def __init__(
@@ -56,11 +67,16 @@ class LineValidator:
         assign: AssignId | None = None,
         window: int | None = None,
         offsets: bool = False,
+        max_id_bytes: int | None = MAX_ID_BYTES,
     ) -> None:
         self.policy = policy
         self.stats = policy.stats
         self.id_field = id_field
         self._openai = id_field == "custom_id"
+        self._max_id = max_id_bytes
+        # A string id of at most this many characters fits in max_id_bytes whatever its characters
+        # (UTF-8 takes at most 4 bytes each): the common path never encodes an id.
+        self._id_chars = (max_id_bytes // 4) if max_id_bytes is not None else None
         self._assign = assign
         self._window = window
         self._offsets = offsets
@@ -78,9 +94,14 @@ class LineValidator:
         records: list[Record] = []
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
         stats, seen, offsets = self.stats, self._seen, self._offsets
+        id_chars = self._id_chars
         for line in block:
             self.line_no += 1
             offset = self.offset
+            if type(line) is OversizedLine:  # the splitter kept only its first bytes
+                self.offset += line.size + 1
+                self._bad(line, offset, line.reason())
+                continue
             if offsets:
                 self.offset += len(line) + 1
                 if line.endswith(b"\r"):
@@ -105,8 +126,11 @@ class LineValidator:
                 if rid is None and self._assign is not None:
                     rid = record[self.id_field] = self._assign(self.line_no, offset)
                     line = dumps(record)
-                elif not ((type(rid) is str and rid) or type(rid) is int):
-                    record_id(record, self.id_field)  # raises, naming what is wrong with the id
+                elif not (
+                    (type(rid) is str and rid and (id_chars is None or len(rid) <= id_chars))
+                    or type(rid) is int
+                ):  # raises, naming what is wrong with the id (a long string id may still fit)
+                    record_id(record, self.id_field, self._max_id)
                 if rid in seen or rid in self._seen_before:
                     first = seen.get(rid) or self._seen_before.get(rid)
                     raise RecordError(f"duplicate id {rid!r} (first at line {self._line_name(first)})")

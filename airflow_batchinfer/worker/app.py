@@ -1,6 +1,7 @@
 """The worker's HTTP/JSON API (FastAPI); docs/reference/worker.md describes the contract.
 
-``/v1/health`` and ``/v1/ready`` are open (probes); everything else needs the bearer token unless
+``/v1/health`` and ``/v1/ready`` are open (probes; ``/v1/ready`` tells why it is not ready only to a
+caller with the token); everything else needs the bearer token unless
 the worker runs with ``--insecure-no-auth`` on loopback. The token and the body size
 (``--max-body-bytes``) are checked by :class:`~airflow_batchinfer.worker.guard.RequestGuard` before
 FastAPI reads or parses anything.
@@ -28,7 +29,7 @@ from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from airflow_batchinfer.worker.security import PrefixPolicy
+from airflow_batchinfer.worker.security import PrefixPolicy, token_ok
 
 log = logging.getLogger("airflow_batchinfer.worker")
 
@@ -45,8 +46,9 @@ def create_app(
     non-zero, so a supervisor restarts it and shows why)."""
     if not config.insecure_no_auth and not config.token:
         raise ConfigError("the worker app needs a token unless insecure_no_auth (loopback only) is set")
-    registry = JobRegistry(runtime, concurrency=config.concurrency)
     prefixes = PrefixPolicy(config.allowed_prefixes)
+    # checked at submit below, and held by the registry while each job runs
+    registry = JobRegistry(runtime, concurrency=config.concurrency, policy=prefixes)
     callables = config.callable_policy()
     state: dict[str, Any] = {"load_error": None}
     # Which process answers: a pool client tells a worker's own address from one address that a
@@ -101,9 +103,14 @@ def create_app(
         return {"status": "ok", "instance": instance}
 
     @app.get("/v1/ready")
-    async def ready() -> JSONResponse:
+    async def ready(request: Request) -> JSONResponse:
         if runtime.ready and not registry.draining:
             return JSONResponse({"ready": True})
+        # Open for the probes, which need only the status: the reason (a load error names model
+        # paths, options, hosts) is for callers with the token.
+        authorized = token_ok(request.headers.get("authorization"), config.token or "")
+        if not (config.insecure_no_auth or authorized):
+            return JSONResponse({"ready": False}, status_code=503)
         reason = state["load_error"] or ("draining" if registry.draining else "loading the model")
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)
 

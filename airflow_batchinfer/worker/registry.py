@@ -13,9 +13,11 @@ from airflow_batchinfer.batching import BatchStats
 from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
+from airflow_batchinfer.storage.confine import confined
 from airflow_batchinfer.worker.manifest import write_job_manifest
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
+from airflow_batchinfer.worker.security import PrefixPolicy
 from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
 
 log = logging.getLogger("airflow_batchinfer.worker")
@@ -53,10 +55,22 @@ class Job:
 
 
 class JobRegistry:
-    def __init__(self, runtime: Runtime, *, concurrency: int, worker_name: str | None = None) -> None:
+    """``policy``: the worker's storage allow-list, checked at submit by the app and held while each
+    job runs (:func:`~airflow_batchinfer.storage.confine.confined`): every local file a job opens
+    is checked again then, so a directory swapped for a symlink mid-job fails the job, not leaks it."""
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        concurrency: int,
+        worker_name: str | None = None,
+        policy: PrefixPolicy | None = None,
+    ) -> None:
         self.runtime = runtime
         self.concurrency = concurrency
         self.worker_name = worker_name or socket.gethostname()
+        self.policy = policy if policy is not None and policy.confines else None
         self.jobs: dict[str, Job] = {}
         self.draining = False
         self.last_activity = time.monotonic()
@@ -97,6 +111,11 @@ class JobRegistry:
         return job.status(self.worker_name), True
 
     async def _run(self, job: Job) -> None:
+        # This task's context (and every task and thread the job starts) holds the allow-list.
+        with confined(self.policy):
+            await self._run_confined(job)
+
+    async def _run_confined(self, job: Job) -> None:
         ctx = job.ctx
         spec = ctx.spec
         batch_before = self.runtime.batcher.stats
@@ -146,7 +165,8 @@ class JobRegistry:
             job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
         except Exception as exc:
             log.exception("job %s failed", spec.job_id)
-            job.state, job.error = "failed", f"{type(exc).__name__}: {exc}"
+            cause = _sole_cause(exc)
+            job.state, job.error = "failed", f"{type(cause).__name__}: {cause}"
         finally:
             job.finished_at = time.time()
             self.last_activity = time.monotonic()
@@ -211,6 +231,14 @@ class JobRegistry:
         )
         for job in finished[: len(self.jobs) - KEEP_FINISHED]:
             del self.jobs[job.ctx.spec.job_id]
+
+
+def _sole_cause(exc: BaseException) -> BaseException:
+    """The one error inside a job's task group (its message names the path and the remedy), rather
+    than "unhandled errors in a TaskGroup"; a group of several stays as it is."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _delta(before: BatchStats, after: BatchStats) -> dict[str, float]:

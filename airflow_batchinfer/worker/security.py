@@ -70,6 +70,44 @@ def normalize(uri: str) -> str:
     return f"{scheme}://" + "/".join(segments)
 
 
+def is_path_model(ref: str) -> bool:
+    """Whether a model reference names a local path (absolute, or ``file://``), not a name."""
+    return ref.startswith(("/", "file://"))
+
+
+def normalize_model(ref: str) -> str:
+    """The form model allow-lists compare: a local path as :func:`normalize` makes it (real path,
+    ``..`` and symlinks resolved); any other reference (``builtin:smollm2``, a hub id) as written.
+    :class:`ValueError` for a name with a ``.`` or ``..`` segment: an engine may open it as a path
+    relative to the worker's directory, which no allow-list entry can bound."""
+    if is_path_model(ref):
+        return normalize(ref)
+    if any(segment in (".", "..") for segment in ref.split("/")):
+        raise ValueError(
+            f"{ref!r} has a '.' or '..' path segment: name a local model by its absolute path, or "
+            "another model by its name as written"
+        )
+    return ref
+
+
+def model_allows(entry: str, ref: str) -> bool:
+    """Whether an allow-list ``entry`` admits model ``ref`` (:class:`ValueError` for a ``ref`` that
+    :func:`normalize_model` refuses). Paths compare normalised, by whole segments: ``/models/``
+    allows everything under ``/models``, ``/models/a`` only itself. Other references compare as
+    written: equal, or under an entry ending in ``/``, ``:`` or ``.`` (``builtin:`` allows every
+    built-in model). A path entry never admits a name, nor the reverse."""
+    value = normalize_model(ref)
+    if is_path_model(entry) != is_path_model(ref):
+        return False
+    if not is_path_model(entry):
+        return value == entry or (entry[-1:] in ("/", ":", ".") and value.startswith(entry))
+    try:
+        allowed = normalize(entry)
+    except ValueError:
+        return False
+    return value == allowed or (entry.endswith("/") and value.startswith(allowed.rstrip("/") + "/"))
+
+
 class PrefixPolicy:
     """Allows a URI only under one of ``prefixes`` (``None``: anything, by explicit choice).
 
@@ -126,3 +164,17 @@ class PrefixPolicy:
 
     def allows(self, uri: str) -> bool:
         return self.why_not(uri) is None
+
+    @property
+    def confines(self) -> bool:
+        """Whether any URI is refused (``False`` with ``--allow-any-prefix``)."""
+        return self.prefixes is not None
+
+    def describe(self) -> str:
+        """The allowed prefixes as compared (real paths, canonical URIs), for error messages."""
+        if self.prefixes is None:
+            return "any prefix"
+        return ", ".join(
+            "/" + "/".join(s) if scheme == "file" else f"{scheme}://" + "/".join(s)
+            for scheme, s in self.prefixes
+        )

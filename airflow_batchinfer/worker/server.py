@@ -109,7 +109,9 @@ def serve(config: WorkerConfig) -> None:
         log.warning("--allow-any-prefix: jobs may read and write any storage location this worker can reach")
     if config.insecure_no_auth:
         log.warning("--insecure-no-auth: the RPC API is open to every local process")
-    engine = create_engine(config.engine, model=config.model, **config.engine_options)
+    engine = create_engine(
+        config.engine, model=config.model, **config.engine_options, **config.engine_secrets
+    )
     concurrent = config.max_concurrent_batches or (4 if config.engine == "vllm" else 1)
     runtime = Runtime(
         engine,

@@ -6,9 +6,11 @@ per worker, whatever the shard size), submits prompts to the worker's shared bat
 per-record failure into a row with a reason, and commits each output file atomically. Output rows
 are the input record plus ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``.
 
-Fencing: a judge or in-place spec with ``outputs["staging"]`` has its approved and rejected rows
-written under a fresh attempt token (:meth:`JobContext.output`), never to their final URIs; the
-completion manifest names the attempt and its files, and the round's close accepts one attempt.
+Fencing: a spec with ``outputs["staging"]`` has its outputs (a judge's or in-place job's approved
+and rejected rows, an infer job's inferred rows) written under a fresh attempt token
+(:meth:`JobContext.output`), never to their final URIs; the completion manifest names the attempt
+and its files (``committed``), a judge reads the infer attempt named there, and the round's close
+accepts one attempt of each job.
 
 Accounting: next to its counts, a job digests the ids it reads (``input``) and those of every row
 it emits per output file (:data:`~airflow_batchinfer.worker.manifest.ID_OUTPUTS`); the manifest's
@@ -33,12 +35,13 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge
-from airflow_batchinfer.layout import FENCED_OUTPUTS, staged_output
+from airflow_batchinfer.layout import fenced_outputs, staged_output
 from airflow_batchinfer.prompts import PromptError
 from airflow_batchinfer.review.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
+from airflow_batchinfer.storage.id_hashes import HashWriter, hashes_beside
 from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader, read_stats
 from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.storage.records import Record
@@ -94,7 +97,9 @@ class JobContext:
         ``outputs["input_rejects"]`` with their line in the range and byte offset, and the read's
         line counts join the job's counts as ``read_lines``, ``read_records``, ``read_blank``,
         ``read_skipped`` and ``read_quarantined`` (round 0's close turns them into the run's
-        ``rejects/`` with absolute line numbers)."""
+        ``rejects/`` with absolute line numbers). Once the range is read to its end, its id hash
+        file (:class:`~airflow_batchinfer.storage.id_hashes.HashWriter`: each kept id's hash and
+        line in the range) is written beside the manifest, before it."""
         raw = self.params.raw.get("input_range")
         if raw is None:
             return self.file(self.spec.input).iter_records()
@@ -105,25 +110,32 @@ class JobContext:
                 f"shard {rng.shard_id}: a range job needs outputs['input_rejects'] (where its bad lines go)"
             )
         rejects = self.file(rejects_uri).writer_sync()
+        # Beside the manifest, written before it: round 0's close finds ids two ranges hold from these.
+        hashes = HashWriter(hashes_beside(self.spec.outputs["manifest"], rng.shard_id),
+                            self.runtime.storage_options)  # fmt: skip
         reader: RangeRecordReader
 
         def finish(ok: bool) -> None:
             if not ok:
                 rejects.abort()
+                hashes.abort()
                 return
             rejects.commit()
+            hashes.commit(reader.stats.lines)
             self.counts.update(read_stats(reader.policy))
 
-        reader = RangeRecordReader(self.file(self.spec.input), rng, rejects=rejects, finish=finish)
+        reader = RangeRecordReader(self.file(self.spec.input), rng, rejects=rejects, finish=finish,
+                                   keep=hashes.add)  # fmt: skip
         return reader
 
     def output(self, name: str) -> str:
         """Where this attempt writes output ``name``. With ``outputs["staging"]`` the fenced outputs
-        (approved, rejected) go to ``<staging>/<job>/<attempt>/<name>.jsonl.zst``, and the round's close
-        moves one attempt's files to their final URIs (``outputs[name]``); without it, straight there."""
+        (approved, rejected; an infer job's inferred) go to ``<staging>/<job>/<attempt>/<name>.jsonl.zst``,
+        and the round's close moves one attempt's files to their final URIs (``outputs[name]``);
+        without it, straight there."""
         outputs = self.spec.outputs
         staging = outputs.get("staging")
-        if not staging or name not in FENCED_OUTPUTS or self.spec.kind == "infer":
+        if not staging or name not in fenced_outputs(self.spec.kind):
             return outputs[name]
         uri = staged_output(staging, outputs["manifest"], self.attempt, name)
         self.committed[name] = uri
@@ -224,7 +236,7 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
         ctx.count_ids("inferred", chunk)  # one row per record, its id
         return rows
 
-    async with ctx.file(ctx.spec.outputs["inferred"]).writer() as out:
+    async with ctx.file(ctx.output("inferred")).writer() as out:
         await _pipelined(ctx, process, out.write_many)
     return dict(ctx.counts)
 

@@ -9,7 +9,9 @@ nodes directly (a table, or a literal block):
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
 - ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``);
-- ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set.
+- ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set;
+- ``batchinfer-desk-settings``: how much the review desk returns at once (``desk_bounds.DESK_SETTINGS``);
+- ``batchinfer-pool-network``: who may call a Kubernetes pool's workers (``limits.POOL_NETWORK_SETTINGS``).
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ class Limits(_Generated):
     def nodes(self) -> list[nodes.Node]:
         from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS
 
-        kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)"}
+        kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)",
+                 "quantity": "Kubernetes quantity (unset: no limit)"}  # fmt: skip
         rows = [
             [f"``{s.name}``", kinds[s.kind], f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
              re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s.help)]
@@ -181,6 +184,35 @@ class Limits(_Generated):
                         "environment variable", "what it pins"], rows)]  # fmt: skip
 
 
+class DeskSettings(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.desk_bounds import DESK_SETTINGS
+        from airflow_batchinfer.limits import CONFIG_SECTION
+
+        rows = [
+            [f"``{s.name}``", f"``{s.default}`` (at least {s.minimum})",
+             f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
+             re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s.help)]
+            for s in DESK_SETTINGS
+        ]  # fmt: skip
+        header = [f"``[{CONFIG_SECTION}]`` key", "default (bytes)", "environment variable", "what it caps"]
+        return [_table(header, rows)]
+
+
+class PoolNetwork(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS
+
+        rows = [
+            [f"``{s.name}``", f"``{s.example}``", f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
+             re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s.help)]
+            for s in POOL_NETWORK_SETTINGS
+        ]  # fmt: skip
+        header = [f"``[{CONFIG_SECTION}]`` key and connection extra", "example", "environment variable",
+                  "what it names"]  # fmt: skip
+        return [_table(header, rows)]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-params", Params)
     app.add_directive("batchinfer-connection", Connection)
@@ -188,4 +220,6 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-model", Model)
     app.add_directive("batchinfer-job-outputs", JobOutputs)
     app.add_directive("batchinfer-limits", Limits)
+    app.add_directive("batchinfer-desk-settings", DeskSettings)
+    app.add_directive("batchinfer-pool-network", PoolNetwork)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -51,7 +51,7 @@ def shard_task(tmp_path: Path, root: Path, *, single_frame: bool = False) -> Any
     data.write_bytes(zstandard.ZstdCompressor().compress(text.encode()) if single_frame else text.encode())
     config = {"input": str(data), "run_root": str(root), "prompt_template": "{{ q }}",
               "judge": {"type": "llm"}, "records_per_shard": 100}  # fmt: skip
-    return ShardDatasetOperator(task_id="shard", config=config, claim_settle_s=0)
+    return ShardDatasetOperator(task_id="shard", config=config)
 
 
 @pytest.mark.parametrize("room_kb", [0, 64], ids=["full", "almost-full"])

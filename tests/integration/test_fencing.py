@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import close_round, inferred_shard, job_spec, propose, read_doc, write_plan
+from airflow_batchinfer.rounds import close_round, job_spec, judge_input, propose, read_doc, write_plan
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.run_config import RunConfig
@@ -118,7 +118,7 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
     try:
 
         def pinned(kind: str, shard: Any) -> JobSpec:
-            spec = job_spec(cfg, kind, 0, inferred_shard(cfg, 0, shard) if kind == "judge" else shard)  # type: ignore[arg-type]
+            spec = job_spec(cfg, kind, 0, judge_input(cfg, 0, shard) if kind == "judge" else shard)  # type: ignore[arg-type]
             return pin_input(spec, JsonlFile(spec.input).info())
 
         for s in plan.shards:

@@ -231,7 +231,8 @@ def test_worker_answers_health_while_the_model_loads(tmp_path: Path, tiny_model:
             assert proc.poll() is None and time.monotonic() < deadline
             try:
                 health = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=2)
-                ready = httpx.get(f"http://127.0.0.1:{port}/v1/ready", timeout=2)
+                with_token = {"Authorization": f"Bearer {TOKEN}"}  # the reason is for callers with it
+                ready = httpx.get(f"http://127.0.0.1:{port}/v1/ready", headers=with_token, timeout=2)
                 break
             except httpx.TransportError:
                 time.sleep(0.2)

@@ -98,6 +98,29 @@ def test_create_scale_discover_run_a_job_and_scale_to_zero(kube: Kube, tmp_path:
     wait_for(lambda: not pods(kube, ns) and not pool.endpoints(), what="pods gone after scale to zero")
 
 
+def test_the_pool_has_its_network_policy_from_setup_to_delete(kube: Kube, tmp_path: Path) -> None:
+    """Issue 22, item 8: setup creates the pool's NetworkPolicy (only Airflow's pods to the RPC port),
+    a changed ``rpc_from_namespace`` updates it without replacing a worker, delete removes it."""
+    ns = kube.namespace()
+    net = client.NetworkingV1Api(kube.api)
+    pool = KubernetesPool(kube.api, "pool", ns)
+    sp = spec(ns, tmp_path)
+    assert pool.ensure(sp) == "created"
+    policy = net.read_namespaced_network_policy("pool-rpc", ns)
+    assert policy.spec.pod_selector.match_labels["app.kubernetes.io/instance"] == "pool"
+    (rule,) = policy.spec.ingress
+    assert [p.port for p in rule.ports] == [sp.port] and rule._from[0].namespace_selector is None
+    version = policy.metadata.resource_version
+    assert pool.ensure(sp) == "unchanged"
+    assert net.read_namespaced_network_policy("pool-rpc", ns).metadata.resource_version == version
+    moved = spec(ns, tmp_path, port=sp.port, rpc_from_namespace="airflow")
+    assert pool.ensure(moved) == "unchanged"  # who may call is the policy's: no worker replaced
+    peer = net.read_namespaced_network_policy("pool-rpc", ns).spec.ingress[0]._from[0]
+    assert peer.namespace_selector.match_labels == {"kubernetes.io/metadata.name": "airflow"}
+    pool.delete()
+    assert not net.list_namespaced_network_policy(ns).items
+
+
 def test_changed_settings_replace_workers_only_when_no_other_run_holds_the_pool(
     kube: Kube, tmp_path: Path
 ) -> None:

@@ -11,12 +11,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import RunLayout, staged_output
+from airflow_batchinfer.layout import RunLayout, fenced_outputs, staged_output
 from airflow_batchinfer.rounds import (
     Plan,
     close_round,
-    inferred_shard,
     job_spec,
+    judge_input,
     propose,
     round_kinds,
     write_plan,
@@ -88,7 +88,7 @@ def finish_job(
 
     The manifest's ``ids`` digests the input file's ids and each output's rows, as a worker does;
     ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests)."""
-    src = inferred_shard(cfg, r, shard) if kind == "judge" else shard
+    src = judge_input(cfg, r, shard, so) if kind == "judge" else shard  # the infer attempt named now
     spec = job_spec(cfg, kind, r, src)
     info = JsonlFile(spec.input, storage_options=so).info()
     pinned = pin_input(spec, info)
@@ -99,7 +99,7 @@ def finish_job(
     for name, rows in outputs.items():
         rows = list(rows)
         digests[name] = IdDigest.of(r.get(id_field) for r in rows)
-        if "staging" in spec.outputs and name in ("approved", "rejected"):
+        if "staging" in spec.outputs and name in fenced_outputs(kind):
             uri = committed[name] = staged_output(
                 spec.outputs["staging"], spec.outputs["manifest"], token, name
             )
@@ -163,7 +163,7 @@ def judge_shard(
     infer_judge (reading the pending shard)."""
     kind = round_kinds(cfg, "rounds")[-1]
     if kind == "judge":
-        rows = read_rows(inferred_shard(cfg, r, shard)["uri"], so)
+        rows = read_rows(judge_input(cfg, r, shard, so)["uri"], so)
     else:
         rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
     ok = [{**row, "status": "approved"} for row in rows if row["id"] in approve]

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.rounds import inferred_shard, job_spec
+from airflow_batchinfer.rounds import job_spec, judge_input
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobStatus
 from airflow_batchinfer.run_config import RunConfig
@@ -31,7 +31,7 @@ def run_jobs(
         out = []
         try:
             for kind, r, shard in jobs:
-                src = inferred_shard(cfg, r, shard) if kind == "judge" else shard
+                src = judge_input(cfg, r, shard) if kind == "judge" else shard
                 spec = job_spec(cfg, kind, r, src)
                 pinned = pin_input(spec, JsonlFile(spec.input).info())
                 registry.submit(pinned, parse_params(kind, pinned.params))

@@ -34,6 +34,19 @@ def test_shard_then_recompact(tmp_path: Path) -> None:
     assert [r["id"] for r in JsonlDir(str(tmp_path / "pending")).iter_records()] == list(range(250))
 
 
+def test_shard_takes_the_input_bounds_of_a_run(tmp_path: Path) -> None:
+    src = tmp_path / "data.jsonl"
+    rows = [{"id": "a"}, {"id": "b", "q": "y" * 5000}, {"id": "c" * 40}, {"id": "d"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = run("shard", str(src), str(tmp_path / "input"), "--max-line-bytes", "1024", "--max-id-bytes", "32")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["counts"]["quarantined"] == 2
+    assert [r["id"] for r in JsonlDir(str(tmp_path / "input")).iter_records()] == ["a", "d"]
+    rejects = [r for r in JsonlDir(str(tmp_path / "rejects")).iter_records()]
+    assert sorted(r["line_no"] for r in rejects) == [2, 3]
+    assert "max_line_bytes" in rejects[0]["error"] + rejects[1]["error"]
+
+
 def test_errors_are_one_clear_line_and_exit_code_1(tmp_path: Path) -> None:
     src = tmp_path / "bad.jsonl"
     src.write_text('{"id": 1}\n[]\n')

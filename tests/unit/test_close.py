@@ -5,6 +5,7 @@ finished as a worker would (tests.support.fake_jobs) or by the worker's own job 
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -77,7 +78,7 @@ def test_judge_outputs_are_staged_and_close_promotes_them(tmp_path: Path) -> Non
     s = plan.shards[0]
     spec = job_spec(cfg, "judge", 0, inferred_shard(cfg, 0, s))
     assert spec.outputs["staging"] == layout.staging(0) == f"{cfg.run_root}/round-00/staged"
-    assert "staging" not in job_spec(cfg, "infer", 0, s).outputs  # infer: one atomic intermediate
+    assert job_spec(cfg, "infer", 0, s).outputs["staging"] == layout.staging(0)  # infer: fenced too
     manifests = [finish_shard(cfg, 0, x, half(x), token=f"t{i}") for i, x in enumerate(plan.shards)]
     m = manifests[0]
     assert m["committed"] == {
@@ -136,7 +137,12 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
     assert not Path(layout.result(0, bad["shard_id"])).exists()
     assert not Path(layout.rejected(0, bad["shard_id"])).exists()
     assert bool(failed["orphans_removed"]) == closed_before  # the old acceptance's outputs
-    assert not list(Path(layout.staging(0)).rglob("*.zst"))  # the stale attempt's files are gone
+    # the stale attempt's files are gone; the current infer attempt (not yet accepted) stays for the
+    # judge's re-run to read, and once accepted before, inferred/ holds it instead
+    infer = read_job_manifest(layout.job_manifest(0, bad["shard_id"], "infer"))
+    assert infer is not None
+    left = [] if closed_before else [Path(infer["committed"]["inferred"])]
+    assert list(Path(layout.staging(0)).rglob("*.zst")) == left
     doc = read_doc(layout.accepted(0, bad["shard_id"], "judge"), "accepted job")
     assert doc is not None and doc["quarantined"] and doc["phase"] == "judge"
 
@@ -148,7 +154,10 @@ def test_a_rewritten_input_makes_the_judge_manifest_stale(tmp_path: Path) -> Non
         finish_shard(cfg, 0, x, half(x))
     s = plan.shards[1]
     rows = [{**r, "result": "other", "status": "ok"} for r in JsonlFile(s["uri"]).iter_records()]
-    write_rows(inferred_shard(cfg, 0, s)["uri"], rows)  # a late infer copy rewrote the judge's input
+    judged = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, s["shard_id"], "judge"))
+    assert judged is not None and "/staged/" in judged["input"]  # the infer attempt it read
+    time.sleep(0.01)  # a new mtime on every file system
+    write_rows(judged["input"], rows)  # that attempt rewritten under the judge (by hand)
     summary = close(cfg, plan)
     assert [f["shard_id"] for f in summary["failed_shards"]] == [s["shard_id"]]
     assert "another input version" in summary["failed_shards"][0]["error"]

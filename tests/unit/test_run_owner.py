@@ -1,12 +1,12 @@
 """Who owns a run root: the pure decision, and the claim around it: a compare-and-swap on local disk
-and the real S3 server, a settled read-back on a store without conditional writes (fsspec's
-memory://). The owner run's state comes from a dict."""
+and the real S3 server (a store without conditional writes is refused:
+tests/security/test_unsafe_stores.py; another DAG's root: tests/security/test_run_root_ownership.py).
+The owner run's state comes from a dict."""
 
 from __future__ import annotations
 
 import json
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,8 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.run_owner import (
+    CREATOR,
     OWNER_VERSION,
-    SETTLE_S,
     OwnedElsewhere,
     RunIdentity,
     claim,
@@ -32,7 +32,7 @@ OTHER = RunIdentity("llm_eval", "manual__2025-01-01T00:00:00+00:00")
 
 
 def record(run: RunIdentity) -> dict[str, object]:
-    return {"schema_version": OWNER_VERSION, "dag_id": run.dag_id, "run_id": run.run_id}
+    return {"schema_version": OWNER_VERSION, "dag_id": run.dag_id, "run_id": run.run_id, CREATOR: run.dag_id}
 
 
 # ------------------------------------------------------------------------------------- decide
@@ -110,30 +110,15 @@ class States:
 def test_claim_writes_a_versioned_record_and_a_rerun_keeps_it(tmp_path: Path) -> None:
     root = str(tmp_path / "run")
     states = States()
-    d = claim(root, ME, states, settle_s=0, extra={"try_number": 1})
+    d = claim(root, ME, states, extra={"try_number": 1})
     assert d.action == "claim" and states.asked == []
     stored = json.loads((tmp_path / "run" / "owner.json").read_text())
     assert stored["schema_version"] == OWNER_VERSION
     assert (stored["dag_id"], stored["run_id"], stored["try_number"]) == (ME.dag_id, ME.run_id, 1)
-    assert stored["previous"] is None and stored["claimed_at"]
+    assert stored["previous"] is None and stored["claimed_at"] and stored[CREATOR] == ME.dag_id
     before = (tmp_path / "run" / "owner.json").stat().st_mtime_ns
-    assert claim(root, ME, states, settle_s=0).action == "keep" and states.asked == []
+    assert claim(root, ME, states).action == "keep" and states.asked == []
     assert (tmp_path / "run" / "owner.json").stat().st_mtime_ns == before  # a re-run writes nothing
-
-
-def test_a_claim_settles_only_where_it_is_not_a_compare_and_swap(tmp_path: Path) -> None:
-    """A local disk (and S3) decide and write under a lock or an ETag: nothing to wait out. A store
-    without conditional writes reads its claim back after one read and one write of another run."""
-    waits: list[float] = []
-    assert claim(str(tmp_path / "run"), ME, States(), sleep=waits.append).action == "claim"
-    assert waits == []
-    assert claim(memory_root(), ME, States(), sleep=waits.append).action == "claim"
-    assert claim(memory_root(), ME, States(), settle_s=0.5, sleep=waits.append).action == "claim"
-    assert waits == [SETTLE_S, 0.5]
-
-
-def memory_root() -> str:
-    return f"memory://owners/{uuid.uuid4().hex}"
 
 
 def test_simultaneous_claims_leave_exactly_one_owner(root: Root) -> None:
@@ -164,7 +149,7 @@ def test_claim_refuses_a_live_owner_and_leaves_its_record_as_it_was(tmp_path: Pa
     write_owner(root, OTHER)
     before = (tmp_path / "run" / "owner.json").read_bytes()
     states = States(**{OTHER.run_id: "running"})
-    d = claim(root, ME, states, settle_s=0)
+    d = claim(root, ME, states)
     assert d.action == "refuse" and states.asked == [OTHER]
     assert (tmp_path / "run" / "owner.json").read_bytes() == before
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".owner.json.lock", "owner.json"]
@@ -173,37 +158,11 @@ def test_claim_refuses_a_live_owner_and_leaves_its_record_as_it_was(tmp_path: Pa
 def test_claim_takes_over_a_finished_owner_and_remembers_it(tmp_path: Path) -> None:
     root = str(tmp_path / "run")
     write_owner(root, OTHER)
-    d = claim(root, ME, States(**{OTHER.run_id: "success"}), settle_s=0)
+    d = claim(root, ME, States(**{OTHER.run_id: "success"}))
     assert d.action == "claim"
     stored = read_owner(root)
     assert stored is not None and stored["run_id"] == ME.run_id
     assert stored["previous"] == {"dag_id": OTHER.dag_id, "run_id": OTHER.run_id}
-
-
-def test_without_conditional_writes_two_simultaneous_claims_leave_one_owner() -> None:
-    """Both read "no owner"; the other run's write lands while our claim settles: we refuse."""
-    root = memory_root()
-    states = States(**{OTHER.run_id: "running"})
-
-    def other_claims_meanwhile(_: float) -> None:
-        write_owner(root, OTHER)
-
-    d = claim(root, ME, states, settle_s=1.0, sleep=other_claims_meanwhile)
-    assert d.action == "refuse" and d.owner == OTHER
-    stored = read_owner(root)
-    assert stored is not None and stored["run_id"] == OTHER.run_id  # the other run goes on alone
-
-
-def test_without_conditional_writes_a_claim_overwritten_by_a_finished_run_is_taken_again() -> None:
-    root = memory_root()
-
-    def stale_write_meanwhile(_: float) -> None:
-        write_owner(root, OTHER)
-
-    d = claim(root, ME, States(**{OTHER.run_id: "failed"}), settle_s=1.0, sleep=stale_write_meanwhile)
-    assert d.action == "claim"
-    stored = read_owner(root)
-    assert stored is not None and stored["run_id"] == ME.run_id
 
 
 def test_an_unreadable_or_foreign_record_is_an_error_with_the_remedy(tmp_path: Path) -> None:
@@ -211,10 +170,16 @@ def test_an_unreadable_or_foreign_record_is_an_error_with_the_remedy(tmp_path: P
     root.mkdir()
     (root / "owner.json").write_text("{not json")
     with pytest.raises(StorageError, match=r"unreadable run owner record.*delete it"):
-        claim(str(root), ME, States(), settle_s=0)
+        claim(str(root), ME, States())
     (root / "owner.json").write_text(json.dumps({"schema_version": 1, "run_id": "x"}))
     with pytest.raises(ConfigError, match=r"owner\.json: the owner record names no DAG run.*delete it"):
-        claim(str(root), ME, States(), settle_s=0)
+        claim(str(root), ME, States())
+    (root / "owner.json").write_text(json.dumps({"schema_version": 2, "dag_id": "d", "run_id": "x"}))
+    with pytest.raises(ConfigError, match=r"owner\.json: the owner record names no creating DAG.*delete it"):
+        claim(str(root), ME, States())
+    (root / "owner.json").write_text(json.dumps({"schema_version": 3, "dag_id": "d", "run_id": "x"}))
+    with pytest.raises(StorageError, match=r"schema_version 3 is not supported \(expected 2\)"):
+        claim(str(root), ME, States())
     assert owner_uri(str(root)).endswith("/run/owner.json")
 
 
@@ -249,7 +214,7 @@ def shard_task(tmp_path: Path) -> object:
     data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(12)))
     config = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
               "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
-    return ShardDatasetOperator(task_id="shard", config=config, claim_settle_s=0)
+    return ShardDatasetOperator(task_id="shard", config=config)
 
 
 def test_the_shard_task_claims_then_refuses_another_live_run(tmp_path: Path) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import getpass
+import json
 import socket
 from typing import TYPE_CHECKING, Any
 
 from airflow_batchinfer.pools.kubernetes.objects import MANAGED_BY, SPEC_HASH, pool_objects, to_yaml
-from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE, KubernetesPoolSpec
+from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE, DEFAULT_RPC_FROM, KubernetesPoolSpec
 
 if TYPE_CHECKING:
     from airflow_batchinfer.pools.kubernetes.manager import KubernetesPool
@@ -30,6 +32,11 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
     g.add_argument("--model-pvc", default=None, help="PersistentVolumeClaim mounted read-only at /models")
     g.add_argument("--storage-secret", default=None, help="Secret with storage credentials (env)")
     g.add_argument(
+        "--engine-secret",
+        default=None,
+        help="Secret with the engine's secret options, one key each (api_key, default_headers)",
+    )
+    g.add_argument(
         "--service-account",
         default=None,
         help="the worker pods' ServiceAccount (storage access by IRSA or Workload Identity)",
@@ -37,6 +44,11 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
     g.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
                    help="Secret to pull the image from a private registry (repeatable)")  # fmt: skip
     g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--rpc-from", type=json.loads, default=None, metavar="JSON",
+                   help="label selector of the Airflow pods that may call the workers (the NetworkPolicy; "
+                   "default: the Helm chart's worker, triggerer, scheduler and api-server)")  # fmt: skip
+    g.add_argument("--rpc-from-namespace", default=None, metavar="NAMESPACE",
+                   help="the namespace those pods run in (default: the pool's)")  # fmt: skip
     g.add_argument(
         "--scaledown-ttl", type=float, default=120.0, help="seconds of lower demand before a replica goes"
     )
@@ -65,9 +77,11 @@ def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
         gpus=args.gpus, cpu=args.cpu, memory=args.memory,
         node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
         interruptible=args.interruptible, model_pvc=args.model_pvc, storage_secret=args.storage_secret,
-        service_account=args.service_account, image_pull_secrets=tuple(args.image_pull_secret),
+        engine_secret=args.engine_secret, service_account=args.service_account,
+        image_pull_secrets=tuple(args.image_pull_secret),
         port=args.port, idle_ttl_s=args.idle_ttl, scaledown_ttl_s=args.scaledown_ttl,
         allowed_callables=tuple(args.allow_callable),
+        rpc_from=args.rpc_from or copy.deepcopy(DEFAULT_RPC_FROM), rpc_from_namespace=args.rpc_from_namespace,
     )  # fmt: skip
 
 
@@ -114,7 +128,7 @@ def reap(args: argparse.Namespace) -> dict[str, Any]:
 def manifests(args: argparse.Namespace) -> None:
     """The pool's objects for ``kubectl apply`` / GitOps. They carry no spec hash, so the pool
     manager adopts them: Airflow leases and scales the Deployment and never edits its template."""
-    objs = pool_objects(spec_from_args(args))
+    objs = pool_objects(spec_from_args(args), network=not getattr(args, "no_network_policy", False))
     for obj in objs:
         annotations = obj["metadata"].pop("annotations", {})
         annotations.pop(SPEC_HASH, None)

@@ -28,6 +28,7 @@ from airflow_batchinfer.pools.kubernetes.spec import (
     KubernetesPoolSpec,
 )
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
+from airflow_batchinfer.pools.ref import RpcPeers
 from airflow_batchinfer.rpc.urls import http_url
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
@@ -70,8 +71,11 @@ class KubernetesPool:
         namespace: str = "default",
         *,
         clock: Callable[[], float] = time.time,
+        peers: RpcPeers | None = None,
     ) -> None:
         self.api, self.name, self.namespace, self.clock = api, name, namespace, clock
+        # who may call the workers, as the pool's connection names them (the setup builds the spec)
+        self.peers = peers or RpcPeers()
         self.apps = client.AppsV1Api(api)
         self.core = client.CoreV1Api(api)
 
@@ -129,6 +133,7 @@ class KubernetesPool:
         if self._get("read services", self.core.read_namespaced_service, self.name, ns) is None:
             self._create("services", self.core.create_namespaced_service, objects.worker_service(spec))
         self._ensure_disruption_budget(spec)
+        self._ensure_network_policy(spec)
         dep = self._get("read deployments", self.apps.read_namespaced_deployment, self.name, ns)
         if dep is None:
             body = objects.worker_deployment(spec, replicas=0)
@@ -183,6 +188,22 @@ class KubernetesPool:
                      self.name, self.namespace) is None:  # fmt: skip
             self._create("poddisruptionbudgets", policy.create_namespaced_pod_disruption_budget,
                          objects.disruption_budget(spec))  # fmt: skip
+
+    def _ensure_network_policy(self, spec: KubernetesPoolSpec) -> None:
+        """Create the pool's NetworkPolicy, or bring its rules to this spec's (``rpc_from``, port):
+        who may call the workers follows the DAG's settings, and a stale port would cut Airflow off."""
+        net, ns = client.NetworkingV1Api(self.api), self.namespace
+        body = objects.network_policy(spec)
+        name = body["metadata"]["name"]
+        have = self._get("read networkpolicies", net.read_namespaced_network_policy, name, ns)
+        if have is None:
+            if self._create("networkpolicies", net.create_namespaced_network_policy, body):
+                return
+            have = self._call("read networkpolicies", net.read_namespaced_network_policy, name, ns)
+        if self.api.sanitize_for_serialization(have.spec) != body["spec"]:
+            body["metadata"]["resourceVersion"] = have.metadata.resource_version
+            self._call("update networkpolicies", net.replace_namespaced_network_policy, name, ns, body)
+            log.info("%s: NetworkPolicy %s updated (who may call the workers, or their port)", self, name)
 
     def token(self) -> str:
         secret = self._get(
@@ -300,14 +321,17 @@ class KubernetesPool:
         return self._update(change, "scaled to zero")[0]
 
     def delete(self) -> None:
-        """Remove the pool's objects (Deployment, Service, budget, token Secret)."""
+        """Remove the pool's objects (Deployment, Service, budget, NetworkPolicy, token Secret)."""
         self.scale_to_zero()
         policy = client.PolicyV1Api(self.api)
+        net, network_policy = client.NetworkingV1Api(self.api), objects.network_policy_name(self.name)
         for what, fn, name in (
             ("delete deployments", self.apps.delete_namespaced_deployment, self.name),
             ("delete services", self.core.delete_namespaced_service, self.name),
             ("delete poddisruptionbudgets", policy.delete_namespaced_pod_disruption_budget, self.name),
             ("delete secrets", self.core.delete_namespaced_secret, f"{self.name}-token"),
+            # last: pods still terminating stay closed to everyone but Airflow
+            ("delete networkpolicies", net.delete_namespaced_network_policy, network_policy),
         ):
             self._get(what, fn, name, self.namespace)
 

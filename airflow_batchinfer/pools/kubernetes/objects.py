@@ -7,10 +7,12 @@ default spec, checked by a test).
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
 from airflow_batchinfer import __version__
+from airflow_batchinfer.engines import secret_options
 from airflow_batchinfer.pools.kubernetes.spec import GPU_TOLERATION, SPOT_TOLERATIONS, KubernetesPoolSpec
 
 ANNOTATION = "batchinfer.io/"
@@ -60,6 +62,19 @@ def _volumes(spec: KubernetesPoolSpec) -> tuple[list[dict[str, Any]], list[dict[
     return volumes, mounts
 
 
+def _engine_secret_env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
+    """Each secret engine option as the engine's own variable (``OPENAI_API_KEY``) from the key of the
+    option's name in ``engine_secret``: the Deployment (readable with the ``view`` role) names the
+    Secret, never a value. A required option's key must exist (else the pod does not start)."""
+    if not spec.engine_secret:
+        return []
+    return [
+        {"name": o.env, "valueFrom": {"secretKeyRef": {
+            "name": spec.engine_secret, "key": o.name, **({} if o.required else {"optional": True})}}}
+        for o in secret_options(spec.engine).values()
+    ]  # fmt: skip
+
+
 def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
     """Settings as ``BATCHINFER_WORKER_*`` variables, so a kustomize patch can change any one by name.
 
@@ -79,6 +94,7 @@ def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
         *({"name": f"BATCHINFER_WORKER_{k}", "value": v} for k, v in worker.items() if v is not None),
         {"name": "BATCHINFER_WORKER_TOKEN",
          "valueFrom": {"secretKeyRef": {"name": spec.token_secret, "key": "token"}}},
+        *_engine_secret_env(spec),
         {"name": "HOME", "value": "/tmp"},
         # Models come from the image or the model volume; nothing is downloaded at run time.
         {"name": "HF_HUB_OFFLINE", "value": "1"},
@@ -200,9 +216,35 @@ def token_secret(spec: KubernetesPoolSpec, token: str) -> dict[str, Any]:
     }
 
 
-def pool_objects(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
-    """Everything but the token Secret (it is made once, from a fresh random token)."""
-    return [worker_deployment(spec), worker_service(spec), disruption_budget(spec)]
+def network_policy_name(pool: str) -> str:
+    return f"{pool}-rpc"
+
+
+def network_policy(spec: KubernetesPoolSpec) -> dict[str, Any]:
+    """Only Airflow's pods (``rpc_from``, in ``rpc_from_namespace``) reach this pool's RPC port; other
+    ingress to its pods is dropped (kubelet probes are not affected). Enforced by a network plugin
+    that implements NetworkPolicy (Calico, Cilium...)."""
+    peer: dict[str, Any] = {"podSelector": copy.deepcopy(spec.rpc_from)}
+    if spec.rpc_from_namespace and spec.rpc_from_namespace != spec.namespace:
+        # ONE peer with both selectors: those pods in that namespace (two peers would admit either)
+        peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": spec.rpc_from_namespace}}
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(spec, network_policy_name(spec.name)),
+        "spec": {
+            "podSelector": {"matchLabels": selector(spec.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [peer], "ports": [{"protocol": "TCP", "port": spec.port}]}],
+        },
+    }
+
+
+def pool_objects(spec: KubernetesPoolSpec, *, network: bool = True) -> list[dict[str, Any]]:
+    """Everything but the token Secret (it is made once, from a fresh random token). ``network``: with
+    the pool's NetworkPolicy (k8s/base ships its own, for every pool of the namespace)."""
+    objs = [worker_deployment(spec), worker_service(spec), disruption_budget(spec)]
+    return [*objs, network_policy(spec)] if network else objs
 
 
 def to_yaml(objects: list[dict[str, Any]], *, namespace: bool = True) -> str:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import re
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from airflow_batchinfer import __version__
+from airflow_batchinfer.engines import check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 
 # What the Dockerfile in k8s/ builds; push it to your registry and set `image`.
@@ -37,15 +40,16 @@ RESERVED_ENV: dict[str, str] = {
 # last): where the pods run and with what resources. Not what the pool is (name, namespace: another
 # pool, another namespace's Secrets), what it runs or how hard (engine, model, engine_options,
 # concurrency, target_batch_tokens: DAG settings with params of their own), what jobs may do there
-# (allowed_prefixes, allowed_callables: the trust boundary the pool enforces), or its scale and idle
-# time (replicas, idle_ttl_s: params of their own). The port may change: the NetworkPolicy admits
-# only its own port, so another one makes the pool unreachable, not open. `image`, `storage_secret`,
-# `model_pvc`, `service_account` and `image_pull_secrets` must be on the deployment's allow-lists
-# (airflow_batchinfer.limits).
+# (allowed_prefixes, allowed_callables: the trust boundary the pool enforces; rpc_from,
+# rpc_from_namespace: who may call it), or its scale and idle time (replicas, idle_ttl_s: params of
+# their own). The port may change: the pool's NetworkPolicy follows it (k8s/base's admits only its
+# own port, so another one makes such a pool unreachable, not open). `image`, `storage_secret`,
+# `engine_secret`, `model_pvc`, `service_account` and `image_pull_secrets` must be on the
+# deployment's allow-lists (airflow_batchinfer.limits).
 TRIGGER_KEYS: frozenset[str] = frozenset({
     "image", "image_pull_policy", "gpus", "cpu", "memory", "shm_size", "node_selector", "tolerations",
-    "interruptible", "model_pvc", "storage_secret", "env", "drain_timeout_s", "scaledown_ttl_s", "port",
-    "service_account", "image_pull_secrets",
+    "interruptible", "model_pvc", "storage_secret", "engine_secret", "env", "drain_timeout_s",
+    "scaledown_ttl_s", "port", "service_account", "image_pull_secrets",
 })  # fmt: skip
 
 # Taints that the common providers put on spot/preemptible nodes; `interruptible` tolerates them.
@@ -56,6 +60,15 @@ SPOT_TOLERATIONS: tuple[dict[str, str], ...] = (
     {"key": "eks.amazonaws.com/capacityType", "operator": "Equal", "value": "SPOT", "effect": "NoSchedule"},
     {"key": "batchinfer.io/interruptible", "operator": "Exists", "effect": "NoSchedule"},
 )  # fmt: skip
+# The pods of the official Airflow Helm chart that call workers (as k8s/base/networkpolicy.yaml):
+# task processes (worker), triggers (triggerer), LocalExecutor tasks (scheduler), the Test button
+# (api-server). A Kubernetes LabelSelector.
+DEFAULT_RPC_FROM: dict[str, Any] = {
+    "matchLabels": {"tier": "airflow"},
+    "matchExpressions": [
+        {"key": "component", "operator": "In", "values": ["worker", "triggerer", "scheduler", "api-server"]}
+    ],
+}
 DEFAULT_IDLE_TTL_S = 600.0
 DEFAULT_SCALEDOWN_TTL_S = 120.0
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
@@ -85,6 +98,9 @@ class KubernetesPoolSpec:
         workers never call the Kubernetes API. ``None``: the namespace's ``default``.
     :param image_pull_secrets: Secrets (``kubernetes.io/dockerconfigjson``, in the namespace) the
         kubelet pulls ``image`` with, for a private registry.
+    :param engine_secret: a Secret holding the engine's secret options (``api_key``,
+        ``default_headers`` of the ``openai`` engine), one key per option: each reaches the worker as
+        the engine's variable (``OPENAI_API_KEY``) through ``secretKeyRef``, never as an argument.
     """
 
     name: str = "batchinfer"
@@ -108,10 +124,14 @@ class KubernetesPoolSpec:
     interruptible: bool = False
     model_pvc: str | None = None
     storage_secret: str | None = None  # envFrom: e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
+    engine_secret: str | None = None  # secretKeyRef per secret engine option: e.g. key api_key
     env: dict[str, str] = field(default_factory=dict)
     service_account: str | None = None  # serviceAccountName: IRSA / Workload Identity for storage
     image_pull_secrets: tuple[str, ...] = ()  # Secrets to pull `image` from a private registry
     port: int = 8000
+    # who may call the RPC port (the pool's NetworkPolicy, objects.network_policy): Airflow's pods
+    rpc_from: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RPC_FROM))
+    rpc_from_namespace: str | None = None  # where those pods run; None: the pool's namespace
     drain_timeout_s: int = 300
     idle_ttl_s: float = DEFAULT_IDLE_TTL_S
     scaledown_ttl_s: float = DEFAULT_SCALEDOWN_TTL_S
@@ -132,7 +152,11 @@ class KubernetesPoolSpec:
         if self.idle_ttl_s < 0 or self.scaledown_ttl_s < 0:
             raise ConfigError("idle_ttl_s and scaledown_ttl_s must be >= 0")
         check_callables(self.allowed_callables)
+        for what, quantity in (("cpu", self.cpu), ("memory", self.memory), ("shm_size", self.shm_size)):
+            parse_quantity(quantity, what)
+        check_rpc_from(self.rpc_from, self.rpc_from_namespace)
         check_env(self.env)
+        check_engine_secret(self.engine, self.engine_options, self.engine_secret)
         if self.service_account:  # empty: unset, like storage_secret and model_pvc
             check_object_name(self.service_account, "service_account", "ServiceAccount")
         if not isinstance(self.image_pull_secrets, list | tuple):
@@ -161,9 +185,10 @@ class KubernetesPoolSpec:
     def key(self) -> str:
         """What the workers run: changes replace the pods. Scale and lifecycle settings are not in it."""
         data = dataclasses.asdict(self)
-        for k in ("replicas", "idle_ttl_s", "scaledown_ttl_s"):
+        # rpc_from*: the NetworkPolicy's, not the pods': changing who may call replaces no worker
+        for k in ("replicas", "idle_ttl_s", "scaledown_ttl_s", "rpc_from", "rpc_from_namespace"):
             data.pop(k)
-        for k in ("allowed_callables", "service_account", "image_pull_secrets"):
+        for k in ("allowed_callables", "service_account", "image_pull_secrets", "engine_secret"):
             if not data[k]:  # the default: pools from before the field keep their key
                 data.pop(k)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -171,6 +196,72 @@ class KubernetesPoolSpec:
     @property
     def token_secret(self) -> str:
         return f"{self.name}-token"
+
+
+# A Kubernetes resource quantity (apimachinery's resource.Quantity), without a sign: a decimal number
+# and one suffix, binary (Ki…Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2).
+_QUANTITY = re.compile(r"\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
+_SUFFIX = {
+    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
+    "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
+}  # fmt: skip
+
+
+def parse_quantity(value: Any, what: str) -> Decimal:
+    """A Kubernetes quantity (``4``, ``500m``, ``32Gi``, ``1e3``) as a number of units (cores, bytes);
+    ``what`` names the setting in the error."""
+    text = str(value).strip() if isinstance(value, str | int | float) and not isinstance(value, bool) else ""
+    found = _QUANTITY.fullmatch(text)
+    if found is None:
+        raise ConfigError(
+            f"{what}: {value!r} is not a Kubernetes quantity (a number with an optional suffix: 4, 500m, "
+            "32Gi, 8G)"
+        )
+    number, suffix = Decimal(found.group(1)), found.group(2) or ""
+    if suffix not in _SUFFIX:  # an exponent: e3, E-2
+        return number.scaleb(int(suffix[1:]))
+    return number * _SUFFIX[suffix]
+
+
+def check_rpc_from(selector: Any, namespace: Any) -> None:
+    """``rpc_from`` is a non-empty LabelSelector (an empty one admits every pod of the namespace) and
+    ``rpc_from_namespace`` a namespace name or unset."""
+    remedy = ('rpc_from: expected a label selector of the Airflow pods that call the workers, e.g. '
+              '{"matchLabels": {"tier": "airflow"}}')  # fmt: skip
+    if not isinstance(selector, dict) or not set(selector) <= {"matchLabels", "matchExpressions"}:
+        raise ConfigError(f"{remedy}; got {selector!r}")
+    labels, expressions = selector.get("matchLabels") or {}, selector.get("matchExpressions") or []
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in [*labels, *labels.values()]):
+        raise ConfigError(f"{remedy}; matchLabels must map label names to strings, got {labels!r}")
+    if not isinstance(expressions, list) or not all(
+        isinstance(e, dict) and isinstance(e.get("key"), str) and e.get("operator") in _SELECTOR_OPS
+        for e in expressions
+    ):
+        raise ConfigError(f"{remedy}; matchExpressions must be objects with key, operator "
+                          f"({', '.join(_SELECTOR_OPS)}) and values, got {expressions!r}")  # fmt: skip
+    if not labels and not expressions:
+        raise ConfigError(f"{remedy}; an empty selector would admit every pod of the namespace")
+    if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)):
+        raise ConfigError(f"rpc_from_namespace: {namespace!r} is not a namespace name (a DNS label)")
+
+
+_SELECTOR_OPS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+def check_engine_secret(engine: str, options: dict[str, Any], secret: Any) -> None:
+    """Secret engine options come only from ``engine_secret`` (the Deployment's args and env values are
+    readable with the ``view`` role), and that Secret only for an engine that takes some."""
+    check_no_secrets(options, "engine_options")
+    if not secret:  # empty: unset, like storage_secret
+        return
+    check_object_name(secret, "engine_secret", "Secret")
+    if not secret_options(engine):
+        raise ConfigError(
+            f"engine_secret {secret!r}: the {engine} engine takes no secret options (the openai engine "
+            "does: api_key, default_headers). Remedy: leave engine_secret out"
+        )
 
 
 def check_env(env: Any) -> None:
@@ -191,6 +282,10 @@ def check_env(env: Any) -> None:
             )
         if name.upper() in RESERVED_ENV:
             raise ConfigError(f"env: {name} is set by the worker's pod spec: {RESERVED_ENV[name.upper()]}")
+        secret = next((o for o in secret_options().values() if o.env == name), None)
+        if secret is not None:  # a plain env value is as readable as an argument
+            raise ConfigError(f"env: {name} holds the engine's {secret.name}, a secret: put it in the "
+                              f"Secret that engine_secret names (key {secret.name}), not in env")  # fmt: skip
         if not isinstance(value, str):
             raise ConfigError(f"env: {name}: the value must be a string, got {value!r}")
 

@@ -473,6 +473,8 @@
       const of = data.total === null || data.total === undefined ? "" : " of " + data.total;
       parts.pageInfo.textContent = "page " + page + ": " + data.samples.length + " shown, " + data.scanned + " rows read" + of;
     }
+    // the answer stopped at [batchinfer] review_page_bytes: fewer samples than asked (Next goes on)
+    if (data.capped) parts.pageInfo.textContent += " (cut short at the desk's page size: review_page_bytes)";
     state.samples = data.samples;
     parts.prev.disabled = state.mode !== "browse" || state.cursors.length <= 1;
     parts.next.disabled = state.mode !== "browse" || state.next === null;
@@ -486,6 +488,32 @@
     return asText(sample.approved);
   }
 
+  // A text of a sample, as the desk sent it: cut to [batchinfer] review_field_bytes when
+  // sample.truncated names its path (with the whole size in bytes); then "truncated, N bytes" and a
+  // "show all" button that reads the whole value from the field endpoint (only on demand).
+  function fieldText(sample, path, tag, testid) {
+    const box = el(tag, { "data-testid": testid }, asText(sample[path]));
+    const whole = (sample.truncated || {})[path];
+    if (typeof whole !== "number") return box;
+    const note = el("span", { class: "truncated", "data-testid": "truncated" }, "truncated, " + whole.toLocaleString("en") + " bytes ");
+    const more = el("button", { type: "button", class: "show-all", "data-testid": "show-all" }, "show all");
+    more.addEventListener("click", () => {
+      more.disabled = true;
+      const where = { shard: sample.shard_id, position: sample.position, path: path, round: state.round };
+      api(gatePath("/field" + params(where)))
+        .then((data) => {
+          box.textContent = asText(data.value);
+          note.textContent = "whole, " + data.bytes.toLocaleString("en") + " bytes";
+          more.remove();
+        })
+        .catch((error) => {
+          more.disabled = false;
+          fail(error);
+        });
+    });
+    return el("div", {}, box, el("div", { class: "cut" }, note, more));
+  }
+
   function renderSamples() {
     clear(parts.samples);
     if (!state.samples.length) {
@@ -493,7 +521,15 @@
     }
     for (const sample of state.samples) {
       const key = JSON.stringify(sample.id);
-      const box = el("input", { type: "checkbox", "data-testid": "select-sample", "aria-label": "select " + asText(sample.id) });
+      // a cut id names no row: such a sample is decided by a filter, not selected
+      const cutId = typeof (sample.truncated || {}).id === "number";
+      const box = el("input", {
+        type: "checkbox",
+        "data-testid": "select-sample",
+        "aria-label": "select " + asText(sample.id),
+        disabled: cutId,
+        title: cutId ? "its id is too long to select: decide it with a filter" : null,
+      });
       box.checked = state.selected.has(key);
       box.addEventListener("change", () => {
         if (box.checked) state.selected.set(key, sample.id);
@@ -505,13 +541,13 @@
           "tr",
           { "data-testid": "sample-row", "data-sample-id": asText(sample.id) },
           el("td", {}, box),
-          el("td", { class: "mono", "data-testid": "sample-id" }, asText(sample.id)),
+          el("td", { class: "mono" }, fieldText(sample, "id", "span", "sample-id")),
           el("td", { "data-testid": "sample-verdict" }, verdict(sample)),
-          el("td", { "data-testid": "sample-reason" }, asText(sample.reason)),
+          el("td", {}, fieldText(sample, "reason", "span", "sample-reason")),
           el("td", { "data-testid": "sample-score" }, asText(sample.score)),
           el("td", { "data-testid": "sample-attempts" }, asText(sample.attempts)),
-          el("td", {}, el("pre", { "data-testid": "sample-prompt" }, asText(sample.prompt))),
-          el("td", {}, el("pre", { "data-testid": "sample-output" }, asText(sample.output))),
+          el("td", {}, fieldText(sample, "prompt", "pre", "sample-prompt")),
+          el("td", {}, fieldText(sample, "output", "pre", "sample-output")),
         ),
       );
     }

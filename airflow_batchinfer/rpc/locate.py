@@ -1,0 +1,84 @@
+"""Whether a job already runs somewhere: the decision before a (re)submission starts a copy.
+
+A job id runs on at most one worker. Before submitting, the pool client asks every worker it knows
+for the job; :func:`locate_decision` turns their answers into one of three verdicts:
+
+- ``found``: a worker has a live (queued or running) copy: follow it there;
+- ``not_found``: every worker that may run it answered and none has it: start it;
+- ``unknown``: some worker that may run it did not answer: wait and ask again. Starting a copy now
+  would run the job twice if that worker still runs it (a slow or paused worker, a network split).
+
+A worker that does not answer stops counting once the pool no longer lists it (a replaced pod, a
+restarted local worker on another port), when no connection to it can be made at all (nothing
+listens there), or once it has not answered for ``unreachable_grace_s``: it is then taken for gone.
+Pure: the pool client gathers the observations and acts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+LocateVerdict = Literal["found", "not_found", "unknown"]
+# A copy in these states is followed, never duplicated. A succeeded one is not: its manifest (checked
+# first) is the truth, and a worker runs a succeeded job again once that is gone.
+LIVE = ("queued", "running")
+
+
+@dataclass(frozen=True)
+class WorkerAnswer:
+    """What asking one worker for a job showed.
+
+    :param url: the worker.
+    :param state: the job's state there; ``None`` when the worker does not know the job or did not
+        answer.
+    :param answered: whether it answered (a 404 is an answer: it does not have the job).
+    :param unreachable_s: how long it has not answered, over this client's asks (0 when it answered).
+    :param listed: whether the pool still lists it (a worker seen earlier may be gone).
+    :param refused: it did not answer because no connection could be made (nothing listens there:
+        a process that is gone runs nothing), not because an answer did not come (a slow, paused or
+        cut-off worker may still run the job).
+    :param error: why it did not answer."""
+
+    url: str
+    state: str | None = None
+    answered: bool = True
+    unreachable_s: float = 0.0
+    listed: bool = True
+    refused: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class Located:
+    """The verdict, the worker to follow (``found``), the workers waited for (``unknown``) and the
+    silent ones taken for gone, each as ``(url, why)``."""
+
+    verdict: LocateVerdict
+    url: str | None = None
+    waiting: tuple[tuple[str, str], ...] = ()
+    gone: tuple[tuple[str, str], ...] = ()
+
+
+def locate_decision(answers: Sequence[WorkerAnswer], *, grace_s: float) -> Located:
+    """The verdict on one round of answers (see the module doc)."""
+    live = next((a for a in answers if a.answered and a.state in LIVE), None)
+    if live is not None:
+        return Located("found", url=live.url)
+    waiting: list[tuple[str, str]] = []
+    gone: list[tuple[str, str]] = []
+    for a in answers:
+        if a.answered:
+            continue
+        if not a.listed:
+            gone.append((a.url, f"no longer listed by the pool ({a.error})"))
+        elif a.refused:
+            gone.append((a.url, f"refuses connections, so no worker runs there ({a.error})"))
+        elif a.unreachable_s >= grace_s:
+            gone.append((a.url, f"unreachable for {a.unreachable_s:.0f} s, past unreachable_grace_s "
+                                f"({grace_s:.0f} s): {a.error}"))  # fmt: skip
+        else:
+            waiting.append((a.url, f"unreachable for {a.unreachable_s:.0f} s of unreachable_grace_s "
+                                   f"{grace_s:.0f} s: {a.error}"))  # fmt: skip
+    return Located("unknown" if waiting else "not_found", waiting=tuple(waiting), gone=tuple(gone))

@@ -1,0 +1,402 @@
+"""Ids repeated across round 0's byte ranges, found in bounded memory.
+
+A range's job validates its own lines, so an id twice in one range is rejected there; an id in two
+ranges is not (no job sees both). Round 0's close finds those: the job that reads a range writes,
+beside its completion manifest and before it, ``<shard>.id-hashes.bin`` (:class:`HashWriter`): each
+kept record's id hashed (16-byte BLAKE2b of the id's canonical bytes, as
+:mod:`~airflow_batchinfer.storage.digest` hashes them) with its line in the range, sorted (an
+external sort: at most :data:`SPILL_HASHES` entries are held, the rest spilled to sorted runs on
+local disk). The file depends only on the range, so two attempts of a job write the same bytes
+(atomically), and the close writes it itself, reading the range, only when no job did (a range no
+job read to its end, or a run started before jobs wrote it). The files are merged with
+:func:`heapq.merge`, in groups of at most :data:`FAN_IN` (open files and memory are bounded
+whatever the number of ranges); a hash found in two ranges is confirmed by reading just those
+ranges for their real ids (a hash collision never rejects a record), :data:`CONFIRM_BATCH`
+occurrences at a time, and each confirmed repeat is spilled to local disk per shard
+(:class:`Repeats`): the close then handles one shard's repeats at a time.
+
+A hash file is ``MAGIC``, the range's line count (8 bytes, big-endian) and its entries: a hash and
+the 1-based line of that id in the range (8 bytes, big-endian), sorted (by hash, then line).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import heapq
+import itertools
+import os
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import IO, Any
+
+import orjson
+
+from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.storage.digest import id_bytes
+from airflow_batchinfer.storage.location import StorageOptions, join, parent, resolve
+from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
+
+HASH = 16
+MAGIC = b"BIH2"
+HEADER = struct.Struct(">4sQ")  # magic, lines read in the range
+ENTRY = struct.Struct(f">{HASH}sQ")  # an id's hash and its line in the range (a hash file's entries)
+TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (intermediate merges)
+SPILL_HASHES = 1 << 18  # entries held before a sorted run is spilled (24 bytes each, ~17 MiB as objects)
+FAN_IN = 128  # files merged at once
+READ = 1 << 16  # bytes per read of a hash file
+CONFIRM_BATCH = 10_000  # hash matches' occurrences confirmed per read of their ranges
+RAW_BYTES = 1024  # of a rejected repeat's record JSON kept in its reject row (as for an oversized line)
+SUFFIX = ".id-hashes.bin"
+REJECTS_SUFFIX = ".repeated-ids.jsonl.zst"  # rejects/<shard>…: a shard's rejected repeats
+
+
+def id_hash_bytes(value: Any) -> bytes:
+    """The 16-byte hash of one id (:func:`~airflow_batchinfer.storage.digest.id_hash`'s bytes)."""
+    return hashlib.blake2b(id_bytes(value), digest_size=HASH).digest()
+
+
+def hashes_beside(manifest_uri: str, shard_id: str) -> str:
+    """A range's hash file: ``<shard>.id-hashes.bin`` in the folder of its job's manifest."""
+    return join(parent(manifest_uri), shard_id + SUFFIX)
+
+
+def rejects_uri(rejects_dir: str, shard_id: str) -> str:
+    """Where the run's ``rejects/`` holds the repeats rejected from one shard."""
+    return join(rejects_dir, shard_id + REJECTS_SUFFIX)
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """A later occurrence of an id that an earlier range holds: where the id stays (its first line)
+    and the line it repeats on (lines of the whole input, 1-based), with the record's JSON (cut to
+    :data:`RAW_BYTES`)."""
+
+    id: Any
+    first_shard: str
+    first_line: int
+    shard: str
+    line: int
+    line_in_range: int
+    raw: str = ""
+
+    def reject_row(self, source: str, id_field: str) -> dict[str, Any]:
+        """Its row in ``rejects/``: shaped as a bad line's, plus the id (the id accounting reads it)."""
+        return {"source": source, "line_no": self.line, "error": f"id {self.id!r} repeated (first at line "
+                f"{self.first_line})", "raw": self.raw, "shard_id": self.shard,
+                "line_in_range": self.line_in_range, "first_shard_id": self.first_shard,
+                id_field: self.id}  # fmt: skip
+
+
+def _raw(record: Mapping[str, Any]) -> str:
+    return orjson.dumps(record)[:RAW_BYTES].decode("utf-8", errors="ignore")
+
+
+# ------------------------------------------------------------------------------ one range's file
+def _records(f: IO[bytes], size: int) -> Iterator[bytes]:
+    while block := f.read(READ - READ % size):
+        for i in range(0, len(block), size):
+            yield block[i : i + size]
+
+
+def _spill(entries: list[bytes], runs: list[IO[bytes]]) -> None:
+    run = tempfile.TemporaryFile()  # noqa: SIM115  # closed by HashWriter.abort
+    entries.sort()
+    run.write(b"".join(entries))
+    run.seek(0)
+    runs.append(run)
+    entries.clear()
+
+
+class HashWriter:
+    """One range's hash file, fed as the range is read (:meth:`add` per kept record) and written at
+    :meth:`commit`, atomically; at most :data:`SPILL_HASHES` entries are held in memory."""
+
+    def __init__(self, uri: str, so: StorageOptions | None) -> None:
+        self.uri, self.so = uri, so
+        self._held: list[bytes] = []
+        self._runs: list[IO[bytes]] = []
+
+    def add(self, value: Any, line: int) -> None:
+        """One kept record: its id and its 1-based line in the range."""
+        self._held.append(ENTRY.pack(id_hash_bytes(value), line))
+        if len(self._held) >= SPILL_HASHES:
+            _spill(self._held, self._runs)
+
+    def commit(self, lines: int) -> None:
+        """Write the sorted entries with ``lines`` (the range's line count) as the file's header."""
+        try:
+            self._held.sort()
+            merged = heapq.merge(self._held, *(_records(r, ENTRY.size) for r in self._runs))
+            sink = AtomicSink(resolve(self.uri, self.so))
+            try:
+                sink.write(HEADER.pack(MAGIC, lines))
+                for chunk in iter(lambda: b"".join(itertools.islice(merged, READ // ENTRY.size)), b""):
+                    sink.write(chunk)
+            except BaseException:
+                sink.abort()
+                raise
+            sink.commit()
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop what was held (a read that stopped early writes no file)."""
+        self._held = []
+        for run in self._runs:
+            run.close()
+        self._runs = []
+
+
+def write_hashes(
+    uri: str, entries: Iterable[tuple[Any, int]], lines: Callable[[], int], so: StorageOptions | None
+) -> None:
+    """Write the hash file of ``entries`` (id, line in the range) to ``uri``, with ``lines()`` (asked
+    once ``entries`` is exhausted) as the range's line count."""
+    writer = HashWriter(uri, so)
+    try:
+        for value, line in entries:
+            writer.add(value, line)
+    except BaseException:
+        writer.abort()
+        raise
+    writer.commit(lines())
+
+
+def read_lines(uri: str, so: StorageOptions | None) -> int | None:
+    """The line count a hash file records, or ``None`` when there is no (valid) file."""
+    loc = resolve(uri, so)
+    try:
+        with loc.fs.open(loc.path, "rb") as f:
+            head = f.read(HEADER.size)
+    except FileNotFoundError:
+        return None
+    if len(head) != HEADER.size or head[:4] != MAGIC:
+        return None
+    return int(HEADER.unpack(head)[1])
+
+
+def _hashes(uri: str, so: StorageOptions | None) -> Iterator[tuple[bytes, int]]:
+    """A hash file's entries: (hash, line in the range), sorted."""
+    loc = resolve(uri, so)
+    with loc.fs.open(loc.path, "rb") as f:
+        f.seek(HEADER.size)
+        for entry in _records(f, ENTRY.size):
+            h, line = ENTRY.unpack(entry)
+            yield h, line
+
+
+# ------------------------------------------------------------------------------------- merging
+Tagged = tuple[bytes, int, int]  # hash, range index, line in the range
+
+
+def _tagged(records: Iterator[bytes]) -> Iterator[Tagged]:
+    for r in records:
+        h, i, line = TAGGED.unpack(r)
+        yield h, i, line
+
+
+def _merge_group(streams: Sequence[Iterator[Tagged]]) -> IO[bytes]:
+    """Merge tagged streams into one sorted run on local disk."""
+    run = tempfile.TemporaryFile()  # noqa: SIM115  # closed by the caller's exit stack
+    merged = heapq.merge(*streams)
+    for batch in iter(lambda: list(itertools.islice(merged, READ // TAGGED.size)), []):
+        run.write(b"".join(TAGGED.pack(*t) for t in batch))
+    run.seek(0)
+    return run
+
+
+def _merged(uris: Sequence[str], so: StorageOptions | None) -> Iterator[Tagged]:
+    """Every range's entries tagged with the range's index, in (hash, range, line) order, merging at
+    most :data:`FAN_IN` files at once (intermediate runs on local disk)."""
+
+    def source(i: int) -> Iterator[Tagged]:
+        return ((h, i, line) for h, line in _hashes(uris[i], so))
+
+    with contextlib.ExitStack() as stack:
+        streams = [source(i) for i in range(len(uris))]
+        while len(streams) > FAN_IN:
+            runs = [stack.enter_context(_merge_group(streams[k : k + FAN_IN]))
+                    for k in range(0, len(streams), FAN_IN)]  # fmt: skip
+            streams = [_tagged(_records(run, TAGGED.size)) for run in runs]
+        yield from heapq.merge(*streams)
+
+
+Places = list[tuple[int, int]]  # (range index, line in the range) of one hash, in file order
+
+
+def shared_hashes(uris: Sequence[str], so: StorageOptions | None) -> Iterator[tuple[bytes, Places]]:
+    """Each hash found in more than one of the files ``uris``, with its places in them."""
+    for h, group in itertools.groupby(_merged(uris, so), key=lambda t: t[0]):
+        places = [(i, line) for _, i, line in group]
+        if len({i for i, _ in places}) > 1:
+            yield h, places
+
+
+Found = Iterable[tuple[Any, int, str]]  # a range's id, its line in the range and its record's JSON
+
+
+def confirm(
+    candidates: Mapping[int, set[int]],
+    records_at: Callable[[int, set[int]], Found],
+    shard_ids: Sequence[str],
+    first_lines: Sequence[int],
+) -> list[Repeat]:
+    """The real repeats among hash matches (every place of each hash). ``candidates``: range index →
+    the lines to look at in it; ``records_at(index, lines)``: the ids at those lines. The lowest line
+    of an id stays; every later one (in another range) is a repeat, in line order."""
+    seen: dict[bytes, list[tuple[int, int, Any, str]]] = {}  # id bytes -> (range, line, id, raw)
+    for index in sorted(candidates):
+        for value, line, raw in records_at(index, candidates[index]):
+            seen.setdefault(id_bytes(value), []).append((index, line, value, raw))
+    repeats: list[Repeat] = []
+    for places in seen.values():
+        if len({p[0] for p in places}) < 2:
+            continue  # a hash collision, or one range's own (its job rejected the second)
+        (i0, l0, value, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
+        for i, line, _, raw in later:
+            first, at = first_lines[i0] + l0, first_lines[i] + line
+            repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw))
+    return sorted(repeats, key=lambda r: r.line)
+
+
+class Repeats:
+    """Confirmed repeats, spilled to local disk per shard of the later occurrence (appended batch by
+    batch), so the close holds one shard's at a time, never the whole input's."""
+
+    def __init__(self) -> None:
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self.count = 0
+        self.shards: set[str] = set()
+
+    def add(self, found: Iterable[Repeat]) -> None:
+        by_shard: dict[str, list[Repeat]] = {}
+        for x in found:
+            by_shard.setdefault(x.shard, []).append(x)
+        for sid, rows in by_shard.items():
+            with open(self._path(sid), "ab") as f:
+                f.write(b"".join(orjson.dumps(dataclasses.astuple(x)) + b"\n" for x in rows))
+            self.count += len(rows)
+            self.shards.add(sid)
+
+    def of(self, shard_id: str) -> list[Repeat]:
+        """The repeats in one shard, in line order (none: ``[]``)."""
+        if shard_id not in self.shards:
+            return []
+        with open(self._path(shard_id), "rb") as f:
+            return sorted((Repeat(*orjson.loads(line)) for line in f), key=lambda x: x.line)
+
+    def _path(self, shard_id: str) -> str:
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="batchinfer-repeats-")
+        return os.path.join(self._dir.name, hashlib.sha256(shard_id.encode()).hexdigest()[:32])
+
+    def close(self) -> None:
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> Repeats:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# ------------------------------------------------------------------------------- round 0's ranges
+def _range_hashes(shard: Mapping[str, Any], uri: str, id_field: str | None, assign_ids: bool,
+                  so: StorageOptions | None) -> int:  # fmt: skip
+    """The range's line count, from its hash file, written first if missing (reading the range)."""
+    lines = read_lines(uri, so)
+    if lines is None:  # no job read the range to its end (or it ran before jobs wrote the file)
+        reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
+                            storage_options=so)  # fmt: skip
+        write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
+        lines = read_lines(uri, so)
+        assert lines is not None
+    return lines
+
+
+def _lines_of(reader: RangeRecordReader) -> Iterator[tuple[Any, int]]:
+    """Each kept record's id and line in the range."""
+    for record in reader:
+        value = record.get(reader.check.id_field or "id")
+        yield value, reader.line_of(value)
+
+
+def _records_at(shard: Mapping[str, Any], lines: set[int], id_field: str | None, assign_ids: bool,
+                so: StorageOptions | None) -> Iterator[tuple[Any, int, str]]:  # fmt: skip
+    """The records of a range at ``lines`` (lines in the range): id, line and JSON; the read stops
+    after the last of them."""
+    reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
+                        storage_options=so)  # fmt: skip
+    left = len(lines)
+    records = iter(reader)
+    try:
+        for record in records:
+            value = record.get(reader.check.id_field or "id")
+            line = reader.line_of(value)
+            if line in lines:
+                yield value, line, _raw(record)
+                left -= 1
+                if not left:
+                    return
+    finally:
+        records.close()
+
+
+def find_repeats(
+    ranges: Sequence[Mapping[str, Any]],
+    hash_uri: Callable[[str], str],
+    *,
+    id_field: str | None,
+    assign_ids: bool,
+    so: StorageOptions | None,
+    batch: int = CONFIRM_BATCH,
+) -> Repeats:
+    """Every later occurrence of an id that an earlier one of round 0's ``ranges`` (in file order)
+    holds, with its line and its first (lines of the whole input). ``hash_uri(shard_id)``: a range's
+    hash file (its job's; written here, reading the range, when there is none). Hash matches are
+    confirmed about ``batch`` occurrences at a time, reading only the ranges they are in."""
+    sids = [str(s["shard_id"]) for s in ranges]
+    uris = [hash_uri(sid) for sid in sids]
+    with ThreadPoolExecutor(8) as ex:
+        lines = list(
+            ex.map(
+                lambda p: _range_hashes(p[0], p[1], id_field, assign_ids, so), zip(ranges, uris, strict=True)
+            )
+        )
+    first_lines = [0, *itertools.accumulate(lines)][:-1]
+    matches = shared_hashes(uris, so)
+
+    def records_at(i: int, lines: set[int]) -> Found:
+        return _records_at(ranges[i], lines, id_field, assign_ids, so)
+
+    repeats = Repeats()
+    try:
+        while chunk := _take_places(matches, batch):
+            candidates: dict[int, set[int]] = {}
+            for _, places in chunk:
+                for i, line in places:
+                    candidates.setdefault(i, set()).add(line)
+            repeats.add(confirm(candidates, records_at, sids, first_lines))
+    except BaseException:
+        repeats.close()
+        raise
+    return repeats
+
+
+def _take_places(matches: Iterator[tuple[bytes, Places]], limit: int) -> list[tuple[bytes, Places]]:
+    """Whole hash groups from ``matches`` up to about ``limit`` places (at least one group)."""
+    chunk: list[tuple[bytes, Places]] = []
+    n = 0
+    for match in matches:
+        chunk.append(match)
+        n += len(match[1])
+        if n >= limit:
+            break
+    return chunk

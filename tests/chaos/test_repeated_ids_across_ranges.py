@@ -1,0 +1,241 @@
+"""An id in two byte ranges of round 0's input is never processed twice, and the run goes on: round
+0's close keeps the first occurrence (the lowest line) and rejects every later one into
+``rejects/`` with its line and the first's, leaving it out of that shard's accepted outputs, its
+counts and its id digests (each range's job sees only its own range, so no job can find such a
+repeat). The close finds them from the id hash files the range jobs wrote, without reading the
+input again. The worker's job code runs every range's job (the SIMULATED engine), close runs as the
+DAG's close task runs it."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.report import check_invariant
+from airflow_batchinfer.rounds import (
+    Plan,
+    close_round,
+    pending_shards,
+    prepare_run,
+    propose,
+    read_doc,
+    round_kinds,
+    write_plan,
+)
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import id_hashes as ih
+from airflow_batchinfer.storage import ranges as ranges_mod
+from tests.support.worker_jobs import run_jobs
+
+pytestmark = pytest.mark.chaos
+
+
+def setup_run(tmp_path: Path, lines: list[str]) -> tuple[RunConfig, Plan]:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = RunConfig(
+        input=str(tmp_path / "data.jsonl"), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
+        judge={"type": "llm"}, records_per_shard=10,
+    )  # fmt: skip
+    shards = prepare_run(cfg).shards
+    assert len(shards) >= 3 and all("range" in s for s in shards)
+    plan = propose(cfg, "round-00").plan
+    write_plan(RunLayout(cfg.run_root), plan)
+    return cfg, plan
+
+
+def run_round(cfg: RunConfig, shards: list[ShardDescriptor]) -> None:
+    run_jobs(cfg, [(k, 0, s) for k in round_kinds(cfg, "rounds") for s in shards], approval_rate=0.5)
+
+
+def round_zero(tmp_path: Path, lines: list[str]) -> tuple[RunConfig, Plan]:
+    cfg, plan = setup_run(tmp_path, lines)
+    run_round(cfg, plan.shards)
+    return cfg, plan
+
+
+def rows(n: int) -> list[str]:
+    return [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(n)]
+
+
+def repeated_input() -> list[str]:
+    """r02 twice (lines 3 and 34), r05 three times (lines 6, 16 and 26), each in another range."""
+    lines = rows(40)
+    lines[33] = json.dumps({"id": "r02", "question": "again, in another range"})
+    lines[15] = json.dumps({"id": "r05", "question": "a second time"})
+    lines[25] = json.dumps({"id": "r05", "question": "a third time"})
+    return lines
+
+
+def repeat_rows(layout: RunLayout) -> list[dict[str, Any]]:
+    found = [f for f in JsonlDir(layout.rejects).jsonl_files() if f.uri.endswith(ih.REJECTS_SUFFIX)]
+    return sorted((row for f in found for row in f.iter_records()), key=lambda row: row["line_no"])
+
+
+def kept_ids(layout: RunLayout) -> Counter[Any]:
+    """Every id in results/ and in round 1's pending set, with how often."""
+    found = JsonlDir(layout.results).jsonl_files() + JsonlDir(layout.pending(1)).jsonl_files()
+    return Counter(row["id"] for f in found for row in f.iter_records())
+
+
+def snapshot(layout: RunLayout) -> dict[str, bytes]:
+    """The bytes of what round 0's close accepted and rejected."""
+    out = {}
+    for folder in (layout.results, layout.rejects, layout.rejected_dir(0), join_jobs(layout)):
+        for name in files.names(folder, None):
+            if name.endswith((".jsonl.zst", ".accepted.json")):
+                out[f"{folder}/{name}"] = Path(f"{folder}/{name}").read_bytes()
+    return out
+
+
+def test_ids_repeated_across_ranges_are_rejected_and_round_zero_closes(tmp_path: Path) -> None:
+    lines = repeated_input()
+    cfg, plan = round_zero(tmp_path, lines)
+    layout = RunLayout(cfg.run_root)
+    summary = close_round(cfg, plan)
+    assert summary is not None and summary["invariant"]["ok"], summary
+    assert summary["repeated_ids"] == 3 and summary["ids"]["repeated"]["count"] == 3
+    assert summary["approved"] + summary["rejected"] == 37  # 40 lines, 3 of them repeats
+    # Each id once in results or pending; the replaced ids (r15, r25, r33) nowhere.
+    expected = {f"r{i:02d}" for i in range(40)} - {"r15", "r25", "r33"}
+    assert kept_ids(layout) == Counter(dict.fromkeys(expected, 1))
+    got = repeat_rows(layout)
+    assert [(row["id"], row["line_no"]) for row in got] == [("r05", 16), ("r05", 26), ("r02", 34)]
+    assert [row["error"] for row in got] == ["id 'r05' repeated (first at line 6)"] * 2 + [
+        "id 'r02' repeated (first at line 3)"
+    ]
+    assert all(row["shard_id"] != row["first_shard_id"] for row in got)
+    assert len({row["shard_id"] for row in got[:2]} | {got[0]["first_shard_id"]}) == 3  # r05: three ranges
+    assert "a third time" in got[1]["raw"] and all(row["source"] == cfg.input for row in got)
+    # The shards' accepted docs agree with their files: counts and digests without the repeats.
+    for sid in {row["shard_id"] for row in got}:
+        doc = read_doc(layout.accepted(0, sid, "infer_judge"), "accepted job")
+        assert doc is not None and doc["repeats"]["count"] == sum(row["shard_id"] == sid for row in got)
+        for name in ("approved", "rejected"):
+            rows_in = list(JsonlFile(doc["outputs"][name]).iter_records())
+            assert doc["ids"][name]["count"] == doc["counts"][name] == len(rows_in)
+    # The report's invariant: from the digests, and by reading the ids (no digests to go by).
+    pending = pending_shards(layout, 1)
+    by_digest = check_invariant(layout, "id", pending, [summary], [], plans=[plan])
+    assert by_digest["ok"] and by_digest["checked"] == "digests" and by_digest["input"] == 40, by_digest
+    undigested = {**summary, "ids": {}}
+    by_ids = check_invariant(layout, "id", [{k: v for k, v in s.items() if k != "ids"} for s in pending],
+                             [undigested], [], plans=[plan])  # fmt: skip
+    assert by_ids["ok"] and by_ids["checked"] == "ids", by_ids
+    # A re-run close changes nothing.
+    before = snapshot(layout)
+    again = close_round(cfg, plan)
+    assert again is not None and again["invariant"]["ok"] and again["ids"] == summary["ids"]
+    assert snapshot(layout) == before
+
+
+def test_the_close_reads_the_input_only_to_confirm_a_match(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every range's job wrote its hash file (an id's hash and line): the close reads no range of the
+    input when no id repeats across ranges, and just the ranges of a match when one does."""
+    reads: list[tuple[int, int]] = []
+    decoded = ranges_mod._decoded
+
+    def counting(file: JsonlFile, start: int, end: int) -> Iterator[bytes]:
+        reads.append((start, end))
+        return decoded(file, start, end)
+
+    for case, lines in (("unique", rows(40)), ("repeated", rows(40))):
+        if case == "repeated":
+            lines[33] = json.dumps({"id": "r02", "question": "again, in another range"})
+        cfg, plan = round_zero(tmp_path / case, lines)
+        layout = RunLayout(cfg.run_root)
+        for s in plan.shards:  # written by the jobs, before the close
+            assert ih.read_lines(ih.hashes_beside(layout.job_manifest(0, s["shard_id"], "infer_judge"),
+                                                  s["shard_id"]), None)  # fmt: skip
+        monkeypatch.setattr(ranges_mod, "_decoded", counting)
+        reads.clear()
+        summary = close_round(cfg, plan)
+        monkeypatch.setattr(ranges_mod, "_decoded", decoded)
+        assert summary is not None and summary["invariant"]["ok"], summary
+        if case == "unique":
+            assert reads == []
+        else:
+            got = repeat_rows(layout)
+            assert [(row["id"], row["line_no"]) for row in got] == [("r02", 34)]
+            ranges = {s["shard_id"]: tuple(s["range"]) for s in plan.shards}
+            assert sorted(reads) == sorted({ranges[got[0]["shard_id"]], ranges[got[0]["first_shard_id"]]})
+
+
+def test_a_repeat_in_a_quarantined_shard_is_rejected_once_it_is_accepted(tmp_path: Path) -> None:
+    lines = rows(40)
+    lines[33] = json.dumps({"id": "r02", "question": "again, in another range"})
+    cfg, plan = setup_run(tmp_path, lines)
+    layout = RunLayout(cfg.run_root)
+    offset = sum(len(x) + 1 for x in lines[:33])  # of line 34, the later occurrence
+    later = next(s for s in plan.shards if s["range"][0] <= offset < s["range"][1])
+    run_round(cfg, [s for s in plan.shards if s is not later])
+    summary = close_round(cfg, plan)  # the later occurrence's shard never ran: quarantined
+    assert summary is not None and summary["invariant"]["ok"], summary
+    assert summary["repeated_ids"] == 0 and repeat_rows(layout) == []
+    failed = read_doc(f"{layout.failed(0)}/{later['shard_id']}.json", "failed")
+    assert failed is not None and failed["repeated_ids"]["count"] == 1
+    assert "id 'r02' at line 34 (first at line 3)" in failed["repeated_ids"]["first"]
+    run_round(cfg, [later])  # the DAG run re-run: its job runs, the close accepts it
+    summary = close_round(cfg, plan)
+    assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == 1, summary
+    assert [(row["id"], row["line_no"], row["shard_id"]) for row in repeat_rows(layout)] == [
+        ("r02", 34, later["shard_id"])
+    ]
+    assert kept_ids(layout)["r02"] == 1
+
+
+def test_ids_unique_across_ranges_close_as_before_and_keep_hash_files(tmp_path: Path) -> None:
+    lines = rows(40)
+    lines[17] = json.dumps({"id": "r12", "question": "a repeat inside one range: its job rejects it"})
+    cfg, plan = round_zero(tmp_path, lines)
+    layout = RunLayout(cfg.run_root)
+    summary = close_round(cfg, plan)
+    assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == 0, summary
+    names = files.names(join_jobs(layout), None)
+    assert sum(n.endswith(ih.SUFFIX) for n in names) == len(plan.shards)
+    assert repeat_rows(layout) == []
+    # The repeat within a range: the job's reject, as before (same place, its own reason).
+    bad = [row for f in JsonlDir(layout.rejects).jsonl_files() for row in f.iter_records()]
+    assert [(row["line_no"], row["error"][:16]) for row in bad] == [(18, "duplicate id 'r1")]
+
+
+def join_jobs(layout: RunLayout) -> str:
+    return layout.round(0) + "/jobs"
+
+
+def test_a_hash_collision_never_rejects_a_record() -> None:
+    """Two different ids at the places of one hash (a collision) in two ranges are not a repeat."""
+    found = {0: [("a", 4, "{}")], 1: [("b", 2, "{}")]}
+    got = ih.confirm({0: {4}, 1: {2}}, lambda i, _: found[i], ["p0", "p1"], [0, 10])
+    assert got == []
+    found[1] = [("a", 2, '{"id":"a"}')]
+    got = ih.confirm({0: {4}, 1: {2}}, lambda i, _: found[i], ["p0", "p1"], [0, 10])
+    assert got == [ih.Repeat("a", "p0", 4, "p1", 12, 2, '{"id":"a"}')]
+
+
+def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spilled sorted runs and merges of at most FAN_IN files find the same shared hashes."""
+    monkeypatch.setattr(ih, "SPILL_HASHES", 7)
+    monkeypatch.setattr(ih, "FAN_IN", 3)
+    uris = []
+    for k in range(8):  # eight "ranges" of 50 ids; "shared" in ranges 2 and 6
+        ids = [f"k{k}-{i}" for i in range(50)] + (["shared"] if k in (2, 6) else [])
+        uri = str(tmp_path / f"r{k}.bin")
+        ih.write_hashes(uri, [(value, line) for line, value in enumerate(ids, 1)], lambda: 51, None)
+        uris.append(uri)
+    raw = (tmp_path / "r0.bin").read_bytes()[ih.HEADER.size :]
+    entries = [raw[i : i + ih.ENTRY.size] for i in range(0, len(raw), ih.ENTRY.size)]
+    assert entries == sorted(entries) and len(entries) == 50
+    # each entry keeps the id's line: k0-7 is on line 8
+    assert ih.ENTRY.pack(ih.id_hash_bytes("k0-7"), 8) in entries
+    assert list(ih.shared_hashes(uris, None)) == [(ih.id_hash_bytes("shared"), [(2, 51), (6, 51)])]
+    assert ih.read_lines(uris[0], None) == 51

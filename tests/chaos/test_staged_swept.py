@@ -1,0 +1,110 @@
+"""Issue 22, item 9 (c): the staged outputs of a shard that stays quarantined are swept by every close
+that quarantines it, except the attempt a current manifest names (an infer attempt its judge's
+re-run reads); a job that finishes after that is still accepted by a later close."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from airflow_batchinfer.layout import RunLayout, staged_output
+from airflow_batchinfer.rounds import read_doc, record_job_error, round_kinds
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
+from airflow_batchinfer.worker.manifest import read_job_manifest
+from tests.support.fake_jobs import (
+    IDS,
+    close,
+    finish_job,
+    finish_shard,
+    judge_shard,
+    make_run,
+    plan_round,
+    read_rows,
+    write_rows,
+)
+
+pytestmark = pytest.mark.chaos
+
+
+def orphan_attempt(cfg: RunConfig, shard: ShardDescriptor, kind: str, token: str) -> Path:
+    """What a copy that died (or runs on, unreachable) left staged: its outputs, no manifest."""
+    layout = RunLayout(cfg.run_root)
+    names = ("inferred",) if kind == "infer" else ("approved", "rejected")
+    for name in names:
+        uri = staged_output(layout.staging(0), layout.job_manifest(0, shard["shard_id"], kind), token, name)
+        write_rows(uri, read_rows(shard["uri"]))
+    return Path(layout.staged_job(0, shard["shard_id"], kind), token)
+
+
+def each_id_once(cfg: RunConfig, summary: dict[str, object]) -> None:
+    layout = RunLayout(cfg.run_root)
+    seen = [r["id"] for f in JsonlDir(layout.results).jsonl_files() for r in f.iter_records()]
+    seen += [r["id"] for f in JsonlDir(layout.pending(1)).jsonl_files() for r in f.iter_records()]
+    for failed in summary["failed_shards"]:  # type: ignore[attr-defined]
+        seen += [r["id"] for r in read_rows(failed["uri"])]
+    assert summary["invariant"]["ok"] and Counter(seen) == Counter(IDS)  # type: ignore[index]
+
+
+def test_every_close_that_quarantines_a_shard_sweeps_its_staged_attempts(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)  # fused infer_judge jobs
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    s, rest = plan.shards[0], plan.shards[1:]
+    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    for x in rest:
+        finish_shard(cfg, 0, x, set())
+    first = orphan_attempt(cfg, s, kind, "zombie")
+    record_job_error(cfg, 0, sid, kind, "JobFailed: worker lost", None)
+
+    summary = close(cfg, plan)
+    assert [f["shard_id"] for f in summary["failed_shards"]] == [sid]
+    assert not first.exists()  # swept with the quarantine
+    each_id_once(cfg, summary)
+
+    second = orphan_attempt(cfg, s, kind, "zombie-2")  # another copy wrote after that close
+    assert [f["shard_id"] for f in close(cfg, plan)["failed_shards"]] == [sid]
+    assert not second.exists()  # the next close that finds it quarantined sweeps again
+
+    judge_shard(cfg, 0, s, {"r00", "r01"}, token="late")  # the task's retry finishes at last
+    summary = close(cfg, plan)
+    assert summary["failed_shards"] == [] and not Path(layout.failed(0), f"{sid}.json").exists()
+    doc = read_doc(layout.accepted(0, sid, kind), "accepted job")
+    assert doc is not None and doc["attempt"] == "late"
+    assert sorted(r["id"] for r in read_rows(layout.result(0, sid))) == ["r00", "r01"]
+    assert not Path(layout.staged_job(0, sid, kind)).exists()
+    each_id_once(cfg, summary)
+
+
+def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, judge_pool="local://judge")  # infer, then judge on its own pool
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    s, rest = plan.shards[0], plan.shards[1:]
+    sid = s["shard_id"]
+    for x in rest:
+        finish_shard(cfg, 0, x, set())
+    stray = orphan_attempt(cfg, s, "infer", "zombie")  # an infer copy that never wrote its manifest
+    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"])]
+    infer = finish_job(cfg, "infer", 0, s, {"inferred": rows}, {"ok": 10}, token="current")
+    judged = orphan_attempt(cfg, {**s, "uri": infer["committed"]["inferred"]}, "judge", "zombie")
+    record_job_error(cfg, 0, sid, "judge", "JobFailed: worker lost", None)
+
+    summary = close(cfg, plan)
+    assert [(f["shard_id"], f["phase"]) for f in summary["failed_shards"]] == [(sid, "judge")]
+    assert not stray.exists() and not judged.exists()
+    assert Path(infer["committed"]["inferred"]).exists()  # what the judge's re-run reads
+    each_id_once(cfg, summary)
+
+    manifest = judge_shard(cfg, 0, s, {"r05"}, token="rerun")
+    assert manifest["input"] == infer["committed"]["inferred"]
+    summary = close(cfg, plan)
+    assert summary["failed_shards"] == []
+    accepted = read_doc(layout.accepted(0, sid, "infer"), "accepted job")
+    assert accepted is not None and accepted["attempt"] == "current"
+    assert [r["result"] for r in read_rows(layout.inferred(0, sid))] == ["x"] * 10
+    assert not Path(layout.staging(0)).exists() or not list(Path(layout.staging(0)).rglob("*.zst"))
+    assert read_job_manifest(layout.job_manifest(0, sid, "judge")) is not None
+    each_id_once(cfg, summary)

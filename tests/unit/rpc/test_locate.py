@@ -1,0 +1,98 @@
+"""Whether a job already runs somewhere: the pure decision (no sockets), and the pool client acting on
+it over injected transports (a silent worker holds a submission up; a gone one does not)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from airflow_batchinfer.exceptions import WorkerUnavailable
+from airflow_batchinfer.rpc.locate import WorkerAnswer, locate_decision
+from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.rpc.pool import PoolClient
+
+SPEC = JobSpec(
+    job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}
+)
+A, B = "http://a:1", "http://b:1"
+
+
+def silent(url: str, s: float, **kw: object) -> WorkerAnswer:
+    return WorkerAnswer(url, answered=False, unreachable_s=s, error="ReadTimeout", **kw)  # type: ignore[arg-type]
+
+
+def test_a_live_copy_is_found_whatever_the_others_say() -> None:
+    got = locate_decision([silent(A, 1), WorkerAnswer(B, state="running")], grace_s=120)
+    assert (got.verdict, got.url) == ("found", B)
+
+
+def test_a_silent_worker_makes_the_answer_unknown_until_its_grace_passes() -> None:
+    """The bug: a worker that did not answer within the ask's timeout counted as "not running it"."""
+    got = locate_decision([silent(A, 6), WorkerAnswer(B)], grace_s=120)
+    assert got.verdict == "unknown" and [u for u, _ in got.waiting] == [A]
+    assert "6 s of unreachable_grace_s 120 s" in got.waiting[0][1]
+    gone = locate_decision([silent(A, 121), WorkerAnswer(B)], grace_s=120)
+    assert gone.verdict == "not_found" and [u for u, _ in gone.gone] == [A]
+    assert "past unreachable_grace_s" in gone.gone[0][1]
+
+
+@pytest.mark.parametrize("why", [{"listed": False}, {"refused": True}], ids=["unlisted", "refused"])
+def test_a_worker_the_pool_no_longer_lists_or_where_nothing_listens_is_gone(why: dict[str, bool]) -> None:
+    got = locate_decision([silent(A, 0, **why), WorkerAnswer(B, state="failed")], grace_s=120)
+    assert got.verdict == "not_found" and [u for u, _ in got.gone] == [A] and got.waiting == ()
+
+
+def workers(silent_hosts: set[str], jobs: dict[str, str]) -> tuple[httpx.MockTransport, list[str]]:
+    """Hosts in ``silent_hosts`` time out; ``jobs``: host → the job's state there (else 404)."""
+    submitted: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
+        if host in silent_hosts:
+            raise httpx.ReadTimeout("no answer", request=request)
+        if request.url.path.startswith("/v1/jobs/"):
+            if host not in jobs:
+                return httpx.Response(404, json={"error": "not_found", "detail": "no such job"})
+            return httpx.Response(200, json={"job_id": "j1", "kind": "infer", "state": jobs[host]})
+        if request.url.path == "/v1/stats":
+            stats = {"engine": {}, "slots_total": 4, "slots_busy": 0, "draining": False, "jobs": {}}
+            return httpx.Response(200, json={**stats, "batcher": {}})
+        submitted.append(host)
+        return httpx.Response(202, json={"job_id": "j1", "kind": "infer", "state": "running"})
+
+    return httpx.MockTransport(handler), submitted
+
+
+async def test_a_submission_waits_while_a_worker_that_may_run_the_job_is_silent() -> None:
+    transport, submitted = workers({A}, {})
+    pool = PoolClient([A, B], token="t", transport=transport, poll_interval_s=0.05, unreachable_grace_s=0.4)
+    started = time.monotonic()
+    url, _ = await pool.submit(SPEC)
+    assert url == B and submitted == [B]
+    assert time.monotonic() - started >= 0.4  # not before the silent worker's grace passed
+    await pool.aclose()
+
+
+async def test_a_silent_worker_past_the_deadline_fails_the_submission_naming_it() -> None:
+    transport, submitted = workers({A}, {})
+    pool = PoolClient([A, B], token="t", transport=transport, poll_interval_s=0.05, unreachable_grace_s=60)
+    with pytest.raises(WorkerUnavailable, match=r"http://a:1 .*may still run it.*unreachable_grace_s"):
+        await pool.submit_when_free(SPEC, deadline=time.monotonic() + 0.3)
+    assert submitted == []
+    await pool.aclose()
+
+
+async def test_a_silent_worker_the_pool_drops_no_longer_holds_the_submission() -> None:
+    transport, submitted = workers({A}, {})
+    listed = [[A, B], [B]]
+
+    async def discover() -> list[str]:
+        return listed.pop(0) if len(listed) > 1 else listed[0]
+
+    pool = PoolClient([], token="t", transport=transport, discover=discover, poll_interval_s=0.05,
+                      unreachable_grace_s=60)  # fmt: skip
+    url, _ = await pool.submit(SPEC)  # A is silent, then no longer listed: taken for gone
+    assert url == B and submitted == [B]
+    await pool.aclose()
