@@ -9,7 +9,8 @@ are trusted more, and pin what a trigger may choose, in three places that widen 
 - the ``batchinfer_pool`` connection the run's ``worker_pool`` names (its extra; admins own it).
 
 Trigger params cannot widen anything. :func:`refusals` is the one decision, a pure function of the
-params and the limits; the first tasks of a run (shard, pool setup) and the teardown call it before
+params and the limits (:func:`cap_refusals`, its caps alone, for a DAG built without ``limits=``); the
+first tasks of a run (shard, pool setup) and the teardown call it before
 they touch storage or a pool (``operators/limits.py`` gathers the inputs). Nothing here imports
 Airflow.
 """
@@ -33,11 +34,14 @@ CAP_KINDS = ("count", "quantity")
 
 @dataclass(frozen=True)
 class LimitSetting:
-    """One limit: its name (the config key, the connection extra key and the field), kind and help."""
+    """One limit: its name (the config key, the connection extra key and the field), kind and help.
+    ``unset_default_of``: a cap that holds even where no one sets it, at the default of the run
+    setting it names (a trigger may lower that setting, not raise it); ``None``: unset is no cap."""
 
     name: str
     kind: Kind
     help: str
+    unset_default_of: str | None = None
 
 
 # The one description of every limit: the dataclass below, the provider's config section, the
@@ -108,6 +112,15 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "the most tokens per completion `sampling.max_tokens` (unset: 256) and an `llm` judge's "
                  "`max_tokens` may ask for"),
     LimitSetting("max_preflight_records", "count", "the most records `preflight_records` may try"),
+    # input bounds: a larger one lets a line (an id) be held whole, so unset caps them at the default
+    LimitSetting("max_max_line_bytes", "count",
+                 "the longest input line, in bytes, `max_line_bytes` may allow (unset: that setting's "
+                 "default, so a trigger may lower the bound but not raise it)",
+                 unset_default_of="max_line_bytes"),
+    LimitSetting("max_max_id_bytes", "count",
+                 "the longest record id, in UTF-8 bytes, `max_id_bytes` may allow (unset: that setting's "
+                 "default, so a trigger may lower the bound but not raise it)",
+                 unset_default_of="max_id_bytes"),
     LimitSetting("max_idle_ttl_s", "count",
                  "the longest idle time, in seconds, `idle_ttl_s` may keep a pool's workers up"),
     LimitSetting("max_cpu", "quantity",
@@ -120,6 +133,7 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "the most shared memory per GPU worker `kubernetes.shm_size` may ask for (a Kubernetes "
                  "quantity: `16Gi`; unset in the param: the pool's 8Gi)"),
 )  # fmt: skip
+_SETTING: dict[str, LimitSetting] = {s.name: s for s in SETTINGS}
 CONFIG_SECTION = "batchinfer"
 # ``[batchinfer] one_host = True``: every component of the deployment runs on one host, whatever the
 # executor, so local pools may be used (pools/local.py decides; docs/deployment.md)
@@ -230,6 +244,8 @@ class TriggerLimits:
     max_target_batch_tokens: int | None = None
     max_max_tokens: int | None = None
     max_preflight_records: int | None = None
+    max_max_line_bytes: int | None = None  # None: the cap is the setting's default (unset_default_of)
+    max_max_id_bytes: int | None = None
     max_idle_ttl_s: int | None = None
     max_cpu: str | None = None  # Kubernetes quantities, as written
     max_memory: str | None = None
@@ -311,9 +327,23 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         ),
         allowed_env=tuple(env),
         allowed_judge_callables=tuple(callable_targets(defaults.get("judge"))),
+        **_implied_caps(defaults),
     )
     judge = judge_pool_view(defaults)
     return limits.widen(implied_by(judge)) if judge else limits
+
+
+def _implied_caps(defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The caps that hold unset (:func:`unset_cap`) raised to a DAG default above them, which its
+    author wrote; a default at or below sets none, so the deployment may still lower the cap."""
+    out: dict[str, Any] = {}
+    for s in SETTINGS:
+        if s.unset_default_of is None:
+            continue
+        value = _count(defaults.get(s.unset_default_of), f"the DAG's default {s.unset_default_of}")
+        if value is not None and value > (unset_cap(s.name) or 0):
+            out[s.name] = value
+    return out
 
 
 # A judge with its own pool (``judge_pool``) names that pool's settings with these params; they are
@@ -461,12 +491,43 @@ def refusals(
             out.append(
                 f"judge callable {target!r} is not allowed (widen with {_where('allowed_judge_callables')})"
             )
-    replicas = params.get("replicas")
-    if limits.max_replicas is not None and replicas is not None and float(replicas) > limits.max_replicas:
-        out.append(f"replicas {replicas} is more than max_replicas {limits.max_replicas}")
+    out += _replica_refusals(params, limits)
     out += _kubernetes_refusals(params.get("kubernetes") or {}, limits)
     out += _size_refusals(params, limits)
     return out
+
+
+def cap_refusals(
+    params: Mapping[str, Any], limits: TriggerLimits, *, judge_limits: TriggerLimits | None = None
+) -> list[str]:
+    """The caps alone of :func:`refusals` (every ``max_*``, the judge pool's against
+    ``judge_limits``): what holds for a DAG built without ``limits=``, whose code vouches for its
+    paths, pools and engines but not for the size of the work its triggers ask of a shared pool."""
+    out: list[str] = []
+    if judge := judge_pool_view(params):
+        out += [f"judge pool: {w}" for w in cap_refusals(judge, judge_limits or limits)]
+    kube = params.get("kubernetes") or {}
+    out += _replica_refusals(params, limits)
+    out += _gpu_refusals(kube, limits) if isinstance(kube, Mapping) else []
+    return out + _size_refusals(params, limits)
+
+
+def _replica_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
+    replicas = params.get("replicas")
+    if limits.max_replicas is not None and replicas is not None and float(replicas) > limits.max_replicas:
+        return [f"replicas {replicas} is more than max_replicas {limits.max_replicas}"]
+    return []
+
+
+def _gpu_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
+    gpus = kube.get("gpus")
+    if limits.max_gpus is None or gpus is None:
+        return []
+    try:
+        over = float(gpus) > limits.max_gpus
+    except (TypeError, ValueError):
+        over = True
+    return [f"kubernetes.gpus {gpus!r} is more than max_gpus {limits.max_gpus}"] if over else []
 
 
 # The params that size the work a run puts on its pool, and their caps (kind "count").
@@ -474,7 +535,8 @@ SIZE_CAPS: tuple[tuple[str, str], ...] = (
     ("concurrency", "max_concurrency"), ("records_per_shard", "max_records_per_shard"),
     ("chunk_size", "max_chunk_size"), ("max_attempts", "max_max_attempts"),
     ("target_batch_tokens", "max_target_batch_tokens"), ("preflight_records", "max_preflight_records"),
-    ("idle_ttl_s", "max_idle_ttl_s"),
+    ("idle_ttl_s", "max_idle_ttl_s"), ("max_line_bytes", "max_max_line_bytes"),
+    ("max_id_bytes", "max_max_id_bytes"),
 )  # fmt: skip
 # The ``kubernetes`` settings that size a worker pod, and their caps (kind "quantity").
 RESOURCE_CAPS: tuple[tuple[str, str], ...] = (("cpu", "max_cpu"), ("memory", "max_memory"),
@@ -487,7 +549,9 @@ def _cap_refusal(
     """``[why]`` when ``value`` is over its cap (a value that is no number is over it), else ``[]``."""
     from airflow_batchinfer.pools.kubernetes.spec import parse_quantity
 
-    cap = getattr(limits, cap_name)
+    cap, unset = getattr(limits, cap_name), ""
+    if cap is None and (cap := unset_cap(cap_name)) is not None:
+        unset = f" (unset: the {_SETTING[cap_name].unset_default_of} setting's default)"
     if cap is None:
         return []
     try:
@@ -497,7 +561,19 @@ def _cap_refusal(
         over = True
     if not over:
         return []
-    return [f"{what} {value!r} is more than {cap_name} {cap} (lower it, or widen with {_where(cap_name)})"]
+    return [f"{what} {value!r} is more than {cap_name} {cap}{unset} (lower it, or widen with "
+            f"{_where(cap_name)})"]  # fmt: skip
+
+
+def unset_cap(cap_name: str) -> int | None:
+    """The cap in force where no limit sets ``cap_name``: the default of the run setting its
+    :attr:`LimitSetting.unset_default_of` names, or ``None`` (no cap)."""
+    of = _SETTING[cap_name].unset_default_of
+    if of is None:
+        return None
+    from airflow_batchinfer.settings import setting  # the one default (settings imports more)
+
+    return int(setting(of).default)
 
 
 def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
@@ -619,12 +695,4 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
     if kube.get("interruptible") and (spot := sorted(_spot_keys() - tolerable)):
         out.append(f"kubernetes.interruptible tolerates the spot taints {spot}, which are not allowed (widen "
                    f"with {_where('allowed_toleration_keys')})")  # fmt: skip
-    gpus = kube.get("gpus")
-    if limits.max_gpus is not None and gpus is not None:
-        try:
-            over = float(gpus) > limits.max_gpus
-        except (TypeError, ValueError):
-            over = True
-        if over:
-            out.append(f"kubernetes.gpus {gpus!r} is more than max_gpus {limits.max_gpus}")
-    return out
+    return out + _gpu_refusals(kube, limits)

@@ -17,7 +17,7 @@ import logging
 import posixpath
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -1070,12 +1070,16 @@ def _settle(
     accepted attempts' staged outputs: the accounting job's, and the infer attempt its judge read)
     or quarantine the shard. Every decision is a compare-and-swap of the accounting job's accepted
     doc from what this close read (:func:`_claim`): of two closes at once, the one that loses adopts
-    the decision that stands, never its own."""
-    for _ in range(CLAIM_TRIES):
-        settled = _settle_once(cfg, layout, r, shard, kinds, already_failed, engines, so, repeats or [])
-        if settled is not None:
-            return settled
+    the decision that stands, never its own. A quarantine another close is still sweeping is never
+    replaced: this close waits for its end (:func:`_await_sweep`), then settles from it."""
     uri = layout.accepted(r, shard["shard_id"], kinds[-1])
+    stale: dict[str, Any] | None = None  # a sweep whose close is taken for gone: may be replaced
+    repeated = repeats or []
+    for _ in range(CLAIM_TRIES):
+        settled = _settle_once(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated, stale)
+        if isinstance(settled, _Settled):
+            return settled
+        stale = _await_sweep(uri, settled.doc, so) if isinstance(settled, _Sweeping) else None
     raise StorageError(
         f"round {r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
         "differently; run only one close of the round at a time, then re-run it"
@@ -1083,6 +1087,36 @@ def _settle(
 
 
 CLAIM_TRIES = 3  # settles of one shard when concurrent closes keep changing its decision
+SWEEPING, SWEPT = "sweeping", "swept"  # a quarantine doc's ``sweep``: its close's steps running, done
+SWEEP_WAIT_S = 60.0  # after a quarantine is decided, how long its sweep is waited for before a close
+SWEEP_POLL_S = 0.2  # takes its close for gone (a sweep is a few deletes); how often it is re-read
+
+
+@dataclass(frozen=True)
+class _Sweeping:
+    """Another close's quarantine of the shard, still sweeping: wait for it, then settle again."""
+
+    doc: dict[str, Any]
+
+
+def _sweeping(doc: dict[str, Any] | None) -> bool:
+    return bool(doc and doc.get("quarantined") and doc.get("sweep") == SWEEPING)
+
+
+def _await_sweep(uri: str, doc: dict[str, Any], so: StorageOptions | None) -> dict[str, Any] | None:
+    """Wait until the sweeping quarantine ``doc`` at ``uri`` changes: ``None`` then (settle again from
+    what stands). ``doc`` itself when it has not :data:`SWEEP_WAIT_S` after it was decided: its close
+    is taken for gone (cut short) and this one may replace it; should that close still run, it stops
+    at its next step, finding the doc no longer its own (:func:`_sweep_quarantined`)."""
+    deadline = min(float(doc.get("quarantined_at") or 0.0), time.time()) + SWEEP_WAIT_S
+    while time.time() < deadline:
+        time.sleep(SWEEP_POLL_S)
+        if read_doc(uri, "accepted job", so) != doc:
+            return None
+    log.warning("%s: the close that quarantined its shard at %s did not finish sweeping it in %.0f s: "
+                "taking it for gone, this close decides again", uri, doc.get("quarantined_at"),
+                SWEEP_WAIT_S)  # fmt: skip
+    return doc
 
 
 @dataclass
@@ -1111,9 +1145,11 @@ def _settle_once(
     engines: dict[str, dict[str, Any] | None],
     so: StorageOptions | None,
     repeats: list[Repeat],
-) -> _Settled | None:
-    """One try of :func:`_settle`; ``None`` when another close accepted the shard while this one was
-    quarantining it (settled again then, from what that close decided)."""
+    stale: dict[str, Any] | None,
+) -> _Settled | _Sweeping | None:
+    """One try of :func:`_settle`; ``None`` when another close changed the decision while this one
+    made its own (settled again then, from what that close decided); :class:`_Sweeping` when another
+    close's quarantine is still sweeping (but ``stale``, one taken for gone)."""
     sid = shard["shard_id"]
     acct = kinds[-1]
     final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
@@ -1125,6 +1161,10 @@ def _settle_once(
             break
     last = checked[-1]
     seen = last.seen if last.kind == acct else read_doc(accepted_uri, "accepted job", so)
+    if _sweeping(seen) and seen != stale:  # no decision replaces it: its sweep could remove what it moves
+        assert seen is not None
+        return _Sweeping(seen)
+    replaces_quarantine = bool(seen and seen.get("quarantined"))  # its failed/ record goes if accepted
     problem = None if last.problem is None else (last.kind, last.problem)
     rerun = False  # a current manifest is unusable: delete it so a re-run recomputes
     stood: dict[str, Any] | None = None  # the accounting job's accepted doc (earlier, or now)
@@ -1143,8 +1183,11 @@ def _settle_once(
             # ids an earlier range holds are left out of what is accepted (rejects/: _settle_repeats)
             mine = _drop_repeats(mine, repeats, cfg.id_field or "id", rejects_uri(layout.rejects, sid), so)
             stood, won = _claim(accepted_uri, seen, mine, so)
+            replaces_quarantine = replaces_quarantine and won
             seen = stood
             _log_claim(r, sid, stood, won, mine)
+    if stood is not None and _sweeping(stood):  # another close quarantined it meanwhile, still sweeping
+        return _Sweeping(stood)
     if stood is not None and stood.get("quarantined"):  # another close quarantined it meanwhile
         return _adopt_quarantine(layout, r, shard, stood, checked, so)
     if stood is not None:
@@ -1157,7 +1200,8 @@ def _settle_once(
         if problem is None:
             for kind in kinds:  # other copies' attempts: never promoted
                 files.remove_tree(layout.staged_job(r, sid, kind), so)
-            if f"{sid}.json" in already_failed:  # quarantined by an earlier close; its job has finished since
+            # quarantined by an earlier close (or by one during this one); its job has finished since
+            if f"{sid}.json" in already_failed or replaces_quarantine:
                 files.remove(join(layout.failed(r), f"{sid}.json"), so)
                 log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
             return _Settled(shard, [*jobs, stood], dict(stood.get("counts") or {}), accepted=stood)
@@ -1289,25 +1333,62 @@ def _quarantine_shard(
     seen: dict[str, Any] | None,
     final: dict[str, str],
     so: StorageOptions | None,
-) -> _Settled | None:
-    """Quarantine the shard once its decision stands: then delete the unusable manifest (``rerun``),
-    sweep its staged attempts but those a current manifest names (a later close accepts them), and
-    remove final outputs no accepted job produced. ``None`` when another close accepted it meanwhile."""
+) -> _Settled | _Sweeping | None:
+    """Quarantine the shard in two steps of its accepted doc: ``sweep: sweeping`` once the decision
+    stands, then delete the unusable manifest (``rerun``), sweep its staged attempts but those a
+    current manifest names (a later close accepts them), remove final outputs no accepted job
+    produced and write its ``failed/`` record; then ``sweep: swept``. No other close replaces a
+    sweeping doc (it waits, :func:`_settle`), so nothing accepted meanwhile is removed. ``None`` when
+    another close accepted it first, or took this sweep over (settled again then)."""
     sid, acct = shard["shard_id"], kinds[-1]
     phase, error = problem
-    orphans = [final[name] for name in FENCED_OUTPUTS if files.exists(final[name], so)]
-    mine = {"shard_id": sid, "kind": acct, "quarantined": True, "phase": phase, "error": error,
-            "orphans_removed": orphans, "quarantined_at": time.time()}  # fmt: skip
-    stood, won = _claim(layout.accepted(r, sid, acct), seen, mine, so)
+    uri = layout.accepted(r, sid, acct)
+    mine = {"shard_id": sid, "kind": acct, "quarantined": True, "sweep": SWEEPING, "phase": phase,
+            "error": error, "quarantined_at": time.time()}  # fmt: skip
+    stood, won = _claim(uri, seen, mine, so)
     if not stood.get("quarantined"):
         return None
-    if not won:  # another close's quarantine: it sweeps and removes
+    if not won and _sweeping(stood):  # another close's quarantine, still sweeping: wait for it
+        return _Sweeping(stood)
+    if not won:  # another close's quarantine: it swept and removed
         return _adopt_quarantine(layout, r, shard, stood, checked, so)
+    orphans = _sweep_quarantined(layout, r, shard, kinds, checked, rerun, final, stood, so)
+    if orphans is not None:
+        record = _quarantine(layout, r, shard, phase, error, orphans, so)
+        if _claim(uri, stood, {**mine, "sweep": SWEPT, "orphans_removed": orphans}, so)[1]:
+            return _Settled(shard, _feed_docs(checked, acct), None, record, orphans)
+    log.warning("round %d: shard %s: another close took over its quarantine: settling it again", r, sid)
+    return None
+
+
+def _still(uri: str, doc: dict[str, Any], so: StorageOptions | None) -> Callable[[], bool]:
+    """Whether ``doc`` is still the decision at ``uri``: read again before each destructive step."""
+    return lambda: read_doc(uri, "accepted job", so) == doc
+
+
+def _sweep_quarantined(
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    checked: list[_Checked],
+    rerun: bool,
+    final: dict[str, str],
+    doc: dict[str, Any],
+    so: StorageOptions | None,
+) -> list[str] | None:
+    """The destructive steps of a quarantine, each once this close's sweeping ``doc`` is read back
+    as the decision; returns the orphans removed, or ``None`` when it no longer stands (a close that
+    took this one for gone decided since: what that close accepted is never removed)."""
+    sid, acct = shard["shard_id"], kinds[-1]
+    still = _still(layout.accepted(r, sid, acct), doc, so)
     # a re-run recomputes the accounting job, and a job before it whose attempt is gone
     removed = {
         x.kind for x in checked if x.manifest is not None and rerun and (x.kind == acct or _lost(x, so))
     }
     for kind in removed:
+        if not still():
+            return None
         files.remove(layout.job_manifest(r, sid, kind), so)
     keep = {
         posixpath.dirname(u)
@@ -1315,16 +1396,20 @@ def _quarantine_shard(
         if x.manifest_current and x.manifest is not None and x.kind not in removed
         for u in (x.manifest.get("committed") or {}).values()
     }
-    swept = _sweep_staged(layout, r, sid, kinds, keep, so)
+    swept = _sweep_staged(layout, r, sid, kinds, keep, still, so)
+    if swept is None:
+        return None
     if swept:
         log.info("round %d: shard %s is quarantined: swept staged attempts %s", r, sid, ", ".join(swept))
+    orphans = [final[name] for name in FENCED_OUTPUTS if files.exists(final[name], so)]
     for uri in orphans:
+        if not still():
+            return None
         files.remove(uri, so)
     if orphans:
         log.warning("round %d: shard %s is quarantined: removed outputs no accepted job produced: %s",
                     r, sid, ", ".join(orphans))  # fmt: skip
-    record = _quarantine(layout, r, shard, phase, error, orphans, so)
-    return _Settled(shard, _feed_docs(checked, acct), None, record, orphans)
+    return orphans if still() else None  # its failed/ record is written next
 
 
 def _adopt_quarantine(
@@ -1347,16 +1432,25 @@ def _feed_docs(checked: list[_Checked], acct: str) -> list[dict[str, Any]]:
 
 
 def _sweep_staged(
-    layout: RunLayout, r: int, sid: str, kinds: Iterable[str], keep: set[str], so: StorageOptions | None
-) -> list[str]:
-    """Remove a quarantined shard's staged attempts but those in ``keep`` (attempt folders); returns
-    the folders removed. A copy still writing into one fails, and its task's retry runs it anew."""
+    layout: RunLayout,
+    r: int,
+    sid: str,
+    kinds: Iterable[str],
+    keep: set[str],
+    still: Callable[[], bool],
+    so: StorageOptions | None,
+) -> list[str] | None:
+    """Remove a quarantined shard's staged attempts but those in ``keep`` (attempt folders), each
+    once ``still()``; returns the folders removed (``None``: stopped, the quarantine no longer
+    stands). A copy still writing into one fails, and its task's retry runs it anew."""
     swept = []
     for kind in kinds:
         job_dir = layout.staged_job(r, sid, kind)
         for token in files.names(job_dir, so):
             attempt = join(job_dir, token)
             if attempt not in keep:
+                if not still():
+                    return None
                 files.remove_tree(attempt, so)
                 swept.append(attempt)
     return swept

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
+from airflow_batchinfer.rpc.locate import (
+    UNREACHABLE_GRACE_MAX_S,
+    UNREACHABLE_GRACE_MIN_S,
+    UNREACHABLE_GRACE_S,
+)
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
+from airflow_batchinfer.storage.records import MAX_ID_BYTES
 
 STRATEGIES = ("rounds", "in_place", "hybrid")
 REVIEW_MODES = ("never", "every_round", "on_low_approval")
@@ -31,14 +38,14 @@ class RunConfig:
     chunk_size: int = 500
     id_field: str | None = None
     assign_ids: bool = False
-    # input bounds (storage.lines.MAX_LINE_BYTES, storage.records.MAX_ID_BYTES; settings.py)
-    max_line_bytes: int = 16 * 1024 * 1024
-    max_id_bytes: int = 512
+    # input bounds: the storage layer's defaults (settings.py holds their minimums)
+    max_line_bytes: int = MAX_LINE_BYTES
+    max_id_bytes: int = MAX_ID_BYTES
     # hybrid: switch to in place once a round approves less than this share of its pending set
     hybrid_min_shrink: float = 0.3
     job_retries: int = 2
     # a silent worker that may run a job: waited for this long before a second copy may start
-    unreachable_grace_s: float = 120.0
+    unreachable_grace_s: float = UNREACHABLE_GRACE_S
     # human review between rounds (Airflow only): never | every_round | on_low_approval
     review: str = "never"
     review_min_approval: float = 0.5
@@ -63,11 +70,8 @@ class RunConfig:
             raise ConfigError("max_rounds and max_attempts must be >= 1")
         if self.records_per_shard < 1:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
-        if self.max_line_bytes < 1024 or self.max_id_bytes < 32:
-            raise ConfigError(
-                f"max_line_bytes must be >= 1024 and max_id_bytes >= 32, got {self.max_line_bytes} and "
-                f"{self.max_id_bytes}"
-            )
+        self._check_bounds()
+        self._check_unreachable_grace()
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")
@@ -87,6 +91,29 @@ class RunConfig:
             raise ConfigError(
                 f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is "
                 f"{self.judge.get('type')!r}, which needs none: remove judge_pool, or use an llm judge"
+            )
+
+    def _check_bounds(self) -> None:
+        """``max_line_bytes`` and ``max_id_bytes`` at least their settings' minimums."""
+        from airflow_batchinfer.settings import setting  # settings imports this module
+
+        for name in ("max_line_bytes", "max_id_bytes"):
+            least = setting(name).minimum
+            if least is not None and getattr(self, name) < least:
+                raise ConfigError(
+                    f"{name} must be >= {least:g}, got {getattr(self, name)}: raise it (its default is "
+                    f"{setting(name).default})"
+                )
+
+    def _check_unreachable_grace(self) -> None:
+        """Below the minimum a worker is taken for gone after one silent ask (0: the protection off);
+        above the maximum the grace never elapses within one try (each starts a fresh client)."""
+        grace, low, high = self.unreachable_grace_s, UNREACHABLE_GRACE_MIN_S, UNREACHABLE_GRACE_MAX_S
+        if not low <= grace <= high:
+            raise ConfigError(
+                f"unreachable_grace_s {grace:g} is outside {low:g}..{high:g} s: set it within (default "
+                f"{UNREACHABLE_GRACE_S:g}); a shorter grace would start a second copy of a job a paused "
+                "worker still runs, a longer one never elapses within a try, so no try could start the job"
             )
 
     def validate(self, callables: tuple[str, ...] | None = None) -> RunConfig:

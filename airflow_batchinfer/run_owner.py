@@ -17,6 +17,10 @@ its results and rejected rows are that DAG's, shown on the review desk to that D
 - The owner finished (``success``/``failed``) or no longer exists: this run takes the root over.
   Resuming a run under the same ``run_name`` is a feature: finished work is reused.
 
+The same holds for what a run reads: an ``input`` inside a run root another DAG created (its
+``results/``, say) is refused by the first task (:func:`input_refusal`, deciding with
+:func:`decide_input`), or that DAG's rows would show on this run's review desk.
+
 :func:`decide` is the pure decision (fed the stored record, this run's identity, the owner run's
 state and the DAGs that may share); :func:`claim` does the I/O around it. :func:`verify_owner` is
 for the run's later tasks: they must not touch a root another DAG run owns (a refused run's
@@ -166,6 +170,81 @@ def _foreign(run_root: str, me: RunIdentity, owner: RunIdentity, creator: str) -
         f"if these DAGs may share run roots, the deployment lists both in {SHARING_LIMIT} (the DAG's "
         f"limits, the [batchinfer] config or the pool connection's extra)."
     )
+
+
+def decide_input(
+    record: dict[str, Any], me: RunIdentity, *, input_uri: str, run_root: str,
+    shared_dags: Collection[str] = (),
+) -> str | None:  # fmt: skip
+    """Why ``me`` may not read ``input_uri``, which lies inside ``run_root`` (its ``owner.json`` is
+    ``record``); ``None``: it may. The rule of :func:`decide` for the root itself: what a run root
+    holds is its creating DAG's, readable by a run of a DAG that may share with it (:func:`may_share`)."""
+    creator = creator_of(record)
+    if creator is None or may_share(creator, me.dag_id, shared_dags):
+        return None
+    return (
+        f"input {input_uri!r} lies inside the run root {run_root}, which DAG {creator!r} created: a run of "
+        f"DAG {me.dag_id!r} may not read its results or rejected rows. Nothing was written. Remedy: name "
+        f"an input outside that run root; if these DAGs may share run roots, the deployment lists both in "
+        f"{SHARING_LIMIT} (the DAG's limits, the [batchinfer] config or the pool connection's extra)."
+    )
+
+
+def input_root_candidates(input_uri: str, prefixes: Collection[str]) -> list[str]:
+    """The directories that would hold ``owner.json`` if ``input_uri`` lay inside a run root: its
+    ancestors as storage opens them (symlinks resolved), deepest first, down to the widest of
+    ``prefixes`` (the locations triggers may name) that admits it. None admits it (the input is the
+    DAG's default, or a DAG built without ``limits=`` chose it): no directory, as for the
+    prefixes, the DAG's code vouches for it (and storage above the prefixes may not be readable)."""
+    from airflow_batchinfer.worker.security import normalize  # the prefix checks' canonical form
+
+    def split(uri: str) -> tuple[str, list[str]]:  # ("/", path segments) or ("s3://", bucket and key)
+        canon = normalize(uri)
+        scheme, sep, rest = canon.partition("://")
+        return (f"{scheme}://", rest.split("/")) if sep else ("/", [s for s in canon.split("/") if s])
+
+    try:
+        head, segments = split(input_uri)
+    except ValueError:
+        return []  # refused by the prefix check already
+    depths: list[int] = []
+    for prefix in prefixes:
+        try:
+            p_head, p_segments = split(prefix)
+        except ValueError:
+            continue
+        if p_head == head and segments[: len(p_segments)] == p_segments:
+            depths.append(max(len(p_segments), 0 if head == "/" else 1))  # a bucket at least
+    if not depths:
+        return []
+    return [head + "/".join(segments[:n]) for n in range(len(segments) - 1, min(depths) - 1, -1)]
+
+
+def input_refusal(
+    input_uri: str, me: RunIdentity, so: StorageOptions | None = None, *, prefixes: Collection[str],
+    shared_dags: Collection[str] = (),
+) -> str | None:  # fmt: skip
+    """Why ``me`` may not read ``input_uri`` (``None``: it may): it lies inside a run root (an
+    ancestor of :func:`input_root_candidates` with an ``owner.json``, one read each) that a DAG
+    ``me`` may not share with created (:func:`decide_input`)."""
+    for root in input_root_candidates(input_uri, prefixes):
+        try:
+            record = read_owner(root, so)
+        except PermissionError as exc:  # fail closed: an unreadable record may be another DAG's
+            raise ConfigError(
+                f"cannot read {owner_uri(root)} to check that input {input_uri!r} lies in no other DAG's "
+                f"run root ({exc}). Remedy: let the run's storage connection read {root} (on S3, also "
+                "list it: a missing key is otherwise 403), or name an input outside it"
+            ) from exc
+        if record is None:
+            continue
+        try:
+            why = decide_input(record, me, input_uri=input_uri, run_root=root, shared_dags=shared_dags)
+        except ConfigError as exc:
+            raise ConfigError(f"{owner_uri(root)}: {exc}; {_REMEDY}") from exc
+        if why is not None:
+            return why
+    return None
 
 
 _WHAT, _REMEDY = "run owner record", "delete it if no other DAG run uses this run root"

@@ -31,6 +31,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.rpc.locate import (
+    UNREACHABLE_GRACE_MAX_S,
+    UNREACHABLE_GRACE_MIN_S,
+    UNREACHABLE_GRACE_S,
+)
 from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES
@@ -314,10 +319,12 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("assign_ids", "boolean", False, "give records without an id the id '<file>:<line>'",
          flag="--assign-ids"),
     _run("max_line_bytes", "integer", MAX_LINE_BYTES, "the longest input line, in bytes: a longer one goes "
-         "to rejects/ with its line number, its first KiB and its length, and is never held whole",
+         "to rejects/ with its line number, its first KiB and its length, and is never held whole; a DAG "
+         "run may raise it only up to the deployment's max_max_line_bytes (unset: this default)",
          minimum=1024, flag="--max-line-bytes"),
     _run("max_id_bytes", "integer", MAX_ID_BYTES, "the longest record id, in UTF-8 bytes of the id as "
-         "text: a record with a longer one goes to rejects/", minimum=32, flag="--max-id-bytes"),
+         "text: a record with a longer one goes to rejects/; a DAG run may raise it only up to the "
+         "deployment's max_max_id_bytes (unset: this default)", minimum=32, flag="--max-id-bytes"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),
@@ -336,9 +343,11 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          minimum=0, flag="--max-failed-shards"),
     _run("job_retries", "integer", 2, "retries of a failing shard job before its shard is quarantined "
          "(a DAG: the factory's retries argument)", minimum=0, param=False, flag="--job-retries"),
-    _run("unreachable_grace_s", "number", 120, "seconds a worker that may run a shard's job is waited "
-         "for when it does not answer, before a resubmission takes it for gone and starts a second copy "
-         "(until then the copy is not started)", minimum=0, flag="--unreachable-grace-s"),
+    _run("unreachable_grace_s", "number", UNREACHABLE_GRACE_S, "seconds a worker that may run a shard's "
+         "job is waited for when it does not answer, before a resubmission takes it for gone and starts a "
+         "second copy (until then the copy is not started); at least one ask's timeout, at most half of "
+         "a try's wait for a worker, so it elapses within one try", minimum=UNREACHABLE_GRACE_MIN_S,
+         maximum=UNREACHABLE_GRACE_MAX_S, flag="--unreachable-grace-s"),
     # the judge's own pool (DAGs built with judge_airflow_pool; batchinfer run --judge-pool)
     _run(
         "judge_pool", "string", None,

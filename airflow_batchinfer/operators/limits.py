@@ -14,7 +14,7 @@ from airflow.sdk import BaseHook, Context
 from airflow_batchinfer.compat import AirflowFailException, AirflowNotFoundException
 from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook
-from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, refusals
+from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, cap_refusals, refusals
 from airflow_batchinfer.pools.ref import PoolRef
 
 
@@ -29,12 +29,15 @@ def config_limits() -> TriggerLimits:
 
 
 def check_params(
-    context: Context, dag_limits: TriggerLimits, *, run_root: str | None = None
+    context: Context, dag_limits: TriggerLimits | None, *, run_root: str | None = None
 ) -> TriggerLimits:
     """Refuse (fail the task, no retries) a run whose params go beyond ``dag_limits`` widened by the
-    deployment's; returns the limits in force (the pool's workers allow their judge callables)."""
+    deployment's; returns the limits in force (the pool's workers allow their judge callables).
+    ``dag_limits`` ``None`` (a task built without ``limits=``: its DAG's code vouches for its paths,
+    pools and engines): only the caps are checked (:func:`~airflow_batchinfer.limits.cap_refusals`),
+    the deployment's and the pool connection's, which hold for every DAG."""
     params: dict[str, Any] = dict(context.get("params") or {})
-    limits = dag_limits.widen(config_limits())
+    limits = config_limits() if dag_limits is None else dag_limits.widen(config_limits())
     # A pool connection's extra widens only what runs on that pool: the run pool's connection the
     # run's settings, the judge pool's connection the judge pool's own (never the run's input).
     per_pool = {"worker_pool": limits, "judge_pool": limits}
@@ -55,10 +58,13 @@ def check_params(
                     per_pool[name] = per_pool[name].widen(extra)
         limits = per_pool["worker_pool"]
         named = is_connection.get
-        reasons = refusals(
-            params, limits, run_root=run_root, pool_is_connection=named("worker_pool", False),
-            judge_limits=per_pool["judge_pool"], judge_pool_is_connection=named("judge_pool", False),
-        )  # fmt: skip
+        if dag_limits is None:
+            reasons = cap_refusals(params, limits, judge_limits=per_pool["judge_pool"])
+        else:
+            reasons = refusals(
+                params, limits, run_root=run_root, pool_is_connection=named("worker_pool", False),
+                judge_limits=per_pool["judge_pool"], judge_pool_is_connection=named("judge_pool", False),
+            )  # fmt: skip
         if reasons:
             raise ParamsRefused(reasons)
     except ConfigError as exc:

@@ -214,8 +214,8 @@ class PoolSetupOperator(BaseOperator):
             raise AirflowFailException(f"worker pool {self.worker_pool!r}: {exc}") from exc
 
     def _setup(self, context: Context) -> list[str] | None:
+        in_force = check_params(context, self.limits, run_root=self.run_root)  # without limits=: caps only
         if self.limits is not None:
-            in_force = check_params(context, self.limits, run_root=self.run_root)
             self.allowed_callables = tuple(
                 dict.fromkeys((*self.allowed_callables, *in_force.allowed_judge_callables))
             )
@@ -307,8 +307,7 @@ class PoolTeardownOperator(BaseOperator):
         self.limits = limits
 
     def execute(self, context: Context) -> None:
-        if self.limits is not None:
-            check_params(context, self.limits)
+        check_params(context, self.limits)  # without limits=: the deployment's caps only
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
         self.log.info("worker pool %s: lease %s released; %d workers %s", pool, lease_id(context), left,

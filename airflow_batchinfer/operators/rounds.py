@@ -105,7 +105,8 @@ class RoundControllerOperator(HITLOperator):
     :param limits: the DAG's limits (widened by the deployment's and the pool connection's, as
         :func:`~airflow_batchinfer.operators.limits.check_params` computes them): a review answer that
         sets a setting over a cap (``max_tokens`` over ``max_max_tokens``) is refused, the task fails
-        with the reason and nothing of the answer is applied. ``None``: no caps.
+        with the reason and nothing of the answer is applied. ``None``: the deployment's caps
+        (``[batchinfer] max_*``, the pool connection's) hold all the same.
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
@@ -210,8 +211,9 @@ class RoundControllerOperator(HITLOperator):
             name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_SCHEMAS
         }
         changes = gate_changes(current_settings(round_config(cfg, proposal.plan)), answered)
-        # the caps a trigger's params are held to hold for what the answer changes
-        in_force = check_params(context, self.limits) if self.limits is not None and changes else None
+        # the caps a trigger's params are held to hold for what the answer changes (without the DAG's
+        # limits, the deployment's: check_params decides which)
+        in_force = check_params(context, self.limits) if changes else None
         plan = apply_choice(
             cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes, limits=in_force
         )

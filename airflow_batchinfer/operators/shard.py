@@ -1,9 +1,9 @@
 """``ShardDatasetOperator``: the run's first task. Validates the run settings, claims the run root
 for this DAG run (``owner.json``: a root another live DAG run owns, or another DAG created, is
-refused), plans round 0's
-shards (byte ranges of the input, a few KB read per shard and nothing copied; input that cannot be
-split, such as single-frame zstd, is copied into shards; reused when identical), stores ``run.json``
-and returns shard descriptors (references and counts, never records)."""
+refused, and so is an ``input`` inside a root another DAG created), plans round 0's shards (byte
+ranges of the input, a few KB read per shard and nothing copied; input that cannot be split, such
+as single-frame zstd, is copied into shards; reused when identical), stores ``run.json`` and returns
+shard descriptors (references and counts, never records)."""
 
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import TriggerLimits
-from airflow_batchinfer.operators.limits import check_params, config_limits
+from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.rounds import prepare_run
 from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.run_owner import RunIdentity, claim, owner_uri
+from airflow_batchinfer.run_owner import RunIdentity, claim, input_refusal, owner_uri
 from airflow_batchinfer.storage import ShardDescriptor
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
@@ -56,7 +56,8 @@ class ShardDatasetOperator(BaseOperator):
         ``[core] max_map_length``, since a round maps one task per shard).
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
-        vouches for ``config``, and callable judges are not restricted here."""
+        vouches for ``config`` and callable judges are not restricted here, but the params are held
+        to the deployment's caps (``[batchinfer] max_*``, the pool connection's)."""
 
     template_fields = ("config", "aws_conn_id")
     ui_color = "#fdf5e6"
@@ -75,6 +76,21 @@ class ShardDatasetOperator(BaseOperator):
         self.config = config
         self.aws_conn_id = aws_conn_id
         self.max_map_length = max_map_length
+
+    def _check_input(
+        self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits
+    ) -> None:
+        """Refuse an ``input`` inside a run root another DAG created (unless the limit in force lets the
+        two share): its results would become this run's rows, shown on this run's review desk."""
+        ti = context.get("ti") if hasattr(context, "get") else None
+        if ti is None or not getattr(ti, "run_id", None):
+            return  # no DAG run to compare with (as for the claim)
+        me = RunIdentity(ti.dag_id, ti.run_id)
+        why = input_refusal(
+            cfg.input, me, so, prefixes=limits.allowed_input_prefixes, shared_dags=limits.shared_run_root_dags
+        )
+        if why is not None:
+            raise AirflowFailException(why)
 
     def _claim(
         self, cfg: RunConfig, context: Context, so: dict[str, Any], shared_dags: tuple[str, ...]
@@ -102,13 +118,11 @@ class ShardDatasetOperator(BaseOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(self.config))
-            # without the DAG's limits its code vouches for config; the deployment's still apply
-            if self.limits is None:
-                limits = config_limits()
-            else:
-                limits = check_params(context, self.limits, run_root=cfg.run_root)
+            # without the DAG's limits its code vouches for config, but the deployment's caps still hold
+            limits = check_params(context, self.limits, run_root=cfg.run_root)
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
+            self._check_input(cfg, context, so, limits)
             self._claim(cfg, context, so, limits.shared_run_root_dags)
             self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
                           RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip

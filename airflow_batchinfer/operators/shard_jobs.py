@@ -46,6 +46,7 @@ from airflow_batchinfer.rounds import (
 )
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.fingerprint import pin_input
+from airflow_batchinfer.rpc.locate import SUBMIT_TIMEOUT_S  # a try's wait for a worker slot
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient, follow
 from airflow_batchinfer.rpc.tracking import JobEvent, after_event
@@ -55,8 +56,6 @@ from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from airflow_batchinfer.worker.manifest import read_job_manifest
-
-SUBMIT_TIMEOUT_S = 600.0  # how long to wait for a free worker slot before failing the try
 
 
 class ShardJobOperator(BaseOperator):

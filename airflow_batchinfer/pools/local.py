@@ -41,6 +41,7 @@ from airflow_batchinfer.limits import ONE_HOST_OPTION
 from airflow_batchinfer.models import default_cache_dir
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.rpc.client import SyncWorkerClient
+from airflow_batchinfer.rpc.locate import Workers
 
 STATE_VERSION = 2
 # Why a local pool needs one host, said wherever one is refused or not found.
@@ -522,6 +523,11 @@ class LocalPool:
         if found is None:
             return []
         return [w["url"] for w in self._announced(self._live(found[1])) if w.get("url")]
+
+    def workers(self, lease_id: str | None = None) -> Workers:
+        """:meth:`endpoints` both ways: a worker process that lives is listed, a paused one too, and
+        one that exited runs nothing (a restarted one listens on another port)."""
+        return Workers.of(self.endpoints(lease_id))
 
     def problems(self) -> list[str]:
         """Why workers are missing: the ones that exited, with the end of their logs."""

@@ -26,6 +26,7 @@ from urllib.parse import parse_qs, urlsplit
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools.local import LocalPool
 from airflow_batchinfer.pools.static import StaticPool
+from airflow_batchinfer.rpc.locate import Workers
 
 LOCAL = "local://"
 KUBERNETES = "kubernetes://"
@@ -39,6 +40,12 @@ class WorkerPool(Protocol):
 
     def endpoints(self, lease_id: str | None = None) -> list[str]:
         """The URLs of the workers that answer now (of ``lease_id``'s workers, where that differs)."""
+        ...
+
+    def workers(self, lease_id: str | None = None) -> Workers:
+        """The workers to submit to (:meth:`endpoints`) and those that may still run a job they
+        took (a job is looked for on these before a copy starts; see
+        :class:`~airflow_batchinfer.rpc.locate.Workers`)."""
         ...
 
     def token(self) -> str | None: ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.rpc.locate import Workers
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class StaticPool:
 
     def endpoints(self, lease_id: str | None = None) -> list[str]:
         return list(self.urls)
+
+    def workers(self, lease_id: str | None = None) -> Workers:
+        return Workers.of(self.urls)  # fixed: no worker is ever unlisted
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = 0.0) -> int:
         return len(self.urls)

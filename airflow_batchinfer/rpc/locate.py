@@ -8,19 +8,62 @@ for the job; :func:`locate_decision` turns their answers into one of three verdi
 - ``unknown``: some worker that may run it did not answer: wait and ask again. Starting a copy now
   would run the job twice if that worker still runs it (a slow or paused worker, a network split).
 
-A worker that does not answer stops counting once the pool no longer lists it (a replaced pod, a
-restarted local worker on another port), when no connection to it can be made at all (nothing
-listens there), or once it has not answered for ``unreachable_grace_s``: it is then taken for gone.
+A worker that does not answer stops counting once the pool no longer lists it among the workers that
+may run a job (:class:`Workers`: a Kubernetes pod that is gone or has ended, a restarted local
+worker on another port; a pod that is not Ready or is draining still counts), when its address
+refuses connections (nothing listens there), or once it has not answered for
+``unreachable_grace_s``: it is then taken for gone.
 Pure: the pool client gathers the observations and acts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+# One ask of a worker for a job; a silent one is asked again, never skipped.
+LOCATE_TIMEOUT_S: float = 5
+# How long a shard task's try waits for a free worker slot (and for silent workers) before failing.
+SUBMIT_TIMEOUT_S: float = 600
+# The ``unreachable_grace_s`` setting (settings.py): its default and bounds. At least one ask's
+# timeout, so a worker is asked twice before it is taken for gone; at most half a try's submission
+# window, since each try starts a fresh client: a longer grace would never elapse within one try.
+UNREACHABLE_GRACE_S: float = 120
+UNREACHABLE_GRACE_MIN_S = LOCATE_TIMEOUT_S
+UNREACHABLE_GRACE_MAX_S = SUBMIT_TIMEOUT_S // 2
+
 LocateVerdict = Literal["found", "not_found", "unknown"]
+
+
+@dataclass(frozen=True)
+class Workers:
+    """A pool's workers as its discovery sees them (URLs without a trailing ``/``, each once).
+
+    :param submit: the workers new jobs go to (ready, not draining).
+    :param may_run: every worker that may still run a job it took earlier: those, and ones that are
+        not ready or are draining (on Kubernetes, every pod of the Deployment that still exists and
+        has not ended). A worker outside it is gone: it runs nothing."""
+
+    submit: tuple[str, ...]
+    may_run: tuple[str, ...]
+
+    def __post_init__(self) -> None:  # a worker one may submit to may run what it took
+        submit = _urls(self.submit)
+        object.__setattr__(self, "submit", submit)
+        object.__setattr__(self, "may_run", _urls((*self.may_run, *submit)))
+
+    @classmethod
+    def of(cls, urls: Iterable[str]) -> Workers:
+        """A pool whose listed workers are the ones that may run jobs (static URLs, a local pool)."""
+        listed = tuple(urls)
+        return cls(submit=listed, may_run=listed)
+
+
+def _urls(urls: Iterable[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(u.rstrip("/") for u in urls))  # in order, each once
+
+
 # A copy in these states is followed, never duplicated. A succeeded one is not: its manifest (checked
 # first) is the truth, and a worker runs a succeeded job again once that is gone.
 LIVE = ("queued", "running")
@@ -35,10 +78,11 @@ class WorkerAnswer:
         answer.
     :param answered: whether it answered (a 404 is an answer: it does not have the job).
     :param unreachable_s: how long it has not answered, over this client's asks (0 when it answered).
-    :param listed: whether the pool still lists it (a worker seen earlier may be gone).
-    :param refused: it did not answer because no connection could be made (nothing listens there:
-        a process that is gone runs nothing), not because an answer did not come (a slow, paused or
-        cut-off worker may still run the job).
+    :param listed: whether the pool still lists it among the workers that may run a job
+        (:attr:`Workers.may_run`; a worker seen earlier may be gone).
+    :param refused: it did not answer because its address refused the connection (nothing listens
+        there: a process that is gone runs nothing), not because an answer did not come or the
+        address could not be reached (a slow, paused or cut-off worker may still run the job).
     :param error: why it did not answer."""
 
     url: str
@@ -72,7 +116,8 @@ def locate_decision(answers: Sequence[WorkerAnswer], *, grace_s: float) -> Locat
         if a.answered:
             continue
         if not a.listed:
-            gone.append((a.url, f"no longer listed by the pool ({a.error})"))
+            gone.append((a.url, f"the pool no longer lists it among the workers that may run a job, "
+                                f"e.g. its pod is gone or has ended ({a.error})"))  # fmt: skip
         elif a.refused:
             gone.append((a.url, f"refuses connections, so no worker runs there ({a.error})"))
         elif a.unreachable_s >= grace_s:

@@ -3,9 +3,12 @@ completion and resubmit lost ones, with the completion manifest as the truth.
 
 A job id runs on at most one worker: before submitting, the client asks the workers it knows whether
 one already has the job, and follows it there (an Airflow retry, a re-run or a resubmission never
-starts a second copy of a job that still runs). A worker that does not answer may still run it: the
-client asks again until it answers, the pool stops listing it, or it has been silent for
-``unreachable_grace_s`` (:func:`~airflow_batchinfer.rpc.locate.locate_decision` decides)."""
+starts a second copy of a job that still runs). The workers asked are every one the pool says may
+run a job (:class:`~airflow_batchinfer.rpc.locate.Workers`: on Kubernetes a pod that is not Ready or
+is draining too), not only those new jobs go to. A worker that does not answer may still run it: the
+client asks again until it answers, the pool no longer lists it at all, its address refuses
+connections, or it has been silent for ``unreachable_grace_s``
+(:func:`~airflow_batchinfer.rpc.locate.locate_decision` decides)."""
 
 from __future__ import annotations
 
@@ -28,10 +31,16 @@ from airflow_batchinfer.exceptions import (
 )
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
-from airflow_batchinfer.rpc.locate import Located, WorkerAnswer, locate_decision
+from airflow_batchinfer.rpc.locate import (
+    LOCATE_TIMEOUT_S,
+    UNREACHABLE_GRACE_S,
+    Located,
+    WorkerAnswer,
+    Workers,
+    locate_decision,
+)
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
-from airflow_batchinfer.settings import setting
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.manifest import read_job_manifest
@@ -40,8 +49,25 @@ if TYPE_CHECKING:
     from airflow_batchinfer.pools.ref import WorkerPool
 
 log = logging.getLogger("airflow_batchinfer.rpc")
-LOCATE_TIMEOUT_S = 5.0  # one ask of a worker for a job; a silent one is asked again, never skipped
-UNREACHABLE_GRACE_S = float(setting("unreachable_grace_s").default)
+Discover = Callable[[], Awaitable[Sequence[str] | Workers]]  # a plain list: Workers.of(it)
+
+
+def _workers(found: Sequence[str] | Workers) -> Workers:
+    return found if isinstance(found, Workers) else Workers.of(found)
+
+
+def _refused(exc: BaseException, depth: int = 0) -> bool:
+    """Whether ``exc`` comes from a connection its address refused (ECONNREFUSED: nothing listens
+    there, so nothing runs there). httpx raises the same ``ConnectError`` for an unreachable host or
+    network and a failed name lookup, where a cut-off worker may still run its jobs: only the OS
+    error under it tells them apart. A group of attempts (several addresses) counts only when every
+    one was refused."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return all(_refused(e, depth + 1) for e in exc.exceptions)
+    under = exc.__cause__ if exc.__cause__ is not None else exc.__context__
+    return under is not None and depth < 16 and _refused(under, depth + 1)
 
 
 async def ready_workers(urls: Sequence[str], token: str | None, *, timeout_s: float = 5.0) -> list[str]:
@@ -138,17 +164,20 @@ async def follow(
 class PoolClient:
     """A client over a pool's workers (see the module doc).
 
-    :param urls: worker base URLs.
+    :param urls: worker base URLs, or the pool's :class:`~airflow_batchinfer.rpc.locate.Workers`
+        (those to submit to, and those that may still run a job: every one is asked before a copy
+        starts).
     :param token: the pool's RPC token.
     :param storage_options: to read completion manifests (the environment by default).
-    :param discover: for pools whose workers come and go (Kubernetes): returns the current worker
-        URLs; asked at most every ``refresh_interval_s`` when submitting, and at once after a loss.
+    :param discover: for pools whose workers come and go (Kubernetes): returns the current
+        ``Workers`` (a plain list: workers that are both); asked at most every
+        ``refresh_interval_s`` when submitting, and at once after a loss.
     :param unreachable_grace_s: how long a silent worker that may run a job holds up its submission
         (the ``unreachable_grace_s`` setting)."""
 
     def __init__(
         self,
-        urls: Sequence[str],
+        urls: Sequence[str] | Workers,
         *,
         token: str | None,
         storage_options: StorageOptions | None = None,
@@ -156,20 +185,22 @@ class PoolClient:
         lost_grace_s: float = 20.0,
         busy_backoff_s: float = 1.0,
         transport: httpx.AsyncBaseTransport | None = None,
-        discover: Callable[[], Awaitable[Sequence[str]]] | None = None,
+        discover: Discover | None = None,
         refresh_interval_s: float = 5.0,
         max_resubmits: int = 5,
         unreachable_grace_s: float = UNREACHABLE_GRACE_S,
     ) -> None:
-        if not urls and discover is None:
+        workers = _workers(urls)
+        if not workers.may_run and discover is None:
             raise ValueError("a pool needs at least one worker URL")
         self._token, self._transport = token, transport
         self.clients: dict[str, WorkerClient] = {}  # the workers submits go to
         self._known: dict[str, WorkerClient] = {}  # every worker seen: jobs are followed where they run
-        self._use(urls)
+        self.workers = Workers((), ())  # as the pool lists them now
+        self._use(workers)
         self.discover = discover
         self.refresh_interval_s = refresh_interval_s
-        self._refreshed = time.monotonic() if urls else float("-inf")
+        self._refreshed = time.monotonic() if workers.may_run else float("-inf")
         self.storage_options = storage_options
         self.poll_interval_s = poll_interval_s
         self.lost_grace_s = lost_grace_s
@@ -182,28 +213,32 @@ class PoolClient:
     @classmethod
     def for_pool(cls, pool: WorkerPool, *, lease_id: str | None = None, **kwargs: Any) -> PoolClient:
         """A client over ``pool``'s workers (``lease_id``'s, where that matters), refreshed from the
-        pool as workers come and go (Kubernetes pods, restarted local workers)."""
-        kwargs.setdefault("discover", lambda: asyncio.to_thread(pool.endpoints, lease_id))
-        return cls(pool.endpoints(lease_id), token=pool.token(), **kwargs)
+        pool as workers come and go (Kubernetes pods, restarted local workers). A fresh client (an
+        Airflow retry) knows at once the workers that may still run a job, not only the ready ones."""
+        kwargs.setdefault("discover", lambda: asyncio.to_thread(pool.workers, lease_id))
+        return cls(pool.workers(lease_id), token=pool.token(), **kwargs)
 
-    def _use(self, urls: Sequence[str]) -> None:
-        for u in urls:
-            u = u.rstrip("/")
+    def _use(self, workers: Workers) -> None:
+        for u in workers.may_run:
             if u not in self._known:
                 self._known[u] = WorkerClient(u, token=self._token, transport=self._transport)
-        self.clients = {u.rstrip("/"): self._known[u.rstrip("/")] for u in urls}
+        self.clients = {u: self._known[u] for u in workers.submit}
+        self.workers = workers
 
     async def refresh(self, *, force: bool = False) -> None:
-        """Take the current worker list from ``discover`` (no-op for a fixed pool)."""
+        """Take the current workers from ``discover`` (no-op for a fixed pool)."""
         if self.discover is None or (
             not force and time.monotonic() - self._refreshed < self.refresh_interval_s
         ):
             return
-        urls = list(await self.discover())
+        workers = _workers(await self.discover())
         self._refreshed = time.monotonic()
-        if set(urls) != set(self.clients):
-            log.info("pool workers now: %s", ", ".join(urls) or "none")
-        self._use(urls)
+        if set(workers.submit) != set(self.clients):
+            log.info("pool workers now: %s", ", ".join(workers.submit) or "none")
+        others = set(workers.may_run) - set(workers.submit)
+        if others and others != set(self.workers.may_run) - set(self.workers.submit):  # once per change
+            log.info("pool workers taking no jobs that may still run some: %s", ", ".join(sorted(others)))
+        self._use(workers)
 
     def worker(self, url: str) -> WorkerClient:
         """The client of a worker this pool client has seen (jobs are followed where they run)."""
@@ -221,7 +256,7 @@ class PoolClient:
 
     async def _ask(self, url: str, job_id: str) -> tuple[WorkerAnswer, JobStatus | None]:
         """One worker's answer for ``job_id``; a silent one's time without an answer is tracked."""
-        listed = url in self.clients
+        listed = url in self.workers.may_run  # a pod not Ready, or draining, may still run the job
         try:
             status = await self._known[url].status(job_id, timeout=LOCATE_TIMEOUT_S)
         except JobNotFound:
@@ -229,7 +264,7 @@ class PoolClient:
             return WorkerAnswer(url, listed=listed), None
         except RpcError as exc:  # no answer (or not one to trust): it may still run the job
             since = self._silent_since.setdefault(url, time.monotonic())
-            refused = isinstance(exc.__cause__, httpx.ConnectError)  # no connection: nothing listens
+            refused = isinstance(exc.__cause__, httpx.ConnectError) and _refused(exc.__cause__)
             silent = WorkerAnswer(url, answered=False, unreachable_s=time.monotonic() - since, listed=listed,
                                   refused=refused, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
             return silent, None

@@ -16,9 +16,16 @@ import contextlib
 import os
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from airflow_batchinfer.exceptions import StorageError
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.storage.location import Location
+
+
+class HasFileno(Protocol):
+    def fileno(self) -> int: ...
 
 
 class Policy(Protocol):
@@ -68,6 +75,13 @@ def check_opened(fd: int, path: str, uri: str, name: str = "") -> None:
         raise _refused(policy, uri, reason)
 
 
+def check_file(file: HasFileno, loc: Location) -> None:
+    """:func:`check_opened` for a file just opened at ``loc`` for reading, before its first byte is
+    read: only a local file, only under a job's policy (a remote file object has no descriptor)."""
+    if loc.is_local and active():
+        check_opened(file.fileno(), loc.path, loc.uri)
+
+
 def opened_path(fd: int) -> str | None:
     """The path the kernel has for an open ``fd`` (``None`` where ``/proc`` does not say)."""
     try:
@@ -81,5 +95,6 @@ def _refused(policy: Policy, uri: str, reason: str) -> StorageError:
     return StorageError(
         f"{uri}: refused while the job ran: {reason} (allowed: {policy.describe()}). It was inside "
         "them when the job was submitted, so a directory on its path was replaced since (by a symlink "
-        "or a move); nothing was written there. Restore the directory, then retry the shard."
+        "or a move); no file there was read, written or removed, though a write may have left the "
+        "empty directories it makes on the way. Restore the directory, then retry the shard."
     )

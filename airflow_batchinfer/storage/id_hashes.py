@@ -10,10 +10,13 @@ local disk). The file depends only on the range, so two attempts of a job write 
 (atomically), and the close writes it itself, reading the range, only when no job did (a range no
 job read to its end, or a run started before jobs wrote it). The files are merged with
 :func:`heapq.merge`, in groups of at most :data:`FAN_IN` (open files and memory are bounded
-whatever the number of ranges); a hash found in two ranges is confirmed by reading just those
-ranges for their real ids (a hash collision never rejects a record), :data:`CONFIRM_BATCH`
-occurrences at a time, and each confirmed repeat is spilled to local disk per shard
-(:class:`Repeats`): the close then handles one shard's repeats at a time.
+whatever the number of ranges); a hash found in two ranges is confirmed by its real ids (a hash
+collision never rejects a record): every matched place is spilled to local disk sorted by range
+and line (:class:`_Sorted`), each range holding one is read once, front to back, for the records
+at those lines only, and those records, sorted back into hash order on local disk, are compared
+one hash at a time. So the input is read at most once, whatever the number of matches, in bounded
+memory. Each confirmed repeat is spilled to local disk per shard (:class:`Repeats`): the close then
+handles one shard's repeats at a time.
 
 A hash file is ``MAGIC``, the range's line count (8 bytes, big-endian) and its entries: a hash and
 the 1-based line of that id in the range (8 bytes, big-endian), sorted (by hash, then line).
@@ -36,8 +39,10 @@ from typing import IO, Any
 
 import orjson
 
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.digest import id_bytes
+from airflow_batchinfer.storage.lines import RAW_PREFIX
 from airflow_batchinfer.storage.location import StorageOptions, join, parent, resolve
 from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
 
@@ -45,12 +50,14 @@ HASH = 16
 MAGIC = b"BIH2"
 HEADER = struct.Struct(">4sQ")  # magic, lines read in the range
 ENTRY = struct.Struct(f">{HASH}sQ")  # an id's hash and its line in the range (a hash file's entries)
-TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (intermediate merges)
+TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (merges, confirmation)
 SPILL_HASHES = 1 << 18  # entries held before a sorted run is spilled (24 bytes each, ~17 MiB as objects)
 FAN_IN = 128  # files merged at once
 READ = 1 << 16  # bytes per read of a hash file
-CONFIRM_BATCH = 10_000  # hash matches' occurrences confirmed per read of their ranges
-RAW_BYTES = 1024  # of a rejected repeat's record JSON kept in its reject row (as for an oversized line)
+PLACE = struct.Struct(f">IQ{HASH}s")  # a matched place: range index, line in the range, hash
+LENGTH = struct.Struct(">I")  # of each entry in a spilled run of variable-length entries
+SORT_BYTES = 32 << 20  # bytes of entries an external sort holds before it spills a sorted run
+REPEATS_BATCH = 10_000  # confirmed repeats handed to Repeats (spilled per shard) at a time
 SUFFIX = ".id-hashes.bin"
 REJECTS_SUFFIX = ".repeated-ids.jsonl.zst"  # rejects/<shard>…: a shard's rejected repeats
 
@@ -74,7 +81,7 @@ def rejects_uri(rejects_dir: str, shard_id: str) -> str:
 class Repeat:
     """A later occurrence of an id that an earlier range holds: where the id stays (its first line)
     and the line it repeats on (lines of the whole input, 1-based), with the record's JSON (cut to
-    :data:`RAW_BYTES`)."""
+    :data:`~airflow_batchinfer.storage.lines.RAW_PREFIX` bytes, as an oversized line's)."""
 
     id: Any
     first_shard: str
@@ -93,7 +100,7 @@ class Repeat:
 
 
 def _raw(record: Mapping[str, Any]) -> str:
-    return orjson.dumps(record)[:RAW_BYTES].decode("utf-8", errors="ignore")
+    return orjson.dumps(record)[:RAW_PREFIX].decode("utf-8", errors="ignore")
 
 
 # ------------------------------------------------------------------------------ one range's file
@@ -237,22 +244,15 @@ def shared_hashes(uris: Sequence[str], so: StorageOptions | None) -> Iterator[tu
             yield h, places
 
 
-Found = Iterable[tuple[Any, int, str]]  # a range's id, its line in the range and its record's JSON
+Found = tuple[int, int, Any, str]  # a matched place's range index, line in the range, id and JSON
 
 
-def confirm(
-    candidates: Mapping[int, set[int]],
-    records_at: Callable[[int, set[int]], Found],
-    shard_ids: Sequence[str],
-    first_lines: Sequence[int],
-) -> list[Repeat]:
-    """The real repeats among hash matches (every place of each hash). ``candidates``: range index →
-    the lines to look at in it; ``records_at(index, lines)``: the ids at those lines. The lowest line
-    of an id stays; every later one (in another range) is a repeat, in line order."""
-    seen: dict[bytes, list[tuple[int, int, Any, str]]] = {}  # id bytes -> (range, line, id, raw)
-    for index in sorted(candidates):
-        for value, line, raw in records_at(index, candidates[index]):
-            seen.setdefault(id_bytes(value), []).append((index, line, value, raw))
+def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Sequence[int]) -> list[Repeat]:
+    """The real repeats among the records at one hash's places. The lowest line of an id stays;
+    every later one (in another range) is a repeat, in line order."""
+    seen: dict[bytes, list[Found]] = {}  # id bytes -> its places: two ids of one hash are a collision
+    for place in found:
+        seen.setdefault(id_bytes(place[2]), []).append(place)
     repeats: list[Repeat] = []
     for places in seen.values():
         if len({p[0] for p in places}) < 2:
@@ -262,6 +262,46 @@ def confirm(
             first, at = first_lines[i0] + l0, first_lines[i] + line
             repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw))
     return sorted(repeats, key=lambda r: r.line)
+
+
+class _Sorted:
+    """Byte strings sorted in bounded memory: at most :data:`SORT_BYTES` (and :data:`SPILL_HASHES`
+    entries) held, the rest spilled to sorted runs on local disk (each entry length-prefixed); read
+    back merged, once (one open file per run)."""
+
+    def __init__(self) -> None:
+        self._held: list[bytes] = []
+        self._bytes = 0
+        self._runs: list[IO[bytes]] = []
+
+    def add(self, entry: bytes) -> None:
+        self._held.append(entry)
+        self._bytes += len(entry)
+        if self._bytes >= SORT_BYTES or len(self._held) >= SPILL_HASHES:  # small entries: by count
+            self._spill()
+
+    def _spill(self) -> None:
+        run = tempfile.TemporaryFile()  # noqa: SIM115  # closed by close()
+        self._held.sort()
+        run.write(b"".join(LENGTH.pack(len(e)) + e for e in self._held))
+        run.seek(0)
+        self._runs.append(run)
+        self._held, self._bytes = [], 0
+
+    def __iter__(self) -> Iterator[bytes]:
+        self._held.sort()
+        return heapq.merge(self._held, *(_entries(run) for run in self._runs))
+
+    def close(self) -> None:
+        self._held = []
+        for run in self._runs:
+            run.close()
+        self._runs = []
+
+
+def _entries(run: IO[bytes]) -> Iterator[bytes]:
+    while head := run.read(LENGTH.size):
+        yield run.read(LENGTH.unpack(head)[0])
 
 
 class Repeats:
@@ -317,7 +357,11 @@ def _range_hashes(shard: Mapping[str, Any], uri: str, id_field: str | None, assi
                             storage_options=so)  # fmt: skip
         write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
         lines = read_lines(uri, so)
-        assert lines is not None
+    if lines is None:  # just written: another writer replaced it meanwhile, or the store lost it
+        raise StorageError(
+            f"shard {shard.get('shard_id')}: the id hash file {uri} close just wrote has no valid header "
+            f"({MAGIC!r} and a line count): delete it and re-run round 0's close"
+        )
     return lines
 
 
@@ -328,23 +372,32 @@ def _lines_of(reader: RangeRecordReader) -> Iterator[tuple[Any, int]]:
         yield value, reader.line_of(value)
 
 
-def _records_at(shard: Mapping[str, Any], lines: set[int], id_field: str | None, assign_ids: bool,
-                so: StorageOptions | None) -> Iterator[tuple[Any, int, str]]:  # fmt: skip
-    """The records of a range at ``lines`` (lines in the range): id, line and JSON; the read stops
-    after the last of them."""
+def _records_at(
+    shard: Mapping[str, Any],
+    wanted: Iterator[tuple[int, bytes]],
+    id_field: str | None,
+    assign_ids: bool,
+    so: StorageOptions | None,
+) -> Iterator[tuple[bytes, int, Any, str]]:
+    """One read of a range, front to back, for the records at the ``wanted`` lines (ascending lines
+    in the range, each with its hash): hash, line, id and JSON. The read stops after the last one."""
+    want = next(wanted, None)
+    if want is None:
+        return
     reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
                         storage_options=so)  # fmt: skip
-    left = len(lines)
     records = iter(reader)
     try:
         for record in records:
             value = record.get(reader.check.id_field or "id")
             line = reader.line_of(value)
-            if line in lines:
-                yield value, line, _raw(record)
-                left -= 1
-                if not left:
-                    return
+            while want is not None and want[0] < line:  # not a kept record's line now: nothing there
+                want = next(wanted, None)
+            if want is not None and want[0] == line:
+                yield want[1], line, value, _raw(record)
+                want = next(wanted, None)
+            if want is None:
+                return
     finally:
         records.close()
 
@@ -356,12 +409,11 @@ def find_repeats(
     id_field: str | None,
     assign_ids: bool,
     so: StorageOptions | None,
-    batch: int = CONFIRM_BATCH,
 ) -> Repeats:
     """Every later occurrence of an id that an earlier one of round 0's ``ranges`` (in file order)
     holds, with its line and its first (lines of the whole input). ``hash_uri(shard_id)``: a range's
     hash file (its job's; written here, reading the range, when there is none). Hash matches are
-    confirmed about ``batch`` occurrences at a time, reading only the ranges they are in."""
+    confirmed reading each range that holds one once, for the matched lines only."""
     sids = [str(s["shard_id"]) for s in ranges]
     uris = [hash_uri(sid) for sid in sids]
     with ThreadPoolExecutor(8) as ex:
@@ -371,32 +423,35 @@ def find_repeats(
             )
         )
     first_lines = [0, *itertools.accumulate(lines)][:-1]
-    matches = shared_hashes(uris, so)
-
-    def records_at(i: int, lines: set[int]) -> Found:
-        return _records_at(ranges[i], lines, id_field, assign_ids, so)
-
     repeats = Repeats()
+    places, found = _Sorted(), _Sorted()
     try:
-        while chunk := _take_places(matches, batch):
-            candidates: dict[int, set[int]] = {}
-            for _, places in chunk:
-                for i, line in places:
-                    candidates.setdefault(i, set()).add(line)
-            repeats.add(confirm(candidates, records_at, sids, first_lines))
+        for h, at in shared_hashes(uris, so):  # hash order: spilled, sorted by range and line
+            for i, line in at:
+                places.add(PLACE.pack(i, line, h))
+        for i, group in itertools.groupby((PLACE.unpack(p) for p in places), key=lambda p: p[0]):
+            wanted = ((line, h) for _, line, h in group)
+            for h, line, value, raw in _records_at(ranges[i], wanted, id_field, assign_ids, so):
+                found.add(TAGGED.pack(h, i, line) + orjson.dumps([value, raw]))
+        places.close()
+        batch: list[Repeat] = []
+        for _, entries in itertools.groupby(found, key=lambda e: e[:HASH]):  # back in hash order
+            batch += confirm(map(_found, entries), sids, first_lines)
+            if len(batch) >= REPEATS_BATCH:
+                repeats.add(batch)
+                batch = []
+        repeats.add(batch)
     except BaseException:
         repeats.close()
         raise
+    finally:
+        places.close()
+        found.close()
     return repeats
 
 
-def _take_places(matches: Iterator[tuple[bytes, Places]], limit: int) -> list[tuple[bytes, Places]]:
-    """Whole hash groups from ``matches`` up to about ``limit`` places (at least one group)."""
-    chunk: list[tuple[bytes, Places]] = []
-    n = 0
-    for match in matches:
-        chunk.append(match)
-        n += len(match[1])
-        if n >= limit:
-            break
-    return chunk
+def _found(entry: bytes) -> Found:
+    """A read place back from its sort entry: hash, range and line (:data:`TAGGED`), [id, JSON]."""
+    _, i, line = TAGGED.unpack(entry[: TAGGED.size])
+    value, raw = orjson.loads(entry[TAGGED.size :])
+    return i, line, value, raw

@@ -38,8 +38,7 @@ def read_json(loc: Location, *, schema_version: int, what: str, remedy: str) -> 
     versions are errors (a failed read is never reported as "not found")."""
     try:
         with loc.fs.open(loc.path, "rb") as f:
-            if loc.is_local and confine.active():  # a worker's job: checked once opened
-                confine.check_opened(f.fileno(), loc.path, loc.uri)
+            confine.check_file(f, loc)  # a worker's job: checked once opened
             raw = f.read()
     except FileNotFoundError:
         return None

@@ -61,18 +61,14 @@ class JsonlFile:
         a worker's job is checked against the job's prefixes once opened (:mod:`.confine`)."""
         if self.byte_range is None:
             with self.loc.fs.open(self.loc.path, "rb") as raw:
-                self._check_opened(raw)
+                confine.check_file(raw, self.loc)
                 yield raw
             return
         start, end = self.byte_range
         # fsspec reads ahead a block past each miss: a block of at most RANGE_BLOCK bounds the over-read
         with self.loc.fs.open(self.loc.path, "rb", block_size=min(RANGE_BLOCK, max(end - start, 1))) as raw:
-            self._check_opened(raw)
+            confine.check_file(raw, self.loc)
             yield RangeReader(raw, start, end)  # type: ignore[misc]
-
-    def _check_opened(self, raw: BinaryIO) -> None:
-        if self.loc.is_local and confine.active():  # once per open, before the first byte is read
-            confine.check_opened(raw.fileno(), self.loc.path, self.uri)
 
     def exists(self) -> bool:
         return bool(self.loc.fs.isfile(self.loc.path))

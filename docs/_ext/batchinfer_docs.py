@@ -175,8 +175,13 @@ class Limits(_Generated):
 
         kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)",
                  "quantity": "Kubernetes quantity (unset: no limit)"}  # fmt: skip
+
+        def kind(s: Any) -> str:  # a cap that holds unset says so
+            of = s.unset_default_of
+            return kinds[s.kind] if of is None else f"number (unset: the ``{of}`` setting's default)"
+
         rows = [
-            [f"``{s.name}``", kinds[s.kind], f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
+            [f"``{s.name}``", kind(s), f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",
              re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", s.help)]
             for s in SETTINGS
         ]  # fmt: skip

@@ -9,6 +9,7 @@ DAG's close task runs it."""
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import check_invariant
 from airflow_batchinfer.rounds import (
@@ -170,6 +172,47 @@ def test_the_close_reads_the_input_only_to_confirm_a_match(
             assert sorted(reads) == sorted({ranges[got[0]["shard_id"]], ranges[got[0]["first_shard_id"]]})
 
 
+def test_many_repeats_are_confirmed_reading_each_range_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A doubled export: every id of the first half again in the second, 6,000 matches (12,000 places,
+    more than 10,000, what one confirmation batch held before) in hash order, so each batch touched
+    nearly every range. Now every matched place is sorted by range and line (spilled: tiny sort
+    memory) and each range is read once, whatever the number of matches."""
+    half = 6_000
+    lines = [json.dumps({"id": f"d{i}", "q": i}) for i in range(half)]
+    lines += [json.dumps({"id": f"d{i}", "q": f"again {i}"}) for i in range(half)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
+    shards = prepare_run(cfg).shards
+    assert len(shards) >= 4 and all("range" in s for s in shards)
+    hashes = str(tmp_path / "hashes")
+
+    def find() -> ih.Repeats:
+        return ih.find_repeats(shards, lambda sid: f"{hashes}/{sid}{ih.SUFFIX}", id_field="id",
+                               assign_ids=False, so=None)  # fmt: skip
+
+    find().close()  # writes the hash files (as the range jobs do), reading each range
+    reads: list[tuple[int, int]] = []
+    decoded = ranges_mod._decoded
+
+    def counting(file: JsonlFile, start: int, end: int) -> Iterator[bytes]:
+        reads.append((start, end))
+        return decoded(file, start, end)
+
+    monkeypatch.setattr(ranges_mod, "_decoded", counting)
+    monkeypatch.setattr(ih, "SORT_BYTES", 4096, raising=False)  # many spilled runs
+    monkeypatch.setattr(ih, "REPEATS_BATCH", 100, raising=False)
+    with find() as repeats:
+        assert repeats.count == half
+        got = [x for s in shards for x in repeats.of(s["shard_id"])]
+    assert sorted(reads) == sorted(tuple(s["range"]) for s in shards)  # every range holds a match: once
+    assert sorted((x.line, x.first_line) for x in got) == [(half + 1 + i, 1 + i) for i in range(half)]
+    assert all(f'"q":"again {x.first_line - 1}"' in x.raw for x in got)  # each repeat's own record
+
+
 def test_a_repeat_in_a_quarantined_shard_is_rejected_once_it_is_accepted(tmp_path: Path) -> None:
     lines = rows(40)
     lines[33] = json.dumps({"id": "r02", "question": "again, in another range"})
@@ -214,11 +257,9 @@ def join_jobs(layout: RunLayout) -> str:
 
 def test_a_hash_collision_never_rejects_a_record() -> None:
     """Two different ids at the places of one hash (a collision) in two ranges are not a repeat."""
-    found = {0: [("a", 4, "{}")], 1: [("b", 2, "{}")]}
-    got = ih.confirm({0: {4}, 1: {2}}, lambda i, _: found[i], ["p0", "p1"], [0, 10])
+    got = ih.confirm([(0, 4, "a", "{}"), (1, 2, "b", "{}")], ["p0", "p1"], [0, 10])
     assert got == []
-    found[1] = [("a", 2, '{"id":"a"}')]
-    got = ih.confirm({0: {4}, 1: {2}}, lambda i, _: found[i], ["p0", "p1"], [0, 10])
+    got = ih.confirm([(0, 4, "a", "{}"), (1, 2, "a", '{"id":"a"}')], ["p0", "p1"], [0, 10])
     assert got == [ih.Repeat("a", "p0", 4, "p1", 12, 2, '{"id":"a"}')]
 
 
@@ -239,3 +280,16 @@ def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch
     assert ih.ENTRY.pack(ih.id_hash_bytes("k0-7"), 8) in entries
     assert list(ih.shared_hashes(uris, None)) == [(ih.id_hash_bytes("shared"), [(2, 51), (6, 51)])]
     assert ih.read_lines(uris[0], None) == 51
+
+
+def test_a_hash_file_unreadable_once_written_is_a_storage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hash file close just wrote for a range reads back without its header (another writer,
+    a store that lost it): an error naming the file, the shard and the remedy, not an assert."""
+    shard = setup_run(tmp_path, rows(40))[1].shards[0]
+    uri = str(tmp_path / f"{shard['shard_id']}{ih.SUFFIX}")
+    monkeypatch.setattr(ih, "write_hashes", lambda to, *_: Path(to).write_bytes(b"not a hash file"))
+    named = re.escape(f"shard {shard['shard_id']}: the id hash file {uri} ")
+    with pytest.raises(StorageError, match=named + ".*delete it and re-run round 0's close"):
+        ih._range_hashes(shard, uri, "id", False, None)

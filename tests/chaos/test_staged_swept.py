@@ -4,13 +4,15 @@ re-run reads); a job that finishes after that is still accepted by a later close
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from airflow_batchinfer import rounds
 from airflow_batchinfer.layout import RunLayout, staged_output
-from airflow_batchinfer.rounds import read_doc, record_job_error, round_kinds
+from airflow_batchinfer.rounds import read_doc, record_job_error, round_kinds, write_doc
 from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
 from airflow_batchinfer.worker.manifest import read_job_manifest
@@ -62,6 +64,8 @@ def test_every_close_that_quarantines_a_shard_sweeps_its_staged_attempts(tmp_pat
     summary = close(cfg, plan)
     assert [f["shard_id"] for f in summary["failed_shards"]] == [sid]
     assert not first.exists()  # swept with the quarantine
+    quarantine = read_doc(layout.accepted(0, sid, kind), "accepted job")
+    assert quarantine is not None and quarantine["quarantined"] and quarantine["sweep"] == "swept"
     each_id_once(cfg, summary)
 
     second = orphan_attempt(cfg, s, kind, "zombie-2")  # another copy wrote after that close
@@ -105,6 +109,39 @@ def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_p
     accepted = read_doc(layout.accepted(0, sid, "infer"), "accepted job")
     assert accepted is not None and accepted["attempt"] == "current"
     assert [r["result"] for r in read_rows(layout.inferred(0, sid))] == ["x"] * 10
-    assert not Path(layout.staging(0)).exists() or not list(Path(layout.staging(0)).rglob("*.zst"))
+    promoted = [Path(infer["committed"]["inferred"]).parent, Path(manifest["committed"]["approved"]).parent]
+    assert not any(attempt.exists() for attempt in promoted)  # moved to their final URIs
+    assert not any(Path(layout.staged_job(0, x["shard_id"], kind)).exists()
+                   for x in plan.shards for kind in ("infer", "judge"))  # fmt: skip  # no other attempt left
     assert read_job_manifest(layout.job_manifest(0, sid, "judge")) is not None
+    each_id_once(cfg, summary)
+
+
+def test_a_quarantine_cut_short_while_sweeping_is_taken_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A close that died between its quarantine's ``sweeping`` and ``swept`` never blocks the shard:
+    a later close waits for that sweep until SWEEP_WAIT_S after it was decided, then takes the close
+    for gone and decides again (here: accepts the job that finished since)."""
+    monkeypatch.setattr(rounds, "SWEEP_WAIT_S", 0.5)
+    cfg = make_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    s = plan.shards[0]
+    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    for x in plan.shards[1:]:
+        finish_shard(cfg, 0, x, set())
+    judge_shard(cfg, 0, s, {"r01"}, token="late")
+    dead = {"shard_id": sid, "kind": kind, "quarantined": True, "sweep": "sweeping", "phase": kind,
+            "error": "JobFailed: worker lost", "quarantined_at": time.time()}  # fmt: skip
+    write_doc(layout.accepted(0, sid, kind), dead)
+    write_doc(f"{layout.failed(0)}/{sid}.json", {"shard_id": sid, "uri": s["uri"], "records": 10})
+
+    started = time.monotonic()
+    summary = close(cfg, plan)
+    assert time.monotonic() - started >= 0.5  # it waited for the sweep first
+    doc = read_doc(layout.accepted(0, sid, kind), "accepted job")
+    assert doc is not None and not doc["quarantined"] and doc["attempt"] == "late"
+    assert summary["failed_shards"] == [] and not Path(layout.failed(0), f"{sid}.json").exists()
+    assert [r["id"] for r in read_rows(layout.result(0, sid))] == ["r01"]
     each_id_once(cfg, summary)

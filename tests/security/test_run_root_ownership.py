@@ -202,3 +202,94 @@ def test_the_desk_refuses_a_reader_who_may_not_read_the_creating_dag(desk: Any) 
     assert ("scratch_only", "finance") in auth.asked
     ctx = app.run_context(None, SCRATCH.dag_id, SCRATCH.run_id, User("both"))
     assert (ctx.dag_id, ctx.round) == ("scratch", 0)
+
+
+# ---------------------------- issue 22 round two, should-fix 5: an input inside another DAG's root
+def test_the_input_walk_covers_its_ancestors_within_the_widest_allowed_prefix(tmp_path: Path) -> None:
+    from airflow_batchinfer.run_owner import input_root_candidates
+
+    runs = tmp_path / "runs"
+    part = runs / "finance" / "q1" / "results" / "round00-part-00000.jsonl.zst"
+    assert input_root_candidates(str(part), [str(runs / "finance"), str(tmp_path)]) == [
+        str(runs / "finance" / "q1" / "results"), str(runs / "finance" / "q1"), str(runs / "finance"),
+        str(runs), str(tmp_path),
+    ]  # fmt: skip
+    assert input_root_candidates(str(part), [str(part)]) == []  # the DAG's default itself: nothing above
+    assert input_root_candidates(str(part), ["/elsewhere/"]) == []  # no prefix admits it: the DAG's code
+    assert input_root_candidates("s3a://b/runs/q1/results/p.jsonl", ["s3://b/runs/"]) == [
+        "s3://b/runs/q1/results", "s3://b/runs/q1", "s3://b/runs"]  # fmt: skip
+    assert input_root_candidates("s3://b/x/p.jsonl", ["s3://b"]) == ["s3://b/x", "s3://b"]
+    # symlinks resolved, as the prefix checks resolve them: a link into a run root is the run root
+    (runs / "finance" / "q1").mkdir(parents=True)
+    (tmp_path / "mine").symlink_to(runs / "finance" / "q1")
+    linked = input_root_candidates(str(tmp_path / "mine" / "in.jsonl"), [str(tmp_path)])
+    assert linked[0] == str(runs / "finance" / "q1")
+
+
+def test_an_input_decision_follows_the_run_roots_creator() -> None:
+    from airflow_batchinfer.run_owner import decide_input
+
+    args = {"input_uri": "s3://runs/finance/q1/results/p.jsonl", "run_root": "s3://runs/finance/q1"}
+    why = decide_input(record(FINANCE), SCRATCH, **args)
+    assert why is not None and "lies inside the run root s3://runs/finance/q1, which DAG 'finance'" in why
+    assert "name an input outside that run root" in why and "shared_run_root_dags" in why
+    assert decide_input(record(FINANCE), RunIdentity("finance", "later"), **args) is None  # its own DAG
+    assert decide_input(record(FINANCE), SCRATCH, shared_dags=("finance", "scratch"), **args) is None
+    assert decide_input(record(FINANCE, version=1), SCRATCH, **args) is not None
+    assert decide_input(record(SCRATCH, creator="finance"), SCRATCH, **args) is not None  # taken over
+
+
+def test_the_shard_task_refuses_an_input_inside_another_dags_run_root(tmp_path: Path) -> None:
+    """Before: ``scratch`` could name ``finance``'s ``results/`` as its input (inside
+    ``allowed_input_prefixes``) and read finance's rows on its own review desk."""
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    import zstandard
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.shard import ShardDatasetOperator
+
+    finance_root = tmp_path / "runs" / "finance-q1"
+    write_owner(str(finance_root), FINANCE)
+    results = finance_root / "results" / "round00-part-00000.jsonl.zst"
+    results.parent.mkdir(parents=True)
+    rows = "".join(json.dumps({"id": i, "q": "salary", "result": "secret"}) + "\n" for i in range(6))
+    results.write_bytes(zstandard.ZstdCompressor().compress(rows.encode()))
+    limits = TriggerLimits(allowed_input_prefixes=(str(tmp_path),), allowed_output_prefixes=(str(tmp_path),))
+
+    def shard(run: RunIdentity, name: str, data: Path = results, shared: tuple[str, ...] = ()) -> Any:
+        config = {"input": str(data), "run_root": str(tmp_path / "runs" / name),
+                  "prompt_template": "{{ q }}", "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
+        in_force = dataclasses.replace(limits, shared_run_root_dags=shared)
+        return ShardDatasetOperator(task_id="shard", config=config, limits=in_force).execute(
+            {"ti": FakeTI(run, None)}
+        )
+
+    with pytest.raises(AirflowFailException) as err:
+        shard(SCRATCH, "scratch-1")
+    assert f"lies inside the run root {finance_root}, which DAG 'finance' created" in str(err.value)
+    assert not (tmp_path / "runs" / "scratch-1").exists()  # refused before the claim: nothing written
+    # a link into finance's root is finance's root (symlinks resolved)
+    (tmp_path / "mine.jsonl.zst").symlink_to(results)
+    with pytest.raises(AirflowFailException, match="which DAG 'finance' created"):
+        shard(SCRATCH, "scratch-2", tmp_path / "mine.jsonl.zst")
+    # finance's own later run may read its results; so may scratch where the deployment lets them share
+    assert shard(RunIdentity("finance", "later"), "finance-q2")
+    assert shard(SCRATCH, "scratch-3", shared=("finance", "scratch"))
+
+
+def test_an_owner_record_the_check_cannot_read_refuses_the_input(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fail closed: on S3 without list permission a missing key is a 403, and an unreadable record
+    may be another DAG's."""
+    from airflow_batchinfer import run_owner
+    from airflow_batchinfer.exceptions import ConfigError
+
+    def forbidden(root: str, so: Any = None) -> None:
+        raise PermissionError(13, "Access Denied")
+
+    monkeypatch.setattr(run_owner, "read_owner", forbidden)
+    data = str(tmp_path / "in" / "a.jsonl")
+    with pytest.raises(ConfigError, match=r"cannot read .*owner.json to check that input .* Remedy: let"):
+        run_owner.input_refusal(data, SCRATCH, prefixes=[str(tmp_path)])
+    assert run_owner.input_refusal(data, SCRATCH, prefixes=[]) is None  # no prefix admits it: not walked

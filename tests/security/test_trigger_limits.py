@@ -227,7 +227,10 @@ def test_the_factory_checks_at_the_first_tasks_with_its_defaults_and_limits() ->
         limits=TriggerLimits(allowed_input_prefixes=("s3://data/more/",), max_replicas=3),
     )
     checked = {t.task_id: t.limits for t in dag.tasks if getattr(t, "limits", None) is not None}
-    assert set(checked) == {"shard", "pool_setup", "pool_teardown"}
+    # the first tasks check the params; each round's plan checks what its gate's answer changes
+    plans = {t.task_id for t in dag.tasks if t.task_id.endswith(".plan")}
+    assert plans and set(checked) == {"shard", "pool_setup", "pool_teardown", *plans}
+    assert all(checked[p] == checked["shard"] for p in plans)
     limits = checked["shard"]
     assert limits.allowed_input_prefixes == ("s3://data/a.jsonl", "s3://data/more/")
     assert limits.allowed_output_prefixes == ("s3://runs/x",) and limits.max_replicas == 3

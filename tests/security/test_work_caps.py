@@ -16,7 +16,16 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.limits import RESOURCE_CAPS, SETTINGS, SIZE_CAPS, TriggerLimits, refusals
+from airflow_batchinfer.limits import (
+    RESOURCE_CAPS,
+    SETTINGS,
+    SIZE_CAPS,
+    TriggerLimits,
+    cap_refusals,
+    implied_by,
+    refusals,
+    unset_cap,
+)
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec, parse_quantity
 
 KUBE_POOL = "kubernetes://batch/gpu"
@@ -45,7 +54,8 @@ def test_a_sizing_param_over_its_cap_is_refused_at_or_below_allowed(param: str, 
     assert f"[batchinfer] {cap}" in why and f"extra {cap}" in why and "DAG's limits" in why
     assert _refused({param: 10}, limits) == []
     assert _refused({param: 1}, limits) == []
-    assert _refused({param: 10_000}, TriggerLimits()) == []  # unset: no cap
+    # unset: no cap, but for the input bounds, capped at their default (tested below)
+    assert _refused({param: 10_000}, TriggerLimits()) == [] or unset_cap(cap) == 512
 
 
 def test_a_value_that_is_no_number_is_over_the_cap() -> None:
@@ -112,6 +122,15 @@ def test_quantities_parse_as_kubernetes_does() -> None:
     for bad in ("", "lots", "-1", "1GB", "1 Gi", "Gi", True, None, [1]):
         with pytest.raises(ConfigError, match=r"q: .* is not a Kubernetes quantity"):
             parse_quantity(bad, "q")
+
+
+@pytest.mark.parametrize("text", ["٤Gi", "１Gi", "1e٣", "৮", "4.５"])
+def test_a_quantity_of_other_scripts_digits_is_refused_as_kubernetes_refuses_it(text: str) -> None:
+    """Before: ``\\d`` took any Unicode digit (``Decimal`` reads "٤" as 4): a cap or a request the
+    API server would refuse passed here."""
+    with pytest.raises(ConfigError, match="is not a Kubernetes quantity"):
+        parse_quantity(text, "q")
+    assert _refused({"worker_pool": KUBE_POOL, "kubernetes": {"cpu": text}}, TriggerLimits(max_cpu="64"))
 
 
 def test_quantity_caps_compare_by_amount_and_bad_ones_are_refused_where_they_are_set() -> None:
@@ -246,6 +265,20 @@ def test_a_gate_answer_is_checked_as_the_engines_read_the_sampling(tmp_path: Any
         apply_choice(plain, gate, CONTINUE, changes={"temperature": 1.2}, limits=low)
 
 
+def _refuses_an_answer_over_512(op: Any, run_root: str) -> dict[str, Any]:
+    """A plan task refuses a gate answer over ``max_max_tokens`` 512 and writes no plan; the answer."""
+    from airflow_batchinfer.exceptions import ReviewError
+    from airflow_batchinfer.layout import RunLayout
+    from airflow_batchinfer.rounds import CONTINUE, read_plan
+
+    answer = {"chosen_options": [CONTINUE], "responded_by_user": {"name": "alice"},
+              "params_input": {"next_max_tokens": 100_000}}  # fmt: skip
+    with pytest.raises(ReviewError, match="max_tokens 100000 is more than max_max_tokens 512"):
+        op.execute_complete({"params": {}}, answer)
+    assert read_plan(RunLayout(run_root), "round-01") is None
+    return answer
+
+
 def test_the_plan_task_refuses_an_answer_over_the_caps_in_force(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -253,10 +286,7 @@ def test_the_plan_task_refuses_an_answer_over_the_caps_in_force(
     from airflow.providers.standard.operators.hitl import HITLOperator
 
     from airflow_batchinfer.dag_factory import build_batch_inference_dag
-    from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.layout import RunLayout
     from airflow_batchinfer.operators import rounds as round_ops
-    from airflow_batchinfer.rounds import CONTINUE, read_plan
 
     cfg, _ = _gated_run(tmp_path, max_tokens=8)
     monkeypatch.setattr(round_ops, "owned_run_config", lambda run_root, context, so=None: cfg)
@@ -268,8 +298,134 @@ def test_the_plan_task_refuses_an_answer_over_the_caps_in_force(
     assert isinstance(plan_task, round_ops.RoundControllerOperator) and plan_task.limits is not None
     op = round_ops.RoundControllerOperator(task_id="plan", slot="round-01", run_root=cfg.run_root,
                                            limits=plan_task.limits)  # fmt: skip
-    answer = {"chosen_options": [CONTINUE], "responded_by_user": {"name": "alice"},
-              "params_input": {"next_max_tokens": 100_000}}  # fmt: skip
-    with pytest.raises(ReviewError, match="max_tokens 100000 is more than max_max_tokens 512"):
-        op.execute_complete({"params": {}}, answer)  # type: ignore[arg-type]
-    assert read_plan(RunLayout(cfg.run_root), "round-01") is None
+    _refuses_an_answer_over_512(op, cfg.run_root)
+
+
+# ---------------------------------------- issue 22 round two, B2: the input bounds are capped too
+LINE, ID = 16 * 1024 * 1024, 512  # the settings' defaults, also the caps while none is set
+
+
+def test_a_trigger_may_lower_the_input_bounds_but_not_raise_them() -> None:
+    """Before: ``max_line_bytes``/``max_id_bytes`` had no cap, so a trigger could make every reader
+    hold a 1 TiB line whole (item 5 reopened)."""
+    limits = TriggerLimits(max_chunk_size=100)
+    line, ident = refusals({"max_line_bytes": 2**40, "max_id_bytes": 2**30}, limits)
+    assert line.startswith(f"max_line_bytes {2**40} is more than max_max_line_bytes {LINE} (unset: the "
+                           "max_line_bytes setting's default)")  # fmt: skip
+    assert ident.startswith(f"max_id_bytes {2**30} is more than max_max_id_bytes {ID} (unset:")
+    assert "[batchinfer] max_max_line_bytes" in line and "extra max_max_id_bytes" in ident
+    assert refusals({"max_line_bytes": LINE, "max_id_bytes": ID}, limits) == []  # the defaults
+    assert refusals({"max_line_bytes": 1024, "max_id_bytes": 32}, limits) == []  # lowered
+    assert (unset_cap("max_max_line_bytes"), unset_cap("max_max_id_bytes")) == (LINE, ID)
+    assert unset_cap("max_chunk_size") is None  # the other caps: unset is no cap
+
+
+def test_the_deployment_sets_the_input_bound_caps_either_way() -> None:
+    raised = TriggerLimits(max_max_line_bytes=2**26).widen(TriggerLimits.from_mapping(
+        {"max_max_id_bytes": "4096"}, "[batchinfer]"))  # fmt: skip
+    assert refusals({"max_line_bytes": 2**26, "max_id_bytes": 4096}, raised) == []
+    (over,) = refusals({"max_line_bytes": 2**26 + 1}, raised)
+    assert over.startswith(f"max_line_bytes {2**26 + 1} is more than max_max_line_bytes {2**26} (lower")
+    lowered = TriggerLimits(max_max_line_bytes=2**20)  # a cap below the default holds for the default
+    assert refusals({"max_line_bytes": LINE}, lowered)
+    assert cap_refusals({"max_id_bytes": 10**6, "input": "/anywhere"}, TriggerLimits()) != []
+
+
+def test_a_dags_default_above_the_bound_is_allowed_as_written() -> None:
+    """The DAG's author wrote it (``implied_by``); a default at the bound sets no cap, so the
+    deployment may still lower it."""
+    implied = implied_by({"max_line_bytes": 2**26, "max_id_bytes": ID})
+    assert (implied.max_max_line_bytes, implied.max_max_id_bytes) == (2**26, None)
+    assert refusals({"max_line_bytes": 2**26}, implied) == []
+    assert implied_by({"max_line_bytes": LINE}).max_max_line_bytes is None
+
+
+def test_the_input_bound_caps_are_described_where_deployments_read_them() -> None:
+    from pathlib import Path
+
+    from airflow_batchinfer.get_provider_info import get_provider_info
+    from airflow_batchinfer.settings import setting
+
+    helps = {s.name: s.help for s in SETTINGS}
+    for cap, of in (("max_max_line_bytes", "max_line_bytes"), ("max_max_id_bytes", "max_id_bytes")):
+        assert f"`{of}`" in helps[cap] and "unset: that setting's default" in helps[cap]
+        assert cap in setting(of).help
+        assert cap in get_provider_info()["config"]["batchinfer"]["options"]
+    caps_doc = (Path(__file__).parents[2] / "docs" / "security.md").read_text()
+    assert "`max_max_line_bytes`" in caps_doc and "`max_max_id_bytes`" in caps_doc
+
+
+# ------------------------------- issue 22 round two, should-fix 4: a DAG built without limits=
+class FakeTI:
+    dag_id, run_id, try_number = "hand_built", "manual__1", 1
+
+    def get_dagrun_state(self, dag_id: str, run_id: str) -> str | None:
+        return None
+
+
+def test_a_shard_task_without_limits_holds_the_params_to_the_deployments_caps(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: a task built without ``limits=`` checked nothing, so a hand-built DAG's triggers were
+    never held to ``[batchinfer] max_*``."""
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.shard import ShardDatasetOperator
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(f'{{"id": {i}, "q": "x"}}\n' for i in range(4)))
+    run_root = tmp_path / "runs" / "r"
+    config = {"input": str(data), "run_root": str(run_root), "prompt_template": "{{ q }}",
+              "judge": {"type": "llm"}, "chunk_size": 5000}  # fmt: skip
+    monkeypatch.setenv("AIRFLOW__BATCHINFER__MAX_CHUNK_SIZE", "100")
+    op = ShardDatasetOperator(task_id="shard", config=config)
+    assert op.limits is None
+    with pytest.raises(AirflowFailException) as err:
+        op.execute({"params": {"chunk_size": 5000, "max_line_bytes": 2**30}, "ti": FakeTI()})  # type: ignore[arg-type]
+    assert "chunk_size 5000 is more than max_chunk_size 100" in str(err.value)
+    assert "max_line_bytes 1073741824 is more than max_max_line_bytes" in str(err.value)
+    assert not run_root.exists()  # refused before anything was written
+    # the paths, pools and engines stay the DAG's code's to vouch for: only the caps are checked
+    config["chunk_size"] = 100
+    op = ShardDatasetOperator(task_id="shard", config=config)
+    params = {"chunk_size": 100, "input": str(data), "worker_pool": "local://anything"}
+    assert op.execute({"params": params, "ti": FakeTI()})  # type: ignore[arg-type]
+
+
+def test_pool_tasks_without_limits_hold_the_params_to_the_deployments_caps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Before: pool_setup and pool_teardown built without ``limits=`` checked nothing."""
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
+
+    monkeypatch.setenv("AIRFLOW__BATCHINFER__MAX_REPLICAS", "2")
+    context = {"params": {"replicas": 8}, "ti": FakeTI()}
+    for op in (PoolSetupOperator(task_id="pool_setup", worker_pool="local://capped", replicas=8),
+               PoolTeardownOperator(task_id="pool_teardown", worker_pool="local://capped")):  # fmt: skip
+        assert op.limits is None
+        with pytest.raises(AirflowFailException, match="replicas 8 is more than max_replicas 2"):
+            op.execute(context)  # type: ignore[arg-type]
+
+
+def test_a_plan_task_without_limits_refuses_an_answer_over_the_deployments_cap(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ``limits=None`` skipped the check, so a gate answer was never held to the caps."""
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow.providers.standard.operators.hitl import HITLOperator
+
+    from airflow_batchinfer.operators import rounds as round_ops
+
+    cfg, _ = _gated_run(tmp_path, max_tokens=8)
+    monkeypatch.setattr(round_ops, "owned_run_config", lambda run_root, context, so=None: cfg)
+    monkeypatch.setattr(HITLOperator, "execute_complete", lambda self, context, event: event)
+    monkeypatch.setenv("AIRFLOW__BATCHINFER__MAX_MAX_TOKENS", "512")
+    op = round_ops.RoundControllerOperator(task_id="plan", slot="round-01", run_root=cfg.run_root)
+    assert op.limits is None
+    answer = _refuses_an_answer_over_512(op, cfg.run_root)
+    within = {**answer, "params_input": {"next_max_tokens": 512}}
+    assert op.execute_complete({"params": {}}, within) is not None  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from airflow_batchinfer.pools.kubernetes.spec import (
 )
 from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
 from airflow_batchinfer.pools.ref import RpcPeers
+from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
@@ -364,10 +365,26 @@ class KubernetesPool:
             and any(c.type == "Ready" and c.status == "True" for c in conds)
         )
 
+    @staticmethod
+    def _may_run(pod: Any) -> bool:
+        """Whether the pod's worker may still run a job it took: the pod exists, has not ended and
+        has an IP. A pod that is not Ready (a slow or paused worker the readiness probe dropped) or
+        is terminating (draining its jobs for up to ``drain_timeout_s``) still counts."""
+        return pod.status.phase not in ("Succeeded", "Failed") and bool(pod.status.pod_ip)
+
     def endpoints(self, lease_id: str | None = None) -> list[str]:
         """URLs of the ready workers (sorted, so every caller sees the same order)."""
+        return list(self.workers(lease_id).submit)
+
+    def workers(self, lease_id: str | None = None) -> Workers:
+        """The ready workers, and every worker that may still run a job (:meth:`_may_run`), from one
+        list of the Deployment's pods (sorted, so every caller sees the same order)."""
         pods, port = self._pods()
-        return sorted(http_url(p.status.pod_ip, port) for p in pods if self._ready(p))
+
+        def urls(keep: Callable[[Any], bool]) -> tuple[str, ...]:
+            return tuple(sorted(http_url(p.status.pod_ip, port) for p in pods if keep(p)))
+
+        return Workers(submit=urls(self._ready), may_run=urls(self._may_run))
 
     def rollout(self) -> dict[str, Any]:
         """What a readiness check needs beyond the ready pods, in one read of the Deployment:

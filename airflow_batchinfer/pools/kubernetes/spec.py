@@ -199,8 +199,9 @@ class KubernetesPoolSpec:
 
 
 # A Kubernetes resource quantity (apimachinery's resource.Quantity), without a sign: a decimal number
-# and one suffix, binary (Ki…Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2).
-_QUANTITY = re.compile(r"\+?(\d+\.?\d*|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?")
+# and one suffix, binary (Ki…Ei), decimal (n u m k M G T P E) or an exponent (e3, E-2). ASCII digits
+# only: ``\d`` would take other scripts' digits (Decimal reads "٤" as 4), which Kubernetes refuses.
+_QUANTITY = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?")
 _SUFFIX = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
     "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),

@@ -3,15 +3,28 @@ it over injected transports (a silent worker holds a submission up; a gone one d
 
 from __future__ import annotations
 
+import argparse
+import errno
+import inspect
+import socket
 import time
 
+import httpcore
 import httpx
 import pytest
 
-from airflow_batchinfer.exceptions import WorkerUnavailable
-from airflow_batchinfer.rpc.locate import WorkerAnswer, locate_decision
+from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.rpc.locate import (
+    LOCATE_TIMEOUT_S,
+    SUBMIT_TIMEOUT_S,
+    UNREACHABLE_GRACE_S,
+    WorkerAnswer,
+    locate_decision,
+)
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.settings import setting
 
 SPEC = JobSpec(
     job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}
@@ -96,3 +109,80 @@ async def test_a_silent_worker_the_pool_drops_no_longer_holds_the_submission() -
     url, _ = await pool.submit(SPEC)  # A is silent, then no longer listed: taken for gone
     assert url == B and submitted == [B]
     await pool.aclose()
+
+
+def connect_error(request: httpx.Request, cause: BaseException) -> httpx.ConnectError:
+    """A failed connect as httpx raises it: its ConnectError over httpcore's, over anyio's OSError
+    ("All connection attempts failed"), over the OS error of the attempt (or a group, several)."""
+    attempts = OSError("All connection attempts failed")
+    attempts.__cause__ = cause
+    core = httpcore.ConnectError(attempts)
+    core.__cause__ = attempts
+    error = httpx.ConnectError(str(core), request=request)
+    error.__cause__ = core
+    return error
+
+
+def failing_connects(a_fails: BaseException) -> tuple[httpx.MockTransport, list[str]]:
+    """Connects to A fail with ``a_fails``; B answers (no job: 404; submits accepted)."""
+    inner, submitted = workers(set(), {})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "a":
+            raise connect_error(request, a_fails)
+        return inner.handler(request)  # type: ignore[no-any-return]
+
+    return httpx.MockTransport(handler), submitted
+
+
+REFUSED = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
+UNROUTED = {
+    "host unreachable": OSError(errno.EHOSTUNREACH, "No route to host"),
+    "network unreachable": OSError(errno.ENETUNREACH, "Network is unreachable"),
+    "name lookup failed": socket.gaierror(socket.EAI_NONAME, "Name or service not known"),
+    "one address refused, one unreachable": ExceptionGroup(
+        "multiple connection attempts failed", [REFUSED, OSError(errno.EHOSTUNREACH, "No route to host")]
+    ),
+}
+
+
+async def test_a_worker_whose_address_refuses_connections_is_gone_at_once() -> None:
+    transport, submitted = failing_connects(REFUSED)
+    pool = PoolClient([A, B], token="t", transport=transport, poll_interval_s=0.05, unreachable_grace_s=60)
+    url, _ = await pool.submit_when_free(SPEC, deadline=time.monotonic() + 5)
+    assert url == B and submitted == [B]
+    await pool.aclose()
+
+
+@pytest.mark.parametrize("cause", list(UNROUTED.values()), ids=list(UNROUTED))
+async def test_a_worker_that_cannot_be_reached_still_holds_the_copy(cause: BaseException) -> None:
+    """Should-fix 1: httpx raises ConnectError for an unreachable host or network and a failed name
+    lookup too; a partitioned node's pod keeps running, so only ECONNREFUSED counts as gone (each of
+    these started a copy on B at once before)."""
+    transport, submitted = failing_connects(cause)
+    pool = PoolClient([A, B], token="t", transport=transport, poll_interval_s=0.05, unreachable_grace_s=60)
+    with pytest.raises(WorkerUnavailable, match=r"http://a:1 .*may still run it"):
+        await pool.submit_when_free(SPEC, deadline=time.monotonic() + 0.3)
+    assert submitted == []
+    await pool.aclose()
+
+
+def test_unreachable_grace_s_is_one_bounded_setting() -> None:
+    """Should-fix 6: 0 switched the protection off, and a grace longer than a try's wait for a worker
+    never elapses (each try starts a fresh client). One default and bounds for every consumer."""
+    grace = setting("unreachable_grace_s")
+    assert grace.minimum == LOCATE_TIMEOUT_S and grace.maximum is not None
+    assert grace.maximum < SUBMIT_TIMEOUT_S - 2 * LOCATE_TIMEOUT_S  # room for the asks around it
+    defaults = (grace.default, RunConfig.__dataclass_fields__["unreachable_grace_s"].default,
+                inspect.signature(PoolClient).parameters["unreachable_grace_s"].default)  # fmt: skip
+    assert set(defaults) == {UNREACHABLE_GRACE_S}
+    for text in ("0", "4", str(SUBMIT_TIMEOUT_S)):
+        with pytest.raises(argparse.ArgumentTypeError):
+            grace.parse(text)
+    assert grace.parse(str(LOCATE_TIMEOUT_S)) == LOCATE_TIMEOUT_S
+    run = {"input": "/d.jsonl", "run_root": "/r", "prompt_template": "{{ q }}", "judge": {"type": "length"}}
+    for bad in (0, SUBMIT_TIMEOUT_S):
+        with pytest.raises(ConfigError, match=r"unreachable_grace_s .* outside .*set it within"):
+            RunConfig(**run, unreachable_grace_s=bad)  # type: ignore[arg-type]
+    widest = RunConfig(**run, unreachable_grace_s=grace.maximum)  # type: ignore[arg-type]
+    assert widest.unreachable_grace_s == grace.maximum

@@ -11,6 +11,7 @@ from airflow_batchinfer.exceptions import AuthenticationError, BadJobError, Work
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from tests.unit.rpc.test_locate import REFUSED, connect_error
 
 SPEC = JobSpec(
     job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}
@@ -28,7 +29,7 @@ def fake_workers(
         host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
         assert request.headers["authorization"] == "Bearer tok"
         if host not in free:
-            raise httpx.ConnectError("refused", request=request)
+            raise connect_error(request, REFUSED)  # nothing listens: gone at once, no grace waited
         if request.method == "GET" and request.url.path.startswith("/v1/jobs/"):
             if host not in jobs:
                 return httpx.Response(404, json={"error": "not_found", "detail": "no such job"})
