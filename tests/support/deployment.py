@@ -276,8 +276,7 @@ class DeployedAirflow(LocalAirflow):
             "create",
             "--username",
             username,
-            "--password",
-            password,
+            f"--password={password}",  # one argument: a password may start with "-" (token_urlsafe)
             "--role",
             role,
             "--firstname",
