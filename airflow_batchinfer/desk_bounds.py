@@ -94,6 +94,11 @@ def _size(raw: Any, setting: DeskSetting, source: str) -> int:
     return value
 
 
+def utf8_size(text: str) -> int:
+    """The bytes ``text`` takes as UTF-8 (what every desk bound measures; lone surrogates count)."""
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
 def clip(text: str, limit: int) -> tuple[str, int | None]:
     """``text`` cut to at most ``limit`` UTF-8 bytes (on a character boundary), and its whole size in
     bytes when it was cut (``None``: it fits)."""

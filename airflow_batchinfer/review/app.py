@@ -70,7 +70,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_batchinfer.desk_bounds import Bounds, json_text
+from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import CONFIG_SECTION
@@ -453,7 +453,7 @@ def _whole(sample: Sample, path: str, r: int, bounds: Bounds) -> Response:
     (``bytes``: its UTF-8 size, as text or as JSON), or 413 past ``bounds.whole_field_bytes``."""
     value = field_value(sample, path)  # an unknown path: ReviewError, a 400
     text = value if isinstance(value, str) else json_text(value)
-    size = len(text.encode("utf-8", "surrogatepass"))
+    size = utf8_size(text)
     if size > bounds.whole_field_bytes:
         raise HTTPException(
             413,  # content too large (its name in starlette changed across the versions we support)

@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, cast
 
 import orjson
 
-from airflow_batchinfer.desk_bounds import Bounds, clip, json_text
+from airflow_batchinfer.desk_bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
@@ -157,18 +157,14 @@ def _bounded_record(record: Mapping[str, Any], bounds: Bounds, cut: dict[str, in
             shown = value if whole is None else text
         else:  # a number, a boolean, null
             shown, text = value, json_text(value)
-        used += _utf8_len(key) + _utf8_len(text)
-        if _utf8_len(key) > bounds.field_bytes or used > bounds.record_bytes:
-            cut["record"] = _utf8_len(json_text(dict(record)))  # this field and the rest left out
+        used += utf8_size(key) + utf8_size(text)
+        if utf8_size(key) > bounds.field_bytes or used > bounds.record_bytes:
+            cut["record"] = utf8_size(json_text(dict(record)))  # this field and the rest left out
             break
         out[key] = shown
         if whole is not None:
             cut[f"record.{key}"] = whole
     return out
-
-
-def _utf8_len(text: str) -> int:
-    return len(text.encode("utf-8", "surrogatepass"))
 
 
 @dataclass(frozen=True)
