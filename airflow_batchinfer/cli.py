@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,7 @@ from airflow_batchinfer.exceptions import BatchInferError, ConfigError
 
 def _storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     """``--storage-option endpoint_url=http://127.0.0.1:8333`` → fsspec options (JSON values allowed)."""
-    from airflow_batchinfer.worker.config import parse_options
+    from airflow_batchinfer.worker.settings import parse_options
 
     return parse_options(list(pairs))
 
@@ -89,6 +88,7 @@ def _cmd_recompact(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     from airflow_batchinfer.settings import add_run_arguments, setting
     from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
+    from airflow_batchinfer.worker.settings import add_worker_arguments
 
     parser = argparse.ArgumentParser(prog="batchinfer", description="LLM batch inference at scale.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -97,9 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     def common(p: argparse.ArgumentParser) -> None:
         rps = setting("records_per_shard")
         p.add_argument(
-            "--records-per-shard", type=rps.flag_kwargs()["type"], default=rps.default,
+            "--records-per-shard",
+            type=rps.flag_kwargs()["type"],
+            default=rps.default,
             help=f"records per shard (default {rps.default:,}, as a run's records_per_shard)",
-        )  # fmt: skip
+        )
         p.add_argument(
             "--max-bytes-per-shard",
             type=int,
@@ -144,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
         dest="worker_command", required=True
     )
     p = worker.add_parser("serve", help="serve shard jobs over HTTP (model loaded once)")
-    _worker_args(p)
+    add_worker_arguments(p)  # each flag also reads BATCHINFER_WORKER_<FLAG> (containers)
     p.set_defaults(func=_cmd_worker_serve)
 
     pool = sub.add_parser(
@@ -180,8 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     _pool_args(p)
     _backend(p, spec=True, only_kubernetes=True)
     p.add_argument("--no-namespace", action="store_true", help="leave the namespace to kustomize/kubectl")
-    p.add_argument("--no-network-policy", action="store_true",
-                   help="leave out the pool's NetworkPolicy (k8s/base ships one for every pool)")  # fmt: skip
+    p.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="leave out the pool's NetworkPolicy (k8s/base ships one for every pool)",
+    )
     p.set_defaults(func=_cmd_pool_manifests)
 
     p = sub.add_parser("run", help="run the round pipeline on a local pool, without Airflow")
@@ -224,9 +229,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rounds", type=int, default=3, help="with --no-airflow")
     p.add_argument("--data-only", action="store_true", help="only write the dataset the example DAGs read")
     p.add_argument(
-        "--keep", action=argparse.BooleanOptionalAction, default=None,
+        "--keep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="keep Airflow up at the end until Enter (default: when run in a terminal)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("plan", help="size a run before spending: shards, waves, wall time, GPU-hours, pool")
@@ -236,40 +243,56 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
+    from airflow_batchinfer.settings import setting
     from airflow_batchinfer.sizing import DEFAULT_MAX_MAP_LENGTH, DEFAULT_TOKENS_PER_RECORD
 
     p.add_argument("--records", type=int, required=True, help="records in the dataset")
     p.add_argument("--gpus", type=int, required=True, help="workers, one GPU each (the pool's replicas)")
     p.add_argument(
-        "--tokens-per-s", type=float, required=True,
+        "--tokens-per-s",
+        type=float,
+        required=True,
         help="tokens a second one GPU turns out, measured (the pre-flight log prints it)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--tokens-per-record", type=float, default=DEFAULT_TOKENS_PER_RECORD,
+        "--tokens-per-record",
+        type=float,
+        default=DEFAULT_TOKENS_PER_RECORD,
         help="prompt + completion tokens a record costs, plus an LLM judge's "
         f"(default {DEFAULT_TOKENS_PER_RECORD})",
-    )  # fmt: skip
-    p.add_argument("--concurrency", type=int, default=10, help="shard jobs per worker (default 10)")
+    )
+    concurrency = setting("concurrency").default  # a pool's, as the DAG param
     p.add_argument(
-        "--records-per-shard", type=int, default=None,
+        "--concurrency", type=int, default=concurrency, help=f"shard jobs per worker (default {concurrency})"
+    )
+    p.add_argument(
+        "--records-per-shard",
+        type=int,
+        default=None,
         help="assess this shard size (default: choose the best: a whole number of full waves)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--max-map-length", type=int, default=DEFAULT_MAX_MAP_LENGTH,
+        "--max-map-length",
+        type=int,
+        default=DEFAULT_MAX_MAP_LENGTH,
         help="Airflow's [core] max_map_length: the most shards a round maps "
         f"(default {DEFAULT_MAX_MAP_LENGTH})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--approval-rate", type=float, default=None,
+        "--approval-rate",
+        type=float,
+        default=None,
         help="the judge's approval rate, 0-1 (the pre-flight measures it); default: one pass",
-    )  # fmt: skip
+    )
     p.add_argument("--max-rounds", type=int, default=1, help="rounds that re-run the rejected (default 1)")
     p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
     p.add_argument("--max-attempts", type=int, default=3, help="in-place attempts a record (default 3)")
     p.add_argument(
-        "--execution-timeout-hours", type=float, default=12.0,
+        "--execution-timeout-hours",
+        type=float,
+        default=12.0,
         help="a shard task's execution_timeout; longer jobs get a note (default 12)",
-    )  # fmt: skip
+    )
     p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
 
@@ -318,40 +341,57 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 
 def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
-    from airflow_batchinfer.engines import ENGINES
+    """The pool's settings: the workers' own flags (``worker serve``), with the DAG params' defaults."""
     from airflow_batchinfer.settings import setting
+    from airflow_batchinfer.worker.settings import worker_setting
 
     def helped(name: str) -> str:  # a DAG param's help and default
         s = setting(name)
         return f"{s.help} (default {s.default})".replace("%", "%%")
 
+    def flag(name: str) -> str:  # the worker's flag of the setting a pool passes on to its workers
+        return worker_setting(name).flag
+
     p.add_argument(
         "--name", default="default", help="pool name (state under ~/.cache/airflow-batchinfer/pools)"
     )
+    engine = worker_setting("engine")
     p.add_argument(
-        "--engine", default="simulated", choices=list(ENGINES),
-        help="the engine the workers run (default simulated: no model needed; a DAG's engine param "
+        engine.flag,
+        default=engine.default,
+        choices=list(engine.choices),
+        help=f"the engine the workers run (default {engine.default}: no model needed; a DAG's engine param "
         f"defaults to {setting('engine').default})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--model", default=None,
+        flag("model"),
+        default=worker_setting("model").default,
         help="a model directory on the workers (vllm, transformers) or a model name (openai); "
         "default none, for the simulated engine",
-    )  # fmt: skip
-    p.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="engine argument (repeatable), e.g. max_model_len=4096")  # fmt: skip
-    for name in ("replicas", "concurrency", "target_batch_tokens"):
-        flag = "--" + name.replace("_", "-")
-        p.add_argument(flag, type=int, default=setting(name).default, help=helped(name))
-    p.add_argument(
-        "--idle-ttl", type=float, default=float(setting("idle_ttl_s").default), help=helped("idle_ttl_s")
     )
+    p.add_argument(
+        flag("engine_options"),
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="engine argument (repeatable), e.g. max_model_len=4096",
+    )
+    for name in ("replicas", "concurrency", "target_batch_tokens"):
+        option = "--replicas" if name == "replicas" else flag(name)  # replicas: the pool's, not a worker's
+        p.add_argument(option, type=int, default=setting(name).default, help=helped(name))
+    idle = setting("idle_ttl_s")
+    p.add_argument(flag("idle_ttl_s"), type=float, default=float(idle.default), help=helped(idle.name))
     if with_prefix:
-        p.add_argument("--allow-prefix", action="append", required=True, help="storage prefix jobs may use")
         p.add_argument(
-            "--allow-callable", action="append", default=[], metavar="TARGET",
+            flag("allowed_prefixes"), action="append", required=True, help="storage prefix jobs may use"
+        )
+        p.add_argument(
+            flag("allowed_callables"),
+            action="append",
+            default=[],
+            metavar="TARGET",
             help="a callable judge the workers may import: module:function, or a module: or package. prefix",
-        )  # fmt: skip
+        )
 
 
 def _backend(p: argparse.ArgumentParser, *, spec: bool, only_kubernetes: bool = False) -> None:
@@ -379,7 +419,7 @@ def _kubernetes(args: argparse.Namespace) -> Any:
 
 def _pool_spec(args: argparse.Namespace, prefixes: list[str], callables: list[str]) -> Any:
     from airflow_batchinfer.pools import LocalPoolSpec
-    from airflow_batchinfer.worker.config import parse_options
+    from airflow_batchinfer.worker.settings import parse_options
 
     return LocalPoolSpec(
         engine=args.engine,
@@ -431,12 +471,12 @@ def _cmd_pool_manifests(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    from airflow_batchinfer.limits import callable_targets
+    from airflow_batchinfer.limits import callable_targets, judge_pool_refusal
     from airflow_batchinfer.pipeline import run_pipeline
-    from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool
+    from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool, open_backend
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run_config import RunConfig
+    from airflow_batchinfer.run.config import RunConfig
     from airflow_batchinfer.settings import run_settings_from_args
     from airflow_batchinfer.storage.location import parent
 
@@ -446,16 +486,15 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     judge_ref = PoolRef.parse(cfg.judge_pool) if cfg.judge_pool else None
     ref = f"kubernetes://{args.kubernetes_pool}" if args.kubernetes_pool else f"local://{args.name}"
     own = None if args.worker_url else ref  # a static pool: URLs, not a reference
-    if judge_ref is not None and own is not None and str(judge_ref) == str(PoolRef.parse(own)):
-        raise ConfigError(f"--judge-pool {judge_ref} is the run's own pool: leave it out to judge there "
-                          "(one job per shard), or name another pool")  # fmt: skip
+    if why := judge_pool_refusal(cfg.judge_pool, own):
+        raise ConfigError(f"--judge-pool: {why}")
     pool: WorkerPool
     if args.worker_url:
         from airflow_batchinfer.worker.config import load_token
 
         pool = StaticPool(urls=args.worker_url, rpc_token=load_token(args.token_file))
     elif args.kubernetes_pool:
-        kpool: Any = PoolRef.parse("kubernetes://" + args.kubernetes_pool).open()
+        kpool: Any = open_backend(PoolRef.parse("kubernetes://" + args.kubernetes_pool))
         kpool.acquire(lease, args.replicas)
         kpool.wait_ready(args.replicas)
         pool = kpool
@@ -478,7 +517,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
     judge_pool: Any = None
     if judge_ref is not None:  # a running pool (`pool up`), leased as it is
-        judge_pool = judge_ref.open()
+        judge_pool = open_backend(judge_ref)
         judge_pool.acquire(lease, 1)
         if judge_pool.backend == "kubernetes":
             judge_pool.wait_ready(1)  # scaled to zero while idle: up again before any shard is judged
@@ -486,8 +525,9 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         grace = cfg.unreachable_grace_s  # a silent worker that may run a job holds its copy back
         client = PoolClient.for_pool(pool, lease_id=lease, unreachable_grace_s=grace)
-        judge = (None if judge_pool is None
-                 else PoolClient.for_pool(judge_pool, lease_id=lease, unreachable_grace_s=grace))  # fmt: skip
+        judge: PoolClient | None = None
+        if judge_pool is not None:
+            judge = PoolClient.for_pool(judge_pool, lease_id=lease, unreachable_grace_s=grace)
         try:
             return await run_pipeline(cfg, client, judge_pool=judge, progress=progress)
         finally:
@@ -505,125 +545,12 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
             judge_pool.release(lease)
 
 
-def _env(name: str, default: Any = None) -> Any:
-    return os.environ.get(f"BATCHINFER_WORKER_{name}", default)
-
-
-_MAX_BODY_BYTES = 1024 * 1024  # worker.config.DEFAULT_MAX_BODY_BYTES (not imported: keep the CLI light)
-
-
-def _worker_args(p: argparse.ArgumentParser) -> None:
-    """Worker flags; each also reads ``BATCHINFER_WORKER_<NAME>`` from the environment (containers)."""
-    p.add_argument(
-        "--engine",
-        default=_env("ENGINE", "simulated"),
-        choices=["vllm", "transformers", "openai", "simulated"],
-    )
-    p.add_argument("--model", default=_env("MODEL"), help="local model directory (or model name for openai)")
-    p.add_argument(
-        "--engine-arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="engine option (repeatable), e.g. dtype=bfloat16, max_model_len=4096, base_url=...",
-    )
-    p.add_argument(
-        "--concurrency", type=int, default=int(_env("CONCURRENCY", 10)), help="job slots (default 10)"
-    )
-    p.add_argument("--host", default=_env("HOST", "127.0.0.1"))
-    p.add_argument("--port", type=int, default=int(_env("PORT", 0)), help="0 picks a free port")
-    p.add_argument(
-        "--token-file", default=None, help="file holding the RPC token (else $BATCHINFER_WORKER_TOKEN)"
-    )
-    p.add_argument(
-        "--engine-secrets-file",
-        default=_env("ENGINE_SECRETS_FILE"),
-        help="a JSON object of the engine's secret options (api_key, default_headers) in a file of mode "
-        "0600; they are never --engine-arg (argv is readable by every local user)",
-    )
-    p.add_argument("--insecure-no-auth", action="store_true", help="no token (loopback only; development)")
-    p.add_argument(
-        "--allow-prefix",
-        action="append",
-        default=[x for x in (_env("ALLOW_PREFIX") or "").split(",") if x],
-        help="storage prefix jobs may read and write (repeatable; env: comma-separated)",
-    )
-    p.add_argument(
-        "--allow-any-prefix",
-        action="store_true",
-        default=_env("ALLOW_ANY_PREFIX") == "1",
-        help="allow every storage location (not for shared clusters)",
-    )
-    p.add_argument(
-        "--allow-callable",
-        action="append",
-        default=[x.strip() for x in (_env("ALLOW_CALLABLE") or "").split(",") if x.strip()],
-        metavar="TARGET",
-        help="a callable judge jobs may import: 'pkg.mod:function', or every function of a module "
-        "'pkg.mod:' or every module of a package 'pkg.' (repeatable; env: comma-separated); "
-        "none by default",
-    )
-    p.add_argument(
-        "--max-body-bytes",
-        type=int,
-        default=int(_env("MAX_BODY_BYTES", _MAX_BODY_BYTES)),
-        help=f"largest request body the worker reads, in bytes (default {_MAX_BODY_BYTES}); larger: 413",
-    )
-    p.add_argument(
-        "--idle-ttl",
-        type=float,
-        default=float(_env("IDLE_TTL")) if _env("IDLE_TTL") else None,
-        help="exit after this many seconds without jobs",
-    )
-    p.add_argument(
-        "--lease-file",
-        default=_env("LEASE_FILE"),
-        help="with --idle-ttl: the local pool's lease file; stay while a run leases the pool",
-    )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=float(_env("DRAIN_TIMEOUT", 300)),
-        help="on SIGTERM, seconds to let running jobs finish before checkpointing them",
-    )
-    p.add_argument("--target-batch-tokens", type=int, default=int(_env("TARGET_BATCH_TOKENS", 16384)))
-    p.add_argument("--max-batch-size", type=int, default=int(_env("MAX_BATCH_SIZE", 256)))
-    p.add_argument("--batch-timeout", type=float, default=float(_env("BATCH_TIMEOUT", 0.05)))
-    p.add_argument(
-        "--max-concurrent-batches",
-        type=int,
-        default=None,
-        help="engine batches in flight (default 4 for vllm, else 1)",
-    )
-    p.add_argument("--announce-file", default=None, help="write {url, pid} here once ready")
-
-
 def _cmd_worker_serve(args: argparse.Namespace) -> None:
-    from airflow_batchinfer.worker.config import WorkerConfig, load_engine_secrets, load_token, parse_options
+    from airflow_batchinfer.worker.config import WorkerConfig
     from airflow_batchinfer.worker.server import serve
+    from airflow_batchinfer.worker.settings import settings_from_args
 
-    config = WorkerConfig(
-        engine=args.engine,
-        model=args.model,
-        engine_options=parse_options(args.engine_arg),
-        engine_secrets=load_engine_secrets(args.engine_secrets_file, args.engine),
-        concurrency=args.concurrency,
-        host=args.host,
-        port=args.port,
-        token=load_token(args.token_file),
-        insecure_no_auth=args.insecure_no_auth,
-        allowed_prefixes=None if args.allow_any_prefix else args.allow_prefix,
-        allowed_callables=args.allow_callable,
-        max_body_bytes=args.max_body_bytes,
-        idle_ttl_s=args.idle_ttl,
-        lease_file=args.lease_file,
-        drain_timeout_s=args.drain_timeout,
-        target_batch_tokens=args.target_batch_tokens,
-        max_batch_size=args.max_batch_size,
-        batch_timeout_s=args.batch_timeout,
-        max_concurrent_batches=args.max_concurrent_batches,
-        announce_file=args.announce_file,
-    )
+    config = WorkerConfig.from_settings(settings_from_args(args))
     if config.allowed_prefixes == []:
         from airflow_batchinfer.worker.security import PrefixPolicy
 

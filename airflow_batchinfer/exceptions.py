@@ -1,7 +1,8 @@
 """The one exception tree of the package. Every error is a :class:`BatchInferError`.
 
 Messages name the bad value and the remedy. Classes that also subclass a builtin (``ValueError``,
-``RuntimeError``) do so where the documented contract promises that builtin.
+``RuntimeError``) do so where the documented contract promises that builtin. The demo's development
+helpers keep their one error with them (:class:`airflow_batchinfer.dev.airflow.AirflowApiError`).
 """
 
 from __future__ import annotations
@@ -114,14 +115,6 @@ class JobConflict(RpcError):
 
 class JobNotFound(RpcError):
     """The worker does not know this job (HTTP 404): it restarted, or the job ran elsewhere."""
-
-
-class AirflowApiError(BatchInferError, RuntimeError):
-    """Airflow's REST API answered an error (``status``), for the local Airflow's client."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class JobFailed(BatchInferError):

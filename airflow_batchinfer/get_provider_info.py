@@ -1,8 +1,9 @@
 """Provider metadata for Airflow's providers manager (entry point ``apache_airflow_provider``).
 
 Kept free of heavy imports so the providers manager can read it cheaply: the limits' descriptions
-(``airflow_batchinfer.limits``, which imports nothing but the exception tree) give the config section
-and the connection's limit fields.
+(``airflow_batchinfer.limits``, which imports nothing but the exception tree) and the one-host option
+(``airflow_batchinfer.one_host``, standard library only) give the config section and the connection's
+limit fields.
 """
 
 from __future__ import annotations
@@ -10,10 +11,15 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batchinfer.desk_bounds import DESK_SETTINGS
-from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, POOL_NETWORK_SETTINGS, SETTINGS
+from airflow_batchinfer.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, SETTINGS
+from airflow_batchinfer.one_host import ONE_HOST_OPTION
 
-_EXAMPLES = {"prefixes": "s3://datasets/llm/,s3://runs/batchinfer/", "names": "name-a,name-b", "count": "8",
-             "quantity": "64Gi"}  # fmt: skip
+_EXAMPLES = {
+    "prefixes": "s3://datasets/llm/,s3://runs/batchinfer/",
+    "names": "name-a,name-b",
+    "count": "8",
+    "quantity": "64Gi",
+}
 _LISTS = ("prefixes", "names")  # written comma-separated; a count or a quantity is one value
 
 

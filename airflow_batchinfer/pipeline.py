@@ -3,7 +3,7 @@
 The same steps the DAG runs, in one process: shard, then per round slot propose a plan, run its
 jobs (infer_judge, infer → judge on the judge's own pool, or in place), close the round; then the
 report. The decisions and files are
-those of :mod:`airflow_batchinfer.rounds`, so a run started here can be resumed by a DAG run pointed
+those of :mod:`airflow_batchinfer.run`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
 page); here ``review`` must be ``never``, and a person may not judge (``{"type": "human"}``,
 ``review_below_score``).
@@ -16,23 +16,16 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, JobFailed
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import build_report
-from airflow_batchinfer.rounds import (
-    Plan,
-    close_round,
-    job_spec,
-    judge_input,
-    prepare_run,
-    propose,
-    record_job_error,
-    round_kinds,
-    slots,
-    write_plan,
-)
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import Plan, slots, write_plan
+from airflow_batchinfer.run.jobs import job_spec, judge_input, record_job_error, round_kinds
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.storage import ShardDescriptor
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
@@ -58,7 +51,7 @@ async def _run_round(
     plan: Plan,
     progress: Progress | None,
 ) -> None:
-    """Every shard's jobs (:func:`~airflow_batchinfer.rounds.round_kinds`), shard by shard: a shard's
+    """Every shard's jobs (:func:`~airflow_batchinfer.run.jobs.round_kinds`), shard by shard: a shard's
     judge (on the judge's own pool) starts as soon as its own inference ends."""
     kinds = round_kinds(cfg, plan.mode)
     done_records = 0
@@ -93,13 +86,19 @@ async def run_pipeline(
             "the review page); here use review=never and an automated judge"
         )
     if bool(cfg.judge_pool) != (judge_pool is not None):
-        raise ConfigError("judge_pool is set in the run's settings but no judge pool client was given, "
-                          "or the other way round")  # fmt: skip
-    pools: dict[JobKind, PoolClient] = {"infer": pool, "infer_judge": pool, "in_place": pool,
-                                        "judge": judge_pool or pool}  # fmt: skip
+        raise ConfigError(
+            "judge_pool is set in the run's settings but no judge pool client was given, "
+            "or the other way round"
+        )
+    pools: dict[JobKind, PoolClient] = {
+        "infer": pool,
+        "infer_judge": pool,
+        "in_place": pool,
+        "judge": judge_pool or pool,
+    }
     await asyncio.to_thread(prepare_run, cfg)
     for slot in slots(cfg.max_rounds):
-        plan: Plan = (await asyncio.to_thread(propose, cfg, slot)).plan
+        plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan
         if plan.mode != "skip":
             plan.engine = await pool.engine()
             if judge_pool is not None:

@@ -14,18 +14,26 @@ import httpx
 
 from airflow_batchinfer import sizing
 from airflow_batchinfer.exceptions import ConfigError, RpcError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import pending_shards, round_kinds, run_key, write_doc
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import JobManifest, write_doc
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import pending_shards
+from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
 
 
-def _spec(cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: dict[str, Any]) -> JobSpec:
+def _spec(
+    cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: dict[str, Any], *, records: int
+) -> JobSpec:
+    """A pre-flight job on ``records`` sample records; its manifest is ``preflight/<kind>.json``."""
+    outputs = {**outputs, "manifest": join(RunLayout(cfg.run_root).preflight, f"{kind}.json")}
+    params = {**params, "input_records": records}
     spec = JobSpec(job_id="x", kind=kind, input=source, outputs=outputs, params=params)  # type: ignore[arg-type]
     spec.job_id = f"{run_key(cfg.run_root)}-preflight-{kind}-{spec_key(spec)}"
     return spec
@@ -108,9 +116,9 @@ def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) 
     (bad lines are skipped here: its job quarantines them)."""
     if "range" not in shard:
         return JsonlFile(shard["uri"], storage_options=so).iter_records()
-    reader = read_range(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=DiscardRejects(),
-                        storage_options=so)  # fmt: skip
-    return reader
+    return read_range(
+        shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=DiscardRejects(), storage_options=so
+    )
 
 
 def run_preflight(
@@ -149,18 +157,16 @@ def run_preflight(
     judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
     # The sample runs the jobs the rounds run: one infer_judge job, or infer then judge on the judge's pool.
     if round_kinds(cfg, "rounds") == ("infer_judge",):
-        jobs = [_spec(cfg, "infer_judge", sample_uri, {**judged, "manifest": join(p, "infer_judge.json")},
-                      {**cfg.infer_params(), **cfg.judge_params(), "input_records": n})]  # fmt: skip
+        params = {**cfg.infer_params(), **cfg.judge_params()}
+        jobs = [_spec(cfg, "infer_judge", sample_uri, judged, params, records=n)]
     else:
+        inferred = join(p, "inferred.jsonl.zst")
         jobs = [
-            _spec(cfg, "infer", sample_uri,
-                  {"inferred": join(p, "inferred.jsonl.zst"), "manifest": join(p, "infer.json")},
-                  {**cfg.infer_params(), "input_records": n}),
-            _spec(cfg, "judge", join(p, "inferred.jsonl.zst"), {**judged, "manifest": join(p, "judge.json")},
-                  {**cfg.judge_params(), "input_records": n}),
-        ]  # fmt: skip
+            _spec(cfg, "infer", sample_uri, {"inferred": inferred}, cfg.infer_params(), records=n),
+            _spec(cfg, "judge", inferred, judged, cfg.judge_params(), records=n),
+        ]
 
-    async def go() -> tuple[list[dict[str, Any]], float, list[int]]:
+    async def go() -> tuple[list[JobManifest], float, list[int]]:
         pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
         judges = pool
         if judge_pool is not None:
@@ -178,16 +184,17 @@ def run_preflight(
 
     manifests, wall, slots = asyncio.run(go())
     mi, mj = manifests[0], manifests[-1]  # the first job generated; the last one judged
-    infer_s = float(mi["timings"]["run_s"]) or 1e-9
-    judge_s = float(mj["timings"]["run_s"]) if mj is not mi else 0.0
-    tokens = sum(sum(m.get("tokens", {}).values()) for m in manifests)
-    approval = mj["counts"].get("approved", 0) / n if n else 0.0
+    infer_s = mi.timings.run_s or 1e-9
+    judge_s = mj.timings.run_s if mj is not mi else 0.0
+    tokens = sum(sum(m.tokens.values()) for m in manifests)
+    approval = mj.counts.get("approved", 0) / n if n else 0.0
     per_record_s = (infer_s + judge_s) / n if n else 0.0
     passes = expected_passes(approval, cfg)
     wall_s = total * passes * per_record_s / max(workers, 1)
     tokens_per_s = tokens / (infer_s + judge_s)
-    plan = _sizing(cfg, total, workers, concurrency or (min(slots) if slots else None), tokens_per_s,
-                   tokens / n if n else 0.0, approval, max_map_length)  # fmt: skip
+    job_slots = concurrency or (min(slots) if slots else None)
+    tokens_per_record = tokens / n if n else 0.0
+    plan = _sizing(cfg, total, workers, job_slots, tokens_per_s, tokens_per_record, approval, max_map_length)
     if "error" not in plan:
         wall_s = plan["wall_s"]  # waves and tail idle included
     summary = {

@@ -5,12 +5,16 @@ A record with ``custom_id`` and a ``body`` object is an OpenAI batch request: it
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
 whole record is also available as ``record``). Rendering errors are per-record errors. Templates
 render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
-record's rendering may cost.
+record's rendering may cost. A plain template (text and ``{{ field }}`` over text or integer fields)
+is filled in directly, with the sandbox's result: it is most templates, and the review desk renders
+hundreds of thousands of prompts for one text search. :class:`PromptBuilder` is the one renderer:
+the worker's jobs, the LLM judge and the desk (what a record was sent) all build with it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +23,47 @@ from airflow_batchinfer.exceptions import OverQuickBudget, PromptError
 from airflow_batchinfer.templates import MAX_PROMPT_CHARS, compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
+
+
+_FIELD = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_JINJA_OPEN = ("{{", "{%", "{#")
+# Names Jinja does not read from the context as written: literals, and the whole record.
+_NOT_FIELDS = frozenset({"true", "false", "none", "True", "False", "None", "record"})
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # Jinja renders each newline of a template's text as "\n"
+_MISSING = object()
+
+
+def _plain_parts(template: str) -> list[str] | None:
+    """``template`` as literal, field, literal, …, literal when it is plain text and ``{{ field }}``
+    substitutions; ``None`` when anything else (a filter, a tag, a literal) needs Jinja."""
+    parts = _FIELD.split(template)
+    literals, names = parts[0::2], parts[1::2]
+    if any(d in lit for lit in literals for d in _JINJA_OPEN) or _NOT_FIELDS & set(names):
+        return None
+    parts[0::2] = [_NEWLINE.sub("\n", lit) for lit in literals]
+    return parts
+
+
+def _filled(parts: list[str], record: Mapping[str, Any], variables: Mapping[str, Any] | None) -> str | None:
+    """The plain template ``parts`` over ``record`` and ``variables`` (which win), as the sandbox
+    renders it; ``None`` when a field is missing or not text or an integer (Jinja's rules and errors
+    then apply), or the prompt is over :data:`MAX_PROMPT_CHARS` (the sandbox's error)."""
+    out = []
+    for k, part in enumerate(parts):
+        if not k % 2:
+            out.append(part)
+            continue
+        value = variables.get(part, _MISSING) if variables else _MISSING
+        if value is _MISSING:
+            value = record.get(part, _MISSING)
+        if type(value) is str:
+            out.append(value)
+        elif type(value) is int:
+            out.append(str(value))
+        else:
+            return None
+    text = "".join(out)
+    return text if len(text) <= MAX_PROMPT_CHARS else None
 
 
 def is_openai_batch(record: Mapping[str, Any]) -> bool:
@@ -53,6 +98,7 @@ class PromptBuilder:
         if template is not None:
             compile_template(template)  # fail fast on a syntax error: that is the job's error
         self.template = template
+        self._parts = None if template is None else _plain_parts(template)
         self.system = system
         self.chat = chat
         self.sampling = sampling or SamplingParams()
@@ -82,7 +128,9 @@ class PromptBuilder:
             raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
-        text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
+        text = None if self._parts is None else _filled(self._parts, record, variables)
+        if text is None:
+            text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
         sampling = attempt_seed(self.sampling, attempt)
         if not self.chat:
             return GenerationRequest(request_id, prompt=text, sampling=sampling, metadata=meta)

@@ -10,17 +10,12 @@ from typing import Any
 
 from airflow_batchinfer import charts
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import (
-    ACCEPTED_BY_REVIEW,
-    IN_PLACE_DONE,
-    MAX_NAMED,
-    MAX_ROUNDS,
-    NOTHING_PENDING,
-    STOPPED_BY_REVIEW,
-    WORKER_FIELDS,
+from airflow_batchinfer.run.close import MAX_NAMED, WORKER_FIELDS
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    FailedShard,
     Plan,
-    pending_shards,
+    Summary,
     read_doc,
     read_plan,
     read_summary,
@@ -28,7 +23,16 @@ from airflow_batchinfer.rounds import (
     slots,
     write_doc,
 )
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import (
+    ACCEPTED_BY_REVIEW,
+    IN_PLACE_DONE,
+    MAX_ROUNDS,
+    NOTHING_PENDING,
+    STOPPED_BY_REVIEW,
+    Proposal,
+    pending_shards,
+)
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
@@ -70,10 +74,10 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         reason = f"the run did not finish: {missing} " + (
             "not planned" if unplanned and not unclosed else "not planned or not closed"
         )
-    exhausted = sum(s.get("exhausted", 0) for s in rounds)
+    exhausted = sum(s.exhausted or 0 for s in rounds)
     if status == "complete" and exhausted:
         status = "exhausted"  # samples that used up max_attempts in place are not a normal completion
-    failed = [f for s in rounds for f in s.get("failed_shards", [])]
+    failed = [f for s in rounds for f in s.failed_shards]
     # What is still pending: the set the last round left, unless in place or acceptance took it.
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else _pending(layout, r_next, status, so)
@@ -88,9 +92,9 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "status": status,
         "stop_reason": reason,
         "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
-        "rounds": rounds,
+        "rounds": [s.to_json() for s in rounds],
         "plans": [p.as_dict() | {"shards": len(p.shards)} for p in plans],
-        "approved": sum(s.get("approved", 0) for s in rounds),
+        "approved": sum(s.approved for s in rounds),
         "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
         + sum(int(a["accepted"]["count"]) for a in reviews),
         "dropped_by_review": sum(int(a["dropped"]["count"]) for a in reviews),
@@ -99,7 +103,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         # where it is: what a review's decisions left pending, or the round's pending set
         "remaining_pending_uri": _pending_uri(layout, r_next, so) if final_pending else None,
         "exhausted_in_place": exhausted,
-        "failed_shards": failed,
+        "failed_shards": [f.to_json() for f in failed],
         "max_failed_shards": cfg.max_failed_shards,
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
         "workers": _per_worker(rounds),
@@ -131,14 +135,14 @@ def _count_rows(layout: RunLayout, prefix: str, so: StorageOptions | None) -> in
     return sum(1 for f in files if f.uri.rsplit("/", 1)[-1].startswith(prefix) for _ in f.iter_records())
 
 
-def _per_worker(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+def _per_worker(rounds: list[Summary]) -> dict[str, Any]:
     """Batch fullness and engine busy time per worker, summed over the rounds' summaries."""
     total: dict[str, dict[str, float]] = {}
     for summary in rounds:
-        for name, w in summary.get("workers", {}).items():
+        for name, w in summary.workers.items():
             acc = total.setdefault(name, dict.fromkeys(WORKER_FIELDS, 0.0))
             for key in WORKER_FIELDS:
-                acc[key] += w.get(key, 0.0)
+                acc[key] += getattr(w, key)
     return {
         name: {
             "jobs": int(w["jobs"]),
@@ -155,8 +159,8 @@ def check_invariant(
     layout: RunLayout,
     id_field: str,
     pending: list[Any],
-    rounds: list[dict[str, Any]],
-    failed: list[dict[str, Any]],
+    rounds: list[Summary],
+    failed: list[FailedShard],
     so: StorageOptions | None = None,
     *,
     plans: list[Plan] | None = None,
@@ -180,15 +184,13 @@ def check_invariant(
     expected = total(IdDigest.maybe(s.get("ids")) for s in manifest.get("shards", []))
     parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
     for x in rounds:
-        ids = x.get("ids") or {}
-        names = ("approved", "failed") + (("exhausted",) if x.get("mode") == "in_place" else ())
-        names += ("repeated",) if "repeated" in ids else ()  # round 0's repeats, rejected: lines read
-        parts += [IdDigest.maybe(ids.get(name)) for name in names]
+        names = ("approved", "failed") + (("exhausted",) if x.mode == "in_place" else ())
+        # round 0's repeats, rejected: lines read
+        names += ("repeated",) if "repeated" in (x.ids or {}) else ()
+        parts += [x.digest(name) for name in names]
     parts += _accepted_ids(layout, plans, so)
     accounted = total(parts)
-    named = {
-        k: _named(x.get("invariant", {}).get(k) for x in rounds) for k in ("lost", "doubled", "unexpected")
-    }
+    named = {k: _named(getattr(x.invariant, k) for x in rounds) for k in ("lost", "doubled", "unexpected")}
     if expected is not None and accounted is not None and (expected == accounted or any(named.values())):
         return {
             "input": expected.count,
@@ -205,14 +207,14 @@ def check_invariant(
     seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
     seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
     # round 0's repeats rejected into rejects/ (each row has its id)
-    seen += [f for f in JsonlDir(layout.rejects, storage_options=so).jsonl_files()
-             if f.uri.endswith(REJECTS_SUFFIX)]  # fmt: skip
+    rejects = JsonlDir(layout.rejects, storage_options=so).jsonl_files()
+    seen += [f for f in rejects if f.uri.endswith(REJECTS_SUFFIX)]
     for x in rounds:
-        if x["mode"] == "in_place":
-            seen += JsonlDir(layout.rejected_dir(x["round"]), storage_options=so).jsonl_files()
+        if x.mode == "in_place":
+            seen += JsonlDir(layout.rejected_dir(x.round), storage_options=so).jsonl_files()
     for f in failed:  # a failed job: its whole input shard (round 0's: the range it was to read)
-        shard = ranges.get(f["shard_id"]) if f.get("round") == 0 else None
-        seen.append(shard or JsonlFile(f["uri"], storage_options=so))
+        shard = ranges.get(f.shard_id) if f.round == 0 else None
+        seen.append(shard or JsonlFile(f.uri, storage_options=so))
     # Range shards of the source leave nothing under input/ but the manifest.
     inputs: list[JsonlFile | ShardDescriptor] = (
         list(manifest["shards"]) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
@@ -245,8 +247,9 @@ class _RangeIds:
             if isinstance(src, JsonlFile):
                 yield from file_ids([src], self.id_field)
                 continue
-            yield from range_ids(src, id_field=self.range_id_field, assign_ids=self.assign_ids,
-                                 storage_options=self.so)  # fmt: skip
+            yield from range_ids(
+                src, id_field=self.range_id_field, assign_ids=self.assign_ids, storage_options=self.so
+            )
 
 
 def _named(lists: Iterable[list[Any] | None]) -> list[Any]:
@@ -298,8 +301,10 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     if report["failed_shards"]:
         lines += ["", "## Quarantined shards", ""]
-        lines += [f"- round {f['round']} `{f['shard_id']}` ({f['phase']}): {f['error']}" for f in
-                  report["failed_shards"]]  # fmt: skip
+        lines += [
+            f"- round {f['round']} `{f['shard_id']}` ({f['phase']}): {f['error']}"
+            for f in report["failed_shards"]
+        ]
     if report.get("reviews"):
         head = "| round reviewed | decisions | accepted | retried | dropped |"
         lines += ["", "## Review decisions", "", head, "| --- | --- | --- | --- | --- |"]
@@ -377,7 +382,7 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
 
 def review_body(
     cfg: RunConfig,
-    proposal: Any,
+    proposal: Proposal,
     so: StorageOptions | None = None,
     sample: int = 10,
     *,
@@ -390,7 +395,7 @@ def review_body(
     layout = RunLayout(cfg.run_root)
     plan = proposal.plan
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
-    last = proposal.last or {}
+    last = proposal.last
     lines = [
         f"**Run** {_cell(cfg.run_root, 2000)} · strategy **{_cut(cfg.strategy)}** · next: **{plan.slot}**",
         "",
@@ -403,10 +408,10 @@ def review_body(
             if desk
             else []
         ),
-        f"Round {last.get('round', '?')} approved **{last.get('approved', 0)}** of {last.get('pending', 0)} "
-        f"({(last.get('approval_rate') or 0):.0%}); "
-        f"**{plan.records or last.get('next_pending', 0)}** records "
-        f"are pending; {len(last.get('failed_shards', []))} shards quarantined.",
+        f"Round {last.round if last else '?'} approved **{last.approved if last else 0}** of "
+        f"{last.pending if last else 0} ({((last.approval_rate if last else None) or 0):.0%}); "
+        f"**{plan.records or (last.next_pending if last else None) or 0}** records "
+        f"are pending; {len(last.failed_shards) if last else 0} shards quarantined.",
         "",
         f"The controller proposes: **{'stop' if plan.stop else plan.mode}** "
         f"({_cut(plan.stop) + ': ' if plan.stop else ''}{_cut(plan.reason)}).",
@@ -414,10 +419,7 @@ def review_body(
         "| round | pending | approved | approval |",
         "| --- | --- | --- | --- |",
     ]
-    lines += [
-        f"| {s['round']} | {s['pending']} | {s['approved']} | {(s.get('approval_rate') or 0):.0%} |"
-        for s in history
-    ]
+    lines += [f"| {s.round} | {s.pending} | {s.approved} | {(s.approval_rate or 0):.0%} |" for s in history]
     pending = plan.shards or (pending_shards(layout, plan.round, so) if plan.stop != NOTHING_PENDING else [])
     table = _sample_rows(pending, cfg.id_field or "id", sample, so)  # cut as each row is read
     lines += [

@@ -31,29 +31,23 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.engines.sampling import sampling_schemas
+from airflow_batchinfer.judges import JUDGE_TYPES
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
     UNREACHABLE_GRACE_S,
 )
-from airflow_batchinfer.run_config import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES
+from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
-# airflow_batchinfer.judges.JUDGE_TYPES (not imported: keep this module light; a test compares them)
-JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
 RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
 
 # engines.base.SamplingParams: the fields it reads and the values it refuses (other fields are ignored)
-SAMPLING_PROPERTIES: dict[str, Any] = {
-    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-    "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
-    "temperature": {"type": ["number", "null"], "minimum": 0},
-    "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-    "seed": {"type": ["integer", "null"]},
-    "stop": {"type": ["string", "array", "null"], "items": {"type": "string"}},
-}
+SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
 
 JsonType = Literal["string", "integer", "number", "boolean", "object"]
 GoesTo = Literal["run", "run root", "pool"]
@@ -130,8 +124,12 @@ class Setting:
         out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
         if self.enum:
             out["enum"] = [*self.enum, *([None] if self.nullable else [])]
-        for key, value in (("minimum", self.minimum), ("maximum", self.maximum),
-                           ("minLength", self.min_length), ("pattern", self.pattern)):  # fmt: skip
+        for key, value in (
+            ("minimum", self.minimum),
+            ("maximum", self.maximum),
+            ("minLength", self.min_length),
+            ("pattern", self.pattern),
+        ):
             if value is not None:
                 out[key] = value
         out.update(copy.deepcopy(dict(self.schema_extra)))
@@ -191,8 +189,11 @@ class Setting:
         shown = self.default if self.type != "object" else json.dumps(self.default)
         if self.default is not None:
             help_ += f" (default {shown})"
-        out: dict[str, Any] = {"default": copy.deepcopy(self.default), "help": help_.replace("%", "%%"),
-                               "dest": self.name}  # fmt: skip
+        out: dict[str, Any] = {
+            "default": copy.deepcopy(self.default),
+            "help": help_.replace("%", "%%"),
+            "dest": self.name,
+        }
         if self.enum:
             out["choices"] = list(self.enum)
         else:
@@ -228,33 +229,33 @@ def _run(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Set
     return Setting(name, type_, default, help_, "run", **kw)
 
 
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+def _judge_pool(setting: Setting, help_: str) -> Setting:
+    return dataclasses.replace(setting, name=f"judge_{setting.name}", help=help_, judge_pool_param=True)
 
 
+# fmt: off
+# The settings, one a row; first the pool's that a judge pool repeats (_judge_pool, below).
+# The pool settings' defaults are the workers' (worker.settings), but the engine's and the model's:
+# the trigger form runs a real small model as it opens (builtin:smollm2, which the transformers
+# engine runs), where a worker or `pool up` alone defaults to the simulated engine (no model needed).
 _ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES)
 _MODEL = _pool(
     "model", "string", "builtin:smollm2",
     "the model: a directory on the workers (vllm, transformers), a model name (openai), or "
     "builtin:smollm2 (SmolLM2-135M-Instruct, local pools); empty: none (the simulated engine needs none)",
     nullable=True,
-)  # fmt: skip
+)
 _ENGINE_OPTIONS = _pool("engine_options", "object", {}, 'engine arguments, e.g. {"max_model_len": 4096}')
 _REPLICAS = _pool("replicas", "integer", 1, "workers this run needs", minimum=1)
-_CONCURRENCY = _pool("concurrency", "integer", 4, "shard jobs per worker", minimum=1)
+_CONCURRENCY = _pool("concurrency", "integer", worker_default("concurrency"), "shard jobs per worker",
+                     minimum=worker_setting("concurrency").minimum)
 _KUBERNETES = _pool(
     "kubernetes", "object", {},
     "Kubernetes pools only: image, gpus, cpu, memory, node_selector, tolerations, interruptible, "
     "model_pvc, storage_secret, engine_secret (the Secret of api_key…), scaledown_ttl_s…, e.g. "
     '{"image": "reg/worker:0.1.0", "gpus": 1}',
-)  # fmt: skip
+)
 
-
-def _judge_pool(setting: Setting, help_: str) -> Setting:
-    return dataclasses.replace(setting, name=f"judge_{setting.name}", help=help_, judge_pool_param=True)
-
-
-# fmt: off
 #: Every setting of a run, in the trigger form's order.
 RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # where the data comes from and where the run goes
@@ -330,9 +331,10 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),
     _REPLICAS,
     _CONCURRENCY,
-    _pool("idle_ttl_s", "number", 600, "the pool stops after this idle time, in seconds", minimum=0),
-    _pool("target_batch_tokens", "integer", 16_384, "tokens per engine batch (prompt estimate + max_tokens)",
-          minimum=1),
+    _pool("idle_ttl_s", "number", POOL_IDLE_TTL_S, "the pool stops after this idle time, in seconds",
+          minimum=0),
+    _pool("target_batch_tokens", "integer", worker_default("target_batch_tokens"),
+          worker_setting("target_batch_tokens").help, minimum=worker_setting("target_batch_tokens").minimum),
     _KUBERNETES,
     # checks and budgets
     _run("preflight_records", "integer", 200, "records tried before the fan-out; 0 turns pre-flight off",
@@ -377,8 +379,9 @@ def setting(name: str) -> Setting:
 
 def _params(judge_pool: bool | None) -> Iterable[Setting]:
     """The DAG params: ``judge_pool`` None: all; True: only the judge pool's; False: the others."""
-    return (s for s in RUN_SETTINGS_SPEC
-            if s.param and (judge_pool is None or s.judge_pool_param == judge_pool))  # fmt: skip
+    return (
+        s for s in RUN_SETTINGS_SPEC if s.param and (judge_pool is None or s.judge_pool_param == judge_pool)
+    )
 
 
 def param_defaults(*, judge_pool: bool | None = False) -> dict[str, Any]:
@@ -408,8 +411,9 @@ def param_values(
     unknown = sorted(set(defaults or {}) - set(values))
     if unknown:
         judge_only = [n for n in unknown if n in BY_NAME and BY_NAME[n].judge_pool_param]
-        hint = (f"; {', '.join(judge_only)}: params of DAGs built with judge_airflow_pool="
-                if judge_only else "")  # fmt: skip
+        hint = ""
+        if judge_only:
+            hint = f"; {', '.join(judge_only)}: params of DAGs built with judge_airflow_pool="
         raise ValueError(f"defaults: unknown params {unknown}{hint} (the params: {', '.join(values)})")
     values.update(copy.deepcopy(dict(defaults or {})))
     if max_rounds is not None:

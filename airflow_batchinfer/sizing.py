@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.run.modes import STRATEGIES
 
-STRATEGIES = ("rounds", "in_place", "hybrid")
 DEFAULT_TOKENS_PER_RECORD = 400
 DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's [core] max_map_length default
 DEFAULT_EXECUTION_TIMEOUT_S = 12 * 3600.0  # build_batch_inference_dag(execution_timeout=...) default
@@ -128,8 +128,8 @@ class SizingPlan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SizingPlan:
-        return cls(**{**data, "rounds": tuple(RoundPlan(**r) for r in data["rounds"]),
-                      "notes": tuple(data.get("notes", ()))})  # fmt: skip
+        rounds = tuple(RoundPlan(**r) for r in data["rounds"])
+        return cls(**{**data, "rounds": rounds, "notes": tuple(data.get("notes", ()))})
 
     def table(self) -> str:
         """The plan as text: a header, the Airflow pool command, one line per round, totals, notes."""
@@ -140,16 +140,35 @@ class SizingPlan:
         )
         if self.approval_rate is not None:
             head += f"; approval {self.approval_rate:.0%}, strategy {self.strategy}"
-        cols = ["round", "mode", "records", "shards", "records/shard", "waves", "map length",
-                "shard job", "wall", "GPU-hours", "tail idle"]  # fmt: skip
+        cols = [
+            "round",
+            "mode",
+            "records",
+            "shards",
+            "records/shard",
+            "waves",
+            "map length",
+            "shard job",
+            "wall",
+            "GPU-hours",
+            "tail idle",
+        ]
         rows = [cols]
         for r in self.rounds:
-            rows.append([
-                str(r.round), r.mode if r.passes == 1 else f"{r.mode} ×{r.passes:.2f}", f"{r.records:,}",
-                f"{r.shards:,}", f"{r.records_per_shard:,}", f"{r.waves} ({r.wave_fill:.2f})",
-                f"{r.shards:,} of {self.max_map_length:,}", duration(r.job_s), duration(r.wall_s),
-                _hours(r.gpu_hours), f"{gpu_time(r.tail_idle_gpu_s)} ({r.tail_idle_fraction:.2%})",
-            ])  # fmt: skip
+            row = [
+                str(r.round),
+                r.mode if r.passes == 1 else f"{r.mode} ×{r.passes:.2f}",
+                f"{r.records:,}",
+                f"{r.shards:,}",
+                f"{r.records_per_shard:,}",
+                f"{r.waves} ({r.wave_fill:.2f})",
+                f"{r.shards:,} of {self.max_map_length:,}",
+                duration(r.job_s),
+                duration(r.wall_s),
+                _hours(r.gpu_hours),
+                f"{gpu_time(r.tail_idle_gpu_s)} ({r.tail_idle_fraction:.2%})",
+            ]
+            rows.append(row)
         widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
         lines = [head, f"Airflow pool: {self.pool_command}", ""]
         lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -250,7 +269,7 @@ def plan_run(
     gpus: int,
     tokens_per_s: float,
     *,
-    concurrency: int = 10,
+    concurrency: int | None = None,
     tokens_per_record: float = DEFAULT_TOKENS_PER_RECORD,
     max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
     records_per_shard: int | None = None,
@@ -264,7 +283,8 @@ def plan_run(
     """Size a run of ``records`` records on ``gpus`` workers (see the module doc for the model).
 
     :param tokens_per_s: tokens a second one GPU turns out (measured: the pre-flight prints it).
-    :param concurrency: shard jobs per worker (the worker's ``--concurrency``).
+    :param concurrency: shard jobs per worker (the worker's ``--concurrency``); ``None``: the
+        ``concurrency`` setting's default (:func:`airflow_batchinfer.settings.setting`).
     :param tokens_per_record: tokens one record costs a pass: prompt + completion (+ an LLM judge's).
     :param max_map_length: Airflow's ``[core] max_map_length``: the most shards one round may map.
     :param records_per_shard: the shard size to assess; ``None``: choose it
@@ -276,9 +296,18 @@ def plan_run(
     :raises ConfigError: on a bad input, or a given ``records_per_shard`` that makes more shards than
         ``max_map_length``; the message names the remedy.
     """
-    for name, value in (("records", records), ("gpus", gpus), ("concurrency", concurrency),
-                        ("max_map_length", max_map_length), ("max_rounds", max_rounds),
-                        ("max_attempts", max_attempts)):  # fmt: skip
+    if concurrency is None:  # imported here: the settings' module pulls in storage and templates
+        from airflow_batchinfer.settings import setting
+
+        concurrency = int(setting("concurrency").default)
+    for name, value in (
+        ("records", records),
+        ("gpus", gpus),
+        ("concurrency", concurrency),
+        ("max_map_length", max_map_length),
+        ("max_rounds", max_rounds),
+        ("max_attempts", max_attempts),
+    ):
         _whole(name, value)
     if not tokens_per_s > 0:
         raise ConfigError(

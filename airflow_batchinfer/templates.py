@@ -270,11 +270,32 @@ def _arg(args: tuple[Any, ...], kwargs: Mapping[str, Any], i: int, name: str, de
 # Filters that turn their input into text: a container input is measured as printed.
 _PRINTING_FILTERS = frozenset(
     {
-        "capitalize", "center", "e", "escape", "forceescape", "format", "indent", "join", "lower",
-        "pprint", "replace", "safe", "string", "striptags", "title", "tojson", "trim", "truncate",
-        "upper", "urlencode", "urlize", "wordcount", "wordwrap", "xmlattr",
+        "capitalize",
+        "center",
+        "e",
+        "escape",
+        "forceescape",
+        "format",
+        "indent",
+        "join",
+        "lower",
+        "pprint",
+        "replace",
+        "safe",
+        "string",
+        "striptags",
+        "title",
+        "tojson",
+        "trim",
+        "truncate",
+        "upper",
+        "urlencode",
+        "urlize",
+        "wordcount",
+        "wordwrap",
+        "xmlattr",
     }
-)  # fmt: skip
+)
 
 
 def _guard_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

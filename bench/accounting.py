@@ -1,10 +1,11 @@
 """Accounting benchmark (printed, not asserted): the id invariant check at 1M and 20M ids.
 
 For each size a run directory is built cheaply but for real: the input is generated and sharded by
-``shard_dataset`` (20,000 records per shard); round 0 is planned by ``propose``; each shard's infer
-and judge jobs are finished as a worker would (outputs are file copies of the shard, manifests carry
-the real job id, fingerprint and id digests: every tenth shard is rejected whole, one shard never
-finishes and is quarantined); ``close_round`` closes the round (accepting, promoting, recompacting
+``shard_dataset`` (20,000 records per shard, copied: descriptors with id digests); round 0 is
+planned by ``propose_slot``; each shard's round jobs (``infer_judge``: the judge on the run's pool)
+are finished as a worker would (outputs are file copies of the shard, manifests carry the real job
+id, fingerprint and id digests: every tenth shard is rejected whole, one shard never finishes and
+is quarantined); ``close_round`` closes the round (accepting, promoting, recompacting
 the rejected rows into round 1's pending set) and the tail's plan stops the run. The final pending
 set, the results and the quarantined shard then all count in the check.
 
@@ -13,9 +14,10 @@ Then, each in a fresh process whose peak RSS (``wait4``) and wall time are measu
 * ``close``        the real ``close_round`` (while building; digests, so no id list);
 * ``baseline``     Python, the imports and the documents the report reads, without a check;
 * ``after``        ``report.check_invariant`` as it is: from the digests in manifests and summaries;
-* ``before``       the check as it was at ``HEAD`` before digests (every id of input, results and
-                   the pending set in lists, a Counter and a set), loaded from ``git show``; by
-                   default only up to ``--before-up-to`` ids (it needs several GB at 20M).
+* ``before``       the check as it was before digests (every id of input, results and the pending
+                   set in lists, a Counter and a set): that one function of ``OLD_REF``'s report
+                   module, from ``git show``; by default only up to ``--before-up-to`` ids (it
+                   needs several GB at 20M).
 
 Target: ``after`` peak RSS flat (within 10%) from 1M to 20M ids.
 
@@ -26,7 +28,7 @@ Built run directories are kept under ``bench/out/accounting/`` and reused (``--r
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import ast
 import json
 import os
 import shutil
@@ -57,12 +59,13 @@ def generate(path: Path, n: int) -> None:
 
 def prepare(run_root: Path, n: int) -> dict[str, Any]:
     """The run directory for ``n`` ids up to round 0's close: input, plan and finished jobs."""
-    from airflow_batchinfer.layout import RunLayout, staged_output
-    from airflow_batchinfer.rounds import inferred_shard, job_spec, prepare_run, propose, write_plan
     from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
-    from airflow_batchinfer.run_config import RunConfig
-    from airflow_batchinfer.storage import JsonlFile
-    from airflow_batchinfer.worker.manifest import write_job_manifest
+    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.run.docs import JobManifest, write_job_manifest, write_plan, write_run_config
+    from airflow_batchinfer.run.jobs import inferred_shard, job_spec, round_kinds
+    from airflow_batchinfer.run.layout import RunLayout, staged_output
+    from airflow_batchinfer.run.plan import propose_slot
+    from airflow_batchinfer.storage import JsonlFile, shard_dataset
 
     shutil.rmtree(run_root.parent, ignore_errors=True)
     run_root.parent.mkdir(parents=True)
@@ -78,11 +81,17 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
         max_rounds=1,
     )
     t1 = time.perf_counter()
-    prepare_run(cfg)
+    layout = RunLayout(cfg.run_root)
+    # Copied shards, not prepare_run's byte ranges of the input: their descriptors carry the ids'
+    # digests (a range's are known only once a job reads it), and the check as it was before
+    # digests reads the ids of input/'s files.
+    cfg.id_field = shard_dataset(
+        cfg.input, layout.input, records_per_shard=RECORDS_PER_SHARD, rejects=layout.rejects
+    ).id_field
+    write_run_config(cfg)
     shard_s = time.perf_counter() - t1
     data.unlink()
-    layout = RunLayout(cfg.run_root)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(layout, plan)
 
     def finish(
@@ -116,25 +125,30 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
             "outputs": spec.outputs, "attempt": token, "counts": counts, "ids": ids,
             "tokens": {"prompt": 1, "completion": 1}, "round": r,
             "fingerprint": fingerprint(pinned, ENGINE, info), "engine": ENGINE, "worker": "w1",
-            "timings": {"run_s": 1.0}, "batcher": {},
+            "timings": {"started_at": 0.0, "finished_at": 1.0, "run_s": 1.0}, "batcher": {},
         }  # fmt: skip
         if committed:
             manifest["committed"] = committed
-        write_job_manifest(spec.outputs["manifest"], manifest)
+        write_job_manifest(spec.outputs["manifest"], JobManifest.model_validate(manifest))
 
     empty = {"count": 0, "sum": "0" * 32}
+    kinds = round_kinds(cfg, "rounds")  # infer_judge: the judge runs on the run's pool, fused
     for i, shard in enumerate(plan.shards):
         if i == 1:
             continue  # never finishes: quarantined by close
         ids, n_rows = shard["ids"], shard["records"]
-        finish("infer", 0, shard, {"inferred": shard["uri"]}, {"input": ids, "inferred": ids}, {"ok": n_rows})
+        judged = shard
+        if kinds[0] == "infer":
+            inferred = {"input": ids, "inferred": ids}
+            finish("infer", 0, shard, {"inferred": shard["uri"]}, inferred, {"ok": n_rows})
+            judged = inferred_shard(cfg, 0, shard)
         rejected = i % 10 == 0
-        judged = inferred_shard(cfg, 0, shard)
         copy, none = (None, judged["uri"]) if rejected else (judged["uri"], None)
+        inference = {"ok": n_rows} if kinds[-1] == "infer_judge" else {}
         finish(
-            "judge", 0, judged, {"approved": copy, "rejected": none},
+            kinds[-1], 0, judged, {"approved": copy, "rejected": none},
             {"input": ids, "approved": empty if rejected else ids, "rejected": ids if rejected else empty},
-            {"approved": 0 if rejected else n_rows, "rejected": n_rows if rejected else 0},
+            {"approved": 0 if rejected else n_rows, "rejected": n_rows if rejected else 0, **inference},
         )  # fmt: skip
     jobs_s = time.perf_counter() - t1 - shard_s
     return {"generate_s": round(t1 - t0, 1), "shard_s": round(shard_s, 1), "jobs_s": round(jobs_s, 1)}
@@ -153,15 +167,9 @@ def build(run_root: Path, n: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- checking
 def report_args(run_root: str) -> tuple[Any, ...]:
     """What ``build_report`` hands ``check_invariant`` (the same reads, in the same order)."""
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import (
-        ACCEPTED_BY_REVIEW,
-        pending_shards,
-        read_plan,
-        read_run_config,
-        read_summary,
-        slots,
-    )
+    from airflow_batchinfer.run.docs import read_plan, read_run_config, read_summary, slots
+    from airflow_batchinfer.run.layout import RunLayout
+    from airflow_batchinfer.run.plan import ACCEPTED_BY_REVIEW, pending_shards
 
     cfg = read_run_config(run_root)
     layout = RunLayout(cfg.run_root)
@@ -170,10 +178,25 @@ def report_args(run_root: str) -> tuple[Any, ...]:
     rounds = [s for p in ran if (s := read_summary(layout, p.round))]
     stop = next((p.stop for p in plans if p.stop), None)
     in_place_ran = any(p.mode == "in_place" for p in ran)
-    failed = [f for s in rounds for f in s.get("failed_shards", [])]
+    failed = [f for s in rounds for f in s.failed_shards]
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next)
     return layout, cfg.id_field or "id", final_pending, rounds, failed, plans
+
+
+def old_check(path: Path) -> Any:
+    """``check_invariant`` from the report module as it was at :data:`OLD_REF`, alone: the rest of that
+    module imports modules that have moved since. It names only storage readers and the stdlib."""
+    from collections import Counter
+
+    from airflow_batchinfer.storage import JsonlDir, JsonlFile
+
+    tree = ast.parse(path.read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check_invariant")
+    module = ast.Module(body=[ast.parse("from __future__ import annotations").body[0], func], type_ignores=[])
+    namespace: dict[str, Any] = {"Any": Any, "Counter": Counter, "JsonlDir": JsonlDir, "JsonlFile": JsonlFile}
+    exec(compile(module, str(path), "exec"), namespace)
+    return namespace["check_invariant"]
 
 
 def run_child(argv: list[str]) -> None:
@@ -182,14 +205,17 @@ def run_child(argv: list[str]) -> None:
     if what == "prepare":
         out = prepare(Path(run_root), int(argv[2]))
     elif what == "stop":
-        from airflow_batchinfer.layout import RunLayout
-        from airflow_batchinfer.rounds import propose, read_run_config, write_plan
+        from airflow_batchinfer.run.docs import read_run_config, write_plan
+        from airflow_batchinfer.run.layout import RunLayout
+        from airflow_batchinfer.run.plan import propose_slot
 
         cfg = read_run_config(run_root)
-        write_plan(RunLayout(run_root), propose(cfg, "tail").plan)  # max_rounds: round 1's pending set stays
+        # max_rounds: round 1's pending set stays
+        write_plan(RunLayout(run_root), propose_slot(cfg, "tail").plan)
     elif what == "close":
-        from airflow_batchinfer.layout import RunLayout
-        from airflow_batchinfer.rounds import close_round, read_plan, read_run_config
+        from airflow_batchinfer.run.close import close_round
+        from airflow_batchinfer.run.docs import read_plan, read_run_config
+        from airflow_batchinfer.run.layout import RunLayout
 
         cfg = read_run_config(run_root)
         plan = read_plan(RunLayout(run_root), "round-00")
@@ -204,11 +230,11 @@ def run_child(argv: list[str]) -> None:
 
             out = check_invariant(layout, id_field, pending, rounds, failed, plans=plans)
         elif what == "before":
-            spec = importlib.util.spec_from_file_location("report_before", argv[2])
-            assert spec is not None and spec.loader is not None
-            old = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(old)
-            out = old.check_invariant(layout, id_field, pending, rounds, failed)
+            check = old_check(Path(argv[2]))
+            # the old check reads the stored forms
+            out = check(
+                layout, id_field, pending, [s.to_json() for s in rounds], [f.to_json() for f in failed]
+            )
     print(json.dumps(out, default=str))
 
 

@@ -29,11 +29,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from airflow_batchinfer.local_airflow import LocalAirflow  # noqa: E402
+from airflow_batchinfer.dev.airflow import DevAirflow  # noqa: E402
 from airflow_batchinfer.pipeline import run_pipeline  # noqa: E402
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
-from airflow_batchinfer.run_config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
 
 DAG = """
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
@@ -114,9 +114,7 @@ def main() -> None:
     direct_s = asyncio.run(direct())
 
     # 2. the DAG on a real Airflow
-    af = LocalAirflow(
-        home=work / "airflow", dags_folder=work / "dags", parallelism=max(8, slots * 2), env=env
-    )
+    af = DevAirflow(home=work / "airflow", dags_folder=work / "dags", parallelism=max(8, slots * 2), env=env)
     try:
         af.start(pools={"bench": slots})
         af.wait_for_dag("bench")

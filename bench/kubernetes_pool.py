@@ -40,7 +40,7 @@ from airflow_batchinfer.pools import LocalPool, LocalPoolSpec  # noqa: E402
 from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSpec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
-from airflow_batchinfer.run_config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
 from tests.support.kube import (  # noqa: E402
     NEEDS_CONTROLLERS,
     NO_CONTROL_PLANE,

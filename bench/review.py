@@ -2,7 +2,7 @@
 
 The round is built cheaply but for real: the input (``--records`` records with a question and a
 context) is planned as range shards by ``prepare_run`` (``--shards`` shards); round 0 is planned by
-``propose``; each shard's ``infer_judge`` job is finished as a worker would (every row rejected:
+``propose_slot``; each shard's ``infer_judge`` job is finished as a worker would (every row rejected:
 the record plus a ~200-character ``result`` and a judgment whose reason comes from 30 templates with
 numbers and quoted values, e.g. "expected 14, got 5"; the staged rejected file, a manifest with the
 real job id, fingerprint, read counts, id digests and the ``reason_groups`` a worker counts); then
@@ -98,14 +98,14 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
     """The shard's infer_judge job, finished as a worker would: every row rejected."""
     import uuid
 
-    from airflow_batchinfer.layout import staged_output
-    from airflow_batchinfer.review.reasons import ReasonGroups
-    from airflow_batchinfer.rounds import job_spec
+    from airflow_batchinfer.judges.reasons import ReasonGroups
     from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
+    from airflow_batchinfer.run.docs import JobManifest, write_job_manifest
+    from airflow_batchinfer.run.jobs import job_spec
+    from airflow_batchinfer.run.layout import staged_output
     from airflow_batchinfer.storage import JsonlFile
     from airflow_batchinfer.storage.digest import IdDigest
     from airflow_batchinfer.storage.ranges import read_range, read_stats
-    from airflow_batchinfer.worker.manifest import write_job_manifest
 
     spec = job_spec(cfg, "infer_judge", 0, shard)  # type: ignore[arg-type]
     info = JsonlFile(spec.input).info()
@@ -146,18 +146,22 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
         "ids": {"input": ids.to_dict(), "approved": IdDigest().to_dict(), "rejected": ids.to_dict()},
         "tokens": {"prompt": 1, "completion": 1}, "round": 0,
         "fingerprint": fingerprint(pinned, engine, info), "engine": engine, "worker": "w1",
-        "timings": {"run_s": 1.0}, "batcher": {}, "reason_groups": groups.as_dict(), "committed": staged,
+        "timings": {"started_at": 0.0, "finished_at": 1.0, "run_s": 1.0}, "batcher": {},
+        "reason_groups": groups.as_dict(), "committed": staged,
     }  # fmt: skip
-    write_job_manifest(spec.outputs["manifest"], manifest)
+    write_job_manifest(spec.outputs["manifest"], JobManifest.model_validate(manifest))
     return n
 
 
 def build(run_root: Path, n: int, shards: int) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
 
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import close_round, prepare_run, propose, write_plan
-    from airflow_batchinfer.run_config import RunConfig
+    from airflow_batchinfer.run.close import close_round
+    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.run.docs import write_plan
+    from airflow_batchinfer.run.layout import RunLayout
+    from airflow_batchinfer.run.plan import propose_slot
+    from airflow_batchinfer.run.prepare import prepare_run
 
     shutil.rmtree(run_root.parent, ignore_errors=True)
     run_root.parent.mkdir(parents=True)
@@ -171,7 +175,7 @@ def build(run_root: Path, n: int, shards: int) -> dict[str, Any]:
     )  # fmt: skip
     t1 = time.perf_counter()
     prepare_run(cfg)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     t2 = time.perf_counter()
     last = len(plan.shards) - 3

@@ -56,9 +56,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from airflow_batchinfer.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
+from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
 from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402

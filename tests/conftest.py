@@ -23,7 +23,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     """A random 2-layer Llama with a trained tokenizer and chat template, built offline."""
     pytest.importorskip("transformers", reason="needs the transformers extra")
-    from airflow_batchinfer.models import build_tiny_llama
+    from tests.support.tiny_llama import build_tiny_llama
 
     return str(build_tiny_llama(tmp_path_factory.mktemp("models") / "tiny-llama"))
 
@@ -161,8 +161,8 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
     dag-processor and triggerer on 127.0.0.1 (SQLite, LocalExecutor), started once per session,
     stopped by PID; the DAGs of tests/e2e/dags."""
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.local_airflow import LocalAirflow
     from airflow_batchinfer.pools import LocalPool
+    from tests.support.local_airflow import LocalAirflow
 
     cache = e2e_root / "cache"
     af = LocalAirflow(

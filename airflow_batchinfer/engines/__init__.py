@@ -55,9 +55,11 @@ def engine_class(name: str) -> type[Engine]:
     from airflow_batchinfer.engines.vllm import VllmEngine
 
     classes: dict[str, type[Engine]] = {
-        "vllm": VllmEngine, "transformers": TransformersEngine, "openai": OpenAIEngine,
+        "vllm": VllmEngine,
+        "transformers": TransformersEngine,
+        "openai": OpenAIEngine,
         "simulated": SimulatedEngine,
-    }  # fmt: skip
+    }
     if name not in classes:
         raise ConfigError(f"engine {name!r} is unknown: choose one of {', '.join(ENGINES)}")
     return classes[name]
@@ -92,6 +94,15 @@ def check_no_secrets(options: Mapping[str, Any], where: str) -> None:
 
 
 __all__ = [
-    "ENGINES", "Engine", "GenerationRequest", "GenerationResult", "SamplingParams", "SecretOption",
-    "check_no_secrets", "create_engine", "engine_class", "secret_options", "secret_refusal",
-]  # fmt: skip
+    "ENGINES",
+    "Engine",
+    "GenerationRequest",
+    "GenerationResult",
+    "SamplingParams",
+    "SecretOption",
+    "check_no_secrets",
+    "create_engine",
+    "engine_class",
+    "secret_options",
+    "secret_refusal",
+]

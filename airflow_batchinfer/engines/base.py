@@ -12,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from airflow_batchinfer.engines.sampling import bounds_refusal
 from airflow_batchinfer.exceptions import ConfigError
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; ``from_mapping`` also reads an OpenAI request body's fields."""
+    """Sampling settings; ``from_mapping`` also reads an OpenAI request body's fields. The bounds
+    are :data:`~airflow_batchinfer.engines.sampling.SAMPLING_FIELDS`'s."""
 
     max_tokens: int = 256
     temperature: float = 0.0
@@ -26,12 +28,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ConfigError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.temperature < 0:
-            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("max_tokens", "temperature", "top_p"):
+            refusal = bounds_refusal(name, getattr(self, name))
+            if refusal is not None:
+                raise ConfigError(refusal)
 
     @classmethod
     def from_mapping(

@@ -143,11 +143,14 @@ def _env_headers(given: Mapping[str, str] | None) -> dict[str, str]:
         try:
             given = json.loads(text) if text else {}
         except ValueError:
-            raise ConfigError("$OPENAI_DEFAULT_HEADERS is not JSON: write an object of header names "
-                              'to values, e.g. {"OpenAI-Organization": "org-1"}') from None  # fmt: skip
+            raise ConfigError(
+                "$OPENAI_DEFAULT_HEADERS is not JSON: write an object of header names "
+                'to values, e.g. {"OpenAI-Organization": "org-1"}'
+            ) from None
     if not isinstance(given, Mapping) or not all(isinstance(v, str) for v in given.values()):
-        raise ConfigError("default_headers of the openai engine: expected an object of header names to "
-                          "text values")  # fmt: skip
+        raise ConfigError(
+            "default_headers of the openai engine: expected an object of header names to text values"
+        )
     return {str(k): v for k, v in given.items()}
 
 

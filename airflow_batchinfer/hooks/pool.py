@@ -1,8 +1,9 @@
 """The ``batchinfer_pool`` connection type, and how tasks and triggers open the pool a DAG names.
 
 ``worker_pool`` is parsed once into a :class:`~airflow_batchinfer.pools.ref.PoolRef` (see there for
-the forms it takes); this module only supplies what needs Airflow: the connection a reference names
-and, for ``kubernetes_conn_id``, the cncf.kubernetes provider's API client.
+the forms it takes) and opened by :func:`~airflow_batchinfer.pools.backends.open_backend`; this module
+only supplies what needs Airflow: the connection a reference names and, for ``kubernetes_conn_id``,
+the cncf.kubernetes provider's API client.
 
 The token never leaves the connection, the local pool's 0600 token file or the Kubernetes Secret: it
 is not in XCom, task arguments or trigger arguments; triggers resolve it themselves in the triggerer.
@@ -15,6 +16,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
+from airflow_batchinfer.pools.backends import open_backend
 from airflow_batchinfer.pools.ref import PoolRef, WorkerPool, require_endpoints
 from airflow_batchinfer.rpc.pool import PoolClient
 
@@ -33,7 +35,7 @@ def open_pool(worker_pool: str | PoolRef) -> WorkerPool:
     """The pool ``worker_pool`` names (in a task)."""
     ref = worker_pool if isinstance(worker_pool, PoolRef) else PoolRef.parse(worker_pool)
     conn = BaseHook.get_connection(ref.name) if ref.needs_connection else None
-    return ref.open(conn, kubernetes_api=_kubernetes_api)
+    return open_backend(ref, conn, kubernetes_api=_kubernetes_api)
 
 
 async def aopen_pool(worker_pool: str | PoolRef) -> WorkerPool:
@@ -41,7 +43,7 @@ async def aopen_pool(worker_pool: str | PoolRef) -> WorkerPool:
     may block (the Kubernetes client is synchronous): call them with ``asyncio.to_thread``."""
     ref = worker_pool if isinstance(worker_pool, PoolRef) else PoolRef.parse(worker_pool)
     conn = await BaseHook.aget_connection(ref.name) if ref.needs_connection else None
-    return await asyncio.to_thread(ref.open, conn, kubernetes_api=_kubernetes_api)
+    return await asyncio.to_thread(open_backend, ref, conn, kubernetes_api=_kubernetes_api)
 
 
 class BatchInferPoolHook(BaseHook):

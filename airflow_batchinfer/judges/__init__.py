@@ -23,7 +23,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
-from airflow_batchinfer.judges.human import HumanJudge
+from airflow_batchinfer.judges.human import HumanJudge, judges_in_place, require_judge_in_place
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
@@ -108,5 +108,7 @@ __all__ = [
     "LLMJudge",
     "Verdict",
     "build_judge",
+    "judges_in_place",
     "parse_verdict",
+    "require_judge_in_place",
 ]

@@ -62,9 +62,13 @@ def check_params(
             reasons = cap_refusals(params, limits, judge_limits=per_pool["judge_pool"])
         else:
             reasons = refusals(
-                params, limits, run_root=run_root, pool_is_connection=named("worker_pool", False),
-                judge_limits=per_pool["judge_pool"], judge_pool_is_connection=named("judge_pool", False),
-            )  # fmt: skip
+                params,
+                limits,
+                run_root=run_root,
+                pool_is_connection=named("worker_pool", False),
+                judge_limits=per_pool["judge_pool"],
+                judge_pool_is_connection=named("judge_pool", False),
+            )
         if reasons:
             raise ParamsRefused(reasons)
     except ConfigError as exc:

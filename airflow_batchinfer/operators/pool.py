@@ -25,15 +25,16 @@ from airflow.sdk import BaseOperator, Context
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
-from airflow_batchinfer.limits import CONFIG_SECTION, ONE_HOST_OPTION, POOL_NETWORK_SETTINGS, TriggerLimits
+from airflow_batchinfer.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, TriggerLimits
 from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
+from airflow_batchinfer.one_host import ONE_HOST_OPTION, one_host_refusal
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
-from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
-from airflow_batchinfer.pools.local import one_host_refusal
-from airflow_batchinfer.pools.ref import RpcPeers
+from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
+from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
+from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default
 
 BUILTIN_MODELS = {"builtin:smollm2": lambda: str(prepare_smollm2(default_cache_dir()))}
 
@@ -110,29 +111,39 @@ class PoolSetupOperator(BaseOperator):
 
     The rest configures the pool: ``engine``, ``model``, ``engine_options``, ``replicas``,
     ``concurrency``, ``idle_ttl_s``, ``allowed_prefixes`` (the storage locations its jobs may touch:
-    the run roots, and with ``limits`` the allowed input prefixes), ``target_batch_tokens``;
+    the run roots, and with ``limits`` the allowed input prefixes), ``target_batch_tokens`` (their
+    defaults: the workers', :mod:`airflow_batchinfer.worker.settings`);
     ``kubernetes`` holds the Kubernetes-only settings of
     :class:`~airflow_batchinfer.pools.kubernetes.KubernetesPoolSpec` (image, gpus, cpu, memory,
     node_selector, tolerations, interruptible, model_pvc, storage_secret, scaledown_ttl_s, ...)."""
 
     template_fields = (
-        "worker_pool", "engine", "model", "engine_options", "replicas", "concurrency", "idle_ttl_s",
-        "allowed_prefixes", "target_batch_tokens", "kubernetes", "run_root",
-    )  # fmt: skip
+        "worker_pool",
+        "engine",
+        "model",
+        "engine_options",
+        "replicas",
+        "concurrency",
+        "idle_ttl_s",
+        "allowed_prefixes",
+        "target_batch_tokens",
+        "kubernetes",
+        "run_root",
+    )
     ui_color = "#ede7f6"
 
     def __init__(
         self,
         *,
         worker_pool: str,
-        engine: str = "simulated",
-        model: str | None = None,
+        engine: str = worker_default("engine"),
+        model: str | None = worker_default("model"),
         engine_options: dict[str, Any] | str | None = None,  # a dict, or a template rendering to one
         replicas: int | str = 1,
-        concurrency: int | str = 4,
-        idle_ttl_s: float | str | None = 600.0,
+        concurrency: int | str = worker_default("concurrency"),
+        idle_ttl_s: float | str | None = float(POOL_IDLE_TTL_S),
         allowed_prefixes: list[str] | None = None,
-        target_batch_tokens: int | str = 16_384,
+        target_batch_tokens: int | str = worker_default("target_batch_tokens"),
         kubernetes: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 900.0,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
@@ -167,27 +178,45 @@ class PoolSetupOperator(BaseOperator):
         kube = _as_dict(self.kubernetes, "kubernetes")
         pinned = sorted(set(kube) - TRIGGER_KEYS)
         if pinned:  # name, namespace, allowed_prefixes…: the pool reference and the other params own them
-            raise ConfigError(f"kubernetes: {pinned} cannot be set here; it takes {sorted(TRIGGER_KEYS)} "
-                              "(rpc_from and rpc_from_namespace: set them in the pool connection's extra "
-                              f"or [{CONFIG_SECTION}])")  # fmt: skip
+            raise ConfigError(
+                f"kubernetes: {pinned} cannot be set here; it takes {sorted(TRIGGER_KEYS)} "
+                "(rpc_from and rpc_from_namespace: set them in the pool connection's extra "
+                f"or [{CONFIG_SECTION}])"
+            )
         if self.model in BUILTIN_MODELS:
-            raise ConfigError(f"{self.model} is a model on this host; a Kubernetes pool needs a path in its "
-                              "image or model volume (model_pvc is mounted at /models)")  # fmt: skip
+            raise ConfigError(
+                f"{self.model} is a model on this host; a Kubernetes pool needs a path in its "
+                "image or model volume (model_pvc is mounted at /models)"
+            )
         idle = _ttl(self.idle_ttl_s)
         peers = pool.peers.over(config_peers())  # the connection's extra, then [batchinfer]
-        spec = KubernetesPoolSpec.from_dict({
-            "name": pool.name, "namespace": pool.namespace, "engine": self.engine,
+        fields = {
+            "name": pool.name,
+            "namespace": pool.namespace,
+            "engine": self.engine,
             "model": self.model or None,
-            "engine_options": _as_dict(self.engine_options), "replicas": replicas,
-            "concurrency": int(self.concurrency), "idle_ttl_s": float("inf") if idle is None else idle,
+            "engine_options": _as_dict(self.engine_options),
+            "replicas": replicas,
+            "concurrency": int(self.concurrency),
+            "idle_ttl_s": float("inf") if idle is None else idle,
             "allowed_prefixes": tuple(p for p in self.allowed_prefixes if p),
             "target_batch_tokens": int(self.target_batch_tokens),
-            "allowed_callables": self.allowed_callables, **kube, **peers.spec_fields(),
-        })  # fmt: skip
+            "allowed_callables": self.allowed_callables,
+            **kube,
+            **peers.spec_fields(),
+        }
+        spec = KubernetesPoolSpec.from_dict(fields)
         what = pool.ensure(spec, lease_id=lease_id(context))
         now = pool.acquire(lease_id(context), replicas, ttl_s=self.lease_ttl_s)
-        self.log.info("Kubernetes pool %s: Deployment %s; lease %s for %d workers (running %d); image %s",
-                      pool, what, lease_id(context), replicas, now, spec.image)  # fmt: skip
+        self.log.info(
+            "Kubernetes pool %s: Deployment %s; lease %s for %d workers (running %d); image %s",
+            pool,
+            what,
+            lease_id(context),
+            replicas,
+            now,
+            spec.image,
+        )
         return spec.key()
 
     def _local_up(self, pool: LocalPool, replicas: int, context: Context) -> None:
@@ -203,9 +232,16 @@ class PoolSetupOperator(BaseOperator):
             allowed_callables=self.allowed_callables,
         )
         warm = pool.start(spec, lease_id=lease_id(context), ttl_s=self.lease_ttl_s)
-        self.log.info("local pool %s: lease %s; %d warm workers kept, %d starting (%s, model %s); logs in %s",
-                      pool.name, lease_id(context), len(warm), max(replicas - len(warm), 0), spec.engine,
-                      spec.model, pool.dir)  # fmt: skip
+        self.log.info(
+            "local pool %s: lease %s; %d warm workers kept, %d starting (%s, model %s); logs in %s",
+            pool.name,
+            lease_id(context),
+            len(warm),
+            max(replicas - len(warm), 0),
+            spec.engine,
+            spec.model,
+            pool.dir,
+        )
 
     def execute(self, context: Context) -> list[str] | None:
         try:
@@ -250,8 +286,12 @@ class PoolSetupOperator(BaseOperator):
         if decision == "ready":
             self.log.info("worker pool %s ready (warm, no deferral): %s", self.worker_pool, list(obs.ready))
             return list(obs.ready)
-        self.log.info("worker pool %s: %d of %d workers ready; waiting on the triggerer",
-                      self.worker_pool, len(obs.ready), replicas)  # fmt: skip
+        self.log.info(
+            "worker pool %s: %d of %d workers ready; waiting on the triggerer",
+            self.worker_pool,
+            len(obs.ready),
+            replicas,
+        )
         self.defer(
             trigger=PoolReadyTrigger(
                 worker_pool=self.worker_pool,
@@ -310,5 +350,10 @@ class PoolTeardownOperator(BaseOperator):
         check_params(context, self.limits)  # without limits=: the deployment's caps only
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
-        self.log.info("worker pool %s: lease %s released; %d workers %s", pool, lease_id(context), left,
-                      "stay warm for other runs or idle_ttl_s" if left else "(stopped)")  # fmt: skip
+        self.log.info(
+            "worker pool %s: lease %s released; %d workers %s",
+            pool,
+            lease_id(context),
+            left,
+            "stay warm for other runs or idle_ttl_s" if left else "(stopped)",
+        )

@@ -9,14 +9,14 @@ from airflow.sdk import Asset, BaseOperator, Context
 
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
 from airflow_batchinfer.report import INCOMPLETE, build_report
-from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.run_owner import owned_run_config
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.owner import owned_run_config
 from airflow_batchinfer.sizing import SizingPlan
 
 
@@ -37,8 +37,8 @@ class PreflightOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         so = storage_options_from_aws_conn(self.aws_conn_id)
-        return preflight_check(owned_run_config(self.run_root, context, so), self.worker_pool, context, so,
-                               self.log)  # fmt: skip
+        cfg = owned_run_config(self.run_root, context, so)
+        return preflight_check(cfg, self.worker_pool, context, so, self.log)
 
 
 def preflight_check(
@@ -60,9 +60,15 @@ def preflight_check(
     log.info(
         "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
         "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
-        s["sample_records"], s["tokens_per_s"], 100 * s["approval_rate"], s["dataset_records"],
-        s["expected_passes_per_record"], s["projected_wall_s"], s["projected_gpu_hours"], s["workers"],
-    )  # fmt: skip
+        s["sample_records"],
+        s["tokens_per_s"],
+        100 * s["approval_rate"],
+        s["dataset_records"],
+        s["expected_passes_per_record"],
+        s["projected_wall_s"],
+        s["projected_gpu_hours"],
+        s["workers"],
+    )
     if "error" in s["sizing"]:
         log.warning("no sizing plan: %s", s["sizing"]["error"])
     else:
@@ -100,9 +106,15 @@ class RunReportOperator(BaseOperator):
                     "results": layout.results,
                     "status": report["status"],
                 }
-        self.log.info("run %s: %s (%s); approved %d, pending %d; report: %s/report.md", cfg.run_root,
-                      report["status"], report["stop_reason"], report["approved"],
-                      report["remaining_pending"], layout.report)  # fmt: skip
+        self.log.info(
+            "run %s: %s (%s); approved %d, pending %d; report: %s/report.md",
+            cfg.run_root,
+            report["status"],
+            report["stop_reason"],
+            report["approved"],
+            report["remaining_pending"],
+            layout.report,
+        )
         if report["status"] == INCOMPLETE:
             raise AirflowFailException(
                 f"{report['stop_reason']}. Remedy: see the failed task's log (shard, pool_setup, a plan or a "

@@ -2,13 +2,13 @@
 
 ``RoundControllerOperator`` (one task per round slot, because Airflow allows one review request per
 task instance and its body cannot change) reads what the previous rounds left, decides what this
-slot does (see :func:`airflow_batchinfer.rounds.propose`), and when review is on opens a review gate
+slot does (see :func:`airflow_batchinfer.run.plan.propose`), and when review is on opens a review gate
 on the Required Actions page whose body is the round summary. It returns the slot's shard
 descriptors; an empty list skips the slot's mapped tasks.
 
 ``CloseRoundOperator`` runs whatever happened upstream (``trigger_rule=all_done``): Airflow drops a
 failed index from a downstream ``.expand``, so it compares the shards the plan named with the job
-manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer.rounds.close_round`).
+manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer.run.close.close_round`).
 """
 
 from __future__ import annotations
@@ -23,43 +23,27 @@ from airflow.sdk import BaseOperator, Context, Param
 from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check
 from airflow_batchinfer.pools import WorkerPool
-from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S
 from airflow_batchinfer.report import desk_url, review_body
-from airflow_batchinfer.rounds import (
-    ACCEPT,
-    CONTINUE,
-    CONTINUE_IN_PLACE,
-    STOP,
-    Plan,
-    apply_choice,
-    close_round,
-    current_settings,
-    gate_changes,
-    propose,
-    read_plan,
-    round_config,
-    write_plan,
-)
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.run_owner import owned_run_config
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.owner import owned_run_config
+from airflow_batchinfer.run.plan import ACCEPT, CONTINUE, CONTINUE_IN_PLACE, STOP, apply_choice, propose_slot
+from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
 # The gate's form: what a reviewer may change for the next rounds with the answer ("Continue with
-# changes"); each shows the value the next round would run with.
+# changes", run.gate.GATE_CHANGES), with the run settings' schemas (run.gate.GATE_SCHEMAS: a gate
+# accepts what a trigger accepts); each shows the value the next round would run with.
 GATE_PARAM = "next_{}"
-GATE_SCHEMAS: dict[str, dict[str, Any]] = {
-    "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 5},
-    "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-    "prompt_template": {"type": ["string", "null"], "maxLength": 100_000},
-    "system": {"type": ["string", "null"], "maxLength": 100_000},
-}
 
 
 def gate_params() -> dict[str, Param]:
@@ -70,12 +54,11 @@ def gate_params() -> dict[str, Param]:
 
 
 def _descriptors(plan: Plan) -> list[dict[str, Any]]:
-    """The mapped jobs' shard descriptors; ``slot`` when a review changed the round's settings (the
-    job reads them from the plan: kilobytes of templates stay out of XCom)."""
+    """The mapped jobs' shard descriptors, each naming its ``slot``: the job reads the round's
+    settings from the slot's plan (kilobytes of templates stay out of XCom)."""
     if plan.mode == "skip":
         return []
-    extra = {"slot": plan.slot} if plan.settings else {}
-    return [{**s, "round": plan.round, **extra} for s in plan.shards]
+    return [{**s, "round": plan.round, "slot": plan.slot} for s in plan.shards]
 
 
 def _desk(context: Context) -> str | None:
@@ -169,13 +152,14 @@ class RoundControllerOperator(HITLOperator):
             try:
                 setattr(plan, name, asyncio.run(engine(pool)))
             except RpcError as exc:  # workers still starting: close then trusts each manifest's engine
-                self.log.warning("%s: could not ask the pool what it runs (%s); not recorded in the plan",
-                                 self.slot, exc)  # fmt: skip
+                self.log.warning(
+                    "%s: could not ask the pool what it runs (%s); not recorded in the plan", self.slot, exc
+                )
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
-        proposal = propose(cfg, self.slot, so)
+        proposal = propose_slot(cfg, self.slot, so)
         plan = proposal.plan
         if self.preflight and plan.mode != "skip" and self.worker_pool:
             preflight_check(cfg, self.worker_pool, context, so, self.log)  # fails a run over budget
@@ -185,13 +169,18 @@ class RoundControllerOperator(HITLOperator):
             self._start(cfg, plan, context)
         if not proposal.options:
             write_plan(RunLayout(cfg.run_root), plan, so)
-            self.log.info("%s: %s (%s)%s", self.slot, plan.mode, plan.reason,
-                          f"; the run stops: {plan.stop}" if plan.stop else "")  # fmt: skip
+            self.log.info(
+                "%s: %s (%s)%s",
+                self.slot,
+                plan.mode,
+                plan.reason,
+                f"; the run stops: {plan.stop}" if plan.stop else "",
+            )
             return _descriptors(plan)
         self.options = proposal.options
         if self.defaults and not set(self.defaults) <= set(self.options):
             self.defaults = [STOP]
-        for name, value in current_settings(round_config(cfg, plan)).items():
+        for name, value in current_settings(plan.effective_config(cfg)).items():
             self.params[GATE_PARAM.format(name)] = value  # the form shows what the next round runs
         self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({cfg.run_root})"
         self.body = review_body(cfg, proposal, so, desk=_desk(context))
@@ -202,15 +191,15 @@ class RoundControllerOperator(HITLOperator):
         payload = super().execute_complete(context, event)
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
-        proposal = propose(cfg, self.slot, so)
+        proposal = propose_slot(cfg, self.slot, so)
         choice = payload["chosen_options"][0]
         user = payload.get("responded_by_user") or {}
         who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
         who = str(who or "the timeout default")
         answered = {
-            name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_SCHEMAS
+            name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_CHANGES
         }
-        changes = gate_changes(current_settings(round_config(cfg, proposal.plan)), answered)
+        changes = gate_changes(current_settings(proposal.plan.effective_config(cfg)), answered)
         # the caps a trigger's params are held to hold for what the answer changes (without the DAG's
         # limits, the deployment's: check_params decides which)
         in_force = check_params(context, self.limits) if changes else None
@@ -220,8 +209,15 @@ class RoundControllerOperator(HITLOperator):
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
         write_plan(RunLayout(cfg.run_root), plan, so)
-        self.log.info("%s: %s chose %r: %s (%s)%s", self.slot, who, choice, plan.mode, plan.reason,
-                      f"; changed for the next rounds: {sorted(changes)}" if changes else "")  # fmt: skip
+        self.log.info(
+            "%s: %s chose %r: %s (%s)%s",
+            self.slot,
+            who,
+            choice,
+            plan.mode,
+            plan.reason,
+            f"; changed for the next rounds: {sorted(changes)}" if changes else "",
+        )
         return _descriptors(plan)
 
 

@@ -16,12 +16,12 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
-from airflow_batchinfer.rounds import prepare_run
-from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.run_owner import RunIdentity, claim, input_refusal, owner_uri
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.owner import RunIdentity, claim, input_refusal, owner_uri
+from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.storage import ShardDescriptor
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
@@ -45,8 +45,10 @@ def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
         detail = getattr(getattr(exc, "error", None), "detail", None) or {}
         if isinstance(detail, dict) and detail.get("status_code") == 404:
             return None
-        raise AirflowException(f"cannot read the state of DAG run {run}, which owns this run root: {exc}. "
-                               "Airflow retries the task.") from exc  # fmt: skip
+        raise AirflowException(
+            f"cannot read the state of DAG run {run}, which owns this run root: {exc}. "
+            "Airflow retries the task."
+        ) from exc
 
 
 class ShardDatasetOperator(BaseOperator):
@@ -124,8 +126,12 @@ class ShardDatasetOperator(BaseOperator):
             cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._check_input(cfg, context, so, limits)
             self._claim(cfg, context, so, limits.shared_run_root_dags)
-            self.log.info("sharding %s into %s (%d records per shard)", cfg.input,
-                          RunLayout(cfg.run_root).input, cfg.records_per_shard)  # fmt: skip
+            self.log.info(
+                "sharding %s into %s (%d records per shard)",
+                cfg.input,
+                RunLayout(cfg.run_root).input,
+                cfg.records_per_shard,
+            )
             result = prepare_run(cfg, so, max_shards=self.max_map_length or max_map_length())
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
@@ -141,11 +147,21 @@ class ShardDatasetOperator(BaseOperator):
             ) from exc
         reused = "reused: " if result.reused else ""
         if result.shards and "range" in result.shards[0]:
-            self.log.info("%s%d byte-range shards of %s, about %d records (nothing copied: each range is "
-                          "validated by the job that reads it; bad lines go to %s when round 0 closes)",
-                          reused, len(result.shards), cfg.input, result.counts.get("records", 0),
-                          result.rejects_uri)  # fmt: skip
+            self.log.info(
+                "%s%d byte-range shards of %s, about %d records (nothing copied: each range is "
+                "validated by the job that reads it; bad lines go to %s when round 0 closes)",
+                reused,
+                len(result.shards),
+                cfg.input,
+                result.counts.get("records", 0),
+                result.rejects_uri,
+            )
         else:
-            self.log.info("%s%d shards, counts %s; quarantined lines in %s", reused, len(result.shards),
-                          result.counts, result.rejects_uri)  # fmt: skip
+            self.log.info(
+                "%s%d shards, counts %s; quarantined lines in %s",
+                reused,
+                len(result.shards),
+                result.counts,
+                result.rejects_uri,
+            )
         return list(result.shards)

@@ -36,26 +36,19 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.pools import WorkerPool
-from airflow_batchinfer.rounds import (
-    inferred_shard,
-    job_spec,
-    judge_input,
-    plan_for,
-    record_job_error,
-    round_config,
-)
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.locate import SUBMIT_TIMEOUT_S  # a try's wait for a worker slot
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient, follow
 from airflow_batchinfer.rpc.tracking import JobEvent, after_event
-from airflow_batchinfer.run_config import RunConfig
-from airflow_batchinfer.run_owner import owned_run_config
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.run.jobs import inferred_shard, job_spec, judge_input, record_job_error, shard_config
+from airflow_batchinfer.run.owner import owned_run_config
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
-from airflow_batchinfer.worker.manifest import read_job_manifest
 
 
 class ShardJobOperator(BaseOperator):
@@ -106,9 +99,10 @@ class ShardJobOperator(BaseOperator):
         return storage_options_from_aws_conn(self.aws_conn_id)
 
     def _config(self, context: Context) -> RunConfig:
-        """The run's settings as this shard's round runs them (a review may have changed them)."""
+        """The run's settings as this shard's round runs them: its plan's (a review may have changed
+        them), read once the run root's owner is checked."""
         cfg = owned_run_config(self.run_root, context, self.storage_options)
-        return round_config(cfg, plan_for(cfg, cast(ShardDescriptor, self.shard), self.storage_options))
+        return shard_config(cfg, cast(ShardDescriptor, self.shard), self.storage_options)
 
     def _spec(self, cfg: RunConfig) -> JobSpec:
         """The shard's job, pinned to the current version of its input (see ``pin_input``)."""
@@ -118,9 +112,13 @@ class ShardJobOperator(BaseOperator):
     def _client(self, pool: WorkerPool, context: Context, cfg: RunConfig | None = None) -> PoolClient:
         grace = {} if cfg is None else {"unreachable_grace_s": cfg.unreachable_grace_s}
         return PoolClient.for_pool(
-            pool, lease_id=lease_id(context), storage_options=self.storage_options,
-            poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s, **grace,
-        )  # fmt: skip
+            pool,
+            lease_id=lease_id(context),
+            storage_options=self.storage_options,
+            poll_interval_s=self.poll_interval_s,
+            lost_grace_s=self.lost_grace_s,
+            **grace,
+        )
 
     def _submit_deadline(self, deadline: float | None) -> float:
         """When submitting gives up (monotonic): :data:`SUBMIT_TIMEOUT_S` from now, or the task's own
@@ -153,7 +151,7 @@ class ShardJobOperator(BaseOperator):
         spec = self._spec(cfg)
         pool = self._pool = hold_pool(self.worker_pool, context, self.log)
 
-        async def check() -> dict[str, Any] | None:
+        async def check() -> JobManifest | None:
             client = self._client(pool, context)
             try:
                 return await client.finished(spec)
@@ -163,7 +161,7 @@ class ShardJobOperator(BaseOperator):
         done = asyncio.run(check())
         if done is not None:
             self.log.info("%s: finished earlier with the same fingerprint; not run again", self._what())
-            return self._result(cfg, done.get("counts", {}))
+            return self._result(cfg, done.counts)
         # A first try cannot have a copy running anywhere; a later one (zombie, timeout, clear) may.
         return self._submit(context, cfg, spec, pool, resubmits=0, locate=context["ti"].try_number > 1)
 
@@ -188,10 +186,14 @@ class ShardJobOperator(BaseOperator):
                 self._remote = (url, spec.job_id)  # what on_kill cancels
                 # Short jobs finish here: deferring and resuming would cost more than the job.
                 event = await follow(
-                    client.worker(url), spec.job_id, first=status,
-                    poll_interval_s=min(0.5, self.poll_interval_s), lost_grace_s=self.lost_grace_s,
-                    until=time.monotonic() + self.inline_wait_s, deadline=deadline,
-                )  # fmt: skip
+                    client.worker(url),
+                    spec.job_id,
+                    first=status,
+                    poll_interval_s=min(0.5, self.poll_interval_s),
+                    lost_grace_s=self.lost_grace_s,
+                    until=time.monotonic() + self.inline_wait_s,
+                    deadline=deadline,
+                )
                 return url, event
             finally:
                 await client.aclose()
@@ -218,7 +220,10 @@ class ShardJobOperator(BaseOperator):
                 poll_interval_s=self.poll_interval_s,
                 lost_grace_s=self.lost_grace_s,
                 not_before=time.time() + SETTLE_S,
-                result=self._result(cfg, {}),  # a job that succeeds ends the task on the triggerer
+                # a job whose manifest says it succeeded ends the task on the triggerer
+                result=self._result(cfg, {}),
+                manifest=spec.outputs["manifest"],
+                aws_conn_id=self.aws_conn_id,
             ),
             method_name="execute_complete",
             kwargs={"url": url, "resubmits": resubmits},
@@ -236,13 +241,11 @@ class ShardJobOperator(BaseOperator):
         manifest = None
         if ev.state in ("succeeded", "lost"):
             manifest = read_job_manifest(spec.outputs["manifest"], self.storage_options)
-        outcome = after_event(
-            ev, manifest_found=manifest is not None, resubmits=resubmits, max_resubmits=self.max_resubmits
-        )
+        outcome = after_event(ev, manifest=manifest, resubmits=resubmits, max_resubmits=self.max_resubmits)
         if outcome == "done":
             assert manifest is not None
-            self.log.info("%s: done on %s: %s", self._what(), ev.url, manifest.get("counts"))
-            return self._result(cfg, manifest.get("counts", {}))
+            self.log.info("%s: done on %s: %s", self._what(), ev.url, manifest.counts)
+            return self._result(cfg, manifest.counts)
         if outcome == "resubmit":
             self.log.warning("%s: %s; resubmitting", self._what(), ev.error)
             self._pool = hold_pool(self.worker_pool, context, self.log)
@@ -279,8 +282,9 @@ class ShardJobOperator(BaseOperator):
 
     def _fail(self, cfg: RunConfig, error: str) -> None:
         try:
-            record_job_error(cfg, int(self.shard["round"]), self.shard["shard_id"], self.kind, error,
-                             self.storage_options)  # fmt: skip
+            record_job_error(
+                cfg, int(self.shard["round"]), self.shard["shard_id"], self.kind, error, self.storage_options
+            )
         except (OSError, BatchInferError) as exc:  # a full or unreachable store must not hide the error
             self.log.error("%s: could not record the job error next to its manifest: %s", self._what(), exc)
         raise AirflowException(

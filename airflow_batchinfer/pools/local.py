@@ -1,7 +1,7 @@
 """The local pool: worker processes on 127.0.0.1, detached, shared by runs through leases.
 
 State lives in ``<state_dir>/<name>/``: ``pool.json`` (one *generation* per spec, with its workers),
-``leases-<key>.json`` per generation (who uses it, as :class:`~airflow_batchinfer.pools.leases.PoolState`),
+``leases-<key>.json`` per generation (who uses it, as :class:`~airflow_batchinfer.worker.leases.PoolState`),
 the RPC ``token`` (mode 0600), ``engine-secrets-<key>.json`` per generation whose engine has secret
 options set (mode 0600; see :meth:`LocalPool._secrets_file`) and one log per worker. Every change
 happens under a file lock.
@@ -37,59 +37,32 @@ from typing import Any
 
 from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
-from airflow_batchinfer.limits import ONE_HOST_OPTION
 from airflow_batchinfer.models import default_cache_dir
-from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState
+from airflow_batchinfer.one_host import ONE_HOST
+from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
+from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState
+from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_argv, worker_default
 
 STATE_VERSION = 2
-# Why a local pool needs one host, said wherever one is refused or not found.
-ONE_HOST = (
-    "A local pool's workers listen on 127.0.0.1 of the host that started them and its state and token "
-    "are on that host's disk, so local pools need the tasks, the triggerer and the workers on one host "
-    "(LocalExecutor). With Celery or Kubernetes executors, or several triggerers on other hosts, use a "
-    "static pool (a batchinfer_pool connection listing each worker's own URL) or a Kubernetes pool "
-    "(kubernetes://NAMESPACE/NAME); see the deployment guide (docs/deployment.md)."
-)
-# Executors that run every task on the scheduler's host.
-ONE_HOST_EXECUTORS = frozenset({"LocalExecutor", "SequentialExecutor", "DebugExecutor"})
-
-
-def executor_name(configured: str) -> str:
-    """The class name of one ``[core] executor`` entry: ``LocalExecutor``, an import path
-    (``airflow.providers.celery.executors.celery_executor.CeleryExecutor``) or ``alias:path``."""
-    return configured.strip().rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-
-
-def one_host_refusal(pool: str, executors: str, *, one_host: bool = False) -> str | None:
-    """Why ``pool`` (a local pool) cannot run under ``executors`` (``[core] executor``, a
-    comma-separated list), or ``None``. ``one_host``: the deployment says every component runs on
-    one host (``[batchinfer] one_host = True``) whatever the executor. Pure: the pool setup
-    decides with it before it starts anything."""
-    named = (executor_name(x) for x in executors.split(",") if x.strip())
-    others = [e for e in named if e not in ONE_HOST_EXECUTORS]
-    if one_host or not others:
-        return None
-    return (
-        f"{pool} cannot run on this Airflow: its executor {', '.join(others)} may run tasks on other "
-        f"hosts than the one that starts the workers. {ONE_HOST} If every component does run on this "
-        f"one host, set [batchinfer] {ONE_HOST_OPTION} = True."
-    )
 
 
 @dataclass(frozen=True)
 class LocalPoolSpec:
-    engine: str = "simulated"
-    model: str | None = None
+    """What a local pool's workers run; each worker setting with the worker's default
+    (:mod:`airflow_batchinfer.worker.settings`), passed on as its flag (:meth:`LocalPool._start`)."""
+
+    engine: str = worker_default("engine")
+    model: str | None = worker_default("model")
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 1
-    concurrency: int = 4
-    idle_ttl_s: float | None = 600.0
+    concurrency: int = worker_default("concurrency")
+    idle_ttl_s: float | None = float(POOL_IDLE_TTL_S)  # None: the workers never idle out
     allowed_prefixes: tuple[str, ...] = ()
-    target_batch_tokens: int = 16_384
+    target_batch_tokens: int = worker_default("target_batch_tokens")
     python: str = sys.executable  # the interpreter whose `batchinfer` runs the workers
-    # callable judges the workers may run ("module:function"), one --allow-callable each; none by default
+    # callable judges the workers may run ("module:function"), one flag each; none by default
     allowed_callables: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -166,9 +139,7 @@ class LocalPool:
         state_dir: str | Path | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not name.replace("-", "").replace("_", "").isalnum():
-            raise ConfigError(f"pool name {name!r}: use letters, digits, '-' and '_'")
-        self.name = name
+        self.name = check_local_name(name)
         self.dir = Path(state_dir or default_cache_dir() / "pools") / name
         self.state_file = self.dir / "pool.json"
         self.clock = clock
@@ -381,37 +352,24 @@ class LocalPool:
         announce = self.dir / f"worker-{wid}.json"
         log = self.dir / f"worker-{wid}.log"
         self._make_token()  # the token file exists before workers read it
-        cmd = [
-            str(Path(spec.python).parent / "batchinfer"),
-            "worker",
-            "serve",
-            "--engine",
-            spec.engine,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--concurrency",
-            str(spec.concurrency),
-            "--token-file",
-            str(self.dir / "token"),
-            "--announce-file",
-            str(announce),
-            "--target-batch-tokens",
-            str(spec.target_batch_tokens),
-        ]
-        if spec.model:
-            cmd += ["--model", spec.model]
-        for k, value in spec.engine_options.items():
-            cmd += ["--engine-arg", f"{k}={json.dumps(value) if not isinstance(value, str) else value}"]
-        for prefix in spec.allowed_prefixes:
-            cmd += ["--allow-prefix", prefix]
-        for entry in spec.allowed_callables:
-            cmd += ["--allow-callable", entry]
+        settings: dict[str, Any] = {
+            "engine": spec.engine,
+            "host": "127.0.0.1",
+            "port": 0,
+            "concurrency": spec.concurrency,
+            "token_file": str(self.dir / "token"),
+            "announce_file": str(announce),
+            "target_batch_tokens": spec.target_batch_tokens,
+            "model": spec.model or None,
+            "engine_options": spec.engine_options,
+            "allowed_prefixes": spec.allowed_prefixes,
+            "allowed_callables": spec.allowed_callables,
+        }
         if spec.idle_ttl_s is not None:
-            cmd += ["--idle-ttl", str(spec.idle_ttl_s), "--lease-file", str(self._lease_file(spec.key()))]
+            settings.update(idle_ttl_s=spec.idle_ttl_s, lease_file=str(self._lease_file(spec.key())))
         if (secrets_file := self._secrets_file(spec)) is not None:
-            cmd += ["--engine-secrets-file", str(secrets_file)]  # the path only, never a value
+            settings["engine_secrets_file"] = str(secrets_file)  # the path only, never a value
+        cmd = [str(Path(spec.python).parent / "batchinfer"), "worker", "serve", *worker_argv(settings)]
         # The workers' secrets come from that file alone, not from variables they inherit.
         secret_env = {o.env for o in secret_options().values()}
         env = {k: v for k, v in os.environ.items() if k not in secret_env}
@@ -590,5 +548,7 @@ def _secret_value(option: SecretOption) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        raise ConfigError(f"${option.env} (the engine option {option.name}) is not JSON; the value is "
-                          "not shown. Remedy: set it to a JSON object") from None  # fmt: skip
+        raise ConfigError(
+            f"${option.env} (the engine option {option.name}) is not JSON; the value is "
+            "not shown. Remedy: set it to a JSON object"
+        ) from None

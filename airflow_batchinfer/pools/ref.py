@@ -7,25 +7,25 @@ A DAG (or the CLI) names its pool with one string:
 - anything else: the id of a ``batchinfer_pool`` connection, whose host lists worker URLs (a static
   pool, token in the password) or whose extra says ``backend: local`` (``local_pool``) or
   ``backend: kubernetes`` (``namespace``, ``pool``, ``kubernetes_conn_id``, and who may call its
-  workers: ``rpc_from``, ``rpc_from_namespace``, see :class:`RpcPeers`).
+  workers: ``rpc_from``, ``rpc_from_namespace``, see
+  :class:`~airflow_batchinfer.pools.kubernetes.spec.RpcPeers`).
 
 :meth:`PoolRef.parse` turns the string into a :class:`PoolRef` (no secrets: safe in trigger
-arguments and logs); :meth:`PoolRef.open` turns that into a :class:`WorkerPool`. Connections and
-Kubernetes credentials come from the caller (``airflow_batchinfer.hooks.pool`` on the Airflow
-side), so nothing here imports Airflow.
+arguments and logs); :func:`~airflow_batchinfer.pools.backends.open_backend` turns that into a
+:class:`WorkerPool`; it sits above the backends (the local pool imports this module, this module
+only the Kubernetes pool's spec values). Connections and Kubernetes credentials come from the
+caller (``airflow_batchinfer.hooks.pool`` on the Airflow side), so nothing here imports Airflow.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 from urllib.parse import parse_qs, urlsplit
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.pools.local import LocalPool
-from airflow_batchinfer.pools.static import StaticPool
+from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
 from airflow_batchinfer.rpc.locate import Workers
 
 LOCAL = "local://"
@@ -84,66 +84,13 @@ KubernetesApi = Callable[[str | None], Any]
 
 
 @dataclass(frozen=True)
-class RpcPeers:
-    """Who may call a Kubernetes pool's workers (the peer of the pool's NetworkPolicy), as one source
-    of the deployment names them: ``rpc_from``, a label selector (canonical JSON, so a reference stays
-    hashable), and ``rpc_from_namespace``. ``None`` leaves a setting to the next source: the pool
-    connection's extra, then ``[batchinfer]``, then the pool's default. Never a trigger param."""
-
-    rpc_from: str | None = None
-    rpc_from_namespace: str | None = None
-
-    @classmethod
-    def from_mapping(cls, data: Mapping[str, Any], source: str) -> RpcPeers:
-        """The two settings of ``data`` (a connection's extra, the config section), checked as the
-        pool's spec checks them; ``source`` names where they were read in the error."""
-        from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_RPC_FROM, check_rpc_from
-
-        selector, namespace = (_unset_blank(data.get(k)) for k in ("rpc_from", "rpc_from_namespace"))
-        if isinstance(selector, str):  # a config value, or a connection field, is JSON text
-            try:
-                selector = json.loads(selector)
-            except ValueError as exc:
-                example = '{"matchLabels": {"release": "airflow"}}'
-                raise ConfigError(
-                    f"{source}: rpc_from is not JSON ({exc}). Remedy: write a label selector, e.g. {example}"
-                ) from exc
-        try:
-            check_rpc_from(DEFAULT_RPC_FROM if selector is None else selector, namespace)
-        except ConfigError as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
-        text = None if selector is None else json.dumps(selector, sort_keys=True)
-        return cls(text, namespace)
-
-    def over(self, fallback: RpcPeers) -> RpcPeers:
-        """These settings, and ``fallback``'s where these leave one unset."""
-        return RpcPeers(
-            fallback.rpc_from if self.rpc_from is None else self.rpc_from,
-            fallback.rpc_from_namespace if self.rpc_from_namespace is None else self.rpc_from_namespace,
-        )
-
-    def spec_fields(self) -> dict[str, Any]:
-        """The settings that are set, as :class:`~airflow_batchinfer.pools.kubernetes.KubernetesPoolSpec`
-        fields (its defaults fill the rest)."""
-        out: dict[str, Any] = {} if self.rpc_from is None else {"rpc_from": json.loads(self.rpc_from)}
-        if self.rpc_from_namespace is not None:
-            out["rpc_from_namespace"] = self.rpc_from_namespace
-        return out
-
-
-def _unset_blank(value: Any) -> Any:
-    """An empty config value or connection field is unset."""
-    return None if value is None or (isinstance(value, str) and not value.strip()) else value
-
-
-@dataclass(frozen=True)
 class PoolRef:
     backend: Literal["local", "kubernetes", "connection"]
     name: str  # the local pool, the Deployment, or the connection id
     namespace: str | None = None
     kubernetes_conn_id: str | None = None
     # a Kubernetes pool's connection may name who may call its workers (resolve() reads them)
-    peers: RpcPeers = RpcPeers()
+    peers: RpcPeers = field(default_factory=RpcPeers)
 
     @classmethod
     def parse(cls, worker_pool: str) -> PoolRef:
@@ -153,9 +100,7 @@ class PoolRef:
                 "worker_pool is empty: name a local://NAME pool, a kubernetes:// pool or a connection"
             )
         if text.startswith(LOCAL):
-            name = text[len(LOCAL) :]
-            LocalPool(name)  # validates the name
-            return cls("local", name)
+            return cls("local", check_local_name(text[len(LOCAL) :]))
         if text.startswith(KUBERNETES):
             parts = urlsplit(text)
             path = [p for p in parts.path.split("/") if p]
@@ -180,7 +125,8 @@ class PoolRef:
     def resolve(self, connection: ConnectionLike | None = None) -> PoolRef:
         """For a connection: the local or Kubernetes pool its extra names (``self`` otherwise, and
         for a static connection). A Kubernetes pool's ``rpc_from``/``rpc_from_namespace`` are parsed
-        and checked here, once (:attr:`peers`; the pool :meth:`open` returns carries them)."""
+        and checked here, once (:attr:`peers`; the pool
+        :func:`~airflow_batchinfer.pools.backends.open_backend` returns carries them)."""
         if self.backend != "connection":
             return self
         if connection is None:
@@ -209,32 +155,16 @@ class PoolRef:
             )
         return self
 
-    def open(
-        self, connection: ConnectionLike | None = None, *, kubernetes_api: KubernetesApi | None = None
-    ) -> WorkerPool:
-        """The pool itself. ``connection``: the Airflow connection a connection reference names.
-        ``kubernetes_api``: makes the API client for a ``kubernetes_conn_id`` (Airflow's hook)."""
-        ref = self.resolve(connection)
-        if ref.backend == "local":
-            return LocalPool(ref.name)
-        if ref.backend == "kubernetes":
-            from airflow_batchinfer.pools.kubernetes import KubernetesPool, api_client
-
-            if ref.kubernetes_conn_id and kubernetes_api is None:
-                raise ConfigError(
-                    f"{ref}: a kubernetes_conn_id needs Airflow's cncf.kubernetes provider "
-                    "(pip install 'airflow-batchinfer[cncf]')"
-                )
-            api = kubernetes_api(ref.kubernetes_conn_id) if kubernetes_api else api_client()
-            pool: WorkerPool = KubernetesPool(api, ref.name, ref.namespace or "default", peers=ref.peers)
-            return pool
-        assert connection is not None
-        urls = [u.strip() for u in (connection.host or "").split(",") if u.strip()]
-        return StaticPool(urls=urls, rpc_token=connection.password or None, name=self.name)
-
     @property
     def needs_connection(self) -> bool:
         return self.backend == "connection"
+
+
+def check_local_name(name: str) -> str:
+    """``name`` if a local pool may be called so (it names the pool's state directory)."""
+    if not name.replace("-", "").replace("_", "").isalnum():
+        raise ConfigError(f"pool name {name!r}: use letters, digits, '-' and '_'")
+    return name
 
 
 def require_endpoints(pool: WorkerPool, lease_id: str | None = None) -> list[str]:

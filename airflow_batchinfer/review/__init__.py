@@ -1,9 +1,8 @@
 """The review desk: a round's rejected samples for the people at the review gate between rounds.
 
-Pure Python over the package's storage layer (local paths and ``s3://`` alike), no Airflow:
+Pure Python over the package's storage layer (local paths and ``s3://`` alike), no Airflow. The
+judges' reason groups it shows are :mod:`airflow_batchinfer.judges.reasons` (the workers count them):
 
-* :mod:`~airflow_batchinfer.review.reasons`: judge reasons normalised into groups, counted by the
-  workers into their completion manifests;
 * :mod:`~airflow_batchinfer.review.browse`: :class:`RoundView` pages, filters, samples and finds a
   round's rejected rows straight from its shards, without loading the round;
 * :mod:`~airflow_batchinfer.review.decisions`: reviewers' decisions (accept, retry, drop) per
@@ -29,30 +28,24 @@ if TYPE_CHECKING:
         resolve,
         tally,
     )
-    from airflow_batchinfer.review.reasons import MAX_GROUPS, OTHER, ReasonGroups, reason_group
 
-# Imported on first use: the worker imports ``review.reasons`` alone, without the browsing side.
+# Imported on first use: importing one module of the package loads no other.
 _EXPORTS = {
     "browse": ("Page", "RoundView", "Sample", "ShardRows", "matches", "trend"),
     "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
-    "reasons": ("MAX_GROUPS", "OTHER", "ReasonGroups", "reason_group"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "ACTIONS",
-    "MAX_GROUPS",
-    "OTHER",
     "Action",
     "Decision",
     "DecisionLog",
     "Page",
-    "ReasonGroups",
     "Resolver",
     "RoundView",
     "Sample",
     "ShardRows",
     "matches",
-    "reason_group",
     "resolve",
     "tally",
     "trend",

@@ -72,12 +72,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
-from airflow_batchinfer.rounds import TAIL, read_run_config, read_summary, rounds_ran
-from airflow_batchinfer.run_owner import RunIdentity, creator_of, parse_owner, read_owner
+from airflow_batchinfer.run.docs import TAIL, read_run_config, read_summary, rounds_ran
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.owner import RunIdentity, creator_of, parse_owner, read_owner
 
 PAGE_DIR = Path(__file__).parent / "page"
 STATIC_FILES = {"page.js": "text/javascript", "page.css": "text/css"}
@@ -462,8 +462,14 @@ def _whole(sample: Sample, path: str, r: int, bounds: Bounds) -> Response:
             f"{bounds.whole_field_bytes}: read it from the round's rejected file in storage, or raise "
             "the setting",
         )
-    doc = {"round": r, "shard_id": sample.shard_id, "position": sample.position, "path": path,
-           "bytes": size, "value": value}  # fmt: skip
+    doc = {
+        "round": r,
+        "shard_id": sample.shard_id,
+        "position": sample.position,
+        "path": path,
+        "bytes": size,
+        "value": value,
+    }
     return Response(orjson.dumps(doc), media_type="application/json")
 
 
@@ -587,8 +593,9 @@ def create_app() -> FastAPI:
         r = _round_of(ctx, round)
         view = _view(ctx, r)
         groups = view.groups()
-        doc = read_summary(RunLayout(ctx.run_root), r, ctx.so) or {}
-        counts = {k: doc.get(k) for k in ("pending", "approved", "rejected", "failed_records") if k in doc}
+        doc = read_summary(RunLayout(ctx.run_root), r, ctx.so)
+        stored = doc.to_json() if doc is not None else {}  # a mode's own counts: in place has no rejected
+        counts = {k: stored[k] for k in ("pending", "approved", "rejected", "failed_records") if k in stored}
         return {
             "dag_id": dag_id,
             "run_id": run_id,

@@ -2,7 +2,7 @@
 its pending set (the reviewed round's rejected rows, recompacted) by the decisions on those rows.
 
 - **retry** (every row no decision names): stays pending, in ``round-NN/reviewed/`` (the round's
-  pending set from then on: :func:`airflow_batchinfer.rounds.pending_shards` prefers it);
+  pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision.
@@ -19,10 +19,10 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Action, Decision, DecisionLog, Resolver
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, join
@@ -43,7 +43,7 @@ class Applied:
     dropped: IdDigest = field(default_factory=IdDigest)
 
     def to_dict(self) -> dict[str, Any]:
-        """What the split's manifest (``rounds.review_applied``, which the report counts) and the
+        """What the split's manifest (``run.docs.review_applied``, which the report counts) and the
         plan (``Plan.reviewed``) record."""
         return {
             "version": APPLIED_VERSION,
@@ -114,10 +114,17 @@ def apply_decisions(
     files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
     write_manifest(
         retained_dir,
-        {"kind": "review", "state": "complete", "round": r, "reviewed_round": reviewed,
-         "decisions": len(decisions), "shards": applied.shards, "records": applied.counts["retry"],
-         "applied": applied.to_dict()},
-    )  # fmt: skip
+        {
+            "kind": "review",
+            "state": "complete",
+            "round": r,
+            "reviewed_round": reviewed,
+            "decisions": len(decisions),
+            "shards": applied.shards,
+            "records": applied.counts["retry"],
+            "applied": applied.to_dict(),
+        },
+    )
     return applied
 
 

@@ -32,24 +32,24 @@ import orjson
 
 from airflow_batchinfer.desk_bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, is_openai_batch
-from airflow_batchinfer.review.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
-from airflow_batchinfer.rounds import (
+from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
+from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
     Plan,
-    read_doc,
+    read_accepted,
+    read_job_manifest,
     read_plan,
     read_run_config,
     read_summary,
-    round_config,
     slots,
 )
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import LineIds
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.records import parse_record
-from airflow_batchinfer.worker.manifest import manifest_ids, read_job_manifest
 
 __all__ = ["FIELDS", "Page", "RoundView", "Sample", "ShardRows", "field_value", "matches", "trend"]
 
@@ -61,9 +61,18 @@ MAX_PAGE = 1_000  # samples one page or one random sample returns at most
 DOC_THREADS = 16  # documents read at once (one per shard: object stores answer in parallel)
 _CURSOR = re.compile(r"^s(\d+):(\d+)$")
 TREND_FIELDS = (
-    "round", "slot", "mode", "pending", "approved", "rejected", "exhausted", "inference_errors",
-    "failed_records", "next_pending", "approval_rate",
-)  # fmt: skip
+    "round",
+    "slot",
+    "mode",
+    "pending",
+    "approved",
+    "rejected",
+    "exhausted",
+    "inference_errors",
+    "failed_records",
+    "next_pending",
+    "approval_rate",
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,7 @@ class Sample:
     ``position`` is the row's index within its shard's rejected file; ``prompt`` is rendered from the
     row's input fields with the run's ``prompt_template`` and ``system`` as the worker renders it
     (``None`` when it cannot be); ``output`` is the row's ``result``; ``group`` the reason's
-    :func:`~airflow_batchinfer.review.reasons.reason_group`; ``record`` the input fields (the row
+    :func:`~airflow_batchinfer.judges.reasons.reason_group`; ``record`` the input fields (the row
     without ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``).
 
     ``truncated`` names what :meth:`bounded` cut short, each with its whole size in UTF-8 bytes: a
@@ -258,7 +267,8 @@ def trend(run_root: str, so: StorageOptions | None = None) -> list[dict[str, Any
     out = []
     r = 0
     while (summary := read_summary(layout, r, so)) is not None:
-        out.append({k: summary[k] for k in TREND_FIELDS if k in summary})
+        stored = summary.to_json()  # the fields it has (a mode's own; none added since it was written)
+        out.append({k: stored[k] for k in TREND_FIELDS if k in stored})
         r += 1
     return out
 
@@ -269,7 +279,7 @@ class _Shard:
     shard_id: str
     uri: str
     rows: int
-    accepted: dict[str, Any] | None = None  # the accepted doc close wrote (None: none readable)
+    accepted: AcceptedJob | None = None  # the accepted doc close wrote (None: none readable)
     groups: dict[str, int] | None = None  # its rejected rows' reason groups (None: not known yet)
     groups_known: bool = False  # groups looked up in the manifest (maybe still None: read the rows)
 
@@ -308,7 +318,7 @@ class RoundView:
 
     def groups(self) -> dict[str, int]:
         """The round's rejected rows per reason group (most common first, at most
-        :data:`~airflow_batchinfer.review.reasons.MAX_GROUPS` and ``(other)``): the jobs' manifests'
+        :data:`~airflow_batchinfer.judges.reasons.MAX_GROUPS` and ``(other)``): the jobs' manifests'
         ``reason_groups`` added up; a shard whose manifest has none (an older run) is read."""
         total = ReasonGroups()
         for shard in self._with_groups(scan=True):
@@ -528,11 +538,11 @@ class RoundView:
                     sample = self._with_prompt(sample)
                 if matches(sample, group, text):  # on the whole sample: then cut for the page
                     if not fill.add(sample):
-                        return Page(samples, self._cursor(shards, index, pos), scanned,
-                                    self._group_total(group, text), capped=True)  # fmt: skip
+                        cursor = self._cursor(shards, index, pos)
+                        return Page(samples, cursor, scanned, self._group_total(group, text), capped=True)
                     if len(samples) == size:
-                        return Page(samples, self._cursor(shards, index, pos + 1), scanned,
-                                    self._group_total(group, text))  # fmt: skip
+                        cursor = self._cursor(shards, index, pos + 1)
+                        return Page(samples, cursor, scanned, self._group_total(group, text))
             index, row = index + 1, 0
         return Page(samples, None, scanned, self._group_total(group, text))
 
@@ -602,7 +612,7 @@ class RoundView:
                 self._settings = ("id", None)
             else:
                 with contextlib.suppress(BatchInferError):  # a plan that cannot be read: run.json's
-                    cfg = round_config(cfg, self._plan(cfg))
+                    cfg = plan.effective_config(cfg) if (plan := self._plan(cfg)) else cfg
                 prompts: _Prompts | None
                 try:
                     prompts = _Prompts(cfg.prompt_template, cfg.system)
@@ -646,8 +656,8 @@ class RoundView:
             sid = listed_shard.shard_id
             doc = None
             for kind in sorted(kinds.get(sid, [])):
-                found = read_doc(self.layout.accepted(r, sid, kind), "accepted job", self.so)
-                if found is not None and not found.get("quarantined"):
+                found = read_accepted(self.layout.accepted(r, sid, kind), self.so)
+                if isinstance(found, AcceptedJob):
                     doc = found
                     break
             shard = _Shard(i, sid, listed_shard.uri, 0, accepted=doc)
@@ -687,16 +697,12 @@ class RoundView:
         doc = shard.accepted
         if doc is None:
             return None
-        if isinstance(doc.get("reason_groups"), dict):
-            return {str(k): int(v) for k, v in doc["reason_groups"].items()}
-        kind = doc.get("kind")
-        if not kind:
-            return None
-        manifest = read_job_manifest(self.layout.job_manifest(self.round, shard.shard_id, str(kind)), self.so)
-        if manifest is None or manifest.get("attempt") != doc.get("attempt"):
+        if doc.reason_groups is not None:
+            return dict(doc.reason_groups)
+        manifest = read_job_manifest(self.layout.job_manifest(self.round, shard.shard_id, doc.kind), self.so)
+        if manifest is None or manifest.attempt != doc.attempt:
             return None  # another attempt's manifest: its groups are not this file's
-        groups = manifest.get("reason_groups")
-        return {str(k): int(v) for k, v in groups.items()} if isinstance(groups, dict) else None
+        return None if manifest.reason_groups is None else dict(manifest.reason_groups)
 
 
 def _lacks(shard: _Shard, group: str) -> bool:
@@ -704,63 +710,29 @@ def _lacks(shard: _Shard, group: str) -> bool:
     return shard.groups is not None and OTHER not in shard.groups and not shard.groups.get(group)
 
 
-def _rejected_rows(doc: dict[str, Any] | None) -> int | None:
+def _rejected_rows(doc: AcceptedJob | None) -> int | None:
     """The rows of the accepted attempt's rejected file: its id digest's count, else its counts."""
     if doc is None:
         return None
-    digest = manifest_ids(doc, "rejected")
+    digest = doc.digest("rejected")
     if digest is not None:
         return digest.count
-    counts = doc.get("counts") or {}
-    if doc.get("kind") == "in_place":
+    counts = doc.counts
+    if doc.kind == "in_place":
         return int(counts.get("max_attempts", 0)) + int(counts.get("error", 0))
     return int(counts["rejected"]) if "rejected" in counts else None
 
 
-_SIMPLE_VAR = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
-_JINJA_OPEN = ("{{", "{%", "{#")
-_JINJA_LITERALS = frozenset({"true", "false", "none", "True", "False", "None", "record"})
-
-
 class _Prompts:
-    """The prompt the worker renders for a record, as text: the package's
-    :class:`~airflow_batchinfer.prompts.PromptBuilder` (the sandboxed Jinja2 renderer) with the run's
-    template and system message. A template of plain text and ``{{ field }}`` substitutions over
-    text or integer fields is filled in directly, with the same result (a text search renders
-    hundreds of thousands of prompts); anything else goes through the builder."""
+    """The prompt the worker sent for a record, as text: the package's one renderer,
+    :class:`~airflow_batchinfer.prompts.PromptBuilder`, with the round's template and system message
+    (chat messages shown as ``[role]`` blocks; a lone user message as its text)."""
 
     def __init__(self, template: str | None, system: str | None) -> None:
         self.builder = PromptBuilder(template, system=system)  # a bad template: ConfigError
-        self.system = system
-        self.parts: list[str] | None = None  # literal, field, literal, …, literal
-        if template is not None:
-            parts = _SIMPLE_VAR.split(template)
-            literals, names = parts[0::2], parts[1::2]
-            if not any(d in lit for lit in literals for d in _JINJA_OPEN) and not _JINJA_LITERALS & set(
-                names
-            ):
-                self.parts = parts
 
     def text(self, record: dict[str, Any], rid: str, attempts: int) -> str | None:
-        """The prompt's text (chat messages as ``[role]`` blocks), or ``None`` when it cannot be built."""
-        if self.parts is not None and not is_openai_batch(record):
-            out = []
-            for k, part in enumerate(self.parts):
-                if not k % 2:
-                    out.append(part)
-                    continue
-                value = record.get(part, _MISSING)
-                if type(value) is str:
-                    out.append(value)
-                elif type(value) is int:
-                    out.append(str(value))
-                else:
-                    break  # missing, or printed by Jinja's rules: the builder decides
-            else:
-                text = "".join(out)
-                if len(text) <= MAX_PROMPT_CHARS:
-                    system = [("system", self.system)] if self.system else []
-                    return _as_text([*system, ("user", text)])
+        """The prompt's text, or ``None`` when it cannot be built (the page shows the record)."""
         try:
             request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1))
         except Exception:  # a bad template or record: the page shows the record instead
@@ -770,9 +742,6 @@ class _Prompts:
         return _as_text(
             [(str(m.get("role", "")), _content(m.get("content"))) for m in request.messages or ()]
         )
-
-
-_MISSING = object()
 
 
 def _as_text(messages: list[tuple[str, str]]) -> str:

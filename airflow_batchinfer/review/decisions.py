@@ -23,8 +23,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, Sample, matches
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import swap
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.location import resolve as resolve_uri
@@ -105,9 +105,14 @@ class Decision:
     ) -> Decision:
         """A decision made now."""
         return cls(
-            round, action, by, datetime.now(UTC).isoformat(timespec="seconds"), note,
-            tuple(str(i) for i in ids), dict(filter) if filter is not None else None,  # type: ignore[arg-type]
-        )  # fmt: skip
+            round=round,
+            action=action,
+            by=by,
+            at=datetime.now(UTC).isoformat(timespec="seconds"),
+            note=note,
+            ids=tuple(str(i) for i in ids),
+            filter=dict(filter) if filter is not None else None,  # type: ignore[arg-type]
+        )
 
     @property
     def bulk(self) -> bool:

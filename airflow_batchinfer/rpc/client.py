@@ -96,9 +96,6 @@ class WorkerClient:
     async def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(await self._call("GET", "/v1/stats"))
 
-    async def health(self) -> bool:
-        return bool((await self._call("GET", "/v1/health")).get("status") == "ok")
-
     async def instance(self) -> str | None:
         """The id of the worker process that answers (``/v1/health``; ``None`` from a worker that
         predates it)."""

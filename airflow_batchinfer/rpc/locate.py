@@ -116,14 +116,20 @@ def locate_decision(answers: Sequence[WorkerAnswer], *, grace_s: float) -> Locat
         if a.answered:
             continue
         if not a.listed:
-            gone.append((a.url, f"the pool no longer lists it among the workers that may run a job, "
-                                f"e.g. its pod is gone or has ended ({a.error})"))  # fmt: skip
+            why = (
+                f"the pool no longer lists it among the workers that may run a job, "
+                f"e.g. its pod is gone or has ended ({a.error})"
+            )
         elif a.refused:
-            gone.append((a.url, f"refuses connections, so no worker runs there ({a.error})"))
+            why = f"refuses connections, so no worker runs there ({a.error})"
         elif a.unreachable_s >= grace_s:
-            gone.append((a.url, f"unreachable for {a.unreachable_s:.0f} s, past unreachable_grace_s "
-                                f"({grace_s:.0f} s): {a.error}"))  # fmt: skip
-        else:
-            waiting.append((a.url, f"unreachable for {a.unreachable_s:.0f} s of unreachable_grace_s "
-                                   f"{grace_s:.0f} s: {a.error}"))  # fmt: skip
+            why = (
+                f"unreachable for {a.unreachable_s:.0f} s, past unreachable_grace_s "
+                f"({grace_s:.0f} s): {a.error}"
+            )
+        else:  # not gone yet: the next round may find it
+            why = f"unreachable for {a.unreachable_s:.0f} s of unreachable_grace_s {grace_s:.0f} s: {a.error}"
+            waiting.append((a.url, why))
+            continue
+        gone.append((a.url, why))
     return Located("unknown" if waiting else "not_found", waiting=tuple(waiting), gone=tuple(gone))

@@ -41,9 +41,9 @@ from airflow_batchinfer.rpc.locate import (
 )
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
+from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.worker.manifest import read_job_manifest
 
 if TYPE_CHECKING:
     from airflow_batchinfer.pools.ref import WorkerPool
@@ -265,8 +265,14 @@ class PoolClient:
         except RpcError as exc:  # no answer (or not one to trust): it may still run the job
             since = self._silent_since.setdefault(url, time.monotonic())
             refused = isinstance(exc.__cause__, httpx.ConnectError) and _refused(exc.__cause__)
-            silent = WorkerAnswer(url, answered=False, unreachable_s=time.monotonic() - since, listed=listed,
-                                  refused=refused, error=f"{type(exc).__name__}: {exc}")  # fmt: skip
+            silent = WorkerAnswer(
+                url,
+                answered=False,
+                unreachable_s=time.monotonic() - since,
+                listed=listed,
+                refused=refused,
+                error=f"{type(exc).__name__}: {exc}",
+            )
             return silent, None
         self._silent_since.pop(url, None)
         return WorkerAnswer(url, state=status.state, listed=listed), status
@@ -292,8 +298,9 @@ class PoolClient:
                 log.warning("job %s: worker %s taken for gone (%s)", spec.job_id, url, why)
             if located.verdict == "found":
                 assert located.url is not None and status is not None
-                log.info("job %s already %s on %s: following it there", spec.job_id, status.state,
-                         located.url)  # fmt: skip
+                log.info(
+                    "job %s already %s on %s: following it there", spec.job_id, status.state, located.url
+                )
                 return located.url, status
             if located.verdict == "not_found":
                 return None
@@ -304,8 +311,13 @@ class PoolClient:
                     "Remedy: check that worker (`batchinfer pool status`); once it answers, or once the pool "
                     "no longer lists it or unreachable_grace_s passes, a retry follows or starts the job."
                 )
-            log.warning("job %s: not starting a copy while a worker that may run it is silent: %s; asking "
-                        "again in %.0f s", spec.job_id, waiting, self.poll_interval_s)  # fmt: skip
+            log.warning(
+                "job %s: not starting a copy while a worker that may run it is silent: %s; asking "
+                "again in %.0f s",
+                spec.job_id,
+                waiting,
+                self.poll_interval_s,
+            )
             await asyncio.sleep(self.poll_interval_s)
             await self.refresh(force=True)
 
@@ -354,7 +366,7 @@ class PoolClient:
                 await asyncio.sleep(self.busy_backoff_s)
                 await self.refresh(force=True)
 
-    def _manifest(self, spec: JobSpec) -> dict[str, Any] | None:
+    def _manifest(self, spec: JobSpec) -> JobManifest | None:
         return read_job_manifest(spec.outputs["manifest"], self.storage_options)
 
     async def engine(self) -> dict[str, Any]:
@@ -376,7 +388,7 @@ class PoolClient:
         info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
         return pin_input(spec, info)
 
-    async def finished(self, spec: JobSpec) -> dict[str, Any] | None:
+    async def finished(self, spec: JobSpec) -> JobManifest | None:
         """The completion manifest of an earlier identical run of ``spec``, or ``None``.
 
         Identical means the same fingerprint (engine and model, templates, judge, sampling, input
@@ -387,9 +399,12 @@ class PoolClient:
             return None
         info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
         expected = fingerprint(spec, await self.engine(), info)
-        if manifest.get("fingerprint") != expected:
-            log.info("job %s: %s is stale (other settings or input): recomputing", spec.job_id,
-                     spec.outputs["manifest"])  # fmt: skip
+        if manifest.fingerprint != expected:
+            log.info(
+                "job %s: %s is stale (other settings or input): recomputing",
+                spec.job_id,
+                spec.outputs["manifest"],
+            )
             return None
         return manifest
 
@@ -399,7 +414,7 @@ class PoolClient:
         *,
         timeout_s: float | None = None,
         on_status: Callable[[JobStatus], None] | None = None,
-    ) -> dict[str, Any]:
+    ) -> JobManifest:
         """Run ``spec`` to completion on the pool; returns its completion manifest.
 
         A finished identical job (see :meth:`finished`) is not run again; a copy a worker already
@@ -417,16 +432,21 @@ class PoolClient:
         resubmits = 0
         while True:
             event = await follow(
-                self.worker(url), spec.job_id, first=status, poll_interval_s=self.poll_interval_s,
-                lost_grace_s=self.lost_grace_s, deadline=wall_deadline, on_status=on_status,
-            )  # fmt: skip
+                self.worker(url),
+                spec.job_id,
+                first=status,
+                poll_interval_s=self.poll_interval_s,
+                lost_grace_s=self.lost_grace_s,
+                deadline=wall_deadline,
+                on_status=on_status,
+            )
             assert event is not None  # no `until`: follow() returns only with a decision
             manifest = None
             if event.state in ("succeeded", "lost"):
                 manifest = await asyncio.to_thread(self._manifest, spec)
             outcome = after_event(
                 event,
-                manifest_found=manifest is not None,
+                manifest=manifest,
                 resubmits=resubmits,
                 max_resubmits=self.max_resubmits,
             )
@@ -439,7 +459,8 @@ class PoolClient:
                     raise JobTimeout(f"job {spec.job_id} did not finish within {timeout_s} s (cancelled)")
                 if event.state == "succeeded":
                     raise StorageError(
-                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is missing"
+                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is "
+                        "missing or another job's"
                     )
                 raise JobFailed(spec.job_id, event.state, event.error)
             log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, event.error)

@@ -5,21 +5,28 @@ operators (their inline wait and ``execute_complete``) all feed what they observ
 functions and act on the answer, so a lost worker, a draining worker or a finished job is handled
 the same way everywhere:
 
-- :func:`next_action` decides from one poll: wait, done, failed, or resubmit;
+- :func:`next_action` decides from one poll whether to stop polling: wait, done (the worker reports
+  success; whether the job is done is still :func:`after_event`'s to say), failed, or resubmit;
 - :func:`event_for` turns a decision into the typed :class:`JobEvent` a trigger hands its task;
-- :func:`after_event` decides what the task does with an event, given the completion manifest.
+- :func:`after_event` decides what the task does with an event, given the completion manifest: the
+  one place a job counts as done. The trigger asks it before it ends its task on the triggerer, the
+  operators' ``execute_complete`` and ``PoolClient.run`` before they return.
 
-The completion manifest in storage is the truth: a job whose worker vanished is finished if its
-manifest exists, and resubmitted (same ``job_id``, so idempotent) if not.
+The completion manifest in storage is the truth, never the worker's word alone: a job whose worker
+vanished is finished if its manifest exists, a job reported ``succeeded`` is not without one, and a
+job without one is resubmitted (same ``job_id``, so idempotent).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.run.docs import JobManifest
 
 Action = Literal["wait", "done", "failed", "resubmit"]
 EventState = Literal["succeeded", "failed", "cancelled", "lost", "timeout"]
@@ -33,7 +40,6 @@ class Observation:
     seen: Literal["status", "not_found", "unreachable"]
     state: JobState | None = None
     retryable: bool = False  # cancelled by a draining worker: not a failure of the job
-    manifest_found: bool = False
     error: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
 
@@ -52,8 +58,7 @@ def next_action(obs: Observation, *, lost_since: float | None, now: float, grace
         if obs.state in ("failed", "cancelled"):
             return "failed"
         return "wait"
-    if obs.manifest_found:
-        return "done"
+    # No answer about the job: whether it finished anyway is the manifest's to say (after_event).
     if obs.seen == "not_found":  # the worker restarted: the job is gone with it
         return "resubmit"
     # Unreachable: a blip or a dead worker. Resubmit only once it has been gone for a while, so a
@@ -74,8 +79,14 @@ class JobEvent:
     counts: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.VERSION, "state": self.state, "job_id": self.job_id, "url": self.url,
-                "error": self.error, "counts": dict(self.counts)}  # fmt: skip
+        return {
+            "version": self.VERSION,
+            "state": self.state,
+            "job_id": self.job_id,
+            "url": self.url,
+            "error": self.error,
+            "counts": dict(self.counts),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, job_id: str = "", url: str = "") -> JobEvent:
@@ -114,13 +125,22 @@ def event_for(
     raise RpcError(f"no event for {action!r}")
 
 
-def after_event(event: JobEvent, *, manifest_found: bool, resubmits: int, max_resubmits: int) -> Outcome:
-    """What a task does with its trigger's event; the completion manifest decides. A lost job whose
-    manifest exists finished before its worker went away. A job without a manifest (lost, or
-    reported succeeded while its manifest has since been removed) is resubmitted, up to
-    ``max_resubmits`` times in one try."""
+def _completes(manifest: JobManifest | None, *, job_id: str) -> bool:
+    """Whether ``manifest`` (the read of a job's completion manifest; ``None``: none there) records
+    ``job_id`` as succeeded. A manifest another job id left at the same place (an earlier request
+    for the shard) does not count."""
+    return manifest is not None and manifest.job_id == job_id and manifest.state == "succeeded"
+
+
+def after_event(
+    event: JobEvent, *, manifest: JobManifest | None, resubmits: int, max_resubmits: int
+) -> Outcome:
+    """What a task does with its trigger's event; the completion manifest (``manifest``: its read,
+    ``None`` when there is none) decides, not the worker's report. A lost job whose manifest exists
+    finished before its worker went away. A job without one (lost, or reported succeeded while its
+    manifest is missing or another job's) is resubmitted, up to ``max_resubmits`` times in one try."""
     if event.state in ("succeeded", "lost"):
-        if manifest_found:
+        if _completes(manifest, job_id=event.job_id):
             return "done"
         return "fail" if resubmits >= max_resubmits else "resubmit"
     return "fail"

@@ -93,10 +93,16 @@ class Repeat:
 
     def reject_row(self, source: str, id_field: str) -> dict[str, Any]:
         """Its row in ``rejects/``: shaped as a bad line's, plus the id (the id accounting reads it)."""
-        return {"source": source, "line_no": self.line, "error": f"id {self.id!r} repeated (first at line "
-                f"{self.first_line})", "raw": self.raw, "shard_id": self.shard,
-                "line_in_range": self.line_in_range, "first_shard_id": self.first_shard,
-                id_field: self.id}  # fmt: skip
+        return {
+            "source": source,
+            "line_no": self.line,
+            "error": f"id {self.id!r} repeated (first at line {self.first_line})",
+            "raw": self.raw,
+            "shard_id": self.shard,
+            "line_in_range": self.line_in_range,
+            "first_shard_id": self.first_shard,
+            id_field: self.id,
+        }
 
 
 def _raw(record: Mapping[str, Any]) -> str:
@@ -227,8 +233,10 @@ def _merged(uris: Sequence[str], so: StorageOptions | None) -> Iterator[Tagged]:
     with contextlib.ExitStack() as stack:
         streams = [source(i) for i in range(len(uris))]
         while len(streams) > FAN_IN:
-            runs = [stack.enter_context(_merge_group(streams[k : k + FAN_IN]))
-                    for k in range(0, len(streams), FAN_IN)]  # fmt: skip
+            runs = [
+                stack.enter_context(_merge_group(streams[k : k + FAN_IN]))
+                for k in range(0, len(streams), FAN_IN)
+            ]
             streams = [_tagged(_records(run, TAGGED.size)) for run in runs]
         yield from heapq.merge(*streams)
 
@@ -348,13 +356,15 @@ class Repeats:
 
 
 # ------------------------------------------------------------------------------- round 0's ranges
-def _range_hashes(shard: Mapping[str, Any], uri: str, id_field: str | None, assign_ids: bool,
-                  so: StorageOptions | None) -> int:  # fmt: skip
+def _range_hashes(
+    shard: Mapping[str, Any], uri: str, id_field: str | None, assign_ids: bool, so: StorageOptions | None
+) -> int:
     """The range's line count, from its hash file, written first if missing (reading the range)."""
     lines = read_lines(uri, so)
     if lines is None:  # no job read the range to its end (or it ran before jobs wrote the file)
-        reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
-                            storage_options=so)  # fmt: skip
+        reader = read_range(
+            shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(), storage_options=so
+        )
         write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
         lines = read_lines(uri, so)
     if lines is None:  # just written: another writer replaced it meanwhile, or the store lost it
@@ -384,8 +394,9 @@ def _records_at(
     want = next(wanted, None)
     if want is None:
         return
-    reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
-                        storage_options=so)  # fmt: skip
+    reader = read_range(
+        shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(), storage_options=so
+    )
     records = iter(reader)
     try:
         for record in records:

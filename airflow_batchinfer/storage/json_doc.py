@@ -55,6 +55,6 @@ def parse_json(loc: Location, raw: bytes, *, schema_version: int, what: str, rem
     if version != schema_version:
         raise StorageError(
             f"{loc.uri}: {what} schema_version {version!r} is not supported (expected {schema_version}); "
-            "it was written by another version of airflow-batchinfer"
+            f"it was written by another version of airflow-batchinfer: use that version, or {remedy}"
         )
     return cast(dict[str, Any], data)

@@ -99,8 +99,14 @@ class JsonlFile:
     ) -> RecordReader:
         """The records, for ``for`` (sync) or ``async for``. See :class:`RecordReader` for ``on_error``;
         ``max_id_bytes`` bounds the ids (with ``id_field``)."""
-        return RecordReader(self.uri, self.iter_lines, on_error=on_error, rejects=rejects, id_field=id_field,
-                            max_id_bytes=max_id_bytes)  # fmt: skip
+        return RecordReader(
+            self.uri,
+            self.iter_lines,
+            on_error=on_error,
+            rejects=rejects,
+            id_field=id_field,
+            max_id_bytes=max_id_bytes,
+        )
 
     def writer_sync(self, *, compression_level: int = DEFAULT_ZSTD_LEVEL) -> JsonlWriter:
         """A writer that replaces the file atomically when the ``with`` block ends cleanly."""

@@ -20,9 +20,11 @@ SCHEMA_VERSION = 1
 
 def read_manifest(directory: JsonlDir) -> dict[str, Any] | None:
     return read_json(
-        directory.loc.child(MANIFEST_NAME), schema_version=SCHEMA_VERSION, what="manifest",
+        directory.loc.child(MANIFEST_NAME),
+        schema_version=SCHEMA_VERSION,
+        what="manifest",
         remedy="delete it to start over",
-    )  # fmt: skip
+    )
 
 
 def write_manifest(directory: JsonlDir, data: dict[str, Any]) -> None:

@@ -284,9 +284,14 @@ def plan_ranges(
     shards = []
     for i, ((a, b), n, lead_in) in enumerate(zip(ranges, estimates, lead_ins, strict=True)):
         desc = ShardDescriptor(
-            shard_id=f"part-{i:05d}", uri=f.uri, records=n, range=[a, b], bytes=b - a, version=version,
+            shard_id=f"part-{i:05d}",
+            uri=f.uri,
+            records=n,
+            range=[a, b],
+            bytes=b - a,
+            version=version,
             estimated=True,
-        )  # fmt: skip
+        )
         if lead_in is not None:
             desc["lead_in"] = lead_in
         shards.append(desc)
@@ -370,9 +375,12 @@ def shard_ranges(
     if earlier is not None and earlier.get("kind") == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
     if (
-        earlier is not None and earlier.get("kind") == "ranges" and earlier.get("state") == "complete"
-        and earlier.get("fingerprint") != fingerprint and not overwrite
-    ):  # fmt: skip
+        earlier is not None
+        and earlier.get("kind") == "ranges"
+        and earlier.get("state") == "complete"
+        and earlier.get("fingerprint") != fingerprint
+        and not overwrite
+    ):
         # Its rounds read ranges of the file as it was: a new plan over a changed file would mix them.
         was = earlier.get("fingerprint") or {}
         raise OutputExistsError(
@@ -471,10 +479,16 @@ def range_params(shard: ShardDescriptor, *, id_field: str | None, assign_ids: bo
 def _input_range(shard: Mapping[str, Any], id_field: str | None, assign_ids: bool) -> InputRange:
     start, end = shard["range"]
     return InputRange(
-        shard["shard_id"], start, end, shard.get("version", ""), id_field, assign_ids,
-        lead_in=shard.get("lead_in"), max_line_bytes=shard.get("max_line_bytes"),
+        shard["shard_id"],
+        start,
+        end,
+        shard.get("version", ""),
+        id_field,
+        assign_ids,
+        lead_in=shard.get("lead_in"),
+        max_line_bytes=shard.get("max_line_bytes"),
         max_id_bytes=shard.get("max_id_bytes"),
-    )  # fmt: skip
+    )
 
 
 def assigned_id(name: str, rng: InputRange, compressed: bool) -> Callable[[int, int], str]:
@@ -552,8 +566,9 @@ class RangeRecordReader(RecordReader):
         super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
         assign = assigned_id(file.loc.name, rng, file.compressed) if rng.assign_ids else None
-        self.check = LineValidator(self.policy, id_field=rng.id_field, assign=assign, offsets=True,
-                                   max_id_bytes=rng.max_id_bytes)  # fmt: skip
+        self.check = LineValidator(
+            self.policy, id_field=rng.id_field, assign=assign, offsets=True, max_id_bytes=rng.max_id_bytes
+        )
         self._finish = finish
         self._keep = keep
 
@@ -606,8 +621,13 @@ def range_ids(
     storage_options: StorageOptions | None,
 ) -> Iterator[Any]:
     """The ids of one range shard's records, read and validated as its job read them."""
-    reader = read_range(shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(),
-                        storage_options=storage_options)  # fmt: skip
+    reader = read_range(
+        shard,
+        id_field=id_field,
+        assign_ids=assign_ids,
+        rejects=DiscardRejects(),
+        storage_options=storage_options,
+    )
     yield from record_ids(reader, reader.check.id_field or id_field or "id")
 
 

@@ -189,10 +189,12 @@ def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> 
     manifest written before the bounds existed still matches a run at the defaults."""
     return {
         k: v
-        for k, v, default in (("max_line_bytes", max_line_bytes, MAX_LINE_BYTES),
-                              ("max_id_bytes", max_id_bytes, MAX_ID_BYTES))
+        for k, v, default in (
+            ("max_line_bytes", max_line_bytes, MAX_LINE_BYTES),
+            ("max_id_bytes", max_id_bytes, MAX_ID_BYTES),
+        )
         if v != default
-    }  # fmt: skip
+    }
 
 
 def _seal(written: list[ShardDescriptor], sealed: int, unsealed: list[Any]) -> int:

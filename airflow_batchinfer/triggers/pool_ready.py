@@ -81,11 +81,13 @@ def why_refused(obs: PoolObservation, pool: WorkerPool) -> str:
     """What a ``refused`` observation of ``pool`` means, and the remedy."""
     if obs.elsewhere and isinstance(pool, LocalPool):
         return str(pool.not_here())
-    return (f"worker pool {pool}: {', '.join(obs.shared)} is answered by several workers (a Service or "
-            "load balancer in front of them). A job's status lives on the worker that runs it, so "
-            "asking another one would call it lost and run it twice. List each worker's own URL in "
-            "the connection (a headless Service's pod addresses), or use a Kubernetes pool "
-            "(kubernetes://NAMESPACE/NAME), which finds its pods itself.")  # fmt: skip
+    return (
+        f"worker pool {pool}: {', '.join(obs.shared)} is answered by several workers (a Service or "
+        "load balancer in front of them). A job's status lives on the worker that runs it, so "
+        "asking another one would call it lost and run it twice. List each worker's own URL in "
+        "the connection (a headless Service's pod addresses), or use a Kubernetes pool "
+        "(kubernetes://NAMESPACE/NAME), which finds its pods itself."
+    )
 
 
 async def observe_pool(
@@ -138,7 +140,7 @@ class PoolReadyTrigger(BaseTrigger):
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
+            "airflow_batchinfer.triggers.pool_ready.PoolReadyTrigger",
             {
                 "worker_pool": self.worker_pool,
                 "replicas": self.replicas,

@@ -12,12 +12,14 @@ on a busy worker does not lose time to the polling) through the shared job track
   manifest and resubmits if needed;
 - ``timeout`` past the deadline (the operator cancels the job).
 
-Given ``result`` (the task's return value, its ``counts`` filled in here), a job that succeeded ends its
-task here, on the triggerer (:class:`~airflow.triggers.base.TaskSuccessEvent`, the counts filled in
-from the worker, which reports success only after writing the job's completion manifest): the task
-is not resumed on an Airflow worker just to return a small dict. That saves a task start per shard
-(a process, a DAG parse and a few API calls: about a second of the run's wall time on its last
-shard, and CPU on every one). Every other end resumes the task, which decides.
+Given ``result`` (the task's return value, its ``counts`` filled in here) and ``manifest`` (the job's
+completion manifest), a job the worker reports succeeded ends its task here, on the triggerer
+(:class:`~airflow.triggers.base.TaskSuccessEvent`, the counts the manifest records), once
+:func:`~airflow_batchinfer.rpc.tracking.after_event` (the task's own decision) finds the manifest
+says so: the task is not resumed on an Airflow worker just to return a small dict. That saves a
+task start per shard (a process, a DAG parse and a few API calls: about a second of the run's wall
+time on its last shard, and CPU on every one). Every other end, a success whose manifest is missing
+or unreadable here included, resumes the task, which decides with the same function.
 
 A user who clears the deferred task or marks it failed or succeeded kills the trigger: Airflow 3.3
 calls :meth:`WorkerJobTrigger.on_kill`, which cancels the job on its worker (a triggerer restart
@@ -34,16 +36,24 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_batchinfer.exceptions import RpcError
+from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import aopen_pool
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobStatus
 from airflow_batchinfer.rpc.pool import follow
+from airflow_batchinfer.rpc.tracking import JobEvent, after_event
+from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.triggers import settle
 
 PROGRESS_LOG_S = 30.0
 
 
 class WorkerJobTrigger(BaseTrigger):
+    """:param result: the task's return value, for a success that ends the task here.
+    :param manifest: the job's completion manifest (its URI), which must say the job succeeded for
+        that; without it every end resumes the task.
+    :param aws_conn_id: the AWS connection to read an ``s3://`` manifest with."""
+
     def __init__(
         self,
         *,
@@ -55,6 +65,8 @@ class WorkerJobTrigger(BaseTrigger):
         lost_grace_s: float = 30.0,
         not_before: float | None = None,
         result: dict[str, Any] | None = None,
+        manifest: str | None = None,
+        aws_conn_id: str | None = None,
     ) -> None:
         super().__init__()
         self.worker_pool = worker_pool
@@ -65,10 +77,12 @@ class WorkerJobTrigger(BaseTrigger):
         self.lost_grace_s = lost_grace_s
         self.not_before = not_before
         self.result = result
+        self.manifest = manifest
+        self.aws_conn_id = aws_conn_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
-            f"{type(self).__module__}.{type(self).__qualname__}",
+            "airflow_batchinfer.triggers.worker_job.WorkerJobTrigger",
             {
                 "worker_pool": self.worker_pool,
                 "url": self.url,
@@ -78,6 +92,8 @@ class WorkerJobTrigger(BaseTrigger):
                 "lost_grace_s": self.lost_grace_s,
                 "not_before": self.not_before,
                 "result": self.result,
+                "manifest": self.manifest,
+                "aws_conn_id": self.aws_conn_id,
             },
         )
 
@@ -91,21 +107,52 @@ class WorkerJobTrigger(BaseTrigger):
             if time.monotonic() - logged >= PROGRESS_LOG_S:
                 logged = time.monotonic()
                 total = status.progress.total
-                self.log.info("job %s on %s: %d/%s records", self.job_id, self.url, status.progress.done,
-                              total if total is not None else "?")  # fmt: skip
+                self.log.info(
+                    "job %s on %s: %d/%s records",
+                    self.job_id,
+                    self.url,
+                    status.progress.done,
+                    total if total is not None else "?",
+                )
 
         async with WorkerClient(self.url, token=token) as client:
             event = await follow(
-                client, self.job_id, poll_interval_s=self.poll_interval_s, lost_grace_s=self.lost_grace_s,
-                deadline=self.deadline, on_status=progress,
-            )  # fmt: skip
+                client,
+                self.job_id,
+                poll_interval_s=self.poll_interval_s,
+                lost_grace_s=self.lost_grace_s,
+                deadline=self.deadline,
+                on_status=progress,
+            )
         assert event is not None  # no `until`: follow() returns only with a decision
+        manifest = await self._manifest_of(event)
         await settle(self.not_before)
-        if event.state == "succeeded" and self.result is not None:
-            self.log.info("job %s done on %s: %s", self.job_id, self.url, event.counts)
-            yield TaskSuccessEvent(xcoms={"return_value": {**self.result, "counts": dict(event.counts)}})
+        # Only "done" ends the task here: resubmitting or failing is the resumed task's (it counts the
+        # resubmits), with the same function.
+        outcome = (
+            None if manifest is None else after_event(event, manifest=manifest, resubmits=0, max_resubmits=0)
+        )
+        if outcome == "done":
+            assert manifest is not None and self.result is not None  # read only with a result to give
+            counts: dict[str, Any] = dict(manifest.counts)
+            self.log.info("job %s done on %s: %s", self.job_id, self.url, counts)
+            yield TaskSuccessEvent(xcoms={"return_value": {**self.result, "counts": counts}})
             return
         yield TriggerEvent(event.to_dict())
+
+    async def _manifest_of(self, event: JobEvent) -> JobManifest | None:
+        """The completion manifest of a job that succeeded, when this trigger may end its task;
+        ``None`` otherwise, or when it cannot be read here (the task then reads it and decides)."""
+        if event.state != "succeeded" or self.result is None or self.manifest is None:
+            return None
+        try:
+            so = await asyncio.to_thread(storage_options_from_aws_conn, self.aws_conn_id)
+            return await asyncio.to_thread(read_job_manifest, self.manifest, so)
+        except Exception as exc:  # best effort: the resumed task reads it again, and reports why
+            self.log.warning(
+                "job %s: could not read %s here (%s); the task decides", self.job_id, self.manifest, exc
+            )
+            return None
 
     async def on_kill(self) -> None:
         """The task was cleared or marked by a user: its job must not run on (Airflow 3.3+)."""
@@ -114,7 +161,8 @@ class WorkerJobTrigger(BaseTrigger):
         async with WorkerClient(self.url, token=token, timeout=10) as client:
             try:
                 status = await client.cancel(self.job_id)
-                self.log.info("job %s on %s cancelled (task killed by a user): %s", self.job_id, self.url,
-                              status.state)  # fmt: skip
+                self.log.info(
+                    "job %s on %s cancelled (task killed by a user): %s", self.job_id, self.url, status.state
+                )
             except RpcError as exc:
                 self.log.warning("could not cancel job %s on %s: %s", self.job_id, self.url, exc)

@@ -22,10 +22,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.run.docs import read_job_manifest
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime

@@ -1,59 +1,85 @@
-"""Worker settings from the command line, with environment fallbacks for containers."""
+"""A worker's configuration: its settings (:mod:`airflow_batchinfer.worker.settings`) in one
+object, with the RPC token and the engine's secrets read from their files."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from airflow_batchinfer.engines import check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.rules import CallablePolicy
 from airflow_batchinfer.worker.security import is_loopback
+from airflow_batchinfer.worker.settings import (
+    TOKEN_ENV,
+    WORKER_SETTINGS,
+    worker_default,
+    worker_variable,
+)
 
-TOKEN_ENV = "BATCHINFER_WORKER_TOKEN"
-TOKEN_FILE_ENV = "BATCHINFER_WORKER_TOKEN_FILE"
-ENGINE_SECRETS_FILE_ENV = "BATCHINFER_WORKER_ENGINE_SECRETS_FILE"
-DEFAULT_MAX_BODY_BYTES = 1024 * 1024  # a JobSpec is a few KiB: URIs and params, never records
+TOKEN_FILE_ENV = worker_variable("token_file")
+ENGINE_SECRETS_FILE_ENV = worker_variable("engine_secrets_file")
 
 
 @dataclass
 class WorkerConfig:
-    engine: str = "simulated"
-    model: str | None = None
-    engine_options: dict[str, Any] = field(default_factory=dict)
+    """What one worker process runs with. Each field but ``token``, ``engine_secrets`` and
+    ``storage_options`` is the worker setting of its name, with its default (a test checks them
+    against ``WORKER_SETTINGS``); :meth:`from_settings` builds one from the flags."""
+
+    engine: str = worker_default("engine")
+    model: str | None = worker_default("model")
+    engine_options: dict[str, Any] = field(default_factory=partial(worker_default, "engine_options"))
     # the engine's secret options, from --engine-secrets-file (load_engine_secrets); never printed
     engine_secrets: dict[str, Any] = field(default_factory=dict, repr=False)
-    concurrency: int = 10
-    host: str = "127.0.0.1"
-    port: int = 0
+    concurrency: int = worker_default("concurrency")
+    host: str = worker_default("host")
+    port: int = worker_default("port")
     token: str | None = None
-    insecure_no_auth: bool = False
-    allowed_prefixes: list[str] | None = field(default_factory=list)
+    insecure_no_auth: bool = worker_default("insecure_no_auth")
+    # None: every location (--allow-any-prefix)
+    allowed_prefixes: list[str] | None = field(default_factory=partial(worker_default, "allowed_prefixes"))
     # callable judge targets jobs may import (--allow-callable): none by default
-    allowed_callables: list[str] = field(default_factory=list)
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # the largest request body read (413 beyond)
-    idle_ttl_s: float | None = None
-    lease_file: str | None = None  # a local pool's leases: idle only when no run holds one
-    drain_timeout_s: float = 300.0
-    target_batch_tokens: int = 16_384
-    max_batch_size: int = 256
-    batch_timeout_s: float = 0.05
-    max_concurrent_batches: int | None = None
-    announce_file: str | None = None
+    allowed_callables: list[str] = field(default_factory=partial(worker_default, "allowed_callables"))
+    max_body_bytes: int = worker_default("max_body_bytes")  # the largest request body read (413 beyond)
+    idle_ttl_s: float | None = worker_default("idle_ttl_s")
+    lease_file: str | None = worker_default("lease_file")  # a local pool's leases: idle only when none held
+    drain_timeout_s: float = worker_default("drain_timeout_s")
+    target_batch_tokens: int = worker_default("target_batch_tokens")
+    max_batch_size: int = worker_default("max_batch_size")
+    batch_timeout_s: float = worker_default("batch_timeout_s")
+    max_concurrent_batches: int | None = worker_default("max_concurrent_batches")
+    announce_file: str | None = worker_default("announce_file")
     storage_options: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> WorkerConfig:
+        """From every worker setting's value (``worker.settings.settings_from_args``): the engine's
+        secrets and the token read from their files (or variables); ``allow_any_prefix``: every
+        storage location (``allowed_prefixes=None``)."""
+        fields = dict(values)
+        secrets_file, token_file = fields.pop("engine_secrets_file"), fields.pop("token_file")
+        if fields.pop("allow_any_prefix"):
+            fields["allowed_prefixes"] = None
+        engine_secrets = load_engine_secrets(secrets_file, fields["engine"])
+        return cls(**fields, engine_secrets=engine_secrets, token=load_token(token_file))
 
     def callable_policy(self) -> CallablePolicy:
         """The callable judges this worker's jobs may import (ConfigError for a malformed entry)."""
         return CallablePolicy(self.allowed_callables)
 
     def validate(self) -> None:
+        """Refuse a secret in the engine options, a setting under its minimum, a malformed callable
+        allow-list, and a worker without a token (but a loopback one with ``insecure_no_auth``)."""
         check_no_secrets(self.engine_options, "--engine-arg")
-        if self.concurrency < 1:
-            raise ConfigError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.max_body_bytes < 1024:
-            raise ConfigError(f"--max-body-bytes must be >= 1024, got {self.max_body_bytes}")
+        for s in WORKER_SETTINGS:  # the settings' bounds
+            value = getattr(self, s.name) if s.config and s.minimum is not None else None
+            if value is not None and value < s.minimum:
+                raise ConfigError(f"{s.flag} must be >= {s.minimum:g}, got {value}")
         self.callable_policy()
         if self.insecure_no_auth:
             if not is_loopback(self.host):
@@ -105,8 +131,10 @@ def _secret_values(data: Any, path: str, engine: str) -> dict[str, Any]:
     """``data`` (a secrets file's JSON) checked: an object whose keys are ``engine``'s secret options."""
     known = secret_options(engine)
     if not isinstance(data, dict):
-        raise ConfigError(f"the engine secrets file {path}: expected a JSON object of secret options "
-                          f"({', '.join(known) or 'none for this engine'}) to values")  # fmt: skip
+        raise ConfigError(
+            f"the engine secrets file {path}: expected a JSON object of secret options "
+            f"({', '.join(known) or 'none for this engine'}) to values"
+        )
     unknown = sorted(set(data) - set(known))
     if unknown:
         raise ConfigError(
@@ -114,17 +142,3 @@ def _secret_values(data: Any, path: str, engine: str) -> dict[str, Any]:
             f"(it has {sorted(known) or 'none'}); other engine options go in --engine-arg"
         )
     return dict(data)
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; values are JSON when they parse as JSON (numbers, booleans, lists)."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"{pair!r}: expected KEY=VALUE")
-        try:
-            out[key.replace("-", "_")] = json.loads(value)
-        except ValueError:
-            out[key.replace("-", "_")] = value
-    return out

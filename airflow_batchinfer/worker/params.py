@@ -8,7 +8,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge
+from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
 from airflow_batchinfer.prompts import PromptBuilder
 
 DEFAULT_CHUNK = 2_000
@@ -66,10 +66,8 @@ def parse_params(
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
         common["judge"] = build_judge(params["judge"], callables=callables)
-        if kind == "in_place" and common["judge"].kind == "human":
-            raise ConfigError(
-                "a human judge cannot retry in place: people judge between rounds (strategy rounds)"
-            )
+        if kind == "in_place":
+            require_judge_in_place(common["judge"].kind, what="an in_place job")
         below = params.get("review_below_score")
         if below is not None and (
             isinstance(below, bool) or not isinstance(below, int | float) or not 0 <= below <= 1

@@ -13,8 +13,8 @@ from airflow_batchinfer.batching import BatchStats
 from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
+from airflow_batchinfer.run.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
 from airflow_batchinfer.storage.confine import confined
-from airflow_batchinfer.worker.manifest import write_job_manifest
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy
@@ -123,33 +123,33 @@ class JobRegistry:
         try:
             counts = await SHARD_JOBS[spec.kind](ctx)
             info = await asyncio.to_thread(ctx.file(spec.input).info)
-            manifest = {
-                "job_id": spec.job_id,
-                "kind": spec.kind,
-                "state": "succeeded",
-                "input": spec.input,
-                "outputs": spec.outputs,
-                "attempt": ctx.attempt,
-                "counts": counts,
-                "ids": ctx.ids_doc(),  # per output file (and input): count and digest of the ids
-                "tokens": dict(ctx.tokens),
-                "round": ctx.params.round,
+            manifest = JobManifest(
+                job_id=spec.job_id,
+                kind=spec.kind,
+                state="succeeded",
+                input=spec.input,
+                outputs=spec.outputs,
+                attempt=ctx.attempt,
+                counts=counts,
+                ids=ctx.ids_doc(),  # per output file (and input): count and digest of the ids
+                tokens=dict(ctx.tokens),
+                round=ctx.params.round,
                 # what the outputs were generated with (a review may change it between rounds)
-                "sampling": spec.params.get("sampling"),
-                "fingerprint": fingerprint(spec, self.runtime.describe(), info),
-                "engine": self.runtime.describe(),
-                "worker": self.worker_name,
-                "timings": {
-                    "started_at": job.started_at,
-                    "finished_at": time.time(),
-                    "run_s": round(time.monotonic() - t0, 3),
-                },
-                "batcher": _delta(batch_before, self.runtime.batcher.stats),
-            }
-            if spec.kind != "infer":  # the rejected rows' reason groups (the review page reads them)
-                manifest["reason_groups"] = ctx.reason_groups.as_dict()
-            if ctx.committed:  # fenced outputs: where this attempt wrote them (close moves them)
-                manifest["committed"] = dict(ctx.committed)
+                sampling=spec.params.get("sampling"),
+                fingerprint=fingerprint(spec, self.runtime.describe(), info),
+                engine=self.runtime.describe(),
+                worker=self.worker_name,
+                timings=Timings(
+                    started_at=job.started_at,
+                    finished_at=time.time(),
+                    run_s=round(time.monotonic() - t0, 3),
+                ),
+                batcher=_delta(batch_before, self.runtime.batcher.stats),
+                # the rejected rows' reason groups (the review page reads them)
+                reason_groups=None if spec.kind == "infer" else ctx.reason_groups.as_dict(),
+                # fenced outputs: where this attempt wrote them (close moves them)
+                committed=dict(ctx.committed) or None,
+            )
             await asyncio.to_thread(
                 write_job_manifest, spec.outputs["manifest"], manifest, self.runtime.storage_options
             )
@@ -241,19 +241,17 @@ def _sole_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-def _delta(before: BatchStats, after: BatchStats) -> dict[str, float]:
+def _delta(before: BatchStats, after: BatchStats) -> BatcherDelta:
     """Batcher activity during one job (shared with concurrent jobs)."""
     batches = after.total_batches - before.total_batches
     cost = after.total_batch_cost - before.total_batch_cost
     busy = after.busy_time_s - before.busy_time_s
     idle = after.idle_time_s - before.idle_time_s
-    return {
-        "batches": batches,
-        "avg_batch_cost": cost / batches if batches else 0.0,
-        "avg_fill": (cost / batches / after.target_batch_cost)
-        if batches and after.target_batch_cost
-        else 0.0,
-        "busy_s": round(busy, 4),
-        "idle_s": round(idle, 4),
-        "utilization": busy / (busy + idle) if busy + idle else 0.0,
-    }
+    return BatcherDelta(
+        batches=batches,
+        avg_batch_cost=cost / batches if batches else 0.0,
+        avg_fill=(cost / batches / after.target_batch_cost) if batches and after.target_batch_cost else 0.0,
+        busy_s=round(busy, 4),
+        idle_s=round(idle, 4),
+        utilization=busy / (busy + idle) if busy + idle else 0.0,
+    )

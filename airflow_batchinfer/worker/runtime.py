@@ -8,12 +8,14 @@ from typing import Any
 from airflow_batchinfer.batching import TokenBatcher
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
 from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.worker.settings import worker_default
 
 
 class Runtime:
     """The model loaded once and one :class:`TokenBatcher` feeding it from every concurrent job.
 
     :param target_batch_tokens: tokens (prompt estimate + completion budget) per engine batch.
+        This and the other batcher settings default to the worker's (``worker.settings``).
     :param max_concurrent_batches: batches in the engine at once (more than 1 for engines with
         continuous batching, e.g. vLLM, so their KV cache stays full).
     """
@@ -22,9 +24,9 @@ class Runtime:
         self,
         engine: Engine,
         *,
-        target_batch_tokens: int = 16_384,
-        max_batch_size: int = 256,
-        batch_timeout_s: float = 0.05,
+        target_batch_tokens: int = worker_default("target_batch_tokens"),
+        max_batch_size: int = worker_default("max_batch_size"),
+        batch_timeout_s: float = worker_default("batch_timeout_s"),
         max_queue_size: int = 20_000,
         max_concurrent_batches: int = 1,
         storage_options: StorageOptions | None = None,

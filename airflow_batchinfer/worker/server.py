@@ -21,10 +21,10 @@ from types import FrameType
 import uvicorn
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.pools.leases import PoolState
 from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
+from airflow_batchinfer.worker.leases import PoolState
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 

@@ -13,10 +13,10 @@ and its files (``committed``), a judge reads the infer attempt named there, and 
 accepts one attempt of each job.
 
 Accounting: next to its counts, a job digests the ids it reads (``input``) and those of every row
-it emits per output file (:data:`~airflow_batchinfer.worker.manifest.ID_OUTPUTS`); the manifest's
+it emits per output file (:data:`~airflow_batchinfer.run.docs.ID_OUTPUTS`); the manifest's
 ``ids`` carries them, and the round's close checks the invariant from them without reading rows.
 Judge, infer_judge and in-place jobs also count the reason groups of the rows they reject
-(:func:`~airflow_batchinfer.review.reasons.reason_group`), the manifest's ``reason_groups``: the review
+(:func:`~airflow_batchinfer.judges.reasons.reason_group`), the manifest's ``reason_groups``: the review
 page shows a round's groups from them without reading its rows.
 """
 
@@ -35,10 +35,11 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge
-from airflow_batchinfer.layout import fenced_outputs, staged_output
+from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.prompts import PromptError
-from airflow_batchinfer.review.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.models import JobSpec, Progress
+from airflow_batchinfer.run.docs import ID_OUTPUTS, Digest
+from airflow_batchinfer.run.layout import fenced_outputs, staged_output
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
 from airflow_batchinfer.storage.id_hashes import HashWriter, hashes_beside
@@ -46,7 +47,6 @@ from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader, rea
 from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
-from airflow_batchinfer.worker.manifest import ID_OUTPUTS
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 
@@ -82,10 +82,10 @@ class JobContext:
             digest = self.ids[name] = IdDigest()
         digest.add_many(record_ids(records, self.params.id_field))
 
-    def ids_doc(self) -> dict[str, dict[str, Any]]:
+    def ids_doc(self) -> dict[str, Digest]:
         """The manifest's ``ids``: ``input`` and every output of the kind, empty ones included."""
         names = ("input", *ID_OUTPUTS.get(self.spec.kind, ()))
-        return {n: self.ids.get(n, IdDigest()).to_dict() for n in dict.fromkeys([*names, *self.ids])}
+        return {n: Digest.of(self.ids.get(n, IdDigest())) for n in dict.fromkeys([*names, *self.ids])}
 
     def file(self, uri: str) -> JsonlFile:
         return JsonlFile(uri, storage_options=self.runtime.storage_options)
@@ -111,8 +111,9 @@ class JobContext:
             )
         rejects = self.file(rejects_uri).writer_sync()
         # Beside the manifest, written before it: round 0's close finds ids two ranges hold from these.
-        hashes = HashWriter(hashes_beside(self.spec.outputs["manifest"], rng.shard_id),
-                            self.runtime.storage_options)  # fmt: skip
+        hashes = HashWriter(
+            hashes_beside(self.spec.outputs["manifest"], rng.shard_id), self.runtime.storage_options
+        )
         reader: RangeRecordReader
 
         def finish(ok: bool) -> None:
@@ -124,8 +125,9 @@ class JobContext:
             hashes.commit(reader.stats.lines)
             self.counts.update(read_stats(reader.policy))
 
-        reader = RangeRecordReader(self.file(self.spec.input), rng, rejects=rejects, finish=finish,
-                                   keep=hashes.add)  # fmt: skip
+        reader = RangeRecordReader(
+            self.file(self.spec.input), rng, rejects=rejects, finish=finish, keep=hashes.add
+        )
         return reader
 
     def output(self, name: str) -> str:

@@ -5,6 +5,9 @@ nodes directly (a table, or a literal block):
 
 - ``batchinfer-params``: every run setting, as DAG param and ``batchinfer run`` flag
   (``settings.RUN_SETTINGS_SPEC``, which the params, their schemas and the flags are generated from);
+- ``batchinfer-worker-settings``: every ``batchinfer worker serve`` flag with its environment variable
+  and default (``worker.settings.WORKER_SETTINGS``, which the flags, a local pool's worker command
+  line and a Kubernetes pool's container environment are generated from);
 - ``batchinfer-connection``: the ``batchinfer_pool`` connection type (``get_provider_info``);
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
@@ -79,6 +82,14 @@ class _Generated(SphinxDirective):
 class Params(_Generated):
     def nodes(self) -> list[nodes.Node]:
         from airflow_batchinfer.settings import reference_table
+
+        header, rows = reference_table()
+        return [_table(header, rows)]
+
+
+class WorkerSettings(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.worker.settings import reference_table
 
         header, rows = reference_table()
         return [_table(header, rows)]
@@ -220,6 +231,7 @@ class PoolNetwork(_Generated):
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-params", Params)
+    app.add_directive("batchinfer-worker-settings", WorkerSettings)
     app.add_directive("batchinfer-connection", Connection)
     app.add_directive("batchinfer-cli", Cli)
     app.add_directive("batchinfer-model", Model)

@@ -17,8 +17,8 @@ import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool
+from tests.support.local_airflow import LocalAirflow
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 DAGS = Path(__file__).parent / "dags"

@@ -2,7 +2,7 @@
 "accept once". Both read "no accepted doc"; between their reads of the shard's manifest a second copy
 of its job finished, so each would accept another attempt. Hooks force the interleaving that mixed
 them before: the first close decides and promotes its attempt first, the second one's decision lands
-after it (at the decision's compare-and-swap, or at the plain write of the code before it). One
+after it (at the decision's compare-and-swap, the one way an accepted doc is written). One
 accepted attempt must stand, and the promoted files must be exactly that attempt's rows (read back
 and compared with the accepted doc's digests).
 
@@ -19,11 +19,19 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer import rounds
-from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.run import close as round_close
+from airflow_batchinfer.run import quarantine, settle
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    JobManifest,
+    QuarantinedJob,
+    read_accepted,
+    read_job_manifest,
+)
+from airflow_batchinfer.run.jobs import record_job_error, round_kinds
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, files, swap
 from airflow_batchinfer.storage.digest import IdDigest
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.fake_jobs import IDS, finish_shard, judge_shard, make_run, plan_round, read_rows
 
 pytestmark = pytest.mark.chaos
@@ -35,7 +43,7 @@ class Race:
     second (``y``) attempt ``b``. Both read the accepted doc before either decides; ``x`` decides
     first; ``x`` promotes while ``y`` waits inside its first move until a close has returned."""
 
-    def __init__(self, layout: RunLayout, sid: str, kind: str, manifest_a: dict[str, Any]) -> None:
+    def __init__(self, layout: RunLayout, sid: str, kind: str, manifest_a: JobManifest) -> None:
         self.manifest_uri = layout.job_manifest(0, sid, kind)
         self.accepted_uri = layout.accepted(0, sid, kind)
         self.staged = layout.staged_job(0, sid, kind)
@@ -62,9 +70,9 @@ class Race:
 
         return hooked
 
-    def read_doc(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def hooked(uri: str, what: str, so: Any = None) -> Any:
-            doc = real(uri, what, so)
+    def read_accepted(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def hooked(uri: str, so: Any = None) -> Any:
+            doc = real(uri, so)
             role = self.role()
             if uri == self.accepted_uri and role is not None and role not in self.read_once:
                 self.read_once.add(role)
@@ -83,16 +91,9 @@ class Race:
             self.x_wrote.set()
         return out
 
-    def write_doc(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        """The seam of the code before the fix: a plain write of the decision."""
-
-        def hooked(uri: str, data: dict[str, Any], so: Any = None) -> None:
-            self.decide(uri, lambda: real(uri, data, so))
-
-        return hooked
-
     def update(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        """The seam of the fixed code: the decision's compare-and-swap (``rounds._claim``)."""
+        """The seam of the decision: its compare-and-swap (``run.accepted.claim``), the one way an
+        accepted doc is written."""
 
         def hooked(loc: Any, change: Callable[[bytes | None], bytes]) -> bytes:
             return self.decide(loc.uri, lambda: real(loc, change))  # type: ignore[no-any-return]
@@ -122,7 +123,7 @@ def close_twice(cfg: Any, plan: Any, *done: threading.Event) -> list[dict[str, A
 
     def close() -> None:
         try:
-            summary = rounds.close_round(cfg, plan)
+            summary = round_close.close_round(cfg, plan)
             assert summary is not None
             summaries.append(summary)
         except BaseException as exc:
@@ -147,7 +148,7 @@ def test_two_closes_at_once_accept_one_attempt_and_promote_exactly_its_files(
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid, kind = s["shard_id"], rounds.round_kinds(cfg, "rounds")[-1]
+    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
     for x in rest:
         finish_shard(cfg, 0, x, set())
     ids = [r["id"] for r in read_rows(s["uri"])]
@@ -155,9 +156,9 @@ def test_two_closes_at_once_accept_one_attempt_and_promote_exactly_its_files(
     manifest_a = judge_shard(cfg, 0, s, approve["a"], token="a")
     judge_shard(cfg, 0, s, approve["b"], token="b")  # the other copy finishes: the manifest names b
     race = Race(layout, sid, kind, manifest_a)
-    monkeypatch.setattr(rounds, "read_job_manifest", race.read_manifest(rounds.read_job_manifest))
-    monkeypatch.setattr(rounds, "read_doc", race.read_doc(rounds.read_doc))
-    monkeypatch.setattr(rounds, "write_doc", race.write_doc(rounds.write_doc))
+    monkeypatch.setattr(settle, "read_job_manifest", race.read_manifest(settle.read_job_manifest))
+    for mod in (settle, quarantine):  # the modules of a close that read accepted docs
+        monkeypatch.setattr(mod, "read_accepted", race.read_accepted(mod.read_accepted))
     monkeypatch.setattr(swap, "update", race.update(swap.update))
     monkeypatch.setattr(files, "move", race.move(files.move))
 
@@ -165,14 +166,14 @@ def test_two_closes_at_once_accept_one_attempt_and_promote_exactly_its_files(
     assert len(summaries) == 2 and sorted(race.roles.values()) == ["x", "y"]
     assert race.y_after_x == [True]  # the racing order was forced: y decided once, after x, no timeout
 
-    doc = rounds.read_doc(layout.accepted(0, sid, kind), "accepted job")
-    assert doc is not None and doc["attempt"] in approve and not doc["quarantined"]
+    doc = read_accepted(layout.accepted(0, sid, kind))
+    assert isinstance(doc, AcceptedJob) and doc.attempt in approve and not doc.quarantined
     approved = [r["id"] for r in read_rows(layout.result(0, sid))]
     rejected = [r["id"] for r in read_rows(layout.rejected(0, sid))]
-    assert sorted(approved) == sorted(approve[doc["attempt"]])  # exactly the accepted attempt's rows
+    assert sorted(approved) == sorted(approve[doc.attempt])  # exactly the accepted attempt's rows
     assert sorted(approved + rejected) == sorted(ids)
-    assert IdDigest.of(approved).to_dict() == doc["ids"]["approved"]
-    assert IdDigest.of(rejected).to_dict() == doc["ids"]["rejected"]
+    assert IdDigest.of(approved) == doc.digest("approved")
+    assert IdDigest.of(rejected) == doc.digest("rejected")
     assert not Path(layout.staged_job(0, sid, kind)).exists()
     assert read_job_manifest(layout.job_manifest(0, sid, kind)) is not None
 
@@ -215,11 +216,11 @@ class QuarantineRace:
 
         return hooked
 
-    def read_doc(self, real: Callable[..., Any]) -> Callable[..., Any]:
-        def hooked(uri: str, what: str, so: Any = None) -> Any:
+    def read_accepted(self, real: Callable[..., Any]) -> Callable[..., Any]:
+        def hooked(uri: str, so: Any = None) -> Any:
             if uri == self.accepted_uri and self.role() == "y" and "y" not in dict(self.waits):
                 self.waits.append(("y", self.x_claimed.wait(WAIT_S)))  # y reads x's quarantine
-            return real(uri, what, so)
+            return real(uri, so)
 
         return hooked
 
@@ -262,19 +263,19 @@ def test_a_quarantine_never_removes_what_a_concurrent_close_accepts(
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid, kind = s["shard_id"], rounds.round_kinds(cfg, "rounds")[-1]
+    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
     for x in rest:
         finish_shard(cfg, 0, x, set())
     ids = [r["id"] for r in read_rows(s["uri"])]
-    rounds.record_job_error(cfg, 0, sid, kind, "JobFailed: worker lost", None)
+    record_job_error(cfg, 0, sid, kind, "JobFailed: worker lost", None)
     judge_shard(cfg, 0, s, set(ids[:4]), token="late")  # the task's last copy finishes meanwhile
     race = QuarantineRace(layout, sid, kind)
-    monkeypatch.setattr(rounds, "read_job_manifest", race.read_manifest(rounds.read_job_manifest))
-    monkeypatch.setattr(rounds, "read_doc", race.read_doc(rounds.read_doc))
+    monkeypatch.setattr(settle, "read_job_manifest", race.read_manifest(settle.read_job_manifest))
+    for mod in (settle, quarantine):  # the modules of a close that read accepted docs
+        monkeypatch.setattr(mod, "read_accepted", race.read_accepted(mod.read_accepted))
     monkeypatch.setattr(swap, "update", race.update(swap.update))
-    monkeypatch.setattr(rounds, "_await_sweep", race.await_sweep(getattr(rounds, "_await_sweep", None)),
-                        raising=False)  # fmt: skip
-    monkeypatch.setattr(rounds, "SWEEP_POLL_S", 0.01, raising=False)
+    monkeypatch.setattr(settle, "await_sweep", race.await_sweep(settle.await_sweep))
+    monkeypatch.setattr(quarantine, "SWEEP_POLL_S", 0.01)
 
     summaries = close_twice(cfg, plan, race.y_decided, race.close_done)  # a close that returns has decided
     assert len(summaries) == 2 and sorted(race.roles.values()) == ["x", "y"]
@@ -282,22 +283,22 @@ def test_a_quarantine_never_removes_what_a_concurrent_close_accepts(
     assert all(in_time for _, in_time in race.waits), race.waits  # ...and no wait timed out
 
     # One decision stands, and the files, the failed/ record and both closes' summaries agree with it.
-    doc = rounds.read_doc(layout.accepted(0, sid, kind), "accepted job")
+    doc = read_accepted(layout.accepted(0, sid, kind))
     assert doc is not None
     failed = Path(layout.failed(0), f"{sid}.json")
     finals = [Path(layout.result(0, sid)), Path(layout.rejected(0, sid))]
-    if doc["quarantined"]:
-        assert doc["sweep"] == "swept" and failed.exists() and not any(f.exists() for f in finals)
+    if isinstance(doc, QuarantinedJob):
+        assert doc.sweep == "swept" and failed.exists() and not any(f.exists() for f in finals)
     else:
         assert not failed.exists() and all(f.exists() for f in finals)
         assert sorted(r["id"] for r in read_rows(layout.result(0, sid))) == sorted(ids[:4])
     for summary in summaries:
-        assert [f["shard_id"] for f in summary["failed_shards"]] == ([sid] if doc["quarantined"] else [])
+        assert [f["shard_id"] for f in summary["failed_shards"]] == ([sid] if doc.quarantined else [])
         assert summary["invariant"]["ok"], summary["invariant"]
 
     judge_shard(cfg, 0, s, set(ids[:2]), token="rerun")  # the DAG run re-run: the close accepts it
     monkeypatch.undo()
-    summary = rounds.close_round(cfg, plan)
+    summary = round_close.close_round(cfg, plan)
     assert summary is not None and summary["failed_shards"] == [] and summary["invariant"]["ok"]
     assert not failed.exists()
     assert sorted(r["id"] for r in read_rows(layout.result(0, sid))) == sorted(ids[:2])

@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from tests.chaos.conftest import BUCKET, FAILURE_TIMEOUT_S
@@ -37,6 +36,7 @@ from tests.support.chaos import (
     wait_until,
     write_dataset,
 )
+from tests.support.local_airflow import LocalAirflow
 from tests.support.seaweedfs import S3Server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -299,9 +299,10 @@ def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, A
 
 def job_state(run: Run, pools_dir: Path, pool: str, map_index: int, kind: str = "infer_judge") -> str | None:
     """The state of round 0's ``kind`` job for shard ``map_index`` on the pool's workers, if any has it."""
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import job_spec, read_plan, read_run_config
     from airflow_batchinfer.rpc.fingerprint import pin_input
+    from airflow_batchinfer.run.docs import read_plan, read_run_config
+    from airflow_batchinfer.run.jobs import job_spec
+    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.storage import JsonlFile
 
     plan = read_plan(RunLayout(run.root), "round-00", run.so)

@@ -15,14 +15,21 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.pipeline import run_pipeline
-from airflow_batchinfer.rounds import job_spec, read_doc, read_plan
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    JobManifest,
+    read_accepted,
+    read_job_manifest,
+    read_plan,
+    read_summary,
+)
+from airflow_batchinfer.run.jobs import job_spec
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
@@ -32,7 +39,7 @@ pytestmark = pytest.mark.chaos
 LATE = "part-00000"  # the shard whose infer job has a late copy
 
 
-async def run_on_worker(spec: JobSpec, **engine: Any) -> dict[str, Any]:
+async def run_on_worker(spec: JobSpec, **engine: Any) -> JobManifest:
     """``spec`` on a fresh in-process worker (its registry and job code); returns its manifest."""
     runtime = Runtime(create_engine("simulated", latency_base_s=0.0, **engine), batch_timeout_s=0.001)
     await runtime.start()
@@ -63,7 +70,7 @@ class Pool:
     async def engine(self) -> dict[str, Any]:
         return create_engine("simulated").describe()  # what each worker reports (fail_marker aside)
 
-    async def run(self, spec: JobSpec) -> dict[str, Any]:
+    async def run(self, spec: JobSpec) -> JobManifest:
         manifest = await run_on_worker(spec)
         if spec.kind == "judge" and f"-{LATE}-" in spec.job_id:
             self.judge_read = spec.input
@@ -88,19 +95,19 @@ def test_a_late_infer_copy_changes_neither_the_judge_input_nor_the_accepted_atte
     asyncio.run(run_pipeline(cfg, pool, judge_pool=pool))  # type: ignore[arg-type]
     plan = read_plan(layout, "round-00")
     assert plan is not None and plan.mode == "rounds"
-    summary = read_doc(layout.summary(0), "round summary")
-    assert summary is not None and summary["failed_shards"] == [], summary["failed_shards"]
-    assert summary["invariant"]["ok"], summary["invariant"]
+    summary = read_summary(layout, 0)
+    assert summary is not None and summary.failed_shards == [], summary.failed_shards
+    assert summary.invariant.ok, summary.invariant
 
     # the late copy's manifest names its own attempt; the judge read the one before it
     late = read_job_manifest(layout.job_manifest(0, LATE, "infer"))
-    assert late is not None and late["counts"].get("error") == 10
-    assert pool.judge_read is not None and pool.judge_read != late["committed"]["inferred"]
-    judge = read_doc(layout.accepted(0, LATE, "judge"), "accepted job")
-    infer = read_doc(layout.accepted(0, LATE, "infer"), "accepted job")
-    assert judge is not None and judge["input"] == pool.judge_read
-    assert infer is not None and infer["committed"] == {"inferred": pool.judge_read}
-    assert infer["attempt"] != late["attempt"] and infer["manifest_attempt"] == late["attempt"]
+    assert late is not None and late.committed is not None and late.counts.get("error") == 10
+    assert pool.judge_read is not None and pool.judge_read != late.committed["inferred"]
+    judge = read_accepted(layout.accepted(0, LATE, "judge"))
+    infer = read_accepted(layout.accepted(0, LATE, "infer"))
+    assert isinstance(judge, AcceptedJob) and judge.input == pool.judge_read
+    assert isinstance(infer, AcceptedJob) and infer.committed == {"inferred": pool.judge_read}
+    assert infer.attempt != late.attempt and infer.manifest_attempt == late.attempt
 
     # inferred/ holds what the judge read: every row answered, as in its approved + rejected rows
     inferred = read_rows(layout.inferred(0, LATE))

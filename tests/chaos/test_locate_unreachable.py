@@ -14,12 +14,12 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.pool import LOCATE_TIMEOUT_S, PoolClient
+from airflow_batchinfer.run.docs import JobManifest
 from airflow_batchinfer.storage import JsonlFile
 from tests.integration.test_worker_failures import infer_spec, shard, wait_for
 from tests.support.workers import TOKEN, WorkerProcess, start_worker
@@ -45,7 +45,7 @@ def test_a_retry_waits_for_a_silent_worker_instead_of_starting_a_second_copy(tmp
     paused = False
     try:
 
-        async def scenario() -> tuple[dict[str, Any], dict[str, int], bool]:
+        async def scenario() -> tuple[JobManifest, dict[str, int], bool]:
             first = PoolClient([busy.url], token=TOKEN, poll_interval_s=0.1)
             runner = asyncio.create_task(first.run(spec))  # the first try; its task then dies
             pinned = pin_input(spec, JsonlFile(spec.input).info())
@@ -77,8 +77,8 @@ def test_a_retry_waits_for_a_silent_worker_instead_of_starting_a_second_copy(tmp
         # the idle worker once the silent one's status and stats asks timed out, before the fix).
         assert jobs_seen(idle) == {}, "a second copy of the job ran on the idle worker"
         assert jobs_seen(busy) == {"succeeded": 1}
-        assert manifest["counts"] == {"ok": 400}
-        assert manifest["worker"].endswith(busy.url.rsplit(":", 1)[1])  # followed where it ran
+        assert manifest.counts == {"ok": 400}
+        assert manifest.worker.endswith(busy.url.rsplit(":", 1)[1])  # followed where it ran
         assert time.monotonic() - started >= PAUSED_S
     finally:
         if paused:

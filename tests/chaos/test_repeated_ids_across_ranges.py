@@ -18,19 +18,14 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import check_invariant
-from airflow_batchinfer.rounds import (
-    Plan,
-    close_round,
-    pending_shards,
-    prepare_run,
-    propose,
-    read_doc,
-    round_kinds,
-    write_plan,
-)
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import pending_shards, propose_slot
+from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage import id_hashes as ih
 from airflow_batchinfer.storage import ranges as ranges_mod
@@ -48,7 +43,7 @@ def setup_run(tmp_path: Path, lines: list[str]) -> tuple[RunConfig, Plan]:
     )  # fmt: skip
     shards = prepare_run(cfg).shards
     assert len(shards) >= 3 and all("range" in s for s in shards)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     return cfg, plan
 
@@ -118,16 +113,17 @@ def test_ids_repeated_across_ranges_are_rejected_and_round_zero_closes(tmp_path:
     assert "a third time" in got[1]["raw"] and all(row["source"] == cfg.input for row in got)
     # The shards' accepted docs agree with their files: counts and digests without the repeats.
     for sid in {row["shard_id"] for row in got}:
-        doc = read_doc(layout.accepted(0, sid, "infer_judge"), "accepted job")
-        assert doc is not None and doc["repeats"]["count"] == sum(row["shard_id"] == sid for row in got)
+        doc = read_accepted(layout.accepted(0, sid, "infer_judge"))
+        assert isinstance(doc, AcceptedJob) and doc.repeats is not None and doc.ids is not None
+        assert doc.repeats.count == sum(row["shard_id"] == sid for row in got)
         for name in ("approved", "rejected"):
-            rows_in = list(JsonlFile(doc["outputs"][name]).iter_records())
-            assert doc["ids"][name]["count"] == doc["counts"][name] == len(rows_in)
+            rows_in = list(JsonlFile(doc.outputs[name]).iter_records())
+            assert doc.ids[name].count == doc.counts[name] == len(rows_in)
     # The report's invariant: from the digests, and by reading the ids (no digests to go by).
     pending = pending_shards(layout, 1)
-    by_digest = check_invariant(layout, "id", pending, [summary], [], plans=[plan])
+    by_digest = check_invariant(layout, "id", pending, [Summary.model_validate(summary)], [], plans=[plan])
     assert by_digest["ok"] and by_digest["checked"] == "digests" and by_digest["input"] == 40, by_digest
-    undigested = {**summary, "ids": {}}
+    undigested = Summary.model_validate({**summary, "ids": {}})
     by_ids = check_invariant(layout, "id", [{k: v for k, v in s.items() if k != "ids"} for s in pending],
                              [undigested], [], plans=[plan])  # fmt: skip
     assert by_ids["ok"] and by_ids["checked"] == "ids", by_ids
@@ -224,9 +220,9 @@ def test_a_repeat_in_a_quarantined_shard_is_rejected_once_it_is_accepted(tmp_pat
     summary = close_round(cfg, plan)  # the later occurrence's shard never ran: quarantined
     assert summary is not None and summary["invariant"]["ok"], summary
     assert summary["repeated_ids"] == 0 and repeat_rows(layout) == []
-    failed = read_doc(f"{layout.failed(0)}/{later['shard_id']}.json", "failed")
-    assert failed is not None and failed["repeated_ids"]["count"] == 1
-    assert "id 'r02' at line 34 (first at line 3)" in failed["repeated_ids"]["first"]
+    failed = read_failed(layout, 0, later["shard_id"])
+    assert failed is not None and failed.repeated_ids is not None and failed.repeated_ids.count == 1
+    assert "id 'r02' at line 34 (first at line 3)" in failed.repeated_ids.first
     run_round(cfg, [later])  # the DAG run re-run: its job runs, the close accepts it
     summary = close_round(cfg, plan)
     assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == 1, summary

@@ -10,12 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer import rounds
-from airflow_batchinfer.layout import RunLayout, staged_output
-from airflow_batchinfer.rounds import read_doc, record_job_error, round_kinds, write_doc
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run import quarantine
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    QuarantinedJob,
+    read_accepted,
+    read_job_manifest,
+    write_accepted,
+    write_doc,
+)
+from airflow_batchinfer.run.jobs import record_job_error, round_kinds
+from airflow_batchinfer.run.layout import RunLayout, staged_output
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.fake_jobs import (
     IDS,
     close,
@@ -64,8 +71,8 @@ def test_every_close_that_quarantines_a_shard_sweeps_its_staged_attempts(tmp_pat
     summary = close(cfg, plan)
     assert [f["shard_id"] for f in summary["failed_shards"]] == [sid]
     assert not first.exists()  # swept with the quarantine
-    quarantine = read_doc(layout.accepted(0, sid, kind), "accepted job")
-    assert quarantine is not None and quarantine["quarantined"] and quarantine["sweep"] == "swept"
+    quarantine = read_accepted(layout.accepted(0, sid, kind))
+    assert isinstance(quarantine, QuarantinedJob) and quarantine.sweep == "swept"
     each_id_once(cfg, summary)
 
     second = orphan_attempt(cfg, s, kind, "zombie-2")  # another copy wrote after that close
@@ -75,8 +82,8 @@ def test_every_close_that_quarantines_a_shard_sweeps_its_staged_attempts(tmp_pat
     judge_shard(cfg, 0, s, {"r00", "r01"}, token="late")  # the task's retry finishes at last
     summary = close(cfg, plan)
     assert summary["failed_shards"] == [] and not Path(layout.failed(0), f"{sid}.json").exists()
-    doc = read_doc(layout.accepted(0, sid, kind), "accepted job")
-    assert doc is not None and doc["attempt"] == "late"
+    doc = read_accepted(layout.accepted(0, sid, kind))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "late"
     assert sorted(r["id"] for r in read_rows(layout.result(0, sid))) == ["r00", "r01"]
     assert not Path(layout.staged_job(0, sid, kind)).exists()
     each_id_once(cfg, summary)
@@ -93,23 +100,24 @@ def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_p
     stray = orphan_attempt(cfg, s, "infer", "zombie")  # an infer copy that never wrote its manifest
     rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"])]
     infer = finish_job(cfg, "infer", 0, s, {"inferred": rows}, {"ok": 10}, token="current")
-    judged = orphan_attempt(cfg, {**s, "uri": infer["committed"]["inferred"]}, "judge", "zombie")
+    assert infer.committed is not None
+    judged = orphan_attempt(cfg, {**s, "uri": infer.committed["inferred"]}, "judge", "zombie")
     record_job_error(cfg, 0, sid, "judge", "JobFailed: worker lost", None)
 
     summary = close(cfg, plan)
     assert [(f["shard_id"], f["phase"]) for f in summary["failed_shards"]] == [(sid, "judge")]
     assert not stray.exists() and not judged.exists()
-    assert Path(infer["committed"]["inferred"]).exists()  # what the judge's re-run reads
+    assert Path(infer.committed["inferred"]).exists()  # what the judge's re-run reads
     each_id_once(cfg, summary)
 
     manifest = judge_shard(cfg, 0, s, {"r05"}, token="rerun")
-    assert manifest["input"] == infer["committed"]["inferred"]
+    assert manifest.input == infer.committed["inferred"] and manifest.committed is not None
     summary = close(cfg, plan)
     assert summary["failed_shards"] == []
-    accepted = read_doc(layout.accepted(0, sid, "infer"), "accepted job")
-    assert accepted is not None and accepted["attempt"] == "current"
+    accepted = read_accepted(layout.accepted(0, sid, "infer"))
+    assert isinstance(accepted, AcceptedJob) and accepted.attempt == "current"
     assert [r["result"] for r in read_rows(layout.inferred(0, sid))] == ["x"] * 10
-    promoted = [Path(infer["committed"]["inferred"]).parent, Path(manifest["committed"]["approved"]).parent]
+    promoted = [Path(infer.committed["inferred"]).parent, Path(manifest.committed["approved"]).parent]
     assert not any(attempt.exists() for attempt in promoted)  # moved to their final URIs
     assert not any(Path(layout.staged_job(0, x["shard_id"], kind)).exists()
                    for x in plan.shards for kind in ("infer", "judge"))  # fmt: skip  # no other attempt left
@@ -123,7 +131,7 @@ def test_a_quarantine_cut_short_while_sweeping_is_taken_over(
     """A close that died between its quarantine's ``sweeping`` and ``swept`` never blocks the shard:
     a later close waits for that sweep until SWEEP_WAIT_S after it was decided, then takes the close
     for gone and decides again (here: accepts the job that finished since)."""
-    monkeypatch.setattr(rounds, "SWEEP_WAIT_S", 0.5)
+    monkeypatch.setattr(quarantine, "SWEEP_WAIT_S", 0.5)
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
@@ -132,16 +140,16 @@ def test_a_quarantine_cut_short_while_sweeping_is_taken_over(
     for x in plan.shards[1:]:
         finish_shard(cfg, 0, x, set())
     judge_shard(cfg, 0, s, {"r01"}, token="late")
-    dead = {"shard_id": sid, "kind": kind, "quarantined": True, "sweep": "sweeping", "phase": kind,
-            "error": "JobFailed: worker lost", "quarantined_at": time.time()}  # fmt: skip
-    write_doc(layout.accepted(0, sid, kind), dead)
+    dead = QuarantinedJob(shard_id=sid, kind=kind, sweep="sweeping", phase=kind,
+                          error="JobFailed: worker lost", quarantined_at=time.time())  # fmt: skip
+    write_accepted(layout.accepted(0, sid, kind), dead)
     write_doc(f"{layout.failed(0)}/{sid}.json", {"shard_id": sid, "uri": s["uri"], "records": 10})
 
     started = time.monotonic()
     summary = close(cfg, plan)
     assert time.monotonic() - started >= 0.5  # it waited for the sweep first
-    doc = read_doc(layout.accepted(0, sid, kind), "accepted job")
-    assert doc is not None and not doc["quarantined"] and doc["attempt"] == "late"
+    doc = read_accepted(layout.accepted(0, sid, kind))
+    assert isinstance(doc, AcceptedJob) and not doc.quarantined and doc.attempt == "late"
     assert summary["failed_shards"] == [] and not Path(layout.failed(0), f"{sid}.json").exists()
     assert [r["id"] for r in read_rows(layout.result(0, sid))] == ["r01"]
     each_id_once(cfg, summary)

@@ -367,9 +367,10 @@ def test_d_a_celery_worker_killed_mid_task_and_the_retry_follows_the_job(
 
 def _job_state(run: Run, map_index: int, workers: list[WorkerProcess]) -> str | None:
     """The state of round 0's job for shard ``map_index`` on whichever of ``workers`` has it."""
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import job_spec, read_plan, read_run_config
     from airflow_batchinfer.rpc.fingerprint import pin_input
+    from airflow_batchinfer.run.docs import read_plan, read_run_config
+    from airflow_batchinfer.run.jobs import job_spec
+    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.storage import JsonlFile
 
     plan = read_plan(RunLayout(run.root), "round-00", run.so)

@@ -20,12 +20,12 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines.simulated import stable_fraction
-from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.report import plain_text
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.ranges import range_ids
 from tests.e2e.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
+from tests.support.local_airflow import LocalAirflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 RATE = 0.5  # the e2e DAGs' simulated approval rate

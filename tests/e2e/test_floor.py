@@ -23,10 +23,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from airflow_batchinfer.local_airflow import LocalAirflow
-from airflow_batchinfer.rounds import ACCEPT
+from airflow_batchinfer.run.plan import ACCEPT
 from airflow_batchinfer.storage import JsonlDir
 from tests.e2e.conftest import write_dataset
+from tests.support.local_airflow import LocalAirflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]

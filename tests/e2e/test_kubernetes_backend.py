@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.local_airflow import LocalAirflow
 from tests.conftest import Kube
 from tests.e2e.test_airflow_pipeline import conf_for, rows, run
+from tests.support.local_airflow import LocalAirflow
 
 pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
 pytestmark = [pytest.mark.airflow, pytest.mark.kubernetes, pytest.mark.slow, pytest.mark.timeout(900)]

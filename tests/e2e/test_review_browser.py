@@ -28,8 +28,8 @@ if missing():
 
 from playwright.sync_api import Browser, BrowserContext, FrameLocator, Page, Route, expect
 
-from airflow_batchinfer.local_airflow import LocalAirflow
 from airflow_batchinfer.storage import JsonlFile
+from tests.support.local_airflow import LocalAirflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.browser, pytest.mark.timeout(600)]
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batchinfer.local_airflow import LocalAirflow
 from tests.e2e.conftest import write_dataset
+from tests.support.local_airflow import LocalAirflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -19,11 +19,11 @@ from airflow.triggers.base import TaskSuccessEvent  # noqa: E402
 
 from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa: E402
-from airflow_batchinfer.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.pools import require_endpoints  # noqa: E402
-from airflow_batchinfer.rounds import job_spec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
-from airflow_batchinfer.run_config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.jobs import job_spec  # noqa: E402
+from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import shard_dataset  # noqa: E402
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger  # noqa: E402
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger  # noqa: E402
@@ -101,16 +101,18 @@ async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, wor
 
 
 async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn: str, worker: WorkerProcess):
-    """Given the task's result, a succeeded job ends the task on the triggerer (no resume on a
-    worker) with the worker's counts in its XCom; any other end still resumes the task."""
+    """Given the task's result and the job's manifest, a succeeded job whose manifest says so ends the
+    task on the triggerer (no resume on a worker) with the manifest's counts in its XCom; any other
+    end still resumes the task."""
     result = {"shard_id": "part-00000", "round": 0, "records": 30, "counts": {}}
+    manifest = RunLayout(str(tmp_path / "run")).job_manifest(0, "part-00000", "infer")
     trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=submit_job(tmp_path, worker),
-                               poll_interval_s=0.2, result=result)  # fmt: skip
+                               poll_interval_s=0.2, result=result, manifest=manifest)  # fmt: skip
     event = await anext(WorkerJobTrigger(**trigger.serialize()[1]).run())
     assert isinstance(event, TaskSuccessEvent)
     assert event.xcoms == {"return_value": {**result, "counts": {"ok": 30}}}
     lost = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1,
-                            result=result)  # fmt: skip
+                            result=result, manifest=manifest)  # fmt: skip
     event = await anext(lost.run())
     assert not isinstance(event, TaskSuccessEvent) and event.payload["state"] == "lost"
 
@@ -151,7 +153,7 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_batchinfer.operators.report import PreflightOperator
-    from airflow_batchinfer.rounds import write_run_config
+    from airflow_batchinfer.run.docs import write_run_config
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))

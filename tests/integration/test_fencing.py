@@ -14,14 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import close_round, job_spec, judge_input, propose, read_doc, write_plan
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import AcceptedJob, read_accepted, read_job_manifest, write_plan
+from airflow_batchinfer.run.jobs import job_spec, judge_input
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.location import resolve
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.registry import DRAINED
 from tests.conftest import Root
 from tests.support.fake_jobs import finish_job, finish_shard, judge_shard, read_rows, write_rows
@@ -69,7 +71,7 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     so = root.storage_options
     cfg = make_run(tmp_path, root.uri("run"), so)
     layout = RunLayout(cfg.run_root)
-    plan = propose(cfg, "round-00", so).plan
+    plan = propose_slot(cfg, "round-00", so).plan
     write_plan(layout, plan, so)
     s, rest = plan.shards[0], plan.shards[1:]
     sid = s["shard_id"]
@@ -95,8 +97,9 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     assert sorted(r["id"] for r in read_rows(layout.result(0, sid), so)) == ["r01", "r02"]
     assert not exists(f"{layout.failed(0)}/{sid}.json", so)
     assert not exists(f"{layout.staged_job(0, sid, 'judge')}/a/approved.jsonl.zst", so)
-    doc = read_doc(layout.accepted(0, sid, "judge"), "accepted job", so)
-    assert doc is not None and doc["attempt"] == "b" and doc["counts"] == {"approved": 2, "rejected": 8}
+    doc = read_accepted(layout.accepted(0, sid, "judge"), so)
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "b"
+    assert doc.counts == {"approved": 2, "rejected": 8}
 
     judge_shard(cfg, 0, s, {"r00"}, token="c", so=so)  # yet another copy: never replaces b
     third = close_round(cfg, plan, so)
@@ -109,7 +112,7 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
     judges disagree (approval rates differ). Close promotes both files of one attempt only."""
     cfg = make_run(tmp_path, str(tmp_path / "run"))
     layout = RunLayout(cfg.run_root)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(layout, plan)
     workers = [
         start_worker(tmp_path, engine_args={"approval_rate": rate, "latency_base_s": 0.02})
@@ -142,11 +145,11 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
     assert summary is not None and summary["failed_shards"] == [] and each_id_once(cfg, summary)
     for s, m in zip(plan.shards, manifests, strict=True):
         assert m is not None
-        doc = read_doc(layout.accepted(0, s["shard_id"], "judge"), "accepted job")
-        assert doc is not None and doc["attempt"] == m["attempt"] and doc["counts"] == m["counts"]
+        doc = read_accepted(layout.accepted(0, s["shard_id"], "judge"))
+        assert isinstance(doc, AcceptedJob) and doc.attempt == m.attempt and doc.counts == m.counts
         approved = read_rows(layout.result(0, s["shard_id"]))
         rejected = read_rows(layout.rejected(0, s["shard_id"]))
-        assert (len(approved), len(rejected)) == (m["counts"]["approved"], m["counts"]["rejected"])
+        assert (len(approved), len(rejected)) == (m.counts["approved"], m.counts["rejected"])
         assert not Path(layout.staged_job(0, s["shard_id"], "judge")).exists()
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.integration.test_worker_failures import in_place_spec
 from tests.support.seaweedfs import S3Server
 from tests.support.workers import start_worker
@@ -63,8 +63,8 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
     assert code == 0, w.log_tail()  # e.g. not killed by a signal (-11: a crash in the writers)
 
     manifest = read_job_manifest(spec.outputs["manifest"], options)
-    assert manifest is not None and manifest["state"] == "succeeded"
-    staged = manifest["committed"]  # what the round's close would promote
+    assert manifest is not None and manifest.state == "succeeded" and manifest.committed is not None
+    staged = manifest.committed  # what the round's close would promote
     assert all(uri.startswith(layout.staging(0)) for uri in staged.values())
     approved = list(JsonlFile(staged["approved"], storage_options=options).iter_records())
     rejected = list(JsonlFile(staged["rejected"], storage_options=options).iter_records())
@@ -76,7 +76,7 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
     assert {r["status"] for r in rejected} <= {"max_attempts", "error"}
     assert status.progress.done == N
 
-    counts = manifest["counts"]
+    counts = manifest.counts
     assert counts["approved"] == len(approved) > N // 2
     assert counts.get("max_attempts", 0) + counts.get("error", 0) == len(rejected) > 1_000
     assert counts["approved"] + counts.get("max_attempts", 0) + counts.get("error", 0) == N

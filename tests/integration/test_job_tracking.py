@@ -7,12 +7,12 @@ import asyncio
 import json
 import signal
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run.docs import JobManifest
 from airflow_batchinfer.storage import JsonlFile
 from tests.integration.test_worker_failures import infer_spec, shard, wait_for
 from tests.support.workers import TOKEN, WorkerProcess, start_worker
@@ -37,7 +37,7 @@ def test_a_retry_follows_the_copy_that_still_runs(tmp_path: Path) -> None:
     busy, idle = (start_worker(tmp_path, engine_args={"latency_base_s": 0.05}, concurrency=c) for c in (1, 8))
     try:
 
-        async def scenario() -> dict[str, Any]:
+        async def scenario() -> JobManifest:
             first = PoolClient([busy.url], token=TOKEN, poll_interval_s=0.1)
             runner = asyncio.create_task(first.run(spec))  # the first try; its task then dies
             pinned = pin_input(spec, JsonlFile(spec.input).info())
@@ -51,7 +51,7 @@ def test_a_retry_follows_the_copy_that_still_runs(tmp_path: Path) -> None:
                 await first.aclose()
 
         manifest = asyncio.run(scenario())
-        assert manifest["counts"] == {"ok": 200} and manifest["worker"].endswith(busy.url.rsplit(":", 1)[1])
+        assert manifest.counts == {"ok": 200} and manifest.worker.endswith(busy.url.rsplit(":", 1)[1])
         assert jobs_seen(idle) == {} and jobs_seen(busy) == {"succeeded": 1}
     finally:
         busy.stop()
@@ -65,7 +65,7 @@ def test_a_draining_worker_hands_its_job_back_and_the_client_resubmits_it(tmp_pa
     other = start_worker(tmp_path, engine_args={"latency_base_s": 0.01}, concurrency=1)
     try:
 
-        async def scenario() -> dict[str, Any]:
+        async def scenario() -> JobManifest:
             # the draining worker has the most free slots: the job goes there first
             pool = PoolClient([draining.url, other.url], token=TOKEN, poll_interval_s=0.1, lost_grace_s=1)
             runner = asyncio.create_task(pool.run(spec))
@@ -78,7 +78,7 @@ def test_a_draining_worker_hands_its_job_back_and_the_client_resubmits_it(tmp_pa
                 await pool.aclose()
 
         manifest = asyncio.run(scenario())
-        assert manifest["counts"] == {"ok": 300}
+        assert manifest.counts == {"ok": 300}
         assert jobs_seen(other) == {"succeeded": 1}  # ran again there: a drain is not a failure
         assert "draining" in draining.log_tail()
     finally:

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.models import VLLM_PYTHON
 from tests.support.seaweedfs import S3Server, free_port
 from tests.support.workers import TOKEN, WorkerProcess, start_worker
@@ -153,7 +153,7 @@ def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerPr
     inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
     assert all(r["status"] == "ok" for r in inferred)
     manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))
-    assert manifest is not None and manifest["engine"]["engine"] == "vllm"
+    assert manifest is not None and manifest.engine["engine"] == "vllm"
     # one prompt longer than max_model_len fails alone
     long = JsonlFile(str(tmp_path / "long.jsonl"))
     with long.writer_sync() as w:
@@ -312,8 +312,8 @@ def test_openai_engine_against_a_real_vllm_serve(tmp_path: Path, tiny_model: str
         inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
         assert [r["status"] for r in inferred] == ["ok"] * 12
         manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))
-        assert manifest is not None and manifest["engine"]["engine"] == "openai"
-        assert manifest["tokens"]["completion"] > 0  # usage came back from the server
+        assert manifest is not None and manifest.engine["engine"] == "openai"
+        assert manifest.tokens["completion"] > 0  # usage came back from the server
         assert len(approved) + len(rejected) == 12
     finally:
         server.terminate()

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run.docs import JobManifest
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.workers import TOKEN, WorkerProcess, start_worker
@@ -121,7 +122,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     workers = [start_worker(tmp_path, engine_args={"latency_base_s": 0.05}) for _ in range(2)]
     job_id = pin_input(spec, JsonlFile(spec.input).info()).job_id  # the id the pool client submits
 
-    async def scenario() -> dict[str, Any]:
+    async def scenario() -> JobManifest:
         pool = PoolClient([w.url for w in workers], token=TOKEN, poll_interval_s=0.1, lost_grace_s=0.5)
         runner = asyncio.create_task(pool.run(spec))
         victim: WorkerProcess | None = None
@@ -141,7 +142,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     finally:
         for w in workers:
             w.stop()
-    assert manifest["counts"] == {"ok": 300}
+    assert manifest.counts == {"ok": 300}
     ids = [r["id"] for r in JsonlFile(spec.outputs["inferred"]).iter_records()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(300))
 
@@ -163,7 +164,7 @@ def test_finished_job_is_not_run_again_by_the_pool_client(tmp_path: Path) -> Non
     assert first == second
 
 
-async def _run_once(w: WorkerProcess, spec: JobSpec) -> dict[str, Any]:
+async def _run_once(w: WorkerProcess, spec: JobSpec) -> JobManifest:
     pool = PoolClient([w.url], token=TOKEN, poll_interval_s=0.05)
     try:
         return await pool.run(spec)

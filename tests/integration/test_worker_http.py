@@ -12,10 +12,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.workers import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.slow
@@ -73,9 +73,10 @@ def test_infer_job_lifecycle_outputs_and_manifest(tmp_path: Path, worker: Worker
     assert all(r["attempts"] == 1 and r["round"] == 0 and r["error"] is None for r in out)
     manifest = read_job_manifest(spec.outputs["manifest"])
     assert manifest is not None
-    assert manifest["schema_version"] == 1 and manifest["state"] == "succeeded"
-    assert manifest["counts"] == {"ok": 300} and len(manifest["fingerprint"]) == 64
-    assert manifest["batcher"]["batches"] >= 1 and "utilization" in manifest["batcher"]
+    assert json.loads(Path(spec.outputs["manifest"]).read_text())["schema_version"] == 1
+    assert manifest.state == "succeeded"
+    assert manifest.counts == {"ok": 300} and len(manifest.fingerprint) == 64
+    assert manifest.batcher.batches >= 1 and 0 <= manifest.batcher.utilization <= 1
 
 
 def test_same_job_id_never_runs_twice(tmp_path: Path, worker: WorkerProcess) -> None:
@@ -340,7 +341,7 @@ def test_sigterm_drains_running_jobs_then_exits_cleanly(tmp_path: Path) -> None:
     assert w.http("GET", "/v1/ready", token=None).status_code == 503
     assert w.process.wait(timeout=60) == 0
     manifest = read_job_manifest(spec.outputs["manifest"])
-    assert manifest is not None and manifest["counts"] == {"ok": 100}  # the running job finished
+    assert manifest is not None and manifest.counts == {"ok": 100}  # the running job finished
     assert read_job_manifest(layout.job_manifest(0, shards[1]["shard_id"], "infer")) is None
 
 

@@ -25,11 +25,11 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pipeline import run_pipeline
 from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSpec
 from airflow_batchinfer.pools.kubernetes.objects import worker_deployment
-from airflow_batchinfer.pools.leases import LEASES
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.worker.leases import LEASES
 from tests.conftest import Kube
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.slow]

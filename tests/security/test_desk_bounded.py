@@ -20,8 +20,9 @@ import pytest
 
 from airflow_batchinfer.desk_bounds import KIB, MIB, Bounds, clip
 from airflow_batchinfer.review.browse import RoundView, field_value
-from airflow_batchinfer.rounds import round_kinds, write_run_config
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import write_run_config
+from airflow_batchinfer.run.jobs import round_kinds
 from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows
 
 OUTPUT = "o" * (4 * MIB - 5) + "<end>"  # 4 MiB: its end shows whether it came whole
@@ -197,7 +198,8 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from fastapi.testclient import TestClient
 
     from airflow_batchinfer.review.app import get_app
-    from airflow_batchinfer.run_owner import RunIdentity, write_owner
+    from airflow_batchinfer.run.owner import RunIdentity
+    from tests.support.owners import write_owner
     from tests.unit.review import test_app as t
 
     home = tmp_path_factory.mktemp("airflow")

@@ -125,6 +125,7 @@ def _spec_from_setup(
     pytest.importorskip("airflow", reason="needs the airflow extra")
     pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
     from airflow_batchinfer.operators.pool import PoolSetupOperator
+    from airflow_batchinfer.pools.backends import open_backend
     from airflow_batchinfer.pools.kubernetes import KubernetesPool
     from airflow_batchinfer.pools.ref import PoolRef
 
@@ -133,7 +134,7 @@ def _spec_from_setup(
         KubernetesPool, "ensure", lambda self, spec, lease_id=None: built.append(spec) or "created"
     )
     monkeypatch.setattr(KubernetesPool, "acquire", lambda self, lease, replicas, ttl_s=0.0: replicas)
-    pool = PoolRef.parse(worker_pool).open(conn, kubernetes_api=lambda conn_id: object())
+    pool = open_backend(PoolRef.parse(worker_pool), conn, kubernetes_api=lambda conn_id: object())
     op = PoolSetupOperator(task_id="pool_setup", worker_pool=worker_pool, allowed_prefixes=["s3://b/"])
     op._kubernetes_up(pool, 1, {"dag": SimpleNamespace(dag_id="d"), "run_id": "r1"})  # type: ignore[arg-type]
     (spec,) = built
@@ -195,6 +196,7 @@ def test_a_malformed_selector_in_the_extra_fails_the_setup_naming_the_connection
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_batchinfer.operators import pool as pool_ops
+    from airflow_batchinfer.pools.backends import open_backend
     from airflow_batchinfer.pools.ref import PoolRef
 
     def no_api(conn_id: str | None) -> Any:
@@ -202,7 +204,7 @@ def test_a_malformed_selector_in_the_extra_fails_the_setup_naming_the_connection
 
     conn = Conn("gpu_pool", **extra)
     monkeypatch.setattr(
-        pool_ops, "open_pool", lambda ref: PoolRef.parse(ref).open(conn, kubernetes_api=no_api)
+        pool_ops, "open_pool", lambda ref: open_backend(PoolRef.parse(ref), conn, kubernetes_api=no_api)
     )
     op = pool_ops.PoolSetupOperator(
         task_id="pool_setup", worker_pool="gpu_pool", allowed_prefixes=["s3://b/"]

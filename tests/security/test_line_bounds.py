@@ -18,9 +18,9 @@ import pytest
 import zstandard
 
 from airflow_batchinfer.exceptions import MalformedRecordError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import shard_input
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.prepare import shard_input
 from airflow_batchinfer.settings import setting
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.lines import (

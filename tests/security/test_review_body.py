@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.report import review_body
-from airflow_batchinfer.rounds import Plan, Proposal
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import Plan
+from airflow_batchinfer.run.plan import Proposal
 from airflow_batchinfer.storage import JsonlFile
 
 markdown_it = pytest.importorskip("markdown_it", reason="comes with the docs tools (myst-parser)")
@@ -33,7 +34,7 @@ def test_model_output_in_the_review_body_is_text(tmp_path: Path) -> None:
     root = str(tmp_path / "run`![p](evil.png)`")
     cfg = RunConfig(input="x", run_root=root, prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
-    proposal = Proposal(Plan("round-01", 1, "rounds", shards=shards), options=["Continue"], last={})
+    proposal = Proposal(Plan("round-01", 1, "rounds", shards=shards), options=["Continue"])
     body = review_body(cfg, proposal)
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(body)
     assert "<img" not in html and "![p](evil.png)" in html
@@ -58,6 +59,6 @@ def test_the_desk_link_is_ours_and_cannot_be_broken_out_of(tmp_path: Path) -> No
     assert url == ("http://127.0.0.1:8080/dags/dag_x/runs/manual__x%29%20%21%5Bp%5D%28http%3A%2F%2Fevil.example"
                    "%2Fp.png/plugin/review-desk")  # fmt: skip
     cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
-    proposal = Proposal(Plan("round-01", 1, "skip", stop="nothing pending"), options=["Continue"], last={})
+    proposal = Proposal(Plan("round-01", 1, "skip", stop="nothing pending"), options=["Continue"])
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(review_body(cfg, proposal, desk=url))
     assert html.count("<a ") == 1 and f'<a href="{url}">' in html and "<img" not in html

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.report import MAX_BODY_BYTES, MAX_BODY_TEXT, review_body
-from airflow_batchinfer.rounds import Plan, Proposal
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import Plan
+from airflow_batchinfer.run.plan import Proposal
 from airflow_batchinfer.storage import JsonlFile
 
 MIB = 1024 * 1024
@@ -25,7 +26,7 @@ def gate(tmp_path: Path, rows: list[dict[str, Any]], **plan: Any) -> tuple[RunCo
         w.write_many(rows)
     cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
-    return cfg, Proposal(Plan("round-01", 1, "rounds", shards=shards, **plan), options=["Continue"], last={})
+    return cfg, Proposal(Plan("round-01", 1, "rounds", shards=shards, **plan), options=["Continue"])
 
 
 def test_huge_reasons_outputs_and_errors_are_cut_in_the_body(tmp_path: Path) -> None:

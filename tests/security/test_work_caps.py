@@ -215,7 +215,8 @@ def test_caps_come_from_the_pool_connections_extra(gather: Any) -> None:
 # ------------------------------------------------ a review gate's answer is held to the same caps
 def _gated_run(tmp_path: Any, **sampling: Any) -> tuple[Any, Any]:
     """A run whose round 0 left 5 rows pending, and the proposal of its round-01 gate."""
-    from airflow_batchinfer.rounds import close_round, propose
+    from airflow_batchinfer.run.close import close_round
+    from airflow_batchinfer.run.plan import propose_slot
     from tests.support.fake_jobs import IDS, finish_shard, make_run, plan_round
 
     cfg = make_run(tmp_path, review="every_round", max_rounds=3, judge={"type": "length", "min_chars": 1},
@@ -224,13 +225,14 @@ def _gated_run(tmp_path: Any, **sampling: Any) -> tuple[Any, Any]:
     for shard in plan.shards:
         finish_shard(cfg, 0, shard, set(IDS[:25]))
     assert close_round(cfg, plan) is not None
-    return cfg, propose(cfg, "round-01")
+    return cfg, propose_slot(cfg, "round-01")
 
 
 def test_a_gate_answer_over_a_cap_is_refused_before_it_takes_effect(tmp_path: Any) -> None:
     from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import CONTINUE, apply_choice, read_plan
+    from airflow_batchinfer.run.docs import read_plan
+    from airflow_batchinfer.run.layout import RunLayout
+    from airflow_batchinfer.run.plan import CONTINUE, apply_choice
 
     cfg, proposal = _gated_run(tmp_path, max_tokens=8)
     limits = TriggerLimits(max_max_tokens=512)
@@ -251,7 +253,7 @@ def test_a_gate_answer_over_a_cap_is_refused_before_it_takes_effect(tmp_path: An
 
 def test_a_gate_answer_is_checked_as_the_engines_read_the_sampling(tmp_path: Any) -> None:
     from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.rounds import CONTINUE, apply_choice
+    from airflow_batchinfer.run.plan import CONTINUE, apply_choice
 
     # max_completion_tokens wins over max_tokens: a larger max_tokens changes nothing the engine spends
     cfg, proposal = _gated_run(tmp_path, max_completion_tokens=64)
@@ -268,8 +270,9 @@ def test_a_gate_answer_is_checked_as_the_engines_read_the_sampling(tmp_path: Any
 def _refuses_an_answer_over_512(op: Any, run_root: str) -> dict[str, Any]:
     """A plan task refuses a gate answer over ``max_max_tokens`` 512 and writes no plan; the answer."""
     from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.layout import RunLayout
-    from airflow_batchinfer.rounds import CONTINUE, read_plan
+    from airflow_batchinfer.run.docs import read_plan
+    from airflow_batchinfer.run.layout import RunLayout
+    from airflow_batchinfer.run.plan import CONTINUE
 
     answer = {"chosen_options": [CONTINUE], "responded_by_user": {"name": "alice"},
               "params_input": {"next_max_tokens": 100_000}}  # fmt: skip

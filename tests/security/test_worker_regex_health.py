@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.workers import start_worker
 
 pytestmark = pytest.mark.slow
@@ -96,7 +96,7 @@ def test_catastrophic_regex_judge_keeps_health_fast_and_rejects_every_record(tmp
         worst = max(latencies)
         assert worst < HEALTH_BOUND_S, f"/v1/health took up to {worst * 1000:.0f} ms during the job"
         manifest = read_job_manifest(spec.outputs["manifest"])
-        assert manifest is not None and manifest["counts"] == {"rejected": RECORDS}
+        assert manifest is not None and manifest.counts == {"rejected": RECORDS}
         rejected = list(JsonlFile(layout.rejected(0, sid)).iter_records())
         assert len(rejected) == RECORDS
         assert rejected[0]["judgment"] == {"approved": False, "reason": "pattern not found"}

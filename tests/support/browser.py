@@ -96,7 +96,7 @@ class Shots:
 
 
 def sign_in(page: Any, airflow: Any, next_path: str = "/") -> None:
-    """Log in to ``airflow`` (a :class:`~airflow_batchinfer.local_airflow.LocalAirflow`: its url,
+    """Log in to ``airflow`` (a :class:`~airflow_batchinfer.dev.airflow.DevAirflow`: its url,
     username and password) through the UI's login page (SimpleAuthManager: username, password,
     "Sign in") and wait until it has sent the browser on to ``next_path``."""
     page.goto(f"{airflow.url}/auth/login?next={urllib.parse.quote(airflow.url + next_path, safe='')}")

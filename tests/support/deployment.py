@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.local_airflow import LocalAirflow, free_port
+from airflow_batchinfer.dev.airflow import free_port
+from tests.support.local_airflow import LocalAirflow
 
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 REPO = Path(__file__).resolve().parents[2]

@@ -1,6 +1,7 @@
 """Shard jobs finished "as a worker would" without a worker: outputs (staged for fenced jobs),
-then a completion manifest with the job id, fingerprint and id digests a worker writes. For round
-tests that need exact control over what each job produced (which copy, which attempt, what counts)."""
+then a completion manifest (:class:`~airflow_batchinfer.run.docs.JobManifest`, the model the worker
+writes) with the job id, fingerprint, id digests and reason groups a worker writes. For round tests
+that need exact control over what each job produced (which copy, which attempt, what counts)."""
 
 from __future__ import annotations
 
@@ -11,23 +12,26 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import RunLayout, fenced_outputs, staged_output
-from airflow_batchinfer.rounds import (
-    Plan,
-    close_round,
-    job_spec,
-    judge_input,
-    propose,
-    round_kinds,
-    write_plan,
-)
+from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobKind
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    BatcherDelta,
+    Digest,
+    JobManifest,
+    Plan,
+    Timings,
+    write_job_manifest,
+    write_plan,
+)
+from airflow_batchinfer.run.jobs import job_spec, judge_input, round_kinds
+from airflow_batchinfer.run.layout import RunLayout, fenced_outputs, staged_output
+from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.worker.manifest import write_job_manifest
 
 ENGINE = {"engine": "simulated", "model": "simulated", "approval_rate": 0.5}
 
@@ -52,7 +56,7 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
 
 
 def plan_round(cfg: RunConfig, slot: str = "round-00") -> Plan:
-    plan = propose(cfg, slot).plan
+    plan = propose_slot(cfg, slot).plan
     write_plan(RunLayout(cfg.run_root), plan)
     return plan
 
@@ -81,13 +85,16 @@ def finish_job(
     engine: Mapping[str, Any] = ENGINE,
     run_s: float = 1.0,
     ids: Mapping[str, IdDigest | None] | None = None,
+    groups: bool = True,
     so: StorageOptions | None = None,
-) -> dict[str, Any]:
+) -> JobManifest:
     """Finish ``kind`` for ``shard`` (the pending shard; a judge reads the inferred file): write
     ``outputs`` (name -> rows) where the worker would and the manifest. Returns the manifest.
 
     The manifest's ``ids`` digests the input file's ids and each output's rows, as a worker does;
-    ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests)."""
+    ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests). A
+    judging or in-place job's ``reason_groups`` count its rejected rows' reasons, as a worker does
+    (``groups=False``: none, as a manifest from before them)."""
     src = judge_input(cfg, r, shard, so) if kind == "judge" else shard  # the infer attempt named now
     spec = job_spec(cfg, kind, r, src)
     info = JsonlFile(spec.input, storage_options=so).info()
@@ -96,9 +103,13 @@ def finish_job(
     committed: dict[str, str] = {}
     id_field = cfg.id_field or "id"
     digests = {"input": IdDigest.of(r.get(id_field) for r in read_rows(spec.input, so))}
+    reasons = ReasonGroups()
     for name, rows in outputs.items():
         rows = list(rows)
         digests[name] = IdDigest.of(r.get(id_field) for r in rows)
+        if name == "rejected":
+            for row in rows:
+                reasons.add(row_reason(row))
         if "staging" in spec.outputs and name in fenced_outputs(kind):
             uri = committed[name] = staged_output(
                 spec.outputs["staging"], spec.outputs["manifest"], token, name
@@ -106,27 +117,52 @@ def finish_job(
         else:
             uri = spec.outputs[name]
         write_rows(uri, rows, so)
-    manifest: dict[str, Any] = {
-        "job_id": pinned.job_id,
-        "kind": kind,
-        "state": "succeeded",
-        "input": spec.input,
-        "outputs": spec.outputs,
-        "attempt": token,
-        "counts": dict(counts),
-        "ids": {k: d.to_dict() for k, d in {**digests, **(ids or {})}.items() if d is not None},
-        "tokens": {"prompt": 1, "completion": 1},
-        "round": r,
-        "fingerprint": fingerprint(pinned, engine, info),
-        "engine": dict(engine),
-        "worker": "w1",
-        "timings": {"started_at": time.time(), "finished_at": time.time(), "run_s": run_s},
-        "batcher": {},
-    }
-    if committed:
-        manifest["committed"] = committed
+    manifest = JobManifest(
+        job_id=pinned.job_id,
+        kind=kind,
+        state="succeeded",
+        input=spec.input,
+        outputs=spec.outputs,
+        attempt=token,
+        counts=dict(counts),
+        ids={k: Digest.of(d) for k, d in {**digests, **(ids or {})}.items() if d is not None},
+        tokens={"prompt": 1, "completion": 1},
+        round=r,
+        sampling=spec.params.get("sampling"),
+        fingerprint=fingerprint(pinned, engine, info),
+        engine=dict(engine),
+        worker="w1",
+        timings=Timings(started_at=time.time(), finished_at=time.time(), run_s=run_s),
+        batcher=BatcherDelta(),
+        reason_groups=reasons.as_dict() if kind != "infer" and groups else None,
+        committed=committed or None,
+    )
     write_job_manifest(spec.outputs["manifest"], manifest, so)
     return manifest
+
+
+def job_manifest(**fields: Any) -> JobManifest:
+    """A completion manifest of a job that ran nowhere (unit tests of its readers): what a worker
+    writes, with placeholders where ``fields`` says nothing."""
+    placeholders: dict[str, Any] = {
+        "job_id": "j",
+        "kind": "infer",
+        "state": "succeeded",
+        "input": "in.jsonl",
+        "outputs": {},
+        "attempt": uuid.uuid4().hex,
+        "counts": {},
+        "ids": {},
+        "tokens": {},
+        "round": 0,
+        "sampling": None,
+        "fingerprint": "f",
+        "engine": dict(ENGINE),
+        "worker": "w1",
+        "timings": Timings(started_at=0.0, finished_at=0.0, run_s=0.0),
+        "batcher": BatcherDelta(),
+    }
+    return JobManifest.model_validate({**placeholders, **fields})
 
 
 def finish_shard(
@@ -137,7 +173,7 @@ def finish_shard(
     *,
     token: str | None = None,
     so: StorageOptions | None = None,
-) -> dict[str, Any]:
+) -> JobManifest:
     """Run one shard's round jobs (infer_judge, or infer then judge on the judge's pool): ids in
     ``approve`` approved, the rest rejected. Returns the accepted job's manifest."""
     if round_kinds(cfg, "rounds")[0] == "infer":
@@ -158,7 +194,7 @@ def judge_shard(
     *,
     token: str | None = None,
     so: StorageOptions | None = None,
-) -> dict[str, Any]:
+) -> JobManifest:
     """The round's accepting job for ``shard``: the judge (reading the inferred file) or the fused
     infer_judge (reading the pending shard)."""
     kind = round_kinds(cfg, "rounds")[-1]

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.rounds import job_spec, judge_input
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobStatus
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.jobs import job_spec, judge_input
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry

@@ -12,22 +12,16 @@ from typing import Any
 
 import pytest
 
-import airflow_batchinfer.rounds as rounds
-from airflow_batchinfer.layout import RunLayout
+import airflow_batchinfer.run.close as round_close
 from airflow_batchinfer.report import build_report
-from airflow_batchinfer.rounds import (
-    ACCEPT,
-    apply_choice,
-    propose,
-    read_summary,
-    write_plan,
-)
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import read_job_manifest, read_summary, write_plan
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
 from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.fake_jobs import (
     IDS,
     close,
@@ -160,7 +154,7 @@ def test_a_recompaction_that_doubles_a_row_is_named(tmp_path: Path, monkeypatch:
     plan = plan_round(cfg)
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
-    real = rounds.recompact
+    real = round_close.recompact
 
     def doubling(*args: Any, **kwargs: Any) -> RecompactResult:
         out = real(*args, **kwargs)
@@ -170,7 +164,7 @@ def test_a_recompaction_that_doubles_a_row_is_named(tmp_path: Path, monkeypatch:
         ids = IdDigest.from_dict(out.ids or {}) + IdDigest.of([rows[0]["id"]])
         return RecompactResult(out.shards, out.records, out.sources, ids=ids.to_dict())
 
-    monkeypatch.setattr(rounds, "recompact", doubling)
+    monkeypatch.setattr(round_close, "recompact", doubling)
     summary = close(cfg, plan)
     inv = summary["invariant"]
     assert not inv["ok"] and inv["doubled"] == ["r01"] and inv["opened"] == []
@@ -203,7 +197,7 @@ def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path)
     assert inv["ok"] and inv["opened"] == [s["shard_id"] for s in plan.shards]  # every shard read
     assert IdDigest.from_dict(summary["ids"]["planned"]) == IdDigest.of(IDS)
 
-    write_plan(RunLayout(cfg.run_root), propose(cfg, "tail").plan)
+    write_plan(RunLayout(cfg.run_root), propose_slot(cfg, "tail").plan)
     strip_digests(cfg)  # and the summary and the next pending set too
     report = build_report(cfg)
     assert report["invariant"]["checked"] == "ids" and report["invariant"]["ok"], report["invariant"]
@@ -236,7 +230,7 @@ def test_the_fallback_names_an_id_lost_after_close(tmp_path: Path) -> None:
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
     close(cfg, plan)
-    write_plan(layout, propose(cfg, "tail").plan)
+    write_plan(layout, propose_slot(cfg, "tail").plan)
     strip_digests(cfg)
     result = layout.result(0, plan.shards[1]["shard_id"])
     write_rows(result, [r for r in read_rows(result) if r["id"] != "r12"])
@@ -274,7 +268,7 @@ def test_report_counts_rows_a_review_accepted_from_the_plan(tmp_path: Path) -> N
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
     close(cfg, plan)
-    accepted = apply_choice(cfg, propose(cfg, "round-01"), ACCEPT)
+    accepted = apply_choice(cfg, propose_slot(cfg, "round-01"), ACCEPT)
     assert accepted.accepted == IdDigest.of(i for i in IDS if int(i[1:]) % 2).to_dict()
     write_plan(RunLayout(cfg.run_root), accepted)
     report = build_report(cfg)
@@ -304,9 +298,11 @@ def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     finish_shard(cfg, 0, plan.shards[0], evens(plan.shards[0]))
-    m = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "infer_judge"))
-    assert m is not None and m["schema_version"] == 1 and set(m["ids"]) == {"input", "approved", "rejected"}
+    uri = layout.job_manifest(0, plan.shards[0]["shard_id"], "infer_judge")
+    m = read_job_manifest(uri)
+    assert m is not None and json.loads(Path(uri).read_text())["schema_version"] == 1
+    assert set(m.ids or {}) == {"input", "approved", "rejected"}
     pending = plan.shards[0]["uri"]
-    assert IdDigest.from_dict(m["ids"]["input"]) == IdDigest.of(r["id"] for r in read_rows(pending))
+    assert m.digest("input") == IdDigest.of(r["id"] for r in read_rows(pending))
     summary = close(cfg, plan)
     assert json.loads(Path(layout.summary(0)).read_text())["schema_version"] == 1 and "ids" in summary

@@ -12,18 +12,13 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import (
-    Plan,
-    close_round,
-    inferred_shard,
-    job_spec,
-    read_doc,
-    record_job_error,
-)
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import AcceptedJob, Plan, QuarantinedJob, read_accepted, read_job_manifest
+from airflow_batchinfer.run.jobs import inferred_shard, job_spec, record_job_error
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
-from airflow_batchinfer.worker.manifest import read_job_manifest
+from airflow_batchinfer.storage.digest import IdDigest
 from tests.support.fake_jobs import (
     ENGINE,
     IDS,
@@ -81,7 +76,7 @@ def test_judge_outputs_are_staged_and_close_promotes_them(tmp_path: Path) -> Non
     assert job_spec(cfg, "infer", 0, s).outputs["staging"] == layout.staging(0)  # infer: fenced too
     manifests = [finish_shard(cfg, 0, x, half(x), token=f"t{i}") for i, x in enumerate(plan.shards)]
     m = manifests[0]
-    assert m["committed"] == {
+    assert m.committed == {
         n: f"{cfg.run_root}/round-00/staged/{s['shard_id']}.judge/t0/{n}.jsonl.zst"
         for n in ("approved", "rejected")
     }
@@ -90,10 +85,10 @@ def test_judge_outputs_are_staged_and_close_promotes_them(tmp_path: Path) -> Non
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"], summary["next_pending"]) == (15, 15, 15)
     assert_each_id_once(cfg, summary)
-    accepted = read_doc(layout.accepted(0, s["shard_id"], "judge"), "accepted job")
-    assert accepted is not None and accepted["attempt"] == "t0" and not accepted["quarantined"]
-    assert accepted["counts"] == {"approved": 5, "rejected": 5} and accepted["job_id"] == m["job_id"]
-    assert accepted["outputs"] == {"approved": spec.outputs["approved"], "rejected": spec.outputs["rejected"]}
+    accepted = read_accepted(layout.accepted(0, s["shard_id"], "judge"))
+    assert isinstance(accepted, AcceptedJob) and accepted.attempt == "t0" and not accepted.quarantined
+    assert accepted.counts == {"approved": 5, "rejected": 5} and accepted.job_id == m.job_id
+    assert accepted.outputs == {"approved": spec.outputs["approved"], "rejected": spec.outputs["rejected"]}
     assert not Path(layout.staging(0), f"{s['shard_id']}.judge").exists()  # promoted, nothing left
     assert sorted(ids_in(layout.results)) == sorted(i for x in plan.shards for i in half(x))
 
@@ -141,10 +136,11 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
     # judge's re-run to read, and once accepted before, inferred/ holds it instead
     infer = read_job_manifest(layout.job_manifest(0, bad["shard_id"], "infer"))
     assert infer is not None
-    left = [] if closed_before else [Path(infer["committed"]["inferred"])]
+    assert infer.committed is not None
+    left = [] if closed_before else [Path(infer.committed["inferred"])]
     assert list(Path(layout.staging(0)).rglob("*.zst")) == left
-    doc = read_doc(layout.accepted(0, bad["shard_id"], "judge"), "accepted job")
-    assert doc is not None and doc["quarantined"] and doc["phase"] == "judge"
+    doc = read_accepted(layout.accepted(0, bad["shard_id"], "judge"))
+    assert isinstance(doc, QuarantinedJob) and doc.quarantined and doc.phase == "judge"
 
 
 def test_a_rewritten_input_makes_the_judge_manifest_stale(tmp_path: Path) -> None:
@@ -155,9 +151,9 @@ def test_a_rewritten_input_makes_the_judge_manifest_stale(tmp_path: Path) -> Non
     s = plan.shards[1]
     rows = [{**r, "result": "other", "status": "ok"} for r in JsonlFile(s["uri"]).iter_records()]
     judged = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, s["shard_id"], "judge"))
-    assert judged is not None and "/staged/" in judged["input"]  # the infer attempt it read
+    assert judged is not None and "/staged/" in judged.input  # the infer attempt it read
     time.sleep(0.01)  # a new mtime on every file system
-    write_rows(judged["input"], rows)  # that attempt rewritten under the judge (by hand)
+    write_rows(judged.input, rows)  # that attempt rewritten under the judge (by hand)
     summary = close(cfg, plan)
     assert [f["shard_id"] for f in summary["failed_shards"]] == [s["shard_id"]]
     assert "another input version" in summary["failed_shards"][0]["error"]
@@ -177,8 +173,8 @@ def test_resume_with_changed_settings_accepts_the_new_job(tmp_path: Path) -> Non
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"], summary["next_pending"]) == (30, 0, 0)
     assert_each_id_once(cfg, summary)
-    doc = read_doc(layout.accepted(0, plan.shards[0]["shard_id"], "judge"), "accepted job")
-    assert doc is not None and doc["attempt"] == "new"
+    doc = read_accepted(layout.accepted(0, plan.shards[0]["shard_id"], "judge"))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "new"
 
 
 # ------------------------------------------------------------------------------------ orphans
@@ -242,8 +238,8 @@ def test_late_copy_after_quarantine_changes_nothing_until_close_runs_again(tmp_p
     assert second["failed_shards"] == [] and (second["approved"], second["rejected"]) == (15, 15)
     assert_each_id_once(cfg, second)
     assert not Path(layout.failed(0), f"{late['shard_id']}.json").exists()
-    doc = read_doc(layout.accepted(0, late["shard_id"], "judge"), "accepted job")
-    assert doc is not None and doc["attempt"] == "late" and not doc["quarantined"]
+    doc = read_accepted(layout.accepted(0, late["shard_id"], "judge"))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "late" and not doc.quarantined
 
 
 def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path: Path) -> None:
@@ -260,8 +256,9 @@ def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path:
         cfg, 0, s, firsts, token="b"
     )  # ...then copy B (a nondeterministic judge) overwrites the manifest
     summary = close(cfg, plan)
-    doc = read_doc(layout.accepted(0, sid, "judge"), "accepted job")
-    assert doc is not None and doc["attempt"] == "b" and doc["counts"] == {"approved": 3, "rejected": 7}
+    doc = read_accepted(layout.accepted(0, sid, "judge"))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "b"
+    assert doc.counts == {"approved": 3, "rejected": 7}
     assert {
         r["id"] for r in JsonlFile(layout.result(0, sid)).iter_records()
     } == firsts  # B's two files, not mixed
@@ -273,8 +270,8 @@ def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path:
 
     judge_shard(cfg, 0, s, evens, token="a")  # A's manifest lands late, still valid for these settings
     again = close(cfg, plan)
-    doc = read_doc(layout.accepted(0, sid, "judge"), "accepted job")
-    assert doc is not None and doc["attempt"] == "b"  # the accepted copy stays
+    doc = read_accepted(layout.accepted(0, sid, "judge"))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "b"  # the accepted copy stays
     assert {r["id"] for r in JsonlFile(layout.result(0, sid)).iter_records()} == firsts
     assert again["approved"] == summary["approved"]  # counts from the accepted doc, not the manifest
     assert not Path(layout.staged_job(0, sid, "judge")).exists()
@@ -284,14 +281,14 @@ def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path:
 def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import airflow_batchinfer.rounds as rounds
+    import airflow_batchinfer.run.settle as settle
 
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     for x in plan.shards:
         finish_shard(cfg, 0, x, half(x), token="t1")
-    move, moved = rounds.files.move, list[str]()
+    move, moved = settle.files.move, list[str]()
 
     def crash_after_one(src: str, dst: str, so: Any) -> None:
         if moved:
@@ -299,15 +296,15 @@ def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
         moved.append(src)
         move(src, dst, so)
 
-    monkeypatch.setattr(rounds.files, "move", crash_after_one)
+    monkeypatch.setattr(settle.files, "move", crash_after_one)
     with pytest.raises(OSError, match="killed"):
         close_round(cfg, Plan(plan.slot, 0, "rounds", plan.shards[:1]))
-    monkeypatch.setattr(rounds.files, "move", move)
+    monkeypatch.setattr(settle.files, "move", move)
     sid = plan.shards[0]["shard_id"]
     judge_shard(cfg, 0, plan.shards[0], set(), token="t2")  # another copy lands before the re-run
     summary = close(cfg, plan)
-    doc = read_doc(layout.accepted(0, sid, "judge"), "accepted job")
-    assert doc is not None and doc["attempt"] == "t1"
+    doc = read_accepted(layout.accepted(0, sid, "judge"))
+    assert isinstance(doc, AcceptedJob) and doc.attempt == "t1"
     assert summary["approved"] == 15 and summary["failed_shards"] == []
     assert_each_id_once(cfg, summary)
 
@@ -318,7 +315,8 @@ def test_a_valid_manifest_whose_staged_outputs_are_gone_is_quarantined_for_recom
     plan = plan_round(cfg)
     for x in plan.shards:
         m = finish_shard(cfg, 0, x, half(x))
-    Path(m["committed"]["approved"]).unlink()
+    assert m.committed is not None
+    Path(m.committed["approved"]).unlink()
     summary = close(cfg, plan)
     [failed] = summary["failed_shards"]
     assert (
@@ -336,18 +334,19 @@ def test_worker_rounds_jobs_stage_their_outputs_and_close_accepts_them(tmp_path:
     run_jobs(cfg, [(k, 0, s) for k in ("infer", "judge") for s in plan.shards], approval_rate=0.5)
     sid = plan.shards[0]["shard_id"]
     m = read_job_manifest(layout.job_manifest(0, sid, "judge"))
-    assert m is not None and len(m["attempt"]) == 32
-    staged = Path(layout.staged_job(0, sid, "judge"), m["attempt"])
-    assert m["committed"] == {n: str(staged / f"{n}.jsonl.zst") for n in ("approved", "rejected")}
-    assert m["outputs"]["approved"] == layout.result(0, sid) and not Path(layout.results).exists()
+    assert m is not None and m.attempt is not None and len(m.attempt) == 32
+    staged = Path(layout.staged_job(0, sid, "judge"), m.attempt)
+    assert m.committed == {n: str(staged / f"{n}.jsonl.zst") for n in ("approved", "rejected")}
+    assert m.outputs["approved"] == layout.result(0, sid) and not Path(layout.results).exists()
     summary = close(cfg, plan)
     assert summary["approved"] + summary["rejected"] == 30 and 0 < summary["approved"] < 30
     assert summary["workers"]["w1"]["jobs"] == 6
     assert_each_id_once(cfg, summary)
     # the worker's digests agree with its files: close read none of them to check the ids
-    assert summary["invariant"]["opened"] == [] and set(m["ids"]) == {"input", "approved", "rejected"}
+    assert summary["invariant"]["opened"] == [] and set(m.ids or {}) == {"input", "approved", "rejected"}
     infer = read_job_manifest(layout.job_manifest(0, sid, "infer"))
-    assert infer is not None and infer["ids"]["input"] == infer["ids"]["inferred"] == plan.shards[0]["ids"]
+    assert infer is not None and infer.ids is not None
+    assert infer.ids["input"].model_dump() == infer.ids["inferred"].model_dump() == plan.shards[0]["ids"]
 
 
 def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_one(tmp_path: Path) -> None:
@@ -358,20 +357,23 @@ def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_
     [first] = run_jobs(cfg, [("in_place", 0, s) for s in plan.shards], approval_rate=0.5)[:1]
     sid = plan.shards[0]["shard_id"]
     m = read_job_manifest(layout.job_manifest(0, sid, "in_place"))
-    assert m is not None and set(m["committed"]) == {"approved", "rejected"}
+    assert m is not None and set(m.committed or {}) == {"approved", "rejected"}
     assert not Path(layout.result(0, sid, tail=True)).exists()
     summary = close(cfg, plan)
     assert summary["approved"] + summary["exhausted"] == 30 and summary["invariant"]["ok"]
-    assert summary["invariant"]["opened"] == [] and m["ids"]["input"] == plan.shards[0]["ids"]
-    accepted = read_doc(layout.accepted(0, sid, "in_place"), "accepted job")
-    assert accepted is not None and accepted["attempt"] == m["attempt"] and accepted["counts"] == first.counts
+    assert summary["invariant"]["opened"] == []
+    assert m.digest("input") == IdDigest.from_dict(plan.shards[0]["ids"])
+    accepted = read_accepted(layout.accepted(0, sid, "in_place"))
+    assert isinstance(accepted, AcceptedJob) and accepted.attempt == m.attempt
+    assert accepted.counts == first.counts
+
     tail_ids = ids_in(layout.results) + ids_in(layout.rejected_dir(0))
     assert Counter(tail_ids) == Counter(IDS)
 
     # a second copy of one job (an Airflow retry) finishes later with other verdicts: not counted
     run_jobs(cfg, [("in_place", 0, plan.shards[0])], approval_rate=0.1)
     m2 = read_job_manifest(layout.job_manifest(0, sid, "in_place"))
-    assert m2 is not None and m2["attempt"] != m["attempt"] and m2["job_id"] == m["job_id"]
+    assert m2 is not None and m2.attempt != m.attempt and m2.job_id == m.job_id
     again = close(cfg, plan)
     assert again["approved"] == summary["approved"] and again["exhausted"] == summary["exhausted"]
     assert Counter(ids_in(layout.results) + ids_in(layout.rejected_dir(0))) == Counter(IDS)

@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 HEAVY = ("airflow", "vllm", "torch", "transformers", "boto3", "botocore", "s3fs", "kubernetes")
+# What the run's documents (which the worker imports) must not load of the package.
+ORCHESTRATION = ("limits", "settings", "pools", "operators", "review", "run.gate")
 
 
 def test_worker_side_imports_nothing_heavy() -> None:
@@ -30,3 +32,17 @@ def test_get_provider_info_imports_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_run_documents_import_nothing_of_the_orchestration() -> None:
+    """The worker imports the run's documents for its manifests: they load none of the orchestration's
+    settings, limits, pools, operators, review desk or gates."""
+    code = (
+        "import sys, airflow_batchinfer.run.docs\n"
+        f"parts = {ORCHESTRATION!r}\n"
+        "names = [f'airflow_batchinfer.{p}' for p in parts]\n"
+        "found = [m for m in sys.modules if any(m == n or m.startswith(n + '.') for n in names)]\n"
+        "print(','.join(sorted(found)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

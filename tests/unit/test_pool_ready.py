@@ -300,7 +300,7 @@ def test_setup_refuses_a_static_url_shared_by_several_workers_at_once(
     ],
 )
 def test_the_one_host_decision(executor: str, refused: bool) -> None:
-    from airflow_batchinfer.pools.local import one_host_refusal
+    from airflow_batchinfer.one_host import one_host_refusal
 
     why = one_host_refusal("local://gpu", executor)
     assert (why is not None) == refused

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, require_endpoints
+from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, open_backend, require_endpoints
 
 
 @dataclass
@@ -60,11 +60,11 @@ def test_bad_references_say_what_to_write(text: str, message: str) -> None:
 def test_connections_resolve_by_their_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BATCHINFER_CACHE", str(tmp_path))
     ref = PoolRef.parse("gpu")
-    static = ref.open(Conn("gpu", host="http://127.0.0.1:9, http://127.0.0.2:9 ", password="s3cret"))
+    static = open_backend(ref, Conn("gpu", host="http://127.0.0.1:9, http://127.0.0.2:9 ", password="s3cret"))
     assert isinstance(static, StaticPool)
     assert static.endpoints() == ["http://127.0.0.1:9", "http://127.0.0.2:9"] and static.token() == "s3cret"
     assert static.keep("dag/run") is None and static.release("dag/run") == 2  # not ours to manage
-    local = ref.open(Conn("gpu", extra={"backend": "local", "local_pool": "shared"}))
+    local = open_backend(ref, Conn("gpu", extra={"backend": "local", "local_pool": "shared"}))
     assert isinstance(local, LocalPool) and str(local) == "local://shared"
     k8s = ref.resolve(Conn("gpu", extra={"backend": "kubernetes", "pool": "qwen", "namespace": "gpu"}))
     assert k8s == PoolRef("kubernetes", "qwen", "gpu")
@@ -73,14 +73,14 @@ def test_connections_resolve_by_their_backend(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(ConfigError, match="not local, kubernetes or static"):
         ref.resolve(Conn("gpu", extra={"backend": "ray"}))
     with pytest.raises(ConfigError, match="look it up first"):
-        ref.open()
+        open_backend(ref)
     with pytest.raises(ConfigError, match="at least one worker URL"):
-        ref.open(Conn("gpu", host=" , "))
+        open_backend(ref, Conn("gpu", host=" , "))
 
 
 def test_a_kubernetes_conn_id_needs_the_airflow_provider() -> None:
     with pytest.raises(ConfigError, match="cncf"):
-        PoolRef.parse("kubernetes://ns/p?kubernetes_conn_id=k8s").open()
+        open_backend(PoolRef.parse("kubernetes://ns/p?kubernetes_conn_id=k8s"))
 
 
 def test_no_live_workers_is_a_clear_error(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.preflight import run_preflight, sample_plan
-from airflow_batchinfer.rounds import write_run_config
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import write_run_config
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.sizing import SizingPlan
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.app import create_app

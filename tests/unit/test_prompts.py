@@ -72,3 +72,46 @@ def test_estimate_tokens_counts_prompt_and_completion_budget() -> None:
 def test_invalid_sampling(bad: dict[str, float]) -> None:
     with pytest.raises(ConfigError):
         SamplingParams.from_mapping(bad)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "Q: {{ question }}",
+        "{{question}}/{{ n }}\n\nContext: {{ context }}\n",  # a trailing newline is kept
+        "Q:\r\n{{ question }}\r",  # Jinja writes a template's newlines as "\n"
+        "}} {{ question }}}",  # braces that open nothing are text
+        "{{ true }} {{ question }}",  # a literal, not a field: Jinja renders it
+        "{{ record }}",  # the whole record
+        "{{ question | upper }}",  # a filter: Jinja renders it
+    ],
+)
+def test_a_plain_template_fills_in_what_the_sandbox_renders(template: str) -> None:
+    """Plain templates are filled in without Jinja; the result (or the error) is the sandbox's."""
+    from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, render
+
+    builder = PromptBuilder(template, chat=False)
+    records: list[dict[str, object]] = [
+        {"question": "What is {{ 1 + 1 }}?", "n": 3, "context": 'ünïcode "quoted"\r\n{% raw %}'},
+        {"question": "x", "n": 2.5, "context": None},  # a float and None: Jinja's printing
+        {"question": "y", "n": True, "context": ["a", 1]},  # a bool and a list
+        {"question": "z", "n": -(10**40), "context": ""},
+        {"question": "z"},  # a missing field: an error
+        {"question": "q" * MAX_PROMPT_CHARS, "n": 1, "context": "c"},  # too long: the sandbox's error
+    ]
+    for record in records:
+        try:
+            expected: object = render(template, {**record, "record": record})
+        except PromptError as exc:
+            expected = type(exc)
+        try:
+            got: object = builder.build(record, request_id="r").prompt
+        except PromptError as exc:
+            got = type(exc)
+        assert got == expected, (template, record)
+
+
+def test_variables_win_over_the_records_fields() -> None:
+    builder = PromptBuilder("{{ question }} -> {{ output }}", chat=False)
+    req = builder.build({"question": "q", "output": "field"}, request_id="r", variables={"output": "var"})
+    assert req.prompt == "q -> var"

@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import Plan, close_round, prepare_run, propose, round_kinds, write_plan
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import Plan, write_plan
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
 from tests.support.worker_jobs import run_jobs
@@ -27,7 +31,7 @@ def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tup
     assert len(shards) >= 3 and all("range" in s and "ids" not in s for s in shards)
     layout = RunLayout(cfg.run_root)
     assert JsonlDir(layout.input).shards() == []  # nothing copied
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(layout, plan)
     run_jobs(
         cfg, [(k, 0, s) for k in round_kinds(cfg, "rounds") for s in plan.shards[:-1]], approval_rate=0.5
@@ -90,8 +94,8 @@ def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path)
 def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_path: Path) -> None:
     """Close reads a disagreeing range shard's ids from its range (validated as its job read it),
     never the whole source: only the ids really lost or doubled are named."""
+    from airflow_batchinfer.run.docs import read_job_manifest, write_job_manifest
     from airflow_batchinfer.storage import JsonlFile
-    from airflow_batchinfer.worker.manifest import read_job_manifest, write_job_manifest
 
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]
     lines[4] = "{bad"
@@ -102,20 +106,20 @@ def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_pa
     )  # fmt: skip
     prepare_run(cfg)
     layout = RunLayout(cfg.run_root)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(layout, plan)
     run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], approval_rate=1.0)
     sid = plan.shards[0]["shard_id"]
     manifest_uri = layout.job_manifest(0, sid, "infer_judge")
     m = read_job_manifest(manifest_uri)
     assert m is not None
-    staged = JsonlFile(m["committed"]["approved"])
+    assert m.committed is not None and m.ids is not None
+    staged = JsonlFile(m.committed["approved"])
     rows = list(staged.iter_records())
     with staged.writer_sync() as out:  # r00 lost, r01 doubled: the same count
         for row in [rows[1], *rows[1:]]:
             out.write(row)
-    del m["ids"]["approved"]  # a manifest without that digest: close reads the files
-    m.pop("schema_version", None)
+    del m.ids["approved"]  # a manifest without that digest: close reads the files
     write_job_manifest(manifest_uri, m)
     summary = close_round(cfg, plan)
     assert summary is not None

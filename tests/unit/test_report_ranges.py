@@ -12,10 +12,11 @@ from typing import Any
 
 import zstandard
 
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import build_report
-from airflow_batchinfer.rounds import propose, write_plan
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import write_plan
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from tests.support.fake_jobs import read_rows, write_rows
 from tests.unit.test_accounting import strip_digests
@@ -28,7 +29,7 @@ def ranged_run(tmp_path: Path, name: str, data: bytes, **settings: Any) -> RunCo
     cfg, _, summary = ranged_round(tmp_path, name, data, max_rounds=1, max_failed_shards=1, **settings)
     assert summary["invariant"]["ok"], summary
     layout = RunLayout(cfg.run_root)
-    write_plan(layout, propose(cfg, "tail").plan)
+    write_plan(layout, propose_slot(cfg, "tail").plan)
     return cfg
 
 

@@ -10,8 +10,13 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.rounds import (
+from airflow_batchinfer.run.close import close_round
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import read_plan, write_plan
+from airflow_batchinfer.run.gate import current_settings, gate_changes
+from airflow_batchinfer.run.jobs import job_spec, record_job_error
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import (
     ACCEPT,
     CONTINUE,
     CONTINUE_IN_PLACE,
@@ -20,16 +25,8 @@ from airflow_batchinfer.rounds import (
     STOP,
     STOPPED_BY_REVIEW,
     apply_choice,
-    close_round,
-    current_settings,
-    gate_changes,
-    job_spec,
-    propose,
-    record_job_error,
-    round_config,
-    write_plan,
+    propose_slot,
 )
-from airflow_batchinfer.run_config import RunConfig
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import finish_shard
 
@@ -51,7 +48,7 @@ def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
 
 def fake_round(cfg: RunConfig, slot: str, approve: set[str]) -> dict[str, Any]:
     """Plan ``slot``, then do what its infer and judge jobs would (staged outputs, manifests)."""
-    plan = propose(cfg, slot).plan
+    plan = propose_slot(cfg, slot).plan
     write_plan(RunLayout(cfg.run_root), plan)
     for shard in plan.shards:
         finish_shard(cfg, plan.round, shard, approve)
@@ -62,7 +59,7 @@ def fake_round(cfg: RunConfig, slot: str, approve: set[str]) -> dict[str, Any]:
 
 def test_round_zero_runs_the_input_shards_without_review(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="every_round")
-    proposal = propose(cfg, "round-00")
+    proposal = propose_slot(cfg, "round-00")
     assert proposal.plan.mode == "rounds" and proposal.plan.records == 30 and proposal.options == []
 
 
@@ -73,34 +70,34 @@ def test_rounds_recompact_rejected_and_stop_at_max_rounds(tmp_path: Path) -> Non
     assert s0["job_seconds"] == 3.0  # 3 shards x 1 s: one fused infer_judge job per shard
     s1 = fake_round(cfg, "round-01", {"r25"})
     assert s1["pending"] == 10 and s1["approved"] == 1
-    tail = propose(cfg, "tail").plan
+    tail = propose_slot(cfg, "tail").plan
     assert tail.mode == "skip" and tail.stop == MAX_ROUNDS and tail.records == 9
 
 
 def test_nothing_pending_stops_and_later_slots_skip(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, max_rounds=3)
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(30)})
-    plan = propose(cfg, "round-01").plan
+    plan = propose_slot(cfg, "round-01").plan
     assert plan.stop == NOTHING_PENDING
     write_plan(RunLayout(cfg.run_root), plan)
-    later = propose(cfg, "round-02").plan
+    later = propose_slot(cfg, "round-02").plan
     assert later.mode == "skip" and later.stop is None and "stopped at round-01" in later.reason
 
 
 def test_review_modes_decide_when_a_gate_opens(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="on_low_approval", review_min_approval=0.5)
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})  # 67% approved: no gate
-    assert propose(cfg, "round-01").options == []
+    assert propose_slot(cfg, "round-01").options == []
     cfg.review_min_approval = 0.9
-    assert propose(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
+    assert propose_slot(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
     cfg.review = "every_round"
-    assert propose(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
+    assert propose_slot(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
 
 
 def test_review_choices(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="every_round")
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
-    proposal = propose(cfg, "round-01")
+    proposal = propose_slot(cfg, "round-01")
     assert apply_choice(cfg, proposal, CONTINUE).mode == "rounds"
     stop = apply_choice(cfg, proposal, STOP)
     assert stop.mode == "skip" and stop.stop == STOPPED_BY_REVIEW
@@ -110,8 +107,8 @@ def test_review_choices(tmp_path: Path) -> None:
         "proposed_reason": proposal.plan.reason,
     }  # fmt: skip
     write_plan(RunLayout(cfg.run_root), switch)
-    assert propose(cfg, "round-02").plan.mode == "skip"
-    assert propose(cfg, "tail").plan.mode == "in_place"  # the tail takes the pending set in place
+    assert propose_slot(cfg, "round-02").plan.mode == "skip"
+    assert propose_slot(cfg, "tail").plan.mode == "in_place"  # the tail takes the pending set in place
     with pytest.raises(ConfigError, match="not one of"):
         apply_choice(cfg, proposal, "Maybe")
 
@@ -126,8 +123,8 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
         tmp_path, review="every_round", max_rounds=3, sampling={"temperature": 0.7, "max_tokens": 8}
     )
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
-    proposal = propose(cfg, "round-01")
-    now = current_settings(round_config(cfg, proposal.plan))
+    proposal = propose_slot(cfg, "round-01")
+    now = current_settings(proposal.plan.effective_config(cfg))
     assert now == {"temperature": 0.7, "max_tokens": 8, "prompt_template": "{{ question }}", "system": None}
     answered = {"temperature": 1.1, "max_tokens": 8, "prompt_template": None, "system": "Be brief."}
     changes = gate_changes(now, answered)
@@ -137,21 +134,22 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
     }  # unchanged and empty values are not changes
     plan = apply_choice(cfg, proposal, CONTINUE, by="alice", changes=changes)
     assert plan.settings == changes and plan.review is not None and plan.review["changes"] == changes
-    changed = round_config(cfg, plan)
+    changed = plan.effective_config(cfg)
     assert changed.sampling == {"temperature": 1.1, "max_tokens": 8} and changed.system == "Be brief."
     assert cfg.sampling["temperature"] == 0.7  # run.json's settings stay as they were
     shard = plan.shards[0]
     before, after = job_spec(cfg, "infer_judge", 1, shard), job_spec(changed, "infer_judge", 1, shard)
     assert after.params["sampling"]["temperature"] == 1.1 and after.job_id != before.job_id
     write_plan(RunLayout(cfg.run_root), plan)
+    assert read_plan(RunLayout(cfg.run_root), "round-01") == plan  # config included, as tasks read it
     for s in plan.shards:
         finish_shard(changed, 1, s, {"r25"})
     summary = close_round(cfg, plan)  # close checks the jobs against the round's settings
     assert summary is not None and summary["approved"] == 1 and summary["invariant"]["ok"]
-    nxt = propose(cfg, "round-02").plan
+    nxt = propose_slot(cfg, "round-02").plan
     assert nxt.settings == changes  # a change holds until changed again
     with pytest.raises(ConfigError):  # a template the workers could not render is refused at the gate
-        apply_choice(cfg, propose(cfg, "round-02"), CONTINUE, changes={"prompt_template": "{{ question"})
+        apply_choice(cfg, propose_slot(cfg, "round-02"), CONTINUE, changes={"prompt_template": "{{ question"})
     with pytest.raises(ConfigError, match="may change"):
         apply_choice(cfg, proposal, CONTINUE, changes={"judge": {"type": "llm"}})
 
@@ -159,15 +157,15 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
 def test_hybrid_switches_when_a_round_approves_too_little(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, strategy="hybrid", hybrid_min_shrink=0.5)
     fake_round(cfg, "round-00", {"r00", "r01"})
-    plan = propose(cfg, "round-01").plan
+    plan = propose_slot(cfg, "round-01").plan
     assert plan.mode == "skip" and plan.switch_in_place and "switching to in place" in plan.reason
     write_plan(RunLayout(cfg.run_root), plan)
-    assert propose(cfg, "tail").plan.mode == "in_place"
+    assert propose_slot(cfg, "tail").plan.mode == "in_place"
 
 
 def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     good, bad = plan.shards[0], plan.shards[1]
     finish_shard(cfg, 0, good, {f"r{i:02d}" for i in range(5)})
@@ -189,7 +187,7 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
 
 def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
-    shard = propose(cfg, "round-00").plan.shards[0]
+    shard = propose_slot(cfg, "round-00").plan.shards[0]
     a = job_spec(cfg, "infer", 0, shard)
     assert a.job_id == job_spec(cfg, "infer", 0, shard).job_id
     cfg.sampling = {"temperature": 0.1}
@@ -202,7 +200,7 @@ def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:
     from airflow_batchinfer.rpc.fingerprint import pin_input
 
     cfg = make_run(tmp_path)
-    spec = job_spec(cfg, "judge", 0, propose(cfg, "round-00").plan.shards[0])
+    spec = job_spec(cfg, "judge", 0, propose_slot(cfg, "round-00").plan.shards[0])
     a = pin_input(spec, {"size": 10, "mtime": 1.0})
     assert a.job_id == pin_input(spec, {"size": 10, "mtime": 1.0}).job_id
     assert a.params["input_version"] == "10:1.0" and a.job_id.startswith(spec.job_id.rsplit("-", 1)[0])
@@ -210,7 +208,7 @@ def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:
 
 
 def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path: Path) -> None:
-    from airflow_batchinfer.rounds import job_spec, round_kinds
+    from airflow_batchinfer.run.jobs import job_spec, round_kinds
 
     base = {"input": "x.jsonl", "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}"}
     fused = RunConfig(**base, judge={"type": "llm"}, sampling={"max_tokens": 8})

@@ -17,7 +17,7 @@ import pytest
 
 from airflow_batchinfer.cli import build_parser
 from airflow_batchinfer.limits import implied_by, refusals
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.settings import (
     BY_NAME,
     RUN_SETTINGS_SPEC,
@@ -69,9 +69,8 @@ def test_run_config_defaults_are_the_settings_defaults() -> None:
 def test_the_lists_of_names_are_the_codes() -> None:
     from airflow_batchinfer.judges import JUDGE_TYPES
     from airflow_batchinfer.limits import SAFE_NAME
-    from airflow_batchinfer.settings import JUDGE_TYPES as SCHEMA_JUDGE_TYPES
 
-    assert SCHEMA_JUDGE_TYPES == JUDGE_TYPES
+    assert setting("judge").schema()["properties"]["type"]["enum"] == list(JUDGE_TYPES)
     assert SAFE_NAME.pattern in setting("run_name").pattern  # type: ignore[operator]
 
 

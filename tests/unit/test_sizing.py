@@ -8,7 +8,8 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.preflight import expected_passes as preflight_passes
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.settings import setting
 from airflow_batchinfer.sizing import (
     SizingPlan,
     choose_records_per_shard,
@@ -67,7 +68,7 @@ def test_the_gpu_not_the_slot_is_the_unit_of_idle() -> None:
 
 
 def test_rounds_rerun_the_rejected_share() -> None:
-    plan = plan_run(M, 32, 2500, approval_rate=0.8, max_rounds=3)
+    plan = plan_run(M, 32, 2500, concurrency=10, approval_rate=0.8, max_rounds=3)
     assert [r.records for r in plan.rounds] == [M, 20_000_000, 4_000_000]
     assert [r.shards for r in plan.rounds] == [960, 192, 39]  # recompacted into full shards
     assert plan.expected_passes == pytest.approx(1.24)
@@ -113,6 +114,10 @@ def test_small_datasets() -> None:
     assert r.tail_idle_gpu_s == pytest.approx(27 * 0.16)  # 27 GPUs never get a job
 
 
+def test_the_default_concurrency_is_the_settings_one() -> None:
+    assert plan_run(1000, 3, 2500).slots == 3 * setting("concurrency").default
+
+
 def test_every_plan_adds_up() -> None:
     for records, gpus, conc, rps in [(M, 32, 10, None), (12_345, 3, 7, 100), (999, 5, 2, None), (7, 1, 1, 3)]:
         plan = plan_run(records, gpus, 1234.5, concurrency=conc, records_per_shard=rps, approval_rate=0.5,
@@ -124,7 +129,7 @@ def test_every_plan_adds_up() -> None:
 
 
 def test_to_dict_is_json_and_reads_back() -> None:
-    plan = plan_run(M, 32, 2500, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
+    plan = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["rounds"][0]["shards"] == 1000 and data["slots"] == 320
     assert SizingPlan.from_dict(data) == plan

@@ -1,7 +1,8 @@
 """The ``kubernetes`` pool backend: a warm worker Deployment leased and scaled through the API.
 
 The API client is the ``kubernetes`` extra (``pip install 'airflow-batchinfer[kubernetes]'``); the
-spec, objects and leases import without it, so the CLI parser and manifests work anywhere.
+spec and objects (and the lease rules, ``worker.leases``) import without it, so the CLI parser and
+manifests work anywhere.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import getpass
 import json
 import socket
@@ -17,6 +18,8 @@ if TYPE_CHECKING:
 
 
 def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
+    """The Kubernetes-only flags, with the spec's defaults (the workers' settings: ``pool up``'s own)."""
+    default = {f.name: f.default for f in dataclasses.fields(KubernetesPoolSpec)}
     g = p.add_argument_group("kubernetes backend")
     g.add_argument("--namespace", default="default")
     g.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG, ~/.kube/config or in-cluster")
@@ -24,9 +27,9 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
     if not spec:
         return
     g.add_argument("--image", default=DEFAULT_IMAGE, help="the worker image (k8s/Dockerfile)")
-    g.add_argument("--gpus", type=int, default=1, help="nvidia.com/gpu per worker (0: CPU)")
-    g.add_argument("--cpu", default="4")
-    g.add_argument("--memory", default="32Gi")
+    g.add_argument("--gpus", type=int, default=default["gpus"], help="nvidia.com/gpu per worker (0: CPU)")
+    g.add_argument("--cpu", default=default["cpu"])
+    g.add_argument("--memory", default=default["memory"])
     g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--interruptible", action="store_true", help="tolerate spot/preemptible nodes")
     g.add_argument("--model-pvc", default=None, help="PersistentVolumeClaim mounted read-only at /models")
@@ -41,16 +44,33 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
         default=None,
         help="the worker pods' ServiceAccount (storage access by IRSA or Workload Identity)",
     )
-    g.add_argument("--image-pull-secret", action="append", default=[], metavar="SECRET",
-                   help="Secret to pull the image from a private registry (repeatable)")  # fmt: skip
-    g.add_argument("--port", type=int, default=8000)
-    g.add_argument("--rpc-from", type=json.loads, default=None, metavar="JSON",
-                   help="label selector of the Airflow pods that may call the workers (the NetworkPolicy; "
-                   "default: the Helm chart's worker, triggerer, scheduler and api-server)")  # fmt: skip
-    g.add_argument("--rpc-from-namespace", default=None, metavar="NAMESPACE",
-                   help="the namespace those pods run in (default: the pool's)")  # fmt: skip
     g.add_argument(
-        "--scaledown-ttl", type=float, default=120.0, help="seconds of lower demand before a replica goes"
+        "--image-pull-secret",
+        action="append",
+        default=[],
+        metavar="SECRET",
+        help="Secret to pull the image from a private registry (repeatable)",
+    )
+    g.add_argument("--port", type=int, default=default["port"])
+    g.add_argument(
+        "--rpc-from",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="label selector of the Airflow pods that may call the workers (the NetworkPolicy; "
+        "default: the Helm chart's worker, triggerer, scheduler and api-server)",
+    )
+    g.add_argument(
+        "--rpc-from-namespace",
+        default=None,
+        metavar="NAMESPACE",
+        help="the namespace those pods run in (default: the pool's)",
+    )
+    g.add_argument(
+        "--scaledown-ttl",
+        type=float,
+        default=default["scaledown_ttl_s"],
+        help="seconds of lower demand before a replica goes",
     )
     g.add_argument("--lease", default=None, help="lease id this command holds (default cli:USER@HOST)")
     g.add_argument("--lease-ttl", type=float, default=12 * 3600, help="the lease lapses after this long")
@@ -68,21 +88,36 @@ def _lease(args: argparse.Namespace) -> str:
 
 
 def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
-    from airflow_batchinfer.worker.config import parse_options
+    from airflow_batchinfer.worker.settings import parse_options
 
     return KubernetesPoolSpec(
-        name=args.name, namespace=args.namespace, image=args.image, engine=args.engine, model=args.model,
-        engine_options=parse_options(args.engine_arg), replicas=args.replicas, concurrency=args.concurrency,
-        target_batch_tokens=args.target_batch_tokens, allowed_prefixes=tuple(args.allow_prefix),
-        gpus=args.gpus, cpu=args.cpu, memory=args.memory,
+        name=args.name,
+        namespace=args.namespace,
+        image=args.image,
+        engine=args.engine,
+        model=args.model,
+        engine_options=parse_options(args.engine_arg),
+        replicas=args.replicas,
+        concurrency=args.concurrency,
+        target_batch_tokens=args.target_batch_tokens,
+        allowed_prefixes=tuple(args.allow_prefix),
+        gpus=args.gpus,
+        cpu=args.cpu,
+        memory=args.memory,
         node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
-        interruptible=args.interruptible, model_pvc=args.model_pvc, storage_secret=args.storage_secret,
-        engine_secret=args.engine_secret, service_account=args.service_account,
+        interruptible=args.interruptible,
+        model_pvc=args.model_pvc,
+        storage_secret=args.storage_secret,
+        engine_secret=args.engine_secret,
+        service_account=args.service_account,
         image_pull_secrets=tuple(args.image_pull_secret),
-        port=args.port, idle_ttl_s=args.idle_ttl, scaledown_ttl_s=args.scaledown_ttl,
+        port=args.port,
+        idle_ttl_s=args.idle_ttl,
+        scaledown_ttl_s=args.scaledown_ttl,
         allowed_callables=tuple(args.allow_callable),
-        rpc_from=args.rpc_from or copy.deepcopy(DEFAULT_RPC_FROM), rpc_from_namespace=args.rpc_from_namespace,
-    )  # fmt: skip
+        rpc_from=args.rpc_from or copy.deepcopy(DEFAULT_RPC_FROM),
+        rpc_from_namespace=args.rpc_from_namespace,
+    )
 
 
 def up(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,8 +126,13 @@ def up(args: argparse.Namespace) -> dict[str, Any]:
     deployment = pool.ensure(spec, lease_id=_lease(args))
     pool.acquire(_lease(args), spec.replicas, ttl_s=args.lease_ttl)
     urls = pool.wait_ready(spec.replicas, timeout_s=args.timeout)
-    return {"pool": f"kubernetes://{spec.namespace}/{spec.name}", "deployment": deployment,
-            "lease": _lease(args), "workers": urls, "token_secret": spec.token_secret}  # fmt: skip
+    return {
+        "pool": f"kubernetes://{spec.namespace}/{spec.name}",
+        "deployment": deployment,
+        "lease": _lease(args),
+        "workers": urls,
+        "token_secret": spec.token_secret,
+    }
 
 
 def status(args: argparse.Namespace) -> dict[str, Any]:

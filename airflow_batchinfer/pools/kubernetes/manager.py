@@ -22,15 +22,11 @@ from kubernetes.client.exceptions import ApiException
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.pools.kubernetes import objects
-from airflow_batchinfer.pools.kubernetes.spec import (
-    DEFAULT_IDLE_TTL_S,
-    DEFAULT_SCALEDOWN_TTL_S,
-    KubernetesPoolSpec,
-)
-from airflow_batchinfer.pools.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
-from airflow_batchinfer.pools.ref import RpcPeers
+from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_SCALEDOWN_TTL_S, KubernetesPoolSpec, RpcPeers
 from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
+from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
+from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S
 
 log = logging.getLogger("airflow_batchinfer.pools.kubernetes")
 MERGE = "application/merge-patch+json"
@@ -149,8 +145,14 @@ class KubernetesPool:
             have = annotations.get(objects.SPEC_HASH)
             if have is None or have == spec.key():
                 if any(annotations.get(k) != v for k, v in ttls.items()):
-                    self._call("patch deployments", self.apps.patch_namespaced_deployment, self.name, ns,
-                               {"metadata": {"annotations": ttls}}, _content_type=MERGE)  # fmt: skip
+                    self._call(
+                        "patch deployments",
+                        self.apps.patch_namespaced_deployment,
+                        self.name,
+                        ns,
+                        {"metadata": {"annotations": ttls}},
+                        _content_type=MERGE,
+                    )
                 if have is None:
                     log.info(
                         "%s: adopted a Deployment this package did not create; its template is kept", self
@@ -164,10 +166,12 @@ class KubernetesPool:
                     "Remedy: use another pool name for these settings, or wait for those runs to finish"
                 )
             patch = {  # guarded by resourceVersion: no lease may arrive between the check and the patch
-                "metadata": {"resourceVersion": dep.metadata.resource_version,
-                             "annotations": {objects.SPEC_HASH: spec.key(), **ttls}},
+                "metadata": {
+                    "resourceVersion": dep.metadata.resource_version,
+                    "annotations": {objects.SPEC_HASH: spec.key(), **ttls},
+                },
                 "spec": {"template": objects.template_patch(spec)},
-            }  # fmt: skip
+            }
             try:
                 self.apps.patch_namespaced_deployment(self.name, ns, patch, _content_type=MERGE)
             except ApiException as exc:
@@ -185,10 +189,13 @@ class KubernetesPool:
             log.info("%s: the API server serves policy %s, not v1: no PodDisruptionBudget", self, versions)
             return
         policy = client.PolicyV1Api(self.api)
-        if self._get("read poddisruptionbudgets", policy.read_namespaced_pod_disruption_budget,
-                     self.name, self.namespace) is None:  # fmt: skip
-            self._create("poddisruptionbudgets", policy.create_namespaced_pod_disruption_budget,
-                         objects.disruption_budget(spec))  # fmt: skip
+        read = policy.read_namespaced_pod_disruption_budget
+        if self._get("read poddisruptionbudgets", read, self.name, self.namespace) is None:
+            self._create(
+                "poddisruptionbudgets",
+                policy.create_namespaced_pod_disruption_budget,
+                objects.disruption_budget(spec),
+            )
 
     def _ensure_network_policy(self, spec: KubernetesPoolSpec) -> None:
         """Create the pool's NetworkPolicy, or bring its rules to this spec's (``rpc_from``, port):
@@ -224,7 +231,7 @@ class KubernetesPool:
     ) -> PoolState:
         """The lease state on a Deployment; TTLs from ``spec`` where given (they are the caller's to set)."""
         state = PoolState.from_annotations(
-            replicas, annotations, idle_ttl_s=DEFAULT_IDLE_TTL_S, scaledown_ttl_s=DEFAULT_SCALEDOWN_TTL_S
+            replicas, annotations, idle_ttl_s=POOL_IDLE_TTL_S, scaledown_ttl_s=DEFAULT_SCALEDOWN_TTL_S
         )
         if spec is not None:
             state.idle_ttl_s, state.scaledown_ttl_s = spec.idle_ttl_s, spec.scaledown_ttl_s
@@ -268,8 +275,10 @@ class KubernetesPool:
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
         """Hold the pool for ``lease_id`` with ``replicas`` workers; returns the replica count."""
-        return self._update(lambda s, now: s.acquire(lease_id, replicas, now=now, ttl_s=ttl_s),
-                            f"lease {lease_id} wants {replicas}")[0]  # fmt: skip
+        return self._update(
+            lambda s, now: s.acquire(lease_id, replicas, now=now, ttl_s=ttl_s),
+            f"lease {lease_id} wants {replicas}",
+        )[0]
 
     def renew(self, lease_id: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> bool:
         """Keep ``lease_id`` alive another ``ttl_s``; ``False`` if it has lapsed or was released."""

@@ -14,6 +14,7 @@ from typing import Any
 from airflow_batchinfer import __version__
 from airflow_batchinfer.engines import secret_options
 from airflow_batchinfer.pools.kubernetes.spec import GPU_TOLERATION, SPOT_TOLERATIONS, KubernetesPoolSpec
+from airflow_batchinfer.worker.settings import TOKEN_ENV, worker_argv, worker_env
 
 ANNOTATION = "batchinfer.io/"
 SPEC_HASH = ANNOTATION + "spec-hash"
@@ -33,10 +34,8 @@ def _meta(spec: KubernetesPoolSpec, name: str, **extra: Any) -> dict[str, Any]:
 
 
 def _args(spec: KubernetesPoolSpec) -> list[str]:
-    return [
-        f"--engine-arg={key}={value if isinstance(value, str) else json.dumps(value)}"
-        for key, value in sorted(spec.engine_options.items())
-    ]
+    """The engine options, the one worker setting without a variable, as the worker's flags."""
+    return worker_argv({"engine_options": dict(sorted(spec.engine_options.items()))}, joined=True)
 
 
 def _resources(spec: KubernetesPoolSpec) -> dict[str, Any]:
@@ -68,38 +67,46 @@ def _engine_secret_env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
     Secret, never a value. A required option's key must exist (else the pod does not start)."""
     if not spec.engine_secret:
         return []
-    return [
-        {"name": o.env, "valueFrom": {"secretKeyRef": {
-            "name": spec.engine_secret, "key": o.name, **({} if o.required else {"optional": True})}}}
-        for o in secret_options(spec.engine).values()
-    ]  # fmt: skip
+    env: list[dict[str, Any]] = []
+    for o in secret_options(spec.engine).values():
+        ref = {"name": spec.engine_secret, "key": o.name, **({} if o.required else {"optional": True})}
+        env.append({"name": o.env, "valueFrom": {"secretKeyRef": ref}})
+    return env
 
 
 def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
-    """Settings as ``BATCHINFER_WORKER_*`` variables, so a kustomize patch can change any one by name.
+    """Settings as the worker's variables (``BATCHINFER_WORKER_*``, :func:`worker_env`), so a kustomize
+    patch can change any one by name.
 
     The user's ``env`` comes first: for a repeated name the container gets the later entry, so the
     worker's own (token, allow-lists, bind address) win even over a name the spec check missed. The
     trust settings are all set, off ones included (``ALLOW_ANY_PREFIX=0``, ``ALLOW_CALLABLE=""``,
     ``TOKEN_FILE=""``): ``env`` beats ``envFrom``, so a key of the storage Secret cannot set them."""
-    worker = {
-        "HOST": "$(POD_IP)", "PORT": str(spec.port), "ENGINE": spec.engine, "MODEL": spec.model,
-        "CONCURRENCY": str(spec.concurrency), "TARGET_BATCH_TOKENS": str(spec.target_batch_tokens),
-        "DRAIN_TIMEOUT": str(spec.drain_timeout_s), "ALLOW_PREFIX": ",".join(spec.allowed_prefixes),
-        "ALLOW_ANY_PREFIX": "0", "ALLOW_CALLABLE": ",".join(spec.allowed_callables), "TOKEN_FILE": "",
-    }  # fmt: skip
+    settings = {
+        "host": "$(POD_IP)",
+        "port": spec.port,
+        "engine": spec.engine,
+        "model": spec.model,
+        "concurrency": spec.concurrency,
+        "target_batch_tokens": spec.target_batch_tokens,
+        "drain_timeout_s": spec.drain_timeout_s,
+        "allowed_prefixes": spec.allowed_prefixes,
+        "allow_any_prefix": False,
+        "allowed_callables": spec.allowed_callables,
+        "token_file": "",
+    }
+    worker = worker_env(settings)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]
     env += [
         {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        *({"name": f"BATCHINFER_WORKER_{k}", "value": v} for k, v in worker.items() if v is not None),
-        {"name": "BATCHINFER_WORKER_TOKEN",
-         "valueFrom": {"secretKeyRef": {"name": spec.token_secret, "key": "token"}}},
+        *({"name": k, "value": v} for k, v in worker.items()),
+        {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": spec.token_secret, "key": "token"}}},
         *_engine_secret_env(spec),
         {"name": "HOME", "value": "/tmp"},
         # Models come from the image or the model volume; nothing is downloaded at run time.
         {"name": "HF_HUB_OFFLINE", "value": "1"},
         {"name": "OMP_NUM_THREADS", "value": spec.cpu if spec.cpu.isdigit() else "1"},
-    ]  # fmt: skip
+    ]
     return env
 
 
@@ -118,16 +125,26 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
         "env": _env(spec),
         "ports": [{"name": "rpc", "containerPort": spec.port, "protocol": "TCP"}],
         # Ready once the model is loaded; not ready while draining, so no new jobs arrive.
-        "readinessProbe": {"httpGet": {"path": "/v1/ready", "port": "rpc"}, "periodSeconds": 5,
-                           "failureThreshold": 2},
+        "readinessProbe": {
+            "httpGet": {"path": "/v1/ready", "port": "rpc"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
         # Loading a large model takes minutes; the health endpoint answers meanwhile.
-        "livenessProbe": {"httpGet": {"path": "/v1/health", "port": "rpc"}, "initialDelaySeconds": 30,
-                          "periodSeconds": 15, "failureThreshold": 4},
+        "livenessProbe": {
+            "httpGet": {"path": "/v1/health", "port": "rpc"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 15,
+            "failureThreshold": 4,
+        },
         "resources": _resources(spec),
-        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
-                            "capabilities": {"drop": ["ALL"]}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
         "volumeMounts": mounts,
-    }  # fmt: skip
+    }
     if spec.engine_options:
         container["args"] = _args(spec)
     if spec.storage_secret:
@@ -139,11 +156,16 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
         "enableServiceLinks": False,
         # SIGTERM drains: running jobs finish (in-place jobs checkpoint) before the pod goes.
         "terminationGracePeriodSeconds": spec.drain_timeout_s + 30,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 1000,
+            "runAsGroup": 1000,
+            "fsGroup": 1000,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "containers": [container],
         "volumes": volumes,
-    }  # fmt: skip
+    }
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account
     if spec.image_pull_secrets:
@@ -168,8 +190,13 @@ def worker_deployment(spec: KubernetesPoolSpec, *, replicas: int = 0) -> dict[st
 
 # Pod settings a spec may leave out (``serviceAccount``: the API's old alias of ``serviceAccountName``,
 # which it fills in and reads back when the new name is missing).
-OPTIONAL_POD_FIELDS = ("serviceAccountName", "serviceAccount", "imagePullSecrets", "nodeSelector",
-                       "tolerations")  # fmt: skip
+OPTIONAL_POD_FIELDS = (
+    "serviceAccountName",
+    "serviceAccount",
+    "imagePullSecrets",
+    "nodeSelector",
+    "tolerations",
+)
 
 
 def template_patch(spec: KubernetesPoolSpec) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from airflow_batchinfer import __version__
 from airflow_batchinfer.engines import check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
+from airflow_batchinfer.worker.settings import ENV_PREFIX, POOL_IDLE_TTL_S, worker_default
 
 # What the Dockerfile in k8s/ builds; push it to your registry and set `image`.
 DEFAULT_IMAGE = f"airflow-batchinfer-worker:{__version__}"
@@ -25,10 +27,9 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a C identifier, ASCII only 
 # Names of user `env` that the worker's container sets itself, and why: refused when a spec is built.
 # (In a container's env the later entry of a name wins; objects.py emits the user's entries first, so
 # ours would win anyway, but an entry silently ignored is worse than an error.) Every
-# `BATCHINFER_WORKER_*` name is the worker's: its settings, the RPC token (..._TOKEN, ..._TOKEN_FILE)
-# and the allow-lists (..._ALLOW_PREFIX, ..._ALLOW_ANY_PREFIX, ..._ALLOW_CALLABLE) come from the
-# spec's fields, never from `env`.
-RESERVED_ENV_PREFIX = "BATCHINFER_WORKER_"
+# `BATCHINFER_WORKER_*` name (worker.settings.ENV_PREFIX) is the worker's: its settings, the RPC
+# token (..._TOKEN, ..._TOKEN_FILE) and the allow-lists (..._ALLOW_PREFIX, ..._ALLOW_ANY_PREFIX,
+# ..._ALLOW_CALLABLE) come from the spec's fields, never from `env`.
 RESERVED_ENV: dict[str, str] = {
     "POD_IP": "the worker binds the pod IP it names (BATCHINFER_WORKER_HOST=$(POD_IP))",
     "HF_HUB_OFFLINE": "workers never download models or model code at run time",
@@ -46,11 +47,28 @@ RESERVED_ENV: dict[str, str] = {
 # own port, so another one makes such a pool unreachable, not open). `image`, `storage_secret`,
 # `engine_secret`, `model_pvc`, `service_account` and `image_pull_secrets` must be on the
 # deployment's allow-lists (airflow_batchinfer.limits).
-TRIGGER_KEYS: frozenset[str] = frozenset({
-    "image", "image_pull_policy", "gpus", "cpu", "memory", "shm_size", "node_selector", "tolerations",
-    "interruptible", "model_pvc", "storage_secret", "engine_secret", "env", "drain_timeout_s",
-    "scaledown_ttl_s", "port", "service_account", "image_pull_secrets",
-})  # fmt: skip
+TRIGGER_KEYS: frozenset[str] = frozenset(
+    {
+        "image",
+        "image_pull_policy",
+        "gpus",
+        "cpu",
+        "memory",
+        "shm_size",
+        "node_selector",
+        "tolerations",
+        "interruptible",
+        "model_pvc",
+        "storage_secret",
+        "engine_secret",
+        "env",
+        "drain_timeout_s",
+        "scaledown_ttl_s",
+        "port",
+        "service_account",
+        "image_pull_secrets",
+    }
+)
 
 # Taints that the common providers put on spot/preemptible nodes; `interruptible` tolerates them.
 SPOT_TOLERATIONS: tuple[dict[str, str], ...] = (
@@ -69,7 +87,6 @@ DEFAULT_RPC_FROM: dict[str, Any] = {
         {"key": "component", "operator": "In", "values": ["worker", "triggerer", "scheduler", "api-server"]}
     ],
 }
-DEFAULT_IDLE_TTL_S = 600.0
 DEFAULT_SCALEDOWN_TTL_S = 120.0
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
@@ -107,12 +124,16 @@ class KubernetesPoolSpec:
     namespace: str = "default"
     image: str = DEFAULT_IMAGE
     image_pull_policy: str = "IfNotPresent"
+    # Not the workers' defaults (worker.settings), on purpose: a GPU Deployment of the vLLM image
+    # (k8s/Dockerfile), not the simulated engine, with the slots that keep vLLM's batches full. These
+    # defaults are in the spec key of pools already running: changing one would replace their pods.
+    # The other worker settings default to the workers' own.
     engine: str = "vllm"
-    model: str | None = None
+    model: str | None = worker_default("model")
     engine_options: dict[str, Any] = field(default_factory=dict)
     replicas: int = 1
     concurrency: int = 8
-    target_batch_tokens: int = 16_384
+    target_batch_tokens: int = worker_default("target_batch_tokens")
     allowed_prefixes: tuple[str, ...] = ()
     allowed_callables: tuple[str, ...] = ()  # callable judges the workers may run: "module:function"
     gpus: int = 1
@@ -128,12 +149,12 @@ class KubernetesPoolSpec:
     env: dict[str, str] = field(default_factory=dict)
     service_account: str | None = None  # serviceAccountName: IRSA / Workload Identity for storage
     image_pull_secrets: tuple[str, ...] = ()  # Secrets to pull `image` from a private registry
-    port: int = 8000
+    port: int = 8000  # a container's fixed port (a worker alone picks a free one)
     # who may call the RPC port (the pool's NetworkPolicy, objects.network_policy): Airflow's pods
     rpc_from: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(DEFAULT_RPC_FROM))
     rpc_from_namespace: str | None = None  # where those pods run; None: the pool's namespace
-    drain_timeout_s: int = 300
-    idle_ttl_s: float = DEFAULT_IDLE_TTL_S
+    drain_timeout_s: int = int(worker_default("drain_timeout_s"))  # whole seconds: the grace period's
+    idle_ttl_s: float = float(POOL_IDLE_TTL_S)
     scaledown_ttl_s: float = DEFAULT_SCALEDOWN_TTL_S
 
     def __post_init__(self) -> None:
@@ -160,16 +181,19 @@ class KubernetesPoolSpec:
         if self.service_account:  # empty: unset, like storage_secret and model_pvc
             check_object_name(self.service_account, "service_account", "ServiceAccount")
         if not isinstance(self.image_pull_secrets, list | tuple):
-            raise ConfigError(f"image_pull_secrets: expected a list of Secret names, got "
-                              f"{self.image_pull_secrets!r}")  # fmt: skip
+            raise ConfigError(
+                f"image_pull_secrets: expected a list of Secret names, got {self.image_pull_secrets!r}"
+            )
         for secret in self.image_pull_secrets:
             check_object_name(secret, "image_pull_secrets", "Secret")
         labels = self.node_selector
         if not isinstance(labels, dict) or not all(isinstance(v, str) for v in [*labels, *labels.values()]):
             raise ConfigError(f"node_selector: expected an object of label names to strings, got {labels!r}")
         if not all(isinstance(t, dict) for t in self.tolerations):
-            raise ConfigError(f"tolerations: expected objects (key, operator, value, effect), got "
-                              f"{list(self.tolerations)!r}")  # fmt: skip
+            raise ConfigError(
+                f"tolerations: expected objects (key, operator, value, effect), got "
+                f"{list(self.tolerations)!r}"
+            )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
@@ -203,11 +227,23 @@ class KubernetesPoolSpec:
 # only: ``\d`` would take other scripts' digits (Decimal reads "٤" as 4), which Kubernetes refuses.
 _QUANTITY = re.compile(r"\+?([0-9]+\.?[0-9]*|\.[0-9]+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?")
 _SUFFIX = {
-    "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30, "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60, "n": Decimal("1e-9"), "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"), "": Decimal(1), "k": Decimal("1e3"), "M": Decimal("1e6"), "G": Decimal("1e9"),
-    "T": Decimal("1e12"), "P": Decimal("1e15"), "E": Decimal("1e18"),
-}  # fmt: skip
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "": Decimal(1),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+}
 
 
 def parse_quantity(value: Any, what: str) -> Decimal:
@@ -229,8 +265,10 @@ def parse_quantity(value: Any, what: str) -> Decimal:
 def check_rpc_from(selector: Any, namespace: Any) -> None:
     """``rpc_from`` is a non-empty LabelSelector (an empty one admits every pod of the namespace) and
     ``rpc_from_namespace`` a namespace name or unset."""
-    remedy = ('rpc_from: expected a label selector of the Airflow pods that call the workers, e.g. '
-              '{"matchLabels": {"tier": "airflow"}}')  # fmt: skip
+    remedy = (
+        "rpc_from: expected a label selector of the Airflow pods that call the workers, e.g. "
+        '{"matchLabels": {"tier": "airflow"}}'
+    )
     if not isinstance(selector, dict) or not set(selector) <= {"matchLabels", "matchExpressions"}:
         raise ConfigError(f"{remedy}; got {selector!r}")
     labels, expressions = selector.get("matchLabels") or {}, selector.get("matchExpressions") or []
@@ -240,8 +278,10 @@ def check_rpc_from(selector: Any, namespace: Any) -> None:
         isinstance(e, dict) and isinstance(e.get("key"), str) and e.get("operator") in _SELECTOR_OPS
         for e in expressions
     ):
-        raise ConfigError(f"{remedy}; matchExpressions must be objects with key, operator "
-                          f"({', '.join(_SELECTOR_OPS)}) and values, got {expressions!r}")  # fmt: skip
+        raise ConfigError(
+            f"{remedy}; matchExpressions must be objects with key, operator "
+            f"({', '.join(_SELECTOR_OPS)}) and values, got {expressions!r}"
+        )
     if not labels and not expressions:
         raise ConfigError(f"{remedy}; an empty selector would admit every pod of the namespace")
     if namespace is not None and (not isinstance(namespace, str) or not _DNS_LABEL.match(namespace)):
@@ -249,6 +289,57 @@ def check_rpc_from(selector: Any, namespace: Any) -> None:
 
 
 _SELECTOR_OPS = ("In", "NotIn", "Exists", "DoesNotExist")
+
+
+@dataclass(frozen=True)
+class RpcPeers:
+    """Who may call a Kubernetes pool's workers (the peer of the pool's NetworkPolicy), as one source
+    of the deployment names them: ``rpc_from``, a label selector (canonical JSON, so a reference stays
+    hashable), and ``rpc_from_namespace``. ``None`` leaves a setting to the next source: the pool
+    connection's extra, then ``[batchinfer]``, then the pool's default. Never a trigger param."""
+
+    rpc_from: str | None = None
+    rpc_from_namespace: str | None = None
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], source: str) -> RpcPeers:
+        """The two settings of ``data`` (a connection's extra, the config section), checked as the
+        pool's spec checks them; ``source`` names where they were read in the error."""
+        selector, namespace = (_unset_blank(data.get(k)) for k in ("rpc_from", "rpc_from_namespace"))
+        if isinstance(selector, str):  # a config value, or a connection field, is JSON text
+            try:
+                selector = json.loads(selector)
+            except ValueError as exc:
+                example = '{"matchLabels": {"release": "airflow"}}'
+                raise ConfigError(
+                    f"{source}: rpc_from is not JSON ({exc}). Remedy: write a label selector, e.g. {example}"
+                ) from exc
+        try:
+            check_rpc_from(DEFAULT_RPC_FROM if selector is None else selector, namespace)
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: {exc}") from exc
+        text = None if selector is None else json.dumps(selector, sort_keys=True)
+        return cls(text, namespace)
+
+    def over(self, fallback: RpcPeers) -> RpcPeers:
+        """These settings, and ``fallback``'s where these leave one unset."""
+        return RpcPeers(
+            fallback.rpc_from if self.rpc_from is None else self.rpc_from,
+            fallback.rpc_from_namespace if self.rpc_from_namespace is None else self.rpc_from_namespace,
+        )
+
+    def spec_fields(self) -> dict[str, Any]:
+        """The settings that are set, as :class:`KubernetesPoolSpec` fields (its defaults fill the
+        rest)."""
+        out: dict[str, Any] = {} if self.rpc_from is None else {"rpc_from": json.loads(self.rpc_from)}
+        if self.rpc_from_namespace is not None:
+            out["rpc_from_namespace"] = self.rpc_from_namespace
+        return out
+
+
+def _unset_blank(value: Any) -> Any:
+    """An empty config value or connection field is unset."""
+    return None if value is None or (isinstance(value, str) and not value.strip()) else value
 
 
 def check_engine_secret(engine: str, options: dict[str, Any], secret: Any) -> None:
@@ -275,9 +366,9 @@ def check_env(env: Any) -> None:
                 f"env: {name!r} is not a valid environment variable name (letters, digits and '_', "
                 "not starting with a digit)"
             )
-        if name.upper().startswith(RESERVED_ENV_PREFIX):
+        if name.upper().startswith(ENV_PREFIX):
             raise ConfigError(
-                f"env: {name} is reserved: {RESERVED_ENV_PREFIX}* variables are the worker's own settings "
+                f"env: {name} is reserved: {ENV_PREFIX}* variables are the worker's own settings "
                 "(its RPC token, the storage-prefix and callable allow-lists); set them with the pool's "
                 "fields (allowed_prefixes, allowed_callables, ...), not env"
             )
@@ -285,8 +376,10 @@ def check_env(env: Any) -> None:
             raise ConfigError(f"env: {name} is set by the worker's pod spec: {RESERVED_ENV[name.upper()]}")
         secret = next((o for o in secret_options().values() if o.env == name), None)
         if secret is not None:  # a plain env value is as readable as an argument
-            raise ConfigError(f"env: {name} holds the engine's {secret.name}, a secret: put it in the "
-                              f"Secret that engine_secret names (key {secret.name}), not in env")  # fmt: skip
+            raise ConfigError(
+                f"env: {name} holds the engine's {secret.name}, a secret: put it in the "
+                f"Secret that engine_secret names (key {secret.name}), not in env"
+            )
         if not isinstance(value, str):
             raise ConfigError(f"env: {name}: the value must be a string, got {value!r}")
 

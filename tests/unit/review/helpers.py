@@ -9,13 +9,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import RunLayout
-from airflow_batchinfer.review.reasons import ReasonGroups
-from airflow_batchinfer.rounds import read_doc, read_plan, round_kinds, write_doc, write_run_config
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    read_accepted,
+    read_job_manifest,
+    read_plan,
+    write_accepted,
+    write_job_manifest,
+    write_run_config,
+)
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.worker.manifest import read_job_manifest, write_job_manifest
 from tests.support.fake_jobs import close, finish_job, plan_round, read_rows
 
 RARE = 78  # the one row of the rare group (in the fifth shard)
@@ -80,17 +87,10 @@ def build_round(
             else:
                 judgment = {"approved": False, "reason": reasons(i), "score": round(i / 100, 2)}
                 bad.append({**row, "status": "rejected", "judgment": judgment})
-        manifest = finish_job(
+        finish_job(
             cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
-            {"approved": len(ok), "rejected": len(bad)}, so=so,
+            {"approved": len(ok), "rejected": len(bad)}, groups=groups_in_manifest, so=so,
         )  # fmt: skip
-        if groups_in_manifest:
-            groups = ReasonGroups()
-            for row in bad:
-                groups.add(row["judgment"]["reason"])
-            manifest["reason_groups"] = groups.as_dict()
-            manifest.pop("schema_version", None)
-            write_job_manifest(layout.job_manifest(0, shard["shard_id"], kind), manifest, so)
     summary = close_so(cfg, so)
     assert summary["invariant"]["ok"], summary["invariant"]
     return cfg
@@ -99,9 +99,10 @@ def build_round(
 def plan_round_so(cfg: RunConfig, so: StorageOptions | None) -> Any:
     if so is None:
         return plan_round(cfg)
-    from airflow_batchinfer.rounds import propose, write_plan
+    from airflow_batchinfer.run.docs import write_plan
+    from airflow_batchinfer.run.plan import propose_slot
 
-    plan = propose(cfg, "round-00", so).plan
+    plan = propose_slot(cfg, "round-00", so).plan
     write_plan(RunLayout(cfg.run_root), plan, so)
     return plan
 
@@ -111,7 +112,7 @@ def close_so(cfg: RunConfig, so: StorageOptions | None) -> dict[str, Any]:
     assert plan is not None
     if so is None:
         return close(cfg, plan)
-    from airflow_batchinfer.rounds import close_round
+    from airflow_batchinfer.run.close import close_round
 
     summary = close_round(cfg, plan, so)
     assert summary is not None
@@ -129,11 +130,8 @@ def drop_manifest_groups(cfg: RunConfig, so: StorageOptions | None = None) -> No
         uri = layout.job_manifest(0, shard["shard_id"], kind)
         m = read_job_manifest(uri, so)
         assert m is not None
-        m.pop("reason_groups", None)
-        m.pop("schema_version", None)
-        write_job_manifest(uri, m, so)
+        write_job_manifest(uri, m.model_copy(update={"reason_groups": None}), so)
         accepted = layout.accepted(0, shard["shard_id"], kind)  # close copies them there too
-        doc = read_doc(accepted, "accepted job", so)
-        assert doc is not None
-        doc.pop("reason_groups", None)
-        write_doc(accepted, doc, so)
+        doc = read_accepted(accepted, so)
+        assert isinstance(doc, AcceptedJob)
+        write_accepted(accepted, doc.model_copy(update={"reason_groups": None}), so)

@@ -21,12 +21,14 @@ pytestmark = pytest.mark.airflow
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from airflow_batchinfer.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.review.decisions import DecisionLog  # noqa: E402
-from airflow_batchinfer.rounds import round_kinds, write_run_config  # noqa: E402
-from airflow_batchinfer.run_config import RunConfig  # noqa: E402
-from airflow_batchinfer.run_owner import RunIdentity, write_owner  # noqa: E402
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
+from airflow_batchinfer.run.jobs import round_kinds  # noqa: E402
+from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
 from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
+from tests.support.owners import write_owner  # noqa: E402
 
 PAGE_DIR = Path(__file__).parents[3] / "airflow_batchinfer" / "review" / "page"
 DAG_ID = "desk"

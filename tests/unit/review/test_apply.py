@@ -10,19 +10,11 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.report import build_report
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.rounds import (
-    CONTINUE,
-    STOP,
-    apply_choice,
-    pending_shards,
-    propose,
-    read_plan,
-    slots,
-    write_plan,
-)
+from airflow_batchinfer.run.docs import read_plan, slots, write_plan
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
 
@@ -32,7 +24,7 @@ def finished_report(cfg: Any) -> dict[str, Any]:
     layout = RunLayout(cfg.run_root)
     for slot in slots(cfg.max_rounds):
         if read_plan(layout, slot) is None:
-            write_plan(layout, propose(cfg, slot).plan)
+            write_plan(layout, propose_slot(cfg, slot).plan)
     return build_report(cfg)
 
 
@@ -66,7 +58,7 @@ def unseal(cfg: Any) -> None:
 def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path: Path) -> None:
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
-    proposal = propose(cfg, "round-01")
+    proposal = propose_slot(cfg, "round-01")
     assert proposal.options and proposal.plan.records == 10
     plan = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
     assert plan.mode == "rounds" and plan.reviewed is not None
@@ -87,7 +79,7 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
         finish_shard(cfg, 1, shard, {"r25"})
     summary = close(cfg, plan)
     assert summary["pending"] == 6 and summary["approved"] == 1 and summary["invariant"]["ok"]
-    write_plan(layout, propose(cfg, "tail").plan)
+    write_plan(layout, propose_slot(cfg, "tail").plan)
     report = finished_report(cfg)
     assert report["invariant"]["ok"] and report["invariant"]["checked"] == "digests"
     assert (report["accepted_by_review"], report["dropped_by_review"], report["remaining_pending"]) == (
@@ -104,10 +96,10 @@ def test_a_retried_plan_task_applies_the_same_decisions_and_later_ones_are_refus
     ignored), and a retried plan task applies exactly the same decisions."""
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
-    first = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    first = apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     with pytest.raises(ReviewClosedError):
         DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", ids=["r25"]))
-    again = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    again = apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     assert again.reviewed == first.reviewed and again.reviewed is not None
     assert again.reviewed["counts"] == {"accept": 2, "retry": 6, "drop": 2}
     assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
@@ -120,10 +112,10 @@ def test_a_log_an_operator_edited_is_applied_as_it_is_now(tmp_path: Path) -> Non
     (no id is doubled), and it reads the original pending set."""
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
-    apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     unseal(cfg)
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "retry", "carol", ids=["r20", "r21", "r23", "r24"]))
-    plan = apply_choice(cfg, propose(cfg, "round-01"), STOP)
+    plan = apply_choice(cfg, propose_slot(cfg, "round-01"), STOP)
     assert plan.stop and plan.reviewed is not None
     assert plan.reviewed["counts"] == {"accept": 0, "retry": 10, "drop": 0}
     assert not any(r.get("accepted_by_review") for r in rows_in(layout.results).values())
@@ -144,13 +136,13 @@ def test_a_bulk_decision_by_reason_group_and_no_log_no_split(tmp_path: Path) -> 
         return cfg
 
     plain_cfg = closed_round(tmp_path / "plain")
-    plain = apply_choice(plain_cfg, propose(plain_cfg, "round-01"), CONTINUE)
+    plain = apply_choice(plain_cfg, propose_slot(plain_cfg, "round-01"), CONTINUE)
     assert plain.reviewed is None and not Path(RunLayout(plain_cfg.run_root).reviewed(1)).exists()
     cfg = closed_round(tmp_path / "bulk")
     DecisionLog(cfg.run_root, 0).append(
         Decision.make(0, "drop", "alice", filter={"group": "no"}, note="junk")
     )
-    decided = apply_choice(cfg, propose(cfg, "round-01"), CONTINUE)
+    decided = apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     assert decided.mode == "skip" and decided.stop == "nothing pending"  # every pending row was decided
     assert decided.reviewed is not None and decided.reviewed["counts"]["drop"] == 5
     write_plan(RunLayout(cfg.run_root), decided)
@@ -172,7 +164,7 @@ def test_a_run_whose_rounds_did_not_all_plan_or_close_is_incomplete(tmp_path: Pa
     report = build_report(cfg)
     assert report["status"] == "incomplete" and "round-01, tail not planned" in report["stop_reason"]
     for slot in ("round-01", "tail"):
-        write_plan(RunLayout(cfg.run_root), propose(cfg, slot).plan)
+        write_plan(RunLayout(cfg.run_root), propose_slot(cfg, slot).plan)
     assert build_report(cfg)["status"] == "complete"
 
 
@@ -185,14 +177,14 @@ def test_decisions_take_effect_once_per_round_and_the_report_points_at_what_is_p
     cfg = reviewed_run(tmp_path)
     cfg.strategy = "hybrid"
     layout = RunLayout(cfg.run_root)
-    switch = apply_choice(cfg, propose(cfg, "round-01"), "Continue in place")
+    switch = apply_choice(cfg, propose_slot(cfg, "round-01"), "Continue in place")
     assert switch.switch_in_place and switch.reviewed is not None
     write_plan(layout, switch)
-    tail = propose(cfg, "tail")
+    tail = propose_slot(cfg, "tail")
     assert tail.plan.mode == "in_place" and tail.options == [] and tail.plan.records == 6
-    stop = apply_choice(cfg, propose(cfg, "round-01"), STOP)  # a retried gate task answers again
+    stop = apply_choice(cfg, propose_slot(cfg, "round-01"), STOP)  # a retried gate task answers again
     write_plan(layout, stop)
-    write_plan(layout, propose(cfg, "tail").plan)
+    write_plan(layout, propose_slot(cfg, "tail").plan)
     report = finished_report(cfg)
     assert (report["accepted_by_review"], report["dropped_by_review"], len(report["reviews"])) == (2, 2, 1)
     assert report["remaining_pending_uri"] == layout.reviewed(1) and report["invariant"]["ok"]
@@ -203,12 +195,12 @@ def test_accept_remaining_after_decisions_and_again(tmp_path: Path) -> None:
     the decisions, it leaves no earlier acceptance behind (no id doubled)."""
     cfg = reviewed_run(tmp_path)
     layout = RunLayout(cfg.run_root)
-    plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
+    plan = apply_choice(cfg, propose_slot(cfg, "round-01"), "Accept remaining as they are")
     write_plan(layout, plan)
     assert finished_report(cfg)["invariant"]["ok"]
     unseal(cfg)
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", filter={}, note="all of it"))
-    plan = apply_choice(cfg, propose(cfg, "round-01"), "Accept remaining as they are")
+    plan = apply_choice(cfg, propose_slot(cfg, "round-01"), "Accept remaining as they are")
     write_plan(layout, plan)
     report = finished_report(cfg)
     assert report["invariant"]["ok"] and report["dropped_by_review"] == 10
@@ -221,22 +213,24 @@ def test_a_human_judges_gate_offers_no_in_place(tmp_path: Path) -> None:
     for shard in plan.shards:
         finish_shard(cfg, 0, shard, set())
     close(cfg, plan)
-    assert propose(cfg, "round-01").options == [CONTINUE, "Accept remaining as they are", STOP]
+    assert propose_slot(cfg, "round-01").options == [CONTINUE, "Accept remaining as they are", STOP]
 
 
 def test_the_desk_shows_the_prompts_the_round_ran(tmp_path: Path) -> None:
     """A round run with a review's changed template shows (and text filters search) that prompt."""
     from airflow_batchinfer.review.browse import RoundView
-    from airflow_batchinfer.rounds import round_config, write_run_config
+    from airflow_batchinfer.run.config import round_config
+    from airflow_batchinfer.run.docs import write_run_config
 
     cfg = make_run(tmp_path)
     write_run_config(cfg)
     assert RoundView(cfg.run_root, 0).to_sample({"id": "x", "question": "q x"}).prompt == "q x"
-    plan = propose(cfg, "round-00").plan
+    plan = propose_slot(cfg, "round-00").plan
     plan.settings = {"prompt_template": "Q: {{ question }}"}
+    plan.config = round_config(cfg, plan.settings)  # as the plan step computes it
     write_plan(RunLayout(cfg.run_root), plan)
     for shard in plan.shards:
-        finish_shard(round_config(cfg, plan), 0, shard, set(IDS[:20]))
+        finish_shard(plan.config, 0, shard, set(IDS[:20]))
     close(cfg, plan)
     (sample,) = RoundView(cfg.run_root, 0).sample(1)
     assert sample.prompt == f"Q: q {sample.id}"

@@ -5,15 +5,16 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewError
-from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.browse import Page, RoundView, Sample, matches, trend
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
-from airflow_batchinfer.review.reasons import ReasonGroups
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
 from tests.support.seaweedfs import S3Server
 from tests.unit.review.helpers import RARE, approved, build_round, drop_manifest_groups, reason
 
@@ -207,22 +208,36 @@ def test_paging_and_groups_on_s3(s3_server: S3Server, tmp_path: Path) -> None:
     assert tally(log.read(), view) == {"accept": accepted, "retry": len(expected) - accepted - 1, "drop": 1}
 
 
+def workers_text(builder: Any, record: dict[str, Any]) -> str | None:
+    """What the worker's :class:`PromptBuilder` sends for ``record``, as the desk writes it out."""
+    from airflow_batchinfer.review.browse import _content
+
+    try:
+        request = builder.build(record, request_id="x", attempt=1)
+    except Exception:
+        return None
+    parts = [(str(m["role"]), _content(m["content"])) for m in request.messages or ()]
+    return request.prompt or (
+        parts[0][1] if len(parts) == 1 else "\n\n".join(f"[{r}]\n{c}" for r, c in parts)
+    )
+
+
 @pytest.mark.parametrize(
     ("template", "system"),
     [
         ("Q: {{ question }}", None),
         ("{{question}} / {{ n }}\n\nContext: {{ context }}\n", "Be brief."),
-        ("{% if n %}{{ question }}{% endif %}", None),  # not plain: the builder renders it
+        ("Q:\r\n{{ question }}\r", None),  # Jinja writes the template's newlines as "\n"
+        ("{% if n %}{{ question }}{% endif %}", None),
         ("{{ question | upper }} {{ record.n }}", "sys"),
     ],
 )
 def test_prompts_are_the_workers_prompts(template: str, system: str | None) -> None:
     from airflow_batchinfer.prompts import PromptBuilder
-    from airflow_batchinfer.review.browse import _content, _Prompts
+    from airflow_batchinfer.review.browse import _Prompts
 
     prompts, builder = _Prompts(template, system), PromptBuilder(template, system=system)
-    assert (prompts.parts is not None) == ("{%" not in template and "|" not in template)  # filled in directly
-    records = [
+    records: list[dict[str, Any]] = [
         {"id": "a", "question": "What is {{ 1 + 1 }}?", "n": 3, "context": 'ünïcode "quoted" {% raw %}'},
         {"id": "b", "question": "x", "n": 2.5, "context": None},  # a float and None: Jinja's printing
         {"id": "c", "question": "y", "n": True, "context": ["a", 1]},
@@ -230,16 +245,27 @@ def test_prompts_are_the_workers_prompts(template: str, system: str | None) -> N
         {"id": "e", "custom_id": "e", "body": {"messages": [{"role": "user", "content": "hi"}]}},
     ]
     for record in records:
-        try:
-            request = builder.build(record, request_id="x", attempt=1)
-        except Exception:
-            expected = None
-        else:
-            parts = [(str(m["role"]), _content(m["content"])) for m in request.messages or ()]
-            expected = request.prompt or (
-                parts[0][1] if len(parts) == 1 else "\n\n".join(f"[{r}]\n{c}" for r, c in parts)
-            )
-        assert prompts.text(record, "x", 1) == expected, record
+        assert prompts.text(record, "x", 1) == workers_text(builder, record), record
+
+
+def test_the_desk_shows_the_prompt_the_worker_sent_with_the_rounds_system_message(tmp_path: Path) -> None:
+    """Through the desk itself: the run's template and system message, built by the worker's
+    ``PromptBuilder`` (a chat prompt: the system and user messages, as ``[role]`` blocks)."""
+    from airflow_batchinfer.prompts import PromptBuilder
+    from airflow_batchinfer.run.docs import read_plan, write_plan
+
+    cfg = build_round(str(tmp_path), n=10, per_shard=10)
+    plan = read_plan(RunLayout(cfg.run_root), "round-00")
+    assert plan is not None
+    plan.config = RunConfig(**{**cfg.to_dict(), "system": "Be brief."})  # what the round ran with
+    write_plan(RunLayout(cfg.run_root), plan)
+    rid = rejected_ids(10)[0]
+    sample = RoundView(cfg.run_root, 0).find(rid)
+    assert sample is not None
+    assert sample.prompt == f"[system]\nBe brief.\n\n[user]\nQ: What is {int(rid[1:])} + 1?"
+    assert sample.prompt == workers_text(
+        PromptBuilder(cfg.prompt_template, system="Be brief."), sample.record
+    )
 
 
 def test_a_round_without_accepted_docs_counts_its_files_and_finds_any_id(tmp_path: Path) -> None:

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.browse import RoundView, Sample
 from airflow_batchinfer.review.decisions import (
     MAX_IDS,
@@ -21,7 +20,8 @@ from airflow_batchinfer.review.decisions import (
     resolve,
     tally,
 )
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.layout import RunLayout
 from tests.conftest import Root
 from tests.unit.review.helpers import build_round, drop_manifest_groups
 

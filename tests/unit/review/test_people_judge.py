@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.rounds import CONTINUE, apply_choice, propose, write_plan
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import write_plan
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import CONTINUE, apply_choice, propose_slot
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs
@@ -33,7 +34,7 @@ def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tm
         "reason": "awaiting a person's verdict",
         "for_review": True,
     }
-    proposal = propose(cfg, "round-01")
+    proposal = propose_slot(cfg, "round-01")
     assert proposal.options  # review "never", yet people judge: the gate opens
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "accept", "alice", ids=["q1", "q2", "q3"]))
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "bob", ids=["q4"], note="off topic"))
@@ -61,8 +62,8 @@ def test_review_below_score_routes_low_scored_verdicts_to_people(tmp_path: Path)
     assert {r["judgment"]["judge_approved"] for r in low} == {True, False}  # approvals too wait for people
     approved = [r for f in JsonlDir(RunLayout(cfg.run_root).results).jsonl_files() for r in f.iter_records()]
     assert approved and all(r["judgment"]["score"] >= 0.5 for r in approved)  # confident ones passed
-    assert propose(cfg, "round-01").options  # they wait: the gate opens
-    write_plan(RunLayout(cfg.run_root), apply_choice(cfg, propose(cfg, "round-01"), "Stop"))
+    assert propose_slot(cfg, "round-01").options  # they wait: the gate opens
+    write_plan(RunLayout(cfg.run_root), apply_choice(cfg, propose_slot(cfg, "round-01"), "Stop"))
     assert finished_report(cfg)["invariant"]["ok"]
 
 

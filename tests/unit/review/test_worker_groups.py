@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.review.reasons import ReasonGroups
-from airflow_batchinfer.rounds import write_run_config
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import JobManifest, read_job_manifest, write_run_config
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs
 
@@ -37,9 +36,10 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
     return cfg
 
 
-def staged_rejected_groups(manifest: dict[str, Any]) -> dict[str, int]:
+def staged_rejected_groups(manifest: JobManifest) -> dict[str, int]:
     groups = ReasonGroups()
-    for row in JsonlFile(manifest["committed"]["rejected"]).iter_records():
+    assert manifest.committed is not None
+    for row in JsonlFile(manifest.committed["rejected"]).iter_records():
         groups.add(row["judgment"]["reason"])
     return groups.as_dict()
 
@@ -53,8 +53,9 @@ def test_infer_judge_manifests_count_the_rejected_rows_reason_groups(tmp_path: P
     for shard in plan.shards:
         m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer_judge"))
         assert m is not None
-        groups = m["reason_groups"]
-        assert groups == staged_rejected_groups(m) and sum(groups.values()) == m["counts"]["rejected"]
+        groups = m.reason_groups
+        assert groups is not None
+        assert groups == staged_rejected_groups(m) and sum(groups.values()) == m.counts["rejected"]
         for g, n in groups.items():
             total[g] = total.get(g, 0) + n
     assert total['inference_error: simulated failure: prompt contains "…"'] == 8  # q0, q5, … q35
@@ -73,9 +74,11 @@ def test_in_place_manifests_count_the_exhausted_rows_and_infer_has_none(tmp_path
     for shard in plan.shards:
         m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "in_place"))
         assert m is not None
-        exhausted = m["counts"].get("max_attempts", 0) + m["counts"].get("error", 0)
-        assert sum(m["reason_groups"].values()) == exhausted > 0
-        assert m["reason_groups"] == staged_rejected_groups(m)
+        exhausted = m.counts.get("max_attempts", 0) + m.counts.get("error", 0)
+        assert m.reason_groups is not None and sum(m.reason_groups.values()) == exhausted > 0
+        assert m.reason_groups == staged_rejected_groups(m)
     run_jobs(cfg, [("infer", 0, s) for s in plan.shards], fail_marker="FAIL")
-    infer = read_job_manifest(layout.job_manifest(0, plan.shards[0]["shard_id"], "infer"))
-    assert infer is not None and "reason_groups" not in infer
+    uri = layout.job_manifest(0, plan.shards[0]["shard_id"], "infer")
+    infer = read_job_manifest(uri)
+    assert infer is not None and infer.reason_groups is None
+    assert "reason_groups" not in json.loads(Path(uri).read_text())  # absent, as before it existed

@@ -23,7 +23,7 @@ from airflow_batchinfer.rpc.locate import (
 )
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.settings import setting
 
 SPEC = JobSpec(

@@ -1,10 +1,13 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
+from tests.support.fake_jobs import job_manifest
 
 
 @pytest.mark.parametrize(
@@ -16,9 +19,7 @@ from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, 
         (Observation("status", "failed"), None, 0, "failed"),
         (Observation("status", "cancelled"), None, 0, "failed"),
         (Observation("status", "cancelled", retryable=True), None, 0, "resubmit"),  # a draining worker
-        (Observation("not_found", manifest_found=True), 0, 0, "done"),
         (Observation("not_found"), 0, 0, "resubmit"),
-        (Observation("unreachable", manifest_found=True), 0, 1, "done"),
         (Observation("unreachable"), 0, 5, "wait"),  # a blip: don't run the job twice
         (Observation("unreachable"), 0, 30, "resubmit"),  # gone for longer than the grace period
     ],
@@ -55,19 +56,30 @@ def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> No
         JobEvent.from_dict({**event.to_dict(), "version": 9})
 
 
+MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"ok": 3}}
+
+
 @pytest.mark.parametrize(
     ("state", "manifest", "resubmits", "outcome"),
     [
-        ("succeeded", True, 0, "done"),
-        ("succeeded", False, 0, "resubmit"),  # its manifest was removed since: run it again
-        ("lost", True, 0, "done"),  # it finished before its worker went away
-        ("lost", False, 0, "resubmit"),
-        ("lost", False, 5, "fail"),  # lost too often within one try
-        ("failed", False, 0, "fail"),
-        ("cancelled", False, 0, "fail"),
-        ("timeout", False, 0, "fail"),
+        ("succeeded", MANIFEST, 0, "done"),
+        ("succeeded", None, 0, "resubmit"),  # its manifest was removed since: run it again
+        ("succeeded", None, 5, "fail"),  # and again, too often within one try
+        ("succeeded", {**MANIFEST, "job_id": "earlier"}, 0, "resubmit"),  # another request's manifest
+        ("succeeded", {**MANIFEST, "state": "failed"}, 0, "resubmit"),  # a manifest that says otherwise
+        ("lost", MANIFEST, 0, "done"),  # it finished before its worker went away
+        ("lost", MANIFEST, 5, "done"),  # finished: no resubmit needed, however many before
+        ("lost", None, 0, "resubmit"),
+        ("lost", {**MANIFEST, "job_id": "earlier"}, 0, "resubmit"),
+        ("lost", None, 5, "fail"),  # lost too often within one try
+        ("failed", MANIFEST, 0, "fail"),  # the worker's failure stands, whatever storage holds
+        ("cancelled", None, 0, "fail"),
+        ("timeout", MANIFEST, 0, "fail"),
     ],
 )
-def test_after_event(state: str, manifest: bool, resubmits: int, outcome: str) -> None:
+def test_after_event_the_manifest_decides(
+    state: str, manifest: dict[str, Any] | None, resubmits: int, outcome: str
+) -> None:
     event = JobEvent(state, "j", "u")  # type: ignore[arg-type]
-    assert after_event(event, manifest_found=manifest, resubmits=resubmits, max_resubmits=5) == outcome
+    read = None if manifest is None else job_manifest(**manifest)
+    assert after_event(event, manifest=read, resubmits=resubmits, max_resubmits=5) == outcome

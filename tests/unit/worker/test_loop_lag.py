@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.layout import RunLayout
 from airflow_batchinfer.prompts import PromptBuilder
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage import reader as reader_module
 from airflow_batchinfer.storage import writer as writer_module

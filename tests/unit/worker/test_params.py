@@ -34,3 +34,9 @@ def test_defaults_per_kind() -> None:
 def test_bad_params_name_the_field(kind: str, params: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         parse_params(kind, params)
+
+
+def test_a_human_judge_judges_between_rounds_never_in_a_job_that_retries_in_place() -> None:
+    assert parse_params("judge", {"judge": {"type": "human"}}).judge is not None  # a round's judge job
+    with pytest.raises(ConfigError, match=r"cannot retry in place \(an in_place job\).*strategy rounds"):
+        parse_params("in_place", {"judge": {"type": "human"}})

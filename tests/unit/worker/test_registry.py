@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.layout import RunLayout, staged_name, staged_output
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.run.layout import RunLayout, staged_name, staged_output
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
-from airflow_batchinfer.worker.manifest import read_job_manifest
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import DRAINED, JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
@@ -103,7 +103,7 @@ def test_each_attempt_writes_its_own_staged_outputs(tmp_path: Path) -> None:
     layout, s = shard(tmp_path)
     spec = in_place_spec(layout, s, max_attempts=2)
 
-    async def body(runtime: Runtime) -> list[dict[str, Any]]:
+    async def body(runtime: Runtime) -> list[JobManifest]:
         registry = JobRegistry(runtime, concurrency=2, worker_name="w")
         manifests = []
         for _ in range(2):  # the same job started twice (here: one after the other on one worker)
@@ -115,12 +115,13 @@ def test_each_attempt_writes_its_own_staged_outputs(tmp_path: Path) -> None:
         return manifests
 
     first, second = with_runtime(body, latency_base_s=0.0)
-    assert first["attempt"] != second["attempt"] and first["job_id"] == second["job_id"]
+    assert first.attempt != second.attempt and first.job_id == second.job_id
     for m in (first, second):
-        root = Path(layout.staged_job(0, s["shard_id"], "in_place"), m["attempt"])
-        assert m["committed"] == {n: str(root / f"{n}.jsonl.zst") for n in ("approved", "rejected")}
-        assert m["outputs"] == spec.outputs
-        rows = [r["id"] for uri in m["committed"].values() for r in JsonlFile(uri).iter_records()]
+        assert m.attempt is not None and m.committed is not None
+        root = Path(layout.staged_job(0, s["shard_id"], "in_place"), m.attempt)
+        assert m.committed == {n: str(root / f"{n}.jsonl.zst") for n in ("approved", "rejected")}
+        assert m.outputs == spec.outputs
+        rows = [r["id"] for uri in m.committed.values() for r in JsonlFile(uri).iter_records()]
         assert sorted(rows) == sorted(f"r{i}" for i in range(20))
     assert not Path(spec.outputs["approved"]).exists() and not Path(spec.outputs["rejected"]).exists()
 
@@ -134,7 +135,8 @@ def test_without_staging_outputs_are_written_in_place(tmp_path: Path) -> None:
 
     with_runtime(body, latency_base_s=0.0)
     m = read_job_manifest(spec.outputs["manifest"])
-    assert m is not None and "committed" not in m and len(m["attempt"]) == 32
+    assert m is not None and m.committed is None and m.attempt is not None and len(m.attempt) == 32
+    assert "committed" not in json.loads(Path(spec.outputs["manifest"]).read_text())
     assert Path(spec.outputs["approved"]).exists() and Path(spec.outputs["rejected"]).exists()
 
 

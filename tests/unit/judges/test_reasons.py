@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batchinfer.review.reasons import (
+from airflow_batchinfer.judges.reasons import (
     MAX_GROUPS,
     MAX_KEY_CHARS,
     NO_REASON,
@@ -73,7 +73,7 @@ def test_merge_adds_dicts_and_counters_and_keeps_other_out_of_the_ranking() -> N
 
 
 def test_counter_memory_is_bounded_and_totals_stay_exact(monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_batchinfer.review import reasons
+    from airflow_batchinfer.judges import reasons
 
     monkeypatch.setattr(reasons, "MAX_TRACKED", 100)
     groups = ReasonGroups()

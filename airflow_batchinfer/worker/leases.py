@@ -1,5 +1,9 @@
 """Who is using a pool, and how many replicas it should have: the lease rules of every backend.
 
+The workers read them too (a local worker idles out only when its pool's lease file lets it), so
+they live on the worker side: ``pools/`` imports them from here, and the worker never imports
+the pool manager.
+
 Several Airflow runs (and ``batchinfer pool up``/``run``) may share one warm pool. Each holds a
 *lease* (id → replicas wanted, expiry). A Kubernetes pool keeps them on its Deployment's annotations
 (``batchinfer.io/leases``, updated with optimistic concurrency); a local pool in a file beside its

@@ -43,9 +43,10 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run_config import RunConfig
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import read_run_config
 from airflow_batchinfer.storage import swap
-from airflow_batchinfer.storage.json_doc import encode_json, parse_json, write_json
+from airflow_batchinfer.storage.json_doc import encode_json, parse_json
 from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 
 OWNER_FILE = "owner.json"
@@ -145,12 +146,21 @@ def decide(
     if not may_share(creator, me.dag_id, shared_dags):
         return Decision("refuse", _foreign(run_root, me, owner, creator), owner, creator)
     if owner_state is None:
-        return Decision("claim", f"{run_root} was owned by {owner}, which no longer exists: {me} takes it "
-                        "over", owner, creator)  # fmt: skip
+        return Decision(
+            "claim",
+            f"{run_root} was owned by {owner}, which no longer exists: {me} takes it over",
+            owner,
+            creator,
+        )
     state = str(getattr(owner_state, "value", owner_state)).lower()  # a DagRunState or its value
     if state in FINISHED_STATES:
-        return Decision("claim", f"{run_root} was owned by {owner}, which finished ({state}): {me} takes it "
-                        "over and resumes there", owner, creator)  # fmt: skip
+        return Decision(
+            "claim",
+            f"{run_root} was owned by {owner}, which finished ({state}): {me} takes it "
+            "over and resumes there",
+            owner,
+            creator,
+        )
     what = state if state in LIVE_STATES else f"in state {state!r}"
     return Decision(
         "refuse",
@@ -173,9 +183,13 @@ def _foreign(run_root: str, me: RunIdentity, owner: RunIdentity, creator: str) -
 
 
 def decide_input(
-    record: dict[str, Any], me: RunIdentity, *, input_uri: str, run_root: str,
+    record: dict[str, Any],
+    me: RunIdentity,
+    *,
+    input_uri: str,
+    run_root: str,
     shared_dags: Collection[str] = (),
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Why ``me`` may not read ``input_uri``, which lies inside ``run_root`` (its ``owner.json`` is
     ``record``); ``None``: it may. The rule of :func:`decide` for the root itself: what a run root
     holds is its creating DAG's, readable by a run of a DAG that may share with it (:func:`may_share`)."""
@@ -221,9 +235,13 @@ def input_root_candidates(input_uri: str, prefixes: Collection[str]) -> list[str
 
 
 def input_refusal(
-    input_uri: str, me: RunIdentity, so: StorageOptions | None = None, *, prefixes: Collection[str],
+    input_uri: str,
+    me: RunIdentity,
+    so: StorageOptions | None = None,
+    *,
+    prefixes: Collection[str],
     shared_dags: Collection[str] = (),
-) -> str | None:  # fmt: skip
+) -> str | None:
     """Why ``me`` may not read ``input_uri`` (``None``: it may): it lies inside a run root (an
     ancestor of :func:`input_root_candidates` with an ``owner.json``, one read each) that a DAG
     ``me`` may not share with created (:func:`decide_input`)."""
@@ -268,9 +286,12 @@ def _parse(loc: Location, raw: bytes) -> dict[str, Any]:
 
 
 def owner_record(
-    me: RunIdentity, *, creator: str | None = None, previous: RunIdentity | None = None,
+    me: RunIdentity,
+    *,
+    creator: str | None = None,
+    previous: RunIdentity | None = None,
     extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """What ``owner.json`` holds for ``me`` (without its ``schema_version``); ``creator``: the DAG
     that created the root (default: ``me``'s, for a new root)."""
     return {
@@ -282,15 +303,6 @@ def owner_record(
         **(extra or {}),
         CREATOR: creator or me.dag_id,
     }
-
-
-def write_owner(
-    run_root: str, me: RunIdentity, so: StorageOptions | None = None, *, creator: str | None = None,
-    previous: RunIdentity | None = None, extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:  # fmt: skip
-    record = owner_record(me, creator=creator, previous=previous, extra=extra)
-    write_json(resolve(owner_uri(run_root), so), record, schema_version=OWNER_VERSION)
-    return {"schema_version": OWNER_VERSION, **record}
 
 
 class OwnedElsewhere(ConfigError):
@@ -330,8 +342,6 @@ def owned_run_config(run_root: str, context: Any, so: StorageOptions | None = No
     """The run's settings, for a task of the DAG run that owns ``run_root`` (:func:`task_owns`):
     how every task after the first reads them, so a refused run's ``all_done`` tasks (close,
     report) never touch another run's root."""
-    from airflow_batchinfer.rounds import read_run_config
-
     task_owns(run_root, context, so)
     return read_run_config(run_root, so)
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
-from airflow_batchinfer.run_owner import (
+from airflow_batchinfer.run.owner import (
     CREATOR,
     OWNER_VERSION,
     OwnedElsewhere,
@@ -23,9 +23,9 @@ from airflow_batchinfer.run_owner import (
     owner_uri,
     read_owner,
     verify_owner,
-    write_owner,
 )
 from tests.conftest import Root
+from tests.support.owners import write_owner
 
 ME = RunIdentity("llm_eval", "manual__2025-01-02T00:00:00+00:00")
 OTHER = RunIdentity("llm_eval", "manual__2025-01-01T00:00:00+00:00")
@@ -241,7 +241,7 @@ def test_a_later_task_of_another_run_fails_without_touching_the_root(tmp_path: P
     pytest.importorskip("airflow", reason="needs the airflow extra")
     from airflow.sdk.exceptions import AirflowFailException
 
-    from airflow_batchinfer.run_owner import task_owns
+    from airflow_batchinfer.run.owner import task_owns
 
     root = str(tmp_path / "run")
     write_owner(root, OTHER)

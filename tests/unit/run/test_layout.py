@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from airflow_batchinfer.layout import RunLayout
+from airflow_batchinfer.run.layout import RunLayout
 
 
 def test_paths_follow_the_design_layout() -> None:

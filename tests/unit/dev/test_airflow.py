@@ -1,4 +1,4 @@
-"""LocalAirflow's REST client against a stand-in api-server on 127.0.0.1 (a real HTTP server that
+"""DevAirflow's REST client against a stand-in api-server on 127.0.0.1 (a real HTTP server that
 answers like Airflow 3.3.2's, including its 500 for a database error)."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer import local_airflow
-from airflow_batchinfer.exceptions import AirflowApiError
-from airflow_batchinfer.local_airflow import DB_ERROR_TRIES, LocalAirflow
+from airflow_batchinfer.dev import airflow as dev_airflow
+from airflow_batchinfer.dev.airflow import DB_ERROR_TRIES, AirflowApiError, DevAirflow
+from airflow_batchinfer.exceptions import BatchInferError
 
 DB_ERROR = {"detail": {"reason": "Database error", "message": "Serious error ... look for ID abc"}}
 
@@ -68,21 +68,21 @@ def stand_in() -> Iterator[StandIn]:
 def waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The client's waits between tries, recorded instead of slept."""
     out: list[float] = []
-    monkeypatch.setattr(local_airflow.time, "sleep", out.append)
+    monkeypatch.setattr(dev_airflow.time, "sleep", out.append)
     return out
 
 
 @pytest.fixture
-def af(stand_in: StandIn, tmp_path: Path, waits: list[float]) -> LocalAirflow:
+def af(stand_in: StandIn, tmp_path: Path, waits: list[float]) -> DevAirflow:
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "api-server.log").write_text(
         "x" * 9000 + "sqlite3.OperationalError: database is locked\n"
     )
-    return LocalAirflow(home=tmp_path, dags_folder=tmp_path, port=stand_in.port)
+    return DevAirflow(home=tmp_path, dags_folder=tmp_path, port=stand_in.port)
 
 
 def test_a_trigger_that_met_a_database_error_is_sent_again_with_the_same_run_id(
-    af: LocalAirflow, stand_in: StandIn, waits: list[float]
+    af: DevAirflow, stand_in: StandIn, waits: list[float]
 ) -> None:
     stand_in.answers = [(500, DB_ERROR), (500, DB_ERROR)]
     run_id = af.trigger("d", {"k": 1})
@@ -91,9 +91,7 @@ def test_a_trigger_that_met_a_database_error_is_sent_again_with_the_same_run_id(
     assert run_id.startswith("manual__") and stand_in.posts[-1]["conf"] == {"k": 1}
 
 
-def test_a_trigger_whose_first_try_started_the_run_is_not_an_error(
-    af: LocalAirflow, stand_in: StandIn
-) -> None:
+def test_a_trigger_whose_first_try_started_the_run_is_not_an_error(af: DevAirflow, stand_in: StandIn) -> None:
     # the first try committed, then its answer failed: the second finds its own run id taken
     stand_in.answers = [(500, DB_ERROR), (409, {"detail": "exists"})]
     run_id = af.trigger("d")
@@ -101,7 +99,7 @@ def test_a_trigger_whose_first_try_started_the_run_is_not_an_error(
 
 
 def test_database_errors_end_in_an_error_that_quotes_the_api_server_log(
-    af: LocalAirflow, stand_in: StandIn, waits: list[float]
+    af: DevAirflow, stand_in: StandIn, waits: list[float]
 ) -> None:
     stand_in.answers = [(500, DB_ERROR)] * DB_ERROR_TRIES
     with pytest.raises(
@@ -112,11 +110,12 @@ def test_database_errors_end_in_an_error_that_quotes_the_api_server_log(
     assert len(stand_in.posts) == DB_ERROR_TRIES and waits == [1, 2, 3]
 
 
-def test_other_errors_are_not_sent_again(af: LocalAirflow, stand_in: StandIn, waits: list[float]) -> None:
+def test_other_errors_are_not_sent_again(af: DevAirflow, stand_in: StandIn, waits: list[float]) -> None:
     stand_in.answers = [(409, {"detail": "exists"}), (500, {"detail": "boom"})]
     with pytest.raises(AirflowApiError, match="409") as err:
         af.trigger("d", run_id="r")  # the caller's run id: a duplicate is the caller's error
     assert err.value.status == 409 and "api-server.log" not in str(err.value)
+    assert isinstance(err.value, BatchInferError)  # in the package's exception tree
     with pytest.raises(AirflowApiError, match="boom"):
         af.trigger("d", run_id="r")
     assert len(stand_in.posts) == 2 and waits == []
@@ -125,6 +124,6 @@ def test_other_errors_are_not_sent_again(af: LocalAirflow, stand_in: StandIn, wa
 def test_sqlite_writers_wait_for_the_lock(tmp_path: Path) -> None:
     """Four processes write one SQLite file: the URL asks sqlite3 to wait 60 s for its lock."""
     create_engine = pytest.importorskip("sqlalchemy", reason="needs the airflow extra").create_engine
-    url = LocalAirflow(home=tmp_path, dags_folder=tmp_path).environ()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
+    url = DevAirflow(home=tmp_path, dags_folder=tmp_path).environ()["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]
     engine = create_engine(url)
     assert engine.dialect.create_connect_args(engine.url)[1]["timeout"] == 60

@@ -1,7 +1,11 @@
-"""One run's settings: what ``batchinfer run`` takes and what a DAG run's params become.
+"""One run's settings: what ``batchinfer run`` takes and what a DAG run's params become, and the
+settings a round runs when reviews changed some of them (:data:`ROUND_SETTINGS`,
+:func:`round_config`).
 
 Stored as ``<run root>/run.json`` by the first task of a DAG run, so every later task (and a resumed
-run) reads the same settings from storage instead of carrying them through XCom.
+run) reads the same settings from storage instead of carrying them through XCom. The run's documents
+(:mod:`~airflow_batchinfer.run.docs`, which the worker imports) import this module: it loads the
+orchestration's settings table only when a run's settings are built.
 """
 
 from __future__ import annotations
@@ -10,17 +14,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
+from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
     UNREACHABLE_GRACE_S,
 )
+from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES
-
-STRATEGIES = ("rounds", "in_place", "hybrid")
-REVIEW_MODES = ("never", "every_round", "on_low_approval")
 
 
 @dataclass
@@ -75,11 +79,8 @@ class RunConfig:
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")
-        if judge_type == "human" and self.strategy != "rounds":
-            raise ConfigError(
-                f"a human judge judges between rounds on the review page: strategy {self.strategy!r} retries "
-                "in place, where no person can answer. Use strategy rounds"
-            )
+        if self.strategy != "rounds":
+            require_judge_in_place(judge_type, what=f"strategy {self.strategy!r} retries in place")
         if self.review_below_score is not None and judge_type != "llm":
             raise ConfigError(
                 "review_below_score routes low-scored verdicts of an llm judge to people; the "
@@ -95,7 +96,7 @@ class RunConfig:
 
     def _check_bounds(self) -> None:
         """``max_line_bytes`` and ``max_id_bytes`` at least their settings' minimums."""
-        from airflow_batchinfer.settings import setting  # settings imports this module
+        from airflow_batchinfer.settings import setting  # the settings table: not for reading a doc
 
         for name in ("max_line_bytes", "max_id_bytes"):
             least = setting(name).minimum
@@ -161,3 +162,28 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         check_known_fields(cls, data, "run settings")
         return cls(**data)
+
+
+# What a review may change for the next rounds (run.gate: the gate's form and its checks), over
+# run.json's: a sampling field (engines.sampling holds its bounds) goes in ``RunConfig.sampling``,
+# the others are run settings of their own.
+ROUND_SETTINGS = ("temperature", "max_tokens", "prompt_template", "system")
+
+
+def round_config(cfg: RunConfig, settings: dict[str, Any] | None) -> RunConfig:
+    """The settings a round runs: run.json's (``cfg``) with what reviews changed (``settings``, a
+    plan's; keys not in :data:`ROUND_SETTINGS` are ignored), validated as the workers will (a bad
+    template fails the gate's answer, not every job). Computed once, by the plan step
+    (:mod:`~airflow_batchinfer.run.plan`), and carried in the plan (``Plan.config``). Job ids and
+    fingerprints follow, so a changed round never reuses the old settings' outputs."""
+    if not settings:
+        return cfg
+    sampling = dict(cfg.sampling)
+    other: dict[str, Any] = {}
+    for key, value in settings.items():
+        if key in ROUND_SETTINGS:
+            if key in SAMPLING_FIELDS:
+                sampling[key] = value
+            else:
+                other[key] = value
+    return dataclasses.replace(cfg, sampling=sampling, **other).validate()

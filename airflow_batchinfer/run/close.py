@@ -1,0 +1,372 @@
+"""Closing a round: every shard the plan ran settled (:mod:`~airflow_batchinfer.run.settle`), the id
+invariant checked from digests, the rejected set recompacted into the next round's pending set and
+``summary.json`` written. Shared by the Airflow operators and ``batchinfer run``."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from airflow_batchinfer.run.accepted import Settled
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    Digest,
+    FailedShard,
+    Invariant,
+    Plan,
+    Summary,
+    WorkerTotals,
+    write_failed,
+    write_summary,
+)
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.run.repeats import REPEATED, range_repeats, settle_repeats
+from airflow_batchinfer.run.settle import settle_shard
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact
+from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
+from airflow_batchinfer.storage.id_hashes import Repeats
+from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
+from airflow_batchinfer.storage.ranges import range_ids, read_range
+
+log = logging.getLogger("airflow_batchinfer.run")
+
+
+WORKER_FIELDS = tuple(WorkerTotals.model_fields)  # a summary's figures per worker (the report adds them up)
+
+
+MAX_NAMED = 20  # ids named per list (lost, doubled, unexpected) in a summary or the report
+
+
+def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) -> dict[str, Any] | None:
+    """Account for every shard the plan ran, accepting each shard's outputs once.
+
+    Per shard (8 threads): every job's completion manifest must match the round's *current* settings
+    and input versions (job id and fingerprint recomputed); the accounting job (judge, or in_place)
+    is then accepted once: ``jobs/<shard>.<kind>.accepted.json`` records the attempt, and that
+    attempt's staged outputs are moved to ``results/`` and ``rejected/`` (a copy that finishes later is
+    never promoted). A shard without a valid manifest is quarantined into ``failed/`` and any final
+    output close did not promote is removed. Then: check the counts, recompact the rejected set into
+    the next round's pending set and write ``summary.json``. ``None`` for a skipped slot. Re-running
+    it is safe: accepted shards stay as they are, and a quarantined shard whose job has since
+    finished is accepted then.
+
+    The id invariant is checked from digests, in O(shards) and without reading a row: per shard, the
+    plan's digest of its ids must equal the accepted job's approved + rejected digests (a quarantined
+    shard accounts for its whole planned digest), and the recompacted next pending set's digest
+    must equal the rejected files' sum. Only a shard whose digests disagree, or that has none (a
+    manifest or plan written before digests), is opened: its ids are read and the lost, doubled or
+    unexpected ones named (as is the rejected set when the recompaction's digest disagrees)."""
+    if plan.mode == "skip":
+        return None
+    cfg = plan.effective_config(cfg)  # the settings the round ran, as its plan carries them
+    layout = RunLayout(cfg.run_root)
+    r = plan.round
+    kinds = round_kinds(cfg, plan.mode)
+    # What ran each kind: a judge with its own pool is checked against that pool's engine.
+    engines: dict[str, dict[str, Any] | None] = {
+        k: plan.judge_engine if k == "judge" else plan.engine for k in kinds
+    }
+    already_failed = set(files.names(layout.failed(r), so))
+    id_field = cfg.id_field or "id"
+
+    def settle(shard: ShardDescriptor) -> Settled:
+        repeated = repeats.of(shard["shard_id"])  # later occurrences of ids an earlier range holds
+        x = settle_shard(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated)
+        x = _settle_range(cfg, layout, r, x, so)
+        settle_repeats(layout, r, x, repeated, id_field, so)
+        return _account(x, id_field, so, cfg.assign_ids)
+
+    # before any shard is accepted: the repeats are left out of what it accepts
+    with range_repeats(cfg, layout, so) if r == 0 else Repeats() as repeats, ThreadPoolExecutor(8) as ex:
+        settled = list(ex.map(settle, plan.shards))
+    _close_input_ranges(layout, settled, so)
+    pending_records = sum(x.shard["records"] for x in settled)  # a range shard's, as read
+    orphans = [u for x in settled for u in x.orphans]
+    orphans += _remove_unplanned(layout, r, plan, so)
+    counts: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    job_seconds = 0.0
+    failed: list[FailedShard] = []
+    workers: dict[str, WorkerTotals] = {}
+    for x in settled:
+        if x.failed is not None:
+            failed.append(x.failed)
+        for k, v in (x.counts or {}).items():
+            counts[k] = counts.get(k, 0) + int(v)
+        for m in x.jobs:  # every job that counts, infer and judge alike
+            run_s = m.timings.run_s
+            for k, v in m.tokens.items():
+                tokens[k] = tokens.get(k, 0) + v
+            job_seconds += run_s
+            w = workers.setdefault(m.worker, WorkerTotals())
+            w.jobs += 1
+            w.job_seconds += run_s
+            w.engine_busy_s += m.batcher.busy_s
+            w.fill_sum += m.batcher.avg_fill
+            w.tokens += sum(m.tokens.values())
+    failed_records = sum(f.records for f in failed)
+    planned_ids, failed_ids = IdDigest(), IdDigest()
+    out_ids = {name: IdDigest() for name in (*FENCED_OUTPUTS, REPEATED)}
+    for x in settled:
+        planned_ids += x.planned
+        if x.outputs is None:
+            failed_ids += x.planned  # a quarantined shard accounts for its whole input
+        else:
+            for name, d in x.outputs.items():
+                out_ids[name] += d
+    diffs = [x.diff for x in settled if x.diff is not None]
+    approved = counts.get("approved", 0)
+    rejected = inference_errors = for_review = next_pending = exhausted = attempts = None
+    if plan.mode == "rounds":
+        rejected = counts.get("rejected", 0)
+        inference_errors = counts.get("inference_errors", 0)
+        for_review = counts.get("for_review", 0)  # rejected rows that await people
+        judged = {
+            x.shard["shard_id"]: int(x.counts.get("rejected", 0)) for x in settled if x.counts is not None
+        }
+        nxt = recompact(
+            layout.rejected_dir(r),
+            layout.pending(r + 1),
+            records_per_shard=cfg.records_per_shard,
+            counts=judged,
+            workers=8,
+            storage_options=so,
+            overwrite=True,
+            id_field=id_field,
+        )
+        next_pending = nxt.records
+        accounted = approved + rejected + failed_records + out_ids[REPEATED].count
+        next_ids = IdDigest.maybe(nxt.ids)
+        if next_ids is None:  # an output recompacted before digests existed: read it
+            next_ids = IdDigest()
+            for desc in nxt.shards:
+                next_ids += file_digest(JsonlFile(desc["uri"], storage_options=so), id_field)
+        if next_ids != out_ids["rejected"]:
+            log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
+            rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
+            sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
+            targets = [JsonlFile(d["uri"], storage_options=so) for d in nxt.shards]
+            diffs.append(_diff(sources, targets, id_field))
+        recompacted_ok = nxt.records == rejected and next_ids == out_ids["rejected"]
+        ids = {
+            "planned": planned_ids,
+            "approved": out_ids["approved"],
+            "rejected": out_ids["rejected"],
+            "failed": failed_ids,
+            "next_pending": next_ids,
+            REPEATED: out_ids[REPEATED],
+        }
+    else:
+        exhausted = counts.get("max_attempts", 0) + counts.get("error", 0)
+        attempts = counts.get("attempts", 0)
+        accounted = approved + exhausted + failed_records + out_ids[REPEATED].count
+        recompacted_ok = True
+        ids = {
+            "planned": planned_ids,
+            "approved": out_ids["approved"],
+            "exhausted": out_ids["rejected"],
+            "failed": failed_ids,
+            REPEATED: out_ids[REPEATED],
+        }
+    # A repeat rejected into rejects/ was read (and digested) by its range's job: it counts as a line.
+    digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids + out_ids[REPEATED]
+    named = {k: _named([getattr(d, k) for d in diffs]) for k in ("lost", "doubled", "unexpected")}
+    summary = Summary(
+        round=r,
+        slot=plan.slot,
+        mode=plan.mode,
+        pending=pending_records,
+        shards=len(plan.shards),
+        approved=approved,
+        failed_shards=failed,
+        failed_records=failed_records,
+        orphans_removed=orphans,
+        tokens=tokens,
+        job_seconds=round(job_seconds, 3),
+        workers=workers,
+        rejected=rejected,
+        inference_errors=inference_errors,
+        for_review=for_review,
+        next_pending=next_pending,
+        exhausted=exhausted,
+        attempts=attempts,
+        repeated_ids=out_ids[REPEATED].count,
+        approval_rate=round(approved / pending_records, 4) if pending_records else None,
+        ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids
+        invariant=Invariant(
+            planned=pending_records,
+            accounted=accounted,
+            ok=accounted == pending_records and recompacted_ok and digests_ok and not any(named.values()),
+            lost=named["lost"],
+            doubled=named["doubled"],
+            unexpected=named["unexpected"],
+            opened=[x.shard["shard_id"] for x in settled if x.opened],  # shards whose ids were read
+        ),
+    )
+    write_summary(layout, summary, so)
+    if not summary.invariant.ok:
+        log.error(
+            "round %d: %d records planned but %d accounted for; ids lost %s, doubled %s, unexpected %s",
+            r,
+            pending_records,
+            accounted,
+            *named.values(),
+        )
+    return summary.to_json()  # what XCom carries: the stored form
+
+
+def _named(lists: list[list[Any]]) -> list[Any]:
+    """Ids named by several diffs, once each, at most :data:`MAX_NAMED`."""
+    return list(dict.fromkeys(i for ids in lists for i in ids))[:MAX_NAMED]
+
+
+def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> IdDiff:
+    """The ids that differ between two sets of files, read in bounded memory (:func:`diff_ids`)."""
+    return diff_ids(lambda: file_ids(expected, id_field), lambda: file_ids(actual, id_field), limit=MAX_NAMED)
+
+
+def _settle_range(
+    cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: StorageOptions | None
+) -> Settled:
+    """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read_*`` counts of
+    the job that read the range, or (no job read it to the end: the shard is quarantined) from
+    reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
+    shard = x.shard
+    if "range" not in shard:
+        return x
+    sid = shard["shard_id"]
+    reader = next((d for d in x.jobs if "read_lines" in d.counts), None)
+    ids = reader.digest("input") if reader is not None else None
+    if reader is not None and ids is not None:
+        stats = {k[len("read_") :]: v for k, v in reader.counts.items() if k.startswith("read_")}
+    else:
+        ids = IdDigest()
+        with JsonlFile(layout.range_rejects(r, sid), storage_options=so).writer_sync() as rejects:
+            rng = read_range(
+                shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=rejects, storage_options=so
+            )
+            records = iter(rng)  # one pass: each iter() of a reader reads the range again
+            for block in iter(lambda: list(itertools.islice(records, 4096)), []):
+                ids.add_many(record_ids(block, rng.check.id_field or cfg.id_field or "id"))
+        stats = rng.stats.as_dict()
+        x.opened = True
+    x.read = stats
+    x.shard = {**shard, "records": ids.count, "ids": ids.to_dict()}
+    if x.failed is not None:  # its quarantine record accounts for the ids as read
+        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids)})
+        write_failed(layout, x.failed, so)
+    return x
+
+
+def _close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOptions | None) -> None:
+    """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
+    first line is the sum of the line counts of every range before it), one file per shard with
+    bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
+    input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
+    close plans only shards with records, so the line counts of the others come from there."""
+    fresh = {x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None}
+    if not fresh:
+        return
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    manifest = read_manifest(input_dir) or {}
+    shards = [fresh.get(s["shard_id"], s) for s in manifest.get("shards", [])]
+    totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
+    first_line = 0
+    for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
+        sid, read = shard["shard_id"], shard.get("read")
+        if read is None:  # never read to its end: the lines after it cannot be numbered
+            log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
+            break
+        if sid in fresh and read.get("quarantined"):
+            rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
+            with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
+                for row in rows:
+                    out.write({**row, "line_no": first_line + int(row["line_in_range"]), "shard_id": sid})
+        first_line += read.get("lines", 0)
+        for k in totals:
+            totals[k] += read.get(k, 0)
+    manifest["shards"] = shards
+    manifest["counts"] = totals
+    write_manifest(input_dir, manifest)
+
+
+def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: bool = False) -> Settled:
+    """The id accounting of one settled shard, from digests where they agree.
+
+    The shard's planned digest is its descriptor's ``ids`` (the writer of the pending set recorded
+    it), else the digest its first job read (``ids.input``). An accepted shard is consistent when
+    that equals the accepted job's approved + rejected digests; otherwise, or with no digests at all
+    (a run started before digests existed), its input and final output files are read: their real
+    digests are used, and the ids that differ are named. A quarantined shard accounts for its
+    planned digest (read from its input file when the plan has none)."""
+    shard = x.shard
+    planned = IdDigest.maybe(shard.get("ids"))
+    if x.counts is None or x.accepted is None:
+        if planned is None:
+            planned, x.opened = file_digest(JsonlFile(shard["uri"], storage_options=so), id_field), True
+        x.planned = planned
+        return x
+    if planned is None and x.jobs:
+        planned = x.jobs[0].digest("input")
+    left_out = x.accepted.repeats  # repeats rejected into rejects/: lines its job read too
+    names = (*FENCED_OUTPUTS, REPEATED) if left_out is not None else FENCED_OUTPUTS
+    outputs = {name: x.accepted.digest(name) for name in names}
+    if planned is not None and None not in outputs.values():
+        x.planned, x.outputs = planned, {k: v for k, v in outputs.items() if v is not None}
+        if planned == sum(x.outputs.values(), IdDigest()):
+            return x  # the common case: nothing is read
+    sid = shard["shard_id"]
+    finals = {name: JsonlFile(x.accepted.outputs[name], storage_options=so) for name in FENCED_OUTPUTS}
+    if left_out is not None:  # its reject rows carry the id
+        finals[REPEATED] = JsonlFile(left_out.rejects, storage_options=so)
+    source = JsonlFile(shard["uri"], storage_options=so)
+
+    def source_ids() -> Iterator[Any]:  # a round-0 range: just its range, validated as its job read it
+        if "range" in shard:
+            return range_ids(shard, id_field=id_field, assign_ids=assign_ids, storage_options=so)
+        return file_ids([source], id_field)
+
+    read = IdDigest.of(source_ids()) if "range" in shard else file_digest(source, id_field)
+    x.outputs = {name: file_digest(f, id_field) for name, f in finals.items()}
+    x.planned, x.opened = planned if planned is not None else read, True
+    found = sum(x.outputs.values(), IdDigest())
+    if found != x.planned or read != x.planned:
+        x.diff = diff_ids(source_ids, lambda: file_ids(list(finals.values()), id_field), limit=MAX_NAMED)
+        log.error(
+            "shard %s: its outputs do not hold its ids once each: lost %s, doubled %s, unexpected %s",
+            sid,
+            x.diff.lost,
+            x.diff.doubled,
+            x.diff.unexpected,
+        )
+    elif planned is None or outputs != x.outputs:
+        log.info("shard %s: ids checked by reading its files (its manifest has no or other digests)", sid)
+    return x
+
+
+def _remove_unplanned(layout: RunLayout, r: int, plan: Plan, so: StorageOptions | None) -> list[str]:
+    """Final outputs of this round for shards the plan does not name (an earlier plan's): orphans that
+    would break the count check and the recompaction."""
+    planned = {s["shard_id"] for s in plan.shards}
+    prefix = f"round{r:02d}-" if plan.mode == "rounds" else "tail-"
+    found = [
+        join(layout.rejected_dir(r), n)
+        for n in files.names(layout.rejected_dir(r), so)
+        if n.endswith(SHARD_SUFFIX) and n[: -len(SHARD_SUFFIX)] not in planned
+    ]
+    found += [
+        join(layout.results, n)
+        for n in files.names(layout.results, so)
+        if n.startswith(prefix)
+        and n.endswith(SHARD_SUFFIX)
+        and n[len(prefix) : -len(SHARD_SUFFIX)] not in planned
+    ]
+    removed = [u for u in found if files.remove(u, so)]
+    if removed:
+        log.warning("round %d: removed outputs of shards the plan does not name: %s", r, ", ".join(removed))
+    return removed

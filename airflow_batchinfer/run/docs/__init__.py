@@ -1,0 +1,105 @@
+"""A run's documents in storage, one typed model each, read and written here: ``run.json`` (the run's
+settings) and the generic versioned JSON docs (:mod:`.io`), each round slot's ``plan.json``
+(:mod:`.plan`), each round's ``summary.json`` and ``failed/`` quarantine records (:mod:`.summary`),
+the jobs' completion manifests, close's accepted docs and the jobs' last errors (:mod:`.jobs`), and
+the pending set as reviewers left it (:mod:`.reviewed`). The writer, every reader and the tests'
+fakes go through the same models; unknown fields or versions are refused.
+
+The review package reads these (and nothing else of the run package but its layout and settings),
+and the worker writes its manifests through here, so this package imports nothing of
+:mod:`airflow_batchinfer.run` but :mod:`~airflow_batchinfer.run.layout` and
+:mod:`~airflow_batchinfer.run.config`: not the orchestration's settings, limits or gates.
+"""
+
+from __future__ import annotations
+
+from airflow_batchinfer.run.docs.io import (
+    DOC_VERSION,
+    Digest,
+    read_doc,
+    read_run_config,
+    write_doc,
+    write_run_config,
+)
+from airflow_batchinfer.run.docs.jobs import (
+    ID_OUTPUTS,
+    MANIFEST_VERSION,
+    SWEEPING,
+    SWEPT,
+    AcceptedDoc,
+    AcceptedJob,
+    BatcherDelta,
+    JobError,
+    JobFigures,
+    JobManifest,
+    QuarantinedJob,
+    RepeatsLeftOut,
+    Timings,
+    parse_accepted,
+    read_accepted,
+    read_job_error,
+    read_job_manifest,
+    write_accepted,
+    write_job_error,
+    write_job_manifest,
+)
+from airflow_batchinfer.run.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
+from airflow_batchinfer.run.docs.reviewed import review_applied, review_split
+from airflow_batchinfer.run.docs.summary import (
+    FailedShard,
+    Invariant,
+    RepeatedIds,
+    Summary,
+    WorkerTotals,
+    read_failed,
+    read_summary,
+    write_failed,
+    write_summary,
+)
+
+__all__ = [
+    "DOC_VERSION",
+    "ID_OUTPUTS",
+    "MANIFEST_VERSION",
+    "SWEEPING",
+    "SWEPT",
+    "TAIL",
+    "AcceptedDoc",
+    "AcceptedJob",
+    "BatcherDelta",
+    "Digest",
+    "FailedShard",
+    "Invariant",
+    "JobError",
+    "JobFigures",
+    "JobManifest",
+    "Mode",
+    "Plan",
+    "QuarantinedJob",
+    "RepeatedIds",
+    "RepeatsLeftOut",
+    "Summary",
+    "Timings",
+    "WorkerTotals",
+    "parse_accepted",
+    "read_accepted",
+    "read_doc",
+    "read_failed",
+    "read_job_error",
+    "read_job_manifest",
+    "read_plan",
+    "read_run_config",
+    "read_summary",
+    "review_applied",
+    "review_split",
+    "rounds_ran",
+    "slots",
+    "write_accepted",
+    "write_doc",
+    "write_failed",
+    "write_job_error",
+    "write_job_manifest",
+    "write_plan",
+    "write_run_config",
+    "write_summary",
+]

@@ -1,0 +1,137 @@
+"""A round's close writes these: ``round-NN/summary.json`` (:class:`Summary`) and one quarantine
+record per shard it quarantined (``round-NN/failed/<shard>.json``, :class:`FailedShard`, also in the
+summary's ``failed_shards``)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from airflow_batchinfer.run.docs.io import Digest, RecordModel, read_model
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.storage.digest import IdDigest
+from airflow_batchinfer.storage.json_doc import write_bytes
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+
+
+class RepeatedIds(BaseModel):
+    """Ids of a quarantined round-0 range shard that an earlier range holds (rejected once accepted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    count: int
+    first: str  # the first one: its id, line and first line
+    note: str
+
+
+class FailedShard(RecordModel):
+    """A shard a round's close quarantined (``round-NN/failed/<shard>.json``, and in the summary's
+    ``failed_shards``): its whole input (``records``; ``ids`` when known) is accounted for here. A
+    round-0 range shard's input is the bytes ``range`` of ``uri``."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"range", "ids", "repeated_ids"})
+
+    shard_id: str
+    uri: str
+    records: int
+    round: int
+    phase: str
+    error: str
+    orphans_removed: list[str] = Field(default_factory=list)  # final outputs no accepted job produced
+    remedy: str
+    range: list[int] | None = None
+    ids: Digest | None = None
+    repeated_ids: RepeatedIds | None = None
+
+
+class WorkerTotals(BaseModel):
+    """One worker's figures over a round's jobs (a summary's ``workers``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    jobs: float = 0.0
+    job_seconds: float = 0.0
+    engine_busy_s: float = 0.0
+    fill_sum: float = 0.0  # the jobs' average batch fill, summed (the report divides by ``jobs``)
+    tokens: float = 0.0
+
+
+class Invariant(BaseModel):
+    """A round's id check: ``planned`` rows, ``accounted`` for; the ids found lost, doubled or
+    unexpected (up to 20 each) and the shards whose files were read (``opened``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    planned: int
+    accounted: int
+    ok: bool
+    lost: list[Any] = Field(default_factory=list)
+    doubled: list[Any] = Field(default_factory=list)
+    unexpected: list[Any] = Field(default_factory=list)
+    opened: list[str] = Field(default_factory=list)
+
+
+class Summary(RecordModel):
+    """A round's ``summary.json``, written by its close. A ``rounds`` round has ``rejected``,
+    ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
+    ``in_place`` one ``exhausted`` and ``attempts``. ``ids``: the count and digest of each set's ids
+    (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
+    ``next_pending``). Fields with a default came after the first summaries (which have none)."""
+
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
+        {"rejected", "inference_errors", "for_review", "next_pending", "exhausted", "attempts"}
+    )
+
+    round: int
+    slot: str
+    mode: Literal["rounds", "in_place"]
+    pending: int
+    shards: int
+    approved: int
+    failed_shards: list[FailedShard]
+    failed_records: int
+    orphans_removed: list[str] = Field(default_factory=list)
+    tokens: dict[str, int]
+    job_seconds: float
+    workers: dict[str, WorkerTotals] = Field(default_factory=dict)
+    rejected: int | None = None
+    inference_errors: int | None = None
+    for_review: int | None = None
+    next_pending: int | None = None
+    exhausted: int | None = None
+    attempts: int | None = None
+    repeated_ids: int = 0
+    approval_rate: float | None
+    ids: dict[str, Digest] | None = None
+    invariant: Invariant
+
+    def digest(self, name: str) -> IdDigest | None:
+        """The digest of the round's set ``name``; ``None`` when the summary has none."""
+        d = (self.ids or {}).get(name)
+        return None if d is None else d.digest()
+
+
+_SUMMARY = TypeAdapter(Summary)
+_FAILED = TypeAdapter(FailedShard)
+
+
+def read_summary(layout: RunLayout, r: int, so: StorageOptions | None = None) -> Summary | None:
+    """Round ``r``'s summary, or ``None`` when the round has not closed."""
+    return read_model(_SUMMARY, layout.summary(r), "round summary", so)
+
+
+def write_summary(layout: RunLayout, summary: Summary, so: StorageOptions | None = None) -> None:
+    write_bytes(resolve(layout.summary(summary.round), so), summary.encode())
+
+
+def _failed_uri(layout: RunLayout, r: int, shard_id: str) -> str:
+    return join(layout.failed(r), f"{shard_id}.json")
+
+
+def read_failed(
+    layout: RunLayout, r: int, shard_id: str, so: StorageOptions | None = None
+) -> FailedShard | None:
+    """Round ``r``'s quarantine record of ``shard_id``, or ``None`` when the shard is not quarantined."""
+    return read_model(_FAILED, _failed_uri(layout, r, shard_id), "quarantine record", so)
+
+
+def write_failed(layout: RunLayout, record: FailedShard, so: StorageOptions | None = None) -> None:
+    write_bytes(resolve(_failed_uri(layout, record.round, record.shard_id), so), record.encode())

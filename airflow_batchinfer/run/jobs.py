@@ -1,0 +1,145 @@
+"""The jobs a round runs: their kinds per round mode, the settings a shard's round runs, each shard's
+job spec (job id, input, outputs, params), what a judge reads, and a job's last error kept for close."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.rpc.fingerprint import spec_key
+from airflow_batchinfer.rpc.models import JobKind, JobSpec
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    JobError,
+    Mode,
+    read_accepted,
+    read_job_manifest,
+    read_plan,
+    write_job_error,
+)
+from airflow_batchinfer.run.layout import INFERRED, RunLayout
+from airflow_batchinfer.run.prepare import run_key
+from airflow_batchinfer.storage import ShardDescriptor
+from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.ranges import range_params
+
+
+def round_kinds(cfg: RunConfig, mode: Mode) -> tuple[JobKind, ...]:
+    """The jobs a round of ``mode`` runs per shard, in order; the last one's outputs are accepted.
+    A judge on the run's pool is fused with inference (the shard is read once, no inferred file);
+    a judge with its own pool (``judge_pool``) runs after inference, shard by shard."""
+    if mode == "in_place":
+        return ("in_place",)
+    return ("infer", "judge") if cfg.judge_pool else ("infer_judge",)
+
+
+def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> JobSpec:
+    """The job a round runs for one shard (``shard["uri"]`` is the job's input). Every kind carries
+    ``outputs["staging"]``: the worker writes its outputs (approved and rejected rows; an infer job's
+    inferred rows) under an attempt token there, and
+    :func:`~airflow_batchinfer.run.close.close_round` moves one attempt's files to the final URIs. A
+    judge's input is :func:`judge_input`."""
+    layout = RunLayout(cfg.run_root)
+    sid = shard["shard_id"]
+    params: dict[str, Any]
+    if kind == "infer":
+        outputs = {
+            "inferred": layout.inferred(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),  # fenced: a late copy never rewrites what a judge read
+        }
+        params = cfg.infer_params()
+    elif kind in ("judge", "infer_judge"):
+        outputs = {
+            "approved": layout.result(r, sid),
+            "rejected": layout.rejected(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),  # fenced: close accepts one attempt's outputs, once
+        }
+        params = cfg.judge_params() if kind == "judge" else {**cfg.infer_params(), **cfg.judge_params()}
+    else:
+        outputs = {
+            "approved": layout.result(r, sid, tail=True),
+            "rejected": layout.rejected(r, sid),
+            "checkpoints": layout.checkpoints(r, sid),
+            "manifest": layout.job_manifest(r, sid, kind),
+            "staging": layout.staging(r),
+        }
+        params = cfg.in_place_params()
+    spec = JobSpec(
+        job_id="x",
+        kind=kind,
+        input=shard["uri"],
+        outputs=outputs,
+        params={**params, "round": r, "input_records": shard["records"]},
+    )
+    _read_range_job(cfg, r, shard, spec)
+    # The id names the run, the shard and what is asked: resubmitting it is idempotent, and a changed
+    # request (other settings) is a new job rather than a conflict with a remembered one.
+    spec.job_id = f"{run_key(cfg.run_root)}-r{r:02d}-{sid}-{kind}-{spec_key(spec)}"
+    return spec
+
+
+def _read_range_job(cfg: RunConfig, r: int, shard: ShardDescriptor, spec: JobSpec) -> None:
+    """A job whose input is a round-0 range shard reads and validates just that range: it gets
+    ``params.input_range`` and an ``input_rejects`` output for the lines it rejects."""
+    extra = range_params(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids)
+    if extra and spec.input == shard["uri"]:
+        spec.params.update(extra)
+        spec.outputs["input_rejects"] = RunLayout(cfg.run_root).range_rejects(r, shard["shard_id"])
+
+
+def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:
+    """The descriptor of a shard the round inferred (its final ``inferred/`` file): what the judge
+    task is mapped over. The judge job itself reads :func:`judge_input`."""
+    return {
+        "shard_id": shard["shard_id"],
+        "uri": RunLayout(cfg.run_root).inferred(r, shard["shard_id"]),
+        "records": shard["records"],
+    }
+
+
+def judge_input(
+    cfg: RunConfig, r: int, shard: ShardDescriptor, so: StorageOptions | None = None
+) -> ShardDescriptor:
+    """What a judge submitted now reads: the infer attempt the infer manifest names (a late copy of
+    the infer job writes an attempt of its own, never this one), or the final ``inferred/`` file
+    once close accepted that job (its attempt promoted there) or for an infer job that wrote it in
+    place. Close accepts the infer attempt the accepted judge read (its manifest's ``input``)."""
+    layout = RunLayout(cfg.run_root)
+    desc = inferred_shard(cfg, r, shard)
+    m = read_job_manifest(layout.job_manifest(r, shard["shard_id"], "infer"), so)
+    staged = (m.committed or {}).get(INFERRED) if m is not None else None
+    if m is None or not staged:
+        return desc
+    acc = read_accepted(layout.accepted(r, shard["shard_id"], "infer"), so)
+    if isinstance(acc, AcceptedJob) and (acc.job_id, acc.fingerprint) == (m.job_id, m.fingerprint):
+        return desc  # accepted: its attempt is in inferred/, whatever a later copy staged since
+    return {**desc, "uri": staged}
+
+
+def record_job_error(
+    cfg: RunConfig, r: int, shard_id: str, kind: str, error: str, storage_options: StorageOptions | None
+) -> None:
+    """Keep the last error of a shard's job next to its manifest: ``close`` quotes it when it
+    quarantines the shard."""
+    uri = RunLayout(cfg.run_root).job_error(r, shard_id, kind)
+    write_job_error(uri, JobError(shard_id=shard_id, kind=kind, error=error), storage_options)
+
+
+def shard_config(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None = None) -> RunConfig:
+    """The settings a shard's round runs (``cfg``: run.json's): those its plan carries, the plan of
+    the round slot its descriptor names (``slot``; the templates stay out of XCom). A descriptor
+    without ``slot`` was returned before every descriptor carried one, when only a review's changes
+    added it: its round runs run.json's."""
+    slot = shard.get("slot")
+    if not slot:
+        return cfg
+    plan = read_plan(RunLayout(cfg.run_root), str(slot), so)
+    if plan is None:
+        raise ConfigError(
+            f"{cfg.run_root}: slot {slot} has no plan.json, but its plan task returned this "
+            f"shard ({shard['shard_id']}). Remedy: clear that plan task, with its downstream tasks"
+        )
+    return plan.effective_config(cfg)

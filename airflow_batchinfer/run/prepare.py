@@ -1,0 +1,82 @@
+"""A run's first step: its settings checked, its input sharded (round 0's pending set) and
+``run.json`` stored; :func:`run_key`, the part of every job id that names the run."""
+
+from __future__ import annotations
+
+import hashlib
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import write_run_config
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.storage import shard_dataset
+from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
+from airflow_batchinfer.storage.location import StorageOptions, resolve
+from airflow_batchinfer.storage.ranges import shard_ranges
+from airflow_batchinfer.storage.sharding import ShardingResult
+
+
+def run_key(run_root: str) -> str:
+    """Part of every job id: warm workers shared by several runs never confuse their jobs."""
+    return hashlib.sha256(resolve(run_root).uri.encode()).hexdigest()[:10]
+
+
+def prepare_run(
+    cfg: RunConfig, so: StorageOptions | None = None, *, max_shards: int | None = None
+) -> ShardingResult:
+    """A run's first step: validate the settings, shard the input (reused when identical), refuse
+    more than ``max_shards`` shards with the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
+    cfg.validate()
+    layout = RunLayout(cfg.run_root)
+    result = shard_input(cfg, layout, so)
+    if max_shards is not None and len(result.shards) > max_shards:
+        records = result.counts.get("records", 0)
+        raise ConfigError(
+            f"{len(result.shards)} shards, but a round maps one task per shard and this deployment "
+            f"allows {max_shards} ([core] max_map_length). Remedy: raise records_per_shard to at least "
+            f"{-(-records // max_shards)}, or raise max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the "
+            "scheduler and workers."
+        )
+    cfg.id_field = result.id_field
+    write_run_config(cfg, so)
+    return result
+
+
+def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> ShardingResult:
+    """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
+    see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
+    frame), shards copied from it as before."""
+    rps, id_field, assign = cfg.records_per_shard, cfg.id_field, cfg.assign_ids
+    max_line, max_id = cfg.max_line_bytes, cfg.max_id_bytes
+    planned = shard_ranges(
+        cfg.input,
+        layout.input,
+        records_per_shard=rps,
+        max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD,
+        id_field=id_field,
+        assign_ids=assign,
+        rejects=layout.rejects,
+        storage_options=so,
+        max_line_bytes=max_line,
+        max_id_bytes=max_id,
+    )
+    if planned is None:
+        return shard_dataset(
+            cfg.input,
+            layout.input,
+            records_per_shard=rps,
+            id_field=id_field,
+            assign_ids=assign,
+            rejects=layout.rejects,
+            storage_options=so,
+            max_line_bytes=max_line,
+            max_id_bytes=max_id,
+        )
+    shards, manifest, reused = planned
+    return ShardingResult(
+        shards=shards,
+        counts=manifest["counts"],
+        id_field=manifest.get("id_field") or cfg.id_field or "id",
+        rejects_uri=manifest["rejects_uri"],
+        reused=reused,
+    )

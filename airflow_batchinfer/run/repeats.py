@@ -1,0 +1,165 @@
+"""Round 0 over byte-range shards: ids repeated across ranges (each range's job finds repeats only
+within its range). The first occurrence stays; the later ones are left out of what close accepts
+and rejected into ``rejects/``."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow_batchinfer.exceptions import StorageError
+from airflow_batchinfer.judges.reasons import OTHER, reason_group, row_reason
+from airflow_batchinfer.run.accepted import Settled
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
+from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
+from airflow_batchinfer.storage.digest import IdDigest, id_bytes
+from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, hashes_beside, rejects_uri
+from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.manifest import read_manifest
+
+log = logging.getLogger("airflow_batchinfer.run")
+
+
+REPEATED = "repeated"  # ids digest of the repeats a shard's accepted doc left out (rejects/)
+
+
+def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> Repeats:
+    """Round 0 over range shards: the later occurrences of ids that an earlier range holds (each
+    range's job finds repeats only within its range), from the ranges' id hash files its jobs wrote
+    (:mod:`~airflow_batchinfer.storage.id_hashes`); the first occurrence stays, the others are
+    rejected (:func:`drop_repeats`, :func:`settle_repeats`)."""
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
+    ranges = sorted((s for s in manifest.get("shards", []) if "range" in s), key=lambda s: s["range"][0])
+    if len(ranges) < 2:
+        return Repeats()
+    # where every range's job writes it (infer, or infer_judge: the one reading the range)
+    repeats = find_repeats(
+        ranges,
+        lambda sid: hashes_beside(layout.job_manifest(0, sid, "infer"), sid),
+        id_field=manifest.get("id_field") or cfg.id_field,
+        assign_ids=cfg.assign_ids,
+        so=so,
+    )
+    if repeats.count:
+        log.warning(
+            "round 0: %s holds %d later occurrences of ids an earlier line holds (in other byte "
+            "ranges): each is rejected into %s, the first stays",
+            cfg.input,
+            repeats.count,
+            layout.rejects,
+        )
+    return repeats
+
+
+def drop_repeats(
+    doc: AcceptedJob, repeats: list[Repeat], id_field: str, rejects: str, so: StorageOptions | None
+) -> AcceptedJob:
+    """The accepted doc of a shard holding ``repeats``: its staged approved and rejected files
+    rewritten without those rows (beside the originals, atomically: a re-run close rewrites the
+    same), its counts, reason groups and id digests less theirs (``ids.repeated``: what was left
+    out, ``repeats``: how many and their ``rejects/`` file). An inferred file keeps them: it is what
+    the accepted judge read (rewriting it would make that judge stale), and nothing counts it."""
+    if not repeats:
+        return doc
+    drop = {id_bytes(x.id) for x in repeats}
+    doc = doc.model_copy(deep=True)
+    doc.ids, doc.reason_groups = doc.ids or {}, doc.reason_groups or {}
+    left_out = IdDigest()
+    for name in FENCED_OUTPUTS:
+        src = doc.committed.get(name)
+        if src is None:  # written in place (no staging): nothing to rewrite before promotion
+            raise StorageError(
+                f"shard {doc.shard_id}: {len(repeats)} ids repeated from earlier ranges (first: "
+                f"{repeats[0].id!r} at line {repeats[0].line}) but its {name} output was not staged: "
+                "delete its job manifest and re-run the DAG run to recompute it"
+            )
+        dst = src[: -len(SHARD_SUFFIX)] + ".unrepeated" + SHARD_SUFFIX
+        gone = _rewrite_without(src, dst, drop, id_field, so)
+        for row in gone:
+            _uncount(doc, row, name)
+        removed = IdDigest.of(row.get(id_field) for row in gone)
+        before = doc.digest(name)
+        if before is not None:
+            doc.ids[name] = Digest.of(before - removed)
+        doc.committed[name] = dst
+        left_out += removed
+    doc.ids[REPEATED] = Digest.of(left_out)
+    doc.counts["repeated_ids"] = left_out.count
+    doc.repeats = RepeatsLeftOut(count=left_out.count, rejects=rejects)
+    return doc
+
+
+def _rewrite_without(
+    src: str, dst: str, drop: set[bytes], id_field: str, so: StorageOptions | None
+) -> list[dict[str, Any]]:
+    """Copy ``src`` to ``dst`` (atomically) without the rows whose id is in ``drop``; returns those."""
+    gone: list[dict[str, Any]] = []
+    with JsonlFile(dst, storage_options=so).writer_sync() as out:
+        for row in JsonlFile(src, storage_options=so).iter_records():
+            if id_bytes(row.get(id_field)) in drop:
+                gone.append(row)
+            else:
+                out.write(row)
+    return gone
+
+
+def _uncount(doc: AcceptedJob, row: dict[str, Any], output: str) -> None:
+    """Take one left-out row out of the doc's counts (as the job counted it) and reason groups."""
+    counts = doc.counts
+    judgment = row.get("judgment")
+    judgment = judgment if isinstance(judgment, dict) else {}
+    keys = [str(row.get("status"))]
+    if judgment.get("for_review"):
+        keys.append("for_review")
+    if doc.kind in ("judge", "infer_judge") and row.get("error") is not None:
+        keys.append("inference_errors")
+    if doc.kind == "infer_judge":  # its inference counts, per row: ok or error
+        keys.append("error" if row.get("error") is not None else "ok")
+    for key in keys:
+        if counts.get(key):
+            counts[key] = int(counts[key]) - 1
+    groups = doc.reason_groups
+    if output == "rejected" and groups:
+        group = reason_group(row_reason(row))
+        key = group if groups.get(group) else OTHER
+        if groups.get(key):
+            groups[key] = int(groups[key]) - 1
+            if not groups[key]:
+                del groups[key]
+
+
+def settle_repeats(
+    layout: RunLayout, r: int, x: Settled, repeats: list[Repeat], id_field: str, so: StorageOptions | None
+) -> None:
+    """The rejects of a shard's repeats: ``rejects/<shard>.repeated-ids.jsonl.zst`` (rewritten whole,
+    the same each close) once the shard is accepted without them. A quarantined shard holds them in
+    its ``failed/`` record (its whole range is retried; they are rejected when it is accepted)."""
+    if r != 0 or "range" not in x.shard:
+        return
+    sid = x.shard["shard_id"]
+    uri = rejects_uri(layout.rejects, sid)
+    left_out = x.accepted.repeats if x.accepted is not None else None
+    if left_out is not None and left_out.count:
+        with JsonlFile(uri, storage_options=so).writer_sync() as out:
+            for rep in repeats:
+                out.write(rep.reject_row(x.shard["uri"], id_field))
+        return
+    files.remove(uri, so)  # no accepted doc leaves them out (now): none are rejected
+    if not repeats:
+        return
+    first = f"id {repeats[0].id!r} at line {repeats[0].line} (first at line {repeats[0].first_line})"
+    if x.failed is not None:
+        note = "rejected into rejects/ once the shard is accepted: the first occurrence stays"
+        repeated = RepeatedIds(count=len(repeats), first=first, note=note)
+        x.failed = x.failed.model_copy(update={"repeated_ids": repeated})
+        write_failed(layout, x.failed, so)
+    elif x.accepted is not None:
+        log.error(
+            "round 0: shard %s was accepted before repeats were rejected: its %d repeated ids (%s) "
+            "stay in its outputs",
+            sid,
+            len(repeats),
+            first,
+        )

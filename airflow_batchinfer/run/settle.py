@@ -1,0 +1,297 @@
+"""Settling one shard of a round at close: its jobs' manifests checked against the round's current
+settings and input versions, then accepted once (the accepted attempts' staged outputs promoted)
+or the shard quarantined (:mod:`~airflow_batchinfer.run.quarantine`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from airflow_batchinfer.exceptions import StorageError
+from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
+from airflow_batchinfer.rpc.models import JobKind
+from airflow_batchinfer.run.accepted import (
+    Checked,
+    Doc,
+    Figures,
+    Settled,
+    Sweeping,
+    accepted_doc,
+    claim,
+    input_info,
+    log_claim,
+)
+from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    JobManifest,
+    QuarantinedJob,
+    read_accepted,
+    read_job_error,
+    read_job_manifest,
+)
+from airflow_batchinfer.run.jobs import inferred_shard, job_spec
+from airflow_batchinfer.run.layout import INFERRED, RunLayout, staged_attempt
+from airflow_batchinfer.run.quarantine import adopt_quarantine, await_sweep, quarantine_shard
+from airflow_batchinfer.run.repeats import drop_repeats
+from airflow_batchinfer.storage import ShardDescriptor, files
+from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
+from airflow_batchinfer.storage.location import StorageOptions, join
+
+log = logging.getLogger("airflow_batchinfer.run")
+
+
+STALE = (
+    "{uri} was written under other settings or for another input version: re-run the DAG run to recompute it"
+)
+
+
+CLAIM_TRIES = 3  # settles of one shard when concurrent closes keep changing its decision
+
+
+def settle_shard(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    already_failed: set[str],
+    engines: dict[str, dict[str, Any] | None],
+    so: StorageOptions | None,
+    repeats: list[Repeat] | None = None,
+) -> Settled:
+    """Check one shard's jobs against the current settings (and ``engines``, what the round's
+    pools run per job kind, where the plan recorded it), then accept them once (promoting the
+    accepted attempts' staged outputs: the accounting job's, and the infer attempt its judge read)
+    or quarantine the shard. Every decision is a compare-and-swap of the accounting job's accepted
+    doc from what this close read (:func:`claim`): of two closes at once, the one that loses adopts
+    the decision that stands, never its own. A quarantine another close is still sweeping is never
+    replaced: this close waits for its end (:func:`await_sweep`), then settles from it."""
+    uri = layout.accepted(r, shard["shard_id"], kinds[-1])
+    stale: QuarantinedJob | None = None  # a sweep whose close is taken for gone: may be replaced
+    repeated = repeats or []
+    for _ in range(CLAIM_TRIES):
+        settled = _settle_once(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated, stale)
+        if isinstance(settled, Settled):
+            return settled
+        stale = await_sweep(uri, settled.doc, so) if isinstance(settled, Sweeping) else None
+    raise StorageError(
+        f"round {r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
+        "differently; run only one close of the round at a time, then re-run it"
+    )
+
+
+def _settle_once(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kinds: tuple[JobKind, ...],
+    already_failed: set[str],
+    engines: dict[str, dict[str, Any] | None],
+    so: StorageOptions | None,
+    repeats: list[Repeat],
+    stale: QuarantinedJob | None,
+) -> Settled | Sweeping | None:
+    """One try of :func:`settle_shard`; ``None`` when another close changed the decision while this one
+    made its own (settled again then, from what that close decided); :class:`Sweeping` when another
+    close's quarantine is still sweeping (but ``stale``, one taken for gone)."""
+    sid = shard["shard_id"]
+    acct = kinds[-1]
+    final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
+    accepted_uri = layout.accepted(r, sid, acct)
+    checked: list[Checked] = []
+    for kind in kinds:
+        checked.append(_check_job(cfg, layout, r, shard, kind, engines.get(kind), so))
+        if checked[-1].problem is not None:
+            break
+    last = checked[-1]
+    seen = last.seen if last.kind == acct else read_accepted(accepted_uri, so)
+    if isinstance(seen, QuarantinedJob) and seen.sweeping and seen != stale:
+        return Sweeping(seen)  # no decision replaces it: its sweep could remove what it moves
+    replaces_quarantine = isinstance(seen, QuarantinedJob)  # its failed/ record goes if accepted
+    problem = None if last.problem is None else (last.kind, last.problem)
+    rerun = False  # a current manifest is unusable: delete it so a re-run recomputes
+    stood: Doc | None = None  # the accounting job's accepted doc (earlier, or now)
+    if problem is None and last.kept:
+        assert isinstance(last.doc, AcceptedJob)
+        stood = last.doc  # accepted earlier for these settings: a later copy never replaces it
+    elif problem is None:
+        assert isinstance(last.doc, JobManifest)
+        committed = (last.doc.committed or {}).values()
+        missing = [u for u in committed if not files.exists(u, so)]
+        if missing:
+            problem = (
+                acct,
+                f"the staged outputs of attempt {last.doc.attempt} are missing "
+                f"({', '.join(missing)}): re-run the DAG run to recompute them",
+            )
+            rerun = True
+        else:  # first the decision, then the moves (redone if cut short)
+            mine = accepted_doc(last.doc, sid, acct, final, layout.job_manifest(r, sid, acct), so)
+            # ids an earlier range holds are left out of what is accepted (rejects/: settle_repeats)
+            mine = drop_repeats(mine, repeats, cfg.id_field or "id", rejects_uri(layout.rejects, sid), so)
+            stood, won = claim(accepted_uri, seen, mine, so)
+            replaces_quarantine = replaces_quarantine and won
+            seen = stood
+            log_claim(r, sid, stood, won, mine)
+    if isinstance(stood, QuarantinedJob):  # another close quarantined it meanwhile (maybe still sweeping)
+        return Sweeping(stood) if stood.sweeping else adopt_quarantine(layout, r, shard, stood, checked, so)
+    if stood is not None:
+        jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
+        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so)] if problem is None else []
+        if lost:
+            problem = (
+                acct,
+                f"the accepted outputs {', '.join(lost)} of attempt {stood.attempt} are "
+                "missing: re-run the DAG run to recompute them",
+            )
+            rerun = True
+        if problem is None:
+            for kind in kinds:  # other copies' attempts: never promoted
+                files.remove_tree(layout.staged_job(r, sid, kind), so)
+            # quarantined by an earlier close (or by one during this one); its job has finished since
+            if f"{sid}.json" in already_failed or replaces_quarantine:
+                files.remove(join(layout.failed(r), f"{sid}.json"), so)
+                log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
+            return Settled(shard, [*jobs, stood], dict(stood.counts), accepted=stood)
+    assert problem is not None
+    return quarantine_shard(layout, r, shard, kinds, checked, problem, rerun, seen, final, so)
+
+
+def _check_job(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kind: JobKind,
+    engine: dict[str, Any] | None,
+    so: StorageOptions | None,
+) -> Checked:
+    """One job's accepted doc and manifest, each checked against the current settings."""
+    sid = shard["shard_id"]
+    manifest_uri = layout.job_manifest(r, sid, kind)
+    m = read_job_manifest(manifest_uri, so)
+    seen = read_accepted(layout.accepted(r, sid, kind), so)
+    prior = seen if isinstance(seen, AcceptedJob) else None
+    x = Checked(kind, m, seen, manifest_current=_current(cfg, layout, r, shard, kind, m, engine, so))
+    if _current(cfg, layout, r, shard, kind, prior, engine, so):
+        x.doc = prior
+    elif x.manifest_current:
+        x.doc = m
+    else:
+        note = read_job_error(layout.job_error(r, sid, kind), so)
+        error = note.error if note is not None else None
+        if m is None:
+            x.problem = error or "the job never completed (no completion manifest)"
+        else:
+            x.problem = STALE.format(uri=manifest_uri) + (f"; last error: {error}" if error else "")
+    return x
+
+
+def _current(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    kind: JobKind,
+    doc: Figures | None,
+    engine: dict[str, Any] | None,
+    so: StorageOptions | None,
+) -> bool:
+    """Whether ``doc`` (a manifest or an accepted doc) is the job the current settings ask for: its job
+    id and fingerprint recomputed from its input's version. A judge's input is the inferred file its
+    doc names, when that is this shard's (see :func:`_judge_read`)."""
+    if doc is None:
+        return False
+    src = shard
+    if kind == "judge":
+        read = _judge_read(layout, r, shard["shard_id"], doc)
+        if read is None:
+            return False
+        src = {**inferred_shard(cfg, r, shard), "uri": read}
+    spec = job_spec(cfg, kind, r, src)
+    info = input_info(spec.input, so)
+    if info is None and kind == "judge" and isinstance(doc, AcceptedJob):
+        info = doc.input_info  # the infer attempt it read, moved to inferred/ since
+    if info is None:
+        return False
+    pinned = pin_input(spec, info)
+    return (
+        doc.job_id == pinned.job_id
+        and (engine is None or doc.engine == engine)
+        and doc.fingerprint == fingerprint(pinned, doc.engine or {}, info)
+    )
+
+
+def _judge_read(layout: RunLayout, r: int, sid: str, doc: Figures) -> str | None:
+    """The inferred file a judge's manifest or accepted doc says the judge read, when it is this
+    shard's: the final ``inferred/`` file, or one attempt its infer job staged."""
+    final = layout.inferred(r, sid)
+    read = doc.input or final  # an accepted doc from before inputs were recorded: the final
+    ours = read == final or staged_attempt(layout.staged_job(r, sid, "infer"), read, INFERRED) is not None
+    return read if ours else None
+
+
+def _accept_feeds(
+    layout: RunLayout,
+    r: int,
+    shard: ShardDescriptor,
+    feeds: list[Checked],
+    stood: AcceptedJob,
+    so: StorageOptions | None,
+) -> tuple[list[Figures], tuple[str, str] | None]:
+    """Accept the jobs before the accounting one (an infer job before its judge): the attempt the
+    accepted judge read, whatever a later copy wrote since, claimed once as the judge's doc is."""
+    sid = shard["shard_id"]
+    docs: list[Figures] = []
+    for x in feeds:
+        assert x.doc is not None
+        final = layout.inferred(r, sid)
+        read = _judge_read(layout, r, sid, stood)
+        attempt = (x.doc.committed or {}).get(INFERRED) or final
+        if x.kept and read not in (final, attempt):
+            return docs, (
+                x.kind,
+                f"its judge read {read}, not the attempt {x.doc.attempt} of "
+                f"{layout.job_manifest(r, sid, x.kind)} close accepted earlier: re-run the "
+                "DAG run to recompute the judge",
+            )
+        if x.kept:
+            docs.append(x.doc)
+            continue
+        if read is None:  # validated when it was accepted: a doc edited by hand since
+            return docs, (
+                x.kind,
+                f"{layout.accepted(r, sid, 'judge')} names an input that is not this "
+                "shard's inferred file: delete it and re-run the DAG run",
+            )
+        assert isinstance(x.doc, JobManifest)
+        mine = accepted_doc(x.doc, sid, x.kind, {INFERRED: final}, layout.job_manifest(r, sid, x.kind), so)
+        token = staged_attempt(layout.staged_job(r, sid, x.kind), read, INFERRED)
+        if token is None:  # the judge read the final file: written in place, or promoted earlier
+            mine.committed = {}
+        elif token != mine.attempt:  # a later copy rewrote the manifest: the judge's read stands
+            mine.attempt, mine.committed, mine.manifest_attempt = token, {INFERRED: read}, mine.attempt
+        doc, won = claim(layout.accepted(r, sid, x.kind), x.seen, mine, so)
+        log_claim(r, sid, doc, won, mine)
+        assert isinstance(doc, AcceptedJob)  # only the accounting job's doc is ever a quarantine
+        docs.append(doc)
+    return docs, None
+
+
+def _promote(doc: Figures, so: StorageOptions | None) -> list[str]:
+    """Move the accepted attempt's staged outputs to their final URIs. Idempotent: an output whose
+    staged file is gone was moved by an earlier close, or by another close at once (a job without
+    staging wrote it in place). Returns the outputs found nowhere."""
+    lost = []
+    committed = doc.committed or {}
+    for name, dst in doc.outputs.items():
+        staged = committed.get(name)
+        if staged and files.exists(staged, so):
+            with contextlib.suppress(FileNotFoundError):  # moved by a concurrent close just now
+                files.move(staged, dst, so)
+        if not files.exists(dst, so):
+            lost.append(dst)
+    return lost

@@ -1,0 +1,59 @@
+"""A plan carries the settings its round runs: computed once by the plan step, written into
+``plan.json`` (``config``) and read back as they were; a plan written before it carried them reads
+with them computed as its round's tasks did then."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from airflow_batchinfer.run.config import RunConfig, round_config
+from airflow_batchinfer.run.docs import read_plan, write_plan, write_run_config
+from airflow_batchinfer.run.jobs import job_spec
+from airflow_batchinfer.run.layout import RunLayout
+from tests.support.fake_jobs import make_run, plan_round
+
+
+def stored(cfg: RunConfig, slot: str) -> dict[str, object]:
+    return json.loads((Path(cfg.run_root) / slot / "plan.json").read_text())  # type: ignore[no-any-return]
+
+
+def test_a_plan_stores_its_rounds_settings_and_reads_them_back(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)
+    plan = plan_round(cfg)
+    assert plan.config == cfg and stored(cfg, "round-00")["config"] == cfg.to_dict()
+    back = read_plan(RunLayout(cfg.run_root), "round-00")
+    assert back is not None and back.config == cfg and back == plan
+    # an unchanged round's jobs are the same jobs (a resume finds their outputs)
+    shard = plan.shards[0]
+    before, after = job_spec(cfg, "infer_judge", 0, shard), job_spec(back.config, "infer_judge", 0, shard)
+    assert (before.job_id, before.params) == (after.job_id, after.params)
+
+
+def test_a_changed_rounds_settings_are_stored_whole(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, sampling={"temperature": 0.7})
+    plan = plan_round(cfg)
+    plan.settings = {"temperature": 1.3, "prompt_template": "Q: {{ question }}"}
+    plan.config = round_config(cfg, plan.settings)
+    write_plan(RunLayout(cfg.run_root), plan)
+    data = stored(cfg, "round-00")["config"]
+    assert isinstance(data, dict) and data["sampling"] == {"temperature": 1.3}
+    assert data["prompt_template"] == "Q: {{ question }}" and data["judge"] == cfg.judge
+    back = read_plan(RunLayout(cfg.run_root), "round-00")
+    assert back is not None and back.effective_config(cfg) == plan.config != cfg
+
+
+def test_a_plan_written_before_plans_carried_their_settings(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, sampling={"temperature": 0.7})
+    write_run_config(cfg)
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    path = Path(cfg.run_root) / "round-00" / "plan.json"
+    old = {k: v for k, v in stored(cfg, "round-00").items() if k != "config"}
+    path.write_text(json.dumps(old))  # unchanged settings: run.json's
+    back = read_plan(layout, "round-00")
+    assert back is not None and back.config is None and back.effective_config(cfg) is cfg
+    path.write_text(json.dumps({**old, "settings": {"temperature": 1.3}}))  # a review changed them
+    back = read_plan(layout, "round-00")
+    assert back is not None and back.config == round_config(cfg, {"temperature": 1.3})
+    assert back.effective_config(cfg).sampling == {"temperature": 1.3} and plan.config == cfg

@@ -1,0 +1,69 @@
+"""The lease rules every pool backend shares (the worker reads them too), without a server."""
+
+from __future__ import annotations
+
+import json
+
+from airflow_batchinfer.worker.leases import LEASES, PoolState
+
+
+def state(replicas: int = 0, **kw: float) -> PoolState:
+    return PoolState(replicas=replicas, idle_ttl_s=kw.get("idle", 60), scaledown_ttl_s=kw.get("down", 10))
+
+
+def test_demand_is_the_largest_live_lease_and_scale_up_is_immediate() -> None:
+    s = state()
+    s.acquire("a", 2, now=0, ttl_s=100)
+    s.acquire("b", 3, now=1, ttl_s=100)
+    assert s.decide(1) == 3
+
+
+def test_lower_demand_waits_scaledown_ttl() -> None:
+    s = state(3, down=10)
+    s.acquire("b", 1, now=0, ttl_s=100)
+    assert s.decide(0) == 3 and s.low_since == 0
+    assert s.decide(9.9) == 3
+    assert s.decide(10) == 1 and s.low_since is None
+    s.replicas = 1
+    s.acquire("c", 2, now=11, ttl_s=100)  # demand back up: at once, and the damping clock resets
+    assert s.decide(11) == 2 and s.low_since is None
+
+
+def test_idle_pool_stays_warm_for_idle_ttl_then_goes_to_zero() -> None:
+    s = state(2, idle=60)
+    s.acquire("a", 2, now=0, ttl_s=100)
+    s.release("a", now=5)
+    assert s.decide(64.9) == 2  # a back-to-back run finds it warm
+    assert s.decide(65) == 0
+
+
+def test_expired_lease_is_dropped_and_counts_as_the_last_use() -> None:
+    s = state(2, idle=60)
+    s.acquire("crashed", 2, now=0, ttl_s=30)
+    assert s.decide(29) == 2
+    assert s.decide(31) == 2 and "crashed" not in s.leases and s.last_used == 30
+    assert s.decide(90) == 0
+
+
+def test_a_live_run_renews_its_lease_and_a_lapsed_one_cannot() -> None:
+    s = state(1, idle=60)
+    s.acquire("long-run", 1, now=0, ttl_s=30)
+    assert s.renew("long-run", now=25, ttl_s=30) and s.leases["long-run"].expires == 55
+    assert not s.renew("long-run", now=56, ttl_s=30)  # lapsed: renewing cannot resurrect it
+    assert not s.renew("never-held", now=1, ttl_s=30)
+
+
+def test_a_pool_never_used_starts_its_idle_clock_when_first_seen() -> None:
+    s = state(2, idle=60)  # e.g. applied from k8s/ with replicas set by hand
+    assert s.decide(1000) == 2 and s.last_used == 1000
+    assert s.decide(1060) == 0
+
+
+def test_annotations_round_trip() -> None:
+    s = state(1, idle=30, down=5)
+    s.acquire("dag/run 1", 2, now=10, ttl_s=3600)
+    a = s.annotations()
+    back = PoolState.from_annotations(
+        1, {k: v for k, v in a.items() if v is not None}, idle_ttl_s=0, scaledown_ttl_s=0
+    )
+    assert back == s and json.loads(a[LEASES] or "")["dag/run 1"]["replicas"] == 2
