@@ -6,8 +6,9 @@ rendered through the job's template (``{{ question }}`` reads the record's ``que
 whole record is also available as ``record``). Rendering errors are per-record errors. Templates
 render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
 record's rendering may cost. A plain template (text and ``{{ field }}`` over text or integer fields)
-is filled in directly, with the sandbox's result: it is most templates, and the review desk renders
-hundreds of thousands of prompts for one text search. :class:`PromptBuilder` is the one renderer:
+is filled in directly when the sandbox would render the same (otherwise the sandbox renders it, or
+fails): it is most templates, and the review desk renders hundreds of thousands of prompts for one
+text search. :class:`PromptBuilder` is the one renderer:
 the worker's jobs, the LLM judge and the desk (what a record was sent) all build with it.
 """
 
@@ -20,15 +21,16 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.exceptions import OverQuickBudget, PromptError
-from airflow_batchinfer.templates import MAX_PROMPT_CHARS, compile_template, render
+from airflow_batchinfer.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
 
 
 _FIELD = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 _JINJA_OPEN = ("{{", "{%", "{#")
-# Names Jinja does not read from the context as written: literals, and the whole record.
-_NOT_FIELDS = frozenset({"true", "false", "none", "True", "False", "None", "record"})
+# Names Jinja does not read from the context as written: literals, the whole record, and ``self``
+# (the template's own reference).
+_NOT_FIELDS = frozenset({"true", "false", "none", "True", "False", "None", "record", "self"})
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # Jinja renders each newline of a template's text as "\n"
 _MISSING = object()
 
@@ -44,11 +46,24 @@ def _plain_parts(template: str) -> list[str] | None:
     return parts
 
 
-def _filled(parts: list[str], record: Mapping[str, Any], variables: Mapping[str, Any] | None) -> str | None:
+def _passable(names: Mapping[str, Any] | None) -> bool:
+    """Whether Jinja takes every key of ``names`` as a context variable: it is passed as keyword
+    arguments (``Template.generate(self, **ctx)``), so a key that is not a string, or ``self``, fails
+    every rendering of the record."""
+    return not names or ("self" not in names and all(isinstance(k, str) for k in names))
+
+
+def _filled(
+    parts: list[str], record: Mapping[str, Any], variables: Mapping[str, Any] | None, *, quick: bool
+) -> str | None:
     """The plain template ``parts`` over ``record`` and ``variables`` (which win), as the sandbox
-    renders it; ``None`` when a field is missing or not text or an integer (Jinja's rules and errors
-    then apply), or the prompt is over :data:`MAX_PROMPT_CHARS` (the sandbox's error)."""
+    renders it; ``None`` whenever the sandbox might not render exactly that (it then renders it, or
+    raises its error): a key Jinja cannot take, a field missing or not text or an integer, a prompt
+    over :data:`MAX_PROMPT_CHARS`, or (``quick``) fields over the quick budget's text."""
+    if not (_passable(record) and _passable(variables)):
+        return None
     out = []
+    built = 0  # what the sandbox counts against its budget: the text of the fields it prints
     for k, part in enumerate(parts):
         if not k % 2:
             out.append(part)
@@ -58,10 +73,16 @@ def _filled(parts: list[str], record: Mapping[str, Any], variables: Mapping[str,
             value = record.get(part, _MISSING)
         if type(value) is str:
             out.append(value)
+            built += len(value)
         elif type(value) is int:
-            out.append(str(value))
+            try:
+                out.append(str(value))
+            except ValueError:  # over Python's digit limit for int -> str: the sandbox's error
+                return None
         else:
             return None
+    if quick and built > QUICK_LIMITS.built:
+        return None  # the sandbox raises OverQuickBudget: rendered again with the full limits
     text = "".join(out)
     return text if len(text) <= MAX_PROMPT_CHARS else None
 
@@ -128,7 +149,7 @@ class PromptBuilder:
             raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
-        text = None if self._parts is None else _filled(self._parts, record, variables)
+        text = None if self._parts is None else _filled(self._parts, record, variables, quick=quick)
         if text is None:
             text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
         sampling = attempt_seed(self.sampling, attempt)

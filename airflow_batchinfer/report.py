@@ -93,7 +93,10 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "stop_reason": reason,
         "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
         "rounds": [s.to_json() for s in rounds],
-        "plans": [p.as_dict() | {"shards": len(p.shards)} for p in plans],
+        # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
+        "plans": [
+            {k: v for k, v in vars(p).items() if k != "config"} | {"shards": len(p.shards)} for p in plans
+        ],
         "approved": sum(s.approved for s in rounds),
         "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
         + sum(int(a["accepted"]["count"]) for a in reviews),

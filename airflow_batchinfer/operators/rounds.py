@@ -54,11 +54,13 @@ def gate_params() -> dict[str, Param]:
 
 
 def _descriptors(plan: Plan) -> list[dict[str, Any]]:
-    """The mapped jobs' shard descriptors, each naming its ``slot``: the job reads the round's
-    settings from the slot's plan (kilobytes of templates stay out of XCom)."""
+    """The mapped jobs' shard descriptors; ``slot`` only when a review changed the round's settings:
+    the job then reads them from the slot's plan (kilobytes of templates stay out of XCom). Without
+    it the round runs run.json's, and its tasks read no plan.json (hundreds of KB at 1,000 shards)."""
     if plan.mode == "skip":
         return []
-    return [{**s, "round": plan.round, "slot": plan.slot} for s in plan.shards]
+    extra = {"slot": plan.slot} if plan.settings else {}
+    return [{**s, "round": plan.round, **extra} for s in plan.shards]
 
 
 def _desk(context: Context) -> str | None:

@@ -220,7 +220,8 @@ class ShardJobOperator(BaseOperator):
                 poll_interval_s=self.poll_interval_s,
                 lost_grace_s=self.lost_grace_s,
                 not_before=time.time() + SETTLE_S,
-                # a job whose manifest says it succeeded ends the task on the triggerer
+                # a job whose manifest says it succeeded ends the task on the triggerer (a run root read
+                # with an aws_conn_id: the task resumes and reads it; the triggerer looks up no connection)
                 result=self._result(cfg, {}),
                 manifest=spec.outputs["manifest"],
                 aws_conn_id=self.aws_conn_id,

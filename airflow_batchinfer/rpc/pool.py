@@ -459,8 +459,7 @@ class PoolClient:
                     raise JobTimeout(f"job {spec.job_id} did not finish within {timeout_s} s (cancelled)")
                 if event.state == "succeeded":
                     raise StorageError(
-                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is "
-                        "missing or another job's"
+                        f"job {spec.job_id} succeeded but {spec.outputs['manifest']} is missing"
                     )
                 raise JobFailed(spec.job_id, event.state, event.error)
             log.warning("job %s lost on %s (%s): resubmitting", spec.job_id, url, event.error)

@@ -14,7 +14,8 @@ the same way everywhere:
 
 The completion manifest in storage is the truth, never the worker's word alone: a job whose worker
 vanished is finished if its manifest exists, a job reported ``succeeded`` is not without one, and a
-job without one is resubmitted (same ``job_id``, so idempotent).
+job without one is resubmitted (same ``job_id``, so idempotent). Whether a manifest is current (its
+job id and fingerprint) is the round's close's to check, not the tracker's.
 """
 
 from __future__ import annotations
@@ -125,22 +126,20 @@ def event_for(
     raise RpcError(f"no event for {action!r}")
 
 
-def _completes(manifest: JobManifest | None, *, job_id: str) -> bool:
-    """Whether ``manifest`` (the read of a job's completion manifest; ``None``: none there) records
-    ``job_id`` as succeeded. A manifest another job id left at the same place (an earlier request
-    for the shard) does not count."""
-    return manifest is not None and manifest.job_id == job_id and manifest.state == "succeeded"
-
-
 def after_event(
     event: JobEvent, *, manifest: JobManifest | None, resubmits: int, max_resubmits: int
 ) -> Outcome:
     """What a task does with its trigger's event; the completion manifest (``manifest``: its read,
     ``None`` when there is none) decides, not the worker's report. A lost job whose manifest exists
     finished before its worker went away. A job without one (lost, or reported succeeded while its
-    manifest is missing or another job's) is resubmitted, up to ``max_resubmits`` times in one try."""
+    manifest has since been removed) is resubmitted, up to ``max_resubmits`` times in one try."""
     if event.state in ("succeeded", "lost"):
-        if _completes(manifest, job_id=event.job_id):
+        # Present means done (a worker writes one only for a job that succeeded), whichever job id
+        # it records: the round's close checks every manifest's job id and fingerprint against the
+        # round's current settings (run.settle) and reruns or quarantines a stale one there. A
+        # worker forgets a succeeded job only once its manifest is gone, so resubmitting here for
+        # another job's manifest would get "succeeded" again without a run, until max_resubmits.
+        if manifest is not None:
             return "done"
         return "fail" if resubmits >= max_resubmits else "resubmit"
     return "fail"

@@ -129,10 +129,10 @@ def record_job_error(
 
 
 def shard_config(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None = None) -> RunConfig:
-    """The settings a shard's round runs (``cfg``: run.json's): those its plan carries, the plan of
-    the round slot its descriptor names (``slot``; the templates stay out of XCom). A descriptor
-    without ``slot`` was returned before every descriptor carried one, when only a review's changes
-    added it: its round runs run.json's."""
+    """The settings a shard's round runs (``cfg``: run.json's). A descriptor names its round slot
+    (``slot``) only when a review changed the round's settings: the round runs those its plan
+    carries (``Plan.config``; the templates stay out of XCom). Without ``slot`` the round's settings
+    are run.json's, and no plan.json is read."""
     slot = shard.get("slot")
     if not slot:
         return cfg

@@ -53,7 +53,7 @@ class ShardDescriptor(TypedDict):
     max_line_bytes: NotRequired[int]
     max_id_bytes: NotRequired[int]
     # A round's job descriptors (the round controller's): the round, and the slot whose plan holds
-    # the settings the round runs (absent, in descriptors from before every one named it: run.json's).
+    # the settings a review changed (absent: the round runs run.json's).
     round: NotRequired[int]
     slot: NotRequired[str]
 

@@ -21,6 +21,11 @@ task start per shard (a process, a DAG parse and a few API calls: about a second
 time on its last shard, and CPU on every one). Every other end, a success whose manifest is missing
 or unreadable here included, resumes the task, which decides with the same function.
 
+The trigger makes no Airflow connection lookup for the manifest: a blocking one (``BaseHook``,
+``AwsBaseHook``) from a triggerer thread breaks the triggerer's channel to its supervisor on Airflow
+3.1/3.2 (apache/airflow#64620, #67380). With an ``aws_conn_id`` the manifest is the resumed task's
+to read; without one (local files, S3 with the environment's credentials) it is read here.
+
 A user who clears the deferred task or marks it failed or succeeded kills the trigger: Airflow 3.3
 calls :meth:`WorkerJobTrigger.on_kill`, which cancels the job on its worker (a triggerer restart
 does not: the trigger carries on in the new triggerer).
@@ -36,7 +41,6 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_batchinfer.exceptions import RpcError
-from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import aopen_pool
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobStatus
@@ -50,9 +54,10 @@ PROGRESS_LOG_S = 30.0
 
 class WorkerJobTrigger(BaseTrigger):
     """:param result: the task's return value, for a success that ends the task here.
-    :param manifest: the job's completion manifest (its URI), which must say the job succeeded for
-        that; without it every end resumes the task.
-    :param aws_conn_id: the AWS connection to read an ``s3://`` manifest with."""
+    :param manifest: the job's completion manifest (its URI), which must be there for that; without
+        it every end resumes the task.
+    :param aws_conn_id: the task's AWS connection for its run root: with one, every end resumes the
+        task, which reads the manifest with it (the trigger looks no connection up)."""
 
     def __init__(
         self,
@@ -145,9 +150,10 @@ class WorkerJobTrigger(BaseTrigger):
         ``None`` otherwise, or when it cannot be read here (the task then reads it and decides)."""
         if event.state != "succeeded" or self.result is None or self.manifest is None:
             return None
+        if self.aws_conn_id:  # its credentials need a connection lookup: the task's (see above)
+            return None
         try:
-            so = await asyncio.to_thread(storage_options_from_aws_conn, self.aws_conn_id)
-            return await asyncio.to_thread(read_job_manifest, self.manifest, so)
+            return await asyncio.to_thread(read_job_manifest, self.manifest)  # plain fsspec
         except Exception as exc:  # best effort: the resumed task reads it again, and reports why
             self.log.warning(
                 "job %s: could not read %s here (%s); the task decides", self.job_id, self.manifest, exc

@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
+from airflow_batchinfer import prompts, templates
 from airflow_batchinfer.engines import SamplingParams
-from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.prompts import PromptBuilder, PromptError
+from airflow_batchinfer.engines.base import GenerationRequest
+from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget
+from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, PromptError
 
 
 def test_template_over_record_fields_as_chat() -> None:
@@ -74,41 +78,86 @@ def test_invalid_sampling(bad: dict[str, float]) -> None:
         SamplingParams.from_mapping(bad)
 
 
+class Text(str):
+    """A str subclass: Jinja prints it with its own ``__str__``."""
+
+    def __str__(self) -> str:
+        return f"<{super().__str__()}>"
+
+
+PLAIN = "Q: {{ question }} ({{ n }})"
+# (record, variables): what the fast path must render as the sandbox does, or leave to it.
+CASES: list[tuple[dict[Any, Any], dict[Any, Any] | None]] = [
+    ({"question": "What is {{ 1 + 1 }}?", "n": 3, "context": 'ünïcode "quoted"\r\n{% raw %}'}, None),
+    ({"question": Text("sub"), "n": 1, "context": "c"}, None),  # a str subclass
+    ({"question": "x", "n": True, "context": False}, None),  # bools print as Jinja prints them
+    ({"question": "x", "n": None, "context": None}, None),
+    ({"question": "x", "n": 2.5, "context": 1e300}, None),
+    ({"question": "x", "n": -(10**40), "context": 10**40}, None),
+    ({"question": "x", "n": 10**5000, "context": "c"}, None),  # over Python's int -> str digit limit
+    ({"question": "y", "n": 2, "context": ["a", 1]}, None),  # a list
+    ({"question": "z"}, None),  # a missing field: an error
+    ({"question": "z", "n": 1, "context": "c", "self": "s"}, None),  # Jinja's own parameter: an error
+    ({"question": "z", "n": 1, "context": "c"}, {"self": "s"}),
+    ({"question": "z", "n": 1, "context": "c", 7: "an int key"}, None),  # not a keyword: an error
+    ({"question": "z", "n": 1, "context": "c"}, {7: "an int key"}),
+    ({"question": "a\r\nb\rc\n", "n": 1, "context": "\n\n"}, None),  # values keep their newlines
+    ({"question": "field", "n": 1, "context": "c"}, {"question": "var", "n": 2.5}),  # variables win
+    ({"question": "field", "context": "c"}, {"n": 4}),  # a variable fills a field the record lacks
+    ({"question": "q" * (MAX_PROMPT_CHARS - 20), "n": 1, "context": "c"}, None),  # fits, or just over
+    ({"question": "q" * MAX_PROMPT_CHARS, "n": 1, "context": "c"}, None),  # too long: the sandbox's error
+    ({"question": "q" * 150_000, "n": 1, "context": "c" * 60_000}, None),  # over the quick budget's text
+]
+
+
+def outcome(fn: Any, *args: Any, **kwargs: Any) -> object:
+    try:
+        return fn(*args, **kwargs)
+    except (PromptError, OverQuickBudget) as exc:
+        return type(exc)
+
+
 @pytest.mark.parametrize(
     "template",
     [
-        "Q: {{ question }}",
+        PLAIN,
         "{{question}}/{{ n }}\n\nContext: {{ context }}\n",  # a trailing newline is kept
-        "Q:\r\n{{ question }}\r",  # Jinja writes a template's newlines as "\n"
+        "Q:\r\n{{ question }}\r{{ n }}\r\n\r\n",  # Jinja writes a template's newlines as "\n"
         "}} {{ question }}}",  # braces that open nothing are text
         "{{ true }} {{ question }}",  # a literal, not a field: Jinja renders it
         "{{ record }}",  # the whole record
+        "{{ self }} {{ question }}",  # the template's own reference
         "{{ question | upper }}",  # a filter: Jinja renders it
     ],
 )
-def test_a_plain_template_fills_in_what_the_sandbox_renders(template: str) -> None:
+@pytest.mark.parametrize("quick", [False, True])
+def test_a_plain_template_fills_in_what_the_sandbox_renders(template: str, quick: bool) -> None:
     """Plain templates are filled in without Jinja; the result (or the error) is the sandbox's."""
-    from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, render
-
     builder = PromptBuilder(template, chat=False)
-    records: list[dict[str, object]] = [
-        {"question": "What is {{ 1 + 1 }}?", "n": 3, "context": 'ünïcode "quoted"\r\n{% raw %}'},
-        {"question": "x", "n": 2.5, "context": None},  # a float and None: Jinja's printing
-        {"question": "y", "n": True, "context": ["a", 1]},  # a bool and a list
-        {"question": "z", "n": -(10**40), "context": ""},
-        {"question": "z"},  # a missing field: an error
-        {"question": "q" * MAX_PROMPT_CHARS, "n": 1, "context": "c"},  # too long: the sandbox's error
-    ]
-    for record in records:
-        try:
-            expected: object = render(template, {**record, "record": record})
-        except PromptError as exc:
-            expected = type(exc)
-        try:
-            got: object = builder.build(record, request_id="r").prompt
-        except PromptError as exc:
-            got = type(exc)
-        assert got == expected, (template, record)
+    for record, variables in CASES:
+        context = {**record, **(variables or {}), "record": record}
+        expected = outcome(templates.render, template, context, quick=quick)
+        got = outcome(builder.build, record, request_id="r", variables=variables, quick=quick)
+        got = got.prompt if isinstance(got, GenerationRequest) else got
+        assert got == expected, (template, record, variables)
+
+
+def test_a_plain_template_over_text_and_integers_is_filled_in_without_jinja(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    builder = PromptBuilder(PLAIN, chat=False)
+
+    def no_jinja(*args: Any, **kwargs: Any) -> str:
+        raise AssertionError("rendered through Jinja")
+
+    monkeypatch.setattr(prompts, "render", no_jinja)
+    for quick in (False, True):
+        req = builder.build({"question": "2+2\r\n", "n": -4, "id": 1}, request_id="r", quick=quick)
+        assert req.prompt == "Q: 2+2\r\n (-4)"
+    req = builder.build({"question": "q", "n": 1}, request_id="r", variables={"n": 2})
+    assert req.prompt == "Q: q (2)"
+    with pytest.raises(AssertionError, match="through Jinja"):  # Jinja's rules for anything else
+        builder.build({"question": "q", "n": 1, "self": "s"}, request_id="r")
 
 
 def test_variables_win_over_the_records_fields() -> None:

@@ -1,24 +1,72 @@
-"""The round controller's shard descriptors: each names its slot, whose plan holds the settings the
-round runs (the mapped jobs read them there; templates stay out of XCom)."""
+"""The round controller's shard descriptors: a changed round's name its slot, whose plan holds the
+settings the round runs (the mapped jobs read them there; templates stay out of XCom); an unchanged
+round's name none, and its jobs run run.json's without reading a plan."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
+from airflow_batchinfer.operators import shard_jobs
 from airflow_batchinfer.operators.rounds import GATE_PARAM, _descriptors, gate_params
-from airflow_batchinfer.run.docs import Plan
+from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
+from airflow_batchinfer.run import jobs
+from airflow_batchinfer.run.config import RunConfig, round_config
+from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.run.gate import GATE_SCHEMAS
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.storage.location import StorageOptions
+from tests.support.fake_jobs import make_run, plan_round
 
 SHARDS = [{"shard_id": f"part-0000{i}", "uri": f"/p/part-0000{i}.jsonl.zst", "records": 10} for i in range(2)]
 
 
-@pytest.mark.parametrize("settings", [None, {"temperature": 1.3}])
-def test_every_descriptor_names_its_slot_changed_or_not(settings: dict[str, float] | None) -> None:
+@pytest.mark.parametrize(
+    ("settings", "extra"), [(None, {}), ({}, {}), ({"temperature": 1.3}, {"slot": "round-01"})]
+)
+def test_a_descriptor_names_its_slot_only_when_a_review_changed_the_rounds_settings(
+    settings: dict[str, float] | None, extra: dict[str, str]
+) -> None:
     plan = Plan("round-01", 1, "rounds", list(SHARDS), settings=settings)  # type: ignore[arg-type]
-    assert _descriptors(plan) == [{**s, "round": 1, "slot": "round-01"} for s in SHARDS]
+    assert _descriptors(plan) == [{**s, "round": 1, **extra} for s in SHARDS]
     assert _descriptors(Plan("round-02", 2, "skip", list(SHARDS))) == []  # type: ignore[arg-type]
+
+
+def test_an_unchanged_rounds_tasks_read_no_plan_and_a_changed_rounds_read_their_settings_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """plan.json holds every shard's descriptor (hundreds of KB at 1,000 shards): a task reads it
+    only when its round runs other settings than run.json's."""
+    cfg = make_run(tmp_path, sampling={"temperature": 0.7})
+    reads: list[str] = []
+
+    def counted(layout: RunLayout, slot: str, so: StorageOptions | None = None) -> Plan | None:
+        reads.append(slot)
+        return read_plan(layout, slot, so)
+
+    monkeypatch.setattr(jobs, "read_plan", counted)
+    monkeypatch.setattr(shard_jobs, "owned_run_config", lambda run_root, context, so=None: cfg)
+
+    def task_configs(plan: Plan) -> list[RunConfig]:
+        """What each mapped task of the round runs, as its ``execute`` and ``execute_complete`` read it."""
+        return [
+            InferJudgeShardOperator(
+                task_id="t", shard=d, run_root=cfg.run_root, worker_pool="local://gpu"
+            )._config({})
+            for d in _descriptors(plan)
+        ]
+
+    plan = plan_round(cfg)
+    assert plan.shards and all("slot" not in d for d in _descriptors(plan))
+    assert task_configs(plan) == [cfg] * len(plan.shards) and reads == []
+    plan.settings = {"temperature": 1.3}
+    plan.config = round_config(cfg, plan.settings)
+    write_plan(RunLayout(cfg.run_root), plan)
+    assert [c.sampling for c in task_configs(plan)] == [{"temperature": 1.3}] * len(plan.shards)
+    assert reads == ["round-00"] * len(plan.shards)
 
 
 def test_the_gates_form_has_one_field_per_changeable_setting_with_its_schema() -> None:

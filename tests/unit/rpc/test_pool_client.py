@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,6 +12,8 @@ from airflow_batchinfer.exceptions import AuthenticationError, BadJobError, Work
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run.docs import write_job_manifest
+from tests.support.fake_jobs import job_manifest
 from tests.unit.rpc.test_locate import REFUSED, connect_error
 
 SPEC = JobSpec(
@@ -150,3 +153,34 @@ async def test_follow_long_polls_a_running_job_and_never_spins_on_an_old_worker(
     assert event is not None and event.state == "succeeded"
     assert asks[0] == 0 and all(w == 0.2 for w in asks[1:])  # after the first answer, long polls
     assert 3 <= len(asks) <= 6  # about one ask per interval either way: never a busy loop
+
+
+async def test_run_is_done_when_the_worker_remembers_the_job_and_the_manifest_is_another_jobs(
+    tmp_path: Path,
+) -> None:
+    """A pinned input changed or a gate was answered again: the manifest at the job's place records
+    another job id. The worker still has the job as succeeded (it forgets one only once its manifest
+    is gone), so a resubmit would hear "succeeded" again without a run: the job is done, once, and the
+    round's close checks the manifest's job id and fingerprint."""
+    data = tmp_path / "x.jsonl"
+    data.write_text('{"id": "a"}\n')
+    manifest = str(tmp_path / "m.json")
+    write_job_manifest(manifest, job_manifest(job_id="earlier", fingerprint="stale", counts={"ok": 1}))
+    spec = JobSpec(job_id="j1", kind="infer", input=str(data),
+                   outputs={"inferred": str(tmp_path / "o.jsonl"), "manifest": manifest})  # fmt: skip
+    asked: list[str] = []
+
+    def remembers(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/stats":
+            stats = {"engine": {}, "slots_total": 4, "slots_busy": 0, "draining": False}
+            return httpx.Response(200, json={**stats, "jobs": {}, "batcher": {}})
+        job_id = json.loads(request.content)["job_id"] if request.method == "POST" else request.url.path[9:]
+        asked.append(f"{request.method} {job_id}")
+        return httpx.Response(200, json={"job_id": job_id, "kind": "infer", "state": "succeeded"})
+
+    pool = PoolClient(["http://a:1"], token="tok", transport=httpx.MockTransport(remembers),
+                      poll_interval_s=0.01, max_resubmits=3)  # fmt: skip
+    done = await pool.run(spec)
+    assert (done.job_id, done.counts) == ("earlier", {"ok": 1})
+    assert [a.split()[0] for a in asked] == ["GET", "POST"]  # asked, submitted once: no resubmit loop
+    await pool.aclose()

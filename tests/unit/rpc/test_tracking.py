@@ -65,12 +65,13 @@ MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"ok
         ("succeeded", MANIFEST, 0, "done"),
         ("succeeded", None, 0, "resubmit"),  # its manifest was removed since: run it again
         ("succeeded", None, 5, "fail"),  # and again, too often within one try
-        ("succeeded", {**MANIFEST, "job_id": "earlier"}, 0, "resubmit"),  # another request's manifest
-        ("succeeded", {**MANIFEST, "state": "failed"}, 0, "resubmit"),  # a manifest that says otherwise
+        # another request's manifest: done here (the worker would answer "succeeded" again without a
+        # run); the round's close checks its job id and fingerprint and quarantines it if stale
+        ("succeeded", {**MANIFEST, "job_id": "earlier"}, 0, "done"),
         ("lost", MANIFEST, 0, "done"),  # it finished before its worker went away
         ("lost", MANIFEST, 5, "done"),  # finished: no resubmit needed, however many before
         ("lost", None, 0, "resubmit"),
-        ("lost", {**MANIFEST, "job_id": "earlier"}, 0, "resubmit"),
+        ("lost", {**MANIFEST, "job_id": "earlier"}, 0, "done"),
         ("lost", None, 5, "fail"),  # lost too often within one try
         ("failed", MANIFEST, 0, "fail"),  # the worker's failure stands, whatever storage holds
         ("cancelled", None, 0, "fail"),

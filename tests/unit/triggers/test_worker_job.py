@@ -1,6 +1,7 @@
 """``WorkerJobTrigger`` without sockets (the job's end injected at ``follow``): a worker's
 ``succeeded`` ends the task on the triggerer only when the completion manifest says so too, as
-:func:`~airflow_batchinfer.rpc.tracking.after_event` decides; anything else resumes the task."""
+:func:`~airflow_batchinfer.rpc.tracking.after_event` decides, and only without an ``aws_conn_id``
+(the triggerer makes no connection lookup); anything else resumes the task."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
+from airflow.sdk import BaseHook
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from airflow_batchinfer.rpc.tracking import JobEvent
@@ -40,6 +42,25 @@ def ends(monkeypatch: pytest.MonkeyPatch) -> list[JobEvent]:
     return ending
 
 
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Airflow connection lookups (blocking ones break the triggerer on Airflow 3.1/3.2): recorded,
+    and each fails."""
+    seen: list[str] = []
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        seen.append(str(kwargs.get("aws_conn_id") or args[-1]))
+        raise AssertionError("a connection lookup on the triggerer")
+
+    monkeypatch.setattr(BaseHook, "get_connection", lookup)
+    try:  # the amazon provider's hook, where the aws extra is installed
+        from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+    except ImportError:
+        return seen
+    monkeypatch.setattr(AwsBaseHook, "__init__", lookup)
+    return seen
+
+
 def manifest_at(tmp_path: Path, **fields: Any) -> str:
     uri = str(tmp_path / "jobs" / "part-00000.infer.json")
     write_job_manifest(uri, job_manifest(**{"job_id": "j", "counts": {"ok": 3}, **fields}))
@@ -53,22 +74,37 @@ async def end_of(trigger: WorkerJobTrigger) -> TriggerEvent | TaskSuccessEvent:
     return events[0]
 
 
+# Another request's manifest too: done, as for the task (close checks its job id and fingerprint).
+@pytest.mark.parametrize("job_id", ["j", "earlier"])
 async def test_a_success_the_manifest_confirms_ends_the_task_with_its_counts(
-    ends: list[JobEvent], tmp_path: Path
+    ends: list[JobEvent], lookups: list[str], tmp_path: Path, job_id: str
 ) -> None:
     trigger = WorkerJobTrigger(worker_pool="pool", url=URL, job_id="j", result=RESULT,
-                               manifest=manifest_at(tmp_path))  # fmt: skip
+                               manifest=manifest_at(tmp_path, job_id=job_id))  # fmt: skip
     event = await end_of(trigger)
     assert isinstance(event, TaskSuccessEvent)
     assert event.xcoms == {"return_value": {**RESULT, "counts": {"ok": 3}}}  # the manifest's counts
+    assert lookups == []  # read with plain fsspec (the environment's credentials)
+
+
+async def test_with_an_aws_connection_a_success_resumes_the_task_without_a_lookup(
+    ends: list[JobEvent], lookups: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task reads the manifest with its connection and decides (``execute_complete``)."""
+    reads: list[str] = []
+    monkeypatch.setattr(worker_job, "read_job_manifest", lambda uri, *a: reads.append(uri))
+    trigger = WorkerJobTrigger(worker_pool="pool", url=URL, job_id="j", result=RESULT,
+                               manifest=manifest_at(tmp_path), aws_conn_id="aws_s3")  # fmt: skip
+    event = await end_of(trigger)
+    assert not isinstance(event, TaskSuccessEvent)
+    assert JobEvent.from_dict(event.payload) == ends[0]  # resumed with the worker's report
+    assert (lookups, reads) == ([], [])  # no connection looked up, no manifest read here
 
 
 @pytest.mark.parametrize(
     "manifest",
     [
         "missing",  # removed since, or never written
-        {"job_id": "earlier"},  # another request's manifest at the same place
-        {"state": "failed"},  # a manifest that does not say succeeded
         "unreadable",  # the task reads it again, and fails with the reason
         None,  # a trigger without a manifest to read (deferred by an earlier release)
     ],
@@ -88,8 +124,6 @@ def prepare(tmp_path: Path, manifest: Any) -> str | None:
     """The manifest URI a trigger gets, with what ``manifest`` says lying there."""
     if manifest is None:
         return None
-    if isinstance(manifest, dict):
-        return manifest_at(tmp_path, **manifest)
     path = tmp_path / "jobs" / "part-00000.infer.json"
     if manifest == "unreadable":
         path.parent.mkdir(parents=True)
