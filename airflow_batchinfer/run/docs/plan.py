@@ -10,9 +10,10 @@ its round's tasks did then."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.config import RunConfig, round_config
 from airflow_batchinfer.run.docs.io import read_doc, read_run_config, write_doc
 from airflow_batchinfer.run.layout import RunLayout
@@ -69,15 +70,25 @@ class Plan:
         return sum(s["records"] for s in self.shards)
 
 
+_PLAN_FIELDS = frozenset(f.name for f in fields(Plan))
+
+
 def _plan_uri(layout: RunLayout, slot: str) -> str:
     return join(layout.root, TAIL if slot == TAIL else slot, "plan.json")
 
 
 def read_plan(layout: RunLayout, slot: str, so: StorageOptions | None = None) -> Plan | None:
-    data = read_doc(_plan_uri(layout, slot), "round plan", so)
+    uri = _plan_uri(layout, slot)
+    data = read_doc(uri, "round plan", so)
     if data is None:
         return None
     data.pop("schema_version", None)
+    unknown = sorted(set(data) - _PLAN_FIELDS)
+    if unknown:  # a newer release's plan: refused by name, not as a TypeError deep in a task
+        raise StorageError(
+            f"round plan {uri}: unknown fields {unknown} (written by another release?). Remedy: run every "
+            "component on one release, or delete the plan to plan the round again"
+        )
     config = data.pop("config", None)
     if config is not None:
         return Plan(**data, config=RunConfig.from_dict(config))

@@ -7,8 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.config import RunConfig, round_config
-from airflow_batchinfer.run.docs import read_plan, write_plan, write_run_config
+from airflow_batchinfer.run.docs import Plan, read_plan, write_plan, write_run_config
 from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.run.layout import RunLayout
 from tests.support.fake_jobs import make_run, plan_round
@@ -57,3 +60,13 @@ def test_a_plan_written_before_plans_carried_their_settings(tmp_path: Path) -> N
     back = read_plan(layout, "round-00")
     assert back is not None and back.config == round_config(cfg, {"temperature": 1.3})
     assert back.effective_config(cfg).sampling == {"temperature": 1.3} and plan.config == cfg
+
+
+def test_a_plan_with_an_unknown_field_is_refused_by_name(tmp_path: Path) -> None:
+    layout = RunLayout(str(tmp_path))
+    write_plan(layout, Plan("round-00", 0, "rounds"))
+    uri = tmp_path / "round-00" / "plan.json"
+    doc = json.loads(uri.read_text())
+    uri.write_text(json.dumps({**doc, "lanes": 4}))
+    with pytest.raises(StorageError, match=r"round plan .*plan\.json: unknown fields \['lanes'\].*Remedy"):
+        read_plan(layout, "round-00")
