@@ -25,7 +25,7 @@ from airflow_batchinfer.run.docs import (
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.run.repeats import REPEATED, range_repeats, settle_repeats
-from airflow_batchinfer.run.settle import settle_shard
+from airflow_batchinfer.run.settle import RoundClose, settle_shard
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
 from airflow_batchinfer.storage.id_hashes import Repeats
@@ -71,12 +71,13 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     engines: dict[str, dict[str, Any] | None] = {
         k: plan.judge_engine if k == "judge" else plan.engine for k in kinds
     }
-    already_failed = set(files.names(layout.failed(r), so))
+    already_failed = frozenset(files.names(layout.failed(r), so))
+    rc = RoundClose(cfg, layout, r, kinds, engines, already_failed, so)
     id_field = cfg.id_field or "id"
 
     def settle(shard: ShardDescriptor) -> Settled:
         repeated = repeats.of(shard["shard_id"])  # later occurrences of ids an earlier range holds
-        x = settle_shard(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated)
+        x = settle_shard(rc, shard, repeated)
         x = _settle_range(cfg, layout, r, x, so)
         settle_repeats(layout, r, x, repeated, id_field, so)
         return _account(x, id_field, so, cfg.assign_ids)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.config import RunConfig
@@ -46,32 +47,18 @@ def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) ->
     """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
     see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
     frame), shards copied from it as before."""
-    rps, id_field, assign = cfg.records_per_shard, cfg.id_field, cfg.assign_ids
-    max_line, max_id = cfg.max_line_bytes, cfg.max_id_bytes
-    planned = shard_ranges(
-        cfg.input,
-        layout.input,
-        records_per_shard=rps,
-        max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD,
-        id_field=id_field,
-        assign_ids=assign,
-        rejects=layout.rejects,
-        storage_options=so,
-        max_line_bytes=max_line,
-        max_id_bytes=max_id,
-    )
-    if planned is None:
-        return shard_dataset(
-            cfg.input,
-            layout.input,
-            records_per_shard=rps,
-            id_field=id_field,
-            assign_ids=assign,
-            rejects=layout.rejects,
-            storage_options=so,
-            max_line_bytes=max_line,
-            max_id_bytes=max_id,
-        )
+    how: dict[str, Any] = {
+        "records_per_shard": cfg.records_per_shard,
+        "id_field": cfg.id_field,
+        "assign_ids": cfg.assign_ids,
+        "rejects": layout.rejects,
+        "storage_options": so,
+        "max_line_bytes": cfg.max_line_bytes,
+        "max_id_bytes": cfg.max_id_bytes,
+    }
+    planned = shard_ranges(cfg.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, **how)
+    if planned is None:  # copied as shards, read the same way
+        return shard_dataset(cfg.input, layout.input, **how)
     shards, manifest, reused = planned
     return ShardingResult(
         shards=shards,

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import StorageError
@@ -50,17 +52,27 @@ STALE = (
 CLAIM_TRIES = 3  # settles of one shard when concurrent closes keep changing its decision
 
 
-def settle_shard(
-    cfg: RunConfig,
-    layout: RunLayout,
-    r: int,
-    shard: ShardDescriptor,
-    kinds: tuple[JobKind, ...],
-    already_failed: set[str],
-    engines: dict[str, dict[str, Any] | None],
-    so: StorageOptions | None,
-    repeats: list[Repeat] | None = None,
-) -> Settled:
+@dataclass(frozen=True)
+class RoundClose:
+    """What every shard's settle in one round's close shares.
+
+    :ivar cfg: the settings the round ran (its plan's).
+    :ivar kinds: the round's job kinds; the last one accounts for the shard.
+    :ivar engines: what ran each kind (a judge with its own pool: that pool's engine); ``None``: not
+        recorded by the plan.
+    :ivar already_failed: the ``failed/`` records an earlier close left (``<shard>.json``).
+    """
+
+    cfg: RunConfig
+    layout: RunLayout
+    r: int
+    kinds: tuple[JobKind, ...]
+    engines: Mapping[str, dict[str, Any] | None]
+    already_failed: frozenset[str]
+    so: StorageOptions | None
+
+
+def settle_shard(rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat] | None = None) -> Settled:
     """Check one shard's jobs against the current settings (and ``engines``, what the round's
     pools run per job kind, where the plan recorded it), then accept them once (promoting the
     accepted attempts' staged outputs: the accounting job's, and the infer attempt its judge read)
@@ -68,42 +80,34 @@ def settle_shard(
     doc from what this close read (:func:`claim`): of two closes at once, the one that loses adopts
     the decision that stands, never its own. A quarantine another close is still sweeping is never
     replaced: this close waits for its end (:func:`await_sweep`), then settles from it."""
-    uri = layout.accepted(r, shard["shard_id"], kinds[-1])
+    uri = rc.layout.accepted(rc.r, shard["shard_id"], rc.kinds[-1])
     stale: QuarantinedJob | None = None  # a sweep whose close is taken for gone: may be replaced
     repeated = repeats or []
     for _ in range(CLAIM_TRIES):
-        settled = _settle_once(cfg, layout, r, shard, kinds, already_failed, engines, so, repeated, stale)
+        settled = _settle_once(rc, shard, repeated, stale)
         if isinstance(settled, Settled):
             return settled
-        stale = await_sweep(uri, settled.doc, so) if isinstance(settled, Sweeping) else None
+        stale = await_sweep(uri, settled.doc, rc.so) if isinstance(settled, Sweeping) else None
     raise StorageError(
-        f"round {r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
+        f"round {rc.r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
         "differently; run only one close of the round at a time, then re-run it"
     )
 
 
 def _settle_once(
-    cfg: RunConfig,
-    layout: RunLayout,
-    r: int,
-    shard: ShardDescriptor,
-    kinds: tuple[JobKind, ...],
-    already_failed: set[str],
-    engines: dict[str, dict[str, Any] | None],
-    so: StorageOptions | None,
-    repeats: list[Repeat],
-    stale: QuarantinedJob | None,
+    rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat], stale: QuarantinedJob | None
 ) -> Settled | Sweeping | None:
     """One try of :func:`settle_shard`; ``None`` when another close changed the decision while this one
     made its own (settled again then, from what that close decided); :class:`Sweeping` when another
     close's quarantine is still sweeping (but ``stale``, one taken for gone)."""
+    cfg, layout, r, kinds, so = rc.cfg, rc.layout, rc.r, rc.kinds, rc.so
     sid = shard["shard_id"]
     acct = kinds[-1]
     final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
     accepted_uri = layout.accepted(r, sid, acct)
     checked: list[Checked] = []
     for kind in kinds:
-        checked.append(_check_job(cfg, layout, r, shard, kind, engines.get(kind), so))
+        checked.append(_check_job(rc, shard, kind))
         if checked[-1].problem is not None:
             break
     last = checked[-1]
@@ -152,7 +156,7 @@ def _settle_once(
             for kind in kinds:  # other copies' attempts: never promoted
                 files.remove_tree(layout.staged_job(r, sid, kind), so)
             # quarantined by an earlier close (or by one during this one); its job has finished since
-            if f"{sid}.json" in already_failed or replaces_quarantine:
+            if f"{sid}.json" in rc.already_failed or replaces_quarantine:
                 files.remove(join(layout.failed(r), f"{sid}.json"), so)
                 log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
             return Settled(shard, [*jobs, stood], dict(stood.counts), accepted=stood)
@@ -160,23 +164,16 @@ def _settle_once(
     return quarantine_shard(layout, r, shard, kinds, checked, problem, rerun, seen, final, so)
 
 
-def _check_job(
-    cfg: RunConfig,
-    layout: RunLayout,
-    r: int,
-    shard: ShardDescriptor,
-    kind: JobKind,
-    engine: dict[str, Any] | None,
-    so: StorageOptions | None,
-) -> Checked:
+def _check_job(rc: RoundClose, shard: ShardDescriptor, kind: JobKind) -> Checked:
     """One job's accepted doc and manifest, each checked against the current settings."""
+    layout, r, so = rc.layout, rc.r, rc.so
     sid = shard["shard_id"]
     manifest_uri = layout.job_manifest(r, sid, kind)
     m = read_job_manifest(manifest_uri, so)
     seen = read_accepted(layout.accepted(r, sid, kind), so)
     prior = seen if isinstance(seen, AcceptedJob) else None
-    x = Checked(kind, m, seen, manifest_current=_current(cfg, layout, r, shard, kind, m, engine, so))
-    if _current(cfg, layout, r, shard, kind, prior, engine, so):
+    x = Checked(kind, m, seen, manifest_current=_current(rc, shard, kind, m))
+    if _current(rc, shard, kind, prior):
         x.doc = prior
     elif x.manifest_current:
         x.doc = m
@@ -190,29 +187,21 @@ def _check_job(
     return x
 
 
-def _current(
-    cfg: RunConfig,
-    layout: RunLayout,
-    r: int,
-    shard: ShardDescriptor,
-    kind: JobKind,
-    doc: Figures | None,
-    engine: dict[str, Any] | None,
-    so: StorageOptions | None,
-) -> bool:
+def _current(rc: RoundClose, shard: ShardDescriptor, kind: JobKind, doc: Figures | None) -> bool:
     """Whether ``doc`` (a manifest or an accepted doc) is the job the current settings ask for: its job
     id and fingerprint recomputed from its input's version. A judge's input is the inferred file its
     doc names, when that is this shard's (see :func:`_judge_read`)."""
     if doc is None:
         return False
+    cfg, r, engine = rc.cfg, rc.r, rc.engines.get(kind)
     src = shard
     if kind == "judge":
-        read = _judge_read(layout, r, shard["shard_id"], doc)
+        read = _judge_read(rc.layout, r, shard["shard_id"], doc)
         if read is None:
             return False
         src = {**inferred_shard(cfg, r, shard), "uri": read}
     spec = job_spec(cfg, kind, r, src)
-    info = input_info(spec.input, so)
+    info = input_info(spec.input, rc.so)
     if info is None and kind == "judge" and isinstance(doc, AcceptedJob):
         info = doc.input_info  # the infer attempt it read, moved to inferred/ since
     if info is None:
