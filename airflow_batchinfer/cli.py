@@ -85,14 +85,18 @@ def _cmd_recompact(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from airflow_batchinfer.settings import add_run_arguments, setting
-    from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
-    from airflow_batchinfer.worker.settings import add_worker_arguments
-
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``batchinfer`` parser; with ``command="worker"``, that command's alone: a worker's start
+    (``worker serve``) then imports none of the run's settings, the pools or the Kubernetes commands."""
     parser = argparse.ArgumentParser(prog="batchinfer", description="LLM batch inference at scale.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    if command == "worker":
+        _worker_parser(sub)
+        return parser
+
+    from airflow_batchinfer.settings import add_run_arguments, setting
+    from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 
     def common(p: argparse.ArgumentParser) -> None:
         rps = setting("records_per_shard")
@@ -142,12 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=4, help="parallel writers (default 4)")
     p.set_defaults(func=_cmd_recompact)
 
-    worker = sub.add_parser("worker", help="the warm worker process").add_subparsers(
-        dest="worker_command", required=True
-    )
-    p = worker.add_parser("serve", help="serve shard jobs over HTTP (model loaded once)")
-    add_worker_arguments(p)  # each flag also reads BATCHINFER_WORKER_<FLAG> (containers)
-    p.set_defaults(func=_cmd_worker_serve)
+    _worker_parser(sub)
 
     pool = sub.add_parser(
         "pool", help="a warm worker pool: local processes or a Kubernetes Deployment"
@@ -236,15 +235,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
 
-    p = sub.add_parser("plan", help="size a run before spending: shards, waves, wall time, GPU-hours, pool")
+    p = sub.add_parser("plan", help="size a run before spending: shards, lanes, wall, tail, GPU-hours, pool")
     _plan_args(p)
     p.set_defaults(func=_cmd_plan)
     return parser
 
 
+def _worker_parser(sub: Any) -> None:
+    """``batchinfer worker serve``, with the flags of :mod:`airflow_batchinfer.worker.settings`."""
+    from airflow_batchinfer.worker.settings import add_worker_arguments
+
+    worker = sub.add_parser("worker", help="the warm worker process").add_subparsers(
+        dest="worker_command", required=True
+    )
+    p = worker.add_parser("serve", help="serve shard jobs over HTTP (model loaded once)")
+    add_worker_arguments(p)  # each flag also reads BATCHINFER_WORKER_<FLAG> (containers)
+    p.set_defaults(func=_cmd_worker_serve)
+
+
 def _plan_args(p: argparse.ArgumentParser) -> None:
     from airflow_batchinfer.settings import setting
-    from airflow_batchinfer.sizing import DEFAULT_MAX_MAP_LENGTH, DEFAULT_TOKENS_PER_RECORD
+    from airflow_batchinfer.sizing import (
+        DEFAULT_MAX_JOB_S,
+        DEFAULT_MAX_MAP_LENGTH,
+        DEFAULT_STRAGGLER,
+        DEFAULT_TOKENS_PER_RECORD,
+    )
 
     p.add_argument("--records", type=int, required=True, help="records in the dataset")
     p.add_argument("--gpus", type=int, required=True, help="workers, one GPU each (the pool's replicas)")
@@ -269,13 +285,39 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
         "--records-per-shard",
         type=int,
         default=None,
-        help="assess this shard size (default: choose the best: a whole number of full waves)",
+        help="assess this shard size (default: choose it: jobs of at most --max-job-s)",
+    )
+    p.add_argument(
+        "--max-job-s",
+        type=float,
+        default=DEFAULT_MAX_JOB_S,
+        help="the longest shard job the chosen size allows, its GPU running --concurrency jobs "
+        f"(default {DEFAULT_MAX_JOB_S:.0f})",
+    )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=0,
+        help="the run setting lanes: tasks a round maps, each taking the next shard (default 0: a slot each)",
+    )
+    chunk = setting("chunk_size").default
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=chunk,
+        help=f"records a job commits at a time: what a lost worker redoes per job (default {chunk})",
+    )
+    p.add_argument(
+        "--straggler",
+        type=float,
+        default=DEFAULT_STRAGGLER,
+        help=f"how many times slower the slowest GPU is (default {DEFAULT_STRAGGLER}; 1: none)",
     )
     p.add_argument(
         "--max-map-length",
         type=int,
         default=DEFAULT_MAX_MAP_LENGTH,
-        help="Airflow's [core] max_map_length: the most shards a round maps "
+        help="Airflow's [core] max_map_length: the most lanes a round maps "
         f"(default {DEFAULT_MAX_MAP_LENGTH})",
     )
     p.add_argument(
@@ -291,7 +333,8 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
         "--execution-timeout-hours",
         type=float,
         default=12.0,
-        help="a shard task's execution_timeout; longer jobs get a note (default 12)",
+        help="the DAG's execution_timeout, each shard job's bound; longer jobs and lanes get a note "
+        "(default 12)",
     )
     p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
@@ -307,6 +350,10 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
         concurrency=args.concurrency,
         tokens_per_record=args.tokens_per_record,
         max_map_length=args.max_map_length,
+        lanes=args.lanes,
+        chunk_size=args.chunk_size,
+        max_job_s=args.max_job_s,
+        straggler=args.straggler,
         records_per_shard=args.records_per_shard,
         approval_rate=args.approval_rate,
         max_rounds=args.max_rounds,
@@ -559,7 +606,9 @@ def _cmd_worker_serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Every worker starts with `worker serve`: its parser alone, without the imports of the others'.
+    args = build_parser("worker" if argv[:1] == ["worker"] else None).parse_args(argv)
     try:
         summary = args.func(args)
     except (BatchInferError, FileNotFoundError, ValueError) as exc:

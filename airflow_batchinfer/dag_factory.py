@@ -4,19 +4,27 @@
 
     shard ──────┐                                                        ┌─ report
                 ├─ round_00 ─ round_01 ─ … ─ tail ─┤
-    pool_setup ─┘  (plan → infer_judge[] → close)      (plan → in_place[] → close) └─ pool_teardown
+    pool_setup ─┘  (plan → lanes[] → close)       (plan → lanes[] → close) └─ pool_teardown
 
 The first round's plan runs the pre-flight (a sample through the pool, the projection against
 ``budget_gpu_hours``) before its fan-out.
 
-Each round runs one mapped ``infer_judge`` task per shard: the shard is inferred and judged in one job
-on the run's pool, so a shard's approved and rejected rows exist as soon as its own job ends. With
-``judge_airflow_pool``, the judge has its own warm pool and model (params ``judge_pool``,
+Each round maps one task per *lane* (:class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`;
+the run setting ``lanes``, 0: one per pool slot, ``replicas × concurrency``), not per shard: a lane
+runs one shard at a time (inferred and judged in one job on the run's pool; the tail's in-place job)
+and takes the next unclaimed shard until none is left, so a round may hold many more shards than
+``[core] max_map_length`` and Airflow sees at most ``lanes`` tasks. Lanes run on the triggerer (with
+an ``aws_conn_id``: in their tasks). Each shard's state is in the lane documents
+(``round-NN/lanes/``), the lanes' logs, the report and the desk.
+
+With ``judge_airflow_pool``, the judge has its own warm pool and model (params ``judge_pool``,
 ``judge_model`` …) and a round maps a task group per shard instead, ``shard.infer → shard.judge``: a
-shard's judge starts when its own infer ends, and each Airflow pool bounds its own pool's jobs.
+shard's judge starts when its own infer ends, and each Airflow pool bounds its own pool's jobs. Such a
+DAG maps per shard in every slot (its tail maps ``in_place`` per shard), so a round holds at most
+``[core] max_map_length`` shards there.
 
 Every run setting is a DAG param with a JSON schema, so the trigger form in the UI asks for them.
-Mapped shard tasks run in the Airflow pool ``airflow_pool``; create it with
+Lane and shard tasks run in the Airflow pool ``airflow_pool``; create it with
 ``slots = replicas × concurrency`` and ``include_deferred=True`` (see the README).
 """
 
@@ -30,6 +38,7 @@ from airflow.sdk import DAG, Asset, TaskGroup, task_group
 
 from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.limits import TriggerLimits, implied_by
+from airflow_batchinfer.operators.lanes import ShardLaneOperator
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import RunReportOperator
 from airflow_batchinfer.operators.rounds import (
@@ -39,7 +48,6 @@ from airflow_batchinfer.operators.rounds import (
 )
 from airflow_batchinfer.operators.shard import ShardDatasetOperator
 from airflow_batchinfer.operators.shard_jobs import (
-    InferJudgeShardOperator,
     InferShardOperator,
     InPlaceRetryShardOperator,
     JudgeShardOperator,
@@ -142,18 +150,21 @@ def build_batch_inference_dag(
     """Build the pipeline DAG.
 
     :param max_rounds: round slots built into the DAG (the ``max_rounds`` param may use fewer).
-    :param airflow_pool: the Airflow pool bounding in-flight shard jobs.
+    :param airflow_pool: the Airflow pool bounding in-flight lanes (and shard tasks of a judge pool).
     :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form. An
         unknown name is refused (``ValueError``), as is a ``judge_*`` param without ``judge_airflow_pool``.
-    :param retries: Airflow retries of each shard job before its shard is quarantined.
+    :param retries: Airflow retries of each lane (a retry takes its unfinished shard back) or shard
+        task, before the shards it left are quarantined. A failing shard job is retried
+        ``job_retries`` times (a run setting) within its lane.
     :param retry_delay: between those retries.
-    :param execution_timeout: per shard job try; it holds while the task is deferred.
+    :param execution_timeout: per shard job try (a lane's job past it is cancelled and counts as
+        failed; a judge-pool DAG's shard task fails); it holds while a task is deferred.
     :param aws_conn_id: the AWS connection for ``s3://`` input and run roots on the Airflow side.
     :param assigned_users: who may answer the review gates (default: anyone allowed to).
     :param response_timeout: how long a review gate waits; unanswered means ``Stop``.
     :param notifiers: notifiers of the review gates.
     :param pool_setup: add the pool setup/teardown tasks (local pools start; others are waited for).
-    :param poll_interval_s: how often a deferred shard task's trigger asks its worker.
+    :param poll_interval_s: how often a lane (or a deferred shard task's trigger) asks its worker.
     :param limits: what people who trigger the DAG may choose beyond its ``defaults`` (which are
         allowed as written): storage prefixes, pools, images, Secrets, judge callables, maxima. The
         deployment's ``[batchinfer]`` config section and the pool connection widen them further; a
@@ -197,7 +208,14 @@ def build_batch_inference_dag(
         config["run_root"] = RUN_ROOT
         if judge_airflow_pool:
             config["judge_pool"] = _p("judge_pool")
-        shard = ShardDatasetOperator(task_id="shard", config=config, aws_conn_id=aws_conn_id, limits=trusted)
+        per_shard_dag = judge_airflow_pool is not None  # else lanes: no bound on the shards per round
+        shard = ShardDatasetOperator(
+            task_id="shard",
+            config=config,
+            aws_conn_id=aws_conn_id,
+            limits=trusted,
+            maps_per_shard=per_shard_dag,
+        )
         setups: list[Any] = []
         if pool_setup:
             pools = [("pool_setup", "")] + ([("judge_pool_setup", "judge_")] if judge_airflow_pool else [])
@@ -221,6 +239,8 @@ def build_batch_inference_dag(
                 setups.append(setup)
         upstream: Any = [shard, *setups]
         judge_args = {**job_args, "worker_pool": _p("judge_pool"), "pool": judge_airflow_pool}
+        # A lane lasts as long as its round: execution_timeout bounds each of its shard jobs instead.
+        lane_args = {**job_args, "execution_timeout": None, "job_timeout": execution_timeout}
 
         @task_group(group_id="shard")
         def per_shard(shard: Any) -> None:
@@ -238,16 +258,16 @@ def build_batch_inference_dag(
                     worker_pool=_p("worker_pool"),
                     preflight=slot == first,
                     limits=trusted,
+                    map_lanes=not per_shard_dag,
+                    slots="{{ params.replicas * params.concurrency }}",
                     **common,
                     **review_args,
                 )
                 jobs: Any
-                if slot == TAIL:
+                if not per_shard_dag:
+                    jobs = ShardLaneOperator.partial(task_id="lanes", **lane_args).expand(lane=plan.output)
+                elif slot == TAIL:
                     jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
-                        shard=plan.output
-                    )
-                elif judge_airflow_pool is None:
-                    jobs = InferJudgeShardOperator.partial(task_id="infer_judge", **job_args).expand(
                         shard=plan.output
                     )
                 else:

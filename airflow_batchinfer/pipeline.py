@@ -1,8 +1,9 @@
 """``batchinfer run``: the whole round pipeline on a worker pool, without Airflow.
 
 The same steps the DAG runs, in one process: shard, then per round slot propose a plan, run its
-jobs (infer_judge, infer → judge on the judge's own pool, or in place), close the round; then the
-report. The decisions and files are
+jobs (infer_judge, infer → judge on the judge's own pool, or in place) by lanes
+(:mod:`airflow_batchinfer.run.lanes`: one per pool slot unless ``lanes`` says, each taking the next
+unclaimed shard), close the round; then the report. The decisions and files are
 those of :mod:`airflow_batchinfer.run`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
 page); here ``review`` must be ``never``, and a person may not judge (``{"type": "human"}``,
@@ -15,34 +16,39 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from airflow_batchinfer.exceptions import ConfigError, JobFailed
+from airflow_batchinfer.exceptions import ConfigError, RpcError, WorkerUnavailable
 from airflow_batchinfer.report import build_report
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import Plan, slots, write_plan
-from airflow_batchinfer.run.jobs import job_spec, judge_input, record_job_error, round_kinds
+from airflow_batchinfer.run.docs.lanes import LaneShard
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
-from airflow_batchinfer.storage import ShardDescriptor
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
 
 
-async def _run_job(pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> bool:
-    """Run one shard's job; a failing job is retried ``job_retries`` times, then left for
-    ``close_round`` to quarantine. Returns whether it finished."""
-    spec = job_spec(cfg, kind, r, shard)
-    for _ in range(cfg.job_retries + 1):
+async def pool_slots(pool: PoolClient) -> int:
+    """The pool's job slots: the sum of its answering workers' ``slots_total`` (``/v1/stats``, each
+    worker's ``--concurrency``); asked once per round, since a pool may grow or shrink between."""
+    await pool.refresh()
+    total = 0
+    for client in pool.clients.values():
         try:
-            await pool.run(spec)
-        except JobFailed as exc:
-            await asyncio.to_thread(record_job_error, cfg, r, shard["shard_id"], kind, str(exc), None)
-            continue
-        return True
-    return False
+            total += (await client.stats()).slots_total
+        except RpcError:
+            continue  # a worker that does not answer now takes no job now
+    if total < 1:
+        raise WorkerUnavailable(
+            f"no worker of the pool answers /v1/stats ({', '.join(pool.clients) or 'no workers'}): "
+            "start the pool (batchinfer pool up) or check its workers, or set --lanes"
+        )
+    return total
 
 
 async def _run_round(
@@ -51,25 +57,32 @@ async def _run_round(
     plan: Plan,
     progress: Progress | None,
 ) -> None:
-    """Every shard's jobs (:func:`~airflow_batchinfer.run.jobs.round_kinds`), shard by shard: a shard's
-    judge (on the judge's own pool) starts as soon as its own inference ends."""
-    kinds = round_kinds(cfg, plan.mode)
+    """The round's shards by :func:`~airflow_batchinfer.run.lanes.lane_count` lanes
+    (:func:`~airflow_batchinfer.run.lanes.run_lane`), as the DAG's lane tasks run them: each lane
+    takes the next unclaimed shard until none is left, so at most ``lanes`` shard jobs are in flight
+    and a shard's judge (on the judge's own pool) starts as soon as its own inference ends."""
+    if not plan.shards:
+        return
+    run_cfg = plan.effective_config(cfg)
+    requested = run_cfg.lanes
+    slots_ = requested or await pool_slots(pools["infer"])  # lanes=0: one per slot of the run's pool
+    count = lane_count(requested, slots_, len(plan.shards))
     done_records = 0
-    phase = f"round {plan.round} {'+'.join(kinds)}"
+    phase = f"round {plan.round} {'+'.join(round_kinds(run_cfg, plan.mode))}"
 
-    async def one(shard: ShardDescriptor) -> None:
+    def on_shard(entry: LaneShard) -> None:
         nonlocal done_records
-        for kind in kinds:
-            job_input = (
-                await asyncio.to_thread(judge_input, cfg, plan.round, shard) if kind == "judge" else shard
-            )  # the infer attempt its manifest names (a late copy's is never read)
-            if not await _run_job(pools[kind], cfg, kind, plan.round, job_input):
-                return
-        done_records += shard["records"]
-        if progress:
-            progress(phase, done_records, plan.records)
+        if entry.state == "done":  # a failed shard is quarantined by the close, not counted done
+            done_records += entry.records
+            if progress:
+                progress(phase, done_records, plan.records)
 
-    await asyncio.gather(*(one(s) for s in plan.shards))
+    await asyncio.gather(
+        *(
+            run_lane(Lane(plan.slot, plan.round, i, count), run_cfg, plan, pools, on_shard=on_shard)
+            for i in range(count)
+        )
+    )
 
 
 async def run_pipeline(
@@ -103,8 +116,11 @@ async def run_pipeline(
             plan.engine = await pool.engine()
             if judge_pool is not None:
                 plan.judge_engine = await judge_pool.engine()
-        await asyncio.to_thread(write_plan, RunLayout(cfg.run_root), plan)
+        layout = RunLayout(cfg.run_root)
+        await asyncio.to_thread(write_plan, layout, plan)
         if plan.mode != "skip":
+            # a re-proposed round's lanes start from its new shard list, not the last attempt's claims
+            await asyncio.to_thread(clear_claims, layout, plan.round)
             await _run_round(pools, cfg, plan, progress)
         await asyncio.to_thread(close_round, cfg, plan)
     return await asyncio.to_thread(build_report, cfg)

@@ -67,7 +67,9 @@ def _sizing(
     approval: float,
     max_map_length: int,
 ) -> dict[str, Any]:
-    """The sizing plan for the whole run from the measured rates, or ``{"error": why}``."""
+    """The sizing plan for the whole run from the measured rates, or ``{"error": why}``: the run's
+    shard size, lanes (the run setting; 0 or none: one per pool slot) and ``chunk_size`` (what a lost
+    worker redoes per job), the default straggler (the plan errs long)."""
     if concurrency is None:
         return {"error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"}
     try:
@@ -78,6 +80,8 @@ def _sizing(
             concurrency=concurrency,
             tokens_per_record=tokens_per_record,
             max_map_length=max_map_length,
+            lanes=cfg.lanes,
+            chunk_size=cfg.chunk_size,
             records_per_shard=cfg.records_per_shard,
             approval_rate=approval,
             max_rounds=cfg.max_rounds,
@@ -137,9 +141,10 @@ def run_preflight(
 
     The summary's ``"sizing"`` is :func:`airflow_batchinfer.sizing.plan_run` for the whole dataset
     from the measured tokens/s (as one GPU's) and tokens per record, the measured approval rate, the
-    ``len(urls)`` workers and the run's ``records_per_shard``, retry settings and ``max_map_length``
-    (Airflow's ``[core] max_map_length``); ``projected_wall_s`` and ``projected_gpu_hours`` are its
-    totals. ``concurrency``: jobs per worker (default: the workers' ``slots_total``, the fewest).
+    ``len(urls)`` workers and the run's ``records_per_shard``, ``lanes``, ``chunk_size``, retry
+    settings and ``max_map_length`` (Airflow's ``[core] max_map_length``, the most lanes a round
+    maps); ``projected_wall_s`` and ``projected_gpu_hours`` are its totals (the lane shape, with the
+    default straggler). ``concurrency``: jobs per worker (default: the workers' ``slots_total``, the fewest).
     ``transport``: for tests (an in-process worker).
     """
     workers = len(urls)
@@ -196,7 +201,7 @@ def run_preflight(
     tokens_per_record = tokens / n if n else 0.0
     plan = _sizing(cfg, total, workers, job_slots, tokens_per_s, tokens_per_record, approval, max_map_length)
     if "error" not in plan:
-        wall_s = plan["wall_s"]  # waves and tail idle included
+        wall_s = plan["wall_s"]  # the lanes' tail and the straggler included
     summary = {
         "sample_records": n,
         "dataset_records": total,
@@ -209,7 +214,8 @@ def run_preflight(
         "budget_gpu_hours": cfg.budget_gpu_hours,
         "sample_wall_s": round(wall, 3),
         "note": "measured on one job on one worker; the sizing spreads it over the workers' shard jobs "
-        "in waves (a GPU's tokens/s shared by its jobs). A full pool batches more per step: it errs long",
+        "on the run's lanes (a GPU's tokens/s shared by its jobs, the slowest GPU 1.5x slower). A full "
+        "pool batches more per step: it errs long",
         "sizing": plan,
     }
     write_doc(join(layout.preflight, "summary.json"), summary, so)

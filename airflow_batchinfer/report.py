@@ -1,5 +1,8 @@
 """The run report: ``report/summary.json``, ``report/report.md`` and SVG plots, from the files the
-rounds left in storage (plans, summaries, job manifests), plus the whole-run id check."""
+rounds left in storage (plans, summaries, job manifests, lane documents), plus the whole-run id
+check. A round run by lanes (one Airflow task per lane, not per shard) reports each of its shards'
+states and each lane's figures (``shard_status``:
+:class:`~airflow_batchinfer.run.docs.shard_status.RoundShards`)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from airflow_batchinfer.run.docs import (
     slots,
     write_doc,
 )
+from airflow_batchinfer.run.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import (
     ACCEPTED_BY_REVIEW,
@@ -86,6 +90,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     if failed and len(failed) > cfg.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
     reviews = _reviews(layout, plans, so)
+    shard_status = shard_figures(layout, ran, summaries, so)
     report = {
         "run_root": cfg.run_root,
         "strategy": cfg.strategy,
@@ -108,6 +113,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "exhausted_in_place": exhausted,
         "failed_shards": [f.to_json() for f in failed],
         "max_failed_shards": cfg.max_failed_shards,
+        # per round run by lanes: its shards by state, per lane, the failed ones (none: before lanes)
+        "shard_status": [f.to_json() for f in shard_status],
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
         "workers": _per_worker(rounds),
         "invariant": invariant,
@@ -117,6 +124,21 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     for name, svg in plots(report).items():
         write_bytes(resolve(join(layout.report, name), so), svg)
     return report
+
+
+def shard_figures(
+    layout: RunLayout, ran: list[Plan], summaries: dict[str, Summary | None], so: StorageOptions | None
+) -> list[RoundShards]:
+    """The shard figures of each round that ``ran`` by lanes (a round run one task per shard, before
+    lanes, has none); a closed round's quarantine records come from its summary."""
+    out = []
+    for plan in ran:
+        summary = summaries.get(plan.slot)
+        failed = None if summary is None else summary.failed_shards
+        status = round_status(layout, plan, so, failed=failed)
+        if status.tracked:
+            out.append(status.figures())
+    return out
 
 
 def _pending_uri(layout: RunLayout, r: int, so: StorageOptions | None) -> str:
@@ -302,12 +324,19 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{s.get('rejected', s.get('exhausted', 0))} | {rate} | {len(s['failed_shards'])} | "
             f"{s['job_seconds']} |"
         )
+    by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
+    if by_lanes:
+        lines += ["", "## Shards by lane"]
+        for rs in by_lanes:
+            lines += ["", *shard_lines(rs)]
     if report["failed_shards"]:
+        # the lane that ran each (a round run by lanes), as "Shards by lane" lists them
+        lane_of = {(rs.round, f.shard_id): f.lane for rs in by_lanes for f in rs.failed}
         lines += ["", "## Quarantined shards", ""]
-        lines += [
-            f"- round {f['round']} `{f['shard_id']}` ({f['phase']}): {f['error']}"
-            for f in report["failed_shards"]
-        ]
+        for f in report["failed_shards"]:
+            lane = lane_of.get((f["round"], f["shard_id"]))
+            by = "" if lane is None else f", lane {lane}"
+            lines.append(f"- round {f['round']} `{f['shard_id']}` ({f['phase']}{by}): {f['error']}")
     if report.get("reviews"):
         head = "| round reviewed | decisions | accepted | retried | dropped |"
         lines += ["", "## Review decisions", "", head, "| --- | --- | --- | --- | --- |"]
@@ -327,6 +356,70 @@ def render_markdown(report: dict[str, Any]) -> str:
         "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time).",
     ]
     return "\n".join(lines) + "\n"
+
+
+MAX_LANE_ROWS = 16  # lanes a round's table lists in full; more: a summary line and the slowest
+SLOWEST = 10  # the slowest lanes listed past MAX_LANE_ROWS
+MAX_FAILED_LINES = 20  # failed shards a round lists in report.md (all are in summary.json's lists)
+
+
+def shard_summary(rs: RoundShards) -> str:
+    """One line of a round's shards: how many, by how many lanes, by state (the report operator
+    logs it too)."""
+    c = rs.counts
+    return (
+        f"round {rs.round} ({rs.slot}): {rs.shards} shards ({rs.records} records) by {rs.lanes} lanes: "
+        f"{c['done']} done, {c['failed']} failed, {c['unfinished']} unfinished, "
+        f"{c['unclaimed']} never claimed; {rs.busy_s:.1f} lane-seconds busy"
+    )
+
+
+def shard_lines(rs: RoundShards) -> list[str]:
+    """A round's shards in report.md: the counts, a table of its lanes (past
+    :data:`MAX_LANE_ROWS` lanes: how shards and busy time spread over them, and the
+    :data:`SLOWEST` busiest), and its failed shards with their lane, error and quarantine record."""
+    lines = [f"### Round {rs.round}", "", f"- {shard_summary(rs)}"]
+    lanes = rs.lane_figures
+    if len(lanes) > MAX_LANE_ROWS:
+        spread = rs.spread()
+        shards, busy = spread["shards"], spread["busy_s"]
+        lines.append(
+            f"- {len(lanes)} lanes: shards per lane {shards[0]:g} to {shards[2]:g} (median {shards[1]:g}); "
+            f"busy s per lane {busy[0]:.1f} to {busy[2]:.1f} (median {busy[1]:.1f}); "
+            f"{sum(1 for f in lanes if not f.finished)} not finished. The {SLOWEST} busiest:"
+        )
+        lanes = sorted(lanes, key=lambda f: (-f.busy_s, f.lane))[:SLOWEST]
+    lines += [
+        "",
+        "| lane | shards | done | failed | unfinished | records | busy s | finished |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    lines += [
+        f"| {f.lane} | {f.shards} | {f.done} | {f.failed} | {f.unfinished} | {f.records} | "
+        f"{f.busy_s:.1f} | {'yes' if f.finished else 'no'} |"
+        for f in lanes
+    ]
+    if rs.failed_count:
+        lines += ["", f"Failed shards of round {rs.round} ({rs.failed_count}):", ""]
+        for f in rs.failed[:MAX_FAILED_LINES]:
+            lane = "never claimed" if f.lane is None else f"lane {f.lane}"
+            where = f"quarantine record `{f.quarantine}`" if f.quarantine else "not quarantined yet"
+            lines.append(f"- `{f.shard_id}` ({lane}; {where}): {_one_line(f.error)}")
+        if rs.failed_count > MAX_FAILED_LINES:
+            lines.append(
+                f"- … and {rs.failed_count - MAX_FAILED_LINES} more: `summary.json` lists "
+                f"{len(rs.failed)}, `round-{rs.round:02d}/failed/` holds every quarantine record"
+            )
+    if rs.unfinished:
+        more = f" (first {len(rs.unfinished)})" if len(rs.unfinished) < rs.counts["unfinished"] else ""
+        lines += ["", f"Unfinished shards{more}: " + ", ".join(f"`{s}`" for s in rs.unfinished)]
+    return lines
+
+
+def _one_line(text: str | None, width: int = 300) -> str:
+    """An error in a markdown list item: one line, cut to ``width`` characters."""
+    flat = " ".join((text or "no error recorded").split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
 _PANEL = (420, 300)  # one chart's width and height, in pixels; a plot file holds two side by side

@@ -314,6 +314,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # shards
     _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each", minimum=1,
          flag="--records-per-shard"),
+    _run("lanes", "integer", 0, "shard jobs a round runs at once, each lane taking the next unclaimed shard; "
+         "0: one per pool slot (replicas × concurrency)", minimum=0, flag="--lanes"),
     _run("chunk_size", "integer", 500, "records a job holds per step", minimum=1, flag="--chunk-size"),
     _run("id_field", "string", None, "the records' unique id field; empty: detected (id, or custom_id in "
          "OpenAI batch input)", nullable=True, min_length=1, flag="--id-field", metavar="FIELD"),

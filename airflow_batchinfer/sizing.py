@@ -1,46 +1,68 @@
-"""Sizing before spending: shards, waves, wall time, GPU-hours and the Airflow pool for a run, from
-the record count, the GPUs and their measured tokens/s. Pure arithmetic (no Airflow, no I/O): what
-``batchinfer plan`` prints and what the pre-flight adds to its summary under ``"sizing"``.
+"""Sizing before spending: shards, lanes, wall time, the tail, GPU-hours, the work a lost worker costs
+and the Airflow pool for a run, from the record count, the GPUs and their measured tokens/s. Pure
+arithmetic (no Airflow, no I/O): what ``batchinfer plan`` prints and what the pre-flight adds to its
+summary under ``"sizing"``.
 
-**The model.** ``gpus`` workers (one GPU each) run ``concurrency`` shard jobs at a time, so the Airflow
+**The pool.** ``gpus`` workers (one GPU each) run ``concurrency`` shard jobs at a time, so the Airflow
 pool has ``slots = gpus × concurrency`` (``include_deferred=True``). The GPU, not the slot, is the
 bottleneck: a GPU turns out ``tokens_per_s`` tokens a second, shared evenly by the jobs it runs (one
-token batcher per worker), and a record costs ``tokens_per_record`` tokens per pass. A round maps one
-task per shard (its *map length*, at most Airflow's ``[core] max_map_length``). Shards hold
-``records_per_shard`` records, the last one the rest. With ``S`` shards on ``P`` slots the jobs run in
-``ceil(S / P)`` *waves*: Airflow starts ``P`` jobs, the pool places ``concurrency`` on each GPU, and
-equal shards sharing a GPU end together, so every full wave takes ``concurrency × records_per_shard ×
-tokens_per_record / tokens_per_s``. The last wave's ``L`` shards go to the GPUs round-robin (a submit
-goes to the least-loaded worker); a GPU with fewer jobs runs them faster, so it is busy for exactly its
-own jobs' work and **idles only once it has no job left**. The wave ends with the busiest GPU; the other
-GPUs' wait until then is the *tail idle* (GPU-seconds paid for with no job to run). A round's
-GPU-hours are ``gpus × wall`` (the GPUs are held for the round), busy work plus tail idle.
+token batcher per worker), and a record costs ``tokens_per_record`` tokens a pass. A GPU with fewer
+jobs runs each faster, so it is busy for exactly its jobs' work and idles only once it has none.
+The slowest GPU is ``straggler`` times slower than the others (1.5: one GPU at two thirds of the
+rate; 1.0: none): the plan is for the pool you have, not the one on the data sheet.
+
+**The shape (lanes).** A round maps one Airflow task per *lane* (``lanes``; 0: one per pool slot),
+never more than ``[core] max_map_length``: that bounds the lanes, not the shards. Each lane takes the
+next unclaimed shard when its current one ends, until none is left: list scheduling, which
+:func:`schedule` simulates shard by shard (a lane keeps the GPU it started on: its next submit goes
+to the slot it just freed). Shards are sized by a job-time target (:func:`choose_records_per_shard`:
+jobs of at most ``max_job_s`` with ``concurrency`` jobs on a GPU), so a lane that ends early takes
+more and the *tail* (the first lane out of work to the last lane's end) is about one shard job.
+
+**The shape before lanes**, side by side (:attr:`SizingPlan.per_shard`): one mapped task per shard,
+so at most ``max_map_length`` shards (the size :func:`choose_per_task_shard_size` picks: whole waves
+of the slots), the pool's slots taking the next task as one frees (the same simulation), and the
+straggler's big shards holding the round.
+
+**Work lost to one worker failure**: its ``concurrency`` jobs resume after their last committed
+chunk (``chunk_size`` records), so at most one chunk each is redone; before lanes a job had no
+segments and the whole shard was redone.
 
 **Rounds.** Round ``r`` re-runs the share the judge rejected: ``records × (1 - approval)^r`` records,
 recompacted into full shards of the same size (:func:`expected_passes`, the pre-flight's rule). In
 place (``strategy="in_place"``, and the tail of ``"hybrid"`` after ``max_rounds`` rounds) is one round
 whose jobs retry each record up to ``max_attempts`` times: ``sum((1 - approval)^k)`` passes a record.
 
-**What it leaves out**: Airflow's own seconds per task (shards should take minutes), the model load,
-storage reads and writes, and the judge's own time unless ``tokens_per_record`` includes it (an LLM judge
-on the same pool runs over the same shards, so its tokens simply add to the record's). Measured
-tokens/s from one job (the pre-flight) under-states a GPU fed by ``concurrency`` jobs: the plan errs
-long.
+**What it leaves out**: the seconds a lane spends between shards (a claim, its document, the job's
+start: why shards have a floor, :data:`MIN_JOB_S`), the model load, storage reads and writes, and the
+judge's own time unless ``tokens_per_record`` includes it (an LLM judge on the same pool runs over the
+same shards, so its tokens simply add to the record's). Measured tokens/s from one job (the
+pre-flight) under-states a GPU fed by ``concurrency`` jobs: the plan errs long.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.modes import STRATEGIES
 
+SIZING_VERSION = 2  # of SizingPlan.to_dict(); 2: lanes, the straggler, the per-shard shape, lost work
 DEFAULT_TOKENS_PER_RECORD = 400
 DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's [core] max_map_length default
-DEFAULT_EXECUTION_TIMEOUT_S = 12 * 3600.0  # build_batch_inference_dag(execution_timeout=...) default
-MIN_JOB_S = 60.0  # below this, Airflow's seconds per task are a real share of a shard's time
+DEFAULT_EXECUTION_TIMEOUT_S = 12 * 3600.0  # build_batch_inference_dag(execution_timeout=...): each job's
+DEFAULT_MAX_JOB_S = 3600.0  # shard jobs of at most an hour: a retried shard re-runs minutes, not a day
+DEFAULT_STRAGGLER = 1.5
+DEFAULT_CHUNK_SIZE = 2_000  # a job's commit unit when the run's settings are not at hand
+# The floor of a shard job: between two shards a lane claims one (a conditional write), updates its
+# document, submits the job and notices its end (a 2 s poll): ~2-3 s per shard in which its slot runs
+# nothing (the GPU's other jobs keep it busy meanwhile). At 60 s jobs that is at most ~5% of a slot.
+MIN_JOB_S = 60.0
 
 
 def expected_passes(
@@ -53,24 +75,116 @@ def expected_passes(
     return sum((1.0 - approval) ** k for k in range(tries))
 
 
+# ------------------------------------------------------------------------------------ the schedule
+@dataclass(frozen=True)
+class Schedule:
+    """What :func:`schedule` found (seconds from the round's start).
+
+    :ivar taken_by: the lane that ran each shard, in shard order.
+    :ivar lane_end: when each lane ran out of work (its last job's end).
+    :ivar gpu_busy_s: per GPU, how long it ran jobs (it idles only once its lanes have ended).
+    """
+
+    taken_by: tuple[int, ...]
+    lane_end: tuple[float, ...]
+    gpu_busy_s: tuple[float, ...]
+
+    @property
+    def wall_s(self) -> float:
+        return max(self.lane_end, default=0.0)
+
+    @property
+    def tail_s(self) -> float:
+        """From the first lane out of work to the last lane's end."""
+        return self.wall_s - min(self.lane_end, default=0.0)
+
+
+def schedule(work: Sequence[float], gpus: int, lanes: int, straggler: float = 1.0) -> Schedule:
+    """List scheduling of shards on lanes: lane ``i`` runs on GPU ``i % gpus`` (GPU 0 the straggler,
+    ``straggler`` times slower); at the start, and whenever lanes end a job at the same moment, they
+    take the next shards in lane order; a GPU's rate is shared evenly by its running jobs.
+    ``work``: each shard's GPU-seconds on a nominal GPU alone.
+
+    Each GPU keeps a *virtual time*, the work each of its jobs has done (it grows at ``rate / jobs``),
+    so a job ends when it reaches its start's plus its work: one heap event per finishing group, and
+    50,000 shards schedule in well under a second."""
+    lanes = min(lanes, len(work))
+    rate = [1.0 / straggler] + [1.0] * (gpus - 1)
+    vt = [0.0] * gpus  # work done by each job running on the GPU since t = 0
+    at = [0.0] * gpus  # when vt was last brought up to date
+    running = [0] * gpus
+    jobs: list[list[tuple[float, int]]] = [[] for _ in range(gpus)]  # (virtual end, lane)
+    events: list[tuple[float, int, int]] = []  # (real time of the GPU's next end, gpu, version)
+    version = [0] * gpus
+    taken_by = [0] * len(work)
+    lane_end = [0.0] * lanes
+    busy = [0.0] * gpus
+    nxt = 0
+
+    def take(lane: int, now: float) -> None:
+        nonlocal nxt
+        g = lane % gpus
+        if nxt < len(work):
+            taken_by[nxt] = lane
+            heapq.heappush(jobs[g], (vt[g] + work[nxt], lane))
+            nxt += 1
+        else:
+            running[g] -= 1
+            lane_end[lane] = now
+            busy[g] = now
+
+    def rearm(g: int) -> None:
+        version[g] += 1
+        if jobs[g]:
+            end = at[g] + (jobs[g][0][0] - vt[g]) * running[g] / rate[g]
+            heapq.heappush(events, (end, g, version[g]))
+
+    for lane in range(lanes):
+        running[lane % gpus] += 1
+        take(lane, 0.0)
+    for g in range(gpus):
+        rearm(g)
+    while events:
+        now = events[0][0]
+        free: list[int] = []
+        touched: list[int] = []
+        # every GPU with a job ending now (equal shards end together): their lanes take work in order
+        while events and events[0][0] <= now + 1e-9 * max(1.0, now):
+            _, g, v = heapq.heappop(events)
+            if v != version[g]:
+                continue
+            vt[g] = jobs[g][0][0]  # exactly: floating drift must not split a group of equal jobs
+            at[g] = now
+            while jobs[g] and jobs[g][0][0] <= vt[g] + 1e-9 * max(1.0, vt[g]):
+                free.append(heapq.heappop(jobs[g])[1])
+            touched.append(g)
+        for lane in sorted(free):
+            take(lane, now)
+        for g in touched:
+            rearm(g)
+    return Schedule(tuple(taken_by), tuple(lane_end), tuple(busy))
+
+
+# ------------------------------------------------------------------------------------ the documents
 @dataclass(frozen=True)
 class RoundPlan:
-    """One round of a :class:`SizingPlan` (times in seconds).
+    """One round of a shape (times in seconds, GPU-seconds on the GPUs as they are: the straggler's
+    work costs it ``straggler`` times more).
 
     :ivar round: 0 for the first pass; the in-place tail has the next number.
     :ivar mode: ``"rounds"`` (infer then judge, one pass a record) or ``"in_place"`` (retries inside
         the jobs: ``passes`` expected attempts a record).
     :ivar records: records entering the round (expected, from the approval rate).
-    :ivar shards: shards of the round; also its map length (one mapped task per shard per phase).
-    :ivar records_per_shard: the shard size (the last shard holds the rest).
-    :ivar waves: ``ceil(shards / slots)``; ``wave_fill`` is ``shards / slots`` (3.12 = 3 full waves and
-        one 12% full).
-    :ivar last_wave_shards: shards in the last wave; ``tail_empty_slots`` the slots it leaves empty.
-    :ivar job_s: the longest shard job (a full wave's, or the busiest GPU's in the last wave).
-    :ivar wall_s: the round's duration; ``gpu_hours`` the GPUs held for it (``gpus × wall_s``).
-    :ivar busy_gpu_s: GPU-seconds of work; ``tail_idle_gpu_s`` GPU-seconds without a job
-        (``tail_idle_fraction`` of the round's GPU time); ``tail_idle_s`` how long the last wave runs
-        after the first GPU ran out of jobs.
+    :ivar shards: shards of the round; ``records_per_shard`` their size (the last one the rest).
+    :ivar lanes: the tasks running shards at once: the round's lanes, or (one task per shard) the
+        pool's slots; ``mapped_tasks`` what Airflow maps (lanes, or one per shard).
+    :ivar shards_per_lane: ``shards / lanes``: jobs a lane (or slot) runs back to back.
+    :ivar job_s: one shard job with its GPU's share of jobs, on a nominal GPU; ``slowest_job_s`` on
+        the straggler.
+    :ivar wall_s: the round's duration (its longest lane); ``gpu_hours`` the GPUs held for it
+        (``gpus × wall_s``); ``busy_gpu_s`` GPU-seconds running jobs.
+    :ivar tail_s: from the first lane out of work to the last lane's end; ``tail_idle_gpu_s`` the
+        GPU-seconds held meanwhile without a job (``tail_idle_fraction`` of the round's GPU time).
     """
 
     round: int
@@ -79,23 +193,59 @@ class RoundPlan:
     passes: float
     shards: int
     records_per_shard: int
-    waves: int
-    wave_fill: float
-    last_wave_shards: int
-    tail_empty_slots: int
+    lanes: int
+    mapped_tasks: int
+    shards_per_lane: float
     job_s: float
+    slowest_job_s: float
     wall_s: float
     gpu_hours: float
     busy_gpu_s: float
-    tail_idle_s: float
+    tail_s: float
     tail_idle_gpu_s: float
     tail_idle_fraction: float
 
 
 @dataclass(frozen=True)
+class ShapePlan:
+    """A shape's totals: its shard size, rounds, wall, GPU-hours and what one lost worker costs.
+
+    :ivar shape: ``"lanes"`` (a task per lane, jobs resume after their last chunk) or
+        ``"per_shard"`` (a task per shard, at most ``max_map_length``, a lost job starts over).
+    :ivar lost_records_per_failure: records redone when one worker dies mid-round (``concurrency``
+        jobs: a chunk each, or a whole shard each); ``lost_gpu_s_per_failure`` their GPU-seconds.
+    """
+
+    shape: str
+    records_per_shard: int
+    rounds: tuple[RoundPlan, ...]
+    wall_s: float
+    gpu_hours: float
+    tail_s: float
+    tail_idle_gpu_s: float
+    tail_idle_fraction: float
+    lost_records_per_failure: int
+    lost_gpu_s_per_failure: float
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["rounds"] = [dataclasses.asdict(r) for r in self.rounds]
+        return d
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShapePlan:
+        _known(cls, data, "sizing shape")
+        for r in data["rounds"]:
+            _known(RoundPlan, r, "sizing round")
+        return cls(**{**data, "rounds": tuple(RoundPlan(**r) for r in data["rounds"])})
+
+
+@dataclass(frozen=True)
 class SizingPlan:
-    """What :func:`plan_run` returns: the inputs, the pool, one :class:`RoundPlan` per expected round,
-    totals, and notes (warnings and a better shard size where there is one)."""
+    """What :func:`plan_run` returns: the inputs, the pool, the lane shape's rounds and totals (the
+    flat fields: what the run will do), the shape before lanes for comparison (``per_shard``), and
+    notes (warnings and a better size where there is one). Stored (the pre-flight's
+    ``summary.json``) as :meth:`to_dict`, ``version`` :data:`SIZING_VERSION`."""
 
     records: int
     gpus: int
@@ -104,83 +254,162 @@ class SizingPlan:
     tokens_per_s: float
     tokens_per_record: float
     max_map_length: int
+    lanes: int  # round 0's lanes (its mapped tasks): the run setting, or one per slot
+    lanes_setting: int  # as asked: 0 = one per pool slot
+    chunk_size: int
+    max_job_s: float
+    straggler: float
     approval_rate: float | None
     strategy: str
     max_rounds: int
     max_attempts: int
     expected_passes: float
+    records_per_shard: int
+    chosen: bool  # True when plan_run chose records_per_shard
     rounds: tuple[RoundPlan, ...]
     wall_s: float
     gpu_hours: float
+    tail_s: float
     tail_idle_gpu_s: float
     tail_idle_fraction: float
+    lost_records_per_failure: int
+    lost_gpu_s_per_failure: float
+    per_shard: ShapePlan
     airflow_pool: str
     pool_command: str
-    chosen: bool  # True when plan_run chose records_per_shard
     notes: tuple[str, ...] = ()
+    version: int = SIZING_VERSION
+
+    @property
+    def lane_shape(self) -> ShapePlan:
+        """The flat fields as a :class:`ShapePlan`, to set beside :attr:`per_shard`."""
+        names = [f.name for f in dataclasses.fields(ShapePlan) if f.name != "shape"]
+        return ShapePlan(shape="lanes", **{n: getattr(self, n) for n in names})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (rounds as a list of dicts); :meth:`from_dict` reads it back."""
         d = dataclasses.asdict(self)
         d["rounds"] = [dataclasses.asdict(r) for r in self.rounds]
+        d["per_shard"] = self.per_shard.to_dict()
         d["notes"] = list(self.notes)
         return d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SizingPlan:
-        rounds = tuple(RoundPlan(**r) for r in data["rounds"])
-        return cls(**{**data, "rounds": rounds, "notes": tuple(data.get("notes", ()))})
+        """Read :meth:`to_dict`'s data back; another version or unknown keys are refused."""
+        if data.get("version") != SIZING_VERSION:
+            raise ConfigError(
+                f"sizing plan version {data.get('version')!r}, this release reads {SIZING_VERSION}: "
+                "run `batchinfer plan` (or the pre-flight) again with this release"
+            )
+        _known(cls, data, "sizing plan")
+        for r in data["rounds"]:
+            _known(RoundPlan, r, "sizing round")
+        return cls(
+            **{
+                **data,
+                "rounds": tuple(RoundPlan(**r) for r in data["rounds"]),
+                "per_shard": ShapePlan.from_dict(data["per_shard"]),
+                "notes": tuple(data.get("notes", ())),
+            }
+        )
 
     def table(self) -> str:
-        """The plan as text: a header, the Airflow pool command, one line per round, totals, notes."""
+        """The plan as text: a header, the Airflow pool command, one line per round, totals, the
+        shape before lanes side by side, notes."""
         head = (
             f"{self.records:,} records on {self.gpus} GPU{'s' * (self.gpus != 1)} × {self.concurrency} jobs "
             f"= {self.slots:,} slots; "
             f"{self.tokens_per_s:,.0f} tokens/s per GPU, {self.tokens_per_record:,.0f} tokens per record"
         )
+        if self.straggler != 1:
+            head += f"; the slowest GPU {self.straggler:g}× slower"
         if self.approval_rate is not None:
             head += f"; approval {self.approval_rate:.0%}, strategy {self.strategy}"
-        cols = [
-            "round",
-            "mode",
-            "records",
-            "shards",
-            "records/shard",
-            "waves",
-            "map length",
-            "shard job",
-            "wall",
-            "GPU-hours",
-            "tail idle",
-        ]
+        how = f"chosen: jobs of at most {duration(self.max_job_s)}" if self.chosen else "as given"
+        cols = ["round", "mode", "records", "shards", "records/shard", "lanes", "shard job", "wall",
+                "GPU-hours", "tail", "tail idle"]  # fmt: skip
         rows = [cols]
         for r in self.rounds:
-            row = [
-                str(r.round),
-                r.mode if r.passes == 1 else f"{r.mode} ×{r.passes:.2f}",
-                f"{r.records:,}",
-                f"{r.shards:,}",
-                f"{r.records_per_shard:,}",
-                f"{r.waves} ({r.wave_fill:.2f})",
-                f"{r.shards:,} of {self.max_map_length:,}",
-                duration(r.job_s),
-                duration(r.wall_s),
-                _hours(r.gpu_hours),
-                f"{gpu_time(r.tail_idle_gpu_s)} ({r.tail_idle_fraction:.2%})",
-            ]
-            rows.append(row)
-        widths = [max(len(row[i]) for row in rows) for i in range(len(cols))]
-        lines = [head, f"Airflow pool: {self.pool_command}", ""]
-        lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+            rows.append(
+                [
+                    str(r.round),
+                    r.mode if r.passes == 1 else f"{r.mode} ×{r.passes:.2f}",
+                    f"{r.records:,}",
+                    f"{r.shards:,}",
+                    f"{r.records_per_shard:,}",
+                    f"{r.mapped_tasks:,} of {self.max_map_length:,}",
+                    _job(r),
+                    duration(r.wall_s),
+                    _hours(r.gpu_hours),
+                    duration(r.tail_s),
+                    f"{gpu_time(r.tail_idle_gpu_s)} ({r.tail_idle_fraction:.2%})",
+                ]
+            )
         n = len(self.rounds)
+        lines = [
+            head,
+            f"Airflow pool: {self.pool_command}",
+            f"shards of {self.records_per_shard:,} records ({how})",
+            "",
+        ]
+        lines += _columns(rows)
         lines += [
             "",
             f"total: {n} round{'s' * (n != 1)}, {self.expected_passes:.2f} passes per record: "
             f"{duration(self.wall_s)} wall, {_hours(self.gpu_hours)} GPU-hours "
-            f"(tail idle {gpu_time(self.tail_idle_gpu_s)}, {self.tail_idle_fraction:.2%})",
+            f"(tail {duration(self.tail_s)}, idle {gpu_time(self.tail_idle_gpu_s)}, "
+            f"{self.tail_idle_fraction:.2%})",
+            "",
         ]
+        lines += _columns(_side_by_side(self))
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def _known(cls: type, data: dict[str, Any], what: str) -> None:
+    names = {f.name for f in dataclasses.fields(cls)}
+    missing, unknown = sorted(names - set(data) - {"notes", "version"}), sorted(set(data) - names)
+    if missing or unknown:
+        raise ConfigError(
+            f"not a {what} of version {SIZING_VERSION} (missing {missing}, unknown {unknown}): "
+            "run `batchinfer plan` (or the pre-flight) again with this release"
+        )
+
+
+def _columns(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def _job(r: RoundPlan) -> str:
+    if r.slowest_job_s == r.job_s:
+        return duration(r.job_s)
+    return f"{duration(r.job_s)} ({duration(r.slowest_job_s)} slowest)"
+
+
+def _side_by_side(plan: SizingPlan) -> list[list[str]]:
+    """Round 0 and the totals of the lane shape beside the one-task-per-shard shape."""
+    rows = [["", "lanes (this release)", "one task per shard (before)"]]
+    shapes = (plan.lane_shape, plan.per_shard)
+    firsts = [s.rounds[0] for s in shapes]
+
+    def row(name: str, *cells: str) -> None:
+        rows.append([name, *cells])
+
+    row("shards", *(f"{r.shards:,} of {r.records_per_shard:,} records" for r in firsts))
+    row("mapped tasks (round 0)", *(f"{r.mapped_tasks:,}" for r in firsts))
+    row("shard job", *(_job(r) for r in firsts))
+    row("jobs per lane or slot", *(f"{r.shards_per_lane:,.2f}" for r in firsts))
+    row("wall", *(duration(s.wall_s) for s in shapes))
+    row("GPU-hours", *(_hours(s.gpu_hours) for s in shapes))
+    row("tail", *(duration(s.tail_s) for s in shapes))
+    row("tail idle", *(f"{gpu_time(s.tail_idle_gpu_s)} ({s.tail_idle_fraction:.2%})" for s in shapes))
+    row(
+        "lost to one worker failure",
+        *(f"{s.lost_records_per_failure:,} records, {gpu_time(s.lost_gpu_s_per_failure)}" for s in shapes),
+    )
+    return rows
 
 
 def duration(seconds: float) -> str:
@@ -202,9 +431,10 @@ def _hours(hours: float) -> str:
     return f"{hours:,.1f}" if hours >= 10 else f"{hours:.3f}"
 
 
-def _whole(name: str, value: object) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ConfigError(f"{name} must be a whole number >= 1, got {value!r}")
+# ------------------------------------------------------------------------------------ the sizes
+def _whole(name: str, value: object, minimum: int = 1) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return value
 
 
@@ -212,11 +442,34 @@ def _shards(records: int, rps: int) -> int:
     return -(-records // rps)
 
 
-def choose_records_per_shard(records: int, gpus: int, concurrency: int, max_map_length: int) -> int:
-    """The shard size for the fewest waves with no tail: the largest shard count that is a whole
-    multiple of the slots (``gpus × concurrency``) and at most ``max_map_length`` and ``records``. When
-    the slots are more than one round can map, a multiple of ``gpus`` (every GPU gets as many jobs);
-    with fewer records than GPUs, one record a shard."""
+def choose_records_per_shard(
+    records: int,
+    jobs_per_gpu: int,
+    lanes: int,
+    record_s: float,
+    *,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    max_job_s: float = DEFAULT_MAX_JOB_S,
+) -> int:
+    """The lane shape's shard size: the largest whose job, sharing its GPU with ``jobs_per_gpu - 1``
+    others (``jobs_per_gpu × rps × record_s`` seconds; ``concurrency`` with a lane per slot), takes
+    at most ``max_job_s``; no bigger than it takes to give every lane a shard; no smaller than
+    :data:`MIN_JOB_S` worth (per-shard overhead) unless ``max_job_s`` is shorter still; rounded down
+    to a multiple of ``chunk_size`` when that keeps it above the floor (round figures; a job's later
+    chunks then fill). ``record_s``: GPU-seconds a record pass costs alone on a GPU."""
+    job_record_s = jobs_per_gpu * record_s  # a record's share of a job's wall
+    top = max(1, math.floor(max_job_s / job_record_s * (1 + 1e-12)))  # 3600 / 1.6 is 2,250, not 2,249
+    floor = min(top, max(1, math.ceil(MIN_JOB_S / job_record_s * (1 - 1e-12))))
+    rps = min(top, max(floor, -(-records // lanes)), records)
+    rounded = rps // chunk_size * chunk_size
+    return rounded if rounded >= floor else rps
+
+
+def choose_per_task_shard_size(records: int, gpus: int, concurrency: int, max_map_length: int) -> int:
+    """The one-task-per-shard shape's size (before lanes): the fewest waves with no tail, the largest
+    shard count that is a whole multiple of the slots (``gpus × concurrency``) and at most
+    ``max_map_length`` and ``records``; when the slots are more than one round can map, a multiple of
+    ``gpus`` (every GPU gets as many jobs); with fewer records than GPUs, one record a shard."""
     cap = min(max_map_length, records)
     for unit in (gpus * concurrency, gpus):
         # Shards hold records_per_shard records each (the last the rest), so not every count is
@@ -229,19 +482,30 @@ def choose_records_per_shard(records: int, gpus: int, concurrency: int, max_map_
 
 
 def _round(
-    r: int, mode: str, records: int, passes: float, rps: int, gpus: int, concurrency: int, record_s: float
+    r: int,
+    mode: str,
+    records: int,
+    passes: float,
+    rps: int,
+    *,
+    gpus: int,
+    concurrency: int,
+    runners: int,
+    mapped: int | None,
+    record_s: float,
+    straggler: float,
 ) -> RoundPlan:
-    """One round's waves and times; ``record_s``: GPU-seconds a record pass costs alone on a GPU."""
-    slots = gpus * concurrency
+    """One round on ``runners`` lanes (or slots); ``mapped``: its mapped tasks (``None``: a shard
+    each)."""
     shards = _shards(records, rps)
     sizes = [rps] * (shards - 1) + [records - (shards - 1) * rps]
-    waves = -(-shards // slots)
-    last = sizes[(waves - 1) * slots :]
-    full_wave_s = concurrency * rps * passes * record_s  # c equal jobs per GPU end together
-    per_gpu = [sum(last[g::gpus]) * passes * record_s for g in range(gpus)]  # round-robin
-    last_s = max(per_gpu)
-    wall = (waves - 1) * full_wave_s + last_s
-    busy = records * passes * record_s
+    pass_s = passes * record_s
+    sched = schedule([n * pass_s for n in sizes], gpus, runners, straggler)
+    lanes = min(runners, shards)
+    per_gpu = min(concurrency, -(-lanes // gpus))  # jobs sharing a GPU while every lane has work
+    job = per_gpu * rps * pass_s
+    wall = sched.wall_s
+    busy = sum(sched.gpu_busy_s)
     idle = max(gpus * wall - busy, 0.0)
     return RoundPlan(
         round=r,
@@ -250,17 +514,62 @@ def _round(
         passes=round(passes, 4),
         shards=shards,
         records_per_shard=rps,
-        waves=waves,
-        wave_fill=round(shards / slots, 4),
-        last_wave_shards=len(last),
-        tail_empty_slots=waves * slots - shards,
-        job_s=round(max(last_s, full_wave_s if waves > 1 else 0.0), 3),
+        lanes=lanes,
+        mapped_tasks=shards if mapped is None else min(mapped, shards),
+        shards_per_lane=round(shards / lanes, 4),
+        job_s=round(job, 3),
+        slowest_job_s=round(job * straggler, 3),
         wall_s=round(wall, 3),
         gpu_hours=round(gpus * wall / 3600, 4),
         busy_gpu_s=round(busy, 3),
-        tail_idle_s=round(last_s - min(per_gpu), 3),
+        tail_s=round(sched.tail_s, 3),
         tail_idle_gpu_s=round(idle, 3),
         tail_idle_fraction=round(idle / (gpus * wall), 6) if wall else 0.0,
+    )
+
+
+def _shape(
+    shape: str,
+    rps: int,
+    *,
+    records: int,
+    reject: float,
+    n_rounds: int,
+    strategy: str,
+    in_place_passes: float,
+    runners: int,
+    mapped: int | None,
+    lost_records: int,
+    **kw: Any,
+) -> ShapePlan:
+    """One shape's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
+    round unless ``strategy`` is ``"rounds"``) and totals."""
+    plans: list[RoundPlan] = []
+    for r in range(n_rounds):
+        n = round(records * reject**r)
+        if n < 1:
+            break
+        plans.append(_round(r, "rounds", n, 1.0, rps, runners=runners, mapped=mapped, **kw))
+    if strategy != "rounds":
+        n = round(records * reject**n_rounds)
+        if n >= 1:
+            plans.append(
+                _round(n_rounds, "in_place", n, in_place_passes, rps, runners=runners, mapped=mapped, **kw)
+            )
+    gpus: int = kw["gpus"]
+    wall = sum(p.wall_s for p in plans)
+    idle = sum(p.tail_idle_gpu_s for p in plans)
+    return ShapePlan(
+        shape=shape,
+        records_per_shard=rps,
+        rounds=tuple(plans),
+        wall_s=round(wall, 3),
+        gpu_hours=round(gpus * wall / 3600, 4),
+        tail_s=round(sum(p.tail_s for p in plans), 3),
+        tail_idle_gpu_s=round(idle, 3),
+        tail_idle_fraction=round(idle / (gpus * wall), 6) if wall else 0.0,
+        lost_records_per_failure=lost_records,
+        lost_gpu_s_per_failure=round(lost_records * kw["record_s"], 3),
     )
 
 
@@ -272,6 +581,10 @@ def plan_run(
     concurrency: int | None = None,
     tokens_per_record: float = DEFAULT_TOKENS_PER_RECORD,
     max_map_length: int = DEFAULT_MAX_MAP_LENGTH,
+    lanes: int = 0,
+    chunk_size: int | None = None,
+    max_job_s: float = DEFAULT_MAX_JOB_S,
+    straggler: float = DEFAULT_STRAGGLER,
     records_per_shard: int | None = None,
     approval_rate: float | None = None,
     max_rounds: int = 1,
@@ -286,29 +599,37 @@ def plan_run(
     :param concurrency: shard jobs per worker (the worker's ``--concurrency``); ``None``: the
         ``concurrency`` setting's default (:func:`airflow_batchinfer.settings.setting`).
     :param tokens_per_record: tokens one record costs a pass: prompt + completion (+ an LLM judge's).
-    :param max_map_length: Airflow's ``[core] max_map_length``: the most shards one round may map.
+    :param max_map_length: Airflow's ``[core] max_map_length``: the most lanes one round may map.
+    :param lanes: the run setting ``lanes``: tasks a round maps (0: one per pool slot).
+    :param chunk_size: records a job commits at a time; ``None``: the ``chunk_size`` setting's default.
+    :param max_job_s: the longest shard job the chosen size allows (its GPU running ``concurrency``).
+    :param straggler: how many times slower the slowest GPU is (1.0: none).
     :param records_per_shard: the shard size to assess; ``None``: choose it
         (:func:`choose_records_per_shard`).
     :param approval_rate: the judge's approval rate (the pre-flight measures it); ``None``: one pass.
     :param max_rounds, strategy, max_attempts: the run's retry settings.
-    :param execution_timeout_s: a shard task's ``execution_timeout``; a longer job gets a note.
+    :param execution_timeout_s: ``build_batch_inference_dag``'s ``execution_timeout``, each shard
+        job's bound; a longer job, or a lane longer than it, gets a note.
     :param airflow_pool: the Airflow pool name for the printed command.
-    :raises ConfigError: on a bad input, or a given ``records_per_shard`` that makes more shards than
-        ``max_map_length``; the message names the remedy.
+    :raises ConfigError: on a bad input, or more lanes than ``max_map_length``; the message names the
+        remedy.
     """
-    if concurrency is None:  # imported here: the settings' module pulls in storage and templates
+    if concurrency is None or chunk_size is None:  # here: the settings' module pulls in storage
         from airflow_batchinfer.settings import setting
 
-        concurrency = int(setting("concurrency").default)
+        concurrency = int(setting("concurrency").default) if concurrency is None else concurrency
+        chunk_size = int(setting("chunk_size").default) if chunk_size is None else chunk_size
     for name, value in (
         ("records", records),
         ("gpus", gpus),
         ("concurrency", concurrency),
         ("max_map_length", max_map_length),
+        ("chunk_size", chunk_size),
         ("max_rounds", max_rounds),
         ("max_attempts", max_attempts),
     ):
         _whole(name, value)
+    _whole("lanes (0: one per pool slot)", lanes, 0)
     if not tokens_per_s > 0:
         raise ConfigError(
             f"tokens_per_s must be > 0, got {tokens_per_s!r}: measure it (the pre-flight log prints "
@@ -316,78 +637,62 @@ def plan_run(
         )
     if not tokens_per_record > 0:
         raise ConfigError(f"tokens_per_record must be > 0 (prompt + completion), got {tokens_per_record!r}")
+    if not (isinstance(straggler, int | float) and math.isfinite(straggler) and straggler >= 1):
+        raise ConfigError(
+            f"straggler must be a finite number >= 1 (how many times slower the slowest GPU is; 1: "
+            f"none), got {straggler!r}"
+        )
+    if not (math.isfinite(max_job_s) and max_job_s > 0):
+        raise ConfigError(f"max_job_s must be > 0 (the longest shard job to size for), got {max_job_s!r}")
     if approval_rate is not None and not 0.0 <= approval_rate <= 1.0:
         raise ConfigError(f"approval_rate is a share between 0 and 1, got {approval_rate!r}")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     slots = gpus * concurrency
-    best = choose_records_per_shard(records, gpus, concurrency, max_map_length)
-    chosen = records_per_shard is None
-    if records_per_shard is None:
-        rps = best
-    else:
-        rps = _whole("records_per_shard", records_per_shard)
-        if _shards(records, rps) > max_map_length:
-            raise ConfigError(
-                f"records_per_shard={rps:,} makes {_shards(records, rps):,} shards, but a round maps one "
-                f"task per shard and max_map_length is {max_map_length:,}. Remedy: records_per_shard >= "
-                f"{-(-records // max_map_length):,} (or leave it out to let the plan choose {best:,}), or "
-                "raise [core] max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the scheduler and workers"
-            )
-
+    want = lanes or slots
+    if want > max_map_length:
+        raise ConfigError(
+            f"{want:,} lanes{' (one per pool slot)' * (not lanes)}, but a round maps one task per lane "
+            f"and max_map_length is {max_map_length:,}. Remedy: set the run setting lanes (--lanes) to "
+            f"at most {max_map_length:,}, or raise [core] max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) "
+            "on the scheduler and workers"
+        )
     record_s = tokens_per_record / tokens_per_s
-    approval = 1.0 if approval_rate is None else approval_rate
-    reject = 1.0 - approval
-    plans: list[RoundPlan] = []
-    n_rounds = 0 if strategy == "in_place" else max_rounds
-    for r in range(n_rounds):
-        n = round(records * reject**r)
-        if n < 1:
-            break
-        plans.append(_round(r, "rounds", n, 1.0, rps, gpus, concurrency, record_s))
-    if strategy != "rounds":
-        n = round(records * reject**n_rounds)
-        if n >= 1:
-            passes = expected_passes(approval, "in_place", max_attempts=max_attempts)
-            plans.append(_round(n_rounds, "in_place", n, passes, rps, gpus, concurrency, record_s))
-    wall = sum(p.wall_s for p in plans)
-    idle = sum(p.tail_idle_gpu_s for p in plans)
+    runners = min(want, slots)  # lanes beyond the slots wait for one: more tasks, not more speed
+    # A dead worker's jobs (as many as its GPU runs) each redo at most their uncommitted chunk.
+    per_gpu = min(concurrency, -(-runners // gpus))  # jobs sharing a GPU (fewer lanes: fewer)
+    best = choose_records_per_shard(
+        records, per_gpu, runners, record_s, chunk_size=chunk_size, max_job_s=max_job_s
+    )
+    chosen = records_per_shard is None
+    rps = best if records_per_shard is None else _whole("records_per_shard", records_per_shard)
 
-    notes: list[str] = []
-    first = plans[0]
-    if gpus > max_map_length:
-        notes.append(
-            f"{gpus} GPUs but a round maps at most {max_map_length:,} shards: {gpus - max_map_length} GPUs "
-            "never get a job. Raise [core] max_map_length or use fewer GPUs"
-        )
-    elif slots > max_map_length:
-        notes.append(
-            f"the pool's {slots:,} slots are more than one round maps ({max_map_length:,}): the shard "
-            f"count is a multiple of the {gpus} GPUs instead, fewer than {concurrency} jobs a GPU"
-        )
-    if not chosen and first.tail_idle_fraction > 0.001 and rps != best:
-        alt = _round(first.round, first.mode, first.records, first.passes, best, gpus, concurrency, record_s)
-        notes.append(
-            f"{first.shards:,} shards on {slots:,} slots is {first.wave_fill:.2f} waves; "
-            f"records_per_shard={best:,} makes {alt.shards:,} shards in {alt.waves} waves: "
-            f"{duration(alt.wall_s)} instead of {duration(first.wall_s)} for round {first.round}, tail "
-            f"idle {alt.tail_idle_fraction:.2%} instead of {first.tail_idle_fraction:.2%}"
-        )
-    longest = max(p.job_s for p in plans)
-    if execution_timeout_s is not None and longest > execution_timeout_s:
-        notes.append(
-            f"a shard job runs up to {duration(longest)}, over the {duration(execution_timeout_s)} "
-            f"execution_timeout: raise it (build_batch_inference_dag(execution_timeout=...)) to about "
-            f"{duration(longest * 1.5)} (a 50% margin), or add GPUs, or raise max_map_length for smaller "
-            "shards"
-        )
-    if first.job_s < MIN_JOB_S and first.shards > 1:
-        notes.append(
-            f"shard jobs take {duration(first.job_s)}: Airflow spends one to a few seconds per shard task; "
-            "fewer, larger shards waste less"
-        )
+    approval = 1.0 if approval_rate is None else approval_rate
+    common: dict[str, Any] = {
+        "records": records,
+        "reject": 1.0 - approval,
+        "n_rounds": 0 if strategy == "in_place" else max_rounds,
+        "strategy": strategy,
+        "in_place_passes": expected_passes(approval, "in_place", max_attempts=max_attempts),
+        "gpus": gpus,
+        "concurrency": concurrency,
+        "record_s": record_s,
+        "straggler": straggler,
+    }
+    new = _shape("lanes", rps, runners=runners, mapped=want,
+                 lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
+    # Before lanes: the user's size if a round could map it, else the old chooser's; no segments.
+    old_rps = rps if _shards(records, rps) <= max_map_length else None
+    old_rps = old_rps or choose_per_task_shard_size(records, gpus, concurrency, max_map_length)
+    old = _shape("per_shard", old_rps, runners=slots, mapped=None,
+                 lost_records=concurrency * min(old_rps, records), **common)  # fmt: skip
+
+    notes = _notes(
+        new, rps=rps, best=best, chosen=chosen, gpus=gpus, concurrency=concurrency, slots=slots,
+        want=want, max_job_s=max_job_s, execution_timeout_s=execution_timeout_s, common=common,
+    )  # fmt: skip
     if approval_rate is not None and approval_rate < 1 and strategy == "rounds":
-        left = round(records * reject**max_rounds)
+        left = round(records * (1.0 - approval) ** max_rounds)
         if left:
             notes.append(
                 f"about {left:,} records are still rejected after {max_rounds} round"
@@ -401,6 +706,11 @@ def plan_run(
         tokens_per_s=float(tokens_per_s),
         tokens_per_record=float(tokens_per_record),
         max_map_length=max_map_length,
+        lanes=new.rounds[0].mapped_tasks,
+        lanes_setting=lanes,
+        chunk_size=chunk_size,
+        max_job_s=float(max_job_s),
+        straggler=float(straggler),
         approval_rate=approval_rate,
         strategy=strategy,
         max_rounds=max_rounds,
@@ -408,13 +718,76 @@ def plan_run(
         expected_passes=round(
             1.0 if approval_rate is None else expected_passes(approval, strategy, max_rounds, max_attempts), 4
         ),
-        rounds=tuple(plans),
-        wall_s=round(wall, 3),
-        gpu_hours=round(gpus * wall / 3600, 4),
-        tail_idle_gpu_s=round(idle, 3),
-        tail_idle_fraction=round(idle / (gpus * wall), 6) if wall else 0.0,
+        records_per_shard=rps,
+        chosen=chosen,
+        rounds=new.rounds,
+        wall_s=new.wall_s,
+        gpu_hours=new.gpu_hours,
+        tail_s=new.tail_s,
+        tail_idle_gpu_s=new.tail_idle_gpu_s,
+        tail_idle_fraction=new.tail_idle_fraction,
+        lost_records_per_failure=new.lost_records_per_failure,
+        lost_gpu_s_per_failure=new.lost_gpu_s_per_failure,
+        per_shard=old,
         airflow_pool=airflow_pool,
         pool_command=f'airflow pools set {airflow_pool} {slots} "batchinfer shard slots" --include-deferred',
-        chosen=chosen,
         notes=tuple(notes),
     )
+
+
+def _notes(
+    new: ShapePlan,
+    *,
+    rps: int,
+    best: int,
+    chosen: bool,
+    gpus: int,
+    concurrency: int,
+    slots: int,
+    want: int,
+    max_job_s: float,
+    execution_timeout_s: float | None,
+    common: dict[str, Any],
+) -> list[str]:
+    """Warnings about the lane shape ``new``, and a better size than a given one's."""
+    notes: list[str] = []
+    first = new.rounds[0]
+    if want > slots:
+        notes.append(
+            f"lanes={want:,} is more than the pool's {slots:,} slots: the extra lanes wait for a slot "
+            f"(more tasks, no more speed); leave lanes at 0 for one per slot"
+        )
+    elif want < slots:
+        notes.append(
+            f"lanes={want:,} on {slots:,} slots: {slots - want:,} slots stay empty "
+            f"(about {first.lanes / gpus:.1f} jobs a GPU instead of {concurrency})"
+        )
+    longest = max(p.slowest_job_s for p in new.rounds)
+    if not chosen and first.job_s > max_job_s and rps != best:
+        alt = _shape("lanes", best, runners=min(want, slots), mapped=want, lost_records=0, **common)
+        notes.append(
+            f"records_per_shard={rps:,} makes jobs of {duration(first.job_s)}; records_per_shard={best:,} "
+            f"(jobs of at most {duration(max_job_s)}) has a tail of {duration(alt.rounds[0].tail_s)} "
+            f"instead of {duration(first.tail_s)} for round 0: a lost or retried shard costs less"
+        )
+    if execution_timeout_s is not None and longest > execution_timeout_s:
+        notes.append(
+            f"a shard job runs up to {duration(longest)} on the slowest GPU, over the "
+            f"{duration(execution_timeout_s)} execution_timeout (each job's bound): lower "
+            f"records_per_shard (or --max-job-s), or raise it (build_batch_inference_dag("
+            f"execution_timeout=...)) to about {duration(longest * 1.5)} (a 50% margin)"
+        )
+    lane_s = max(p.wall_s for p in new.rounds)
+    if execution_timeout_s is not None and lane_s > execution_timeout_s:
+        notes.append(
+            f"a lane runs about {first.shards_per_lane:,.0f} shard jobs back to back: {duration(lane_s)}, "
+            f"longer than the {duration(execution_timeout_s)} execution_timeout. "
+            "build_batch_inference_dag bounds each job with it and gives the lane tasks none; a lane "
+            f"task given an execution_timeout of its own needs more than {duration(lane_s)}"
+        )
+    if first.job_s < MIN_JOB_S and first.shards > first.lanes:
+        notes.append(
+            f"shard jobs take {duration(first.job_s)}: a lane spends a few seconds between shards "
+            "(claim, submit, poll); fewer, larger shards waste less"
+        )
+    return notes

@@ -32,10 +32,33 @@ Parts (each prints a table; one JSON line at the end holds them all):
     ``--shards-per-round 1000`` makes small shards: a round of 1,000 mapped shards (issue 12 item 6,
     the default ``max_map_length`` is 1024).
 
+(c) many small shards (issue 24): part (b) with ``--c-records-per-shard`` 20 (100k records = 5,000
+    shards, the seed's shard count), one round, warm pool. Printed: wall, bound, efficiency, the
+    Airflow CPU seconds (scheduler, dag-processor, triggerer, api-server, task processes) in all and
+    per shard, the mapped tasks of the round (a round mapped per lane: ``lanes`` tasks; per shard:
+    one per shard, at most ``max_map_length``), and the tail: from the first lane that ran out of
+    shards to the round's last job end (the lane documents ``round-00/lanes/lane-*.json``).
+
+(d) resume inside a shard (issue 24; ``bench/scale_resume.py``): one shard job of ``--resume-records``
+    records (default 200,000) on one simulated worker, undisturbed and with the worker SIGKILLed
+    halfway (a new worker started, the job resubmitted), each with chunk segments and without (the
+    old behaviour). Printed: the walls, the records recomputed after the kill, the segments' overhead.
+
+(e) side by side with Ray Data (issue 24), one run: the same records through Ray Data
+    (``bench/scale_ray.py`` in ``.cache/ray-venv``, ``make ray-venv``: ``read_json`` →
+    ``map_batches`` on an actor pool of ``--gpus`` actors, each batch call sleeping the same ``a +
+    b·prompt tokens`` → ``write_json``; ``ray.init`` and the actors' start inside the clock) and
+    through part (b)'s DAG with a COLD pool (no worker before the trigger: ``pool_setup`` starts
+    them, inside the clock). Ray's ``batch_size`` is ``--target-batch-tokens`` / the dataset's mean
+    tokens per record (32,000 / ~225 = 142 records), so its batches hold about the workers' budget.
+    Printed: wall, bound, efficiency of both, their ratio, and the DAG's phases (shard, pool_setup,
+    plan, the lanes, close, report: first start → last end from the trigger).
+
 Targets (issue 12): pool ≥ 0.95; DAG ≥ 0.85 at 1M and ≥ 0.75 at 100k; every Airflow task ≤ 300 MB.
+Issue 24: the DAG with a cold pool at least as fast as Ray Data at 100k; ≥ 0.95 of the bound at 1M.
 The machine is shared: the load average is printed next to the figures.
 
-Run: ``python bench/scale.py [--quick] [--records 1000000] [--parts a b] [--shards-per-round 1000]``.
+Run: ``python bench/scale.py [--quick] [--records 1000000] [--parts a b c d e] [--shards-per-round 1000]``.
 """
 
 from __future__ import annotations
@@ -47,6 +70,7 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -233,12 +257,120 @@ def print_a(r: dict[str, Any]) -> None:
         print(f"{k:>20}: {v}")
 
 
+# ------------------------------------------------------------------------ (c) many small shards
+def print_c(r: dict[str, Any]) -> None:
+    from bench.scale_dag import print_timeline
+
+    t = r["tail"]
+    print(
+        f"\n== (c) {r['shards']:,} shards of {r['records_per_shard']:,} records, one round, warm pool, "
+        f"local Airflow, SIMULATED engine: run {r['state']} =="
+    )
+    lanes = (
+        f"; {t['lanes']} lanes, {t['lanes_without_shards']} without a shard, shards per lane "
+        f"{t['shards_per_lane_min_max']}, lanes' last ends spread {t['lane_ends_spread_s']} s"
+        if t.get("source") == "lane documents"
+        else ""
+    )
+    rows = [
+        ("wall trigger->success", f"{r['wall_s']} s"),
+        ("ideal bound", f"{r['bound_s']} s"),
+        ("efficiency", f"{r['efficiency']}"),
+        ("Airflow CPU", f"{r['airflow_cpu_s']} s in all, {r['airflow_cpu_ms_per_shard']} ms per shard"),
+        ("mapped tasks", f"{r['mapped_tasks']:,} {r['mapped_by_type']}"),
+        ("tail", f"{t.get('tail_s')} s (from the {t.get('source')}){lanes}"),
+        ("load avg", f"{r['load_before']} before, {r['load_after']} after"),
+    ]
+    for k, v in rows:
+        print(f"{k:>22}: {v}")
+    print("\nCPU seconds over the run (own process / helper processes / task runners below it):")
+    for comp, c in sorted(r["cpu_s"].items()):
+        print(f"{comp:>22}: {c['own']} / {c['helpers']} / {c['tasks']}")
+    print_timeline(r)
+
+
+# ------------------------------------------------------------------- (e) Ray Data side by side
+RAY_PYTHON = REPO / ".cache" / "ray-venv" / "bin" / "python"
+
+
+def ray_batch_size(target_batch_tokens: int, total_tokens: int, records: int) -> int:
+    """Records per Ray batch so a batch holds about the workers' token budget: Ray batches count
+    records, the workers' batcher counts tokens."""
+    return max(1, round(target_batch_tokens * records / total_tokens))
+
+
+def part_ray(
+    args: argparse.Namespace, work: Path, data: Path, total_tokens: int, bound: float
+) -> dict[str, Any] | None:
+    """The records through Ray Data (``bench/scale_ray.py`` in its own venv); ``None`` without it."""
+    if not RAY_PYTHON.exists():
+        print("Ray Data not installed: run make ray-venv")
+        return None
+    batch = ray_batch_size(args.target_batch_tokens, total_tokens, args.records)
+    out = work / "ray-out"
+    cmd = [str(RAY_PYTHON), str(REPO / "bench" / "scale_ray.py"), "--input", str(data), "--output", str(out)]
+    cmd += ["--actors", str(args.gpus), "--batch-size", str(batch), "--a", str(args.a), "--b", str(args.b)]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": ""}  # nothing of this venv's
+    print(f"\n(e) Ray Data: {args.gpus} actors, batch_size {batch} records ...", flush=True)
+    load0 = os.getloadavg()
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.dag_timeout, check=False)
+    outer = time.perf_counter() - t0
+    load1 = os.getloadavg()
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        print(f"Ray Data run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return None
+    r: dict[str, Any] = json.loads(lines[-1])
+    shutil.rmtree(out, ignore_errors=True)
+    r.update(
+        bound_s=round(bound, 2),
+        efficiency=round(bound / r["wall_s"], 3),
+        process_s=round(outer, 2),
+        load_before=[round(x, 2) for x in load0],
+        load_after=[round(x, 2) for x in load1],
+    )
+    return r
+
+
+def print_e(ray: dict[str, Any] | None, dag: dict[str, Any]) -> None:
+    from bench.scale_dag import print_timeline
+
+    print(
+        f"\n== (e) side by side, SIMULATED engine: {dag['records']:,} records, {dag['gpus']} simulated "
+        f"GPUs, bound {dag['bound_s']} s =="
+    )
+    head = f"{'':>34}{'wall s':>9}{'efficiency':>12}  load avg before / after"
+    print(head)
+    if ray is not None:
+        print(
+            f"{'Ray Data (init + actors inside)':>34}{ray['wall_s']:>9}{ray['efficiency']:>12}  "
+            f"{ray['load_before']} / {ray['load_after']}"
+        )
+    print(
+        f"{'DAG, cold pool (pool_setup)':>34}{dag['wall_s']:>9}{dag['efficiency']:>12}  "
+        f"{dag['load_before']} / {dag['load_after']}"
+    )
+    if ray is not None:
+        print(
+            f"Ray Data: ray {ray['ray']}, {ray['actors']} actors, batch_size {ray['batch_size']}, "
+            f"num_cpus {ray['num_cpus']}; ray.init {ray['init_s']} s (inside), import {ray['import_s']} s "
+            f"and shutdown {ray['shutdown_s']} s (outside); {ray['rows_out']:,} rows written"
+        )
+        print(f"DAG wall / Ray Data wall: {dag['wall_s'] / ray['wall_s']:.2f}")
+    print(
+        f"DAG: {dag['shards']} shards of {dag['records_per_shard']:,}, mapped tasks {dag['mapped_by_type']}, "
+        f"batches {dag['batches']} / {dag['ideal_batches']}, engine busy / wall {dag['engine_busy_fraction']}"
+    )
+    print_timeline(dag)
+
+
 # -------------------------------------------------------------------------------------------- main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20,000 records (a fast look)")
     parser.add_argument("--records", type=int, default=100_000)
-    parser.add_argument("--parts", nargs="+", choices=["a", "b"], default=["a", "b"])
+    parser.add_argument("--parts", nargs="+", choices=["a", "b", "c", "d", "e"], default=["a", "b"])
     parser.add_argument("--shards", type=int, default=10, help="(a): shard jobs")
     parser.add_argument("--gpus", type=int, default=2, help="simulated GPUs: one worker process each")
     parser.add_argument("--target-batch-tokens", type=int, default=32_000)
@@ -253,12 +385,16 @@ def main() -> None:
         "--shards-per-round", type=int, default=None,
         help="(b): records per shard chosen to make this many shards (1000: item 6's 1,000-shard round)",
     )  # fmt: skip
+    parser.add_argument("--c-records-per-shard", type=int, default=20, help="(c): the small shards' size")
+    parser.add_argument("--cold", action="store_true", help="(b): no worker before the trigger")
     parser.add_argument("--dag-concurrency", type=int, default=5, help="(b): shard jobs per worker")
     parser.add_argument("--dag-parallelism", type=int, default=16, help="(b): LocalExecutor task slots")
     parser.add_argument("--dag-poll", type=float, default=2.0, help="(b): the shard triggers' poll, s")
     parser.add_argument("--dag-timeout", type=float, default=7200, help="(b): give up after, s")
     parser.add_argument("--preflight-records", type=int, default=200, help="(b): 0 skips the pre-flight")
     parser.add_argument("--sample-s", type=float, default=0.2, help="(b): RSS/CPU sampling interval")
+    parser.add_argument("--resume-records", type=int, default=200_000, help="(d): the shard job's records")
+    parser.add_argument("--chunk-size", type=int, default=2_000, help="(d): the job's chunk (and segment)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--keep", action="store_true", help="keep the dataset and outputs (temp dir)")
     args = parser.parse_args()
@@ -267,10 +403,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         t0 = time.perf_counter()
-        single = work / "data.jsonl" if "b" in args.parts else None
-        shards, total_tokens = make_dataset(
-            work, args.records, args.shards, args.seed, sharded="a" in args.parts, single=single
-        )
+        single = work / "data.jsonl" if {"b", "c", "e"} & set(args.parts) else None
+        shards: list[Any] = []
+        total_tokens = 0
+        if {"a", "b", "c", "e"} & set(args.parts):  # (d) makes its own shard
+            shards, total_tokens = make_dataset(
+                work, args.records, args.shards, args.seed, sharded="a" in args.parts, single=single
+            )
         print(f"dataset: {args.records:,} records, {total_tokens:,} tokens, {len(shards)} shards"
               f"{f', and one JSONL file of {single.stat().st_size / 2**20:.0f} MiB' if single else ''} "
               f"({time.perf_counter() - t0:.1f} s to generate) in {work}")  # fmt: skip
@@ -281,15 +420,42 @@ def main() -> None:
             print_a(a)
             print(f"{'load avg':>20}: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
+        bound, ideal_batches = ideal_bound(total_tokens, args.target_batch_tokens, args.a, args.b, args.gpus)
         if "b" in args.parts:
             from bench.scale_dag import part_b, print_b
 
             assert single is not None
-            bound, ideal_batches = ideal_bound(
-                total_tokens, args.target_batch_tokens, args.a, args.b, args.gpus
+            result["dag"] = b = part_b(
+                args, work, single, total_tokens, args.records, bound, ideal_batches, cold=args.cold
             )
-            result["dag"] = b = part_b(args, work, single, total_tokens, args.records, bound, ideal_batches)
             print_b(b)
+
+        if "c" in args.parts:
+            from bench.scale_dag import part_b
+
+            assert single is not None
+            result["small_shards"] = c = part_b(
+                args, work, single, total_tokens, args.records, bound, ideal_batches,
+                records_per_shard=args.c_records_per_shard, name="c",
+            )  # fmt: skip
+            print_c(c)
+
+        if "d" in args.parts:
+            from bench.scale_resume import part_d, print_d
+
+            result["resume"] = d = part_d(args, work)
+            print_d(d)
+
+        if "e" in args.parts:
+            from bench.scale_dag import part_b
+
+            assert single is not None
+            ray = part_ray(args, work, single, total_tokens, bound)
+            dag = part_b(
+                args, work, single, total_tokens, args.records, bound, ideal_batches, cold=True, name="e"
+            )
+            result["side_by_side"] = {"ray_data": ray, "dag_cold": dag}
+            print_e(ray, dag)
 
         print(json.dumps(result))
     finally:

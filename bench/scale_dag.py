@@ -3,16 +3,24 @@
 One plain JSONL input file, the DAG from :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag`
 (simulated engine with the latency model, a rule judge, one round), an Airflow pool of
 ``replicas × concurrency`` slots with ``include_deferred``, a local warm pool started beforehand
-with the very spec the DAG's ``pool_setup`` asks for (so ``pool_setup`` finds it warm), then
-trigger → success through the REST API. Measured:
+with the very spec the DAG's ``pool_setup`` asks for (so ``pool_setup`` finds it warm) or, with
+``cold``, no worker before the trigger (``pool_setup`` starts them, inside the clock), then
+trigger → success through the REST API. Parts (c) and (e) of ``bench/scale.py`` run this with
+other shard sizes and ``cold``. Measured:
 
 - wall trigger → success, the bound, efficiency; the engines' busy fraction and batches (the
   workers' ``/v1/stats`` before and after);
 - per task type (matched by the task id's last part, so round groups may change inside): count,
   duration median / p90 / max / sum, queue wait, deferrals (the task's ``*.trigger.*.log`` files);
 - per shard-job task: its duration minus its job's ``run_s`` (the job manifests), i.e. the
-  orchestration overhead a shard pays;
-- a timeline of the run's singleton tasks (start / end from the trigger);
+  orchestration overhead a shard pays; per lane task (a round mapped per lane, ``round_00.lanes``):
+  its duration minus the ``run_s`` of the jobs of the shards it took (its lane document);
+- a timeline of the run's phases: its singleton tasks and each mapped task type's first start and
+  last end (seconds from the trigger);
+- the round's tail: from the first lane that ran out of shards (its last shard's ``ended_at``, the
+  lane documents ``round-NN/lanes/lane-*.json``) to the round's last job end; a round mapped per
+  shard has no lane documents, and its tail starts at the first job end after the last job start
+  (a slot freed with no shard left), from the job manifests;
 - peak RSS of every Airflow task process (``airflow worker -- <ti id>``, below the scheduler),
   sampled every ``sample_s`` from /proc with psutil, and of the executor's supervisor processes;
   the workers' peak RSS (``VmHWM``);
@@ -236,6 +244,44 @@ def job_manifests(root: Path) -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
+def lane_docs(root: Path) -> list[dict[str, Any]]:
+    """The first round's lane documents (``round-00/lanes/lane-*.json``), ``[]`` for a round mapped
+    per shard (a release before lanes has no :mod:`airflow_batchinfer.run.docs.lanes`)."""
+    try:
+        from airflow_batchinfer.run.docs.lanes import read_lanes
+        from airflow_batchinfer.run.layout import RunLayout
+    except ImportError:
+        return []
+    return [doc.model_dump() for doc in read_lanes(RunLayout(str(root)), 0)]
+
+
+def round_tail(
+    lanes: list[dict[str, Any]], manifests: dict[tuple[str, str], dict[str, Any]]
+) -> dict[str, Any]:
+    """The round's tail (see the module doc): lanes from their documents, else from the manifests."""
+    ends = [float(m["timings"]["finished_at"]) for m in manifests.values()]
+    if not ends:
+        return {}
+    last_end = max(ends)
+    if lanes:
+        taken = [[x for x in d["shards"] if x.get("ended_at")] for d in lanes]
+        outs = [max(float(x["ended_at"]) for x in t) for t in taken if t]  # a lane's last shard end
+        idle = sum(1 for t in taken if not t)
+        per_lane = sorted(len(t) for t in taken)
+        return {
+            "source": "lane documents",
+            "tail_s": round(last_end - min(outs), 2) if outs else None,
+            "lanes": len(lanes),
+            "lanes_without_shards": idle,
+            "shards_per_lane_min_max": [per_lane[0], per_lane[-1]] if per_lane else None,
+            "lane_ends_spread_s": round(max(outs) - min(outs), 2) if outs else None,
+        }
+    starts = [float(m["timings"]["started_at"]) for m in manifests.values()]
+    last_start = max(starts)
+    freed = min(e for e in ends if e >= last_start)  # the first slot freed with no shard left
+    return {"source": "job manifests", "tail_s": round(last_end - freed, 2)}
+
+
 def planned_shards(root: Path) -> list[str]:
     """Shard ids in map-index order, from the (single) round's plan."""
     for path in sorted(root.glob("*/plan.json")):
@@ -252,10 +298,12 @@ def analyse(
     deferrals: dict[str, int],
     rss: dict[str, float],
     t_trigger: float,
+    lanes: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Per task type: durations, queue wait, deferrals, RSS; per shard-job task: overhead."""
+    """Per task type: durations, queue wait, deferrals, RSS; per shard-job or lane task: overhead."""
     by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
     overhead: dict[str, list[float]] = defaultdict(list)
+    lane_shards = {int(d["lane"]): [x["shard_id"] for x in d["shards"]] for d in lanes or []}
     for ti in tis:
         kind = kind_of(ti["task_id"])
         start, end = ts(ti.get("start_date")), ts(ti.get("end_date"))
@@ -267,9 +315,15 @@ def analyse(
             "start": start - t_trigger if start else None, "end": end - t_trigger if end else None,
             "deferrals": deferrals.get(f"{ti['task_id']}/{ti['map_index']}", 0),
             "rss_mb": rss.get(ti["id"]),
+            "try": int(ti.get("try_number") or 0),
         }  # fmt: skip
         by_kind[kind].append(row)
-        if ti["map_index"] >= 0 and ti["map_index"] < len(shard_ids) and row["duration"] is not None:
+        if kind == "lanes":  # a lane's map index is its lane, not a shard: its shards are in its doc
+            if row["duration"] is not None and ti["map_index"] in lane_shards:
+                mine = set(lane_shards[ti["map_index"]])
+                run_s = sum(float(m["timings"]["run_s"]) for (s, _), m in manifests.items() if s in mine)
+                overhead[kind].append(row["duration"] - run_s)
+        elif ti["map_index"] >= 0 and ti["map_index"] < len(shard_ids) and row["duration"] is not None:
             sid = shard_ids[ti["map_index"]]
             # the job of this task: same kind, or the jobs whose kinds make up the task's (a fused task)
             jobs = [m for (s, k), m in manifests.items() if s == sid and (k == kind or k in kind.split("_"))]
@@ -294,6 +348,7 @@ def analyse(
             "first_start": min((r["start"] for r in rows if r["start"] is not None), default=None),
             "last_end": max((r["end"] for r in rows if r["end"] is not None), default=None),
             "states": counted(r["state"] for r in rows),
+            "retried": sum(1 for r in rows if r["try"] > 1),
         }  # fmt: skip
     return kinds
 
@@ -333,13 +388,28 @@ def setup_prefixes(defaults: dict[str, Any]) -> tuple[str, ...]:
 
 
 def part_b(
-    args: Any, work: Path, data: Path, total_tokens: int, records: int, bound: float, ideal_batches: int
+    args: Any,
+    work: Path,
+    data: Path,
+    total_tokens: int,
+    records: int,
+    bound: float,
+    ideal_batches: int,
+    *,
+    cold: bool = False,
+    records_per_shard: int | None = None,
+    name: str = "b",
 ) -> dict[str, Any]:
-    """The factory DAG on a real local Airflow, trigger → success (see the module doc)."""
+    """The factory DAG on a real local Airflow, trigger → success (see the module doc). ``cold``: no
+    worker before the trigger, ``pool_setup`` starts them; ``records_per_shard`` overrides the
+    arguments' shard size; ``name`` keeps each call's Airflow, pool and run folders apart."""
     shards_per_round = getattr(args, "shards_per_round", None)
     per_shard = math.ceil(records / shards_per_round) if shards_per_round else args.records_per_shard
+    per_shard = records_per_shard or per_shard
     n_shards = math.ceil(records / per_shard)
     slots = args.gpus * args.dag_concurrency
+    work = work / name
+    work.mkdir(parents=True, exist_ok=True)
     output_root = str(work / "runs")
     engine_options = {
         "latency_base_s": args.a,
@@ -372,17 +442,25 @@ def part_b(
     )  # fmt: skip
     af = LocalAirflow(home=work / "airflow", dags_folder=dags, parallelism=args.dag_parallelism, env=env)
     print(
-        f"\n(b) starting the warm pool ({args.gpus} workers x {args.dag_concurrency}) and Airflow ...",
+        f"\n({name}) starting {'Airflow (cold pool: pool_setup starts the' if cold else 'the warm pool ('}"
+        f" {args.gpus} workers x {args.dag_concurrency}){'' if cold else ' and Airflow'}; {per_shard:,} "
+        f"records per shard ...",
         flush=True,
     )
     try:
-        pool.up(spec)
+        if not cold:
+            pool.up(spec)
         t0 = time.monotonic()
         af.start(pools={POOL: slots})
         af.wait_for_dag(DAG_ID)
         print(f"    Airflow up and DAG parsed in {time.monotonic() - t0:.1f} s; {load()}", flush=True)
-        before = worker_stats(pool)
-        warm_specs = {k: g["spec"] for k, g in json.loads(pool.state_file.read_text())["generations"].items()}
+        # a cold pool has no worker yet: its workers' counters start at zero inside the clock
+        before = {} if cold else worker_stats(pool)
+        warm_specs = (
+            {}
+            if cold
+            else {k: g["spec"] for k, g in json.loads(pool.state_file.read_text())["generations"].items()}
+        )
         sampler = ProcessSampler({name: af.pid(name) for name in af.procs}, interval_s=args.sample_s)
         sampler.start()
         time.sleep(max(0.5, args.sample_s * 2))
@@ -401,7 +479,9 @@ def part_b(
         workers_rss = [round(_vm_hwm(p) / 2**20, 1) for p in worker_pids(pool) if psutil.pid_exists(p)]
         gens = {k: g["spec"] for k, g in json.loads(pool.state_file.read_text())["generations"].items()}
         generations = len(gens)
-        if set(gens) != set(warm_specs):  # pool_setup asked for other settings than the warm pool's
+        if not cold and set(gens) != set(
+            warm_specs
+        ):  # pool_setup asked for other settings than the warm pool's
             for key, spec_now in gens.items():
                 for old_key, old in warm_specs.items():
                     diff = {f: (old.get(f), spec_now.get(f)) for f in set(old) | set(spec_now)
@@ -414,9 +494,14 @@ def part_b(
     root = Path(output_root) / "b"
     manifests = job_manifests(root)
     planned = planned_shards(root)
-    kinds = analyse(tis, manifests, planned, deferrals, sampler.task_rss(), t_trigger)
-    busy = [after[u]["busy_time_s"] - before[u]["busy_time_s"] for u in after if u in before]
-    batches = sum(after[u]["total_batches"] - before[u]["total_batches"] for u in after if u in before)
+    lanes = lane_docs(root)
+    kinds = analyse(tis, manifests, planned, deferrals, sampler.task_rss(), t_trigger, lanes)
+    cpu = sampler.cpu()
+    airflow_cpu = round(sum(sum(c.values()) for c in cpu.values()), 1)
+    n_planned = len(planned) or n_shards
+    zero = {"busy_time_s": 0.0, "total_batches": 0}
+    busy = [after[u]["busy_time_s"] - before.get(u, zero)["busy_time_s"] for u in after]
+    batches = sum(after[u]["total_batches"] - before.get(u, zero)["total_batches"] for u in after)
     jobs = list(manifests.values())
     starts = [float(m["timings"]["started_at"]) for m in jobs]
     ends = [float(m["timings"]["finished_at"]) for m in jobs]
@@ -424,7 +509,9 @@ def part_b(
     rss_all = sampler.task_rss()
     return {
         "records": records,
-        "shards": len(planned) or n_shards,  # as planned (byte-range shards hold about per_shard records)
+        "name": name,
+        "cold_pool": cold,
+        "shards": n_planned,  # as planned (byte-range shards hold about per_shard records)
         "records_per_shard": per_shard,
         "gpus": args.gpus,
         "slots": slots,
@@ -448,7 +535,13 @@ def part_b(
         "task_processes_sampled": len(rss_all),
         "supervisor_rss_mb": sampler.supervisors_rss()[-3:],
         "workers_peak_rss_mb": workers_rss,
-        "cpu_s": sampler.cpu(),
+        "cpu_s": cpu,
+        "airflow_cpu_s": airflow_cpu,
+        "airflow_cpu_ms_per_shard": round(1000 * airflow_cpu / n_planned, 1),
+        "mapped_tasks": sum(1 for ti in tis if ti["map_index"] >= 0),
+        "mapped_by_type": counted(kind_of(ti["task_id"]) for ti in tis if ti["map_index"] >= 0),
+        "tail": round_tail(lanes, manifests),
+        "timeline": timeline(tis, t_trigger),
         "pool_generations": generations,
         "pool_setup_log": _events(setup_log, ("warm", "ready", "waiting")),
         "load_before": [round(x, 2) for x in load0],
@@ -457,8 +550,37 @@ def part_b(
     }  # fmt: skip
 
 
-ORDER = ["shard", "pool_setup", "plan", "infer", "judge", "infer_judge", "in_place", "close",
+ORDER = ["shard", "pool_setup", "plan", "lanes", "infer", "judge", "infer_judge", "in_place", "close",
          "report", "pool_teardown"]  # fmt: skip
+
+
+def timeline(tis: list[dict[str, Any]], t_trigger: float) -> list[dict[str, Any]]:
+    """The run's phases by start: each task (a mapped one: all its map indexes) with its count,
+    first start and last end (s from the trigger); tasks that never ran (skipped) are left out."""
+    spans: dict[str, list[float]] = {}
+    count: Counter[str] = Counter()
+    retried: Counter[str] = Counter()  # a retried task's start is its last try's
+    for ti in tis:
+        start, end = ts(ti.get("start_date")), ts(ti.get("end_date"))
+        if start is None or end is None:
+            continue
+        count[ti["task_id"]] += 1
+        retried[ti["task_id"]] += int(ti.get("try_number") or 0) > 1
+        first, last = spans.get(ti["task_id"], (start, end))
+        spans[ti["task_id"]] = [min(first, start), max(last, end)]
+    return [
+        {"task": task, "n": count[task], "start": round(a - t_trigger, 2), "end": round(b - t_trigger, 2),
+         "span": round(b - a, 2), "retried": retried[task]}
+        for task, (a, b) in sorted(spans.items(), key=lambda kv: (kv[1][0], kv[1][1]))
+    ]  # fmt: skip
+
+
+def print_timeline(r: dict[str, Any]) -> None:
+    print("\nphases, s from the trigger (task, its task instances, first start -> last end, span):")
+    for p in r["timeline"]:
+        again = f"; {p['retried']} retried" if p.get("retried") else ""
+        print(f"{p['task']:>26}: {p['n']:>5}  {p['start']:>7.2f} -> {p['end']:>7.2f}  ({p['span']} s{again})")
+    print(f"{'success':>26}:        {'':>11}{r['wall_s']:>7.2f}")
 
 
 def print_b(r: dict[str, Any], title: str = "(b) factory DAG on local Airflow") -> None:

@@ -145,6 +145,7 @@ def kube(kube_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
 
 E2E_DAGS = Path(__file__).parent / "e2e" / "dags"
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool
+E2E_MAX_MAP_LENGTH = 32  # below e2e_lanes's 40 shards: its rounds map lanes, not shards
 JUDGE_POOL_SLOTS = 2  # = judge_replicas (1) x judge_concurrency (2) of e2e_judge_pool's judge pool
 
 
@@ -169,14 +170,25 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         home=e2e_root / "airflow",
         dags_folder=E2E_DAGS,
         parallelism=12,
-        env={"BATCHINFER_E2E_ROOT": str(e2e_root), "BATCHINFER_CACHE": str(cache)},
+        env={
+            "BATCHINFER_E2E_ROOT": str(e2e_root),
+            "BATCHINFER_CACHE": str(cache),
+            "AIRFLOW__CORE__MAX_MAP_LENGTH": str(E2E_MAX_MAP_LENGTH),
+        },
     )
     try:
         af.start(pools={"e2e": POOL_SLOTS, "e2e_judge": JUDGE_POOL_SLOTS})
-        for dag_id in ("e2e_rounds", "e2e_hybrid", "e2e_in_place", "e2e_review", "e2e_judge_pool"):
+        for dag_id in (
+            "e2e_rounds",
+            "e2e_hybrid",
+            "e2e_in_place",
+            "e2e_review",
+            "e2e_judge_pool",
+            "e2e_lanes",
+        ):
             af.wait_for_dag(dag_id)
         yield af
     finally:
         af.stop()
-        for name in ("e2e", "e2e-judge"):
+        for name in ("e2e", "e2e-judge", "e2e-lanes"):
             LocalPool(name, state_dir=cache / "pools").down()

@@ -12,12 +12,13 @@ import json
 import os
 import random
 from collections.abc import Mapping
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SecretOption
 from airflow_batchinfer.exceptions import ConfigError
+
+if TYPE_CHECKING:  # imported on start: every worker imports this module (its secret options), and
+    import httpx  # httpx costs tens of ms (with its CLI's click, rich, pygments when installed)
 
 RETRYABLE = {408, 409, 429, 500, 502, 503, 504}
 
@@ -65,6 +66,8 @@ class OpenAIEngine(Engine):
         self._http: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
+        import httpx
+
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=self._headers, timeout=self.timeout_s, transport=self._transport
         )
@@ -94,6 +97,8 @@ class OpenAIEngine(Engine):
         return "/completions", {**body, "prompt": request.prompt}
 
     async def _one(self, request: GenerationRequest) -> GenerationResult:
+        import httpx  # loaded by start()
+
         assert self._http is not None, "start() the engine first"
         path, body = self._body(request)
         error = ""

@@ -92,6 +92,9 @@ class PoolSetupOperator(BaseOperator):
         (only waited for), or a Kubernetes pool (``kubernetes://NAMESPACE/NAME`` or a connection with
         the kubernetes backend: created or adopted, leased and scaled here).
     :param ready_timeout_s: model loading included.
+    :param inline_wait_s: how long to wait for a starting pool in the task before deferring: workers
+        that are ready within it (a small or simulated model: under a second) cost no deferral, whose
+        trigger may not fire before ``SETTLE_S`` and then polls every few seconds.
     :param lease_ttl_s: a run's lease on a shared pool (local or Kubernetes) lapses after this long
         unless renewed (each shard task and each review gate renews it), so a run that died without
         its teardown does not hold GPUs.
@@ -146,6 +149,7 @@ class PoolSetupOperator(BaseOperator):
         target_batch_tokens: int | str = worker_default("target_batch_tokens"),
         kubernetes: dict[str, Any] | str | None = None,
         ready_timeout_s: float = 900.0,
+        inline_wait_s: float = 10.0,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         allowed_callables: list[str] | None = None,
         limits: TriggerLimits | None = None,
@@ -167,6 +171,7 @@ class PoolSetupOperator(BaseOperator):
         self.target_batch_tokens = target_batch_tokens
         self.kubernetes = kubernetes or {}
         self.ready_timeout_s = ready_timeout_s
+        self.inline_wait_s = inline_wait_s
         self.lease_ttl_s = lease_ttl_s
         self.allowed_callables = tuple(allowed_callables or ())
         self.limits = limits
@@ -279,8 +284,15 @@ class PoolSetupOperator(BaseOperator):
             self.log.info("worker pool %s is managed outside Airflow: waiting for its workers", pool)
         # The warm fast path: the trigger's own readiness decision, asked once here. A ready pool
         # running this spec returns now; only a pool still starting (or rolling out) defers.
-        obs = asyncio.run(observe_pool(pool, pool.token(), lease_id(context)))
-        decision = pool_readiness(obs, replicas, spec_key=spec_key)
+        # Asked again while the pool starts, for up to inline_wait_s (polls 50 ms apart at first).
+        token, until, delay = pool.token(), time.monotonic() + self.inline_wait_s, 0.05
+        while True:
+            obs = asyncio.run(observe_pool(pool, token, lease_id(context)))
+            decision = pool_readiness(obs, replicas, spec_key=spec_key)
+            if decision != "wait" or time.monotonic() + delay > until:
+                break
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
         if decision == "refused":
             raise ConfigError(why_refused(obs, pool))
         if decision == "ready":

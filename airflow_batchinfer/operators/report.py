@@ -13,8 +13,9 @@ from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.preflight import run_preflight
-from airflow_batchinfer.report import INCOMPLETE, build_report
+from airflow_batchinfer.report import INCOMPLETE, build_report, shard_summary
 from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs.shard_status import RoundShards
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import owned_run_config
 from airflow_batchinfer.sizing import SizingPlan
@@ -115,6 +116,8 @@ class RunReportOperator(BaseOperator):
             report["remaining_pending"],
             layout.report,
         )
+        for rs in report["shard_status"]:  # the grid shows one box per lane: each shard's state is here
+            self.log.info("%s", shard_summary(RoundShards.model_validate(rs)))
         if report["status"] == INCOMPLETE:
             raise AirflowFailException(
                 f"{report['stop_reason']}. Remedy: see the failed task's log (shard, pool_setup, a plan or a "

@@ -3,8 +3,9 @@
 ``RoundControllerOperator`` (one task per round slot, because Airflow allows one review request per
 task instance and its body cannot change) reads what the previous rounds left, decides what this
 slot does (see :func:`airflow_batchinfer.run.plan.propose`), and when review is on opens a review gate
-on the Required Actions page whose body is the round summary. It returns the slot's shard
-descriptors; an empty list skips the slot's mapped tasks.
+on the Required Actions page whose body is the round summary. It returns what the slot's mapped tasks
+are expanded over: the lane descriptors of a round run by lanes (``map_lanes``, see
+:mod:`airflow_batchinfer.run.lanes`), else one shard descriptor per shard; an empty list skips them.
 
 ``CloseRoundOperator`` runs whatever happened upstream (``trigger_rule=all_done``): Airflow drops a
 failed index from a downstream ``.expand``, so it compares the shards the plan named with the job
@@ -21,12 +22,13 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import BaseOperator, Context, Param
 
 from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
-from airflow_batchinfer.exceptions import RpcError
+from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check
+from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.report import desk_url, review_body
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -34,6 +36,8 @@ from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
+from airflow_batchinfer.run.lane_start import start_lanes
+from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import owned_run_config
 from airflow_batchinfer.run.plan import ACCEPT, CONTINUE, CONTINUE_IN_PLACE, STOP, apply_choice, propose_slot
@@ -92,10 +96,16 @@ class RoundControllerOperator(HITLOperator):
         sets a setting over a cap (``max_tokens`` over ``max_max_tokens``) is refused, the task fails
         with the reason and nothing of the answer is applied. ``None``: the deployment's caps
         (``[batchinfer] max_*``, the pool connection's) hold all the same.
+    :param map_lanes: the slot's mapped task is a lane task
+        (:class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`): return lane descriptors,
+        ``lanes`` of them (the run setting; 0: ``slots``), never more than the round's shards nor
+        ``[core] max_map_length``. Else one shard descriptor per shard (a judge with its own pool).
+    :param slots: the pool's job slots, ``replicas × concurrency`` (templated: the factory passes the
+        DAG params', the figure the Airflow pool's slots are sized to), for ``lanes`` 0.
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
-    template_fields = ("run_root", "aws_conn_id", "worker_pool")
+    template_fields = ("run_root", "aws_conn_id", "worker_pool", "slots")
     ui_color = "#fff3cd"
 
     def __init__(
@@ -109,6 +119,8 @@ class RoundControllerOperator(HITLOperator):
         review_default: str = STOP,
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         limits: TriggerLimits | None = None,
+        map_lanes: bool = False,
+        slots: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("params", None)  # the DAG's, merged in by Airflow: HITLOperator merges them again
@@ -126,8 +138,80 @@ class RoundControllerOperator(HITLOperator):
         self.worker_pool = worker_pool
         self.preflight = preflight
         self.limits = limits
+        self.map_lanes = map_lanes
+        self.slots = slots
+        self._held: dict[str, WorkerPool] = {}  # the pools _start held, by plan field
         if preflight and not worker_pool:
             raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
+        if map_lanes and slots is None:
+            raise ValueError(f"{slot}: lanes need the pool's slots (replicas x concurrency)")
+
+    def _mapped(self, cfg: RunConfig, plan: Plan) -> list[dict[str, Any]]:
+        """What the slot's mapped task is expanded over (see ``map_lanes``)."""
+        if not self.map_lanes:
+            return _descriptors(plan)
+        if plan.mode == "skip" or not plan.shards:
+            return []
+        requested = plan.effective_config(cfg).lanes
+        try:
+            count = lane_count(requested, int(str(self.slots)), len(plan.shards))
+        except (ConfigError, ValueError) as exc:
+            raise AirflowFailException(
+                f"{self.slot}: {exc}. Remedy: set the run setting lanes (0: one per pool slot) and the "
+                "pool's replicas and concurrency to positive numbers"
+            ) from exc
+        bound = max_map_length()
+        if count > bound:
+            raise AirflowFailException(
+                f"{self.slot}: {count} lanes, but Airflow maps at most {bound} tasks per round "
+                f"([core] max_map_length). Remedy: set the run setting lanes to at most {bound}, or raise "
+                "max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the scheduler and workers"
+            )
+        return lanes_of(plan, count)
+
+    def _commit(
+        self, cfg: RunConfig, plan: Plan, so: dict[str, Any], context: Context
+    ) -> list[dict[str, Any]]:
+        """Store the slot's plan and return what its mapped task is expanded over. A round that runs
+        starts its lanes afresh: an earlier plan's claims and lane documents are forgotten (finished
+        shards are not run again: their manifests are reused), and each lane's first job is submitted
+        here, seconds before its lane task starts (see :mod:`~airflow_batchinfer.run.lane_start`)."""
+        mapped = self._mapped(cfg, plan)  # a refusal stores nothing
+        layout = RunLayout(cfg.run_root)
+        write_plan(layout, plan, so)
+        if self.map_lanes and plan.mode != "skip":
+            clear_claims(layout, plan.round, so)
+            if mapped:
+                self._start_lanes(plan.effective_config(cfg), plan, mapped, so, context)
+        return mapped
+
+    def _start_lanes(
+        self, cfg: RunConfig, plan: Plan, lanes: list[dict[str, Any]], so: dict[str, Any], context: Context
+    ) -> None:
+        """Each lane's first shard claimed and its job submitted (best effort: a lane runs whatever
+        was not started here)."""
+        pool = self._held.get("engine")
+        if pool is None:
+            return
+
+        async def start() -> list[str]:
+            client = PoolClient.for_pool(pool, lease_id=lease_id(context), storage_options=so)
+            try:
+                return await start_lanes(cfg, plan, lanes, client, so)
+            finally:
+                await client.aclose()
+
+        try:
+            started = asyncio.run(start())
+        except (BatchInferError, OSError) as exc:  # the lanes take their shards themselves
+            self.log.warning(
+                "%s: lanes' first jobs not started here (%s); the lanes start them", self.slot, exc
+            )
+            return
+        shown = ", ".join(started[:10]) + (" …" if len(started) > 10 else "")
+        self.log.info(
+            "%s: the first jobs of %d of %d lanes submitted: %s", self.slot, len(started), len(lanes), shown
+        )
 
     def _pools(self, cfg: RunConfig) -> dict[str, str]:
         """The plan field each pool's engine is recorded in -> the pool: the run's, and the judge's own."""
@@ -150,7 +234,8 @@ class RoundControllerOperator(HITLOperator):
             finally:
                 await client.aclose()
 
-        for name, pool in self._hold_pools(cfg, context, gate=False).items():
+        self._held = self._hold_pools(cfg, context, gate=False)
+        for name, pool in self._held.items():
             try:
                 setattr(plan, name, asyncio.run(engine(pool)))
             except RpcError as exc:  # workers still starting: close then trusts each manifest's engine
@@ -170,15 +255,16 @@ class RoundControllerOperator(HITLOperator):
         elif plan.mode != "skip":
             self._start(cfg, plan, context)
         if not proposal.options:
-            write_plan(RunLayout(cfg.run_root), plan, so)
+            mapped = self._commit(cfg, plan, so, context)
             self.log.info(
-                "%s: %s (%s)%s",
+                "%s: %s (%s)%s%s",
                 self.slot,
                 plan.mode,
                 plan.reason,
                 f"; the run stops: {plan.stop}" if plan.stop else "",
+                self._lanes_note(plan, mapped),
             )
-            return _descriptors(plan)
+            return mapped
         self.options = proposal.options
         if self.defaults and not set(self.defaults) <= set(self.options):
             self.defaults = [STOP]
@@ -210,17 +296,23 @@ class RoundControllerOperator(HITLOperator):
         )
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
-        write_plan(RunLayout(cfg.run_root), plan, so)
+        mapped = self._commit(cfg, plan, so, context)
         self.log.info(
-            "%s: %s chose %r: %s (%s)%s",
+            "%s: %s chose %r: %s (%s)%s%s",
             self.slot,
             who,
             choice,
             plan.mode,
             plan.reason,
             f"; changed for the next rounds: {sorted(changes)}" if changes else "",
+            self._lanes_note(plan, mapped),
         )
-        return _descriptors(plan)
+        return mapped
+
+    def _lanes_note(self, plan: Plan, mapped: list[dict[str, Any]]) -> str:
+        if not self.map_lanes or not mapped:
+            return ""
+        return f"; {len(plan.shards)} shards on {len(mapped)} lanes"
 
 
 class CloseRoundOperator(BaseOperator):

@@ -55,7 +55,9 @@ class ShardDatasetOperator(BaseOperator):
     """:param config: the run settings (:class:`RunConfig` fields; templated, so DAG params fit).
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param max_map_length: refuse more shards than this (default: the deployment's
-        ``[core] max_map_length``, since a round maps one task per shard).
+        ``[core] max_map_length``) when ``maps_per_shard``.
+    :param maps_per_shard: the DAG's rounds map one task per shard (a judge with its own pool), so
+        Airflow's map length bounds the shards; a DAG whose rounds map lanes has no such bound.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
         vouches for ``config`` and callable judges are not restricted here, but the params are held
@@ -71,9 +73,11 @@ class ShardDatasetOperator(BaseOperator):
         aws_conn_id: str | None = None,
         max_map_length: int | None = None,
         limits: TriggerLimits | None = None,
+        maps_per_shard: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.maps_per_shard = maps_per_shard
         self.limits = limits
         self.config = config
         self.aws_conn_id = aws_conn_id
@@ -132,7 +136,8 @@ class ShardDatasetOperator(BaseOperator):
                 RunLayout(cfg.run_root).input,
                 cfg.records_per_shard,
             )
-            result = prepare_run(cfg, so, max_shards=self.max_map_length or max_map_length())
+            bound = (self.max_map_length or max_map_length()) if self.maps_per_shard else None
+            result = prepare_run(cfg, so, max_shards=bound)
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
         except OSError as exc:

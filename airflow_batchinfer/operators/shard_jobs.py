@@ -51,6 +51,21 @@ from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 
 
+def task_deadline(context: Context, execution_timeout: timedelta | None) -> float | None:
+    """When the task's try must end (wall clock): ``execution_timeout`` from the try's start. A trigger
+    gets it, since Airflow's own timeout does not reach a deferred task's trigger."""
+    if execution_timeout is None:
+        return None
+    start = context["ti"].start_date
+    started = start.timestamp() if start else time.time()
+    return started + execution_timeout.total_seconds()
+
+
+def deferral_timeout(deadline: float | None) -> timedelta | None:
+    """The deferral's own timeout: a minute past ``deadline``, a backstop for a trigger that never ends."""
+    return None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time() + 60))
+
+
 class ShardJobOperator(BaseOperator):
     """Base of the shard job operators.
 
@@ -139,11 +154,7 @@ class ShardJobOperator(BaseOperator):
         }
 
     def _deadline(self, context: Context) -> float | None:
-        if self.execution_timeout is None:
-            return None
-        start = context["ti"].start_date
-        started = start.timestamp() if start else time.time()
-        return started + self.execution_timeout.total_seconds()
+        return task_deadline(context, self.execution_timeout)
 
     # ------------------------------------------------------------------------------- execute
     def execute(self, context: Context) -> dict[str, Any] | None:
@@ -210,7 +221,7 @@ class ShardJobOperator(BaseOperator):
         self.log.info("%s: job %s on %s (%d records)", self._what(), spec.job_id, url, self.shard["records"])
         if event is not None:
             return self.execute_complete(context, event.to_dict(), url=url, resubmits=resubmits)
-        timeout = None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time() + 60))
+        timeout = deferral_timeout(deadline)
         self.defer(
             trigger=WorkerJobTrigger(
                 worker_pool=self.worker_pool,

@@ -15,6 +15,11 @@ happens under a file lock.
 - :meth:`LocalPool.keep` (every shard task, every review gate) renews the run's lease, takes it again
   if it lapsed, and restarts workers that died from the stored spec: a crashed worker costs a model
   load, not a shard.
+
+A worker tells the pool it is ready by writing its announcement (``worker-<id>.json``,
+:mod:`~airflow_batchinfer.worker.announce`) the moment it serves with its engine loaded; the pool's
+wait (:meth:`LocalPool.up`) looks for it often at first (:func:`poll_delay`) and asks each worker's
+``/v1/ready`` as soon as it has announced, while the others still start.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_options
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.models import default_cache_dir
@@ -42,10 +49,20 @@ from airflow_batchinfer.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
+from airflow_batchinfer.worker.announce import read_announcement
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_argv, worker_default
 
 STATE_VERSION = 2
+# The readiness wait looks at the starting workers 1/20 of the time waited so far apart, from 5 ms
+# to 250 ms (a look: a file's stat and a /proc read per worker): a worker ready after 0.5 s is seen
+# within ~25 ms; one whose model loads for minutes costs four looks a second.
+POLL_MIN_S, POLL_MAX_S = 0.005, 0.25
+
+
+def poll_delay(waited_s: float) -> float:
+    """How long the readiness wait sleeps after ``waited_s`` seconds of waiting."""
+    return min(POLL_MAX_S, max(POLL_MIN_S, waited_s / 20))
 
 
 @dataclass(frozen=True)
@@ -402,27 +419,44 @@ class LocalPool:
         return path if path.exists() else None
 
     def _wait_ready(self, workers: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout_s
-        pending = [w for w in workers if not w.get("url")]
-        while pending:
-            for w in list(pending):
-                announce = Path(w["announce"])
-                if announce.exists():
-                    w["url"] = json.loads(announce.read_text())["url"]
-                    pending.remove(w)
-                elif not _alive(int(w["pid"])):
+        """Until every worker has announced itself and answers ``/v1/ready``; each one is asked as
+        soon as it announces (the others may still be starting)."""
+        start = time.monotonic()
+        token = self.token()
+        pending = list(workers)
+        # One transport for every worker's client: its TLS context (unused on http://, yet built
+        # by each new client, tens of ms) is built once.
+        transport = httpx.HTTPTransport()
+        try:
+            while True:
+                for w in list(pending):
+                    if not w.get("url") and (found := read_announcement(w["announce"])) is not None:
+                        w["url"] = found.url
+                    if w.get("url"):
+                        if not SyncWorkerClient(w["url"], token=token, transport=transport).ready():
+                            raise WorkerUnavailable(
+                                f"local worker {w['id']} ({w['url']}) announced itself but is not ready "
+                                f"(draining or stopping); log {w['log']}:\n{log_tail(w['log'], 3000)}"
+                            )
+                        pending.remove(w)
+                    elif not _alive(int(w["pid"])):
+                        raise WorkerUnavailable(
+                            f"local worker {w['id']} of {self} exited while starting; log {w['log']}:\n"
+                            f"{log_tail(w['log'], 3000)}\nRemedy: fix what the log says (model path, "
+                            "engine options), then start the pool again"
+                        )
+                if not pending:
+                    return workers
+                waited = time.monotonic() - start
+                if waited > timeout_s:
                     raise WorkerUnavailable(
-                        f"local worker {w['id']} exited while starting; log {w['log']}:\n"
-                        f"{log_tail(w['log'], 3000)}"
+                        f"{len(pending)} of {len(workers)} local workers of {self} not ready after "
+                        f"{timeout_s:.0f} s; their logs: {', '.join(w['log'] for w in pending)}. Remedy: "
+                        "see what they are doing there; a large model may need a longer timeout"
                     )
-            if pending and time.monotonic() > deadline:
-                raise WorkerUnavailable(f"{len(pending)} local workers not ready after {timeout_s:.0f} s")
-            time.sleep(0.1)
-        for w in workers:
-            with SyncWorkerClient(w["url"], token=self.token()) as client:
-                if not client.ready():
-                    raise WorkerUnavailable(f"local worker {w['url']} is not ready; see {w['log']}")
-        return workers
+                time.sleep(poll_delay(waited))
+        finally:
+            transport.close()
 
     def status(self) -> dict[str, Any]:
         state = self._load()
@@ -469,9 +503,10 @@ class LocalPool:
     def _announced(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Fill in the URL of workers started without waiting, once they have announced it."""
         for w in workers:
-            if not w.get("url") and w.get("announce") and Path(w["announce"]).exists():
-                with contextlib.suppress(ValueError, OSError):
-                    w["url"] = json.loads(Path(w["announce"]).read_text())["url"]
+            if not w.get("url") and w.get("announce"):
+                with contextlib.suppress(OSError):
+                    if (found := read_announcement(w["announce"])) is not None:
+                        w["url"] = found.url
         return workers
 
     def endpoints(self, lease_id: str | None = None) -> list[str]:

@@ -34,6 +34,7 @@ Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
 Every sample they return is cut to the ``[batchinfer] review_*`` caps as its row is read
 (:mod:`airflow_batchinfer.desk_bounds`): its ``truncated`` names what was cut, and ``field`` reads
 one such value whole (a sample's ``shard_id`` and ``position`` address it).
+    GET  /api/gates/{dag_id}/{run_id}/shards        ?cursor=&size=&state=&round=: a round's shards
     GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
     POST /api/gates/{dag_id}/{run_id}/decisions     {"action", "ids" | "filter", "note"} (open gate only)
 """
@@ -75,7 +76,17 @@ from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewCl
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
-from airflow_batchinfer.run.docs import TAIL, read_run_config, read_summary, rounds_ran
+from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
+from airflow_batchinfer.run.docs import (
+    TAIL,
+    Plan,
+    read_plan,
+    read_run_config,
+    read_summary,
+    rounds_ran,
+    slots,
+)
+from airflow_batchinfer.run.docs.shard_status import RoundStatus, round_status
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import RunIdentity, creator_of, parse_owner, read_owner
 
@@ -89,6 +100,7 @@ PLAN_TASK = re.compile(r"(?:^|\.)(?:round_(?P<n>\d+)|(?P<tail>tail))\.plan$")
 OPEN_STATES = (TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)
 SO_TTL_S = 300.0  # how long storage options made from a connection are reused
 VIEW_TTL_S, MAX_VIEWS = 600.0, 32  # round views kept (each knows its round's shards and counts)
+SHARDS_TTL_S = 5.0  # an open round's shard states are read again after this (a closed one's: VIEW_TTL_S)
 
 # The page under a Content-Security-Policy: its own scripts and styles, same-origin requests only,
 # nothing from elsewhere (an image link in a model's output could not load even if rendered).
@@ -440,6 +452,52 @@ def _view(ctx: RunContext, r: int) -> RoundView:
         return view
 
 
+def _planned(ctx: RunContext, requested: int | None) -> tuple[Plan, list[int]]:
+    """The plan of the round whose shards to show, and every round that has one (not skipped):
+    ``requested``, else the gate's round, else the last round planned (one that runs now). A round
+    in progress is shown too: its shards' states are what its lanes have written so far."""
+    layout = RunLayout(ctx.run_root)
+    cfg = read_run_config(ctx.run_root, ctx.so)
+    plans: dict[int, Plan] = {}
+    for slot in slots(cfg.max_rounds):
+        plan = read_plan(layout, slot, ctx.so)
+        if plan is not None and plan.mode != "skip":
+            plans[plan.round] = plan
+    rounds = sorted(plans)
+    r = requested
+    if r is None:
+        r = ctx.round if ctx.round in plans else (rounds[-1] if rounds else None)
+    if r is None or r not in plans:
+        what = "no round has been planned yet" if r is None else f"round {r} has not been planned"
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"{ctx.dag_id}/{ctx.run_id}: {what}")
+    return plans[r], rounds
+
+
+_statuses: OrderedDict[tuple[str, int, str], tuple[float, RoundStatus, bool]] = OrderedDict()
+_statuses_lock = threading.Lock()
+
+
+def _round_status(ctx: RunContext, plan: Plan) -> tuple[RoundStatus, bool]:
+    """The round's shard states and whether it has closed, shared between requests for a while: a
+    page and its next page read the lane documents once (O(lanes) documents), an open round's
+    again after :data:`SHARDS_TTL_S`."""
+    key = (ctx.run_root, plan.round, repr(sorted(ctx.so.items())))
+    now = time.monotonic()
+    with _statuses_lock:
+        hit = _statuses.get(key)
+    if hit and now - hit[0] < (VIEW_TTL_S if hit[2] else SHARDS_TTL_S) and hit[1].plan == plan:
+        return hit[1], hit[2]
+    layout = RunLayout(ctx.run_root)
+    summary = read_summary(layout, plan.round, ctx.so)
+    found = round_status(layout, plan, ctx.so, failed=None if summary is None else summary.failed_shards)
+    with _statuses_lock:
+        _statuses[key] = (now, found, summary is not None)
+        _statuses.move_to_end(key)
+        while len(_statuses) > MAX_VIEWS:
+            _statuses.popitem(last=False)
+    return found, summary is not None
+
+
 def desk_bounds() -> Bounds:
     """The desk's caps from ``[batchinfer]`` (read per request: cheap, and a bad value is a 409 that
     names the setting, not a desk that fails to load)."""
@@ -693,6 +751,38 @@ def create_app() -> FastAPI:
                 status.HTTP_404_NOT_FOUND, f"no sample at {shard!r} position {position} in round {r}"
             )
         return _whole(found, path, r, desk_bounds())
+
+    @app.get("/api/gates/{dag_id}/{run_id}/shards", dependencies=[ReadDag])
+    def shards(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        cursor: Annotated[str | None, Query(max_length=100)] = None,
+        size: Annotated[int, Query(ge=1, le=MAX_SHARDS_PAGE)] = 100,
+        state: Annotated[str | None, Query(max_length=MAX_TEXT)] = None,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """A page of a round's shards (its lanes' documents, claims and quarantine records) with
+        the round's counts by state; ``tracked`` is false for a round that ran one task per shard."""
+        ctx = run_context(session, dag_id, run_id, user)
+        plan, rounds = _planned(ctx, round)
+        found, closed = _round_status(ctx, plan)
+        page = shard_page(found, cursor=cursor or None, size=size, state=state or None, bounds=desk_bounds())
+        if not found.tracked:  # one task per shard: the states are its tasks' in the Airflow grid
+            page = ShardPage([], None, 0)
+        return {
+            "round": plan.round,
+            "slot": plan.slot,
+            "rounds": rounds,  # the rounds planned so far (each one's shards can be shown)
+            "gate_round": ctx.round,
+            "closed": closed,
+            "tracked": found.tracked,
+            "lanes": len(found.lane_docs),
+            "total": len(found.rows),
+            "counts": found.counts() if found.tracked else {},
+            **page.to_dict(),
+        }
 
     # ------------------------------------------------------------------------ the decisions
     @app.get("/api/gates/{dag_id}/{run_id}/decisions", dependencies=[ReadDag])

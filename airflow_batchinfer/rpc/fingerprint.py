@@ -12,6 +12,9 @@ from airflow_batchinfer.rpc.models import JobSpec
 
 # Parameters that change how a job runs but not what it produces (left out of fingerprints).
 NON_SEMANTIC = ("chunk_size", "input_records", "checkpoint_every", "checkpoint_interval_s", "fingerprint")
+# Outputs that hold a job's progress, not its results (left out of job ids: a job id and its
+# finished manifest stay what they were before the output existed).
+NON_SEMANTIC_OUTPUTS = ("segments",)
 
 
 def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[str, Any]) -> str:
@@ -47,5 +50,6 @@ def spec_key(spec: JobSpec) -> str:
     """A short hash of what the client asks for (kind, input, outputs, semantic params): part of job
     ids, so a changed request is a new job rather than a 409 from a worker that remembers the old."""
     params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
-    payload = {"kind": spec.kind, "input": spec.input, "outputs": spec.outputs, "params": params}
+    outputs = {k: v for k, v in spec.outputs.items() if k not in NON_SEMANTIC_OUTPUTS}
+    payload = {"kind": spec.kind, "input": spec.input, "outputs": outputs, "params": params}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -80,6 +80,10 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         x = settle_shard(rc, shard, repeated)
         x = _settle_range(cfg, layout, r, x, so)
         settle_repeats(layout, r, x, repeated, id_field, so)
+        if x.accepted is not None:  # settled by its manifest: segments its job left have served
+            for kind in kinds:  # (a quarantined shard's are kept: a re-run of the round resumes them)
+                if kind != "in_place":
+                    files.remove_tree(layout.segments(r, shard["shard_id"], kind), so)
         return _account(x, id_field, so, cfg.assign_ids)
 
     # before any shard is accepted: the repeats are left out of what it accepts

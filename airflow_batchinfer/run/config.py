@@ -39,6 +39,8 @@ class RunConfig:
     max_rounds: int = 3
     max_attempts: int = 3
     records_per_shard: int = 2_000
+    # shard jobs a round runs at once (run.lanes); 0: one lane per pool slot
+    lanes: int = 0
     chunk_size: int = 500
     id_field: str | None = None
     assign_ids: bool = False
@@ -74,6 +76,8 @@ class RunConfig:
             raise ConfigError("max_rounds and max_attempts must be >= 1")
         if self.records_per_shard < 1:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
+        if self.lanes < 0:
+            raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
         self._check_bounds()
         self._check_unreachable_grace()
         if not isinstance(self.judge, dict) or "type" not in self.judge:

@@ -48,6 +48,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "inferred": layout.inferred(r, sid),
             "manifest": layout.job_manifest(r, sid, kind),
             "staging": layout.staging(r),  # fenced: a late copy never rewrites what a judge read
+            "segments": layout.segments(r, sid, kind),  # committed chunks: a retry resumes after them
         }
         params = cfg.infer_params()
     elif kind in ("judge", "infer_judge"):
@@ -56,6 +57,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "rejected": layout.rejected(r, sid),
             "manifest": layout.job_manifest(r, sid, kind),
             "staging": layout.staging(r),  # fenced: close accepts one attempt's outputs, once
+            "segments": layout.segments(r, sid, kind),  # committed chunks: a retry resumes after them
         }
         params = cfg.judge_params() if kind == "judge" else {**cfg.infer_params(), **cfg.judge_params()}
     else:

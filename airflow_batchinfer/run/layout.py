@@ -13,6 +13,9 @@
     <root>/round-00/summary.json
     <root>/results/               approved rows (round00-part-NNNNN..., tail-part-NNNNN...)
     <root>/checkpoints/           in-place retry state     <root>/report/
+    <root>/checkpoints/round-00/segments/<shard>.<kind>/
+                                  an infer, judge or infer_judge job's committed chunks (resume inside
+                                  a shard; deleted once its manifest is written, or by close)
     <root>/run.json               the run's settings       <root>/round-00/plan.json, <root>/tail/plan.json
     <root>/preflight/             the pre-flight sample and its projection
     <root>/round-00/review/decisions.jsonl
@@ -145,12 +148,31 @@ class RunLayout:
     def summary(self, r: int) -> str:
         return join(self.round(r), "summary.json")
 
+    def claims(self, r: int) -> str:
+        """Round ``r``'s shard claims: one document per shard a lane took (see ``run/lanes.py``)."""
+        return join(self.round(r), "claims")
+
+    def claim(self, r: int, shard_id: str) -> str:
+        return join(self.claims(r), f"{shard_id}.json")
+
+    def lanes(self, r: int) -> str:
+        """Round ``r``'s lane status documents: which shards each lane took, and how each ended."""
+        return join(self.round(r), "lanes")
+
+    def lane(self, r: int, lane: int) -> str:
+        return join(self.lanes(r), f"lane-{lane:04d}.json")
+
     def result(self, r: int, shard_id: str, *, tail: bool = False) -> str:
         prefix = "tail" if tail else f"round{r:02d}"
         return join(self.results, f"{prefix}-{shard_id}{SHARD_SUFFIX}")
 
     def checkpoints(self, r: int, shard_id: str) -> str:
         return join(self.root, "checkpoints", f"round-{r:02d}", shard_id)
+
+    def segments(self, r: int, shard_id: str, kind: str) -> str:
+        """The committed chunks of a shard's infer, judge or infer_judge job
+        (:mod:`~airflow_batchinfer.worker.segments`): a later attempt resumes after them."""
+        return join(self.root, "checkpoints", f"round-{r:02d}", "segments", f"{shard_id}.{kind}")
 
     def review(self, r: int) -> str:
         """Round ``r``'s review of its rejected rows (:mod:`airflow_batchinfer.review`)."""

@@ -24,6 +24,7 @@ from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.run.docs import read_job_manifest
 from airflow_batchinfer.worker import metrics
+from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
 from airflow_batchinfer.worker.params import parse_params
@@ -60,6 +61,7 @@ def create_app(
         async def load() -> None:
             try:
                 await runtime.start()
+                mark("engine")
                 log.info("engine %s ready", runtime.describe())
             except Exception as exc:
                 log.exception("engine failed to start")

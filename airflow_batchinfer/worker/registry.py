@@ -18,6 +18,7 @@ from airflow_batchinfer.storage.confine import confined
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy
+from airflow_batchinfer.worker.segments import RESUME_COUNTS
 from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
 
 log = logging.getLogger("airflow_batchinfer.worker")
@@ -171,7 +172,9 @@ class JobRegistry:
             job.finished_at = time.time()
             self.last_activity = time.monotonic()
             self.totals[f"{spec.kind}:{job.state}"] += 1
-            self.records.update(ctx.counts)
+            # Records by outcome; a job's resume figures (chunks, records taken from segments) are
+            # its manifest's, not the worker's totals.
+            self.records.update({k: v for k, v in ctx.counts.items() if k not in RESUME_COUNTS})
             self.tokens.update(ctx.tokens)
             if job.state != "succeeded":
                 log.warning(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from typing import Any
 
@@ -43,15 +44,21 @@ class Runtime:
             max_concurrent_batches=max_concurrent_batches,
         )
         self.ready = False
+        self._started = asyncio.Event()  # set with ready: the worker announces itself on it
 
     async def start(self) -> None:
         await self.engine.start()
         await self.batcher.start()
-        freeze_startup_objects()
         self.ready = True
+        self._started.set()
+
+    async def wait_ready(self) -> None:
+        """Until :meth:`start` has loaded the engine (forever if it fails: the worker then exits)."""
+        await self._started.wait()
 
     async def close(self) -> None:
         self.ready = False
+        self._started.clear()
         await self.batcher.stop()
         await self.engine.close()
 
@@ -93,7 +100,8 @@ def freeze_startup_objects() -> None:
     web app, the engine) out of the garbage collector's reach (``gc.freeze``). They live as long as
     the process anyway; left in, each full collection walks all of them while the event loop
     stands still (100+ ms per collection in a worker: an engine batch that ends meanwhile waits
-    for the loop that feeds the next one). Objects frozen are still freed by reference counting."""
+    for the loop that feeds the next one). Objects frozen are still freed by reference counting.
+    The worker process calls it once it has announced itself ready: the collection delays no start."""
     global _frozen
     if _frozen:
         return

@@ -4,6 +4,10 @@ SIGTERM drains: the worker stops accepting jobs (503), lets running ones finish 
 checkpoint if the drain timeout passes), then exits 0. A second SIGTERM/SIGINT exits at once.
 With ``idle_ttl`` the worker drains itself after that long without jobs (local pools), unless its
 ``lease_file`` shows a run still holding the pool (a review gate may wait for hours between rounds).
+
+With ``announce_file`` (local pools) the worker writes its announcement
+(:mod:`~airflow_batchinfer.worker.announce`) the moment the engine is loaded and the socket listens:
+its pool waits for that file, not for a poll interval.
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ import uvicorn
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.rpc.urls import http_url
+from airflow_batchinfer.worker.announce import announce, mark
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.leases import PoolState
 from airflow_batchinfer.worker.registry import JobRegistry
-from airflow_batchinfer.worker.runtime import Runtime
+from airflow_batchinfer.worker.runtime import Runtime, freeze_startup_objects
 
 log = logging.getLogger("airflow_batchinfer.worker")
 
@@ -38,6 +43,13 @@ class _DrainingServer(uvicorn.Server):
         self.drain_timeout_s = drain_timeout_s
         self.loop: asyncio.AbstractEventLoop | None = None
         self._draining: asyncio.Task[None] | None = None
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:  # uvicorn sets it once its socket accepts connections
+            mark("listening")
+            self.listening.set()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._draining is not None or self.loop is None:  # a second signal: stop now
@@ -58,13 +70,6 @@ class _DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def _announce(path: str, url: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump({"url": url, "pid": os.getpid(), "started_at": time.time()}, f)
-    os.replace(tmp, path)
-
-
 def _leased(lease_file: str | None) -> bool:
     """Whether the local pool's lease file keeps this worker: a live lease, or a release less than
     ``idle_ttl_s`` ago. A missing file means the pool was stopped or replaced."""
@@ -81,14 +86,22 @@ def _leased(lease_file: str | None) -> bool:
     return not state.idle_expired(time.time())
 
 
-async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig, url: str) -> None:
-    """Announce readiness once the model is loaded; drain after ``idle_ttl`` without jobs and leases."""
-    announced = False
+async def _announce_when_ready(
+    server: _DrainingServer, runtime: Runtime, config: WorkerConfig, url: str
+) -> None:
+    """Announce the worker the moment its engine is loaded and its socket listens (either may come
+    first), then freeze the start-up objects: after the announcement, the collection delays no start."""
+    await runtime.wait_ready()
+    await server.listening.wait()
+    if config.announce_file:
+        announce(config.announce_file, url)
+    freeze_startup_objects()
+
+
+async def _watch(server: _DrainingServer, config: WorkerConfig) -> None:
+    """Drain after ``idle_ttl`` without jobs and leases (checked while the engine loads too)."""
     while not server.should_exit:
         await asyncio.sleep(0.5)
-        if runtime.ready and not announced and config.announce_file:
-            _announce(config.announce_file, url)
-            announced = True
         registry = server.registry
         idle_for = time.monotonic() - registry.last_activity
         if (
@@ -102,7 +115,20 @@ async def _watch(server: _DrainingServer, runtime: Runtime, config: WorkerConfig
             return
 
 
+def bound_socket(host: str, port: int) -> socket.socket:
+    """The worker's socket, bound (uvicorn listens on it)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # TCP_NODELAY, which the accepted connections inherit: asyncio sets it only on sockets made with
+    # proto=IPPROTO_TCP (this one has 0). Without it each answer's body waited for the client's
+    # delayed ACK of its headers: ~40 ms per request on a kept-alive connection (every poll).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    return sock
+
+
 def serve(config: WorkerConfig) -> None:
+    mark("imports")  # the CLI imports this module only for `worker serve`: its imports are done
     config.validate()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if config.allowed_prefixes is None:
@@ -123,27 +149,34 @@ def serve(config: WorkerConfig) -> None:
     )
     server: _DrainingServer | None = None
     app = create_app(config, runtime, on_fatal=lambda: server.start_drain() if server else None)
-    sock = socket.socket(socket.AF_INET6 if ":" in config.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((config.host, config.port))
+    mark("app")
+    sock = bound_socket(config.host, config.port)
     host, port = sock.getsockname()[:2]
     url = http_url(host, port)
     # host:port names this worker in job statuses and manifests: local pools run several per host.
     # $HOSTNAME first: in a container it is the pod's name (what `kubectl logs` takes).
     app.state.registry.worker_name = f"{os.environ.get('HOSTNAME') or socket.gethostname()}:{port}"
-    uv_config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=5)
+    # ws="none": the API has no websocket route, so the server need not import a websockets library
+    uv_config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=5, ws="none"
+    )
     server = _DrainingServer(uv_config, app.state.registry, config.drain_timeout_s)
     log.info("worker listening on %s (engine %s, concurrency %d)", url, config.engine, config.concurrency)
 
     async def main() -> None:
         server.loop = asyncio.get_running_loop()
-        watcher = asyncio.create_task(_watch(server, runtime, config, url))
+        tasks = [
+            asyncio.create_task(_announce_when_ready(server, runtime, config, url)),
+            asyncio.create_task(_watch(server, config)),
+        ]
         try:
             await server.serve(sockets=[sock])
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             if config.announce_file:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(config.announce_file)

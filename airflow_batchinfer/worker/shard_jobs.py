@@ -18,12 +18,19 @@ it emits per output file (:data:`~airflow_batchinfer.run.docs.ID_OUTPUTS`); the 
 Judge, infer_judge and in-place jobs also count the reason groups of the rows they reject
 (:func:`~airflow_batchinfer.judges.reasons.reason_group`), the manifest's ``reason_groups``: the review
 page shows a round's groups from them without reading its rows.
+
+Resume inside a shard: an infer, judge or infer_judge spec with ``outputs["segments"]`` commits each
+chunk as a segment (:mod:`~airflow_batchinfer.worker.segments`) and assembles its outputs from them
+at the end; a later attempt of the job continues after the last committed segment. Without it a job
+streams one file per output, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 import time
 import uuid
 from collections import Counter
@@ -37,6 +44,7 @@ from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.prompts import PromptError
+from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.run.docs import ID_OUTPUTS, Digest
 from airflow_batchinfer.run.layout import fenced_outputs, staged_output
@@ -46,9 +54,13 @@ from airflow_batchinfer.storage.id_hashes import HashWriter, hashes_beside
 from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader, read_stats
 from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.storage.records import Record
+from airflow_batchinfer.storage.writer import in_thread
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
 from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
+from airflow_batchinfer.worker.segments import JobKey, SegmentDoc, SegmentLog, Tally
+
+log = logging.getLogger("airflow_batchinfer.worker")
 
 
 @dataclass
@@ -81,6 +93,14 @@ class JobContext:
         if digest is None:
             digest = self.ids[name] = IdDigest()
         digest.add_many(record_ids(records, self.params.id_field))
+
+    def absorb(self, tally: Tally) -> None:
+        """Add one chunk's figures (counted while it was processed, or read from its segment) to the job's."""
+        self.counts.update(tally.counts)
+        self.tokens.update(tally.tokens)
+        self.reason_groups.merge(tally.reason_groups)
+        for name, digest in tally.ids.items():
+            self.ids[name] = self.ids.get(name, IdDigest()) + digest
 
     def ids_doc(self) -> dict[str, Digest]:
         """The manifest's ``ids``: ``input`` and every output of the kind, empty ones included."""
@@ -144,14 +164,19 @@ class JobContext:
         return uri
 
     async def generate(
-        self, requests: list[GenerationRequest], costs: list[float] | None = None
+        self,
+        requests: list[GenerationRequest],
+        costs: list[float] | None = None,
+        *,
+        tally: Tally | None = None,
     ) -> list[GenerationResult]:
         """The worker's shared batcher, with this job's token usage counted (``costs``: the
-        requests' :meth:`Runtime.estimate`, if known)."""
+        requests' :meth:`Runtime.estimate`, if known), into ``tally`` when given (a chunk's)."""
         results = await self.runtime.generate(requests, costs)
+        tokens = self.tokens if tally is None else tally.tokens
         for r in results:
-            self.tokens["prompt"] += r.prompt_tokens
-            self.tokens["completion"] += r.completion_tokens
+            tokens["prompt"] += r.prompt_tokens
+            tokens["completion"] += r.completion_tokens
         return results
 
     def record_id(self, record: Mapping[str, Any]) -> str:
@@ -219,12 +244,12 @@ class _Inference:
                 )
         return rows, counts
 
-    async def __call__(self, chunk: list[Record]) -> list[Record]:
-        """One output row per record of ``chunk``, in order."""
+    async def __call__(self, chunk: list[Record], tally: Tally) -> list[Record]:
+        """One output row per record of ``chunk``, in order (counted into ``tally``)."""
         built, requests, costs = await asyncio.to_thread(self.build, chunk)
-        results = await self.ctx.generate(requests, costs)
+        results = await self.ctx.generate(requests, costs, tally=tally)
         rows, counts = await asyncio.to_thread(self.rows, built, results)
-        self.ctx.counts.update(counts)
+        tally.counts.update(counts)
         return rows
 
 
@@ -232,41 +257,134 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
     ctx.progress.total = ctx.params.input_records
     infer = _Inference(ctx)
 
-    async def process(chunk: list[Record]) -> list[Record]:
-        ctx.count_ids("input", chunk)
-        rows = await infer(chunk)
-        ctx.count_ids("inferred", chunk)  # one row per record, its id
+    async def process(chunk: list[Record], tally: Tally) -> list[Record]:
+        rows = await infer(chunk, tally)
+        tally.count_ids("inferred", record_ids(chunk, ctx.params.id_field))  # one row per record, its id
         return rows
 
-    async with ctx.file(ctx.output("inferred")).writer() as out:
-        await _pipelined(ctx, process, out.write_many)
+    await _run_chunks(ctx, process, lambda rows: {"inferred": rows})
     return dict(ctx.counts)
 
 
-async def _pipelined(
-    ctx: JobContext,
-    process: Callable[[list[Record]], Coroutine[Any, Any, list[Record]]],
-    write: Callable[[list[Record]], Awaitable[None]],
-) -> None:
+Process = Callable[[list[Record], Tally], Coroutine[Any, Any, list[Record]]]
+Split = Callable[[list[Record]], dict[str, list[Record]]]  # a chunk's rows per output name
+# What happens to a processed chunk, in chunk order: (index, input records, rows, its tally).
+Write = Callable[[int, int, list[Record], Tally], Awaitable[None]]
+Resumed = Callable[[int, list[Record]], Awaitable[bool]]
+
+
+@dataclass
+class _Chunk:
+    index: int
+    records: int
+    rows: list[Record]
+    tally: Tally
+
+
+async def _run_chunks(ctx: JobContext, process: Process, split: Split) -> None:
+    """Every chunk of the input through ``process``, its rows into the kind's outputs (``split``):
+    streamed into one writer per output, or, with ``outputs["segments"]``, committed chunk by chunk
+    as segments and assembled at the end (:func:`_run_segmented`)."""
+    if ctx.spec.outputs.get("segments"):
+        await _run_segmented(ctx, process, split)
+        return
+    names = ID_OUTPUTS[ctx.spec.kind]
+    async with contextlib.AsyncExitStack() as stack:  # an exception aborts every writer
+        writers = {n: await stack.enter_async_context(ctx.file(ctx.output(n)).writer()) for n in names}
+
+        async def write(index: int, records: int, rows: list[Record], tally: Tally) -> None:
+            for name, part in split(rows).items():
+                await writers[name].write_many(part)
+
+        await _pipelined(ctx, process, write)
+
+
+async def _run_segmented(ctx: JobContext, process: Process, split: Split) -> None:
+    """Resume after the committed segments, commit one per chunk processed now, then assemble the
+    final outputs from the chosen segments, in chunk order."""
+    spec, p = ctx.spec, ctx.params
+    info = await asyncio.to_thread(ctx.file(spec.input).info)
+    names = ID_OUTPUTS[spec.kind]
+    what = f"job {spec.job_id} (input {spec.input})"
+    targets = {n: ctx.output(n) for n in names}  # the final (with staging: this attempt's) files
+    key = JobKey(
+        job_id=spec.job_id,
+        fingerprint=fingerprint(spec, ctx.runtime.describe(), info),
+        chunk_size=p.chunk_size,
+        outputs=targets,
+        what=what,
+    )
+    segments = SegmentLog(spec.outputs["segments"], key, ctx.attempt, ctx.runtime.storage_options)
+    prefix = await asyncio.to_thread(segments.load)
+    chosen: list[SegmentDoc] = []  # one per chunk, in order: what the outputs are assembled from
+    ctx.progress.done += sum(d.records for d in prefix)
+
+    async def resumed(index: int, chunk: list[Record]) -> bool:
+        """Whether chunk ``index``'s rows come from its committed segment (its records and ids as
+        the segment says): then it is neither inferred nor judged, and its figures are the segment's."""
+        nonlocal prefix
+        if index >= len(prefix):
+            return False
+        doc = prefix[index]
+        ids = await asyncio.to_thread(IdDigest.of, record_ids(chunk, p.id_field))
+        if doc.records == len(chunk) and doc.input.digest() == ids:
+            ctx.absorb(Tally.of(doc))
+            chosen.append(doc)
+            return True
+        log.warning(
+            "%s: chunk %d holds %d records (ids %s) but its segment (attempt %s) %d (ids %s): the input is "
+            "not what it was; recomputing from chunk %d on",
+            what, index, len(chunk), ids, doc.attempt, doc.records, doc.input.digest(), index,
+        )  # fmt: skip
+        ctx.progress.done -= sum(d.records for d in prefix[index:])
+        await asyncio.to_thread(segments.discard, prefix[index:])
+        prefix = prefix[:index]
+        return False
+
+    async def write(index: int, records: int, rows: list[Record], tally: Tally) -> None:
+        chosen.append(await in_thread(segments.commit, index, records, rows, split, tally))
+
+    await _pipelined(ctx, process, write, resumed)
+    for name, target in targets.items():
+        await in_thread(segments.assemble, chosen, name, target)
+    ctx.progress.done = sum(d.records for d in chosen)
+    ctx.counts["resumed_records"] = sum(d.records for d in chosen if d.attempt != ctx.attempt)
+    ctx.counts["segments"] = segments.committed
+    ctx.cleanup.append(segments.clear)  # once the manifest records completion, segments have served
+
+
+async def _pipelined(ctx: JobContext, process: Process, write: Write, resumed: Resumed | None = None) -> None:
     """Process chunk k+1 while chunk k is written: the batcher never waits on this job's I/O.
     At most two chunks are in memory per job (and one being read). Each chunk is read, decoded and
-    parsed in a thread, in one hop; the first is small, so the engine starts on it at once."""
+    parsed in a thread, in one hop; the first is small, so the engine starts on it at once. A
+    chunk ``resumed`` says is done already is read (and checked there), not processed."""
     reader = ctx.read_input()
-    pending: asyncio.Task[list[Record]] | None = None
+    pending: asyncio.Task[_Chunk] | None = None
     size = ctx.params.chunk_size
+
+    async def run(index: int, chunk: list[Record]) -> _Chunk:
+        tally = Tally()
+        tally.count_ids("input", record_ids(chunk, ctx.params.id_field))
+        return _Chunk(index, len(chunk), await process(chunk, tally), tally)
+
+    async def finish(task: asyncio.Task[_Chunk]) -> None:
+        done = await task
+        await write(done.index, done.records, done.rows, done.tally)
+        ctx.absorb(done.tally)  # the job's figures hold what is written
+        ctx.progress.done += done.records
+
     try:
+        index = 0
         async for chunk in reader.blocks(size, first=min(size, FIRST_CHUNK)):
-            task = asyncio.create_task(process(chunk))
-            if pending is not None:
-                rows = await pending
-                await write(rows)
-                ctx.progress.done += len(rows)
-            pending = task
+            index += 1
+            if resumed is not None and await resumed(index - 1, chunk):
+                continue
+            previous, pending = pending, asyncio.create_task(run(index - 1, chunk))
+            if previous is not None:  # a failed write cancels the chunk started meanwhile (finally)
+                await finish(previous)
         if pending is not None:
-            rows = await pending
-            pending = None
-            await write(rows)
-            ctx.progress.done += len(rows)
+            task, pending = pending, None
+            await finish(task)
     finally:
         if pending is not None and not pending.done():
             pending.cancel()
@@ -323,8 +441,11 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
 
 
 # ------------------------------------------------------------------------------------------ judge
-async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record, Verdict]]:
-    """Verdicts for inferred rows; an errored inference is a rejection without asking the judge."""
+async def _judge_rows(
+    ctx: JobContext, rows: list[Record], tally: Tally | None = None
+) -> list[tuple[Record, Verdict]]:
+    """Verdicts for inferred rows; an errored inference is a rejection without asking the judge.
+    A judge's tokens go to ``tally`` when given (a chunk's), else to the job's."""
     assert ctx.params.judge is not None
     verdicts: list[Verdict | None] = [None] * len(rows)
     items, positions = [], []
@@ -335,7 +456,11 @@ async def _judge_rows(ctx: JobContext, rows: list[Record]) -> list[tuple[Record,
         items.append(JudgeItem(row, str(row["result"]), ctx.record_id(row), int(row.get("attempts") or 1)))
         positions.append(i)
     if items:
-        judged = await ctx.params.judge.judge(items, ctx.generate)
+
+        async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
+            return await ctx.generate(requests, tally=tally)
+
+        judged = await ctx.params.judge.judge(items, generate)
         for i, verdict in zip(positions, judged, strict=True):
             verdicts[i] = verdict
     return [
@@ -353,28 +478,29 @@ def _for_review(ctx: JobContext, verdict: Verdict) -> bool:
     return below is not None and (verdict.score is None or verdict.score < below)
 
 
-async def _judged(ctx: JobContext, rows: list[Record]) -> list[Record]:
-    """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted, and
-    their ids digested per output)."""
+async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Record]:
+    """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted into
+    ``tally``, and their ids digested per output)."""
     judged = []
-    for row, verdict in await _judge_rows(ctx, rows):
+    counts = tally.counts
+    for row, verdict in await _judge_rows(ctx, rows, tally):
         judgment = verdict.as_dict()
         if row.get("status") == "error":
-            ctx.counts["inference_errors"] += 1
+            counts["inference_errors"] += 1
         elif _for_review(ctx, verdict):  # a person decides: held back from results, on the review page
             if not isinstance(ctx.params.judge, HumanJudge):
                 judgment.update(
                     approved=False, judge_approved=verdict.approved, reason=f"for review: {verdict.reason}"
                 )
             judgment["for_review"] = True
-            ctx.counts["for_review"] += 1
+            counts["for_review"] += 1
         status = "approved" if judgment["approved"] else "rejected"
-        ctx.counts[status] += 1
+        counts[status] += 1
         if status == "rejected":
-            ctx.reason_groups.add(judgment["reason"])
+            tally.reason_groups.add(judgment["reason"])
         judged.append({**row, "status": status, "judgment": judgment})
     for name in ("approved", "rejected"):
-        ctx.count_ids(name, (r for r in judged if r["status"] == name))
+        tally.count_ids(name, record_ids((r for r in judged if r["status"] == name), ctx.params.id_field))
     return judged
 
 
@@ -382,19 +508,14 @@ async def _judge_job(ctx: JobContext, infer: _Inference | None) -> dict[str, int
     """Judge every row of the input into approved and rejected; with ``infer``, generate the rows
     first (the fused job: the shard is read once, and nothing is written in between)."""
     ctx.progress.total = ctx.params.input_records
-    approved_out = ctx.file(ctx.output("approved")).writer()
-    rejected_out = ctx.file(ctx.output("rejected")).writer()
-    async with approved_out, rejected_out:
 
-        async def process(chunk: list[Record]) -> list[Record]:
-            ctx.count_ids("input", chunk)
-            return await _judged(ctx, await infer(chunk) if infer is not None else chunk)
+    async def process(chunk: list[Record], tally: Tally) -> list[Record]:
+        return await _judged(ctx, await infer(chunk, tally) if infer is not None else chunk, tally)
 
-        async def write(rows: list[Record]) -> None:
-            await approved_out.write_many([r for r in rows if r["status"] == "approved"])
-            await rejected_out.write_many([r for r in rows if r["status"] == "rejected"])
+    def split(rows: list[Record]) -> dict[str, list[Record]]:
+        return {name: [r for r in rows if r["status"] == name] for name in ("approved", "rejected")}
 
-        await _pipelined(ctx, process, write)
+    await _run_chunks(ctx, process, split)
     return dict(ctx.counts)
 
 

@@ -23,11 +23,14 @@ import pytest
 
 from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
+from airflow_batchinfer.run.docs.lanes import read_lane
+from airflow_batchinfer.run.layout import RunLayout
 from tests.chaos.conftest import BUCKET, FAILURE_TIMEOUT_S
 from tests.support.chaos import (
     SmallDisk,
     count_ids,
     kill_pids,
+    lane_job,
     partial_files,
     ran,
     read_doc,
@@ -41,8 +44,8 @@ from tests.support.seaweedfs import S3Server
 
 pytestmark = [pytest.mark.chaos, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(420)]
 RUN_TIMEOUT_S = 240
-# One round whose infer_judge jobs outlast the shard tasks' inline wait (2 s), so they defer: 6 s per batch
-# (a batch is a shard); a rule judge (approves ~60%: answers ending in a digit) takes no engine time.
+# One round of 6 s jobs (a batch is a shard), so a fault lands while the lanes run them; a rule judge
+# (approves ~60%: answers ending in a digit) takes no engine time.
 # The same engine settings everywhere keep the shared pool warm between tests.
 ENGINE = {"approval_rate": 0.6, "latency_base_s": 6.0}
 SLOW: dict[str, Any] = {
@@ -51,6 +54,10 @@ SLOW: dict[str, Any] = {
     "judge": {"type": "regex", "pattern": "[0-9]$", "must_match": True},
 }
 S3_ENGINE = {"approval_rate": 0.5, "latency_base_s": 2.5}
+# judged on the engine too, 15 s a batch (~30 s a job, on a pool of its own): a run that outlasts
+# whatever a test does meanwhile (restarts, a second run), however busy the machine
+SLOWER: dict[str, Any] = {**SLOW, "judge": {"type": "llm"}, "worker_pool": "local://chaos-triggerer",
+                          "engine_options": {**ENGINE, "latency_base_s": 15.0}}  # fmt: skip
 
 
 @dataclass
@@ -193,22 +200,19 @@ def job_manifests(run: Run) -> list[str]:
 
 # ----------------------------------------------------------------------------------- 1. triggerer
 def test_triggerer_restarted_twice_mid_round(chaos_airflow: LocalAirflow, chaos_root: Path) -> None:
-    """Fault: the triggerer is stopped while shard tasks (infer_judge) are deferred on it — first with
-    SIGTERM and started again at once, then, once the new one has taken the triggers over, with
-    SIGKILL and started again 2 s later.
+    """Fault: the triggerer is stopped while lane tasks are deferred on it (their lanes run there) —
+    first with SIGTERM and started again at once, then, once the new one has taken the triggers over,
+    with SIGKILL and started again 2 s later.
     System: deferred tasks keep their state in the database; the new triggerer takes the triggers
-    over (after a SIGKILL, once the dead one's heartbeat is older than the health threshold) and
-    resumes polling the workers, whose jobs never stopped. Nothing is resubmitted or lost.
+    over (after a SIGKILL, once the dead one's heartbeat is older than the health threshold) and each
+    lane starts again where its document says: it takes its running shard back and follows the job
+    on its worker, which never stopped. Nothing is resubmitted or lost.
     Operator: nothing to do; restarting the triggerer is safe at any time."""
     af = chaos_airflow
-    # judged on the engine too, 15 s a batch (~30 s a job, on a pool of its own): the tasks stay
-    # deferred through both restarts, whatever a restart costs on a busy machine
-    slow_judge = {**SLOW, "judge": {"type": "llm"}, "worker_pool": "local://chaos-triggerer",
-                  "engine_options": {**ENGINE, "latency_base_s": 15.0}}  # fmt: skip
-    run = start(af, chaos_root, "chaos_rounds", "triggerer", 40, **slow_judge)
+    run = start(af, chaos_root, "chaos_rounds", "triggerer", 40, **SLOWER)  # deferred through both restarts
     restarts = []
     for sig, down_s in ((signal.SIGTERM, 0.0), (signal.SIGKILL, 2.0)):
-        run.wait_for_tis("deferred infer_judge tasks", lambda tis: shard_tis(tis, "deferred"))
+        run.wait_for_tis("deferred lane tasks", lambda tis: shard_tis(tis, "deferred"))
         old, new = af.restart("triggerer", sig, down_s=down_s)
         restarts.append((signal.Signals(sig).name, old, new))
         time.sleep(3.0)  # the new triggerer takes the deferred tasks' triggers over before it is killed
@@ -241,17 +245,19 @@ def test_scheduler_killed_and_restarted_mid_round(chaos_airflow: LocalAirflow, c
 def test_task_process_killed_becomes_a_zombie_and_is_retried(
     chaos_airflow: LocalAirflow, chaos_root: Path, pools_dir: Path
 ) -> None:
-    """Fault: the process running a shard task instance (the task runner titled ``airflow worker --
-    <ti id>`` and its supervisor, which heartbeats for it) is SIGKILLed while the task waits for
-    its job in the task (``inline_wait_s``), as if its host died.
+    """Fault: the process running a lane task instance (the task runner titled ``airflow worker --
+    <ti id>`` and its supervisor, which heartbeats for it) is SIGKILLed while its lane runs in the
+    task (``in_task``) and the lane's job runs, as if its host died.
     System: nobody reports the task's end; the scheduler sees no heartbeat for
     ``task_instance_heartbeat_timeout`` (10 s here), fails the try and Airflow retries it. The job
-    ran on, untouched, on its worker; the retry finds it (finished: its manifest with the same
-    fingerprint, so it is not run again) and the run completes.
+    ran on, untouched, on its worker; the retry's lane takes its shard back (its document says it was
+    running) and finds the job (finished: its manifest with the same fingerprint, so it is not run
+    again; or still running: followed) and the run completes.
     Operator: nothing; size ``task_instance_heartbeat_timeout`` to how fast you want this noticed."""
     af = chaos_airflow
     run = start(af, chaos_root, "chaos_inline", "taskkill", 40, **SLOW)
     victim, procs = _running_job_task(run, pools_dir, "chaos")
+    shard = _running_shard(run, victim["map_index"])
     t_kill = time.monotonic()
     assert kill_pids([procs["task"], procs["supervisor"]]) == [procs["task"], procs["supervisor"]]
     retried = wait_until(
@@ -269,13 +275,13 @@ def test_task_process_killed_becomes_a_zombie_and_is_retried(
     assert not report["failed_shards"] and retried["try_number"] == procs["try_number"] + 1
     assert detected_s < FAILURE_TIMEOUT_S * 4, detected_s
     retry_log = run.log(victim["task_id"], victim["map_index"]).split("Worker startup parse complete")[-1]
-    # the same job: finished (its manifest reused) or still running (followed), never a second copy
-    assert "not run again" in retry_log or "following it there" in retry_log, retry_log[-3000:]
+    # the lane took its running shard back: the same job, finished (its manifest reused) or followed
+    assert f"taking back ['{shard}']" in retry_log, retry_log[-3000:]
 
 
 def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, Any], dict[str, int]]:
-    """A round-0 infer_judge task instance that is running in its process while its job runs on a worker,
-    and its processes."""
+    """A round-0 lane task instance running in its process (``in_task``) while its lane's job runs on
+    a worker, and its processes."""
 
     def find() -> tuple[dict[str, Any], dict[str, int]] | None:
         tis = run.tis()
@@ -285,7 +291,7 @@ def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, A
             )
         for ti in shard_tis(tis, "running"):
             if (
-                ti["task_id"] == "round_00.infer_judge"
+                ti["task_id"] == "round_00.lanes"
                 and job_state(run, pools_dir, pool, ti["map_index"]) == "running"
             ):
                 procs = _processes(run.af, run, ti)
@@ -293,23 +299,21 @@ def _running_job_task(run: Run, pools_dir: Path, pool: str) -> tuple[dict[str, A
                     return ti, procs
         return None
 
-    found = wait_until(find, 90, "an infer_judge task waiting in its process for its running job")
+    found = wait_until(find, 90, "a lane task running in its process with its lane's job running")
     return found[0], found[1]
 
 
-def job_state(run: Run, pools_dir: Path, pool: str, map_index: int, kind: str = "infer_judge") -> str | None:
-    """The state of round 0's ``kind`` job for shard ``map_index`` on the pool's workers, if any has it."""
-    from airflow_batchinfer.rpc.fingerprint import pin_input
-    from airflow_batchinfer.run.docs import read_plan, read_run_config
-    from airflow_batchinfer.run.jobs import job_spec
-    from airflow_batchinfer.run.layout import RunLayout
-    from airflow_batchinfer.storage import JsonlFile
+def _running_shard(run: Run, lane: int) -> str:
+    doc = read_lane(RunLayout(run.root), 0, lane, run.so)
+    assert doc is not None
+    return next(s.shard_id for s in doc.shards if s.state == "running")
 
-    plan = read_plan(RunLayout(run.root), "round-00", run.so)
-    if plan is None or map_index >= len(plan.shards):
+
+def job_state(run: Run, pools_dir: Path, pool: str, lane: int) -> str | None:
+    """The state of the job round 0's lane ``lane`` runs now on the pool's workers, if any has it."""
+    spec = lane_job(run.root, lane, run.so)
+    if spec is None:
         return None
-    spec = job_spec(read_run_config(run.root, run.so), kind, 0, plan.shards[map_index])  # type: ignore[arg-type]
-    spec = pin_input(spec, JsonlFile(spec.input, storage_options=run.so).info())  # as the operator does
     local = LocalPool(pool, state_dir=pools_dir)
     for w in local.status()["workers"]:
         if w.get("alive") and w.get("url"):
@@ -409,7 +413,7 @@ def test_full_disk_fails_cleanly_then_a_rerun_succeeds(chaos_airflow: LocalAirfl
         pytest.skip(f"cannot mount a small tmpfs here ({exc}); this test needs CAP_SYS_ADMIN")
     try:
         run = start(af, chaos_root, "chaos_disk", "diskfull", 40, **SLOW)
-        run.wait_for_tis("deferred infer tasks", lambda tis: shard_tis(tis, "deferred"))
+        run.wait_for_tis("deferred lane tasks", lambda tis: shard_tis(tis, "deferred"))
         disk.fill()
         assert disk.free_bytes() == 0
         assert run.wait() == "failed"
@@ -483,11 +487,12 @@ def test_review_gate_answered_after_three_idle_ttls_keeps_the_pool(
 def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     chaos_airflow: LocalAirflow, chaos_root: Path, pools_dir: Path
 ) -> None:
-    """Fault: the first try of a shard task is killed (task process and supervisor, SIGKILL) while its
-    job runs on a slow engine (30 s per batch); Airflow retries the task while the job still runs.
-    System: before submitting, the retry asks the pool's workers whether one already runs the job
-    id and follows it there, so the job runs once; a second copy on another worker would waste a
-    slot and race the first on the same outputs.
+    """Fault: the first try of a lane task running its lane in the task is killed (task process and
+    supervisor, SIGKILL) while its job runs on a slow engine (30 s per batch); Airflow retries the
+    task while the job still runs.
+    System: the retry's lane takes its running shard back and, before submitting, asks the pool's
+    workers whether one already runs the job id and follows it there, so the job runs once; a
+    second copy on another worker would waste a slot and race the first on the same outputs.
     Operator: nothing."""
     af = chaos_airflow
     pool = "chaos-retry"  # fresh workers: their job counts are this run's
@@ -537,7 +542,7 @@ def test_a_second_run_with_the_same_run_name_is_refused_while_the_first_lives(
     second takes the root over and resumes there (nothing is run twice).
     Operator: pick another run_name, or wait for (or fail) the other run, then clear this one."""
     af = chaos_airflow
-    first = start(af, chaos_root, "chaos_rounds", "owner", 40, **SLOW)
+    first = start(af, chaos_root, "chaos_rounds", "owner", 40, **SLOWER)  # still running at the refusal
     first.wait_for_tis("the first run's shard tasks", lambda tis: shard_tis(tis, "deferred", "running"))
     owner_before = Path(first.root, "owner.json").read_bytes()
     conf = af.api("GET", f"/dags/chaos_rounds/dagRuns/{first.run_id}")["conf"]

@@ -88,7 +88,7 @@ def test_a_late_infer_copy_changes_neither_the_judge_input_nor_the_accepted_atte
     cfg = RunConfig(
         input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
         records_per_shard=10, judge={"type": "llm"}, judge_pool="local://judge", max_rounds=1,
-        strategy="rounds",
+        strategy="rounds", lanes=3,  # lanes set: this fake pool answers no /v1/stats
     )  # fmt: skip
     layout = RunLayout(cfg.run_root)
     pool = Pool(cfg)

@@ -3,7 +3,9 @@ Redis, the CeleryExecutor and the FAB auth manager; an api-server, a scheduler, 
 triggerers and two Celery workers, each on a "host" of its own sharing no disk; input and run roots
 on a SeaweedFS S3 server; static pools of real ``batchinfer worker serve`` processes on their own
 ports. Connections, the Airflow pool and the people are made in the metadata database, through the
-REST API and Airflow's CLI, as an operator of a deployment would. Failure detection is fast (15 s).
+REST API and Airflow's CLI, as an operator of a deployment would; the hosts' environment holds the S3
+server's credentials (as an instance role would), for a DAG without an AWS connection, whose lanes
+run on the triggerers. Failure detection is fast (15 s).
 Everything is stopped when the package's tests are done, so later tiers run without it."""
 
 from __future__ import annotations
@@ -92,7 +94,7 @@ def deployment(
     af = start_deployment(
         deploy_root / "airflow",
         DAGS,
-        env={"BATCHINFER_DEPLOY_BUCKET": BUCKET, "AIRFLOW__CORE__PARALLELISM": "16"},
+        env={"BATCHINFER_DEPLOY_BUCKET": BUCKET, "AIRFLOW__CORE__PARALLELISM": "16", **deploy_s3.env()},
         failure_timeout_s=FAILURE_TIMEOUT_S,
     )
     try:

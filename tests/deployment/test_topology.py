@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from tests.deployment.conftest import BUCKET, FAILURE_TIMEOUT_S, StaticPools
-from tests.support.chaos import count_ids, read_doc, shard_tis, ti_by_id, wait_until
+from tests.support.chaos import count_ids, lane_job, read_doc, shard_tis, ti_by_id, wait_until
 from tests.support.deployment import CELERY_WORKERS, TRIGGERERS, DeployedAirflow, kill_component
 from tests.support.seaweedfs import S3Server
 from tests.support.workers import WorkerProcess
@@ -92,7 +92,7 @@ def refused(run: Run) -> tuple[dict[str, Any], str]:
     return setup, run.af.task_log(run.dag_id, run.run_id, "pool_setup")
 
 
-def hosts_of(run: Run, task_id: str = "round_00.infer_judge") -> dict[str, list[int]]:
+def hosts_of(run: Run, task_id: str = "round_00.lanes") -> dict[str, list[int]]:
     """Celery worker -> the map indexes of ``task_id`` it ran (any try)."""
     out: dict[str, list[int]] = {w: [] for w in CELERY_WORKERS}
     for ti in run.tis():
@@ -255,7 +255,8 @@ def test_b_a_kubernetes_pool_with_shard_tasks_on_both_celery_workers(
         "drain_timeout_s": 5,
         "storage_secret": "s3-env",
     }
-    # jobs of 2 s, awaited in the shard tasks: the 8 tasks in flight cannot all sit on one worker's 4 slots
+    # jobs of 2 s, the lanes in their tasks (the AWS connection): 2 pods x concurrency 4 make 8 lanes,
+    # which cannot all sit on one Celery worker's 4 slots
     engine = {"approval_rate": 0.5, "latency_base_s": 2.0}
     run = start(
         af,
@@ -266,14 +267,16 @@ def test_b_a_kubernetes_pool_with_shard_tasks_on_both_celery_workers(
         worker_pool="deploy_k8s",
         kubernetes=settings,
         engine_options=engine,
+        concurrency=4,
     )
     report = succeed(run)
     pods = {name for where, name in kube.kubelet.ran if where == ns}
     workers = {w.rsplit(":", 1)[0] for r in report["rounds"] for w in r.get("workers", {})}
     assert len(workers) == 2 and workers <= pods, (workers, pods)
     spread = hosts_of(run)
-    assert all(spread.values()), f"shard tasks ran on one Celery worker only: {spread}"
-    assert len({i for indexes in spread.values() for i in indexes}) == report["rounds"][0]["shards"]
+    assert all(spread.values()), f"lane tasks ran on one Celery worker only: {spread}"
+    assert sorted({i for indexes in spread.values() for i in indexes}) == list(range(8))  # 8 lanes
+    assert report["rounds"][0]["shards"] == 12
 
 
 # -------------------------------------------------------------------------- c. a triggerer SIGKILLed
@@ -285,7 +288,7 @@ def test_c_a_triggerer_killed_while_shard_tasks_are_deferred(
     deferred = wait_until(
         lambda: len(d := shard_tis(run.tis(), "deferred")) >= 2 and d,
         120,
-        "shard tasks deferred on the triggerers",
+        "lane tasks deferred on the triggerers (their lanes run there)",
     )
     # the triggerer that runs the first deferred task's trigger (its job's hostname is the component)
 
@@ -306,7 +309,8 @@ def test_c_a_triggerer_killed_while_shard_tasks_are_deferred(
     finally:
         af.start_component(victim)
     assert report["rounds"][0]["shards"] == 4
-    # the killed triggerer's deferred tasks ended on the survivor, in their first try
+    # the killed triggerer's deferred lanes ended on the survivor, in their first try: each took its
+    # running shard back and followed the job
     for t in held:
         done = ti_by_id(run.tis(), t["task_id"], t["map_index"])
         assert done is not None and done["state"] == "success" and done["try_number"] == t["try_number"], done
@@ -341,7 +345,7 @@ def test_d_a_celery_worker_killed_mid_task_and_the_retry_follows_the_job(
         return None
 
     victim, procs, worker = wait_until(
-        running_task, 120, "a shard task running on a Celery worker with its job"
+        running_task, 120, "a lane task running its lane on a Celery worker with its job"
     )
     other = next(w for w in CELERY_WORKERS if w != worker)
     kill_component(af, worker)  # the worker, its task supervisors and task processes: a lost host
@@ -361,23 +365,16 @@ def test_d_a_celery_worker_killed_mid_task_and_the_retry_follows_the_job(
         af.start_component(worker)
     tries = af.ran_on(run.dag_id, run.run_id, victim["task_id"], victim["map_index"])
     assert procs["try_number"] in tries.get(worker, []) and tries.get(other), tries
-    # the retry followed the job its first try left running: one job per shard, none twice
+    # the retry's lane took its shard back and followed the job its first try left running: one job
+    # per shard, none twice
     assert jobs_taken(static_pools.slow) - before == report["rounds"][0]["shards"] == 2
 
 
-def _job_state(run: Run, map_index: int, workers: list[WorkerProcess]) -> str | None:
-    """The state of round 0's job for shard ``map_index`` on whichever of ``workers`` has it."""
-    from airflow_batchinfer.rpc.fingerprint import pin_input
-    from airflow_batchinfer.run.docs import read_plan, read_run_config
-    from airflow_batchinfer.run.jobs import job_spec
-    from airflow_batchinfer.run.layout import RunLayout
-    from airflow_batchinfer.storage import JsonlFile
-
-    plan = read_plan(RunLayout(run.root), "round-00", run.so)
-    if plan is None or map_index >= len(plan.shards):
+def _job_state(run: Run, lane: int, workers: list[WorkerProcess]) -> str | None:
+    """The state of the job round 0's lane ``lane`` runs now on whichever of ``workers`` has it."""
+    spec = lane_job(run.root, lane, run.so)
+    if spec is None:
         return None
-    spec = job_spec(read_run_config(run.root, run.so), "infer_judge", 0, plan.shards[map_index])  # type: ignore[arg-type]
-    spec = pin_input(spec, JsonlFile(spec.input, storage_options=run.so).info())  # as the operator does
     for w in workers:
         with contextlib.suppress(Exception), w.client() as c:
             return str(c.status(spec.job_id).state)

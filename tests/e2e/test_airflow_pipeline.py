@@ -24,6 +24,7 @@ from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.report import plain_text
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.ranges import range_ids
+from tests.conftest import E2E_MAX_MAP_LENGTH
 from tests.e2e.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
 from tests.support.local_airflow import LocalAirflow
 
@@ -60,18 +61,37 @@ def first_approval(rid: str, max_rounds: int, rate: float = RATE) -> int | None:
 
 def max_overlap(tis: list[dict[str, Any]], task_suffixes: tuple[str, ...]) -> int:
     """Most shard tasks in flight at one instant, from task-instance start and end timestamps."""
-    events = []
-    for ti in tis:
-        if ti["task_id"].endswith(task_suffixes) and ti["start_date"] and ti["end_date"]:
-            events += [
-                (datetime.fromisoformat(ti["start_date"]), 1),
-                (datetime.fromisoformat(ti["end_date"]), -1),
-            ]
+    spans = [
+        (
+            datetime.fromisoformat(ti["start_date"]).timestamp(),
+            datetime.fromisoformat(ti["end_date"]).timestamp(),
+        )
+        for ti in tis
+        if ti["task_id"].endswith(task_suffixes) and ti["start_date"] and ti["end_date"]
+    ]
+    return most_at_once(spans)
+
+
+def most_at_once(spans: list[tuple[float, float]]) -> int:
+    """Most of ``spans`` (start, end) open at one instant (an end before a start at the same time)."""
+    events = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans])
     now = best = 0
-    for _, step in sorted(events):
+    for _, step in events:
         now += step
         best = max(best, now)
     return best
+
+
+def lane_docs(root: Path, r: int = 0) -> list[dict[str, Any]]:
+    """Round ``r``'s lane documents (``round-NN/lanes/lane-NNNN.json``), by lane."""
+    return [
+        json.loads(p.read_text()) for p in sorted((root / f"round-{r:02d}" / "lanes").glob("lane-*.json"))
+    ]
+
+
+def lane_shards(root: Path, r: int = 0) -> list[dict[str, Any]]:
+    """Every shard the round's lanes took, with its state and times (each lane's in its order)."""
+    return [s for doc in lane_docs(root, r) for s in doc["shards"]]
 
 
 def test_rounds_run_as_the_judge_dictates_and_the_pool_bounds_shards(airflow: LocalAirflow, e2e_root: Path):
@@ -91,8 +111,15 @@ def test_rounds_run_as_the_judge_dictates_and_the_pool_bounds_shards(airflow: Lo
     assert [s["approved"] for s in report["rounds"]] == [
         sum(1 for i in ids if first_approval(i, 3) == k) for k in range(3)
     ]
-    # 12 shards in round 0 through a pool of 4 slots: never more than 4 in flight, and it got to 4
-    assert max_overlap(tis, (".infer_judge",)) == POOL_SLOTS
+    # 12 shards in round 0 on a pool of 4 slots: 4 lanes (mapped tasks), all in flight at once, each
+    # running one shard at a time: never more than 4 shards in flight, and it got to 4
+    lanes = [t for t in tis if t["task_id"] == "round_00.lanes"]
+    assert sorted(t["map_index"] for t in lanes) == list(range(POOL_SLOTS))
+    assert all(t["state"] == "success" for t in lanes) and max_overlap(tis, (".lanes",)) == POOL_SLOTS
+    shards = lane_shards(root)  # every shard's state, since the grid shows one box per lane
+    assert sorted(s["shard_id"] for s in shards) == [f"part-{i:05d}" for i in range(12)]
+    assert {s["state"] for s in shards} == {"done"}
+    assert most_at_once([(s["claimed_at"], s["ended_at"]) for s in shards]) == POOL_SLOTS
     assert (root / "report" / "report.md").read_text().startswith("# Batch inference report: ")
     assert ET.fromstring((root / "report" / "rounds.svg").read_bytes()).tag.endswith("svg")
 
@@ -194,10 +221,62 @@ def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: L
     shard_ids = set(range_ids(shard, id_field="id", assign_ids=False, storage_options=None))
     assert len(shard_ids) == 10
     assert not shard_ids & {r["id"] for r in rows(root / "results")}
-    infer = [ti for ti in tis if ti["task_id"] == "round_00.infer_judge" and ti["map_index"] == 1]
-    assert infer[0]["state"] == "failed" and infer[0]["try_number"] == 2  # retries=1 applied
+    # its job failed on each of its 1 + job_retries tries inside its lane, which moved on and succeeded:
+    # the lane document says which shard failed and why (the grid shows lanes, not shards)
+    [entry] = [s for s in lane_shards(root) if s["shard_id"] == "part-00001"]
+    assert entry["state"] == "failed" and entry["error"].startswith("infer_judge: "), entry
+    lanes = [ti for ti in tis if ti["task_id"] == "round_00.lanes"]
+    assert lanes and all(t["state"] == "success" and t["try_number"] == 1 for t in lanes)
     report_ti = next(ti for ti in tis if ti["task_id"] == "report")
     assert report_ti["state"] == "failed"
+
+
+def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: LocalAirflow, e2e_root: Path):
+    """More shards (one record each) than the deployment's max_map_length (32) and than its lanes: the
+    pool has two slots, so round 0 maps two lane tasks, which take the shards until none is left."""
+    conf, ids = conf_for(e2e_root, "lanes", 40)
+    state, root, report, tis = run(airflow, "e2e_lanes", conf)
+    assert state == "success", report
+    assert report["invariant"]["ok"], report["invariant"]
+    # byte ranges of about one record each (sizes estimated from the bytes): more than max_map_length
+    planned = [s["shard_id"] for s in json.loads((root / "round-00" / "plan.json").read_text())["shards"]]
+    assert report["rounds"][0]["shards"] == len(planned) > E2E_MAX_MAP_LENGTH
+    lanes = [t for t in tis if t["task_id"] == "round_00.lanes"]
+    assert sorted(t["map_index"] for t in lanes) == [0, 1] and all(t["state"] == "success" for t in lanes)
+    docs = lane_docs(root)
+    assert [(d["lane"], d["lanes"], d["finished"]) for d in docs] == [(0, 2, True), (1, 2, True)]
+    shards = lane_shards(root)
+    assert sorted(s["shard_id"] for s in shards) == sorted(planned)  # each once
+    assert all(s["state"] == "done" for s in shards)
+    assert all(len(d["shards"]) >= 5 for d in docs), [len(d["shards"]) for d in docs]  # both worked
+    claims = sorted(p.stem for p in (root / "round-00" / "claims").glob("*.json"))
+    assert claims == sorted(s["shard_id"] for s in shards)
+    # every id exactly once: approved in results/ or pending for the next round
+    approved = [r["id"] for r in rows(root / "results")]
+    pending = [r["id"] for r in rows(root / "round-01" / "pending")]
+    assert sorted(approved + pending) == sorted(ids)
+    # each shard's start and end are in its lane's log
+    log = airflow.task_log("e2e_lanes", report_run_id(airflow, "e2e_lanes", "lanes"), "round_00.lanes", 0)
+    log += trigger_logs(airflow, "e2e_lanes", "lanes", "round_00.lanes", 0)
+    first = docs[0]["shards"][0]["shard_id"]
+    assert f"lane 0 of round-00: shard {first} (" in log, log[-3000:]
+    assert f"lane 0 of round-00: shard {first} done in" in log, log[-3000:]
+
+
+def report_run_id(af: LocalAirflow, dag_id: str, run_name: str) -> str:
+    """The id of the (last) DAG run of ``dag_id`` triggered with ``run_name``."""
+    runs = af.api("GET", f"/dags/{dag_id}/dagRuns", params={"order_by": "-start_date", "limit": 50})[
+        "dag_runs"
+    ]
+    return str(next(r["dag_run_id"] for r in runs if (r.get("conf") or {}).get("run_name") == run_name))
+
+
+def trigger_logs(af: LocalAirflow, dag_id: str, run_name: str, task_id: str, map_index: int) -> str:
+    """What a deferred task's trigger logged (the triggerer's file beside the task's own)."""
+    run_id = report_run_id(af, dag_id, run_name)
+    base = af.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+    base = base / f"map_index={map_index}"
+    return "\n".join(p.read_text(errors="replace") for p in sorted(base.glob("*trigger*")))
 
 
 def test_a_judge_with_its_own_pool_judges_each_shard_when_its_inference_ends(

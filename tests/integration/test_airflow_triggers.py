@@ -1,5 +1,6 @@
 """The Airflow-side pieces against a real worker over real HTTP, without the Airflow services:
-the pool hook (connection and local pool), ``WorkerJobTrigger`` and ``PoolReadyTrigger``."""
+the pool hook (connection and local pool), ``WorkerJobTrigger``, ``LaneTrigger`` and
+``PoolReadyTrigger``."""
 
 from __future__ import annotations
 
@@ -22,9 +23,13 @@ from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa:
 from airflow_batchinfer.pools import require_endpoints  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.docs import read_job_manifest, write_run_config  # noqa: E402
+from airflow_batchinfer.run.docs.lanes import read_lanes  # noqa: E402
 from airflow_batchinfer.run.jobs import job_spec  # noqa: E402
+from airflow_batchinfer.run.lanes import Lane, lanes_of  # noqa: E402
 from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import shard_dataset  # noqa: E402
+from airflow_batchinfer.triggers.lane import LaneTrigger  # noqa: E402
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger  # noqa: E402
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger  # noqa: E402
 from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
@@ -97,7 +102,12 @@ async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, wor
     assert classpath == "airflow_batchinfer.triggers.worker_job.WorkerJobTrigger"
     assert TOKEN not in json.dumps(kwargs)  # the token is resolved in the triggerer, never stored
     event = await first_event(WorkerJobTrigger(**kwargs))
-    assert event["state"] == "succeeded" and event["counts"] == {"ok": 30}
+    # one chunk of 30 rows, committed as one segment (nothing resumed)
+    assert event["state"] == "succeeded" and event["counts"] == {
+        "ok": 30,
+        "resumed_records": 0,
+        "segments": 1,
+    }
 
 
 async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn: str, worker: WorkerProcess):
@@ -110,7 +120,8 @@ async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn:
                                poll_interval_s=0.2, result=result, manifest=manifest)  # fmt: skip
     event = await anext(WorkerJobTrigger(**trigger.serialize()[1]).run())
     assert isinstance(event, TaskSuccessEvent)
-    assert event.xcoms == {"return_value": {**result, "counts": {"ok": 30}}}
+    counts = {"ok": 30, "resumed_records": 0, "segments": 1}
+    assert event.xcoms == {"return_value": {**result, "counts": counts}}
     lost = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1,
                             result=result, manifest=manifest)  # fmt: skip
     event = await anext(lost.run())
@@ -140,6 +151,121 @@ async def test_worker_job_trigger_deadline(tmp_path: Path, conn: str, worker: Wo
     trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, deadline=time.time() + 0.3,
                                poll_interval_s=0.1)  # fmt: skip
     assert (await first_event(trigger))["state"] == "timeout"
+
+
+def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6) -> tuple[RunConfig, Any]:
+    """A run of ``n`` records in shards of ``per_shard``, round 0 planned (its plan task's work)."""
+    from tests.support.fake_jobs import plan_round
+
+    data = tmp_path / "lanes.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i:03d}", "q": f"q{i}"}) + "\n" for i in range(n)))
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"}, records_per_shard=per_shard)  # fmt: skip
+    cfg.id_field = shard_dataset(
+        cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
+    ).id_field
+    write_run_config(cfg)
+    return cfg, plan_round(cfg)
+
+
+async def test_lane_triggers_run_every_shard_of_a_round_once_on_a_real_worker(
+    tmp_path: Path, conn: str, worker: WorkerProcess
+) -> None:
+    """Two lanes (two triggers, as two mapped lane tasks would defer) share seven shards: each ends its
+    task on the triggerer with its result, every shard is run once and is done in one lane document."""
+    import asyncio
+
+    cfg, plan = lane_run(tmp_path)
+    assert len(plan.shards) == 7
+    lanes = lanes_of(plan, 2)
+
+    async def one(lane: dict[str, Any]) -> Any:
+        made = LaneTrigger(
+            lane=lane, run_root=cfg.run_root, worker_pool=conn, lease_id="d/r", poll_interval_s=0.2
+        )
+        assert TOKEN not in json.dumps(made.serialize()[1])
+        return await anext(LaneTrigger(**made.serialize()[1]).run())
+
+    events = await asyncio.gather(*(one(lane) for lane in lanes))
+    assert all(isinstance(e, TaskSuccessEvent) for e in events), [e.payload for e in events]
+    results = [e.xcoms["return_value"] for e in events]
+    assert sum(r["done"] for r in results) == 7 and sum(r["records"] for r in results) == 42
+    assert all(r["failed_count"] == 0 for r in results)
+    docs = read_lanes(RunLayout(cfg.run_root), 0)
+    ran = [s.shard_id for d in docs for s in d.shards]
+    assert sorted(ran) == sorted(s["shard_id"] for s in plan.shards)  # each shard once, in one lane
+    assert all(d.finished and all(s.state == "done" for s in d.shards) for d in docs)
+    for sid in ran:
+        manifest = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, sid, "infer_judge"))
+        assert manifest is not None and manifest.counts["ok"] == 6
+    with SyncWorkerClient(worker.url, token=TOKEN) as client:
+        assert sum(client.stats().jobs.values()) == 7  # one job per shard, none twice
+
+    # the lane again (a retried task): nothing is left to take, nothing runs again
+    again = await anext(
+        LaneTrigger(
+            lane=lanes[0], run_root=cfg.run_root, worker_pool=conn, lease_id="d/r", poll_interval_s=0.2
+        ).run()
+    )
+    assert isinstance(again, TaskSuccessEvent) and again.xcoms["return_value"] == results[0]
+    with SyncWorkerClient(worker.url, token=TOKEN) as client:
+        assert sum(client.stats().jobs.values()) == 7
+
+
+async def test_lanes_whose_first_jobs_the_plan_task_started_follow_them(
+    tmp_path: Path, conn: str, worker: WorkerProcess
+) -> None:
+    """The plan task claims each lane's first shard and submits its job; the lanes, started later,
+    take those shards back and follow the running jobs: still one job per shard."""
+    import asyncio
+
+    from airflow_batchinfer.hooks.pool import aopen_pool
+    from airflow_batchinfer.rpc.pool import PoolClient
+    from airflow_batchinfer.run.lane_start import start_lanes
+
+    cfg, plan = lane_run(tmp_path)
+    lanes = lanes_of(plan, 2)
+    client = PoolClient.for_pool(await aopen_pool(conn), lease_id="d/r")
+    try:
+        started = await start_lanes(cfg, plan, lanes, client)
+    finally:
+        await client.aclose()
+    assert started == [s["shard_id"] for s in plan.shards[:2]]
+    with SyncWorkerClient(worker.url, token=TOKEN) as c:
+        assert sum(c.stats().jobs.values()) == 2  # submitted before any lane runs
+
+    def trigger(lane: dict[str, Any]) -> Any:
+        return anext(
+            LaneTrigger(
+                lane=lane, run_root=cfg.run_root, worker_pool=conn, lease_id="d/r", poll_interval_s=0.2
+            ).run()
+        )
+
+    events = await asyncio.gather(*(trigger(lane) for lane in lanes))
+    assert all(isinstance(e, TaskSuccessEvent) for e in events), [e.payload for e in events]
+    docs = read_lanes(RunLayout(cfg.run_root), 0)
+    assert [d.shards[0].shard_id for d in docs] == started  # each took its started shard back first
+    assert sorted(s.shard_id for d in docs for s in d.shards) == sorted(s["shard_id"] for s in plan.shards)
+    with SyncWorkerClient(worker.url, token=TOKEN) as c:
+        assert sum(c.stats().jobs.values()) == 7  # the started jobs were followed, not run again
+
+
+async def test_a_lane_whose_worker_is_gone_resumes_its_task_naming_its_shard(
+    tmp_path: Path, conn: str, worker: WorkerProcess
+) -> None:
+    """No worker answers (the only one was killed): the lane stops on the shard it claimed, and
+    its event names the lane and that shard, for the resumed task to fail with (Airflow retries)."""
+    cfg, plan = lane_run(tmp_path, n=12)
+    worker.process.kill()
+    worker.process.wait()
+    lane = Lane(plan.slot, 0, 1, 2)
+    trigger = LaneTrigger(lane=lane.as_dict(), run_root=cfg.run_root, worker_pool=conn, lease_id="d/r",
+                          poll_interval_s=0.1, job_timeout_s=1.0)  # fmt: skip
+    event = await anext(trigger.run())
+    assert not isinstance(event, TaskSuccessEvent)
+    assert (event.payload["state"], event.payload["lane"]) == ("error", 1)
+    assert event.payload["shard"] == plan.shards[1]["shard_id"]  # its own stripe's first
+    assert "WorkerUnavailable" in event.payload["error"] or "WorkerBusy" in event.payload["error"]
 
 
 async def test_pool_ready_trigger(conn: str, worker: WorkerProcess) -> None:

@@ -16,6 +16,7 @@ import pytest
 
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.worker.announce import STARTUP_MARKS, read_announcement
 
 pytestmark = pytest.mark.slow
 BIN = str(Path(sys.executable).parent / "batchinfer")
@@ -68,6 +69,26 @@ def test_changed_spec_replaces_workers(tmp_path: Path) -> None:
         )
         assert first != second
         assert pool.status()["spec"]["concurrency"] == 7
+    finally:
+        pool.down()
+
+
+def test_workers_announce_the_moment_they_serve_with_their_start_marks(tmp_path: Path) -> None:
+    """The pool waits for each worker's announcement (not a poll of the worker): written once the
+    engine is loaded and the socket listens, with the marks of its start in the order they happen."""
+    pool = LocalPool("marks", state_dir=tmp_path / "pools")
+    spec = LocalPoolSpec(engine="simulated", replicas=2, idle_ttl_s=None, allowed_prefixes=(str(tmp_path),))
+    try:
+        urls = pool.up(spec)
+        workers = json.loads(pool.state_file.read_text())["generations"][spec.key()]["workers"]
+        docs = [read_announcement(w["announce"]) for w in workers]
+        assert sorted(d.url for d in docs if d) == sorted(urls)
+        for w, doc in zip(workers, docs, strict=True):
+            assert doc is not None and doc.pid == w["pid"]
+            m = doc.startup
+            assert set(m) == set(STARTUP_MARKS) and doc.started_at == m["announced"]
+            assert m["imports"] <= m["app"] <= m["engine"] <= m["announced"]
+            assert m["listening"] <= m["announced"]
     finally:
         pool.down()
 

@@ -26,7 +26,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.atomic import is_temp_name
 from airflow_batchinfer.storage.location import resolve
 
-SHARD_TASKS = (".infer_judge", ".infer", ".judge", ".in_place")
+SHARD_TASKS = (".lanes", ".infer_judge", ".infer", ".judge", ".in_place")  # lanes, or a judge pool's shards
 BAD_ID = "bad-line"  # the id of the one malformed input line every chaos dataset carries
 
 
@@ -55,8 +55,8 @@ def wait_until(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: flo
 
 
 def shard_tis(tis: Iterable[dict[str, Any]], *states: str) -> list[dict[str, Any]]:
-    """The shard job task instances (infer_judge, infer, judge, in_place) in one of ``states`` (any
-    if none)."""
+    """The task instances that run shard jobs (lanes; a judge pool's infer and judge) in one of
+    ``states`` (any if none)."""
     return [
         ti for ti in tis
         if ti["task_id"].endswith(SHARD_TASKS) and (not states or ti["state"] in states)
@@ -70,6 +70,28 @@ def ti_by_id(tis: Iterable[dict[str, Any]], task_id: str, map_index: int = -1) -
 def ran(ti: dict[str, Any]) -> bool:
     """Whether a task instance ever started (an upstream_failed or skipped one did not)."""
     return bool(ti.get("start_date")) and ti["state"] not in ("upstream_failed", "skipped", "removed")
+
+
+def lane_job(root: str, lane: int, so: dict[str, Any] | None = None, *, r: int = 0) -> Any:
+    """The job lane ``lane`` of round ``r`` runs now (its document's running shard), pinned to its
+    input as the lane submits it (a :class:`~airflow_batchinfer.rpc.models.JobSpec`); ``None`` when
+    the lane runs none."""
+    from airflow_batchinfer.rpc.fingerprint import pin_input
+    from airflow_batchinfer.run.docs import read_plan, read_run_config
+    from airflow_batchinfer.run.docs.lanes import read_lane
+    from airflow_batchinfer.run.jobs import job_spec, round_kinds
+    from airflow_batchinfer.run.layout import RunLayout
+
+    layout = RunLayout(root)
+    doc = read_lane(layout, r, lane, so)
+    running = [s.shard_id for s in doc.shards if s.state == "running"] if doc is not None else []
+    plan = read_plan(layout, f"round-{r:02d}", so)
+    if not running or plan is None:
+        return None
+    shard = next(s for s in plan.shards if s["shard_id"] == running[-1])
+    cfg = plan.effective_config(read_run_config(root, so))
+    spec = job_spec(cfg, round_kinds(cfg, plan.mode)[0], r, shard)
+    return pin_input(spec, JsonlFile(spec.input, storage_options=so).info())
 
 
 # ---------------------------------------------------------------------------------- processes

@@ -10,41 +10,70 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.cli import main
+from airflow_batchinfer.sizing import SizingPlan, plan_run
 
 BIN = str(Path(sys.executable).parent / "batchinfer")
 EXAMPLE = ["plan", "--records", "100000000", "--gpus", "32", "--concurrency", "10", "--tokens-per-s", "2500"]
 
 
-def test_plan_prints_the_table() -> None:
-    out = subprocess.run([BIN, *EXAMPLE], capture_output=True, text=True, timeout=120)
+def test_plan_prints_the_table_and_the_shape_before_lanes() -> None:
+    out = subprocess.run([BIN, *EXAMPLE, "--chunk-size", "2000"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stderr == "", out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("100,000,000 records on 32 GPUs × 10 jobs = 320 slots")
+    assert lines[0].endswith("the slowest GPU 1.5× slower")
     pool = 'airflow pools set batchinfer 320 "batchinfer shard slots" --include-deferred'
     assert lines[1] == f"Airflow pool: {pool}"
+    assert lines[2] == "shards of 2,000 records (chosen: jobs of at most 60.0 min)"
     row = next(line for line in lines if line.startswith("0 "))
-    assert row.split()[:7] == ["0", "rounds", "100,000,000", "960", "104,167", "3", "(3.00)"]
-    assert "960 of 1,024" in row and "138.9 h" in row and "4,444.5" in row
+    assert row.split()[:5] == ["0", "rounds", "100,000,000", "50,000", "2,000"]
+    assert "320 of 1,024" in row and "53.3 min (80.0 min slowest)" in row
     assert any(line.startswith("total: 1 round") for line in lines)
+    # side by side: the lane shape, then one task per shard
+    shards = next(line for line in lines if line.startswith("shards  ")).split("  ")
+    assert [c.strip() for c in shards if c.strip()] == [
+        "shards",
+        "50,000 of 2,000 records",
+        "960 of 104,167 records",
+    ]
+    assert "46.3 h (69.4 h slowest)" in next(line for line in lines if line.startswith("shard job  "))
+    lost = next(line for line in lines if line.startswith("lost to one worker failure"))
+    assert "20,000 records, 53.3 GPU-min" in lost and "1,041,670 records, 46.3 GPU-h" in lost
 
 
-def test_plan_json_and_flags(capsys: pytest.CaptureFixture[str]) -> None:
+def test_plan_json_round_trips_and_takes_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     args = [*EXAMPLE, "--records-per-shard", "100000", "--approval-rate", "0.8", "--max-rounds", "2",
             "--tokens-per-record", "400", "--max-map-length", "2048", "--airflow-pool", "gpu",
-            "--json"]  # fmt: skip
+            "--lanes", "1500", "--chunk-size", "1000", "--straggler", "1.0", "--max-job-s", "1800",
+            "--execution-timeout-hours", "100", "--json"]  # fmt: skip
     assert main(args) == 0
-    plan = json.loads(capsys.readouterr().out)
-    assert plan["slots"] == 320 and plan["max_map_length"] == 2048 and plan["airflow_pool"] == "gpu"
-    assert [(r["shards"], r["waves"]) for r in plan["rounds"]] == [(1000, 4), (200, 1)]
-    assert plan["expected_passes"] == pytest.approx(1.2)
-    # with 2,048 tasks a round: 1,920 shards, six full waves
-    assert any("records_per_shard=52,084 makes 1,920 shards in 6 waves" in n for n in plan["notes"])
+    data = json.loads(capsys.readouterr().out)
+    plan = SizingPlan.from_dict(data)
+    assert plan == plan_run(
+        100_000_000, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2,
+        max_map_length=2048, airflow_pool="gpu", lanes=1500, chunk_size=1000, straggler=1.0, max_job_s=1800,
+        execution_timeout_s=100 * 3600,
+    )  # fmt: skip
+    assert (plan.lanes, plan.lanes_setting, plan.max_map_length, plan.chunk_size) == (1000, 1500, 2048, 1000)
+    assert [(r.shards, r.lanes, r.mapped_tasks) for r in plan.rounds] == [(1000, 320, 1000), (200, 200, 200)]
+    assert plan.expected_passes == pytest.approx(1.2) and plan.lost_records_per_failure == 10 * 1000
+    assert any("more than the pool's 320 slots" in n for n in plan.notes)
 
 
 def test_plan_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--records", "100000000", "--gpus", "0", "--tokens-per-s", "2500"]) == 1
     err = capsys.readouterr().err
     assert err.strip() == "batchinfer plan: error: gpus must be a whole number >= 1, got 0"
-    assert main([*EXAMPLE, "--records-per-shard", "1000"]) == 1
+    assert main([*EXAMPLE, "--lanes", "2000"]) == 1
     err = capsys.readouterr().err
-    assert "100,000 shards" in err and "records_per_shard >= 97,657" in err and "\n" not in err.strip()
+    assert "2,000 lanes" in err and "--lanes) to at most 1,024" in err and "\n" not in err.strip()
+    assert main([*EXAMPLE, "--straggler", "0.9"]) == 1
+    assert "straggler must be a finite number >= 1" in capsys.readouterr().err
+
+
+def test_the_operations_guide_shows_the_real_output() -> None:
+    guide = (Path(__file__).parents[2] / "docs" / "operations.md").read_text()
+    command = "$ batchinfer plan --records 100000000 --gpus 32 --concurrency 10 --tokens-per-s 2500\n"
+    shown = guide.split(command, 1)[1].split("```", 1)[0]
+    out = subprocess.run([BIN, *EXAMPLE], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and shown == out.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
 from airflow.dag_processing.dagbag import DagBag  # noqa: E402
+from airflow.sdk.definitions.mappedoperator import MappedOperator  # noqa: E402
 from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 
 from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, build_batch_inference_dag  # noqa: E402
+from airflow_batchinfer.operators.lanes import ShardLaneOperator  # noqa: E402
 from airflow_batchinfer.operators.shard import ShardDatasetOperator  # noqa: E402
 
 DAGS = Path(__file__).parents[2] / "dags"
@@ -33,16 +36,26 @@ def test_example_dags_import_cleanly() -> None:
 
 
 def test_factory_shape_pools_and_params() -> None:
-    """One fused infer_judge task per shard: a shard is inferred and judged in one job."""
-    dag = build_batch_inference_dag("shape", max_rounds=2, airflow_pool="gpu")
+    """One mapped lane task per round slot (lanes, not shards); each lane runs its shards' jobs."""
+    dag = build_batch_inference_dag(
+        "shape", max_rounds=2, airflow_pool="gpu", execution_timeout=timedelta(hours=3)
+    )
     assert set(dag.task_dict) == {
         "shard", "pool_setup", "report", "pool_teardown",
-        "round_00.plan", "round_00.infer_judge", "round_00.close",
-        "round_01.plan", "round_01.infer_judge", "round_01.close",
-        "tail.plan", "tail.in_place", "tail.close",
+        "round_00.plan", "round_00.lanes", "round_00.close",
+        "round_01.plan", "round_01.lanes", "round_01.close",
+        "tail.plan", "tail.lanes", "tail.close",
     }  # fmt: skip
-    for task_id in ("round_00.infer_judge", "round_01.infer_judge", "tail.in_place"):
-        assert dag.task_dict[task_id].pool == "gpu"
+    for task_id in ("round_00.lanes", "round_01.lanes", "tail.lanes"):
+        lanes = dag.task_dict[task_id]
+        assert isinstance(lanes, MappedOperator) and lanes.operator_class is ShardLaneOperator
+        assert lanes.pool == "gpu" and lanes.upstream_task_ids == {task_id.replace("lanes", "plan")}
+        # a lane lasts as long as its round: the timeout bounds each of its jobs instead
+        assert lanes.partial_kwargs["execution_timeout"] is None
+        assert lanes.partial_kwargs["job_timeout"] == timedelta(hours=3)
+    plan = dag.task_dict["round_00.plan"]
+    assert plan.map_lanes and plan.slots == "{{ params.replicas * params.concurrency }}"
+    assert not dag.task_dict["shard"].maps_per_shard  # lanes: no bound on a round's shards
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
     # the first plan runs the pre-flight as soon as the input is planned and the pool is ready; the
@@ -79,19 +92,30 @@ def test_factory_with_a_judge_pool_maps_a_task_group_per_shard() -> None:
     assert setup.is_setup and dag.task_dict["judge_pool_teardown"].is_teardown
     assert (setup.worker_pool, setup.model) == ("{{ params.judge_pool }}", "{{ params.judge_model }}")
     assert set(dag.params) == set(DEFAULTS) | set(JUDGE_POOL_DEFAULTS)
+    # mapped per shard in every slot: the plans return shard descriptors, and the shard task keeps
+    # the map length's bound on a round's shards
+    assert not dag.task_dict["round_00.plan"].map_lanes and not dag.task_dict["tail.plan"].map_lanes
+    assert dag.task_dict["shard"].maps_per_shard
 
 
-def shard_op(tmp_path: Path, **config: object) -> ShardDatasetOperator:
+def shard_op(tmp_path: Path, maps_per_shard: bool = True, **config: object) -> ShardDatasetOperator:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(25)))
     base = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
             "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
-    return ShardDatasetOperator(task_id="shard", config={**base, **config}, max_map_length=4)
+    return ShardDatasetOperator(task_id="shard", config={**base, **config}, max_map_length=4,
+                                maps_per_shard=maps_per_shard)  # fmt: skip
 
 
 def test_shard_refuses_more_shards_than_max_map_length(tmp_path: Path) -> None:
     with pytest.raises(AirflowFailException, match=r"5 shards.*allows 4.*records_per_shard to at least 7"):
         shard_op(tmp_path).execute({})  # type: ignore[arg-type]
+
+
+def test_a_dag_of_lanes_takes_more_shards_than_max_map_length(tmp_path: Path) -> None:
+    """Its rounds map lanes, not shards: Airflow's map length bounds the lanes (the plan task)."""
+    shards = shard_op(tmp_path, maps_per_shard=False).execute({})  # type: ignore[arg-type]
+    assert len(shards) == 5
 
 
 def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:

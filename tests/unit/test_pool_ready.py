@@ -190,9 +190,13 @@ def _context() -> Any:
     return {"dag": SimpleNamespace(dag_id="d"), "run_id": "r1"}
 
 
-def _setup(monkeypatch: pytest.MonkeyPatch, replicas: int = 2) -> PoolSetupOperator:
+def _setup(
+    monkeypatch: pytest.MonkeyPatch, replicas: int = 2, inline_wait_s: float = 0.0
+) -> PoolSetupOperator:
     monkeypatch.setattr(pool_ops, "open_pool", lambda ref: StaticPool(urls=URLS, rpc_token="t"))
-    return PoolSetupOperator(task_id="pool_setup", worker_pool="conn", replicas=replicas)
+    return PoolSetupOperator(
+        task_id="pool_setup", worker_pool="conn", replicas=replicas, inline_wait_s=inline_wait_s
+    )
 
 
 def test_setup_on_a_ready_pool_returns_at_once_without_deferring(
@@ -217,6 +221,43 @@ def test_setup_defers_while_the_pool_is_not_ready(
     assert isinstance(trigger, PoolReadyTrigger)
     assert (trigger.replicas, trigger.lease_id, trigger.spec_key) == (2, "d/r1", None)
     assert deferred.value.method_name == "execute_complete"
+
+
+def test_setup_waits_inline_for_a_pool_that_gets_ready_soon(
+    monkeypatch: pytest.MonkeyPatch, answering: set[str]
+) -> None:
+    """Workers ready within inline_wait_s cost no deferral: the setup asks again while they start."""
+    answering.update(URLS[:1])
+    op = _setup(monkeypatch, inline_wait_s=30.0)
+    real, asked = pool_ops.observe_pool, []
+
+    async def observe(*args: Any) -> Any:
+        asked.append(1)
+        if len(asked) == 3:  # the second worker answers ready on the third look
+            answering.update(URLS)
+        return await real(*args)
+
+    monkeypatch.setattr(pool_ops, "observe_pool", observe)
+    op.defer = lambda **kw: pytest.fail("a pool ready within inline_wait_s must not defer")  # type: ignore[method-assign]
+    assert op.execute(_context()) == URLS
+    assert len(asked) == 3
+
+
+def test_setup_defers_once_inline_wait_s_has_passed(
+    monkeypatch: pytest.MonkeyPatch, answering: set[str]
+) -> None:
+    answering.update(URLS[:1])
+    op = _setup(monkeypatch, inline_wait_s=0.3)
+    real, asked = pool_ops.observe_pool, []
+
+    async def observe(*args: Any) -> Any:
+        asked.append(1)
+        return await real(*args)
+
+    monkeypatch.setattr(pool_ops, "observe_pool", observe)
+    with pytest.raises(TaskDeferred):
+        op.execute(_context())
+    assert len(asked) >= 2  # asked again while waiting, then deferred
 
 
 async def test_the_trigger_decides_as_the_setup_does(

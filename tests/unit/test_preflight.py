@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import httpx
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.preflight import run_preflight, sample_plan
+from airflow_batchinfer.preflight import _sizing, run_preflight, sample_plan
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import write_run_config
 from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.sizing import SizingPlan
+from airflow_batchinfer.sizing import SIZING_VERSION, SizingPlan
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
@@ -59,6 +60,10 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     assert round(plan.tokens_per_s, 1) == summary["tokens_per_s"]
     assert plan.rounds[0].shards == 4 and plan.rounds[0].records_per_shard == 30  # the run's shards
     assert plan.max_rounds == 2 and plan.approval_rate == summary["approval_rate"]
+    # the run's lanes (the setting, or one per slot) and chunk_size: what a lost worker redoes
+    assert (plan.lanes_setting, plan.lanes, plan.chunk_size) == (0, 3, cfg.chunk_size)
+    assert plan.lost_records_per_failure == 3 * min(cfg.chunk_size, 30)
+    assert summary["sizing"]["version"] == SIZING_VERSION and plan.per_shard.shape == "per_shard"
     assert summary["projected_wall_s"] == round(plan.wall_s, 1)
     assert summary["projected_gpu_hours"] == round(plan.wall_s / 3600, 4)
     stored = json.loads((tmp_path / "run" / "preflight" / "summary.json").read_text())
@@ -66,7 +71,9 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     # the workers' concurrency can be given instead of asked
     again = run_preflight(cfg, ["http://worker"], TOKEN, concurrency=8, max_map_length=2,
                           transport=InProcessWorker(tmp_path, 3))  # fmt: skip
-    assert "max_map_length is 2" in again["sizing"]["error"]  # no plan, the pre-flight still reports
+    # 8 lanes (a slot each) are more than a round maps: no plan, the pre-flight still reports
+    assert "8 lanes (one per pool slot), but" in again["sizing"]["error"]
+    assert "max_map_length is 2" in again["sizing"]["error"]
     assert again["projected_gpu_hours"] > 0
     # the sample ran what the rounds run: one fused infer_judge job (no inferred file in between)
     preflight = Path(RunLayout(cfg.run_root).preflight)
@@ -88,3 +95,20 @@ def test_the_sample_is_spread_over_the_input() -> None:
     few = sample_plan([3, 3, 3], 20)
     assert few == [(0, 3), (1, 3), (2, 3)]
     assert sample_plan([], 10) == [] and sample_plan([5], 0) == []
+
+
+def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
+    cfg = RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
+                    records_per_shard=2000, chunk_size=250)  # fmt: skip
+    args = (1_000_000, 4, 10, 2500.0, 400.0, 1.0, 1024)
+    plan = SizingPlan.from_dict(_sizing(dataclasses.replace(cfg, lanes=8), *args))
+    assert (plan.lanes_setting, plan.lanes, plan.slots, plan.chunk_size) == (8, 8, 40, 250)
+    assert plan.rounds[0].shards == 500 and plan.rounds[0].records_per_shard == 2000  # the run's shards
+    assert plan.lost_records_per_failure == 2 * 250  # 8 lanes on 4 GPUs: two jobs, a chunk each
+    auto = SizingPlan.from_dict(_sizing(cfg, *args))
+    assert (auto.lanes_setting, auto.lanes) == (0, 40) and auto.lost_records_per_failure == 10 * 250
+    over = _sizing(dataclasses.replace(cfg, lanes=2000), *args)
+    assert "2,000 lanes, but a round maps one task per lane" in over["error"]
+    assert _sizing(cfg, 1000, 4, None, 2500.0, 400.0, 1.0, 1024) == {
+        "error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"
+    }

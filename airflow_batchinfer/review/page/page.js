@@ -213,6 +213,8 @@
       ),
     );
     if (info.round === null) {
+      app.appendChild(shardsSection());
+      await loadShards();
       say("No round has closed yet: nothing to review.");
       return;
     }
@@ -368,9 +370,140 @@
       for (const control of parts.decideControls) control.disabled = true;
       parts.bulkWhat.textContent = "The gate is not waiting: decisions are closed.";
     }
+    app.appendChild(shardsSection());
 
-    await Promise.all([loadSummary(), loadSamples(), loadDecisions()]);
+    await Promise.all([loadSummary(), loadSamples(), loadDecisions(), loadShards()]);
     say("");
+  }
+
+  // ------------------------------------------------------------------------- the shards
+  // A round's shards as its lanes left them (the Airflow grid shows one box per lane, not per
+  // shard): state, lane, records, claim and end times, error; filtered by state, a page at a time.
+  const shards = { round: null, state: "", cursors: [null], next: null, size: 100 };
+  const SHARD_STATES = [
+    ["", "all states"],
+    ["done", "done"],
+    ["failed", "failed"],
+    ["unfinished", "unfinished (running or claimed)"],
+    ["unclaimed", "never claimed"],
+  ];
+
+  function shardsSection() {
+    parts.shardRound = el("select", { "data-testid": "shards-round", title: "round" });
+    parts.shardState = el(
+      "select",
+      { "data-testid": "shards-state", title: "state" },
+      SHARD_STATES.map(([value, text]) => el("option", { value: value }, text)),
+    );
+    parts.shardPrev = el("button", { type: "button", "data-testid": "shards-prev" }, "← Previous");
+    parts.shardNext = el("button", { type: "button", "data-testid": "shards-next" }, "Next →");
+    parts.shardInfo = el("span", { class: "page-info", "data-testid": "shards-info" });
+    parts.shardReload = el("button", { type: "button", "data-testid": "shards-reload" }, "Reload");
+    parts.shardReload.addEventListener("click", () => loadShards());
+    parts.shardCounts = el("div", { class: "counts", "data-testid": "shard-counts" });
+    parts.shards = el("tbody", { "data-testid": "shards" });
+    parts.shardRound.addEventListener("change", () => {
+      shards.round = parseInt(parts.shardRound.value, 10);
+      shards.cursors = [null];
+      loadShards();
+    });
+    parts.shardState.addEventListener("change", () => {
+      shards.state = parts.shardState.value;
+      shards.cursors = [null];
+      loadShards();
+    });
+    parts.shardPrev.addEventListener("click", () => {
+      if (shards.cursors.length > 1) shards.cursors.pop();
+      loadShards();
+    });
+    parts.shardNext.addEventListener("click", () => {
+      if (shards.next === null) return;
+      shards.cursors.push(shards.next);
+      loadShards();
+    });
+    return section(
+      "Shards",
+      "shards-section",
+      el("p", { class: "hint" }, "Each shard of a round run by lanes, as its lane recorded it (the Airflow grid shows one box per lane)."),
+      el("div", { class: "controls" }, el("label", {}, "round ", parts.shardRound), el("label", {}, "state ", parts.shardState), parts.shardReload, parts.shardPrev, parts.shardNext, parts.shardInfo),
+      parts.shardCounts,
+      el(
+        "table",
+        { class: "grid shards" },
+        el("thead", {}, el("tr", {}, ["shard", "state", "lane", "records", "claimed", "ended", "took s", "error"].map((h) => el("th", {}, h)))),
+        parts.shards,
+      ),
+    );
+  }
+
+  function when(seconds) {
+    if (typeof seconds !== "number") return "";
+    return new Date(seconds * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
+  }
+
+  const STATE_LABEL = { done: "done", failed: "failed", running: "running", claimed: "claimed", unclaimed: "never claimed" };
+
+  // A problem reading the shards (a lane document this release cannot read, storage down) is said
+  // in the section, not on the status line: the rest of the desk works without it.
+  async function loadShards() {
+    const current = latest("shards");
+    const cursor = shards.cursors[shards.cursors.length - 1];
+    let data;
+    try {
+      data = await api(gatePath("/shards" + params({ round: shards.round, state: shards.state, cursor: cursor, size: shards.size })));
+    } catch (error) {
+      if (!current()) return;
+      parts.shardInfo.textContent = "Shards: " + (error && error.message ? error.message : String(error));
+      parts.shardInfo.className = "page-info error";
+      return;
+    }
+    if (!current()) return;
+    parts.shardInfo.className = "page-info";
+    shards.round = data.round;
+    shards.next = data.cursor || null;
+    clear(parts.shardRound);
+    for (const r of data.rounds) parts.shardRound.appendChild(el("option", { value: String(r), selected: r === data.round }, "round " + r));
+    clear(parts.shardCounts);
+    clear(parts.shards);
+    parts.shardPrev.disabled = shards.cursors.length <= 1;
+    parts.shardNext.disabled = shards.next === null;
+    if (!data.tracked) {
+      parts.shardInfo.textContent = "";
+      parts.shards.appendChild(
+        el("tr", {}, el("td", { colspan: "8", "data-testid": "shards-untracked" }, "Round " + data.round + " ran one Airflow task per shard: each shard's state is its task in the Airflow grid.")),
+      );
+      return;
+    }
+    const counts = Object.assign({ shards: data.total, lanes: data.lanes }, data.counts);
+    for (const [key, value] of Object.entries(counts)) {
+      parts.shardCounts.appendChild(el("span", { class: "count", "data-testid": "shard-count-" + key }, el("b", {}, asText(value)), " " + (key === "unclaimed" ? "never claimed" : key)));
+    }
+    parts.shardInfo.textContent =
+      "page " + shards.cursors.length + ": " + data.shards.length + " of " + data.matching + " shards" + (data.closed ? "" : " (the round has not closed: Reload for the latest)");
+    if (!data.shards.length) parts.shards.appendChild(el("tr", {}, el("td", { colspan: "8", "data-testid": "no-shards" }, "No shard in this state.")));
+    for (const s of data.shards) {
+      const took = typeof s.claimed_at === "number" && typeof s.ended_at === "number" ? (s.ended_at - s.claimed_at).toFixed(1) : "";
+      const error = el("td", { "data-testid": "shard-error" });
+      if (s.error !== null && s.error !== undefined) error.appendChild(el("span", {}, s.error));
+      if (typeof (s.truncated || {}).error === "number") {
+        error.appendChild(el("div", { class: "truncated" }, "truncated, " + s.truncated.error.toLocaleString("en") + " bytes"));
+      }
+      if (s.quarantine) error.appendChild(el("div", { class: "mono hint", "data-testid": "shard-quarantine" }, "quarantined: " + s.quarantine));
+      parts.shards.appendChild(
+        el(
+          "tr",
+          { "data-testid": "shard-row", "data-shard-id": s.shard_id, "data-state": s.state },
+          el("td", { class: "mono" }, s.shard_id),
+          el("td", { class: "state " + s.group, "data-testid": "shard-state" }, STATE_LABEL[s.state] || s.state),
+          el("td", { "data-testid": "shard-lane" }, s.lane === null ? "" : String(s.lane)),
+          el("td", { "data-testid": "shard-records" }, asText(s.records)),
+          el("td", {}, when(s.claimed_at)),
+          el("td", {}, when(s.ended_at)),
+          el("td", {}, took),
+          error,
+        ),
+      );
+    }
   }
 
   function plural(n, word) {

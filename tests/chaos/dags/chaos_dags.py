@@ -1,13 +1,15 @@
 """DAGs for the chaos suite: the factory's pipeline on the SIMULATED engine (no model; batch latency
 and the judge's verdicts are set per run through ``engine_options``), one DAG per way of failing.
 
-- ``chaos_rounds``: a job that finishes within ``inline_wait_s`` (2 s) is awaited in the task, a
-  longer one defers (a slow engine makes a round of deferred tasks).
-- ``chaos_disk``: the same with one retry per shard job (a full disk fails every try).
-- ``chaos_inline``: shard tasks wait for their job in the task process (``inline_wait_s=120``), so a
-  running task instance has a process to kill while its job runs.
+Each round maps one lane per pool slot (4); a lane runs its shards one at a time.
+
+- ``chaos_rounds``: lanes run on the triggerer (deferred tasks).
+- ``chaos_disk``: the same with one retry per lane (a full disk fails every try).
+- ``chaos_inline``: lanes run in their task process (``in_task``), so a running task instance has a
+  process to kill while its lane's job runs.
 - ``chaos_s3``: the run root on the S3 server; the Airflow side reaches it through the AWS
-  connection ``chaos_s3`` (``endpoint_url`` in its extra), the workers through the environment.
+  connection ``chaos_s3`` (``endpoint_url`` in its extra; its lanes therefore run in their tasks),
+  the workers through the environment.
 - ``chaos_review``: a review gate before every round after the first, on a pool with a short
   ``idle_ttl_s``.
 """
@@ -52,21 +54,21 @@ COMMON = {
 build_batch_inference_dag(
     "chaos_rounds",
     defaults=SIMULATED,
-    default_args={"inline_wait_s": 2.0, "lost_grace_s": 5.0},
+    default_args={"lost_grace_s": 5.0},
     **COMMON,
 )
 
 build_batch_inference_dag(
     "chaos_disk",
     defaults=SIMULATED,
-    default_args={"inline_wait_s": 2.0, "lost_grace_s": 5.0},
+    default_args={"lost_grace_s": 5.0},
     **{**COMMON, "retries": 1},
 )
 
 build_batch_inference_dag(
     "chaos_inline",
     defaults=SIMULATED,
-    default_args={"inline_wait_s": 120.0, "lost_grace_s": 5.0},
+    default_args={"in_task": True, "lost_grace_s": 5.0},
     **COMMON,
 )
 

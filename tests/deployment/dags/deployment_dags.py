@@ -5,9 +5,13 @@ engine, input and run roots on the S3 server (the Airflow side reaches it throug
 - ``deploy_review``: two rounds with a review gate after the first, on the static pool ``deploy_static``;
 - ``deploy_rounds``: one round; tests point ``worker_pool`` at the Kubernetes pool, a local pool or
   a static pool behind one shared URL;
-- ``deploy_deferred``: jobs of 45 s on the static pool ``deploy_slow``, so shard tasks defer;
-- ``deploy_inline``: the same jobs awaited inside the shard task (``inline_wait_s``), so a running
-  task has a Celery worker to lose.
+- ``deploy_deferred``: jobs of 45 s on the static pool ``deploy_slow``, its lanes on the triggerers
+  (no ``aws_conn_id``: the hosts' environment has the S3 credentials, as an instance role or IRSA
+  would give them);
+- ``deploy_inline``: the same jobs, its lanes run inside their tasks (``in_task``; the AWS
+  connection alone would do it), so a running task has a Celery worker to lose.
+
+Every other DAG reads S3 through the connection ``deploy_s3``: its lanes run in their tasks too.
 """
 
 from __future__ import annotations
@@ -60,13 +64,13 @@ build_batch_inference_dag(
     "deploy_deferred",
     max_rounds=1,
     defaults={**SIMULATED, "worker_pool": "deploy_slow"},
-    default_args={"inline_wait_s": 2.0, "lost_grace_s": 5.0},
-    **COMMON,
+    default_args={"lost_grace_s": 5.0},
+    **{**COMMON, "aws_conn_id": None},
 )
 build_batch_inference_dag(
     "deploy_inline",
     max_rounds=1,
     defaults={**SIMULATED, "worker_pool": "deploy_slow"},
-    default_args={"inline_wait_s": 120.0, "lost_grace_s": 5.0},
+    default_args={"in_task": True, "lost_grace_s": 5.0},
     **COMMON,
 )

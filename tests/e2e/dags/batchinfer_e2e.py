@@ -1,5 +1,8 @@
 """DAGs for the end-to-end tests: the factory's pipeline on the SIMULATED engine (its judge approves
-a record with a fixed probability, decided by a hash of id and attempt), on a local pool."""
+a record with a fixed probability, decided by a hash of id and attempt), on a local pool.
+
+``e2e_lanes``: one-record shards on a pool of two slots (one worker, concurrency 2), so a round runs
+many more shards (more than the session's ``[core] max_map_length``) than it maps lanes (2)."""
 
 from __future__ import annotations
 
@@ -47,6 +50,25 @@ build_batch_inference_dag(
     max_rounds=3,
     airflow_pool="e2e",
     defaults={**SIMULATED, "review": "every_round"},
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+    poll_interval_s=1.0,
+    limits=LIMITS,
+)
+
+build_batch_inference_dag(
+    "e2e_lanes",
+    max_rounds=1,
+    airflow_pool="e2e",
+    defaults={
+        **SIMULATED,
+        "records_per_shard": 1,
+        "chunk_size": 1,
+        "worker_pool": "local://e2e-lanes",
+        "replicas": 1,
+        "preflight_records": 0,
+        "engine_options": {"approval_rate": 0.5, "latency_base_s": 0.05},
+    },
     retries=1,
     retry_delay=timedelta(seconds=1),
     poll_interval_s=1.0,

@@ -1,23 +1,30 @@
 """The round controller's shard descriptors: a changed round's name its slot, whose plan holds the
 settings the round runs (the mapped jobs read them there; templates stay out of XCom); an unchanged
-round's name none, and its jobs run run.json's without reading a plan."""
+round's name none, and its jobs run run.json's without reading a plan. A round run by lanes maps
+lane descriptors instead, and starts its lanes afresh."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-from airflow_batchinfer.operators import shard_jobs
-from airflow_batchinfer.operators.rounds import GATE_PARAM, _descriptors, gate_params
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_batchinfer.operators import rounds, shard_jobs
+from airflow_batchinfer.operators.rounds import GATE_PARAM, RoundControllerOperator, _descriptors, gate_params
 from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
 from airflow_batchinfer.run import jobs
 from airflow_batchinfer.run.config import RunConfig, round_config
 from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.run.docs.lanes import LaneDoc, claimed_shards, read_lanes, write_lane
 from airflow_batchinfer.run.gate import GATE_SCHEMAS
+from airflow_batchinfer.run.lanes import claim_shard
 from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.storage.location import StorageOptions
 from tests.support.fake_jobs import make_run, plan_round
 
@@ -75,3 +82,52 @@ def test_the_gates_form_has_one_field_per_changeable_setting_with_its_schema() -
     for key, schema in GATE_SCHEMAS.items():
         param = params[GATE_PARAM.format(key)]
         assert param.value is None and {k: param.schema[k] for k in schema} == schema, key
+
+
+def controller(cfg: RunConfig, **kwargs: Any) -> RoundControllerOperator:
+    return RoundControllerOperator(task_id="plan", slot="round-00", run_root=cfg.run_root, **kwargs)
+
+
+def test_a_round_of_lanes_maps_one_lane_per_pool_slot_never_more_than_its_shards(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)  # three shards
+    plan = propose_slot(cfg, "round-00").plan
+    lanes = controller(cfg, map_lanes=True, slots="2")._mapped(cfg, plan)  # a template renders a str
+    assert lanes == [{"slot": "round-00", "round": 0, "lane": i, "lanes": 2} for i in range(2)]
+    assert len(controller(cfg, map_lanes=True, slots=8)._mapped(cfg, plan)) == 3  # an idle lane: no task
+    asked = RunConfig(**{**cfg.to_dict(), "lanes": 1})  # the run setting wins over the slots
+    assert (
+        len(controller(cfg, map_lanes=True, slots=8)._mapped(asked, propose_slot(asked, "round-00").plan))
+        == 1
+    )
+    skip = Plan("round-01", 1, "skip", list(SHARDS))  # type: ignore[arg-type]
+    assert controller(cfg, map_lanes=True, slots=8)._mapped(cfg, skip) == []
+    assert controller(cfg)._mapped(cfg, plan) == _descriptors(plan)  # a judge pool's DAG: per shard
+
+
+def test_more_lanes_than_max_map_length_are_refused_with_the_remedy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = make_run(tmp_path)
+    monkeypatch.setattr(rounds, "max_map_length", lambda: 2)
+    plan = propose_slot(cfg, "round-00").plan
+    with pytest.raises(AirflowFailException, match=r"3 lanes.*at most 2.*lanes to at most 2"):
+        controller(cfg, map_lanes=True, slots=4)._commit(cfg, plan, {}, {})
+    assert read_plan(RunLayout(cfg.run_root), "round-00") is None  # nothing stored
+
+
+def test_planning_a_round_of_lanes_again_forgets_its_earlier_claims_and_lane_documents(
+    tmp_path: Path,
+) -> None:
+    cfg = make_run(tmp_path)
+    layout = RunLayout(cfg.run_root)
+    plan = propose_slot(cfg, "round-00").plan
+    sid = plan.shards[0]["shard_id"]
+    assert claim_shard(layout, 0, sid, lane=0)
+    write_lane(layout, LaneDoc(round=0, slot="round-00", lane=0, lanes=2, claiming=sid))
+    lanes = controller(cfg, map_lanes=True, slots=2)._commit(cfg, plan, {}, {})
+    assert len(lanes) == 2 and read_plan(layout, "round-00") == plan
+    assert claimed_shards(layout, 0) == set() and read_lanes(layout, 0) == []
+    # a DAG mapping per shard has no claims to forget: what is there stays
+    assert claim_shard(layout, 0, sid, lane=0)
+    controller(cfg)._commit(cfg, plan, {}, {})
+    assert claimed_shards(layout, 0) == {sid}

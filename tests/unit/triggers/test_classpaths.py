@@ -28,8 +28,8 @@ def package_triggers() -> list[type[BaseTrigger]]:
     return found
 
 
-def test_both_triggers_are_found() -> None:
-    assert {c.__name__ for c in package_triggers()} == {"WorkerJobTrigger", "PoolReadyTrigger"}
+def test_every_trigger_is_found() -> None:
+    assert {c.__name__ for c in package_triggers()} == {"WorkerJobTrigger", "PoolReadyTrigger", "LaneTrigger"}
 
 
 @pytest.mark.parametrize("cls", package_triggers(), ids=lambda c: c.__name__)

@@ -1,0 +1,228 @@
+"""The desk's shards endpoint (``GET /api/gates/{dag_id}/{run_id}/shards``) in Airflow's own
+api-server app, at the seams of test_app.py: SimpleAuthManager users, HITL rows as Airflow writes
+them, real run roots. One run's round 0 ran by lanes (the real lane loop over a pool that finishes
+or fails each job, then the real close) and its round 1 is under way; another run's round ran one
+task per shard, before lanes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow", reason="needs the airflow extra")
+pytestmark = pytest.mark.airflow
+
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
+from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane  # noqa: E402
+from airflow_batchinfer.run.lanes import claim_shard  # noqa: E402
+from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from tests.support.fake_jobs import close, plan_round  # noqa: E402
+from tests.support.lane_rounds import BROKEN, FinishingPool, lanes_run, run_lanes  # noqa: E402
+from tests.support.owners import write_owner  # noqa: E402
+from tests.unit.review import test_app as t  # noqa: E402
+from tests.unit.review.test_app import deny_dave  # noqa: E402, F401 (a fixture, used by name)
+
+FAILING = "part-00004"
+EVEN = {f"r{i:02d}" for i in range(0, 30, 2)}
+T0 = 1_780_000_000.0  # round 1's first claim (Unix seconds)
+
+
+def lanes_runs(base: Path) -> tuple[RunConfig, list[str]]:
+    """Round 0 (10 shards, 3 lanes, ``FAILING``'s job fails) closed; round 1 (the 15 rejected
+    records in 5 shards) under way: lane 0 ended its first shard and runs its second, lane 1
+    claimed one it has not recorded, the other two never claimed. Returns the run and round 1's ids."""
+    cfg = lanes_run(base, review="every_round", max_rounds=3)
+    write_run_config(cfg)
+    plan = plan_round(cfg)
+    run_lanes(cfg, plan, 3, FinishingPool(cfg, plan, EVEN, fail={FAILING}))
+    close(cfg, plan)
+    layout = RunLayout(cfg.run_root)
+    nxt = plan_round(cfg, "round-01")
+    ids = [s["shard_id"] for s in nxt.shards]
+    write_lane(layout, LaneDoc(round=1, slot="round-01", lane=0, lanes=2, shards=[
+        LaneShard(shard_id=ids[0], records=3, state="done", claimed_at=T0, ended_at=T0 + 4.5),
+        LaneShard(shard_id=ids[2], records=3, state="running", claimed_at=T0 + 4.5),
+    ]))  # fmt: skip
+    write_lane(layout, LaneDoc(round=1, slot="round-01", lane=1, lanes=2, claiming=ids[1]))
+    for sid, lane in ((ids[0], 0), (ids[2], 0), (ids[1], 1)):
+        assert claim_shard(layout, 1, sid, lane)
+    return cfg, ids
+
+
+@pytest.fixture(scope="module")
+def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
+    """The desk's app with four DAG runs: ``lanes`` (its gate reviews round 0, run by lanes, and
+    waits), ``moving`` (the same, its gate answered and round 1 under way), ``before`` (its round 0
+    ran one task per shard), ``broken`` (as ``moving``, a lane document of round 1 unreadable)."""
+    from airflow import settings
+    from airflow.api_fastapi import app as api_app
+    from airflow.utils import db
+    from airflow.utils.session import create_session
+    from fastapi.testclient import TestClient
+
+    from airflow_batchinfer.review.app import get_app
+
+    home = tmp_path_factory.mktemp("airflow")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
+    env = {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__AUTH_MANAGER": (
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+        ),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
+        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
+    }
+    roots = {
+        "lanes": lanes_runs(tmp_path_factory.mktemp("lanes"))[0].run_root,
+        "moving": lanes_runs(tmp_path_factory.mktemp("moving"))[0].run_root,
+        "before": t.closed_run(tmp_path_factory.mktemp("before")).run_root,
+        "broken": lanes_runs(tmp_path_factory.mktemp("broken"))[0].run_root,
+    }
+    # a lane document this release cannot read (another release's field)
+    bad = Path(RunLayout(roots["broken"]).lane(1, 1))
+    bad.write_text(json.dumps({**json.loads(bad.read_text()), "surprise": True}))
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        settings.configure_vars()
+        settings.reconfigure_orm()
+        try:
+            db.initdb()
+            with create_session() as session:
+                t._add_dag(session)
+            for run_id, root in roots.items():
+                t.add_gate(run_id, "round_01.plan", {"run_root": root, "aws_conn_id": None},
+                           answered=run_id == "moving")  # fmt: skip
+                write_owner(root, RunIdentity(t.DAG_ID, run_id))
+            api_app.purge_cached_app()
+            get_app.cache_clear()
+            client = TestClient(api_app.create_app())
+            tokens = {}
+            for user in t.USERS:
+                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
+                assert r.status_code == 201, r.text
+                tokens[user] = r.json()["access_token"]
+            yield t.Desk(client, tokens, roots)
+        finally:
+            api_app.purge_cached_app()
+            get_app.cache_clear()
+    settings.configure_vars()
+    settings.reconfigure_orm()
+
+
+def shards(desk: t.Desk, run_id: str, user: str = "bob", **params: Any) -> Any:
+    return desk.get(user, t.gate_url(run_id, "/shards"), params=params)
+
+
+def test_a_round_run_by_lanes_page_by_page(desk: t.Desk) -> None:
+    seen, cursor = [], None
+    for _ in range(5):
+        r = shards(desk, "lanes", size=4, **({"cursor": cursor} if cursor else {}))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert (body["round"], body["slot"], body["gate_round"], body["rounds"]) == (0, "round-00", 0, [0, 1])
+        assert (body["closed"], body["tracked"], body["lanes"], body["total"]) == (True, True, 3, 10)
+        assert body["counts"] == {"done": 9, "failed": 1, "unfinished": 0, "unclaimed": 0}
+        seen += body["shards"]
+        cursor = body["cursor"]
+        if cursor is None:
+            break
+    assert [s["shard_id"] for s in seen] == [f"part-{k:05d}" for k in range(10)]
+    layout = RunLayout(desk.roots["lanes"])
+    for s in seen:  # each as its lane's document recorded it
+        doc = read_lane(layout, 0, s["lane"])
+        assert doc is not None
+        entry = doc.shard(s["shard_id"])
+        assert entry is not None and (s["claimed_at"], s["ended_at"]) == (entry.claimed_at, entry.ended_at)
+        assert s["records"] == 3 and s["state"] == ("failed" if s["shard_id"] == FAILING else "done")
+    [failed] = [s for s in seen if s["state"] == "failed"]
+    assert BROKEN in failed["error"]
+    assert (
+        failed["quarantine"] == f"{layout.failed(0)}/{FAILING}.json" and Path(failed["quarantine"]).exists()
+    )
+
+
+def test_the_state_filter(desk: t.Desk) -> None:
+    body = shards(desk, "lanes", state="failed").json()
+    assert [s["shard_id"] for s in body["shards"]] == [FAILING] and body["matching"] == 1
+    body = shards(desk, "lanes", state="done", size=500).json()
+    assert len(body["shards"]) == 9 and body["cursor"] is None
+    body = shards(desk, "lanes", state="unfinished").json()
+    assert body["shards"] == [] and body["matching"] == 0 and body["cursor"] is None
+
+
+def test_a_round_under_way_and_its_next_look(desk: t.Desk, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_batchinfer.review import app
+
+    monkeypatch.setattr(app, "SHARDS_TTL_S", 0.0)  # read the lanes' documents on every request
+    assert shards(desk, "moving").json()["round"] == 0  # the gate's round, unless asked
+    body = shards(desk, "moving", round=1).json()
+    assert (body["round"], body["slot"], body["closed"], body["lanes"], body["total"]) == (
+        1,
+        "round-01",
+        False,
+        2,
+        5,
+    )
+    assert body["counts"] == {"done": 1, "failed": 0, "unfinished": 2, "unclaimed": 2}
+    got = [(s["state"], s["lane"]) for s in body["shards"]]
+    assert got == [("done", 0), ("claimed", 1), ("running", 0), ("unclaimed", None), ("unclaimed", None)]
+    unfinished = shards(desk, "moving", round=1, state="unfinished").json()["shards"]
+    assert [s["state"] for s in unfinished] == ["claimed", "running"]
+    # lane 1 records the shard it claimed and ends it
+    layout = RunLayout(desk.roots["moving"])
+    sid = body["shards"][1]["shard_id"]
+    write_lane(layout, LaneDoc(round=1, slot="round-01", lane=1, lanes=2, shards=[
+        LaneShard(shard_id=sid, records=3, state="failed", claimed_at=T0 + 1, ended_at=T0 + 2, error="oom"),
+    ]))  # fmt: skip
+    body = shards(desk, "moving", round=1).json()
+    assert body["counts"] == {"done": 1, "failed": 1, "unfinished": 1, "unclaimed": 2}
+    assert (body["shards"][1]["state"], body["shards"][1]["error"]) == ("failed", "oom")
+    r = shards(desk, "moving", round=2)
+    assert r.status_code == 404 and "round 2 has not been planned" in r.json()["detail"]
+
+
+def test_a_round_run_one_task_per_shard_says_so(desk: t.Desk) -> None:
+    body = shards(desk, "before").json()
+    assert (body["round"], body["tracked"], body["lanes"], body["total"]) == (0, False, 0, 3)
+    assert body["shards"] == [] and body["counts"] == {} and body["cursor"] is None
+
+
+def test_it_is_authorised_like_the_desks_other_endpoints(desk: t.Desk, deny_dave: None) -> None:  # noqa: F811
+    assert desk.get(None, t.gate_url("lanes", "/shards")).status_code == 401
+    bad = desk.client.get(t.gate_url("lanes", "/shards"), headers={"Authorization": "Bearer not-a-token"})
+    assert bad.status_code in (401, 403)
+    r = shards(desk, "lanes", user="dave")
+    assert r.status_code == 403 and r.json() == {"detail": "Forbidden"}
+    assert shards(desk, "lanes", user="bob").status_code == 200  # a viewer reads
+    r = shards(desk, "no_such_run")
+    assert r.status_code == 404 and "no such DAG run" in r.json()["detail"]
+
+
+def test_an_unreadable_lane_document_is_named_with_its_remedy(desk: t.Desk) -> None:
+    r = shards(desk, "broken", round=1)
+    assert r.status_code == 409, r.text
+    detail = r.json()["detail"]
+    assert RunLayout(desk.roots["broken"]).lane(1, 1) in detail and "surprise" in detail
+    assert "delete it" in detail
+    assert shards(desk, "broken", round=0).status_code == 200  # the other rounds still show
+
+
+@pytest.mark.parametrize(
+    "params",
+    [{"size": 0}, {"size": 501}, {"cursor": "nonsense"}, {"state": "lost"}, {"round": -1}, {"round": "x"}],
+)
+def test_bad_input_is_a_400(desk: t.Desk, params: dict[str, Any]) -> None:
+    r = shards(desk, "lanes", **params)
+    assert r.status_code == 400, (params, r.text)
+    assert isinstance(r.json()["detail"], str)
