@@ -9,16 +9,21 @@ from __future__ import annotations
 import re
 import urllib.parse
 from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer import charts
+from airflow_batchinfer.engines.stats import CounterName
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.close import MAX_NAMED, WORKER_FIELDS
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
+    AcceptedJob,
+    EngineTelemetry,
     FailedShard,
     Plan,
     Summary,
+    read_accepted,
     read_doc,
     read_plan,
     read_summary,
@@ -27,6 +32,7 @@ from airflow_batchinfer.run.docs import (
     write_doc,
 )
 from airflow_batchinfer.run.docs.shard_status import RoundShards, round_status
+from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import (
     ACCEPTED_BY_REVIEW,
@@ -117,6 +123,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "shard_status": [f.to_json() for f in shard_status],
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
         "workers": _per_worker(rounds),
+        "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
         "invariant": invariant,
     }
     write_doc(join(layout.report, "summary.json"), report, so)
@@ -178,6 +185,84 @@ def _per_worker(rounds: list[Summary]) -> dict[str, Any]:
         }
         for name, w in total.items()
     }
+
+
+def engine_rounds(
+    cfg: RunConfig, layout: RunLayout, closed: list[Plan], so: StorageOptions | None
+) -> list[dict[str, Any]]:
+    """Per closed round, its engines' figures over the jobs close accepted (their manifests'
+    ``engine_stats``, copied into the accepted docs; :func:`round_engine`). A round none of whose
+    jobs has any (engines without stats, or jobs from before them) is left out."""
+    out = []
+    for plan in closed:
+        kinds = round_kinds(plan.effective_config(cfg), plan.mode)
+        uris = [layout.accepted(plan.round, s["shard_id"], kind) for s in plan.shards for kind in kinds]
+        with ThreadPoolExecutor(8) as ex:
+            docs = list(ex.map(lambda uri: read_accepted(uri, so), uris))
+        jobs = [d.engine_stats for d in docs if isinstance(d, AcceptedJob) and d.engine_stats is not None]
+        if jobs:
+            out.append({"round": plan.round, "slot": plan.slot, **round_engine(jobs)})
+    return out
+
+
+def round_engine(jobs: list[EngineTelemetry]) -> dict[str, Any]:
+    """The engine figures of a round's jobs. Jobs that ran at once on one engine share its work: per
+    engine their windows are merged where they overlap, and a merged window's counters are the
+    engine's count at its end less that at its start, never the jobs' deltas added up. Rates are per
+    engine-second (the time its engines had jobs): a worker's rate on average. Gauges: the highest
+    peak, and the jobs' means weighted by their length."""
+    counters: dict[str, int] = {}
+    seconds = 0.0
+    by_engine: dict[str, list[EngineTelemetry]] = {}
+    for job in jobs:
+        by_engine.setdefault(job.engine_id, []).append(job)
+    for windows in by_engine.values():
+        for span_s, grown in _merged(windows):
+            seconds += span_s
+            for k, v in grown.items():
+                counters[k] = counters.get(k, 0) + v
+    gauges: dict[str, dict[str, float]] = {}
+    for name in sorted({g for job in jobs for g in job.gauges}):
+        spans = [(job.gauges[name], max(job.seconds, 1e-3)) for job in jobs if name in job.gauges]
+        weight = sum(w for _, w in spans)
+        gauges[name] = {
+            "peak": max(g.peak for g, _ in spans),
+            "mean": round(sum(g.mean * w for g, w in spans) / weight, 4),
+        }
+    queries = counters.get("prefix_cache_queries")
+    hit_rate = round(counters.get("prefix_cache_hits", 0) / queries, 4) if queries else None
+    return {
+        "jobs": len(jobs),
+        "engines": len(by_engine),
+        "engine_seconds": round(seconds, 3),
+        "counters": counters,
+        **{
+            f"{k}_per_s": round(counters[k] / seconds, 2) if seconds else None
+            for k in ("generation_tokens", "prompt_tokens")
+            if k in counters
+        },
+        "prefix_cache_hit_rate": hit_rate,
+        "gauges": gauges,
+    }
+
+
+def _merged(windows: list[EngineTelemetry]) -> Iterator[tuple[float, dict[CounterName, int]]]:
+    """One engine's job windows merged where they overlap: each merged window's length and how much
+    each counter grew in it (its latest end less its earliest start: the counters only grow)."""
+    spans = sorted(windows, key=lambda w: w.started_at)
+    k = 0
+    while k < len(spans):
+        first = spans[k]
+        end = first.started_at + first.seconds
+        group = [first]
+        k += 1
+        while k < len(spans) and spans[k].started_at <= end:
+            end = max(end, spans[k].started_at + spans[k].seconds)
+            group.append(spans[k])
+            k += 1
+        names = set.intersection(*(set(w.at_start) & set(w.counters) for w in group))
+        grown = {n: max(w.at_start[n] + w.counters[n] for w in group) - first.at_start[n] for n in names}
+        yield end - first.started_at, grown
 
 
 def check_invariant(
@@ -314,14 +399,16 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- quarantined shards: {len(report['failed_shards'])} (budget {report['max_failed_shards']})",
         f"- every input id accounted for exactly once: {report['invariant']['ok']}",
         "",
-        "| round | mode | pending | approved | rejected/exhausted | approval | failed shards | job s |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| round | mode | pending | approved | rejected/exhausted | truncated | approval | failed shards "
+        "| job s |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for s in report["rounds"]:
         rate = "" if s.get("approval_rate") is None else f"{s['approval_rate']:.0%}"
         lines.append(
             f"| {s['round']} | {s['mode']} | {s['pending']} | {s['approved']} | "
-            f"{s.get('rejected', s.get('exhausted', 0))} | {rate} | {len(s['failed_shards'])} | "
+            f"{s.get('rejected', s.get('exhausted', 0))} | {s.get('truncated', 0)} | {rate} | "
+            f"{len(s['failed_shards'])} | "
             f"{s['job_seconds']} |"
         )
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
@@ -351,11 +438,50 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"| {n} | {w['jobs']} | {w['avg_fill']} | {w['engine_busy_s']} | {w['tokens']} |"
         for n, w in report["workers"].items()
     ]
+    lines += engine_lines(report.get("engine") or [])
     lines += [
         "",
         "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time).",
     ]
     return "\n".join(lines) + "\n"
+
+
+def engine_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """report.md's **Engine** table: a row per round with engine figures (``–``: not reported)."""
+    if not rounds:
+        return []
+    lines = [
+        "",
+        "## Engine",
+        "",
+        "Per round, over its jobs; rates per engine-second (one worker's, on average).",
+        "",
+        "| round | jobs | engines | generated tokens | generated tok/s | prompt tok/s | prefix-cache hits "
+        "| preemptions | KV cache peak / mean | running peak | waiting peak |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for e in rounds:
+        c, g = e["counters"], e["gauges"]
+        kv = g.get("kv_cache_usage") or {}
+        cells = [
+            e["round"],
+            e["jobs"],
+            e["engines"],
+            _shown(c.get("generation_tokens")),
+            _shown(e.get("generation_tokens_per_s")),
+            _shown(e.get("prompt_tokens_per_s")),
+            _shown(e["prefix_cache_hit_rate"], "{:.1%}"),
+            _shown(c.get("preemptions")),
+            f"{_shown(kv.get('peak'), '{:.1%}')} / {_shown(kv.get('mean'), '{:.1%}')}",
+            _shown((g.get("running") or {}).get("peak"), "{:g}"),
+            _shown((g.get("waiting") or {}).get("peak"), "{:g}"),
+        ]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return lines
+
+
+def _shown(value: Any, fmt: str = "{}") -> str:
+    return "–" if value is None else fmt.format(value)
 
 
 MAX_LANE_ROWS = 16  # lanes a round's table lists in full; more: a summary line and the slowest

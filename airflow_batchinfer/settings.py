@@ -33,6 +33,7 @@ from typing import Any, Literal
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.engines.sampling import sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
+from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
@@ -302,6 +303,15 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("max_rounds", "integer", 3, "rounds at most (also capped by the DAG's round slots)", minimum=1,
          flag="--max-rounds"),
     _run("max_attempts", "integer", 3, "attempts per sample, in place", minimum=1, flag="--max-attempts"),
+    _run("truncated", "string", "reject", "a completion cut at max_tokens (finish_reason length): reject: "
+         "rejected before the judge, reason truncated, and retried like any rejected sample; judge: the "
+         "judge decides", enum=TRUNCATED_MODES, flag="--truncated"),
+    _run("truncated_max_tokens_factor", "number", DEFAULT_FACTOR, "a truncated sample's retry (the next "
+         "round, or in place) runs with max_tokens times this, never above max_tokens_cap; 1: not raised",
+         minimum=1, maximum=MAX_FACTOR, flag="--truncated-max-tokens-factor"),
+    _run("max_tokens_cap", "integer", None, "the most max_tokens a truncated sample's retry is raised to: "
+         "a DAG run's is the deployment's max_max_tokens (not a param); empty: no cap", nullable=True,
+         minimum=1, param=False, flag="--max-tokens-cap", metavar="N"),
     _run("hybrid_min_shrink", "number", 0.3, "hybrid: switch to in place once a round approves less than "
          "this share of its pending set", minimum=0, maximum=1, flag="--hybrid-min-shrink"),
     _run("review", "string", "never", "human review between rounds, on Airflow's Required Actions page",

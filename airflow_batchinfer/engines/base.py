@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from airflow_batchinfer.engines.sampling import bounds_refusal
+from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.exceptions import ConfigError
 
 
@@ -135,6 +136,8 @@ class Engine(abc.ABC):
     name: ClassVar[str] = "engine"
     # The options that are credentials (see SecretOption); none for engines that take none.
     secret_options: ClassVar[tuple[SecretOption, ...]] = ()
+    # The EngineStats fields stats() fills (the docs say which engine's /metrics shows what).
+    stats_fields: ClassVar[tuple[str, ...]] = ()
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model (called once, before the worker reports ready)."""
@@ -152,3 +155,8 @@ class Engine(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """What identifies this engine's outputs (goes into job fingerprints and manifests)."""
         return {"engine": self.name}
+
+    def stats(self) -> EngineStats | None:
+        """The engine's own figures now (``None``: it keeps none). Called on the event loop, about
+        once a second while jobs run and on each ``/metrics`` scrape: it must be cheap."""
+        return None

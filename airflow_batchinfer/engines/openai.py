@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SecretOption
+from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 from airflow_batchinfer.exceptions import ConfigError
 
 if TYPE_CHECKING:  # imported on start: every worker imports this module (its secret options), and
@@ -32,6 +33,7 @@ class OpenAIEngine(Engine):
         default ``$OPENAI_DEFAULT_HEADERS`` (a JSON object). A secret, like ``api_key``."""
 
     name = "openai"
+    stats_fields = TALLIED
     secret_options = (
         SecretOption("api_key", "OPENAI_API_KEY", required=True),
         SecretOption("default_headers", "OPENAI_DEFAULT_HEADERS", is_json=True),
@@ -64,6 +66,7 @@ class OpenAIEngine(Engine):
         self._transport = transport
         self._slots = asyncio.Semaphore(max_concurrency)
         self._http: httpx.AsyncClient | None = None
+        self.tally = StatsTally()  # requests in flight, and the tokens of their answers
 
     async def start(self) -> None:
         import httpx
@@ -78,7 +81,13 @@ class OpenAIEngine(Engine):
             self._http = None
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        return list(await asyncio.gather(*(self._one(r) for r in requests)))
+        with self.tally.batch(len(requests)):
+            results = list(await asyncio.gather(*(self._one(r) for r in requests)))
+        self.tally.count(results)  # the tokens the server's usage reported
+        return results
+
+    def stats(self) -> EngineStats:
+        return self.tally.stats()
 
     def _body(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         s = request.sampling

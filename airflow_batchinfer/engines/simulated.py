@@ -4,7 +4,10 @@ Batch latency is ``a + b·tokens``; outputs are deterministic. As a judge (``met
 "judge"``) it answers a JSON verdict approving a record with probability ``approval_rate``, decided
 by a hash of (record id, attempt), with a ``score`` in [0, 1) hashed the same way, so rounds and
 retries are reproducible. ``fail_marker`` makes any
-request whose prompt contains it fail alone (to show a bad element fails only its record).
+request whose prompt contains it fail alone (to show a bad element fails only its record). A prompt
+containing ``simulate_tokens=N`` asks for an answer of ``N`` tokens (else ``completion_tokens``):
+with ``max_tokens`` below ``N`` it is cut there, ``finish_reason`` ``"length"`` (to show truncation
+and its retries).
 """
 
 from __future__ import annotations
@@ -12,9 +15,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 from typing import Any
 
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+
+# the answer's length a prompt asks for (a record field rendered into it): see the module's text
+WANTS_TOKENS = re.compile(r"\bsimulate_tokens=(\d{1,9})\b")
 
 
 def stable_fraction(*parts: Any) -> float:
@@ -27,6 +35,7 @@ class SimulatedEngine(Engine):
     """SIMULATED: latency ``latency_base_s + latency_per_token_s · tokens`` per batch, no model."""
 
     name = "simulated"
+    stats_fields = TALLIED
 
     def __init__(
         self,
@@ -44,7 +53,7 @@ class SimulatedEngine(Engine):
         self.completion_tokens = completion_tokens
         self.fail_marker = fail_marker
         self.model = model
-        self.batches = 0
+        self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """The batch's results after ``a + b·tokens`` seconds, counted from the call: building the
@@ -55,10 +64,14 @@ class SimulatedEngine(Engine):
             r.prompt_chars() // 4 + 1 + min(self.completion_tokens, r.sampling.max_tokens) for r in requests
         )
         due += self.latency_base_s + self.latency_per_token_s * tokens
-        results = [self._one(r) for r in requests]
-        await asyncio.sleep(max(0.0, due - loop.time()))
-        self.batches += 1
+        with self.tally.batch(len(requests)):
+            results = [self._one(r) for r in requests]
+            await asyncio.sleep(max(0.0, due - loop.time()))
+        self.tally.count(results)
         return results
+
+    def stats(self) -> EngineStats:
+        return self.tally.stats()
 
     def _one(self, request: GenerationRequest) -> GenerationResult:
         prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))
@@ -73,11 +86,14 @@ class SimulatedEngine(Engine):
         else:
             digest = hashlib.sha256(f"{prompt}\x1f{meta.get('attempt', 1)}".encode()).hexdigest()[:16]
             text = f"simulated answer {digest}"
+        wants = WANTS_TOKENS.search(prompt) if meta.get("role") != "judge" else None
+        needed = int(wants.group(1)) if wants else self.completion_tokens
+        budget = request.sampling.max_tokens
         return GenerationResult(
             text=text,
             prompt_tokens=request.prompt_chars() // 4 + 1,
-            completion_tokens=min(self.completion_tokens, request.sampling.max_tokens),
-            finish_reason="stop",
+            completion_tokens=min(needed, budget),
+            finish_reason="length" if wants and needed > budget else "stop",
         )
 
     def describe(self) -> dict[str, Any]:

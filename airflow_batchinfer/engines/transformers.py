@@ -16,6 +16,7 @@ import threading
 from typing import Any
 
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 
 
 class TransformersEngine(Engine):
@@ -25,6 +26,7 @@ class TransformersEngine(Engine):
     :param threads: torch intra-op threads (``OMP_NUM_THREADS`` by default)."""
 
     name = "transformers"
+    stats_fields = TALLIED
 
     def __init__(
         self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None
@@ -37,6 +39,7 @@ class TransformersEngine(Engine):
         self.tokenizer: Any = None
         self.model: Any = None
         self.max_len = 0
+        self.tally = StatsTally()  # tokens generated, batches and requests generating now
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -88,11 +91,12 @@ class TransformersEngine(Engine):
                 )
                 continue
             groups.setdefault((request.sampling, specials), []).append((i, text))
-        with self._lock:
+        with self._lock, self.tally.batch(sum(map(len, groups.values()))):
             for (sampling, specials), members in groups.items():
                 outs = self._run_isolating([t for _, t in members], sampling, specials)
                 for (i, _), out in zip(members, outs, strict=True):
                     results[i] = out
+                self.tally.count(outs)
         return [r if r is not None else GenerationResult.failed("not generated") for r in results]
 
     def _run_isolating(
@@ -140,6 +144,9 @@ class TransformersEngine(Engine):
                     text, finish = text[: text.index(stop)], "stop"
             results.append(GenerationResult(text, None, int(mask.sum()), len(ids), finish))
         return results
+
+    def stats(self) -> EngineStats:
+        return self.tally.stats()
 
     async def close(self) -> None:
         self.model = None

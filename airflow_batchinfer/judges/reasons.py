@@ -35,6 +35,8 @@ OTHER = "(other)"
 # a judge whose free-form reasons are all different).
 MAX_TRACKED = 20_000
 INFERENCE_ERROR = "inference_error:"
+# The group of a truncated row's rejection (judges.truncation: "truncated: …"), whatever its numbers.
+TRUNCATED = "truncated"
 
 _QUOTED = re.compile(
     r'"(?:[^"\\\n]|\\.)*"'  # "double"
@@ -60,8 +62,11 @@ def reason_group(reason: str) -> str:
     """The group key of a judge's reason: quoted strings become ``"…"``, numbers ``#`` (integers,
     decimals, negatives, ``1,234``, ``1e-5``; hex ids and UUIDs too), whitespace runs one space, case
     kept, at most :data:`MAX_KEY_CHARS` characters; an empty reason is ``(no reason)``. An inference
-    error (``inference_error: <message>``) keeps its prefix and normalises its message the same way."""
+    error (``inference_error: <message>``) keeps its prefix and normalises its message the same way;
+    a truncated row's rejection (``truncated: …``) is the group ``truncated``."""
     text = str(reason or "")
+    if text.startswith(TRUNCATED + ":"):
+        return TRUNCATED
     if text.startswith(INFERENCE_ERROR):
         return _cut(INFERENCE_ERROR + " " + _normalise(text[len(INFERENCE_ERROR) :]))
     return _cut(_normalise(text)) or NO_REASON

@@ -16,6 +16,7 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+from airflow_batchinfer.judges.truncation import tightest_cap
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.run.config import RunConfig
@@ -126,6 +127,8 @@ class ShardDatasetOperator(BaseOperator):
             cfg = RunConfig.from_dict(dict(self.config))
             # without the DAG's limits its code vouches for config, but the deployment's caps still hold
             limits = check_params(context, self.limits, run_root=cfg.run_root)
+            # retries of truncated samples are never raised above the deployment's max_max_tokens
+            cfg.max_tokens_cap = tightest_cap(cfg.max_tokens_cap, limits.max_max_tokens)
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._check_input(cfg, context, so, limits)

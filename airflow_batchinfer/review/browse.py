@@ -56,7 +56,7 @@ __all__ = ["FIELDS", "Page", "RoundView", "Sample", "ShardRows", "field_value", 
 # Fields a job adds to an input record (the rest of a row is the record as the round read it).
 OUTPUT_FIELDS = frozenset(
     {"result", "status", "error", "judgment", "attempts", "round", "accepted_by_review"}
-)
+) | {"finish_reason", "max_tokens"}  # how the generation ended, and its budget (judges.truncation)
 MAX_PAGE = 1_000  # samples one page or one random sample returns at most
 DOC_THREADS = 16  # documents read at once (one per shard: object stores answer in parallel)
 _CURSOR = re.compile(r"^s(\d+):(\d+)$")

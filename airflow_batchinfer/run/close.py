@@ -200,6 +200,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         next_pending=next_pending,
         exhausted=exhausted,
         attempts=attempts,
+        truncated=counts.get("truncated", 0),
         repeated_ids=out_ids[REPEATED].count,
         approval_rate=round(approved / pending_records, 4) if pending_records else None,
         ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids

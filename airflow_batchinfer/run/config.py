@@ -17,6 +17,7 @@ from typing import Any
 from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges.human import require_judge_in_place
+from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
@@ -38,6 +39,11 @@ class RunConfig:
     strategy: str = "rounds"
     max_rounds: int = 3
     max_attempts: int = 3
+    # completions cut at max_tokens (judges.truncation): rejected before the judge or judged, and
+    # their retries' max_tokens raised by the factor, up to the cap (a DAG run's: max_max_tokens)
+    truncated: str = "reject"
+    truncated_max_tokens_factor: float = DEFAULT_FACTOR
+    max_tokens_cap: int | None = None
     records_per_shard: int = 2_000
     # shard jobs a round runs at once (run.lanes); 0: one lane per pool slot
     lanes: int = 0
@@ -80,6 +86,7 @@ class RunConfig:
             raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
         self._check_bounds()
         self._check_unreachable_grace()
+        self.truncation()  # refuses a bad value, naming it
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")
@@ -133,6 +140,9 @@ class RunConfig:
         parse_params("judge", self.judge_params(), callables=policy)
         return self
 
+    def truncation(self) -> TruncationPolicy:
+        return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)
+
     def infer_params(self) -> dict[str, Any]:
         return {
             "prompt_template": self.prompt_template,
@@ -140,6 +150,7 @@ class RunConfig:
             "sampling": self.sampling,
             "chunk_size": self.chunk_size,
             "id_field": self.id_field or "id",
+            **self.truncation().params(),  # none at the defaults: job ids and fingerprints as before
         }
 
     def judge_params(self) -> dict[str, Any]:
@@ -149,6 +160,7 @@ class RunConfig:
             "chunk_size": self.chunk_size,
             "id_field": self.id_field or "id",
             **review,
+            **self.truncation().params(),
         }
 
     @property

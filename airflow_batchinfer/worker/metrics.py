@@ -1,12 +1,93 @@
-"""``GET /metrics``: Prometheus text exposition, written by hand (no client library needed)."""
+"""``GET /metrics``: Prometheus text exposition, written by hand (no client library needed).
+
+Besides the worker's own figures, the engine's (:data:`ENGINE_METRICS`, from its
+:meth:`~airflow_batchinfer.engines.base.Engine.stats`): only those the engine reports appear.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
+from airflow_batchinfer.engines import ENGINES, engine_class
+from airflow_batchinfer.engines.stats import CounterName, EngineStats, GaugeName
 from airflow_batchinfer.worker.registry import JobRegistry
+from airflow_batchinfer.worker.telemetry import RATE_WINDOW_S, Telemetry
 
 Samples = list[tuple[float, dict[str, str] | None]]
+
+
+@dataclass(frozen=True)
+class EngineMetric:
+    """One engine figure on ``/metrics``: ``source`` is the :class:`EngineStats` field it shows
+    (``rate``: that counter per second; ``hit_rate``: prefix-cache hits over queries)."""
+
+    name: str
+    kind: Literal["counter", "gauge"]
+    source: CounterName | GaugeName
+    help: str
+    rate: bool = False
+    hit_rate: bool = False
+
+
+ENGINE_METRICS: tuple[EngineMetric, ...] = (
+    EngineMetric("batchinfer_engine_generation_tokens_total", "counter", "generation_tokens",
+                 "Tokens the engine generated since it started."),
+    EngineMetric("batchinfer_engine_prompt_tokens_total", "counter", "prompt_tokens",
+                 "Prompt tokens the engine processed since it started (prefix-cache hits included)."),
+    EngineMetric("batchinfer_engine_generation_tokens_per_second", "gauge", "generation_tokens",
+                 f"Tokens generated per second over the last {RATE_WINDOW_S:g} s of jobs.", rate=True),
+    EngineMetric("batchinfer_engine_prompt_tokens_per_second", "gauge", "prompt_tokens",
+                 f"Prompt tokens per second over the last {RATE_WINDOW_S:g} s of jobs.", rate=True),
+    EngineMetric("batchinfer_engine_prefix_cache_queries_total", "counter", "prefix_cache_queries",
+                 "Prompt tokens looked up in the prefix cache."),
+    EngineMetric("batchinfer_engine_prefix_cache_hits_total", "counter", "prefix_cache_hits",
+                 "Prompt tokens found in the prefix cache."),
+    EngineMetric("batchinfer_engine_prefix_cache_hit_rate", "gauge", "prefix_cache_hits",
+                 "Prefix-cache hits / queries since the engine started.", hit_rate=True),
+    EngineMetric("batchinfer_engine_preemptions_total", "counter", "preemptions",
+                 "Requests preempted (evicted from the KV cache, to be recomputed)."),
+    EngineMetric("batchinfer_engine_batches_total", "counter", "batches",
+                 "Batches the engine ran (engines without continuous batching)."),
+    EngineMetric("batchinfer_engine_requests_running", "gauge", "running", "Requests in the engine now."),
+    EngineMetric("batchinfer_engine_requests_waiting", "gauge", "waiting",
+                 "Requests queued in the engine's scheduler now."),
+    EngineMetric("batchinfer_engine_kv_cache_usage", "gauge", "kv_cache_usage",
+                 "Fraction of the KV cache in use now (0 to 1)."),
+)  # fmt: skip
+
+
+def engine_reporting() -> dict[str, list[str]]:
+    """Per engine metric, the engines whose stats include it (for the docs)."""
+    classes = {name: engine_class(name) for name in ENGINES}
+    return {m.name: [n for n, cls in classes.items() if m.source in cls.stats_fields] for m in ENGINE_METRICS}
+
+
+def engine_samples(telemetry: Telemetry) -> list[tuple[EngineMetric, float]]:
+    """The engine metrics it reports now, with their values."""
+    stats = telemetry.read()
+    if stats is None:
+        return []
+    rates = telemetry.rates()
+    out = []
+    for m in ENGINE_METRICS:
+        value = _engine_value(m, stats, rates)
+        if value is not None:
+            out.append((m, value))
+    return out
+
+
+def _engine_value(m: EngineMetric, stats: EngineStats, rates: dict[str, float]) -> float | None:
+    raw = getattr(stats, m.source)
+    if raw is None:
+        return None
+    if m.rate:
+        return round(rates.get(m.source, 0.0), 3)
+    if m.hit_rate:
+        queries = stats.prefix_cache_queries
+        return raw / queries if queries else None
+    return float(raw)
 
 
 def _line(name: str, value: float, labels: dict[str, str] | None = None) -> str:
@@ -75,4 +156,6 @@ def render(registry: JobRegistry) -> str:
     )
     tokens: Samples = [(float(registry.tokens[k]), {"type": k}) for k in ("completion", "prompt")]
     metric("batchinfer_tokens_total", "counter", "Tokens processed by finished jobs.", tokens)
+    for m, value in engine_samples(registry.telemetry):
+        metric(m.name, m.kind, m.help, [(value, None)])
     return "\n".join(out) + "\n"

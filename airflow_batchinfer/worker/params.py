@@ -9,6 +9,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
+from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
 
 DEFAULT_CHUNK = 2_000
@@ -28,6 +29,8 @@ class JobParams:
     review_below: float | None = None
     checkpoint_every: int = 256
     checkpoint_interval_s: float = 5.0
+    # what the judge step and retries do with completions cut at max_tokens
+    truncation: TruncationPolicy = field(default_factory=TruncationPolicy)
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -52,6 +55,7 @@ def parse_params(
         "id_field": str(params.get("id_field", "id")),
         "round": _int(params, "round", 0, 0),
         "input_records": params.get("input_records"),
+        "truncation": TruncationPolicy.from_params(params),
         "raw": dict(params),
     }
     if kind in ("infer", "infer_judge", "in_place"):

@@ -20,6 +20,7 @@ from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy
 from airflow_batchinfer.worker.segments import RESUME_COUNTS
 from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
+from airflow_batchinfer.worker.telemetry import Telemetry
 
 log = logging.getLogger("airflow_batchinfer.worker")
 KEEP_FINISHED = 10_000  # finished jobs remembered for status queries
@@ -78,6 +79,7 @@ class JobRegistry:
         self.totals: Counter[str] = Counter()  # finished jobs by "kind:state", for /metrics
         self.records: Counter[str] = Counter()
         self.tokens: Counter[str] = Counter()  # tokens of finished jobs, for /metrics
+        self.telemetry = Telemetry(runtime.engine)  # the engine's own figures, for /metrics and manifests
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -120,6 +122,7 @@ class JobRegistry:
         ctx = job.ctx
         spec = ctx.spec
         batch_before = self.runtime.batcher.stats
+        window = self.telemetry.open()
         t0 = time.monotonic()
         try:
             counts = await SHARD_JOBS[spec.kind](ctx)
@@ -146,6 +149,7 @@ class JobRegistry:
                     run_s=round(time.monotonic() - t0, 3),
                 ),
                 batcher=_delta(batch_before, self.runtime.batcher.stats),
+                engine_stats=self.telemetry.close(window),  # the engine's figures during the job
                 # the rejected rows' reason groups (the review page reads them)
                 reason_groups=None if spec.kind == "infer" else ctx.reason_groups.as_dict(),
                 # fenced outputs: where this attempt wrote them (close moves them)
@@ -169,6 +173,7 @@ class JobRegistry:
             cause = _sole_cause(exc)
             job.state, job.error = "failed", f"{type(cause).__name__}: {cause}"
         finally:
+            self.telemetry.discard(window)  # a job that did not get to its manifest
             job.finished_at = time.time()
             self.last_activity = time.monotonic()
             self.totals[f"{spec.kind}:{job.state}"] += 1

@@ -20,8 +20,12 @@ input as usual it checks each such chunk's records and ids against the document,
 inference and judging, and folds the document's figures into the job's. The final outputs are the
 byte concatenation of the chosen segments' files, so they hold exactly what the digests say, and the
 completion manifest is what an undisturbed run writes (plus ``resumed_records`` and ``segments``).
-The directory is deleted once the manifest is written (``JobContext.cleanup``), or by the round's
-close when it settles the shard.
+Each attempt marks itself live (``attempt-<attempt>.live``) before it lists the directory and
+unmarks itself when it ends. Once its manifest is written (``JobContext.cleanup``) an attempt deletes
+the directory only if no other attempt is marked live: a second copy of the job still running (an
+Airflow retry while the first runs elsewhere) reads its own and the others' files until it assembles.
+A killed attempt's mark stays, so the directory then waits for the round's close, which deletes a
+shard's segments once it settles the shard.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import is_zstd
-from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 from airflow_batchinfer.storage.records import Record
 
 log = logging.getLogger("airflow_batchinfer.worker")
@@ -57,6 +61,11 @@ _REMEDY = "delete the segments directory to recompute the shard"
 
 # The counts a segmented job adds to its manifest (not records by outcome).
 RESUME_COUNTS = frozenset({"resumed_records", "segments"})
+
+
+def live_name(attempt: str) -> str:
+    """The mark of an attempt that runs now (or was killed while it ran)."""
+    return f"attempt-{attempt}.live"
 
 
 def doc_name(chunk: int, attempt: str) -> str:
@@ -160,7 +169,10 @@ class SegmentLog:
     def load(self) -> list[SegmentDoc]:
         """The longest prefix of chunks 0..m-1 that each have a usable document (of any attempt;
         of several for one chunk, the smallest token's). A chunk without one ends the prefix; a
-        file without its document is never looked at; another job's documents are left alone."""
+        file without its document is never looked at; another job's documents are left alone.
+        First this attempt marks itself live: no other copy that finishes meanwhile deletes the
+        files it is about to choose."""
+        write_bytes(self._loc(live_name(self.attempt)), b"")
         names = set(self.names())
         by_chunk: dict[int, list[str]] = {}
         for name in names:
@@ -224,11 +236,7 @@ class SegmentLog:
         """Delete the documents of segments that turned out not to match the input read now: no
         later attempt chooses them again (their files go with the directory)."""
         for doc in docs:
-            uri = join(self.uri, doc_name(doc.chunk, doc.attempt))
-            loc = resolve(uri, self.so)
-            if loc.is_local:  # as in clear(): a delete must not follow a swapped link out of the prefixes
-                confine.check_path(loc.path, loc.uri)
-            files.remove(uri, self.so)
+            files.remove(self._loc(doc_name(doc.chunk, doc.attempt)).uri, self.so)
 
     # ------------------------------------------------------------------------------------ commit
     def commit(
@@ -302,10 +310,27 @@ class SegmentLog:
             raise
         sink.commit()
 
-    def clear(self) -> None:
-        """Delete the directory (the job's manifest is written: its segments have served)."""
-        loc = resolve(self.uri, self.so)
-        if loc.is_local:  # a job's delete must not follow a swapped link out of its prefixes
+    def _loc(self, name: str = "") -> Location:
+        """The directory (or its file ``name``), checked against the job's prefixes where local."""
+        loc = resolve(join(self.uri, name) if name else self.uri, self.so)
+        if loc.is_local:  # a job's write or delete must not follow a swapped link out of its prefixes
             confine.check_path(loc.path, loc.uri)
+        return loc
+
+    def leave(self) -> None:
+        """Unmark this attempt (it ended without completing the job): its segments stay for the next."""
+        loc = self._loc(live_name(self.attempt))
+        files.remove(loc.uri, self.so)
+
+    def clear(self) -> None:
+        """The job's manifest is written: unmark this attempt and delete the directory, unless
+        another attempt is marked live (it may still read files here; the last to finish deletes
+        it, or the round's close does)."""
+        self.leave()
+        others = [n for n in self.names() if n.startswith("attempt-") and n.endswith(".live")]
+        if others:
+            log.info("%s: segments kept for %d other live attempts: %s", self.key.what, len(others), self.uri)
+            return
+        loc = self._loc()
         loc.fs.invalidate_cache(loc.path)  # every file, also those a cached listing does not know
         files.remove_tree(self.uri, self.so)

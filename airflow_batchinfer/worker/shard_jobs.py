@@ -43,6 +43,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
+from airflow_batchinfer.judges.truncation import LENGTH, retry_max_tokens, row_decision, with_max_tokens
 from airflow_batchinfer.prompts import PromptError
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import JobSpec, Progress
@@ -211,11 +212,14 @@ class _Inference:
 
     def build(self, chunk: list[Record]) -> tuple[Built, list[GenerationRequest], list[float]]:
         built: Built = []
+        truncation = self.ctx.params.truncation
         for record in chunk:
             attempts = int(record.get("attempts") or 0) + 1
             try:
                 rid = self.ctx.record_id(record)
-                built.append((record, self.prompts.build(record, request_id=rid, attempt=attempts)))
+                request = self.prompts.build(record, request_id=rid, attempt=attempts)
+                # a retry of a truncated row runs with the raised max_tokens its decision gives
+                built.append((record, with_max_tokens(request, retry_max_tokens(record, truncation))))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
@@ -240,6 +244,8 @@ class _Inference:
                         error=res.error,
                         attempts=int(record.get("attempts") or 0) + 1,
                         round=p.round,
+                        finish_reason=res.finish_reason,
+                        max_tokens=req.sampling.max_tokens if isinstance(req, GenerationRequest) else None,
                     )
                 )
         return rows, counts
@@ -260,6 +266,8 @@ async def run_infer(ctx: JobContext) -> dict[str, int]:
     async def process(chunk: list[Record], tally: Tally) -> list[Record]:
         rows = await infer(chunk, tally)
         tally.count_ids("inferred", record_ids(chunk, ctx.params.id_field))  # one row per record, its id
+        if truncated := sum(r.get("finish_reason") == LENGTH for r in rows):  # (a judge counts its own)
+            tally.counts["truncated"] += truncated
         return rows
 
     await _run_chunks(ctx, process, lambda rows: {"inferred": rows})
@@ -300,8 +308,7 @@ async def _run_chunks(ctx: JobContext, process: Process, split: Split) -> None:
 
 
 async def _run_segmented(ctx: JobContext, process: Process, split: Split) -> None:
-    """Resume after the committed segments, commit one per chunk processed now, then assemble the
-    final outputs from the chosen segments, in chunk order."""
+    """The job through its segment log, marked live there while it runs."""
     spec, p = ctx.spec, ctx.params
     info = await asyncio.to_thread(ctx.file(spec.input).info)
     names = ID_OUTPUTS[spec.kind]
@@ -315,6 +322,18 @@ async def _run_segmented(ctx: JobContext, process: Process, split: Split) -> Non
         what=what,
     )
     segments = SegmentLog(spec.outputs["segments"], key, ctx.attempt, ctx.runtime.storage_options)
+    try:
+        await _resume_segmented(ctx, process, split, segments)
+    except BaseException:  # failed or cancelled: no longer live (a kill leaves the mark for close)
+        await asyncio.to_thread(segments.leave)
+        raise
+    ctx.cleanup.append(segments.clear)  # once the manifest records completion, segments have served
+
+
+async def _resume_segmented(ctx: JobContext, process: Process, split: Split, segments: SegmentLog) -> None:
+    """Resume after the committed segments, commit one per chunk processed now, then assemble the
+    final outputs from the chosen segments, in chunk order."""
+    p, what, targets = ctx.params, segments.key.what, segments.key.outputs
     prefix = await asyncio.to_thread(segments.load)
     chosen: list[SegmentDoc] = []  # one per chunk, in order: what the outputs are assembled from
     ctx.progress.done += sum(d.records for d in prefix)
@@ -350,7 +369,6 @@ async def _run_segmented(ctx: JobContext, process: Process, split: Split) -> Non
     ctx.progress.done = sum(d.records for d in chosen)
     ctx.counts["resumed_records"] = sum(d.records for d in chosen if d.attempt != ctx.attempt)
     ctx.counts["segments"] = segments.committed
-    ctx.cleanup.append(segments.clear)  # once the manifest records completion, segments have served
 
 
 async def _pipelined(ctx: JobContext, process: Process, write: Write, resumed: Resumed | None = None) -> None:
@@ -444,7 +462,8 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
 async def _judge_rows(
     ctx: JobContext, rows: list[Record], tally: Tally | None = None
 ) -> list[tuple[Record, Verdict]]:
-    """Verdicts for inferred rows; an errored inference is a rejection without asking the judge.
+    """Verdicts for inferred rows; an errored inference is a rejection without asking the judge, and
+    so is a truncated one unless ``truncated: judge`` (:mod:`~airflow_batchinfer.judges.truncation`).
     A judge's tokens go to ``tally`` when given (a chunk's), else to the job's."""
     assert ctx.params.judge is not None
     verdicts: list[Verdict | None] = [None] * len(rows)
@@ -452,6 +471,10 @@ async def _judge_rows(
     for i, row in enumerate(rows):
         if row.get("status") == "error" or row.get("result") is None:
             verdicts[i] = Verdict(False, f"inference_error: {row.get('error')}")
+            continue
+        truncation = row_decision(row, ctx.params.truncation)
+        if truncation.reject:  # half an answer: not worth the judge's tokens
+            verdicts[i] = Verdict(False, truncation.reason or "truncated")
             continue
         items.append(JudgeItem(row, str(row["result"]), ctx.record_id(row), int(row.get("attempts") or 1)))
         positions.append(i)
@@ -485,8 +508,13 @@ async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Rec
     counts = tally.counts
     for row, verdict in await _judge_rows(ctx, rows, tally):
         judgment = verdict.as_dict()
+        cut = row_decision(row, ctx.params.truncation)
+        if cut.truncated:  # judged or not: the round counts its truncated rows
+            counts["truncated"] += 1
         if row.get("status") == "error":
             counts["inference_errors"] += 1
+        elif cut.reject:
+            pass  # half an answer is retried, not put before people
         elif _for_review(ctx, verdict):  # a person decides: held back from results, on the review page
             if not isinstance(ctx.params.judge, HumanJudge):
                 judgment.update(
@@ -566,11 +594,13 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                 await finish(saved.final)
                 return
             attempt = max(int(record.get("attempts") or 0), saved.attempts)
+            least = retry_max_tokens(record, p.truncation)  # what an earlier round's attempt leaves it
             while True:
                 attempt += 1
                 ctx.counts["attempts"] += 1
                 try:  # inline when quick, else in a thread: a heavy template never holds the loop
                     request = await prompts.abuild(record, request_id=rid, attempt=attempt)
+                    request = with_max_tokens(request, least)
                 except PromptError as exc:  # permanent: retrying cannot help
                     row = output_row(
                         record,
@@ -580,6 +610,8 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                         attempts=attempt,
                         round=p.round,
                         judgment={"approved": False, "reason": "prompt_error"},
+                        finish_reason="error",
+                        max_tokens=None,
                     )
                     await log.record(rid, attempt, row)
                     await finish(row)
@@ -592,7 +624,12 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     error=res.error,
                     attempts=attempt,
                     round=p.round,
+                    finish_reason=res.finish_reason,
+                    max_tokens=request.sampling.max_tokens,
                 )
+                if res.finish_reason == LENGTH:
+                    ctx.counts["truncated"] += 1  # attempts cut at max_tokens
+                least = row_decision(row, p.truncation).max_tokens  # the next attempt's, if any
                 ((_, verdict),) = await _judge_rows(ctx, [row])
                 row["judgment"] = verdict.as_dict()
                 if verdict.approved or attempt >= p.max_attempts:

@@ -14,7 +14,9 @@ nodes directly (a table, or a literal block):
 - ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``);
 - ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set;
 - ``batchinfer-desk-settings``: how much the review desk returns at once (``desk_bounds.DESK_SETTINGS``);
-- ``batchinfer-pool-network``: who may call a Kubernetes pool's workers (``limits.POOL_NETWORK_SETTINGS``).
+- ``batchinfer-pool-network``: who may call a Kubernetes pool's workers (``limits.POOL_NETWORK_SETTINGS``);
+- ``batchinfer-engine-metrics``: the engine's figures on a worker's ``/metrics``
+  (``worker.metrics.ENGINE_METRICS``) and which engines report each (their ``stats()``).
 """
 
 from __future__ import annotations
@@ -229,6 +231,16 @@ class PoolNetwork(_Generated):
         return [_table(header, rows)]
 
 
+class EngineMetrics(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.worker.metrics import ENGINE_METRICS, engine_reporting
+
+        reporting = engine_reporting()
+        rows = [[f"``{m.name}``", m.kind, m.help, ", ".join(f"``{e}``" for e in reporting[m.name])]
+                for m in ENGINE_METRICS]  # fmt: skip
+        return [_table(["metric", "type", "meaning", "engines"], rows)]
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-params", Params)
     app.add_directive("batchinfer-worker-settings", WorkerSettings)
@@ -239,4 +251,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-limits", Limits)
     app.add_directive("batchinfer-desk-settings", DeskSettings)
     app.add_directive("batchinfer-pool-network", PoolNetwork)
+    app.add_directive("batchinfer-engine-metrics", EngineMetrics)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -50,6 +50,7 @@ def infer_then_judge(
     s: Any,
     judge: dict[str, Any],
     options: dict[str, Any] | None = None,
+    judge_params: dict[str, Any] | None = None,
     **params: Any,
 ) -> tuple[list[Any], list[Any]]:
     sid = s["shard_id"]
@@ -71,7 +72,7 @@ def infer_then_judge(
             "rejected": layout.rejected(0, sid),
             "manifest": layout.job_manifest(0, sid, "judge"),
         },
-        params={"judge": judge},
+        params={"judge": judge, **(judge_params or {})},
     )
     status = w.wait(w.submit(judge_spec).job_id, timeout=600)
     assert status.state == "succeeded", status.error
@@ -86,7 +87,12 @@ def test_transformers_worker_with_llm_judge(tmp_path: Path, tiny_model: str) -> 
     try:
         layout, s = arithmetic(tmp_path, 24)
         approved, rejected = infer_then_judge(
-            w, layout, s, {"type": "llm", "max_tokens": 8}, sampling={"max_tokens": 6}
+            w,
+            layout,
+            s,
+            {"type": "llm", "max_tokens": 8},
+            judge_params={"truncated": "judge"},  # the judge sees the answers cut at 6 tokens
+            sampling={"max_tokens": 6},
         )
         # a random model's verdicts are gibberish: rejected as invalid_judgment, never a crash
         assert len(approved) + len(rejected) == 24
@@ -109,6 +115,7 @@ def test_smollm2_answers_arithmetic_checked_by_a_rule_judge(tmp_path: Path, smol
             layout,
             s,
             {"type": "expected_answer", "field": "answer", "match": "number"},
+            judge_params={"truncated": "judge"},  # a rambling answer may hold the number in 32 tokens
             sampling={"max_tokens": 32},
             system="Answer with the number only.",
         )

@@ -20,6 +20,8 @@ from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
     BatcherDelta,
     Digest,
+    EngineTelemetry,
+    GaugeSpan,
     JobManifest,
     Plan,
     Timings,
@@ -86,6 +88,7 @@ def finish_job(
     run_s: float = 1.0,
     ids: Mapping[str, IdDigest | None] | None = None,
     groups: bool = True,
+    engine_stats: EngineTelemetry | None = None,
     so: StorageOptions | None = None,
 ) -> JobManifest:
     """Finish ``kind`` for ``shard`` (the pending shard; a judge reads the inferred file): write
@@ -94,7 +97,8 @@ def finish_job(
     The manifest's ``ids`` digests the input file's ids and each output's rows, as a worker does;
     ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests). A
     judging or in-place job's ``reason_groups`` count its rejected rows' reasons, as a worker does
-    (``groups=False``: none, as a manifest from before them)."""
+    (``groups=False``: none, as a manifest from before them). ``engine_stats``: the engine's figures
+    (by default those of a simulated engine that ran one batch)."""
     src = judge_input(cfg, r, shard, so) if kind == "judge" else shard  # the infer attempt named now
     spec = job_spec(cfg, kind, r, src)
     info = JsonlFile(spec.input, storage_options=so).info()
@@ -136,9 +140,23 @@ def finish_job(
         batcher=BatcherDelta(),
         reason_groups=reasons.as_dict() if kind != "infer" and groups else None,
         committed=committed or None,
+        engine_stats=engine_stats or simulated_engine_stats(run_s),
     )
     write_job_manifest(spec.outputs["manifest"], manifest, so)
     return manifest
+
+
+def simulated_engine_stats(run_s: float, *, started_at: float | None = None) -> EngineTelemetry:
+    """What the simulated engine reports of a job that ran one batch of one request."""
+    return EngineTelemetry(
+        engine_id="fake",
+        started_at=time.time() if started_at is None else started_at,
+        seconds=run_s,
+        samples=2,
+        counters={"generation_tokens": 1, "prompt_tokens": 1, "batches": 1},
+        at_start={"generation_tokens": 0, "prompt_tokens": 0, "batches": 0},
+        gauges={"running": GaugeSpan(peak=1, mean=0.5)},
+    )
 
 
 def job_manifest(**fields: Any) -> JobManifest:

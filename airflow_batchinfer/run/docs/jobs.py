@@ -11,7 +11,8 @@ infer_judge and in-place manifests also carry ``reason_groups``: ``{group: rows}
 job rejected (in place: exhausted), by :func:`~airflow_batchinfer.judges.reasons.reason_group`, the
 64 most common and ``(other)`` with the rest. Both are optional (schema version 1 unchanged): a
 manifest written before them has none, and close then reads that shard's files, the review page its
-rejected rows."""
+rejected rows. So is ``engine_stats`` (:class:`EngineTelemetry`: the engine's own figures during the
+job, which the report adds up per round)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from airflow_batchinfer.engines.stats import CounterName, GaugeName
 from airflow_batchinfer.rpc.models import JobKind, JobState
 from airflow_batchinfer.run.docs.io import DOC_VERSION, Digest, DocModel, read_model, validated
 from airflow_batchinfer.storage.digest import IdDigest
@@ -55,6 +57,34 @@ class BatcherDelta(BaseModel):
     utilization: float = 0.0
 
 
+class GaugeSpan(BaseModel):
+    """A gauge over a job's lifetime: the highest reading and the mean of the readings (about one a
+    second, and at the job's start and end)."""
+
+    model_config = ConfigDict(extra="forbid")
+    peak: float
+    mean: float
+
+
+class EngineTelemetry(BaseModel):
+    """The worker's engine over one job's lifetime, as the engine reports it
+    (:class:`~airflow_batchinfer.engines.stats.EngineStats`: only what it can tell), shared with the
+    jobs that ran beside it as the batcher's figures are. ``counters``: how much each grew during the
+    job; ``at_start``: their totals when it started, which place the job on its engine's
+    (``engine_id``) count, so the report merges overlapping jobs of one engine instead of adding
+    their shared work twice. ``version`` is this part's own: another shape gets another number."""
+
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1] = 1
+    engine_id: str  # the engine instance (one per worker process) whose counters these are
+    started_at: float
+    seconds: float
+    samples: int  # readings taken: the gauges' peak and mean are of these
+    counters: dict[CounterName, int] = Field(default_factory=dict)
+    at_start: dict[CounterName, int] = Field(default_factory=dict)
+    gauges: dict[GaugeName, GaugeSpan] = Field(default_factory=dict)
+
+
 class JobFigures(DocModel):
     """What a job did, as its manifest records it and its accepted doc copies it (close adds up the
     tokens, timings and batcher figures of every job that counts, per worker)."""
@@ -68,6 +98,7 @@ class JobFigures(DocModel):
     batcher: BatcherDelta
     engine: dict[str, Any]
     reason_groups: dict[str, int] | None = None  # rows rejected (in place: exhausted) per reason group
+    engine_stats: EngineTelemetry | None = None  # none: an engine without stats, or written before them
 
     def digest(self, name: str) -> IdDigest | None:
         """The digest recorded for ``name`` (an output, or ``input``); ``None`` when there is none
@@ -80,12 +111,14 @@ class JobManifest(JobFigures):
     """A job's completion manifest, written by the worker once its outputs are committed.
 
     ``ids``, ``reason_groups`` (judge, infer_judge and in-place jobs), ``committed`` (fenced outputs:
-    where this attempt staged them), ``attempt`` and ``sampling`` are optional: manifests written
-    before they existed have none (close then reads that shard's files; the review page its
-    rejected rows)."""
+    where this attempt staged them), ``attempt``, ``sampling`` and ``engine_stats`` are optional:
+    manifests written before they existed have none (close then reads that shard's files; the review
+    page its rejected rows)."""
 
     VERSION: ClassVar[int] = MANIFEST_VERSION
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"ids", "reason_groups", "committed", "attempt"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
+        {"ids", "reason_groups", "committed", "attempt", "engine_stats"}
+    )
 
     job_id: str
     kind: JobKind
@@ -112,7 +145,7 @@ class AcceptedJob(JobFigures):
     ``counts.repeated_ids`` (:func:`~airflow_batchinfer.run.repeats.drop_repeats`). A judge's infer
     job accepted at another attempt than its manifest's: ``manifest_attempt``, the manifest's."""
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"manifest_attempt", "repeats"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"manifest_attempt", "repeats", "engine_stats"})
 
     shard_id: str
     kind: JobKind

@@ -72,12 +72,13 @@ class Invariant(BaseModel):
 class Summary(RecordModel):
     """A round's ``summary.json``, written by its close. A ``rounds`` round has ``rejected``,
     ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
-    ``in_place`` one ``exhausted`` and ``attempts``. ``ids``: the count and digest of each set's ids
+    ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
+    whose completion was cut at ``max_tokens``. ``ids``: the count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
     ``next_pending``). Fields with a default came after the first summaries (which have none)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"rejected", "inference_errors", "for_review", "next_pending", "exhausted", "attempts"}
+        {"rejected", "inference_errors", "for_review", "next_pending", "exhausted", "attempts", "truncated"}
     )
 
     round: int
@@ -98,6 +99,7 @@ class Summary(RecordModel):
     next_pending: int | None = None
     exhausted: int | None = None
     attempts: int | None = None
+    truncated: int | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None

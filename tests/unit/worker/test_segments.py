@@ -389,6 +389,39 @@ def test_a_chosen_segment_file_that_vanished_fails_the_assembly_with_the_reason(
     assert not os.path.exists(target) and not os.listdir(os.path.dirname(target))  # no temp left
 
 
+def test_a_finished_copy_leaves_the_segments_another_live_copy_still_reads(tmp_path: Path) -> None:
+    """Two copies of one job at once (an Airflow retry while the first still runs): the first to
+    finish keeps the directory (the second is marked live and reads its own and the first's files);
+    the last deletes it. A killed attempt's mark stays: the directory then waits for the close."""
+    seg = tmp_path / "seg"
+    first, second = (SegmentLog(str(seg), key(tmp_path), t, None) for t in ("t1", "t2"))
+    assert first.load() == []
+    commit_all(first, [0, 1])
+    docs = second.load()  # resumes after the first's two chunks, while the first goes on
+    assert [d.attempt for d in docs] == ["t1", "t1"]
+    commit_all(first, [2, 3])
+    first.clear()  # the first finished: the second is live, so nothing is deleted
+    assert sorted(p.name for p in seg.glob("*.live")) == ["attempt-t2.live"]
+    docs += commit_all(second, [2, 3])
+    target = key(tmp_path).outputs["approved"]
+    second.assemble(docs, "approved", target)
+    assert [r["id"] for r in JsonlFile(target).iter_records()] == [
+        r["id"] for rows in CHUNK_ROWS for r in rows if r["status"] == "approved"
+    ]
+    second.clear()
+    assert not seg.exists()
+
+    killed, later = (SegmentLog(str(seg), key(tmp_path), t, None) for t in ("t3", "t4"))
+    killed.load()
+    commit_all(killed, [0])  # then SIGKILL: no leave(), its mark stays
+    later.load()
+    later.leave()  # a failed or cancelled attempt unmarks itself and keeps its segments
+    assert sorted(p.name for p in seg.glob("*.live")) == ["attempt-t3.live"]
+    later.load()
+    later.clear()
+    assert (seg / doc_name(0, "t3")).exists()  # kept for the round's close
+
+
 # ------------------------------------------------------------------------------ the run's side
 def test_job_specs_name_a_segments_directory_that_leaves_job_ids_as_they_were(tmp_path: Path) -> None:
     """Adding the output must not make a finished job's manifest stale (its job id is recomputed at

@@ -1,0 +1,187 @@
+"""Truncation is a reason, not a result: a completion the engine cut at ``max_tokens``
+(``finish_reason == "length"``) is half an answer, whatever a judge would make of it.
+
+A row carries the ``finish_reason`` of its generation and the ``max_tokens`` it ran with. The
+judge step rejects a truncated row before the judge sees it (``truncated: reject``, the default: the
+judge's tokens are not spent on half an answer, and its verdict on one is noise), with a reason of
+the group ``truncated``; ``truncated: judge`` lets the judge decide (a prefix may be what is wanted:
+a regex on the first line, a summary capped on purpose). A rejected row is retried like any other
+(the next round, or in place), and its retry may run with more tokens:
+``truncated_max_tokens_factor`` times what the truncated attempt ran with, never above
+``max_tokens_cap`` (a DAG run's is the deployment's ``max_max_tokens``). A sample's retries never run
+with fewer tokens than its last attempt did.
+
+:func:`decide` is the one decision (a pure function of the finish reason, the attempt, the
+``max_tokens`` it ran with and the policy); the judge step (its reason) and the next attempt's request
+(:func:`retry_max_tokens`) both take it from there. It is per attempt, so a per-attempt sampling
+schedule (issue 26's ``retry_sampling``) can supply the factor of each attempt later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_batchinfer.engines.base import GenerationRequest
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.reasons import TRUNCATED
+
+__all__ = [
+    "DEFAULT_FACTOR",
+    "LENGTH",
+    "TRUNCATED",
+    "TRUNCATED_MODES",
+    "Decision",
+    "TruncationPolicy",
+    "decide",
+    "retry_max_tokens",
+    "row_decision",
+    "tightest_cap",
+    "with_max_tokens",
+]
+
+LENGTH = "length"  # the finish reason of a completion cut at max_tokens
+TRUNCATED_MODES = ("reject", "judge")
+DEFAULT_MODE = "reject"
+DEFAULT_FACTOR = 2.0
+MAX_FACTOR = 16.0  # more than enough in one step; a typo (200 for 2.0) is refused, not run
+CAP_REMEDY = "shorten the answers the prompt asks for, or ask for a higher max_max_tokens"
+
+
+@dataclass(frozen=True)
+class TruncationPolicy:
+    """What the judge step and retries do with truncated rows (the run settings ``truncated``,
+    ``truncated_max_tokens_factor`` and ``max_tokens_cap``)."""
+
+    mode: str = DEFAULT_MODE
+    max_tokens_factor: float = DEFAULT_FACTOR
+    max_tokens_cap: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in TRUNCATED_MODES:
+            raise ConfigError(f"truncated {self.mode!r}: choose one of {', '.join(TRUNCATED_MODES)}")
+        factor = self.max_tokens_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 1 <= factor <= MAX_FACTOR:
+            raise ConfigError(
+                f"truncated_max_tokens_factor must be a number in [1, {MAX_FACTOR:g}] (1: never raised), "
+                f"got {factor!r}"
+            )
+        cap = self.max_tokens_cap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise ConfigError(f"max_tokens_cap must be a whole number >= 1, or empty (no cap), got {cap!r}")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TruncationPolicy:
+        """The policy of a job's ``params`` (absent keys: the defaults); a bad value is a
+        :class:`ConfigError` naming the param."""
+        try:
+            return cls(
+                mode=params.get("truncated", DEFAULT_MODE),
+                max_tokens_factor=params.get("truncated_max_tokens_factor", DEFAULT_FACTOR),
+                max_tokens_cap=params.get("max_tokens_cap"),
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"params.{exc}") from None
+
+    def params(self) -> dict[str, Any]:
+        """The job params of this policy: only what differs from the defaults, so a job at the
+        defaults keeps the id and fingerprint it had before these settings existed."""
+        out: dict[str, Any] = {}
+        if self.mode != DEFAULT_MODE:
+            out["truncated"] = self.mode
+        if self.max_tokens_factor != DEFAULT_FACTOR:
+            out["truncated_max_tokens_factor"] = self.max_tokens_factor
+        if self.max_tokens_cap is not None:
+            out["max_tokens_cap"] = self.max_tokens_cap
+        return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What follows a finished attempt.
+
+    :ivar truncated: its completion was cut at ``max_tokens``.
+    :ivar reject: rejected before the judge (``truncated: reject``); ``reason`` says why.
+    :ivar max_tokens: the least the next attempt runs with (``None``: the job's own).
+    :ivar at_cap: ``max_tokens`` is the cap: it cannot be raised any further.
+    :ivar reason: the rejection's reason (a truncated attempt only; its group is ``truncated``).
+    """
+
+    truncated: bool
+    reject: bool
+    max_tokens: int | None
+    at_cap: bool = False
+    reason: str | None = None
+
+
+def decide(
+    finish_reason: str | None, attempt: int, max_tokens: int | None, policy: TruncationPolicy
+) -> Decision:
+    """The decision after ``attempt`` ran with ``max_tokens`` and ended with ``finish_reason``:
+    a truncated attempt's retry runs with ``max_tokens × factor`` (rounded up), at most the cap;
+    any other keeps ``max_tokens`` (a retry never runs with fewer tokens than the last attempt did).
+    ``max_tokens`` ``None`` (a row written before rows carried it): the job's own."""
+    if finish_reason != LENGTH:
+        return Decision(truncated=False, reject=False, max_tokens=max_tokens)
+    reject = policy.mode == "reject"
+    cut = f"{TRUNCATED}: attempt {attempt} stopped at max_tokens"
+    if max_tokens is None:
+        return Decision(
+            True, reject, None, reason=f"{cut} (finish_reason length); a retry runs with the job's"
+        )
+    cap = policy.max_tokens_cap
+    raised = max(max_tokens, math.ceil(max_tokens * policy.max_tokens_factor))
+    nxt = raised if cap is None else min(raised, cap)
+    at_cap = cap is not None and nxt >= cap
+    cut = f"{cut} {max_tokens} (finish_reason length)"
+    if at_cap and nxt <= max_tokens:
+        reason = (
+            f"{cut}, at the deployment's cap (max_max_tokens {cap}): a retry gets no more tokens; "
+            f"remedy: {CAP_REMEDY}"
+        )
+    elif at_cap:
+        reason = f"{cut}; a retry runs with max_tokens {nxt}, the deployment's cap (max_max_tokens)"
+    elif nxt == max_tokens:
+        reason = f"{cut}; a retry runs with {nxt} again (truncated_max_tokens_factor 1 raises none)"
+    else:
+        reason = f"{cut}; a retry runs with max_tokens {nxt}"
+    return Decision(True, reject, nxt, at_cap, reason)
+
+
+def _ran_with(row: Mapping[str, Any]) -> int | None:
+    value = row.get("max_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
+def row_decision(row: Mapping[str, Any], policy: TruncationPolicy) -> Decision:
+    """:func:`decide` for a row of a job (its ``finish_reason``, ``attempts`` and ``max_tokens``)."""
+    attempt = row.get("attempts")
+    return decide(
+        row.get("finish_reason"), attempt if isinstance(attempt, int) else 1, _ran_with(row), policy
+    )
+
+
+def retry_max_tokens(record: Mapping[str, Any], policy: TruncationPolicy) -> int | None:
+    """The least ``max_tokens`` the next attempt of ``record`` runs with: from the attempt it
+    carries (a row of an earlier round or attempt, which has ``finish_reason``), ``None`` for a
+    record not yet run (an input record's own ``max_tokens`` field is data, not a budget)."""
+    if "finish_reason" not in record:
+        return None
+    return row_decision(record, policy).max_tokens
+
+
+def with_max_tokens(request: GenerationRequest, least: int | None) -> GenerationRequest:
+    """``request`` running with at least ``least`` tokens (as it is when it asks for as many)."""
+    if least is None or request.sampling.max_tokens >= least:
+        return request
+    sampling = dataclasses.replace(request.sampling, max_tokens=least)
+    return dataclasses.replace(request, sampling=sampling)
+
+
+def tightest_cap(*caps: int | None) -> int | None:
+    """The lowest of the caps that are set (``None``: none is)."""
+    given = [c for c in caps if c is not None]
+    return min(given) if given else None
