@@ -136,6 +136,7 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/batcher.py
 	$(BIN)/python bench/shard.py --sizes-mb 100 1000
 	$(BIN)/python bench/worker.py
+	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/scale.py --parts a b
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/review.py

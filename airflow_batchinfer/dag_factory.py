@@ -6,6 +6,12 @@
                 ├─ round_00 ─ round_01 ─ … ─ tail ─┤
     pool_setup ─┘  (plan → lanes[] → close)       (plan → lanes[] → close) └─ pool_teardown
 
+A round's close that finds the run finished (nothing left for a later slot but skips without a
+review gate) folds the tail: it writes the later slots' plans and the report itself and skips their
+tasks and the report task (emitting the results asset's event through an alias); only the pool
+teardown runs after it. The grid shows those tasks *skipped*; the close's log says why. A run the
+report fails keeps its report task, which fails with the reason.
+
 The first round's plan runs the pre-flight (a sample through the pool, the projection against
 ``budget_gpu_hours``) before its fan-out.
 
@@ -34,7 +40,7 @@ import os
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, TaskGroup, task_group
+from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task_group
 
 from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.limits import TriggerLimits, implied_by
@@ -45,6 +51,7 @@ from airflow_batchinfer.operators.rounds import (
     DEFAULT_RESPONSE_TIMEOUT,
     CloseRoundOperator,
     RoundControllerOperator,
+    slot_group,
 )
 from airflow_batchinfer.operators.shard import ShardDatasetOperator
 from airflow_batchinfer.operators.shard_jobs import (
@@ -74,6 +81,8 @@ DEFAULTS: dict[str, Any] = param_defaults()
 # The judge's own pool (DAGs built with ``judge_airflow_pool``): an LLM judge on another model.
 JUDGE_POOL_DEFAULTS: dict[str, Any] = param_defaults(judge_pool=True)
 SCHEMAS: dict[str, dict[str, Any]] = param_schemas()
+
+REPORT = "report"  # the report task's id
 
 # Params that become the run's settings (run.json); the rest configure the pool or name the run root.
 RUN_SETTINGS: tuple[str, ...] = run_setting_params()
@@ -185,6 +194,9 @@ def build_batch_inference_dag(
     # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
     # the DAG file (every task start) would import each provider's asset handlers (boto3: 0.16 s).
     results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"x-batchinfer://{dag_id}/results")
+    # The close that finishes a run writes the report and skips the report task: it emits the same
+    # event on ``results`` through this alias (an alias emits only what the task adds to it).
+    folded = AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
     common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
     job_args: dict[str, Any] = {
         **common,
@@ -249,9 +261,10 @@ def build_batch_inference_dag(
             inferred: Any = infer.output
             JudgeShardOperator(task_id="judge", shard=inferred, **judge_args)
 
-        first = slots(max_rounds)[0]  # its plan runs the pre-flight before the fan-out
-        for slot in slots(max_rounds):
-            with TaskGroup(slot.replace("-", "_")) as group:
+        all_slots = slots(max_rounds)
+        first = all_slots[0]  # its plan runs the pre-flight before the fan-out
+        for i, slot in enumerate(all_slots):
+            with TaskGroup(slot_group(slot)) as group:
                 plan = RoundControllerOperator(
                     task_id="plan",
                     slot=slot,
@@ -272,11 +285,21 @@ def build_batch_inference_dag(
                     )
                 else:
                     jobs = per_shard.expand(shard=plan.output)
-                close = CloseRoundOperator(task_id="close", slot=slot, **common)
+                # a close that finds the run finished does what the later slots and the report
+                # would (nothing), writes the report and skips their tasks: no more task starts
+                close = CloseRoundOperator(
+                    task_id="close",
+                    slot=slot,
+                    later_slots=all_slots[i + 1 :],
+                    report=REPORT,
+                    results=results,
+                    outlets=[folded],
+                    **common,
+                )
                 jobs >> close
             upstream >> group
             upstream = group
-        report = RunReportOperator(task_id="report", outlets=[results], **common)
+        report = RunReportOperator(task_id=REPORT, outlets=[results], **common)
         upstream >> report
         for setup in setups:
             teardown = PoolTeardownOperator(

@@ -125,6 +125,13 @@ def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) 
     )
 
 
+def _refuse_unhonoured(cfg: RunConfig, engine: dict[str, Any]) -> None:
+    """Refuse a run whose ``sampling`` asks the pool's engine for a field it does not honour."""
+    refusal = cfg.engine_refusal(str(engine.get("engine")))
+    if refusal is not None:
+        raise ConfigError(f"bad run settings: {refusal}")
+
+
 def run_preflight(
     cfg: RunConfig,
     urls: list[str],
@@ -178,6 +185,7 @@ def run_preflight(
             judges = PoolClient(judge_pool[0], token=judge_pool[1], storage_options=so, transport=transport)
         t0 = time.monotonic()
         try:
+            _refuse_unhonoured(cfg, await pool.engine())  # before any job: the run stops here
             done = [await (judges if spec.kind == "judge" else pool).run(spec) for spec in jobs]
             wall = time.monotonic() - t0
             slots = [] if concurrency else await _slots(pool)

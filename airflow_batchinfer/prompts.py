@@ -1,7 +1,10 @@
 """Prompts from records: sandboxed Jinja2 templates over record fields, or OpenAI batch bodies.
 
 A record with ``custom_id`` and a ``body`` object is an OpenAI batch request: its ``body.messages``
-(or ``body.prompt``) is the prompt and its sampling fields override the job's. Any other record is
+(or ``body.prompt``) is the prompt and its sampling fields override the job's; a body field the
+job's engine does not honour (or that no engine does, or an unknown one) makes the record a prompt
+error naming it (:func:`~airflow_batchinfer.engines.sampling.refusals`), never a silent drop, and so
+does a field of the job's own sampling its engine does not honour. Any other record is
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
 whole record is also available as ``record``). Rendering errors are per-record errors. Templates
 render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
@@ -15,12 +18,14 @@ the worker's jobs, the LLM judge and the desk (what a record was sent) all build
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
-from airflow_batchinfer.exceptions import OverQuickBudget, PromptError
+from airflow_batchinfer.engines.sampling import engine_refusal, refusals
+from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
 from airflow_batchinfer.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
@@ -87,6 +92,26 @@ def _filled(
     return text if len(text) <= MAX_PROMPT_CHARS else None
 
 
+_PROMPT_FIELDS = frozenset({"messages", "prompt"})
+_DECIDED_MAX = 4096  # distinct sets of a body's sampling fields a builder remembers the decision of
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _sampling_key(body: Mapping[str, Any]) -> tuple[tuple[str, type, Any], ...]:
+    """A body's fields but its prompt, hashable (JSON for lists and objects, keys in their order: a
+    JSON schema's properties are answered in it; the type keeps ``1``, ``1.0`` and ``true`` apart).
+    Per record of a batch file: kept cheap."""
+    return tuple(
+        [
+            (k, v.__class__, v if v.__class__ in _SCALARS else json.dumps(v, default=str))
+            for k, v in body.items()
+            if k not in _PROMPT_FIELDS
+        ]
+    )
+
+
 def is_openai_batch(record: Mapping[str, Any]) -> bool:
     return "custom_id" in record and isinstance(record.get("body"), dict)
 
@@ -106,6 +131,8 @@ class PromptBuilder:
     :param chat: wrap the rendered text as a user message, so the model's chat template applies
         (right for instruct models); ``False`` sends the raw text.
     :param sampling: the job's sampling settings.
+    :param engine: the engine that runs the requests (``None``: not known here, as for the review
+        desk): what its records ask for is refused per record when that engine does not honour it.
     """
 
     def __init__(
@@ -115,6 +142,7 @@ class PromptBuilder:
         system: str | None = None,
         chat: bool = True,
         sampling: SamplingParams | None = None,
+        engine: str | None = None,
     ) -> None:
         if template is not None:
             compile_template(template)  # fail fast on a syntax error: that is the job's error
@@ -123,6 +151,40 @@ class PromptBuilder:
         self.system = system
         self.chat = chat
         self.sampling = sampling or SamplingParams()
+        self.engine = engine
+        # a field of the job's sampling its engine does not honour: every templated record's error
+        self._refused = self._engine_refusal(self.sampling)
+        self._decided: dict[tuple[tuple[str, type, Any], ...], SamplingParams | str] = {}  # _sampling_key
+
+    def _engine_refusal(self, sampling: SamplingParams) -> str | None:
+        if self.engine is None:
+            return None
+        return engine_refusal(sampling.changed(), self.engine, "the job's sampling.")
+
+    def _body_sampling(self, body: Mapping[str, Any], request_id: str) -> SamplingParams:
+        """The job's sampling with ``body``'s fields; :class:`PromptError` naming the record and the
+        field when the body (or the job's sampling) asks for one the engine does not honour. Decided
+        once per distinct set of fields: a batch file's records mostly share theirs."""
+        key = _sampling_key(body)
+        decided = self._decided.get(key)
+        if decided is None:
+            decided = self._decide(body)
+            if len(self._decided) < _DECIDED_MAX:
+                self._decided[key] = decided
+        if isinstance(decided, str):
+            raise PromptError(f"record {request_id!r}: {decided}")
+        return decided
+
+    def _decide(self, body: Mapping[str, Any]) -> SamplingParams | str:
+        """``body``'s sampling, or why it is refused."""
+        refused = refusals(body, self.engine)
+        if refused:
+            return "; ".join(refused)
+        try:
+            sampling = SamplingParams.from_mapping(body, self.sampling)
+        except ConfigError as exc:  # fields the schemas take one by one, not together (min_tokens)
+            return f"body: {exc}"
+        return self._engine_refusal(sampling) or sampling
 
     def build(
         self,
@@ -139,16 +201,19 @@ class PromptBuilder:
         meta = {"record_id": request_id, "attempt": attempt, "role": role}
         if is_openai_batch(record):
             body = record["body"]
-            sampling = attempt_seed(SamplingParams.from_mapping(body, self.sampling), attempt)
-            if isinstance(body.get("messages"), list):
+            chat = isinstance(body.get("messages"), list)
+            if not (chat or isinstance(body.get("prompt"), str)):
+                raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
+            sampling = attempt_seed(self._body_sampling(body, request_id), attempt)
+            if chat:
                 return GenerationRequest(
                     request_id, messages=body["messages"], sampling=sampling, metadata=meta
                 )
-            if isinstance(body.get("prompt"), str):
-                return GenerationRequest(request_id, prompt=body["prompt"], sampling=sampling, metadata=meta)
-            raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
+            return GenerationRequest(request_id, prompt=body["prompt"], sampling=sampling, metadata=meta)
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
+        if self._refused is not None:
+            raise PromptError(f"record {request_id!r}: {self._refused}")
         text = None if self._parts is None else _filled(self._parts, record, variables, quick=quick)
         if text is None:
             text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
-from airflow_batchinfer.engines.sampling import sampling_schemas
+from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
 from airflow_batchinfer.rpc.locate import (
@@ -47,7 +47,7 @@ from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, 
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
 RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
 
-# engines.base.SamplingParams: the fields it reads and the values it refuses (other fields are ignored)
+# engines.sampling: the fields the sampling param takes, with their bounds (others are refused)
 SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
 
 JsonType = Literal["string", "integer", "number", "boolean", "object"]
@@ -277,16 +277,17 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run(
         "prompt_template", "string", None,
         "Jinja2 over record fields, e.g. 'What is {{ question }}?'; empty: the records are OpenAI batch "
-        "requests (their body is sent as it is)",
+        "requests (each body field is honoured by the engine or the record refused, naming the field: "
+        "the docs' sampling table)",
         nullable=True, min_length=1, flag="--prompt-template", metavar="TEMPLATE",
     ),
     _run("system", "string", None, "system message for chat models; empty: none", nullable=True,
          flag="--system", metavar="TEXT"),
     _run(
         "sampling", "object", {},
-        'max_tokens, temperature, top_p, seed, stop, e.g. {"max_tokens": 64, "temperature": 0.7}; '
-        "unset fields: max_tokens 256, temperature 0, top_p 1",
-        schema_extra={"properties": SAMPLING_PROPERTIES}, flag="--sampling", metavar="JSON",
+        sampling_help(),
+        schema_extra={"properties": SAMPLING_PROPERTIES, "additionalProperties": False}, flag="--sampling",
+        metavar="JSON",
     ),
     _run(
         "judge", "object", {"type": "llm"},

@@ -12,33 +12,62 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from airflow_batchinfer.engines.sampling import bounds_refusal
+from airflow_batchinfer.engines.sampling import bounds_refusal, engine_refusal, honoured
 from airflow_batchinfer.engines.stats import EngineStats
+from airflow_batchinfer.engines.structured import StructuredOutput
+from airflow_batchinfer.engines.structured import read as read_structured
 from airflow_batchinfer.exceptions import ConfigError
+
+# The fields as_dict() always writes: what a job's manifest and an llm judge's description said
+# before the others existed, so what was recorded then reads the same now.
+_ALWAYS_SHOWN = ("max_tokens", "temperature", "top_p", "seed", "stop")
+_FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+_INTS = ("seed", "top_k", "min_tokens")
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Sampling settings; ``from_mapping`` also reads an OpenAI request body's fields. The bounds
-    are :data:`~airflow_batchinfer.engines.sampling.SAMPLING_FIELDS`'s."""
+    """Sampling settings: the honoured fields of :data:`~airflow_batchinfer.engines.sampling.
+    REQUEST_FIELDS` (:data:`~airflow_batchinfer.engines.sampling.PARAM_FIELDS`, a test holds them
+    equal), with their bounds. ``from_mapping`` reads them from a ``sampling`` param or an OpenAI
+    request body; what it does not read is refused there first (``sampling.refusals``)."""
 
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # 0: every token
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias), by token id: hashable
+    ignore_eos: bool = False
+    # one constraint, from structured_outputs or response_format (engines.structured): canonical, hashable
+    structured_outputs: StructuredOutput | None = None
+    # n (candidates per record) belongs here when a later release honours it: SamplingParams stays one
+    # request's settings; the engines then return n texts per GenerationResult.
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", "temperature", "top_p"):
+        for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens"):
             refusal = bounds_refusal(name, getattr(self, name))
             if refusal is not None:
                 raise ConfigError(refusal)
+        if self.min_tokens > self.max_tokens:
+            raise ConfigError(
+                f"min_tokens {self.min_tokens} is above max_tokens {self.max_tokens}: lower min_tokens "
+                "or raise max_tokens"
+            )
 
     @classmethod
     def from_mapping(
         cls, values: Mapping[str, Any] | None, base: SamplingParams | None = None
     ) -> SamplingParams:
-        """``base`` (or defaults) updated with the known fields of ``values``; others are ignored."""
+        """``base`` (or defaults) updated with the fields of ``values`` it carries (``null``: unset);
+        it reads no others (``sampling.refusals`` refuses them: call it first)."""
         out = base or cls()
         if not values:
             return out
@@ -46,24 +75,56 @@ class SamplingParams:
         max_tokens = values.get("max_completion_tokens", values.get("max_tokens"))
         if max_tokens is not None:
             changes["max_tokens"] = int(max_tokens)
-        for key in ("temperature", "top_p"):
+        for key in _FLOATS:
             if values.get(key) is not None:
                 changes[key] = float(values[key])
-        if values.get("seed") is not None:
-            changes["seed"] = int(values["seed"])
+        for key in _INTS:
+            if values.get(key) is not None:
+                changes[key] = int(values[key])
+        if changes.get("top_k") == -1:
+            changes["top_k"] = 0  # vLLM's other spelling of "every token"
         stop = values.get("stop")
         if stop is not None:
             changes["stop"] = (stop,) if isinstance(stop, str) else tuple(stop)
+        if values.get("stop_token_ids") is not None:
+            changes["stop_token_ids"] = tuple(int(t) for t in values["stop_token_ids"])
+        if values.get("logit_bias") is not None:
+            changes["logit_bias"] = tuple(sorted((int(k), float(v)) for k, v in values["logit_bias"].items()))
+        if values.get("ignore_eos") is not None:
+            changes["ignore_eos"] = bool(values["ignore_eos"])
+        try:
+            constraint = read_structured(values)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        if constraint is not None:  # response_format text asks for none: the base's stays
+            changes["structured_outputs"] = constraint
         return replace(out, **changes)
 
+    def changed(self) -> dict[str, Any]:
+        """The fields at values other than their defaults (what an engine must honour), as JSON."""
+        out = {}
+        for name in _DEFAULTS:
+            value = getattr(self, name)
+            if value != _DEFAULTS[name]:
+                out[name] = _as_json(name, value)
+        return out
+
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "seed": self.seed,
-            "stop": list(self.stop),
-        }
+        """The five fields every job had, and the others where they are not at their defaults: a
+        description recorded before they existed (a manifest, a judge's) reads the same."""
+        shown = {name: _as_json(name, getattr(self, name)) for name in _ALWAYS_SHOWN}
+        return {**shown, **self.changed()}
+
+
+def _as_json(name: str, value: Any) -> Any:
+    if name == "logit_bias":
+        return {str(token): bias for token, bias in value}
+    if isinstance(value, StructuredOutput):
+        return value.as_json()
+    return list(value) if isinstance(value, tuple) else value
+
+
+_DEFAULTS: dict[str, Any] = {name: f.default for name, f in SamplingParams.__dataclass_fields__.items()}
 
 
 @dataclass(frozen=True)
@@ -151,6 +212,15 @@ class Engine(abc.ABC):
 
     def estimate_tokens(self, request: GenerationRequest) -> int:
         return request.estimate_tokens()
+
+    @classmethod
+    def honours(cls) -> frozenset[str]:
+        """The request fields this engine honours: the one description's (``sampling.REQUEST_FIELDS``)."""
+        return honoured(cls.name)
+
+    def sampling_refusal(self, sampling: SamplingParams) -> str | None:
+        """Why this engine cannot run ``sampling`` (a field it does not honour, named); ``None``: it can."""
+        return engine_refusal(sampling.changed(), self.name)
 
     def describe(self) -> dict[str, Any]:
         """What identifies this engine's outputs (goes into job fingerprints and manifests)."""

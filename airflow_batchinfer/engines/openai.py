@@ -3,6 +3,11 @@
 Requests of a batch go out concurrently (at most ``max_concurrency`` at once). 429 and 5xx answers
 and connection errors are retried with exponential backoff, honouring ``Retry-After``; a request
 that still fails becomes that request's error result, never an exception over the batch.
+
+A structured output goes as OpenAI's ``response_format`` where it has the kind (a JSON schema, as
+``json_schema`` named ``response`` with ``strict: true``: enforced, as vLLM enforces it; a JSON object)
+and as vLLM's ``structured_outputs`` otherwise (a regex, a choice, a grammar: ``vllm serve`` takes
+them; an API that does not answers that record's error).
 """
 
 from __future__ import annotations
@@ -96,11 +101,15 @@ class OpenAIEngine(Engine):
             "max_tokens": s.max_tokens,
             "temperature": s.temperature,
             "top_p": s.top_p,
+            # every other field it honours, passed on where set: a server that does not take one (a
+            # vLLM extension such as top_k on OpenAI's API) answers that record's error, naming it
+            **s.changed(),
         }
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.stop:
-            body["stop"] = list(s.stop)
+        if s.structured_outputs is not None:  # OpenAI's response_format where it has the kind
+            response_format = s.structured_outputs.response_format()
+            if response_format is not None:
+                del body["structured_outputs"]
+                body["response_format"] = response_format
         if request.messages is not None:
             return "/chat/completions", {**body, "messages": list(request.messages)}
         return "/completions", {**body, "prompt": request.prompt}

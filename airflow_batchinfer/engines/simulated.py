@@ -7,7 +7,8 @@ retries are reproducible. ``fail_marker`` makes any
 request whose prompt contains it fail alone (to show a bad element fails only its record). A prompt
 containing ``simulate_tokens=N`` asks for an answer of ``N`` tokens (else ``completion_tokens``):
 with ``max_tokens`` below ``N`` it is cut there, ``finish_reason`` ``"length"`` (to show truncation
-and its retries).
+and its retries). It honours no structured output (its answers are not model text a constraint could
+hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class SimulatedEngine(Engine):
         prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))
         if self.fail_marker and self.fail_marker in prompt:
             return GenerationResult.failed(f"simulated failure: prompt contains {self.fail_marker!r}")
+        if request.sampling.structured_outputs is not None:  # not honoured (sampling.REQUEST_FIELDS)
+            return GenerationResult.failed(f"simulated: {self.sampling_refusal(request.sampling)}")
         meta = request.metadata
         if meta.get("role") == "judge":
             approved = stable_fraction(meta.get("record_id"), meta.get("attempt", 1)) < self.approval_rate

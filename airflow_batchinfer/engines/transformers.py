@@ -6,6 +6,10 @@ same sampling settings), so the same batch samples the same way; unlike vLLM it 
 request on its own. The engine is total: a prompt that does not fit the context, a chat
 template error or a generate failure on one element becomes that element's error result (a failing
 batch is retried element by element to find the culprit).
+
+Structured outputs (``structured_outputs``, ``response_format`` other than ``text``) are refused per
+request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
+packages (triton, apache-tvm-ffi) the main environment does not pin.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ class TransformersEngine(Engine):
         results: list[GenerationResult | None] = [None] * len(requests)
         groups: dict[tuple[SamplingParams, bool], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
+            refused = self.sampling_refusal(request.sampling)  # e.g. OpenAI's additive penalties
+            if refused is not None:
+                results[i] = GenerationResult.failed(f"transformers: {refused}")
+                continue
             try:
                 text, specials = self._render(request)
             except Exception as exc:
@@ -115,23 +123,13 @@ class TransformersEngine(Engine):
 
         tok = self.tokenizer
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": sampling.max_tokens,
-            "pad_token_id": tok.pad_token_id,
-            "eos_token_id": self.model.generation_config.eos_token_id or tok.eos_token_id,
-            "do_sample": sampling.temperature > 0,
-        }
-        if sampling.temperature > 0:
-            kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
-        else:
-            kwargs.update(temperature=None, top_p=None, top_k=None)
+        kwargs = self._generate_args(sampling)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             out = self.model.generate(**enc, **kwargs)
         prompt_len = enc["input_ids"].shape[1]
-        eos = kwargs["eos_token_id"]
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
+        eos_ids = set(kwargs["eos_token_id"])
         results = []
         for row, mask in zip(out[:, prompt_len:], enc["attention_mask"], strict=True):
             ids = row.tolist()
@@ -144,6 +142,35 @@ class TransformersEngine(Engine):
                     text, finish = text[: text.index(stop)], "stop"
             results.append(GenerationResult(text, None, int(mask.sum()), len(ids), finish))
         return results
+
+    def _generate_args(self, sampling: SamplingParams) -> dict[str, Any]:
+        """``generate()``'s arguments for ``sampling``: each field it honours (``Engine.honours``)."""
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if eos is not None else self.tokenizer.eos_token_id
+        model_eos = list(eos) if isinstance(eos, list | tuple) else [eos]
+        # ignore_eos: the end of sequence can never be chosen (a stop token id still ends the answer)
+        suppressed = [t for t in model_eos if t not in sampling.stop_token_ids] if sampling.ignore_eos else []
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": sampling.max_tokens,
+            "min_new_tokens": sampling.min_tokens or None,
+            "pad_token_id": self.tokenizer.pad_token_id,
+            # an answer ends at the model's end of sequence or at a stop token id, whichever comes first
+            "eos_token_id": [*model_eos, *(t for t in sampling.stop_token_ids if t not in model_eos)],
+            "do_sample": sampling.temperature > 0,
+            "repetition_penalty": sampling.repetition_penalty,
+            "sequence_bias": [[[token], bias] for token, bias in sampling.logit_bias] or None,
+            "suppress_tokens": suppressed or None,
+        }
+        if sampling.temperature > 0:
+            kwargs.update(
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k,  # 0: every token (not generate()'s default of 50)
+                min_p=sampling.min_p or None,
+            )
+        else:  # greedy: the likeliest token, which top_p, top_k and min_p all keep
+            kwargs.update(temperature=None, top_p=None, top_k=None, min_p=None)
+        return kwargs
 
     def stats(self) -> EngineStats:
         return self.tally.stats()

@@ -5,7 +5,9 @@ worker keeps several batches in flight (``--max-concurrent-batches``, 4 by defau
 so vLLM's scheduler always has work queued and its KV cache stays full. Chat messages go through the
 model's chat template, rendered for a whole batch in a thread (never on the event loop that feeds
 vLLM). A request vLLM rejects (prompt longer than ``max_model_len``, say) becomes that request's
-error result; only a dead engine raises.
+error result; only a dead engine raises. A structured output (``SamplingParams.structured_outputs``)
+goes to vLLM as its ``StructuredOutputsParams``; a grammar or schema its backend rejects when the
+request is added is that request's error result too.
 
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
@@ -27,7 +29,10 @@ import uuid
 from typing import Any
 
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
+from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
+from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
@@ -125,14 +130,14 @@ class VllmEngine(Engine):
 
         if isinstance(prompt, GenerationResult):
             return prompt
-        s = request.sampling
         try:
+            args = sampling_args(request.sampling)
+            if args["structured_outputs"] is not None:
+                from vllm.sampling_params import StructuredOutputsParams
+
+                args["structured_outputs"] = StructuredOutputsParams(**args["structured_outputs"])
             params = SamplingParams(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                seed=s.seed,
-                stop=list(s.stop) or None,
+                **args,
                 output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when finished
             )
             final = None
@@ -141,7 +146,7 @@ class VllmEngine(Engine):
                     final = out
         except EngineDeadError:
             raise
-        except Exception as exc:  # vLLM refused this one request
+        except Exception as exc:  # vLLM refused this one request (a grammar its backend rejects, say)
             return GenerationResult.failed(f"vllm: {type(exc).__name__}: {exc}")
         if final is None or not final.outputs:
             return GenerationResult.failed("vllm returned no output")
@@ -169,6 +174,22 @@ class VllmEngine(Engine):
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "args": args,
         }
+
+
+def sampling_args(s: BaseSampling) -> dict[str, Any]:
+    """``vllm.SamplingParams``' arguments for ``s``: every field of it (vLLM honours them all, by the
+    same names), empty sequences as ``None``, ``logit_bias`` as vLLM's ``{token id: bias}``,
+    ``structured_outputs`` as the arguments of vLLM's ``StructuredOutputsParams`` (``{"json": schema}``,
+    ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM)."""
+    args: dict[str, Any] = {}
+    for name in PARAM_FIELDS:
+        value = getattr(s, name)
+        if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty
+            value = (dict(value) if name == "logit_bias" else list(value)) or None
+        elif isinstance(value, StructuredOutput):
+            value = value.as_json()
+        args[name] = value
+    return args
 
 
 def _log_interval(value: Any) -> float | None:

@@ -2,7 +2,7 @@
 
 Spec examples::
 
-    {"type": "llm", "template": "...", "max_tokens": 128}
+    {"type": "llm", "template": "...", "max_tokens": 128}  # "verdict_schema": false: never a schema
     {"type": "expected_answer", "field": "answer", "match": "number"}
     {"type": "regex", "pattern": "^\\\\d+$"}
     {"type": "json_schema", "schema": {...}}
@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge, judges_in_place, require_judge_in_place
@@ -46,17 +47,22 @@ LLM_JUDGE_KEYS = frozenset(
         "top_p",
         "seed",
         "stop",
+        "verdict_schema",
     }
 )
 JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
 
 
-def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) -> Judge:
+def build_judge(
+    spec: Mapping[str, Any], *, callables: CallablePolicy | None, engine: str | None = None
+) -> Judge:
     """The judge ``spec`` describes (ConfigError naming the problem otherwise).
 
     :param callables: which ``callable`` judge targets may be imported, checked before any import;
         ``None`` allows every target (the caller's explicit choice; workers pass their
         ``--allow-callable`` policy, which allows none by default).
+    :param engine: the engine the judge's worker runs (``None``: not known): an ``llm`` judge asks
+        for its verdict as a JSON schema where that engine honours structured outputs.
     """
     if not isinstance(spec, Mapping) or "type" not in spec:
         raise ConfigError(
@@ -71,18 +77,30 @@ def build_judge(spec: Mapping[str, Any], *, callables: CallablePolicy | None) ->
                 raise ConfigError(
                     f"llm judge: unknown keys {sorted(unknown)}; it takes {sorted(LLM_JUDGE_KEYS)}"
                 )
+            refused = refusals(args.get("sampling") or {}, in_body=False)  # read, or refused: never dropped
+            if refused:
+                raise ConfigError(f"llm judge: {'; '.join(refused)}")
             # Sampling as an object (like the run's `sampling`) or at the top level (which wins).
             values = {**(args.get("sampling") or {}), **args}
             sampling = SamplingParams.from_mapping(values, SamplingParams(max_tokens=128, temperature=0.0))
+            verdict_schema = args.get("verdict_schema", True)
+            if not isinstance(verdict_schema, bool):
+                raise ConfigError(f"llm judge: verdict_schema must be true or false, got {verdict_schema!r}")
             return LLMJudge(
-                args.get("template") or DEFAULT_TEMPLATE, system=args.get("system"), sampling=sampling
+                args.get("template") or DEFAULT_TEMPLATE,
+                system=args.get("system"),
+                sampling=sampling,
+                engine=engine,
+                verdict_schema=verdict_schema,
             )
         if kind == "human":
             if args:
                 raise ConfigError(f"human judge: takes no fields, got {sorted(args)}")
             return HumanJudge()
         if kind in ("all", "any"):
-            return Combined(kind, [build_judge(s, callables=callables) for s in args.get("judges", [])])
+            return Combined(
+                kind, [build_judge(s, callables=callables, engine=engine) for s in args.get("judges", [])]
+            )
         if kind == "callable":
             return CallableJudge(**args, policy=callables)
         cls = {

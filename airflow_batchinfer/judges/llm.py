@@ -4,6 +4,11 @@ Accepted verdicts: a JSON object ``{"approved": bool, "reason": str, "score": fl
 the output, fenced or not), or, when the output holds no JSON at all, exactly one of the words
 APPROVED / REJECTED. Anything else — unparsable, truncated, both words — is a rejection with reason
 ``invalid_judgment``, never a crash.
+
+On an engine that honours structured outputs (vLLM, and the openai engine, which passes them on) the
+judge asks for its verdict as :data:`VERDICT_SCHEMA`, so the model can only write a verdict (unless its
+``sampling`` asks for a constraint of its own): :func:`asks_verdict_schema` decides, from the engine
+the job's worker runs (``parse_params(engine=)`` into ``build_judge``). The answer is parsed the same way.
 """
 
 from __future__ import annotations
@@ -12,10 +17,11 @@ import asyncio
 import itertools
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
+from airflow_batchinfer.engines.sampling import FIELDS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
@@ -29,6 +35,53 @@ DEFAULT_TEMPLATE = (
     "Request:\n{{ record.get('prompt') or record.get('question') or record }}\n\nAnswer:\n{{ result }}\n\n"
     'Reply with JSON only: {"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
 )
+
+
+#: The verdict an llm judge asks for on engines that honour structured outputs.
+VERDICT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string"},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["approved", "reason", "score"],
+    "additionalProperties": False,
+}
+
+
+def asks_verdict_schema(
+    engine: str | None, sampling: Mapping[str, Any] | SamplingParams | None = None, wanted: bool = True
+) -> bool:
+    """Whether an llm judge on ``engine`` (``None``: not known) asks for :data:`VERDICT_SCHEMA`: it is
+    ``wanted`` (the judge spec's ``verdict_schema``, default true), the engine honours structured
+    outputs and the judge's ``sampling`` asks for no constraint itself. The one place that decides:
+    the judge and the job fingerprint (``rpc.fingerprint``) ask it."""
+    if not wanted or engine is None or not FIELDS["structured_outputs"].honoured_by(engine):
+        return False
+    if isinstance(sampling, SamplingParams):
+        return sampling.structured_outputs is None
+    sampling = sampling or {}
+    return sampling.get("structured_outputs") is None and sampling.get("response_format") in (
+        None,
+        {"type": "text"},
+    )
+
+
+def schema_verdicts(spec: Any, engine: str | None) -> bool:
+    """Whether some llm judge of the judge spec ``spec`` (``all``/``any`` included) asks ``engine``
+    for :data:`VERDICT_SCHEMA` (what a job's fingerprint adds: the answers differ)."""
+    if not isinstance(spec, Mapping):
+        return False
+    if spec.get("type") == "llm":
+        sampling = spec.get("sampling")
+        return asks_verdict_schema(
+            engine,
+            sampling if isinstance(sampling, Mapping) else None,
+            spec.get("verdict_schema") is not False,
+        )
+    judges = spec.get("judges")
+    return isinstance(judges, list) and any(schema_verdicts(j, engine) for j in judges)
 
 
 MAX_VERDICT_CHARS = 16_384  # a verdict is short: what a longer output holds past this is not read
@@ -73,6 +126,9 @@ class LLMJudge(Judge):
     """Asks a model (the worker's engine, through its shared batcher) for a verdict per record.
 
     :param template: Jinja2 over the record's fields, ``record`` and ``result`` (the output judged).
+    :param engine: the engine that answers (``None``: not known): where it honours structured outputs
+        the verdict is asked for as :data:`VERDICT_SCHEMA` (:func:`asks_verdict_schema`).
+    :param verdict_schema: ``False``: never ask for it (free text, parsed as on other engines).
     """
 
     kind = "llm"
@@ -83,9 +139,15 @@ class LLMJudge(Judge):
         *,
         system: str | None = None,
         sampling: SamplingParams | None = None,
+        engine: str | None = None,
+        verdict_schema: bool = True,
     ) -> None:
-        self.sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
-        self.prompts = PromptBuilder(template, system=system, sampling=self.sampling)
+        sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
+        self.verdict_schema = asks_verdict_schema(engine, sampling, verdict_schema)
+        if self.verdict_schema:
+            sampling = SamplingParams.from_mapping({"structured_outputs": {"json": VERDICT_SCHEMA}}, sampling)
+        self.sampling = sampling
+        self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
         self.template, self.system = template, system
 
     async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
@@ -145,9 +207,12 @@ class LLMJudge(Judge):
         return record, kwargs
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "type": self.kind,
             "template": self.template,
             "system": self.system,
             "sampling": self.sampling.as_dict(),
         }
+        if self.verdict_schema:  # asked for as VERDICT_SCHEMA (in sampling.structured_outputs too);
+            described["verdict_schema"] = True  # absent: free text, and the description it always was
+        return described

@@ -45,7 +45,6 @@ from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard_jobs import deferral_timeout, task_deadline
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
-from airflow_batchinfer.run.docs.lanes import LaneDoc
 from airflow_batchinfer.run.lanes import Lane, lane_result
 from airflow_batchinfer.run.owner import task_owns
 from airflow_batchinfer.triggers import SETTLE_S
@@ -57,7 +56,6 @@ from airflow_batchinfer.triggers.lane import (
     failure,
     lane_round,
     lane_shard,
-    tracked_client,
 )
 
 
@@ -183,25 +181,19 @@ class ShardLaneOperator(BaseOperator):
         async def opener(ref: str) -> WorkerPool:
             return open_pool(ref)  # a judge's own pool; a connection lookup is fine in a task
 
-        async def go() -> LaneDoc:
-            client = tracked_client(pool, args)
-            self._clients = [client]
-            try:
-                return await drive_lane(
-                    lane,
-                    self.run_root,
-                    client,
-                    so=so,
-                    logger=cast(Logger, self.log),  # stdlib-style: %-args
-                    open_pool=opener,
-                    client_args=args,
-                    tracked=self._clients,
-                )
-            finally:
-                await client.aclose()
-
+        self._clients = []
+        go = drive_lane(
+            lane,
+            self.run_root,
+            pool,
+            so=so,
+            logger=cast(Logger, self.log),  # stdlib-style: %-args
+            open_pool=opener,
+            client_args=args,
+            tracked=self._clients,
+        )
         try:
-            doc = asyncio.run(go())
+            doc = asyncio.run(go)
         except AirflowException:  # Airflow's own (a timeout: on_kill follows)
             raise
         except Exception as exc:

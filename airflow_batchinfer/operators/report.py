@@ -8,6 +8,7 @@ from typing import Any
 from airflow.sdk import Asset, BaseOperator, Context
 
 from airflow_batchinfer.compat import AirflowFailException
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
@@ -57,7 +58,10 @@ def preflight_check(
         judge_pool = hold_pool(cfg.judge_pool, context, log)
         judge = (require_endpoints(judge_pool, lease_id(context)), judge_pool.token())
     urls = require_endpoints(pool, lease_id(context))
-    s = run_preflight(cfg, urls, pool.token(), so, max_map_length=max_map_length(), judge_pool=judge)
+    try:
+        s = run_preflight(cfg, urls, pool.token(), so, max_map_length=max_map_length(), judge_pool=judge)
+    except ConfigError as exc:  # the run's sampling, refused by the pool's engine: no retry helps
+        raise AirflowFailException(str(exc)) from exc
     log.info(
         "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
         "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
@@ -99,37 +103,62 @@ class RunReportOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
-        report = build_report(cfg, so)
-        layout = RunLayout(cfg.run_root)
+        report = write_report(cfg, so, self.log)
         for outlet in self.outlets:
             if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = {
-                    "results": layout.results,
-                    "status": report["status"],
-                }
-        self.log.info(
-            "run %s: %s (%s); approved %d, pending %d; report: %s/report.md",
-            cfg.run_root,
-            report["status"],
-            report["stop_reason"],
-            report["approved"],
-            report["remaining_pending"],
-            layout.report,
+                context["outlet_events"][outlet].extra = report_event(cfg, report)
+        failed = report_failure(cfg, report)
+        if failed is not None:
+            raise AirflowFailException(failed)
+        return report_result(report)
+
+
+def write_report(cfg: RunConfig, so: dict[str, Any], log: Any) -> dict[str, Any]:
+    """Write the run's report (:func:`~airflow_batchinfer.report.build_report`) and log its outcome
+    and each round's shard states: the report task's work, and that of the close that finishes a
+    run (:class:`~airflow_batchinfer.operators.rounds.CloseRoundOperator` folds the tail)."""
+    report = build_report(cfg, so)
+    log.info(
+        "run %s: %s (%s); approved %d, pending %d; report: %s/report.md",
+        cfg.run_root,
+        report["status"],
+        report["stop_reason"],
+        report["approved"],
+        report["remaining_pending"],
+        RunLayout(cfg.run_root).report,
+    )
+    for rs in report["shard_status"]:  # the grid shows one box per lane: each shard's state is here
+        log.info("%s", shard_summary(RoundShards.model_validate(rs)))
+    return report
+
+
+def report_event(cfg: RunConfig, report: dict[str, Any]) -> dict[str, Any]:
+    """The ``extra`` of the results asset's event: where the results are, and how the run ended."""
+    return {"results": RunLayout(cfg.run_root).results, "status": report["status"]}
+
+
+def report_result(report: dict[str, Any]) -> dict[str, Any]:
+    """The report task's return value (XCom)."""
+    return {k: report[k] for k in ("status", "stop_reason", "approved", "remaining_pending")}
+
+
+def report_failure(cfg: RunConfig, report: dict[str, Any]) -> str | None:
+    """Why the run fails, with the remedy (the report task fails with it), or ``None``: a run some
+    of whose slots never planned or closed, an id lost or doubled, more quarantined shards than
+    ``max_failed_shards``."""
+    layout = RunLayout(cfg.run_root)
+    if report["status"] == INCOMPLETE:
+        return (
+            f"{report['stop_reason']}. Remedy: see the failed task's log (shard, pool_setup, a plan or a "
+            "close), fix it and clear the DAG run: finished work is reused."
         )
-        for rs in report["shard_status"]:  # the grid shows one box per lane: each shard's state is here
-            self.log.info("%s", shard_summary(RoundShards.model_validate(rs)))
-        if report["status"] == INCOMPLETE:
-            raise AirflowFailException(
-                f"{report['stop_reason']}. Remedy: see the failed task's log (shard, pool_setup, a plan or a "
-                "close), fix it and clear the DAG run: finished work is reused."
-            )
-        if not report["invariant"]["ok"]:
-            raise AirflowFailException(f"ids lost or doubled: {report['invariant']}; see {layout.report}")
-        if report["status"] == "failed_shards":
-            raise AirflowFailException(
-                f"{len(report['failed_shards'])} shards quarantined (budget max_failed_shards="
-                f"{cfg.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. Remedy: see "
-                f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are "
-                "reused."
-            )
-        return {k: report[k] for k in ("status", "stop_reason", "approved", "remaining_pending")}
+    if not report["invariant"]["ok"]:
+        return f"ids lost or doubled: {report['invariant']}; see {layout.report}"
+    if report["status"] == "failed_shards":
+        return (
+            f"{len(report['failed_shards'])} shards quarantined (budget max_failed_shards="
+            f"{cfg.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. Remedy: see "
+            f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are "
+            "reused."
+        )
+    return None

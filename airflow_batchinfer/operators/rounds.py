@@ -15,11 +15,13 @@ manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+from airflow.providers.common.compat.sdk import SkipMixin
 from airflow.providers.standard.operators.hitl import HITLOperator
-from airflow.sdk import BaseOperator, Context, Param
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Context, Param
 
 from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
@@ -27,7 +29,7 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
-from airflow_batchinfer.operators.report import preflight_check
+from airflow_batchinfer.operators.report import preflight_check, report_event, report_failure, write_report
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.report import desk_url, review_body
@@ -35,12 +37,21 @@ from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.run.fold import fold_tail, next_slot
 from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import owned_run_config
-from airflow_batchinfer.run.plan import ACCEPT, CONTINUE, CONTINUE_IN_PLACE, STOP, apply_choice, propose_slot
+from airflow_batchinfer.run.plan import (
+    ACCEPT,
+    CONTINUE,
+    CONTINUE_IN_PLACE,
+    STOP,
+    apply_choice,
+    load_snapshot,
+    propose_slot,
+)
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
@@ -48,6 +59,7 @@ DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
 # changes", run.gate.GATE_CHANGES), with the run settings' schemas (run.gate.GATE_SCHEMAS: a gate
 # accepts what a trigger accepts); each shows the value the next round would run with.
 GATE_PARAM = "next_{}"
+RETURN_VALUE = "return_value"  # the XCom key of a task's return value
 
 
 def gate_params() -> dict[str, Param]:
@@ -242,6 +254,12 @@ class RoundControllerOperator(HITLOperator):
                 self.log.warning(
                     "%s: could not ask the pool what it runs (%s); not recorded in the plan", self.slot, exc
                 )
+        # a sampling field the pool's engine does not honour (in the settings this round runs, a
+        # review's changes included): refused before the round's jobs
+        running = plan.effective_config(cfg)
+        refusal = running.engine_refusal(str(plan.engine["engine"])) if plan.engine else None
+        if refusal is not None:
+            raise AirflowFailException(f"bad run settings: {refusal}")
 
     def execute(self, context: Context) -> Any:
         so = storage_options_from_aws_conn(self.aws_conn_id)
@@ -270,7 +288,9 @@ class RoundControllerOperator(HITLOperator):
             self.defaults = [STOP]
         for name, value in current_settings(plan.effective_config(cfg)).items():
             self.params[GATE_PARAM.format(name)] = value  # the form shows what the next round runs
-        self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({cfg.run_root})"
+        # the run's name, not its storage path: Airflow's Required Actions page shows the subject
+        run = RunLayout(cfg.run_root).name
+        self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({run})"
         self.body = review_body(cfg, proposal, so, desk=_desk(context))
         self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
         return super().execute(context)
@@ -315,18 +335,44 @@ class RoundControllerOperator(HITLOperator):
         return f"; {len(plan.shards)} shards on {len(mapped)} lanes"
 
 
-class CloseRoundOperator(BaseOperator):
-    """Quarantine, count check, recompaction and ``summary.json`` for one round slot."""
+class CloseRoundOperator(BaseOperator, SkipMixin):
+    """Quarantine, count check, recompaction and ``summary.json`` for one round slot.
+
+    With ``later_slots`` and ``report`` (the factory DAG's), a close that finds the run finished
+    folds the DAG's tail (:mod:`~airflow_batchinfer.run.fold`): when every later slot would skip
+    without a review gate, it writes their plans and the report
+    (:func:`~airflow_batchinfer.operators.report.write_report`) and skips the later slots' tasks and,
+    when the report passes, the report task, whose results event it emits through its
+    :class:`~airflow.sdk.AssetAlias` outlet (``results``). A run the report fails leaves the report
+    task to fail with the reason, as without the fold. Teardowns are never skipped.
+
+    :param later_slots: the DAG's round slots after this one (their task groups: :func:`slot_group`).
+    :param report: the report task's id.
+    :param results: the asset the report task's event is for, emitted here when the report task is
+        skipped."""
 
     template_fields = ("run_root", "aws_conn_id")
     ui_color = "#e2f0d9"
 
-    def __init__(self, *, slot: str, run_root: str, aws_conn_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        slot: str,
+        run_root: str,
+        aws_conn_id: str | None = None,
+        later_slots: Sequence[str] = (),
+        report: str | None = None,
+        results: Asset | None = None,
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("trigger_rule", "all_done")
         super().__init__(**kwargs)
         self.slot = slot
         self.run_root = run_root
         self.aws_conn_id = aws_conn_id
+        self.later_slots = tuple(later_slots)
+        self.report = report
+        self.results = results
 
     def execute(self, context: Context) -> dict[str, Any] | None:
         so = storage_options_from_aws_conn(self.aws_conn_id)
@@ -334,6 +380,12 @@ class CloseRoundOperator(BaseOperator):
         plan = read_plan(RunLayout(cfg.run_root), self.slot, so)
         if plan is None:
             raise AirflowFailException(f"{self.slot}: no plan.json; the round controller did not finish")
+        result = self._close(cfg, plan, so)
+        if self.report is not None:
+            self._fold(cfg, so, context, result)
+        return result
+
+    def _close(self, cfg: RunConfig, plan: Plan, so: dict[str, Any]) -> dict[str, Any] | None:
         summary = close_round(cfg, plan, so)
         if summary is None:
             return None
@@ -350,3 +402,51 @@ class CloseRoundOperator(BaseOperator):
                 f"{RunLayout(cfg.run_root).round(plan.round)}/jobs and re-run the round."
             )
         return {k: v for k, v in summary.items() if k not in ("failed_shards", "tokens")}
+
+    def _fold(
+        self, cfg: RunConfig, so: dict[str, Any], context: Context, result: dict[str, Any] | None
+    ) -> None:
+        """Fold the DAG's tail when the run is finished (see the class doc); returns when it is not."""
+        layout = RunLayout(cfg.run_root)
+        try:
+            upcoming = next_slot(cfg, self.later_slots)
+            snapshot = None if upcoming is None else load_snapshot(cfg, upcoming, so)
+            fold = fold_tail(cfg, self.later_slots, snapshot)
+            if fold is None:
+                return
+            for later in fold.plans:  # as each later plan task would write it (a skip writes no more)
+                write_plan(layout, later, so)
+                self.log.info("%s: skip (%s), written here", later.slot, later.reason)
+            report = write_report(cfg, so, self.log)
+        except (BatchInferError, OSError) as exc:  # the later tasks do it themselves, as without a fold
+            self.log.warning("%s: the run's tail not folded (%s); its tasks run", self.slot, exc)
+            return
+        failed = report_failure(cfg, report)
+        skipped = self._tail_tasks(report_too=failed is None)
+        if failed is None and self.results is not None:
+            alias = next((o for o in self.outlets if isinstance(o, AssetAlias)), None)
+            if alias is not None:
+                context["outlet_events"][alias].add(self.results, extra=report_event(cfg, report))
+        self.log.info(
+            "%s: the run is finished; %s skipped: %s",
+            self.slot,
+            "its later slots and the report (written here)" if failed is None else "its later slots",
+            ", ".join(t.task_id for t in skipped),
+        )
+        if result is not None:  # skip() ends execute: the return value is pushed here
+            context["ti"].xcom_push(key=RETURN_VALUE, value=result)
+        self.skip(context["ti"], skipped)
+
+    def _tail_tasks(self, *, report_too: bool) -> list[Any]:
+        """The later slots' tasks and, with ``report_too``, the report task (never a teardown)."""
+        groups = {slot_group(s) for s in self.later_slots}
+        dag = self.dag  # the task's DAG (raises if it has none)
+        tasks = [t for t in dag.tasks if t.task_id.split(".", 1)[0] in groups and not t.is_teardown]
+        if report_too and self.report is not None:
+            tasks.append(dag.get_task(self.report))
+        return tasks
+
+
+def slot_group(slot: str) -> str:
+    """The task group of a round slot in the factory DAG: ``round-00`` → ``round_00``."""
+    return slot.replace("-", "_")

@@ -30,6 +30,7 @@ Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
     GET  /api/gates/{dag_id}/{run_id}/sample        ?n=&seed=&round=
     GET  /api/gates/{dag_id}/{run_id}/sample/{id}   one sample by id                    [?round=]
     GET  /api/gates/{dag_id}/{run_id}/field         ?shard=&position=&path=[&round=]: one value whole
+    GET  /api/gates/{dag_id}/{run_id}/attempts/{id} the id's rows in the earlier rounds   [?round=]
 
 Every sample they return is cut to the ``[batchinfer] review_*`` caps as its row is read
 (:mod:`airflow_batchinfer.desk_bounds`): its ``truncated`` names what was cut, and ``field`` reads
@@ -101,6 +102,9 @@ OPEN_STATES = (TaskInstanceState.AWAITING_INPUT, TaskInstanceState.DEFERRED)
 SO_TTL_S = 300.0  # how long storage options made from a connection are reused
 VIEW_TTL_S, MAX_VIEWS = 600.0, 32  # round views kept (each knows its round's shards and counts)
 SHARDS_TTL_S = 5.0  # an open round's shard states are read again after this (a closed one's: VIEW_TTL_S)
+# Rows an attempts lookup reads at most, over all the earlier rounds (no index maps an id to its
+# shard in an earlier round: recompaction and review decisions move it), and lookups kept.
+ATTEMPTS_ROW_BUDGET, MAX_ATTEMPTS_CACHED = 1_000_000, 256
 
 # The page under a Content-Security-Policy: its own scripts and styles, same-origin requests only,
 # nothing from elsewhere (an image link in a model's output could not load even if rendered).
@@ -146,6 +150,22 @@ class Gate:
         conn = self.rendered.get("aws_conn_id")
         return conn if isinstance(conn, str) and conn and conn != "None" else None
 
+    @property
+    def run_name(self) -> str | None:
+        """The run's name: the last part of its run root (``<output_root>/<run_name>``)."""
+        return RunLayout(self.run_root).name if self.run_root else None
+
+    @property
+    def title(self) -> str:
+        """The gate's subject as a heading shows it: a run root (an internal path, in the subjects of
+        gates an earlier release asked) named by the run's name instead."""
+        subject = self.subject or ""
+        root = self.run_root
+        if root:
+            name = self.run_name or "the run"
+            subject = subject.replace(f"({root})", f"({name})").replace(root, name)
+        return subject
+
     def required_actions_path(self) -> str:
         """The gate's Required Actions page, relative to the Airflow UI's base URL."""
         q = functools.partial(quote, safe="")
@@ -162,6 +182,8 @@ class Gate:
             "map_index": self.map_index,
             "slot": self.slot,
             "subject": self.subject,
+            "title": self.title,  # the subject without the run root (headings show this)
+            "run_name": self.run_name,
             "created_at": self.created_at.isoformat() if self.created_at else None,
             "open": self.open,
             "state": self.state,
@@ -498,6 +520,49 @@ def _round_status(ctx: RunContext, plan: Plan) -> tuple[RoundStatus, bool]:
     return found, summary is not None
 
 
+_attempts_cache: OrderedDict[tuple[str, int, str, str], dict[str, Any]] = OrderedDict()
+_attempts_lock = threading.Lock()
+
+
+def _attempts(ctx: RunContext, r: int, sample_id: str, bounds: Bounds) -> dict[str, Any]:
+    """:func:`attempts`' answer: round ``r-1`` down to 0, each searched for the id until found (an
+    id is in a round's rejected rows at most once) or until the rows read reach
+    :data:`ATTEMPTS_ROW_BUDGET` (checked before each block of a shard: the last block read may pass
+    it); a closed round's rows do not change, so an answer is kept."""
+    key = (ctx.run_root, r, sample_id, repr((sorted(ctx.so.items()), bounds)))
+    with _attempts_lock:
+        hit = _attempts_cache.get(key)
+    if hit is not None:
+        return hit
+    found: list[dict[str, Any]] = []
+    searched: list[int] = []
+    read = 0
+    complete = True
+    for earlier in range(r - 1, -1, -1):
+        sample, rows, whole = _view(ctx, earlier).find_within(sample_id, max(ATTEMPTS_ROW_BUDGET - read, 0))
+        read += rows
+        if not whole:
+            complete = False
+            break
+        searched.append(earlier)
+        if sample is not None:
+            found.append(_jsonable(sample.bounded(bounds)))
+    doc = {
+        "round": r,
+        "id": sample_id,
+        "attempts": found,  # newest first: the rows of the rounds before r
+        "searched": searched,
+        "complete": complete,
+        "rows_read": read,
+        "row_budget": ATTEMPTS_ROW_BUDGET,
+    }
+    with _attempts_lock:
+        _attempts_cache[key] = doc
+        while len(_attempts_cache) > MAX_ATTEMPTS_CACHED:
+            _attempts_cache.popitem(last=False)
+    return doc
+
+
 def desk_bounds() -> Bounds:
     """The desk's caps from ``[batchinfer]`` (read per request: cheap, and a bad value is a 409 that
     names the setting, not a desk that fails to load)."""
@@ -751,6 +816,27 @@ def create_app() -> FastAPI:
                 status.HTTP_404_NOT_FOUND, f"no sample at {shard!r} position {position} in round {r}"
             )
         return _whole(found, path, r, desk_bounds())
+
+    @app.get("/api/gates/{dag_id}/{run_id}/attempts/{sample_id:path}", dependencies=[ReadDag])
+    def attempts(
+        dag_id: str,
+        run_id: str,
+        sample_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """The rows of ``sample_id`` in the rounds before ``round`` (the gate's by default), newest
+        first: each earlier attempt's output, verdict, reason and score. Reads at most
+        :data:`ATTEMPTS_ROW_BUDGET` rows (``complete``: every earlier round was searched to its end
+        or to the id)."""
+        ctx = run_context(session, dag_id, run_id, user)
+        r = _round_of(ctx, round)
+        if not sample_id or len(sample_id) > MAX_FIELD_PATH:
+            raise HTTPException(
+                status.HTTP_400_BAD_REQUEST, f"a sample id has 1 to {MAX_FIELD_PATH:,} characters"
+            )
+        return _attempts(ctx, r, sample_id, desk_bounds())
 
     @app.get("/api/gates/{dag_id}/{run_id}/shards", dependencies=[ReadDag])
     def shards(

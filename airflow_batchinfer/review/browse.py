@@ -398,6 +398,37 @@ class RoundView:
         found = next(self._with_ids([str(sample_id)]), None)
         return None if found is None else self._with_prompt(found).bounded(bounds or Bounds())
 
+    def find_within(self, sample_id: str, row_budget: int) -> tuple[Sample | None, int, bool]:
+        """The rejected row with this id, reading at most ``row_budget`` rows of the round (its shards
+        in order, decompressed; only lines that hold the id parsed), with its prompt. Returns
+        ``(sample or None, rows read, complete)``: ``complete`` is false when the budget ran out
+        before the round's end without finding it (then the row may still be further on). A round
+        holds an id at most once (a repeated id goes to ``rejects/``), so the first hit ends it."""
+        _check_count("row_budget", row_budget, 0, None)
+        key = orjson.dumps(str(sample_id))
+        keys = {key}
+        sid = str(sample_id)
+        if sid.lstrip("-").isdigit() and str(int(sid)) == sid:
+            keys.add(sid.encode())
+        needles = [k[1:-1] if k.startswith(b'"') else k for k in keys]
+        id_of = LineIds(self.id_field)
+        read = 0
+        for shard in self._load():
+            if read >= row_budget:
+                return None, read, False
+            with contextlib.closing(self._blocks(shard)) as blocks:
+                for start, block in blocks:
+                    if read >= row_budget:
+                        return None, read, False
+                    read += len(block)
+                    if any(n in b"\n".join(block) for n in needles):
+                        for k, line in enumerate(block):
+                            if id_of(line) in keys:
+                                row = parse_record(line)
+                                found = self.to_sample(row, shard.shard_id, start + k, prompt=False)
+                                return self._with_prompt(found), read, True
+        return None, read, True
+
     def at(self, shard_id: str, position: int) -> Sample | None:
         """The row at ``position`` of a shard's rejected file (``Sample.shard_id``, ``Sample.position``),
         or ``None``."""

@@ -30,6 +30,10 @@ def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[st
             "version": str(input_info.get("ETag") or input_info.get("mtime") or ""),
         },
     }
+    from airflow_batchinfer.judges.llm import VERDICT_SCHEMA, schema_verdicts
+
+    if schema_verdicts(spec.params.get("judge"), engine.get("engine")):
+        payload["verdict_schema"] = VERDICT_SCHEMA  # only then: other jobs keep the fingerprints they had
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
 
 

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS
+from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
@@ -139,6 +139,13 @@ class RunConfig:
         parse_params("infer", self.infer_params(), callables=policy)
         parse_params("judge", self.judge_params(), callables=policy)
         return self
+
+    def engine_refusal(self, engine: str) -> str | None:
+        """Why a pool running ``engine`` cannot run this run's ``sampling`` (each field it does not
+        honour, named with the engines that do); ``None``: it can. :meth:`validate` refuses what no
+        engine honours; this is for when the pool's engine is known (the pre-flight, a round's plan)."""
+        refused = refusals(self.sampling, engine, in_body=False)
+        return "; ".join(refused) if refused else None
 
     def truncation(self) -> TruncationPolicy:
         return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)

@@ -76,6 +76,12 @@ class RunLayout:
         return join(self.root, *parts)
 
     @property
+    def name(self) -> str:
+        """The run's name: the last part of its root (``<output_root>/<run_name>``), what headings
+        and gate subjects show instead of a storage path."""
+        return self.root.rstrip("/").rsplit("/", 1)[-1] or self.root
+
+    @property
     def run_config(self) -> str:
         return self._p("run.json")
 

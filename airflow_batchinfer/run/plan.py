@@ -102,15 +102,20 @@ def _unused(cfg: RunConfig, slot: str) -> bool:
     return bool(re.fullmatch(r"round-\d{2}", slot)) and int(slot[6:]) >= cfg.max_rounds
 
 
+def slots_before(cfg: RunConfig, slot: str) -> list[str]:
+    """The slots whose plans decide ``slot`` (:attr:`RoundSnapshot.prior`)."""
+    all_slots = slots(cfg.max_rounds)
+    if slot in all_slots:
+        return all_slots[: all_slots.index(slot)]
+    return all_slots[:-1] if _unused(cfg, slot) else []
+
+
 def load_snapshot(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -> RoundSnapshot:
     """Read what :func:`propose` needs to decide ``slot`` (no more: nothing past the plans once they
     stopped the run or retried in place, no summary when nothing is pending)."""
     layout = RunLayout(cfg.run_root)
     all_slots = slots(cfg.max_rounds)
-    if slot in all_slots:
-        before = all_slots[: all_slots.index(slot)]
-    else:
-        before = all_slots[:-1] if _unused(cfg, slot) else []
+    before = slots_before(cfg, slot)
     snapshot = RoundSnapshot(slot, tuple(p for s in before if (p := read_plan(layout, s, so))))
     if slot not in all_slots or any(p.stop or p.mode == "in_place" for p in snapshot.prior):
         return snapshot  # decided from the plans alone

@@ -24,14 +24,18 @@ the 1-based line of that id in the range (8 bytes, big-endian), sorted (by hash,
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import hashlib
 import heapq
 import itertools
+import math
 import os
 import struct
+import sys
 import tempfile
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,8 +56,10 @@ HEADER = struct.Struct(">4sQ")  # magic, lines read in the range
 ENTRY = struct.Struct(f">{HASH}sQ")  # an id's hash and its line in the range (a hash file's entries)
 TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (merges, confirmation)
 SPILL_HASHES = 1 << 18  # entries held before a sorted run is spilled (24 bytes each, ~17 MiB as objects)
-FAN_IN = 128  # files merged at once
 READ = 1 << 16  # bytes per read of a hash file
+MATCH_READ = 1 << 20  # bytes per read of a hash file when matching
+BUCKET_ENTRIES = 1 << 18  # entries matched at once (~40 MB of sets and words); more: split in buckets
+SEGMENT = struct.Struct(">II")  # a bucket's spilled stretch of one file: its range index, its bytes
 PLACE = struct.Struct(f">IQ{HASH}s")  # a matched place: range index, line in the range, hash
 LENGTH = struct.Struct(">I")  # of each entry in a spilled run of variable-length entries
 SORT_BYTES = 32 << 20  # bytes of entries an external sort holds before it spills a sorted run
@@ -193,63 +199,101 @@ def read_lines(uri: str, so: StorageOptions | None) -> int | None:
     return int(HEADER.unpack(head)[1])
 
 
-def _hashes(uri: str, so: StorageOptions | None) -> Iterator[tuple[bytes, int]]:
-    """A hash file's entries: (hash, line in the range), sorted."""
+# ------------------------------------------------------------------------------------ matching
+Places = list[tuple[int, int]]  # (range index, line in the range) of one hash, in file order
+Bucket = dict[int, bytes]  # a bucket's entries, per range index (each range's in its order)
+
+
+def _words(raw: bytes, uri: str) -> array[int]:
+    """Entries as unsigned 64-bit words, three per entry: the hash's high and low halves, the line."""
+    if len(raw) % ENTRY.size:
+        raise StorageError(
+            f"the id hash file {uri} ends inside an entry (cut short?). Remedy: delete it and re-run "
+            "round 0's close, which writes it again from its range"
+        )
+    words = array("Q")
+    words.frombytes(raw)
+    if sys.byteorder == "little":
+        words.byteswap()  # stored big-endian
+    return words
+
+
+def _blocks(uri: str, so: StorageOptions | None) -> Iterator[bytes]:
+    """A hash file's entries, in blocks of whole entries."""
     loc = resolve(uri, so)
     with loc.fs.open(loc.path, "rb") as f:
         f.seek(HEADER.size)
-        for entry in _records(f, ENTRY.size):
-            h, line = ENTRY.unpack(entry)
-            yield h, line
+        while block := f.read(MATCH_READ - MATCH_READ % ENTRY.size):
+            yield block
 
 
-# ------------------------------------------------------------------------------------- merging
-Tagged = tuple[bytes, int, int]  # hash, range index, line in the range
-
-
-def _tagged(records: Iterator[bytes]) -> Iterator[Tagged]:
-    for r in records:
-        h, i, line = TAGGED.unpack(r)
-        yield h, i, line
-
-
-def _merge_group(streams: Sequence[Iterator[Tagged]]) -> IO[bytes]:
-    """Merge tagged streams into one sorted run on local disk."""
-    run = tempfile.TemporaryFile()  # noqa: SIM115  # closed by the caller's exit stack
-    merged = heapq.merge(*streams)
-    for batch in iter(lambda: list(itertools.islice(merged, READ // TAGGED.size)), []):
-        run.write(b"".join(TAGGED.pack(*t) for t in batch))
-    run.seek(0)
-    return run
-
-
-def _merged(uris: Sequence[str], so: StorageOptions | None) -> Iterator[Tagged]:
-    """Every range's entries tagged with the range's index, in (hash, range, line) order, merging at
-    most :data:`FAN_IN` files at once (intermediate runs on local disk)."""
-
-    def source(i: int) -> Iterator[Tagged]:
-        return ((h, i, line) for h, line in _hashes(uris[i], so))
-
+def _buckets(uris: Sequence[str], so: StorageOptions | None, bits: int) -> Iterator[Bucket]:
+    """Every file's entries split by the top ``bits`` bits of their hashes, bucket by bucket in hash
+    order: all in one bucket at ``bits`` 0, else spilled to one local file per bucket first (a file
+    is sorted, so its part of a bucket is one stretch of it). Each file is read once."""
+    if bits == 0:
+        yield {i: b"".join(_blocks(uri, so)) for i, uri in enumerate(uris)}
+        return
+    shift = 64 - bits
     with contextlib.ExitStack() as stack:
-        streams = [source(i) for i in range(len(uris))]
-        while len(streams) > FAN_IN:
-            runs = [
-                stack.enter_context(_merge_group(streams[k : k + FAN_IN]))
-                for k in range(0, len(streams), FAN_IN)
-            ]
-            streams = [_tagged(_records(run, TAGGED.size)) for run in runs]
-        yield from heapq.merge(*streams)
+        spills = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(1 << bits)]
+        for i, uri in enumerate(uris):
+            for block in _blocks(uri, so):
+                highs = _words(block, uri)[0::3]
+                k = 0
+                while k < len(highs):
+                    b = highs[k] >> shift
+                    end = bisect.bisect_left(highs, (b + 1) << shift, k)
+                    part = block[k * ENTRY.size : end * ENTRY.size]
+                    spills[b].write(SEGMENT.pack(i, len(part)) + part)
+                    k = end
+        for spill in spills:
+            spill.seek(0)
+            parts: dict[int, list[bytes]] = {}
+            while head := spill.read(SEGMENT.size):
+                i, size = SEGMENT.unpack(head)
+                parts.setdefault(i, []).append(spill.read(size))
+            yield {i: b"".join(p) for i, p in parts.items()}
 
 
-Places = list[tuple[int, int]]  # (range index, line in the range) of one hash, in file order
+def _shared_in(bucket: Bucket, uris: Sequence[str]) -> Iterator[tuple[bytes, Places]]:
+    """The hashes of one bucket that more than one file holds, in hash order, with their places.
+    Candidates are found by the hashes' high halves, with set operations (no Python loop per
+    entry); only theirs are compared whole."""
+    words = {i: _words(raw, uris[i]) for i, raw in sorted(bucket.items())}
+    seen: set[int] = set()
+    shared: set[int] = set()
+    for w in words.values():
+        mine = set(w[0::3])
+        shared.update(mine.intersection(seen))
+        seen.update(mine)
+    del seen
+    if not shared:
+        return
+    places: dict[bytes, Places] = {}
+    for i, w in words.items():
+        highs, raw = w[0::3], bucket[i]
+        for high in shared.intersection(highs):
+            k = bisect.bisect_left(highs, high)
+            while k < len(highs) and highs[k] == high:
+                places.setdefault(raw[k * ENTRY.size : k * ENTRY.size + HASH], []).append((i, w[3 * k + 2]))
+                k += 1
+    for h in sorted(places):
+        if len({i for i, _ in places[h]}) > 1:
+            yield h, places[h]
 
 
-def shared_hashes(uris: Sequence[str], so: StorageOptions | None) -> Iterator[tuple[bytes, Places]]:
-    """Each hash found in more than one of the files ``uris``, with its places in them."""
-    for h, group in itertools.groupby(_merged(uris, so), key=lambda t: t[0]):
-        places = [(i, line) for _, i, line in group]
-        if len({i for i, _ in places}) > 1:
-            yield h, places
+def shared_hashes(
+    uris: Sequence[str], so: StorageOptions | None, *, entries: int | None = None
+) -> Iterator[tuple[bytes, Places]]:
+    """Each hash found in more than one of the files ``uris``, with its places in them (in range and
+    line order), in hash order. Each file is read once; at most about :data:`BUCKET_ENTRIES` entries
+    are matched at once (more are split into buckets by the hashes' leading bits). ``entries``: how
+    many the files hold at most (their line counts), read from their headers when not given."""
+    total = sum(read_lines(u, so) or 0 for u in uris) if entries is None else entries
+    bits = (max(math.ceil(total / BUCKET_ENTRIES), 1) - 1).bit_length()
+    for bucket in _buckets(uris, so, bits):
+        yield from _shared_in(bucket, uris)
 
 
 Found = tuple[int, int, Any, str]  # a matched place's range index, line in the range, id and JSON
@@ -437,7 +481,8 @@ def find_repeats(
     repeats = Repeats()
     places, found = _Sorted(), _Sorted()
     try:
-        for h, at in shared_hashes(uris, so):  # hash order: spilled, sorted by range and line
+        # hash order: spilled, sorted by range and line
+        for h, at in shared_hashes(uris, so, entries=sum(lines)):
             for i, line in at:
                 places.add(PLACE.pack(i, line, h))
         for i, group in itertools.groupby((PLACE.unpack(p) for p in places), key=lambda p: p[0]):

@@ -141,7 +141,7 @@ def failure(
 async def drive_lane(
     lane: Lane,
     run_root: str,
-    client: TrackedPoolClient,
+    pool: WorkerPool,
     *,
     so: StorageOptions | None,
     logger: Logger,
@@ -149,39 +149,42 @@ async def drive_lane(
     client_args: dict[str, Any],
     tracked: list[TrackedPoolClient],
 ) -> LaneDoc:
-    """Run ``lane`` on ``client`` (the run's pool) until no shard is left: the one loop of the
-    trigger and of a lane run in its task. A judge with its own pool gets a client of its own
-    (added to ``tracked``: a killed lane cancels the job of each)."""
-    cfg, plan = await asyncio.to_thread(lane_round, run_root, lane, so)
-    pools: dict[JobKind, PoolClient] = {}
-    extra: list[PoolClient] = []
-    for kind in round_kinds(cfg, plan.mode):
-        if kind == "judge" and cfg.judge_pool:
-            judge_pool = await open_pool(cfg.judge_pool)
-            judge = await asyncio.to_thread(tracked_client, judge_pool, client_args)
-            extra.append(judge)
-            tracked.append(judge)
-            pools[kind] = judge
-        else:
-            pools[kind] = client
-    client.unreachable_grace_s = cfg.unreachable_grace_s
-
-    def ended(entry: LaneShard) -> None:
-        took = (entry.ended_at or time.time()) - entry.claimed_at
-        if entry.state == "done":
-            logger.info(
-                "lane %d of %s: shard %s done in %.1f s (%d records)",
-                lane.index,
-                lane.slot,
-                entry.shard_id,
-                took,
-                entry.records,
-            )
-
+    """Run ``lane`` on ``pool`` (the run's) until no shard is left: the one loop of the trigger and
+    of a lane run in its task. Each pool client it makes (``client_args``: :func:`tracked_client`'s;
+    a judge with its own pool gets one of its own) is added to ``tracked`` at once, so that a killed
+    lane cancels the job of each, and closed when the lane ends."""
+    client = await asyncio.to_thread(tracked_client, pool, client_args)
+    clients = [client]
+    tracked.append(client)
     try:
+        cfg, plan = await asyncio.to_thread(lane_round, run_root, lane, so)
+        pools: dict[JobKind, PoolClient] = {}
+        for kind in round_kinds(cfg, plan.mode):
+            if kind == "judge" and cfg.judge_pool:
+                judge_pool = await open_pool(cfg.judge_pool)
+                judge = await asyncio.to_thread(tracked_client, judge_pool, client_args)
+                clients.append(judge)
+                tracked.append(judge)
+                pools[kind] = judge
+            else:
+                pools[kind] = client
+        client.unreachable_grace_s = cfg.unreachable_grace_s
+
+        def ended(entry: LaneShard) -> None:
+            took = (entry.ended_at or time.time()) - entry.claimed_at
+            if entry.state == "done":
+                logger.info(
+                    "lane %d of %s: shard %s done in %.1f s (%d records)",
+                    lane.index,
+                    lane.slot,
+                    entry.shard_id,
+                    took,
+                    entry.records,
+                )
+
         return await run_lane(lane, cfg, plan, pools, so=so, on_shard=ended, logger=logger)
     finally:
-        for c in extra:
+        for c in clients:
             await c.aclose()
 
 
@@ -258,22 +261,16 @@ class LaneTrigger(BaseTrigger):
         try:
             async with window:
                 pool = await aopen_pool(self.worker_pool)
-                args = self.client_args()
-                client = await asyncio.to_thread(tracked_client, pool, args)
-                self._clients = [client]
-                try:
-                    doc = await drive_lane(
-                        lane,
-                        self.run_root,
-                        client,
-                        so=None,
-                        logger=cast(Logger, self.log),  # stdlib-style: %-args
-                        open_pool=aopen_pool,
-                        client_args=args,
-                        tracked=self._clients,
-                    )
-                finally:
-                    await client.aclose()
+                doc = await drive_lane(
+                    lane,
+                    self.run_root,
+                    pool,
+                    so=None,
+                    logger=cast(Logger, self.log),  # stdlib-style: %-args
+                    open_pool=aopen_pool,
+                    client_args=self.client_args(),
+                    tracked=self._clients,
+                )
         except Exception as exc:  # the lane could not go on: the resumed task fails with it (retries)
             shard = await asyncio.to_thread(lane_shard, self.run_root, lane)
             if window.expired():

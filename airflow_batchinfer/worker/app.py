@@ -127,7 +127,9 @@ def create_app(
                 raise ApiError(403, "forbidden", reason)
         try:
             # off the loop: compiling templates, schemas and patterns takes time in the spec's size
-            params = await asyncio.to_thread(parse_params, spec.kind, spec.params, callables=callables)
+            params = await asyncio.to_thread(
+                parse_params, spec.kind, spec.params, callables=callables, engine=runtime.engine.name
+            )
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
         if not runtime.ready:

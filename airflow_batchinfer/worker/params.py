@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
 from airflow_batchinfer.judges.truncation import TruncationPolicy
@@ -41,35 +42,56 @@ def _int(params: Mapping[str, Any], key: str, default: int, minimum: int) -> int
     return value
 
 
+def _sampling(values: Any) -> SamplingParams:
+    """``params.sampling``: refused when a field is unknown, not of its schema or honoured by no engine."""
+    if values is not None and not isinstance(values, Mapping):
+        raise ConfigError(f"params.sampling must be an object of sampling fields, got {values!r}")
+    refused = refusals(values or {}, in_body=False)
+    if refused:
+        raise ConfigError("; ".join(refused))
+    return SamplingParams.from_mapping(values)
+
+
 def parse_params(
-    kind: str, params: Mapping[str, Any], *, callables: CallablePolicy | None = None
+    kind: str,
+    params: Mapping[str, Any],
+    *,
+    callables: CallablePolicy | None = None,
+    engine: str | None = None,
 ) -> JobParams:
     """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``infer_judge``, ``in_place``).
 
     :param callables: the ``callable`` judge targets that may be imported (checked before any import);
         ``None``, the default, allows every target: workers pass their own policy
         (``WorkerConfig.callable_policy()``, none allowed unless ``--allow-callable``).
+    :param engine: the engine that runs the job (a worker's): a field of ``params.sampling`` it does
+        not honour makes each record an error row naming it. ``params.sampling`` fields that no engine
+        honours, or not of their schemas, are refused whatever the engine. An ``llm`` judge asks it
+        for its verdict as a JSON schema where it honours structured outputs.
     """
     common: dict[str, Any] = {
         "chunk_size": _int(params, "chunk_size", DEFAULT_CHUNK, 1),
         "id_field": str(params.get("id_field", "id")),
         "round": _int(params, "round", 0, 0),
         "input_records": params.get("input_records"),
-        "truncation": TruncationPolicy.from_params(params),
         "raw": dict(params),
+        "truncation": TruncationPolicy.from_params(params),
     }
     if kind in ("infer", "infer_judge", "in_place"):
         template = params.get("prompt_template")
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
-        sampling = SamplingParams.from_mapping(params.get("sampling") or {})
         common["prompts"] = PromptBuilder(
-            template, system=params.get("system"), chat=bool(params.get("chat", True)), sampling=sampling
+            template,
+            system=params.get("system"),
+            chat=bool(params.get("chat", True)),
+            sampling=_sampling(params.get("sampling")),
+            engine=engine,
         )
     if kind in ("judge", "infer_judge", "in_place"):
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
-        common["judge"] = build_judge(params["judge"], callables=callables)
+        common["judge"] = build_judge(params["judge"], callables=callables, engine=engine)
         if kind == "in_place":
             require_judge_in_place(common["judge"].kind, what="an in_place job")
         below = params.get("review_below_score")

@@ -409,7 +409,10 @@ async def _pipelined(ctx: JobContext, process: Process, write: Write, resumed: R
 
 
 def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model: str, created: int) -> Record:
-    """One line of an OpenAI batch output file: ``{id, custom_id, response, error}``."""
+    """One line of an OpenAI batch output file: ``{id, custom_id, response, error}``, its body a chat
+    completion (``choices[*]``: ``index``, ``message``, ``logprobs``, ``finish_reason``) or a text
+    completion (``text`` for ``message``) with ``usage``, as OpenAI's are; ``logprobs`` is ``null``
+    (a body asking for them is refused: ``engines.sampling``)."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -436,10 +439,12 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": res.text},
+                    "logprobs": None,
                     "finish_reason": res.finish_reason,
                 }
             ],
             "usage": usage,
+            "system_fingerprint": None,
         }
     else:
         response_body = {
@@ -447,8 +452,9 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
             "object": "text_completion",
             "created": created,
             "model": body.get("model", model),
-            "choices": [{"index": 0, "text": res.text, "finish_reason": res.finish_reason}],
+            "choices": [{"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason}],
             "usage": usage,
+            "system_fingerprint": None,
         }
     return {
         "id": f"batch_req_{digest}",

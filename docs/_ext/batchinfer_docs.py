@@ -15,6 +15,9 @@ nodes directly (a table, or a literal block):
 - ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set;
 - ``batchinfer-desk-settings``: how much the review desk returns at once (``desk_bounds.DESK_SETTINGS``);
 - ``batchinfer-pool-network``: who may call a Kubernetes pool's workers (``limits.POOL_NETWORK_SETTINGS``);
+- ``batchinfer-sampling``: every field of a request body and of the ``sampling`` param, and the
+  engines that honour it (``engines.sampling.REQUEST_FIELDS``, which ``SamplingParams``, the engines'
+  declarations, the param's schema and help are derived from);
 - ``batchinfer-engine-metrics``: the engine's figures on a worker's ``/metrics``
   (``worker.metrics.ENGINE_METRICS``) and which engines report each (their ``stats()``).
 """
@@ -231,6 +234,14 @@ class PoolNetwork(_Generated):
         return [_table(header, rows)]
 
 
+class SamplingFields(_Generated):
+    def nodes(self) -> list[nodes.Node]:
+        from airflow_batchinfer.engines.sampling import reference_table
+
+        header, rows = reference_table()
+        return [_table(header, rows)]
+
+
 class EngineMetrics(_Generated):
     def nodes(self) -> list[nodes.Node]:
         from airflow_batchinfer.worker.metrics import ENGINE_METRICS, engine_reporting
@@ -252,4 +263,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("batchinfer-desk-settings", DeskSettings)
     app.add_directive("batchinfer-pool-network", PoolNetwork)
     app.add_directive("batchinfer-engine-metrics", EngineMetrics)
+    app.add_directive("batchinfer-sampling", SamplingFields)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -9,8 +9,9 @@ DAG's close task runs it."""
 from __future__ import annotations
 
 import json
+import random
 import re
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -260,9 +261,10 @@ def test_a_hash_collision_never_rejects_a_record() -> None:
 
 
 def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Spilled sorted runs and merges of at most FAN_IN files find the same shared hashes."""
+    """Spilled sorted runs and matches split in buckets of the hashes' leading bits (here 16 of
+    them: 408 lines, at most 50 entries matched at once) find the same shared hashes."""
     monkeypatch.setattr(ih, "SPILL_HASHES", 7)
-    monkeypatch.setattr(ih, "FAN_IN", 3)
+    monkeypatch.setattr(ih, "BUCKET_ENTRIES", 50)
     uris = []
     for k in range(8):  # eight "ranges" of 50 ids; "shared" in ranges 2 and 6
         ids = [f"k{k}-{i}" for i in range(50)] + (["shared"] if k in (2, 6) else [])
@@ -276,6 +278,29 @@ def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch
     assert ih.ENTRY.pack(ih.id_hash_bytes("k0-7"), 8) in entries
     assert list(ih.shared_hashes(uris, None)) == [(ih.id_hash_bytes("shared"), [(2, 51), (6, 51)])]
     assert ih.read_lines(uris[0], None) == 51
+
+
+@pytest.mark.parametrize("bucket_entries", [1 << 19, 1000, 37, 1])
+def test_shared_hashes_match_every_hash_two_files_hold_whatever_the_bucket_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, bucket_entries: int
+) -> None:
+    """Thirty files of random ids (repeated within and across files, some empty): the hashes found
+    in two or more files, with every place of each, in hash order, as a dict over all entries says,
+    in one bucket or split into many (a file's stretch of a bucket spans blocks, buckets are empty)."""
+    monkeypatch.setattr(ih, "BUCKET_ENTRIES", bucket_entries)
+    monkeypatch.setattr(ih, "MATCH_READ", 10 * ih.ENTRY.size)  # many blocks per file
+    rng = random.Random(7)
+    uris, places = [], defaultdict(list)
+    for k in range(30):
+        ids = [f"x{rng.randrange(3000)}" for _ in range(rng.randrange(0, 200))]
+        uri = str(tmp_path / f"r{k}.bin")
+        ih.write_hashes(uri, list(zip(ids, range(1, len(ids) + 1), strict=True)), lambda: 200, None)
+        uris.append(uri)
+        for line, v in enumerate(ids, 1):
+            places[ih.id_hash_bytes(v)].append((k, line))
+    expected = [(h, sorted(at)) for h, at in sorted(places.items()) if len({k for k, _ in at}) > 1]
+    assert len(expected) > 100
+    assert list(ih.shared_hashes(uris, None)) == expected
 
 
 def test_a_hash_file_unreadable_once_written_is_a_storage_error(

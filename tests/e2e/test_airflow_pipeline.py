@@ -261,6 +261,21 @@ def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: Loca
     first = docs[0]["shards"][0]["shard_id"]
     assert f"lane 0 of round-00: shard {first} (" in log, log[-3000:]
     assert f"lane 0 of round-00: shard {first} done in" in log, log[-3000:]
+    # round 0's close found the run finished: it wrote the tail's plan and the report and skipped
+    # the tail's tasks and the report task (none started); the pool teardown ran
+    states = {t["task_id"]: t["state"] for t in tis if t["map_index"] == -1}
+    folded = ("tail.plan", "tail.lanes", "tail.close", "report")
+    assert {t: states[t] for t in folded} == dict.fromkeys(folded, "skipped"), states
+    assert states["round_00.close"] == states["pool_teardown"] == "success", states
+    assert json.loads((root / "tail" / "plan.json").read_text())["stop"] == "max_rounds reached"
+    # the results asset's event, as the report task emits it, came through the close's alias
+    run_id = report_run_id(airflow, "e2e_lanes", "lanes")
+    events = airflow.api(
+        "GET", "/assets/events", params={"source_dag_id": "e2e_lanes", "source_run_id": run_id}
+    )
+    [event] = events["asset_events"]
+    assert event["source_task_id"] == "round_00.close" and event["uri"] == "x-batchinfer://e2e_lanes/results"
+    assert event["extra"] == {"results": str(root / "results"), "status": report["status"]}, event
 
 
 def report_run_id(af: LocalAirflow, dag_id: str, run_name: str) -> str:

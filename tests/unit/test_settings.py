@@ -239,6 +239,8 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         ("sampling", {"max_tokens": 0}),
         ("sampling", {"top_p": 0}),
         ("sampling", {"temperature": -1}),
+        ("sampling", {"x": 1}),  # a field no engine reads: refused, never dropped
+        ("sampling", {"n": 2}),
     ],
 )
 def test_the_schema_refuses_what_the_code_refuses(name: str, value: Any) -> None:
@@ -258,7 +260,7 @@ def test_the_schema_accepts_what_the_code_accepts() -> None:
     from airflow_batchinfer.dag_factory import RUN_SETTINGS, build_batch_inference_dag
 
     good = {
-        "sampling": {"max_tokens": 64, "temperature": 0.7, "top_p": 1, "seed": 7, "stop": ["\n"], "x": 1},
+        "sampling": {"max_tokens": 64, "temperature": 0.7, "top_p": 1, "seed": 7, "stop": ["\n"], "n": 1},
         "judge": {"type": "all", "judges": [{"type": "length", "min_chars": 1},
                                             {"type": "regex", "pattern": "^\\d+$"}]},
         "run_name": "eval-2026.11_30", "prompt_template": "Q: {{ question }}", "id_field": "custom_id",

@@ -18,6 +18,43 @@
   const app = document.getElementById("app");
   const statusLine = document.getElementById("status");
 
+  // ------------------------------------------------------------------------------ the theme
+  // Light or dark as the Airflow UI around the page is: its <html> carries the class "light" or
+  // "dark" (next-themes, storage key "theme", same origin: the page is its iframe); opened on its
+  // own, the UI's stored choice; else (and for "system") the browser's prefers-color-scheme, in CSS.
+  function hostTheme() {
+    const host = hostWindow();
+    if (host) {
+      const classes = host.document.documentElement.classList;
+      if (classes.contains("dark")) return "dark";
+      if (classes.contains("light")) return "light";
+    }
+    try {
+      const stored = window.localStorage.getItem("theme");
+      if (stored === "dark" || stored === "light") return stored;
+    } catch (e) {
+      // storage refused: the browser's preference
+    }
+    return null;
+  }
+
+  function applyTheme() {
+    const theme = hostTheme();
+    if (theme) document.documentElement.setAttribute("data-theme", theme);
+    else document.documentElement.removeAttribute("data-theme");
+  }
+
+  function followTheme() {
+    applyTheme();
+    window.addEventListener("storage", (event) => {
+      if (event.key === "theme") applyTheme();
+    });
+    const host = hostWindow();
+    if (host && host.MutationObserver) {
+      new host.MutationObserver(applyTheme).observe(host.document.documentElement, { attributes: true, attributeFilter: ["class"] });
+    }
+  }
+
   // ---------------------------------------------------------------------------- helpers
   // el("div", {class: "x", "data-testid": "y"}, child, "text", ...): strings become text nodes.
   function el(tag, attrs, ...children) {
@@ -140,7 +177,7 @@
         el("td", {}, gate.run_id),
         el("td", {}, gate.task_id),
         el("td", {}, gate.round === null ? "?" : String(gate.round)),
-        el("td", {}, gate.subject),
+        el("td", {}, gate.title || gate.subject),
         el("td", {}, gate.created_at || ""),
         el("td", {}, gate.assigned_users.map((u) => u.name).join(", ") || "anyone who may answer"),
         el("td", {}, gate.error ? el("span", { class: "error" }, gate.error) : ""),
@@ -184,6 +221,9 @@
     document.title = "Review desk: " + dagId + " / " + runId;
     say("Loading the gate…");
     const info = await api(gatePath(""));
+    // the run's name, its round and its DAG: never a storage path
+    const name = info.gate.run_name || runId;
+    document.title = "Review desk: " + name + (info.round === null ? "" : " · round " + info.round) + " · " + dagId;
     state.gate = info.gate;
     state.round = info.round;
     state.open = info.gate.open;
@@ -194,12 +234,14 @@
       el(
         "section",
         { class: "gate", "data-testid": "gate" },
-        el("h2", { "data-testid": "gate-subject" }, gate.subject),
+        el("h2", { "data-testid": "gate-subject" }, gate.title || gate.subject),
         el(
           "dl",
           {},
           el("dt", {}, "DAG run"),
           el("dd", { "data-testid": "gate-run" }, dagId + " / " + runId),
+          el("dt", {}, "run name"),
+          el("dd", { "data-testid": "gate-run-name" }, name),
           el("dt", {}, "gate"),
           el("dd", {}, gate.task_id + (gate.open ? " (waiting)" : " (answered or closed)")),
           el("dt", {}, "round under review"),
@@ -274,6 +316,7 @@
           parts.next,
           parts.pageInfo,
         ),
+        el("p", { class: "hint", "data-testid": "focus-hint" }, "Click a row, or press Enter on it, to review its samples one at a time (the focus view; ? lists its keys)."),
         el(
           "table",
           { class: "grid samples" },
@@ -669,10 +712,10 @@
         else state.selected.delete(key);
         renderSelection();
       });
-      parts.samples.appendChild(
-        el(
+      const index = state.samples.indexOf(sample);
+      const row = el(
           "tr",
-          { "data-testid": "sample-row", "data-sample-id": asText(sample.id) },
+          { "data-testid": "sample-row", "data-sample-id": asText(sample.id), tabindex: "0", class: decidedHere.has(key) ? "decided" : null },
           el("td", {}, box),
           el("td", { class: "mono" }, fieldText(sample, "id", "span", "sample-id")),
           el("td", { "data-testid": "sample-verdict" }, verdict(sample)),
@@ -681,8 +724,19 @@
           el("td", { "data-testid": "sample-attempts" }, asText(sample.attempts)),
           el("td", {}, fieldText(sample, "prompt", "pre", "sample-prompt")),
           el("td", {}, fieldText(sample, "output", "pre", "sample-output")),
-        ),
       );
+      row.addEventListener("click", (event) => {
+        if (event.target.closest("input, button, a, select, textarea, label")) return;
+        const picked = window.getSelection ? String(window.getSelection()) : "";
+        if (picked) return; // selecting text to copy, not opening the sample
+        openFocus(index);
+      });
+      row.addEventListener("keydown", (event) => {
+        if (event.key !== "Enter" || event.target !== row || focusOpen()) return;
+        event.preventDefault();
+        openFocus(index);
+      });
+      parts.samples.appendChild(row);
     }
     parts.selectAll.checked = state.samples.length > 0 && state.samples.every((s) => state.selected.has(JSON.stringify(s.id)));
     renderSelection();
@@ -752,9 +806,395 @@
     }
   }
 
+  // ---------------------------------------------------------------------- the focus view
+  // One sample at a time, over the samples the list shows (its page, or its random draw): its
+  // prompt (a chat prompt per role), output, verdict, reason and score, id and shard, and its
+  // attempts in the earlier rounds beside it. Keys (never while typing in a field): a accept, r
+  // retry, d drop, j / → next, k / ← previous, n the note, ? the keys, Esc back to the list.
+  // Decisions go through the list's API (POST decisions, ids: [this sample's id], the note).
+  const decidedHere = new Map(); // JSON of the id -> the action recorded from this page
+  const attemptsCache = new Map(); // JSON of the id -> the attempts answer
+  const focus = { index: -1, node: null, help: null, note: null, body: null, busy: false };
+  const KEYS = [
+    ["a", "accept this sample"],
+    ["r", "retry it (the next round)"],
+    ["d", "drop it (out of the run)"],
+    ["j or →", "next sample"],
+    ["k or ←", "previous sample"],
+    ["n", "write a note (saved with the next decision)"],
+    ["?", "show or hide these keys"],
+    ["Esc", "leave the note field; close these keys; back to the list"],
+  ];
+  const ROLES = ["system", "developer", "user", "assistant", "tool"];
+  const LONG_LINES = 14;
+  const LONG_CHARS = 1500;
+
+  function typing(target) {
+    if (!target || !target.closest) return false;
+    return Boolean(target.closest("input, textarea, select, [contenteditable=''], [contenteditable='true']"));
+  }
+
+  // A chat prompt as browse.py renders it: "[role]\ncontent" blocks, blank-line separated.
+  function chatParts(text) {
+    const head = new RegExp("^\\[(" + ROLES.join("|") + ")\\]\\n");
+    if (typeof text !== "string" || !head.test(text)) return null;
+    const split = new RegExp("\\n\\n(?=\\[(?:" + ROLES.join("|") + ")\\]\\n)");
+    return text.split(split).map((block) => {
+      const m = block.match(head);
+      return m ? { role: m[1], content: block.slice(m[0].length) } : { role: "", content: block };
+    });
+  }
+
+  // Text laid out for reading: JSON pretty-printed; ``` fences as monospace blocks; the rest
+  // wrapped. Only text nodes (el), whatever the text holds.
+  function layout(text) {
+    const box = el("div", { class: "text" });
+    const trimmed = text.trim();
+    if ((trimmed.startsWith("{") && trimmed.endsWith("}")) || (trimmed.startsWith("[") && trimmed.endsWith("]"))) {
+      try {
+        box.appendChild(el("pre", { class: "json", "data-testid": "json" }, JSON.stringify(JSON.parse(trimmed), null, 2)));
+        return box;
+      } catch (e) {
+        // not JSON: as text
+      }
+    }
+    const fence = /^```([^\n`]*)\n([\s\S]*?)^```[ \t]*$/gm;
+    let last = 0;
+    let m;
+    while ((m = fence.exec(text)) !== null) {
+      if (m.index > last) box.appendChild(el("div", { class: "prose" }, text.slice(last, m.index)));
+      box.appendChild(el("pre", { class: "code", "data-testid": "code", "data-lang": m[1].trim() || null }, m[2].replace(/\n$/, "")));
+      last = fence.lastIndex;
+    }
+    if (last < text.length) box.appendChild(el("div", { class: "prose" }, text.slice(last)));
+    return box;
+  }
+
+  // A long block folded to a few lines, with show more / show less.
+  function collapsible(content, text) {
+    const wrap = el("div", { class: "fold" }, content);
+    const lines = text.split("\n").length;
+    if (lines <= LONG_LINES && text.length <= LONG_CHARS) return wrap;
+    wrap.classList.add("folded");
+    const toggle = el("button", { type: "button", class: "more", "data-testid": "toggle-more", "aria-expanded": "false" }, "show more");
+    toggle.addEventListener("click", () => {
+      const folded = wrap.classList.toggle("folded");
+      toggle.textContent = folded ? "show more" : "show less";
+      toggle.setAttribute("aria-expanded", folded ? "false" : "true");
+    });
+    return el("div", {}, wrap, toggle);
+  }
+
+  // One text of a sample for the focus view: laid out, folded when long; a cut one says so and
+  // "show all" reads it whole (the field endpoint), laid out again.
+  function readable(sample, path, testid, round) {
+    const holder = el("div", { "data-testid": testid });
+    const value = sample[path];
+    function fill(text) {
+      clear(holder);
+      if (path === "prompt" && chatParts(text)) {
+        for (const part of chatParts(text)) {
+          holder.appendChild(
+            el("div", { class: "message role-" + (part.role || "none"), "data-testid": "message", "data-role": part.role }, el("div", { class: "role" }, part.role || "text"), collapsible(layout(part.content), part.content)),
+          );
+        }
+        return;
+      }
+      holder.appendChild(collapsible(layout(text), text));
+    }
+    if (value === null || value === undefined) {
+      holder.appendChild(el("p", { class: "hint" }, path === "prompt" ? "(the prompt could not be rendered: see the record)" : "(none)"));
+      return holder;
+    }
+    fill(asText(value));
+    const whole = (sample.truncated || {})[path];
+    if (typeof whole !== "number") return holder;
+    const note = el("span", { class: "truncated", "data-testid": "truncated" }, "truncated, " + whole.toLocaleString("en") + " bytes ");
+    const more = el("button", { type: "button", class: "show-all", "data-testid": "show-all" }, "show all");
+    more.addEventListener("click", () => {
+      more.disabled = true;
+      api(gatePath("/field" + params({ shard: sample.shard_id, position: sample.position, path: path, round: round })))
+        .then((data) => {
+          fill(asText(data.value));
+          note.textContent = "whole, " + data.bytes.toLocaleString("en") + " bytes";
+          more.remove();
+        })
+        .catch((error) => {
+          more.disabled = false;
+          fail(error);
+        });
+    });
+    return el("div", {}, holder, el("div", { class: "cut" }, note, more));
+  }
+
+  function verdictBadge(sample, testid) {
+    const v = verdict(sample);
+    return el("span", { class: "badge " + (v === "approved" ? "ok" : "bad"), "data-testid": testid }, v);
+  }
+
+  function keysHelp() {
+    const rows = KEYS.map(([key, what]) => el("tr", {}, el("td", {}, el("kbd", {}, key)), el("td", {}, what)));
+    const close = el("button", { type: "button", "data-testid": "shortcuts-close" }, "Close");
+    close.addEventListener("click", () => showHelp(false));
+    return el(
+      "div",
+      { class: "shortcuts", role: "dialog", "aria-label": "Keyboard shortcuts", "data-testid": "shortcuts", hidden: true },
+      el("h3", {}, "Keyboard shortcuts"),
+      el("table", { class: "grid" }, el("tbody", {}, rows)),
+      el("p", { class: "hint" }, "Keys do nothing while you type in a field (the note, the search). Decisions are recorded for this sample alone, through the same API as the list's."),
+      close,
+    );
+  }
+
+  function showHelp(on) {
+    if (!focus.help) return;
+    focus.help.hidden = !on;
+  }
+
+  function openFocus(index) {
+    if (index < 0 || index >= state.samples.length) return;
+    if (!focus.node) {
+      focus.note = el("textarea", { rows: "2", maxlength: "2000", placeholder: "note (n), saved with the next decision", "data-testid": "focus-note", "aria-label": "note" });
+      focus.note.addEventListener("keydown", (event) => {
+        if (event.key === "Escape") {
+          event.preventDefault();
+          event.stopPropagation();
+          focus.note.blur();
+        }
+      });
+      focus.body = el("div", { class: "focus-body", "data-testid": "focus-body" });
+      focus.help = keysHelp();
+      focus.node = el("div", { class: "focus", role: "dialog", "aria-modal": "true", "aria-label": "One sample", tabindex: "-1", "data-testid": "focus" }, focus.body, focus.help);
+      document.body.appendChild(focus.node);
+    }
+    focus.index = index;
+    focus.node.hidden = false;
+    document.body.classList.add("focusing");
+    renderFocus();
+    focus.node.focus();
+  }
+
+  function closeFocus() {
+    if (!focus.node || focus.node.hidden) return;
+    const index = focus.index;
+    focus.node.hidden = true;
+    showHelp(false);
+    document.body.classList.remove("focusing");
+    focus.index = -1;
+    renderSamples();
+    const rows = parts.samples.querySelectorAll("tr[data-testid=sample-row]");
+    if (rows[index]) rows[index].focus();
+  }
+
+  function focusOpen() {
+    return Boolean(focus.node && !focus.node.hidden);
+  }
+
+  function focusButton(text, key, testid, onClick, extra) {
+    const button = el("button", Object.assign({ type: "button", "data-testid": testid, title: "key: " + key }, extra || {}), text, " ", el("kbd", {}, key));
+    button.addEventListener("click", onClick);
+    return button;
+  }
+
+  function renderFocus() {
+    const sample = state.samples[focus.index];
+    if (!sample) return;
+    const key = JSON.stringify(sample.id);
+    clear(focus.body);
+    const cutId = typeof (sample.truncated || {}).id === "number";
+    const decided = decidedHere.get(key);
+    const nav = el(
+      "div",
+      { class: "focus-bar" },
+      focusButton("← Previous", "k", "focus-prev", () => step(-1)),
+      el("span", { class: "where", "data-testid": "focus-position" }, "sample " + (focus.index + 1) + " of " + state.samples.length + (state.mode === "browse" ? " on page " + state.cursors.length : " drawn")),
+      focusButton("Next →", "j", "focus-next", () => step(1)),
+      el("span", { class: "spacer" }),
+      focusButton("Keys", "?", "focus-keys", () => showHelp(focus.help.hidden)),
+      focusButton("Back to the list", "Esc", "focus-close", closeFocus),
+    );
+    const actions = ["accept", "retry", "drop"].map((action) =>
+      focusButton(label(action), action[0], "focus-" + action, () => focusDecide(action), { class: "decide " + action, disabled: !state.open || cutId || focus.busy }),
+    );
+    const noteButton = focusButton("Note", "n", "focus-note-button", () => focus.note.focus());
+    focus.note.disabled = !state.open;
+    focus.body.appendChild(nav);
+    focus.body.appendChild(
+      el(
+        "header",
+        { class: "focus-head" },
+        el("h2", { class: "mono", "data-testid": "focus-id" }, asText(sample.id)),
+        verdictBadge(sample, "focus-verdict"),
+        decided ? el("span", { class: "badge decided", "data-testid": "focus-decided" }, "recorded: " + label(decided)) : null,
+        el(
+          "dl",
+          { class: "facts" },
+          el("dt", {}, "shard"),
+          el("dd", { class: "mono", "data-testid": "focus-shard" }, asText(sample.shard_id) + " #" + asText(sample.position)),
+          el("dt", {}, "round"),
+          el("dd", {}, asText(sample.round)),
+          el("dt", {}, "attempts"),
+          el("dd", { "data-testid": "focus-attempts-count" }, asText(sample.attempts)),
+          el("dt", {}, "score"),
+          el("dd", { "data-testid": "focus-score" }, sample.score === null || sample.score === undefined ? "none" : asText(sample.score)),
+          el("dt", {}, "status"),
+          el("dd", {}, asText(sample.status) + (sample.error ? ": " + asText(sample.error) : "")),
+        ),
+      ),
+    );
+    focus.body.appendChild(
+      el(
+        "div",
+        { class: "decide-bar" },
+        actions,
+        noteButton,
+        focus.note,
+        !state.open ? el("span", { class: "hint" }, "The gate is not waiting: decisions are closed.") : null,
+        cutId ? el("span", { class: "hint" }, "Its id is too long to name: decide it with a filter on the list.") : null,
+      ),
+    );
+    focus.body.appendChild(
+      el(
+        "div",
+        { class: "focus-grid" },
+        el("section", { class: "pane" }, el("h3", {}, "Prompt"), readable(sample, "prompt", "focus-prompt", state.round)),
+        el(
+          "section",
+          { class: "pane" },
+          el("h3", {}, "Output"),
+          readable(sample, "output", "focus-output", state.round),
+          el("h3", {}, "Judge's reason"),
+          readable(sample, "reason", "focus-reason", state.round),
+        ),
+      ),
+    );
+    const record = el("details", { class: "record" }, el("summary", {}, "record fields"), el("pre", { "data-testid": "focus-record" }, JSON.stringify(sample.record || {}, null, 2)));
+    focus.body.appendChild(record);
+    const attempts = el("section", { class: "attempts", "data-testid": "focus-attempts" }, el("h3", {}, "Attempts, newest first"), el("p", { class: "hint" }, "Looking in the earlier rounds…"));
+    focus.body.appendChild(attempts);
+    loadAttempts(sample, attempts).catch((error) => {
+      clear(attempts);
+      attempts.appendChild(el("h3", {}, "Attempts, newest first"));
+      attempts.appendChild(el("p", { class: "error" }, "Attempts: " + (error && error.message ? error.message : String(error))));
+    });
+  }
+
+  function attemptColumn(sample, title, testid) {
+    return el(
+      "div",
+      { class: "attempt", "data-testid": testid, "data-round": asText(sample.round) },
+      el("h4", {}, title),
+      el("div", { class: "attempt-facts" }, verdictBadge(sample, "attempt-verdict"), " ", el("span", { class: "hint" }, "attempt " + asText(sample.attempts) + " · " + asText(sample.status) + (sample.score === null || sample.score === undefined ? "" : " · score " + asText(sample.score)))),
+      el("div", { class: "label" }, "reason"),
+      readable(sample, "reason", "attempt-reason", sample.round),
+      el("div", { class: "label" }, "output"),
+      readable(sample, "output", "attempt-output", sample.round),
+    );
+  }
+
+  async function loadAttempts(sample, box) {
+    const key = JSON.stringify(sample.id);
+    const current = latest("attempts");
+    let data = attemptsCache.get(key);
+    if (!data) {
+      data = await api(gatePath("/attempts/" + encodeURIComponent(asText(sample.id)) + params({ round: state.round })));
+      attemptsCache.set(key, data);
+    }
+    if (!current() || state.samples[focus.index] !== sample) return;
+    clear(box);
+    box.appendChild(el("h3", {}, "Attempts, newest first"));
+    const columns = el("div", { class: "attempt-grid", "data-testid": "attempt-columns" }, attemptColumn(sample, "round " + asText(sample.round) + " (under review)", "attempt"));
+    for (const earlier of data.attempts) columns.appendChild(attemptColumn(earlier, "round " + asText(earlier.round), "attempt"));
+    box.appendChild(columns);
+    let said = data.attempts.length ? "" : "No earlier attempt in the rounds before this one.";
+    if (!data.complete) {
+      said += " Stopped after reading " + data.rows_read.toLocaleString("en") + " rows (the desk's bound per lookup): rounds before " + (data.searched.length ? Math.min(...data.searched) : data.round) + " were not searched.";
+    }
+    if (said) box.appendChild(el("p", { class: "hint", "data-testid": "attempts-note" }, said.trim()));
+  }
+
+  async function step(delta) {
+    if (focus.busy) return;
+    const next = focus.index + delta;
+    if (next >= 0 && next < state.samples.length) {
+      focus.index = next;
+      renderFocus();
+      return;
+    }
+    if (state.mode !== "browse") {
+      say(delta > 0 ? "The last sample drawn: draw again, or browse." : "The first sample drawn.");
+      return;
+    }
+    if (delta > 0 && state.next !== null) {
+      state.cursors.push(state.next);
+    } else if (delta < 0 && state.cursors.length > 1) {
+      state.cursors.pop();
+    } else {
+      say(delta > 0 ? "The last sample of the round (with this filter)." : "The first sample.");
+      return;
+    }
+    focus.busy = true;
+    try {
+      await loadSamples();
+    } finally {
+      focus.busy = false;
+    }
+    if (!state.samples.length) return closeFocus();
+    focus.index = delta > 0 ? 0 : state.samples.length - 1;
+    renderFocus();
+  }
+
+  async function focusDecide(action) {
+    const sample = state.samples[focus.index];
+    if (!sample || focus.busy || !state.open) return;
+    if (typeof (sample.truncated || {}).id === "number") return;
+    const body = { action: action, ids: [sample.id], note: focus.note.value.trim(), round: state.round };
+    focus.busy = true;
+    say("Recording…");
+    try {
+      const result = await api(gatePath("/decisions"), { method: "POST", body: body });
+      decidedHere.set(JSON.stringify(sample.id), action);
+      focus.note.value = "";
+      say("Recorded: " + label(action) + " " + asText(sample.id) + ". " + plural(result.decisions, "decision") + " so far.", "ok");
+      loadDecisions().catch(fail);
+    } finally {
+      focus.busy = false;
+    }
+    if (focus.index < state.samples.length - 1) focus.index += 1; // on to the next sample
+    renderFocus();
+  }
+
+  document.addEventListener("keydown", (event) => {
+    if (!focusOpen() || event.defaultPrevented) return;
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (event.key === "Escape") {
+      event.preventDefault();
+      if (typing(event.target)) event.target.blur();
+      else if (!focus.help.hidden) showHelp(false);
+      else closeFocus();
+      return;
+    }
+    if (typing(event.target)) return; // a key typed into the note or any field is text
+    const run = {
+      a: () => focusDecide("accept"),
+      r: () => focusDecide("retry"),
+      d: () => focusDecide("drop"),
+      j: () => step(1),
+      ArrowRight: () => step(1),
+      k: () => step(-1),
+      ArrowLeft: () => step(-1),
+      n: () => focus.note.focus(),
+      "?": () => showHelp(focus.help.hidden),
+    }[event.key];
+    if (!run) return;
+    event.preventDefault();
+    Promise.resolve(run()).catch(fail);
+  });
+
   function fail(error) {
     say(error && error.message ? error.message : String(error), "error");
   }
 
+  followTheme();
   (dagId && runId ? showGate() : showGateList()).catch(fail);
 })();

@@ -25,7 +25,7 @@ from airflow_batchinfer.run.docs import Plan, write_run_config
 from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.run.lanes import Lane
 from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient
+from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient, tracked_client
 from tests.support.fake_jobs import make_run, plan_round
 
 URL = "http://w1:8000"
@@ -94,7 +94,8 @@ def test_with_an_aws_connection_the_lane_runs_in_the_task(run: Any, monkeypatch:
     seen: dict[str, Any] = {}
     monkeypatch.setattr(lanes_module, "storage_options_from_aws_conn", lambda conn: creds if conn else {})
 
-    async def drive(lane: Lane, run_root: str, client: TrackedPoolClient, **kw: Any) -> LaneDoc:
+    async def drive(lane: Lane, run_root: str, pool: Any, **kw: Any) -> LaneDoc:
+        client = tracked_client(pool, kw["client_args"])  # as drive_lane makes it
         seen.update(lane=lane, so=kw["so"], client_so=client.storage_options, token=client.token)
         doc = LaneDoc(round=0, slot="round-00", lane=lane.index, lanes=lane.count, finished=True)
         doc.shards = [LaneShard(shard_id="part-00000", records=10, state="done", claimed_at=1.0)]
@@ -140,7 +141,7 @@ def test_a_lane_stopped_in_its_task_names_the_shard_its_document_says_it_was_on(
     cfg, plan, _ = run
     sid = plan.shards[2]["shard_id"]
 
-    async def drive(lane: Lane, run_root: str, client: TrackedPoolClient, **kw: Any) -> LaneDoc:
+    async def drive(lane: Lane, run_root: str, pool: Any, **kw: Any) -> LaneDoc:
         doc = LaneDoc(round=0, slot="round-00", lane=lane.index, lanes=lane.count, claiming=sid)
         write_lane(RunLayout(cfg.run_root), doc)
         raise StorageError(f"{cfg.run_root}/round-00/claims: unreachable")

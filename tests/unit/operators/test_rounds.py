@@ -5,6 +5,7 @@ lane descriptors instead, and starts its lanes afresh."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -131,3 +132,39 @@ def test_planning_a_round_of_lanes_again_forgets_its_earlier_claims_and_lane_doc
     assert claim_shard(layout, 0, sid, lane=0)
     controller(cfg)._commit(cfg, plan, {}, {})
     assert claimed_shards(layout, 0) == {sid}
+
+
+class _EnginePool:
+    """The pool client's one call ``_start`` makes: what the pool runs."""
+
+    def __init__(self, engine: str) -> None:
+        self.answer = {"engine": engine, "model": "m"}
+
+    async def engine(self) -> dict[str, Any]:
+        return self.answer
+
+    async def aclose(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("where", ["run", "review"])
+def test_a_round_whose_sampling_its_pools_engine_does_not_honour_fails_before_its_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    asked = {"presence_penalty": 0.5}  # OpenAI's additive penalty: not in transformers' generate()
+    cfg = make_run(tmp_path, **({"sampling": asked} if where == "run" else {}))
+    plan = propose_slot(cfg, "round-00").plan
+    if where == "review":  # the plan's settings (what reviews changed) are what the round runs
+        plan.config = dataclasses.replace(cfg, sampling=asked)
+    op = controller(cfg)
+    held = {"engine": None}  # the pool itself: the fake client below answers for it
+    monkeypatch.setattr(RoundControllerOperator, "_hold_pools", lambda self, cfg, context, gate: held)
+    engines = {"vllm": _EnginePool("vllm"), "transformers": _EnginePool("transformers")}
+    monkeypatch.setattr(rounds.PoolClient, "for_pool", lambda pool, lease_id: engines[running])
+    context: Any = {"dag": type("D", (), {"dag_id": "d"}), "run_id": "r"}
+    running = "vllm"  # honours it: the round starts, recording what the pool runs
+    op._start(cfg, plan, context)
+    assert plan.engine == {"engine": "vllm", "model": "m"}
+    running = "transformers"
+    with pytest.raises(AirflowFailException, match=r"presence_penalty.*transformers"):
+        op._start(cfg, plan, context)

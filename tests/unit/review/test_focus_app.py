@@ -1,0 +1,222 @@
+"""The desk's focus view's API (issue 26 item 5), in Airflow's own api-server app at the seams of
+test_app.py: a run whose rounds 0 and 1 closed (the tail gate reviews round 1), so a sample of
+round 1 has an earlier attempt in round 0. ``GET attempts/{id}`` finds it (bounded: it reads at most
+``ATTEMPTS_ROW_BUDGET`` rows and says when it stopped short); a gate's ``title`` names the run, not
+its root; a decision's note is stored with it. The ``desk`` fixture is the browser tests' too
+(tests/e2e/test_desk_focus_browser.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("airflow", reason="needs the airflow extra")
+pytestmark = pytest.mark.airflow
+
+from airflow_batchinfer.review.browse import RoundView  # noqa: E402
+from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
+from airflow_batchinfer.run.jobs import round_kinds  # noqa: E402
+from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
+from tests.support.owners import write_owner  # noqa: E402
+from tests.unit.review import test_app as t  # noqa: E402
+
+HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
+JSON_OUTPUT = '{"answer": 42, "steps": ["add", "check"], "ok": false}'
+CODE_OUTPUT = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nThat is all."
+LONG_OUTPUT = "\n".join(f"line {i}: " + "words " * 12 for i in range(60))
+SYSTEM = "You are a careful grader."
+
+
+def output(n: int, r: int) -> str:
+    """What the model answered for record ``n`` in round ``r``: r01 hostile markup in round 0; r02
+    JSON, r04 a fenced code block, r07 a long text in both rounds."""
+    if n == 1:
+        return HOSTILE if r == 0 else "second try at 1"
+    special = {2: JSON_OUTPUT, 4: CODE_OUTPUT, 7: LONG_OUTPUT}
+    return special.get(n, f"answer {n}" if r == 0 else f"second try at {n}")
+
+
+def reason(n: int, r: int) -> str:
+    if n == 1:
+        return f"unsafe {HOSTILE}"
+    return f"wrong answer ({n})" if r == 0 else f"still wrong: expected {n}"
+
+
+def two_rounds(base: Path) -> RunConfig:
+    """30 records (a system message: chat prompts); round 0 approves ids divisible by 3 and rejects
+    the other 20; round 1 (those 20) approves ids divisible by 5 and rejects the other 16, each a
+    second attempt with another output and reason. Both rounds closed."""
+    cfg = make_run(base, review="every_round", max_rounds=3, system=SYSTEM)
+    write_run_config(cfg)
+    kind = round_kinds(cfg, "rounds")[-1]
+    for r, slot in enumerate(("round-00", "round-01")):
+        plan = plan_round(cfg, slot)
+        for shard in plan.shards:
+            ok, bad = [], []
+            for row in read_rows(shard["uri"]):
+                n = int(row["id"][1:])
+                row = {
+                    k: v
+                    for k, v in row.items()
+                    if k not in ("result", "status", "judgment", "attempts", "round")
+                }
+                if (n % 3 == 0) if r == 0 else (n % 5 == 0):
+                    ok.append({**row, "result": "fine", "status": "approved", "round": r,
+                               "judgment": {"approved": True}, "attempts": r + 1})  # fmt: skip
+                    continue
+                judgment = {"approved": False, "reason": reason(n, r), "score": round(n / 100 + r / 10, 2)}
+                bad.append({**row, "result": output(n, r), "status": "rejected", "judgment": judgment,
+                            "attempts": r + 1, "round": r})  # fmt: skip
+            finish_job(cfg, kind, r, shard, {"approved": ok, "rejected": bad},
+                       {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
+        close(cfg, plan)
+    return cfg
+
+
+ROUND1 = [f"r{i:02d}" for i in range(30) if i % 3 and i % 5]  # round 1's rejected rows
+
+
+@pytest.fixture(scope="module")
+def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
+    """The desk's app with one DAG run, ``multi``: its tail gate (open) reviews round 1."""
+    from airflow import settings
+    from airflow.api_fastapi import app as api_app
+    from airflow.utils import db
+    from airflow.utils.session import create_session
+    from fastapi.testclient import TestClient
+
+    from airflow_batchinfer.review.app import get_app
+
+    home = tmp_path_factory.mktemp("airflow")
+    passwords = home / "passwords.json"
+    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
+    env = {
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "AIRFLOW__CORE__AUTH_MANAGER": (
+            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+        ),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
+        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
+        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
+    }
+    roots = {"multi": two_rounds(tmp_path_factory.mktemp("multi")).run_root}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        settings.configure_vars()
+        settings.reconfigure_orm()
+        try:
+            db.initdb()
+            with create_session() as session:
+                t._add_dag(session)
+            # as an earlier release worded it (a path; the operator now names the run)
+            subject = f"Round 2: review 16 pending records ({roots['multi']})"
+            t.add_gate(
+                "multi", "tail.plan", {"run_root": roots["multi"], "aws_conn_id": None}, subject=subject
+            )
+            write_owner(roots["multi"], RunIdentity(t.DAG_ID, "multi"))
+            api_app.purge_cached_app()
+            get_app.cache_clear()
+            client = TestClient(api_app.create_app())
+            tokens = {}
+            for user in t.USERS:
+                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
+                assert r.status_code == 201, r.text
+                tokens[user] = r.json()["access_token"]
+            yield t.Desk(client, tokens, roots)
+        finally:
+            api_app.purge_cached_app()
+            get_app.cache_clear()
+    settings.configure_vars()
+    settings.reconfigure_orm()
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_attempts() -> None:
+    from airflow_batchinfer.review import app
+
+    app._attempts_cache.clear()
+
+
+def attempts(desk: t.Desk, sample_id: str, **params: Any) -> Any:
+    return desk.get("bob", t.gate_url("multi", f"/attempts/{sample_id}"), params=params)
+
+
+def test_the_gate_reviews_round_1_and_its_title_names_the_run_not_its_root(desk: t.Desk) -> None:
+    root = desk.roots["multi"]
+    body = desk.get("bob", t.gate_url("multi")).json()
+    assert body["round"] == 1
+    gate = body["gate"]
+    assert root in gate["subject"]  # an earlier release's subject, as Airflow stores it
+    assert root not in gate["title"] and gate["run_name"] == "run" == Path(root).name
+    assert gate["title"] == gate["subject"].replace(root, "run")
+    [listed] = desk.get("bob", "/batchinfer/api/gates").json()["gates"]
+    assert listed["title"] == gate["title"]
+    page = desk.get("bob", t.gate_url("multi", "/page"), params={"size": 50}).json()
+    assert sorted(s["id"] for s in page["samples"]) == ROUND1
+
+
+def test_a_samples_earlier_attempt_is_found_in_the_round_before(desk: t.Desk) -> None:
+    r = attempts(desk, "r01")
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["round"], body["id"], body["searched"], body["complete"]) == (1, "r01", [0], True)
+    [earlier] = body["attempts"]
+    assert (earlier["round"], earlier["attempts"], earlier["output"]) == (0, 1, HOSTILE)  # as text
+    assert earlier["reason"] == f"unsafe {HOSTILE}" and earlier["score"] == 0.01
+    assert earlier["prompt"].startswith(f"[system]\n{SYSTEM}\n\n[user]\n")  # rendered for that round
+    assert body["rows_read"] == 6  # round 0's first shard (r01 is there): the other two unread
+    # the sample under review is round 1's row: a different attempt
+    now = desk.get("bob", t.gate_url("multi", "/sample/r01")).json()["sample"]
+    assert (now["round"], now["attempts"], now["output"]) == (1, 2, "second try at 1")
+
+
+def test_an_id_with_no_earlier_rejected_row_has_no_attempts(desk: t.Desk) -> None:
+    body = attempts(desk, "r00").json()  # approved in round 0
+    assert (body["attempts"], body["complete"], body["searched"]) == ([], True, [0])
+    body = attempts(desk, "r01", round=0).json()  # round 0 has no round before it
+    assert (body["attempts"], body["searched"], body["rows_read"]) == ([], [], 0)
+    assert attempts(desk, "r01", round=2).status_code == 404  # round 2 has not closed
+
+
+def test_the_lookup_is_bounded_and_says_when_it_stopped_short(
+    desk: t.Desk, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from airflow_batchinfer.review import app
+
+    monkeypatch.setattr(app, "ATTEMPTS_ROW_BUDGET", 3)
+    body = attempts(desk, "r29").json()  # in round 0's last shard
+    assert (body["attempts"], body["complete"], body["searched"]) == ([], False, [])
+    assert 3 <= body["rows_read"] < 20 and body["row_budget"] == 3
+    app._attempts_cache.clear()
+    monkeypatch.setattr(app, "ATTEMPTS_ROW_BUDGET", 20)  # round 0's rejected rows: all of them
+    body = attempts(desk, "r29").json()
+    assert (len(body["attempts"]), body["complete"], body["rows_read"]) == (1, True, 20)
+
+
+def test_find_within_reads_shards_up_to_its_budget(desk: t.Desk) -> None:
+    view = RoundView(desk.roots["multi"], 0)
+    found, read, complete = view.find_within("r02", 1_000)
+    assert found is not None and found.output == JSON_OUTPUT and complete and read <= 7
+    assert view.find_within("r02", 0) == (None, 0, False)
+    missing, read, complete = view.find_within("nope", 1_000)
+    assert (missing, read, complete) == (None, 20, True)
+
+
+def test_a_decision_from_the_focus_view_keeps_its_note(desk: t.Desk) -> None:
+    url = t.gate_url("multi", "/decisions")
+    r = desk.post("alice", url, {"action": "drop", "ids": ["r07"], "note": "made up a source", "round": 1})
+    assert r.status_code == 201, r.text
+    assert r.json()["decision"]["note"] == "made up a source"
+    [stored] = desk.get("bob", url).json()["decisions"]
+    assert (stored["action"], stored["ids"], stored["note"], stored["by"]) == (
+        "drop", ["r07"], "made up a source", "alice",
+    )  # fmt: skip
