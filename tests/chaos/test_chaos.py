@@ -255,7 +255,9 @@ def test_task_process_killed_becomes_a_zombie_and_is_retried(
     again; or still running: followed) and the run completes.
     Operator: nothing; size ``task_instance_heartbeat_timeout`` to how fast you want this noticed."""
     af = chaos_airflow
-    run = start(af, chaos_root, "chaos_inline", "taskkill", 40, **SLOW)
+    # three shards a lane: the plan task starts each lane's first job, which may end before a busy
+    # machine starts the lane's task; its next shards run while the task runs
+    run = start(af, chaos_root, "chaos_inline", "taskkill", 120, **SLOW)
     victim, procs = _running_job_task(run, pools_dir, "chaos")
     shard = _running_shard(run, victim["map_index"])
     t_kill = time.monotonic()
