@@ -103,6 +103,14 @@ class DevAirflow:
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": f"{home}/logs",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            # a DAG whose file was parsed while its own row was not updated for this long is
+            # deactivated (a trigger then answers 404); on a busy 2-core machine the default 50 s
+            # deactivated live DAGs between two parses
+            "AIRFLOW__DAG_PROCESSOR__STALE_DAG_THRESHOLD": "600",
+            # parsing a DAG file took over 50 s (the default's kill) beside a second Airflow and a
+            # browser on 2 cores: a killed parse leaves its DAGs unparsed
+            "AIRFLOW__DAG_PROCESSOR__DAG_FILE_PROCESSOR_TIMEOUT": "180",
+            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "150",
             # each task waits up to this long for the scheduler's next pass (1 s by default)
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
             "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
