@@ -34,7 +34,9 @@ def chaos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("chaos")
 
 
-@pytest.fixture(scope="session")
+# The S3 server and the Airflow below serve test_chaos.py alone: module-scoped, they stop (with the
+# warm pools) before the later tiers start their own Airflow on the same 2 cores.
+@pytest.fixture(scope="module")
 def chaos_s3(chaos_root: Path) -> Iterator[S3Server]:
     server = start_seaweedfs(chaos_root / "seaweedfs", bucket=BUCKET)
     try:
@@ -43,7 +45,7 @@ def chaos_s3(chaos_root: Path) -> Iterator[S3Server]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chaos_airflow(chaos_root: Path, chaos_s3: S3Server) -> Iterator[LocalAirflow]:
     cache = chaos_root / "cache"
     af = LocalAirflow(
