@@ -195,10 +195,14 @@ class PromptBuilder:
         role: str = "infer",
         variables: Mapping[str, Any] | None = None,
         quick: bool = False,
+        candidate: int = 0,
     ) -> GenerationRequest:
         """The request for ``record``; :class:`PromptError` when it cannot be built. ``quick``: render
-        within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see :meth:`abuild`)."""
-        meta = {"record_id": request_id, "attempt": attempt, "role": role}
+        within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see :meth:`abuild`).
+        ``candidate``: which of the record's candidates a judge's request is about (metadata)."""
+        meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
+        if candidate:
+            meta["candidate"] = candidate
         if is_openai_batch(record):
             body = record["body"]
             chat = isinstance(body.get("messages"), list)

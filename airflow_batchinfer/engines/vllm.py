@@ -9,6 +9,9 @@ error result; only a dead engine raises. A structured output (``SamplingParams.s
 goes to vLLM as its ``StructuredOutputsParams``; a grammar or schema its backend rejects when the
 request is added is that request's error result too.
 
+``n`` candidates are vLLM's ``n`` (a result's ``choices``, in index order); ``logprobs`` are vLLM's
+(per position the sampled token's and the ``top_logprobs`` likeliest).
+
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
 No caller streams: the engine interface returns whole results.
@@ -28,7 +31,7 @@ import os
 import uuid
 from typing import Any
 
-from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
@@ -150,14 +153,17 @@ class VllmEngine(Engine):
             return GenerationResult.failed(f"vllm: {type(exc).__name__}: {exc}")
         if final is None or not final.outputs:
             return GenerationResult.failed("vllm returned no output")
-        out = final.outputs[0]
-        return GenerationResult(
-            out.text,
-            None,
-            len(final.prompt_token_ids or ()),
-            len(out.token_ids),
-            str(out.finish_reason or "stop"),
-        )
+        logprobs = request.sampling.logprobs
+        choices = [
+            Choice(
+                out.text,
+                str(out.finish_reason or "stop"),
+                len(out.token_ids),
+                _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+            )
+            for out in sorted(final.outputs, key=lambda o: o.index)
+        ]
+        return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
 
     async def close(self) -> None:
         if self._log_task is not None:
@@ -180,7 +186,8 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     """``vllm.SamplingParams``' arguments for ``s``: every field of it (vLLM honours them all, by the
     same names), empty sequences as ``None``, ``logit_bias`` as vLLM's ``{token id: bias}``,
     ``structured_outputs`` as the arguments of vLLM's ``StructuredOutputsParams`` (``{"json": schema}``,
-    ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM)."""
+    ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM), ``logprobs`` and
+    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
         value = getattr(s, name)
@@ -189,7 +196,31 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
         elif isinstance(value, StructuredOutput):
             value = value.as_json()
         args[name] = value
+    # vLLM's logprobs is the number of alternatives per token (0: the sampled token's alone)
+    top = args.pop("top_logprobs")
+    args["logprobs"] = top if s.logprobs else None
     return args
+
+
+def _logprobs(out: Any, top: int, tokenizer: Any) -> tuple[TokenLogprob, ...]:
+    """A vLLM ``CompletionOutput``'s log probabilities: per position the sampled token's, and the
+    ``top`` likeliest alternatives (vLLM's ``{token id: Logprob(logprob, rank, decoded_token)}``
+    holds them, ranks 1..top, and the sampled token with its own rank)."""
+
+    def text(token_id: int, lp: Any) -> str:
+        return str(lp.decoded_token if lp.decoded_token is not None else tokenizer.decode([token_id]))
+
+    tokens = []
+    for token_id, position in zip(out.token_ids, out.logprobs or (), strict=False):
+        ranked = sorted(
+            ((t, lp) for t, lp in position.items() if lp.rank is not None and lp.rank <= top),
+            key=lambda x: x[1].rank,
+        )
+        alternatives = tuple((text(t, lp), float(lp.logprob)) for t, lp in ranked)
+        tokens.append(
+            TokenLogprob(text(token_id, position[token_id]), float(position[token_id].logprob), alternatives)
+        )
+    return tuple(tokens)
 
 
 def _log_interval(value: Any) -> float | None:

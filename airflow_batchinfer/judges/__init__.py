@@ -3,6 +3,7 @@
 Spec examples::
 
     {"type": "llm", "template": "...", "max_tokens": 128}  # "verdict_schema": false: never a schema
+    {"type": "llm", "score": "logprob"}    # scored P(approve) from the verdict token's logprobs
     {"type": "expected_answer", "field": "answer", "match": "number"}
     {"type": "regex", "pattern": "^\\\\d+$"}
     {"type": "json_schema", "schema": {...}}
@@ -48,6 +49,7 @@ LLM_JUDGE_KEYS = frozenset(
         "seed",
         "stop",
         "verdict_schema",
+        "score",
     }
 )
 JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
@@ -92,6 +94,7 @@ def build_judge(
                 sampling=sampling,
                 engine=engine,
                 verdict_schema=verdict_schema,
+                score=args.get("score", "verdict"),
             )
         if kind == "human":
             if args:

@@ -32,6 +32,7 @@ class JudgeItem:
     result: str
     record_id: str
     attempt: int = 1
+    candidate: int = 0  # which of the record's candidates ``result`` is (judges.candidates)
 
 
 class Judge(abc.ABC):

@@ -9,6 +9,13 @@ On an engine that honours structured outputs (vLLM, and the openai engine, which
 judge asks for its verdict as :data:`VERDICT_SCHEMA`, so the model can only write a verdict (unless its
 ``sampling`` asks for a constraint of its own): :func:`asks_verdict_schema` decides, from the engine
 the job's worker runs (``parse_params(engine=)`` into ``build_judge``). The answer is parsed the same way.
+
+``score: logprob`` scores a verdict by the model's own probabilities instead of the number it wrote:
+the judge asks for each token's log probability with its 20 likeliest alternatives, finds the token
+of the verdict (the value of ``"approved"``, or the word APPROVED/REJECTED) and takes P(approve) =
+p(approve tokens) / (p(approve tokens) + p(reject tokens)) among that position's alternatives
+(:func:`approval_probability`). It feeds ``review_below_score`` and ``select: best_score`` like any
+score; an engine without logprobs (the simulated one) refuses it when the judge is built.
 """
 
 from __future__ import annotations
@@ -16,12 +23,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
-from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
-from airflow_batchinfer.engines.sampling import FIELDS
+from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams, TokenLogprob
+from airflow_batchinfer.engines.sampling import FIELDS, MAX_TOP_LOGPROBS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
@@ -122,6 +131,46 @@ def parse_verdict(text: str | None) -> Verdict:
     return Verdict(False, f"{INVALID}: {text.strip()[:200]!r}")
 
 
+SCORES = ("verdict", "logprob")  # the score a verdict carries: the one the model wrote, or P(approve)
+_JSON_VERDICT = re.compile(r'"approved"\s*:\s*(true|false)')
+_SIDES = {"json": ("true", "false"), "word": ("approved", "rejected")}
+
+
+def _side(token: str, words: tuple[str, str]) -> int | None:
+    """0 when ``token`` begins the approving word, 1 the rejecting one, ``None``: neither."""
+    word = token.strip().strip('"').lower()
+    if not word:
+        return None
+    return next((i for i, w in enumerate(words) if w.startswith(word)), None)
+
+
+def approval_probability(text: str, tokens: Sequence[TokenLogprob]) -> float | None:
+    """P(approve) at the verdict's token of ``text`` (generated as ``tokens``): the probability mass
+    of the alternatives that begin the approving value (``true``, APPROVED) over that of both values;
+    ``None`` when the text holds no verdict or its token is not found."""
+    match = _JSON_VERDICT.search(text)
+    kind, at = ("json", match.start(1)) if match else ("word", -1)
+    if match is None:
+        word = _WORDS.search(text)
+        if word is None:
+            return None
+        at = word.start()
+    offset = 0
+    for t in tokens:
+        end = offset + len(t.token)
+        if end > at:  # the token holding the verdict's first character
+            alternatives = t.top or ((t.token, t.logprob),)
+            mass = [0.0, 0.0]
+            for token, logprob in alternatives:
+                side = _side(token, _SIDES[kind])
+                if side is not None:
+                    mass[side] += math.exp(logprob)
+            total = mass[0] + mass[1]
+            return None if total == 0 else round(mass[0] / total, 4)
+        offset = end
+    return None
+
+
 class LLMJudge(Judge):
     """Asks a model (the worker's engine, through its shared batcher) for a verdict per record.
 
@@ -129,6 +178,8 @@ class LLMJudge(Judge):
     :param engine: the engine that answers (``None``: not known): where it honours structured outputs
         the verdict is asked for as :data:`VERDICT_SCHEMA` (:func:`asks_verdict_schema`).
     :param verdict_schema: ``False``: never ask for it (free text, parsed as on other engines).
+    :param score: ``verdict`` (the score the model wrote) or ``logprob`` (P(approve) from the
+        verdict token's log probabilities: :func:`approval_probability`).
     """
 
     kind = "llm"
@@ -141,11 +192,23 @@ class LLMJudge(Judge):
         sampling: SamplingParams | None = None,
         engine: str | None = None,
         verdict_schema: bool = True,
+        score: str = "verdict",
     ) -> None:
+        if score not in SCORES:
+            raise ConfigError(f"llm judge: score {score!r}: choose one of {', '.join(SCORES)}")
+        if score == "logprob" and engine is not None and not FIELDS["logprobs"].honoured_by(engine):
+            engines = ", ".join(FIELDS["logprobs"].engines)
+            raise ConfigError(
+                f"llm judge: score logprob reads the verdict token's log probabilities, which the {engine} "
+                f"engine does not give: judge on a pool whose engine does ({engines}), or remove score"
+            )
         sampling = sampling or SamplingParams(max_tokens=128, temperature=0.0)
         self.verdict_schema = asks_verdict_schema(engine, sampling, verdict_schema)
         if self.verdict_schema:
             sampling = SamplingParams.from_mapping({"structured_outputs": {"json": VERDICT_SCHEMA}}, sampling)
+        self.score = score
+        if score == "logprob":
+            sampling = replace(sampling, logprobs=True, top_logprobs=MAX_TOP_LOGPROBS)
         self.sampling = sampling
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
         self.template, self.system = template, system
@@ -171,11 +234,14 @@ class LLMJudge(Judge):
         if requests:
             results = await generate(requests)
             for i, result in zip(positions, results, strict=True):
-                verdicts[i] = (
-                    parse_verdict(result.text)
-                    if result.ok
-                    else Verdict(False, f"judge_error: {result.error}")
-                )
+                if not result.ok:
+                    verdicts[i] = Verdict(False, f"judge_error: {result.error}")
+                    continue
+                verdict = parse_verdict(result.text)
+                if self.score == "logprob" and not verdict.reason.startswith(INVALID):
+                    p = approval_probability(result.text or "", result.logprobs or ())
+                    verdict = replace(verdict, score=p)  # None: people decide (review_below_score)
+                verdicts[i] = verdict
         return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
 
     def _build_all(
@@ -203,6 +269,7 @@ class LLMJudge(Judge):
             "attempt": item.attempt,
             "role": "judge",
             "variables": {"result": item.result},
+            "candidate": item.candidate,
         }
         return record, kwargs
 
@@ -215,4 +282,6 @@ class LLMJudge(Judge):
         }
         if self.verdict_schema:  # asked for as VERDICT_SCHEMA (in sampling.structured_outputs too);
             described["verdict_schema"] = True  # absent: free text, and the description it always was
+        if self.score != "verdict":
+            described["score"] = self.score
         return described

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from airflow_batchinfer.judges import candidates
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
+    Candidates,
     Digest,
     FailedShard,
     Invariant,
@@ -201,6 +203,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         exhausted=exhausted,
         attempts=attempts,
         truncated=counts.get("truncated", 0),
+        candidates=_candidates(counts),
         repeated_ids=out_ids[REPEATED].count,
         approval_rate=round(approved / pending_records, 4) if pending_records else None,
         ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids
@@ -224,6 +227,11 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
             *named.values(),
         )
     return summary.to_json()  # what XCom carries: the stored form
+
+
+def _candidates(counts: dict[str, int]) -> Candidates | None:
+    found = candidates.stats(counts)
+    return None if found is None else Candidates.model_validate(found.as_json())
 
 
 def _named(lists: list[list[Any]]) -> list[Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
+from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
 from airflow_batchinfer.rpc.locate import (
@@ -36,6 +37,8 @@ class RunConfig:
     judge: dict[str, Any]
     system: str | None = None
     sampling: dict[str, Any] = field(default_factory=dict)
+    # with sampling n > 1: which judged candidates of a record reach results (judges.candidates)
+    select: str = DEFAULT_SELECT
     strategy: str = "rounds"
     max_rounds: int = 3
     max_attempts: int = 3
@@ -84,6 +87,7 @@ class RunConfig:
             raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
         if self.lanes < 0:
             raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
+        check_select(self.select)
         self._check_bounds()
         self._check_unreachable_grace()
         self.truncation()  # refuses a bad value, naming it
@@ -167,8 +171,13 @@ class RunConfig:
             "chunk_size": self.chunk_size,
             "id_field": self.id_field or "id",
             **review,
+            **self._select(),
             **self.truncation().params(),
         }
+
+    def _select(self) -> dict[str, Any]:
+        """``select`` as a job's param: none at the default (job ids and fingerprints as before)."""
+        return {} if self.select == DEFAULT_SELECT else {"select": self.select}
 
     @property
     def human_review(self) -> bool:
@@ -176,7 +185,12 @@ class RunConfig:
         return self.judge.get("type") == "human" or self.review_below_score is not None
 
     def in_place_params(self) -> dict[str, Any]:
-        return {**self.infer_params(), "judge": self.judge, "max_attempts": self.max_attempts}
+        return {
+            **self.infer_params(),
+            "judge": self.judge,
+            "max_attempts": self.max_attempts,
+            **self._select(),
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -10,6 +10,7 @@ from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
+from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
 
@@ -30,6 +31,8 @@ class JobParams:
     review_below: float | None = None
     checkpoint_every: int = 256
     checkpoint_interval_s: float = 5.0
+    # which of a record's candidates (sampling n > 1) reach results (judges.candidates)
+    select: str = DEFAULT_SELECT
     # what the judge step and retries do with completions cut at max_tokens
     truncation: TruncationPolicy = field(default_factory=TruncationPolicy)
     raw: Mapping[str, Any] = field(default_factory=dict)
@@ -100,6 +103,7 @@ def parse_params(
         ):
             raise ConfigError(f"params.review_below_score must be a number in [0, 1], got {below!r}")
         common["review_below"] = None if below is None else float(below)
+        common["select"] = check_select(params.get("select", DEFAULT_SELECT))
     if kind == "infer":
         fmt = params.get("output_format", "rows")
         if fmt not in ("rows", "openai"):

@@ -38,9 +38,9 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import JudgeItem, Verdict
+from airflow_batchinfer.judges import JudgeItem, Verdict, candidates
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.judges.truncation import LENGTH, retry_max_tokens, row_decision, with_max_tokens
@@ -185,10 +185,44 @@ class JobContext:
         return str(rid)
 
 
+# What a row says of its generation and verdict: a record retried carries its earlier ones, and a
+# new generation replaces them (a row has candidates and logprobs only when its own has).
+_GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs"})
+
+
 def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
-    row = {k: v for k, v in record.items() if k != "judgment"}
+    row = {k: v for k, v in record.items() if k not in _GENERATION_FIELDS}
     row.update(fields)
     return row
+
+
+def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[str, Any]:
+    """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
+    ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``logprobs`` (OpenAI's
+    ``logprobs.content``) when asked for; with ``n`` > 1 every candidate in ``candidates``
+    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``), which the judge
+    step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
+    fields: dict[str, Any] = {
+        "result": res.text,
+        "status": "ok" if res.ok else "error",
+        "error": res.error,
+        "finish_reason": res.finish_reason,
+        "max_tokens": request.sampling.max_tokens if request is not None else None,
+    }
+    if res.logprobs is not None:
+        fields["logprobs"] = [t.as_json() for t in res.logprobs]
+    if res.choices:  # n > 1 (n = 1: the result is its one candidate)
+        fields["candidates"] = [
+            {
+                "index": i,
+                "result": c.text,
+                "finish_reason": c.finish_reason,
+                "completion_tokens": c.completion_tokens,
+                **({"logprobs": [t.as_json() for t in c.logprobs]} if c.logprobs is not None else {}),
+            }
+            for i, c in enumerate(res.choices)
+        ]
+    return fields
 
 
 FIRST_CHUNK = 256  # records in a job's first chunk: enough for an engine batch to start on
@@ -236,18 +270,9 @@ class _Inference:
             if p.output_format == "openai":
                 rows.append(openai_batch_row(record, res, model=self.model, created=self.created))
             else:
-                rows.append(
-                    output_row(
-                        record,
-                        result=res.text,
-                        status="ok" if res.ok else "error",
-                        error=res.error,
-                        attempts=int(record.get("attempts") or 0) + 1,
-                        round=p.round,
-                        finish_reason=res.finish_reason,
-                        max_tokens=req.sampling.max_tokens if isinstance(req, GenerationRequest) else None,
-                    )
-                )
+                request = req if isinstance(req, GenerationRequest) else None
+                attempts = int(record.get("attempts") or 0) + 1
+                rows.append(output_row(record, **generated(res, request), attempts=attempts, round=p.round))
         return rows, counts
 
     async def __call__(self, chunk: list[Record], tally: Tally) -> list[Record]:
@@ -411,8 +436,9 @@ async def _pipelined(ctx: JobContext, process: Process, write: Write, resumed: R
 def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model: str, created: int) -> Record:
     """One line of an OpenAI batch output file: ``{id, custom_id, response, error}``, its body a chat
     completion (``choices[*]``: ``index``, ``message``, ``logprobs``, ``finish_reason``) or a text
-    completion (``text`` for ``message``) with ``usage``, as OpenAI's are; ``logprobs`` is ``null``
-    (a body asking for them is refused: ``engines.sampling``)."""
+    completion (``text`` for ``message``) with ``usage``, as OpenAI's are: a choice per candidate
+    (``n``), ``logprobs`` in the chat form (``{"content": [...]}``) or the completions form
+    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -429,33 +455,25 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
         "completion_tokens": res.completion_tokens,
         "total_tokens": res.prompt_tokens + res.completion_tokens,
     }
-    if "messages" in body or "body" not in record:
-        response_body: dict[str, Any] = {
-            "id": f"chatcmpl-{digest}",
-            "object": "chat.completion",
-            "created": created,
-            "model": body.get("model", model),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": res.text},
-                    "logprobs": None,
-                    "finish_reason": res.finish_reason,
-                }
-            ],
-            "usage": usage,
-            "system_fingerprint": None,
-        }
-    else:
-        response_body = {
-            "id": f"cmpl-{digest}",
-            "object": "text_completion",
-            "created": created,
-            "model": body.get("model", model),
-            "choices": [{"index": 0, "text": res.text, "logprobs": None, "finish_reason": res.finish_reason}],
-            "usage": usage,
-            "system_fingerprint": None,
-        }
+    chat = "messages" in body or "body" not in record
+    choices: list[dict[str, Any]] = []
+    for i, c in enumerate(res.candidates):
+        if chat:
+            logprobs = None if c.logprobs is None else {"content": [t.as_json() for t in c.logprobs]}
+            answer: dict[str, Any] = {"message": {"role": "assistant", "content": c.text}}
+        else:
+            logprobs = None if c.logprobs is None else _completion_logprobs(c.logprobs)
+            answer = {"text": c.text}
+        choices.append({"index": i, **answer, "logprobs": logprobs, "finish_reason": c.finish_reason})
+    response_body: dict[str, Any] = {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{digest}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": body.get("model", model),
+        "choices": choices,
+        "usage": usage,
+        "system_fingerprint": None,
+    }
     return {
         "id": f"batch_req_{digest}",
         "custom_id": custom_id,
@@ -464,38 +482,96 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     }
 
 
+def _completion_logprobs(tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
+    """The completions API's ``logprobs``: parallel lists, ``top_logprobs`` a ``{token: logprob}`` each."""
+    tokens = list(tokens)
+    offsets, at = [], 0
+    for t in tokens:
+        offsets.append(at)
+        at += len(t.token)
+    return {
+        "tokens": [t.token for t in tokens],
+        "token_logprobs": [t.logprob for t in tokens],
+        "top_logprobs": [dict(t.top) for t in tokens],
+        "text_offset": offsets,
+    }
+
+
 # ------------------------------------------------------------------------------------------ judge
+def _candidates(row: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """What the judge judges of ``row``: its ``candidates`` (``n`` > 1), else its one ``result``."""
+    found = row.get("candidates")
+    if isinstance(found, list) and found:
+        return found
+    return [row]
+
+
 async def _judge_rows(
     ctx: JobContext, rows: list[Record], tally: Tally | None = None
 ) -> list[tuple[Record, Verdict]]:
     """Verdicts for inferred rows; an errored inference is a rejection without asking the judge, and
     so is a truncated one unless ``truncated: judge`` (:mod:`~airflow_batchinfer.judges.truncation`).
-    A judge's tokens go to ``tally`` when given (a chunk's), else to the job's."""
-    assert ctx.params.judge is not None
-    verdicts: list[Verdict | None] = [None] * len(rows)
+    A row with candidates has each judged and comes back as the run's ``select`` chose
+    (:func:`_selected`), its verdict the chosen candidate's, the candidates counted. A judge's tokens
+    and those counts go to ``tally`` when given (a chunk's), else to the job's."""
+    p = ctx.params
+    assert p.judge is not None
+    verdicts: list[list[Verdict | None]] = []
     items, positions = [], []
     for i, row in enumerate(rows):
         if row.get("status") == "error" or row.get("result") is None:
-            verdicts[i] = Verdict(False, f"inference_error: {row.get('error')}")
+            verdicts.append([Verdict(False, f"inference_error: {row.get('error')}")])
             continue
-        truncation = row_decision(row, ctx.params.truncation)
-        if truncation.reject:  # half an answer: not worth the judge's tokens
-            verdicts[i] = Verdict(False, truncation.reason or "truncated")
-            continue
-        items.append(JudgeItem(row, str(row["result"]), ctx.record_id(row), int(row.get("attempts") or 1)))
-        positions.append(i)
+        mine: list[Verdict | None] = []
+        for c, candidate in enumerate(_candidates(row)):
+            probe = row if candidate is row else {**row, "finish_reason": candidate.get("finish_reason")}
+            truncation = row_decision(probe, p.truncation)
+            if truncation.reject:  # half an answer: not worth the judge's tokens
+                mine.append(Verdict(False, truncation.reason or "truncated"))
+                continue
+            mine.append(None)
+            attempt = int(row.get("attempts") or 1)
+            items.append(JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, candidate=c))
+            positions.append((i, c))
+        verdicts.append(mine)
     if items:
 
         async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
             return await ctx.generate(requests, tally=tally)
 
-        judged = await ctx.params.judge.judge(items, generate)
-        for i, verdict in zip(positions, judged, strict=True):
-            verdicts[i] = verdict
-    return [
-        (row, v if v is not None else Verdict(False, "invalid_judgment"))
-        for row, v in zip(rows, verdicts, strict=True)
-    ]
+        judged = await p.judge.judge(items, generate)
+        for (i, c), verdict in zip(positions, judged, strict=True):
+            verdicts[i][c] = verdict
+    out = []
+    counts = ctx.counts if tally is None else tally.counts
+    for row, found in zip(rows, verdicts, strict=True):
+        vs = [v if v is not None else Verdict(False, "invalid_judgment") for v in found]
+        if "candidates" not in row or len(vs) < 2:
+            out.append((row, vs[0]))
+            continue
+        selection = candidates.select(vs, p.select)
+        counts.update(candidates.counts(len(vs), selection))
+        out.append((_selected(row, vs, selection, p.select), vs[selection.chosen]))
+    return out
+
+
+def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Selection, how: str) -> Record:
+    """``row`` as ``selection`` chose: the chosen candidate's ``result``, ``finish_reason`` (and
+    ``logprobs``), its index as ``candidate``; ``candidates``, each with its ``judgment``: the kept
+    ones when approved with ``select: all``, none when approved otherwise, all when rejected."""
+    judged = [{**c, "judgment": v.as_dict()} for c, v in zip(row["candidates"], verdicts, strict=True)]
+    chosen = judged[selection.chosen]
+    out = {**row, "result": chosen["result"], "finish_reason": chosen.get("finish_reason")}
+    out["candidate"] = selection.chosen
+    if "logprobs" in chosen:
+        out["logprobs"] = chosen["logprobs"]
+    if not selection.ok:
+        out["candidates"] = judged
+    elif how == "all":
+        out["candidates"] = [judged[i] for i in selection.kept]
+    else:
+        del out["candidates"]
+    return out
 
 
 def _for_review(ctx: JobContext, verdict: Verdict) -> bool:
@@ -623,20 +699,11 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     await finish(row)
                     return
                 res = (await ctx.generate([request]))[0]
-                row = output_row(
-                    record,
-                    result=res.text,
-                    status="ok" if res.ok else "error",
-                    error=res.error,
-                    attempts=attempt,
-                    round=p.round,
-                    finish_reason=res.finish_reason,
-                    max_tokens=request.sampling.max_tokens,
-                )
+                row = output_row(record, **generated(res, request), attempts=attempt, round=p.round)
                 if res.finish_reason == LENGTH:
                     ctx.counts["truncated"] += 1  # attempts cut at max_tokens
                 least = row_decision(row, p.truncation).max_tokens  # the next attempt's, if any
-                ((_, verdict),) = await _judge_rows(ctx, [row])
+                ((row, verdict),) = await _judge_rows(ctx, [row])
                 row["judgment"] = verdict.as_dict()
                 if verdict.approved or attempt >= p.max_attempts:
                     row["status"] = "approved" if verdict.approved else "max_attempts"

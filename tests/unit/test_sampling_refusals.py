@@ -44,8 +44,8 @@ def test_a_body_field_the_engine_does_not_honour_is_that_records_prompt_error() 
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"n": 3}, "body field n=3"),
-        ({"logprobs": True, "top_logprobs": 2}, "body field logprobs=true"),
+        ({"best_of": 3}, "body field best_of=3"),
+        ({"echo": True}, "body field echo=true"),
         ({"response_format": {"type": "json_schema"}}, "body field response_format"),
         ({"guided_json": {}}, "body field guided_json is not a field"),
         ({"temperature": "hot"}, 'body field temperature="hot"'),
@@ -71,10 +71,12 @@ def test_each_records_fields_are_decided_on_their_own_values() -> None:
     b = PromptBuilder(None, engine="vllm")
     for value, refused in ((1, False), (True, True), (2, True), (1, False), ([1], True)):
         if refused:
-            with pytest.raises(PromptError, match=r"body field n="):
-                b.build(body(n=value), request_id="req-7")
+            with pytest.raises(PromptError, match=r"body field best_of="):
+                b.build(body(best_of=value), request_id="req-7")
         else:
-            assert b.build(body(n=value), request_id="req-7").sampling == SamplingParams()
+            assert b.build(body(best_of=value), request_id="req-7").sampling == SamplingParams()
+    assert b.build(body(n=2, temperature=0.5), request_id="r").sampling.n == 2  # honoured: its own value
+    assert b.build(body(n=1), request_id="r").sampling.n == 1
     assert b.build(body(stop=["a"]), request_id="r").sampling.stop == ("a",)
     assert b.build(body(stop=["b"]), request_id="r").sampling.stop == ("b",)
 
@@ -95,7 +97,7 @@ def test_the_jobs_sampling_the_engine_does_not_honour_makes_every_record_an_erro
 @pytest.mark.parametrize(
     ("sampling", "named"),
     [
-        ({"n": 2}, "sampling.n=2 is refused"),
+        ({"best_of": 2}, "sampling.best_of=2 is refused"),
         ({"stream": True}, "sampling.stream=true"),
         ({"max_tokenz": 5}, "sampling.max_tokenz is not a field of the sampling param"),
         ({"messages": []}, "sampling.messages is part of a request"),
@@ -124,8 +126,8 @@ def test_the_run_is_refused_for_the_pools_engine_naming_field_and_engine() -> No
 
 
 def test_an_llm_judges_sampling_object_is_checked_too() -> None:
-    with pytest.raises(ConfigError, match=r"llm judge: sampling\.logprobs=true is refused"):
-        build_judge({"type": "llm", "sampling": {"logprobs": True}}, callables=None)
+    with pytest.raises(ConfigError, match=r"llm judge: sampling\.echo=true is refused"):
+        build_judge({"type": "llm", "sampling": {"echo": True}}, callables=None)
     judge = build_judge({"type": "llm", "sampling": {"repetition_penalty": 1.1}}, callables=None)
     assert judge.describe()["sampling"]["repetition_penalty"] == 1.1  # type: ignore[attr-defined]
 

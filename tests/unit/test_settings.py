@@ -240,7 +240,7 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         ("sampling", {"top_p": 0}),
         ("sampling", {"temperature": -1}),
         ("sampling", {"x": 1}),  # a field no engine reads: refused, never dropped
-        ("sampling", {"n": 2}),
+        ("sampling", {"best_of": 2}),
     ],
 )
 def test_the_schema_refuses_what_the_code_refuses(name: str, value: Any) -> None:

@@ -48,6 +48,7 @@ from airflow_batchinfer.run.docs.jobs import (
 from airflow_batchinfer.run.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
 from airflow_batchinfer.run.docs.reviewed import review_applied, review_split
 from airflow_batchinfer.run.docs.summary import (
+    Candidates,
     FailedShard,
     Invariant,
     RepeatedIds,
@@ -69,6 +70,7 @@ __all__ = [
     "AcceptedDoc",
     "AcceptedJob",
     "BatcherDelta",
+    "Candidates",
     "Digest",
     "EngineTelemetry",
     "FailedShard",

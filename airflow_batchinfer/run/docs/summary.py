@@ -55,6 +55,18 @@ class WorkerTotals(BaseModel):
     tokens: float = 0.0
 
 
+class Candidates(BaseModel):
+    """A round's candidates (sampling ``n`` > 1, :mod:`~airflow_batchinfer.judges.candidates`): the
+    ``records`` judged with ``n`` each (in place: the attempts), how many of them had candidate i
+    approved (``approved_by_index[i]``), and pass@k for k = 1..n (``pass_at["k"]``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int
+    records: int
+    approved_by_index: list[int]
+    pass_at: dict[str, float]
+
+
 class Invariant(BaseModel):
     """A round's id check: ``planned`` rows, ``accounted`` for; the ids found lost, doubled or
     unexpected (up to 20 each) and the shards whose files were read (``opened``)."""
@@ -73,12 +85,22 @@ class Summary(RecordModel):
     """A round's ``summary.json``, written by its close. A ``rounds`` round has ``rejected``,
     ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
-    whose completion was cut at ``max_tokens``. ``ids``: the count and digest of each set's ids
+    whose completion was cut at ``max_tokens``; ``candidates``: approval per candidate index and pass@k
+    when records had several (sampling ``n``). ``ids``: the count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
     ``next_pending``). Fields with a default came after the first summaries (which have none)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"rejected", "inference_errors", "for_review", "next_pending", "exhausted", "attempts", "truncated"}
+        {
+            "rejected",
+            "inference_errors",
+            "for_review",
+            "next_pending",
+            "exhausted",
+            "attempts",
+            "truncated",
+            "candidates",
+        }
     )
 
     round: int
@@ -100,6 +122,7 @@ class Summary(RecordModel):
     exhausted: int | None = None
     attempts: int | None = None
     truncated: int | None = None
+    candidates: Candidates | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None

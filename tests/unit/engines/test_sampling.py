@@ -156,7 +156,11 @@ def test_sampling_params_carries_the_honoured_fields_and_engines_declare_theirs(
     assert set(PARAM_FIELDS) <= engine_class("vllm").honours()  # vLLM takes every sampling field
     assert {"presence_penalty", "frequency_penalty"}.isdisjoint(engine_class("transformers").honours())
     assert {"repetition_penalty", "top_k", "min_p", "min_tokens", "logit_bias"} <= honoured("transformers")
-    assert "n" not in honoured("vllm") and "n" not in honoured("openai")  # candidates: a later release
+    assert all("n" in honoured(e) for e in ENGINES)  # candidates: every engine
+    assert "best_of" not in honoured("vllm")  # n candidates, each judged, do it (a later release)
+    assert {"logprobs", "top_logprobs"} <= honoured("transformers") and "logprobs" not in honoured(
+        "simulated"
+    )
 
 
 def test_the_run_settings_sampling_schema_is_the_table() -> None:
@@ -166,7 +170,10 @@ def test_the_run_settings_sampling_schema_is_the_table() -> None:
     assert set(SAMPLING_PROPERTIES) == {f.name for f in REQUEST_FIELDS if not f.body_only}
     assert schema_takes("max_completion_tokens", 1) and not schema_takes("max_completion_tokens", 0)
     # what no engine honours, the trigger form takes only at its neutral values
-    assert schema_takes("n", 1, SAMPLING_PROPERTIES) and not schema_takes("n", 2, SAMPLING_PROPERTIES)
+    assert schema_takes("best_of", 1, SAMPLING_PROPERTIES) and not schema_takes(
+        "best_of", 2, SAMPLING_PROPERTIES
+    )
+    assert schema_takes("n", 4, SAMPLING_PROPERTIES) and not schema_takes("n", 0, SAMPLING_PROPERTIES)
     assert schema_takes("stream", False, SAMPLING_PROPERTIES)
     assert not schema_takes("stream", True, SAMPLING_PROPERTIES)
     assert schema_takes("presence_penalty", 1.5, SAMPLING_PROPERTIES)
@@ -179,7 +186,10 @@ def test_the_help_and_the_docs_table_derive_from_the_description() -> None:
     assert [r[0] for r in rows] == [f"``{f.name}``" for f in REQUEST_FIELDS] and len(header) == len(rows[0])
     cells = {r[0].strip("`"): r for r in rows}
     assert cells["presence_penalty"][3] == "``vllm``, ``openai``, ``simulated``; the others only ``0``"
-    assert cells["n"][3] == "none: only ``null``, ``1``" and cells["user"][3] == "all (no effect)"
+    assert cells["best_of"][3] == "none: only ``null``, ``1``" and cells["user"][3] == "all (no effect)"
+    assert cells["n"][3] == "all" and cells["logprobs"][3].startswith(
+        "``vllm``, ``transformers``, ``openai``"
+    )
     assert cells["temperature"][1] == "number in [0, 2]" and cells["top_p"][1] == "number in (0, 1]"
 
 
@@ -194,9 +204,10 @@ def test_a_review_gate_takes_the_sampling_params_bounds() -> None:
     ("values", "engine", "named"),
     [
         ({"presence_penalty": 0.5}, "transformers", ["presence_penalty=0.5", "transformers engine"]),
-        ({"n": 2}, "vllm", ["n=2", "only 1", "set it to 1"]),
+        ({"best_of": 2}, "vllm", ["best_of=2", "only 1", "set it to 1"]),
         ({"n": True}, "vllm", ["n=true", "not of type"]),  # a boolean is not the integer 1
-        ({"logprobs": True}, None, ["logprobs=true"]),
+        ({"logprobs": True}, "simulated", ["logprobs=true", "simulated engine"]),
+        ({"n": 0}, "vllm", ["n must be in [1, 128], got 0"]),
         (
             {"response_format": {"type": "json_object"}},
             "transformers",

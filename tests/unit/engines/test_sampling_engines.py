@@ -28,8 +28,22 @@ ASKED = {
 
 def test_vllm_gets_every_field_by_its_own_name() -> None:
     args = sampling_args(SamplingParams.from_mapping(ASKED))
-    assert set(args) == set(PARAM_FIELDS)
-    assert args == {**ASKED, "top_p": 1.0, "logit_bias": {7: 3.0}, "structured_outputs": None}
+    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs"}  # vLLM's logprobs is their number
+    assert args == {
+        **ASKED,
+        "top_p": 1.0,
+        "logit_bias": {7: 3.0},
+        "structured_outputs": None,
+        "n": 1,
+        "logprobs": None,
+    }
+    asked = sampling_args(
+        SamplingParams.from_mapping({"n": 3, "temperature": 1, "logprobs": True, "top_logprobs": 5})
+    )
+    assert (asked["n"], asked["logprobs"]) == (3, 5)
+    assert (
+        sampling_args(SamplingParams.from_mapping({"logprobs": True}))["logprobs"] == 0
+    )  # the chosen token's
     defaults = sampling_args(SamplingParams())
     assert (defaults["stop"], defaults["stop_token_ids"], defaults["logit_bias"]) == (None, None, None)
 
@@ -45,14 +59,21 @@ from vllm import SamplingParams
 from airflow_batchinfer.engines.base import SamplingParams as Ours
 from airflow_batchinfer.engines.vllm import sampling_args
 p = SamplingParams(**sampling_args(Ours.from_mapping(json.loads({json.dumps(json.dumps(ASKED))}))))
-print(json.dumps({{n: getattr(p, n) for n in {list(PARAM_FIELDS)!r}}}))
+print(json.dumps({{n: getattr(p, n) for n in {sorted(set(PARAM_FIELDS) - {"top_logprobs"})!r}}}))
 """
     done = subprocess.run(
         [str(VLLM_PYTHON), "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
     )
     assert done.returncode == 0, done.stderr[-3000:]
     built = json.loads(done.stdout.strip().splitlines()[-1])
-    assert built == {**ASKED, "top_p": 1.0, "logit_bias": {"7": 3.0}, "structured_outputs": None}
+    assert built == {
+        **ASKED,
+        "top_p": 1.0,
+        "logit_bias": {"7": 3.0},
+        "structured_outputs": None,
+        "n": 1,
+        "logprobs": None,
+    }
 
 
 async def test_the_openai_engine_passes_on_what_is_set_and_no_more() -> None:
@@ -84,9 +105,13 @@ async def test_the_simulated_engine_takes_every_field_it_declares() -> None:
     (out,) = await engine.generate(
         [GenerationRequest("1", prompt="p", sampling=SamplingParams.from_mapping(ASKED))]
     )
-    # every field but structured outputs: its answers are no text a constraint could hold
-    assert out.ok and engine.honours() >= set(PARAM_FIELDS) - {"structured_outputs"}
-    assert "structured_outputs" not in engine.honours()
+    # every field but structured outputs and logprobs: its answers are no model's text
+    assert out.ok and engine.honours() >= set(PARAM_FIELDS) - {
+        "structured_outputs",
+        "logprobs",
+        "top_logprobs",
+    }
+    assert {"structured_outputs", "logprobs"}.isdisjoint(engine.honours())
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +163,31 @@ def test_transformers_refuses_the_penalties_it_lacks_per_request(engine: Engine)
     )
     assert not out[0].ok and "presence_penalty is refused: the transformers engine" in (out[0].error or "")
     assert out[1].ok  # only the request that asked for it
+
+
+def test_transformers_gives_n_candidates_with_the_models_logprobs(engine: Engine) -> None:
+    import torch
+
+    tok = engine.tokenizer  # type: ignore[attr-defined]
+    greedy = run(engine, max_tokens=5, logprobs=True, top_logprobs=3)
+    assert greedy.choices == () and greedy.logprobs is not None  # n 1: the result is its one candidate
+    assert len(greedy.logprobs) == greedy.completion_tokens == 5
+    assert "".join(t.token for t in greedy.logprobs) == greedy.text
+    for t in greedy.logprobs:
+        # greedy picks the likeliest token: the first alternative, with the same log probability
+        assert len(t.top) == 3 and t.top[0] == (t.token, t.logprob) and t.logprob <= 0
+        assert [lp for _, lp in t.top] == sorted((lp for _, lp in t.top), reverse=True)
+    # the log probabilities are the model's own: one forward pass over prompt + answer
+    ids = tok("the answer is", return_tensors="pt")["input_ids"]
+    answer = tok(greedy.text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        logits = engine.model(torch.cat([ids, answer], dim=1)).logits[0]  # type: ignore[attr-defined]
+    scores = torch.log_softmax(logits[ids.shape[1] - 1], dim=-1)
+    assert abs(float(scores[answer[0, 0]]) - greedy.logprobs[0].logprob) < 1e-4
+    sampled = run(engine, max_tokens=8, n=4, temperature=1.0, seed=5, logprobs=True)
+    assert len(sampled.candidates) == 4 and len({c.text for c in sampled.candidates}) > 1
+    assert sampled.completion_tokens == sum(c.completion_tokens for c in sampled.candidates)
+    for c in sampled.candidates:  # each its own tokens' (sampled: not always the likeliest)
+        assert c.logprobs is not None and len(c.logprobs) == c.completion_tokens
+        assert all(t.logprob <= 0 and t.top == () for t in c.logprobs)
+    assert [c.logprobs for c in sampled.candidates] != [sampled.candidates[0].logprobs] * 4

@@ -1,0 +1,125 @@
+"""Candidates: with ``n`` > 1 a record has several answers, each judged; the run's ``select`` decides
+what reaches ``results/``, and a round counts approval per candidate index and pass@k.
+
+A record is still one row (the id invariant holds per record, whatever ``n`` is): approved when
+some candidate is, its ``result`` the chosen candidate's text and ``candidate`` its index.
+
+- ``first_approved`` (the default): the first approved candidate.
+- ``best_score``: the approved candidate with the highest score (unscored ones last; a tie: the
+  first), e.g. an llm judge's ``score: logprob``.
+- ``all``: every approved candidate (the row's ``candidates``), ``result`` the first of them.
+
+A rejected row keeps every candidate with its verdict (for people, and for the next round, which
+generates ``n`` new ones). The counts a job adds up (:func:`counts`) are plain counters, so they sum
+over chunks, jobs and shards like every other count; :func:`stats` reads them back for a round's
+summary: approval per candidate index, and pass@k for k = 1..n by the unbiased estimator
+``1 - C(n-c, k) / C(n, k)`` (c of a record's n candidates approved), averaged over records.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.base import Verdict
+
+SELECTS = ("first_approved", "best_score", "all")
+DEFAULT_SELECT = "first_approved"
+
+
+def check_select(value: object) -> str:
+    if value not in SELECTS:
+        raise ConfigError(f"select {value!r}: choose one of {', '.join(SELECTS)}")
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What ``select`` made of a record's verdicts: ``chosen`` (the candidate whose text is the row's
+    result: the first when none is approved), the ``approved`` indices and those results keep."""
+
+    chosen: int
+    approved: tuple[int, ...]
+    kept: tuple[int, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.approved)
+
+
+def select(verdicts: Sequence[Verdict], how: str = DEFAULT_SELECT) -> Selection:
+    """The selection of a record whose candidates got ``verdicts`` (in candidate order)."""
+    approved = tuple(i for i, v in enumerate(verdicts) if v.approved)
+    if not approved:
+        return Selection(0, (), ())
+    if how == "best_score":
+        best = max(approved, key=lambda i: (verdicts[i].score is not None, verdicts[i].score or 0.0, -i))
+        return Selection(best, approved, (best,))
+    if how == "all":
+        return Selection(approved[0], approved, approved)
+    return Selection(approved[0], approved, (approved[0],))
+
+
+# ------------------------------------------------------------------------------------------ counts
+_BY_INDEX = "candidate_{}_approved"
+_BY_RECORD = "records_{}_of_{}_approved"
+_BY_INDEX_RE = re.compile(r"^candidate_(\d+)_approved$")
+_BY_RECORD_RE = re.compile(r"^records_(\d+)_of_(\d+)_approved$")
+
+
+def counts(n: int, selection: Selection) -> dict[str, int]:
+    """A judged record's counts: each approved candidate index, and ``c`` of ``n`` approved."""
+    out = {_BY_INDEX.format(i): 1 for i in selection.approved}
+    out[_BY_RECORD.format(len(selection.approved), n)] = 1
+    return out
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that k of n candidates, drawn without replacement, include one of the c approved."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+@dataclass(frozen=True)
+class CandidateStats:
+    """A round's candidates: ``records`` judged with ``n`` each, ``approved_by_index[i]`` records
+    whose candidate i was approved, and ``pass_at[k]`` for k = 1..n."""
+
+    n: int
+    records: int
+    approved_by_index: tuple[int, ...]
+    pass_at: dict[int, float]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "n": self.n,
+            "records": self.records,
+            "approved_by_index": list(self.approved_by_index),
+            "pass_at": {str(k): v for k, v in self.pass_at.items()},
+        }
+
+
+def stats(totals: Mapping[str, int]) -> CandidateStats | None:
+    """The candidates' figures in a round's summed counts (``None``: no record had more than one)."""
+    by_record: dict[tuple[int, int], int] = {}
+    by_index: dict[int, int] = {}
+    for key, value in totals.items():
+        if m := _BY_RECORD_RE.match(key):
+            by_record[(int(m[1]), int(m[2]))] = by_record.get((int(m[1]), int(m[2])), 0) + int(value)
+        elif m := _BY_INDEX_RE.match(key):
+            by_index[int(m[1])] = int(value)
+    records = sum(by_record.values())
+    n = max((n for _, n in by_record), default=0)
+    if records == 0 or n < 2:
+        return None
+    pass_at = {}
+    for k in range(1, n + 1):
+        # a record with fewer than k candidates (n changed between rounds' plans: not in one round)
+        # counts as its own pass@n
+        total = sum(pass_at_k(rn, c, min(k, rn)) * count for (c, rn), count in by_record.items())
+        pass_at[k] = round(total / records, 4)
+    return CandidateStats(n, records, tuple(by_index.get(i, 0) for i in range(n)), pass_at)
