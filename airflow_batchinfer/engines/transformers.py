@@ -7,9 +7,9 @@ request on its own. The engine is total: a prompt that does not fit the context,
 template error or a generate failure on one element becomes that element's error result (a failing
 batch is retried element by element to find the culprit).
 
-``n`` candidates are ``n`` rows of the batch per request (greedy: ``n`` equal answers, as vLLM
-gives); ``logprobs`` are the model's own scores (``output_logits``, before any processor: vLLM's raw
-log probabilities), with the ``top_logprobs`` likeliest alternatives.
+``n`` candidates are ``n`` rows of the batch per request (sampled: ``SamplingParams`` refuses
+``n`` > 1 at temperature 0); ``logprobs`` are the model's own scores (``output_logits``, before any
+processor: vLLM's raw log probabilities), with the ``top_logprobs`` likeliest alternatives.
 
 Structured outputs (``structured_outputs``, ``response_format`` other than ``text``) are refused per
 request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
@@ -130,8 +130,7 @@ class TransformersEngine(Engine):
             return [r for t in texts for r in self._run_isolating([t], sampling, specials)]
 
     def _run(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
-        """One result per text: its ``n`` candidates are ``n`` rows of the batch (``generate()`` has
-        no ``num_return_sequences`` for greedy decoding, where vLLM gives ``n`` equal answers)."""
+        """One result per text: its ``n`` candidates are ``n`` rows of the batch."""
         import torch
 
         tok, n = self.tokenizer, sampling.n
@@ -154,12 +153,15 @@ class TransformersEngine(Engine):
             finish = "stop" if cut is not None else "length"
             ids = ids[:cut] if cut is not None else [t for t in ids if t != tok.pad_token_id]
             text = tok.decode(ids, skip_special_tokens=True)
+            whole = len(text)
             for stop in sampling.stop:
                 if stop in text:
                     text, finish = text[: text.index(stop)], "stop"
             logprobs = (
                 self._logprobs(out.logits, b, ids, sampling.top_logprobs) if sampling.logprobs else None
             )
+            if logprobs is not None and len(text) < whole:  # a stop string cut the text: its tokens
+                logprobs = _within(logprobs, len(text))
             choices.append(Choice(text, finish, len(ids), logprobs))
         masks = enc["attention_mask"]
         return [
@@ -228,3 +230,14 @@ class TransformersEngine(Engine):
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "dtype": self.dtype,
         }
+
+
+def _within(tokens: tuple[TokenLogprob, ...], chars: int) -> tuple[TokenLogprob, ...]:
+    """The first of ``tokens`` whose text fits in ``chars`` characters (a text cut at a stop string)."""
+    kept, length = [], 0
+    for t in tokens:
+        length += len(t.token)
+        if length > chars:
+            break
+        kept.append(t)
+    return tuple(kept)

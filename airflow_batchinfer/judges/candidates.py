@@ -29,6 +29,22 @@ from airflow_batchinfer.judges.base import Verdict
 SELECTS = ("first_approved", "best_score", "all")
 DEFAULT_SELECT = "first_approved"
 
+#: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
+#: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
+#: and which the review page shows as output, not as the record (``review.browse``).
+GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs"})
+
+
+def of(row: Mapping[str, object]) -> list[Mapping[str, object]] | None:
+    """The candidates a worker wrote into ``row`` (``n`` > 1): a list of at least two objects with
+    ``index`` and ``result``; ``None`` for anything else (a record's own field of that name)."""
+    found = row.get("candidates")
+    if not isinstance(found, list) or len(found) < 2:
+        return None
+    if all(isinstance(c, Mapping) and "index" in c and "result" in c for c in found):
+        return found
+    return None
+
 
 def check_select(value: object) -> str:
     if value not in SELECTS:
@@ -50,17 +66,34 @@ class Selection:
         return bool(self.approved)
 
 
-def select(verdicts: Sequence[Verdict], how: str = DEFAULT_SELECT) -> Selection:
-    """The selection of a record whose candidates got ``verdicts`` (in candidate order)."""
+def select(
+    verdicts: Sequence[Verdict],
+    how: str = DEFAULT_SELECT,
+    *,
+    review_below: float | None = None,
+    truncated: Sequence[bool] = (),
+) -> Selection:
+    """The selection of a record whose candidates got ``verdicts`` (in candidate order).
+
+    :param review_below: the run's ``review_below_score``: an approved candidate scored below it
+        would go to people, so the first one that passes on its own is chosen before it.
+    :param truncated: which candidates were cut at ``max_tokens``: with none approved, the first
+        truncated one is chosen (the row's ``finish_reason`` says so, and its retry gets more tokens).
+    """
     approved = tuple(i for i, v in enumerate(verdicts) if v.approved)
     if not approved:
-        return Selection(0, (), ())
+        cut = next((i for i, t in enumerate(truncated) if t), 0)
+        return Selection(cut, (), ())
     if how == "best_score":
         best = max(approved, key=lambda i: (verdicts[i].score is not None, verdicts[i].score or 0.0, -i))
         return Selection(best, approved, (best,))
-    if how == "all":
-        return Selection(approved[0], approved, approved)
-    return Selection(approved[0], approved, (approved[0],))
+
+    def passes(i: int) -> bool:
+        score = verdicts[i].score
+        return review_below is None or (score is not None and score >= review_below)
+
+    first = next((i for i in approved if passes(i)), approved[0])
+    return Selection(first, approved, approved if how == "all" else (first,))
 
 
 # ------------------------------------------------------------------------------------------ counts

@@ -12,10 +12,12 @@ the job's worker runs (``parse_params(engine=)`` into ``build_judge``). The answ
 
 ``score: logprob`` scores a verdict by the model's own probabilities instead of the number it wrote:
 the judge asks for each token's log probability with its 20 likeliest alternatives, finds the token
-of the verdict (the value of ``"approved"``, or the word APPROVED/REJECTED) and takes P(approve) =
-p(approve tokens) / (p(approve tokens) + p(reject tokens)) among that position's alternatives
-(:func:`approval_probability`). It feeds ``review_below_score`` and ``select: best_score`` like any
-score; an engine without logprobs (the simulated one) refuses it when the judge is built.
+of the verdict (the value of ``"approved"`` in the object it reads, or the word APPROVED/REJECTED)
+and takes P(approve) = p(approve tokens) / (p(approve tokens) + p(reject tokens)) among that
+position's alternatives (:func:`approval_probability`). The score is the model's confidence in the
+verdict it gave (P(approve) of an approval, 1 - P(approve) of a rejection), as ``review_below_score``
+reads a score, and so ``select: best_score`` ranks approvals by P(approve); an engine without
+logprobs (the simulated one) refuses it when the judge is built.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams, T
 from airflow_batchinfer.engines.sampling import FIELDS, MAX_TOP_LOGPROBS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
 
 INVALID = "invalid_judgment"
@@ -131,6 +134,7 @@ def parse_verdict(text: str | None) -> Verdict:
     return Verdict(False, f"{INVALID}: {text.strip()[:200]!r}")
 
 
+_NOT_PROMPTED = GENERATION_FIELDS | {"body", "result"}
 SCORES = ("verdict", "logprob")  # the score a verdict carries: the one the model wrote, or P(approve)
 _JSON_VERDICT = re.compile(r'"approved"\s*:\s*(true|false)')
 _SIDES = {"json": ("true", "false"), "word": ("approved", "rejected")}
@@ -144,11 +148,26 @@ def _side(token: str, words: tuple[str, str]) -> int | None:
     return next((i for i, w in enumerate(words) if w.startswith(word)), None)
 
 
+def _verdict_object_start(text: str) -> int:
+    """Where the JSON object :func:`parse_verdict` reads begins (0: none; the search starts there)."""
+    decoder = json.JSONDecoder()
+    for match in itertools.islice(re.finditer(r"\{", text[:MAX_VERDICT_CHARS]), MAX_OBJECT_STARTS):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict) and isinstance(value.get("approved"), bool):
+            return match.start()
+    return 0
+
+
 def approval_probability(text: str, tokens: Sequence[TokenLogprob]) -> float | None:
     """P(approve) at the verdict's token of ``text`` (generated as ``tokens``): the probability mass
     of the alternatives that begin the approving value (``true``, APPROVED) over that of both values;
-    ``None`` when the text holds no verdict or its token is not found."""
-    match = _JSON_VERDICT.search(text)
+    ``None`` when the text holds no verdict. The verdict is looked for in the tokens' own text, so
+    its position is a token's whatever the tokenizer's decoding made of spaces."""
+    text = "".join(t.token for t in tokens)
+    match = _JSON_VERDICT.search(text, _verdict_object_start(text))  # the object parse_verdict reads
     kind, at = ("json", match.start(1)) if match else ("word", -1)
     if match is None:
         word = _WORDS.search(text)
@@ -240,7 +259,10 @@ class LLMJudge(Judge):
                 verdict = parse_verdict(result.text)
                 if self.score == "logprob" and not verdict.reason.startswith(INVALID):
                     p = approval_probability(result.text or "", result.logprobs or ())
-                    verdict = replace(verdict, score=p)  # None: people decide (review_below_score)
+                    # the model's confidence in the verdict it gave (None: people decide, with
+                    # review_below_score); of an approval, P(approve)
+                    confidence = None if p is None else (p if verdict.approved else round(1 - p, 4))
+                    verdict = replace(verdict, score=confidence)
                 verdicts[i] = verdict
         return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
 
@@ -263,7 +285,8 @@ class LLMJudge(Judge):
 
     @staticmethod
     def _prompt_args(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
-        record = {k: v for k, v in item.record.items() if k != "body"}
+        # the record, not its generation: another candidate's answer or logprobs are not this one's
+        record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
         kwargs = {
             "request_id": item.record_id,
             "attempt": item.attempt,

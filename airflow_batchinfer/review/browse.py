@@ -32,6 +32,7 @@ import orjson
 
 from airflow_batchinfer.desk_bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
+from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
 from airflow_batchinfer.prompts import PromptBuilder
 from airflow_batchinfer.run.config import RunConfig
@@ -54,9 +55,11 @@ from airflow_batchinfer.storage.records import parse_record
 __all__ = ["FIELDS", "Page", "RoundView", "Sample", "ShardRows", "field_value", "matches", "trend"]
 
 # Fields a job adds to an input record (the rest of a row is the record as the round read it).
-OUTPUT_FIELDS = frozenset(
-    {"result", "status", "error", "judgment", "attempts", "round", "accepted_by_review"}
-) | {"finish_reason", "max_tokens"}  # how the generation ended, and its budget (judges.truncation)
+OUTPUT_FIELDS = (
+    frozenset({"result", "status", "error", "attempts", "round", "accepted_by_review"})
+    | {"finish_reason", "max_tokens"}  # how the generation ended, and its budget (judges.truncation)
+    | GENERATION_FIELDS  # its verdict, candidates and logprobs (judges.candidates)
+)
 MAX_PAGE = 1_000  # samples one page or one random sample returns at most
 DOC_THREADS = 16  # documents read at once (one per shard: object stores answer in parallel)
 _CURSOR = re.compile(r"^s(\d+):(\d+)$")

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS, refusals
+from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
@@ -149,6 +149,13 @@ class RunConfig:
         honour, named with the engines that do); ``None``: it can. :meth:`validate` refuses what no
         engine honours; this is for when the pool's engine is known (the pre-flight, a round's plan)."""
         refused = refusals(self.sampling, engine, in_body=False)
+        logprob_judge = self.judge_pool is None and self.judge.get("score") == "logprob"  # judged there too
+        if logprob_judge and not FIELDS["logprobs"].honoured_by(engine):
+            refused.append(
+                f"the llm judge's score logprob reads log probabilities, which the {engine} engine "
+                f"does not give: use an engine that does ({', '.join(FIELDS['logprobs'].engines)}), "
+                "or remove score"
+            )
         return "; ".join(refused) if refused else None
 
     def truncation(self) -> TruncationPolicy:

@@ -185,13 +185,10 @@ class JobContext:
         return str(rid)
 
 
-# What a row says of its generation and verdict: a record retried carries its earlier ones, and a
-# new generation replaces them (a row has candidates and logprobs only when its own has).
-_GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs"})
-
-
 def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
-    row = {k: v for k, v in record.items() if k not in _GENERATION_FIELDS}
+    """``record`` with a new generation's ``fields``: its earlier generation's are left out (a row
+    has candidates and logprobs only when its own generation has)."""
+    row = {k: v for k, v in record.items() if k not in candidates.GENERATION_FIELDS}
     row.update(fields)
     return row
 
@@ -499,11 +496,9 @@ def _completion_logprobs(tokens: Iterable[TokenLogprob]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------ judge
 def _candidates(row: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """What the judge judges of ``row``: its ``candidates`` (``n`` > 1), else its one ``result``."""
-    found = row.get("candidates")
-    if isinstance(found, list) and found:
-        return found
-    return [row]
+    """What the judge judges of ``row``: the candidates its generation wrote (``n`` > 1), else its
+    one ``result``."""
+    return candidates.of(row) or [row]
 
 
 async def _judge_rows(
@@ -544,13 +539,16 @@ async def _judge_rows(
             verdicts[i][c] = verdict
     out = []
     counts = ctx.counts if tally is None else tally.counts
+    people = isinstance(p.judge, HumanJudge)  # every verdict awaits a person: no candidate is approved yet
     for row, found in zip(rows, verdicts, strict=True):
         vs = [v if v is not None else Verdict(False, "invalid_judgment") for v in found]
-        if "candidates" not in row or len(vs) < 2:
+        if len(vs) < 2:
             out.append((row, vs[0]))
             continue
-        selection = candidates.select(vs, p.select)
-        counts.update(candidates.counts(len(vs), selection))
+        cut = [c.get("finish_reason") == LENGTH for c in _candidates(row)]
+        selection = candidates.select(vs, p.select, review_below=p.review_below, truncated=cut)
+        if not people:
+            counts.update(candidates.counts(len(vs), selection))
         out.append((_selected(row, vs, selection, p.select), vs[selection.chosen]))
     return out
 
@@ -559,7 +557,7 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     """``row`` as ``selection`` chose: the chosen candidate's ``result``, ``finish_reason`` (and
     ``logprobs``), its index as ``candidate``; ``candidates``, each with its ``judgment``: the kept
     ones when approved with ``select: all``, none when approved otherwise, all when rejected."""
-    judged = [{**c, "judgment": v.as_dict()} for c, v in zip(row["candidates"], verdicts, strict=True)]
+    judged = [{**c, "judgment": v.as_dict()} for c, v in zip(_candidates(row), verdicts, strict=True)]
     chosen = judged[selection.chosen]
     out = {**row, "result": chosen["result"], "finish_reason": chosen.get("finish_reason")}
     out["candidate"] = selection.chosen

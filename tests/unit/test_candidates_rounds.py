@@ -136,3 +136,25 @@ def test_select_is_refused_unless_known(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="select 'best'"):
         candidates_run(tmp_path, "best")
+
+
+def test_review_below_score_chooses_a_candidate_that_passes_and_people_see_the_rest(tmp_path: Path) -> None:
+    cfg = candidates_run(tmp_path, "first_approved", review_below_score=0.5)
+    summary = run_round(cfg)
+    layout = RunLayout(cfg.run_root)
+    approved, rejected = rows_in(layout.results), rows_in(layout.rejected_dir(0))
+    assert summary["invariant"]["ok"] and approved
+    assert all(r["judgment"]["score"] >= 0.5 for r in approved)
+    held = [r for r in rejected if r["judgment"].get("for_review")]
+    assert held and summary["for_review"] == len(held)
+    # an approval held for people had no approved candidate scored 0.5 or more
+    assert all(r["judgment"]["score"] < 0.5 for r in held if r["judgment"]["judge_approved"])
+
+
+def test_a_human_judge_sees_every_record_and_no_candidate_is_counted_approved(tmp_path: Path) -> None:
+    cfg = candidates_run(tmp_path, "first_approved", judge={"type": "human"})
+    summary = run_round(cfg)
+    assert summary["invariant"]["ok"] and summary["for_review"] == len(IDS) and summary["approved"] == 0
+    assert summary.get("candidates") is None  # verdicts awaiting people: no pass@k of 0 made up
+    rejected = rows_in(RunLayout(cfg.run_root).rejected_dir(0))
+    assert all(len(r["candidates"]) == N for r in rejected)  # people get every candidate

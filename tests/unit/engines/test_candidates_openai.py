@@ -93,3 +93,26 @@ def test_a_rows_fields_carry_logprobs_and_candidates_only_when_there_are() -> No
     assert [(c["index"], c["result"]) for c in fields["candidates"]] == [(0, "Hi"), (1, "Yo")]
     plain = generated(GenerationResult("Hi", finish_reason="stop"), GenerationRequest("1", prompt="p"))
     assert "logprobs" not in plain and "candidates" not in plain
+
+
+def test_vllms_logprobs_are_read_by_rank_leaving_out_the_sampled_token_it_adds() -> None:
+    from types import SimpleNamespace as NS
+
+    from airflow_batchinfer.engines.vllm import _logprobs
+
+    def lp(logprob: float, rank: int, text: str) -> NS:
+        return NS(logprob=logprob, rank=rank, decoded_token=text)
+
+    # position 0: the sampled token (id 9, rank 3) is not among the 2 likeliest; position 1: it is
+    out = NS(
+        token_ids=[9, 5],
+        logprobs=[
+            {9: lp(-3.0, 3, " c"), 1: lp(-0.5, 1, " a"), 2: lp(-1.0, 2, " b")},
+            {5: lp(-0.1, 1, "!"), 6: lp(-2.0, 2, "?")},
+        ],
+    )
+    got = _logprobs(out, 2, tokenizer=None)
+    assert got == (
+        TokenLogprob(" c", -3.0, ((" a", -0.5), (" b", -1.0))),
+        TokenLogprob("!", -0.1, (("!", -0.1), ("?", -2.0))),
+    )

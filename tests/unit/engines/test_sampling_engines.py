@@ -184,6 +184,9 @@ def test_transformers_gives_n_candidates_with_the_models_logprobs(engine: Engine
         logits = engine.model(torch.cat([ids, answer], dim=1)).logits[0]  # type: ignore[attr-defined]
     scores = torch.log_softmax(logits[ids.shape[1] - 1], dim=-1)
     assert abs(float(scores[answer[0, 0]]) - greedy.logprobs[0].logprob) < 1e-4
+    cut = run(engine, max_tokens=5, logprobs=True, stop=[greedy.text[-2:]])  # a stop string cuts the text
+    assert cut.logprobs is not None and len(cut.text) < len(greedy.text)
+    assert len("".join(t.token for t in cut.logprobs)) <= len(cut.text)  # and the tokens past it
     sampled = run(engine, max_tokens=8, n=4, temperature=1.0, seed=5, logprobs=True)
     assert len(sampled.candidates) == 4 and len({c.text for c in sampled.candidates}) > 1
     assert sampled.completion_tokens == sum(c.completion_tokens for c in sampled.candidates)

@@ -90,3 +90,61 @@ def test_greedy_candidates_are_refused_naming_the_remedy() -> None:
     with pytest.raises(ConfigError, match="set temperature above 0"):
         cfg.validate()
     assert SamplingParams(n=2, temperature=0.5).n == 2
+
+
+def test_select_prefers_a_candidate_that_passes_review_and_shows_a_truncated_one() -> None:
+    low, high = Verdict(True, "a", 0.2), Verdict(True, "b", 0.8)
+    assert select([low, high], review_below=0.5).chosen == 1  # the one people need not see
+    assert select([low, high], "all", review_below=0.5).kept == (0, 1)
+    assert select([low, low], review_below=0.5).chosen == 0  # none passes: the first approved
+    assert select([NO, NO, NO], truncated=[False, True, True]).chosen == 1  # its retry gets more tokens
+
+
+def test_only_the_candidates_a_worker_wrote_are_candidates() -> None:
+    from airflow_batchinfer.judges.candidates import of
+
+    worker = [{"index": 0, "result": "a"}, {"index": 1, "result": "b"}]
+    assert of({"candidates": worker}) == worker
+    for own in (["Ann", "Bob"], [{"name": "Ann"}, {"name": "Bob"}], [{"index": 0, "result": "a"}], "x"):
+        assert of({"candidates": own}) is None  # a record's own field of that name
+
+
+def test_the_logprob_verdict_is_the_object_the_judge_reads_and_scores_its_confidence() -> None:
+    import asyncio
+
+    from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+    from airflow_batchinfer.judges import JudgeItem
+
+    # the model echoes the template's example before its verdict: the example is not the verdict
+    echo = '{"approved": true or false} then '
+    verdict = '{"approved": false, "reason": "wrong"}'
+    tokens = toks(
+        (echo[:13], []), (echo[13:17], [("true", math.log(0.9)), ("false", math.log(0.1))]),
+        (echo[17:], []),
+        (verdict[:13], []), (verdict[13:19], [(" false", math.log(0.7)), (" true", math.log(0.3))]),
+        (verdict[19:], []),
+    )  # fmt: skip
+    text = echo + verdict
+    assert "".join(t.token for t in tokens) == text
+    assert approval_probability(text, tokens) == 0.3
+
+    async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
+        assert all(r.sampling.logprobs and r.sampling.top_logprobs == 20 for r in requests)
+        assert "other candidate" not in str(requests[0].messages)  # the record, not its generation
+        return [GenerationResult(text, logprobs=tuple(tokens))]
+
+    judge = build_judge({"type": "llm", "score": "logprob"}, callables=None, engine="vllm")
+    record = {"prompt": "q", "candidates": [{"index": 1, "result": "other candidate"}], "result": "x"}
+    (got,) = asyncio.run(judge.judge([JudgeItem(record, "an answer", "r1")], generate))
+    # a rejection, scored by the model's confidence in it: 1 - P(approve)
+    assert (got.approved, got.score) == (False, 0.7)
+
+
+def test_a_run_whose_pool_gives_no_logprobs_is_refused_a_logprob_judge() -> None:
+    from airflow_batchinfer.run.config import RunConfig
+
+    cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
+                    judge={"type": "llm", "score": "logprob"})  # fmt: skip
+    why = cfg.engine_refusal("simulated")
+    assert why is not None and "score logprob" in why and "simulated engine" in why
+    assert cfg.engine_refusal("vllm") is None
