@@ -549,8 +549,16 @@ def test_a_second_run_with_the_same_run_name_is_refused_while_the_first_lives(
     owner_before = Path(first.root, "owner.json").read_bytes()
     conf = af.api("GET", f"/dags/chaos_rounds/dagRuns/{first.run_id}")["conf"]
     second = Run(af, "chaos_rounds", af.trigger("chaos_rounds", conf), first.root, first.ids)
-    assert second.wait() == "failed"
+
+    def refused() -> list[dict[str, Any]]:
+        shard = ti_by_id(second.tis(), "shard")
+        return [shard] if shard is not None and shard["state"] == "failed" else []
+
+    # the refusal happens while the first run lives (checked then: on a busy machine the second
+    # run's later tasks may take longer than the first run has left)
+    wait_until(refused, 300, "the second run's shard task refused", poll_s=0.5)
     assert first.state() == "running", "the first run should still be running: make its jobs slower"
+    assert second.wait() == "failed"
     tis = second.tis()
     shard = ti_by_id(tis, "shard")
     assert shard is not None and shard["state"] == "failed" and shard["try_number"] == 1  # no retry

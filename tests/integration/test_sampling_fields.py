@@ -23,7 +23,7 @@ ASKS: dict[str, dict[str, Any]] = {
     "honoured": {"repetition_penalty": 1.3, "top_k": 3, "temperature": 0.8, "seed": 5, "min_tokens": 1},
     "no-op": {"user": "u-1", "metadata": {"team": "evals"}, "n": 1, "stream": False, "model": "gpt-4o"},
     "engine-refused": {"presence_penalty": 0.5},
-    "refused": {"n": 2},
+    "refused": {"best_of": 2},
     "unknown": {"guided_json": {"type": "object"}},
     "plain": {},
 }
@@ -88,7 +88,7 @@ def test_an_openai_batch_file_honours_or_refuses_each_field_per_record(
     assert all(out[name]["response"] is None for name in errors)
     assert errors["engine-refused"].startswith("record 'engine-refused': body field presence_penalty=0.5")
     assert "transformers engine does not honour it" in errors["engine-refused"]
-    assert errors["refused"].startswith("record 'refused': body field n=2 is refused")
+    assert errors["refused"].startswith("record 'refused': body field best_of=2 is refused")
     assert "set it to 1" in errors["refused"]
     assert "body field guided_json is not a field" in errors["unknown"]
 
@@ -105,7 +105,7 @@ def test_the_jobs_sampling_is_honoured_or_refused_too(tmp_path: Path, worker: Wo
         r["status"] == "error" and "the job's sampling.frequency_penalty is refused" in r["error"]
         for r in out
     )
-    spec.params["sampling"] = {"n": 4}
-    spec.job_id += "-n"
-    with pytest.raises(BadJobError, match=r"sampling\.n=4 is refused"):
+    spec.params["sampling"] = {"best_of": 4}
+    spec.job_id += "-best-of"
+    with pytest.raises(BadJobError, match=r"sampling\.best_of=4 is refused"):
         worker.submit(spec)
