@@ -100,9 +100,10 @@ MAX_VERDICT_CHARS = 16_384  # a verdict is short: what a longer output holds pas
 MAX_OBJECT_STARTS = 64  # each start is a decode attempt: a text of nested braces would be quadratic
 
 
-def _json_objects(text: str) -> list[Any]:
-    """The JSON objects that can be decoded starting at one of the first ``{`` in ``text`` (bounded:
-    judge output is model output, and this runs on the worker's event loop)."""
+def _json_objects(text: str) -> list[tuple[int, dict[str, Any]]]:
+    """The JSON objects, with where each starts, that can be decoded starting at one of the first
+    ``{`` in ``text`` (bounded: judge output is model output, and this runs on the worker's event
+    loop)."""
     decoder = json.JSONDecoder()
     found = []
     text = text[:MAX_VERDICT_CHARS]
@@ -112,14 +113,14 @@ def _json_objects(text: str) -> list[Any]:
         except (ValueError, RecursionError):  # broken, or nested deeper than the decoder goes
             continue
         if isinstance(value, dict):
-            found.append(value)
+            found.append((match.start(), value))
     return found
 
 
 def parse_verdict(text: str | None) -> Verdict:
     if not text or not text.strip():
         return Verdict(False, f"{INVALID}: empty output")
-    for obj in _json_objects(text):
+    for _, obj in _json_objects(text):
         approved = obj.get("approved")
         if isinstance(approved, bool):
             score = obj.get("score")
@@ -148,45 +149,31 @@ def _side(token: str, words: tuple[str, str]) -> int | None:
     return next((i for i, w in enumerate(words) if w.startswith(word)), None)
 
 
-def _verdict_object_start(text: str) -> int:
-    """Where the JSON object :func:`parse_verdict` reads begins (0: none; the search starts there)."""
-    decoder = json.JSONDecoder()
-    for match in itertools.islice(re.finditer(r"\{", text[:MAX_VERDICT_CHARS]), MAX_OBJECT_STARTS):
-        try:
-            value, _ = decoder.raw_decode(text, match.start())
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(value, dict) and isinstance(value.get("approved"), bool):
-            return match.start()
-    return 0
-
-
-def approval_probability(text: str, tokens: Sequence[TokenLogprob]) -> float | None:
-    """P(approve) at the verdict's token of ``text`` (generated as ``tokens``): the probability mass
+def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
+    """P(approve) at the verdict's token of an answer generated as ``tokens``: the probability mass
     of the alternatives that begin the approving value (``true``, APPROVED) over that of both values;
-    ``None`` when the text holds no verdict. The verdict is looked for in the tokens' own text, so
-    its position is a token's whatever the tokenizer's decoding made of spaces."""
+    ``None`` when the answer holds no verdict. The verdict (the value of ``"approved"`` in the object
+    :func:`parse_verdict` reads, else its word) is looked for in the tokens' own text, so its
+    position is a token's whatever the tokenizer's decoding made of spaces."""
     text = "".join(t.token for t in tokens)
-    match = _JSON_VERDICT.search(text, _verdict_object_start(text))  # the object parse_verdict reads
-    kind, at = ("json", match.start(1)) if match else ("word", -1)
-    if match is None:
-        word = _WORDS.search(text)
-        if word is None:
-            return None
-        at = word.start()
+    verdict = next((start for start, obj in _json_objects(text) if isinstance(obj.get("approved"), bool)), 0)
+    if match := _JSON_VERDICT.search(text, verdict):
+        at, words = match.start(1), _SIDES["json"]
+    elif word := _WORDS.search(text):
+        at, words = word.start(), _SIDES["word"]
+    else:
+        return None
     offset = 0
     for t in tokens:
-        end = offset + len(t.token)
-        if end > at:  # the token holding the verdict's first character
-            alternatives = t.top or ((t.token, t.logprob),)
+        offset += len(t.token)
+        if offset > at:  # the token holding the verdict's first character
             mass = [0.0, 0.0]
-            for token, logprob in alternatives:
-                side = _side(token, _SIDES[kind])
+            for token, logprob in t.top or ((t.token, t.logprob),):
+                side = _side(token, words)
                 if side is not None:
                     mass[side] += math.exp(logprob)
             total = mass[0] + mass[1]
             return None if total == 0 else round(mass[0] / total, 4)
-        offset = end
     return None
 
 
@@ -258,7 +245,7 @@ class LLMJudge(Judge):
                     continue
                 verdict = parse_verdict(result.text)
                 if self.score == "logprob" and not verdict.reason.startswith(INVALID):
-                    p = approval_probability(result.text or "", result.logprobs or ())
+                    p = approval_probability(result.logprobs or ())
                     # the model's confidence in the verdict it gave (None: people decide, with
                     # review_below_score); of an approval, P(approve)
                     confidence = None if p is None else (p if verdict.approved else round(1 - p, 4))

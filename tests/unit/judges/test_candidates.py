@@ -61,10 +61,10 @@ def test_the_verdict_tokens_alternatives_give_p_approve() -> None:
     )  # fmt: skip
     assert "".join(t.token for t in tokens) == text
     # the key's tokens ("appro") are not the verdict: the value's are; an unrelated one is left out
-    assert approval_probability(text, tokens) == round(0.6 / 0.9, 4)
+    assert approval_probability(tokens) == round(0.6 / 0.9, 4)
     words = toks(("REJECT", [("REJECT", math.log(0.8)), ("APPRO", math.log(0.2))]), ("ED: wrong", []))
-    assert approval_probability("REJECTED: wrong", words) == 0.2
-    assert approval_probability("no verdict here", toks(("no verdict here", []))) is None
+    assert approval_probability(words) == 0.2
+    assert approval_probability(toks(("no verdict here", []))) is None
 
 
 def test_score_logprob_is_refused_on_an_engine_without_logprobs_and_described() -> None:
@@ -126,7 +126,7 @@ def test_the_logprob_verdict_is_the_object_the_judge_reads_and_scores_its_confid
     )  # fmt: skip
     text = echo + verdict
     assert "".join(t.token for t in tokens) == text
-    assert approval_probability(text, tokens) == 0.3
+    assert approval_probability(tokens) == 0.3
 
     async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
         assert all(r.sampling.logprobs and r.sampling.top_logprobs == 20 for r in requests)
