@@ -6,6 +6,7 @@ import contextlib
 import os
 import posixpath
 import shutil
+from collections.abc import Iterable
 
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 
@@ -36,6 +37,21 @@ def remove(uri: str, so: StorageOptions | None) -> bool:
     with contextlib.suppress(FileNotFoundError):
         loc.fs.rm(loc.path)
     return True
+
+
+def remove_all(folder: str, names: Iterable[str], so: StorageOptions | None) -> None:
+    """Delete these files of ``folder``, those already gone included (one bulk request on S3)."""
+    paths = [resolve(join(folder, n), so).path for n in names]
+    if not paths:
+        return
+    loc = resolve(folder, so)
+    if loc.is_local:
+        for path in paths:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        loc.fs.rm(paths)
 
 
 def remove_others(folder: str, prefix: str, keep: set[str], so: StorageOptions | None) -> None:

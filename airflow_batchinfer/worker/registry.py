@@ -158,8 +158,11 @@ class JobRegistry:
             await asyncio.to_thread(
                 write_job_manifest, spec.outputs["manifest"], manifest, self.runtime.storage_options
             )
-            for cleanup in ctx.cleanup:
-                await asyncio.to_thread(cleanup)
+            for cleanup in ctx.cleanup:  # the manifest completes the job: tidying cannot fail it
+                try:
+                    await asyncio.to_thread(cleanup)
+                except Exception as exc:
+                    log.warning("job %s is complete, but tidying after it failed: %s", spec.job_id, exc)
             job.state = "succeeded"
         except asyncio.CancelledError:
             if job.drained:

@@ -22,10 +22,12 @@ byte concatenation of the chosen segments' files, so they hold exactly what the 
 completion manifest is what an undisturbed run writes (plus ``resumed_records`` and ``segments``).
 Each attempt marks itself live (``attempt-<attempt>.live``) before it lists the directory and
 unmarks itself when it ends. Once its manifest is written (``JobContext.cleanup``) an attempt deletes
-the directory only if no other attempt is marked live: a second copy of the job still running (an
-Airflow retry while the first runs elsewhere) reads its own and the others' files until it assembles.
-A killed attempt's mark stays, so the directory then waits for the round's close, which deletes a
-shard's segments once it settles the shard.
+the directory's documents, then its files, only while no other attempt is marked live
+(:meth:`SegmentLog.clear`): a second copy of the job still running (an Airflow retry while the first
+runs elsewhere) reads its own and the others' files until it assembles, and one starting meanwhile
+finds either the documents with their files kept for it, or neither. A killed attempt's mark stays,
+so the files then wait for the round's close, which deletes a shard's segments once it settles the
+shard.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.run.docs.io import Digest, DocModel, read_model
 from airflow_batchinfer.storage import confine, files
-from airflow_batchinfer.storage.atomic import AtomicSink
+from airflow_batchinfer.storage.atomic import AtomicSink, is_temp_name
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
@@ -281,8 +283,8 @@ class SegmentLog:
     def assemble(self, docs: Sequence[SegmentDoc], name: str, target: str) -> None:
         """Write output ``name`` at ``target`` (atomically): the bytes of the chosen segments' files
         for it, in chunk order (concatenated zstd frames are one valid stream; every reader reads
-        them all). A file gone since (another copy of the job finished and removed the directory)
-        fails the job: that copy's manifest completes it."""
+        them all). A file gone since (removed by the round's close, or by this attempt's own
+        :meth:`clear`) fails the job with the reason."""
         parts = [(d, d.outputs[name].file) for d in docs if d.outputs[name].file]
         if not parts:  # no rows: the empty file an undisturbed job writes
             JsonlFile(target, storage_options=self.so).writer_sync().commit()
@@ -300,10 +302,10 @@ class SegmentLog:
                 except FileNotFoundError as exc:
                     raise StorageError(
                         f"{self.key.what}: segment file {loc.uri} (chunk {doc.chunk}, attempt "
-                        f"{doc.attempt}) vanished before this attempt assembled its output: another copy "
-                        "of this job finished and removed its segments, and its completion manifest "
-                        "completes the job. Nothing to do if that manifest exists; otherwise resubmit the "
-                        "job (it recomputes the shard)"
+                        f"{doc.attempt}) vanished before this attempt assembled its output: the round's "
+                        "close settled the shard meanwhile, or the segments directory was deleted. Nothing "
+                        "to do if the job's completion manifest exists; otherwise resubmit the job (it "
+                        "recomputes the shard)"
                     ) from exc
         except BaseException:
             sink.abort()
@@ -323,14 +325,30 @@ class SegmentLog:
         files.remove(loc.uri, self.so)
 
     def clear(self) -> None:
-        """The job's manifest is written: unmark this attempt and delete the directory, unless
-        another attempt is marked live (it may still read files here; the last to finish deletes
-        it, or the round's close does)."""
+        """The job's manifest is written: unmark this attempt and delete what the directory held,
+        unless another attempt is marked live (it may still read files here; the last to finish
+        deletes them, or the round's close does). Documents go first, then, unless an attempt marked
+        itself live meanwhile, the files: an attempt that lists after the documents are gone chooses
+        none of them, and one that listed before is marked by the second look, so the files it chose
+        stay. Only what the first listing held is deleted (never a temporary file, such as another
+        attempt's mark being written): the directory is never removed whole while a copy that
+        starts now may be writing in it. Locally an empty directory stays for the round's close."""
         self.leave()
-        others = [n for n in self.names() if n.startswith("attempt-") and n.endswith(".live")]
+        held = [n for n in self.names() if not is_temp_name(n)]
+        if self._others_live(held):
+            return
+        docs = [n for n in held if _DOC_NAME.match(n)]
+        self._remove(docs)
+        if not self._others_live(self.names()):
+            self._remove(sorted(set(held) - set(docs)))
+
+    def _remove(self, names: list[str]) -> None:
+        for name in names:
+            self._loc(name)  # local: each path still inside the job's prefixes
+        files.remove_all(self.uri, names, self.so)
+
+    def _others_live(self, names: Iterable[str]) -> bool:
+        others = [n for n in names if n.startswith("attempt-") and n.endswith(".live")]
         if others:
             log.info("%s: segments kept for %d other live attempts: %s", self.key.what, len(others), self.uri)
-            return
-        loc = self._loc()
-        loc.fs.invalidate_cache(loc.path)  # every file, also those a cached listing does not know
-        files.remove_tree(self.uri, self.so)
+        return bool(others)

@@ -133,7 +133,8 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
                 w.submit(spec)
         for spec in specs:
             for w in workers:
-                assert w.wait(spec.job_id).state == "succeeded"
+                status = w.wait(spec.job_id)
+                assert status.state == "succeeded", status
     finally:
         for w in workers:
             w.stop()

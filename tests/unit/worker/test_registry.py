@@ -241,3 +241,26 @@ def test_a_succeeded_job_runs_again_once_its_manifest_is_gone(tmp_path: Path) ->
     # new, known (manifest there: answered from memory), new again (manifest gone)
     assert asyncio.run(main()) == [202, 200, 202]
     assert read_job_manifest(spec.outputs["manifest"]) is not None
+
+
+def test_a_job_whose_tidying_fails_after_its_manifest_still_succeeds(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """Deleting checkpoints or segments comes after the manifest, which completes the job: a
+    failure there is logged, and the job is not reported failed (nor retried by the operator)."""
+    from airflow_batchinfer.worker.checkpoints import CheckpointLog
+
+    def refuse(self: CheckpointLog) -> None:
+        raise OSError(13, "Permission denied", "checkpoints")
+
+    monkeypatch.setattr(CheckpointLog, "clear", refuse)
+    layout, s = shard(tmp_path)
+    spec = in_place_spec(layout, s, max_attempts=2)
+
+    async def body(runtime: Runtime) -> str:
+        registry = JobRegistry(runtime, concurrency=1)
+        await finish(registry, spec)
+        return registry.jobs[spec.job_id].state
+
+    assert with_runtime(body, latency_base_s=0.0) == "succeeded"
+    assert read_job_manifest(spec.outputs["manifest"]) is not None

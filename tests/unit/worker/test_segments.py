@@ -197,7 +197,7 @@ def test_a_lost_job_resumes_after_its_segments_and_writes_what_an_undisturbed_on
     got = rows_of(m)
     assert got == rows_of(expected)  # the same rows, in the same order
     assert sorted(r["id"] for rows in got.values() for r in rows) == [f"r{i:04d}" for i in range(N)]
-    assert not os.path.exists(spec.outputs["segments"])  # the manifest is written: they have served
+    assert not os.listdir(spec.outputs["segments"])  # the manifest is written: they have served
 
 
 def test_a_range_job_resumed_still_writes_its_complete_rejects_and_id_hashes(tmp_path: Path) -> None:
@@ -381,9 +381,9 @@ def test_a_chosen_segment_file_that_vanished_fails_the_assembly_with_the_reason(
     log = SegmentLog(str(seg), key(tmp_path), "t1", None)
     commit_all(log)
     docs = log.load()
-    log.clear()  # another copy of the job finished and removed the directory
+    log.clear()  # as the round's close would, or a person deleting the directory
     target = key(tmp_path).outputs["approved"]
-    with pytest.raises(StorageError, match="another copy of this job finished") as exc:
+    with pytest.raises(StorageError, match="the round's close settled the shard meanwhile") as exc:
         log.assemble(docs, "approved", target)
     assert "job j1 (shard part-00000)" in str(exc.value) and "chunk 0, attempt t1" in str(exc.value)
     assert not os.path.exists(target) and not os.listdir(os.path.dirname(target))  # no temp left
@@ -409,7 +409,39 @@ def test_a_finished_copy_leaves_the_segments_another_live_copy_still_reads(tmp_p
         r["id"] for rows in CHUNK_ROWS for r in rows if r["status"] == "approved"
     ]
     second.clear()
-    assert not seg.exists()
+    assert list(seg.iterdir()) == []  # the empty directory is the close's to remove
+
+
+def test_a_copy_that_starts_while_another_clears_keeps_the_segments_it_chose(tmp_path: Path) -> None:
+    """The second copy marks itself live and lists the directory just after the finishing first
+    copy listed it (no mark yet): the first deletes the documents, sees the mark, and keeps the
+    files the second chose. A copy listing after the documents are gone chooses nothing."""
+    seg = tmp_path / "seg"
+    first, second, third = (SegmentLog(str(seg), key(tmp_path), t, None) for t in ("t1", "t2", "t3"))
+    first.load()
+    commit_all(first)
+    listed = first.names
+    chosen: list[list[SegmentDoc]] = []
+
+    def names() -> list[str]:
+        held = listed()
+        if not chosen:
+            chosen.append(second.load())  # between the first's listing and its deletions
+        return held
+
+    first.names = names  # type: ignore[method-assign]
+    first.clear()
+    assert [d.attempt for d in chosen[0]] == ["t1"] * 4
+    assert not list(seg.glob("*.json")) and sorted(p.name for p in seg.glob("*.live")) == ["attempt-t2.live"]
+    assert third.load() == []  # no documents left to choose
+    third.leave()
+    target = key(tmp_path).outputs["approved"]
+    second.assemble(chosen[0], "approved", target)
+    assert [r["id"] for r in JsonlFile(target).iter_records()] == [
+        r["id"] for rows in CHUNK_ROWS for r in rows if r["status"] == "approved"
+    ]
+    second.clear()
+    assert list(seg.iterdir()) == []
 
     killed, later = (SegmentLog(str(seg), key(tmp_path), t, None) for t in ("t3", "t4"))
     killed.load()
