@@ -439,6 +439,13 @@ def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
             metavar="TARGET",
             help="a callable judge the workers may import: module:function, or a module: or package. prefix",
         )
+        p.add_argument(
+            flag("allowed_adapters"),
+            action="append",
+            default=[],
+            metavar="DIR",
+            help="a LoRA adapter directory the workers may load (one ending in / allows those under it)",
+        )
 
 
 def _backend(p: argparse.ArgumentParser, *, spec: bool, only_kubernetes: bool = False) -> None:
@@ -464,7 +471,9 @@ def _kubernetes(args: argparse.Namespace) -> Any:
     return commands
 
 
-def _pool_spec(args: argparse.Namespace, prefixes: list[str], callables: list[str]) -> Any:
+def _pool_spec(
+    args: argparse.Namespace, prefixes: list[str], callables: list[str], adapters: list[str]
+) -> Any:
     from airflow_batchinfer.pools import LocalPoolSpec
     from airflow_batchinfer.worker.settings import parse_options
 
@@ -478,6 +487,7 @@ def _pool_spec(args: argparse.Namespace, prefixes: list[str], callables: list[st
         allowed_prefixes=tuple(prefixes),
         target_batch_tokens=args.target_batch_tokens,
         allowed_callables=tuple(callables),
+        allowed_adapters=tuple(adapters),
     )
 
 
@@ -487,7 +497,7 @@ def _cmd_pool_up(args: argparse.Namespace) -> dict[str, Any]:
     if k8s := _kubernetes(args):
         return dict(k8s.up(args))
     pool = LocalPool(args.name)
-    urls = pool.up(_pool_spec(args, args.allow_prefix, args.allow_callable))
+    urls = pool.up(_pool_spec(args, args.allow_prefix, args.allow_callable, args.allow_adapter))
     return {"name": args.name, "workers": urls, "token_file": str(pool.dir / "token")}
 
 
@@ -547,9 +557,9 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         pool = kpool
     else:
         local = LocalPool(args.name)
-        # the run's own judge callables: whoever runs the CLI chose them
-        callables = callable_targets(cfg.judge)
-        local.up(_pool_spec(args, [args.run_root, parent(args.input)], callables), lease_id=lease)
+        # the run's own judge callables and adapters: whoever runs the CLI chose them
+        callables, adapters = callable_targets(cfg.judge), list(cfg.adapters.values())
+        local.up(_pool_spec(args, [args.run_root, parent(args.input)], callables, adapters), lease_id=lease)
         pool = local
     bars: dict[str, ProgressBar] = {}
 

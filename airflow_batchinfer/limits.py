@@ -65,6 +65,9 @@ SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("allowed_models", "names",
                  "models `model` may name besides the DAG's default (a path on the workers, or "
                  "`builtin:smollm2`; an entry ending in `/` allows a directory)"),
+    LimitSetting("allowed_adapters", "names",
+                 "LoRA adapter directories `adapters` may name besides the DAG default's (paths on the "
+                 "workers, compared as their real paths; an entry ending in `/` allows a directory)"),
     LimitSetting("allowed_engine_options", "names",
                  "`engine_options` keys a trigger may set besides those the DAG's default sets (keys "
                  "such as `trust_remote_code` or `base_url` only when listed)"),
@@ -222,6 +225,7 @@ class TriggerLimits:
     allowed_worker_pools: tuple[str, ...] = ()
     allowed_engines: tuple[str, ...] = ()
     allowed_models: tuple[str, ...] = ()
+    allowed_adapters: tuple[str, ...] = ()
     allowed_engine_options: tuple[str, ...] = ()
     allowed_images: tuple[str, ...] = ()
     allowed_storage_secrets: tuple[str, ...] = ()
@@ -313,6 +317,7 @@ def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
         allowed_worker_pools=tuple(v for v in [defaults.get("worker_pool")] if v),
         allowed_engines=tuple(v for v in [defaults.get("engine")] if v),
         allowed_models=tuple(v for v in [defaults.get("model")] if v),
+        allowed_adapters=tuple(_adapter_paths(defaults.get("adapters"))),
         allowed_engine_options=tuple(defaults.get("engine_options") or {}),
         allowed_images=(kube.get("image") or DEFAULT_IMAGE,),
         allowed_storage_secrets=tuple(v for v in [kube.get("storage_secret")] if v),
@@ -464,8 +469,8 @@ def refusals(
 ) -> list[str]:
     """Why a DAG run's ``params`` go beyond ``limits`` (empty: they do not). Only the params present
     are checked: ``input``, ``output_root``, ``run_name``, ``worker_pool``, ``engine``, ``model``,
-    ``engine_options``, ``judge``, ``replicas`` and ``kubernetes``. ``run_root``: the run root the
-    task rendered (``output_root`` plus the run's name), checked too. ``pool_is_connection``:
+    ``adapters``, ``engine_options``, ``judge``, ``replicas`` and ``kubernetes``. ``run_root``: the run
+    root the task rendered (``output_root`` plus the run's name), checked too. ``pool_is_connection``:
     ``worker_pool`` names a connection of type ``batchinfer_pool`` (which pins its own pool and is
     always allowed). The judge's own pool (``judge_pool`` and the other :data:`JUDGE_POOL_PARAMS`)
     is checked like the run's, against ``judge_limits`` (default: ``limits``; the judge pool
@@ -508,6 +513,8 @@ def refusals(
         out.append(f"engine {engine!r} is not the DAG's nor allowed (widen with {_where('allowed_engines')})")
     if model := params.get("model"):
         out += _model_refusals(str(model), limits.allowed_models)
+    for path in _adapter_paths(params.get("adapters")):
+        out += _model_refusals(path, limits.allowed_adapters, "adapter", "allowed_adapters")
     options = params.get("engine_options") or {}
     out += _secret_option_refusals(options)
     for key in (
@@ -676,21 +683,30 @@ def _resource_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list
     return out
 
 
-def _model_refusals(model: str, allowed: tuple[str, ...]) -> list[str]:
-    """Why ``model`` is refused: a local path compares as its normalised real path, by whole
-    segments (``/models/../etc`` is ``/etc``, not under ``/models/``); other references as written
-    (:func:`~airflow_batchinfer.worker.security.model_allows`, the workers' rules)."""
+def _model_refusals(
+    model: str, allowed: tuple[str, ...], what: str = "model", setting: str = "allowed_models"
+) -> list[str]:
+    """Why ``model`` (or an adapter's directory) is refused: a local path compares as its normalised
+    real path, by whole segments (``/models/../etc`` is ``/etc``, not under ``/models/``); other
+    references as written (:func:`~airflow_batchinfer.worker.security.model_allows`, the workers' rules)."""
     from airflow_batchinfer.worker.security import is_path_model, model_allows, normalize_model
 
-    widen = f"widen with {_where('allowed_models')}"
+    widen = f"widen with {_where(setting)}"
     try:
         if any(model_allows(e, model) for e in allowed):
             return []
         key = normalize_model(model)
     except ValueError as exc:  # no allow-list entry can bound it: the message says what to pass
-        return [f"model {exc}"]
+        return [f"{what} {exc}"]
     resolved = f" (it resolves to {key})" if is_path_model(model) and key != model.rstrip("/") else ""
-    return [f"model {model!r}{resolved} is not the DAG's nor allowed ({widen})"]
+    return [f"{what} {model!r}{resolved} is not the DAG's nor allowed ({widen})"]
+
+
+def _adapter_paths(adapters: Any) -> list[str]:
+    """The directories of an ``adapters`` param (a bad one is refused by the run's settings check)."""
+    if not isinstance(adapters, Mapping):
+        return []
+    return [str(p) for p in adapters.values() if isinstance(p, str) and p]
 
 
 def _secret_option_refusals(options: Any) -> list[str]:

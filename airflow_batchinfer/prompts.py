@@ -6,7 +6,8 @@ job's engine does not honour (or that no engine does, or an unknown one) makes t
 error naming it (:func:`~airflow_batchinfer.engines.sampling.refusals`), never a silent drop, and so
 does a field of the job's own sampling its engine does not honour. Any other record is
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
-whole record is also available as ``record``). Rendering errors are per-record errors. Templates
+whole record is also available as ``record``). A job's records pick their LoRA adapter by name
+(:mod:`~airflow_batchinfer.engines.adapters`). Rendering errors are per-record errors. Templates
 render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
 record's rendering may cost. A plain template (text and ``{{ field }}`` over text or integer fields)
 is filled in directly when the sandbox would render the same (otherwise the sandbox renders it, or
@@ -21,8 +22,10 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import Adapter, chosen
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.sampling import engine_refusal, refusals
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
@@ -133,6 +136,10 @@ class PromptBuilder:
     :param sampling: the job's sampling settings.
     :param engine: the engine that runs the requests (``None``: not known here, as for the review
         desk): what its records ask for is refused per record when that engine does not honour it.
+    :param adapters: the run's LoRA adapters by name: a record's ``adapter`` field (an OpenAI batch
+        body's ``model``) picks the one that answers it (:func:`~airflow_batchinfer.engines.adapters.chosen`),
+        and one naming none of them is that record's error. ``None`` (a judge's prompts, the desk's):
+        the base model answers, whatever the record says.
     """
 
     def __init__(
@@ -143,6 +150,7 @@ class PromptBuilder:
         chat: bool = True,
         sampling: SamplingParams | None = None,
         engine: str | None = None,
+        adapters: Mapping[str, Adapter] | None = None,
     ) -> None:
         if template is not None:
             compile_template(template)  # fail fast on a syntax error: that is the job's error
@@ -152,6 +160,7 @@ class PromptBuilder:
         self.chat = chat
         self.sampling = sampling or SamplingParams()
         self.engine = engine
+        self.adapters = None if adapters is None else dict(adapters)
         # a field of the job's sampling its engine does not honour: every templated record's error
         self._refused = self._engine_refusal(self.sampling)
         self._decided: dict[tuple[tuple[str, type, Any], ...], SamplingParams | str] = {}  # _sampling_key
@@ -203,6 +212,24 @@ class PromptBuilder:
         meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
         if candidate:
             meta["candidate"] = candidate
+        request = self._request(record, request_id, attempt, meta, variables, quick)
+        if self.adapters is None:
+            return request
+        try:
+            adapter = chosen(record, self.adapters)
+        except ValueError as exc:
+            raise PromptError(f"record {request_id!r}: {exc}") from None
+        return request if adapter is None else replace(request, adapter=adapter)
+
+    def _request(
+        self,
+        record: Mapping[str, Any],
+        request_id: str,
+        attempt: int,
+        meta: dict[str, Any],
+        variables: Mapping[str, Any] | None,
+        quick: bool,
+    ) -> GenerationRequest:
         if is_openai_batch(record):
             body = record["body"]
             chat = isinstance(body.get("messages"), list)

@@ -406,6 +406,17 @@ def candidate_lines(rounds: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def adapter_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """Approval per LoRA adapter, per round whose records named adapters (the summary's ``adapters``)."""
+    found = [(s["round"], name, a) for s in rounds for name, a in (s.get("adapters") or {}).items()]
+    if not found:
+        return []
+    out = ["", "## Adapters", "", "| round | adapter | approved | rejected | approval |", "|" + " --- |" * 5]
+    for r, name, a in found:
+        out.append(f"| {r} | {name} | {a['approved']} | {a['rejected']} | {a['approval_rate']:.1%} |")
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -433,6 +444,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{s['job_seconds']} |"
         )
     lines += candidate_lines(report["rounds"])
+    lines += adapter_lines(report["rounds"])
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
     if by_lanes:
         lines += ["", "## Shards by lane"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS
@@ -297,6 +298,18 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         "sample on the review page between rounds",
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON",
+    ),
+    _run(
+        "adapters", "object", {},
+        'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
+        "record's adapter field (an OpenAI batch body's model) picks the one that answers it; the summary "
+        "and the report give approval per adapter. vllm pools need the engine option enable_lora",
+        schema_extra={
+            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$"},
+            "additionalProperties": {"type": "string", "pattern": "^(/|file:///)"},
+        },
+        flag="--adapters",
+        metavar="JSON",
     ),
     _run("select", "string", DEFAULT_SELECT, "with sampling n > 1, which of a record's judged candidates "
          "reach results: first_approved, best_score (the approved one the judge scored highest) or all "

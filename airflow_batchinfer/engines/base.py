@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.sampling import bounds_refusal, engine_refusal, honoured
 from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
@@ -155,6 +156,7 @@ class GenerationRequest:
     messages: Sequence[Mapping[str, Any]] | None = None
     sampling: SamplingParams = field(default_factory=SamplingParams)
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    adapter: Adapter | None = None  # the LoRA adapter that answers (None: the base model)
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -301,6 +303,14 @@ class Engine(abc.ABC):
     def sampling_refusal(self, sampling: SamplingParams) -> str | None:
         """Why this engine cannot run ``sampling`` (a field it does not honour, named); ``None``: it can."""
         return engine_refusal(sampling.changed(), self.name)
+
+    def adapter_refusal(self) -> str | None:
+        """Why this engine cannot answer with LoRA adapters (``None``: it can). A job naming adapters
+        is refused at submit with it."""
+        return (
+            f"the {self.name} engine does not load LoRA adapters: run them on a vllm pool (engine option "
+            "enable_lora) or a transformers pool"
+        )
 
     def describe(self) -> dict[str, Any]:
         """What identifies this engine's outputs (goes into job fingerprints and manifests)."""

@@ -164,6 +164,12 @@ class OpenAIEngine(Engine):
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             return GenerationResult.failed(f"unexpected response shape ({exc}): {str(data)[:300]}")
 
+    def adapter_refusal(self) -> str:
+        return (
+            "the openai engine sends requests to a server, which owns its adapters: serve them there "
+            "(vllm serve --enable-lora --lora-modules NAME=PATH) and run a pool whose model is NAME"
+        )
+
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "base_url": self.base_url}
 

@@ -8,7 +8,8 @@ request whose prompt contains it fail alone (to show a bad element fails only it
 containing ``simulate_tokens=N`` asks for an answer of ``N`` tokens (else ``completion_tokens``):
 with ``max_tokens`` below ``N`` it is cut there, ``finish_reason`` ``"length"`` (to show truncation
 and its retries). With ``n`` > 1 each candidate's answer differs (hashed with its index), and a
-judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it. It honours no
+judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it; an adapter's answers
+(``GenerationRequest.adapter``) are hashed with its name. It honours no
 structured output and no logprobs (its answers are not model text a constraint could
 hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 """
@@ -88,6 +89,8 @@ class SimulatedEngine(Engine):
         needed = int(wants.group(1)) if wants else self.completion_tokens
         budget = request.sampling.max_tokens
         finish = "length" if wants and needed > budget else "stop"
+        if request.adapter is not None:  # another model's answers
+            prompt = f"{request.adapter.name}\x1e{prompt}"
         choices = [
             Choice(self._text(prompt, meta, i), finish, min(needed, budget))
             for i in range(request.sampling.n)
@@ -110,6 +113,9 @@ class SimulatedEngine(Engine):
             return json.dumps({"approved": approved, "reason": "simulated verdict", "score": score})
         digest = hashlib.sha256("\x1f".join(map(str, (prompt, meta.get("attempt", 1), *extra))).encode())
         return f"simulated answer {digest.hexdigest()[:16]}"
+
+    def adapter_refusal(self) -> None:
+        return None  # any adapter: its name changes the answers
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}

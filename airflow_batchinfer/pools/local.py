@@ -81,6 +81,8 @@ class LocalPoolSpec:
     python: str = sys.executable  # the interpreter whose `batchinfer` runs the workers
     # callable judges the workers may run ("module:function"), one flag each; none by default
     allowed_callables: tuple[str, ...] = ()
+    # LoRA adapter directories the workers may load besides those inside allowed_prefixes
+    allowed_adapters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -102,8 +104,9 @@ class LocalPoolSpec:
         data = dataclasses.asdict(self)
         data.pop("replicas")
         data.pop("idle_ttl_s")
-        if not data["allowed_callables"]:  # the default: pools from before the field keep their key
-            data.pop("allowed_callables")
+        for name in ("allowed_callables", "allowed_adapters"):
+            if not data[name]:  # the default: pools from before the field keep their key
+                data.pop(name)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     @classmethod
@@ -114,6 +117,7 @@ class LocalPoolSpec:
                 **data,
                 "allowed_prefixes": tuple(data.get("allowed_prefixes") or ()),
                 "allowed_callables": tuple(data.get("allowed_callables") or ()),
+                "allowed_adapters": tuple(data.get("allowed_adapters") or ()),
             }
         )
 
@@ -381,6 +385,7 @@ class LocalPool:
             "engine_options": spec.engine_options,
             "allowed_prefixes": spec.allowed_prefixes,
             "allowed_callables": spec.allowed_callables,
+            "allowed_adapters": spec.allowed_adapters,
         }
         if spec.idle_ttl_s is not None:
             settings.update(idle_ttl_s=spec.idle_ttl_s, lease_file=str(self._lease_file(spec.key())))

@@ -10,10 +10,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from airflow_batchinfer.engines import adapters
 from airflow_batchinfer.judges import candidates
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
+    AdapterApproval,
     Candidates,
     Digest,
     FailedShard,
@@ -204,6 +206,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         attempts=attempts,
         truncated=counts.get("truncated", 0),
         candidates=_candidates(counts),
+        adapters=_adapters(counts),
         repeated_ids=out_ids[REPEATED].count,
         approval_rate=round(approved / pending_records, 4) if pending_records else None,
         ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids
@@ -232,6 +235,14 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
 def _candidates(counts: dict[str, int]) -> Candidates | None:
     found = candidates.stats(counts)
     return None if found is None else Candidates.model_validate(found.as_json())
+
+
+def _adapters(counts: dict[str, int]) -> dict[str, AdapterApproval] | None:
+    found = adapters.approval(counts)
+    return {
+        name: AdapterApproval(**c, approval_rate=round(c["approved"] / max(1, sum(c.values())), 4))
+        for name, c in found.items()
+    } or None
 
 
 def _named(lists: list[list[Any]]) -> list[Any]:

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import ADAPTER_ENGINES, parse_adapters
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
@@ -39,6 +40,8 @@ class RunConfig:
     sampling: dict[str, Any] = field(default_factory=dict)
     # with sampling n > 1: which judged candidates of a record reach results (judges.candidates)
     select: str = DEFAULT_SELECT
+    # LoRA adapters by name, each a directory on the workers: a record's adapter field picks one
+    adapters: dict[str, str] = field(default_factory=dict)
     strategy: str = "rounds"
     max_rounds: int = 3
     max_attempts: int = 3
@@ -88,6 +91,7 @@ class RunConfig:
         if self.lanes < 0:
             raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
         check_select(self.select)
+        parse_adapters(self.adapters)
         self._check_bounds()
         self._check_unreachable_grace()
         self.truncation()  # refuses a bad value, naming it
@@ -156,6 +160,11 @@ class RunConfig:
                 f"does not give: use an engine that does ({', '.join(FIELDS['logprobs'].engines)}), "
                 "or remove score"
             )
+        if self.adapters and engine not in ADAPTER_ENGINES:
+            refused.append(
+                f"adapters are LoRA adapters, which the {engine} engine does not load: use an engine "
+                f"that does ({', '.join(ADAPTER_ENGINES)}), or remove adapters"
+            )
         return "; ".join(refused) if refused else None
 
     def truncation(self) -> TruncationPolicy:
@@ -169,6 +178,7 @@ class RunConfig:
             "chunk_size": self.chunk_size,
             "id_field": self.id_field or "id",
             **self.truncation().params(),  # none at the defaults: job ids and fingerprints as before
+            **({"adapters": self.adapters} if self.adapters else {}),
         }
 
     def judge_params(self) -> dict[str, Any]:

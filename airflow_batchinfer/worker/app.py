@@ -12,14 +12,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from airflow_batchinfer.engines import Engine
+from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.run.docs import read_job_manifest
@@ -30,7 +33,7 @@ from airflow_batchinfer.worker.guard import RequestGuard
 from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from airflow_batchinfer.worker.security import PrefixPolicy, token_ok
+from airflow_batchinfer.worker.security import PrefixPolicy, model_allows, token_ok
 
 log = logging.getLogger("airflow_batchinfer.worker")
 
@@ -38,6 +41,37 @@ log = logging.getLogger("airflow_batchinfer.worker")
 class ApiError(Exception):
     def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> None:
         self.status, self.error, self.detail, self.headers = status, error, detail, headers
+
+
+def _check_adapters(
+    adapters: Iterable[Adapter], prefixes: PrefixPolicy, allowed: list[str], engine: Engine
+) -> None:
+    """A job's adapters, before it starts: the engine loads adapters, and each is a PEFT directory
+    inside this worker's allowed prefixes or its allowed adapters (``--allow-adapter``, compared as
+    real paths like models): every record would fail alike."""
+    refused = engine.adapter_refusal()
+    if refused is not None:
+        raise ApiError(400, "bad_request", f"the job names LoRA adapters, but {refused}")
+    for adapter in adapters:
+        try:
+            listed = any(model_allows(entry, adapter.path) for entry in allowed)
+        except ValueError:
+            listed = False
+        if not listed and (reason := prefixes.why_not(adapter.path)) is not None:
+            raise ApiError(
+                403,
+                "forbidden",
+                f"adapter {adapter.name}: {reason}, and not among its allowed adapters "
+                f"({allowed or 'none'}): start the workers with --allow-adapter for it (a DAG's pool: "
+                "the deployment's allowed_adapters, or the DAG's default adapters)",
+            )
+        if not os.path.isfile(os.path.join(adapter.path, "adapter_config.json")):
+            raise ApiError(
+                400,
+                "bad_request",
+                f"adapter {adapter.name}: {adapter.path} holds no adapter_config.json on this worker: name "
+                "a PEFT adapter directory (adapter_config.json and its weights) that the workers can read",
+            )
 
 
 def create_app(
@@ -132,6 +166,10 @@ def create_app(
             )
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
+        if params.adapters:
+            await asyncio.to_thread(
+                _check_adapters, params.adapters.values(), prefixes, config.allowed_adapters, runtime.engine
+            )
         if not runtime.ready:
             raise ApiError(
                 503, "not_ready", state["load_error"] or "the model is still loading", {"Retry-After": "5"}

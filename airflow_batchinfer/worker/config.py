@@ -45,6 +45,8 @@ class WorkerConfig:
     allowed_prefixes: list[str] | None = field(default_factory=partial(worker_default, "allowed_prefixes"))
     # callable judge targets jobs may import (--allow-callable): none by default
     allowed_callables: list[str] = field(default_factory=partial(worker_default, "allowed_callables"))
+    # LoRA adapter directories jobs may load besides those inside allowed_prefixes (--allow-adapter)
+    allowed_adapters: list[str] = field(default_factory=partial(worker_default, "allowed_adapters"))
     max_body_bytes: int = worker_default("max_body_bytes")  # the largest request body read (413 beyond)
     idle_ttl_s: float | None = worker_default("idle_ttl_s")
     lease_file: str | None = worker_default("lease_file")  # a local pool's leases: idle only when none held

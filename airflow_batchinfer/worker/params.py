@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import Adapter, parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
@@ -35,6 +36,8 @@ class JobParams:
     select: str = DEFAULT_SELECT
     # what the judge step and retries do with completions cut at max_tokens
     truncation: TruncationPolicy = field(default_factory=TruncationPolicy)
+    # the run's LoRA adapters by name (a record's adapter field picks one)
+    adapters: Mapping[str, Adapter] = field(default_factory=dict)
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -84,12 +87,14 @@ def parse_params(
         template = params.get("prompt_template")
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
+        common["adapters"] = adapters = parse_adapters(params.get("adapters"), "params.adapters")
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
             chat=bool(params.get("chat", True)),
             sampling=_sampling(params.get("sampling")),
             engine=engine,
+            adapters=adapters,
         )
     if kind in ("judge", "infer_judge", "in_place"):
         if "judge" not in params:

@@ -169,6 +169,9 @@ WORKER_SETTINGS: tuple[WorkerSetting, ...] = (
        "function of a module 'pkg.mod:' or every module of a package 'pkg.'; none by default: a callable "
        "judge is refused (400)", flag=ALLOW_CALLABLE_FLAG,
        metavar="TARGET", strip=True),
+    _s("allowed_adapters", "list", (), "a LoRA adapter directory jobs may load besides those inside the "
+       "allowed prefixes (read only): a path, or every adapter under a directory ending in '/'",
+       flag="--allow-adapter", metavar="DIR", strip=True),
     _s("max_body_bytes", "integer", 1024 * 1024, "largest request body the worker reads, in bytes (a JobSpec "
        "is a few KiB: URIs and params, never records); larger: 413", minimum=1024),
     _s("idle_ttl_s", "number", None, "exit after this many seconds without jobs; unset: never idles out",

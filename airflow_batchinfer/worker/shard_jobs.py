@@ -38,6 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, NAME, count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict, candidates
@@ -195,7 +196,8 @@ def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
 
 def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[str, Any]:
     """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
-    ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``logprobs`` (OpenAI's
+    ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``adapter``, the LoRA adapter's name,
+    when one answered; ``logprobs`` (OpenAI's
     ``logprobs.content``) when asked for; with ``n`` > 1 every candidate in ``candidates``
     (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``), which the judge
     step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
@@ -206,6 +208,8 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
         "finish_reason": res.finish_reason,
         "max_tokens": request.sampling.max_tokens if request is not None else None,
     }
+    if request is not None and request.adapter is not None:  # the judge step counts rows by it
+        fields[ADAPTER_FIELD] = request.adapter.name
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
     if res.choices:  # n > 1 (n = 1: the result is its one candidate)
@@ -581,6 +585,15 @@ def _for_review(ctx: JobContext, verdict: Verdict) -> bool:
     return below is not None and (verdict.score is None or verdict.score < below)
 
 
+def _count_adapter(counts: Counter[str], row: Mapping[str, Any], status: str) -> None:
+    """A judged row's count under the LoRA adapter that answered it (the round's approval per
+    adapter). A row without an answer (an inference error, a record naming no adapter of the run:
+    its name is the record's, not the run's) is the round's inference errors."""
+    name = row.get(ADAPTER_FIELD)
+    if row.get("status") != "error" and isinstance(name, str) and NAME.fullmatch(name):
+        counts[count_key(name, status)] += 1
+
+
 async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Record]:
     """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted into
     ``tally``, and their ids digested per output)."""
@@ -604,6 +617,7 @@ async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Rec
             counts["for_review"] += 1
         status = "approved" if judgment["approved"] else "rejected"
         counts[status] += 1
+        _count_adapter(counts, row, status)
         if status == "rejected":
             tally.reason_groups.add(judgment["reason"])
         judged.append({**row, "status": status, "judgment": judgment})
@@ -659,6 +673,7 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
 
     async def finish(row: Record) -> None:
         ctx.counts[row["status"]] += 1
+        _count_adapter(ctx.counts, row, row["status"])
         if row["status"] != "approved":
             ctx.count_rejected(row)
         ctx.count_ids("approved" if row["status"] == "approved" else "rejected", (row,))

@@ -139,12 +139,129 @@ def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> It
         python=str(VLLM_PYTHON),
         concurrency=4,
         allow=[str(workdir.parent)],
-        engine_args={"max_model_len": 512, "dtype": "float32"},
+        # LoRA on: the adapter test below runs on this worker too (one vLLM start for the module)
+        engine_args={"max_model_len": 512, "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
         timeout=600,
     )
     yield w
     w.stop()
+
+
+@pytest.fixture(scope="module")
+def tiny_lora(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> str:
+    """A random LoRA adapter for the tiny Llama, made with peft (the transformers extra)."""
+    pytest.importorskip("peft", reason="needs the transformers extra")
+    from tests.support.tiny_llama import build_tiny_lora
+
+    return str(build_tiny_lora(tiny_model, tmp_path_factory.mktemp("adapters") / "tiny-lora"))
+
+
+def answers_by_adapter(w: WorkerProcess, tmp_path: Path, lora: str) -> tuple[dict[int, Any], dict[int, Any]]:
+    """Twelve questions, the even ones for the adapter ``tuned``, and one record naming an adapter
+    the run does not have, in one greedy job; and the same questions without adapters in another.
+    The rows of both by id."""
+    questions = [{"id": i, "question": f"What is {i} + {i}?"} for i in range(12)]
+    records = [{**q, **({"adapter": "tuned"} if q["id"] % 2 == 0 else {})} for q in questions]
+    out = {}
+    for name, rows, params in (
+        ("tuned", [*records, {"id": 99, "question": "hi", "adapter": "nope"}], {"adapters": {"tuned": lora}}),
+        ("base", questions, {}),
+    ):
+        src = JsonlFile(str(tmp_path / f"{name}.jsonl"))
+        with src.writer_sync() as writer:
+            writer.write_many(rows)
+        spec = JobSpec(
+            job_id=f"adapters-{name}",
+            kind="infer",
+            input=src.uri,
+            outputs={
+                "inferred": str(tmp_path / f"{name}-out.jsonl"),
+                "manifest": str(tmp_path / f"{name}.json"),
+            },
+            params={"prompt_template": "{{ question }}", "sampling": {"max_tokens": 8}, **params},
+        )
+        status = w.wait(w.submit(spec).job_id, timeout=600)
+        assert status.state == "succeeded", status.error
+        out[name] = {r["id"]: r for r in JsonlFile(str(tmp_path / f"{name}-out.jsonl")).iter_records()}
+    return out["tuned"], out["base"]
+
+
+def check_adapter_answers(tuned: dict[int, Any], base: dict[int, Any]) -> None:
+    """The adapter answered its records (other text than the base model's), the base model the
+    others (the same text: requests of one batch do not share an adapter by accident; one may part
+    ways after some tokens, as float32 sums on CPU depend on how a batch is made up), and a record
+    naming an unknown adapter is its own error row."""
+    assert (
+        tuned[99]["status"] == "error"
+        and "adapter 'nope' is not one of the run's adapters" in tuned[99]["error"]
+    )
+    errors = [(i, tuned[i].get("error"), base[i].get("error")) for i in range(12)]
+    assert all(tuned[i]["status"] == "ok" and base[i]["status"] == "ok" for i in range(12)), errors
+    assert [tuned[i].get("adapter") for i in range(12)] == ["tuned", None] * 6
+    pairs = [(tuned[i]["result"], base[i]["result"]) for i in range(12)]
+    assert sum(a == b for a, b in pairs[1::2]) >= 5, pairs[1::2]
+    assert sum(a != b for a, b in pairs[0::2]) >= 5, pairs[0::2]
+
+
+def test_a_lora_adapter_answers_the_records_that_name_it_on_vllm(
+    tmp_path: Path, vllm_worker: WorkerProcess, tiny_lora: str, tiny_model: str
+) -> None:
+    check_adapter_answers(*answers_by_adapter(vllm_worker, tmp_path, tiny_lora))
+    # an adapter vLLM cannot load (rank 16 on a pool of max_lora_rank 8) is its records' error, and
+    # the engine lives on
+    from tests.support.tiny_llama import build_tiny_lora
+
+    big = str(build_tiny_lora(tiny_model, Path(tiny_lora).parent / "rank-16", rank=16))
+    src = JsonlFile(str(tmp_path / "big.jsonl"))
+    with src.writer_sync() as writer:
+        writer.write_many([{"id": 1, "question": "hi", "adapter": "big"}, {"id": 2, "question": "hi"}])
+    spec = JobSpec(
+        job_id="adapters-big",
+        kind="infer",
+        input=src.uri,
+        outputs={"inferred": str(tmp_path / "big-out.jsonl"), "manifest": str(tmp_path / "big.json")},
+        params={"prompt_template": "{{ question }}", "sampling": {"max_tokens": 4}, "adapters": {"big": big}},
+    )
+    status = vllm_worker.wait(vllm_worker.submit(spec).job_id, timeout=600)
+    assert status.state == "succeeded", status.error
+    rows = {r["id"]: r for r in JsonlFile(str(tmp_path / "big-out.jsonl")).iter_records()}
+    assert (
+        rows[1]["status"] == "error"
+        and "adapter big" in rows[1]["error"]
+        and "cannot be loaded" in rows[1]["error"]
+    )
+    assert rows[2]["status"] == "ok"
+
+
+def test_a_lora_adapter_answers_the_records_that_name_it_on_transformers(
+    tmp_path: Path, tiny_model: str, tiny_lora: str
+) -> None:
+    # the adapter outside the worker's storage prefixes, allowed as an adapter (a directory entry)
+    w = start_worker(
+        tmp_path,
+        engine="transformers",
+        model=tiny_model,
+        extra=["--allow-adapter", str(Path(tiny_lora).parent) + "/"],
+    )
+    try:
+        check_adapter_answers(*answers_by_adapter(w, tmp_path, tiny_lora))
+        # refused at submit, naming why: outside the worker's prefixes; not an adapter directory
+        for adapters, code, reason in (
+            ({"x": "/etc"}, 403, "outside this worker's allowed prefixes"),
+            ({"x": str(tmp_path)}, 400, "holds no adapter_config.json"),
+        ):
+            spec = JobSpec(
+                job_id=f"refused-{code}",
+                kind="infer",
+                input=str(tmp_path / "base.jsonl"),
+                outputs={"inferred": str(tmp_path / "r.jsonl"), "manifest": str(tmp_path / "r.json")},
+                params={"prompt_template": "{{ question }}", "adapters": adapters},
+            )
+            got = w.http("POST", "/v1/jobs", json=spec.model_dump())
+            assert got.status_code == code and reason in got.text, got.text
+    finally:
+        w.stop()
 
 
 def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerProcess) -> None:

@@ -10,7 +10,7 @@ from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS, KubernetesPoo
 
 NEVER_FROM_A_TRIGGER = {
     "name", "namespace", "engine", "model", "engine_options", "replicas", "concurrency",
-    "target_batch_tokens", "allowed_prefixes", "allowed_callables", "idle_ttl_s",
+    "target_batch_tokens", "allowed_prefixes", "allowed_callables", "allowed_adapters", "idle_ttl_s",
     "rpc_from", "rpc_from_namespace",  # who may call the workers: the NetworkPolicy's peers
 }  # fmt: skip
 

@@ -75,3 +75,30 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
         shutil.rmtree(dst)
     os.replace(tmp, dst)
     return dst
+
+
+def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
+    """A LoRA adapter for the tiny Llama at ``model`` (peft's directory: ``adapter_config.json`` and
+    ``adapter_model.safetensors``) on every attention and MLP projection, with random A and B (peft's
+    default starts B at zero, a no-op) and a large scale, so it changes what the model answers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    dst = Path(dst)
+    if (dst / "adapter_config.json").exists():
+        return dst
+    torch.manual_seed(seed)
+    base = LlamaForCausalLM.from_pretrained(str(model), local_files_only=True)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=4 * rank,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,
+        lora_dropout=0.0,
+    )
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    get_peft_model(base, config).save_pretrained(str(tmp))
+    os.replace(tmp, dst)
+    return dst

@@ -406,3 +406,27 @@ async def test_the_trigger_refuses_a_shared_static_url_it_meets(
     events = [e async for e in trigger.run()]
     assert [e.payload["state"] for e in events] == ["refused"]
     assert "several workers" in events[0].payload["reason"]
+
+
+def test_a_local_pool_allows_the_adapters_a_run_may_name(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The workers load the adapter directories the DAG's defaults and the deployment allow (a
+    list of theirs, not each run's adapters: the pool's spec stays the same from run to run)."""
+    from airflow_batchinfer.limits import TriggerLimits
+
+    started: list[Any] = []
+
+    def start(self: Any, spec: Any, **kwargs: Any) -> list[str]:
+        started.append(spec)
+        raise ConfigError("started")
+
+    monkeypatch.setattr(pool_ops.LocalPool, "start", start)
+    limits = TriggerLimits(allowed_worker_pools=("local://",), allowed_adapters=("/models/lora/",))
+    op = PoolSetupOperator(
+        task_id="pool_setup", worker_pool="local://gpu", allowed_prefixes=[str(tmp_path)], limits=limits
+    )
+    context = {**_context(), "params": {"adapters": {"sql": "/models/lora/sql"}}}
+    with pytest.raises(AirflowFailException, match="started"):
+        op.execute(context)
+    assert started[0].allowed_adapters == ("/models/lora/",)

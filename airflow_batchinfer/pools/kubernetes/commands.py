@@ -115,6 +115,7 @@ def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
         idle_ttl_s=args.idle_ttl,
         scaledown_ttl_s=args.scaledown_ttl,
         allowed_callables=tuple(args.allow_callable),
+        allowed_adapters=tuple(args.allow_adapter),
         rpc_from=args.rpc_from or copy.deepcopy(DEFAULT_RPC_FROM),
         rpc_from_namespace=args.rpc_from_namespace,
     )

@@ -93,6 +93,7 @@ def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
         "allowed_prefixes": spec.allowed_prefixes,
         "allow_any_prefix": False,
         "allowed_callables": spec.allowed_callables,
+        "allowed_adapters": spec.allowed_adapters,
         "token_file": "",
     }
     worker = worker_env(settings)

@@ -41,7 +41,7 @@ RESERVED_ENV: dict[str, str] = {
 # last): where the pods run and with what resources. Not what the pool is (name, namespace: another
 # pool, another namespace's Secrets), what it runs or how hard (engine, model, engine_options,
 # concurrency, target_batch_tokens: DAG settings with params of their own), what jobs may do there
-# (allowed_prefixes, allowed_callables: the trust boundary the pool enforces; rpc_from,
+# (allowed_prefixes, allowed_callables, allowed_adapters: the trust boundary the pool enforces; rpc_from,
 # rpc_from_namespace: who may call it), or its scale and idle time (replicas, idle_ttl_s: params of
 # their own). The port may change: the pool's NetworkPolicy follows it (k8s/base's admits only its
 # own port, so another one makes such a pool unreachable, not open). `image`, `storage_secret`,
@@ -106,6 +106,8 @@ class KubernetesPoolSpec:
     :param interruptible: tolerate spot/preemptible node taints (jobs lost there are resubmitted).
     :param allowed_callables: the ``callable`` judges (``module:function``) the workers may run
         (``BATCHINFER_WORKER_ALLOW_CALLABLE``); none by default.
+    :param allowed_adapters: LoRA adapter directories in the container (a ``model_pvc`` at
+        ``/models``) the workers may load besides those inside ``allowed_prefixes``; none by default.
     :param env: extra variables for the worker container; names must be C identifiers, and none of
         the worker's own (``BATCHINFER_WORKER_*``, ``POD_IP``, ``HOME``, ``HF_HUB_OFFLINE``,
         ``OMP_NUM_THREADS``).
@@ -136,6 +138,7 @@ class KubernetesPoolSpec:
     target_batch_tokens: int = worker_default("target_batch_tokens")
     allowed_prefixes: tuple[str, ...] = ()
     allowed_callables: tuple[str, ...] = ()  # callable judges the workers may run: "module:function"
+    allowed_adapters: tuple[str, ...] = ()  # LoRA adapter directories the workers may load (read only)
     gpus: int = 1
     cpu: str = "4"
     memory: str = "32Gi"
@@ -199,7 +202,13 @@ class KubernetesPoolSpec:
     def from_dict(cls, data: dict[str, Any]) -> KubernetesPoolSpec:
         check_known_fields(cls, data, "Kubernetes pool settings")
         data = dict(data)
-        for key in ("allowed_prefixes", "allowed_callables", "tolerations", "image_pull_secrets"):
+        for key in (
+            "allowed_prefixes",
+            "allowed_callables",
+            "allowed_adapters",
+            "tolerations",
+            "image_pull_secrets",
+        ):
             if key in data:
                 if data[key] and not isinstance(data[key], list | tuple):
                     raise ConfigError(f"{key}: expected a list, got {data[key]!r}")
@@ -212,7 +221,13 @@ class KubernetesPoolSpec:
         # rpc_from*: the NetworkPolicy's, not the pods': changing who may call replaces no worker
         for k in ("replicas", "idle_ttl_s", "scaledown_ttl_s", "rpc_from", "rpc_from_namespace"):
             data.pop(k)
-        for k in ("allowed_callables", "service_account", "image_pull_secrets", "engine_secret"):
+        for k in (
+            "allowed_callables",
+            "allowed_adapters",
+            "service_account",
+            "image_pull_secrets",
+            "engine_secret",
+        ):
             if not data[k]:  # the default: pools from before the field keep their key
                 data.pop(k)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -48,6 +48,7 @@ from airflow_batchinfer.run.docs.jobs import (
 from airflow_batchinfer.run.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
 from airflow_batchinfer.run.docs.reviewed import review_applied, review_split
 from airflow_batchinfer.run.docs.summary import (
+    AdapterApproval,
     Candidates,
     FailedShard,
     Invariant,
@@ -69,6 +70,7 @@ __all__ = [
     "TAIL",
     "AcceptedDoc",
     "AcceptedJob",
+    "AdapterApproval",
     "BatcherDelta",
     "Candidates",
     "Digest",

@@ -67,6 +67,15 @@ class Candidates(BaseModel):
     pass_at: dict[str, float]
 
 
+class AdapterApproval(BaseModel):
+    """One LoRA adapter's rows in a round: ``approved`` and ``rejected`` (in place: exhausted)."""
+
+    model_config = ConfigDict(extra="forbid")
+    approved: int
+    rejected: int
+    approval_rate: float
+
+
 class Invariant(BaseModel):
     """A round's id check: ``planned`` rows, ``accounted`` for; the ids found lost, doubled or
     unexpected (up to 20 each) and the shards whose files were read (``opened``)."""
@@ -86,7 +95,8 @@ class Summary(RecordModel):
     ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
     whose completion was cut at ``max_tokens``; ``candidates``: approval per candidate index and pass@k
-    when records had several (sampling ``n``). ``ids``: the count and digest of each set's ids
+    when records had several (sampling ``n``); ``adapters``: approval per LoRA adapter, when records
+    named one. ``ids``: the count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
     ``next_pending``). Fields with a default came after the first summaries (which have none)."""
 
@@ -100,6 +110,7 @@ class Summary(RecordModel):
             "attempts",
             "truncated",
             "candidates",
+            "adapters",
         }
     )
 
@@ -123,6 +134,7 @@ class Summary(RecordModel):
     attempts: int | None = None
     truncated: int | None = None
     candidates: Candidates | None = None
+    adapters: dict[str, AdapterApproval] | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None

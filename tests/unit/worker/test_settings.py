@@ -41,7 +41,8 @@ FLAGS_AND_VARIABLES = {
     "--host": "HOST", "--port": "PORT", "--token-file": "TOKEN_FILE",
     "--engine-secrets-file": "ENGINE_SECRETS_FILE", "--insecure-no-auth": None,
     "--allow-prefix": "ALLOW_PREFIX", "--allow-any-prefix": "ALLOW_ANY_PREFIX",
-    "--allow-callable": "ALLOW_CALLABLE", "--max-body-bytes": "MAX_BODY_BYTES", "--idle-ttl": "IDLE_TTL",
+    "--allow-callable": "ALLOW_CALLABLE", "--allow-adapter": "ALLOW_ADAPTER",
+    "--max-body-bytes": "MAX_BODY_BYTES", "--idle-ttl": "IDLE_TTL",
     "--lease-file": "LEASE_FILE", "--drain-timeout": "DRAIN_TIMEOUT",
     "--target-batch-tokens": "TARGET_BATCH_TOKENS", "--max-batch-size": "MAX_BATCH_SIZE",
     "--batch-timeout": "BATCH_TIMEOUT", "--max-concurrent-batches": None, "--announce-file": None,
@@ -143,7 +144,7 @@ def test_a_local_pool_starts_its_workers_with_its_spec(
     spec = LocalPoolSpec(
         engine="transformers", model="/models/m", engine_options={"dtype": "float32", "threads": 2},
         concurrency=3, idle_ttl_s=42.0, allowed_prefixes=(str(tmp_path), "/data"), target_batch_tokens=999,
-        allowed_callables=("my_pkg.checks:is_good",),
+        allowed_callables=("my_pkg.checks:is_good",), allowed_adapters=("/models/lora/",),
     )  # fmt: skip
     pool = LocalPool("p", state_dir=tmp_path / "pools")
     pool.start(spec)
@@ -154,6 +155,7 @@ def test_a_local_pool_starts_its_workers_with_its_spec(
         assert got[name] == getattr(spec, name), name
     assert tuple(got["allowed_prefixes"]) == spec.allowed_prefixes
     assert tuple(got["allowed_callables"]) == spec.allowed_callables
+    assert tuple(got["allowed_adapters"]) == spec.allowed_adapters
     assert (got["host"], got["port"], got["token_file"]) == ("127.0.0.1", 0, str(pool.dir / "token"))
     assert got["lease_file"] == str(pool.dir / f"leases-{spec.key()}.json") and got["announce_file"]
     # a pool whose workers never idle out gives them no idle time and no lease file
@@ -165,6 +167,7 @@ def test_a_local_pool_starts_its_workers_with_its_spec(
 def test_a_kubernetes_pool_sets_its_spec_as_the_workers_variables() -> None:
     spec = KubernetesPoolSpec(
         allowed_prefixes=("s3://b/runs/", "s3://b/in/"), allowed_callables=("m:f", "n:"), model="/models/m",
+        allowed_adapters=("/models/lora-sql", "/models/lora/"),
         engine_options={"max_model_len": 4096, "dtype": "bfloat16"}, concurrency=3, target_batch_tokens=999,
         port=9000, drain_timeout_s=120, env={"VLLM_LOGGING_LEVEL": "INFO"},
     )  # fmt: skip
@@ -180,6 +183,7 @@ def test_a_kubernetes_pool_sets_its_spec_as_the_workers_variables() -> None:
         assert got[name] == getattr(spec, name), name
     assert tuple(got["allowed_prefixes"]) == spec.allowed_prefixes
     assert tuple(got["allowed_callables"]) == spec.allowed_callables
+    assert tuple(got["allowed_adapters"]) == spec.allowed_adapters
     assert got["allow_any_prefix"] is False and got["token_file"] == "" and got["host"] == "10.0.0.1"
 
 
