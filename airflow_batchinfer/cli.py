@@ -432,20 +432,15 @@ def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
         p.add_argument(
             flag("allowed_prefixes"), action="append", required=True, help="storage prefix jobs may use"
         )
-        p.add_argument(
-            flag("allowed_callables"),
-            action="append",
-            default=[],
-            metavar="TARGET",
-            help="a callable judge the workers may import: module:function, or a module: or package. prefix",
-        )
-        p.add_argument(
-            flag("allowed_adapters"),
-            action="append",
-            default=[],
-            metavar="DIR",
-            help="a LoRA adapter directory the workers may load (one ending in / allows those under it)",
-        )
+        for name in ("allowed_callables", "allowed_adapters"):  # the workers' allow-lists, passed on
+            allowed = worker_setting(name)
+            p.add_argument(
+                allowed.flag,
+                action="append",
+                default=[],
+                metavar=allowed.metavar,
+                help=f"{allowed.help} (repeatable)".replace("%", "%%"),
+            )
 
 
 def _backend(p: argparse.ArgumentParser, *, spec: bool, only_kubernetes: bool = False) -> None:

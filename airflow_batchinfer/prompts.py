@@ -22,7 +22,6 @@ import asyncio
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import Adapter, chosen
@@ -212,24 +211,7 @@ class PromptBuilder:
         meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
         if candidate:
             meta["candidate"] = candidate
-        request = self._request(record, request_id, attempt, meta, variables, quick)
-        if self.adapters is None:
-            return request
-        try:
-            adapter = chosen(record, self.adapters)
-        except ValueError as exc:
-            raise PromptError(f"record {request_id!r}: {exc}") from None
-        return request if adapter is None else replace(request, adapter=adapter)
-
-    def _request(
-        self,
-        record: Mapping[str, Any],
-        request_id: str,
-        attempt: int,
-        meta: dict[str, Any],
-        variables: Mapping[str, Any] | None,
-        quick: bool,
-    ) -> GenerationRequest:
+        adapter = self._adapter(record, request_id)
         if is_openai_batch(record):
             body = record["body"]
             chat = isinstance(body.get("messages"), list)
@@ -238,9 +220,11 @@ class PromptBuilder:
             sampling = attempt_seed(self._body_sampling(body, request_id), attempt)
             if chat:
                 return GenerationRequest(
-                    request_id, messages=body["messages"], sampling=sampling, metadata=meta
+                    request_id, messages=body["messages"], sampling=sampling, metadata=meta, adapter=adapter
                 )
-            return GenerationRequest(request_id, prompt=body["prompt"], sampling=sampling, metadata=meta)
+            return GenerationRequest(
+                request_id, prompt=body["prompt"], sampling=sampling, metadata=meta, adapter=adapter
+            )
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
         if self._refused is not None:
@@ -250,10 +234,24 @@ class PromptBuilder:
             text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
         sampling = attempt_seed(self.sampling, attempt)
         if not self.chat:
-            return GenerationRequest(request_id, prompt=text, sampling=sampling, metadata=meta)
+            return GenerationRequest(
+                request_id, prompt=text, sampling=sampling, metadata=meta, adapter=adapter
+            )
         messages = [{"role": "system", "content": self.system}] if self.system else []
         messages.append({"role": "user", "content": text})
-        return GenerationRequest(request_id, messages=messages, sampling=sampling, metadata=meta)
+        return GenerationRequest(
+            request_id, messages=messages, sampling=sampling, metadata=meta, adapter=adapter
+        )
+
+    def _adapter(self, record: Mapping[str, Any], request_id: str) -> Adapter | None:
+        """The adapter that answers ``record`` (``None``: the base model, also for a builder
+        without adapters); :class:`PromptError` for one the run does not have."""
+        if self.adapters is None:
+            return None
+        try:
+            return chosen(record, self.adapters)
+        except ValueError as exc:
+            raise PromptError(f"record {request_id!r}: {exc}") from None
 
     async def abuild(self, record: Mapping[str, Any], **kwargs: Any) -> GenerationRequest:
         """:meth:`build` from an event loop: inline when the rendering fits :data:`QUICK_LIMITS` (an

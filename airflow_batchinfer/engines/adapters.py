@@ -18,9 +18,6 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError
 
 ADAPTER_FIELD = "adapter"  # a record's (and an output row's) adapter name
-# the engines that load adapters (Engine.adapter_refusal: vllm only with enable_lora, decided where
-# the engine runs)
-ADAPTER_ENGINES = ("vllm", "transformers", "simulated")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _COUNT = re.compile(r"^adapter:(.+):(approved|rejected)$")
 

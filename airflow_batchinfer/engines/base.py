@@ -281,6 +281,8 @@ class Engine(abc.ABC):
     secret_options: ClassVar[tuple[SecretOption, ...]] = ()
     # The EngineStats fields stats() fills (the docs say which engine's /metrics shows what).
     stats_fields: ClassVar[tuple[str, ...]] = ()
+    # Whether it answers with LoRA adapters (given its options: adapter_refusal says when not).
+    loads_adapters: ClassVar[bool] = False
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model (called once, before the worker reports ready)."""
@@ -307,6 +309,8 @@ class Engine(abc.ABC):
     def adapter_refusal(self) -> str | None:
         """Why this engine cannot answer with LoRA adapters (``None``: it can). A job naming adapters
         is refused at submit with it."""
+        if self.loads_adapters:
+            return None
         return (
             f"the {self.name} engine does not load LoRA adapters: run them on a vllm pool (engine option "
             "enable_lora) or a transformers pool"

@@ -41,6 +41,7 @@ class SimulatedEngine(Engine):
 
     name = "simulated"
     stats_fields = TALLIED
+    loads_adapters = True  # any adapter: its name changes the answers
 
     def __init__(
         self,
@@ -113,9 +114,6 @@ class SimulatedEngine(Engine):
             return json.dumps({"approved": approved, "reason": "simulated verdict", "score": score})
         digest = hashlib.sha256("\x1f".join(map(str, (prompt, meta.get("attempt", 1), *extra))).encode())
         return f"simulated answer {digest.hexdigest()[:16]}"
-
-    def adapter_refusal(self) -> None:
-        return None  # any adapter: its name changes the answers
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}

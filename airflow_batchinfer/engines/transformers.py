@@ -49,6 +49,7 @@ class TransformersEngine(Engine):
 
     name = "transformers"
     stats_fields = TALLIED
+    loads_adapters = True  # with peft
 
     def __init__(
         self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None

@@ -53,6 +53,7 @@ class VllmEngine(Engine):
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
+    loads_adapters = True  # started with enable_lora
 
     def __init__(self, model: str, **engine_args: Any) -> None:
         self.model_path = model

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_ENGINES, parse_adapters
+from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
@@ -160,10 +160,12 @@ class RunConfig:
                 f"does not give: use an engine that does ({', '.join(FIELDS['logprobs'].engines)}), "
                 "or remove score"
             )
-        if self.adapters and engine not in ADAPTER_ENGINES:
+        from airflow_batchinfer.engines import adapter_engines  # the engine classes: only here
+
+        if self.adapters and engine not in (loading := adapter_engines()):
             refused.append(
                 f"adapters are LoRA adapters, which the {engine} engine does not load: use an engine "
-                f"that does ({', '.join(ADAPTER_ENGINES)}), or remove adapters"
+                f"that does ({', '.join(loading)}), or remove adapters"
             )
         return "; ".join(refused) if refused else None
 

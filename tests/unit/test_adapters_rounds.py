@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.engines.adapters import ADAPTER_ENGINES, Adapter, approval, chosen, parse_adapters
+from airflow_batchinfer.engines import adapter_engines, create_engine
+from airflow_batchinfer.engines.adapters import Adapter, approval, chosen, parse_adapters
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.limits import TriggerLimits, implied_by, refusals
 from airflow_batchinfer.prompts import PromptBuilder
@@ -168,7 +168,7 @@ def test_engines_that_do_not_load_adapters_refuse_them() -> None:
         input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters={"sql": "/m/sql"}
     )
     assert cfg.engine_refusal("openai") is not None and "does not load" in str(cfg.engine_refusal("openai"))
-    assert all(cfg.engine_refusal(e) is None for e in ADAPTER_ENGINES)
+    assert all(cfg.engine_refusal(e) is None for e in adapter_engines())
     assert create_engine("simulated").adapter_refusal() is None
     assert "--lora-modules" in str(create_engine("openai", model="m").adapter_refusal())
     # vLLM loads adapters only when its engine was started with LoRA
