@@ -103,6 +103,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "status": status,
         "stop_reason": reason,
         "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
+        "fan_out": fan_out_figures(cfg, layout, so),
         "rounds": [s.to_json() for s in rounds],
         # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
         "plans": [
@@ -417,6 +418,24 @@ def adapter_lines(rounds: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def fan_out_figures(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> dict[str, Any] | None:
+    """A fan-out's arms and the rows round 0 planned of the input's records (``None``: none)."""
+    fan_out = cfg.fan_out_arms()
+    if fan_out is None:
+        return None
+    shards = (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("shards") or []
+    return {"arms": fan_out.as_json(), "rows": sum(int(s.get("records", 0)) for s in shards)}
+
+
+def fan_out_line(report: dict[str, Any]) -> list[str]:
+    f = report.get("fan_out")
+    if not f:
+        return []
+    return [
+        f"- fan-out: every input record once on each of {', '.join(f['arms'])}: {f['rows']} rows (ID@ARM)"
+    ]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -424,6 +443,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- run root: `{report['run_root']}`",
         f"- strategy: {report['strategy']}; stopped because: **{report['stop_reason']}**",
         f"- input: {report['input']}",
+        *fan_out_line(report),
         f"- approved: {report['approved']}; "
         f"accepted by review: {report['accepted_by_review']}; dropped by review: "
         f"{report.get('dropped_by_review', 0)}; still pending: {report['remaining_pending']}; "

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.engines.adapters import BASE as ADAPTER_BASE
 from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
@@ -42,6 +43,7 @@ from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_S,
 )
 from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
@@ -302,15 +304,20 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run(
         "adapters", "object", {},
         'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
-        "record's adapter field (an OpenAI batch body's model) picks the one that answers it; the summary "
+        "record's adapter field (an OpenAI batch body's model) picks the one that answers it (base: the base "
+        "model; fan_out: every record on each); the summary "
         "and the report give approval per adapter. vllm pools need the engine option enable_lora",
         schema_extra={
-            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$"},
+            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$", "not": {"const": ADAPTER_BASE}},
             "additionalProperties": {"type": "string", "pattern": "^(/|file:///)"},
         },
         flag="--adapters",
         metavar="JSON",
     ),
+    _run("fan_out", "string", "off", "adapters: run every input record once per adapter, as rows with id "
+         "ID@ADAPTER, adapter the adapter's name and input_id the record's id; adapters_and_base: on the "
+         "base model too (ID@base); off: a record's adapter field picks. With a fan-out a record that "
+         "picks its own adapter is a bad line (rejects/)", enum=FAN_OUT_MODES, flag="--fan-out"),
     _run("select", "string", DEFAULT_SELECT, "with sampling n > 1, which of a record's judged candidates "
          "reach results: first_approved, best_score (the approved one the judge scored highest) or all "
          "(every approved one, in the row's candidates)", enum=SELECTS, flag="--select"),

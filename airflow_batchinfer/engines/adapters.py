@@ -2,10 +2,12 @@
 record, and the per-adapter counts a round's summary reads.
 
 A record names its adapter in its ``adapter`` field; an OpenAI batch request in its body's ``model``
-(as ``vllm run-batch`` picks a LoRA adapter by the served model name). A record without one is
-answered by the base model. An adapter is a PEFT directory (``adapter_config.json`` and its weights)
-on the workers: the ``vllm`` engine loads it as a ``LoRARequest`` (the pool started with the engine
-option ``enable_lora``), the ``transformers`` engine with ``peft``; each once per worker, cached.
+(as ``vllm run-batch`` picks a LoRA adapter by the served model name). A record without one, or
+whose ``adapter`` is :data:`BASE`, is answered by the base model (``fan_out``,
+:mod:`~airflow_batchinfer.storage.fan_out`, runs every record once per adapter). An adapter is a
+PEFT directory (``adapter_config.json`` and its weights) on the workers: the ``vllm`` engine loads
+it as a ``LoRARequest`` (the pool started with the engine option ``enable_lora``), the
+``transformers`` engine with ``peft``; each once per worker, cached.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError
 
 ADAPTER_FIELD = "adapter"  # a record's (and an output row's) adapter name
+BASE = "base"  # the base model as a record's adapter (a fan-out's base arm): no adapter may be named so
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _COUNT = re.compile(r"^adapter:(.+):(approved|rejected)$")
 
@@ -44,6 +47,11 @@ def parse_adapters(value: Any, what: str = "adapters") -> dict[str, Adapter]:
                 f"{what}: adapter name {name!r} must be 1 to 64 letters, digits, '.', '_' or '-', starting "
                 "with a letter or digit"
             )
+        if name == BASE:
+            raise ConfigError(
+                f"{what}: the adapter name {BASE!r} means the base model (a record's adapter {BASE!r}, the "
+                "base arm of fan_out adapters_and_base): give the adapter another name"
+            )
         if not isinstance(path, str) or not path.strip():
             raise ConfigError(f"{what}.{name}: give the adapter's directory on the workers, got {path!r}")
         if "://" in path and not path.startswith("file://"):
@@ -64,8 +72,11 @@ def parse_adapters(value: Any, what: str = "adapters") -> dict[str, Adapter]:
 def chosen(record: Mapping[str, Any], adapters: Mapping[str, Adapter]) -> Adapter | None:
     """The adapter that answers ``record`` (``None``: the base model): its ``adapter`` field, else an
     OpenAI batch body's ``model`` when it names one of ``adapters`` (any other ``model`` is the
-    pool's). :class:`ValueError` when the ``adapter`` field names none of them."""
+    pool's). An ``adapter`` field :data:`BASE` names the base model. :class:`ValueError` when the
+    ``adapter`` field names none of them."""
     name = record.get(ADAPTER_FIELD)
+    if name == BASE:
+        return None
     if name is None:
         body = record.get("body")
         model = body.get("model") if isinstance(body, Mapping) else None
@@ -83,6 +94,13 @@ def chosen(record: Mapping[str, Any], adapters: Mapping[str, Adapter]) -> Adapte
 def count_key(name: str, status: str) -> str:
     """A judged row's count of its adapter: ``adapter:<name>:approved`` or ``...:rejected``."""
     return f"adapter:{name}:{'approved' if status == 'approved' else 'rejected'}"
+
+
+def row_count_key(name: Any, answered: bool, status: str) -> str | None:
+    """The count a judged row with ``adapter`` field ``name`` adds to (``None``: none). A row without
+    an answer (an inference error; a record naming no adapter of the run: its name is the record's,
+    not the run's) is the round's inference errors."""
+    return count_key(name, status) if answered and isinstance(name, str) and NAME.fullmatch(name) else None
 
 
 def approval(totals: Mapping[str, int]) -> dict[str, dict[str, int]]:

@@ -154,6 +154,11 @@ class ShardDatasetOperator(BaseOperator):
                 "clear this DAG run; finished steps are reused."
             ) from exc
         reused = "reused: " if result.reused else ""
+        if fan_out := cfg.fan_out_arms():  # the rows the rounds run: each record once per arm
+            rows = sum(s["records"] for s in result.shards)
+            self.log.info(
+                "fan_out %s: about %d rows, ids ID@ARM (%s)", cfg.fan_out, rows, ", ".join(fan_out.arms)
+            )
         if result.shards and "range" in result.shards[0]:
             self.log.info(
                 "%s%d byte-range shards of %s, about %d records (nothing copied: each range is "

@@ -28,7 +28,7 @@ from airflow_batchinfer.run.docs import (
 )
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
-from airflow_batchinfer.run.repeats import REPEATED, range_repeats, settle_repeats
+from airflow_batchinfer.run.repeats import REPEATED, fanned, range_repeats, settle_repeats
 from airflow_batchinfer.run.settle import RoundClose, settle_shard
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
@@ -80,7 +80,8 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     id_field = cfg.id_field or "id"
 
     def settle(shard: ShardDescriptor) -> Settled:
-        repeated = repeats.of(shard["shard_id"])  # later occurrences of ids an earlier range holds
+        # later occurrences of ids an earlier range holds (a fan-out's: each of their rows)
+        repeated = fanned(shard, repeats.of(shard["shard_id"]))
         x = settle_shard(rc, shard, repeated)
         x = _settle_range(cfg, layout, r, x, so)
         settle_repeats(layout, r, x, repeated, id_field, so)

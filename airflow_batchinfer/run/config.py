@@ -26,6 +26,7 @@ from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_S,
 )
 from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES
 
@@ -42,6 +43,8 @@ class RunConfig:
     select: str = DEFAULT_SELECT
     # LoRA adapters by name, each a directory on the workers: a record's adapter field picks one
     adapters: dict[str, str] = field(default_factory=dict)
+    # round 0 runs every input record once per adapter (and the base model): ids ID@ADAPTER
+    fan_out: str = "off"
     strategy: str = "rounds"
     max_rounds: int = 3
     max_attempts: int = 3
@@ -92,6 +95,7 @@ class RunConfig:
             raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
         check_select(self.select)
         parse_adapters(self.adapters)
+        self.fan_out_arms()  # refuses a bad value, or a fan-out without adapters
         self._check_bounds()
         self._check_unreachable_grace()
         self.truncation()  # refuses a bad value, naming it
@@ -168,6 +172,11 @@ class RunConfig:
                 f"that does ({', '.join(loading)}), or remove adapters"
             )
         return "; ".join(refused) if refused else None
+
+    def fan_out_arms(self) -> FanOut | None:
+        """Round 0's fan-out over the run's adapters (``None``: off); sharding and every reader of
+        round 0's input apply it (:mod:`~airflow_batchinfer.storage.fan_out`)."""
+        return FanOut.of_mode(self.fan_out, self.adapters)
 
     def truncation(self) -> TruncationPolicy:
         return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)

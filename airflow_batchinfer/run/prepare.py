@@ -31,7 +31,7 @@ def prepare_run(
     layout = RunLayout(cfg.run_root)
     result = shard_input(cfg, layout, so)
     if max_shards is not None and len(result.shards) > max_shards:
-        records = result.counts.get("records", 0)
+        records = sum(s["records"] for s in result.shards)  # what jobs run (a fan-out's rows)
         raise ConfigError(
             f"{len(result.shards)} shards, but a round maps one task per shard and this deployment "
             f"allows {max_shards} ([core] max_map_length). Remedy: raise records_per_shard to at least "
@@ -46,7 +46,8 @@ def prepare_run(
 def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> ShardingResult:
     """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
     see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
-    frame), shards copied from it as before."""
+    frame), shards copied from it as before. With ``fan_out`` either holds every record once per
+    arm (:mod:`~airflow_batchinfer.storage.fan_out`): the ranges when read, the copy as written."""
     how: dict[str, Any] = {
         "records_per_shard": cfg.records_per_shard,
         "id_field": cfg.id_field,
@@ -55,6 +56,7 @@ def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) ->
         "storage_options": so,
         "max_line_bytes": cfg.max_line_bytes,
         "max_id_bytes": cfg.max_id_bytes,
+        "fan_out": cfg.fan_out_arms(),
     }
     planned = shard_ranges(cfg.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, **how)
     if planned is None:  # copied as shards, read the same way

@@ -1,20 +1,23 @@
 """Round 0 over byte-range shards: ids repeated across ranges (each range's job finds repeats only
 within its range). The first occurrence stays; the later ones are left out of what close accepts
-and rejected into ``rejects/``."""
+and rejected into ``rejects/`` (with a fan-out, each of a repeated line's rows: :func:`fanned`)."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import OTHER, reason_group, row_reason
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
 from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, id_bytes
+from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, hashes_beside, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -51,6 +54,15 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
             layout.rejects,
         )
     return repeats
+
+
+def fanned(shard: ShardDescriptor, repeats: list[Repeat]) -> list[Repeat]:
+    """The repeats of a range shard as its rows: with a fan-out, each repeated line once per arm, by
+    its row's id (what its job wrote, and what its rejects rows carry); else ``repeats``."""
+    fan_out = FanOut.of(shard.get("fan_out"))
+    if fan_out is None:
+        return repeats
+    return [dataclasses.replace(x, id=fan_out.row_id(x.id, arm)) for x in repeats for arm in fan_out.arms]
 
 
 def drop_repeats(
@@ -117,6 +129,10 @@ def _uncount(doc: AcceptedJob, row: dict[str, Any], output: str) -> None:
         keys.append("inference_errors")
     if doc.kind == "infer_judge":  # its inference counts, per row: ok or error
         keys.append("error" if row.get("error") is not None else "ok")
+    # its adapter's count (shard_jobs: a judged row without an inference error; in place, not errored)
+    answered = row.get("status") != "error" if doc.kind == "in_place" else row.get("error") is None
+    if (key := row_count_key(row.get(ADAPTER_FIELD), answered, str(row.get("status")))) is not None:
+        keys.append(key)
     for key in keys:
         if counts.get(key):
             counts[key] = int(counts[key]) - 1

@@ -20,6 +20,8 @@ handles one shard's repeats at a time.
 
 A hash file is ``MAGIC``, the range's line count (8 bytes, big-endian) and its entries: a hash and
 the 1-based line of that id in the range (8 bytes, big-endian), sorted (by hash, then line).
+Ids and lines are the input's: with a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) a line's
+rows share its entry, and the close drops every row of a repeated line.
 """
 
 from __future__ import annotations
@@ -407,7 +409,12 @@ def _range_hashes(
     lines = read_lines(uri, so)
     if lines is None:  # no job read the range to its end (or it ran before jobs wrote the file)
         reader = read_range(
-            shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(), storage_options=so
+            shard,
+            id_field=id_field,
+            assign_ids=assign_ids,
+            rejects=DiscardRejects(),
+            storage_options=so,
+            expand=False,  # a fan-out's lines, as the job's file holds them
         )
         write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
         lines = read_lines(uri, so)
@@ -439,7 +446,12 @@ def _records_at(
     if want is None:
         return
     reader = read_range(
-        shard, id_field=id_field, assign_ids=assign_ids, rejects=DiscardRejects(), storage_options=so
+        shard,
+        id_field=id_field,
+        assign_ids=assign_ids,
+        rejects=DiscardRejects(),
+        storage_options=so,
+        expand=False,  # lines: a fan-out's rows are the close's to drop (run.repeats)
     )
     records = iter(reader)
     try:

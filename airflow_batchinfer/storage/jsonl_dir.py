@@ -52,6 +52,9 @@ class ShardDescriptor(TypedDict):
     # A range shard's line and id bounds (the run's max_line_bytes, max_id_bytes; storage.ranges)
     max_line_bytes: NotRequired[int]
     max_id_bytes: NotRequired[int]
+    # A range shard's fan-out arms (storage.fan_out): its lines are read once per arm, and ``records``
+    # counts those rows
+    fan_out: NotRequired[list[str]]
     # A round's job descriptors (the round controller's): the round, and the slot whose plan holds
     # the settings a review changed (absent: the round runs run.json's).
     round: NotRequired[int]

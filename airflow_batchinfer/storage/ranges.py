@@ -20,10 +20,15 @@ and records its line counts (``read_*``) and ``ids["input"]``; the round's close
 run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts). The job
 also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hashes`), from which
 round 0's close finds ids that two ranges hold without reading the input again.
+
+With a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) a range's descriptor names its arms
+(``fan_out``) and every reader of the range but the id hashes' yields each kept record once per
+arm: ``records`` (and ``ids``) count those rows, planned ``records_per_shard / arms`` lines apart.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import struct
 import time
@@ -35,6 +40,7 @@ import zstandard
 
 from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, OutputExistsError, StorageError
 from airflow_batchinfer.storage.digest import record_ids
+from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
@@ -348,12 +354,15 @@ def shard_ranges(
     overwrite: bool = False,
     max_line_bytes: int = MAX_LINE_BYTES,
     max_id_bytes: int = MAX_ID_BYTES,
+    fan_out: FanOut | None = None,
 ) -> tuple[list[ShardDescriptor], dict[str, Any], bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
     does. Returns ``(shards, manifest, reused)``, or ``None`` when ``src`` cannot be split. Each
     shard carries ``max_line_bytes`` and ``max_id_bytes``, so every reader of a range (its job, the
-    close, the pre-flight) validates it with the same bounds."""
+    close, the pre-flight) validates it with the same bounds. With ``fan_out`` each shard names its
+    arms too, holds about ``records_per_shard / arms`` lines, and its ``records`` count its rows (the
+    manifest's ``counts`` stay the input's: its lines' records)."""
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
     source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
@@ -367,6 +376,7 @@ def shard_ranges(
         "on_error": on_error,
         "rejects": rejects_dir.uri,
         **bounds_fingerprint(max_line_bytes, max_id_bytes),
+        **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs
     }
     earlier = read_manifest(out)
     detected = earlier is not None and (earlier.get("fingerprint") or {}).get("id_field") is None
@@ -392,9 +402,10 @@ def shard_ranges(
     done = claim_output(out, kind="ranges", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return done["shards"], done, True
+    arms = len(fan_out.arms) if fan_out is not None else 1
     plan = plan_ranges(
         src,
-        records_per_shard=records_per_shard,
+        records_per_shard=-(-records_per_shard // arms),  # lines: each is ``arms`` rows
         max_bytes_per_shard=max_bytes_per_shard,
         storage_options=storage_options,
     )
@@ -404,15 +415,19 @@ def shard_ranges(
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
         id_field = _first_id_field(source)
+    estimated = sum(s["records"] for s in plan.shards)
     for shard in plan.shards:
         shard["max_line_bytes"], shard["max_id_bytes"] = max_line_bytes, max_id_bytes
+        if fan_out is not None:
+            shard["records"] *= arms
+            shard["fan_out"] = fan_out.as_json()
     manifest = {
         "kind": "ranges",
         "state": "complete",
         "fingerprint": fingerprint,
         "shards": plan.shards,
         # Known once round 0's close has read every range (it fills these in, and each shard's ids).
-        "counts": {"records": sum(s["records"] for s in plan.shards), "estimated": 1},
+        "counts": {"records": estimated, "estimated": 1},
         "id_field": id_field,
         "rejects_uri": rejects_dir.uri,
         "planning": {"bytes_read": plan.bytes_read, "seconds": round(plan.seconds, 3)},
@@ -449,17 +464,32 @@ class InputRange:
     # The plan's bounds (None: a plan from before they existed, read as its jobs read it then).
     max_line_bytes: int | None = None
     max_id_bytes: int | None = None
+    # The fan-out's arms (storage.fan_out): each kept record is read once per arm.
+    fan_out: tuple[str, ...] | None = None
 
     def as_params(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        out = dict(self.__dict__)
+        if self.fan_out is None:  # none: the params (job ids, fingerprints) as before fan-outs
+            del out["fan_out"]
+        else:
+            out["fan_out"] = list(self.fan_out)
+        return out
+
+    @property
+    def fanned(self) -> FanOut | None:
+        """The range's fan-out (``None``: none)."""
+        return None if self.fan_out is None else FanOut(self.fan_out)
 
     @classmethod
     def from_params(cls, value: Any) -> InputRange:
         try:
             rng = cls(**value)
             check_on_error(rng.on_error)
+            arms = FanOut.of(rng.fan_out, "params.input_range.fan_out")
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"params.input_range is not a range shard's description ({exc})") from None
+        if arms is not None:
+            rng = dataclasses.replace(rng, fan_out=arms.arms)
         if not (isinstance(rng.start, int) and isinstance(rng.end, int) and 0 <= rng.start < rng.end):
             raise ConfigError(f"params.input_range [{rng.start}, {rng.end}) is not a byte range")
         for name in ("max_line_bytes", "max_id_bytes"):
@@ -488,6 +518,7 @@ def _input_range(shard: Mapping[str, Any], id_field: str | None, assign_ids: boo
         lead_in=shard.get("lead_in"),
         max_line_bytes=shard.get("max_line_bytes"),
         max_id_bytes=shard.get("max_id_bytes"),
+        fan_out=tuple(shard["fan_out"]) if shard.get("fan_out") else None,
     )
 
 
@@ -551,7 +582,9 @@ class RangeRecordReader(RecordReader):
     the round's close makes it absolute). Refuses a source whose version is not the planned one.
     ``finish(ok)`` is called once: ``True`` after the last line, ``False`` when the read stops early
     (an error, or a consumer that closed it), e.g. to commit or abort the rejects writer.
-    ``keep(id, line_in_range)`` is called for each kept record as it is read."""
+    ``keep(id, line_in_range)`` is called for each kept record as it is read (its input id). A range
+    with a fan-out yields each kept record once per arm, unless ``expand`` is false (its lines' records,
+    as the id hash files hold them)."""
 
     def __init__(
         self,
@@ -561,14 +594,22 @@ class RangeRecordReader(RecordReader):
         rejects: RecordSink | None,
         finish: Callable[[bool], None] | None = None,
         keep: Callable[[Any, int], None] | None = None,
+        expand: bool = True,
     ) -> None:
         self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end), max_line_bytes=rng.max_line_bytes)
         super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
         assign = assigned_id(file.loc.name, rng, file.compressed) if rng.assign_ids else None
+        fan_out = rng.fanned
         self.check = LineValidator(
-            self.policy, id_field=rng.id_field, assign=assign, offsets=True, max_id_bytes=rng.max_id_bytes
+            self.policy,
+            id_field=rng.id_field,
+            assign=assign,
+            offsets=True,
+            max_id_bytes=rng.max_id_bytes,
+            fan_out=fan_out,
         )
+        self.fan_out = fan_out if expand else None
         self._finish = finish
         self._keep = keep
 
@@ -597,7 +638,10 @@ class RangeRecordReader(RecordReader):
                 if self._keep is not None:  # e.g. the job's id hash file (storage.id_hashes)
                     for value in ids:
                         self._keep(value, self.line_of(value))
-                yield from records
+                if self.fan_out is not None:
+                    yield from self.fan_out.expand(records, self.check.id_field or "id")
+                else:
+                    yield from records
             ok = True
         finally:
             if self._finish is not None:
@@ -620,7 +664,8 @@ def range_ids(
     assign_ids: bool,
     storage_options: StorageOptions | None,
 ) -> Iterator[Any]:
-    """The ids of one range shard's records, read and validated as its job read them."""
+    """The ids of one range shard's records (its rows, with a fan-out), read and validated as its job
+    read them."""
     reader = read_range(
         shard,
         id_field=id_field,
@@ -638,11 +683,14 @@ def read_range(
     assign_ids: bool,
     rejects: RecordSink | None,
     storage_options: StorageOptions | None = None,
+    expand: bool = True,
 ) -> RangeRecordReader:
     """A validating reader over one range shard's descriptor (the round's close reads a range whose
-    job never completed with it, to account for its ids, lines and rejects)."""
+    job never completed with it, to account for its ids, lines and rejects). ``expand``: yield a
+    fan-out's rows (else its lines' records)."""
     rng = _input_range(shard, id_field, assign_ids)
-    return RangeRecordReader(JsonlFile(shard["uri"], storage_options=storage_options), rng, rejects=rejects)
+    file = JsonlFile(shard["uri"], storage_options=storage_options)
+    return RangeRecordReader(file, rng, rejects=rejects, expand=expand)
 
 
 def read_stats(policy: ErrorPolicy) -> dict[str, int]:

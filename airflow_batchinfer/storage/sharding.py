@@ -8,6 +8,9 @@ Each shard descriptor carries ``ids``: the count and order-independent digest of
 (:class:`~airflow_batchinfer.storage.digest.IdDigest`), the start of the run's id accounting. A
 rejected line has no usable id (that is why it is rejected: invalid JSON, no id, a repeated id), so
 rejects are accounted for by line (``counts["quarantined"]``), never by id.
+
+With a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) each kept record is written once per
+arm: the shards hold (and their ``records`` and ``ids`` count) rows, ``counts`` the input's lines.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.storage.digest import IdDigest
+from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
     DEFAULT_RECORDS_PER_SHARD,
@@ -30,7 +34,7 @@ from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
-from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError
+from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError, dumps
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 
@@ -84,6 +88,7 @@ def shard_dataset(
     progress: Progress | None = None,
     max_line_bytes: int = MAX_LINE_BYTES,
     max_id_bytes: int = MAX_ID_BYTES,
+    fan_out: FanOut | None = None,
 ) -> ShardingResult:
     """Stream ``src`` (one ``.jsonl`` / ``.jsonl.zst`` file) into shards under ``dst``.
 
@@ -104,6 +109,8 @@ def shard_dataset(
     :param max_line_bytes: a longer line is bad (its reject row keeps its first KiB and
         ``raw_bytes``), and is never held whole while it is read.
     :param max_id_bytes: a longer id (UTF-8 bytes of it as text) makes its line bad.
+    :param fan_out: write each record once per arm (``records_per_shard`` counts those rows); a
+        record it cannot fan out is a bad line.
     :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records. Each
         carries ``ids``, the count and digest of its ids (rejects are counted by line, not by id).
     """
@@ -124,6 +131,7 @@ def shard_dataset(
         "compression": compression,
         "rejects": rejects_dir.uri,
         **bounds_fingerprint(max_line_bytes, max_id_bytes),
+        **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs
     }
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
@@ -155,6 +163,7 @@ def shard_dataset(
         assign=(lambda line_no, _offset: f"{source_name}:{line_no}") if assign_ids else None,
         window=records_per_shard,
         max_id_bytes=max_id_bytes,
+        fan_out=fan_out,
     )
     # Ids written but not yet in a committed shard's digest, in order: each shard the writer commits
     # takes the first ``records`` of them (the writer rotates by records and bytes, in order).
@@ -162,7 +171,10 @@ def shard_dataset(
     sealed = 0
     with reject_writer, writer:
         for block in source.iter_line_blocks():
-            good, ids, _ = check.check_block(block)
+            good, ids, records = check.check_block(block)
+            if fan_out is not None and good:
+                rows = fan_out.expand(records, check.id_field or "id")
+                good, ids = [dumps(r) for r in rows], fan_out.ids(ids)
             if good:
                 writer.write_lines(good)
                 unsealed.extend(ids)

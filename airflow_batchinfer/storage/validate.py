@@ -4,8 +4,9 @@ validate here, so a bad line is rejected for the same reason whichever of the tw
 A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
 non-object value, a missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
-without ``body``, a repeated id, or a line longer than ``max_line_bytes`` (which the splitter never
-held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`).
+without ``body``, a repeated id, a line longer than ``max_line_bytes`` (which the splitter never
+held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record
+that picks its own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import (
@@ -57,6 +59,8 @@ class LineValidator:
         validator strips it and tracks each line's byte offset (a range shard's reject rows and
         assigned ids name it, as absolute line numbers are not known inside a range).
     :param max_id_bytes: the most UTF-8 bytes of a string id; ``None``: any length.
+    :param fan_out: round 0's fan-out: a record it cannot fan out is bad (the caller fans out the
+        kept records; the ids this validator returns and tracks are the input's).
     """
 
     def __init__(
@@ -68,8 +72,10 @@ class LineValidator:
         window: int | None = None,
         offsets: bool = False,
         max_id_bytes: int | None = MAX_ID_BYTES,
+        fan_out: FanOut | None = None,
     ) -> None:
         self.policy = policy
+        self.fan_out = fan_out
         self.stats = policy.stats
         self.id_field = id_field
         self._openai = id_field == "custom_id"
@@ -134,6 +140,8 @@ class LineValidator:
                 if rid in seen or rid in self._seen_before:
                     first = seen.get(rid) or self._seen_before.get(rid)
                     raise RecordError(f"duplicate id {rid!r} (first at line {self._line_name(first)})")
+                if self.fan_out is not None and (why := self.fan_out.refusal(record)):
+                    raise RecordError(why)
             except RecordError as exc:
                 self._bad(line, offset, str(exc))
                 continue

@@ -14,6 +14,7 @@ from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, requir
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.storage.ranges import InputRange
 
 DEFAULT_CHUNK = 2_000
 
@@ -88,6 +89,7 @@ def parse_params(
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
         common["adapters"] = adapters = parse_adapters(params.get("adapters"), "params.adapters")
+        _check_fan_out(params.get("input_range"), adapters)
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
@@ -122,3 +124,17 @@ def parse_params(
             raise ConfigError(f"params.checkpoint_interval_s must be > 0, got {interval!r}")
         common["checkpoint_interval_s"] = float(interval)
     return JobParams(**common)
+
+
+def _check_fan_out(input_range: Any, adapters: Mapping[str, Adapter]) -> None:
+    """A round-0 range read once per arm (``input_range.fan_out``) names only the job's adapters (and
+    the base model): checked at submit, not as every row's error."""
+    if input_range is None:
+        return
+    fan_out = InputRange.from_params(input_range).fanned
+    missing = [a for a in fan_out.adapters if a not in adapters] if fan_out is not None else []
+    if missing:
+        raise ConfigError(
+            f"params.input_range.fan_out names {', '.join(missing)}, which params.adapters does not "
+            f"({', '.join(sorted(adapters)) or 'none'}): give the job the run's adapters"
+        )

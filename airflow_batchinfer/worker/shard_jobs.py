@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, NAME, count_key
+from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict, candidates
@@ -589,9 +589,9 @@ def _count_adapter(counts: Counter[str], row: Mapping[str, Any], status: str) ->
     """A judged row's count under the LoRA adapter that answered it (the round's approval per
     adapter). A row without an answer (an inference error, a record naming no adapter of the run:
     its name is the record's, not the run's) is the round's inference errors."""
-    name = row.get(ADAPTER_FIELD)
-    if row.get("status") != "error" and isinstance(name, str) and NAME.fullmatch(name):
-        counts[count_key(name, status)] += 1
+    key = row_count_key(row.get(ADAPTER_FIELD), row.get("status") != "error", status)
+    if key is not None:
+        counts[key] += 1
 
 
 async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Record]:

@@ -264,6 +264,75 @@ def test_a_lora_adapter_answers_the_records_that_name_it_on_transformers(
         w.stop()
 
 
+def test_a_fan_out_answers_every_record_with_the_adapter_and_the_base_model_on_transformers(
+    tmp_path: Path, tiny_model: str, tiny_lora: str
+) -> None:
+    """``fan_out adapters_and_base`` on a real worker over HTTP (``batchinfer run``'s round code): each
+    record of a range-read input becomes a row per arm (``ID@tuned``, ``ID@base``), the adapter's in
+    one batch with the base model's. The base arm answers as a run without adapters does (greedy), the
+    adapter otherwise; the id invariant holds over the rows, and the report gives approval per arm."""
+    import asyncio
+
+    from airflow_batchinfer.pipeline import run_pipeline
+    from airflow_batchinfer.rpc.pool import PoolClient
+    from airflow_batchinfer.run.config import RunConfig
+
+    src = tmp_path / "questions.jsonl"
+    src.write_text(
+        "".join(json.dumps({"id": f"q{i}", "question": f"What is {i} + {i}?"}) + "\n" for i in range(8))
+    )
+    w = start_worker(
+        tmp_path,
+        engine="transformers",
+        model=tiny_model,
+        extra=["--allow-adapter", str(Path(tiny_lora).parent) + "/"],
+    )
+
+    def run(name: str, **settings: Any) -> dict[str, Any]:
+        cfg = RunConfig(
+            input=str(src), run_root=str(tmp_path / name), prompt_template="{{ question }}",
+            judge={"type": "length", "min_chars": 1}, sampling={"max_tokens": 8}, max_rounds=1,
+            records_per_shard=6, **settings,
+        )  # fmt: skip
+
+        async def go() -> dict[str, Any]:
+            pool = PoolClient([w.url], token=TOKEN)
+            try:
+                return await run_pipeline(cfg, pool)
+            finally:
+                await pool.aclose()
+
+        return asyncio.run(go())
+
+    try:
+        report = run("fanned", adapters={"tuned": tiny_lora}, fan_out="adapters_and_base")
+        assert run("plain")["invariant"]["ok"]  # the same records without adapters
+    finally:
+        w.stop()
+    assert report["invariant"]["ok"] and report["invariant"]["input"] == 16, report["invariant"]
+    assert report["fan_out"] == {"arms": ["base", "tuned"], "rows": 16}
+    rows = _rows(tmp_path / "fanned")
+    assert sorted(r["id"] for r in rows) == sorted(
+        f"q{i}@{arm}" for i in range(8) for arm in ("base", "tuned")
+    )
+    assert all(r["status"] in ("approved", "rejected") and r["error"] is None for r in rows)
+    answer = {(r["input_id"], r["adapter"]): r["result"] for r in rows}
+    base_answer = {r["id"]: r["result"] for r in _rows(tmp_path / "plain")}
+    assert sum(answer[(f"q{i}", "base")] == base_answer[f"q{i}"] for i in range(8)) >= 7  # the base model
+    assert sum(answer[(f"q{i}", "tuned")] != answer[(f"q{i}", "base")] for i in range(8)) >= 7  # the adapter
+    arms = report["rounds"][0]["adapters"]
+    assert set(arms) == {"base", "tuned"} and all(a["approved"] + a["rejected"] == 8 for a in arms.values())
+
+
+def _rows(run_root: Path) -> list[dict[str, Any]]:
+    """The judged rows of a run (results and round 0's rejected)."""
+    files = [
+        *(run_root / "results").glob("*.jsonl.zst"),
+        *(run_root / "round-00" / "rejected").glob("*.jsonl.zst"),
+    ]
+    return [r for f in files for r in JsonlFile(str(f)).iter_records()]
+
+
 def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerProcess) -> None:
     layout, s = arithmetic(tmp_path, 40)
     approved, rejected = infer_then_judge(

@@ -112,3 +112,28 @@ def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
     assert _sizing(cfg, 1000, 4, None, 2500.0, 400.0, 1.0, 1024) == {
         "error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"
     }
+
+
+def test_preflight_samples_and_sizes_a_fan_outs_rows(tmp_path: Path) -> None:
+    """With ``fan_out`` the sample is rows (each record on each arm) and the projection sizes the rows
+    the rounds run, read from round 0's byte ranges as their jobs read them."""
+    from airflow_batchinfer.run.prepare import prepare_run
+    from airflow_batchinfer.storage import JsonlFile
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(40)))
+    lora = tmp_path / "lora-sql"  # within the worker's prefixes (the simulated engine reads no weights)
+    lora.mkdir()
+    (lora / "adapter_config.json").write_text("{}")
+    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                    judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
+                    adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
+    shards = prepare_run(cfg).shards
+    assert all("range" in s for s in shards)
+    summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 2))
+    planned = sum(s["records"] for s in shards)  # the ranges' estimates, 2 rows a line
+    assert summary["sample_records"] == 8 and summary["dataset_records"] == planned and planned % 2 == 0
+    assert SizingPlan.from_dict(summary["sizing"]).records == planned
+    sample = list(JsonlFile(str(Path(RunLayout(cfg.run_root).preflight) / "sample.jsonl.zst")).iter_records())
+    assert {r["adapter"] for r in sample} == {"base", "sql"}
+    assert all(r["id"] == f"{r['input_id']}@{r['adapter']}" for r in sample)

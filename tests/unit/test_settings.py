@@ -245,6 +245,8 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         ("adapters", {"sql": "models/lora"}),
         ("adapters", {"sql": "s3://bucket/lora"}),
         ("adapters", {"sql": 1}),
+        ("adapters", {"base": "/m/lora"}),  # the base model's name
+        ("fan_out", "every"),
     ],
 )
 def test_the_schema_refuses_what_the_code_refuses(name: str, value: Any) -> None:
@@ -271,6 +273,7 @@ def test_the_schema_accepts_what_the_code_accepts() -> None:
         "system": "", "model": "/models/m", "budget_gpu_hours": 2.5, "assign_ids": True, "max_rounds": 3,
         "hybrid_min_shrink": 0, "review_min_approval": 1, "preflight_records": 0, "max_failed_shards": 3,
         "adapters": {"sql": "/models/lora-sql", "poems.v2": "file:///models/lora-poems"},
+        "fan_out": "adapters_and_base",
     }  # fmt: skip
     params = copy.deepcopy(build_batch_inference_dag("good_values", max_rounds=3).params)
     for name, value in good.items():
