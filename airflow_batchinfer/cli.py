@@ -263,6 +263,13 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     )
 
     p.add_argument("--records", type=int, required=True, help="records in the dataset")
+    p.add_argument(
+        "--arms",
+        type=int,
+        default=1,
+        help="rows each record runs as (fan_out: the adapters, plus the base model with adapters_and_base); "
+        "the plan sizes records × arms rows (default 1)",
+    )
     p.add_argument("--gpus", type=int, required=True, help="workers, one GPU each (the pool's replicas)")
     p.add_argument(
         "--tokens-per-s",
@@ -343,8 +350,10 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
     from airflow_batchinfer.sizing import plan_run
 
+    if args.arms < 1:
+        raise ConfigError(f"--arms must be >= 1 (1: no fan-out), got {args.arms}")
     plan = plan_run(
-        args.records,
+        args.records * args.arms,
         args.gpus,
         args.tokens_per_s,
         concurrency=args.concurrency,

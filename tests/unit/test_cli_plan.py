@@ -77,3 +77,12 @@ def test_the_operations_guide_shows_the_real_output() -> None:
     shown = guide.split(command, 1)[1].split("```", 1)[0]
     out = subprocess.run([BIN, *EXAMPLE], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and shown == out.stdout
+
+
+def test_plan_sizes_a_fan_outs_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--arms``: each record runs once per adapter (fan_out), so the plan sizes records × arms rows."""
+    assert main([*EXAMPLE, "--arms", "3", "--json"]) == 0
+    plan = SizingPlan.from_dict(json.loads(capsys.readouterr().out))
+    assert plan == plan_run(300_000_000, 32, 2500, concurrency=10)
+    assert main([*EXAMPLE, "--arms", "0"]) == 1
+    assert "--arms must be >= 1 (1: no fan-out), got 0" in capsys.readouterr().err
