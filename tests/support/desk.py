@@ -28,6 +28,7 @@ def desk_app(home: Path) -> Iterator[t.Desk]:
 
     from airflow_batchinfer.review.app import get_app
 
+    home.mkdir(parents=True, exist_ok=True)
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
     env = {
