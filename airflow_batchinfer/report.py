@@ -382,10 +382,11 @@ def _accepted_ids(
         return [None] if found else []
     accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
     # what reviewers' decisions took out of a pending set: accepted into results, or dropped
-    decided = [IdDigest.maybe(a.get(k)) for a in _reviews(layout, plans, so) for k in ("accepted", "dropped")]
+    reviews = _reviews(layout, plans, so)
+    decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]
     # the spot checks no person decided, into results as the judge said (only where there were some)
-    followed = [IdDigest.maybe(a["approved"]) for a in _reviews(layout, plans, so) if "approved" in a]
-    return accepted + decided + followed
+    decided += [IdDigest.maybe(a["approved"]) for a in reviews if "approved" in a]
+    return accepted + decided
 
 
 def calibrations(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[Calibration]:
