@@ -40,9 +40,9 @@ class CalibrationDesk:
 
 @pytest.fixture(scope="module")
 def calibration_desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CalibrationDesk]:
-    """A run of 600 records whose round 0 closed with about 60 spot checks of the judge's approvals;
-    its gate (``round_01.plan``) waits, nothing decided yet."""
-    cfg = spot_run(tmp_path_factory.mktemp("spot"), n=600, per_shard=200, spot_check_approved=60)
+    """A run of 600 records whose round 0 closed with about 75 spot checks of the judge's approvals
+    (120 asked, of which the judge approved 62%); its gate (``round_01.plan``) waits, nothing decided."""
+    cfg = spot_run(tmp_path_factory.mktemp("spot"), n=600, per_shard=200, spot_check_approved=120)
     run_slot(cfg, "round-00")
     with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
         open_gate(desk, RUN, "round_01.plan", cfg.run_root, "Round 1: review the pending records (run)")
@@ -78,8 +78,10 @@ def test_live_figures_follow_the_decisions_and_are_the_ones_stored_at_the_answer
     live = d.get("bob", calibration_desk.url("/calibration")).json()
     figures = live["calibration"]
     assert figures["reviewed"] == decided["accept"] + decided["retry"] and figures["spot_checks"] > 30
-    assert figures["weighted"] and figures["coverage"] == 1.0 and figures["notes"] == []
-    # every judged row of the round was reviewed but the approvals, sampled (about 60: the sample is
+    # every verdict reviewed (a score bucket of the approvals the sample missed lends its rows)
+    assert figures["weighted"] and figures["coverage"] > 0.9
+    assert not [n for n in figures["notes"] if "was reviewed" in n or "undefined" in n]
+    # every judged row of the round was reviewed but the approvals, sampled (about 75: the sample is
     # the run's): within about 4 standard errors of the construction's figures
     want = c.expected((f"c{i:05d}", 1) for i in range(600))
     assert abs(figures["agreement"] - want.agreement) < 0.1 and abs(figures["kappa"] - want.kappa) < 0.25

@@ -310,7 +310,7 @@ def test_a_sample_of_the_approvals_estimates_the_rounds_figures(tmp_path: Path) 
     assert doc is not None and doc.reviewed == len(reviewed)
     tp = sum(1 for s in reviewed if c.verdict(s.id, 1) and c.truth(s.id, 1))
     assert doc.confusion.both_approve == tp
-    assert doc.spot_checks == sum(s.spot_check for s in reviewed) > 100
+    assert doc.spot_checks == sum(s.spot_check for s in reviewed) > 80  # about 124
     population = c.expected((f"c{i:05d}", 1) for i in range(2_000))
     assert doc.agreement is not None and doc.kappa is not None and doc.recall is not None
     # the sample is the run's (seeded by its root): within about 4 standard errors of ~125 checks
