@@ -7,7 +7,7 @@ unclaimed shard), close the round; then the report. The decisions and files are
 those of :mod:`airflow_batchinfer.run`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
 page); here ``review`` must be ``never``, and a person may not judge (``{"type": "human"}``,
-``review_below_score``).
+``review_below_score``, ``spot_check_approved``).
 """
 
 from __future__ import annotations
@@ -95,7 +95,8 @@ async def run_pipeline(
     """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judge_pool``'s judge jobs."""
     if cfg.review != "never" or cfg.human_review:
         raise ConfigError(
-            "review between rounds, a human judge and review_below_score need Airflow (the review gate and "
+            "review between rounds, a human judge, review_below_score and spot_check_approved need Airflow "
+            "(the review gate and "
             "the review page); here use review=never and an automated judge"
         )
     if bool(cfg.judge_pool) != (judge_pool is not None):

@@ -15,6 +15,7 @@ from typing import Any
 from airflow_batchinfer import charts
 from airflow_batchinfer.engines.stats import CounterName
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.review.calibration import calibration_chart, pooled
 from airflow_batchinfer.run.close import MAX_NAMED, WORKER_FIELDS
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
@@ -31,6 +32,7 @@ from airflow_batchinfer.run.docs import (
     slots,
     write_doc,
 )
+from airflow_batchinfer.run.docs.calibration import Calibration, read_calibration
 from airflow_batchinfer.run.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.layout import RunLayout
@@ -109,11 +111,15 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "plans": [
             {k: v for k, v in vars(p).items() if k != "config"} | {"shards": len(p.shards)} for p in plans
         ],
-        "approved": sum(s.approved for s in rounds),
+        # the judge's approvals: into results at each close, and spot checks no person decided after it
+        "approved": sum(s.approved for s in rounds)
+        + sum(int(a.get("counts", {}).get("approve", 0)) for a in reviews),
         "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
         + sum(int(a["accepted"]["count"]) for a in reviews),
         "dropped_by_review": sum(int(a["dropped"]["count"]) for a in reviews),
         "reviews": reviews,  # the reviewers' decisions per reviewed round, as they took effect
+        # the judge against the reviewers, per reviewed round (round-NN/review/calibration.json)
+        "calibration": [c.to_json() for c in calibrations(layout, plans, so)],
         "remaining_pending": sum(s["records"] for s in final_pending),
         # where it is: what a review's decisions left pending, or the round's pending set
         "remaining_pending_uri": _pending_uri(layout, r_next, so) if final_pending else None,
@@ -377,8 +383,18 @@ def _accepted_ids(
         return [None] if found else []
     accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
     # what reviewers' decisions took out of a pending set: accepted into results, or dropped
-    decided = [IdDigest.maybe(a.get(k)) for a in _reviews(layout, plans, so) for k in ("accepted", "dropped")]
+    reviews = _reviews(layout, plans, so)
+    decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]
+    # the spot checks no person decided, into results as the judge said (only where there were some)
+    decided += [IdDigest.maybe(a["approved"]) for a in reviews if "approved" in a]
     return accepted + decided
+
+
+def calibrations(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[Calibration]:
+    """The judge's calibration against the reviewers, per round whose decisions took effect."""
+    return [
+        c for r in sorted({p.round - 1 for p in plans if p.round}) if (c := read_calibration(layout, r, so))
+    ]
 
 
 def _reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[dict[str, Any]]:
@@ -486,6 +502,10 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{v['counts']['drop']} |"
             for v in report["reviews"]
         ]
+        followed = sum(int(v["counts"].get("approve", 0)) for v in report["reviews"])
+        if followed:
+            lines += ["", f"Spot checks no reviewer decided, approved as the judge said: {followed}."]
+    lines += calibration_lines(report.get("calibration") or [])
     lines += ["", "## Workers", "", "| worker | jobs | avg batch fill | engine busy s | tokens |"]
     lines += ["| --- | --- | --- | --- | --- |"]
     lines += [
@@ -495,7 +515,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += engine_lines(report.get("engine") or [])
     lines += [
         "",
-        "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time).",
+        "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time)"
+        + (", `calibration.svg` (the judge against the reviewers)." if report.get("calibration") else "."),
     ]
     return "\n".join(lines) + "\n"
 
@@ -650,10 +671,63 @@ def plots(report: dict[str, Any]) -> dict[str, bytes]:
         width=_PANEL[0],
         height=_PANEL[1],
     )
-    return {
+    out = {
         "rounds.svg": charts.side_by_side(records, throughput).encode(),
         "workers.svg": charts.side_by_side(fill, engine).encode(),
     }
+    if report.get("calibration"):
+        docs = [Calibration.model_validate(c) for c in report["calibration"]]
+        out["calibration.svg"] = calibration_chart(docs, width=_PANEL[0], height=_PANEL[1]).encode()
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def _kappa(value: float | None) -> str:
+    return "–" if value is None else f"{value:.3f}"
+
+
+def calibration_lines(found: list[dict[str, Any]]) -> list[str]:
+    """report.md's **Judge and reviewers**: per reviewed round the judge's agreement with the people,
+    Cohen's kappa, precision and recall of "approve" (the person as truth), and per score bucket (the
+    rounds pooled) the judge's approval, the people's and their agreement."""
+    if not found:
+        return []
+    docs = [Calibration.model_validate(c) for c in found]
+    lines = [
+        "",
+        "## Judge and reviewers",
+        "",
+        "Each reviewed row weighed by the judged rows of its stratum (the judge's verdict and score "
+        "bucket) it stands for; decisions by filter not counted. `calibration.svg` plots both tables.",
+        "",
+        "| round | reviewed | spot checks | agreement | kappa | precision | recall | coverage | notes |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for d in docs:
+        notes = _cell("; ".join(d.notes), 200)
+        lines.append(
+            f"| {d.round} | {d.reviewed} | {d.spot_checks} | {_pct(d.agreement)} | {_kappa(d.kappa)} | "
+            f"{_pct(d.precision)} | {_pct(d.recall)} | {_pct(d.coverage)} | {notes} |"
+        )
+    buckets = pooled(docs)
+    if buckets:
+        lines += [
+            "",
+            "Per judge score bucket (choosing `review_below_score`: below the buckets whose agreement "
+            "you trust, people decide):",
+            "",
+            "| score from | judged rows | judge approval | reviewed | reviewers' approval | agreement |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {b.bucket} | {b.rows if b.rows else '–'} | {_pct(b.judge_approval)} | {b.reviewed} | "
+            f"{_pct(b.person_approval)} | {_pct(b.agreement)} |"
+            for b in buckets
+        ]
+    return lines
 
 
 def review_body(
@@ -696,6 +770,7 @@ def review_body(
         "| --- | --- | --- | --- |",
     ]
     lines += [f"| {s.round} | {s.pending} | {s.approved} | {(s.approval_rate or 0):.0%} |" for s in history]
+    lines += _gate_calibration(layout, plan.round, last, so)
     pending = plan.shards or (pending_shards(layout, plan.round, so) if plan.stop != NOTHING_PENDING else [])
     table = _sample_rows(pending, cfg.id_field or "id", sample, so)  # cut as each row is read
     lines += [
@@ -714,6 +789,37 @@ def review_body(
         "into results, marked `accepted_by_review`. **Stop**: end the run; the pending set stays reported.",
     ]
     return _fit(lines, tail)
+
+
+def _gate_calibration(
+    layout: RunLayout, r: int, last: Summary | None, so: StorageOptions | None
+) -> list[str]:
+    """A gate's lines on checking the judge: the spot checks of the round under review, and the
+    judge's calibration against the reviewers of each earlier round (this round's is live on the
+    desk until the answer applies its decisions)."""
+    out = []
+    if last is not None and last.spot_checks:
+        out += [
+            "",
+            f"**{last.spot_checks} rows the judge approved are held for a spot check** (reason group "
+            "*spot check* on the desk): accept the ones you agree with, retry or drop the others; one "
+            "nobody decides goes to results as the judge said.",
+        ]
+    earlier = [c for q in range(max(r - 1, 0)) if (c := read_calibration(layout, q, so))]
+    if earlier:
+        out += [
+            "",
+            "**The judge against the reviewers** (earlier rounds; this round's are live on the desk):",
+            "",
+            "| round | reviewed | agreement | kappa | precision | recall |",
+            "| --- | --- | --- | --- | --- | --- |",
+        ]
+        out += [
+            f"| {c.round} | {c.reviewed} | {_pct(c.agreement)} | {_kappa(c.kappa)} | {_pct(c.precision)} | "
+            f"{_pct(c.recall)} |"
+            for c in earlier
+        ]
+    return out
 
 
 MAX_BODY_BYTES = 64 * 1024  # a gate's body at most (UTF-8): Airflow stores it and its UI renders it

@@ -346,6 +346,10 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("review_below_score", "number", None, "an llm judge's verdicts scored below this (or without a "
          "score) go to people on the review page instead of passing on their own; empty: none",
          nullable=True, minimum=0, maximum=1),
+    _run("spot_check_approved", "integer", 0, "about this many of each round's judge-approved rows held "
+         "back for people on the review desk, beside the rejected ones (a seeded sample, every shard and "
+         "score bucket at the same rate; one undecided follows the judge); the reviewers' verdicts give "
+         "the judge's agreement, Cohen's kappa, precision and recall per round; 0: none", minimum=0),
     # shards
     _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each", minimum=1,
          flag="--records-per-shard"),

@@ -16,6 +16,8 @@ from typing import Any
 
 import orjson
 
+from airflow_batchinfer.judges.spot_check import SPOT_CHECK
+
 __all__ = [
     "MAX_GROUPS",
     "MAX_KEY_CHARS",
@@ -63,10 +65,14 @@ def reason_group(reason: str) -> str:
     decimals, negatives, ``1,234``, ``1e-5``; hex ids and UUIDs too), whitespace runs one space, case
     kept, at most :data:`MAX_KEY_CHARS` characters; an empty reason is ``(no reason)``. An inference
     error (``inference_error: <message>``) keeps its prefix and normalises its message the same way;
-    a truncated row's rejection (``truncated: …``) is the group ``truncated``."""
+    a truncated row's rejection (``truncated: …``) is the group ``truncated``, and a spot check's
+    (``spot check: <the judge's reason>``, :mod:`~airflow_batchinfer.judges.spot_check`) the group
+    ``spot check``."""
     text = str(reason or "")
     if text.startswith(TRUNCATED + ":"):
         return TRUNCATED
+    if text == SPOT_CHECK or text.startswith(SPOT_CHECK + ":"):
+        return SPOT_CHECK
     if text.startswith(INFERENCE_ERROR):
         return _cut(INFERENCE_ERROR + " " + _normalise(text[len(INFERENCE_ERROR) :]))
     return _cut(_normalise(text)) or NO_REASON

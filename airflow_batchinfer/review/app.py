@@ -37,6 +37,8 @@ Every sample they return is cut to the ``[batchinfer] review_*`` caps as its row
 one such value whole (a sample's ``shard_id`` and ``position`` address it).
     GET  /api/gates/{dag_id}/{run_id}/shards        ?cursor=&size=&state=&round=: a round's shards
     GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
+    GET  /api/gates/{dag_id}/{run_id}/calibration   the judge against the reviewers   [?round=]
+    GET  /api/gates/{dag_id}/{run_id}/calibration.svg  its plot, the rounds so far (image/svg+xml)
     POST /api/gates/{dag_id}/{run_id}/decisions     {"action", "ids" | "filter", "note"} (open gate only)
 """
 
@@ -76,6 +78,7 @@ from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
+from airflow_batchinfer.review.calibration import calibration_chart, measured
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
 from airflow_batchinfer.run.docs import (
@@ -87,6 +90,7 @@ from airflow_batchinfer.run.docs import (
     rounds_ran,
     slots,
 )
+from airflow_batchinfer.run.docs.calibration import Calibration, read_calibration
 from airflow_batchinfer.run.docs.shard_status import RoundStatus, round_status
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import RunIdentity, creator_of, parse_owner, read_owner
@@ -433,6 +437,38 @@ def _tally(ctx: RunContext, r: int, log: list[Decision]) -> dict[str, int] | str
     return counts
 
 
+# --------------------------------------------------------------------------- the calibration
+_calibrated: OrderedDict[tuple[str, int, int, str], Calibration] = OrderedDict()
+_calibrated_lock = threading.Lock()
+
+
+def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
+    """Rounds ``0..r``'s calibrations, each with whether it is live: the stored one of a round whose
+    decisions took effect, else measured from the decisions so far (once per state of the log: the
+    page asks after every decision)."""
+    layout = RunLayout(ctx.run_root)
+    out = []
+    for q in range(r + 1):
+        stored = read_calibration(layout, q, ctx.so)
+        if stored is not None:
+            out.append((stored, False))
+            continue
+        log = DecisionLog(ctx.run_root, q, ctx.so).read()
+        if q < r and not log:
+            continue  # an earlier round nobody reviewed
+        key = (ctx.run_root, q, len(log), repr(sorted(ctx.so.items())))
+        with _calibrated_lock:
+            hit = _calibrated.get(key)
+        if hit is None:
+            hit = measured(_view(ctx, q), log)
+            with _calibrated_lock:
+                _calibrated[key] = hit
+                while len(_calibrated) > MAX_VIEWS:
+                    _calibrated.popitem(last=False)
+        out.append((hit, True))
+    return out
+
+
 # ---------------------------------------------------------------------------------- the data
 def _jsonable(obj: Any) -> Any:
     if hasattr(obj, "to_dict"):
@@ -718,7 +754,8 @@ def create_app() -> FastAPI:
         groups = view.groups()
         doc = read_summary(RunLayout(ctx.run_root), r, ctx.so)
         stored = doc.to_json() if doc is not None else {}  # a mode's own counts: in place has no rejected
-        counts = {k: stored[k] for k in ("pending", "approved", "rejected", "failed_records") if k in stored}
+        shown = ("pending", "approved", "rejected", "failed_records", "spot_checks")
+        counts = {k: stored[k] for k in shown if k in stored}
         return {
             "dag_id": dag_id,
             "run_id": run_id,
@@ -869,6 +906,35 @@ def create_app() -> FastAPI:
             "counts": found.counts() if found.tracked else {},
             **page.to_dict(),
         }
+
+    # ----------------------------------------------------------------------- the calibration
+    @app.get("/api/gates/{dag_id}/{run_id}/calibration", dependencies=[ReadDag])
+    def calibration(
+        dag_id: str,
+        run_id: str,
+        session: SessionDep,
+        user: GetUserDep,
+        round: Annotated[int | None, Query(ge=0)] = None,
+    ) -> dict[str, Any]:
+        """The judge against the reviewers: round ``round`` (the gate's by default) as its decisions
+        stand now (``live``), and every round up to it (stored once applied, else live)."""
+        ctx = run_context(session, dag_id, run_id, user)
+        r = _round_of(ctx, round)
+        docs = _calibrations(ctx, r)
+        return {
+            "round": r,
+            "gate_round": ctx.round,
+            "calibration": docs[-1][0].to_json(),
+            "live": docs[-1][1],
+            "rounds": [{**doc.to_json(), "live": live} for doc, live in docs],
+        }
+
+    @app.get("/api/gates/{dag_id}/{run_id}/calibration.svg", dependencies=[ReadDag])
+    def calibration_svg(dag_id: str, run_id: str, session: SessionDep, user: GetUserDep) -> Response:
+        ctx = run_context(session, dag_id, run_id, user)
+        r = _round_of(ctx, None)
+        svg = calibration_chart([doc for doc, _ in _calibrations(ctx, r)])
+        return Response(svg, media_type="image/svg+xml", headers={"Content-Security-Policy": SVG_CSP})
 
     # ------------------------------------------------------------------------ the decisions
     @app.get("/api/gates/{dag_id}/{run_id}/decisions", dependencies=[ReadDag])

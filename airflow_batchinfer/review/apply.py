@@ -5,12 +5,20 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
   pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
-- **drop**: out of the run, into ``dropped/`` with the same record of the decision.
+- **drop**: out of the run, into ``dropped/`` with the same record of the decision;
+- a **spot check** no decision names (an approved row the judge job held back for people,
+  ``spot_check_approved``) follows the judge: into ``results/`` (with the accepted rows), approved.
+
+A decided row records the person's verdict in its ``judgment``: ``person`` (``approved``: accept;
+``action``, ``by``, ``at``, ``note``; ``bulk`` for a decision by filter) and ``overridden`` when it
+differs from the judge's own verdict. The reviewers' verdicts beside the judge's give the round's
+calibration (``round-NN/review/calibration.json``, :mod:`airflow_batchinfer.review.calibration`).
 
 Every output file is written whole and the split's ids are digested per output, so the id invariant
-holds from digests: pending = retained + accepted + dropped (the plan records the last two; the
-report counts them). Applying again (a retried plan task) rewrites the same files from the same
-decisions, and removes what an earlier application wrote that these decisions no longer make.
+holds from digests: pending = retained + accepted + dropped + approved (the spot checks that
+followed the judge; the plan records the last three, the report counts them). Applying again (a
+retried plan task) rewrites the same files from the same decisions, and removes what an earlier
+application wrote that these decisions no longer make.
 """
 
 from __future__ import annotations
@@ -20,8 +28,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.review.decisions import Action, Decision, DecisionLog, Resolver
+from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of
+from airflow_batchinfer.review.decisions import (
+    FOLLOWS_JUDGE,
+    Decision,
+    DecisionLog,
+    Outcome,
+    Resolver,
+    undecided,
+)
 from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.docs import read_summary
+from airflow_batchinfer.run.docs.calibration import write_calibration
 from airflow_batchinfer.run.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
@@ -38,14 +56,16 @@ class Applied:
     reviewed_round: int
     decisions: int
     shards: list[ShardDescriptor]  # the retained rows, per shard (the round's pending set now)
+    # accept, retry, drop; approve (spot checks that followed the judge) when there were any
     counts: dict[str, int] = field(default_factory=lambda: {"accept": 0, "retry": 0, "drop": 0})
     accepted: IdDigest = field(default_factory=IdDigest)
     dropped: IdDigest = field(default_factory=IdDigest)
+    approved: IdDigest = field(default_factory=IdDigest)  # undecided spot checks, into results
 
     def to_dict(self) -> dict[str, Any]:
         """What the split's manifest (``run.docs.review_applied``, which the report counts) and the
-        plan (``Plan.reviewed``) record."""
-        return {
+        plan (``Plan.reviewed``) record; ``approved`` only when spot checks followed the judge."""
+        out = {
             "version": APPLIED_VERSION,
             "round": self.reviewed_round,
             "decisions": self.decisions,
@@ -53,52 +73,70 @@ class Applied:
             "accepted": self.accepted.to_dict(),
             "dropped": self.dropped.to_dict(),
         }
+        if self.counts.get(FOLLOWS_JUDGE):
+            out["approved"] = self.approved.to_dict()
+        return out
 
 
 def apply_decisions(
     cfg: RunConfig, r: int, pending: list[ShardDescriptor], so: StorageOptions | None = None
 ) -> Applied | None:
     """Split round ``r``'s ``pending`` shards by the decisions on round ``r - 1``'s rejected rows;
-    ``None`` when there are none (nothing is written)."""
+    ``None`` when there are none and no spot check waits (nothing is written)."""
     if r < 1:
         return None
     # sealed first: a decision recorded from now on is refused, not silently left out
     decisions = DecisionLog(cfg.run_root, r - 1, so).seal()
-    if not decisions:
-        return None
     layout = RunLayout(cfg.run_root)
     reviewed = r - 1
+    last = read_summary(layout, reviewed, so)
+    if not decisions and not (last is not None and last.spot_checks):
+        return None
     view = RoundView(cfg.run_root, reviewed, so)
     resolver = Resolver(decisions)
     id_field = cfg.id_field or "id"
     applied = Applied(reviewed, len(decisions), [])
+    pairs: list[Pair] = []
+    bulk = unjudged = 0
     made: set[str] = set()
     retained_dir = JsonlDir(layout.reviewed(r), storage_options=so)
     for shard in pending:
         sid = shard["shard_id"]
-        digests: dict[Action, IdDigest] = {a: IdDigest() for a in ("accept", "retry", "drop")}
-        uris: dict[Action, str] = {
+        digests: dict[Outcome, IdDigest] = {a: IdDigest() for a in ("accept", "retry", "drop", FOLLOWS_JUDGE)}
+        uris: dict[Outcome, str] = {
             "retry": retained_dir.file(sid + SHARD_SUFFIX).uri,
             "accept": layout.review_accepted(reviewed, sid),
+            FOLLOWS_JUDGE: layout.review_accepted(reviewed, sid),  # results, beside the accepted ones
             "drop": layout.review_dropped(reviewed, sid),
         }
-        with contextlib.ExitStack() as stack:  # a file only for an action that takes rows
-            outs: dict[Action, Any] = {}
+        with contextlib.ExitStack() as stack:  # a file only for an outcome that takes rows
+            outs: dict[str, Any] = {}
             for pos, row in enumerate(JsonlFile(shard["uri"], storage_options=so).iter_records()):
                 sample = view.to_sample(row, sid, pos, prompt=resolver.needs_prompts)
                 decision = resolver.decision(sample)
-                action: Action = decision.action if decision is not None else "retry"
-                if action not in outs:
-                    outs[action] = stack.enter_context(
-                        JsonlFile(uris[action], storage_options=so).writer_sync()
-                    )
-                outs[action].write(row if decision is None or action == "retry" else _marked(row, decision))
-                digests[action].add(row.get(id_field))
-                applied.counts[action] += 1
-        made.update(uris[a] for a in outs)
+                outcome: Outcome = decision.action if decision is not None else undecided(sample.spot_check)
+                uri = uris[outcome]
+                if uri not in outs:
+                    outs[uri] = stack.enter_context(JsonlFile(uri, storage_options=so).writer_sync())
+                if decision is None:
+                    outs[uri].write(row if outcome == "retry" else _approved(row))
+                else:
+                    judged = judge_verdict(sample)
+                    pair = pair_of(sample, decision)
+                    if pair is not None:
+                        pairs.append(pair)
+                    elif judged is None:
+                        unjudged += 1
+                    else:
+                        bulk += 1
+                    outs[uri].write(_marked(row, decision, None if judged is None else judged[0]))
+                digests[outcome].add(row.get(id_field))
+                applied.counts[outcome] = applied.counts.get(outcome, 0) + 1
+        made.update(outs)
         applied.accepted += digests["accept"]
         applied.dropped += digests["drop"]
-        if "retry" in outs:
+        applied.approved += digests[FOLLOWS_JUDGE]
+        if digests["retry"].count:
             applied.shards.append(
                 {
                     "shard_id": sid,
@@ -112,6 +150,10 @@ def apply_decisions(
     files.remove_others(layout.results, prefix, made, so)
     files.remove_others(layout.dropped, prefix, made, so)
     files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
+    if cfg.judge.get("type") != "human":  # a human judge's rows have no judge to check
+        doc = calibrate(pairs, last.verdicts if last is not None else None, round=reviewed)
+        doc = doc.model_copy(update={"decisions": len(decisions), "bulk": bulk, "unjudged": unjudged})
+        write_calibration(layout, doc, so)
     write_manifest(
         retained_dir,
         {
@@ -128,7 +170,37 @@ def apply_decisions(
     return applied
 
 
-def _marked(row: dict[str, Any], decision: Decision) -> dict[str, Any]:
+def _person(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict[str, Any]:
+    """``row``'s judgment with the person's verdict: ``person`` and, where the judge gave one,
+    ``overridden`` (the person's verdict is not the judge's)."""
+    judgment = dict(row.get("judgment") or {})
+    person: dict[str, Any] = {
+        "approved": decision.action == "accept",
+        "action": decision.action,
+        "by": decision.by,
+        "at": decision.at,
+        "note": decision.note,
+    }
+    if decision.bulk:
+        person["bulk"] = True
+    judgment["person"] = person
+    if judge is not None:
+        judgment["overridden"] = person["approved"] != judge
+    return judgment
+
+
+def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict[str, Any]:
+    """A decided row: the person's verdict in its judgment; an accepted or dropped one also carries
+    ``review`` (and ``accepted_by_review``, accepted). A retried row keeps only the judgment's mark
+    (its next round judges it afresh)."""
+    marked = {**row, "judgment": _person(row, decision, judge)}
+    if decision.action == "retry":
+        return marked
     review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
-    return {**row, **extra, "review": review}
+    return {**marked, **extra, "review": review}
+
+
+def _approved(row: dict[str, Any]) -> dict[str, Any]:
+    """An undecided spot check, into results as the judge said: approved (still marked a spot check)."""
+    return {**row, "status": "approved", "judgment": {**(row.get("judgment") or {}), "approved": True}}

@@ -34,6 +34,7 @@ from airflow_batchinfer.desk_bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
+from airflow_batchinfer.judges.spot_check import is_spot_check
 from airflow_batchinfer.prompts import PromptBuilder
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
@@ -108,6 +109,11 @@ class Sample:
     status: str = "rejected"
     error: str | None = None
     truncated: Mapping[str, int] = field(default_factory=dict)
+    # the judge's own verdict on a row held for people (review_below_score, a spot check), else None;
+    # whether it awaits people (``judgment.for_review``), and whether it is a spot check of an approval
+    judge_approved: bool | None = None
+    for_review: bool = False
+    spot_check: bool = False
 
     def bounded(self, bounds: Bounds) -> Sample:
         """This sample as the desk shows it: each text of :data:`FIELDS` and each record field cut to
@@ -139,6 +145,9 @@ class Sample:
             "status": self.status,
             "error": self.error,
             "truncated": dict(self.truncated),
+            "judge_approved": self.judge_approved,
+            "for_review": self.for_review,
+            "spot_check": self.spot_check,
         }
 
 
@@ -305,11 +314,12 @@ class RoundView:
         self._shards: list[_Shard] | None = None
         self._starts: list[int] = []  # each shard's first row's position in the round
         self._settings: tuple[str, _Prompts | None] | None = None
+        self._spot: int | None = None
 
     # ----------------------------------------------------------------------------- what it holds
     def refresh(self) -> None:
         with self._lock:
-            self._shards, self._settings = None, None
+            self._shards, self._settings, self._spot = None, None, None
 
     def shards(self) -> list[ShardRows]:
         """The round's rejected shards in order, with their row counts (O(shards), no row read)."""
@@ -327,6 +337,13 @@ class RoundView:
         for shard in self._with_groups(scan=True):
             total.merge(shard.groups or {})
         return total.as_dict()
+
+    def spot_checks(self) -> int:
+        """The round's spot checks (approved rows held back for people), from its summary."""
+        if self._spot is None:
+            summary = read_summary(self.layout, self.round, self.so)
+            self._spot = (summary.spot_checks or 0) if summary is not None else 0
+        return self._spot
 
     @property
     def id_field(self) -> str:
@@ -442,10 +459,11 @@ class RoundView:
             return self.to_sample(parse_record(line), shard.shard_id, pos)
         return None
 
-    def with_ids(self, ids: Iterable[str]) -> Iterator[Sample]:
-        """The rows whose id (as text) is one of ``ids``, in round order, without prompts. Reads the
-        round once, parsing only the lines of those ids."""
-        return self._with_ids(ids)
+    def with_ids(self, ids: Iterable[str], *, prompt: bool = False) -> Iterator[Sample]:
+        """The rows whose id (as text) is one of ``ids``, in round order, without prompts unless
+        ``prompt``. Reads the round once, parsing only the lines of those ids."""
+        found = self._with_ids(ids)
+        return (self._with_prompt(s) for s in found) if prompt else found
 
     def _with_ids(self, ids: Iterable[str]) -> Generator[Sample, None, None]:
         keys: set[bytes] = set()  # each id's canonical JSON in a row: a string, or an integer
@@ -516,6 +534,11 @@ class RoundView:
             record=record,
             status=text_of(row.get("status")) or "rejected",
             error=None if error is None else text_of(error),
+            judge_approved=judge_approved
+            if isinstance(judge_approved := judgment.get("judge_approved"), bool)
+            else None,
+            for_review=judgment.get("for_review") is True,
+            spot_check=is_spot_check(judgment),
         )
 
     # --------------------------------------------------------------------------------- internals

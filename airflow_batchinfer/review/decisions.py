@@ -12,6 +12,9 @@ decision selects is retried (the default):
 * ``accept``: into ``results/``, marked ``accepted_by_review``;
 * ``retry``: into the next round, as without review;
 * ``drop``: out of the run, into ``dropped/`` with the reviewer's note.
+
+A spot check (an approved row the judge job held back for people, ``spot_check_approved``) no
+decision selects follows the judge instead: into ``results/`` as approved.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
+from airflow_batchinfer.judges.spot_check import SPOT_CHECK
 from airflow_batchinfer.review.browse import RoundView, Sample, matches
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import swap
@@ -33,9 +37,11 @@ __all__ = [
     "ACTIONS",
     "DECISION_VERSION",
     "DEFAULT_ACTION",
+    "FOLLOWS_JUDGE",
     "Action",
     "Decision",
     "DecisionLog",
+    "Outcome",
     "Resolver",
     "resolve",
     "tally",
@@ -44,6 +50,10 @@ __all__ = [
 Action = Literal["accept", "retry", "drop"]
 ACTIONS: tuple[Action, ...] = get_args(Action)
 DEFAULT_ACTION: Action = "retry"
+# What happens to a row: a decision's action, or (no decision) retry, but a spot check (an approval
+# held back for people, judges.spot_check) follows the judge into results: "approve".
+Outcome = Literal["accept", "retry", "drop", "approve"]
+FOLLOWS_JUDGE: Outcome = "approve"
 DECISION_VERSION = 1  # of each line of decisions.jsonl
 MAX_NOTE = 2_000
 MAX_IDS = 10_000  # ids one decision names at most (a larger selection: a filter)
@@ -330,6 +340,16 @@ class Resolver:
         d = self.decision(sample)
         return d.action if d is not None else DEFAULT_ACTION
 
+    def outcome(self, sample: Sample) -> Outcome:
+        """What happens to ``sample``: :meth:`action`, but an undecided spot check follows the judge."""
+        d = self.decision(sample)
+        return d.action if d is not None else undecided(sample.spot_check)
+
+
+def undecided(spot_check: bool) -> Outcome:
+    """What happens to a row no decision selects: retried, or (a spot check) approved as judged."""
+    return FOLLOWS_JUDGE if spot_check else DEFAULT_ACTION
+
 
 def resolve(decisions: Sequence[Decision], sample: Sample) -> Action:
     """What happens to ``sample``: the action of the last decision that names its id or whose filter
@@ -337,30 +357,39 @@ def resolve(decisions: Sequence[Decision], sample: Sample) -> Action:
     return Resolver(decisions).action(sample)
 
 
-def tally(decisions: Sequence[Decision], view: RoundView) -> dict[Action, int]:
-    """How many of the round's rejected rows each action will take, ``{"accept", "retry", "drop"}``.
+def tally(decisions: Sequence[Decision], view: RoundView) -> dict[Outcome, int]:
+    """How many of the round's rejected rows each action will take, ``{"accept", "retry", "drop"}``,
+    and ``approve`` when the round holds spot checks (an undecided one follows the judge).
 
-    Without decisions, or with only group filters over a round whose manifests count its groups
-    exactly, it is computed from the counts (reading only the rows of ids the decisions name, found
-    by their id alone); otherwise the round is read once."""
-    counts: dict[Action, int] = dict.fromkeys(ACTIONS, 0)
+    Without decisions (the spot checks from the round's summary), or with only group filters over a
+    round whose manifests count its groups exactly, it is computed from the counts (reading only the
+    rows of ids the decisions name, found by their id alone); otherwise the round is read once."""
+    counts: dict[Outcome, int] = dict.fromkeys(ACTIONS, 0)
+    spot = view.spot_checks()
+    if spot:
+        counts[FOLLOWS_JUDGE] = 0
     decisions = list(decisions)
     if not decisions:
-        counts[DEFAULT_ACTION] = view.total()
+        counts[DEFAULT_ACTION] = view.total() - spot
+        if spot:
+            counts[FOLLOWS_JUDGE] = spot
         return counts
     resolver = Resolver(decisions)
-    fast = None if resolver.needs_prompts else _tally_by_group(resolver, view)
+    fast = None if resolver.needs_prompts else _tally_by_group(resolver, view, counts)
     if fast is not None:
         return fast
     for sample, _ in view.scan(prompts=resolver.needs_prompts):
-        counts[resolver.action(sample)] += 1
+        counts[resolver.outcome(sample)] += 1
     return counts
 
 
-def _tally_by_group(resolver: Resolver, view: RoundView) -> dict[Action, int] | None:
+def _tally_by_group(
+    resolver: Resolver, view: RoundView, empty: dict[Outcome, int]
+) -> dict[Outcome, int] | None:
     """:func:`tally` from the manifests' exact group counts when every filter is a group filter (or
-    ``{}``): each group takes the action of the last filter selecting it; a row a later decision
-    names by id is moved to that decision's action. ``None`` when the groups are not known exactly."""
+    ``{}``): each group takes the action of the last filter selecting it (none: the group's default,
+    approve for the spot checks' group); a row a later decision names by id is moved to that
+    decision's action. ``None`` when the groups are not known exactly."""
     groups = view.exact_groups()
     if groups is None:
         return None
@@ -372,13 +401,13 @@ def _tally_by_group(resolver: Resolver, view: RoundView) -> dict[Action, int] | 
                 return i
         return -1
 
-    def action(i: int) -> Action:
-        return decisions[i].action if i >= 0 else DEFAULT_ACTION
+    def action(i: int, group: str) -> Outcome:
+        return decisions[i].action if i >= 0 else undecided(group == SPOT_CHECK)
 
     winner = {g: last_filter(g) for g in groups}
-    counts: dict[Action, int] = dict.fromkeys(ACTIONS, 0)
+    counts = dict(empty)
     for g, n in groups.items():
-        counts[action(winner[g])] += n
+        counts[action(winner[g], g)] = counts.get(action(winner[g], g), 0) + n
     if resolver._by_id:
         for sample in view.with_ids(resolver._by_id):
             f = winner.get(sample.group)
@@ -386,6 +415,6 @@ def _tally_by_group(resolver: Resolver, view: RoundView) -> dict[Action, int] | 
                 return None
             i = resolver._by_id.get(sample.id, -1)
             if i > f:  # named by id after the last filter that selects its group
-                counts[action(f)] -= 1
-                counts[action(i)] += 1
+                counts[action(f, sample.group)] -= 1
+                counts[action(i, sample.group)] = counts.get(action(i, sample.group), 0) + 1
     return counts

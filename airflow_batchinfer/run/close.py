@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines import adapters
-from airflow_batchinfer.judges import candidates
+from airflow_batchinfer.judges import candidates, spot_check
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
@@ -208,6 +208,8 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         truncated=counts.get("truncated", 0),
         candidates=_candidates(counts),
         adapters=_adapters(counts),
+        spot_checks=counts.get("spot_checks") if plan.mode == "rounds" else None,
+        verdicts=spot_check.strata(counts),
         repeated_ids=out_ids[REPEATED].count,
         approval_rate=round(approved / pending_records, 4) if pending_records else None,
         ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids

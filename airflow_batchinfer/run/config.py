@@ -72,6 +72,9 @@ class RunConfig:
     review_min_approval: float = 0.5
     # an llm judge's verdicts scored below this (or without a score) go to people, not through
     review_below_score: float | None = None
+    # about this many of each round's judge-approved rows held back for people to check (0: none);
+    # their verdicts and the reviewers' give the judge's calibration (judges.spot_check)
+    spot_check_approved: int = 0
     # quarantined shards the run tolerates before its final state is failed
     max_failed_shards: int = 0
     # pre-flight sample (Airflow only): records to try first (0: off), and the GPU-hour budget
@@ -109,12 +112,31 @@ class RunConfig:
                 "review_below_score routes low-scored verdicts of an llm judge to people; the "
                 f"{judge_type!r} judge gives no scores. Remove it, or use an llm judge"
             )
+        self._check_spot_check(judge_type)
         if self.judge_pool == "":
             self.judge_pool = None  # an empty value: no pool of its own
         if self.judge_pool is not None and self.judge.get("type") != "llm":
             raise ConfigError(
                 f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is "
                 f"{self.judge.get('type')!r}, which needs none: remove judge_pool, or use an llm judge"
+            )
+
+    def _check_spot_check(self, judge_type: Any) -> None:
+        """Spot checks need a judge that approves, and rounds (the gate between them)."""
+        n = self.spot_check_approved
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ConfigError(f"spot_check_approved must be an integer >= 0 (0: none), got {n!r}")
+        if not n:
+            return
+        if judge_type == "human":
+            raise ConfigError(
+                "spot_check_approved puts some of the judge's approved rows before people, but a human "
+                "judge approves none on its own (every row goes to people): remove spot_check_approved"
+            )
+        if self.strategy == "in_place":
+            raise ConfigError(
+                "spot_check_approved holds back approved rows of a round until its review gate; strategy "
+                "'in_place' has no rounds: use strategy 'rounds' or 'hybrid', or remove spot_check_approved"
             )
 
     def _check_bounds(self) -> None:
@@ -209,8 +231,13 @@ class RunConfig:
 
     @property
     def human_review(self) -> bool:
-        """Whether people judge some of every round's samples: a human judge, or low-scored verdicts."""
-        return self.judge.get("type") == "human" or self.review_below_score is not None
+        """Whether people judge some of every round's samples: a human judge, low-scored verdicts, or
+        spot checks of the approved ones."""
+        return (
+            self.judge.get("type") == "human"
+            or self.review_below_score is not None
+            or bool(self.spot_check_approved)
+        )
 
     def in_place_params(self) -> dict[str, Any]:
         return {

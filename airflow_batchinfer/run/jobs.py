@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run.config import RunConfig
@@ -39,7 +40,8 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
     ``outputs["staging"]``: the worker writes its outputs (approved and rejected rows; an infer job's
     inferred rows) under an attempt token there, and
     :func:`~airflow_batchinfer.run.close.close_round` moves one attempt's files to the final URIs. A
-    judge's input is :func:`judge_input`."""
+    judge's input is :func:`judge_input`. A shard with a ``spot_check_rate`` (its plan's) gives its
+    judge ``params.spot_check``: that rate and the run's seed (:func:`run_key`)."""
     layout = RunLayout(cfg.run_root)
     sid = shard["shard_id"]
     params: dict[str, Any]
@@ -60,6 +62,9 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "segments": layout.segments(r, sid, kind),  # committed chunks: a retry resumes after them
         }
         params = cfg.judge_params() if kind == "judge" else {**cfg.infer_params(), **cfg.judge_params()}
+        rate = shard.get("spot_check_rate")
+        if rate:  # only then: job ids and fingerprints as before for a run without spot checks
+            params["spot_check"] = SpotCheck(rate, run_key(cfg.run_root)).params()
     else:
         outputs = {
             "approved": layout.result(r, sid, tail=True),
@@ -95,11 +100,14 @@ def _read_range_job(cfg: RunConfig, r: int, shard: ShardDescriptor, spec: JobSpe
 def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:
     """The descriptor of a shard the round inferred (its final ``inferred/`` file): what the judge
     task is mapped over. The judge job itself reads :func:`judge_input`."""
-    return {
+    desc: ShardDescriptor = {
         "shard_id": shard["shard_id"],
         "uri": RunLayout(cfg.run_root).inferred(r, shard["shard_id"]),
         "records": shard["records"],
     }
+    if "spot_check_rate" in shard:  # the judge job holds back what the round's plan asked
+        desc["spot_check_rate"] = shard["spot_check_rate"]
+    return desc
 
 
 def judge_input(

@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, ReviewError
 from airflow_batchinfer.judges import judges_in_place
+from airflow_batchinfer.judges.spot_check import round_rate
 from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.review.apply import Applied, apply_decisions
 from airflow_batchinfer.run.config import RunConfig, round_config
@@ -132,6 +133,23 @@ def propose_slot(cfg: RunConfig, slot: str, so: StorageOptions | None = None) ->
 
 def propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     """Decide what ``snapshot.slot`` does from the plans and the summary before it (no I/O)."""
+    proposal = _propose(cfg, snapshot)
+    spot_checked(cfg, proposal.plan)
+    return proposal
+
+
+def spot_checked(cfg: RunConfig, plan: Plan) -> Plan:
+    """``plan`` with its shards' ``spot_check_rate`` when the run spot-checks approved rows and the
+    plan runs a round: the rate that holds back about ``spot_check_approved`` of the rows it plans
+    (:func:`~airflow_batchinfer.judges.spot_check.round_rate`); each judge job samples at it."""
+    if plan.mode != "rounds" or not cfg.spot_check_approved:
+        return plan
+    rate = round_rate(cfg.spot_check_approved, plan.records)
+    plan.shards = [{**s, "spot_check_rate": rate} for s in plan.shards]
+    return plan
+
+
+def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     slot, prior, r = snapshot.slot, snapshot.prior, snapshot.round
     all_slots = slots(cfg.max_rounds)
     if slot not in all_slots:
@@ -185,8 +203,10 @@ def propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     review = (
         cfg.review == "every_round"
         or (cfg.review == "on_low_approval" and approval is not None and approval < cfg.review_min_approval)
-        # people judge: after a human-judged round, or one whose low-scored verdicts await them
+        # people judge: after a human-judged round, or one whose low-scored verdicts or spot checks
+        # await them (a round whose spot check held none still opens: people check the judge)
         or cfg.judge.get("type") == "human"
+        or bool(cfg.spot_check_approved)
         or bool(last is not None and last.for_review)
     )
     return Proposal(plan, options if review else [], last)
@@ -269,7 +289,7 @@ def decide_answer(
         chosen = _chosen(plan, answer, pending, accepted)
     chosen.settings, chosen.config = answer.settings, answer.config
     chosen.reviewed = applied.to_dict() if applied is not None else None
-    return chosen
+    return chosen if answer.config is None else spot_checked(answer.config, chosen)
 
 
 def _chosen(plan: Plan, answer: Answer, pending: list[ShardDescriptor], accepted: IdDigest | None) -> Plan:

@@ -38,6 +38,9 @@ class ShardDescriptor(TypedDict):
     plan is valid for, ``estimated`` true: ``records`` is an estimate and ``ids`` is absent until
     the job that reads the range reports them (round 0's close fills both in). A zstd range after
     the first has ``lead_in``, the stored bytes of the frame before it (frames need not end at a line).
+
+    ``spot_check_rate``: the share of the shard's judge-approved rows its judge job holds back for
+    people (``spot_check_approved``), set by the round's plan from the rows it plans.
     """
 
     shard_id: str
@@ -48,6 +51,7 @@ class ShardDescriptor(TypedDict):
     bytes: NotRequired[int]
     version: NotRequired[str]
     estimated: NotRequired[bool]
+    spot_check_rate: NotRequired[float]
     lead_in: NotRequired[list[int]]
     # A range shard's line and id bounds (the run's max_line_bytes, max_id_bytes; storage.ranges)
     max_line_bytes: NotRequired[int]

@@ -12,6 +12,8 @@ from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
+from airflow_batchinfer.judges.human import HumanJudge
+from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
 from airflow_batchinfer.storage.ranges import InputRange
@@ -39,6 +41,8 @@ class JobParams:
     truncation: TruncationPolicy = field(default_factory=TruncationPolicy)
     # the run's LoRA adapters by name (a record's adapter field picks one)
     adapters: Mapping[str, Adapter] = field(default_factory=dict)
+    # approved rows held back for people to check, at the round's rate (judges.spot_check)
+    spot_check: SpotCheck | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -111,6 +115,16 @@ def parse_params(
             raise ConfigError(f"params.review_below_score must be a number in [0, 1], got {below!r}")
         common["review_below"] = None if below is None else float(below)
         common["select"] = check_select(params.get("select", DEFAULT_SELECT))
+        if "spot_check" in params:
+            if kind == "in_place" or isinstance(common["judge"], HumanJudge):
+                what = (
+                    "an in_place job" if kind == "in_place" else "a human judge, whose rows all go to people"
+                )
+                raise ConfigError(
+                    "params.spot_check holds back approved rows of a rounds judge job for people: "
+                    f"not of {what}"
+                )
+            common["spot_check"] = SpotCheck.from_params(params["spot_check"])
     if kind == "infer":
         fmt = params.get("output_format", "rows")
         if fmt not in ("rows", "openai"):

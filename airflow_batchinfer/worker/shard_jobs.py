@@ -41,7 +41,7 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import JudgeItem, Verdict, candidates
+from airflow_batchinfer.judges import JudgeItem, Verdict, candidates, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.judges.truncation import LENGTH, retry_max_tokens, row_decision, with_max_tokens
@@ -596,25 +596,43 @@ def _count_adapter(counts: Counter[str], row: Mapping[str, Any], status: str) ->
 
 async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Record]:
     """``rows`` with their verdicts: ``status`` approved or rejected, ``judgment`` (counted into
-    ``tally``, and their ids digested per output)."""
+    ``tally``, and their ids digested per output). An approved row the round's spot check picks
+    (:mod:`~airflow_batchinfer.judges.spot_check`) is held back for people as a low-scored one is; a
+    judge people check counts its judged rows per stratum (the calibration's weights)."""
     judged = []
     counts = tally.counts
+    p = ctx.params
+    checked = not isinstance(p.judge, HumanJudge) and (p.spot_check is not None or p.review_below is not None)
     for row, verdict in await _judge_rows(ctx, rows, tally):
         judgment = verdict.as_dict()
-        cut = row_decision(row, ctx.params.truncation)
+        cut = row_decision(row, p.truncation)
         if cut.truncated:  # judged or not: the round counts its truncated rows
             counts["truncated"] += 1
+        stratum: spot_check.Stratum = "approved" if verdict.approved else "rejected"
         if row.get("status") == "error":
             counts["inference_errors"] += 1
         elif cut.reject:
             pass  # half an answer is retried, not put before people
         elif _for_review(ctx, verdict):  # a person decides: held back from results, on the review page
-            if not isinstance(ctx.params.judge, HumanJudge):
+            if not isinstance(p.judge, HumanJudge):
                 judgment.update(
                     approved=False, judge_approved=verdict.approved, reason=f"for review: {verdict.reason}"
                 )
             judgment["for_review"] = True
             counts["for_review"] += 1
+            stratum = "held" if verdict.approved else "rejected"
+        elif verdict.approved and p.spot_check is not None and p.spot_check.holds(ctx.record_id(row)):
+            judgment.update(
+                approved=False,
+                judge_approved=True,
+                reason=spot_check.spot_check_reason(verdict.reason),
+                for_review=True,
+                spot_check=True,
+            )
+            counts["for_review"] += 1
+            counts["spot_checks"] += 1
+        if checked and row.get("status") != "error" and not cut.reject:
+            counts[spot_check.stratum_key(stratum, verdict.score)] += 1
         status = "approved" if judgment["approved"] else "rejected"
         counts[status] += 1
         _count_adapter(counts, row, status)

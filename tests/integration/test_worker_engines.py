@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
+from airflow_batchinfer.judges.spot_check import selected
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.run.docs import read_job_manifest
 from airflow_batchinfer.run.layout import RunLayout
@@ -335,14 +336,21 @@ def _rows(run_root: Path) -> list[dict[str, Any]]:
 
 def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerProcess) -> None:
     layout, s = arithmetic(tmp_path, 40)
+    spot = {"rate": 0.3, "seed": "run-seed"}  # about a third of the approvals held back for people
     approved, rejected = infer_then_judge(
         vllm_worker,
         layout,
         s,
         {"type": "length", "min_chars": 1},
+        judge_params={"spot_check": spot, "truncated": "judge"},  # answers cut at 8 tokens: judged
         sampling={"max_tokens": 8, "temperature": 0.8, "seed": 5},
     )
     assert len(approved) + len(rejected) == 40
+    # the spot checks: exactly the judge's approvals the seeded selection picks
+    held = {r["id"] for r in rejected if r["judgment"].get("spot_check")}
+    judge_approved = {r["id"] for r in approved} | held
+    assert held and held == {i for i in judge_approved if selected(str(i), rate=0.3, seed="run-seed")}
+    assert all(r["judgment"]["reason"].startswith("spot check") for r in rejected if r["id"] in held)
     inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
     assert all(r["status"] == "ok" for r in inferred)
     manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))

@@ -269,6 +269,7 @@
       "data-testid": "trend-plot",
     });
     app.appendChild(section("Round " + info.round, "summary", parts.counts, parts.trend));
+    app.appendChild(calibrationSection());
 
     parts.groups = el("div", { class: "groups", "data-testid": "groups" });
     parts.text = el("input", { type: "search", placeholder: "text in prompt, output, reason or id", maxlength: "200", "data-testid": "search-text" });
@@ -415,8 +416,131 @@
     }
     app.appendChild(shardsSection());
 
-    await Promise.all([loadSummary(), loadSamples(), loadDecisions(), loadShards()]);
+    await Promise.all([loadSummary(), loadSamples(), loadDecisions(), loadShards(), loadCalibration()]);
     say("");
+  }
+
+  // -------------------------------------------------------------------- the calibration
+  // The judge against the reviewers: for the round under review, live as decisions are recorded
+  // (only decisions naming samples count; a decision by filter is a rule, not a look at each one),
+  // and the rounds before it; per judge score bucket, where review_below_score could go.
+  const SPOT_CHECK = "spot check"; // the reason group of the judge's approvals held back for people
+  const FIGURES = [
+    ["agreement", "agreement"],
+    ["kappa", "Cohen's kappa"],
+    ["precision", "precision of approve"],
+    ["recall", "recall of approve"],
+    ["coverage", "of the judged rows covered"],
+  ];
+
+  function calibrationSection() {
+    parts.calibFigures = el("div", { class: "counts", "data-testid": "calibration-figures" });
+    parts.calibNotes = el("ul", { class: "hint notes", "data-testid": "calibration-notes" });
+    parts.calibBuckets = el("tbody", { "data-testid": "calibration-buckets" });
+    parts.calibRounds = el("tbody", { "data-testid": "calibration-rounds" });
+    parts.calibPlot = el("img", { alt: "The judge against the reviewers per round, and per judge score bucket", class: "trend", "data-testid": "calibration-plot" });
+    return section(
+      "The judge against the reviewers",
+      "calibration",
+      el(
+        "p",
+        { class: "hint" },
+        "Your verdicts on the samples you decide one by one (Accept: approve; Retry or Drop: not) beside the judge's; each counts for the judged rows of its kind (the judge's verdict and score) it stands for. Spot checks are rows the judge approved, held back for you to check.",
+      ),
+      parts.calibFigures,
+      parts.calibNotes,
+      el(
+        "details",
+        { class: "calib", open: true },
+        el("summary", {}, "per judge score bucket (where review_below_score could go)"),
+        el(
+          "table",
+          { class: "grid calib" },
+          el("thead", {}, el("tr", {}, ["score from", "judged rows", "judge approval", "reviewed", "reviewers' approval", "agreement"].map((h) => el("th", {}, h)))),
+          parts.calibBuckets,
+        ),
+      ),
+      el(
+        "details",
+        { class: "calib" },
+        el("summary", {}, "per round"),
+        el(
+          "table",
+          { class: "grid calib" },
+          el("thead", {}, el("tr", {}, ["round", "", "reviewed", "spot checks", "agreement", "kappa", "precision", "recall"].map((h) => el("th", {}, h)))),
+          parts.calibRounds,
+        ),
+      ),
+      parts.calibPlot,
+    );
+  }
+
+  function pct(value) {
+    return typeof value === "number" ? (value * 100).toFixed(1) + "%" : "–";
+  }
+
+  function figure(key, value) {
+    if (key === "kappa") return typeof value === "number" ? value.toFixed(3) : "–";
+    return pct(value);
+  }
+
+  // A problem reading the calibration is said in its section: the rest of the desk works without it.
+  async function loadCalibration() {
+    const current = latest("calibration");
+    let data;
+    try {
+      data = await api(gatePath("/calibration"));
+    } catch (error) {
+      if (!current()) return;
+      clear(parts.calibNotes);
+      parts.calibNotes.appendChild(el("li", { class: "error" }, "Calibration: " + (error && error.message ? error.message : String(error))));
+      return;
+    }
+    if (!current()) return;
+    const c = data.calibration;
+    clear(parts.calibFigures);
+    parts.calibFigures.appendChild(
+      el("span", { class: "count", "data-testid": "calib-reviewed" }, el("b", {}, asText(c.reviewed)), " reviewed (" + c.spot_checks + " spot checks)" + (data.live ? ", live" : "")),
+    );
+    for (const [key, name] of FIGURES) {
+      if (key === "coverage" && !c.weighted) continue;
+      parts.calibFigures.appendChild(el("span", { class: "count", "data-testid": "calib-" + key }, el("b", {}, figure(key, c[key])), " " + name));
+    }
+    clear(parts.calibNotes);
+    for (const note of c.notes || []) parts.calibNotes.appendChild(el("li", { "data-testid": "calibration-note" }, note));
+    clear(parts.calibBuckets);
+    for (const b of c.buckets || []) {
+      parts.calibBuckets.appendChild(
+        el(
+          "tr",
+          { "data-testid": "calibration-bucket", "data-bucket": b.bucket },
+          el("td", {}, b.bucket),
+          el("td", {}, b.rows === null || b.rows === undefined ? "–" : asText(b.rows)),
+          el("td", {}, pct(b.judge_approval)),
+          el("td", {}, asText(b.reviewed)),
+          el("td", {}, pct(b.person_approval)),
+          el("td", {}, pct(b.agreement)),
+        ),
+      );
+    }
+    clear(parts.calibRounds);
+    for (const r of data.rounds) {
+      parts.calibRounds.appendChild(
+        el(
+          "tr",
+          { "data-testid": "calibration-round" },
+          el("td", {}, asText(r.round)),
+          el("td", {}, r.live ? "live" : "applied"),
+          el("td", {}, asText(r.reviewed)),
+          el("td", {}, asText(r.spot_checks)),
+          el("td", {}, pct(r.agreement)),
+          el("td", {}, figure("kappa", r.kappa)),
+          el("td", {}, pct(r.precision)),
+          el("td", {}, pct(r.recall)),
+        ),
+      );
+    }
+    parts.calibPlot.src = API + gatePath("/calibration.svg") + "?v=" + encodeURIComponent(c.decisions + "-" + c.reviewed);
   }
 
   // ------------------------------------------------------------------------- the shards
@@ -604,16 +728,26 @@
     const all = el("button", { type: "button", class: state.group ? "group" : "group active", "data-testid": "group-all" }, "all reasons");
     all.addEventListener("click", () => setFilter("", state.text));
     parts.groups.appendChild(all);
-    for (const { group, count } of state.groups || []) {
+    const groups = state.groups || [];
+    // the spot checks (approved rows held back for people) first: the judge's approvals to check
+    const ordered = groups.filter((g) => g.group === SPOT_CHECK).concat(groups.filter((g) => g.group !== SPOT_CHECK));
+    for (const { group, count } of ordered) {
       if (group === "(other)") {
         // the groups past the most common ones, folded: not one reason, so not a filter
         parts.groups.appendChild(el("span", { class: "group other", "data-testid": "group-other" }, group, el("span", { class: "n" }, " " + count)));
         continue;
       }
+      const spot = group === SPOT_CHECK;
       const button = el(
         "button",
-        { type: "button", class: group === state.group ? "group active" : "group", "data-testid": "group", "data-group": group },
-        group,
+        {
+          type: "button",
+          class: "group" + (spot ? " spot" : "") + (group === state.group ? " active" : ""),
+          "data-testid": spot ? "group-spot-check" : "group",
+          "data-group": group,
+          title: spot ? "rows the judge approved, held back for you to check" : null,
+        },
+        spot ? "spot checks (judge approved)" : group,
         el("span", { class: "n" }, " " + count),
       );
       button.addEventListener("click", () => setFilter(group, state.text));
@@ -659,6 +793,7 @@
   }
 
   function verdict(sample) {
+    if (sample.spot_check) return "approved"; // the judge's: held back for a person to check
     if (sample.approved === true) return "approved";
     if (sample.approved === false) return "rejected";
     return asText(sample.approved);
@@ -718,7 +853,7 @@
           { "data-testid": "sample-row", "data-sample-id": asText(sample.id), tabindex: "0", class: decidedHere.has(key) ? "decided" : null },
           el("td", {}, box),
           el("td", { class: "mono" }, fieldText(sample, "id", "span", "sample-id")),
-          el("td", { "data-testid": "sample-verdict" }, verdict(sample)),
+          el("td", { "data-testid": "sample-verdict" }, verdict(sample), sample.spot_check ? [" ", spotBadge("spot-check-badge")] : null),
           el("td", {}, fieldText(sample, "reason", "span", "sample-reason")),
           el("td", { "data-testid": "sample-score" }, asText(sample.score)),
           el("td", { "data-testid": "sample-attempts" }, asText(sample.attempts)),
@@ -764,6 +899,7 @@
     armBulk(false);
     renderSamples();
     await loadDecisions();
+    loadCalibration().catch(fail);
     const what = bulk ? "all matching " + describeFilter() : plural((body.ids || []).length, "sample");
     say("Recorded: " + label(action) + " " + what + ". " + plural(result.decisions, "decision") + " so far.", "ok");
   }
@@ -799,7 +935,8 @@
       const entries = Object.entries(tally);
       if (!entries.length) parts.tally.appendChild(document.createTextNode("no decisions yet"));
       for (const [key, value] of entries) {
-        parts.tally.appendChild(el("span", { class: "count", "data-testid": "tally-" + key }, el("b", {}, asText(value)), " " + key));
+        const name = key === "approve" ? "approved as judged (undecided spot checks)" : key;
+        parts.tally.appendChild(el("span", { class: "count", "data-testid": "tally-" + key }, el("b", {}, asText(value)), " " + name));
       }
     } else {
       parts.tally.appendChild(document.createTextNode(asText(tally)));
@@ -932,6 +1069,10 @@
     return el("span", { class: "badge " + (v === "approved" ? "ok" : "bad"), "data-testid": testid }, v);
   }
 
+  function spotBadge(testid) {
+    return el("span", { class: "badge spot", "data-testid": testid, title: "the judge approved it; held back for a person to check" }, "spot check");
+  }
+
   function keysHelp() {
     const rows = KEYS.map(([key, what]) => el("tr", {}, el("td", {}, el("kbd", {}, key)), el("td", {}, what)));
     const close = el("button", { type: "button", "data-testid": "shortcuts-close" }, "Close");
@@ -1025,6 +1166,7 @@
         { class: "focus-head" },
         el("h2", { class: "mono", "data-testid": "focus-id" }, asText(sample.id)),
         verdictBadge(sample, "focus-verdict"),
+        sample.spot_check ? spotBadge("focus-spot-check") : null,
         decided ? el("span", { class: "badge decided", "data-testid": "focus-decided" }, "recorded: " + label(decided)) : null,
         el(
           "dl",
@@ -1053,6 +1195,11 @@
         cutId ? el("span", { class: "hint" }, "Its id is too long to name: decide it with a filter on the list.") : null,
       ),
     );
+    if (sample.spot_check) {
+      focus.body.appendChild(
+        el("p", { class: "hint spot-hint", "data-testid": "focus-spot-hint" }, "A spot check: the judge approved this sample. Accept it if you agree; Retry or Drop it if not. Undecided, it goes to the results as the judge said."),
+      );
+    }
     focus.body.appendChild(
       el(
         "div",
@@ -1157,6 +1304,7 @@
       focus.note.value = "";
       say("Recorded: " + label(action) + " " + asText(sample.id) + ". " + plural(result.decisions, "decision") + " so far.", "ok");
       loadDecisions().catch(fail);
+      loadCalibration().catch(fail);
     } finally {
       focus.busy = false;
     }

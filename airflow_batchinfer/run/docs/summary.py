@@ -96,9 +96,12 @@ class Summary(RecordModel):
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
     whose completion was cut at ``max_tokens``; ``candidates``: approval per candidate index and pass@k
     when records had several (sampling ``n``); ``adapters``: approval per LoRA adapter, when records
-    named one. ``ids``: the count and digest of each set's ids
-    (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
-    ``next_pending``). Fields with a default came after the first summaries (which have none)."""
+    named one; ``spot_checks``: the approved rows held back for people (``spot_check_approved``),
+    ``verdicts``: the judged rows per stratum (``approved``, ``held``, ``rejected``) and score
+    bucket, when people check the judge (the calibration's weights). ``ids``: the count and digest
+    of each set's ids (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``,
+    ``repeated``, ``next_pending``). Fields with a default came after the first summaries (which
+    have none)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {
@@ -111,6 +114,8 @@ class Summary(RecordModel):
             "truncated",
             "candidates",
             "adapters",
+            "spot_checks",
+            "verdicts",
         }
     )
 
@@ -135,6 +140,10 @@ class Summary(RecordModel):
     truncated: int | None = None
     candidates: Candidates | None = None
     adapters: dict[str, AdapterApproval] | None = None
+    # judge-approved rows held back for people (spot_check_approved: in for_review and rejected), and
+    # the judged rows per stratum and score bucket of a judge people check (judges.spot_check)
+    spot_checks: int | None = None
+    verdicts: dict[str, dict[str, int]] | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None

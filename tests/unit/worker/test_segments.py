@@ -497,3 +497,27 @@ def test_close_removes_a_settled_shards_segments_and_keeps_a_quarantined_ones(tm
         plan.shards[-1]["shard_id"]
     ]
     assert [sid for sid, d in left.items() if d.exists()] == [plan.shards[-1]["shard_id"]]
+
+
+def test_a_resumed_judge_job_holds_back_the_spot_checks_an_undisturbed_one_would(tmp_path: Path) -> None:
+    """Spot checks (``spot_check_approved``) are a pure function of the run's seed and a row's id: a
+    job lost after some chunks and resumed holds back exactly the approved rows the selection picks
+    over the whole shard, and counts every judged row once per stratum."""
+    from airflow_batchinfer.judges.spot_check import selected
+    from airflow_batchinfer.run.prepare import run_key
+
+    cfg, shard = make_run(tmp_path, spot_check_approved=100)
+    rate = shard["spot_check_rate"]
+    assert rate == 0.1
+    spec = spec_for(cfg, "infer_judge", shard)
+    assert run(spec, GateEngine(stop_at=6), lose_after=3)[0] == "cancelled"
+    assert run(spec, GateEngine())[0] == "succeeded"
+    m = manifest(spec)
+    assert m.counts["resumed_records"] >= 4 * CHUNK
+    rows = rows_of(m)
+    held = {r["id"] for r in rows["rejected"] if r["judgment"].get("spot_check")}
+    approved = {r["id"] for r in rows["approved"]} | held
+    assert held == {i for i in approved if selected(i, rate=rate, seed=run_key(cfg.run_root))}
+    assert m.counts["spot_checks"] == len(held) > 0 and m.counts["approved"] == len(approved) - len(held)
+    strata = {k: v for k, v in m.counts.items() if k.startswith("verdicts:")}
+    assert sum(strata.values()) == N - m.counts.get("inference_errors", 0) - m.counts.get("truncated", 0)
