@@ -76,6 +76,27 @@ class AdapterApproval(BaseModel):
     approval_rate: float
 
 
+class JuryMember(BaseModel):
+    """One jury member's answers in a round: ``approved`` and ``rejected`` by it."""
+
+    model_config = ConfigDict(extra="forbid")
+    approved: int
+    rejected: int
+    approval_rate: float
+
+
+class Jury(BaseModel):
+    """A round's jury (:mod:`~airflow_batchinfer.judges.jury`): the answers it ``voted`` on, those on
+    which its members ``split`` (did not all agree; ``disagreement_rate`` of them) and each member's
+    approval."""
+
+    model_config = ConfigDict(extra="forbid")
+    voted: int
+    split: int
+    disagreement_rate: float
+    members: dict[str, JuryMember]
+
+
 class Invariant(BaseModel):
     """A round's id check: ``planned`` rows, ``accounted`` for; the ids found lost, doubled or
     unexpected (up to 20 each) and the shards whose files were read (``opened``)."""
@@ -96,7 +117,8 @@ class Summary(RecordModel):
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
     whose completion was cut at ``max_tokens``; ``candidates``: approval per candidate index and pass@k
     when records had several (sampling ``n``); ``adapters``: approval per LoRA adapter, when records
-    named one. ``ids``: the count and digest of each set's ids
+    named one; ``jury``: how often a jury's members disagreed, and each one's approval. ``ids``: the
+    count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
     ``next_pending``). Fields with a default came after the first summaries (which have none)."""
 
@@ -111,6 +133,7 @@ class Summary(RecordModel):
             "truncated",
             "candidates",
             "adapters",
+            "jury",
         }
     )
 
@@ -135,6 +158,7 @@ class Summary(RecordModel):
     truncated: int | None = None
     candidates: Candidates | None = None
     adapters: dict[str, AdapterApproval] | None = None
+    jury: Jury | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None
