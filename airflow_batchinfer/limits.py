@@ -292,14 +292,10 @@ class TriggerLimits:
 
 
 def callable_targets(judge: Any) -> list[str]:
-    """Every ``callable`` judge target in a judge spec (``all``/``any`` nest judges)."""
-    if not isinstance(judge, Mapping):
-        return []
-    if judge.get("type") == "callable":
-        return [str(judge.get("target"))]
-    if judge.get("type") in ("all", "any"):
-        return [t for j in judge.get("judges") or [] for t in callable_targets(j)]
-    return []
+    """Every ``callable`` judge target in a judge spec (``all``, ``any`` and ``jury`` nest judges)."""
+    from airflow_batchinfer.judges import judge_specs
+
+    return [str(j.get("target")) for j in judge_specs(judge) if j.get("type") == "callable"]
 
 
 def implied_by(defaults: Mapping[str, Any]) -> TriggerLimits:
@@ -650,15 +646,18 @@ def _completion_tokens(sampling: Mapping[str, Any]) -> Any:
 
 
 def _judge_completion_tokens(judge: Any) -> list[Any]:
-    """The ``max_tokens`` each ``llm`` judge of a judge spec sets (``all``/``any`` nest judges)."""
-    if not isinstance(judge, Mapping):
-        return []
-    if judge.get("type") in ("all", "any"):
-        return [t for j in judge.get("judges") or [] for t in _judge_completion_tokens(j)]
-    sampling = judge.get("sampling")
-    values = {**(sampling if isinstance(sampling, Mapping) else {}), **judge}  # the top level wins
-    tokens = _completion_tokens(values)
-    return [tokens] if judge.get("type") == "llm" and tokens is not None else []
+    """The ``max_tokens`` each ``llm`` judge of a judge spec sets (``all``, ``any`` and ``jury`` nest
+    judges)."""
+    from airflow_batchinfer.judges import judge_specs
+
+    found = []
+    for j in judge_specs(judge):
+        sampling = j.get("sampling")
+        values = {**(sampling if isinstance(sampling, Mapping) else {}), **j}  # the top level wins
+        tokens = _completion_tokens(values)
+        if j.get("type") == "llm" and tokens is not None:
+            found.append(tokens)
+    return found
 
 
 def _resource_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:

@@ -117,6 +117,8 @@ async def run_pipeline(
             plan.engine = await pool.engine()
             if judge_pool is not None:
                 plan.judge_engine = await judge_pool.engine()
+            if refusal := cfg.pools_refusal(plan.engine, plan.judge_engine):
+                raise ConfigError(f"bad run settings: {refusal}")
         layout = RunLayout(cfg.run_root)
         await asyncio.to_thread(write_plan, layout, plan)
         if plan.mode != "skip":

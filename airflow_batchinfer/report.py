@@ -452,6 +452,19 @@ def fan_out_line(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def jury_lines(rounds: list[dict[str, Any]]) -> list[str]:
+    """A jury's rounds (the summary's ``jury``): how often its members disagreed, and each member's
+    approval."""
+    found = [(s["round"], j) for s in rounds if (j := s.get("jury"))]
+    if not found:
+        return []
+    out = ["", "## Jury", "", "| round | voted | members split | member approval |", "|" + " --- |" * 4]
+    for r, j in found:
+        members = ", ".join(f"{name} {m['approval_rate']:.1%}" for name, m in j["members"].items())
+        out.append(f"| {r} | {j['voted']} | {j['split']} ({j['disagreement_rate']:.1%}) | {members} |")
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -481,6 +494,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     lines += candidate_lines(report["rounds"])
     lines += adapter_lines(report["rounds"])
+    lines += jury_lines(report["rounds"])
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
     if by_lanes:
         lines += ["", "## Shards by lane"]

@@ -296,7 +296,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run(
         "judge", "object", {"type": "llm"},
         'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
-        '"json_schema", "length", "callable", "all" or "any" with their fields; "human": people judge every '
+        '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
+        'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
         "sample on the review page between rounds",
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON",
@@ -343,8 +344,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          enum=REVIEW_MODES),
     _run("review_min_approval", "number", 0.5, "on_low_approval: review a round that approves less than "
          "this share", minimum=0, maximum=1),
-    _run("review_below_score", "number", None, "an llm judge's verdicts scored below this (or without a "
-         "score) go to people on the review page instead of passing on their own; empty: none",
+    _run("review_below_score", "number", None, "verdicts scored below this (or without a score) go to "
+         "people on the review page instead of passing on their own (an llm, classifier or jury judge's "
+         "scores, in [0, 1]); empty: none",
          nullable=True, minimum=0, maximum=1),
     _run("spot_check_approved", "integer", 0, "about this many of each round's judge-approved rows held "
          "back for people on the review desk, beside the rejected ones (a seeded sample, every shard and "
@@ -394,8 +396,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # the judge's own pool (DAGs built with judge_airflow_pool; batchinfer run --judge-pool)
     _run(
         "judge_pool", "string", None,
-        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model, "
-        "each shard's judge starting when its inference ends",
+        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model (a "
+        "classifier or reward judge with its scoring model), each shard's judge starting when its "
+        "inference ends",
         min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
         flag="--judge-pool", metavar="POOL",
         flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "

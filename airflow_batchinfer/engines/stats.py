@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Literal, get_args
 
 if TYPE_CHECKING:
     from airflow_batchinfer.engines.base import GenerationResult
+    from airflow_batchinfer.engines.scoring import ScoreResult
 
 CounterName = Literal[
     "generation_tokens",
@@ -86,12 +87,12 @@ class StatsTally:
                 self.running -= size
                 self.batches += 1 if size else 0
 
-    def count(self, results: Iterable[GenerationResult]) -> None:
-        """Add the tokens of ``results``."""
+    def count(self, results: Iterable[GenerationResult | ScoreResult]) -> None:
+        """Add the tokens of ``results`` (a scored text's are all prompt tokens)."""
         prompt = completion = 0
         for r in results:
             prompt += r.prompt_tokens
-            completion += r.completion_tokens
+            completion += getattr(r, "completion_tokens", 0)
         with self._lock:
             self.prompt_tokens += prompt
             self.generation_tokens += completion

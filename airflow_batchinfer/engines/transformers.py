@@ -17,6 +17,11 @@ group of a batch runs with its adapter set (or the adapters off, for the base mo
 Structured outputs (``structured_outputs``, ``response_format`` other than ``text``) are refused per
 request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
 packages (triton, apache-tvm-ffi) the main environment does not pin.
+
+A model whose architecture is a ``*ForSequenceClassification`` (a classifier, or a reward model with
+one output) is loaded as a scoring model (:mod:`~airflow_batchinfer.engines.scoring`): it scores
+batches of texts (right-padded; chat messages through the chat template, the answer's turn last)
+and generates nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ from airflow_batchinfer.engines.base import (
     GenerationResult,
     SamplingParams,
     TokenLogprob,
+)
+from airflow_batchinfer.engines.scoring import (
+    ScoreRequest,
+    ScoreResult,
+    ScoringModel,
+    is_scoring_architecture,
+    labels_of,
 )
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 
@@ -72,17 +84,30 @@ class TransformersEngine(Engine):
     def _load(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import (
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoModelForSequenceClassification,
+            AutoTokenizer,
+        )
 
         if self.threads:
             torch.set_num_threads(self.threads)
+        config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
+        scores = is_scoring_architecture(getattr(config, "architectures", None))
         tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-        tok.padding_side = "left"
+        # generation: left padding, so a batch decodes like its members alone; scoring reads each
+        # text's last token (right padding keeps the positions every text has alone)
+        tok.padding_side = "right" if scores else "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype)
-        )
+        auto = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
+        model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
+        if scores:
+            if model.config.pad_token_id is None:  # it finds each text's last token by the padding
+                model.config.pad_token_id = tok.pad_token_id
+            labels, multi = labels_of(model.config)
+            self.scoring = ScoringModel(os.path.realpath(self.model_path), labels, multi)
         self.model = model.to(self.device).eval()
         self.tokenizer = tok
         self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or tok.model_max_length)
@@ -100,6 +125,10 @@ class TransformersEngine(Engine):
         return str(text), False
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self.scoring is not None:
+            name = os.path.basename(self.model_path)
+            why = f"transformers: {name} is a scoring model: it generates nothing"
+            return [GenerationResult.failed(why) for _ in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
         groups: dict[tuple[SamplingParams, bool, Adapter | None], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
@@ -270,6 +299,62 @@ class TransformersEngine(Engine):
             kwargs.update(temperature=None, top_p=None, top_k=None, min_p=None)
         return kwargs
 
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        if self.scoring is None:
+            return await super().score(requests)
+        return await asyncio.to_thread(self._score, requests)
+
+    def _score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        """Each request's raw outputs; a text that cannot be rendered or does not fit the context is
+        its own error, and a failing batch is scored text by text to find the culprit."""
+        results: list[ScoreResult | None] = [None] * len(requests)
+        groups: dict[bool, list[tuple[int, str]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                if request.prompt is not None:
+                    text, specials = request.prompt, True
+                else:
+                    turns = list(request.messages or ())
+                    text, specials = str(self.tokenizer.apply_chat_template(turns, tokenize=False)), False
+            except Exception as exc:
+                results[i] = ScoreResult.failed(f"chat template: {type(exc).__name__}: {exc}")
+                continue
+            n = len(self.tokenizer(text, add_special_tokens=specials)["input_ids"])
+            if n > self.max_len:
+                results[i] = ScoreResult.failed(
+                    f"the text to score has {n} tokens, more than the model's context of {self.max_len}: "
+                    "shorten it (a judge template that scores less of the record)"
+                )
+                continue
+            groups.setdefault(specials, []).append((i, text))
+        with self._lock, self.tally.batch(sum(map(len, groups.values()))):
+            for specials, members in groups.items():
+                outs = self._score_isolating([t for _, t in members], specials)
+                for (i, _), out in zip(members, outs, strict=True):
+                    results[i] = out
+                self.tally.count(outs)
+        return [r if r is not None else ScoreResult.failed("not scored") for r in results]
+
+    def _score_isolating(self, texts: list[str], specials: bool) -> list[ScoreResult]:
+        try:
+            return self._score_batch(texts, specials)
+        except Exception as exc:
+            if len(texts) == 1:
+                return [ScoreResult.failed(f"score: {type(exc).__name__}: {exc}")]
+            return [r for t in texts for r in self._score_isolating([t], specials)]
+
+    def _score_batch(self, texts: list[str], specials: bool) -> list[ScoreResult]:
+        import torch
+
+        enc = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=specials)
+        with torch.inference_mode():
+            logits = self.model(**enc.to(self.device)).logits.float().cpu()
+        lengths = enc["attention_mask"].sum(dim=1).tolist()
+        return [
+            ScoreResult(tuple(float(v) for v in row), prompt_tokens=int(n))
+            for row, n in zip(logits.tolist(), lengths, strict=True)
+        ]
+
     def stats(self) -> EngineStats:
         return self.tally.stats()
 
@@ -278,11 +363,13 @@ class TransformersEngine(Engine):
         self.tokenizer = None
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "engine": self.name,
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "dtype": self.dtype,
         }
+        # a scoring model says so (a generating one is described as it always was)
+        return described if self.scoring is None else {**described, **self.scoring.describe()}
 
 
 def _within(tokens: tuple[TokenLogprob, ...], chars: int) -> tuple[TokenLogprob, ...]:

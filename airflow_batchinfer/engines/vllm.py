@@ -14,6 +14,12 @@ request is added is that request's error result too.
 as its ``LoRARequest`` (the engine option ``enable_lora`` on): vLLM loads each adapter once, keeps up
 to ``max_loras`` of them in one batch and more in its CPU cache (``max_cpu_loras``).
 
+A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` architecture, or the
+engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
+(:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
+``classify`` task and no activation (the raw outputs, which the judges read), and it generates
+nothing. A pooling model without the ``classify`` task (an embedding model) is refused when it loads.
+
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
 No caller streams: the engine interface returns whole results.
@@ -37,6 +43,7 @@ from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.exceptions import ConfigError
@@ -80,8 +87,27 @@ class VllmEngine(Engine):
         loggers = [self._recorder, _no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
+        if self.llm.model_config.runner_type == "pooling":
+            await self._pooling()
         if self.log_stats_interval_s is not None:
             self._log_task = asyncio.create_task(self._log_stats(self.log_stats_interval_s))
+
+    async def _pooling(self) -> None:
+        """The scoring model this pooling model is (its ``classify`` head's labels), or a ConfigError
+        when it has no such head."""
+        tasks = tuple(await self.llm.get_supported_tasks())
+        if "classify" not in tasks:
+            self.llm.shutdown()
+            self.llm = None
+            raise ConfigError(
+                f"vllm: {self.model_path} runs on vLLM's pooling runner with the tasks {list(tasks)}, "
+                "without classify: judges score with a sequence-classification or reward model (a classify "
+                'head; a *ForCausalLM model can be given one with the engine options {"runner": "pooling", '
+                '"convert": "classify"})'
+            )
+        labels, multi = labels_of(self.llm.model_config.hf_config)
+        path = await asyncio.to_thread(os.path.realpath, self.model_path)
+        self.scoring = ScoringModel(path, labels, multi)
 
     def _recorder(self, vllm_config: Any, engine_index: int) -> _StatsRecorder:
         """vLLM's stat-logger factory: called once per engine core."""
@@ -112,6 +138,9 @@ class VllmEngine(Engine):
         )
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self.scoring is not None:
+            why = f"vllm: {os.path.basename(self.model_path)} is a scoring model: it generates nothing"
+            return [GenerationResult.failed(why) for _ in requests]
         prompts = await asyncio.to_thread(self._prompts, requests)
         return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
@@ -177,6 +206,48 @@ class VllmEngine(Engine):
         ]
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
 
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        if self.scoring is None:
+            return await super().score(requests)
+        texts = await asyncio.to_thread(self._score_texts, requests)
+        return list(await asyncio.gather(*(self._score_one(t) for t in texts)))
+
+    def _score_texts(self, requests: list[ScoreRequest]) -> list[str | ScoreResult]:
+        """Each request's text (chat messages through the chat template, in a thread), or the error
+        result of one that cannot render."""
+        texts: list[str | ScoreResult] = []
+        for r in requests:
+            if r.prompt is not None:
+                texts.append(r.prompt)
+                continue
+            try:
+                texts.append(str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False)))
+            except Exception as exc:
+                texts.append(ScoreResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
+        return texts
+
+    async def _score_one(self, text: str | ScoreResult) -> ScoreResult:
+        from vllm import PoolingParams
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(text, ScoreResult):
+            return text
+        final = None
+        try:
+            params = PoolingParams(task="classify", use_activation=False)  # raw outputs: judges read them
+            async for out in self.llm.encode(text, params, request_id=uuid.uuid4().hex):
+                if out.finished:
+                    final = out
+        except EngineDeadError:
+            raise
+        except Exception as exc:  # vLLM refused this one text (longer than max_model_len, say)
+            return ScoreResult.failed(f"vllm: {type(exc).__name__}: {exc}")
+        if final is None:
+            return ScoreResult.failed("vllm returned no output")
+        data = final.outputs.data
+        values = data.tolist() if hasattr(data, "tolist") else list(data)
+        return ScoreResult(tuple(float(v) for v in values), prompt_tokens=len(final.prompt_token_ids or ()))
+
     def adapter_refusal(self) -> str | None:
         if self.engine_args.get("enable_lora"):
             return None
@@ -222,11 +293,13 @@ class VllmEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         args = {k: v for k, v in sorted(self.engine_args.items()) if k not in ("gpu_memory_utilization",)}
-        return {
+        described = {
             "engine": self.name,
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "args": args,
         }
+        # a scoring model says so (a generating one is described as it always was)
+        return described if self.scoring is None else {**described, **self.scoring.describe()}
 
 
 def sampling_args(s: BaseSampling) -> dict[str, Any]:

@@ -10,6 +10,9 @@ Spec examples::
     {"type": "length", "min_chars": 1, "max_chars": 2000}
     {"type": "callable", "target": "my_pkg.checks:is_good"}
     {"type": "all", "judges": [...]}       # or "any"
+    {"type": "classifier", "threshold": 0.5, "label": "POSITIVE"}   # a scoring model's P(label)
+    {"type": "reward", "threshold": 0.0}   # a reward model's raw score
+    {"type": "jury", "judges": [...], "vote": "majority"}   # or "all", "mean_score" (+ "threshold")
 
 ``callable`` targets are checked against a :class:`CallablePolicy` before anything is imported (a
 worker allows those it was started with, ``--allow-callable``); ``regex`` and ``json_schema``
@@ -18,15 +21,17 @@ patterns run on RE2 (linear time).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, Literal
 
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
 from airflow_batchinfer.judges.human import HumanJudge, judges_in_place, require_judge_in_place
+from airflow_batchinfer.judges.jury import JURY_KEYS, Jury, Member, member_names
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
+from airflow_batchinfer.judges.models import MODEL_JUDGES, build_model_judge
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
     CallablePolicy,
@@ -52,7 +57,54 @@ LLM_JUDGE_KEYS = frozenset(
         "score",
     }
 )
-JUDGE_TYPES = ("llm", "expected_answer", "regex", "json_schema", "length", "callable", "all", "any", "human")
+JUDGE_TYPES = (
+    "llm",
+    "expected_answer",
+    "regex",
+    "json_schema",
+    "length",
+    "callable",
+    "all",
+    "any",
+    "human",
+    "classifier",
+    "reward",
+    "jury",
+)
+NESTING = ("all", "any", "jury")  # judge types whose spec holds judges ("judges")
+UNIT_SCORES = ("llm", "classifier", "jury")  # judge types whose verdicts carry a score in [0, 1]
+Need = Literal["generate", "score"]
+
+
+def judge_specs(spec: Any) -> Iterator[Mapping[str, Any]]:
+    """``spec`` and every judge spec nested in it (``all``, ``any``, ``jury``), depth first; what is
+    no judge spec is skipped (``build_judge`` refuses it)."""
+    if not isinstance(spec, Mapping):
+        return
+    yield spec
+    if spec.get("type") in NESTING and isinstance(spec.get("judges"), list):
+        for inner in spec["judges"]:
+            yield from judge_specs(inner)
+
+
+def judge_needs(spec: Any) -> frozenset[Need]:
+    """The kinds of model the judge ``spec`` asks of a worker: ``generate`` (an ``llm`` judge) and
+    ``score`` (a ``reward`` or ``classifier`` judge), nested judges included; none for rule judges."""
+    found: set[Need] = set()
+    for s in judge_specs(spec):
+        if s.get("type") == "llm":
+            found.add("generate")
+        elif s.get("type") in MODEL_JUDGES:
+            found.add("score")
+    return frozenset(found)
+
+
+def judged_early(spec: Any) -> bool:
+    """Whether some members of the judge ``spec`` are judged where the answers are generated: the
+    llm members of a jury that holds a model judge (:mod:`~airflow_batchinfer.judges.jury`)."""
+    if not isinstance(spec, Mapping) or spec.get("type") != "jury" or "score" not in judge_needs(spec):
+        return False
+    return any(judge_needs(m) == {"generate"} for m in spec.get("judges") or ())
 
 
 def build_judge(
@@ -104,6 +156,10 @@ def build_judge(
             return Combined(
                 kind, [build_judge(s, callables=callables, engine=engine) for s in args.get("judges", [])]
             )
+        if kind in MODEL_JUDGES:
+            return build_model_judge(kind, args)
+        if kind == "jury":
+            return _jury(args, callables=callables, engine=engine)
         if kind == "callable":
             return CallableJudge(**args, policy=callables)
         cls = {
@@ -120,15 +176,48 @@ def build_judge(
         raise ConfigError(f"judge {kind!r}: bad arguments {sorted(args)} ({exc})") from exc
 
 
+def _jury(args: Mapping[str, Any], *, callables: CallablePolicy | None, engine: str | None) -> Jury:
+    unknown = set(args) - JURY_KEYS
+    if unknown:
+        raise ConfigError(f"jury judge: unknown keys {sorted(unknown)}; it takes {sorted(JURY_KEYS)}")
+    specs = args.get("judges")
+    if not isinstance(specs, list) or not all(isinstance(s, Mapping) for s in specs):
+        raise ConfigError(f"jury judge: judges must be a list of judge specs, got {specs!r}")
+    for s in specs:
+        if s.get("type") in ("human", "jury"):
+            raise ConfigError(
+                f"jury judge: a {s.get('type')} judge cannot be a member (people judge between rounds on "
+                "the review page; a jury's members are judges that answer in a job)"
+            )
+    scoring = "score" in judge_needs({"type": "jury", "judges": specs})
+    members = []
+    for name, s in zip(member_names(specs), specs, strict=True):
+        needs = judge_needs(s)
+        if len(needs) > 1:
+            raise ConfigError(
+                f"jury member {name} needs both a generating and a scoring model, which no one pool serves: "
+                "make its llm and model judges members of the jury of their own"
+            )
+        inner = build_judge({k: v for k, v in s.items() if k != "name"}, callables=callables, engine=engine)
+        # beside a model judge (on a scoring pool) an llm member is judged where the answers are made
+        members.append(Member(name, str(s.get("type")), inner, early=scoring and needs == {"generate"}))
+    return Jury(members, args.get("vote", "majority"), args.get("threshold"))
+
+
 __all__ = [
     "JUDGE_TYPES",
+    "UNIT_SCORES",
     "CallablePolicy",
     "HumanJudge",
     "Judge",
     "JudgeItem",
+    "Jury",
     "LLMJudge",
     "Verdict",
     "build_judge",
+    "judge_needs",
+    "judge_specs",
+    "judged_early",
     "judges_in_place",
     "parse_verdict",
     "require_judge_in_place",

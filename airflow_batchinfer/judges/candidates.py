@@ -32,7 +32,10 @@ DEFAULT_SELECT = "first_approved"
 #: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
 #: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
 #: and which the review page shows as output, not as the record (``review.browse``).
-GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs"})
+GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs", "jury_verdicts"})
+#: The one of them that carries the verdicts of jury members judged where the answer was generated
+#: (:mod:`~airflow_batchinfer.judges.jury`), from the infer job to the judge job.
+JURY_VERDICTS = "jury_verdicts"
 
 
 def of(row: Mapping[str, object]) -> list[Mapping[str, object]] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 
 AWAITING = "awaiting a person's verdict"
 
@@ -19,7 +19,9 @@ AWAITING = "awaiting a person's verdict"
 class HumanJudge(Judge):
     kind = "human"
 
-    async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
+    async def judge(
+        self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
+    ) -> list[Verdict]:
         return [Verdict(False, AWAITING) for _ in items]
 
 

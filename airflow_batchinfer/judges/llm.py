@@ -26,6 +26,7 @@ import asyncio
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -33,8 +34,9 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams, TokenLogprob
 from airflow_batchinfer.engines.sampling import FIELDS, MAX_TOP_LOGPROBS
+from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
 
@@ -177,6 +179,21 @@ def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
     return None
 
 
+def prompt_record(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a judge's template renders of ``item``: the record (not its generation: another
+    candidate's answer or logprobs are not this one's), and ``PromptBuilder.build``'s arguments,
+    ``result`` the answer judged."""
+    record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
+    kwargs = {
+        "request_id": item.record_id,
+        "attempt": item.attempt,
+        "role": "judge",
+        "variables": {"result": item.result},
+        "candidate": item.candidate,
+    }
+    return record, kwargs
+
+
 class LLMJudge(Judge):
     """Asks a model (the worker's engine, through its shared batcher) for a verdict per record.
 
@@ -219,7 +236,9 @@ class LLMJudge(Judge):
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
         self.template, self.system = template, system
 
-    async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
+    async def judge(
+        self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
+    ) -> list[Verdict]:
         if generate is None:
             raise ConfigError("the llm judge needs an engine: run it on a worker")
         verdicts: list[Verdict | None] = [None] * len(items)
@@ -253,6 +272,16 @@ class LLMJudge(Judge):
                 verdicts[i] = verdict
         return [v if v is not None else Verdict(False, INVALID) for v in verdicts]
 
+    def serving_refusal(self, scoring: ScoringModel | None) -> str | None:
+        if scoring is None:
+            return None
+        return (
+            f"an llm judge asks a generating model for its verdict, and this worker's model "
+            f"({os.path.basename(scoring.path)}) is a scoring model: judge with a reward or classifier judge "
+            "here, or run the llm judge on a pool whose model generates (in a jury with a model judge, "
+            "llm members are judged where the answers are generated)"
+        )
+
     def _build_all(
         self, items: Sequence[JudgeItem], verdicts: list[Verdict | None]
     ) -> tuple[list[GenerationRequest], list[int]]:
@@ -270,18 +299,7 @@ class LLMJudge(Judge):
             positions.append(i)
         return requests, positions
 
-    @staticmethod
-    def _prompt_args(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
-        # the record, not its generation: another candidate's answer or logprobs are not this one's
-        record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
-        kwargs = {
-            "request_id": item.record_id,
-            "attempt": item.attempt,
-            "role": "judge",
-            "variables": {"result": item.result},
-            "candidate": item.candidate,
-        }
-        return record, kwargs
+    _prompt_args = staticmethod(prompt_record)
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {

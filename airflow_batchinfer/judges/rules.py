@@ -16,8 +16,9 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Verdict
+from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 
 _NUMBER = re.compile(r"-?\d+(?:[.,]\d+)*(?:\.\d+)?")  # linear: every alternative ends in a match
 
@@ -97,7 +98,9 @@ class RuleJudge(Judge):
     """A judge that decides each item on its own, synchronously: the batch is checked in a thread, so
     a slow check (user code, a large document) never blocks the worker's event loop."""
 
-    async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
+    async def judge(
+        self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
+    ) -> list[Verdict]:
         if not items:
             return []
         return await asyncio.to_thread(self.check_all, list(items))
@@ -413,8 +416,10 @@ class Combined(Judge):
         self.kind = kind  # type: ignore[misc]
         self.judges = list(judges)
 
-    async def judge(self, items: Sequence[JudgeItem], generate: Generate | None = None) -> list[Verdict]:
-        columns = [await j.judge(items, generate) for j in self.judges]
+    async def judge(
+        self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
+    ) -> list[Verdict]:
+        columns = [await j.judge(items, generate, scorer) for j in self.judges]
         out = []
         for verdicts in zip(*columns, strict=True):
             combine = all if self.kind == "all" else any
@@ -422,6 +427,9 @@ class Combined(Judge):
             reasons = "; ".join(v.reason for v in verdicts if v.approved == approved and v.reason)
             out.append(Verdict(approved, reasons))
         return out
+
+    def serving_refusal(self, scoring: ScoringModel | None) -> str | None:
+        return next((r for j in self.judges if (r := j.serving_refusal(scoring)) is not None), None)
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.kind, "judges": [j.describe() for j in self.judges]}

@@ -258,6 +258,7 @@ class RoundControllerOperator(HITLOperator):
         # review's changes included): refused before the round's jobs
         running = plan.effective_config(cfg)
         refusal = running.engine_refusal(str(plan.engine["engine"])) if plan.engine else None
+        refusal = refusal or running.pools_refusal(plan.engine, plan.judge_engine)
         if refusal is not None:
             raise AirflowFailException(f"bad run settings: {refusal}")
 

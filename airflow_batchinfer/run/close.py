@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines import adapters
-from airflow_batchinfer.judges import candidates, spot_check
+from airflow_batchinfer.judges import candidates, jury, spot_check
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
@@ -20,6 +20,7 @@ from airflow_batchinfer.run.docs import (
     Digest,
     FailedShard,
     Invariant,
+    Jury,
     Plan,
     Summary,
     WorkerTotals,
@@ -210,6 +211,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         adapters=_adapters(counts),
         spot_checks=counts.get("spot_checks") if plan.mode == "rounds" else None,
         verdicts=spot_check.strata(counts),
+        jury=_jury(counts),
         repeated_ids=out_ids[REPEATED].count,
         approval_rate=round(approved / pending_records, 4) if pending_records else None,
         ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids
@@ -246,6 +248,11 @@ def _adapters(counts: dict[str, int]) -> dict[str, AdapterApproval] | None:
         name: AdapterApproval(**c, approval_rate=round(c["approved"] / max(1, sum(c.values())), 4))
         for name, c in found.items()
     } or None
+
+
+def _jury(counts: dict[str, int]) -> Jury | None:
+    found = jury.stats(counts)
+    return None if found is None else Jury.model_validate(found.as_json())
 
 
 def _named(lists: list[list[Any]]) -> list[Any]:

@@ -11,12 +11,14 @@ orchestration's settings table only when a run's settings are built.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
+from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
@@ -107,18 +109,46 @@ class RunConfig:
         judge_type = self.judge.get("type")
         if self.strategy != "rounds":
             require_judge_in_place(judge_type, what=f"strategy {self.strategy!r} retries in place")
-        if self.review_below_score is not None and judge_type != "llm":
+        if self.review_below_score is not None and judge_type not in UNIT_SCORES:
             raise ConfigError(
-                "review_below_score routes low-scored verdicts of an llm judge to people; the "
-                f"{judge_type!r} judge gives no scores. Remove it, or use an llm judge"
+                "review_below_score routes verdicts scored below it to people, and the "
+                f"{judge_type!r} judge gives no scores in [0, 1]. Remove it, or use a judge that does "
+                f"({', '.join(UNIT_SCORES)})"
             )
         self._check_spot_check(judge_type)
         if self.judge_pool == "":
             self.judge_pool = None  # an empty value: no pool of its own
-        if self.judge_pool is not None and self.judge.get("type") != "llm":
+        self._check_judge_models()
+
+    def _check_judge_models(self) -> None:
+        """The judge's models and its pools: a judge pool serves a judge that asks for a model; a
+        model judge (reward, classifier) needs one, in rounds; llm and model judges together only
+        as members of a jury (judges.jury says where each runs)."""
+        needs, kind = judge_needs(self.judge), self.judge.get("type")
+        if self.judge_pool is not None and not needs:
             raise ConfigError(
-                f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is "
-                f"{self.judge.get('type')!r}, which needs none: remove judge_pool, or use an llm judge"
+                f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is {kind!r}, which "
+                "needs none: remove judge_pool, or use a judge that asks a model (llm, classifier, reward)"
+            )
+        if "score" not in needs:
+            return
+        if self.judge_pool is None:
+            raise ConfigError(
+                "a reward or classifier judge scores with a sequence-classification or reward model, which "
+                "the judge's own pool serves: give judge_pool (a DAG built with judge_airflow_pool=, its "
+                "judge_model the scoring model; batchinfer run --judge-pool local://NAME, a pool started "
+                "with `batchinfer pool up --name NAME --model DIR`)"
+            )
+        if self.strategy != "rounds":
+            raise ConfigError(
+                f"a reward or classifier judge scores on the judge pool, and strategy {self.strategy!r} "
+                "judges retries in place on the run's pool: use strategy rounds"
+            )
+        if needs == {"generate", "score"} and kind != "jury":
+            raise ConfigError(
+                f"the {kind!r} judge asks for both a generating model (llm) and a scoring model (reward, "
+                "classifier), which no one pool serves: make them members of a jury, where llm members "
+                "are judged on the run's pool as the answers are generated"
             )
 
     def _check_spot_check(self, judge_type: Any) -> None:
@@ -200,6 +230,38 @@ class RunConfig:
         round 0's input apply it (:mod:`~airflow_batchinfer.storage.fan_out`)."""
         return FanOut.of_mode(self.fan_out, self.adapters)
 
+    def pools_refusal(
+        self, engine: Mapping[str, Any] | None, judge_engine: Mapping[str, Any] | None = None
+    ) -> str | None:
+        """Why the pools cannot serve this run (their engines' descriptions, ``None``: not known; a
+        scoring model's says ``task: score``): the run's pool generates; the judge pool scores for a
+        model judge, and generates for llm judges judged there. ``None``: they can."""
+
+        def scores(described: Mapping[str, Any]) -> bool:
+            return described.get("task") == "score"
+
+        needs = judge_needs(self.judge)
+        if engine is not None and scores(engine):
+            return (
+                f"the run's pool serves a scoring model ({engine.get('model')}), which generates nothing: "
+                "give worker_pool a generating model, and the scoring model to the judge pool"
+            )
+        if judge_engine is None or self.judge_pool is None:
+            return None
+        if "score" in needs and not scores(judge_engine):
+            return (
+                f"the judge is {self.judge.get('type')!r}, which scores with a sequence-classification or "
+                f"reward model, and the judge pool's model ({judge_engine.get('model')}) generates: give the "
+                "judge pool the scoring model (judge_model; `batchinfer pool up --model`)"
+            )
+        if "score" not in needs and scores(judge_engine):
+            return (
+                f"the judge pool serves a scoring model ({judge_engine.get('model')}), and the "
+                f"{self.judge.get('type')!r} judge asks a generating one: give the judge pool a generating "
+                "model, or use a reward or classifier judge"
+            )
+        return None
+
     def truncation(self) -> TruncationPolicy:
         return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)
 
@@ -212,6 +274,8 @@ class RunConfig:
             "id_field": self.id_field or "id",
             **self.truncation().params(),  # none at the defaults: job ids and fingerprints as before
             **({"adapters": self.adapters} if self.adapters else {}),
+            # a jury's llm members beside a model judge: judged where the answers are generated
+            **({"jury_at_inference": self.judge} if judged_early(self.judge) else {}),
         }
 
     def judge_params(self) -> dict[str, Any]:
@@ -223,7 +287,15 @@ class RunConfig:
             **review,
             **self._select(),
             **self.truncation().params(),
+            **self._conversation(),
         }
+
+    def _conversation(self) -> dict[str, Any]:
+        """What a model judge scores an answer with: the record's prompt as this run renders it
+        (none for other judges: their job ids and fingerprints as before)."""
+        if "score" not in judge_needs(self.judge):
+            return {}
+        return {"prompt_template": self.prompt_template, "system": self.system}
 
     def _select(self) -> dict[str, Any]:
         """``select`` as a job's param: none at the default (job ids and fingerprints as before)."""

@@ -30,7 +30,7 @@ from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.worker.params import JobParams, parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy, model_allows, token_ok
@@ -72,6 +72,22 @@ def _check_adapters(
                 f"adapter {adapter.name}: {adapter.path} holds no adapter_config.json on this worker: name "
                 "a PEFT adapter directory (adapter_config.json and its weights) that the workers can read",
             )
+
+
+def serving_refusal(kind: str, params: JobParams, engine: Engine) -> str | None:
+    """Why this worker's model cannot serve a job (``None``: it can): a scoring model generates
+    nothing (an infer job, an llm judge), a generating one scores nothing (a model judge), and a
+    model judge's ``model`` or ``label`` must be the worker's. Known once the model has loaded."""
+    scoring = engine.scoring
+    if kind in ("infer", "infer_judge", "in_place") and scoring is not None:
+        return (
+            f"this worker's model ({os.path.basename(scoring.path)}) is a scoring model (labels "
+            f"{list(scoring.labels)}): it scores answers for reward and classifier judges, and generates "
+            "none: run inference on a pool whose model generates"
+        )
+    if params.early_jury is not None and (why := params.early_jury.early_refusal(scoring)) is not None:
+        return why
+    return None if params.judge is None else params.judge.serving_refusal(scoring)
 
 
 def create_app(
@@ -174,6 +190,8 @@ def create_app(
             raise ApiError(
                 503, "not_ready", state["load_error"] or "the model is still loading", {"Retry-After": "5"}
             )
+        if (refused := serving_refusal(spec.kind, params, runtime.engine)) is not None:
+            raise ApiError(400, "bad_request", refused)
         known = registry.status(spec.job_id)
         if known is not None and known.state == "succeeded":
             manifest = spec.outputs["manifest"]

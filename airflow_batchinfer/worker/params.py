@@ -10,7 +10,14 @@ from airflow_batchinfer.engines.adapters import Adapter, parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, require_judge_in_place
+from airflow_batchinfer.judges import (
+    CallablePolicy,
+    Judge,
+    Jury,
+    build_judge,
+    judge_needs,
+    require_judge_in_place,
+)
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.spot_check import SpotCheck
@@ -43,6 +50,10 @@ class JobParams:
     adapters: Mapping[str, Adapter] = field(default_factory=dict)
     # approved rows held back for people to check, at the round's rate (judges.spot_check)
     spot_check: SpotCheck | None = None
+    # an infer job's jury whose llm members it judges where it generates (params jury_at_inference)
+    early_jury: Jury | None = None
+    # a judge job's record prompts (the run's prompt_template, system): what a model judge scores
+    conversation: PromptBuilder | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -61,6 +72,18 @@ def _sampling(values: Any) -> SamplingParams:
     if refused:
         raise ConfigError("; ".join(refused))
     return SamplingParams.from_mapping(values)
+
+
+def _early_jury(spec: Any, callables: CallablePolicy | None, engine: str | None) -> Jury:
+    """``params.jury_at_inference``: a jury whose llm members an infer job judges as it generates."""
+    jury = build_judge(spec, callables=callables, engine=engine)
+    if not isinstance(jury, Jury) or not jury.early:
+        raise ConfigError(
+            "params.jury_at_inference must be a jury with a model judge (reward, classifier) and llm "
+            "members, which the infer job judges where it generates; got "
+            f"{spec.get('type') if isinstance(spec, Mapping) else spec!r}"
+        )
+    return jury
 
 
 def parse_params(
@@ -102,12 +125,21 @@ def parse_params(
             engine=engine,
             adapters=adapters,
         )
+    if kind == "infer" and params.get("jury_at_inference") is not None:
+        common["early_jury"] = _early_jury(params["jury_at_inference"], callables, engine)
     if kind in ("judge", "infer_judge", "in_place"):
         if "judge" not in params:
             raise ConfigError(f"a {kind} job needs params.judge (e.g. {{'type': 'llm'}})")
         common["judge"] = build_judge(params["judge"], callables=callables, engine=engine)
         if kind == "in_place":
             require_judge_in_place(common["judge"].kind, what="an in_place job")
+        if "score" in judge_needs(params["judge"]):  # a model judge scores the record's conversation
+            template = params.get("prompt_template")
+            if template is not None and not isinstance(template, str):
+                raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
+            common["conversation"] = PromptBuilder(
+                template, system=params.get("system"), chat=bool(params.get("chat", True))
+            )
         below = params.get("review_below_score")
         if below is not None and (
             isinstance(below, bool) or not isinstance(below, int | float) or not 0 <= below <= 1

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from typing import Any
+from typing import Any, cast
 
 from airflow_batchinfer.batching import TokenBatcher
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.settings import worker_default
 
+Request = GenerationRequest | ScoreRequest
+Result = GenerationResult | ScoreResult
+
 
 class Runtime:
-    """The model loaded once and one :class:`TokenBatcher` feeding it from every concurrent job.
+    """The model loaded once and one :class:`TokenBatcher` feeding it from every concurrent job:
+    generation requests, or score requests when the model is a scoring model (``engine.scoring``).
 
     :param target_batch_tokens: tokens (prompt estimate + completion budget) per engine batch.
         This and the other batcher settings default to the worker's (``worker.settings``).
@@ -34,9 +39,9 @@ class Runtime:
     ) -> None:
         self.engine = engine
         self.storage_options = dict(storage_options or {})
-        self.batcher: TokenBatcher[GenerationRequest, GenerationResult] = TokenBatcher(
-            engine.generate,
-            token_estimator=engine.estimate_tokens,
+        self.batcher: TokenBatcher[Request, Result] = TokenBatcher(
+            self._run,
+            token_estimator=self._estimate,
             target_batch_tokens=target_batch_tokens,
             max_batch_size=max_batch_size,
             batch_timeout_s=batch_timeout_s,
@@ -62,6 +67,28 @@ class Runtime:
         await self.batcher.stop()
         await self.engine.close()
 
+    def _estimate(self, request: Request) -> int:
+        if isinstance(request, ScoreRequest):
+            return request.estimate_tokens()
+        return self.engine.estimate_tokens(request)
+
+    async def _run(self, batch: list[Request]) -> list[Result]:
+        """One engine batch: generated, or scored (a batch holding both, which one worker's jobs do
+        not make, runs each kind in turn)."""
+        scored = [i for i, r in enumerate(batch) if isinstance(r, ScoreRequest)]
+        if not scored:
+            return cast(list[Result], await self.engine.generate(cast(list[GenerationRequest], batch)))
+        if len(scored) == len(batch):
+            return cast(list[Result], await self.engine.score(cast(list[ScoreRequest], batch)))
+        generated = sorted(set(range(len(batch))) - set(scored))
+        out: dict[int, Result] = {}
+        for positions, results in (
+            (generated, await self.engine.generate([cast(GenerationRequest, batch[i]) for i in generated])),
+            (scored, await self.engine.score([cast(ScoreRequest, batch[i]) for i in scored])),
+        ):
+            out.update(zip(positions, results, strict=True))
+        return [out[i] for i in range(len(batch))]
+
     def estimate(self, requests: list[GenerationRequest]) -> list[float]:
         """The batch cost (tokens) of each request: plain CPU work, for a thread to do ahead of
         :meth:`generate` (a chunk's estimates then cost the event loop nothing)."""
@@ -76,8 +103,15 @@ class Runtime:
         by one, not gathered: most are done by the time their turn comes (batches finish in order),
         so a chunk wakes this task about once per engine batch instead of once per request.
         """
+        return cast(list[GenerationResult], await self._submit(list(requests), costs))
+
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        """Score requests through the shared batcher (in order), as :meth:`generate` does."""
+        return cast(list[ScoreResult], await self._submit(list(requests), None))
+
+    async def _submit(self, requests: list[Request], costs: list[float] | None) -> list[Result]:
         futures = await self.batcher.submit_batch(requests, estimated_cost=costs)
-        results: list[GenerationResult] = []
+        results: list[Result] = []
         try:
             for future in futures:
                 results.append(await future)

@@ -40,8 +40,10 @@ from typing import Any
 
 from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import JudgeItem, Verdict, candidates, spot_check
+from airflow_batchinfer.judges import JudgeItem, Verdict, candidates, jury, spot_check
+from airflow_batchinfer.judges.base import Scorer
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.judges.truncation import LENGTH, retry_max_tokens, row_decision, with_max_tokens
@@ -181,6 +183,25 @@ class JobContext:
             tokens["completion"] += r.completion_tokens
         return results
 
+    async def score(self, requests: list[ScoreRequest], *, tally: Tally | None = None) -> list[ScoreResult]:
+        """The worker's shared batcher for a scoring model, this job's tokens counted as in
+        :meth:`generate` (a scored text's are all prompt tokens)."""
+        results = await self.runtime.score(requests)
+        tokens = self.tokens if tally is None else tally.tokens
+        tokens["prompt"] += sum(r.prompt_tokens for r in results)
+        return results
+
+    def scorer(self, tally: Tally | None = None) -> Scorer | None:
+        """The worker's scoring model for this job's judge (``None``: the worker generates)."""
+        model = self.runtime.engine.scoring
+        if model is None:
+            return None
+
+        async def score(requests: list[ScoreRequest]) -> list[ScoreResult]:
+            return await self.score(requests, tally=tally)
+
+        return Scorer(model, score, self.params.conversation)
+
     def record_id(self, record: Mapping[str, Any]) -> str:
         rid = record.get(self.params.id_field, record.get("custom_id"))
         return str(rid)
@@ -282,7 +303,29 @@ class _Inference:
         results = await self.ctx.generate(requests, costs, tally=tally)
         rows, counts = await asyncio.to_thread(self.rows, built, results)
         tally.counts.update(counts)
+        if self.ctx.params.early_jury is not None:
+            await _judge_early(self.ctx, self.ctx.params.early_jury, rows, tally)
         return rows
+
+
+async def _judge_early(ctx: JobContext, early: jury.Jury, rows: list[Record], tally: Tally) -> None:
+    """The verdicts of ``early``'s members judged where the answers are generated (its llm members,
+    beside a model judge on the judge pool), carried in each answer (the row, or its candidate) to
+    the judge job: every answer the judge step will judge (:func:`_to_judge`)."""
+    items, where = [], []
+    for row in rows:
+        for answer, todo in _to_judge(ctx, row):
+            if isinstance(todo, JudgeItem):
+                items.append(todo)
+                where.append(answer)
+    if not items:
+        return
+
+    async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return await ctx.generate(requests, tally=tally)
+
+    for answer, found in zip(where, await early.judge_early(items, generate), strict=True):
+        answer[jury.CARRIED] = found
 
 
 async def run_infer(ctx: JobContext) -> dict[str, int]:
@@ -505,6 +548,26 @@ def _candidates(row: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     return candidates.of(row) or [row]
 
 
+def _to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdict]]:
+    """Each answer of ``row`` (a candidate, or the row itself) and what the judge step makes of it
+    before any judge: the item to judge, or its rejection. An errored inference is one rejection; a
+    truncated answer is rejected unless ``truncated: judge``
+    (:mod:`~airflow_batchinfer.judges.truncation`)."""
+    if row.get("status") == "error" or row.get("result") is None:
+        return [(row, Verdict(False, f"inference_error: {row.get('error')}"))]
+    out: list[tuple[Any, JudgeItem | Verdict]] = []
+    attempt = int(row.get("attempts") or 1)
+    for c, candidate in enumerate(_candidates(row)):
+        probe = row if candidate is row else {**row, "finish_reason": candidate.get("finish_reason")}
+        truncation = row_decision(probe, ctx.params.truncation)
+        if truncation.reject:  # half an answer: not worth the judge's tokens
+            out.append((candidate, Verdict(False, truncation.reason or "truncated")))
+        else:
+            item = JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, candidate=c)
+            out.append((candidate, item))
+    return out
+
+
 async def _judge_rows(
     ctx: JobContext, rows: list[Record], tally: Tally | None = None
 ) -> list[tuple[Record, Verdict]]:
@@ -518,19 +581,13 @@ async def _judge_rows(
     verdicts: list[list[Verdict | None]] = []
     items, positions = [], []
     for i, row in enumerate(rows):
-        if row.get("status") == "error" or row.get("result") is None:
-            verdicts.append([Verdict(False, f"inference_error: {row.get('error')}")])
-            continue
         mine: list[Verdict | None] = []
-        for c, candidate in enumerate(_candidates(row)):
-            probe = row if candidate is row else {**row, "finish_reason": candidate.get("finish_reason")}
-            truncation = row_decision(probe, p.truncation)
-            if truncation.reject:  # half an answer: not worth the judge's tokens
-                mine.append(Verdict(False, truncation.reason or "truncated"))
+        for c, (_, todo) in enumerate(_to_judge(ctx, row)):
+            if isinstance(todo, Verdict):
+                mine.append(todo)
                 continue
             mine.append(None)
-            attempt = int(row.get("attempts") or 1)
-            items.append(JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, candidate=c))
+            items.append(todo)
             positions.append((i, c))
         verdicts.append(mine)
     if items:
@@ -538,7 +595,7 @@ async def _judge_rows(
         async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
             return await ctx.generate(requests, tally=tally)
 
-        judged = await p.judge.judge(items, generate)
+        judged = await p.judge.judge(items, generate, ctx.scorer(tally))
         for (i, c), verdict in zip(positions, judged, strict=True):
             verdicts[i][c] = verdict
     out = []
@@ -547,23 +604,35 @@ async def _judge_rows(
     for row, found in zip(rows, verdicts, strict=True):
         vs = [v if v is not None else Verdict(False, "invalid_judgment") for v in found]
         if len(vs) < 2:
-            out.append((row, vs[0]))
+            out.append((_without_carried(row), vs[0]))
+            counts.update(jury.count_keys(vs[0]))
             continue
         cut = [c.get("finish_reason") == LENGTH for c in _candidates(row)]
         selection = candidates.select(vs, p.select, review_below=p.review_below, truncated=cut)
         if not people:
             counts.update(candidates.counts(len(vs), selection))
+        counts.update(jury.count_keys(vs[selection.chosen]))  # the answer the row keeps
         out.append((_selected(row, vs, selection, p.select), vs[selection.chosen]))
     return out
+
+
+def _without_carried(row: Record) -> Record:
+    """``row`` without the jury verdicts its inference carried (its judgment's ``members`` hold them)."""
+    if jury.CARRIED not in row:
+        return row
+    return {k: v for k, v in row.items() if k != jury.CARRIED}
 
 
 def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Selection, how: str) -> Record:
     """``row`` as ``selection`` chose: the chosen candidate's ``result``, ``finish_reason`` (and
     ``logprobs``), its index as ``candidate``; ``candidates``, each with its ``judgment``: the kept
     ones when approved with ``select: all``, none when approved otherwise, all when rejected."""
-    judged = [{**c, "judgment": v.as_dict()} for c, v in zip(_candidates(row), verdicts, strict=True)]
+    judged = [
+        {**{k: x for k, x in c.items() if k != jury.CARRIED}, "judgment": v.as_dict()}
+        for c, v in zip(_candidates(row), verdicts, strict=True)
+    ]
     chosen = judged[selection.chosen]
-    out = {**row, "result": chosen["result"], "finish_reason": chosen.get("finish_reason")}
+    out = {**_without_carried(row), "result": chosen["result"], "finish_reason": chosen.get("finish_reason")}
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]

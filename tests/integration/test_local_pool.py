@@ -372,3 +372,48 @@ def test_run_with_a_judge_pool_judges_there_shard_by_shard(tmp_path: Path, env: 
     finally:
         for name in ("gen", "judges"):
             cli("pool", "down", "--name", name, env=env)
+
+
+def test_run_with_a_jury_whose_classifier_scores_on_the_judge_pool(
+    tmp_path: Path, env: dict[str, str], tiny_classifier: str
+) -> None:
+    """``run --judge-pool`` with a pool serving the tiny classifier (transformers) and a jury of the
+    run's own model (an llm member, judged on the run's pool as it answers: SIMULATED, approving 70%)
+    and the classifier: every member's verdict in the rows, the round's disagreement in its summary,
+    the rejected retried in round 1, every id accounted for."""
+    src = dataset(tmp_path, 60)
+    root = tmp_path / "run"
+    cli("pool", "up", "--name", "scorers", "--engine", "transformers", "--model", tiny_classifier,
+        "--allow-prefix", str(tmp_path), env=env)  # fmt: skip
+    members = [{"type": "llm", "name": "critic"}, {"type": "classifier", "threshold": 0.3}]
+    jury = {"type": "jury", "vote": "all", "judges": members}
+    try:
+        report = cli("run", str(src), str(root), "--name", "gen", "--engine", "simulated", "--engine-arg",
+                     "approval_rate=0.7", "--prompt-template", "What is {{ question }}?", "--judge",
+                     json.dumps(jury), "--judge-pool", "local://scorers", "--max-rounds", "2",
+                     "--records-per-shard", "20", env=env)  # fmt: skip
+        assert report["invariant"]["ok"], report["invariant"]
+        r0, r1 = report["rounds"]
+        assert r1["pending"] == r0["rejected"] > 0 and report["approved"] + report["remaining_pending"] == 60
+        results = [r for f in JsonlDir(str(root / "results")).jsonl_files() for r in f.iter_records()]
+        assert len(results) == report["approved"] > 0
+        for row in results:
+            critic, classifier = row["judgment"]["members"]
+            assert critic["approved"] and classifier["approved"] and classifier["score"] >= 0.3
+            assert row["judgment"]["score"] == 1.0 and "jury_verdicts" not in row
+        rejected = [
+            r for f in JsonlDir(str(root / "round-00" / "rejected")).jsonl_files() for r in f.iter_records()
+        ]
+        assert len(rejected) == r0["rejected"]
+        assert all(not all(m["approved"] for m in r["judgment"]["members"]) for r in rejected)
+        summary = json.loads((root / "round-00" / "summary.json").read_text())
+        jury_stats = summary["jury"]
+        split = sum(len({m["approved"] for m in r["judgment"]["members"]}) > 1 for r in rejected)
+        assert jury_stats["voted"] == 60 and jury_stats["split"] == split
+        assert set(jury_stats["members"]) == {"critic", "classifier"}
+        plan = json.loads((root / "round-00" / "plan.json").read_text())
+        assert plan["judge_engine"]["labels"] == ["rejected", "approved"]  # the judge pool scores
+        assert "## Jury" in (root / "report" / "report.md").read_text()
+    finally:
+        for name in ("gen", "scorers"):
+            cli("pool", "down", "--name", name, env=env)

@@ -199,6 +199,10 @@ def test_judge_callables_and_replicas() -> None:
     assert callable_targets(judge) == ["os:system"]
     (why,) = refusals({**DEFAULTS, "judge": judge}, DAG)
     assert "'os:system' is not allowed" in why
+    jury = {"type": "jury", "judges": [{"type": "length"}, {**judge["judges"][1], "name": "sneaky"}]}
+    assert callable_targets(jury) == ["os:system"]  # a jury's members are checked as well
+    (why,) = refusals({**DEFAULTS, "judge": jury}, DAG)
+    assert "'os:system' is not allowed" in why
     mine = TriggerLimits(allowed_judge_callables=("my_checks.",), max_replicas=4)
     assert refusals({"judge": {"type": "callable", "target": "my_checks.math:is_number"}}, mine) == []
     assert refusals({"replicas": 5}, mine) == ["replicas 5 is more than max_replicas 4"]

@@ -84,6 +84,9 @@ def test_completion_tokens_of_the_run_and_of_an_llm_judge_are_capped() -> None:
     (why,) = _refused({"judge": judge}, limits)
     assert why.startswith("judge max_tokens 9000 is more than max_max_tokens 512")
     assert _refused({"judge": {"type": "llm", "max_tokens": 64}}, limits) == []
+    jury = {"type": "jury", "judges": [{"type": "classifier"}, {"type": "llm", "max_tokens": 9000}]}
+    (why,) = _refused({"judge": jury}, limits)  # a jury member's budget is capped as well
+    assert why.startswith("judge max_tokens 9000 is more than max_max_tokens 512")
 
 
 @pytest.mark.parametrize(

@@ -77,6 +77,32 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
     return dst
 
 
+def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) -> Path:
+    """A random sequence classifier made from the tiny Llama at ``model``: its tokenizer and chat
+    template, its config with a two-label head (``rejected``, ``approved``), random weights for a
+    seed (``LlamaForSequenceClassification``: the transformers engine and vLLM load it as a scoring
+    model). Its scores mean nothing, but they are the model's: tests compare them with the model run
+    directly."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+
+    dst = Path(dst)
+    if (dst / "config.json").exists():
+        return dst
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+    config.num_labels = 2
+    config.id2label = {0: "rejected", 1: "approved"}
+    config.label2id = {"rejected": 0, "approved": 1}
+    config.architectures = ["LlamaForSequenceClassification"]
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
+    os.replace(tmp, dst)
+    return dst
+
+
 def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
     """A LoRA adapter for the tiny Llama at ``model`` (peft's directory: ``adapter_config.json`` and
     ``adapter_model.safetensors``) on every attention and MLP projection, with random A and B (peft's

@@ -76,6 +76,27 @@ class AdapterApproval(BaseModel):
     approval_rate: float
 
 
+class JuryMember(BaseModel):
+    """One jury member's answers in a round: ``approved`` and ``rejected`` by it."""
+
+    model_config = ConfigDict(extra="forbid")
+    approved: int
+    rejected: int
+    approval_rate: float
+
+
+class Jury(BaseModel):
+    """A round's jury (:mod:`~airflow_batchinfer.judges.jury`): the answers it ``voted`` on, those on
+    which its members ``split`` (did not all agree; ``disagreement_rate`` of them) and each member's
+    approval."""
+
+    model_config = ConfigDict(extra="forbid")
+    voted: int
+    split: int
+    disagreement_rate: float
+    members: dict[str, JuryMember]
+
+
 class Invariant(BaseModel):
     """A round's id check: ``planned`` rows, ``accounted`` for; the ids found lost, doubled or
     unexpected (up to 20 each) and the shards whose files were read (``opened``)."""
@@ -98,10 +119,10 @@ class Summary(RecordModel):
     when records had several (sampling ``n``); ``adapters``: approval per LoRA adapter, when records
     named one; ``spot_checks``: the approved rows held back for people (``spot_check_approved``),
     ``verdicts``: the judged rows per stratum (``approved``, ``held``, ``rejected``) and score
-    bucket, when people check the judge (the calibration's weights). ``ids``: the count and digest
-    of each set's ids (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``,
-    ``repeated``, ``next_pending``). Fields with a default came after the first summaries (which
-    have none)."""
+    bucket, when people check the judge (the calibration's weights); ``jury``: how often a jury's
+    members disagreed, and each one's approval. ``ids``: the count and digest of each set's ids
+    (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
+    ``next_pending``). Fields with a default came after the first summaries (which have none)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {
@@ -116,6 +137,7 @@ class Summary(RecordModel):
             "adapters",
             "spot_checks",
             "verdicts",
+            "jury",
         }
     )
 
@@ -144,6 +166,7 @@ class Summary(RecordModel):
     # the judged rows per stratum and score bucket of a judge people check (judges.spot_check)
     spot_checks: int | None = None
     verdicts: dict[str, dict[str, int]] | None = None
+    jury: Jury | None = None
     repeated_ids: int = 0
     approval_rate: float | None
     ids: dict[str, Digest] | None = None

@@ -1,0 +1,80 @@
+"""Juries through a round on the worker's own job code (SIMULATED engine: its llm verdicts approve by
+a hash of the record): each member's verdict in ``judgment.members``, the round's summary and report
+counting how often members disagree, the id invariant; an infer job carrying its llm members'
+verdicts for a judge pool that scores. Real engines: tests/integration/test_model_judges.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from airflow_batchinfer.report import build_report, render_markdown
+from airflow_batchinfer.run.jobs import judge_input
+from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from tests.support.fake_jobs import close, make_run, plan_round
+from tests.support.worker_jobs import run_jobs
+
+SHORT = {"type": "length", "max_chars": 20, "name": "short"}
+
+
+def rows_in(directory: str) -> list[dict[str, Any]]:
+    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
+
+
+def test_a_jury_round_keeps_each_members_verdict_and_counts_their_disagreement(tmp_path: Path) -> None:
+    jury = {"type": "jury", "judges": [{"type": "llm"}, SHORT, {"type": "length", "min_chars": 1}]}
+    cfg = make_run(tmp_path, judge=jury)
+    plan = plan_round(cfg)
+    run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], approval_rate=0.5, completion_tokens=4)
+    summary = close(cfg, plan)
+    layout = RunLayout(cfg.run_root)
+    approved, rejected = rows_in(layout.results), rows_in(layout.rejected_dir(0))
+    assert summary["invariant"]["ok"] and len(approved) + len(rejected) == 30
+    split = 0
+    for row in approved + rejected:
+        members = row["judgment"]["members"]
+        assert [m["name"] for m in members] == ["llm", "short", "length"]
+        votes = [m["approved"] for m in members]
+        assert row["judgment"]["approved"] is (sum(votes) >= 2) is (row["status"] == "approved")
+        assert row["judgment"]["score"] == round(sum(votes) / 3, 4)
+        assert "jury_verdicts" not in row  # nothing carried: every member judged in the job
+        split += len(set(votes)) > 1
+    jury_stats = summary["jury"]
+    assert jury_stats["voted"] == 30 and jury_stats["split"] == split
+    assert jury_stats["disagreement_rate"] == round(split / 30, 4)
+    llm = jury_stats["members"]["llm"]
+    assert llm["approved"] == sum(r["judgment"]["members"][0]["approved"] for r in approved + rejected)
+    assert 0 < llm["approved"] < 30  # the simulated judge approves about half
+    report = render_markdown(build_report(cfg))
+    assert (
+        "## Jury" in report
+        and f"| 0 | 30 | {split} ({split / 30:.1%}) | llm {llm['approval_rate']:.1%}" in report
+    )
+
+
+def test_an_infer_job_carries_its_llm_members_verdicts_to_a_scoring_judge_pool(tmp_path: Path) -> None:
+    jury = {
+        "type": "jury",
+        "judges": [{"type": "llm", "name": "critic"}, {"type": "classifier"}],
+        "vote": "all",
+    }
+    cfg = make_run(tmp_path, judge=jury, judge_pool="local://judges")
+    plan = plan_round(cfg)
+    run_jobs(cfg, [("infer", 0, s) for s in plan.shards], approval_rate=0.5)
+    rows = [r for s in plan.shards for r in JsonlFile(judge_input(cfg, 0, s)["uri"]).iter_records()]
+    assert len(rows) == 30
+    verdicts = [r["jury_verdicts"]["critic"] for r in rows]
+    assert set(rows[0]["jury_verdicts"]) == {"critic"}  # the classifier is judged on the judge pool
+    assert {v["approved"] for v in verdicts} == {True, False}  # the simulated judge's verdicts, carried
+
+
+def test_with_candidates_each_carries_its_own_verdicts(tmp_path: Path) -> None:
+    jury = {"type": "jury", "judges": [{"type": "llm", "name": "critic"}, {"type": "classifier"}]}
+    cfg = make_run(tmp_path, judge=jury, judge_pool="local://judges", sampling={"n": 3, "temperature": 0.7})
+    plan = plan_round(cfg)
+    run_jobs(cfg, [("infer", 0, s) for s in plan.shards[:1]], approval_rate=0.5)
+    rows = list(JsonlFile(judge_input(cfg, 0, plan.shards[0])["uri"]).iter_records())
+    assert rows and all("jury_verdicts" not in r and len(r["candidates"]) == 3 for r in rows)
+    verdicts = [c["jury_verdicts"]["critic"]["approved"] for r in rows for c in r["candidates"]]
+    assert len(verdicts) == 3 * len(rows) and set(verdicts) == {True, False}  # judged one by one
