@@ -213,9 +213,12 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
 
 
 def _approval(summary: Summary | None) -> float | None:
+    """The share of a round's pending rows its judge approved: the spot checks held back for people
+    are approvals too (undecided, they follow the judge into results), so checking the judge never
+    makes a hybrid run switch to in place sooner."""
     if summary is None or not summary.pending:
         return None
-    return float(summary.approved) / float(summary.pending)
+    return float(summary.approved + (summary.spot_checks or 0)) / float(summary.pending)
 
 
 @dataclass(frozen=True)

@@ -172,6 +172,18 @@ def test_hybrid_switches_to_in_place_below_min_shrink() -> None:
     assert tail.mode == "in_place" and tail.round == 1
 
 
+def test_spot_checks_count_as_the_judges_approvals_for_the_switch() -> None:
+    # the judge approved 12 of 20, and 8 of those are held back for people (spot_check_approved):
+    # 4 approved at the close (20%) would switch; 60% does not
+    cfg = config(strategy="hybrid", hybrid_min_shrink=0.3, max_rounds=3, spot_check_approved=8)
+    last = summary(0, approved=4, for_review=8).model_copy(update={"spot_checks": 8})
+    proposal = propose(cfg, RoundSnapshot("round-01", ran(0), pending(), last))
+    assert proposal.plan.mode == "rounds" and not proposal.plan.switch_in_place
+    assert proposal.options == ALL  # people check the spot checks at the gate
+    without = summary(0, approved=4, for_review=8)  # held by review_below_score: not approvals
+    assert propose(cfg, RoundSnapshot("round-01", ran(0), pending(), without)).plan.switch_in_place
+
+
 def test_a_human_judge_always_opens_the_gate_without_in_place() -> None:
     proposal = propose(config(judge={"type": "human"}), after(1, approved=19))
     assert proposal.options == [CONTINUE, ACCEPT, STOP]
