@@ -73,6 +73,8 @@ JUDGE_TYPES = (
 )
 NESTING = ("all", "any", "jury")  # judge types whose spec holds judges ("judges")
 UNIT_SCORES = ("llm", "classifier", "jury")  # judge types whose verdicts carry a score in [0, 1]
+# judge types whose scores are on their model's own scale: not bucketed by tenths (judges.spot_check)
+RAW_SCORES = ("reward",)
 Need = Literal["generate", "score"]
 
 
@@ -206,6 +208,7 @@ def _jury(args: Mapping[str, Any], *, callables: CallablePolicy | None, engine: 
 
 __all__ = [
     "JUDGE_TYPES",
+    "RAW_SCORES",
     "UNIT_SCORES",
     "CallablePolicy",
     "HumanJudge",

@@ -14,7 +14,8 @@ answered (:mod:`airflow_batchinfer.review.apply`).
 What is counted: a judge job that people check (spot checks or ``review_below_score``) counts its
 judged rows per stratum (:func:`stratum_key`): the judge's verdict as it reached people or results
 (``approved``: into results, spot checks included; ``held``: approved but held for review by its
-score; ``rejected``) and the score's bucket (:func:`score_bucket`). The calibration weighs each
+score; ``rejected``) and the score's bucket (:func:`score_bucket`; :data:`NO_SCORE` for a judge
+whose scores are not in [0, 1], a ``reward`` judge's raw ones). The calibration weighs each
 reviewed row by its stratum's count (:mod:`airflow_batchinfer.review.calibration`).
 
 Worker side: no Airflow, nothing heavy.

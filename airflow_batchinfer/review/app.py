@@ -78,7 +78,7 @@ from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
-from airflow_batchinfer.review.calibration import calibration_chart, measured
+from airflow_batchinfer.review.calibration import calibration_chart, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
 from airflow_batchinfer.run.docs import (
@@ -460,7 +460,8 @@ def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
         with _calibrated_lock:
             hit = _calibrated.get(key)
         if hit is None:
-            hit = measured(_view(ctx, q), log)
+            tenths = scored_in_tenths(read_run_config(ctx.run_root, ctx.so).judge)
+            hit = measured(_view(ctx, q), log, tenths=tenths)
             with _calibrated_lock:
                 _calibrated[key] = hit
                 while len(_calibrated) > MAX_VIEWS:

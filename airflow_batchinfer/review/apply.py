@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of
+from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of, scored_in_tenths
 from airflow_batchinfer.review.decisions import (
     FOLLOWS_JUDGE,
     Decision,
@@ -98,6 +98,7 @@ def apply_decisions(
     applied = Applied(reviewed, len(decisions), [])
     pairs: list[Pair] = []
     bulk = unjudged = 0
+    tenths = scored_in_tenths(cfg.judge)
     made: set[str] = set()
     retained_dir = JsonlDir(layout.reviewed(r), storage_options=so)
     for shard in pending:
@@ -122,7 +123,7 @@ def apply_decisions(
                     outs[uri].write(row if outcome == "retry" else _approved(row))
                 else:
                     judged = judge_verdict(sample)
-                    pair = pair_of(sample, decision)
+                    pair = pair_of(sample, decision, tenths=tenths)
                     if pair is not None:
                         pairs.append(pair)
                     elif judged is None:

@@ -27,8 +27,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from airflow_batchinfer.charts import Series, bar_chart, line_chart, side_by_side
+from airflow_batchinfer.judges import RAW_SCORES
 from airflow_batchinfer.judges.reasons import INFERENCE_ERROR, TRUNCATED
 from airflow_batchinfer.judges.spot_check import BUCKETS, STRATA, Stratum, score_bucket
 from airflow_batchinfer.review.browse import RoundView, Sample
@@ -45,6 +47,7 @@ __all__ = [
     "measured",
     "pair_of",
     "pooled",
+    "scored_in_tenths",
 ]
 
 DIGITS = 4  # figures as the document keeps them
@@ -82,16 +85,24 @@ def judge_verdict(sample: Sample) -> tuple[bool, Stratum] | None:
     return sample.approved, "approved" if sample.approved else "rejected"
 
 
-def pair_of(sample: Sample, decision: Decision | None) -> Pair | None:
+def pair_of(sample: Sample, decision: Decision | None, *, tenths: bool = True) -> Pair | None:
     """The pair a person's decision on ``sample`` makes, or ``None`` (no decision, one by filter, or
-    a row the judge never judged)."""
+    a row the judge never judged). ``tenths``: the judge's scores are in [0, 1] and bucketed by their
+    tenth, as its judge jobs counted them (:func:`scored_in_tenths`); else every pair is unscored."""
     if decision is None or decision.bulk:
         return None
     judged = judge_verdict(sample)
     if judged is None:
         return None
     judge, stratum = judged
-    return Pair(judge, decision.action == "accept", sample.score, stratum, sample.spot_check)
+    score = sample.score if tenths else None
+    return Pair(judge, decision.action == "accept", score, stratum, sample.spot_check)
+
+
+def scored_in_tenths(judge: Mapping[str, Any]) -> bool:
+    """Whether the judge spec's verdicts are bucketed by their score's tenth, as its judge jobs count
+    them: a ``reward`` judge's raw scores are not (its strata are its verdicts alone)."""
+    return judge.get("type") not in RAW_SCORES
 
 
 def kappa(tp: float, fp: float, fn: float, tn: float) -> float | None:
@@ -313,17 +324,18 @@ def calibration_chart(docs: list[Calibration], *, width: int = 420, height: int 
     return side_by_side(per_round, per_bucket)
 
 
-def measured(view: RoundView, decisions: Sequence[Decision]) -> Calibration:
+def measured(view: RoundView, decisions: Sequence[Decision], *, tenths: bool = True) -> Calibration:
     """Round ``view.round``'s calibration as its decisions stand (the desk's live figures, the same
     :func:`calibrate` the gate's answer stores): only the rows decisions name by id are read, and the
-    round's summary gives the strata. ``bulk`` is not counted here (it needs every row)."""
+    round's summary gives the strata (``tenths``: as :func:`pair_of`). ``bulk`` is not counted here
+    (it needs every row)."""
     resolver = Resolver(decisions)
     named = {i for d in decisions if not d.bulk for i in d.ids}
     pairs: list[Pair] = []
     unjudged = 0
     for sample in view.with_ids(named, prompt=resolver.needs_prompts):
         decision = resolver.decision(sample)
-        pair = pair_of(sample, decision)
+        pair = pair_of(sample, decision, tenths=tenths)
         if pair is not None:
             pairs.append(pair)
         elif decision is not None and not decision.bulk:

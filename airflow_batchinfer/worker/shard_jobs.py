@@ -42,7 +42,7 @@ from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges import JudgeItem, Verdict, candidates, jury, spot_check
+from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.base import Scorer
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
@@ -672,6 +672,7 @@ async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Rec
     counts = tally.counts
     p = ctx.params
     checked = not isinstance(p.judge, HumanJudge) and (p.spot_check is not None or p.review_below is not None)
+    tenths = p.judge is not None and p.judge.kind not in RAW_SCORES  # a reward's raw score has none
     for row, verdict in await _judge_rows(ctx, rows, tally):
         judgment = verdict.as_dict()
         cut = row_decision(row, p.truncation)
@@ -701,7 +702,7 @@ async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Rec
             counts["for_review"] += 1
             counts["spot_checks"] += 1
         if checked and row.get("status") != "error" and not cut.reject:
-            counts[spot_check.stratum_key(stratum, verdict.score)] += 1
+            counts[spot_check.stratum_key(stratum, verdict.score if tenths else None)] += 1
         status = "approved" if judgment["approved"] else "rejected"
         counts[status] += 1
         _count_adapter(counts, row, status)

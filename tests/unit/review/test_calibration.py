@@ -18,6 +18,7 @@ from airflow_batchinfer.review.calibration import (
     kappa,
     pair_of,
     pooled,
+    scored_in_tenths,
 )
 from airflow_batchinfer.review.decisions import Decision
 
@@ -160,6 +161,11 @@ def test_which_rows_and_decisions_make_a_pair() -> None:
         spot_check=True, judge_approved=True, for_review=True, reason="spot check: ok", group="spot check"
     )
     assert pair_of(spot, drop) == Pair(True, False, 0.4, "approved", spot_check=True)
+    # a reward judge's raw score has no tenths: the pair is its verdict's stratum alone
+    assert pair_of(sample(score=3.7), accept, tenths=False) == Pair(False, True, None, "rejected")
+    assert pair_of(sample(score=3.7), accept).key == ("rejected", "0.9")  # clamped, were it a tenth
+    tenths = {t: scored_in_tenths({"type": t}) for t in ("llm", "classifier", "jury", "callable", "reward")}
+    assert tenths == {"llm": True, "classifier": True, "jury": True, "callable": True, "reward": False}
     held = sample(judge_approved=True, for_review=True)
     assert judge_verdict(held) == (True, "held")
     assert judge_verdict(sample(judge_approved=False, for_review=True)) == (False, "rejected")

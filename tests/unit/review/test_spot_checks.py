@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges.spot_check import round_rate, selected
+from airflow_batchinfer.judges.spot_check import BUCKETS, round_rate, score_bucket, selected
 from airflow_batchinfer.pipeline import run_pipeline
 from airflow_batchinfer.report import build_report, review_body
 from airflow_batchinfer.review.browse import RoundView
@@ -31,8 +31,8 @@ from airflow_batchinfer.settings import param_defaults, setting
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from airflow_batchinfer.worker.params import parse_params
 from tests.support import calibration as c
-from tests.support.fake_jobs import close
-from tests.support.worker_jobs import run_jobs
+from tests.support.fake_jobs import close, make_run, plan_round
+from tests.support.worker_jobs import HashScoringEngine, run_jobs
 
 
 def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any) -> RunConfig:
@@ -342,3 +342,55 @@ def test_the_calibration_document_round_trips_and_refuses_unknown_fields(tmp_pat
     Path(calibration_uri(layout, 2)).write_text(json.dumps({**stored, "extra": 1}))
     with pytest.raises(StorageError, match="judge calibration"):
         read_calibration(layout, 2)
+
+
+# ------------------------------------------------------------------------------ a model judge's
+@pytest.mark.parametrize(
+    ("judge", "labels"),
+    [({"type": "reward", "threshold": 0.0}, ("reward",)), ({"type": "classifier"}, ("rejected", "approved"))],
+)
+def test_a_model_judges_strata_are_its_score_tenths_only_when_its_scores_are_probabilities(
+    tmp_path: Path, judge: dict[str, Any], labels: tuple[str, ...]
+) -> None:
+    """A reward or classifier judge on the judge pool (a scoring model at the engine seam) is spot
+    checked like any judge. A classifier's P(label) is bucketed by its tenth; a reward's raw score
+    (here -5 to 5) has no tenths, so its strata are its verdicts alone: in the judge jobs' counts and
+    in the calibration alike, which then covers every judged row."""
+    # every approval held back (30 of 30 rows: rate 1), so every judged row is reviewed below
+    cfg = make_run(tmp_path, judge=judge, judge_pool="local://judges", spot_check_approved=30)
+    write_run_config(cfg)
+    layout = RunLayout(cfg.run_root)
+    plan = plan_round(cfg)
+    run_jobs(cfg, [("infer", 0, s) for s in plan.shards], completion_tokens=4)
+    run_jobs(cfg, [("judge", 0, s) for s in plan.shards], serving=HashScoringEngine(labels))
+    summary = close(cfg, plan)
+    judged = {**rows_in(layout.results), **rows_in(layout.rejected_dir(0))}
+    assert summary["invariant"]["ok"] and len(judged) == 30 and not rows_in(layout.results)
+    assert (
+        0
+        < summary["spot_checks"]
+        == sum(r["judgment"].get("judge_approved", False) for r in judged.values())
+        < 30
+    )
+    want: dict[str, dict[str, int]] = {}
+    for row in judged.values():
+        j = row["judgment"]
+        stratum = "approved" if j.get("judge_approved", j["approved"]) else "rejected"
+        bucket = score_bucket(j["score"]) if judge["type"] == "classifier" else "none"
+        want.setdefault(stratum, {}).setdefault(bucket, 0)
+        want[stratum][bucket] += 1
+    assert summary["verdicts"] == want
+    buckets = {b for by in want.values() for b in by}
+    if judge["type"] == "reward":  # no clamping of raw rewards into the edge tenths
+        assert buckets == {"none"}
+    else:
+        assert len(buckets) > 2 and "none" not in buckets
+
+    # every row on the desk decided by its id, as the judge said: the figures cover the round
+    log = DecisionLog(cfg.run_root, 0)
+    for sample, _ in RoundView(cfg.run_root, 0).scan(prompts=False):
+        log.append(Decision.make(0, "accept" if sample.spot_check else "retry", "alice", ids=[sample.id]))
+    apply_choice(cfg, propose_slot(cfg, "round-01"), STOP)
+    doc = read_calibration(layout, 0)
+    assert doc is not None and doc.weighted and doc.coverage == 1.0 and doc.agreement == 1.0
+    assert [b.bucket for b in doc.buckets] == [b for b in BUCKETS if any(b in by for by in want.values())]
