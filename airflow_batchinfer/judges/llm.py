@@ -250,7 +250,7 @@ class LLMJudge(Judge):
             requests, positions = [], []
             for i, item in enumerate(items):
                 try:
-                    record, kwargs = self._prompt_args(item)
+                    record, kwargs = prompt_record(item)
                     requests.append(await self.prompts.abuild(record, **kwargs))
                 except PromptError as exc:
                     verdicts[i] = Verdict(False, f"judge_error: {exc}")
@@ -289,7 +289,7 @@ class LLMJudge(Judge):
         ``verdicts`` instead."""
         requests, positions = [], []
         for i, item in enumerate(items):
-            record, kwargs = self._prompt_args(item)
+            record, kwargs = prompt_record(item)
             try:
                 request = self.prompts.build(record, **kwargs)
             except PromptError as exc:
@@ -298,8 +298,6 @@ class LLMJudge(Judge):
             requests.append(request)
             positions.append(i)
         return requests, positions
-
-    _prompt_args = staticmethod(prompt_record)
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {

@@ -30,13 +30,15 @@ from typing import Any
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoringModel, label_probability
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
+from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.llm import INLINE_ITEMS, prompt_record
 from airflow_batchinfer.prompts import PromptBuilder, is_openai_batch
 
 MODEL_JUDGES = ("classifier", "reward")
 MODEL_JUDGE_KEYS = frozenset({"model", "threshold", "label", "template"})
-# A row's fields a conversation is not rendered from: another candidate's, or the new answer's.
-_NOT_PROMPTED = frozenset({"candidates", "candidate", "logprobs", "result"})
+# A row's fields a conversation is not rendered from: what its generation and verdicts added (other
+# candidates, logprobs, a jury's carried verdicts), and the answer, which is the assistant's turn.
+_NOT_PROMPTED = GENERATION_FIELDS | {"result"}
 
 
 def _number(value: object, what: str) -> float:
@@ -149,28 +151,30 @@ class ModelJudge(Judge):
         """The texts of ``items`` to score; an item whose text cannot be rendered gets its rejection
         in ``verdicts`` instead."""
         requests, positions = [], []
+        prompts = scorer.prompts or PromptBuilder(None)  # none: OpenAI batch requests, from their body
         for i, item in enumerate(items):
             try:
-                requests.append(self._request(item, scorer))
+                requests.append(self._request(item, scorer.prompts is not None, prompts))
             except PromptError as exc:
                 verdicts[i] = Verdict(False, f"judge_error: {exc}")
                 continue
             positions.append(i)
         return requests, positions
 
-    def _request(self, item: JudgeItem, scorer: Scorer) -> ScoreRequest:
+    def _request(self, item: JudgeItem, templated: bool, prompts: PromptBuilder) -> ScoreRequest:
+        """The text scored for ``item``: the judge's ``template``, else the conversation ``prompts``
+        renders (``templated``: the run's prompt; else only an OpenAI batch request's body)."""
         meta = {"record_id": item.record_id, "attempt": item.attempt, "role": "judge"}
         if self.texts is not None:
             record, kwargs = prompt_record(item)
             text = self.texts.build(record, **kwargs).prompt
             return ScoreRequest(item.record_id, prompt=text, metadata=meta)
         record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
-        if scorer.prompts is None and not is_openai_batch(record):
+        if not templated and not is_openai_batch(record):
             raise PromptError(
                 "no prompt to score the answer with: the judge job has no prompt_template (a run passes "
                 "its own) and the record is no OpenAI batch request; or give the judge a template"
             )
-        prompts = scorer.prompts or PromptBuilder(None)
         asked = prompts.build(record, request_id=item.record_id, attempt=item.attempt)
         if asked.messages is not None:
             turns = [*asked.messages, {"role": "assistant", "content": item.result}]

@@ -110,6 +110,15 @@ async def test_the_conversation_is_the_runs_prompt_with_the_answer_as_the_assist
         {"role": "user", "content": "hello"},
         {"role": "assistant", "content": "hi there"},
     ]  # an OpenAI batch request: its body's messages
+    # what the answer's generation added to the row (a jury's carried verdicts, an earlier judgment,
+    # other candidates) is not the record the run's prompt was rendered from
+    whole = PromptBuilder("{{ record }}")
+    scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=whole)
+    carried = {"jury_verdicts": {"critic": {"approved": True}}, "judgment": {"approved": False}}
+    await judge.judge(
+        [item(1, "4", question="2 + 2"), item(1, "4", question="2 + 2", **carried)], scorer=scorer
+    )
+    assert seen[0].messages == seen[1].messages and "critic" not in str(seen[1].messages)
     raw = PromptBuilder("Q: {{ question }}\nA: ", chat=False)  # a completion prompt: the answer follows
     scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=raw)
     await judge.judge([item(1, "4", question="2 + 2")], scorer=scorer)
