@@ -39,6 +39,8 @@ MODEL_JUDGE_KEYS = frozenset({"model", "threshold", "label", "template"})
 # A row's fields a conversation is not rendered from: what its generation and verdicts added (other
 # candidates, logprobs, a jury's carried verdicts), and the answer, which is the assistant's turn.
 _NOT_PROMPTED = GENERATION_FIELDS | {"result"}
+# An OpenAI batch request body's fields that are its conversation (the rest: how it was answered).
+_CONVERSATION = frozenset({"messages", "prompt"})
 
 
 def _number(value: object, what: str) -> float:
@@ -170,7 +172,9 @@ class ModelJudge(Judge):
             text = self.texts.build(record, **kwargs).prompt
             return ScoreRequest(item.record_id, prompt=text, metadata=meta)
         record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
-        if not templated and not is_openai_batch(record):
+        if is_openai_batch(record):  # its conversation: its sampling (n, logprobs…) made the answers
+            record["body"] = {k: v for k, v in record["body"].items() if k in _CONVERSATION}
+        elif not templated:
             raise PromptError(
                 "no prompt to score the answer with: the judge job has no prompt_template (a run passes "
                 "its own) and the record is no OpenAI batch request; or give the judge a template"

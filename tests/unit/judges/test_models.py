@@ -119,6 +119,17 @@ async def test_the_conversation_is_the_runs_prompt_with_the_answer_as_the_assist
         [item(1, "4", question="2 + 2"), item(1, "4", question="2 + 2", **carried)], scorer=scorer
     )
     assert seen[0].messages == seen[1].messages and "critic" not in str(seen[1].messages)
+    # an OpenAI batch request's candidates (n 3, the run's temperature over its body): its conversation
+    # is scored, whatever sampling it was answered with
+    scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=PromptBuilder("{{ question }}"))
+    asked = {"messages": [{"role": "user", "content": "hello"}], "n": 3, "logprobs": True, "top_logprobs": 2}
+    (verdict,) = await judge.judge(
+        [JudgeItem({"custom_id": "c", "body": asked}, "hi", "c", candidate=2)], scorer=scorer
+    )
+    assert verdict.approved and seen[0].messages == [
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": "hi"},
+    ]
     raw = PromptBuilder("Q: {{ question }}\nA: ", chat=False)  # a completion prompt: the answer follows
     scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=raw)
     await judge.judge([item(1, "4", question="2 + 2")], scorer=scorer)
