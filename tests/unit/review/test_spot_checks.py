@@ -17,11 +17,11 @@ import pytest
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import BUCKETS, round_rate, score_bucket, selected
 from airflow_batchinfer.pipeline import run_pipeline
-from airflow_batchinfer.report import build_report, review_body
+from airflow_batchinfer.report import review_body
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
 from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_plan, read_summary, slots, write_plan, write_run_config
+from airflow_batchinfer.run.docs import read_summary, write_plan, write_run_config
 from airflow_batchinfer.run.docs.calibration import read_calibration
 from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.run.layout import RunLayout
@@ -33,6 +33,7 @@ from airflow_batchinfer.worker.params import parse_params
 from tests.support import calibration as c
 from tests.support.fake_jobs import close, make_run, plan_round
 from tests.support.worker_jobs import HashScoringEngine, run_jobs
+from tests.unit.review.test_apply import finished_report, rows_in
 
 
 def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any) -> RunConfig:
@@ -63,18 +64,6 @@ def run_slot(cfg: RunConfig, slot: str, choice: str | None = None) -> Any:
         run_jobs(cfg, [("infer_judge", plan.round, s) for s in plan.shards])
         close(cfg, plan)
     return plan
-
-
-def rows_in(uri: str) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for f in JsonlDir(uri).jsonl_files() for r in f.iter_records()}
-
-
-def finish(cfg: RunConfig) -> dict[str, Any]:
-    layout = RunLayout(cfg.run_root)
-    for slot in slots(cfg.max_rounds):
-        if read_plan(layout, slot) is None:
-            write_plan(layout, propose_slot(cfg, slot).plan)
-    return build_report(cfg)
 
 
 def decide_truthfully(cfg: RunConfig, r: int, share: float = 1.0) -> dict[str, int]:
@@ -189,7 +178,7 @@ def test_an_undecided_spot_check_follows_the_judge_whatever_the_answer(tmp_path:
     assert len(held) == summary.spot_checks
     assert all(results[i]["status"] == "approved" and results[i]["judgment"]["approved"] for i in held)
     assert all("person" not in results[i]["judgment"] for i in held)
-    report = finish(cfg)
+    report = finished_report(cfg)
     assert report["invariant"]["ok"] and report["invariant"]["checked"] == "digests"
     assert report["approved"] == summary.approved + summary.spot_checks == len(results)
     assert report["accepted_by_review"] == 0
@@ -288,7 +277,7 @@ def test_every_row_reviewed_the_calibration_is_the_constructions_exactly(tmp_pat
         doc1 is not None
         and (doc1.agreement, doc1.kappa, doc1.precision, doc1.recall) == c.expected(retried).rounded()
     )
-    report = finish(cfg)
+    report = finished_report(cfg)
     assert [x["round"] for x in report["calibration"]] == [0, 1] and report["invariant"]["ok"]
     md = Path(layout.report, "report.md").read_text()
     assert "## Judge and reviewers" in md and f"| 0 | 400 | {doc.spot_checks} | {doc.agreement:.1%} |" in md
