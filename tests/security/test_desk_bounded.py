@@ -191,57 +191,17 @@ def test_a_bad_setting_is_refused_by_name() -> None:
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow import settings
-    from airflow.api_fastapi import app as api_app
-    from airflow.utils import db
-    from airflow.utils.session import create_session
-    from fastapi.testclient import TestClient
-
-    from airflow_batchinfer.review.app import get_app
     from airflow_batchinfer.run.owner import RunIdentity
+    from tests.support.desk import desk_app
     from tests.support.owners import write_owner
     from tests.unit.review import test_app as t
 
-    home = tmp_path_factory.mktemp("airflow")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
-    env = {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
-        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
-    }
     root = huge_run(tmp_path_factory.mktemp("huge_app")).run_root
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        try:
-            db.initdb()
-            with create_session() as session:
-                t._add_dag(session)
-            t.add_gate("huge", "round_01.plan", {"run_root": root, "aws_conn_id": None})
-            write_owner(root, RunIdentity(t.DAG_ID, "huge"))
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-            client = TestClient(api_app.create_app())
-            tokens = {}
-            for user in t.USERS:
-                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
-                assert r.status_code == 201, r.text
-                tokens[user] = r.json()["access_token"]
-            yield t.Desk(client, tokens, {"huge": root})
-        finally:
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-    settings.configure_vars()
-    settings.reconfigure_orm()
+    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
+        t.add_gate("huge", "round_01.plan", {"run_root": root, "aws_conn_id": None})
+        write_owner(root, RunIdentity(t.DAG_ID, "huge"))
+        desk.roots["huge"] = root
+        yield desk
 
 
 def url(suffix: str) -> str:

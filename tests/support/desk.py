@@ -1,8 +1,9 @@
 """The review desk's app in process, for a run that goes through its gates: Airflow's own api-server
 app on a throwaway SQLite database (SimpleAuthManager users, tokens from ``POST /auth/token``), one
 DAG run of the desk tests' DAG (plan tasks ``round_01.plan`` and ``tail.plan``) whose gates open and
-are answered as the round controller leaves them. What the tests of tests/unit/review/test_app.py
-set up per module, as a context manager a benchmark can use too."""
+are answered as the round controller leaves them. The desk tests' module fixtures (test_app,
+test_focus_app, test_shards_app, test_calibration_app, test_desk_bounded) and bench/calibration.py
+build on :func:`desk_app`."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ writes them; nothing runs."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -160,66 +159,26 @@ def add_gate(
 
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Desk]:
-    from airflow import settings
-    from airflow.api_fastapi import app as api_app
-    from airflow.utils import db
+    from tests.support.desk import desk_app  # built on this module's users and DAG
 
-    from airflow_batchinfer.review.app import get_app
-
-    home = tmp_path_factory.mktemp("airflow")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({u: f"pw-{u}" for u in USERS}))
-    env = {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
-        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
-    }
     roots = {
         "open": closed_run(tmp_path_factory.mktemp("open")).run_root,
         "tail": closed_run(tmp_path_factory.mktemp("tail")).run_root,
         "taken": closed_run(tmp_path_factory.mktemp("taken")).run_root,
         "answered": closed_run(tmp_path_factory.mktemp("answered")).run_root,
     }
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        try:
-            db.initdb()
-            from airflow.utils.session import create_session
-
-            with create_session() as session:
-                _add_dag(session)
-            add_gate("open", "round_01.plan", {"run_root": roots["open"], "aws_conn_id": None})
-            add_gate("tail", "tail.plan", {"run_root": roots["tail"], "aws_conn_id": None},
-                     assignees=[{"id": "carol", "name": "Carol"}])  # fmt: skip
-            add_gate("answered", "round_01.plan", {"run_root": roots["answered"]}, answered=True)
-            add_gate("taken", "round_01.plan", {"run_root": roots["taken"]})
-            for run_id in ("open", "tail", "answered"):  # each run's shard task claimed its root
-                write_owner(roots[run_id], RunIdentity(DAG_ID, run_id))
-            write_owner(roots["taken"], RunIdentity("some_other_dag", "its_run"))
-            add_gate("norender", "round_01.plan", None)
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-            client = TestClient(api_app.create_app())
-            tokens = {}
-            for user in USERS:
-                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
-                assert r.status_code == 201, r.text
-                tokens[user] = r.json()["access_token"]
-            yield Desk(client, tokens, roots)
-        finally:
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-    settings.configure_vars()
-    settings.reconfigure_orm()
+    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
+        add_gate("open", "round_01.plan", {"run_root": roots["open"], "aws_conn_id": None})
+        add_gate("tail", "tail.plan", {"run_root": roots["tail"], "aws_conn_id": None},
+                 assignees=[{"id": "carol", "name": "Carol"}])  # fmt: skip
+        add_gate("answered", "round_01.plan", {"run_root": roots["answered"]}, answered=True)
+        add_gate("taken", "round_01.plan", {"run_root": roots["taken"]})
+        for run_id in ("open", "tail", "answered"):  # each run's shard task claimed its root
+            write_owner(roots[run_id], RunIdentity(DAG_ID, run_id))
+        write_owner(roots["taken"], RunIdentity("some_other_dag", "its_run"))
+        add_gate("norender", "round_01.plan", None)
+        desk.roots.update(roots)
+        yield desk
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ its root; a decision's note is stored with it. The ``desk`` fixture is the brows
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from airflow_batchinfer.run.config import RunConfig  # noqa: E402
 from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
 from airflow_batchinfer.run.jobs import round_kinds  # noqa: E402
 from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from tests.support.desk import desk_app  # noqa: E402
 from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
 from tests.support.owners import write_owner  # noqa: E402
 from tests.unit.review import test_app as t  # noqa: E402
@@ -85,58 +85,14 @@ ROUND1 = [f"r{i:02d}" for i in range(30) if i % 3 and i % 5]  # round 1's reject
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     """The desk's app with one DAG run, ``multi``: its tail gate (open) reviews round 1."""
-    from airflow import settings
-    from airflow.api_fastapi import app as api_app
-    from airflow.utils import db
-    from airflow.utils.session import create_session
-    from fastapi.testclient import TestClient
-
-    from airflow_batchinfer.review.app import get_app
-
-    home = tmp_path_factory.mktemp("airflow")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
-    env = {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
-        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
-    }
     roots = {"multi": two_rounds(tmp_path_factory.mktemp("multi")).run_root}
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        try:
-            db.initdb()
-            with create_session() as session:
-                t._add_dag(session)
-            # as an earlier release worded it (a path; the operator now names the run)
-            subject = f"Round 2: review 16 pending records ({roots['multi']})"
-            t.add_gate(
-                "multi", "tail.plan", {"run_root": roots["multi"], "aws_conn_id": None}, subject=subject
-            )
-            write_owner(roots["multi"], RunIdentity(t.DAG_ID, "multi"))
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-            client = TestClient(api_app.create_app())
-            tokens = {}
-            for user in t.USERS:
-                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
-                assert r.status_code == 201, r.text
-                tokens[user] = r.json()["access_token"]
-            yield t.Desk(client, tokens, roots)
-        finally:
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-    settings.configure_vars()
-    settings.reconfigure_orm()
+    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
+        # as an earlier release worded it (a path; the operator now names the run)
+        subject = f"Round 2: review 16 pending records ({roots['multi']})"
+        t.add_gate("multi", "tail.plan", {"run_root": roots["multi"], "aws_conn_id": None}, subject=subject)
+        write_owner(roots["multi"], RunIdentity(t.DAG_ID, "multi"))
+        desk.roots.update(roots)
+        yield desk
 
 
 @pytest.fixture(autouse=True)

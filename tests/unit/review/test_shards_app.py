@@ -22,6 +22,7 @@ from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane, wri
 from airflow_batchinfer.run.lanes import claim_shard  # noqa: E402
 from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from tests.support.desk import desk_app  # noqa: E402
 from tests.support.fake_jobs import close, plan_round  # noqa: E402
 from tests.support.lane_rounds import BROKEN, FinishingPool, lanes_run, run_lanes  # noqa: E402
 from tests.support.owners import write_owner  # noqa: E402
@@ -60,28 +61,6 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     """The desk's app with four DAG runs: ``lanes`` (its gate reviews round 0, run by lanes, and
     waits), ``moving`` (the same, its gate answered and round 1 under way), ``before`` (its round 0
     ran one task per shard), ``broken`` (as ``moving``, a lane document of round 1 unreadable)."""
-    from airflow import settings
-    from airflow.api_fastapi import app as api_app
-    from airflow.utils import db
-    from airflow.utils.session import create_session
-    from fastapi.testclient import TestClient
-
-    from airflow_batchinfer.review.app import get_app
-
-    home = tmp_path_factory.mktemp("airflow")
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
-    env = {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
-        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
-    }
     roots = {
         "lanes": lanes_runs(tmp_path_factory.mktemp("lanes"))[0].run_root,
         "moving": lanes_runs(tmp_path_factory.mktemp("moving"))[0].run_root,
@@ -91,33 +70,13 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     # a lane document this release cannot read (another release's field)
     bad = Path(RunLayout(roots["broken"]).lane(1, 1))
     bad.write_text(json.dumps({**json.loads(bad.read_text()), "surprise": True}))
-    with pytest.MonkeyPatch.context() as mp:
-        for key, value in env.items():
-            mp.setenv(key, value)
-        settings.configure_vars()
-        settings.reconfigure_orm()
-        try:
-            db.initdb()
-            with create_session() as session:
-                t._add_dag(session)
-            for run_id, root in roots.items():
-                t.add_gate(run_id, "round_01.plan", {"run_root": root, "aws_conn_id": None},
-                           answered=run_id == "moving")  # fmt: skip
-                write_owner(root, RunIdentity(t.DAG_ID, run_id))
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-            client = TestClient(api_app.create_app())
-            tokens = {}
-            for user in t.USERS:
-                r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
-                assert r.status_code == 201, r.text
-                tokens[user] = r.json()["access_token"]
-            yield t.Desk(client, tokens, roots)
-        finally:
-            api_app.purge_cached_app()
-            get_app.cache_clear()
-    settings.configure_vars()
-    settings.reconfigure_orm()
+    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
+        for run_id, root in roots.items():
+            t.add_gate(run_id, "round_01.plan", {"run_root": root, "aws_conn_id": None},
+                       answered=run_id == "moving")  # fmt: skip
+            write_owner(root, RunIdentity(t.DAG_ID, run_id))
+        desk.roots.update(roots)
+        yield desk
 
 
 def shards(desk: t.Desk, run_id: str, user: str = "bob", **params: Any) -> Any:
