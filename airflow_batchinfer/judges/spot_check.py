@@ -54,7 +54,7 @@ BUCKETS: tuple[str, ...] = (*(f"{b / 10:.1f}" for b in range(10)), NO_SCORE)
 Stratum = Literal["approved", "held", "rejected"]
 STRATA: tuple[Stratum, ...] = ("approved", "held", "rejected")
 COUNT_PREFIX = "verdicts:"  # a job's counts key: verdicts:<stratum>:<bucket>
-RATE_DIGITS = 6  # a round's rate as job params carry it (a stable fingerprint)
+RATE_DIGITS = 6  # significant digits of a round's rate as job params carry it (a stable fingerprint)
 
 
 def score_bucket(score: float | None) -> str:
@@ -83,7 +83,8 @@ def round_rate(wanted: int, records: int) -> float:
     that approves a share ``a`` of its rows holds back about ``a × wanted`` of them."""
     if wanted <= 0 or records <= 0:
         return 0.0
-    return round(min(1.0, wanted / records), RATE_DIGITS)
+    # significant digits, not decimals: 20 of 100M rows is a rate of 2e-7, not 0
+    return float(f"{min(1.0, wanted / records):.{RATE_DIGITS}g}")
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,9 @@ def test_round_rate_holds_back_about_n_of_the_rows_the_round_plans() -> None:
     assert round_rate(50, 30) == 1.0  # a round smaller than N: every approved row
     assert round_rate(0, 1_000) == 0.0 and round_rate(5, 0) == 0.0
     assert round_rate(1, 3) == 0.333333  # rounded: a stable job param
+    # at the scale of 100M rows: as many as asked, to 6 significant digits (not 0, nor 1 in a million)
+    assert round_rate(20, 100_000_000) == 2e-7 and round_rate(150, 100_000_000) == 1.5e-6
+    assert round_rate(1, 30_000_000) == 3.33333e-8
 
 
 @pytest.mark.parametrize(
