@@ -104,9 +104,16 @@ def judge_needs(spec: Any) -> frozenset[Need]:
 def judged_early(spec: Any) -> bool:
     """Whether some members of the judge ``spec`` are judged where the answers are generated: the
     llm members of a jury that holds a model judge (:mod:`~airflow_batchinfer.judges.jury`)."""
-    if not isinstance(spec, Mapping) or spec.get("type") != "jury" or "score" not in judge_needs(spec):
+    if not isinstance(spec, Mapping) or spec.get("type") != "jury":
         return False
-    return any(judge_needs(m) == {"generate"} for m in spec.get("judges") or ())
+    return any(_early(spec.get("judges") or []))
+
+
+def _early(members: list[Any]) -> list[bool]:
+    """Which of a jury's ``members`` are judged where the answers are generated: beside a model
+    judge (the judge pool then serves a scoring model), those that only generate (llm judges)."""
+    scoring = any("score" in judge_needs(m) for m in members)
+    return [scoring and judge_needs(m) == {"generate"} for m in members]
 
 
 def build_judge(
@@ -191,18 +198,15 @@ def _jury(args: Mapping[str, Any], *, callables: CallablePolicy | None, engine: 
                 f"jury judge: a {s.get('type')} judge cannot be a member (people judge between rounds on "
                 "the review page; a jury's members are judges that answer in a job)"
             )
-    scoring = "score" in judge_needs({"type": "jury", "judges": specs})
     members = []
-    for name, s in zip(member_names(specs), specs, strict=True):
-        needs = judge_needs(s)
-        if len(needs) > 1:
+    for name, s, early in zip(member_names(specs), specs, _early(specs), strict=True):
+        if len(judge_needs(s)) > 1:
             raise ConfigError(
                 f"jury member {name} needs both a generating and a scoring model, which no one pool serves: "
                 "make its llm and model judges members of the jury of their own"
             )
         inner = build_judge({k: v for k, v in s.items() if k != "name"}, callables=callables, engine=engine)
-        # beside a model judge (on a scoring pool) an llm member is judged where the answers are made
-        members.append(Member(name, str(s.get("type")), inner, early=scoring and needs == {"generate"}))
+        members.append(Member(name, str(s.get("type")), inner, early=early))
     return Jury(members, args.get("vote", "majority"), args.get("threshold"))
 
 
