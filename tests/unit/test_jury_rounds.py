@@ -78,3 +78,22 @@ def test_with_candidates_each_carries_its_own_verdicts(tmp_path: Path) -> None:
     assert rows and all("jury_verdicts" not in r and len(r["candidates"]) == 3 for r in rows)
     verdicts = [c["jury_verdicts"]["critic"]["approved"] for r in rows for c in r["candidates"]]
     assert len(verdicts) == 3 * len(rows) and set(verdicts) == {True, False}  # judged one by one
+
+
+def test_a_jury_judges_each_attempt_in_place(tmp_path: Path) -> None:
+    """Strategy in_place (a jury of llm and rule judges: no model judge, which needs rounds): each
+    attempt is voted on, the kept row carries its last attempt's members, and the summary's jury
+    counts every attempt's vote."""
+    jury = {"type": "jury", "judges": [{"type": "llm"}, SHORT, {"type": "length", "min_chars": 1}]}
+    cfg = make_run(tmp_path, judge=jury, strategy="in_place", max_attempts=3)
+    plan = plan_round(cfg, "tail")
+    assert plan.mode == "in_place"
+    run_jobs(cfg, [("in_place", plan.round, s) for s in plan.shards], approval_rate=0.5, completion_tokens=4)
+    summary = close(cfg, plan)
+    layout = RunLayout(cfg.run_root)
+    rows = rows_in(layout.results) + rows_in(layout.rejected_dir(plan.round))
+    assert summary["invariant"]["ok"] and len(rows) == 30
+    for row in rows:
+        votes = [m["approved"] for m in row["judgment"]["members"]]
+        assert row["judgment"]["approved"] is (sum(votes) >= 2) is (row["status"] == "approved")
+    assert summary["jury"]["voted"] == summary["attempts"] > 30  # some rows took several attempts
