@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from airflow_batchinfer.judges.spot_check import score_bucket
 from airflow_batchinfer.report import build_report, render_markdown
 from airflow_batchinfer.run.jobs import judge_input
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from tests.support.fake_jobs import close, make_run, plan_round
-from tests.support.worker_jobs import run_jobs
+from tests.support.worker_jobs import HashScoringEngine, run_jobs
 
 SHORT = {"type": "length", "max_chars": 20, "name": "short"}
 
@@ -97,3 +98,39 @@ def test_a_jury_judges_each_attempt_in_place(tmp_path: Path) -> None:
         votes = [m["approved"] for m in row["judgment"]["members"]]
         assert row["judgment"]["approved"] is (sum(votes) >= 2) is (row["status"] == "approved")
     assert summary["jury"]["voted"] == summary["attempts"] > 30  # some rows took several attempts
+
+
+def test_a_spot_checked_jury_of_the_runs_model_and_a_classifier(tmp_path: Path) -> None:
+    """The three together: a jury (mean_score) of an llm member, judged as the answers are generated,
+    and a classifier on the judge pool (a scoring model at the engine seam), with review_below_score
+    and spot checks of every approval. The jury's score, the mean of its members', is what holds a
+    verdict for people and what the strata bucket by tenth."""
+    jury = {
+        "type": "jury",
+        "vote": "mean_score",
+        "judges": [{"type": "llm", "name": "critic"}, {"type": "classifier"}],
+    }
+    cfg = make_run(
+        tmp_path, judge=jury, judge_pool="local://judges", review_below_score=0.7, spot_check_approved=30
+    )
+    plan = plan_round(cfg)
+    run_jobs(cfg, [("infer", 0, s) for s in plan.shards], approval_rate=0.5, completion_tokens=4)
+    run_jobs(cfg, [("judge", 0, s) for s in plan.shards], serving=HashScoringEngine(("rejected", "approved")))
+    summary = close(cfg, plan)
+    layout = RunLayout(cfg.run_root)
+    rows = rows_in(layout.results) + rows_in(layout.rejected_dir(0))
+    # every verdict goes to people: scored below 0.7, or an approval spot-checked (rate 1)
+    assert summary["invariant"]["ok"] and len(rows) == 30 and not rows_in(layout.results)
+    strata: dict[str, dict[str, int]] = {}
+    for row in rows:
+        j = row["judgment"]
+        critic, classifier = j["members"]
+        assert (critic["name"], classifier["name"]) == ("critic", "classifier") and "jury_verdicts" not in row
+        assert j["score"] == round((critic["score"] + classifier["score"]) / 2, 6)
+        assert j["for_review"] and j["judge_approved"] is (j["score"] >= 0.5)
+        assert j.get("spot_check", False) is (j["score"] >= 0.7)
+        stratum = "rejected" if j["score"] < 0.5 else ("held" if j["score"] < 0.7 else "approved")
+        strata.setdefault(stratum, {}).setdefault(score_bucket(j["score"]), 0)
+        strata[stratum][score_bucket(j["score"])] += 1
+    assert summary["verdicts"] == strata and set(strata) == {"approved", "held", "rejected"}
+    assert summary["spot_checks"] == sum(strata["approved"].values()) and summary["jury"]["voted"] == 30
