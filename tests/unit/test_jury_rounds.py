@@ -1,7 +1,9 @@
 """Juries through a round on the worker's own job code (SIMULATED engine: its llm verdicts approve by
 a hash of the record): each member's verdict in ``judgment.members``, the round's summary and report
 counting how often members disagree, the id invariant; an infer job carrying its llm members'
-verdicts for a judge pool that scores. Real engines: tests/integration/test_model_judges.py."""
+verdicts for a judge pool that scores; a jury in place; and one beside a classifier (a scoring model
+at the engine seam) with review_below_score and spot checks. Real engines:
+tests/integration/test_model_judges.py."""
 
 from __future__ import annotations
 
