@@ -31,8 +31,9 @@ DEFAULT_SELECT = "first_approved"
 
 #: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
 #: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
-#: and which the review page shows as output, not as the record (``review.browse``).
-GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs"})
+#: and which the review page shows as output, not as the record (``review.browse``). ``previous``:
+#: what a retry's prompt was told of the attempt before it (``retries``), not shown to a judge.
+GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs", "previous"})
 
 
 def of(row: Mapping[str, object]) -> list[Mapping[str, object]] | None:

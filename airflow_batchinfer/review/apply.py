@@ -2,7 +2,9 @@
 its pending set (the reviewed round's rejected rows, recompacted) by the decisions on those rows.
 
 - **retry** (every row no decision names): stays pending, in ``round-NN/reviewed/`` (the round's
-  pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it);
+  pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it); a row
+  a retry decision names carries it (``review``: who, when, the note, the round), and its next
+  attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.retries`);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision.
@@ -92,7 +94,7 @@ def apply_decisions(
                     outs[action] = stack.enter_context(
                         JsonlFile(uris[action], storage_options=so).writer_sync()
                     )
-                outs[action].write(row if decision is None or action == "retry" else _marked(row, decision))
+                outs[action].write(row if decision is None else _marked(row, decision))
                 digests[action].add(row.get(id_field))
                 applied.counts[action] += 1
         made.update(uris[a] for a in outs)
@@ -129,6 +131,14 @@ def apply_decisions(
 
 
 def _marked(row: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
+    """``row`` with the decision on it (``review``); a retried row's tells its next attempt the note
+    (:func:`~airflow_batchinfer.retries.previous_of`: a decision on this attempt's round)."""
+    review = {
+        "action": decision.action,
+        "by": decision.by,
+        "at": decision.at,
+        "note": decision.note,
+        "round": decision.round,
+    }
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**row, **extra, "review": review}

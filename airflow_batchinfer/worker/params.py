@@ -14,6 +14,7 @@ from airflow_batchinfer.judges import CallablePolicy, Judge, build_judge, requir
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.retries import RetrySettings
 
 DEFAULT_CHUNK = 2_000
 
@@ -88,13 +89,19 @@ def parse_params(
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
         common["adapters"] = adapters = parse_adapters(params.get("adapters"), "params.adapters")
+        sampling = _sampling(params.get("sampling"))
+        try:
+            retry = RetrySettings.from_params(params, sampling)
+        except ConfigError as exc:
+            raise ConfigError(f"params.{exc}") from None
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
             chat=bool(params.get("chat", True)),
-            sampling=_sampling(params.get("sampling")),
+            sampling=sampling,
             engine=engine,
             adapters=adapters,
+            retry=retry,
         )
     if kind in ("judge", "infer_judge", "in_place"):
         if "judge" not in params:
