@@ -37,6 +37,7 @@ from airflow_batchinfer.templates import variables_read
 __all__ = [
     "PREVIOUS",
     "RETRY_PARAMS",
+    "SENT_BACK",
     "Previous",
     "RetrySettings",
     "Sent",
@@ -47,6 +48,7 @@ __all__ = [
 ]
 
 PREVIOUS = "previous"  # the template variable, and the row field of a prompt that read it
+SENT_BACK = "sent_back"  # a row a reviewer's retry decision names: {by, at, note, round} (review.apply)
 RETRY_PARAMS = ("retry_template", "retry_system", "retry_sampling")  # the job params (when set)
 # What a retry may not change: the rows' shape and what the judge step reads of them.
 NOT_PER_ATTEMPT = {
@@ -96,21 +98,14 @@ def _int(value: Any) -> int | None:
 def previous_of(row: Mapping[str, Any]) -> Previous | None:
     """The attempt ``row`` records, as the next attempt's ``previous``; ``None`` for a record not yet
     run (an input record: it has no ``finish_reason``, which every generated row carries). The
-    reviewer's ``note`` is the one of a retry decision on this very attempt's round (a row keeps its
-    ``review`` through later rounds; an older decision's note is not this attempt's)."""
+    reviewer's ``note`` is the one of the retry decision that sent the row back (``sent_back``, which
+    the next attempt's row no longer carries)."""
     if "finish_reason" not in row:
         return None
     judgment = row.get("judgment")
     judgment = judgment if isinstance(judgment, Mapping) else {}
-    review = row.get("review")
-    note = None
-    if (
-        isinstance(review, Mapping)
-        and review.get("action") == "retry"
-        and review.get("round") == row.get("round")
-        and review.get("note")
-    ):
-        note = str(review["note"])
+    sent_back = row.get(SENT_BACK)
+    note = sent_back.get("note") if isinstance(sent_back, Mapping) else None
     score = judgment.get("score")
     attempt = _int(row.get("attempts"))
     max_tokens = _int(row.get("max_tokens"))
@@ -120,7 +115,7 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
         result=None if result is None else str(result),
         reason=None if reason is None else str(reason),
         score=float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
-        note=note,
+        note=str(note) if note else None,
         finish_reason=None if finish is None else str(finish),
         max_tokens=max_tokens if max_tokens is not None and max_tokens >= 1 else None,
     )

@@ -3,7 +3,7 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
 
 - **retry** (every row no decision names): stays pending, in ``round-NN/reviewed/`` (the round's
   pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it); a row
-  a retry decision names carries it (``review``: who, when, the note, the round), and its next
+  a retry decision names carries it (``sent_back``: who, when, the note, the round), and its next
   attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.retries`);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
@@ -21,6 +21,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.retries import SENT_BACK
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Action, Decision, DecisionLog, Resolver
 from airflow_batchinfer.run.config import RunConfig
@@ -94,7 +95,7 @@ def apply_decisions(
                     outs[action] = stack.enter_context(
                         JsonlFile(uris[action], storage_options=so).writer_sync()
                     )
-                outs[action].write(row if decision is None else _marked(row, decision))
+                outs[action].write(_marked(row, decision) if decision is not None else row)
                 digests[action].add(row.get(id_field))
                 applied.counts[action] += 1
         made.update(uris[a] for a in outs)
@@ -131,14 +132,13 @@ def apply_decisions(
 
 
 def _marked(row: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    """``row`` with the decision on it (``review``); a retried row's tells its next attempt the note
-    (:func:`~airflow_batchinfer.retries.previous_of`: a decision on this attempt's round)."""
-    review = {
-        "action": decision.action,
-        "by": decision.by,
-        "at": decision.at,
-        "note": decision.note,
-        "round": decision.round,
-    }
+    """``row`` with the decision on it: an accepted or dropped row's ``review`` (it leaves the run);
+    a retried row's ``sent_back`` (who, when, the note, the round reviewed), which its next attempt's
+    prompt may read (``previous.note``: :func:`~airflow_batchinfer.retries.previous_of`) and which
+    that attempt's row no longer carries (a field of the generation it replaces)."""
+    if decision.action == "retry":
+        sent_back = {"by": decision.by, "at": decision.at, "note": decision.note, "round": decision.round}
+        return {**row, SENT_BACK: sent_back}
+    review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**row, **extra, "review": review}

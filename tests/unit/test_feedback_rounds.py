@@ -97,6 +97,8 @@ def test_a_rounds_retry_is_told_the_judges_reason_and_the_reviewers_note(tmp_pat
         "attempt": 1, "result": "What is 2 + 3?", "reason": "expected 5, got 3", "score": None,
         "note": "the sum is 5", "finish_reason": "stop", "max_tokens": 256,
     }  # fmt: skip
+    assert "sent_back" not in q0  # the decision was the attempt before's: its note is in previous
+    assert rows_in(layout.reviewed(1))["q0"]["sent_back"]["note"] == "the sum is 5"
     rejected = rows_in(layout.rejected_dir(1))
     assert rejected["q1"]["previous"]["note"] == "add them" and rejected["q1"]["result"].endswith(
         "Reviewer: add them"

@@ -123,15 +123,21 @@ def test_previous_is_the_attempt_a_row_records_and_none_for_an_input_record() ->
     assert (previous_of(failed).result, previous_of(failed).reason) == (None, "inference_error: x")  # type: ignore[union-attr]
 
 
-def test_the_reviewers_note_is_told_to_the_attempt_after_the_one_it_was_written_on() -> None:
+def test_the_reviewers_note_is_told_to_the_attempt_after_the_one_it_was_sent_back_on() -> None:
     row = {"id": "a", "result": "5", "attempts": 1, "round": 0, "finish_reason": "stop",
            "judgment": {"approved": False, "reason": "wrong"}}  # fmt: skip
-    sent_back = {**row, "review": {"action": "retry", "by": "ann", "note": "carry the one", "round": 0}}
+    sent_back = {
+        **row,
+        "sent_back": {"by": "ann", "at": "2026-12-01T00:00:00+00:00", "note": "carry the one", "round": 0},
+    }
     assert previous_of(sent_back).note == "carry the one"  # type: ignore[union-attr]
-    # the next round's row keeps its review, but that note was about attempt 1, not attempt 2
-    later = {**sent_back, "attempts": 2, "round": 1, "result": "6"}
-    assert previous_of(later).note is None  # type: ignore[union-attr]
-    assert previous_of({**row, "review": {"action": "accept", "note": "fine", "round": 0}}).note is None  # type: ignore[union-attr]
+    assert previous_of({**row, "sent_back": {"by": "ann", "note": ""}}).note is None  # type: ignore[union-attr]
+    # an accepted or dropped row's review is not a retry's note (nor a record's own field of that name)
+    assert previous_of({**row, "review": {"action": "retry", "note": "x"}}).note is None  # type: ignore[union-attr]
+    # the next attempt's row is a new generation: it no longer carries the decision
+    from airflow_batchinfer.worker.shard_jobs import output_row
+
+    assert "sent_back" not in output_row(sent_back, result="6", attempts=2, round=1)
 
 
 def test_a_retry_prompt_reads_previous_and_a_first_one_sees_none() -> None:
