@@ -11,8 +11,8 @@ attempt on, and ``retry_sampling`` (``{"2": {...}, "3": {...}}``) sets sampling 
 over the run's ``sampling``: attempt *k* takes the entry of the highest attempt number at most *k*.
 
 :func:`sent_with` is the one decision: the template, system message and sampling of attempt *k*,
-from the settings, the previous attempt and the truncation policy (a truncated attempt's retry runs
-with more ``max_tokens``: :mod:`~airflow_batchinfer.judges.truncation`). The prompt builder asks it
+from the settings and the truncation decision on the attempt before (a truncated attempt's retry
+runs with more ``max_tokens``: :mod:`~airflow_batchinfer.judges.truncation`). The prompt builder asks it
 for every request, so an infer job's round-N rows and an in-place job's retries are decided alike;
 the previous attempt is :func:`previous_of` a row in both (a round's pending row, an in-place
 attempt's row, or an in-place checkpoint's copy of it, so a resumed job renders the same prompt).
@@ -35,8 +35,8 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.templates import variables_read
 
 __all__ = [
+    "NO_RETRY",
     "PREVIOUS",
-    "RETRY_PARAMS",
     "SENT_BACK",
     "Previous",
     "RetrySettings",
@@ -49,7 +49,6 @@ __all__ = [
 
 PREVIOUS = "previous"  # the template variable, and the row field of a prompt that read it
 SENT_BACK = "sent_back"  # a row a reviewer's retry decision names: {by, at, note, round} (review.apply)
-RETRY_PARAMS = ("retry_template", "retry_system", "retry_sampling")  # the job params (when set)
 # What a retry may not change: the rows' shape and what the judge step reads of them.
 NOT_PER_ATTEMPT = {
     "n": "candidates per record are the run's (each attempt's rows and counts have as many)",
