@@ -141,6 +141,7 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/review.py
 	$(BIN)/python bench/calibration.py
+	$(BIN)/python bench/feedback.py
 	$(BIN)/python bench/airflow_e2e.py
 	$(BIN)/python bench/kubernetes_pool.py
 

@@ -535,6 +535,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.limits import callable_targets, judge_pool_refusal
     from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool, open_backend
+    from airflow_batchinfer.preflight import retry_warnings
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
     from airflow_batchinfer.run.config import RunConfig
@@ -542,6 +543,8 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.storage.location import parent
 
     cfg = RunConfig(run_root=args.run_root, **run_settings_from_args(args))
+    for warning in retry_warnings(cfg):  # the pre-flight's, of the settings alone
+        print(f"batchinfer run: warning: {warning}", file=sys.stderr)
     # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
     lease = f"cli-run:{args.run_root}"
     judge_ref = PoolRef.parse(cfg.judge_pool) if cfg.judge_pool else None

@@ -114,8 +114,8 @@ SETTINGS: tuple[LimitSetting, ...] = (
     LimitSetting("max_target_batch_tokens", "count",
                  "the most tokens per engine batch `target_batch_tokens` may ask for"),
     LimitSetting("max_max_tokens", "count",
-                 "the most tokens per completion `sampling.max_tokens` (unset: 256) and an `llm` judge's "
-                 "`max_tokens` may ask for"),
+                 "the most tokens per completion `sampling.max_tokens` (unset: 256), a `retry_sampling` "
+                 "entry's and an `llm` judge's `max_tokens` may ask for"),
     LimitSetting("max_preflight_records", "count", "the most records `preflight_records` may try"),
     # input bounds: a larger one lets a line (an id) be held whole, so unset caps them at the default
     LimitSetting("max_max_line_bytes", "count",
@@ -635,6 +635,11 @@ def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str
         tokens = _completion_tokens(sampling or {})
         tokens = SamplingParams().max_tokens if tokens is None else tokens
         out += _cap_refusal("sampling.max_tokens", tokens, "max_max_tokens", limits)
+    retries = params.get("retry_sampling")
+    for attempt, fields in retries.items() if isinstance(retries, Mapping) else ():
+        tokens = _completion_tokens(fields) if isinstance(fields, Mapping) else None
+        if tokens is not None:  # unset: the run's sampling's, checked above
+            out += _cap_refusal(f"retry_sampling.{attempt}.max_tokens", tokens, "max_max_tokens", limits)
     for tokens in _judge_completion_tokens(params.get("judge")):
         out += _cap_refusal("judge max_tokens", tokens, "max_max_tokens", limits)
     return out + _resource_refusals(params, limits)

@@ -5,6 +5,7 @@ rounds), so a run that would blow its budget stops before it spends it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterable
@@ -13,7 +14,9 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer import sizing
+from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError, RpcError
+from airflow_batchinfer.retries import RetrySettings, reads_previous
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -125,6 +128,53 @@ def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) 
     )
 
 
+def _greedy(sampling: SamplingParams) -> bool:
+    """Whether ``sampling`` picks the likeliest token every time (whatever its seed)."""
+    return sampling.temperature == 0 or sampling.top_k == 1
+
+
+def same_retries(cfg: RunConfig) -> str | None:
+    """Why every retry of ``cfg``'s samples would produce the text the attempt before it did
+    (``None``: retries can differ, or there are none): sampling is greedy (temperature 0: a seed,
+    which :func:`~airflow_batchinfer.retries.attempt_seed` varies per attempt, changes nothing), no
+    ``retry_sampling`` entry changes more than the seed or ``max_tokens``, and a retry's prompt is the
+    first attempt's (no ``retry_template`` or ``retry_system``, and ``prompt_template`` does not read
+    ``previous``). Only a truncated sample's retry (more ``max_tokens``) can then differ. OpenAI
+    batch records carry their own sampling: not decided here."""
+    retries = {"rounds": cfg.max_rounds > 1, "in_place": cfg.max_attempts > 1}
+    retries["hybrid"] = retries["rounds"] or retries["in_place"]
+    if not retries[cfg.strategy] or cfg.prompt_template is None:
+        return None
+    if cfg.retry_template is not None or cfg.retry_system is not None or reads_previous(cfg.prompt_template):
+        return None
+    try:
+        base = SamplingParams.from_mapping(cfg.sampling)
+        retry = RetrySettings.from_params({"retry_sampling": cfg.retry_sampling}, base)
+    except ConfigError:
+        return None  # refused elsewhere, with its reason
+    if not _greedy(base):
+        return None
+    for _, fields in retry.sampling:
+        entry = SamplingParams.from_mapping(fields, base)
+        if dataclasses.replace(entry, seed=base.seed, max_tokens=base.max_tokens) != base:
+            return None  # this retry samples otherwise (or is not greedy)
+    return (
+        "every retry would produce the same text as the attempt before it: sampling is greedy "
+        f"(temperature {base.temperature:g}{', top_k 1' if base.top_k == 1 else ''}; a seed changes nothing "
+        "then) and a retry's prompt is the first attempt's (no retry_template or retry_system, and "
+        "prompt_template does not read previous), so only truncated samples, retried with more "
+        "max_tokens, can change. Remedy: set sampling.temperature above 0 (each retry samples with its "
+        "own seed), a retry_sampling entry that does, or a retry_template that shows the model "
+        "previous.result and previous.reason"
+    )
+
+
+def retry_warnings(cfg: RunConfig) -> list[str]:
+    """What the pre-flight warns of in ``cfg``'s retries (the task log, its summary, the report and
+    ``batchinfer run`` show it); the run goes on."""
+    return [w for w in (same_retries(cfg),) if w is not None]
+
+
 def _refuse_unhonoured(cfg: RunConfig, engine: dict[str, Any]) -> None:
     """Refuse a run whose ``sampling`` asks the pool's engine for a field it does not honour."""
     refusal = cfg.engine_refusal(str(engine.get("engine")))
@@ -225,6 +275,7 @@ def run_preflight(
         "on the run's lanes (a GPU's tokens/s shared by its jobs, the slowest GPU 1.5x slower). A full "
         "pool batches more per step: it errs long",
         "sizing": plan,
+        "warnings": retry_warnings(cfg),
     }
     write_doc(join(layout.preflight, "summary.json"), summary, so)
     return summary

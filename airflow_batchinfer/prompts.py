@@ -6,7 +6,9 @@ job's engine does not honour (or that no engine does, or an unknown one) makes t
 error naming it (:func:`~airflow_batchinfer.engines.sampling.refusals`), never a silent drop, and so
 does a field of the job's own sampling its engine does not honour. Any other record is
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
-whole record is also available as ``record``). A job's records pick their LoRA adapter by name
+whole record is also available as ``record``; a retry's ``previous``, what the attempt before it got:
+:mod:`~airflow_batchinfer.retries`, which also decides each attempt's template, system message and
+sampling). A job's records pick their LoRA adapter by name
 (:mod:`~airflow_batchinfer.engines.adapters`). Rendering errors are per-record errors. Templates
 render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
 record's rendering may cost. A plain template (text and ``{{ field }}`` over text or integer fields)
@@ -28,6 +30,16 @@ from airflow_batchinfer.engines.adapters import Adapter, chosen
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.sampling import engine_refusal, refusals
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
+from airflow_batchinfer.retries import (
+    NO_RETRY,
+    PREVIOUS,
+    Previous,
+    RetrySettings,
+    Sent,
+    attempt_seed,
+    reads_previous,
+    sent_with,
+)
 from airflow_batchinfer.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
@@ -118,13 +130,6 @@ def is_openai_batch(record: Mapping[str, Any]) -> bool:
     return "custom_id" in record and isinstance(record.get("body"), dict)
 
 
-def attempt_seed(sampling: SamplingParams, attempt: int) -> SamplingParams:
-    """Each retry of a seeded request samples differently but reproducibly."""
-    if sampling.seed is None or attempt <= 1:
-        return sampling
-    return SamplingParams.from_mapping({"seed": sampling.seed + 1_000_003 * (attempt - 1)}, sampling)
-
-
 class PromptBuilder:
     """Turns records into :class:`GenerationRequest` s.
 
@@ -139,6 +144,8 @@ class PromptBuilder:
         body's ``model``) picks the one that answers it (:func:`~airflow_batchinfer.engines.adapters.chosen`),
         and one naming none of them is that record's error. ``None`` (a judge's prompts, the desk's):
         the base model answers, whatever the record says.
+    :param retry: the run's retry settings: the template, system message and sampling of the second
+        and later attempts (:func:`~airflow_batchinfer.retries.sent_with` decides each attempt's).
     """
 
     def __init__(
@@ -150,24 +157,32 @@ class PromptBuilder:
         sampling: SamplingParams | None = None,
         engine: str | None = None,
         adapters: Mapping[str, Adapter] | None = None,
+        retry: RetrySettings = NO_RETRY,
     ) -> None:
-        if template is not None:
-            compile_template(template)  # fail fast on a syntax error: that is the job's error
+        for source in (template, retry.template):
+            if source is not None:
+                compile_template(source)  # fail fast on a syntax error: that is the job's error
         self.template = template
-        self._parts = None if template is None else _plain_parts(template)
+        self.retry = retry
+        self._parts = {t: _plain_parts(t) for t in (template, retry.template) if t is not None}
         self.system = system
         self.chat = chat
         self.sampling = sampling or SamplingParams()
         self.engine = engine
         self.adapters = None if adapters is None else dict(adapters)
-        # a field of the job's sampling its engine does not honour: every templated record's error
-        self._refused = self._engine_refusal(self.sampling)
+        # a field of the job's sampling its engine does not honour: every templated record's error;
+        # per retry_sampling entry (by its first attempt; 0: none), the same of what that entry runs
+        self._refused = {0: self._engine_refusal(self.sampling)}
+        for first, fields in retry.sampling:
+            combined = SamplingParams.from_mapping(fields, self.sampling)
+            where = f"retry_sampling.{first}."
+            self._refused[first] = self._refused[0] or self._engine_refusal(combined, where)
         self._decided: dict[tuple[tuple[str, type, Any], ...], SamplingParams | str] = {}  # _sampling_key
 
-    def _engine_refusal(self, sampling: SamplingParams) -> str | None:
+    def _engine_refusal(self, sampling: SamplingParams, where: str = "the job's sampling.") -> str | None:
         if self.engine is None:
             return None
-        return engine_refusal(sampling.changed(), self.engine, "the job's sampling.")
+        return engine_refusal(sampling.changed(), self.engine, where)
 
     def _body_sampling(self, body: Mapping[str, Any], request_id: str) -> SamplingParams:
         """The job's sampling with ``body``'s fields; :class:`PromptError` naming the record and the
@@ -204,10 +219,15 @@ class PromptBuilder:
         variables: Mapping[str, Any] | None = None,
         quick: bool = False,
         candidate: int = 0,
+        previous: Previous | None = None,
+        least_max_tokens: int | None = None,
     ) -> GenerationRequest:
-        """The request for ``record``; :class:`PromptError` when it cannot be built. ``quick``: render
-        within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see :meth:`abuild`).
-        ``candidate``: which of the record's candidates a judge's request is about (metadata)."""
+        """The request for attempt ``attempt`` of ``record``; :class:`PromptError` when it cannot be
+        built. ``quick``: render within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see
+        :meth:`abuild`). ``candidate``: which of the record's candidates a judge's request is about
+        (metadata). An ``infer`` prompt (``role``) renders with the variable ``previous`` (the
+        attempt before, ``None`` on a first attempt); ``least_max_tokens``: the truncation decision
+        on that attempt (:func:`~airflow_batchinfer.retries.sent_with`)."""
         meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
         if candidate:
             meta["candidate"] = candidate
@@ -217,7 +237,7 @@ class PromptBuilder:
             chat = isinstance(body.get("messages"), list)
             if not (chat or isinstance(body.get("prompt"), str)):
                 raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
-            sampling = attempt_seed(self._body_sampling(body, request_id), attempt)
+            sampling = self._attempt(request_id, attempt, least_max_tokens, body).sampling
             if chat:
                 return GenerationRequest(
                     request_id, messages=body["messages"], sampling=sampling, metadata=meta, adapter=adapter
@@ -227,21 +247,61 @@ class PromptBuilder:
             )
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
-        if self._refused is not None:
-            raise PromptError(f"record {request_id!r}: {self._refused}")
-        text = None if self._parts is None else _filled(self._parts, record, variables, quick=quick)
+        sent = self._attempt(request_id, attempt, least_max_tokens)
+        template, sampling = sent.template or self.template, sent.sampling
+        if role == "infer":  # what the attempt before got (None on a first attempt: `if previous` works)
+            variables = {**(variables or {}), PREVIOUS: None if previous is None else previous.as_dict()}
+        parts = self._parts[template]
+        text = None if parts is None else _filled(parts, record, variables, quick=quick)
         if text is None:
-            text = render(self.template, {**record, **(variables or {}), "record": record}, quick=quick)
-        sampling = attempt_seed(self.sampling, attempt)
+            text = render(template, {**record, **(variables or {}), "record": record}, quick=quick)
         if not self.chat:
             return GenerationRequest(
                 request_id, prompt=text, sampling=sampling, metadata=meta, adapter=adapter
             )
-        messages = [{"role": "system", "content": self.system}] if self.system else []
+        messages = [{"role": "system", "content": sent.system}] if sent.system else []
         messages.append({"role": "user", "content": text})
         return GenerationRequest(
             request_id, messages=messages, sampling=sampling, metadata=meta, adapter=adapter
         )
+
+    def _attempt(
+        self,
+        request_id: str,
+        attempt: int,
+        least_max_tokens: int | None,
+        body: Mapping[str, Any] | None = None,
+    ) -> Sent:
+        """What attempt ``attempt`` is sent with (:func:`~airflow_batchinfer.retries.sent_with`, over
+        the job's sampling or an OpenAI batch ``body``'s); :class:`PromptError` when its sampling asks
+        the engine for a field it does not honour, or a ``retry_sampling`` entry does not combine
+        with the body's."""
+        entry = self.retry.entry(attempt)
+        if body is None:
+            base, refused = self.sampling, self._refused[entry[0] if entry else 0]
+        else:
+            base, refused = self._body_sampling(body, request_id), None
+        try:
+            sent = sent_with(
+                self.retry,
+                attempt=attempt,
+                template=self.template if body is None else None,
+                system=self.system if body is None else None,
+                sampling=base,
+                least_max_tokens=least_max_tokens,
+            )
+        except ConfigError as exc:  # an entry that does not combine with a body's own sampling
+            raise PromptError(f"record {request_id!r}: retry_sampling: {exc}") from None
+        if body is not None and entry is not None:
+            refused = self._engine_refusal(sent.sampling, f"retry_sampling.{entry[0]}.")
+        if refused is not None:
+            raise PromptError(f"record {request_id!r}: {refused}")
+        return sent
+
+    def shows_previous(self, attempt: int) -> bool:
+        """Whether attempt ``attempt``'s prompt reads ``previous`` (its rows then carry it)."""
+        template = self.retry.template if attempt >= 2 and self.retry.template is not None else self.template
+        return reads_previous(template)
 
     def _adapter(self, record: Mapping[str, Any], request_id: str) -> Adapter | None:
         """The adapter that answers ``record`` (``None``: the base model, also for a builder

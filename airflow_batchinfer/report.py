@@ -495,6 +495,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += candidate_lines(report["rounds"])
     lines += adapter_lines(report["rounds"])
     lines += jury_lines(report["rounds"])
+    warnings = (report.get("preflight") or {}).get("warnings") or []
+    if warnings:  # what the pre-flight warned of in the settings (preflight.retry_warnings)
+        lines += ["", "## Pre-flight warnings", "", *(f"- {w}" for w in warnings)]
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
     if by_lanes:
         lines += ["", "## Shards by lane"]

@@ -37,6 +37,7 @@ from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
+from airflow_batchinfer.retries import NOT_PER_ATTEMPT
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
@@ -53,6 +54,11 @@ RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
 
 # engines.sampling: the fields the sampling param takes, with their bounds (others are refused)
 SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
+# retry_sampling: an attempt number >= 2 -> the sampling fields a retry may change
+RETRY_ATTEMPT_PATTERN = "^([2-9]|[1-9][0-9]+)$"
+RETRY_SAMPLING_PROPERTIES: dict[str, Any] = {
+    k: v for k, v in SAMPLING_PROPERTIES.items() if k not in NOT_PER_ATTEMPT
+}
 
 JsonType = Literal["string", "integer", "number", "boolean", "object"]
 GoesTo = Literal["run", "run root", "pool"]
@@ -338,6 +344,32 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("max_tokens_cap", "integer", None, "the most max_tokens a truncated sample's retry is raised to: "
          "a DAG run's is the deployment's max_max_tokens (not a param); empty: no cap", nullable=True,
          minimum=1, param=False, flag="--max-tokens-cap", metavar="N"),
+    # retries that use feedback (retries.py): what a sample's second and later attempts are sent with
+    _run(
+        "retry_template", "string", None,
+        "the prompt template from a sample's second attempt on (the next round's, or in place), e.g. "
+        "'{{ question }} Your last answer was {{ previous.result }}, rejected: {{ previous.reason }}'; "
+        "previous is the last attempt's result, reason, score, attempt, note (a reviewer's), "
+        "finish_reason and max_tokens (none on a first attempt); empty: prompt_template, which may read "
+        "previous too",
+        nullable=True, min_length=1, flag="--retry-template", metavar="TEMPLATE",
+    ),
+    _run("retry_system", "string", None, "the system message from a sample's second attempt on; empty: "
+         "system", nullable=True, min_length=1, flag="--retry-system", metavar="TEXT"),
+    _run(
+        "retry_sampling", "object", {},
+        "sampling fields per attempt over sampling, by the attempt they start at (2, 3, …): attempt k "
+        "runs with the entry of the highest attempt at most k, e.g. a temperature ramp "
+        '{"2": {"temperature": 0.7}, "3": {"temperature": 1.0}}; n, logprobs and top_logprobs stay the '
+        "run's",
+        schema_extra={
+            "propertyNames": {"pattern": RETRY_ATTEMPT_PATTERN},
+            "additionalProperties": {
+                "type": "object", "properties": RETRY_SAMPLING_PROPERTIES, "additionalProperties": False,
+            },
+        },
+        flag="--retry-sampling", metavar="JSON",
+    ),
     _run("hybrid_min_shrink", "number", 0.3, "hybrid: switch to in place once a round approves less than "
          "this share of its pending set", minimum=0, maximum=1, flag="--hybrid-min-shrink"),
     _run("review", "string", "never", "human review between rounds, on Airflow's Required Actions page",

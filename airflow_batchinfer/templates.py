@@ -540,3 +540,15 @@ def render(source: str, variables: Mapping[str, Any], *, quick: bool = False) ->
         raise PromptError(f"prompt template: {type(exc).__name__}: {exc}") from exc
     finally:
         _RENDER.reset(token)
+
+
+@functools.lru_cache(maxsize=256)
+def variables_read(source: str) -> frozenset[str]:
+    """The variables ``source`` reads from its context (those it does not set itself); a template
+    that does not compile reads none (compiling it says why)."""
+    from jinja2 import meta
+
+    try:
+        return frozenset(meta.find_undeclared_variables(_env().parse(source)))
+    except TemplateError:
+        return frozenset()

@@ -9,7 +9,9 @@ containing ``simulate_tokens=N`` asks for an answer of ``N`` tokens (else ``comp
 with ``max_tokens`` below ``N`` it is cut there, ``finish_reason`` ``"length"`` (to show truncation
 and its retries). With ``n`` > 1 each candidate's answer differs (hashed with its index), and a
 judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it; an adapter's answers
-(``GenerationRequest.adapter``) are hashed with its name. It honours no
+(``GenerationRequest.adapter``) are hashed with its name. ``echo_prompt`` answers with the prompt
+itself (a chat request's messages' contents, one a line): what a request was sent with, for tests of
+prompts (a retry's ``previous``, say). It honours no
 structured output and no logprobs (its answers are not model text a constraint could
 hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 """
@@ -51,6 +53,7 @@ class SimulatedEngine(Engine):
         approval_rate: float = 0.7,
         completion_tokens: int = 16,
         fail_marker: str | None = None,
+        echo_prompt: bool = False,
         model: str = "simulated",
     ) -> None:
         self.latency_base_s = latency_base_s
@@ -58,6 +61,7 @@ class SimulatedEngine(Engine):
         self.approval_rate = approval_rate
         self.completion_tokens = completion_tokens
         self.fail_marker = fail_marker
+        self.echo_prompt = echo_prompt
         self.model = model
         self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
 
@@ -92,11 +96,19 @@ class SimulatedEngine(Engine):
         finish = "length" if wants and needed > budget else "stop"
         if request.adapter is not None:  # another model's answers
             prompt = f"{request.adapter.name}\x1e{prompt}"
+        said = self._said(request) if self.echo_prompt and meta.get("role") != "judge" else None
         choices = [
-            Choice(self._text(prompt, meta, i), finish, min(needed, budget))
+            Choice(self._text(prompt, meta, i) if said is None else said, finish, min(needed, budget))
             for i in range(request.sampling.n)
         ]
         return GenerationResult.of(choices, request.prompt_chars() // 4 + 1)
+
+    @staticmethod
+    def _said(request: GenerationRequest) -> str:
+        """What ``echo_prompt`` answers: the prompt, or the chat messages' contents, one a line."""
+        if request.prompt is not None:
+            return request.prompt
+        return "\n".join(str(m.get("content", "")) for m in request.messages or ())
 
     def _text(self, prompt: str, meta: Mapping[str, Any], index: int) -> str:
         """Candidate ``index``'s answer (a judge's verdict: of the candidate ``meta`` names)."""

@@ -31,8 +31,12 @@ DEFAULT_SELECT = "first_approved"
 
 #: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
 #: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
-#: and which the review page shows as output, not as the record (``review.browse``).
-GENERATION_FIELDS = frozenset({"judgment", "candidates", "candidate", "logprobs", "jury_verdicts"})
+#: and which the review page shows as output, not as the record (``review.browse``). ``previous``:
+#: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
+#: on it, for that prompt (``retries``); neither is shown to a judge.
+GENERATION_FIELDS = frozenset(
+    {"judgment", "candidates", "candidate", "logprobs", "jury_verdicts", "previous", "sent_back"}
+)
 #: The one of them that carries the verdicts of jury members judged where the answer was generated
 #: (:mod:`~airflow_batchinfer.judges.jury`), from the infer job to the judge job.
 JURY_VERDICTS = "jury_verdicts"

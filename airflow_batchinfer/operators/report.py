@@ -13,7 +13,7 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
-from airflow_batchinfer.preflight import run_preflight
+from airflow_batchinfer.preflight import retry_warnings, run_preflight
 from airflow_batchinfer.report import INCOMPLETE, build_report, shard_summary
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs.shard_status import RoundShards
@@ -46,9 +46,12 @@ class PreflightOperator(BaseOperator):
 def preflight_check(
     cfg: RunConfig, worker_pool: str, context: Context, so: dict[str, Any], log: Any
 ) -> dict[str, Any] | None:
-    """The pre-flight (``PreflightOperator``, and the factory DAG's first round plan): run the
-    sample on the run's pool (judged on the judge's own pool, if any), log the projection and the
-    sizing plan, and fail the run when the projection exceeds ``budget_gpu_hours``."""
+    """The pre-flight (``PreflightOperator``, and the factory DAG's first round plan): log what the
+    settings warn of (:func:`~airflow_batchinfer.preflight.retry_warnings`), run the sample on the
+    run's pool (judged on the judge's own pool, if any), log the projection and the sizing plan, and
+    fail the run when the projection exceeds ``budget_gpu_hours``."""
+    for warning in retry_warnings(cfg):  # of the settings alone: also with the sample off
+        log.warning("pre-flight: %s", warning)
     if cfg.preflight_records <= 0:
         log.info("pre-flight is off (preflight_records=0)")
         return None

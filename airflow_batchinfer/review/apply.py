@@ -2,7 +2,9 @@
 its pending set (the reviewed round's rejected rows, recompacted) by the decisions on those rows.
 
 - **retry** (every row no decision names): stays pending, in ``round-NN/reviewed/`` (the round's
-  pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it);
+  pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it); a row
+  a retry decision names carries it (``sent_back``: who, when, the note, the round), and its next
+  attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.retries`);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision;
@@ -27,6 +29,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.retries import SENT_BACK
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of, scored_in_tenths
 from airflow_batchinfer.review.decisions import (
@@ -192,11 +195,14 @@ def _person(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict
 
 def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict[str, Any]:
     """A decided row: the person's verdict in its judgment; an accepted or dropped one also carries
-    ``review`` (and ``accepted_by_review``, accepted). A retried row keeps only the judgment's mark
-    (its next round judges it afresh)."""
+    ``review`` (and ``accepted_by_review``, accepted): it leaves the run. A retried row carries
+    ``sent_back`` (who, when, the note, the round reviewed), which its next attempt's prompt may read
+    (``previous.note``: :func:`~airflow_batchinfer.retries.previous_of`) and which that attempt's
+    row no longer carries (a field of the generation it replaces, as its judgment is)."""
     marked = {**row, "judgment": _person(row, decision, judge)}
     if decision.action == "retry":
-        return marked
+        sent_back = {"by": decision.by, "at": decision.at, "note": decision.note, "round": decision.round}
+        return {**marked, SENT_BACK: sent_back}
     review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**marked, **extra, "review": review}

@@ -36,6 +36,7 @@ from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
 from airflow_batchinfer.judges.spot_check import is_spot_check
 from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.retries import NO_RETRY, PREVIOUS, Previous, RetrySettings
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
     AcceptedJob,
@@ -114,6 +115,9 @@ class Sample:
     judge_approved: bool | None = None
     for_review: bool = False
     spot_check: bool = False
+    # what the attempt's prompt was told of the one before (the row's ``previous``): its prompt
+    # renders from it; not shown apart (the earlier attempt is a row of its own)
+    previous: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
 
     def bounded(self, bounds: Bounds) -> Sample:
         """This sample as the desk shows it: each text of :data:`FIELDS` and each record field cut to
@@ -519,13 +523,15 @@ class RoundView:
         attempts = _int(row.get("attempts"), 0)
         error = row.get("error")
         output = row.get("result")
+        previous = row.get(PREVIOUS)
+        previous = previous if isinstance(previous, dict) else None
         return Sample(
             id=rid,
             shard_id=shard_id,
             position=position,
             round=_int(row.get("round"), self.round),
             attempts=attempts,
-            prompt=_render(prompts, record, rid, attempts) if prompt else None,
+            prompt=_render(prompts, record, rid, attempts, previous) if prompt else None,
             output=None if output is None else text_of(output),
             approved=bool(judgment.get("approved", False)),
             reason=reason,
@@ -539,6 +545,7 @@ class RoundView:
             else None,
             for_review=judgment.get("for_review") is True,
             spot_check=is_spot_check(judgment),
+            previous=previous,
         )
 
     # --------------------------------------------------------------------------------- internals
@@ -605,7 +612,8 @@ class RoundView:
 
     def _with_prompt(self, sample: Sample) -> Sample:
         prompts = self._run_settings()[1]
-        return replace(sample, prompt=_render(prompts, sample.record, sample.id, sample.attempts))
+        prompt = _render(prompts, sample.record, sample.id, sample.attempts, sample.previous)
+        return replace(sample, prompt=prompt)
 
     def _group_total(self, group: str | None, text: str | None) -> int | None:
         """A group's row count from the manifests, when they know it exactly."""
@@ -672,7 +680,8 @@ class RoundView:
                     cfg = plan.effective_config(cfg) if (plan := self._plan(cfg)) else cfg
                 prompts: _Prompts | None
                 try:
-                    prompts = _Prompts(cfg.prompt_template, cfg.system)
+                    retry = RetrySettings(cfg.retry_template, cfg.retry_system)  # no prompt shows sampling
+                    prompts = _Prompts(cfg.prompt_template, cfg.system, retry)
                 except BatchInferError:
                     prompts = None
                 self._settings = (cfg.id_field or "id", prompts)
@@ -782,16 +791,20 @@ def _rejected_rows(doc: AcceptedJob | None) -> int | None:
 
 class _Prompts:
     """The prompt the worker sent for a record, as text: the package's one renderer,
-    :class:`~airflow_batchinfer.prompts.PromptBuilder`, with the round's template and system message
-    (chat messages shown as ``[role]`` blocks; a lone user message as its text)."""
+    :class:`~airflow_batchinfer.prompts.PromptBuilder`, with the round's template, system message and
+    retry settings (a retry's prompt renders from the ``previous`` its row carries; chat messages
+    shown as ``[role]`` blocks; a lone user message as its text)."""
 
-    def __init__(self, template: str | None, system: str | None) -> None:
-        self.builder = PromptBuilder(template, system=system)  # a bad template: ConfigError
+    def __init__(self, template: str | None, system: str | None, retry: RetrySettings = NO_RETRY) -> None:
+        self.builder = PromptBuilder(template, system=system, retry=retry)  # a bad template: ConfigError
 
-    def text(self, record: dict[str, Any], rid: str, attempts: int) -> str | None:
+    def text(
+        self, record: dict[str, Any], rid: str, attempts: int, previous: Mapping[str, Any] | None = None
+    ) -> str | None:
         """The prompt's text, or ``None`` when it cannot be built (the page shows the record)."""
         try:
-            request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1))
+            told = None if previous is None else Previous.from_dict(previous)
+            request = self.builder.build(record, request_id=rid, attempt=max(attempts, 1), previous=told)
         except Exception:  # a bad template or record: the page shows the record instead
             return None
         if request.prompt is not None:
@@ -807,8 +820,14 @@ def _as_text(messages: list[tuple[str, str]]) -> str:
     return "\n\n".join(f"[{role}]\n{content}" for role, content in messages)
 
 
-def _render(prompts: _Prompts | None, record: dict[str, Any], rid: str, attempts: int) -> str | None:
-    return None if prompts is None else prompts.text(record, rid, attempts)
+def _render(
+    prompts: _Prompts | None,
+    record: dict[str, Any],
+    rid: str,
+    attempts: int,
+    previous: Mapping[str, Any] | None = None,
+) -> str | None:
+    return None if prompts is None else prompts.text(record, rid, attempts, previous)
 
 
 def _content(value: Any) -> str:

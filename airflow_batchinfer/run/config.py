@@ -22,6 +22,7 @@ from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
+from airflow_batchinfer.retries import RetrySettings
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
@@ -55,6 +56,11 @@ class RunConfig:
     truncated: str = "reject"
     truncated_max_tokens_factor: float = DEFAULT_FACTOR
     max_tokens_cap: int | None = None
+    # retries that use feedback (retries): the template and system message of a sample's second and
+    # later attempts (which may read `previous`), and sampling fields per attempt over `sampling`
+    retry_template: str | None = None
+    retry_system: str | None = None
+    retry_sampling: dict[str, Any] = field(default_factory=dict)
     records_per_shard: int = 2_000
     # shard jobs a round runs at once (run.lanes); 0: one lane per pool slot
     lanes: int = 0
@@ -104,6 +110,7 @@ class RunConfig:
         self._check_bounds()
         self._check_unreachable_grace()
         self.truncation()  # refuses a bad value, naming it
+        self._check_retries()
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")
@@ -181,6 +188,27 @@ class RunConfig:
                     f"{setting(name).default})"
                 )
 
+    def _check_retries(self) -> None:
+        """The retry settings' shape (over the run's ``sampling``: :meth:`validate`), and no retry
+        asking for more ``max_tokens`` than ``max_tokens_cap`` (which bounds every retry's)."""
+        retry = self.retry()
+        cap = self.max_tokens_cap
+        for first, fields in retry.sampling if cap is not None else ():
+            tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
+            if tokens is not None and tokens > cap:
+                raise ConfigError(
+                    f"retry_sampling.{first}.max_tokens {tokens} is above max_tokens_cap {cap} (a DAG run's: "
+                    "the deployment's max_max_tokens): lower it, or ask for a higher cap"
+                )
+
+    def retry(self) -> RetrySettings:
+        """The retry settings (:mod:`~airflow_batchinfer.retries`), checked: a bad one is refused,
+        naming it (their entries over the run's sampling: :meth:`validate`)."""
+        return RetrySettings.from_params(
+            {"retry_template": self.retry_template, "retry_system": self.retry_system,
+             "retry_sampling": self.retry_sampling}
+        )  # fmt: skip
+
     def _check_unreachable_grace(self) -> None:
         """Below the minimum a worker is taken for gone after one silent ask (0: the protection off);
         above the maximum the grace never elapses within one try (each starts a fresh client)."""
@@ -216,6 +244,8 @@ class RunConfig:
                 f"does not give: use an engine that does ({', '.join(FIELDS['logprobs'].engines)}), "
                 "or remove score"
             )
+        for first, fields in self.retry().sampling:
+            refused += [f"retry_sampling.{first}: {r}" for r in refusals(fields, engine, in_body=False)]
         from airflow_batchinfer.engines import adapter_engines  # the engine classes: only here
 
         if self.adapters and engine not in (loading := adapter_engines()):
@@ -276,6 +306,7 @@ class RunConfig:
             **({"adapters": self.adapters} if self.adapters else {}),
             # a jury's llm members beside a model judge: judged where the answers are generated
             **({"jury_at_inference": self.judge} if judged_early(self.judge) else {}),
+            **self.retry().params(),  # only those set: job ids and fingerprints as before
         }
 
     def judge_params(self) -> dict[str, Any]:
@@ -331,7 +362,7 @@ class RunConfig:
 # What a review may change for the next rounds (run.gate: the gate's form and its checks), over
 # run.json's: a sampling field (engines.sampling holds its bounds) goes in ``RunConfig.sampling``,
 # the others are run settings of their own.
-ROUND_SETTINGS = ("temperature", "max_tokens", "prompt_template", "system")
+ROUND_SETTINGS = ("temperature", "max_tokens", "prompt_template", "system", "retry_template")
 
 
 def round_config(cfg: RunConfig, settings: dict[str, Any] | None) -> RunConfig:

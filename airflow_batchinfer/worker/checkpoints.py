@@ -4,7 +4,10 @@ Events ``{id, attempt, final}`` are buffered and written as one segment (a ``par
 shard under the job's checkpoint directory) every ``flush_every`` events or ``flush_interval_s``
 seconds, never one write or one object per sample. A worker killed mid-job loses at most the
 unflushed buffer; on resubmission every sample resumes after its last checkpointed attempt, and
-samples that already finished are emitted from their stored final rows.
+samples that already finished are emitted from their stored final rows. An attempt that did not
+finish its sample carries ``previous`` (:class:`~airflow_batchinfer.retries.Previous`, as a dict):
+what the next attempt is told, so a resumed sample renders the prompt (and runs with the
+``max_tokens``) it would have; events written before it existed have none.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from airflow_batchinfer.storage.writer import in_thread
 class SampleState:
     attempts: int = 0
     final: dict[str, Any] | None = None
+    previous: dict[str, Any] | None = None  # the last attempt's, for the next one (retries.Previous)
 
 
 class CheckpointLog:
@@ -48,14 +52,28 @@ class CheckpointLog:
         for shard in shards:
             for event in self.dir.file(shard.name).iter_records():
                 s = state.setdefault(str(event["id"]), SampleState())
-                s.attempts = max(s.attempts, int(event["attempt"]))
+                if int(event["attempt"]) >= s.attempts:
+                    s.attempts = int(event["attempt"])
+                    s.previous = event.get("previous")
                 if event.get("final") is not None:
                     s.final = event["final"]
         self._next_index = shards[-1].index + 1 if shards else 0
         return state
 
-    async def record(self, sample_id: str, attempt: int, final: dict[str, Any] | None = None) -> None:
-        self._buffer.append({"id": sample_id, "attempt": attempt, "final": final})
+    async def record(
+        self,
+        sample_id: str,
+        attempt: int,
+        final: dict[str, Any] | None = None,
+        *,
+        previous: dict[str, Any] | None = None,
+    ) -> None:
+        """Checkpoint ``attempt`` of a sample: its ``final`` row, or the ``previous`` the next attempt
+        is told."""
+        event: dict[str, Any] = {"id": sample_id, "attempt": attempt, "final": final}
+        if previous is not None:
+            event["previous"] = previous
+        self._buffer.append(event)
         if len(self._buffer) >= self.flush_every:
             await self.flush()
 

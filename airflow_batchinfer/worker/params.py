@@ -23,6 +23,7 @@ from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.retries import RetrySettings
 from airflow_batchinfer.storage.ranges import InputRange
 
 DEFAULT_CHUNK = 2_000
@@ -117,13 +118,19 @@ def parse_params(
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
         common["adapters"] = adapters = parse_adapters(params.get("adapters"), "params.adapters")
         _check_fan_out(params.get("input_range"), adapters)
+        sampling = _sampling(params.get("sampling"))
+        try:
+            retry = RetrySettings.from_params(params, sampling)
+        except ConfigError as exc:
+            raise ConfigError(f"params.{exc}") from None
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
             chat=bool(params.get("chat", True)),
-            sampling=_sampling(params.get("sampling")),
+            sampling=sampling,
             engine=engine,
             adapters=adapters,
+            retry=retry,
         )
     if kind == "infer" and params.get("jury_at_inference") is not None:
         common["early_jury"] = _early_jury(params["jury_at_inference"], callables, engine)

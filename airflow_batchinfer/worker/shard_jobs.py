@@ -46,8 +46,9 @@ from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates
 from airflow_batchinfer.judges.base import Scorer
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
-from airflow_batchinfer.judges.truncation import LENGTH, retry_max_tokens, row_decision, with_max_tokens
-from airflow_batchinfer.prompts import PromptError
+from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide, row_decision
+from airflow_batchinfer.prompts import PromptBuilder, PromptError
+from airflow_batchinfer.retries import PREVIOUS, Previous, previous_of
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.run.docs import ID_OUTPUTS, Digest
@@ -215,6 +216,22 @@ def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
     return row
 
 
+def least_max_tokens(previous: Previous | None, truncation: TruncationPolicy) -> int | None:
+    """The least ``max_tokens`` the attempt after ``previous`` runs with: the truncation decision on
+    it (a truncated attempt's retry gets more; ``None``: a first attempt, the job's own)."""
+    if previous is None:
+        return None
+    return decide(previous.finish_reason, previous.attempt, previous.max_tokens, truncation).max_tokens
+
+
+def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) -> dict[str, Any]:
+    """A row's ``previous``: what its prompt was rendered with, when the prompt read it (the review
+    desk renders what the attempt was sent with from it); ``{}`` otherwise."""
+    if previous is None or not prompts.shows_previous(attempt):
+        return {}
+    return {PREVIOUS: previous.as_dict()}
+
+
 def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[str, Any]:
     """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
     ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``adapter``, the LoRA adapter's name,
@@ -271,11 +288,17 @@ class _Inference:
         truncation = self.ctx.params.truncation
         for record in chunk:
             attempts = int(record.get("attempts") or 0) + 1
+            previous = previous_of(record)  # a round's pending row: the attempt it records
             try:
                 rid = self.ctx.record_id(record)
-                request = self.prompts.build(record, request_id=rid, attempt=attempts)
-                # a retry of a truncated row runs with the raised max_tokens its decision gives
-                built.append((record, with_max_tokens(request, retry_max_tokens(record, truncation))))
+                request = self.prompts.build(
+                    record,
+                    request_id=rid,
+                    attempt=attempts,
+                    previous=previous,
+                    least_max_tokens=least_max_tokens(previous, truncation),
+                )
+                built.append((record, request))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
@@ -294,7 +317,10 @@ class _Inference:
             else:
                 request = req if isinstance(req, GenerationRequest) else None
                 attempts = int(record.get("attempts") or 0) + 1
-                rows.append(output_row(record, **generated(res, request), attempts=attempts, round=p.round))
+                fed = fed_back(self.prompts, attempts, previous_of(record))
+                rows.append(
+                    output_row(record, **generated(res, request), attempts=attempts, round=p.round, **fed)
+                )
         return rows, counts
 
     async def __call__(self, chunk: list[Record], tally: Tally) -> list[Record]:
@@ -777,13 +803,20 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                 await finish(saved.final)
                 return
             attempt = max(int(record.get("attempts") or 0), saved.attempts)
-            least = retry_max_tokens(record, p.truncation)  # what an earlier round's attempt leaves it
+            # the attempt before: the checkpoint's (a resumed sample renders the prompt it would have),
+            # else the one its round's input records (None: a first attempt)
+            previous = Previous.from_dict(saved.previous) if saved.previous else previous_of(record)
             while True:
                 attempt += 1
                 ctx.counts["attempts"] += 1
                 try:  # inline when quick, else in a thread: a heavy template never holds the loop
-                    request = await prompts.abuild(record, request_id=rid, attempt=attempt)
-                    request = with_max_tokens(request, least)
+                    request = await prompts.abuild(
+                        record,
+                        request_id=rid,
+                        attempt=attempt,
+                        previous=previous,
+                        least_max_tokens=least_max_tokens(previous, p.truncation),
+                    )
                 except PromptError as exc:  # permanent: retrying cannot help
                     row = output_row(
                         record,
@@ -800,10 +833,10 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     await finish(row)
                     return
                 res = (await ctx.generate([request]))[0]
-                row = output_row(record, **generated(res, request), attempts=attempt, round=p.round)
+                fed = fed_back(prompts, attempt, previous)
+                row = output_row(record, **generated(res, request), attempts=attempt, round=p.round, **fed)
                 if res.finish_reason == LENGTH:
                     ctx.counts["truncated"] += 1  # attempts cut at max_tokens
-                least = row_decision(row, p.truncation).max_tokens  # the next attempt's, if any
                 ((row, verdict),) = await _judge_rows(ctx, [row])
                 row["judgment"] = verdict.as_dict()
                 if verdict.approved or attempt >= p.max_attempts:
@@ -811,7 +844,8 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     await log.record(rid, attempt, row)
                     await finish(row)
                     return
-                await log.record(rid, attempt)
+                previous = previous_of(row)  # what the next attempt is told (and resumes with)
+                await log.record(rid, attempt, previous=None if previous is None else previous.as_dict())
         finally:
             window.release()
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import httpx
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.preflight import _sizing, run_preflight, sample_plan
+from airflow_batchinfer.preflight import _sizing, run_preflight, same_retries, sample_plan
+from airflow_batchinfer.report import build_report, render_markdown
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import write_run_config
 from airflow_batchinfer.run.layout import RunLayout
@@ -68,6 +69,10 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     assert summary["projected_gpu_hours"] == round(plan.wall_s / 3600, 4)
     stored = json.loads((tmp_path / "run" / "preflight" / "summary.json").read_text())
     assert stored["sizing"] == summary["sizing"]
+    # greedy sampling and no retry template: every retry would repeat its attempt's text
+    (warning,) = stored["warnings"]
+    assert warning == same_retries(cfg) and warning.startswith("every retry would produce the same text")
+    assert f"## Pre-flight warnings\n\n- {warning}" in render_markdown(build_report(cfg))
     # the workers' concurrency can be given instead of asked
     again = run_preflight(cfg, ["http://worker"], TOKEN, concurrency=8, max_map_length=2,
                           transport=InProcessWorker(tmp_path, 3))  # fmt: skip

@@ -125,8 +125,12 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(25)})
     proposal = propose_slot(cfg, "round-01")
     now = current_settings(proposal.plan.effective_config(cfg))
-    assert now == {"temperature": 0.7, "max_tokens": 8, "prompt_template": "{{ question }}", "system": None}
-    answered = {"temperature": 1.1, "max_tokens": 8, "prompt_template": None, "system": "Be brief."}
+    assert now == {
+        "temperature": 0.7, "max_tokens": 8, "prompt_template": "{{ question }}", "system": None,
+        "retry_template": None,
+    }  # fmt: skip
+    answered = {"temperature": 1.1, "max_tokens": 8, "prompt_template": None, "system": "Be brief.",
+                "retry_template": None}  # fmt: skip
     changes = gate_changes(now, answered)
     assert changes == {
         "temperature": 1.1,

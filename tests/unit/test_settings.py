@@ -42,7 +42,8 @@ def test_the_settings_import_without_airflow() -> None:
 
 def test_the_empty_means_default_settings_are_nullable() -> None:
     assert {"run_name", "model", "prompt_template", "system", "id_field", "budget_gpu_hours",
-            "judge_model", "review_below_score", "max_tokens_cap"} == NULLABLE  # fmt: skip
+            "judge_model", "review_below_score", "max_tokens_cap", "retry_template",
+            "retry_system"} == NULLABLE  # fmt: skip
     for s in RUN_SETTINGS_SPEC:
         schema = s.schema()
         if s.nullable:

@@ -47,15 +47,15 @@ def test_the_gates_sampling_bounds_are_the_params_and_the_engines(name: str) -> 
 
 
 def test_the_gates_texts_take_what_the_trigger_form_takes_within_a_bound() -> None:
-    for name in ("prompt_template", "system"):
+    for name in ("prompt_template", "system", "retry_template"):
         params = {k: v for k, v in setting(name).schema().items() if k != "description"}
         assert GATE_SCHEMAS[name] == {**params, "maxLength": MAX_GATE_TEXT}, name
         assert takes(GATE_SCHEMAS[name], None) and takes(GATE_SCHEMAS[name], "{{ q }}")
         assert not takes(GATE_SCHEMAS[name], "x" * (MAX_GATE_TEXT + 1))
     assert not takes(GATE_SCHEMAS["prompt_template"], "")  # as the trigger form: empty is null
-    assert (
-        set(GATE_SCHEMAS) == set(GATE_CHANGES) == {"temperature", "max_tokens", "prompt_template", "system"}
-    )
+    assert set(GATE_SCHEMAS) == set(GATE_CHANGES) == {
+        "temperature", "max_tokens", "prompt_template", "system", "retry_template"
+    }  # fmt: skip
 
 
 def run(tmp_path: Path) -> RunConfig:
@@ -73,8 +73,14 @@ def test_a_rounds_settings_are_run_json_with_the_reviews_changes(tmp_path: Path)
     assert round_config(cfg, None) is cfg and round_config(cfg, {}) is cfg
     changed = round_config(cfg, {"temperature": 1.3, "system": "Be brief."})
     assert current_settings(changed) == {
-        "temperature": 1.3, "max_tokens": 8, "prompt_template": "{{ q }}", "system": "Be brief."
+        "temperature": 1.3, "max_tokens": 8, "prompt_template": "{{ q }}", "system": "Be brief.",
+        "retry_template": None,
     }  # fmt: skip
+    told = round_config(cfg, {"retry_template": "{{ q }} (not {{ previous.result }})"})
+    assert told.retry_template == "{{ q }} (not {{ previous.result }})" and cfg.retry_template is None
+    assert told.infer_params()["retry_template"] == told.retry_template  # the next rounds' jobs run it
     assert cfg.sampling == {"temperature": 0.7, "max_tokens": 8} and cfg.system is None  # run.json's stay
     with pytest.raises(ConfigError):  # validated as the workers will: a template they cannot render
         round_config(cfg, {"prompt_template": "{{ q"})
+    with pytest.raises(ConfigError, match="invalid prompt template"):
+        round_config(cfg, {"retry_template": "{{ previous.result"})

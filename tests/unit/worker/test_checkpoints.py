@@ -28,3 +28,22 @@ async def test_appending_after_a_restart_continues_numbering(tmp_path: Path) -> 
     assert CheckpointLog(str(tmp_path / "ck")).load()["a"].attempts == 2
     second.clear()
     assert second.dir.shards() == []
+
+
+async def test_an_unfinished_attempt_keeps_what_the_next_one_is_told(tmp_path: Path) -> None:
+    """``previous`` (retries.Previous as a dict) of the sample's last checkpointed attempt; events
+    written before checkpoints kept it have none."""
+    log = CheckpointLog(str(tmp_path / "ck"), flush_every=10)
+    await log.record("a", 1, previous={"attempt": 1, "result": "5", "reason": "expected 4"})
+    await log.record("a", 2, previous={"attempt": 2, "result": "3", "reason": "expected 4, got 3"})
+    await log.record("b", 1)  # as before
+    await log.flush()
+    state = CheckpointLog(str(tmp_path / "ck")).load()
+    assert state["a"].attempts == 2 and state["a"].previous == {
+        "attempt": 2,
+        "result": "3",
+        "reason": "expected 4, got 3",
+    }
+    assert state["b"].previous is None
+    raw = [e for f in log.dir.jsonl_files() for e in f.iter_records()]
+    assert {tuple(sorted(e)) for e in raw if e["id"] == "b"} == {("attempt", "final", "id")}  # unchanged form
