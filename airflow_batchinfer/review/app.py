@@ -78,7 +78,7 @@ from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
-from airflow_batchinfer.review.calibration import calibration_chart, measured, scored_in_tenths
+from airflow_batchinfer.review.calibration import calibration_chart, judge_checked, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
 from airflow_batchinfer.run.docs import (
@@ -739,6 +739,8 @@ def create_app() -> FastAPI:
             "run_root": ctx.run_root,
             "round": ctx.round,
             "gate": ctx.gate.to_dict(),
+            # whether the desk shows the judge against the reviewers: not for people as the judge
+            "calibrated": judge_checked(read_run_config(ctx.run_root, ctx.so).judge),
         }
 
     @app.get("/api/gates/{dag_id}/{run_id}/summary", dependencies=[ReadDag])

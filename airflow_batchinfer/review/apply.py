@@ -33,7 +33,14 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, counted
 from airflow_batchinfer.retries import SENT_BACK
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of, scored_in_tenths
+from airflow_batchinfer.review.calibration import (
+    Pair,
+    calibrate,
+    judge_checked,
+    judge_verdict,
+    pair_of,
+    scored_in_tenths,
+)
 from airflow_batchinfer.review.decisions import (
     FOLLOWS_JUDGE,
     Decision,
@@ -162,7 +169,7 @@ def apply_decisions(
     files.remove_others(layout.results, prefix, made, so)
     files.remove_others(layout.dropped, prefix, made, so)
     files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
-    if cfg.judge.get("type") != "human":  # a human judge's rows have no judge to check
+    if judge_checked(cfg.judge):
         doc = calibrate(pairs, last.verdicts if last is not None else None, round=reviewed)
         doc = doc.model_copy(update={"decisions": len(decisions), "bulk": bulk, "unjudged": unjudged})
         write_calibration(layout, doc, so)

@@ -3,11 +3,12 @@ a time from the list (a click, Enter), every shortcut (a, r, d, j / →, k / ←
 in the note that stay text, the same decision API as the list's (with the note), readable long
 texts (JSON, code, show more), a chat prompt per role, the sample's attempts in the earlier round
 beside it, hostile model output shown as text, and the light and dark themes (the browser's and
-the Airflow UI's).
+the Airflow UI's); no calibration for a run judged by people.
 
 No live Airflow: the browser's requests to the desk are answered by the api-server's app in process
-(the ``desk`` fixture of tests/unit/review/test_focus_app.py: rounds 0 and 1 closed, the tail gate
-open on round 1), so the page and its API are the real ones. One browser for the module.
+(the ``desk`` fixture of tests/unit/review/test_focus_app.py: run ``multi`` with rounds 0 and 1
+closed, its tail gate open on round 1; run ``people``, judged by people), so the page and its API
+are the real ones. One browser for the module.
 Screenshots of each view (list, focus, attempts, keys, dark) go to
 ``$BATCHINFER_TEST_ARTIFACTS/<test>/`` (default ``tests/artifacts/<test>/``)."""
 
@@ -288,3 +289,24 @@ def test_light_and_dark_follow_the_browser_and_the_airflow_ui(
     finally:
         light.close()
         dark.close()
+
+
+def test_no_calibration_for_a_run_judged_by_people(
+    browser: Browser,
+    desk: Any,  # noqa: F811 (the fixture)
+    request: pytest.FixtureRequest,
+) -> None:
+    shots = Shots(request.node.name)
+    ctx = context(browser, desk)
+    page = ctx.new_page()
+    try:
+        opened(page)
+        expect(page.get_by_test_id("calibration")).to_be_visible()  # a judge to check: shown
+        page.goto(f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id=people")
+        expect(page.get_by_test_id("gate-round")).to_have_text("0")
+        expect(page.get_by_test_id("sample-row").first).to_be_visible()
+        expect(page.get_by_test_id("status")).to_have_text("")
+        expect(page.get_by_test_id("calibration")).to_have_count(0)
+        shots.take(page, "people-judge")
+    finally:
+        ctx.close()

@@ -199,6 +199,7 @@
     gate: null,
     round: null,
     open: false,
+    calibrated: true, // the judge against the reviewers is shown (not for a human judge)
     mode: "sample", // or "browse"
     group: "",
     text: "",
@@ -227,6 +228,7 @@
     state.gate = info.gate;
     state.round = info.round;
     state.open = info.gate.open;
+    state.calibrated = info.calibrated !== false; // people as the judge: nothing to calibrate
     clear(app);
 
     const gate = info.gate;
@@ -269,7 +271,7 @@
       "data-testid": "trend-plot",
     });
     app.appendChild(section("Round " + info.round, "summary", parts.counts, parts.trend));
-    app.appendChild(calibrationSection());
+    if (state.calibrated) app.appendChild(calibrationSection());
 
     parts.groups = el("div", { class: "groups", "data-testid": "groups" });
     parts.text = el("input", { type: "search", placeholder: "text in prompt, output, reason or id", maxlength: "200", "data-testid": "search-text" });
@@ -485,7 +487,9 @@
   }
 
   // A problem reading the calibration is said in its section: the rest of the desk works without it.
+  // A run whose judge is people (human) has no section: there is no judge to check.
   async function loadCalibration() {
+    if (!state.calibrated) return;
     const current = latest("calibration");
     let data;
     try {

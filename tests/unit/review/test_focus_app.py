@@ -2,7 +2,8 @@
 test_app.py: a run whose rounds 0 and 1 closed (the tail gate reviews round 1), so a sample of
 round 1 has an earlier attempt in round 0. ``GET attempts/{id}`` finds it (bounded: it reads at most
 ``ATTEMPTS_ROW_BUDGET`` rows and says when it stopped short); a gate's ``title`` names the run, not
-its root; a decision's note is stored with it. The ``desk`` fixture is the browser tests' too
+its root; a decision's note is stored with it. Beside it, run ``people``, judged by people, where
+there is no judge to calibrate. The ``desk`` fixture is the browser tests' too
 (tests/e2e/test_desk_focus_browser.py)."""
 
 from __future__ import annotations
@@ -82,15 +83,36 @@ def two_rounds(base: Path) -> RunConfig:
 ROUND1 = [f"r{i:02d}" for i in range(30) if i % 3 and i % 5]  # round 1's rejected rows
 
 
+def people_round(base: Path) -> RunConfig:
+    """30 records judged by people: round 0 closed, every answered sample awaiting a verdict."""
+    cfg = make_run(base, judge={"type": "human"})
+    write_run_config(cfg)
+    kind = round_kinds(cfg, "rounds")[-1]
+    plan = plan_round(cfg)
+    for shard in plan.shards:
+        waiting = {"approved": False, "reason": "awaiting a person's verdict", "for_review": True}
+        answered = {"status": "rejected", "judgment": waiting, "attempts": 1}
+        rows = [{**row, "result": f"answer {row['id']}", **answered} for row in read_rows(shard["uri"])]
+        finish_job(cfg, kind, 0, shard, {"approved": [], "rejected": rows}, {"rejected": len(rows)})
+    close(cfg, plan)
+    return cfg
+
+
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     """The desk's app with one DAG run, ``multi``: its tail gate (open) reviews round 1."""
-    roots = {"multi": two_rounds(tmp_path_factory.mktemp("multi")).run_root}
+    roots = {
+        "multi": two_rounds(tmp_path_factory.mktemp("multi")).run_root,
+        "people": people_round(tmp_path_factory.mktemp("people")).run_root,
+    }
     with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
         # as an earlier release worded it (a path; the operator now names the run)
         subject = f"Round 2: review 16 pending records ({roots['multi']})"
         t.add_gate("multi", "tail.plan", {"run_root": roots["multi"], "aws_conn_id": None}, subject=subject)
-        write_owner(roots["multi"], RunIdentity(t.DAG_ID, "multi"))
+        t.add_gate("people", "round_01.plan", {"run_root": roots["people"], "aws_conn_id": None},
+                   subject="Round 1: 30 samples await your verdict (run)")  # fmt: skip
+        for run_id, root in roots.items():
+            write_owner(root, RunIdentity(t.DAG_ID, run_id))
         desk.roots.update(roots)
         yield desk
 
@@ -114,7 +136,7 @@ def test_the_gate_reviews_round_1_and_its_title_names_the_run_not_its_root(desk:
     assert root in gate["subject"]  # an earlier release's subject, as Airflow stores it
     assert root not in gate["title"] and gate["run_name"] == "run" == Path(root).name
     assert gate["title"] == gate["subject"].replace(root, "run")
-    [listed] = desk.get("bob", "/batchinfer/api/gates").json()["gates"]
+    [listed] = [g for g in desk.get("bob", "/batchinfer/api/gates").json()["gates"] if g["run_id"] == "multi"]
     assert listed["title"] == gate["title"]
     page = desk.get("bob", t.gate_url("multi", "/page"), params={"size": 50}).json()
     assert sorted(s["id"] for s in page["samples"]) == ROUND1
@@ -176,3 +198,8 @@ def test_a_decision_from_the_focus_view_keeps_its_note(desk: t.Desk) -> None:
     assert (stored["action"], stored["ids"], stored["note"], stored["by"]) == (
         "drop", ["r07"], "made up a source", "alice",
     )  # fmt: skip
+
+
+def test_a_run_judged_by_people_has_no_calibration_on_the_desk(desk: t.Desk) -> None:
+    assert desk.get("bob", t.gate_url("people")).json()["calibrated"] is False
+    assert desk.get("bob", t.gate_url("multi")).json()["calibrated"] is True
