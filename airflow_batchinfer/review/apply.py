@@ -216,8 +216,7 @@ def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict
     row no longer carries (a field of the generation it replaces, as its judgment is)."""
     marked = {**row, "judgment": _person(row, decision, judge)}
     if decision.action == "retry":
-        sent_back = {"by": decision.by, "at": decision.at, "note": decision.note, "round": decision.round}
-        return {**marked, SENT_BACK: sent_back}
+        return {**marked, SENT_BACK: decision.sent_back()}
     review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**marked, **extra, "review": review}
