@@ -423,14 +423,41 @@ def candidate_lines(rounds: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def adapter_lines(rounds: list[dict[str, Any]]) -> list[str]:
-    """Approval per LoRA adapter, per round whose records named adapters (the summary's ``adapters``)."""
+def adapter_lines(rounds: list[dict[str, Any]], reviews: list[dict[str, Any]] | None = None) -> list[str]:
+    """Approval per LoRA adapter, per round whose records named adapters (the summary's ``adapters``).
+    With spot checks, ``approved`` counts as the report's ``approved`` does: the rows approved at the
+    close and the round's spot checks that no reviewer decided (they followed the judge into results
+    at the gate's answer: ``reviews``, each round's applied decisions); ``spot checks``: those the
+    judge approved and held for people; the approval is the judge's, spot checks among its approvals."""
     found = [(s["round"], name, a) for s in rounds for name, a in (s.get("adapters") or {}).items()]
     if not found:
         return []
-    out = ["", "## Adapters", "", "| round | adapter | approved | rejected | approval |", "|" + " --- |" * 5]
+    spots = any(a.get("spot_checks") for _, _, a in found)
+    followed = {
+        (v["round"], n): int(c)
+        for v in reviews or []
+        for n, c in (v.get("approved_by_adapter") or {}).items()
+    }
+    cols = ["round", "adapter", "approved", *(["spot checks"] if spots else []), "rejected", "approval"]
+    out = ["", "## Adapters", "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for r, name, a in found:
-        out.append(f"| {r} | {name} | {a['approved']} | {a['rejected']} | {a['approval_rate']:.1%} |")
+        held = [a.get("spot_checks", 0)] if spots else []
+        cells = [
+            r,
+            name,
+            a["approved"] + followed.get((r, name), 0),
+            *held,
+            a["rejected"],
+            f"{a['approval_rate']:.1%}",
+        ]
+        out.append("| " + " | ".join(map(str, cells)) + " |")
+    if spots:
+        out += [
+            "",
+            "Approved: at the round's close, and its spot checks no reviewer decided (approved as the judge "
+            "said when the gate was answered). Spot checks: the judge's approvals held for people; the "
+            "approval counts them as the judge's.",
+        ]
     return out
 
 
@@ -493,7 +520,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{s['job_seconds']} |"
         )
     lines += candidate_lines(report["rounds"])
-    lines += adapter_lines(report["rounds"])
+    lines += adapter_lines(report["rounds"], report.get("reviews"))
     lines += jury_lines(report["rounds"])
     warnings = (report.get("preflight") or {}).get("warnings") or []
     if warnings:  # what the pre-flight warned of in the settings (preflight.retry_warnings)

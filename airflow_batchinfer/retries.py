@@ -202,6 +202,11 @@ class RetrySettings:
             out["retry_sampling"] = {str(k): dict(v) for k, v in self.sampling}
         return out
 
+    def texts(self) -> RetrySettings:
+        """These settings without ``retry_sampling``: what a retry's prompt text depends on (a model
+        judge scores the conversation an answer was generated from, whatever it was sampled with)."""
+        return RetrySettings(self.template, self.system)
+
     def entry(self, attempt: int) -> tuple[int, dict[str, Any]] | None:
         """The ``retry_sampling`` entry attempt ``attempt`` runs with, ``(its first attempt, its
         fields)``; ``None``: none."""

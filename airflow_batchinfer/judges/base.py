@@ -21,8 +21,9 @@ Generate = Callable[[list[GenerationRequest]], Awaitable[list[GenerationResult]]
 class Scorer:
     """The scoring model a worker serves (``reward`` and ``classifier`` judges), and how to score
     requests with it through the worker's shared batcher; ``prompts``: how the job renders a record's
-    prompt (the run's ``prompt_template`` and ``system``), the conversation a model judge scores
-    with the answer (``None``: records are OpenAI batch requests, rendered from their body)."""
+    prompt (the run's ``prompt_template`` and ``system``, a retry's ``retry_template`` and
+    ``retry_system``), the conversation a model judge scores with the answer (``None``: records are
+    OpenAI batch requests, rendered from their body)."""
 
     model: ScoringModel
     score: Callable[[list[ScoreRequest]], Awaitable[list[ScoreResult]]]

@@ -21,15 +21,17 @@ are judged where the answers are generated, in each shard's infer job on the run
 (:meth:`Jury.judge_early`, params ``jury_at_inference``), their verdicts carried in the row
 (:data:`CARRIED`) to the judge job, which runs the other members and votes. A member that needs
 both kinds of model (an ``all`` of an ``llm`` and a ``classifier``) cannot be served by either
-pool and is refused.
+pool and is refused. The members a job runs judge a chunk at once (:func:`_together`): two ``llm``
+members' requests share the worker's batches.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
@@ -133,20 +135,21 @@ class Jury(Judge):
     async def judge(
         self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
     ) -> list[Verdict]:
-        columns = []
-        for m in self.members:
-            if m.early:
-                columns.append([carried(item, m.name) for item in items])
-            else:
-                columns.append(await m.judge.judge(items, generate, scorer))
+        here = [m for m in self.members if not m.early]
+        judged = dict(
+            zip((m.name for m in here), await _together(here, items, generate, scorer), strict=True)
+        )
+        columns = [
+            [carried(item, m.name) for item in items] if m.early else judged[m.name] for m in self.members
+        ]
         return [self.decide(list(found)) for found in zip(*columns, strict=True)]
 
     async def judge_early(self, items: Sequence[JudgeItem], generate: Generate) -> list[dict[str, Any]]:
         """The verdicts of the :attr:`early` members on ``items`` (by member name, as the row carries
         them): what an infer job adds to each answer it generates."""
         out: list[dict[str, Any]] = [{} for _ in items]
-        for m in self.early:
-            for found, v in zip(out, await m.judge.judge(items, generate), strict=True):
+        for m, verdicts in zip(self.early, await _together(self.early, items, generate), strict=True):
+            for found, v in zip(out, verdicts, strict=True):
                 found[m.name] = v.as_dict()
         return out
 
@@ -190,6 +193,25 @@ class Jury(Judge):
         if self.how == "mean_score":
             described["threshold"] = self.threshold
         return described
+
+
+async def _together(
+    members: Sequence[Member],
+    items: Sequence[JudgeItem],
+    generate: Generate | None,
+    scorer: Scorer | None = None,
+) -> list[list[Verdict]]:
+    """Each of ``members``' verdicts on ``items``, in member order, the members judging at once: two
+    llm members' requests reach the worker's batcher together and share its batches (one after the
+    other, each member's requests would wait for the last one's). Every member finishes before a
+    member's error is raised (none is left running)."""
+    found = await asyncio.gather(
+        *(m.judge.judge(items, generate, scorer) for m in members), return_exceptions=True
+    )
+    for verdicts in found:
+        if isinstance(verdicts, BaseException):
+            raise verdicts
+    return cast(list[list[Verdict]], found)
 
 
 def carried(item: JudgeItem, name: str) -> Verdict:

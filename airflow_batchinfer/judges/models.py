@@ -14,8 +14,10 @@ worker whose model is a scoring model (a judge pool's: :attr:`Engine.scoring
 (:meth:`ModelJudge.serving_refusal`), or when ``model`` names another model than the worker's.
 
 What is scored: the conversation the answer belongs to, the record's prompt as the run renders it
-(its ``prompt_template`` and ``system``, or an OpenAI batch request's ``body``) with the answer as the
-assistant's turn, through the model's chat template; or, with ``template`` (Jinja2 over the
+(its ``prompt_template`` and ``system``; a retry's with ``retry_template`` and ``retry_system`` and the
+``previous`` its row carries, as :mod:`~airflow_batchinfer.retries` decided it for the answer's
+generation; or an OpenAI batch request's ``body``) with the answer as the assistant's turn, through
+the model's chat template; or, with ``template`` (Jinja2 over the
 record's fields, ``record`` and ``result``), exactly that text (e.g. ``"{{ result }}"`` for a
 classifier of answers alone).
 """
@@ -33,6 +35,7 @@ from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, V
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.llm import INLINE_ITEMS, prompt_record
 from airflow_batchinfer.prompts import PromptBuilder, is_openai_batch
+from airflow_batchinfer.retries import PREVIOUS, Previous
 
 MODEL_JUDGES = ("classifier", "reward")
 MODEL_JUDGE_KEYS = frozenset({"model", "threshold", "label", "template"})
@@ -179,7 +182,11 @@ class ModelJudge(Judge):
                 "no prompt to score the answer with: the judge job has no prompt_template (a run passes "
                 "its own) and the record is no OpenAI batch request; or give the judge a template"
             )
-        asked = prompts.build(record, request_id=item.record_id, attempt=item.attempt)
+        # a retry's prompt as the infer job rendered it: the attempt's template and system message
+        # (retries.sent_with, in the builder) and the previous attempt it was told of (the row's)
+        told = item.record.get(PREVIOUS)
+        previous = Previous.from_dict(told) if isinstance(told, Mapping) else None
+        asked = prompts.build(record, request_id=item.record_id, attempt=item.attempt, previous=previous)
         if asked.messages is not None:
             turns = [*asked.messages, {"role": "assistant", "content": item.result}]
             return ScoreRequest(item.record_id, messages=turns, metadata=meta)

@@ -49,7 +49,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -78,7 +78,7 @@ from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
 from airflow_batchinfer.limits import CONFIG_SECTION
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
-from airflow_batchinfer.review.calibration import calibration_chart, measured, scored_in_tenths
+from airflow_batchinfer.review.calibration import calibration_chart, judge_checked, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
 from airflow_batchinfer.run.docs import (
@@ -583,7 +583,7 @@ def _attempts(ctx: RunContext, r: int, sample_id: str, bounds: Bounds) -> dict[s
             break
         searched.append(earlier)
         if sample is not None:
-            found.append(_jsonable(sample.bounded(bounds)))
+            found.append(_jsonable(_with_sent_back(ctx, earlier, sample).bounded(bounds)))
     doc = {
         "round": r,
         "id": sample_id,
@@ -598,6 +598,16 @@ def _attempts(ctx: RunContext, r: int, sample_id: str, bounds: Bounds) -> dict[s
         while len(_attempts_cache) > MAX_ATTEMPTS_CACHED:
             _attempts_cache.popitem(last=False)
     return doc
+
+
+def _with_sent_back(ctx: RunContext, r: int, sample: Sample) -> Sample:
+    """Round ``r``'s ``sample`` with the retry decision that sent it back to the next round (its
+    ``sent_back``, as the decisions' application marked its pending row), when one did: the note its
+    next attempt may have been told."""
+    decision = Resolver(DecisionLog(ctx.run_root, r, ctx.so).read()).decision(sample)
+    if decision is None or decision.action != "retry":
+        return sample
+    return replace(sample, sent_back=decision.sent_back())
 
 
 def desk_bounds() -> Bounds:
@@ -739,6 +749,8 @@ def create_app() -> FastAPI:
             "run_root": ctx.run_root,
             "round": ctx.round,
             "gate": ctx.gate.to_dict(),
+            # whether the desk shows the judge against the reviewers: not for people as the judge
+            "calibrated": judge_checked(read_run_config(ctx.run_root, ctx.so).judge),
         }
 
     @app.get("/api/gates/{dag_id}/{run_id}/summary", dependencies=[ReadDag])
@@ -865,7 +877,8 @@ def create_app() -> FastAPI:
         round: Annotated[int | None, Query(ge=0)] = None,
     ) -> dict[str, Any]:
         """The rows of ``sample_id`` in the rounds before ``round`` (the gate's by default), newest
-        first: each earlier attempt's output, verdict, reason and score. Reads at most
+        first: each earlier attempt's prompt as sent, output, verdict, reason and score (a jury's
+        members), and ``sent_back``: the retry decision that sent it on, when one did. Reads at most
         :data:`ATTEMPTS_ROW_BUDGET` rows (``complete``: every earlier round was searched to its end
         or to the id)."""
         ctx = run_context(session, dag_id, run_id, user)

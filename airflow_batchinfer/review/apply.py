@@ -9,7 +9,8 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
   who, when and the note;
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision;
 - a **spot check** no decision names (an approved row the judge job held back for people,
-  ``spot_check_approved``) follows the judge: into ``results/`` (with the accepted rows), approved.
+  ``spot_check_approved``) follows the judge: into ``results/`` (with the accepted rows), approved
+  (counted per LoRA adapter too: the report's approval per adapter adds them to its round's).
 
 A decided row records the person's verdict in its ``judgment``: ``person`` (``approved``: accept;
 ``action``, ``by``, ``at``, ``note``; ``bulk`` for a decision by filter) and ``overridden`` when it
@@ -29,9 +30,17 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, counted
 from airflow_batchinfer.retries import SENT_BACK
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.review.calibration import Pair, calibrate, judge_verdict, pair_of, scored_in_tenths
+from airflow_batchinfer.review.calibration import (
+    Pair,
+    calibrate,
+    judge_checked,
+    judge_verdict,
+    pair_of,
+    scored_in_tenths,
+)
 from airflow_batchinfer.review.decisions import (
     FOLLOWS_JUDGE,
     Decision,
@@ -64,6 +73,8 @@ class Applied:
     accepted: IdDigest = field(default_factory=IdDigest)
     dropped: IdDigest = field(default_factory=IdDigest)
     approved: IdDigest = field(default_factory=IdDigest)  # undecided spot checks, into results
+    # those per LoRA adapter (the report's approval per adapter adds them to its round's approved)
+    approved_by_adapter: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """What the split's manifest (``run.docs.review_applied``, which the report counts) and the
@@ -78,6 +89,8 @@ class Applied:
         }
         if self.counts.get(FOLLOWS_JUDGE):
             out["approved"] = self.approved.to_dict()
+        if self.approved_by_adapter:
+            out["approved_by_adapter"] = dict(sorted(self.approved_by_adapter.items()))
         return out
 
 
@@ -124,6 +137,8 @@ def apply_decisions(
                     outs[uri] = stack.enter_context(JsonlFile(uri, storage_options=so).writer_sync())
                 if decision is None:
                     outs[uri].write(row if outcome == "retry" else _approved(row))
+                    if outcome == FOLLOWS_JUDGE and (name := counted(row.get(ADAPTER_FIELD))) is not None:
+                        applied.approved_by_adapter[name] = applied.approved_by_adapter.get(name, 0) + 1
                 else:
                     judged = judge_verdict(sample)
                     pair = pair_of(sample, decision, tenths=tenths)
@@ -154,7 +169,7 @@ def apply_decisions(
     files.remove_others(layout.results, prefix, made, so)
     files.remove_others(layout.dropped, prefix, made, so)
     files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
-    if cfg.judge.get("type") != "human":  # a human judge's rows have no judge to check
+    if judge_checked(cfg.judge):
         doc = calibrate(pairs, last.verdicts if last is not None else None, round=reviewed)
         doc = doc.model_copy(update={"decisions": len(decisions), "bulk": bulk, "unjudged": unjudged})
         write_calibration(layout, doc, so)
@@ -201,8 +216,7 @@ def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict
     row no longer carries (a field of the generation it replaces, as its judgment is)."""
     marked = {**row, "judgment": _person(row, decision, judge)}
     if decision.action == "retry":
-        sent_back = {"by": decision.by, "at": decision.at, "note": decision.note, "round": decision.round}
-        return {**marked, SENT_BACK: sent_back}
+        return {**marked, SENT_BACK: decision.sent_back()}
     review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
     extra = {"accepted_by_review": True} if decision.action == "accept" else {}
     return {**marked, **extra, "review": review}

@@ -36,7 +36,7 @@ from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
 from airflow_batchinfer.judges.spot_check import is_spot_check
 from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.retries import NO_RETRY, PREVIOUS, Previous, RetrySettings
+from airflow_batchinfer.retries import NO_RETRY, PREVIOUS, SENT_BACK, Previous, RetrySettings
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import (
     AcceptedJob,
@@ -65,6 +65,7 @@ OUTPUT_FIELDS = (
 MAX_PAGE = 1_000  # samples one page or one random sample returns at most
 DOC_THREADS = 16  # documents read at once (one per shard: object stores answer in parallel)
 _CURSOR = re.compile(r"^s(\d+):(\d+)$")
+_MEMBER_REASON = re.compile(r"members\.(\d{1,3})\.reason")
 TREND_FIELDS = (
     "round",
     "slot",
@@ -90,10 +91,16 @@ class Sample:
     :func:`~airflow_batchinfer.judges.reasons.reason_group`; ``record`` the input fields (the row
     without ``result``, ``status``, ``error``, ``judgment``, ``attempts`` and ``round``).
 
+    ``members``: a jury's verdict's members (``judgment.members``: each one's ``name``, ``type``,
+    ``approved``, ``reason`` and ``score``), in the jury's order; ``sent_back``: the retry decision
+    that sent the attempt back to the next round (``by``, ``at``, ``note``, ``round``: a pending row's
+    own, or what the attempts lookup finds in the round's decisions).
+
     ``truncated`` names what :meth:`bounded` cut short, each with its whole size in UTF-8 bytes: a
-    text of :data:`FIELDS` (its start kept), ``record.<key>`` (one record field: the start of its
-    JSON text kept, as a string) or ``record`` (the record's later fields left out; its whole JSON's
-    size). Empty: the sample is whole. :func:`field_value` reads one of them whole."""
+    text of :data:`FIELDS` (its start kept), ``members.<i>.reason`` (a jury member's reason),
+    ``record.<key>`` (one record field: the start of its JSON text kept, as a string) or ``record``
+    (the record's later fields left out; its whole JSON's size). Empty: the sample is whole.
+    :func:`field_value` reads one of them whole."""
 
     id: str
     shard_id: str
@@ -118,19 +125,26 @@ class Sample:
     # what the attempt's prompt was told of the one before (the row's ``previous``): its prompt
     # renders from it; not shown apart (the earlier attempt is a row of its own)
     previous: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
+    members: tuple[Mapping[str, Any], ...] = ()
+    sent_back: Mapping[str, Any] | None = None
 
     def bounded(self, bounds: Bounds) -> Sample:
-        """This sample as the desk shows it: each text of :data:`FIELDS` and each record field cut to
-        ``bounds.field_bytes``, the record to ``bounds.record_bytes``, what was cut in ``truncated``."""
+        """This sample as the desk shows it: each text of :data:`FIELDS`, each jury member's reason
+        and each record field cut to ``bounds.field_bytes``, the record to ``bounds.record_bytes``,
+        what was cut in ``truncated``."""
         cut: dict[str, int] = {}
         texts: dict[str, str | None] = {}
         for name in FIELDS:
             value = getattr(self, name)
             texts[name] = value if value is None else _clip_into(cut, name, value, bounds.field_bytes)
+        members = tuple(
+            {**m, "reason": _clip_into(cut, f"members.{i}.reason", m["reason"], bounds.field_bytes)}
+            for i, m in enumerate(self.members)
+        )
         record = _bounded_record(self.record, bounds, cut)
         if not cut:
             return self
-        return replace(self, **texts, record=record, truncated=cut)  # type: ignore[arg-type]
+        return replace(self, **texts, members=members, record=record, truncated=cut)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -152,6 +166,8 @@ class Sample:
             "judge_approved": self.judge_approved,
             "for_review": self.for_review,
             "spot_check": self.spot_check,
+            "members": [dict(m) for m in self.members],
+            "sent_back": None if self.sent_back is None else dict(self.sent_back),
         }
 
 
@@ -264,6 +280,8 @@ def field_value(sample: Sample, path: str) -> Any:
     ``record`` or ``record.<key>``: the record field named by the rest of the path, dots and all)."""
     if path in FIELDS:
         return getattr(sample, path)
+    if (m := _MEMBER_REASON.fullmatch(path)) and int(m[1]) < len(sample.members):
+        return sample.members[int(m[1])]["reason"]
     if path == "record":
         return dict(sample.record)
     key = path.removeprefix("record.")
@@ -271,7 +289,7 @@ def field_value(sample: Sample, path: str) -> Any:
         return sample.record[key]
     raise ReviewError(
         f"sample {sample.id[:200]!r} has no field {path[:200]!r}: name one of {', '.join(FIELDS)}, "
-        "record or record.<key> (the paths its truncated map names)"
+        "members.<i>.reason, record or record.<key> (the paths its truncated map names)"
     )
 
 
@@ -546,6 +564,8 @@ class RoundView:
             for_review=judgment.get("for_review") is True,
             spot_check=is_spot_check(judgment),
             previous=previous,
+            members=_members(judgment.get("members")),
+            sent_back=sent_back if isinstance(sent_back := row.get(SENT_BACK), dict) else None,
         )
 
     # --------------------------------------------------------------------------------- internals
@@ -828,6 +848,30 @@ def _render(
     previous: Mapping[str, Any] | None = None,
 ) -> str | None:
     return None if prompts is None else prompts.text(record, rid, attempts, previous)
+
+
+def _members(value: Any) -> tuple[dict[str, Any], ...]:
+    """A jury verdict's ``members`` as the desk shows them: each one's name, type, verdict, reason and
+    score (whatever else a member holds left out; a member that is not an object skipped)."""
+    if not isinstance(value, list):
+        return ()
+    out = []
+    for m in value:
+        if not isinstance(m, dict):
+            continue
+        score = m.get("score")
+        out.append(
+            {
+                "name": text_of(m.get("name")),
+                "type": text_of(m.get("type")),
+                "approved": m["approved"] if isinstance(m.get("approved"), bool) else None,
+                "reason": text_of(m.get("reason")),
+                "score": float(score)
+                if isinstance(score, int | float) and not isinstance(score, bool)
+                else None,
+            }
+        )
+    return tuple(out)
 
 
 def _content(value: Any) -> str:

@@ -42,6 +42,7 @@ __all__ = [
     "Pair",
     "calibrate",
     "calibration_chart",
+    "judge_checked",
     "judge_verdict",
     "kappa",
     "measured",
@@ -97,6 +98,12 @@ def pair_of(sample: Sample, decision: Decision | None, *, tenths: bool = True) -
     judge, stratum = judged
     score = sample.score if tenths else None
     return Pair(judge, decision.action == "accept", score, stratum, sample.spot_check)
+
+
+def judge_checked(judge: Mapping[str, Any]) -> bool:
+    """Whether a run's judge (its spec) gives verdicts people can be checked against: every judge
+    but people themselves (``human``), whose rows have no judge's verdict to calibrate."""
+    return judge.get("type") != "human"
 
 
 def scored_in_tenths(judge: Mapping[str, Any]) -> bool:

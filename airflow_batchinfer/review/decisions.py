@@ -128,6 +128,11 @@ class Decision:
     def bulk(self) -> bool:
         return self.filter is not None
 
+    def sent_back(self) -> dict[str, Any]:
+        """What a retry decision tells the rows it sends back (their ``sent_back``: who, when, the
+        note, the round reviewed): the next attempt's prompt may read the note, the desk shows it."""
+        return {"by": self.by, "at": self.at, "note": self.note, "round": self.round}
+
     def selects(self, sample: Sample) -> bool:
         """Whether this decision names ``sample`` or its filter matches it."""
         if self.filter is not None:

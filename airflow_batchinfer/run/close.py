@@ -243,9 +243,13 @@ def _candidates(counts: dict[str, int]) -> Candidates | None:
 
 
 def _adapters(counts: dict[str, int]) -> dict[str, AdapterApproval] | None:
+    """Approval per adapter: the judge's, its spot checks held for people among its approvals (as the
+    round's approval share counts them: undecided, they follow the judge into results)."""
     found = adapters.approval(counts)
     return {
-        name: AdapterApproval(**c, approval_rate=round(c["approved"] / max(1, sum(c.values())), 4))
+        name: AdapterApproval(
+            **c, approval_rate=round((c["approved"] + c.get("spot_checks", 0)) / max(1, sum(c.values())), 4)
+        )
         for name, c in found.items()
     } or None
 

@@ -322,11 +322,16 @@ class RunConfig:
         }
 
     def _conversation(self) -> dict[str, Any]:
-        """What a model judge scores an answer with: the record's prompt as this run renders it
-        (none for other judges: their job ids and fingerprints as before)."""
+        """What a model judge scores an answer with: the record's prompt as this run renders it, a
+        retry's with the retry template and system message (none for other judges: their job ids and
+        fingerprints as before; the retry settings only when set)."""
         if "score" not in judge_needs(self.judge):
             return {}
-        return {"prompt_template": self.prompt_template, "system": self.system}
+        return {
+            "prompt_template": self.prompt_template,
+            "system": self.system,
+            **self.retry().texts().params(),
+        }
 
     def _select(self) -> dict[str, Any]:
         """``select`` as a job's param: none at the default (job ids and fingerprints as before)."""

@@ -11,6 +11,7 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import OTHER, reason_group, row_reason
+from airflow_batchinfer.judges.spot_check import is_spot_check
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
@@ -125,13 +126,17 @@ def _uncount(doc: AcceptedJob, row: dict[str, Any], output: str) -> None:
     keys = [str(row.get("status"))]
     if judgment.get("for_review"):
         keys.append("for_review")
+    held = is_spot_check(judgment)
+    if held:
+        keys.append("spot_checks")
     if doc.kind in ("judge", "infer_judge") and row.get("error") is not None:
         keys.append("inference_errors")
     if doc.kind == "infer_judge":  # its inference counts, per row: ok or error
         keys.append("error" if row.get("error") is not None else "ok")
-    # its adapter's count (shard_jobs: a judged row without an inference error; in place, not errored)
+    # its adapter's count (shard_jobs: a judged row without an inference error, a spot check apart; in
+    # place, not errored)
     answered = row.get("status") != "error" if doc.kind == "in_place" else row.get("error") is None
-    if (key := row_count_key(row.get(ADAPTER_FIELD), answered, str(row.get("status")))) is not None:
+    if (key := row_count_key(row.get(ADAPTER_FIELD), answered, str(row.get("status")), held)) is not None:
         keys.append(key)
     for key in keys:
         if counts.get(key):

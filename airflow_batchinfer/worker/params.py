@@ -53,7 +53,8 @@ class JobParams:
     spot_check: SpotCheck | None = None
     # an infer job's jury whose llm members it judges where it generates (params jury_at_inference)
     early_jury: Jury | None = None
-    # a judge job's record prompts (the run's prompt_template, system): what a model judge scores
+    # a judge job's record prompts (the run's prompt_template, system and retry_template, retry_system):
+    # the conversation a model judge scores
     conversation: PromptBuilder | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
 
@@ -144,8 +145,14 @@ def parse_params(
             template = params.get("prompt_template")
             if template is not None and not isinstance(template, str):
                 raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")
+            # a retried row's prompt: rendered as the infer job rendered it (the retry template, previous)
+            texts = {k: params.get(k) for k in ("retry_template", "retry_system")}
+            try:
+                retry = RetrySettings.from_params(texts)
+            except ConfigError as exc:
+                raise ConfigError(f"params.{exc}") from None
             common["conversation"] = PromptBuilder(
-                template, system=params.get("system"), chat=bool(params.get("chat", True))
+                template, system=params.get("system"), chat=bool(params.get("chat", True)), retry=retry
             )
         below = params.get("review_below_score")
         if below is not None and (

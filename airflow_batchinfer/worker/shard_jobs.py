@@ -680,11 +680,15 @@ def _for_review(ctx: JobContext, verdict: Verdict) -> bool:
     return below is not None and (verdict.score is None or verdict.score < below)
 
 
-def _count_adapter(counts: Counter[str], row: Mapping[str, Any], status: str) -> None:
+def _count_adapter(
+    counts: Counter[str], row: Mapping[str, Any], status: str, judgment: Mapping[str, Any] | None = None
+) -> None:
     """A judged row's count under the LoRA adapter that answered it (the round's approval per
-    adapter). A row without an answer (an inference error, a record naming no adapter of the run:
-    its name is the record's, not the run's) is the round's inference errors."""
-    key = row_count_key(row.get(ADAPTER_FIELD), row.get("status") != "error", status)
+    adapter): a spot check (``judgment``'s) apart, neither approved nor rejected. A row without an
+    answer (an inference error, a record naming no adapter of the run: its name is the record's, not
+    the run's) is the round's inference errors."""
+    held = judgment is not None and spot_check.is_spot_check(judgment)
+    key = row_count_key(row.get(ADAPTER_FIELD), row.get("status") != "error", status, held)
     if key is not None:
         counts[key] += 1
 
@@ -731,7 +735,7 @@ async def _judged(ctx: JobContext, rows: list[Record], tally: Tally) -> list[Rec
             counts[spot_check.stratum_key(stratum, verdict.score if tenths else None)] += 1
         status = "approved" if judgment["approved"] else "rejected"
         counts[status] += 1
-        _count_adapter(counts, row, status)
+        _count_adapter(counts, row, status, judgment)
         if status == "rejected":
             tally.reason_groups.add(judgment["reason"])
         judged.append({**row, "status": status, "judgment": judgment})

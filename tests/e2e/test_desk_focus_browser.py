@@ -3,11 +3,14 @@ a time from the list (a click, Enter), every shortcut (a, r, d, j / →, k / ←
 in the note that stay text, the same decision API as the list's (with the note), readable long
 texts (JSON, code, show more), a chat prompt per role, the sample's attempts in the earlier round
 beside it, hostile model output shown as text, and the light and dark themes (the browser's and
-the Airflow UI's).
+the Airflow UI's); a jury's members (each one's verdict and reason in the focus view and its
+attempts, a mark in the list where they split), each attempt's prompt as sent and the reviewer's
+note that sent it back; no calibration for a run judged by people.
 
 No live Airflow: the browser's requests to the desk are answered by the api-server's app in process
-(the ``desk`` fixture of tests/unit/review/test_focus_app.py: rounds 0 and 1 closed, the tail gate
-open on round 1), so the page and its API are the real ones. One browser for the module.
+(the ``desk`` fixture of tests/unit/review/test_focus_app.py: runs ``multi`` and ``jury`` with
+rounds 0 and 1 closed, their tail gates open on round 1; run ``people``, judged by people), so the
+page and its API are the real ones. One browser for the module.
 Screenshots of each view (list, focus, attempts, keys, dark) go to
 ``$BATCHINFER_TEST_ARTIFACTS/<test>/`` (default ``tests/artifacts/<test>/``)."""
 
@@ -33,7 +36,9 @@ from tests.unit.review.test_focus_app import (  # noqa: F401 (desk: the fixture,
     CODE_OUTPUT,
     HOSTILE,
     JSON_OUTPUT,
+    RETRY_SYSTEM,
     ROUND1,
+    SENT_BACK,
     SYSTEM,
     desk,
 )
@@ -75,9 +80,9 @@ def context(browser: Browser, desk: Any, **options: Any) -> BrowserContext:  # n
     return ctx
 
 
-def opened(page: Page) -> list[str]:
+def opened(page: Page, desk_url: str = DESK) -> list[str]:
     """The desk's list, browsing round 1 in order; the ids of its rows."""
-    page.goto(DESK)
+    page.goto(desk_url)
     expect(page.get_by_test_id("gate-subject")).to_be_visible()
     page.get_by_test_id("browse-button").click()
     expect(page.get_by_test_id("page-info")).to_contain_text(f"{len(ROUND1)} shown")
@@ -288,3 +293,142 @@ def test_light_and_dark_follow_the_browser_and_the_airflow_ui(
     finally:
         light.close()
         dark.close()
+
+
+JURY_DESK = f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id=jury"
+MEMBERS = ["critic", "long-enough", "digits"]
+
+
+def test_a_jurys_members_and_what_each_attempt_was_sent(
+    browser: Browser,
+    desk: Any,  # noqa: F811 (the fixture)
+    request: pytest.FixtureRequest,
+) -> None:
+    shots = Shots(request.node.name)
+    ctx = context(browser, desk, color_scheme="light")
+    page = ctx.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    try:
+        order = opened(page, JURY_DESK)
+        assert sorted(order) == ROUND1
+        # the list marks the samples whose members split (the critic approved the even ids)
+        split = [rid for rid in order if int(rid[1:]) % 2 == 0]
+        marks = page.get_by_test_id("jury-split")
+        expect(marks).to_have_count(len(split))
+        row = page.locator("[data-testid=sample-row][data-sample-id=r02]")
+        expect(row.get_by_test_id("jury-split")).to_have_text("jury 1 of 3")
+        title = row.get_by_test_id("jury-split").get_attribute("title")
+        assert title == "the jury split: critic approved, long-enough rejected, digits rejected"
+        expect(
+            page.locator("[data-testid=sample-row][data-sample-id=r01] [data-testid=jury-split]")
+        ).to_have_count(0)
+        shots.take(page, "jury-list")
+
+        # r02's focus view: the members' verdicts and reasons under the jury's reason
+        row.get_by_test_id("sample-reason").click()
+        expect(page.get_by_test_id("focus-id")).to_have_text("r02")
+        expect(page.get_by_test_id("focus-reason")).to_have_text(
+            "majority: 1 of 3 approve (approved by critic)"
+        )
+        members = page.get_by_test_id("focus-members").get_by_test_id("member")
+        expect(members).to_have_count(3)
+        assert [m.get_attribute("data-member") for m in members.all()] == MEMBERS
+        expect(members.get_by_test_id("member-verdict")).to_have_text(["approved", "rejected", "rejected"])
+        expect(members.nth(0).get_by_test_id("member-score")).to_have_text("score 0.42")
+        expect(members.nth(0).get_by_test_id("member-reason")).to_have_text(
+            "critic, round 1: still wrong: expected 2"
+        )
+        expect(members.nth(2).get_by_test_id("member-reason")).to_have_text("no digits")
+        expect(members.nth(1).get_by_test_id("member-score")).to_have_count(0)  # a rule gives no score
+
+        # its attempts: round 1's prompt the retry template under the retry system message (told round
+        # 0's answer, the jury's reason and the reviewer's empty note: no Reviewer line), round 0's the
+        # run's; round 0's column says who sent it back; each with the members' verdicts
+        columns = page.get_by_test_id("attempt")
+        expect(columns).to_have_count(2)
+        now, before = columns.nth(0), columns.nth(1)
+        prompt_now = now.get_by_test_id("attempt-prompt").get_by_test_id("message")
+        expect(prompt_now).to_have_count(2)
+        expect(prompt_now.nth(0)).to_contain_text(RETRY_SYSTEM)
+        expect(prompt_now.nth(1)).to_contain_text(
+            f"q r02\nLast time: {JSON_OUTPUT}\nJudge: majority: 1 of 3 approve"
+        )
+        expect(prompt_now.nth(1)).not_to_contain_text("Reviewer:")
+        prompt_before = before.get_by_test_id("attempt-prompt").get_by_test_id("message")
+        expect(prompt_before.nth(0)).to_contain_text(SYSTEM)
+        expect(prompt_before.nth(1)).to_have_text("userq r02")
+        expect(now.get_by_test_id("attempt-sent-back")).to_have_count(0)  # not decided yet
+        sent = before.get_by_test_id("attempt-sent-back")
+        expect(sent).to_contain_text("sent back by ann at ")
+        expect(sent).to_contain_text("(no note)")
+        for column in (now, before):
+            expect(column.get_by_test_id("attempt-members").get_by_test_id("member")).to_have_count(3)
+        expect(before.get_by_test_id("member-reason").first).to_have_text("critic, round 0: wrong answer (2)")
+
+        # r01: sent back with a note, which its next prompt read; hostile markup in it stays text
+        page.keyboard.press("Escape")
+        page.locator("[data-testid=sample-row][data-sample-id=r01] [data-testid=sample-id]").click()
+        expect(page.get_by_test_id("focus-id")).to_have_text("r01")
+        expect(columns).to_have_count(2)
+        note = SENT_BACK["r01"]
+        expect(columns.nth(1).get_by_test_id("sent-back-note")).to_have_text(note)
+        expect(columns.nth(0).get_by_test_id("attempt-prompt")).to_contain_text(f"Reviewer: {note}")
+        expect(columns.nth(0).get_by_test_id("attempt-prompt")).to_contain_text(f"Last time: {HOSTILE}")
+        assert (
+            page.evaluate("() => document.querySelectorAll('[data-testid=focus] :is(img, script)').length")
+            == 0
+        )
+        shots.take(page, "jury-focus", full_page=False)
+        shots.take_element(page.get_by_test_id("focus-attempts"), "jury-attempts")
+
+        # r07: its retry prompt holds round 0's long answer: folded in its column, unfolded on demand
+        page.keyboard.press("Escape")
+        page.locator("[data-testid=sample-row][data-sample-id=r07] [data-testid=sample-id]").click()
+        expect(page.get_by_test_id("focus-id")).to_have_text("r07")
+        asked = columns.nth(0).get_by_test_id("attempt-prompt")
+        toggle = asked.get_by_test_id("toggle-more")
+        expect(toggle).to_have_count(1)
+        fold = asked.locator(".fold").last
+        folded = fold.evaluate("e => e.getBoundingClientRect().height")
+        toggle.click()
+        expect(toggle).to_have_text("show less")
+        assert fold.evaluate("e => e.getBoundingClientRect().height") > 2 * folded
+        expect(columns.nth(1).get_by_test_id("attempt-prompt").get_by_test_id("toggle-more")).to_have_count(0)
+        assert not dialogs
+    finally:
+        ctx.close()
+
+    dark = context(browser, desk, color_scheme="dark")
+    try:
+        page = dark.new_page()
+        opened(page, JURY_DESK)
+        assert background(page) != "rgb(255, 255, 255)"
+        page.locator("[data-testid=sample-row][data-sample-id=r02] [data-testid=sample-reason]").click()
+        expect(page.get_by_test_id("focus-members").get_by_test_id("member")).to_have_count(3)
+        expect(page.get_by_test_id("attempt")).to_have_count(2)
+        shots.take(page, "dark-jury-focus", full_page=False)
+        shots.take_element(page.get_by_test_id("focus-attempts"), "dark-jury-attempts")
+    finally:
+        dark.close()
+
+
+def test_no_calibration_for_a_run_judged_by_people(
+    browser: Browser,
+    desk: Any,  # noqa: F811 (the fixture)
+    request: pytest.FixtureRequest,
+) -> None:
+    shots = Shots(request.node.name)
+    ctx = context(browser, desk)
+    page = ctx.new_page()
+    try:
+        opened(page)
+        expect(page.get_by_test_id("calibration")).to_be_visible()  # a judge to check: shown
+        page.goto(f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id=people")
+        expect(page.get_by_test_id("gate-round")).to_have_text("0")
+        expect(page.get_by_test_id("sample-row").first).to_be_visible()
+        expect(page.get_by_test_id("status")).to_have_text("")
+        expect(page.get_by_test_id("calibration")).to_have_count(0)
+        shots.take(page, "people-judge")
+    finally:
+        ctx.close()

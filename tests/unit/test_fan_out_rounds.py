@@ -4,7 +4,8 @@ from the copy of an input that cannot be split. The worker's own job code runs e
 engine: an adapter's answers are hashed with its name, approval with the row's id); close runs as
 the DAG's close task runs it. Checked: the id invariant over rows (bad lines, a record that picks
 its own adapter, an id repeated across ranges, a quarantined range, the next round), the approval
-per arm in the summaries and the report, the counts users see. The real engine over HTTP:
+per arm in the summaries and the report (spot checks apart, and those that followed the judge in the
+report's approved), the counts users see. The real engine over HTTP:
 tests/integration/test_worker_engines.py."""
 
 from __future__ import annotations
@@ -19,13 +20,15 @@ import pytest
 
 from airflow_batchinfer.exceptions import OutputExistsError
 from airflow_batchinfer.report import build_report, check_invariant, render_markdown
+from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, Summary, write_plan
+from airflow_batchinfer.run.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
 from airflow_batchinfer.run.jobs import job_spec, round_kinds
 from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.plan import pending_shards, propose_slot
+from airflow_batchinfer.run.plan import STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.run.repeats import _uncount
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -207,3 +210,76 @@ def test_a_run_without_fan_out_plans_and_asks_as_before(tmp_path: Path) -> None:
     assert len(shards) == 2  # about records_per_shard lines each
     params = job_spec(cfg, "infer_judge", 0, shards[0]).params
     assert "fan_out" not in params["input_range"] and "fan_out" not in params
+
+
+def test_spot_checks_count_apart_per_arm_and_the_reports_table_agrees_with_its_approved_total(
+    tmp_path: Path,
+) -> None:
+    """Every approval spot-checked (rate 1): a held spot check is neither approved nor rejected under
+    its arm, but among the judge's approvals (the arm's approval); a repeated line's rows leave those
+    counts too; the spot checks no reviewer decided follow the judge into results, and the report's
+    table adds them to its round's approved, as the report's approved total does."""
+    lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(24)]
+    lines[20] = json.dumps({"id": "r03", "question": "again"})  # r03 again, in a later range
+    cfg = fan_out_run(tmp_path, lines, spot_check_approved=1_000, max_rounds=2)
+    layout = RunLayout(cfg.run_root)
+    prepare_run(cfg)
+    plan = planned(cfg, "round-00")
+    summary = run_round(cfg, plan)
+    assert summary["invariant"]["ok"] and summary["repeated_ids"] == 3
+    rejected = rows_in(layout.rejected_dir(0))
+    spots = [r for r in rejected if r["judgment"].get("spot_check")]
+    assert rows_in(layout.results) == [] and summary["approved"] == 0  # every approval held for people
+    held, bad = per_arm(spots), per_arm([r for r in rejected if not r["judgment"].get("spot_check")])
+    assert summary["spot_checks"] == len(spots) == sum(held.values()) > 0
+    assert summary["adapters"] == {
+        arm: {
+            "approved": 0,
+            "rejected": bad[arm],
+            "spot_checks": held[arm],
+            "approval_rate": round(held[arm] / (held[arm] + bad[arm]), 4),
+        }
+        for arm in ARMS
+    }
+    # the repeated line's rows were counted by their job, spot checks among them, then left out
+    jobs = [read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer_judge")) for s in plan.shards]
+    counted = Counter[str]()
+    for m in jobs:
+        assert m is not None
+        counted.update({k: int(v) for k, v in m.counts.items()})
+    assert counted["spot_checks"] > summary["spot_checks"]
+    assert sum(counted[f"adapter:{arm}:spot_check"] for arm in ARMS) == counted["spot_checks"]
+
+    # people decide a few spot checks; the others follow the judge when the gate is answered
+    sql = sorted(r["id"] for r in spots if r["adapter"] == "sql")
+    log = DecisionLog(cfg.run_root, 0)
+    log.append(Decision.make(0, "accept", "ann", ids=sql[:1]))
+    log.append(Decision.make(0, "drop", "ann", ids=sql[1:2]))
+    log.append(Decision.make(0, "retry", "ann", ids=sql[2:3]))
+    proposal = propose_slot(cfg, "round-01")
+    write_plan(layout, apply_choice(cfg, proposal, STOP, by="review (ann)"))
+    for slot in ("round-01", "tail"):
+        if read_plan(layout, slot) is None:
+            write_plan(layout, propose_slot(cfg, slot).plan)
+    report = build_report(cfg)
+    assert report["invariant"]["ok"]
+    followed = per_arm([r for r in rows_in(layout.results) if not r.get("accepted_by_review")])
+    assert followed == held - Counter({"sql": 3}) and report["approved"] == sum(followed.values())
+    table = render_markdown(report).split("## Adapters")[1].splitlines()
+    assert table[2] == "| round | adapter | approved | spot checks | rejected | approval |"
+    shown = {row.split(" | ")[1]: row.split(" | ") for row in table[4:7]}
+    assert {arm: int(cells[2]) for arm, cells in shown.items()} == dict(followed)
+    assert sum(int(cells[2]) for cells in shown.values()) == report["approved"]  # the table agrees
+    assert {arm: int(cells[3]) for arm, cells in shown.items()} == dict(held)
+
+
+def test_a_left_out_spot_check_leaves_its_arms_count() -> None:
+    """A repeat's row taken out of its job's counts as the job counted it (shard_jobs, repeats: one key)."""
+    counts = {"rejected": 2, "for_review": 2, "spot_checks": 1, "ok": 2,
+              "adapter:sql:spot_check": 1, "adapter:sql:rejected": 1}  # fmt: skip
+    doc = AcceptedJob.model_construct(kind="infer_judge", counts=counts, reason_groups={})
+    judgment = {"approved": False, "for_review": True, "spot_check": True, "judge_approved": True}
+    spot = {"id": "a@sql", "adapter": "sql", "status": "rejected", "error": None, "judgment": judgment}
+    _uncount(doc, spot, "rejected")
+    assert doc.counts == {"rejected": 1, "for_review": 1, "spot_checks": 0, "ok": 1,
+                          "adapter:sql:spot_check": 0, "adapter:sql:rejected": 1}  # fmt: skip

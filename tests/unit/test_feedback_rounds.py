@@ -1,7 +1,8 @@
 """Retries that use feedback on the worker's own job code (SIMULATED engine with ``echo_prompt``: each
 answer is the prompt it was sent, so a row's ``result`` shows what its attempt was sent with): a
 round's retry told the judge's reason and a reviewer's note, in-place retries told the attempt
-before, and an in-place sample resumed from its checkpoint told what it would have been told."""
+before, an in-place sample resumed from its checkpoint told what it would have been told, and a model
+judge scoring a retry's answer with the prompt it was generated from."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.config import RunConfig
@@ -21,7 +23,7 @@ from airflow_batchinfer.run.plan import CONTINUE, apply_choice, pending_shards, 
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.fake_jobs import close, plan_round
-from tests.support.worker_jobs import run_jobs
+from tests.support.worker_jobs import HashScoringEngine, run_jobs
 
 # a, b per record: the echoed prompt's last number is b, never the answer a + b (the judge's "got")
 PAIRS = [(2, 3), (4, 4), (1, 6), (5, 2), (3, 3), (6, 1)]
@@ -45,9 +47,8 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
         retry_template=RETRY,
-        judge={"type": "expected_answer", "field": "answer", "match": "number"},
         records_per_shard=3,
-        **settings,
+        **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
     cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
     write_run_config(cfg)  # what the desk renders prompts with
@@ -154,3 +155,50 @@ def test_an_in_place_sample_resumed_from_its_checkpoint_is_told_what_it_would_ha
     assert (q0["attempts"], q0["previous"]) == (2, told)
     assert q0["result"] == "What is 2 + 3?\nLast time: five-ish\nJudge (attempt 1): expected 5, got nothing"
     assert q0["max_tokens"] == 32  # the truncated attempt's retry: twice its max_tokens
+
+
+class RecordingScorer(HashScoringEngine):
+    """A classifier at the engine seam that keeps the conversation of every request it scores."""
+
+    def __init__(self) -> None:
+        super().__init__(("rejected", "approved"))
+        self.scored: dict[str, list[dict[str, Any]]] = {}
+
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        self.scored.update({r.request_id: list(r.messages or []) for r in requests})
+        return await super().score(requests)
+
+
+def test_a_model_judge_scores_the_conversation_a_retry_was_generated_from(tmp_path: Path) -> None:
+    """A classifier on the judge pool scores each answer with the prompt its infer job sent: round 1's
+    rows with the retry template, told round 0's verdict, under the retry system message (the echo's
+    answer is that prompt, so the scored turns before the answer are the answer itself)."""
+    cfg = arithmetic_run(
+        tmp_path,
+        system="Be brief.",
+        retry_system="Try again, briefly.",
+        judge={"type": "classifier", "threshold": 1.0},  # P(approved) < 1: every answer rejected
+        judge_pool="local://judges",
+        max_rounds=2,
+    )
+    assert cfg.judge_params()["retry_template"] == RETRY
+    assert cfg.judge_params()["retry_system"] == "Try again, briefly."
+    layout = RunLayout(cfg.run_root)
+    for r, slot in enumerate(("round-00", "round-01")):
+        plan = plan_round(cfg, slot)
+        run_jobs(cfg, [("infer", r, s) for s in plan.shards], **ECHO)
+        scorer = RecordingScorer()
+        run_jobs(cfg, [("judge", r, s) for s in plan.shards], serving=scorer)
+        assert close(cfg, plan)["rejected"] == len(IDS)
+        rows = rows_in(layout.rejected_dir(r))
+        assert sorted(scorer.scored) == sorted(rows) == sorted(IDS)
+        for rid, row in rows.items():
+            *asked, answer = scorer.scored[rid]
+            assert answer == {"role": "assistant", "content": row["result"]}
+            assert "\n".join(m["content"] for m in asked) == row["result"], (r, rid)  # what was sent
+            assert asked[0] == {"role": "system", "content": "Be brief." if r == 0 else "Try again, briefly."}
+    q0 = rows_in(layout.rejected_dir(1))["q0"]
+    assert q0["result"].startswith(
+        "Try again, briefly.\nWhat is 2 + 3?\nLast time: Be brief.\nWhat is 2 + 3?"
+    )
+    assert "Judge (attempt 1): P(approved) " in q0["result"]

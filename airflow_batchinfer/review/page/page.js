@@ -199,6 +199,7 @@
     gate: null,
     round: null,
     open: false,
+    calibrated: true, // the judge against the reviewers is shown (not for a human judge)
     mode: "sample", // or "browse"
     group: "",
     text: "",
@@ -227,6 +228,7 @@
     state.gate = info.gate;
     state.round = info.round;
     state.open = info.gate.open;
+    state.calibrated = info.calibrated !== false; // people as the judge: nothing to calibrate
     clear(app);
 
     const gate = info.gate;
@@ -269,7 +271,7 @@
       "data-testid": "trend-plot",
     });
     app.appendChild(section("Round " + info.round, "summary", parts.counts, parts.trend));
-    app.appendChild(calibrationSection());
+    if (state.calibrated) app.appendChild(calibrationSection());
 
     parts.groups = el("div", { class: "groups", "data-testid": "groups" });
     parts.text = el("input", { type: "search", placeholder: "text in prompt, output, reason or id", maxlength: "200", "data-testid": "search-text" });
@@ -485,7 +487,9 @@
   }
 
   // A problem reading the calibration is said in its section: the rest of the desk works without it.
+  // A run whose judge is people (human) has no section: there is no judge to check.
   async function loadCalibration() {
+    if (!state.calibrated) return;
     const current = latest("calibration");
     let data;
     try {
@@ -853,7 +857,13 @@
           { "data-testid": "sample-row", "data-sample-id": asText(sample.id), tabindex: "0", class: decidedHere.has(key) ? "decided" : null },
           el("td", {}, box),
           el("td", { class: "mono" }, fieldText(sample, "id", "span", "sample-id")),
-          el("td", { "data-testid": "sample-verdict" }, verdict(sample), sample.spot_check ? [" ", spotBadge("spot-check-badge")] : null),
+          el(
+            "td",
+            { "data-testid": "sample-verdict" },
+            verdict(sample),
+            sample.spot_check ? [" ", spotBadge("spot-check-badge")] : null,
+            juryMarker(sample) ? [" ", juryMarker(sample)] : null,
+          ),
           el("td", {}, fieldText(sample, "reason", "span", "sample-reason")),
           el("td", { "data-testid": "sample-score" }, asText(sample.score)),
           el("td", { "data-testid": "sample-attempts" }, asText(sample.attempts)),
@@ -1022,11 +1032,17 @@
     return el("div", {}, wrap, toggle);
   }
 
+  // A text of a sample by its path: a field, or a jury member's reason (members.<i>.reason).
+  function pick(sample, path) {
+    const member = /^members\.(\d+)\.reason$/.exec(path);
+    return member ? ((sample.members || [])[Number(member[1])] || {}).reason : sample[path];
+  }
+
   // One text of a sample for the focus view: laid out, folded when long; a cut one says so and
   // "show all" reads it whole (the field endpoint), laid out again.
   function readable(sample, path, testid, round) {
     const holder = el("div", { "data-testid": testid });
-    const value = sample[path];
+    const value = pick(sample, path);
     function fill(text) {
       clear(holder);
       if (path === "prompt" && chatParts(text)) {
@@ -1212,6 +1228,8 @@
           readable(sample, "output", "focus-output", state.round),
           el("h3", {}, "Judge's reason"),
           readable(sample, "reason", "focus-reason", state.round),
+          (sample.members || []).length ? el("h3", {}, "The jury's members") : null,
+          membersList(sample, "focus-members", state.round),
         ),
       ),
     );
@@ -1226,16 +1244,77 @@
     });
   }
 
+  // One attempt: what it was sent (the prompt as rendered for it: a retry's template, told the
+  // attempt before), what it answered, what the judge (or each jury member) said, and the reviewer's
+  // retry decision that sent it on, when one did.
   function attemptColumn(sample, title, testid) {
     return el(
       "div",
       { class: "attempt", "data-testid": testid, "data-round": asText(sample.round) },
       el("h4", {}, title),
       el("div", { class: "attempt-facts" }, verdictBadge(sample, "attempt-verdict"), " ", el("span", { class: "hint" }, "attempt " + asText(sample.attempts) + " · " + asText(sample.status) + (sample.score === null || sample.score === undefined ? "" : " · score " + asText(sample.score)))),
-      el("div", { class: "label" }, "reason"),
-      readable(sample, "reason", "attempt-reason", sample.round),
+      el("div", { class: "label" }, "prompt as sent"),
+      readable(sample, "prompt", "attempt-prompt", sample.round),
       el("div", { class: "label" }, "output"),
       readable(sample, "output", "attempt-output", sample.round),
+      el("div", { class: "label" }, "reason"),
+      readable(sample, "reason", "attempt-reason", sample.round),
+      membersList(sample, "attempt-members", sample.round),
+      sentBack(sample),
+    );
+  }
+
+  // A jury's verdict: each member's name, type, verdict, score and reason (folded when long), in
+  // the jury's order; null for a verdict without members.
+  function membersList(sample, testid, round) {
+    const members = sample.members || [];
+    if (!members.length) return null;
+    return el(
+      "ul",
+      { class: "members", "data-testid": testid },
+      members.map((m, i) =>
+        el(
+          "li",
+          { class: "member " + memberVerdict(m), "data-testid": "member", "data-member": m.name },
+          el(
+            "div",
+            { class: "member-head" },
+            el("b", { "data-testid": "member-name" }, m.name),
+            el("span", { class: "hint" }, m.type),
+            el("span", { class: "badge " + (m.approved === true ? "ok" : "bad"), "data-testid": "member-verdict" }, memberVerdict(m)),
+            m.score === null || m.score === undefined ? null : el("span", { class: "hint", "data-testid": "member-score" }, "score " + asText(m.score)),
+          ),
+          readable(sample, "members." + i + ".reason", "member-reason", round),
+        ),
+      ),
+    );
+  }
+
+  function memberVerdict(member) {
+    if (member.approved === true) return "approved";
+    return member.approved === false ? "rejected" : "no verdict";
+  }
+
+  // The list's mark of a jury whose members did not all agree: how many approved, each one's verdict
+  // in its title.
+  function juryMarker(sample) {
+    const members = sample.members || [];
+    const yes = members.filter((m) => m.approved === true).length;
+    if (members.length < 2 || yes === 0 || yes === members.length) return null;
+    const title = "the jury split: " + members.map((m) => m.name + " " + memberVerdict(m)).join(", ");
+    return el("span", { class: "badge split", "data-testid": "jury-split", title: title }, "jury " + yes + " of " + members.length);
+  }
+
+  // The reviewer's retry decision that sent an attempt back to the next round, with its note.
+  function sentBack(sample) {
+    const s = sample.sent_back;
+    if (!s) return null;
+    const at = typeof s.at === "string" ? " at " + s.at.replace("T", " ").slice(0, 16) + " UTC" : "";
+    return el(
+      "div",
+      { class: "sent-back", "data-testid": "attempt-sent-back" },
+      el("div", { class: "label" }, "sent back by " + asText(s.by) + at),
+      s.note ? el("div", { class: "prose", "data-testid": "sent-back-note" }, asText(s.note)) : el("div", { class: "hint" }, "(no note)"),
     );
   }
 

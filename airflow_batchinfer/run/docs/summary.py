@@ -68,11 +68,14 @@ class Candidates(BaseModel):
 
 
 class AdapterApproval(BaseModel):
-    """One LoRA adapter's rows in a round: ``approved`` and ``rejected`` (in place: exhausted)."""
+    """One LoRA adapter's rows in a round: ``approved`` and ``rejected`` (in place: exhausted), and
+    ``spot_checks``: the judge's approvals held back for people (neither of the others; only when
+    there are some). ``approval_rate``: the judge's approvals, spot checks included, of its rows."""
 
     model_config = ConfigDict(extra="forbid")
     approved: int
     rejected: int
+    spot_checks: int = 0
     approval_rate: float
 
 

@@ -3,16 +3,18 @@ members judged where the answers are generated, and the counts a round's summary
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from airflow_batchinfer.batching import DynamicBatcher
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Jury, Verdict, build_judge, judged_early
-from airflow_batchinfer.judges.base import Scorer
-from airflow_batchinfer.judges.jury import CARRIED, count_keys, stats, vote
+from airflow_batchinfer.judges.base import Judge, Scorer
+from airflow_batchinfer.judges.jury import CARRIED, Member, count_keys, stats, vote
 
 REGEX_DIGIT = {"type": "regex", "pattern": "[0-9]"}
 SHORT = {"type": "length", "max_chars": 3}
@@ -130,6 +132,72 @@ async def test_members_judge_with_the_jobs_model_and_mean_score_reads_their_scor
     assert verdict.score == pytest.approx((0.1192 + 1.0) / 2, abs=1e-4) and not verdict.approved
     assert verdict.reason == "mean_score 0.5596 < threshold 0.6 (approved by length)"
     assert asked == {"generate": 1, "score": 1}
+
+
+async def test_llm_members_judge_at_once_and_their_requests_share_the_workers_batches() -> None:
+    """Two llm members over one chunk through a real batcher (the worker's shares one among its jobs):
+    both members' requests are in its first batch, and the verdicts keep the members' order."""
+    batches: list[list[str]] = []
+
+    async def process(requests: list[GenerationRequest]) -> list[GenerationResult]:
+        batches.append([(r.messages or [])[-1]["content"] for r in requests])
+        return [
+            GenerationResult(
+                f'{{"approved": {str("strict" not in t or "4" in t).lower()}, "reason": "{t[:6]}"}}'
+            )
+            for t in batches[-1]
+        ]
+
+    j = jury(
+        {"type": "llm", "name": "strict", "template": "strict {{ result }}"},
+        {"type": "llm", "name": "kind", "template": "kind {{ result }}"},
+        REGEX_DIGIT,
+    )
+    items = [JudgeItem({"id": i}, f"answer {i}", str(i)) for i in (3, 4, 5)]
+    async with DynamicBatcher(process, max_batch_size=64, batch_timeout_s=0.5) as batcher:
+
+        async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
+            return list(await asyncio.gather(*[await batcher.submit(r) for r in requests]))
+
+        verdicts = await j.judge(items, generate)
+        early = await jury(
+            {"type": "llm", "name": "strict", "template": "strict {{ result }}"},
+            {"type": "llm", "name": "kind", "template": "kind {{ result }}"},
+            {"type": "classifier"},
+        ).judge_early(items, generate)
+    # one after the other, the first batch would hold the first member's three requests alone
+    assert sorted(batches[0]) == sorted([f"{m} answer {i}" for m in ("strict", "kind") for i in (3, 4, 5)])
+    assert sorted(batches[1]) == sorted(batches[0]) and len(batches) == 2  # judge_early's, at once too
+    assert [[m["name"] for m in v.members] for v in verdicts] == [["strict", "kind", "regex"]] * 3
+    assert [[m["approved"] for m in v.members] for v in verdicts] == [
+        [False, True, True],
+        [True, True, True],
+        [False, True, True],
+    ]
+    assert [v.members[0]["reason"] for v in verdicts] == ["strict"] * 3
+    assert [v.approved for v in verdicts] == [True, True, True]
+    assert [sorted(e) for e in early] == [["kind", "strict"]] * 3
+    assert [e["strict"]["approved"] for e in early] == [False, True, False]
+
+
+async def test_a_members_error_is_raised_once_every_member_has_finished() -> None:
+    finished: list[str] = []
+
+    class Slow(Judge):
+        async def judge(self, items: Any, generate: Any = None, scorer: Any = None) -> list[Verdict]:
+            await asyncio.sleep(0.05)
+            finished.append("slow")
+            return [Verdict(True) for _ in items]
+
+    j = Jury(
+        [
+            Member("slow", "slow", Slow()),
+            Member("classifier", "classifier", build_judge({"type": "classifier"}, callables=None)),
+        ]
+    )
+    with pytest.raises(ConfigError, match="the classifier judge needs a scoring model"):
+        await j.judge([JudgeItem({"id": 1}, "a", "1")])  # no scorer: the classifier's error
+    assert finished == ["slow"]  # the other member was not left running
 
 
 def test_beside_a_model_judge_llm_members_are_judged_where_the_answers_are_generated() -> None:

@@ -15,6 +15,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, build_judge, judge_needs
 from airflow_batchinfer.judges.base import Scorer
 from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.retries import Previous, RetrySettings
 
 MODEL = ScoringModel("/models/judge", ("rejected", "approved"))
 
@@ -134,6 +135,24 @@ async def test_the_conversation_is_the_runs_prompt_with_the_answer_as_the_assist
     scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=raw)
     await judge.judge([item(1, "4", question="2 + 2")], scorer=scorer)
     assert seen[0].prompt == "Q: 2 + 2\nA: 4"
+
+
+async def test_a_retrys_answer_is_scored_with_the_prompt_its_attempt_was_sent() -> None:
+    """The retry template and system message from the second attempt on, told the attempt before (the
+    row's ``previous``), as retries.sent_with decided them for the generation."""
+    retry = RetrySettings("{{ question }} (last: {{ previous.result }}, {{ previous.reason }})", "Retry.")
+    prompts = PromptBuilder("What is {{ question }}?", system="Be brief.", retry=retry)
+    scorer, seen = fake_scorer(lambda r: (0.0, 1.0), prompts=prompts)
+    judge = build_judge({"type": "classifier"}, callables=None)
+    told = Previous(attempt=1, result="5", reason="expected 4").as_dict()
+    first = JudgeItem({"id": 1, "question": "2 + 2"}, "5", "1")
+    second = JudgeItem({"id": 1, "question": "2 + 2", "previous": told, "attempts": 2}, "4", "1", attempt=2)
+    await judge.judge([first, second], scorer=scorer)
+    assert [m["content"] for m in seen[0].messages or []] == ["Be brief.", "What is 2 + 2?", "5"]
+    assert [m["content"] for m in seen[1].messages or []] == ["Retry.", "2 + 2 (last: 5, expected 4)", "4"]
+    # the request the infer job built for that attempt: the same turns before the answer
+    sent = prompts.build(second.record, request_id="1", attempt=2, previous=Previous.from_dict(told))
+    assert (seen[1].messages or [])[:-1] == sent.messages
 
 
 async def test_what_cannot_be_scored_is_a_rejection_with_its_reason() -> None:

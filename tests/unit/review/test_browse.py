@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.desk_bounds import Bounds
 from airflow_batchinfer.exceptions import ReviewError
 from airflow_batchinfer.judges.reasons import ReasonGroups
-from airflow_batchinfer.review.browse import Page, RoundView, Sample, matches, trend
+from airflow_batchinfer.review.browse import Page, RoundView, Sample, field_value, matches, trend
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
 from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.layout import RunLayout
@@ -288,3 +289,29 @@ def test_a_round_without_accepted_docs_counts_its_files_and_finds_any_id(tmp_pat
     assert [s.record["id"] for s in view.with_ids(["7"])] == [7, "7"]  # both print as 7
     assert view.find("r") is None and view.find("tab") is None
     assert [s.position for s in all_pages(view, size=3)[1]] == [0, 1, 2, 3, 4, 0, 1, 2]
+
+
+def test_a_jury_members_reasons_are_cut_like_the_samples_texts_and_read_whole() -> None:
+    long = "why " * 100
+    members = [
+        {"name": "critic", "type": "llm", "approved": False, "reason": long, "score": 0.2, "raw": "left out"},
+        {"name": "short", "type": "length", "approved": True, "reason": "ok"},
+        "not a member",
+    ]
+    row = {
+        "id": "a",
+        "result": "x",
+        "judgment": {"approved": False, "reason": "majority", "members": members},
+    }
+    sample = RoundView("/nowhere", 0).to_sample(row)
+    assert sample.members == (
+        {"name": "critic", "type": "llm", "approved": False, "reason": long, "score": 0.2},
+        {"name": "short", "type": "length", "approved": True, "reason": "ok", "score": None},
+    )
+    shown = sample.bounded(Bounds(field_bytes=256))
+    assert shown.truncated == {"members.0.reason": len(long)}
+    assert len(shown.members[0]["reason"]) <= 256 and long.startswith(shown.members[0]["reason"])
+    assert shown.members[1] == sample.members[1]
+    assert field_value(sample, "members.0.reason") == long
+    with pytest.raises(ReviewError, match=r"members\.<i>\.reason"):
+        field_value(sample, "members.2.reason")

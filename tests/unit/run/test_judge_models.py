@@ -79,6 +79,22 @@ def test_a_model_judges_jobs_carry_the_prompt_and_the_jurys_early_members() -> N
     assert infer.early_jury is not None and [m.name for m in infer.early_jury.early] == ["llm"]
     judge = parse_params("judge", jury.judge_params())
     assert judge.conversation is not None and judge.conversation.template == "Q {{ q }}"
+    # a retry's prompt: its retry template and system message too, only when set (a retry_sampling
+    # alone changes no prompt: the judge job's id and fingerprint as without it)
+    assert not {"retry_template", "retry_system"} & set(cfg.judge_params())
+    resampled = run(CLASSIFIER, judge_pool="local://j", retry_sampling={"2": {"temperature": 0.9}})
+    assert resampled.judge_params() == cfg.judge_params()
+    retried = run(CLASSIFIER, judge_pool="local://j", retry_template="Again: {{ q }}", retry_system="s2")
+    assert retried.judge_params() == {
+        **cfg.judge_params(),
+        "retry_template": "Again: {{ q }}",
+        "retry_system": "s2",
+    }
+    conversation = parse_params("judge", retried.validate().judge_params()).conversation
+    assert conversation is not None and (conversation.retry.template, conversation.retry.system) == (
+        "Again: {{ q }}",
+        "s2",
+    )
     # a jury of an llm and rules judges all its members in the job, wherever that runs
     plain = run({"type": "jury", "judges": [{"type": "llm"}, {"type": "length"}]}, judge_pool="local://j")
     assert "jury_at_inference" not in plain.infer_params() and "prompt_template" not in plain.judge_params()
