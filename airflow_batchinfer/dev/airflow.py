@@ -101,8 +101,11 @@ class DevAirflow:
             "AIRFLOW__API__SECRET_KEY": self._secret("api"),
             "AIRFLOW__API_AUTH__JWT_SECRET": self._secret("jwt"),
             "AIRFLOW__LOGGING__BASE_LOG_FOLDER": f"{home}/logs",
+            # new DAG files are found within 5 s, and a changed file is parsed again at once (the
+            # dag-processor orders files by mtime); an unchanged one only every 2 minutes: each parse
+            # costs about 2 CPU seconds, so every 5 s kept most of a core busy on an idle Airflow
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "120",
             # a DAG whose file was parsed while its own row was not updated for this long is
             # deactivated (a trigger then answers 404); on a busy 2-core machine the default 50 s
             # deactivated live DAGs between two parses
@@ -113,7 +116,7 @@ class DevAirflow:
             "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "150",
             # each task waits up to this long for the scheduler's next pass (1 s by default)
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
-            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "120",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "2",
             "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
             **self.env,

@@ -34,6 +34,9 @@ POOL_SLOTS = 8
 FAILURE_TIMEOUT_S = 15
 FAST = {"approval_rate": 0.5, "latency_base_s": 0.05}
 SLOW = {"approval_rate": 0.5, "latency_base_s": 45.0}  # a batch (one shard) takes 45 s: tasks defer
+# the slow workers run two batches at once (as vLLM runs several): two shard jobs on one worker then
+# take 45 s side by side, not 90 s, the second queued behind the first's batch
+SLOW_BATCHES = ["--max-concurrent-batches", "2"]
 REVIEWER_ROLE = "User"  # FAB's role with the DAGs' edit and HITL permissions
 OUTSIDER_ROLE = "Outsider"  # may see DAGs, nothing of their HITL details
 
@@ -66,12 +69,13 @@ def static_pools(deploy_root: Path, deploy_s3: S3Server) -> Iterator[StaticPools
     """Two pools of two workers each, run outside Airflow (as a team runs them on GPU hosts)."""
     started: list[WorkerProcess] = []
 
-    def worker(name: str, engine: dict[str, float]) -> WorkerProcess:
+    def worker(name: str, engine: dict[str, float], extra: list[str] | None = None) -> WorkerProcess:
         w = start_worker(
             deploy_root / "workers" / name,
             engine_args=engine,
             concurrency=2,
             allow=[f"s3://{BUCKET}/"],
+            extra=extra,
             env=deploy_s3.env(),
         )
         started.append(w)
@@ -79,7 +83,7 @@ def static_pools(deploy_root: Path, deploy_s3: S3Server) -> Iterator[StaticPools
 
     try:
         fast = [worker(f"fast-{i}", FAST) for i in range(2)]
-        slow = [worker(f"slow-{i}", SLOW) for i in range(2)]
+        slow = [worker(f"slow-{i}", SLOW, SLOW_BATCHES) for i in range(2)]
         with RoundRobinProxy([w.url for w in fast]) as shared:
             yield StaticPools(fast, slow, shared)
     finally:

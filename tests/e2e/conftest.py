@@ -1,18 +1,27 @@
-"""End-to-end tests on a real Airflow 3.3.2 (the session's ``airflow`` fixture, in tests/conftest.py,
-shared with the security tests). Runs are triggered and reviews answered through the REST API only."""
+"""End-to-end tests on a real Airflow 3.3.2 (the ``airflow`` fixture below). Runs are triggered and
+reviews answered through the REST API only.
+
+The Airflow is package-scoped: it starts with the first test of this folder that needs it and stops
+when the folder's tests are done, so the later tiers do not share the two cores with an idle Airflow
+(its scheduler and dag-processor poll all the time). Every test that needs it lives here, the
+security test of what a trigger may not choose included."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS
-
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
-__all__ = ["JUDGE_POOL_SLOTS", "POOL_SLOTS", "write_dataset"]
+E2E_DAGS = Path(__file__).parent / "dags"
+POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool
+E2E_MAX_MAP_LENGTH = 32  # below e2e_lanes's 40 shards: its rounds map lanes, not shards
+JUDGE_POOL_SLOTS = 2  # = judge_replicas (1) x judge_concurrency (2) of e2e_judge_pool's judge pool
 
 
 def write_dataset(path: Path, n: int, prefix: str = "r") -> list[str]:
@@ -21,3 +30,47 @@ def write_dataset(path: Path, n: int, prefix: str = "r") -> list[str]:
         for i, rid in enumerate(ids):
             f.write(json.dumps({"id": rid, "question": f"question {i}"}) + "\n")
     return ids
+
+
+@pytest.fixture(scope="package")
+def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("e2e")
+    os.environ["BATCHINFER_E2E_ROOT"] = str(root)
+    return root
+
+
+@pytest.fixture(scope="package")
+def airflow(e2e_root: Path) -> Iterator[Any]:
+    """A real Airflow 3.3.2 for the end-to-end tests: api-server, scheduler, dag-processor and
+    triggerer on 127.0.0.1 (SQLite, LocalExecutor), started once for this folder, stopped by PID; the
+    DAGs of tests/e2e/dags."""
+    from airflow_batchinfer.pools import LocalPool
+    from tests.support.local_airflow import LocalAirflow
+
+    cache = e2e_root / "cache"
+    af = LocalAirflow(
+        home=e2e_root / "airflow",
+        dags_folder=E2E_DAGS,
+        parallelism=12,
+        env={
+            "BATCHINFER_E2E_ROOT": str(e2e_root),
+            "BATCHINFER_CACHE": str(cache),
+            "AIRFLOW__CORE__MAX_MAP_LENGTH": str(E2E_MAX_MAP_LENGTH),
+        },
+    )
+    try:
+        af.start(pools={"e2e": POOL_SLOTS, "e2e_judge": JUDGE_POOL_SLOTS})
+        for dag_id in (
+            "e2e_rounds",
+            "e2e_hybrid",
+            "e2e_in_place",
+            "e2e_review",
+            "e2e_judge_pool",
+            "e2e_lanes",
+        ):
+            af.wait_for_dag(dag_id)
+        yield af
+    finally:
+        af.stop()
+        for name in ("e2e", "e2e-judge", "e2e-lanes"):
+            LocalPool(name, state_dir=cache / "pools").down()

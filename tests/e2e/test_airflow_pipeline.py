@@ -24,8 +24,7 @@ from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.report import plain_text
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.ranges import range_ids
-from tests.conftest import E2E_MAX_MAP_LENGTH
-from tests.e2e.conftest import JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
+from tests.e2e.conftest import E2E_MAX_MAP_LENGTH, JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
 from tests.support.local_airflow import LocalAirflow
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]

