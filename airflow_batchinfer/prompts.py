@@ -37,6 +37,7 @@ from airflow_batchinfer.retries import (
     RetrySettings,
     Sent,
     attempt_seed,
+    attempt_template,
     reads_previous,
     sent_with,
 )
@@ -300,8 +301,7 @@ class PromptBuilder:
 
     def shows_previous(self, attempt: int) -> bool:
         """Whether attempt ``attempt``'s prompt reads ``previous`` (its rows then carry it)."""
-        template = self.retry.template if attempt >= 2 and self.retry.template is not None else self.template
-        return reads_previous(template)
+        return reads_previous(attempt_template(self.retry, attempt, self.template))
 
     def _adapter(self, record: Mapping[str, Any], request_id: str) -> Adapter | None:
         """The adapter that answers ``record`` (``None``: the base model, also for a builder

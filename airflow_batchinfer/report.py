@@ -15,6 +15,7 @@ from typing import Any
 from airflow_batchinfer import charts
 from airflow_batchinfer.engines.stats import CounterName
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.preflight import retry_warnings
 from airflow_batchinfer.review.calibration import calibration_chart, pooled
 from airflow_batchinfer.run.close import MAX_NAMED, WORKER_FIELDS
 from airflow_batchinfer.run.config import RunConfig
@@ -129,6 +130,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         # per round run by lanes: its shards by state, per lane, the failed ones (none: before lanes)
         "shard_status": [f.to_json() for f in shard_status],
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
+        # what the settings alone warn of: also with the pre-flight's sample off, and for the CLI's runs
+        "warnings": retry_warnings(cfg),
         "workers": _per_worker(rounds),
         "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
         "invariant": invariant,
@@ -522,8 +525,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += candidate_lines(report["rounds"])
     lines += adapter_lines(report["rounds"], report.get("reviews"))
     lines += jury_lines(report["rounds"])
-    warnings = (report.get("preflight") or {}).get("warnings") or []
-    if warnings:  # what the pre-flight warned of in the settings (preflight.retry_warnings)
+    warnings = report.get("warnings") or []
+    if warnings:  # what the pre-flight warns of in the settings (preflight.retry_warnings)
         lines += ["", "## Pre-flight warnings", "", *(f"- {w}" for w in warnings)]
     by_lanes = [RoundShards.model_validate(rs) for rs in report.get("shard_status") or []]
     if by_lanes:

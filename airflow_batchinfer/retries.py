@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
-from airflow_batchinfer.engines.sampling import FIELDS, refusals
+from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.templates import variables_read
 
@@ -135,7 +135,7 @@ def _retry_sampling(value: Any, base: SamplingParams) -> tuple[tuple[int, dict[s
     out: dict[int, dict[str, Any]] = {}
     for key, fields in value.items():
         text = str(key)
-        attempt = int(text) if text.isdigit() and not isinstance(key, bool) else None
+        attempt = int(text) if text.isascii() and text.isdigit() and not isinstance(key, bool) else None
         if attempt is None or attempt < 2:
             raise ConfigError(
                 f"retry_sampling key {key!r}: an attempt number >= 2, the first attempt it applies to "
@@ -149,7 +149,7 @@ def _retry_sampling(value: Any, base: SamplingParams) -> tuple[tuple[int, dict[s
         problems = [
             f"{where}.{name} is refused: {why}: remove it"
             for name, why in NOT_PER_ATTEMPT.items()
-            if name in fields and not FIELDS[name].takes(fields[name])
+            if name in fields  # even the run's own value: a retry's rows are shaped by the run's
         ]
         problems += [f"{where}: {r}" for r in refusals(fields, in_body=False)]
         if problems:
@@ -262,7 +262,7 @@ def sent_with(
     ``sampling``."""
     retried = attempt >= 2 and (retry.template is not None or retry.system is not None)
     if retried:
-        template = retry.template if retry.template is not None else template
+        template = attempt_template(retry, attempt, template)
         system = retry.system if retry.system is not None else system
     entry = retry.entry(attempt)
     if entry is not None:
@@ -271,6 +271,12 @@ def sent_with(
     if least_max_tokens is not None and sampling.max_tokens < least_max_tokens:
         sampling = dataclasses.replace(sampling, max_tokens=least_max_tokens)
     return Sent(template, system, sampling, retry=retried)
+
+
+def attempt_template(retry: RetrySettings, attempt: int, template: str | None) -> str | None:
+    """The prompt template attempt ``attempt`` renders: ``retry_template`` from the second attempt
+    on, else ``template`` (the job's)."""
+    return retry.template if attempt >= 2 and retry.template is not None else template
 
 
 def reads_previous(template: str | None) -> bool:

@@ -13,19 +13,17 @@ with fewer tokens than its last attempt did.
 
 :func:`decide` is the one decision (a pure function of the finish reason, the attempt, the
 ``max_tokens`` it ran with and the policy); the judge step (its reason) and the next attempt's request
-(:func:`retry_max_tokens`) both take it from there. It is per attempt, so a per-attempt sampling
-schedule (issue 26's ``retry_sampling``) can supply the factor of each attempt later.
+(``retries.sent_with``, told it by the worker's ``shard_jobs.least_max_tokens``) both take it from
+there: the larger of it and the attempt's ``retry_sampling`` entry.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.reasons import TRUNCATED
 
@@ -37,10 +35,8 @@ __all__ = [
     "Decision",
     "TruncationPolicy",
     "decide",
-    "retry_max_tokens",
     "row_decision",
     "tightest_cap",
-    "with_max_tokens",
 ]
 
 LENGTH = "length"  # the finish reason of a completion cut at max_tokens
@@ -162,23 +158,6 @@ def row_decision(row: Mapping[str, Any], policy: TruncationPolicy) -> Decision:
     return decide(
         row.get("finish_reason"), attempt if isinstance(attempt, int) else 1, _ran_with(row), policy
     )
-
-
-def retry_max_tokens(record: Mapping[str, Any], policy: TruncationPolicy) -> int | None:
-    """The least ``max_tokens`` the next attempt of ``record`` runs with: from the attempt it
-    carries (a row of an earlier round or attempt, which has ``finish_reason``), ``None`` for a
-    record not yet run (an input record's own ``max_tokens`` field is data, not a budget)."""
-    if "finish_reason" not in record:
-        return None
-    return row_decision(record, policy).max_tokens
-
-
-def with_max_tokens(request: GenerationRequest, least: int | None) -> GenerationRequest:
-    """``request`` running with at least ``least`` tokens (as it is when it asks for as many)."""
-    if least is None or request.sampling.max_tokens >= least:
-        return request
-    sampling = dataclasses.replace(request.sampling, max_tokens=least)
-    return dataclasses.replace(request, sampling=sampling)
 
 
 def tightest_cap(*caps: int | None) -> int | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import parse_adapters
+from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
@@ -204,9 +205,14 @@ class RunConfig:
     def retry(self) -> RetrySettings:
         """The retry settings (:mod:`~airflow_batchinfer.retries`), checked: a bad one is refused,
         naming it (their entries over the run's sampling: :meth:`validate`)."""
+        try:
+            base = SamplingParams.from_mapping(self.sampling)
+        except ConfigError:
+            base = None  # the run's sampling is refused on its own, with its reason
         return RetrySettings.from_params(
             {"retry_template": self.retry_template, "retry_system": self.retry_system,
-             "retry_sampling": self.retry_sampling}
+             "retry_sampling": self.retry_sampling},
+            base,
         )  # fmt: skip
 
     def _check_unreachable_grace(self) -> None:

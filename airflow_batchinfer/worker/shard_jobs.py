@@ -35,7 +35,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
@@ -222,6 +222,17 @@ def least_max_tokens(previous: Previous | None, truncation: TruncationPolicy) ->
     if previous is None:
         return None
     return decide(previous.finish_reason, previous.attempt, previous.max_tokens, truncation).max_tokens
+
+
+def _checkpointed(previous: Previous | None, prompts: PromptBuilder, attempt: int) -> dict[str, Any] | None:
+    """What an in-place checkpoint keeps of ``previous`` for attempt ``attempt``: all of it when that
+    attempt's prompt reads it, else what its ``max_tokens`` is decided from (the answer and reason
+    left out: a checkpoint stays small whatever the answers' length)."""
+    if previous is None:
+        return None
+    if not prompts.shows_previous(attempt):
+        previous = replace(previous, result=None, reason=None, score=None, note=None)
+    return previous.as_dict()
 
 
 def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) -> dict[str, Any]:
@@ -849,7 +860,7 @@ async def run_in_place(ctx: JobContext) -> dict[str, int]:
                     await finish(row)
                     return
                 previous = previous_of(row)  # what the next attempt is told (and resumes with)
-                await log.record(rid, attempt, previous=None if previous is None else previous.as_dict())
+                await log.record(rid, attempt, previous=_checkpointed(previous, prompts, attempt + 1))
         finally:
             window.release()
 

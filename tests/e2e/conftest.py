@@ -9,7 +9,6 @@ security test of what a trigger may not choose included."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,13 @@ def write_dataset(path: Path, n: int, prefix: str = "r") -> list[str]:
 
 
 @pytest.fixture(scope="package")
-def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The e2e DAGs' root (``BATCHINFER_E2E_ROOT``, also read by the DAG files a test imports), unset
+    again when this folder's tests are done."""
     root = tmp_path_factory.mktemp("e2e")
-    os.environ["BATCHINFER_E2E_ROOT"] = str(root)
-    return root
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BATCHINFER_E2E_ROOT", str(root))
+        yield root
 
 
 @pytest.fixture(scope="package")

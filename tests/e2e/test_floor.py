@@ -3,7 +3,7 @@
 ``make test-floor`` runs this file in ``.cache/floor-venv``, built from ``constraints-floor.txt``
 (Airflow and the standard, amazon, cncf.kubernetes and celery providers at their declared floors),
 with ``BATCHINFER_FLOOR`` naming that file: the tests then first prove that they run on exactly those
-versions. In the normal suite (Airflow 3.3.2) the same tests run on the session's Airflow: one small
+versions. In the normal suite (Airflow 3.3.2) the same tests run on the e2e Airflow: one small
 run more, and the check that the floor file and the declared floors agree.
 """
 
@@ -137,7 +137,7 @@ def test_the_review_desk_is_served_only_where_airflow_has_what_it_needs(airflow:
 def test_the_dags_import_and_a_small_reviewed_run_keeps_every_id(
     airflow: LocalAirflow, e2e_root: Path
 ) -> None:
-    """The example DAGs import here; the e2e DAGs imported in the real dag-processor (the session's
+    """The example DAGs import here; the e2e DAGs imported in the real dag-processor (the e2e
     ``airflow`` fixture waits for them, raising their import errors); one run of two shards on the
     SIMULATED engine and the local pool, its review gate (the standard provider's HITL operator)
     answered through the REST API: success, every id exactly once in the results."""

@@ -1,4 +1,4 @@
-"""The review desk on a real Airflow 3.3.2 (the session's ``airflow`` fixture): the api-server loads
+"""The review desk on a real Airflow 3.3.2 (the e2e ``airflow`` fixture): the api-server loads
 the plugin from its entry point, serves the page only with a login, and finds a real gate's run root
 and round from what Airflow stored for the plan task. No browser."""
 

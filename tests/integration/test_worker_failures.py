@@ -96,8 +96,13 @@ def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp
     log = CheckpointLog(spec.outputs["checkpoints"])
     wait_for(lambda: len(log.dir.shards()) >= 4)
     w1.stop(signal.SIGKILL)
-    checkpointed = {k: v.attempts for k, v in log.load().items()}
+    states = log.load()
+    checkpointed = {k: v.attempts for k, v in states.items()}
     assert checkpointed and max(checkpointed.values()) >= 2
+    # no template reads previous: a checkpoint keeps what the next max_tokens is decided from, no answer
+    kept = [v.previous for v in states.values() if v.final is None]
+    assert kept and all(p is not None and p["result"] is None and p["reason"] is None for p in kept)
+    assert all(p is not None and p["attempt"] >= 1 and p["finish_reason"] and p["max_tokens"] for p in kept)
     assert len(log.dir.shards()) < 60 * 2  # batched segments, not one object per sample and attempt
     assert not Path(spec.outputs["rejected"]).exists()
 

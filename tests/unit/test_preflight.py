@@ -73,6 +73,11 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     (warning,) = stored["warnings"]
     assert warning == same_retries(cfg) and warning.startswith("every retry would produce the same text")
     assert f"## Pre-flight warnings\n\n- {warning}" in render_markdown(build_report(cfg))
+    # of the settings alone: the report says it without the sample too (preflight_records 0, the CLI)
+    (tmp_path / "run" / "preflight" / "summary.json").unlink()
+    report = build_report(cfg)
+    assert report["preflight"] is None and report["warnings"] == [warning]
+    assert f"## Pre-flight warnings\n\n- {warning}" in render_markdown(report)
     # the workers' concurrency can be given instead of asked
     again = run_preflight(cfg, ["http://worker"], TOKEN, concurrency=8, max_map_length=2,
                           transport=InProcessWorker(tmp_path, 3))  # fmt: skip

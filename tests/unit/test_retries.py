@@ -188,6 +188,10 @@ def test_the_settings_are_described_once_for_params_cli_and_docs() -> None:
         ({"retry_sampling": {"2": {}, "02": {}}}, "names attempt 2 twice"),
         ({"retry_sampling": {"2": {"n": 3}}}, r"retry_sampling\.2\.n is refused: candidates per record"),
         ({"retry_sampling": {"3": {"logprobs": True}}}, r"retry_sampling\.3\.logprobs is refused"),
+        # the run's own value too: a retry's rows are shaped as the run's (n 1 on an n 4 run)
+        ({"retry_sampling": {"2": {"n": 1}}}, r"retry_sampling\.2\.n is refused"),
+        ({"retry_sampling": {"2": {"logprobs": False}}}, r"retry_sampling\.2\.logprobs is refused"),
+        ({"retry_sampling": {"\u00b2": {}}}, r"retry_sampling key '\u00b2': an attempt number >= 2"),
         (
             {"retry_sampling": {"2": {"temprature": 1}}},
             r"retry_sampling\.2: sampling\.temprature is not a field",
@@ -209,9 +213,13 @@ def test_a_bad_retry_setting_is_refused_naming_it(settings: dict[str, Any], erro
 def test_validate_checks_the_retry_template_and_the_entries_over_the_runs_sampling() -> None:
     with pytest.raises(ConfigError, match="invalid prompt template"):
         config(retry_template="{{ previous.result").validate()
-    with pytest.raises(ConfigError, match=r"params\.retry_sampling\.2 over the run's sampling: n 3"):
+    with pytest.raises(ConfigError, match=r"retry_sampling\.2 over the run's sampling: n 3"):
         config(sampling={"n": 3, "temperature": 0.9}, retry_sampling={"2": {"temperature": 0}}).validate()
     config(retry_template=RETRY, retry_sampling={"2": {"temperature": 1.1}}).validate()
+    # over the run's sampling, not the defaults: min_tokens 300 fits its max_tokens 512 (not 256)
+    config(sampling={"max_tokens": 512}, retry_sampling={"2": {"min_tokens": 300}}).validate()
+    with pytest.raises(ConfigError, match=r"retry_sampling\.2 over the run's sampling: .*min_tokens 300"):
+        config(retry_sampling={"2": {"min_tokens": 300}})
 
 
 def test_an_engine_that_does_not_honour_an_entry_is_named_and_the_deployments_cap_holds() -> None:

@@ -14,9 +14,7 @@ from airflow_batchinfer.judges.reasons import ReasonGroups, reason_group
 from airflow_batchinfer.judges.truncation import (
     TruncationPolicy,
     decide,
-    retry_max_tokens,
     row_decision,
-    with_max_tokens,
 )
 from airflow_batchinfer.worker.params import parse_params
 
@@ -74,18 +72,8 @@ def test_a_row_carries_what_the_decision_reads() -> None:
     # a row written before rows carried max_tokens: rejected all the same, retried with the job's own
     old = row_decision({"finish_reason": "length", "attempts": 1}, POLICY)
     assert old.reject and old.max_tokens is None and reason_group(old.reason or "") == "truncated"
-    # what the next attempt runs with at least: a raised budget is kept by a row that did not truncate
-    assert retry_max_tokens(row, POLICY) == 40
-    assert retry_max_tokens({**row, "finish_reason": "stop"}, POLICY) == 20
-    # an input record's own max_tokens field is its data, not a budget
-    assert retry_max_tokens({"id": "a", "max_tokens": 999}, POLICY) is None
-
-
-def test_with_max_tokens_only_ever_raises() -> None:
-    req = GenerationRequest("a", prompt="x", sampling=SamplingParams(max_tokens=16, temperature=0.5))
-    raised = with_max_tokens(req, 32)
-    assert raised.sampling == SamplingParams(max_tokens=32, temperature=0.5) and raised.prompt == "x"
-    assert with_max_tokens(req, 8) is req and with_max_tokens(req, None) is req
+    # a raised budget is kept by a row that did not truncate
+    assert row_decision({**row, "finish_reason": "stop"}, POLICY).max_tokens == 20
 
 
 def test_the_reason_group_is_one_whatever_the_numbers() -> None:
