@@ -624,6 +624,8 @@ def unset_cap(cap_name: str) -> int | None:
 
 def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]:
     """The params that size the work over their caps (only those present; ``None`` is no number)."""
+    from airflow_batchinfer.engines.sampling import completion_tokens  # as SamplingParams reads it
+
     out: list[str] = []
     for name, cap in SIZE_CAPS:
         if name in params and (params[name] is not None or name == "idle_ttl_s"):  # None: never idles out
@@ -632,12 +634,12 @@ def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str
     if "sampling" in params and isinstance(sampling or {}, Mapping):
         from airflow_batchinfer.engines.base import SamplingParams
 
-        tokens = _completion_tokens(sampling or {})
+        tokens = completion_tokens(sampling or {})
         tokens = SamplingParams().max_tokens if tokens is None else tokens
         out += _cap_refusal("sampling.max_tokens", tokens, "max_max_tokens", limits)
     retries = params.get("retry_sampling")
     for attempt, fields in retries.items() if isinstance(retries, Mapping) else ():
-        tokens = _completion_tokens(fields) if isinstance(fields, Mapping) else None
+        tokens = completion_tokens(fields) if isinstance(fields, Mapping) else None
         if tokens is not None:  # unset: the run's sampling's, checked above
             out += _cap_refusal(f"retry_sampling.{attempt}.max_tokens", tokens, "max_max_tokens", limits)
     for tokens in _judge_completion_tokens(params.get("judge")):
@@ -645,21 +647,17 @@ def _size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str
     return out + _resource_refusals(params, limits)
 
 
-def _completion_tokens(sampling: Mapping[str, Any]) -> Any:
-    """The completion budget ``SamplingParams.from_mapping`` reads (``None``: unset)."""
-    return sampling.get("max_completion_tokens", sampling.get("max_tokens"))
-
-
 def _judge_completion_tokens(judge: Any) -> list[Any]:
     """The ``max_tokens`` each ``llm`` judge of a judge spec sets (``all``, ``any`` and ``jury`` nest
     judges)."""
+    from airflow_batchinfer.engines.sampling import completion_tokens
     from airflow_batchinfer.judges import judge_specs
 
     found = []
     for j in judge_specs(judge):
         sampling = j.get("sampling")
         values = {**(sampling if isinstance(sampling, Mapping) else {}), **j}  # the top level wins
-        tokens = _completion_tokens(values)
+        tokens = completion_tokens(values)
         if j.get("type") == "llm" and tokens is not None:
             found.append(tokens)
     return found

@@ -16,7 +16,7 @@ import httpx
 from airflow_batchinfer import sizing
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError, RpcError
-from airflow_batchinfer.retries import RetrySettings, reads_previous
+from airflow_batchinfer.retries import reads_previous
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -145,11 +145,11 @@ def same_retries(cfg: RunConfig) -> str | None:
     retries["hybrid"] = retries["rounds"] or retries["in_place"]
     if not retries[cfg.strategy] or cfg.prompt_template is None:
         return None
-    if cfg.retry_template is not None or cfg.retry_system is not None or reads_previous(cfg.prompt_template):
+    retry = cfg.retry()
+    if retry.template is not None or retry.system is not None or reads_previous(cfg.prompt_template):
         return None
     try:
         base = SamplingParams.from_mapping(cfg.sampling)
-        retry = RetrySettings.from_params({"retry_sampling": cfg.retry_sampling}, base)
     except ConfigError:
         return None  # refused elsewhere, with its reason
     if not _greedy(base):

@@ -33,6 +33,7 @@ from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.templates import variables_read
+from airflow_batchinfer.values import number, whole_number
 
 __all__ = [
     "NO_RETRY",
@@ -42,6 +43,7 @@ __all__ = [
     "RetrySettings",
     "Sent",
     "attempt_seed",
+    "attempt_template",
     "previous_of",
     "reads_previous",
     "sent_with",
@@ -90,10 +92,6 @@ class Previous:
         return cls(**{k: v for k, v in data.items() if k in names})
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def previous_of(row: Mapping[str, Any]) -> Previous | None:
     """The attempt ``row`` records, as the next attempt's ``previous``; ``None`` for a record not yet
     run (an input record: it has no ``finish_reason``, which every generated row carries). The
@@ -105,15 +103,14 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
     judgment = judgment if isinstance(judgment, Mapping) else {}
     sent_back = row.get(SENT_BACK)
     note = sent_back.get("note") if isinstance(sent_back, Mapping) else None
-    score = judgment.get("score")
-    attempt = _int(row.get("attempts"))
-    max_tokens = _int(row.get("max_tokens"))
+    attempt = whole_number(row.get("attempts"))
+    max_tokens = whole_number(row.get("max_tokens"))
     result, reason, finish = row.get("result"), judgment.get("reason"), row.get("finish_reason")
     return Previous(
         attempt=attempt if attempt is not None and attempt >= 1 else 1,
         result=None if result is None else str(result),
         reason=None if reason is None else str(reason),
-        score=float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
+        score=number(judgment.get("score")),
         note=str(note) if note else None,
         finish_reason=None if finish is None else str(finish),
         max_tokens=max_tokens if max_tokens is not None and max_tokens >= 1 else None,

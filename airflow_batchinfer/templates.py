@@ -31,6 +31,7 @@ from jinja2.utils import Namespace
 from jinja2.visitor import NodeTransformer
 
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
+from airflow_batchinfer.values import whole_number
 
 MAX_PROMPT_CHARS = 1_000_000
 """The longest prompt (and the largest string or list a template may build), in characters/items."""
@@ -188,12 +189,8 @@ def _check_result(value: Any) -> Any:
     return value
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _check_width(value: Any, what: str) -> None:
-    n = _int(value)
+    n = whole_number(value)
     if n is not None:
         _check_len(n, what)
 
@@ -243,7 +240,7 @@ def _check_replace(s: Any, old: Any, new: Any, count: Any = -1) -> None:
     text: Any = s  # str or bytes, with old and new of the same kind (else replace raises)
     if all(isinstance(x, str) for x in (s, old, new)) or all(isinstance(x, bytes) for x in (s, old, new)):
         found = len(text) + 1 if not old else text.count(old)
-        n = _int(count)
+        n = whole_number(count)
         if n is not None and n >= 0:
             found = min(found, n)
         _check_len(len(s) + found * (len(new) - len(old)))
@@ -319,14 +316,14 @@ def _guard_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
             _check_width(_arg(args, kwargs, 0, "linecount" if name == "batch" else "slices"), "count")
         elif name == "tojson":
             indent = _arg(args, kwargs, 0, "indent")
-            if (_int(indent) or 0) > 64 or (isinstance(indent, str) and len(indent) > 64):
+            if (whole_number(indent) or 0) > 64 or (isinstance(indent, str) and len(indent) > 64):
                 raise SecurityError("tojson indent too large (the limit is 64)")
         elif name == "indent" and text is not None:
             width = _arg(args, kwargs, 0, "width", 4)
-            per_line = _int(width) if _int(width) is not None else len(str(width))
+            per_line = whole_number(width) if whole_number(width) is not None else len(str(width))
             _check_len(len(text) + (text.count("\n") + 1) * max(per_line or 0, 0))
         elif name == "wordwrap" and text is not None:
-            width = _int(_arg(args, kwargs, 0, "width", 79)) or 1
+            width = whole_number(_arg(args, kwargs, 0, "width", 79)) or 1
             wrap = _arg(args, kwargs, 2, "wrapstring") or "\n"
             lines = len(text) // max(width, 1) + text.count("\n") + 1
             _check_len(len(text) + lines * len(str(wrap)))
@@ -446,12 +443,17 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
-                if isinstance(seq, str | bytes | list | tuple) and _int(n) is not None:
+                if isinstance(seq, str | bytes | list | tuple) and whole_number(n) is not None:
                     _check_len(len(seq) * max(int(n), 0))
-            if _int(left) is not None and _int(right) is not None:
+            if whole_number(left) is not None and whole_number(right) is not None:
                 _check_int_bits(abs(left).bit_length() + abs(right).bit_length())
         elif operator == "**":
-            if _int(left) is not None and _int(right) is not None and right > 0 and abs(left) > 1:
+            if (
+                whole_number(left) is not None
+                and whole_number(right) is not None
+                and right > 0
+                and abs(left) > 1
+            ):
                 _check_int_bits(right * abs(left).bit_length())
         elif operator == "+":
             sequences = (str | bytes, list | tuple)
@@ -476,7 +478,7 @@ class BoundedSandbox(ImmutableSandboxedEnvironment):
             if name in _PADDING_METHODS:
                 _check_width(_arg(args, kwargs, 0, "width"), "width")
             elif name == "expandtabs":
-                tab = _int(_arg(args, kwargs, 0, "tabsize", 8)) or 0
+                tab = whole_number(_arg(args, kwargs, 0, "tabsize", 8)) or 0
                 tabs = target.count("\t") if isinstance(target, str) else target.count(b"\t")
                 _check_len(len(target) + tabs * tab)
             elif name == "replace" and len(args) >= 2:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from airflow_batchinfer.engines.adapters import Adapter
-from airflow_batchinfer.engines.sampling import bounds_refusal, engine_refusal, honoured
+from airflow_batchinfer.engines.sampling import bounds_refusal, completion_tokens, engine_refusal, honoured
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
@@ -85,7 +85,7 @@ class SamplingParams:
         if not values:
             return out
         changes: dict[str, Any] = {}
-        max_tokens = values.get("max_completion_tokens", values.get("max_tokens"))
+        max_tokens = completion_tokens(values)
         if max_tokens is not None:
             changes["max_tokens"] = int(max_tokens)
         for key in _FLOATS:

@@ -186,6 +186,13 @@ SAMPLING_FIELDS: dict[str, dict[str, Any]] = {f.name: f.schema for f in REQUEST_
 #: The fields read into another one: OpenAI's names of what SamplingParams carries under vLLM's.
 READ_AS = {"max_completion_tokens": "max_tokens", "response_format": "structured_outputs"}
 
+
+def completion_tokens(values: Mapping[str, Any]) -> Any:
+    """The completion budget sampling fields ``values`` ask for, as SamplingParams reads it:
+    ``max_completion_tokens`` before ``max_tokens`` (``None``: unset; not checked here)."""
+    return values.get("max_completion_tokens", values.get("max_tokens"))
+
+
 #: The fields :class:`~airflow_batchinfer.engines.base.SamplingParams` carries to the engines: every
 #: honoured one (``max_completion_tokens`` is read into ``max_tokens``, ``response_format`` into
 #: ``structured_outputs``).

@@ -37,6 +37,7 @@ from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import candidates
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
+from airflow_batchinfer.values import number
 
 VOTES = ("majority", "all", "mean_score")
 JURY_KEYS = frozenset({"judges", "vote", "threshold"})
@@ -227,12 +228,7 @@ def carried(item: JudgeItem, name: str) -> Verdict:
             f"judge_error: no verdict of jury member {name} carried from inference (the infer job judged "
             "it where the answer was generated: infer again with the run's settings)",
         )
-    score = v.get("score")
-    return Verdict(
-        v["approved"],
-        str(v.get("reason", "")),
-        float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
-    )
+    return Verdict(v["approved"], str(v.get("reason", "")), number(v.get("score")))
 
 
 def count_keys(verdict: Verdict) -> list[str]:

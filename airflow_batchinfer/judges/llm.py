@@ -39,6 +39,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.prompts import PromptBuilder, PromptError
+from airflow_batchinfer.values import number
 
 INVALID = "invalid_judgment"
 INLINE_ITEMS = 4  # up to this many judge prompts render inline when quick (else all in a thread)
@@ -125,9 +126,7 @@ def parse_verdict(text: str | None) -> Verdict:
     for _, obj in _json_objects(text):
         approved = obj.get("approved")
         if isinstance(approved, bool):
-            score = obj.get("score")
-            score_f = float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None
-            return Verdict(approved, str(obj.get("reason", ""))[:2000], score_f)
+            return Verdict(approved, str(obj.get("reason", ""))[:2000], number(obj.get("score")))
     if "{" in text:  # JSON was attempted but is broken or truncated: don't guess from words
         return Verdict(False, f"{INVALID}: no complete JSON verdict in {text[:200]!r}")
     words = {w.upper() for w in _WORDS.findall(text)}

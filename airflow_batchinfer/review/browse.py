@@ -53,6 +53,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import LineIds
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.records import parse_record
+from airflow_batchinfer.values import number
 
 __all__ = ["FIELDS", "Page", "RoundView", "Sample", "ShardRows", "field_value", "matches", "trend"]
 
@@ -553,7 +554,7 @@ class RoundView:
             output=None if output is None else text_of(output),
             approved=bool(judgment.get("approved", False)),
             reason=reason,
-            score=float(score) if isinstance(score, int | float) and not isinstance(score, bool) else None,
+            score=number(score),
             group=reason_group(reason),
             record=record,
             status=text_of(row.get("status")) or "rejected",
@@ -859,16 +860,13 @@ def _members(value: Any) -> tuple[dict[str, Any], ...]:
     for m in value:
         if not isinstance(m, dict):
             continue
-        score = m.get("score")
         out.append(
             {
                 "name": text_of(m.get("name")),
                 "type": text_of(m.get("type")),
                 "approved": m["approved"] if isinstance(m.get("approved"), bool) else None,
                 "reason": text_of(m.get("reason")),
-                "score": float(score)
-                if isinstance(score, int | float) and not isinstance(score, bool)
-                else None,
+                "score": number(m.get("score")),
             }
         )
     return tuple(out)

@@ -17,7 +17,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
-from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
+from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, completion_tokens, refusals
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
 from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
@@ -190,12 +190,12 @@ class RunConfig:
                 )
 
     def _check_retries(self) -> None:
-        """The retry settings' shape (over the run's ``sampling``: :meth:`validate`), and no retry
+        """The retry settings, checked over the run's ``sampling`` (:meth:`retry`), and no retry
         asking for more ``max_tokens`` than ``max_tokens_cap`` (which bounds every retry's)."""
         retry = self.retry()
         cap = self.max_tokens_cap
         for first, fields in retry.sampling if cap is not None else ():
-            tokens = fields.get("max_completion_tokens", fields.get("max_tokens"))
+            tokens = completion_tokens(fields)
             if tokens is not None and tokens > cap:
                 raise ConfigError(
                     f"retry_sampling.{first}.max_tokens {tokens} is above max_tokens_cap {cap} (a DAG run's: "

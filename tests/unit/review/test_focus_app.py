@@ -10,7 +10,7 @@ fixture is the browser tests' too (tests/e2e/test_desk_focus_browser.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,15 @@ def reason(n: int, r: int) -> str:
     return f"wrong answer ({n})" if r == 0 else f"still wrong: expected {n}"
 
 
-def two_rounds(base: Path) -> RunConfig:
-    """30 records (a system message: chat prompts); round 0 approves ids divisible by 3 and rejects
-    the other 20; round 1 (those 20) approves ids divisible by 5 and rejects the other 16, each a
-    second attempt with another output and reason. Both rounds closed."""
-    cfg = make_run(base, review="every_round", max_rounds=3, system=SYSTEM)
+def closed_rounds(
+    cfg: RunConfig,
+    judgment: Callable[[int, int], dict[str, Any]],
+    fields: Callable[[dict[str, Any], int], dict[str, Any]],
+) -> RunConfig:
+    """Rounds 0 and 1 of ``cfg`` (30 records) closed: round 0 approves ids divisible by 3 and
+    rejects the other 20; round 1 (those 20) approves ids divisible by 5 and rejects the other 16,
+    each a second attempt with another output (:func:`output`) and ``judgment(n, r)``. Every row has
+    ``fields(pending row, r)``."""
     write_run_config(cfg)
     kind = round_kinds(cfg, "rounds")[-1]
     for r, slot in enumerate(("round-00", "round-01")):
@@ -67,22 +71,28 @@ def two_rounds(base: Path) -> RunConfig:
             ok, bad = [], []
             for row in read_rows(shard["uri"]):
                 n = int(row["id"][1:])
-                row = {
-                    k: v
-                    for k, v in row.items()
-                    if k not in ("result", "status", "judgment", "attempts", "round")
-                }
+                done = fields(row, r)
+                row = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
                 if (n % 3 == 0) if r == 0 else (n % 5 == 0):
-                    ok.append({**row, "result": "fine", "status": "approved", "round": r,
-                               "judgment": {"approved": True}, "attempts": r + 1})  # fmt: skip
+                    ok.append({**row, "result": "fine", "status": "approved", "judgment": {"approved": True},
+                               **done})  # fmt: skip
                     continue
-                judgment = {"approved": False, "reason": reason(n, r), "score": round(n / 100 + r / 10, 2)}
-                bad.append({**row, "result": output(n, r), "status": "rejected", "judgment": judgment,
-                            "attempts": r + 1, "round": r})  # fmt: skip
+                bad.append({**row, "result": output(n, r), "status": "rejected", "judgment": judgment(n, r),
+                            **done})  # fmt: skip
             finish_job(cfg, kind, r, shard, {"approved": ok, "rejected": bad},
                        {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
         close(cfg, plan)
     return cfg
+
+
+def two_rounds(base: Path) -> RunConfig:
+    """:func:`closed_rounds` with a system message (chat prompts), each rejection a reason and a score."""
+    cfg = make_run(base, review="every_round", max_rounds=3, system=SYSTEM)
+    return closed_rounds(
+        cfg,
+        lambda n, r: {"approved": False, "reason": reason(n, r), "score": round(n / 100 + r / 10, 2)},
+        lambda row, r: {"attempts": r + 1, "round": r},
+    )
 
 
 ROUND1 = [f"r{i:02d}" for i in range(30) if i % 3 and i % 5]  # round 1's rejected rows
@@ -120,37 +130,22 @@ def jury_rounds(base: Path) -> RunConfig:
     ``previous`` their prompt read); round 0's reviewer sent :data:`SENT_BACK` back with their notes."""
     cfg = make_run(base, review="every_round", max_rounds=3, system=SYSTEM, judge=JURY,
                    retry_template=RETRY, retry_system=RETRY_SYSTEM)  # fmt: skip
-    write_run_config(cfg)
-    kind = round_kinds(cfg, "rounds")[-1]
     log = DecisionLog(cfg.run_root, 0)
     for rid, note in SENT_BACK.items():
         log.append(Decision.make(0, "retry", "ann", ids=[rid], note=note))
     sent = Resolver(log.seal())
     view = RoundView(cfg.run_root, 0)
-    for r, slot in enumerate(("round-00", "round-01")):
-        plan = plan_round(cfg, slot)
-        for shard in plan.shards:
-            ok, bad = [], []
-            for row in read_rows(shard["uri"]):
-                n = int(row["id"][1:])
-                before: dict[str, Any] = {}
-                if r:  # the infer job's previous: the attempt this pending row records
-                    decision = sent.decision(view.to_sample(row))
-                    told = previous_of({**row, **({"sent_back": decision.sent_back()} if decision else {})})
-                    assert told is not None
-                    before = {"previous": told.as_dict()}
-                row = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
-                done = {"attempts": r + 1, "round": r, "finish_reason": "stop", "max_tokens": 256, **before}
-                if (n % 3 == 0) if r == 0 else (n % 5 == 0):
-                    ok.append({**row, "result": "fine", "status": "approved", "judgment": {"approved": True},
-                               **done})  # fmt: skip
-                    continue
-                verdict = jury_verdict(n, r)
-                bad.append({**row, "result": output(n, r), "status": "rejected", "judgment": verdict, **done})
-            finish_job(cfg, kind, r, shard, {"approved": ok, "rejected": bad},
-                       {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
-        close(cfg, plan)
-    return cfg
+
+    def fields(row: dict[str, Any], r: int) -> dict[str, Any]:
+        before: dict[str, Any] = {}
+        if r:  # the infer job's previous: the attempt this pending row records
+            decision = sent.decision(view.to_sample(row))
+            told = previous_of({**row, **({"sent_back": decision.sent_back()} if decision else {})})
+            assert told is not None
+            before = {"previous": told.as_dict()}
+        return {"attempts": r + 1, "round": r, "finish_reason": "stop", "max_tokens": 256, **before}
+
+    return closed_rounds(cfg, jury_verdict, fields)
 
 
 def people_round(base: Path) -> RunConfig:
