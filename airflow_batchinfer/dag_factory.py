@@ -227,6 +227,7 @@ def build_batch_inference_dag(
             aws_conn_id=aws_conn_id,
             limits=trusted,
             maps_per_shard=per_shard_dag,
+            slots="{{ params.replicas * params.concurrency }}",
         )
         setups: list[Any] = []
         if pool_setup:

@@ -110,7 +110,14 @@ async def run_pipeline(
         "in_place": pool,
         "judge": judge_pool or pool,
     }
-    await asyncio.to_thread(prepare_run, cfg)
+    # round 0's last shards taper for its lanes at once (lanes=0: one per slot of the run's pool; a pool
+    # that does not answer yet: no taper, and its first round says why)
+    try:
+        slots_ = await pool_slots(pool)
+        lanes = min(cfg.lanes or slots_, slots_)
+    except WorkerUnavailable:
+        lanes = 0
+    await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan
         if plan.mode != "skip":

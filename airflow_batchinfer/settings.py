@@ -385,7 +385,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          "score bucket at the same rate; one undecided follows the judge); the reviewers' verdicts give "
          "the judge's agreement, Cohen's kappa, precision and recall per round; 0: none", minimum=0),
     # shards
-    _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each", minimum=1,
+    _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each (round 0's last "
+         "shards smaller, down to an eighth, so that its lanes end together)", minimum=1,
          flag="--records-per-shard"),
     _run("lanes", "integer", 0, "shard jobs a round runs at once, each lane taking the next unclaimed shard; "
          "0: one per pool slot (replicas × concurrency)", minimum=0, flag="--lanes"),

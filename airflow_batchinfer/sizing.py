@@ -51,6 +51,7 @@ from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.modes import STRATEGIES
+from airflow_batchinfer.storage import taper
 
 SIZING_VERSION = 2  # of SizingPlan.to_dict(); 2: lanes, the straggler, the per-shard shape, lost work
 DEFAULT_TOKENS_PER_RECORD = 400
@@ -351,8 +352,14 @@ class SizingPlan:
             head,
             f"Airflow pool: {self.pool_command}",
             f"shards of {self.records_per_shard:,} records ({how})",
-            "",
         ]
+        first = self.rounds[0] if self.rounds else None
+        if first is not None and first.shards > _shards(first.records, self.records_per_shard):
+            lines.append(
+                f"round 0's last shards taper down to {taper.finest(self.records_per_shard):,.0f} records, "
+                "so that its lanes end together"
+            )
+        lines.append("")
         lines += _columns(rows)
         lines += [
             "",
@@ -494,11 +501,13 @@ def _round(
     mapped: int | None,
     record_s: float,
     straggler: float,
+    taper_lanes: int = 0,
 ) -> RoundPlan:
     """One round on ``runners`` lanes (or slots); ``mapped``: its mapped tasks (``None``: a shard
-    each)."""
-    shards = _shards(records, rps)
-    sizes = [rps] * (shards - 1) + [records - (shards - 1) * rps]
+    each); round 0's last shards taper for ``taper_lanes`` lanes (:mod:`~airflow_batchinfer.storage.taper`:
+    the input's plan)."""
+    sizes = taper.sizes(records, rps, taper_lanes if r == 0 else 0)
+    shards = len(sizes)
     pass_s = passes * record_s
     sched = schedule([n * pass_s for n in sizes], gpus, runners, straggler)
     lanes = min(runners, shards)
@@ -540,10 +549,12 @@ def _shape(
     runners: int,
     mapped: int | None,
     lost_records: int,
+    taper_lanes: int = 0,
     **kw: Any,
 ) -> ShapePlan:
     """One shape's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
-    round unless ``strategy`` is ``"rounds"``) and totals."""
+    round unless ``strategy`` is ``"rounds"``) and totals; round 0 tapered for ``taper_lanes``."""
+    kw["taper_lanes"] = taper_lanes
     plans: list[RoundPlan] = []
     for r in range(n_rounds):
         n = round(records * reject**r)
@@ -679,7 +690,7 @@ def plan_run(
         "record_s": record_s,
         "straggler": straggler,
     }
-    new = _shape("lanes", rps, runners=runners, mapped=want,
+    new = _shape("lanes", rps, runners=runners, mapped=want, taper_lanes=runners,
                  lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
     # Before lanes: the user's size if a round could map it, else the old chooser's; no segments.
     old_rps = rps if _shards(records, rps) <= max_map_length else None
@@ -764,7 +775,10 @@ def _notes(
         )
     longest = max(p.slowest_job_s for p in new.rounds)
     if not chosen and first.job_s > max_job_s and rps != best:
-        alt = _shape("lanes", best, runners=min(want, slots), mapped=want, lost_records=0, **common)
+        runners = min(want, slots)
+        alt = _shape(
+            "lanes", best, runners=runners, mapped=want, lost_records=0, taper_lanes=runners, **common
+        )
         notes.append(
             f"records_per_shard={rps:,} makes jobs of {duration(first.job_s)}; records_per_shard={best:,} "
             f"(jobs of at most {duration(max_job_s)}) has a tail of {duration(alt.rounds[0].tail_s)} "

@@ -204,12 +204,12 @@ def part_a(
         for w in workers:
             w.stop()
     bound, ideal_batches = ideal_bound(total_tokens, args.target_batch_tokens, args.a, args.b, args.gpus)
-    starts = [m["timings"]["started_at"] for m in manifests]
-    ends = [m["timings"]["finished_at"] for m in manifests]
+    starts = [m.timings.started_at for m in manifests]
+    ends = [m.timings.finished_at for m in manifests]
     span = max(ends) - min(starts)
     busy = [x["busy_time_s"] - y["busy_time_s"] for x, y in zip(after, before, strict=True)]
     batches = sum(x["total_batches"] - y["total_batches"] for x, y in zip(after, before, strict=True))
-    counts = [m["counts"] for m in manifests]
+    counts = [m.counts for m in manifests]
     return {
         "records": sum(s["records"] for s in shards),
         "shards": len(shards),
@@ -359,7 +359,8 @@ def print_e(ray: dict[str, Any] | None, dag: dict[str, Any]) -> None:
         )
         print(f"DAG wall / Ray Data wall: {dag['wall_s'] / ray['wall_s']:.2f}")
     print(
-        f"DAG: {dag['shards']} shards of {dag['records_per_shard']:,}, mapped tasks {dag['mapped_by_type']}, "
+        f"DAG: {dag['shards']} shards (records_per_shard {dag['records_per_shard']:,}), "
+        f"mapped tasks {dag['mapped_by_type']}, "
         f"batches {dag['batches']} / {dag['ideal_batches']}, engine busy / wall {dag['engine_busy_fraction']}"
     )
     print_timeline(dag)

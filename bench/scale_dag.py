@@ -609,8 +609,9 @@ def print_timeline(r: dict[str, Any]) -> None:
 
 def print_b(r: dict[str, Any], title: str = "(b) factory DAG on local Airflow") -> None:
     print(
-        f"\n== {title}, SIMULATED engine: {r['records']:,} records in {r['shards']} shards of "
-        f"{r['records_per_shard']:,}, {r['gpus']} workers, Airflow pool {r['slots']} slots; "
+        f"\n== {title}, SIMULATED engine: {r['records']:,} records in {r['shards']} shards "
+        f"(records_per_shard {r['records_per_shard']:,}, the last ones tapered), {r['gpus']} workers, "
+        f"Airflow pool {r['slots']} slots; "
         f"run {r['state']} =="
     )
     rows = [

@@ -59,12 +59,16 @@ class ShardDatasetOperator(BaseOperator):
         ``[core] max_map_length``) when ``maps_per_shard``.
     :param maps_per_shard: the DAG's rounds map one task per shard (a judge with its own pool), so
         Airflow's map length bounds the shards; a DAG whose rounds map lanes has no such bound.
+    :param slots: the pool's job slots, ``replicas × concurrency`` (templated, as the plan task's):
+        round 0's lanes at once (the run setting ``lanes``, at most ``slots``; 0: ``slots``), for
+        which the input's last shards taper (:mod:`~airflow_batchinfer.storage.taper`); ``None``,
+        or a DAG mapped per shard: no taper.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
         vouches for ``config`` and callable judges are not restricted here, but the params are held
         to the deployment's caps (``[batchinfer] max_*``, the pool connection's)."""
 
-    template_fields = ("config", "aws_conn_id")
+    template_fields = ("config", "aws_conn_id", "slots")
     ui_color = "#fdf5e6"
 
     def __init__(
@@ -75,10 +79,12 @@ class ShardDatasetOperator(BaseOperator):
         max_map_length: int | None = None,
         limits: TriggerLimits | None = None,
         maps_per_shard: bool = True,
+        slots: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.maps_per_shard = maps_per_shard
+        self.slots = slots
         self.limits = limits
         self.config = config
         self.aws_conn_id = aws_conn_id
@@ -140,7 +146,9 @@ class ShardDatasetOperator(BaseOperator):
                 cfg.records_per_shard,
             )
             bound = (self.max_map_length or max_map_length()) if self.maps_per_shard else None
-            result = prepare_run(cfg, so, max_shards=bound)
+            slots = 0 if self.maps_per_shard or self.slots is None else int(str(self.slots))
+            lanes = min(cfg.lanes or slots, slots)  # lanes beyond the slots wait: they end no later
+            result = prepare_run(cfg, so, max_shards=bound, lanes=lanes)
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
         except OSError as exc:

@@ -10,9 +10,11 @@ A shard is taken by a **claim**: ``round-NN/claims/<shard>.json``, created once
 (:func:`~airflow_batchinfer.storage.swap.update`: an ``flock`` on a local disk, ``If-None-Match`` on
 S3; a store without conditional writes is refused, as for the run-owner claim). Whoever created it
 runs the shard this round. A lane takes its own *stripe* first (shards ``i, i + L, i + 2L, …`` of the
-plan: no two lanes race for those), then steals unclaimed shards from the end of the plan (the work
-the slowest lanes would do last). Each lane keeps a status document (``round-NN/lanes/lane-NNNN.json``,
-:class:`~airflow_batchinfer.run.docs.lanes.LaneDoc`), written before a claim (``claiming``) and after
+plan: no two lanes race for those), then steals unclaimed shards, the biggest first and then from the
+end of the plan (the work the slowest lanes would do last): round 0's last shards are cut finer
+(:mod:`~airflow_batchinfer.storage.taper`) so that the lanes end together. Each lane keeps a status
+document (``round-NN/lanes/lane-NNNN.json``, :class:`~airflow_batchinfer.run.docs.lanes.LaneDoc`),
+written before a claim (``claiming``) and after
 each shard: a lane that restarts (a retried task, a restarted triggerer) takes back its own unfinished
 shards first, and the report and the desk show every shard's state from these documents.
 
@@ -106,11 +108,21 @@ def stripe(shard_ids: Sequence[str], lane: int, lanes: int) -> list[str]:
     return list(shard_ids[lane::lanes])
 
 
-def steal_order(shard_ids: Sequence[str], lane: int, lanes: int, claimed: Collection[str]) -> list[str]:
-    """The other lanes' unclaimed shards, from the end of the plan: what the slowest lanes would run
-    last goes first to a lane that has run out of its own."""
+def steal_order(
+    shard_ids: Sequence[str],
+    lane: int,
+    lanes: int,
+    claimed: Collection[str],
+    records: Mapping[str, int] | None = None,
+) -> list[str]:
+    """The other lanes' unclaimed shards for a lane that has run out of its own: the biggest first
+    (``records``; a plan's last shards taper, :mod:`~airflow_batchinfer.storage.taper`, and are
+    best left for the end), then from the end of the plan (what the slowest lanes would run last)."""
     own = set(stripe(shard_ids, lane, lanes))
-    return [s for s in reversed(shard_ids) if s not in own and s not in claimed]
+    order = [s for s in reversed(shard_ids) if s not in own and s not in claimed]
+    if records is not None:
+        order.sort(key=lambda s: -records.get(s, 0))  # stable: equal sizes stay from the end
+    return order
 
 
 def retake(doc: LaneDoc | None, claim_of_claiming: ShardClaim | None) -> list[str]:
@@ -223,6 +235,7 @@ async def run_lane(
     r = plan.round
     by_id = {s["shard_id"]: s for s in plan.shards}
     ids = list(by_id)
+    sizes = {sid: int(s["records"]) for sid, s in by_id.items()}
     doc = await asyncio.to_thread(read_lane, layout, r, lane.index, so)
     claiming = None
     if doc is not None and doc.claiming:
@@ -249,7 +262,7 @@ async def run_lane(
                 return sid
         while True:  # stolen: list the claims, try the unclaimed from the end, list again
             claimed = await asyncio.to_thread(claimed_shards, layout, r, so)
-            candidates = steal_order(ids, lane.index, lane.count, claimed)
+            candidates = steal_order(ids, lane.index, lane.count, claimed, sizes)
             if not candidates:
                 return None
             for sid in candidates:

@@ -23,13 +23,14 @@ def run_key(run_root: str) -> str:
 
 
 def prepare_run(
-    cfg: RunConfig, so: StorageOptions | None = None, *, max_shards: int | None = None
+    cfg: RunConfig, so: StorageOptions | None = None, *, max_shards: int | None = None, lanes: int = 0
 ) -> ShardingResult:
-    """A run's first step: validate the settings, shard the input (reused when identical), refuse
-    more than ``max_shards`` shards with the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
+    """A run's first step: validate the settings, shard the input (reused when identical; the last
+    ranges tapered for round 0's ``lanes``, 0: none), refuse more than ``max_shards`` shards with
+    the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
     cfg.validate()
     layout = RunLayout(cfg.run_root)
-    result = shard_input(cfg, layout, so)
+    result = shard_input(cfg, layout, so, lanes)
     if max_shards is not None and len(result.shards) > max_shards:
         records = sum(s["records"] for s in result.shards)  # what jobs run (a fan-out's rows)
         raise ConfigError(
@@ -43,11 +44,14 @@ def prepare_run(
     return result
 
 
-def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> ShardingResult:
+def shard_input(
+    cfg: RunConfig, layout: RunLayout, so: StorageOptions | None, lanes: int = 0
+) -> ShardingResult:
     """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
-    see :mod:`~airflow_batchinfer.storage.ranges`), or, for input that cannot be split (one zstd
-    frame), shards copied from it as before. With ``fan_out`` either holds every record once per
-    arm (:mod:`~airflow_batchinfer.storage.fan_out`): the ranges when read, the copy as written."""
+    see :mod:`~airflow_batchinfer.storage.ranges`; the last ones tapered for ``lanes`` lanes), or,
+    for input that cannot be split (one zstd frame), shards copied from it as before. With
+    ``fan_out`` either holds every record once per arm (:mod:`~airflow_batchinfer.storage.fan_out`):
+    the ranges when read, the copy as written."""
     how: dict[str, Any] = {
         "records_per_shard": cfg.records_per_shard,
         "id_field": cfg.id_field,
@@ -58,7 +62,9 @@ def shard_input(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) ->
         "max_id_bytes": cfg.max_id_bytes,
         "fan_out": cfg.fan_out_arms(),
     }
-    planned = shard_ranges(cfg.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, **how)
+    planned = shard_ranges(
+        cfg.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, lanes=lanes, **how
+    )
     if planned is None:  # copied as shards, read the same way
         return shard_dataset(cfg.input, layout.input, **how)
     shards, manifest, reused = planned

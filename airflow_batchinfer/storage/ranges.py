@@ -39,6 +39,7 @@ from typing import Any, BinaryIO
 import zstandard
 
 from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, OutputExistsError, StorageError
+from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
@@ -82,12 +83,15 @@ def source_version(info: Mapping[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------ planning
-def line_ranges(raw: BinaryIO, size: int, target: int) -> list[tuple[int, int]]:
+def line_ranges(
+    raw: BinaryIO, size: int, target: int, lanes: int = 0, floor: float = 0.0
+) -> list[tuple[int, int]]:
     """``[start, end)`` ranges of about ``target`` bytes covering ``[0, size)`` exactly once, each
-    starting at a line start (offset 0 or just after a ``\\n``). A line longer than ``target`` makes
-    its range longer; ranges are never empty."""
+    starting at a line start (offset 0 or just after a ``\\n``), the last ones tapered for ``lanes``
+    lanes down to ``floor`` bytes (:mod:`~airflow_batchinfer.storage.taper`; 0: none). A line longer
+    than ``target`` makes its range longer; ranges are never empty."""
     bounds = [0]
-    while (b := bounds[-1] + max(1, target)) < size:
+    while (b := bounds[-1] + max(1, round(taper.next_size(size - bounds[-1], target, lanes, floor)))) < size:
         nxt = next_line_start(raw, b, size)
         if nxt >= size:
             break
@@ -261,9 +265,11 @@ def plan_ranges(
     records_per_shard: int,
     max_bytes_per_shard: int,
     storage_options: StorageOptions | None = None,
+    lanes: int = 0,
 ) -> RangePlan | None:
     """Byte-range shards of ``src`` (see the module doc), or ``None`` when it cannot be split (a
-    single-frame zstd file): the caller then copies it into shards."""
+    single-frame zstd file): the caller then copies it into shards. ``lanes``: the last ranges
+    taper for that many lanes (:mod:`~airflow_batchinfer.storage.taper`; 0: none)."""
     started = time.monotonic()
     f = JsonlFile(src, storage_options=storage_options)
     info = f.info()
@@ -277,14 +283,14 @@ def plan_ranges(
                 return None
             per_record, ratio = _zstd_sample(raw, frames[0], f.uri)
             ranges, estimates, lead_ins = _group_frames(
-                frames, per_record, ratio, records_per_shard, max_bytes_per_shard
+                frames, per_record, ratio, records_per_shard, max_bytes_per_shard, lanes
             )
         else:
             raw.seek(0)
             head = raw.read(min(size, SAMPLE))
             per_record = _sample_rate(head)
             target = max(1, min(max_bytes_per_shard, round(records_per_shard * per_record)))
-            ranges = line_ranges(raw, size, target)
+            ranges = line_ranges(raw, size, target, lanes, taper.MIN_RECORDS * per_record)
             estimates = [max(1, round((b - a) / per_record)) for a, b in ranges]
             lead_ins = [None] * len(ranges)
     shards = []
@@ -305,21 +311,35 @@ def plan_ranges(
 
 
 def _group_frames(
-    frames: list[Frame], per_record: float, ratio: float, records_per_shard: int, max_bytes: int
+    frames: list[Frame],
+    per_record: float,
+    ratio: float,
+    records_per_shard: int,
+    max_bytes: int,
+    lanes: int = 0,
 ) -> tuple[list[tuple[int, int]], list[int], list[list[int] | None]]:
-    """Consecutive frames grouped into about ``records_per_shard`` records (or ``max_bytes`` decoded),
-    each group with its lead-in: the stored bytes of the frame before it (see :func:`range_chunks`)."""
+    """Consecutive frames grouped into about ``records_per_shard`` records (or ``max_bytes`` decoded;
+    the last groups tapered for ``lanes`` lanes), each group with its lead-in: the stored bytes of the
+    frame before it (see :func:`range_chunks`)."""
     ranges: list[tuple[int, int]] = []
     estimates: list[int] = []
     lead_ins: list[list[int] | None] = []
+
+    def content(fr: Frame) -> float:
+        return fr.content if fr.content is not None else (fr.end - fr.start) * ratio
+
+    left = sum(map(content, frames)) / per_record  # records not yet in a group
+    want = taper.next_size(left, records_per_shard, lanes, taper.MIN_RECORDS)
     start, decoded, before = frames[0].start, 0.0, None
     for i, fr in enumerate(frames):
-        decoded += fr.content if fr.content is not None else (fr.end - fr.start) * ratio
+        decoded += content(fr)
         last = i == len(frames) - 1
-        if last or decoded / per_record >= records_per_shard or decoded >= max_bytes:
+        if last or decoded / per_record >= want or decoded >= max_bytes:
             ranges.append((start, fr.end))
             estimates.append(max(1, round(decoded / per_record)))
             lead_ins.append(before)
+            left -= decoded / per_record
+            want = taper.next_size(left, records_per_shard, lanes, taper.MIN_RECORDS)
             start, decoded, before = fr.end, 0.0, [fr.start, fr.end]
     return ranges, estimates, lead_ins
 
@@ -355,6 +375,7 @@ def shard_ranges(
     max_line_bytes: int = MAX_LINE_BYTES,
     max_id_bytes: int = MAX_ID_BYTES,
     fan_out: FanOut | None = None,
+    lanes: int = 0,
 ) -> tuple[list[ShardDescriptor], dict[str, Any], bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
@@ -362,7 +383,10 @@ def shard_ranges(
     shard carries ``max_line_bytes`` and ``max_id_bytes``, so every reader of a range (its job, the
     close, the pre-flight) validates it with the same bounds. With ``fan_out`` each shard names its
     arms too, holds about ``records_per_shard / arms`` lines, and its ``records`` count its rows (the
-    manifest's ``counts`` stay the input's: its lines' records)."""
+    manifest's ``counts`` stay the input's: its lines' records). ``lanes``: the round's lanes, for
+    which the last ranges taper (:mod:`~airflow_batchinfer.storage.taper`; recorded as the
+    manifest's ``taper_lanes``, not in its fingerprint: a complete plan is reused whatever the
+    lanes)."""
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
     source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
@@ -408,6 +432,7 @@ def shard_ranges(
         records_per_shard=-(-records_per_shard // arms),  # lines: each is ``arms`` rows
         max_bytes_per_shard=max_bytes_per_shard,
         storage_options=storage_options,
+        lanes=lanes,
     )
     if plan is None:
         write_manifest(out, {"kind": "ranges", "state": "unsplittable", "fingerprint": fingerprint})
@@ -431,6 +456,7 @@ def shard_ranges(
         "id_field": id_field,
         "rejects_uri": rejects_dir.uri,
         "planning": {"bytes_read": plan.bytes_read, "seconds": round(plan.seconds, 3)},
+        "taper_lanes": lanes,
     }
     write_manifest(out, manifest)
     return plan.shards, manifest, False

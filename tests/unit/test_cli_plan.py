@@ -25,15 +25,16 @@ def test_plan_prints_the_table_and_the_shape_before_lanes() -> None:
     pool = 'airflow pools set batchinfer 320 "batchinfer shard slots" --include-deferred'
     assert lines[1] == f"Airflow pool: {pool}"
     assert lines[2] == "shards of 2,000 records (chosen: jobs of at most 60.0 min)"
+    assert lines[3] == "round 0's last shards taper down to 1,000 records, so that its lanes end together"
     row = next(line for line in lines if line.startswith("0 "))
-    assert row.split()[:5] == ["0", "rounds", "100,000,000", "50,000", "2,000"]
+    assert row.split()[:5] == ["0", "rounds", "100,000,000", "50,443", "2,000"]
     assert "320 of 1,024" in row and "53.3 min (80.0 min slowest)" in row
     assert any(line.startswith("total: 1 round") for line in lines)
     # side by side: the lane shape, then one task per shard
     shards = next(line for line in lines if line.startswith("shards  ")).split("  ")
     assert [c.strip() for c in shards if c.strip()] == [
         "shards",
-        "50,000 of 2,000 records",
+        "50,443 of 2,000 records",
         "960 of 104,167 records",
     ]
     assert "46.3 h (69.4 h slowest)" in next(line for line in lines if line.startswith("shard job  "))
@@ -54,8 +55,9 @@ def test_plan_json_round_trips_and_takes_every_flag(capsys: pytest.CaptureFixtur
         max_map_length=2048, airflow_pool="gpu", lanes=1500, chunk_size=1000, straggler=1.0, max_job_s=1800,
         execution_timeout_s=100 * 3600,
     )  # fmt: skip
-    assert (plan.lanes, plan.lanes_setting, plan.max_map_length, plan.chunk_size) == (1000, 1500, 2048, 1000)
-    assert [(r.shards, r.lanes, r.mapped_tasks) for r in plan.rounds] == [(1000, 320, 1000), (200, 200, 200)]
+    assert (plan.lanes, plan.lanes_setting, plan.max_map_length, plan.chunk_size) == (1500, 1500, 2048, 1000)
+    # round 0 tapered for the 320 lanes that run at once: 2,330 shards, 1,500 mapped lanes
+    assert [(r.shards, r.lanes, r.mapped_tasks) for r in plan.rounds] == [(2330, 320, 1500), (200, 200, 200)]
     assert plan.expected_passes == pytest.approx(1.2) and plan.lost_records_per_failure == 10 * 1000
     assert any("more than the pool's 320 slots" in n for n in plan.notes)
 

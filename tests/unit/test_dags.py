@@ -56,6 +56,7 @@ def test_factory_shape_pools_and_params() -> None:
     plan = dag.task_dict["round_00.plan"]
     assert plan.map_lanes and plan.slots == "{{ params.replicas * params.concurrency }}"
     assert not dag.task_dict["shard"].maps_per_shard  # lanes: no bound on a round's shards
+    assert dag.task_dict["shard"].slots == plan.slots  # round 0's last shards taper for its lanes
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
     # the first plan runs the pre-flight as soon as the input is planned and the pool is ready; the
@@ -116,6 +117,26 @@ def test_a_dag_of_lanes_takes_more_shards_than_max_map_length(tmp_path: Path) ->
     """Its rounds map lanes, not shards: Airflow's map length bounds the lanes (the plan task)."""
     shards = shard_op(tmp_path, maps_per_shard=False).execute({})  # type: ignore[arg-type]
     assert len(shards) == 5
+
+
+@pytest.mark.parametrize(
+    ("maps_per_shard", "lanes", "tapered_for"), [(False, 0, 4), (False, 3, 3), (False, 9, 4), (True, 0, 0)]
+)
+def test_the_inputs_last_shards_taper_for_round_0s_lanes(
+    tmp_path: Path, maps_per_shard: bool, lanes: int, tapered_for: int
+) -> None:
+    """lanes 0: one per pool slot (replicas x concurrency); more lanes than slots: the slots; a DAG
+    mapped per shard has no lanes: no taper."""
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(60_000)))
+    cfg = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
+           "judge": {"type": "llm"}, "records_per_shard": 8_000, "lanes": lanes}  # fmt: skip
+    op = ShardDatasetOperator(task_id="shard", config=cfg, maps_per_shard=maps_per_shard, slots="4")
+    shards = op.execute({})  # type: ignore[arg-type]
+    manifest = json.loads((tmp_path / "run" / "input" / "_manifest.json").read_text())
+    assert manifest["taper_lanes"] == tapered_for
+    assert (len(shards) > 8) == bool(tapered_for)  # 60,000 / 8,000: 8 shards untapered
+    assert sum(s["records"] for s in shards) == pytest.approx(60_000, rel=0.1)  # estimated from bytes
 
 
 def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:

@@ -113,7 +113,8 @@ def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
     args = (1_000_000, 4, 10, 2500.0, 400.0, 1.0, 1024)
     plan = SizingPlan.from_dict(_sizing(dataclasses.replace(cfg, lanes=8), *args))
     assert (plan.lanes_setting, plan.lanes, plan.slots, plan.chunk_size) == (8, 8, 40, 250)
-    assert plan.rounds[0].shards == 500 and plan.rounds[0].records_per_shard == 2000  # the run's shards
+    # the run's shards, the last ones tapered for the 8 lanes (storage.taper)
+    assert plan.rounds[0].shards == 511 and plan.rounds[0].records_per_shard == 2000
     assert plan.lost_records_per_failure == 2 * 250  # 8 lanes on 4 GPUs: two jobs, a chunk each
     auto = SizingPlan.from_dict(_sizing(cfg, *args))
     assert (auto.lanes_setting, auto.lanes) == (0, 40) and auto.lost_records_per_failure == 10 * 250

@@ -21,6 +21,7 @@ from airflow_batchinfer.sizing import (
     plan_run,
     schedule,
 )
+from airflow_batchinfer.storage import taper
 
 M = 100_000_000
 REC_S = 400 / 2500  # GPU-seconds a record costs alone on a 2,500 tokens/s GPU: 0.16
@@ -67,11 +68,12 @@ def test_the_100m_example_runs_on_lanes_with_hour_long_jobs() -> None:
     assert plan.pool_command == 'airflow pools set batchinfer 320 "batchinfer shard slots" --include-deferred'
     (r,) = plan.rounds
     # a job shares its GPU with 9 others: 10 × rps × 0.16 s <= 3600 s, so rps <= 2,250, to 2,000 (a chunk)
-    assert r.records_per_shard == 2000 and r.shards == 50_000
+    # round 0's last shards taper down to 1,000 records (storage.taper): 443 more shards
+    assert r.records_per_shard == 2000 and r.shards == 50_443
     assert r.job_s == pytest.approx(10 * 2000 * REC_S) and r.job_s <= 3600
     assert r.slowest_job_s == pytest.approx(1.5 * r.job_s)
     assert r.lanes == plan.lanes == r.mapped_tasks == 320 <= 1024
-    assert r.shards_per_lane == pytest.approx(50_000 / 320)
+    assert r.shards_per_lane == pytest.approx(50_443 / 320)
     # 16M GPU-s of work on 31 GPUs and one at 2/3 of the rate; list scheduling ends within one job
     ideal = M * REC_S / (31 + 1 / 1.5)
     assert ideal <= r.wall_s <= ideal + r.slowest_job_s
@@ -82,11 +84,26 @@ def test_the_100m_example_runs_on_lanes_with_hour_long_jobs() -> None:
     # a lost worker: its 10 jobs redo one chunk each
     assert plan.lost_records_per_failure == 10 * 2000
     assert plan.lost_gpu_s_per_failure == pytest.approx(10 * 2000 * REC_S)
-    # a lane runs ~156 hour-long jobs: 140 h, over the 12 h execution_timeout, and the plan says whose bound
+    # a lane runs ~158 hour-long jobs: 140 h, over the 12 h execution_timeout, and the plan says whose bound
     assert any(
-        "a lane runs about 156 shard jobs" in n and "gives the lane tasks none" in n for n in plan.notes
+        "a lane runs about 158 shard jobs" in n and "gives the lane tasks none" in n for n in plan.notes
     )
     assert not any("over the 12.0 h execution_timeout" in n for n in plan.notes)  # no job is over it
+
+
+def test_round_0_tapers_and_its_tail_shortens() -> None:
+    # 1,000 shards of 100,000 records on 320 lanes, one GPU 1.5x slower: the same work cut finer at
+    # the end (storage.taper, as the shard task cuts the input) ends the lanes hours closer together
+    flat = schedule([100_000 * REC_S] * 1000, gpus=32, lanes=320, straggler=1.5)
+    sizes = taper.sizes(M, 100_000, 320)
+    assert len(sizes) == 2330 and sum(sizes) == M and min(sizes[:-1]) == 12_500
+    tapered = schedule([n * REC_S for n in sizes], gpus=32, lanes=320, straggler=1.5)
+    assert tapered.tail_s < flat.tail_s / 2 and tapered.wall_s < flat.wall_s
+    r0 = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000).rounds[0]
+    assert (r0.shards, r0.tail_s, r0.wall_s) == (2330, round(tapered.tail_s, 3), round(tapered.wall_s, 3))
+    # a round of recompacted rejects, and the old one-task-per-shard shape, are not tapered
+    again = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
+    assert [r.shards for r in again.rounds] == [2330, 200] and again.per_shard.rounds[0].shards == 1000
 
 
 def test_the_100m_example_before_lanes() -> None:
@@ -149,7 +166,7 @@ def test_a_given_shard_size_is_not_capped_by_max_map_length() -> None:
 def test_rounds_rerun_the_rejected_share() -> None:
     plan = plan_run(M, 32, 2500, concurrency=10, approval_rate=0.8, max_rounds=3, chunk_size=2000)
     assert [r.records for r in plan.rounds] == [M, 20_000_000, 4_000_000]
-    assert [r.shards for r in plan.rounds] == [50_000, 10_000, 2000]  # recompacted into full shards
+    assert [r.shards for r in plan.rounds] == [50_443, 10_000, 2000]  # then recompacted into full shards
     assert [r.lanes for r in plan.rounds] == [320] * 3
     assert plan.expected_passes == pytest.approx(1.24)
     assert plan.wall_s == pytest.approx(sum(r.wall_s for r in plan.rounds))
@@ -208,7 +225,7 @@ def test_every_plan_adds_up() -> None:
 def test_to_dict_is_versioned_json_and_reads_back() -> None:
     plan = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
     data = json.loads(json.dumps(plan.to_dict()))
-    assert data["version"] == SIZING_VERSION and data["rounds"][0]["shards"] == 1000 and data["slots"] == 320
+    assert data["version"] == SIZING_VERSION and data["rounds"][0]["shards"] == 2330 and data["slots"] == 320
     assert data["per_shard"]["shape"] == "per_shard" and data["per_shard"]["rounds"][0]["shards"] == 1000
     assert SizingPlan.from_dict(data) == plan
     with pytest.raises(

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import asyncio
 import json
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from airflow_batchinfer.engines import GenerationRequest, create_engine
+from airflow_batchinfer.engines.simulated import until
 
 
 def req(i: int, *, role: str = "infer", attempt: int = 1, prompt: str = "hello") -> GenerationRequest:
@@ -34,3 +38,27 @@ async def test_fail_marker_fails_only_that_element() -> None:
     out = await e.generate([req(1), req(2, prompt="a BAD one"), req(3)])
     assert [r.ok for r in out] == [True, False, True]
     assert "BAD" in (out[1].error or "")
+
+
+async def test_a_batch_never_ends_before_its_due_time() -> None:
+    loop = asyncio.get_running_loop()
+    clock = ThreadPoolExecutor(max_workers=1)
+    for wait in (0.0, 0.0005, 0.003, 0.02):  # inside the thread's last stretch, and beyond it
+        due = loop.time() + wait
+        await until(due, clock)
+        assert loop.time() >= due
+    e = create_engine("simulated", latency_base_s=0.01)
+    started = loop.time()
+    await e.generate([req(1)])
+    assert loop.time() - started >= 0.01
+    clock.shutdown()
+
+
+async def test_a_busy_device_clock_leaves_the_loops_timer_to_end_the_wait() -> None:
+    loop = asyncio.get_running_loop()
+    clock = ThreadPoolExecutor(max_workers=1)
+    clock.submit(time.sleep, 2.0)  # its one thread busy: the wait's sleep queues behind it
+    due = loop.time() + 0.01
+    await until(due, clock)
+    assert due <= loop.time() < due + 1.5  # ended by the timer, not seconds later by the clock
+    clock.shutdown(wait=False)

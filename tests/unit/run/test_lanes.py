@@ -98,6 +98,12 @@ def test_a_lane_steals_from_the_end_skipping_its_stripe_and_what_is_claimed() ->
     assert steal_order(IDS, 1, 3, set(IDS)) == []
 
 
+def test_a_lane_steals_the_biggest_first_when_the_plan_tapers() -> None:
+    # the plan's last shards are cut finer: a lane out of work takes the big ones, leaving the end small
+    sizes = {sid: 1_000 if sid >= "s0005" else 4_000 for sid in IDS}
+    assert steal_order(IDS, 1, 3, {"s0001"}, sizes) == ["s0003", "s0002", "s0000", "s0006", "s0005"]
+
+
 def lane_doc(*shards: tuple[str, str], claiming: str | None = None, lane: int = 1) -> LaneDoc:
     entries = [LaneShard(shard_id=s, records=3, state=st, claimed_at=1.0) for s, st in shards]  # type: ignore[arg-type]
     return LaneDoc(round=1, slot="round-01", lane=lane, lanes=3, shards=entries, claiming=claiming)
