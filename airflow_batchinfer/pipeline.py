@@ -29,6 +29,7 @@ from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lan
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.sizing import lanes_at_once
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
 
@@ -49,6 +50,15 @@ async def pool_slots(pool: PoolClient) -> int:
             "start the pool (batchinfer pool up) or check its workers, or set --lanes"
         )
     return total
+
+
+async def input_lanes(cfg: RunConfig, pool: PoolClient) -> int:
+    """Round 0's lanes at once, for which the input's last shards taper: ``lanes``, at most the
+    pool's slots (0: the slots); 0 (no taper) when no worker answers yet: its first round says why."""
+    try:
+        return lanes_at_once(cfg.lanes, await pool_slots(pool))
+    except RpcError:
+        return 0
 
 
 async def _run_round(
@@ -110,13 +120,8 @@ async def run_pipeline(
         "in_place": pool,
         "judge": judge_pool or pool,
     }
-    # round 0's last shards taper for its lanes at once (lanes=0: one per slot of the run's pool; a pool
-    # that does not answer yet: no taper, and its first round says why)
-    try:
-        slots_ = await pool_slots(pool)
-        lanes = min(cfg.lanes or slots_, slots_)
-    except WorkerUnavailable:
-        lanes = 0
+    cfg.validate()  # bad settings are told before the pool is asked anything
+    lanes = await input_lanes(cfg, pool)
     await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan

@@ -5,6 +5,7 @@ rounds), so a run that would blow its budget stops before it spends it."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import itertools
 import time
@@ -69,10 +70,12 @@ def _sizing(
     tokens_per_record: float,
     approval: float,
     max_map_length: int,
+    shard_sizes: list[int] | None = None,
 ) -> dict[str, Any]:
     """The sizing plan for the whole run from the measured rates, or ``{"error": why}``: the run's
-    shard size, lanes (the run setting; 0 or none: one per pool slot) and ``chunk_size`` (what a lost
-    worker redoes per job), the default straggler (the plan errs long)."""
+    shard size (round 0's shards as planned: ``shard_sizes``), lanes (the run setting; 0 or none:
+    one per pool slot) and ``chunk_size`` (what a lost worker redoes per job), the default straggler
+    (the plan errs long)."""
     if concurrency is None:
         return {"error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"}
     try:
@@ -86,6 +89,7 @@ def _sizing(
             lanes=cfg.lanes,
             chunk_size=cfg.chunk_size,
             records_per_shard=cfg.records_per_shard,
+            shard_sizes=shard_sizes,
             approval_rate=approval,
             max_rounds=cfg.max_rounds,
             strategy=cfg.strategy,
@@ -104,9 +108,13 @@ def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> 
     ``spread`` shards spread evenly over the input (a file sorted by length or by task is sampled
     across, not from its start), each taking an equal share; a share a shard cannot fill goes to the
     next, and what the spread shards cannot fill comes from the others in order. ``counts``: each
-    shard's records (as planned: a range shard's estimate)."""
+    shard's records (as planned: a range shard's estimate); spread by records, not by shard index
+    (round 0's last shards are smaller: :mod:`~airflow_batchinfer.storage.taper`)."""
     k = max(1, min(len(counts), spread, wanted))
-    picks = sorted({i * len(counts) // k for i in range(k)}) if counts else []
+    starts = list(itertools.accumulate(counts, initial=0))  # each shard's first record
+    total = starts[-1]
+    picks = sorted({min(bisect.bisect_right(starts, i * total // k) - 1, len(counts) - 1) for i in range(k)})
+    picks = picks if counts else []
     taken = [0] * len(counts)
     left = wanted
     for j, i in enumerate(picks):
@@ -257,7 +265,10 @@ def run_preflight(
     tokens_per_s = tokens / (infer_s + judge_s)
     job_slots = concurrency or (min(slots) if slots else None)
     tokens_per_record = tokens / n if n else 0.0
-    plan = _sizing(cfg, total, workers, job_slots, tokens_per_s, tokens_per_record, approval, max_map_length)
+    plan = _sizing(
+        cfg, total, workers, job_slots, tokens_per_s, tokens_per_record, approval, max_map_length,
+        [s["records"] for s in shards],
+    )  # fmt: skip
     if "error" not in plan:
         wall_s = plan["wall_s"]  # the lanes' tail and the straggler included
     summary = {

@@ -18,6 +18,9 @@ next unclaimed shard when its current one ends, until none is left: list schedul
 to the slot it just freed). Shards are sized by a job-time target (:func:`choose_records_per_shard`:
 jobs of at most ``max_job_s`` with ``concurrency`` jobs on a GPU), so a lane that ends early takes
 more and the *tail* (the first lane out of work to the last lane's end) is about one shard job.
+Round 0's last shards are cut finer for the lanes that run at once (:func:`lanes_at_once`), as the
+input's plan cuts them (:mod:`~airflow_batchinfer.storage.taper`): the tail is about one of the
+smallest; later rounds' recompacted shards are not (the pre-flight passes round 0's real sizes).
 
 **The shape before lanes**, side by side (:attr:`SizingPlan.per_shard`): one mapped task per shard,
 so at most ``max_map_length`` shards (the size :func:`choose_per_task_shard_size` picks: whole waves
@@ -488,6 +491,12 @@ def choose_per_task_shard_size(records: int, gpus: int, concurrency: int, max_ma
     return -(-records // cap)
 
 
+def lanes_at_once(requested: int, slots: int) -> int:
+    """The lanes that run at once: the run setting ``lanes`` (0: one per pool slot), at most the
+    pool's ``slots`` (more lanes wait for a slot: more tasks, no more speed)."""
+    return min(requested or slots, slots)
+
+
 def _round(
     r: int,
     mode: str,
@@ -502,11 +511,15 @@ def _round(
     record_s: float,
     straggler: float,
     taper_lanes: int = 0,
+    first_sizes: Sequence[int] | None = None,
 ) -> RoundPlan:
     """One round on ``runners`` lanes (or slots); ``mapped``: its mapped tasks (``None``: a shard
-    each); round 0's last shards taper for ``taper_lanes`` lanes (:mod:`~airflow_batchinfer.storage.taper`:
-    the input's plan)."""
-    sizes = taper.sizes(records, rps, taper_lanes if r == 0 else 0)
+    each); round 0's shards are ``first_sizes`` (the planned input's) or ``records_per_shard`` each,
+    the last ones tapered for ``taper_lanes`` lanes (:mod:`~airflow_batchinfer.storage.taper`)."""
+    if r == 0 and first_sizes:
+        sizes = list(first_sizes)
+    else:
+        sizes = taper.sizes(records, rps, taper_lanes if r == 0 else 0)
     shards = len(sizes)
     pass_s = passes * record_s
     sched = schedule([n * pass_s for n in sizes], gpus, runners, straggler)
@@ -550,11 +563,13 @@ def _shape(
     mapped: int | None,
     lost_records: int,
     taper_lanes: int = 0,
+    first_sizes: Sequence[int] | None = None,
     **kw: Any,
 ) -> ShapePlan:
     """One shape's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
-    round unless ``strategy`` is ``"rounds"``) and totals; round 0 tapered for ``taper_lanes``."""
-    kw["taper_lanes"] = taper_lanes
+    round unless ``strategy`` is ``"rounds"``) and totals; round 0's shards ``first_sizes``, or
+    tapered for ``taper_lanes``."""
+    kw["taper_lanes"], kw["first_sizes"] = taper_lanes, first_sizes
     plans: list[RoundPlan] = []
     for r in range(n_rounds):
         n = round(records * reject**r)
@@ -597,6 +612,7 @@ def plan_run(
     max_job_s: float = DEFAULT_MAX_JOB_S,
     straggler: float = DEFAULT_STRAGGLER,
     records_per_shard: int | None = None,
+    shard_sizes: Sequence[int] | None = None,
     approval_rate: float | None = None,
     max_rounds: int = 1,
     strategy: str = "rounds",
@@ -617,6 +633,8 @@ def plan_run(
     :param straggler: how many times slower the slowest GPU is (1.0: none).
     :param records_per_shard: the shard size to assess; ``None``: choose it
         (:func:`choose_records_per_shard`).
+    :param shard_sizes: round 0's shards as the input was planned (records each: the pre-flight's),
+        instead of ``records_per_shard`` each with the last ones tapered for the lanes at once.
     :param approval_rate: the judge's approval rate (the pre-flight measures it); ``None``: one pass.
     :param max_rounds, strategy, max_attempts: the run's retry settings.
     :param execution_timeout_s: ``build_batch_inference_dag``'s ``execution_timeout``, each shard
@@ -669,7 +687,7 @@ def plan_run(
             "on the scheduler and workers"
         )
     record_s = tokens_per_record / tokens_per_s
-    runners = min(want, slots)  # lanes beyond the slots wait for one: more tasks, not more speed
+    runners = lanes_at_once(lanes, slots)
     # A dead worker's jobs (as many as its GPU runs) each redo at most their uncommitted chunk.
     per_gpu = min(concurrency, -(-runners // gpus))  # jobs sharing a GPU (fewer lanes: fewer)
     best = choose_records_per_shard(
@@ -690,7 +708,7 @@ def plan_run(
         "record_s": record_s,
         "straggler": straggler,
     }
-    new = _shape("lanes", rps, runners=runners, mapped=want, taper_lanes=runners,
+    new = _shape("lanes", rps, runners=runners, mapped=want, taper_lanes=runners, first_sizes=shard_sizes,
                  lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
     # Before lanes: the user's size if a round could map it, else the old chooser's; no segments.
     old_rps = rps if _shards(records, rps) <= max_map_length else None
@@ -775,7 +793,7 @@ def _notes(
         )
     longest = max(p.slowest_job_s for p in new.rounds)
     if not chosen and first.job_s > max_job_s and rps != best:
-        runners = min(want, slots)
+        runners = lanes_at_once(want, slots)
         alt = _shape(
             "lanes", best, runners=runners, mapped=want, lost_records=0, taper_lanes=runners, **common
         )

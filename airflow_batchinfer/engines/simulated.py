@@ -65,8 +65,9 @@ async def until(due: float, clock: ThreadPoolExecutor) -> None:
         with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
             loop.call_soon_threadsafe(end)
 
+    deadline = time.monotonic() + left  # absolute: a sleep queued behind another still ends on time
     timer = loop.call_at(due, end)
-    clock.submit(time.sleep, left).add_done_callback(woken)
+    clock.submit(lambda: time.sleep(max(0.0, deadline - time.monotonic()))).add_done_callback(woken)
     try:
         await done
     finally:
@@ -105,7 +106,7 @@ class SimulatedEngine(Engine):
         self.echo_prompt = echo_prompt
         self.model = model
         self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
-        # one thread per batch in flight ends it on time (see :func:`until`)
+        # ends batches on time (see :func:`until`): up to 4 in flight at once, more on the loop's timer
         self.clock = ThreadPoolExecutor(max_workers=4, thread_name_prefix="simulated-device")
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
@@ -125,6 +126,9 @@ class SimulatedEngine(Engine):
 
     def stats(self) -> EngineStats:
         return self.tally.stats()
+
+    async def close(self) -> None:
+        self.clock.shutdown(wait=False)  # its sleeps end within milliseconds
 
     def _one(self, request: GenerationRequest) -> GenerationResult:
         prompt = request.prompt if request.prompt is not None else json.dumps(list(request.messages or ()))

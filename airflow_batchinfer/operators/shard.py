@@ -23,6 +23,7 @@ from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.owner import RunIdentity, claim, input_refusal, owner_uri
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.sizing import lanes_at_once
 from airflow_batchinfer.storage import ShardDescriptor
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
@@ -90,6 +91,21 @@ class ShardDatasetOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.max_map_length = max_map_length
 
+    def _lanes(self, cfg: RunConfig) -> int:
+        """Round 0's lanes at once, for which the input's last shards taper (0: none)."""
+        if self.maps_per_shard or self.slots is None:
+            return 0
+        try:
+            slots = int(str(self.slots))
+        except ValueError:
+            slots = 0
+        if slots < 1:
+            raise AirflowFailException(
+                f"the pool's slots (replicas x concurrency) must be a whole number >= 1, got {self.slots!r}. "
+                "Remedy: set the params replicas and concurrency to positive whole numbers"
+            )
+        return lanes_at_once(cfg.lanes, slots)
+
     def _check_input(
         self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits
     ) -> None:
@@ -146,9 +162,7 @@ class ShardDatasetOperator(BaseOperator):
                 cfg.records_per_shard,
             )
             bound = (self.max_map_length or max_map_length()) if self.maps_per_shard else None
-            slots = 0 if self.maps_per_shard or self.slots is None else int(str(self.slots))
-            lanes = min(cfg.lanes or slots, slots)  # lanes beyond the slots wait: they end no later
-            result = prepare_run(cfg, so, max_shards=bound, lanes=lanes)
+            result = prepare_run(cfg, so, max_shards=bound, lanes=self._lanes(cfg))
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
         except OSError as exc:

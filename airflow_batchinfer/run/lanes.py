@@ -55,7 +55,7 @@ from airflow_batchinfer.run.docs.lanes import (
 )
 from airflow_batchinfer.run.jobs import job_spec, judge_input, record_job_error, round_kinds
 from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.storage import ShardDescriptor, swap
+from airflow_batchinfer.storage import ShardDescriptor, swap, taper
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 
 log = logging.getLogger("airflow_batchinfer.lanes")
@@ -116,12 +116,15 @@ def steal_order(
     records: Mapping[str, int] | None = None,
 ) -> list[str]:
     """The other lanes' unclaimed shards for a lane that has run out of its own: the biggest first
-    (``records``; a plan's last shards taper, :mod:`~airflow_batchinfer.storage.taper`, and are
-    best left for the end), then from the end of the plan (what the slowest lanes would run last)."""
+    (``records``, in steps of an eighth of the largest: a plan's last shards taper,
+    :mod:`~airflow_batchinfer.storage.taper`, and are best left for the end, while a range's
+    estimate a record off is the same size), then from the end of the plan (what the slowest lanes
+    would run last, not the shards their owners take next)."""
     own = set(stripe(shard_ids, lane, lanes))
     order = [s for s in reversed(shard_ids) if s not in own and s not in claimed]
-    if records is not None:
-        order.sort(key=lambda s: -records.get(s, 0))  # stable: equal sizes stay from the end
+    if records and order:
+        step = max(records.get(s, 0) for s in order) / taper.FINEST or 1.0
+        order.sort(key=lambda s: -round(records.get(s, 0) / step))  # stable: alike stay from the end
     return order
 
 

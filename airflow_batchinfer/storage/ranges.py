@@ -266,10 +266,12 @@ def plan_ranges(
     max_bytes_per_shard: int,
     storage_options: StorageOptions | None = None,
     lanes: int = 0,
+    min_records: float = taper.MIN_RECORDS,
 ) -> RangePlan | None:
     """Byte-range shards of ``src`` (see the module doc), or ``None`` when it cannot be split (a
     single-frame zstd file): the caller then copies it into shards. ``lanes``: the last ranges
-    taper for that many lanes (:mod:`~airflow_batchinfer.storage.taper`; 0: none)."""
+    taper for that many lanes (:mod:`~airflow_batchinfer.storage.taper`; 0: none), never below
+    ``min_records`` records (lines)."""
     started = time.monotonic()
     f = JsonlFile(src, storage_options=storage_options)
     info = f.info()
@@ -283,14 +285,16 @@ def plan_ranges(
                 return None
             per_record, ratio = _zstd_sample(raw, frames[0], f.uri)
             ranges, estimates, lead_ins = _group_frames(
-                frames, per_record, ratio, records_per_shard, max_bytes_per_shard, lanes
+                frames, per_record, ratio, records_per_shard, max_bytes_per_shard, lanes, min_records
             )
         else:
             raw.seek(0)
             head = raw.read(min(size, SAMPLE))
             per_record = _sample_rate(head)
             target = max(1, min(max_bytes_per_shard, round(records_per_shard * per_record)))
-            ranges = line_ranges(raw, size, target, lanes, taper.MIN_RECORDS * per_record)
+            # the floor in the target's bytes: decided in records, so a shard at the floor keeps its size
+            floor = target * taper.finest(records_per_shard, min_records) / records_per_shard
+            ranges = line_ranges(raw, size, target, lanes, floor)
             estimates = [max(1, round((b - a) / per_record)) for a, b in ranges]
             lead_ins = [None] * len(ranges)
     shards = []
@@ -317,6 +321,7 @@ def _group_frames(
     records_per_shard: int,
     max_bytes: int,
     lanes: int = 0,
+    min_records: float = taper.MIN_RECORDS,
 ) -> tuple[list[tuple[int, int]], list[int], list[list[int] | None]]:
     """Consecutive frames grouped into about ``records_per_shard`` records (or ``max_bytes`` decoded;
     the last groups tapered for ``lanes`` lanes), each group with its lead-in: the stored bytes of the
@@ -329,7 +334,7 @@ def _group_frames(
         return fr.content if fr.content is not None else (fr.end - fr.start) * ratio
 
     left = sum(map(content, frames)) / per_record  # records not yet in a group
-    want = taper.next_size(left, records_per_shard, lanes, taper.MIN_RECORDS)
+    want = taper.next_size(left, records_per_shard, lanes, min_records)
     start, decoded, before = frames[0].start, 0.0, None
     for i, fr in enumerate(frames):
         decoded += content(fr)
@@ -339,7 +344,7 @@ def _group_frames(
             estimates.append(max(1, round(decoded / per_record)))
             lead_ins.append(before)
             left -= decoded / per_record
-            want = taper.next_size(left, records_per_shard, lanes, taper.MIN_RECORDS)
+            want = taper.next_size(left, records_per_shard, lanes, min_records)
             start, decoded, before = fr.end, 0.0, [fr.start, fr.end]
     return ranges, estimates, lead_ins
 
@@ -433,6 +438,7 @@ def shard_ranges(
         max_bytes_per_shard=max_bytes_per_shard,
         storage_options=storage_options,
         lanes=lanes,
+        min_records=taper.MIN_RECORDS / arms,  # lines: the floor counts rows
     )
     if plan is None:
         write_manifest(out, {"kind": "ranges", "state": "unsplittable", "fingerprint": fingerprint})

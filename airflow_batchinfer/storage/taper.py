@@ -7,9 +7,9 @@ end of the plan is cut finer (*factoring*, as loop schedulers cut a parallel loo
 iterations): while more than ``2 × lanes`` full shards remain a shard has the full size; after that
 each is the remainder's share, ``remaining / (2 × lanes)``, down to an eighth of the full size
 (:data:`FINEST`) and never below ``floor`` (:data:`MIN_RECORDS` records); a remainder smaller than
-half that joins the shard before it. With 10 lanes, 100 shards of 10,000 records become 141: 81
-of 10,000, then 60 from 9,500 down to 1,250 records; at 100M records on 320 lanes, 5,000 shards
-of 20,000 become 6,330.
+half that joins the shard before it (up to the full size). With 10 lanes, 100 shards of 10,000
+records become 141: 81 of 10,000, then 60 from 9,500 down to 1,250 records; at 100M records on 320
+lanes, 5,000 shards of 20,000 become 6,330.
 
 Pure arithmetic, in whatever unit the caller plans (bytes of a file, records):
 :func:`~airflow_batchinfer.storage.ranges.plan_ranges` cuts a file's byte ranges with it, and
@@ -34,7 +34,7 @@ def next_size(remaining: float, full: float, lanes: int, floor: float = 0.0) -> 
     if lanes < 1 or smallest >= full:  # no taper: shards of ``floor`` or less are not cut finer
         return full
     size = max(smallest, min(full, remaining / (2 * lanes)))
-    return remaining if remaining - size < smallest / 2 else size
+    return remaining if remaining - size < smallest / 2 and remaining <= full else size
 
 
 def sizes(total: int, full: int, lanes: int, floor: int = MIN_RECORDS) -> list[int]:

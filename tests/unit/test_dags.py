@@ -139,6 +139,14 @@ def test_the_inputs_last_shards_taper_for_round_0s_lanes(
     assert sum(s["records"] for s in shards) == pytest.approx(60_000, rel=0.1)  # estimated from bytes
 
 
+@pytest.mark.parametrize("slots", ["0", "-2", "four", "2.5"])
+def test_bad_pool_slots_fail_the_shard_task_with_the_remedy(tmp_path: Path, slots: str) -> None:
+    op = shard_op(tmp_path, maps_per_shard=False)
+    op.slots = slots
+    with pytest.raises(AirflowFailException, match="replicas and concurrency to positive whole numbers"):
+        op.execute({})  # type: ignore[arg-type]
+
+
 def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:
     with pytest.raises(AirflowFailException, match="strategy 'fastest'"):
         shard_op(tmp_path, strategy="fastest").execute({})  # type: ignore[arg-type]

@@ -8,8 +8,9 @@ import httpx
 import pytest
 
 from airflow_batchinfer.exceptions import WorkerUnavailable
-from airflow_batchinfer.pipeline import pool_slots
+from airflow_batchinfer.pipeline import input_lanes, pool_slots
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run.config import RunConfig
 
 
 def _pool(slots: dict[str, int | None]) -> PoolClient:
@@ -43,3 +44,16 @@ async def test_a_pool_without_an_answering_worker_is_refused_with_the_remedy() -
             await pool_slots(pool)
     finally:
         await pool.aclose()
+
+
+@pytest.mark.parametrize(("lanes", "expected"), [(0, 7), (5, 5), (20, 7)])
+async def test_the_inputs_taper_is_for_the_lanes_that_run_at_once(lanes: int, expected: int) -> None:
+    cfg = RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, lanes=lanes)
+    pool = _pool({"http://w1:1": 3, "http://w2:1": 4})
+    silent = _pool({"http://w1:1": None})
+    try:
+        assert await input_lanes(cfg, pool) == expected  # more lanes than slots wait for one
+        assert await input_lanes(cfg, silent) == 0  # no taper; the first round tells the pool is down
+    finally:
+        await pool.aclose()
+        await silent.aclose()

@@ -95,6 +95,10 @@ def test_the_sample_is_spread_over_the_input() -> None:
     plan = sample_plan([100] * 10, 20)
     assert [i for i, _ in plan] == [0, 1, 2, 3, 5, 6, 7, 8] and sum(t for _, t in plan) == 20
     assert max(t for _, t in plan) - min(t for _, t in plan) <= 1
+    # a tapered end (many small shards last): spread by records, not by index (0, 3, 6, ... 21 would
+    # sample the last quarter of the records five times out of eight)
+    tapered = sample_plan([10] * 8 + [2] * 16, 8)
+    assert [i for i, _ in tapered] == [0, 1, 2, 4, 5, 7, 10, 17]
     # a share a small shard cannot fill goes to the next; what the spread cannot fill, to the others
     assert sample_plan([1, 100], 10) == [(0, 1), (1, 9)]
     topped = sample_plan([2] * 20, 30)  # 8 spread shards give 16; 7 more in order give the rest
@@ -115,6 +119,9 @@ def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
     assert (plan.lanes_setting, plan.lanes, plan.slots, plan.chunk_size) == (8, 8, 40, 250)
     # the run's shards, the last ones tapered for the 8 lanes (storage.taper)
     assert plan.rounds[0].shards == 511 and plan.rounds[0].records_per_shard == 2000
+    # given round 0's shards as planned (the pre-flight's), they are the plan's
+    given = SizingPlan.from_dict(_sizing(cfg, *args, [2000] * 499 + [1000] * 2))
+    assert given.rounds[0].shards == 501 and given.rounds[0].records == 1_000_000
     assert plan.lost_records_per_failure == 2 * 250  # 8 lanes on 4 GPUs: two jobs, a chunk each
     auto = SizingPlan.from_dict(_sizing(cfg, *args))
     assert (auto.lanes_setting, auto.lanes) == (0, 40) and auto.lost_records_per_failure == 10 * 250

@@ -62,3 +62,26 @@ async def test_a_busy_device_clock_leaves_the_loops_timer_to_end_the_wait() -> N
     await until(due, clock)
     assert due <= loop.time() < due + 1.5  # ended by the timer, not seconds later by the clock
     clock.shutdown(wait=False)
+
+
+async def test_the_device_clock_ends_a_wait_the_loops_timer_would_end_late() -> None:
+    """The loop's own timer made useless (it never fires): the clock's thread alone ends the wait,
+    at its due time, as a device's output wakes the loop."""
+    loop = asyncio.get_running_loop()
+    clock = ThreadPoolExecutor(max_workers=1)
+    real_call_at = loop.call_at
+    try:
+        loop.call_at = lambda when, cb, *args, **kw: real_call_at(when + 3600, cb, *args, **kw)  # type: ignore[method-assign]
+        due = loop.time() + 0.001
+        await asyncio.wait_for(until(due, clock), timeout=5)
+        assert loop.time() >= due
+    finally:
+        loop.call_at = real_call_at  # type: ignore[method-assign]
+        clock.shutdown()
+
+
+async def test_close_stops_the_engines_clock() -> None:
+    e = create_engine("simulated", latency_base_s=0.001)
+    await e.generate([req(1)])
+    await e.close()
+    assert e.clock._shutdown  # type: ignore[attr-defined]

@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from airflow_batchinfer.storage import taper
-from airflow_batchinfer.storage.ranges import plan_ranges, read_range
+from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.ranges import plan_ranges, read_range, shard_ranges
 from tests.unit.storage.test_ranges import Sink, frames_file
 
 
@@ -78,3 +79,28 @@ def test_zstd_frames_taper_too(tmp_path: Path) -> None:
     assert len(tapered.shards) > len(flat.shards)
     assert min(s["records"] for s in tapered.shards) < 2_000 <= max(s["records"] for s in flat.shards[:-1])
     assert read(tapered.shards) == list(range(40_000))
+
+
+def test_a_plain_file_at_the_floor_is_planned_exactly_as_untapered(tmp_path: Path) -> None:
+    # records_per_shard 1,000 is the floor itself: whatever the bytes per record round to, no taper
+    for n, pad in ((20_200, 7), (31_003, 13), (12_345, 0)):
+        path = tmp_path / f"d{n}.jsonl"
+        path.write_bytes(b"".join(orjson.dumps({"id": i, "p": "z" * pad}) + b"\n" for i in range(n)))
+        flat = plan_ranges(str(path), records_per_shard=1_000, max_bytes_per_shard=1 << 30)
+        tapered = plan_ranges(str(path), records_per_shard=1_000, max_bytes_per_shard=1 << 30, lanes=4)
+        assert flat is not None and tapered is not None
+        assert [s["range"] for s in tapered.shards] == [s["range"] for s in flat.shards]
+
+
+def test_a_fan_outs_floor_counts_rows_not_lines(tmp_path: Path) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(records(60_000))
+    arms = FanOut(("a", "b", "c", "d"))
+    planned = shard_ranges(str(path), str(tmp_path / "input"), records_per_shard=4_000,
+                           max_bytes_per_shard=1 << 30, id_field="id", assign_ids=False, fan_out=arms,
+                           lanes=4)  # fmt: skip
+    assert planned is not None
+    shards, manifest, _ = planned
+    rows = [s["records"] for s in shards]  # each line once per arm
+    assert manifest["taper_lanes"] == 4 and max(rows) == pytest.approx(4_000, rel=0.05)
+    assert min(rows[:-1]) == pytest.approx(1_000, rel=0.05)  # 1,000 rows (250 lines), as sizing plans them
