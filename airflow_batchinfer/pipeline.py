@@ -29,7 +29,6 @@ from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lan
 from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
-from airflow_batchinfer.sizing import lanes_at_once
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
 
@@ -53,10 +52,13 @@ async def pool_slots(pool: PoolClient) -> int:
 
 
 async def input_lanes(cfg: RunConfig, pool: PoolClient) -> int:
-    """Round 0's lanes at once, for which the input's last shards taper: ``lanes``, at most the
-    pool's slots (0: the slots); 0 (no taper) when no worker answers yet: its first round says why."""
+    """Round 0's lanes, for which the input's last shards taper: ``lanes`` as the round runs them
+    (the pool is not asked), or with ``lanes`` 0 one per slot of the pool; 0 (no taper) when no
+    worker answers yet: its first round says why."""
+    if cfg.lanes:
+        return cfg.lanes
     try:
-        return lanes_at_once(cfg.lanes, await pool_slots(pool))
+        return await pool_slots(pool)
     except RpcError:
         return 0
 

@@ -46,14 +46,17 @@ async def test_a_pool_without_an_answering_worker_is_refused_with_the_remedy() -
         await pool.aclose()
 
 
-@pytest.mark.parametrize(("lanes", "expected"), [(0, 7), (5, 5), (20, 7)])
-async def test_the_inputs_taper_is_for_the_lanes_that_run_at_once(lanes: int, expected: int) -> None:
-    cfg = RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, lanes=lanes)
+async def test_the_inputs_taper_is_for_the_lanes_round_0_runs() -> None:
+    def cfg(lanes: int) -> RunConfig:
+        return RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
+                         lanes=lanes)  # fmt: skip
+
     pool = _pool({"http://w1:1": 3, "http://w2:1": 4})
     silent = _pool({"http://w1:1": None})
     try:
-        assert await input_lanes(cfg, pool) == expected  # more lanes than slots wait for one
-        assert await input_lanes(cfg, silent) == 0  # no taper; the first round tells the pool is down
+        assert await input_lanes(cfg(0), pool) == 7  # one per slot of the pool
+        assert await input_lanes(cfg(0), silent) == 0  # no taper; the first round tells the pool is down
+        assert await input_lanes(cfg(5), silent) == 5  # set: as the round runs them, the pool not asked
     finally:
         await pool.aclose()
         await silent.aclose()
