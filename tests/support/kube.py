@@ -135,10 +135,49 @@ def start_control_plane(state: Path, found: Found | None = None) -> ControlPlane
     found = found or find_control_plane()
     if found is None:
         raise RuntimeError(NO_CONTROL_PLANE)
-    state.mkdir(parents=True, exist_ok=True)
-    port = random.randint(21000, 38000)
-    if found.bin_dir is not None:
-        return _start_binaries(state, port, found)
+    for attempt in range(1, PORT_TRIES + 1):
+        attempt_state = state if attempt == 1 else state / f"try-{attempt}"  # short: etcd's sockets
+        attempt_state.mkdir(parents=True, exist_ok=True)
+        port = _free_ports()
+        try:
+            if found.bin_dir is not None:
+                return _start_binaries(attempt_state, port, found)
+            return _up_sh(attempt_state, port, found)
+        except RuntimeError:
+            # another process took one of the ports between the check and the bind (seen under load)
+            if attempt == PORT_TRIES or not _port_taken(attempt_state):
+                raise
+    raise AssertionError("unreachable")
+
+
+# Ports the control plane binds (the API server, etcd's client, peer and metrics ports) are drawn
+# below the kernel's ephemeral range (32768-60999 here), where no client socket takes one meanwhile.
+PORT_RANGE = (21000, 32000)
+PORT_TRIES = 3
+
+
+def _free_ports(span: int = 4) -> int:
+    """The first of ``span`` consecutive ports on 127.0.0.1 that nothing listens on now."""
+    import socket
+
+    for _ in range(100):
+        first = random.randint(*PORT_RANGE)
+        try:
+            for p in range(first, first + span):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError(f"no {span} free consecutive ports in {PORT_RANGE} on 127.0.0.1")
+
+
+def _port_taken(state: Path) -> bool:
+    """Whether a component's log says its port was taken (``address already in use``)."""
+    return any("address already in use" in log.read_text(errors="replace") for log in state.glob("*.log"))
+
+
+def _up_sh(state: Path, port: int, found: Found) -> ControlPlane:
     out = subprocess.run(
         ["bash", str(TOOLS / "up.sh"), str(state), str(port)], capture_output=True, text=True, timeout=300
     )
