@@ -122,8 +122,7 @@ async def run_pipeline(
         "in_place": pool,
         "judge": judge_pool or pool,
     }
-    cfg.validate()  # bad settings are told before the pool is asked anything
-    lanes = await input_lanes(cfg, pool)
+    lanes = await input_lanes(cfg, pool)  # a silent pool: no taper; prepare_run tells bad settings
     await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan

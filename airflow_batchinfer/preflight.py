@@ -110,11 +110,11 @@ def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> 
     next, and what the spread shards cannot fill comes from the others in order. ``counts``: each
     shard's records (as planned: a range shard's estimate); spread by records, not by shard index
     (round 0's last shards are smaller: :mod:`~airflow_batchinfer.storage.taper`)."""
+    if not counts:
+        return []
     k = max(1, min(len(counts), spread, wanted))
     starts = list(itertools.accumulate(counts, initial=0))  # each shard's first record
-    total = starts[-1]
-    picks = sorted({min(bisect.bisect_right(starts, i * total // k) - 1, len(counts) - 1) for i in range(k)})
-    picks = picks if counts else []
+    picks = sorted({min(bisect.bisect_right(starts, i * starts[-1] // k), len(counts)) - 1 for i in range(k)})
     taken = [0] * len(counts)
     left = wanted
     for j, i in enumerate(picks):

@@ -562,14 +562,11 @@ def _shape(
     runners: int,
     mapped: int | None,
     lost_records: int,
-    taper_lanes: int = 0,
-    first_sizes: Sequence[int] | None = None,
     **kw: Any,
 ) -> ShapePlan:
     """One shape's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
-    round unless ``strategy`` is ``"rounds"``) and totals; round 0's shards ``first_sizes``, or
-    tapered for ``taper_lanes``."""
-    kw["taper_lanes"], kw["first_sizes"] = taper_lanes, first_sizes
+    round unless ``strategy`` is ``"rounds"``) and totals; ``kw`` goes to each :func:`_round`
+    (round 0's ``first_sizes`` or ``taper_lanes`` among them)."""
     plans: list[RoundPlan] = []
     for r in range(n_rounds):
         n = round(records * reject**r)

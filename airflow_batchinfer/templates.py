@@ -320,7 +320,7 @@ def _guard_filter(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
                 raise SecurityError("tojson indent too large (the limit is 64)")
         elif name == "indent" and text is not None:
             width = _arg(args, kwargs, 0, "width", 4)
-            per_line = whole_number(width) if whole_number(width) is not None else len(str(width))
+            per_line = n if (n := whole_number(width)) is not None else len(str(width))
             _check_len(len(text) + (text.count("\n") + 1) * max(per_line or 0, 0))
         elif name == "wordwrap" and text is not None:
             width = whole_number(_arg(args, kwargs, 0, "width", 79)) or 1
