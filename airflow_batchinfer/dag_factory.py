@@ -43,7 +43,6 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task_group
 
 from airflow_batchinfer.engines import check_no_secrets
-from airflow_batchinfer.limits import TriggerLimits, implied_by
 from airflow_batchinfer.operators.lanes import ShardLaneOperator
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import RunReportOperator
@@ -59,14 +58,15 @@ from airflow_batchinfer.operators.shard_jobs import (
     InPlaceRetryShardOperator,
     JudgeShardOperator,
 )
-from airflow_batchinfer.run.docs import TAIL, slots
-from airflow_batchinfer.settings import (
+from airflow_batchinfer.spec.limits import TriggerLimits, implied_by
+from airflow_batchinfer.spec.settings import (
     dag_params,
     param_defaults,
     param_schemas,
     param_values,
     run_setting_params,
 )
+from airflow_batchinfer.state.docs import TAIL, slots
 
 # A run's root: <output_root>/<run_name>, or the DAG run id (made path-safe) when run_name is empty.
 # Re-running a DAG run, or a new run with the same run_name, resumes in the same root.
@@ -76,7 +76,7 @@ RUN_ROOT = (
 )
 
 # The params, their defaults and JSON schemas, all generated from the one description of the run
-# settings (airflow_batchinfer.settings), as are the ``batchinfer run`` flags and the docs' table.
+# settings (airflow_batchinfer.spec.settings), as are the ``batchinfer run`` flags and the docs' table.
 DEFAULTS: dict[str, Any] = param_defaults()
 # The judge's own pool (DAGs built with ``judge_airflow_pool``): an LLM judge on another model.
 JUDGE_POOL_DEFAULTS: dict[str, Any] = param_defaults(judge_pool=True)
@@ -99,7 +99,7 @@ def embedded_defaults(backend: str | None = None) -> dict[str, Any]:
     storage the pods reach (``s3://…``): set them in the trigger form, once the deployment allows
     those prefixes (``[batchinfer] allowed_input_prefixes`` / ``allowed_output_prefixes``).
     """
-    from airflow_batchinfer.models import default_cache_dir
+    from airflow_batchinfer.engines.models import default_cache_dir
 
     backend = backend or os.environ.get("BATCHINFER_POOL_BACKEND", "local")
     if backend not in ("local", "kubernetes"):

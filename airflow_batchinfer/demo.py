@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
+from airflow_batchinfer.engines.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.storage import JsonlDir
 
 DEMO_DAG = "batchinfer_human_review"
@@ -60,7 +60,7 @@ def gate_message(base_url: str, dag_id: str, run_id: str, detail: dict[str, Any]
     """What the demo prints when a review gate opens: its subject and body (``detail``: the gate's
     HITL detail from the REST API) and, with ``review="ui"`` (the gate is left open for you), where
     to review the round's samples (the run's review desk) and where to answer the gate."""
-    from airflow_batchinfer.report import desk_url, plain_text, run_url
+    from airflow_batchinfer.run.report import desk_url, plain_text, run_url
 
     rule = "=" * 100
     body = plain_text(str(detail.get("body") or ""))  # markdown for the UI; text here
@@ -101,7 +101,7 @@ def run_airflow_demo(
 ) -> dict[str, Any]:
     from airflow_batchinfer.dev.airflow import DevAirflow
     from airflow_batchinfer.pools import LocalPool
-    from airflow_batchinfer.report import run_url
+    from airflow_batchinfer.run.report import run_url
 
     data = workdir / "arithmetic.jsonl"
     make_dataset(data, n)
@@ -173,10 +173,10 @@ def run_airflow_demo(
 
 def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -> dict[str, Any]:
     """The same rounds without Airflow (``--no-airflow``)."""
-    from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.run.pipeline import run_pipeline
+    from airflow_batchinfer.state.config import RunConfig
 
     workdir = (workdir or default_cache_dir() / "demo").resolve()
     data = workdir / "arithmetic.jsonl"

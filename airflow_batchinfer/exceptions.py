@@ -38,7 +38,7 @@ class ReviewClosedError(ReviewError):
 
 
 class ParamsRefused(ConfigError):
-    """A DAG run's params go beyond what the deployment allows (:mod:`airflow_batchinfer.limits`);
+    """A DAG run's params go beyond what the deployment allows (:mod:`airflow_batchinfer.spec.limits`);
     nothing was started or written. ``reasons`` lists every refusal."""
 
     def __init__(self, reasons: list[str]) -> None:

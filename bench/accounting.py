@@ -60,11 +60,11 @@ def generate(path: Path, n: int) -> None:
 def prepare(run_root: Path, n: int) -> dict[str, Any]:
     """The run directory for ``n`` ids up to round 0's close: input, plan and finished jobs."""
     from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
-    from airflow_batchinfer.run.config import RunConfig
-    from airflow_batchinfer.run.docs import JobManifest, write_job_manifest, write_plan, write_run_config
     from airflow_batchinfer.run.jobs import inferred_shard, job_spec, round_kinds
-    from airflow_batchinfer.run.layout import RunLayout, staged_output
     from airflow_batchinfer.run.plan import propose_slot
+    from airflow_batchinfer.state.config import RunConfig
+    from airflow_batchinfer.state.docs import JobManifest, write_job_manifest, write_plan, write_run_config
+    from airflow_batchinfer.state.layout import RunLayout, staged_output
     from airflow_batchinfer.storage import JsonlFile, shard_dataset
 
     shutil.rmtree(run_root.parent, ignore_errors=True)
@@ -167,9 +167,9 @@ def build(run_root: Path, n: int) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- checking
 def report_args(run_root: str) -> tuple[Any, ...]:
     """What ``build_report`` hands ``check_invariant`` (the same reads, in the same order)."""
-    from airflow_batchinfer.run.docs import read_plan, read_run_config, read_summary, slots
-    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.run.plan import ACCEPTED_BY_REVIEW, pending_shards
+    from airflow_batchinfer.state.docs import read_plan, read_run_config, read_summary, slots
+    from airflow_batchinfer.state.layout import RunLayout
 
     cfg = read_run_config(run_root)
     layout = RunLayout(cfg.run_root)
@@ -205,17 +205,17 @@ def run_child(argv: list[str]) -> None:
     if what == "prepare":
         out = prepare(Path(run_root), int(argv[2]))
     elif what == "stop":
-        from airflow_batchinfer.run.docs import read_run_config, write_plan
-        from airflow_batchinfer.run.layout import RunLayout
         from airflow_batchinfer.run.plan import propose_slot
+        from airflow_batchinfer.state.docs import read_run_config, write_plan
+        from airflow_batchinfer.state.layout import RunLayout
 
         cfg = read_run_config(run_root)
         # max_rounds: round 1's pending set stays
         write_plan(RunLayout(run_root), propose_slot(cfg, "tail").plan)
     elif what == "close":
         from airflow_batchinfer.run.close import close_round
-        from airflow_batchinfer.run.docs import read_plan, read_run_config
-        from airflow_batchinfer.run.layout import RunLayout
+        from airflow_batchinfer.state.docs import read_plan, read_run_config
+        from airflow_batchinfer.state.layout import RunLayout
 
         cfg = read_run_config(run_root)
         plan = read_plan(RunLayout(run_root), "round-00")
@@ -226,7 +226,7 @@ def run_child(argv: list[str]) -> None:
     else:
         layout, id_field, pending, rounds, failed, plans = report_args(run_root)
         if what == "after":
-            from airflow_batchinfer.report import check_invariant
+            from airflow_batchinfer.run.report import check_invariant
 
             out = check_invariant(layout, id_field, pending, rounds, failed, plans=plans)
         elif what == "before":

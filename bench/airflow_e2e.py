@@ -30,10 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from airflow_batchinfer.dev.airflow import DevAirflow  # noqa: E402
-from airflow_batchinfer.pipeline import run_pipeline  # noqa: E402
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.pipeline import run_pipeline  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 
 DAG = """
 from airflow_batchinfer.dag_factory import build_batch_inference_dag

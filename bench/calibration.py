@@ -35,13 +35,13 @@ sys.path.insert(0, str(REPO))
 
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.run.close import close_round  # noqa: E402
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
-from airflow_batchinfer.run.docs import Plan, slots, write_plan  # noqa: E402
-from airflow_batchinfer.run.docs.calibration import Calibration, read_calibration  # noqa: E402
 from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, propose_slot  # noqa: E402
 from airflow_batchinfer.run.prepare import prepare_run  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
+from airflow_batchinfer.state.docs import Plan, slots, write_plan  # noqa: E402
+from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from tests.support import calibration as c  # noqa: E402
 from tests.support.desk import answer_gate, desk_app, open_gate  # noqa: E402

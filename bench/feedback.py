@@ -5,7 +5,7 @@ The demo's data and generator (:mod:`airflow_batchinfer.demo`): ``--records`` ar
 ("What is a + b?", 40 by default, seed 0), SmolLM2-135M-Instruct on the transformers engine in a
 local warm pool, the demo's system message and sampling (temperature 0.7, seed 7, 48 tokens), every
 first attempt the same in every arm, ``--rounds`` rounds (3), run through ``batchinfer run``'s
-pipeline (:func:`~airflow_batchinfer.pipeline.run_pipeline`: the plan, lanes, close and report a DAG
+pipeline (:func:`~airflow_batchinfer.run.pipeline.run_pipeline`: the plan, lanes, close and report a DAG
 run has, without Airflow) with one shard, so that each round is one batch and round 0 the same in
 every arm. Each judge runs the data once per arm (``--arms``):
 
@@ -152,9 +152,9 @@ def one_run(
     **extra: Any,
 ) -> dict[str, Any]:
     """One run of the pipeline on the pools; its figures."""
-    from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.run.pipeline import run_pipeline
+    from airflow_batchinfer.state.config import RunConfig
 
     root = OUT / name
     shutil.rmtree(root, ignore_errors=True)
@@ -273,7 +273,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from airflow_batchinfer.demo import make_dataset
-    from airflow_batchinfer.models import prepare_smollm2
+    from airflow_batchinfer.engines.models import prepare_smollm2
     from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 
     OUT.mkdir(parents=True, exist_ok=True)

@@ -40,10 +40,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from airflow_batchinfer.models import prepare_smollm2  # noqa: E402
+from airflow_batchinfer.engines.models import prepare_smollm2  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
-from airflow_batchinfer.run.docs import read_job_manifest  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlFile, shard_dataset  # noqa: E402
 from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
 

@@ -35,12 +35,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from airflow_batchinfer.pipeline import run_pipeline  # noqa: E402
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec  # noqa: E402
 from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSpec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
+from airflow_batchinfer.run.pipeline import run_pipeline  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 from tests.support.kube import (  # noqa: E402
     NEEDS_CONTROLLERS,
     NO_CONTROL_PLANE,

@@ -100,9 +100,9 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
 
     from airflow_batchinfer.judges.reasons import ReasonGroups
     from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
-    from airflow_batchinfer.run.docs import JobManifest, write_job_manifest
     from airflow_batchinfer.run.jobs import job_spec
-    from airflow_batchinfer.run.layout import staged_output
+    from airflow_batchinfer.state.docs import JobManifest, write_job_manifest
+    from airflow_batchinfer.state.layout import staged_output
     from airflow_batchinfer.storage import JsonlFile
     from airflow_batchinfer.storage.digest import IdDigest
     from airflow_batchinfer.storage.ranges import read_range, read_stats
@@ -157,11 +157,11 @@ def build(run_root: Path, n: int, shards: int) -> dict[str, Any]:
     from concurrent.futures import ProcessPoolExecutor
 
     from airflow_batchinfer.run.close import close_round
-    from airflow_batchinfer.run.config import RunConfig
-    from airflow_batchinfer.run.docs import write_plan
-    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.run.plan import propose_slot
     from airflow_batchinfer.run.prepare import prepare_run
+    from airflow_batchinfer.state.config import RunConfig
+    from airflow_batchinfer.state.docs import write_plan
+    from airflow_batchinfer.state.layout import RunLayout
 
     shutil.rmtree(run_root.parent, ignore_errors=True)
     run_root.parent.mkdir(parents=True)

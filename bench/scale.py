@@ -82,7 +82,7 @@ sys.path.insert(0, str(REPO))
 
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
 from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402

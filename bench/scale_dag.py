@@ -264,10 +264,10 @@ def job_manifests(root: Path) -> dict[tuple[str, str], dict[str, Any]]:
 
 def lane_docs(root: Path) -> list[dict[str, Any]]:
     """The first round's lane documents (``round-00/lanes/lane-*.json``), ``[]`` for a round mapped
-    per shard (a release before lanes has no :mod:`airflow_batchinfer.run.docs.lanes`)."""
+    per shard (a release before lanes has no :mod:`airflow_batchinfer.state.docs.lanes`)."""
     try:
-        from airflow_batchinfer.run.docs.lanes import read_lanes
-        from airflow_batchinfer.run.layout import RunLayout
+        from airflow_batchinfer.state.docs.lanes import read_lanes
+        from airflow_batchinfer.state.layout import RunLayout
     except ImportError:
         return []
     return [doc.model_dump() for doc in read_lanes(RunLayout(str(root)), 0)]
@@ -392,7 +392,7 @@ def setup_prefixes(defaults: dict[str, Any]) -> tuple[str, ...]:
     import jinja2
 
     from airflow_batchinfer.dag_factory import DEFAULTS, build_batch_inference_dag
-    from airflow_batchinfer.limits import implied_by
+    from airflow_batchinfer.spec.limits import implied_by
 
     dag = build_batch_inference_dag(DAG_ID, max_rounds=1, airflow_pool=POOL, defaults=defaults)
     params = {**DEFAULTS, **defaults}

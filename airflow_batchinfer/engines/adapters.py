@@ -18,9 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, BASE
 
-ADAPTER_FIELD = "adapter"  # a record's (and an output row's) adapter name
-BASE = "base"  # the base model as a record's adapter (a fan-out's base arm): no adapter may be named so
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 # a judged row's count under its adapter: approved, rejected, or a spot check (approved by the judge,
 # held for people: counted apart, as the round's summary counts its spot checks)

@@ -11,7 +11,7 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 
 if TYPE_CHECKING:
-    from airflow_batchinfer.prompts import PromptBuilder
+    from airflow_batchinfer.prompts.build import PromptBuilder
 
 Generate = Callable[[list[GenerationRequest]], Awaitable[list[GenerationResult]]]
 """Runs requests through the worker's shared batcher (for judges that call a model)."""

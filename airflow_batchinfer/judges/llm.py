@@ -38,7 +38,7 @@ from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
-from airflow_batchinfer.prompts import PromptBuilder, PromptError
+from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.values import number
 
 INVALID = "invalid_judgment"

@@ -15,7 +15,7 @@ worker whose model is a scoring model (a judge pool's: :attr:`Engine.scoring
 
 What is scored: the conversation the answer belongs to, the record's prompt as the run renders it
 (its ``prompt_template`` and ``system``; a retry's with ``retry_template`` and ``retry_system`` and the
-``previous`` its row carries, as :mod:`~airflow_batchinfer.retries` decided it for the answer's
+``previous`` its row carries, as :mod:`~airflow_batchinfer.prompts.retries` decided it for the answer's
 generation; or an OpenAI batch request's ``body``) with the answer as the assistant's turn, through
 the model's chat template; or, with ``template`` (Jinja2 over the
 record's fields, ``record`` and ``result``), exactly that text (e.g. ``"{{ result }}"`` for a
@@ -34,8 +34,8 @@ from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.llm import INLINE_ITEMS, prompt_record
-from airflow_batchinfer.prompts import PromptBuilder, is_openai_batch
-from airflow_batchinfer.retries import PREVIOUS, Previous
+from airflow_batchinfer.prompts.build import PromptBuilder, is_openai_batch
+from airflow_batchinfer.prompts.retries import PREVIOUS, Previous
 
 MODEL_JUDGES = ("classifier", "reward")
 MODEL_JUDGE_KEYS = frozenset({"model", "threshold", "label", "template"})

@@ -46,7 +46,7 @@ from airflow_batchinfer.operators.shard_jobs import deferral_timeout, task_deadl
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.run.lanes import Lane, lane_result
-from airflow_batchinfer.run.owner import task_owns
+from airflow_batchinfer.state.owner import task_owns
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.lane import (
     LaneTrigger,

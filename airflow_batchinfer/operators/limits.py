@@ -1,6 +1,6 @@
 """The trust check at the start of a run: the DAG run's params against what the deployment allows.
 
-The decision is :func:`airflow_batchinfer.limits.refusals`; this module only gathers its inputs
+The decision is :func:`airflow_batchinfer.spec.limits.refusals`; this module only gathers its inputs
 where a task runs: the run's params, the provider's ``[batchinfer]`` config section and the
 ``batchinfer_pool`` connection the params name.
 """
@@ -14,8 +14,8 @@ from airflow.sdk import BaseHook, Context
 from airflow_batchinfer.compat import AirflowFailException, AirflowNotFoundException
 from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook
-from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, cap_refusals, refusals
 from airflow_batchinfer.pools.ref import PoolRef
+from airflow_batchinfer.spec.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, cap_refusals, refusals
 
 
 def config_limits() -> TriggerLimits:
@@ -34,7 +34,7 @@ def check_params(
     """Refuse (fail the task, no retries) a run whose params go beyond ``dag_limits`` widened by the
     deployment's; returns the limits in force (the pool's workers allow their judge callables).
     ``dag_limits`` ``None`` (a task built without ``limits=``: its DAG's code vouches for its paths,
-    pools and engines): only the caps are checked (:func:`~airflow_batchinfer.limits.cap_refusals`),
+    pools and engines): only the caps are checked (:func:`~airflow_batchinfer.spec.limits.cap_refusals`),
     the deployment's and the pool connection's, which hold for every DAG."""
     params: dict[str, Any] = dict(context.get("params") or {})
     limits = config_limits() if dag_limits is None else dag_limits.widen(config_limits())

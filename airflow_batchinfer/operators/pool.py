@@ -23,14 +23,14 @@ from typing import Any
 from airflow.sdk import BaseOperator, Context
 
 from airflow_batchinfer.compat import AirflowFailException
+from airflow_batchinfer.engines.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.pool import open_pool
-from airflow_batchinfer.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, TriggerLimits
-from airflow_batchinfer.models import default_cache_dir, prepare_smollm2
-from airflow_batchinfer.one_host import ONE_HOST_OPTION, one_host_refusal
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
+from airflow_batchinfer.pools.one_host import ONE_HOST_OPTION, one_host_refusal
+from airflow_batchinfer.spec.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, TriggerLimits
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
@@ -105,7 +105,7 @@ class PoolSetupOperator(BaseOperator):
         their prefixes (an entry ending in ``/`` allows a directory); with ``limits`` those allowed
         there (the DAG's default adapters, ``allowed_adapters``) are added.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
-        anything starts (:mod:`airflow_batchinfer.limits`).
+        anything starts (:mod:`airflow_batchinfer.spec.limits`).
     :param run_root: the run's root (templated), checked with the params: the setup runs beside the
         shard task and must not start a pool for a run whose root is refused.
 

@@ -13,13 +13,13 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
-from airflow_batchinfer.preflight import retry_warnings, run_preflight
-from airflow_batchinfer.report import INCOMPLETE, build_report, shard_summary
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs.shard_status import RoundShards
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.owner import owned_run_config
-from airflow_batchinfer.sizing import SizingPlan
+from airflow_batchinfer.run.preflight import retry_warnings, run_preflight
+from airflow_batchinfer.run.report import INCOMPLETE, build_report, shard_summary
+from airflow_batchinfer.run.sizing import SizingPlan
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs.shard_status import RoundShards
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.owner import owned_run_config
 
 
 class PreflightOperator(BaseOperator):
@@ -47,7 +47,7 @@ def preflight_check(
     cfg: RunConfig, worker_pool: str, context: Context, so: dict[str, Any], log: Any
 ) -> dict[str, Any] | None:
     """The pre-flight (``PreflightOperator``, and the factory DAG's first round plan): log what the
-    settings warn of (:func:`~airflow_batchinfer.preflight.retry_warnings`), run the sample on the
+    settings warn of (:func:`~airflow_batchinfer.run.preflight.retry_warnings`), run the sample on the
     run's pool (judged on the judge's own pool, if any), log the projection and the sizing plan, and
     fail the run when the projection exceeds ``budget_gpu_hours``."""
     for warning in retry_warnings(cfg):  # of the settings alone: also with the sample off
@@ -117,7 +117,7 @@ class RunReportOperator(BaseOperator):
 
 
 def write_report(cfg: RunConfig, so: dict[str, Any], log: Any) -> dict[str, Any]:
-    """Write the run's report (:func:`~airflow_batchinfer.report.build_report`) and log its outcome
+    """Write the run's report (:func:`~airflow_batchinfer.run.report.build_report`) and log its outcome
     and each round's shard states: the report task's work, and that of the close that finishes a
     run (:class:`~airflow_batchinfer.operators.rounds.CloseRoundOperator` folds the tail)."""
     report = build_report(cfg, so)

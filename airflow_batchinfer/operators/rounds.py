@@ -26,23 +26,17 @@ from airflow.sdk import Asset, AssetAlias, BaseOperator, Context, Param
 from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
-from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check, report_event, report_failure, write_report
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
-from airflow_batchinfer.report import desk_url, review_body
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.run.fold import fold_tail, next_slot
 from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.owner import owned_run_config
 from airflow_batchinfer.run.plan import (
     ACCEPT,
     CONTINUE,
@@ -52,6 +46,12 @@ from airflow_batchinfer.run.plan import (
     load_snapshot,
     propose_slot,
 )
+from airflow_batchinfer.run.report import desk_url, review_body
+from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.owner import owned_run_config
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)

@@ -17,13 +17,13 @@ from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.judges.truncation import tightest_cap
-from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators.limits import check_params
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.owner import RunIdentity, claim, input_refusal, owner_uri
 from airflow_batchinfer.run.prepare import prepare_run
-from airflow_batchinfer.sizing import lanes_at_once
+from airflow_batchinfer.run.sizing import lanes_at_once
+from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, owner_uri
 from airflow_batchinfer.storage import ShardDescriptor
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
@@ -65,7 +65,7 @@ class ShardDatasetOperator(BaseOperator):
         which the input's last shards taper (:mod:`~airflow_batchinfer.storage.taper`); ``None``,
         or a DAG mapped per shard: no taper.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
-        anything is read or written (:mod:`airflow_batchinfer.limits`); ``None``: the DAG's code
+        anything is read or written (:mod:`airflow_batchinfer.spec.limits`); ``None``: the DAG's code
         vouches for ``config`` and callable judges are not restricted here, but the params are held
         to the deployment's caps (``[batchinfer] max_*``, the pool connection's)."""
 

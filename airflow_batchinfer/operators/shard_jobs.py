@@ -42,10 +42,10 @@ from airflow_batchinfer.rpc.locate import SUBMIT_TIMEOUT_S  # a try's wait for a
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient, follow
 from airflow_batchinfer.rpc.tracking import JobEvent, after_event
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.run.jobs import inferred_shard, job_spec, judge_input, record_job_error, shard_config
-from airflow_batchinfer.run.owner import owned_run_config
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.state.owner import owned_run_config
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger

@@ -43,9 +43,9 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_options
+from airflow_batchinfer.engines.models import default_cache_dir
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
-from airflow_batchinfer.models import default_cache_dir
-from airflow_batchinfer.one_host import ONE_HOST
+from airflow_batchinfer.pools.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers

@@ -33,7 +33,7 @@ Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
     GET  /api/gates/{dag_id}/{run_id}/attempts/{id} the id's rows in the earlier rounds   [?round=]
 
 Every sample they return is cut to the ``[batchinfer] review_*`` caps as its row is read
-(:mod:`airflow_batchinfer.desk_bounds`): its ``truncated`` names what was cut, and ``field`` reads
+(:mod:`airflow_batchinfer.review.bounds`): its ``truncated`` names what was cut, and ``field`` reads
 one such value whole (a sample's ``shard_id`` and ``position`` address it).
     GET  /api/gates/{dag_id}/{run_id}/shards        ?cursor=&size=&state=&round=: a round's shards
     GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
@@ -74,14 +74,14 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_batchinfer.desk_bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, ReviewClosedError, ReviewError
-from airflow_batchinfer.limits import CONFIG_SECTION
+from airflow_batchinfer.review.bounds import Bounds, json_text, utf8_size
 from airflow_batchinfer.review.browse import RoundView, Sample, field_value, trend
 from airflow_batchinfer.review.calibration import calibration_chart, judge_checked, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.spec.limits import CONFIG_SECTION
+from airflow_batchinfer.state.docs import (
     TAIL,
     Plan,
     read_plan,
@@ -90,10 +90,10 @@ from airflow_batchinfer.run.docs import (
     rounds_ran,
     slots,
 )
-from airflow_batchinfer.run.docs.calibration import Calibration, read_calibration
-from airflow_batchinfer.run.docs.shard_status import RoundStatus, round_status
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.owner import RunIdentity, creator_of, parse_owner, read_owner
+from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration
+from airflow_batchinfer.state.docs.shard_status import RoundStatus, round_status
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.owner import RunIdentity, creator_of, parse_owner, read_owner
 
 PAGE_DIR = Path(__file__).parent / "page"
 STATIC_FILES = {"page.js": "text/javascript", "page.css": "text/css"}

@@ -4,7 +4,7 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
 - **retry** (every row no decision names): stays pending, in ``round-NN/reviewed/`` (the round's
   pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it); a row
   a retry decision names carries it (``sent_back``: who, when, the note, the round), and its next
-  attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.retries`);
+  attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.prompts.retries`);
 - **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
   who, when and the note;
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision;
@@ -30,8 +30,8 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, counted
-from airflow_batchinfer.retries import SENT_BACK
+from airflow_batchinfer.engines.adapters import counted
+from airflow_batchinfer.prompts.retries import SENT_BACK
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.calibration import (
     Pair,
@@ -49,12 +49,13 @@ from airflow_batchinfer.review.decisions import (
     Resolver,
     undecided,
 )
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_summary
-from airflow_batchinfer.run.docs.calibration import write_calibration
-from airflow_batchinfer.run.layout import SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_summary
+from airflow_batchinfer.state.docs.calibration import write_calibration
+from airflow_batchinfer.state.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
+from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import write_manifest
 
@@ -212,7 +213,7 @@ def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict
     """A decided row: the person's verdict in its judgment; an accepted or dropped one also carries
     ``review`` (and ``accepted_by_review``, accepted): it leaves the run. A retried row carries
     ``sent_back`` (who, when, the note, the round reviewed), which its next attempt's prompt may read
-    (``previous.note``: :func:`~airflow_batchinfer.retries.previous_of`) and which that attempt's
+    (``previous.note``: :func:`~airflow_batchinfer.prompts.retries.previous_of`) and which that attempt's
     row no longer carries (a field of the generation it replaces, as its judgment is)."""
     marked = {**row, "judgment": _person(row, decision, judge)}
     if decision.action == "retry":

@@ -30,15 +30,15 @@ from typing import Any, NamedTuple, cast
 
 import orjson
 
-from airflow_batchinfer.desk_bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import OTHER, ReasonGroups, reason_group, row_reason, text_of
 from airflow_batchinfer.judges.spot_check import is_spot_check
-from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.retries import NO_RETRY, PREVIOUS, SENT_BACK, Previous, RetrySettings
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.prompts.build import PromptBuilder
+from airflow_batchinfer.prompts.retries import NO_RETRY, PREVIOUS, SENT_BACK, Previous, RetrySettings
+from airflow_batchinfer.review.bounds import Bounds, clip, json_text, utf8_size
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     Plan,
     read_accepted,
@@ -48,7 +48,7 @@ from airflow_batchinfer.run.docs import (
     read_summary,
     slots,
 )
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import LineIds
 from airflow_batchinfer.storage.location import StorageOptions, join
@@ -812,7 +812,7 @@ def _rejected_rows(doc: AcceptedJob | None) -> int | None:
 
 class _Prompts:
     """The prompt the worker sent for a record, as text: the package's one renderer,
-    :class:`~airflow_batchinfer.prompts.PromptBuilder`, with the round's template, system message and
+    :class:`~airflow_batchinfer.prompts.build.PromptBuilder`, with the round's template, system message and
     retry settings (a retry's prompt renders from the ``previous`` its row carries; chat messages
     shown as ``[role]`` blocks; a lone user message as its text)."""
 

@@ -1,7 +1,7 @@
 """The judge checked against people: the reviewers' verdicts on a round's rows beside the judge's.
 
 One pure function, :func:`calibrate`, turns ``(judge verdict, person verdict, score)`` pairs
-(:class:`Pair`) into a round's figures (:class:`~airflow_batchinfer.run.docs.calibration.Calibration`):
+(:class:`Pair`) into a round's figures (:class:`~airflow_batchinfer.state.docs.calibration.Calibration`):
 agreement, Cohen's κ, precision and recall of "approve" with the person taken as truth, the raw
 confusion counts, and per score bucket the judge's and the people's approval and their agreement.
 Which decisions count (:func:`pair_of`): a decision that names the row's id is a person's verdict on
@@ -35,8 +35,8 @@ from airflow_batchinfer.judges.reasons import INFERENCE_ERROR, TRUNCATED
 from airflow_batchinfer.judges.spot_check import BUCKETS, STRATA, Stratum, score_bucket
 from airflow_batchinfer.review.browse import RoundView, Sample
 from airflow_batchinfer.review.decisions import Decision, Resolver
-from airflow_batchinfer.run.docs import read_summary
-from airflow_batchinfer.run.docs.calibration import Bucket, Calibration, Confusion
+from airflow_batchinfer.state.docs import read_summary
+from airflow_batchinfer.state.docs.calibration import Bucket, Calibration, Confusion
 
 __all__ = [
     "Pair",

@@ -28,7 +28,7 @@ from typing import Any, Literal, get_args
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
 from airflow_batchinfer.judges.spot_check import SPOT_CHECK
 from airflow_batchinfer.review.browse import RoundView, Sample, matches
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import swap
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.location import resolve as resolve_uri

@@ -1,5 +1,5 @@
 """The review desk's shards view: a round's shards with their state, lane, records, claim and end
-times and error (:mod:`airflow_batchinfer.run.docs.shard_status`), a page at a time, filtered by
+times and error (:mod:`airflow_batchinfer.state.docs.shard_status`), a page at a time, filtered by
 state. With lanes the Airflow grid shows one box per lane; this is where a reviewer (or an operator
 on the desk) sees each shard.
 
@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_batchinfer.desk_bounds import Bounds, clip
 from airflow_batchinfer.exceptions import ReviewError
-from airflow_batchinfer.run.docs.shard_status import COUNTED, GROUP, RoundStatus, ShardRow
+from airflow_batchinfer.review.bounds import Bounds, clip
+from airflow_batchinfer.state.docs.shard_status import COUNTED, GROUP, RoundStatus, ShardRow
 
 MAX_SHARDS_PAGE = 500  # shards one page returns at most
 # What a page filters on: a counted group (unfinished: running and claimed) or one exact state.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-JobKind = Literal["infer", "judge", "infer_judge", "in_place"]
-JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+from airflow_batchinfer.state.docs.jobs import TERMINAL_STATES, JobKind, JobState
+
+__all__ = ["TERMINAL_STATES", "JobKind", "JobSpec", "JobState", "JobStatus", "Progress", "WorkerStats"]
 # ``GET /v1/jobs/{id}?wait_s=`` answers when the job ends, or after at most this long (a long poll).
 MAX_WAIT_S = 30.0
 

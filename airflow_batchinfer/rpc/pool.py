@@ -41,7 +41,7 @@ from airflow_batchinfer.rpc.locate import (
 )
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
-from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 

@@ -27,7 +27,7 @@ from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
 
 if TYPE_CHECKING:
-    from airflow_batchinfer.run.docs import JobManifest
+    from airflow_batchinfer.state.docs import JobManifest
 
 Action = Literal["wait", "done", "failed", "resubmit"]
 EventState = Literal["succeeded", "failed", "cancelled", "lost", "timeout"]

@@ -5,11 +5,11 @@ Storage is the truth. A run root holds ``run.json`` (settings), and per round sl
 (what the controller decided and why), the jobs' completion manifests, ``failed/`` quarantine
 records and ``summary.json``.
 
-* :mod:`~airflow_batchinfer.run.config`: :class:`RunConfig`, one run's settings, and a round's with
+* :mod:`~airflow_batchinfer.state.config`: :class:`RunConfig`, one run's settings, and a round's with
   what reviews changed;
-* :mod:`~airflow_batchinfer.run.layout`: every path a run reads or writes;
-* :mod:`~airflow_batchinfer.run.owner`: which DAG run owns a run root;
-* :mod:`~airflow_batchinfer.run.docs`: the versioned docs (``run.json``, plans, summaries and
+* :mod:`~airflow_batchinfer.state.layout`: every path a run reads or writes;
+* :mod:`~airflow_batchinfer.state.owner`: which DAG run owns a run root;
+* :mod:`~airflow_batchinfer.state.docs`: the versioned docs (``run.json``, plans, summaries and
   quarantine records, the jobs' completion manifests, close's accepted docs), one typed model each,
   read and written in one place, a module per document; the review package reads these only;
 * :mod:`~airflow_batchinfer.run.prepare`: a run's first step (settings checked, input sharded);

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     FailedShard,
     JobFigures,
@@ -18,7 +18,7 @@ from airflow_batchinfer.run.docs import (
     QuarantinedJob,
     parse_accepted,
 )
-from airflow_batchinfer.run.layout import fenced_outputs
+from airflow_batchinfer.state.layout import fenced_outputs
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, swap
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, resolve

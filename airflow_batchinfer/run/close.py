@@ -13,8 +13,11 @@ from typing import Any
 from airflow_batchinfer.engines import adapters
 from airflow_batchinfer.judges import candidates, jury, spot_check
 from airflow_batchinfer.run.accepted import Settled
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.repeats import REPEATED, fanned, range_repeats, settle_repeats
+from airflow_batchinfer.run.settle import RoundClose, settle_shard
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AdapterApproval,
     Candidates,
     Digest,
@@ -27,10 +30,7 @@ from airflow_batchinfer.run.docs import (
     write_failed,
     write_summary,
 )
-from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
-from airflow_batchinfer.run.repeats import REPEATED, fanned, range_repeats, settle_repeats
-from airflow_batchinfer.run.settle import RoundClose, settle_shard
+from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
 from airflow_batchinfer.storage.id_hashes import Repeats

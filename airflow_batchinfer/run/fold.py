@@ -20,9 +20,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, slots
 from airflow_batchinfer.run.plan import RoundSnapshot, propose, slots_before
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, slots
 
 
 @dataclass(frozen=True)

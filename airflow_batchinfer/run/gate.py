@@ -1,7 +1,7 @@
 """What a review gate's answer may change for the next rounds: the keys (:data:`GATE_CHANGES`, run
 settings and sampling fields, with their schemas from the run settings), the values a gate's form
 shows, what an answer changes and the deployment's caps over it. The settings a round runs with the
-changes are :func:`~airflow_batchinfer.run.config.round_config`'s (the plan step's)."""
+changes are :func:`~airflow_batchinfer.state.config.round_config`'s (the plan step's)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, Literal
 
 from airflow_batchinfer.engines.sampling import SAMPLING_FIELDS, sampling_schema
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.limits import TriggerLimits, refusals
-from airflow_batchinfer.run.config import ROUND_SETTINGS, RunConfig
-from airflow_batchinfer.settings import setting
+from airflow_batchinfer.spec.limits import TriggerLimits, refusals
+from airflow_batchinfer.spec.settings import setting
+from airflow_batchinfer.state.config import ROUND_SETTINGS, RunConfig
 
 # What a reviewer may change for the next rounds with a gate's answer (run.config.ROUND_SETTINGS),
 # and where each lives in the run's settings: a field of ``RunConfig.sampling`` (engines.sampling
@@ -59,7 +59,7 @@ def gate_changes(current: dict[str, Any], answered: dict[str, Any]) -> dict[str,
 
 def gate_refusals(changed: RunConfig, settings: dict[str, Any], limits: TriggerLimits) -> list[str]:
     """Why the settings a review changed go over the deployment's caps (``[]``: they do not), decided
-    by :func:`~airflow_batchinfer.limits.refusals` as for a trigger's params. ``changed``: the config
+    by :func:`~airflow_batchinfer.spec.limits.refusals` as for a trigger's params. ``changed``: the config
     the next rounds would run (a sampling key is checked with the whole sampling, as the engines read
     it: ``max_completion_tokens`` before ``max_tokens``, 256 when neither is set)."""
     params = {k: getattr(changed, k) for k in settings if GATE_CHANGES[k] != "sampling"}

@@ -9,8 +9,9 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.prepare import run_key
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     JobError,
     Mode,
@@ -19,8 +20,7 @@ from airflow_batchinfer.run.docs import (
     read_plan,
     write_job_error,
 )
-from airflow_batchinfer.run.layout import INFERRED, RunLayout
-from airflow_batchinfer.run.prepare import run_key
+from airflow_batchinfer.state.layout import INFERRED, RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.ranges import range_params

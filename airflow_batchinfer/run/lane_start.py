@@ -22,12 +22,12 @@ from typing import Any
 
 from airflow_batchinfer.exceptions import BatchInferError
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.run.jobs import job_spec, round_kinds
 from airflow_batchinfer.run.lanes import Lane, claim_shard, stripe
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
 
 log = logging.getLogger("airflow_batchinfer.lanes")

@@ -13,7 +13,7 @@ runs the shard this round. A lane takes its own *stripe* first (shards ``i, i + 
 plan: no two lanes race for those), then steals unclaimed shards, the biggest first and then from the
 end of the plan (the work the slowest lanes would do last): round 0's last shards are cut finer
 (:mod:`~airflow_batchinfer.storage.taper`) so that the lanes end together. Each lane keeps a status
-document (``round-NN/lanes/lane-NNNN.json``, :class:`~airflow_batchinfer.run.docs.lanes.LaneDoc`),
+document (``round-NN/lanes/lane-NNNN.json``, :class:`~airflow_batchinfer.state.docs.lanes.LaneDoc`),
 written before a claim (``claiming``) and after
 each shard: a lane that restarts (a retried task, a restarted triggerer) takes back its own unfinished
 shards first, and the report and the desk show every shard's state from these documents.
@@ -42,9 +42,10 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError, JobFailed
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan
-from airflow_batchinfer.run.docs.lanes import (
+from airflow_batchinfer.run.jobs import job_spec, judge_input, record_job_error, round_kinds
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan
+from airflow_batchinfer.state.docs.lanes import (
     LaneDoc,
     LaneShard,
     ShardClaim,
@@ -53,8 +54,7 @@ from airflow_batchinfer.run.docs.lanes import (
     read_lane,
     write_lane,
 )
-from airflow_batchinfer.run.jobs import job_spec, judge_input, record_job_error, round_kinds
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor, swap, taper
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 

@@ -5,7 +5,7 @@ slot, the round's pending set, the summary of the round before) into a :class:`R
 A review gate's answer is checked (:func:`check_answer`, no I/O), then takes effect in storage: the
 reviewers' decisions on the previous round's rejected rows are applied
 (:func:`airflow_batchinfer.review.apply.apply_decisions`: the review package owns them and reads only
-:mod:`~airflow_batchinfer.run.docs` of this package, so there is no cycle) and *Accept remaining*
+:mod:`~airflow_batchinfer.state.docs` of this package, so there is no cycle) and *Accept remaining*
 copies the rows it accepts; :func:`decide_answer` (no I/O) then makes the slot's plan.
 :func:`apply_choice` does the three.
 """
@@ -21,10 +21,11 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError, ReviewError
 from airflow_batchinfer.judges import judges_in_place
 from airflow_batchinfer.judges.spot_check import round_rate
-from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.review.apply import Applied, apply_decisions
-from airflow_batchinfer.run.config import RunConfig, round_config
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.gate import changed_settings, gate_refusals
+from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.config import RunConfig, round_config
+from airflow_batchinfer.state.docs import (
     TAIL,
     Plan,
     Summary,
@@ -33,8 +34,7 @@ from airflow_batchinfer.run.docs import (
     review_split,
     slots,
 )
-from airflow_batchinfer.run.gate import changed_settings, gate_refusals
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, join

@@ -7,9 +7,9 @@ import hashlib
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_run_config
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 from airflow_batchinfer.storage.location import StorageOptions, resolve

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.run.accepted import Checked, Doc, Figures, Settled, Sweeping, claim
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.state.docs import (
     SWEEPING,
     SWEPT,
     Digest,
@@ -20,7 +20,7 @@ from airflow_batchinfer.run.docs import (
     read_accepted,
     write_failed,
 )
-from airflow_batchinfer.run.layout import FENCED_OUTPUTS, RunLayout
+from airflow_batchinfer.state.layout import FENCED_OUTPUTS, RunLayout
 from airflow_batchinfer.storage import ShardDescriptor, files
 from airflow_batchinfer.storage.location import StorageOptions, join
 

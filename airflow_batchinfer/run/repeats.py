@@ -8,17 +8,17 @@ import dataclasses
 import logging
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
+from airflow_batchinfer.engines.adapters import row_count_key
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import OTHER, reason_group, row_reason
 from airflow_batchinfer.judges.spot_check import is_spot_check
 from airflow_batchinfer.run.accepted import Settled
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
-from airflow_batchinfer.run.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
+from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, id_bytes
-from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, FanOut
 from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, hashes_beside, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import read_manifest

@@ -24,8 +24,11 @@ from airflow_batchinfer.run.accepted import (
     input_info,
     log_claim,
 )
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import inferred_shard, job_spec
+from airflow_batchinfer.run.quarantine import adopt_quarantine, await_sweep, quarantine_shard
+from airflow_batchinfer.run.repeats import drop_repeats
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     JobManifest,
     QuarantinedJob,
@@ -33,10 +36,7 @@ from airflow_batchinfer.run.docs import (
     read_job_error,
     read_job_manifest,
 )
-from airflow_batchinfer.run.jobs import inferred_shard, job_spec
-from airflow_batchinfer.run.layout import INFERRED, RunLayout, staged_attempt
-from airflow_batchinfer.run.quarantine import adopt_quarantine, await_sweep, quarantine_shard
-from airflow_batchinfer.run.repeats import drop_repeats
+from airflow_batchinfer.state.layout import INFERRED, RunLayout, staged_attempt
 from airflow_batchinfer.storage import ShardDescriptor, files
 from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions, join

@@ -25,8 +25,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, BASE
 from airflow_batchinfer.exceptions import ConfigError
+
+ADAPTER_FIELD = "adapter"  # a record's (and an output row's) adapter name
+BASE = "base"  # the base model as a record's adapter (a fan-out's base arm): no adapter may be named so
 
 FAN_OUT_MODES = ("off", "adapters", "adapters_and_base")
 INPUT_ID = "input_id"  # a fanned-out row's field: its input record's id

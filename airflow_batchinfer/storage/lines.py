@@ -20,7 +20,8 @@ READ_SIZE = 64 * 1024
 # 256-byte feed decodes typical JSONL within a few % of an 8 KiB one (64 bytes: ~2.4x slower).
 FEED_SIZE = 256
 ZSTD_SUFFIXES = (".zst", ".zstd")
-MAX_LINE_BYTES = 16 * 1024 * 1024  # the max_line_bytes setting's default (settings.py)
+MAX_LINE_BYTES = 16 * 1024 * 1024  # the max_line_bytes setting's default (spec/settings.py)
+MIN_LINE_BYTES = 1024  # ... and its least value
 RAW_PREFIX = 1024  # bytes of an oversized line kept for its reject row
 
 

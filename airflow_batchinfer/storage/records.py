@@ -15,7 +15,8 @@ from airflow_batchinfer.storage.lines import OversizedLine
 
 OnError = Literal["raise", "skip", "quarantine"]
 ON_ERROR_CHOICES: tuple[OnError, ...] = ("raise", "skip", "quarantine")
-MAX_ID_BYTES = 512  # the max_id_bytes setting's default (settings.py): UTF-8 bytes of an id as text
+MAX_ID_BYTES = 512  # the max_id_bytes setting's default (spec/settings.py): UTF-8 bytes of an id as text
+MIN_ID_BYTES = 32  # ... and its least value
 
 Record = dict[str, Any]
 

@@ -13,7 +13,7 @@ lanes, 5,000 shards of 20,000 become 6,330.
 
 Pure arithmetic, in whatever unit the caller plans (bytes of a file, records):
 :func:`~airflow_batchinfer.storage.ranges.plan_ranges` cuts a file's byte ranges with it, and
-:mod:`~airflow_batchinfer.sizing` sizes a round's shards the same way.
+:mod:`~airflow_batchinfer.run.sizing` sizes a round's shards the same way.
 """
 
 from __future__ import annotations

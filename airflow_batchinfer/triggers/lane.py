@@ -44,12 +44,12 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobKind, JobSpec, JobStatus
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, read_plan, read_run_config
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.lanes import Lane, lane_result, run_lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, read_plan, read_run_config
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.triggers import settle
 

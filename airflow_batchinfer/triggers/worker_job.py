@@ -46,7 +46,7 @@ from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobStatus
 from airflow_batchinfer.rpc.pool import follow
 from airflow_batchinfer.rpc.tracking import JobEvent, after_event
-from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.triggers import settle
 
 PROGRESS_LOG_S = 30.0

@@ -25,12 +25,12 @@ from airflow_batchinfer.engines import Engine
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
-from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.params import JobParams, parse_params
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
-from airflow_batchinfer.worker.params import JobParams, parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy, model_allows, token_ok

@@ -5,7 +5,7 @@ shard under the job's checkpoint directory) every ``flush_every`` events or ``fl
 seconds, never one write or one object per sample. A worker killed mid-job loses at most the
 unflushed buffer; on resubmission every sample resumes after its last checkpointed attempt, and
 samples that already finished are emitted from their stored final rows. An attempt that did not
-finish its sample carries ``previous`` (:class:`~airflow_batchinfer.retries.Previous`, as a dict):
+finish its sample carries ``previous`` (:class:`~airflow_batchinfer.prompts.retries.Previous`, as a dict):
 what the next attempt is told, so a resumed sample renders the prompt (and runs with the
 ``max_tokens``) it would have; events written before it existed have none.
 """

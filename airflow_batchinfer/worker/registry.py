@@ -13,9 +13,9 @@ from airflow_batchinfer.batching import BatchStats
 from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
-from airflow_batchinfer.run.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
+from airflow_batchinfer.state.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
+from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.storage.confine import confined
-from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy
 from airflow_batchinfer.worker.segments import RESUME_COUNTS

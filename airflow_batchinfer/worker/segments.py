@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import ReasonGroups
-from airflow_batchinfer.run.docs.io import Digest, DocModel, read_model
+from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
 from airflow_batchinfer.storage import confine, files
 from airflow_batchinfer.storage.atomic import AtomicSink, is_temp_name
 from airflow_batchinfer.storage.digest import IdDigest

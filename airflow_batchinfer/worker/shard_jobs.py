@@ -13,7 +13,7 @@ and its files (``committed``), a judge reads the infer attempt named there, and 
 accepts one attempt of each job.
 
 Accounting: next to its counts, a job digests the ids it reads (``input``) and those of every row
-it emits per output file (:data:`~airflow_batchinfer.run.docs.ID_OUTPUTS`); the manifest's
+it emits per output file (:data:`~airflow_batchinfer.state.docs.ID_OUTPUTS`); the manifest's
 ``ids`` carries them, and the round's close checks the invariant from them without reading rows.
 Judge, infer_judge and in-place jobs also count the reason groups of the rows they reject
 (:func:`~airflow_batchinfer.judges.reasons.reason_group`), the manifest's ``reason_groups``: the review
@@ -38,7 +38,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import ADAPTER_FIELD, row_count_key
+from airflow_batchinfer.engines.adapters import row_count_key
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.exceptions import ConfigError
@@ -47,21 +47,22 @@ from airflow_batchinfer.judges.base import Scorer
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide, row_decision
-from airflow_batchinfer.prompts import PromptBuilder, PromptError
-from airflow_batchinfer.retries import PREVIOUS, Previous, previous_of
+from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
+from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, previous_of
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import JobSpec, Progress
-from airflow_batchinfer.run.docs import ID_OUTPUTS, Digest
-from airflow_batchinfer.run.layout import fenced_outputs, staged_output
+from airflow_batchinfer.state.docs import ID_OUTPUTS, Digest
+from airflow_batchinfer.state.layout import fenced_outputs, staged_output
+from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
+from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.id_hashes import HashWriter, hashes_beside
 from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader, read_stats
 from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.writer import in_thread
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
-from airflow_batchinfer.worker.params import JobParams
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import JobKey, SegmentDoc, SegmentLog, Tally
 

@@ -3,7 +3,7 @@
 
 While jobs run, one task reads the engine's stats every :data:`SAMPLE_INTERVAL_S`; each job has a
 :class:`Window` that keeps its gauges' peak and mean over those readings and its counters at the
-start, and becomes the manifest's :class:`~airflow_batchinfer.run.docs.EngineTelemetry` when the job
+start, and becomes the manifest's :class:`~airflow_batchinfer.state.docs.EngineTelemetry` when the job
 ends. No job running: no task (the readings cost nothing then). Tokens per second on ``/metrics``
 come from the readings of the last :data:`RATE_WINDOW_S` seconds.
 """
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from airflow_batchinfer.engines.base import Engine
 from airflow_batchinfer.engines.stats import CounterName, EngineStats, GaugeName
-from airflow_batchinfer.run.docs import EngineTelemetry, GaugeSpan
+from airflow_batchinfer.state.docs import EngineTelemetry, GaugeSpan
 
 log = logging.getLogger("airflow_batchinfer.worker")
 

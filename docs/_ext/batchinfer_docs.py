@@ -86,7 +86,7 @@ class _Generated(SphinxDirective):
 
 class Params(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.settings import reference_table
+        from airflow_batchinfer.spec.settings import reference_table
 
         header, rows = reference_table()
         return [_table(header, rows)]
@@ -187,7 +187,7 @@ class JobOutputs(_Generated):
 
 class Limits(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.limits import CONFIG_SECTION, SETTINGS
+        from airflow_batchinfer.spec.limits import CONFIG_SECTION, SETTINGS
 
         kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)",
                  "quantity": "Kubernetes quantity (unset: no limit)"}  # fmt: skip
@@ -207,8 +207,8 @@ class Limits(_Generated):
 
 class DeskSettings(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.desk_bounds import DESK_SETTINGS
-        from airflow_batchinfer.limits import CONFIG_SECTION
+        from airflow_batchinfer.review.bounds import DESK_SETTINGS
+        from airflow_batchinfer.spec.limits import CONFIG_SECTION
 
         rows = [
             [f"``{s.name}``", f"``{s.default}`` (at least {s.minimum})",
@@ -222,7 +222,7 @@ class DeskSettings(_Generated):
 
 class PoolNetwork(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS
+        from airflow_batchinfer.spec.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS
 
         rows = [
             [f"``{s.name}``", f"``{s.example}``", f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",

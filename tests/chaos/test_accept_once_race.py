@@ -21,15 +21,15 @@ import pytest
 
 from airflow_batchinfer.run import close as round_close
 from airflow_batchinfer.run import quarantine, settle
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import record_job_error, round_kinds
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     JobManifest,
     QuarantinedJob,
     read_accepted,
     read_job_manifest,
 )
-from airflow_batchinfer.run.jobs import record_job_error, round_kinds
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, files, swap
 from airflow_batchinfer.storage.digest import IdDigest
 from tests.support.fake_jobs import IDS, finish_shard, judge_shard, make_run, plan_round, read_rows

@@ -23,8 +23,8 @@ import pytest
 
 from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
-from airflow_batchinfer.run.docs.lanes import read_lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.lanes import read_lane
+from airflow_batchinfer.state.layout import RunLayout
 from tests.chaos.conftest import BUCKET, FAILURE_TIMEOUT_S
 from tests.support.chaos import (
     SmallDisk,

@@ -1,6 +1,6 @@
 """Issue 22, item 9 (a): a late copy of an infer job (a zombie attempt that finishes after its retry
 and after the judge read the retry's output) changes neither what the judge read nor what close
-accepts. Runs ``batchinfer run``'s own round code (:func:`airflow_batchinfer.pipeline.run_pipeline`)
+accepts. Runs ``batchinfer run``'s own round code (:func:`airflow_batchinfer.run.pipeline.run_pipeline`)
 on the worker's own job code with the SIMULATED engine; the late copy runs on a second "worker"
 whose engine fails the first shard's records, so its output differs from the one the judge read."""
 
@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.pipeline import run_pipeline
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import job_spec
+from airflow_batchinfer.run.pipeline import run_pipeline
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     JobManifest,
     read_accepted,
@@ -27,10 +28,9 @@ from airflow_batchinfer.run.docs import (
     read_plan,
     read_summary,
 )
-from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 from tests.support.fake_jobs import IDS, read_rows

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.pool import LOCATE_TIMEOUT_S, PoolClient
-from airflow_batchinfer.run.docs import JobManifest
+from airflow_batchinfer.state.docs import JobManifest
 from airflow_batchinfer.storage import JsonlFile
 from tests.integration.test_worker_failures import infer_spec, shard, wait_for
 from tests.support.workers import TOKEN, WorkerProcess, start_worker

@@ -19,14 +19,14 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.report import check_invariant
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
 from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import pending_shards, propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.run.report import check_invariant
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage import id_hashes as ih
 from airflow_batchinfer.storage import ranges as ranges_mod

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.run import quarantine
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import record_job_error, round_kinds
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     QuarantinedJob,
     read_accepted,
@@ -20,8 +21,7 @@ from airflow_batchinfer.run.docs import (
     write_accepted,
     write_doc,
 )
-from airflow_batchinfer.run.jobs import record_job_error, round_kinds
-from airflow_batchinfer.run.layout import RunLayout, staged_output
+from airflow_batchinfer.state.layout import RunLayout, staged_output
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
 from tests.support.fake_jobs import (
     IDS,

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.rpc.models import JobSpec, JobStatus
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.confine import check_opened, confined
 from airflow_batchinfer.storage.json_doc import write_json

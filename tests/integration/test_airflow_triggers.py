@@ -22,12 +22,12 @@ from airflow_batchinfer.exceptions import ConfigError  # noqa: E402
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook, open_pool  # noqa: E402
 from airflow_batchinfer.pools import require_endpoints  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
-from airflow_batchinfer.run.docs import read_job_manifest, write_run_config  # noqa: E402
-from airflow_batchinfer.run.docs.lanes import read_lanes  # noqa: E402
 from airflow_batchinfer.run.jobs import job_spec  # noqa: E402
 from airflow_batchinfer.run.lanes import Lane, lanes_of  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
+from airflow_batchinfer.state.docs import read_job_manifest, write_run_config  # noqa: E402
+from airflow_batchinfer.state.docs.lanes import read_lanes  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import shard_dataset  # noqa: E402
 from airflow_batchinfer.triggers.lane import LaneTrigger  # noqa: E402
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger  # noqa: E402
@@ -279,7 +279,7 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     from airflow.sdk.exceptions import AirflowFailException
 
     from airflow_batchinfer.operators.report import PreflightOperator
-    from airflow_batchinfer.run.docs import write_run_config
+    from airflow_batchinfer.state.docs import write_run_config
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))

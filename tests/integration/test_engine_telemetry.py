@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import EngineTelemetry, read_job_manifest
+from airflow_batchinfer.state.docs import EngineTelemetry, read_job_manifest
 from tests.support.models import VLLM_PYTHON
 from tests.support.workers import WorkerProcess, start_worker
 

@@ -20,11 +20,11 @@ from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, read_job_manifest, write_plan, write_run_config
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import CONTINUE, apply_choice, propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, read_job_manifest, write_plan, write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.workers import WorkerProcess, start_worker

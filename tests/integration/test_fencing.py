@@ -17,11 +17,11 @@ import pytest
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import AcceptedJob, read_accepted, read_job_manifest, write_plan
 from airflow_batchinfer.run.jobs import job_spec, judge_input
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import AcceptedJob, read_accepted, read_job_manifest, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.worker.registry import DRAINED

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.integration.test_worker_failures import in_place_spec
 from tests.support.seaweedfs import S3Server

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.pipeline import pool_slots, run_pipeline
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_plan, write_plan
-from airflow_batchinfer.run.docs.lanes import claimed_shards, read_lane, read_lanes
 from airflow_batchinfer.run.lanes import Lane, run_lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.pipeline import pool_slots, run_pipeline
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_plan, write_plan
+from airflow_batchinfer.state.docs.lanes import claimed_shards, read_lane, read_lanes
+from airflow_batchinfer.state.layout import RunLayout
 from tests.integration.test_local_pool import cli, dataset
 from tests.support.fake_jobs import plan_round
 from tests.support.lane_rounds import lanes_run

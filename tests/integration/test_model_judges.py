@@ -14,7 +14,7 @@ import pytest
 
 from airflow_batchinfer.exceptions import BadJobError
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import read_job_manifest
+from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.storage import JsonlFile
 from tests.support.models import VLLM_PYTHON
 from tests.support.workers import WorkerProcess, start_worker

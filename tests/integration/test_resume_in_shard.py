@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, files, shard_dataset
 from airflow_batchinfer.storage.digest import file_digest
 from airflow_batchinfer.storage.location import join, resolve

@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.models import VLLM_PYTHON
 from tests.support.workers import WorkerProcess, start_worker

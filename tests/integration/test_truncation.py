@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.workers import start_worker
 

@@ -16,8 +16,8 @@ import pytest
 
 from airflow_batchinfer.judges.spot_check import selected
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.models import VLLM_PYTHON
 from tests.support.seaweedfs import S3Server, free_port
@@ -252,9 +252,9 @@ def test_a_fan_out_answers_every_record_with_the_adapter_and_the_base_model_on_t
     adapter otherwise; the id invariant holds over the rows, and the report gives approval per arm."""
     import asyncio
 
-    from airflow_batchinfer.pipeline import run_pipeline
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.run.pipeline import run_pipeline
+    from airflow_batchinfer.state.config import RunConfig
 
     src = tmp_path / "questions.jsonl"
     src.write_text(

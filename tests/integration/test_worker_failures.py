@@ -16,8 +16,8 @@ import pytest
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.docs import JobManifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import JobManifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.workers import TOKEN, WorkerProcess, start_worker

@@ -22,12 +22,12 @@ pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
 from kubernetes import client
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.pipeline import run_pipeline
 from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSpec
 from airflow_batchinfer.pools.kubernetes.objects import worker_deployment
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.pipeline import run_pipeline
+from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.worker.leases import LEASES
 from tests.conftest import Kube

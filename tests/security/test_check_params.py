@@ -14,8 +14,8 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 
-from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.operators import limits as gather
+from airflow_batchinfer.spec.limits import TriggerLimits
 
 DAG = TriggerLimits(allowed_input_prefixes=("/data/in.jsonl",), allowed_output_prefixes=("/data/runs",),
                     allowed_worker_pools=("local://batchinfer",))  # fmt: skip

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.desk_bounds import KIB, MIB, Bounds, clip
+from airflow_batchinfer.review.bounds import KIB, MIB, Bounds, clip
 from airflow_batchinfer.review.browse import RoundView, field_value
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_run_config
 from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_run_config
 from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows
 
 OUTPUT = "o" * (4 * MIB - 5) + "<end>"  # 4 MiB: its end shows whether it came whole
@@ -191,7 +191,7 @@ def test_a_bad_setting_is_refused_by_name() -> None:
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.run.owner import RunIdentity
+    from airflow_batchinfer.state.owner import RunIdentity
     from tests.support.desk import desk_app
     from tests.support.owners import write_owner
     from tests.unit.review import test_app as t

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.params import parse_params
 
 # A module nothing imports: if it shows up in sys.modules, a refused target was imported anyway.
 CANARY = "this"

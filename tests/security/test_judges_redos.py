@@ -15,7 +15,7 @@ import pytest
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Verdict
 from airflow_batchinfer.judges.rules import RuleJudge
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.params import parse_params
 
 EVIL = "(a+)+$"
 ATTACK = "a" * 32 + "!"  # 2**32 paths for a backtracking engine

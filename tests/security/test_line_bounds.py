@@ -18,10 +18,10 @@ import pytest
 import zstandard
 
 from airflow_batchinfer.exceptions import MalformedRecordError
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.prepare import shard_input
-from airflow_batchinfer.settings import setting
+from airflow_batchinfer.spec.settings import setting
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.lines import (
     FEED_SIZE,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.limits import TriggerLimits, implied_by, refusals
+from airflow_batchinfer.spec.limits import TriggerLimits, implied_by, refusals
 from airflow_batchinfer.worker.security import model_allows, normalize_model
 
 MODELS = TriggerLimits(allowed_models=("/models/", "builtin:smollm2", "Qwen/"))

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer import prompts, templates
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.judges.llm import LLMJudge
-from airflow_batchinfer.prompts import PromptBuilder, PromptError
+from airflow_batchinfer.prompts import build as prompts
+from airflow_batchinfer.prompts import templates
+from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 
 MAX_PROMPT_CHARS = 1_000_000  # prompts.MAX_PROMPT_CHARS (checked below)
 

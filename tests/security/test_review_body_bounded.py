@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.report import MAX_BODY_BYTES, MAX_BODY_TEXT, review_body
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan
 from airflow_batchinfer.run.plan import Proposal
+from airflow_batchinfer.run.report import MAX_BODY_BYTES, MAX_BODY_TEXT, review_body
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan
 from airflow_batchinfer.storage import JsonlFile
 
 MIB = 1024 * 1024

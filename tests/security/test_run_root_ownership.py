@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.limits import TriggerLimits
-from airflow_batchinfer.run.owner import (
+from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.owner import (
     CREATOR,
     OWNER_VERSION,
     RunIdentity,
@@ -206,7 +206,7 @@ def test_the_desk_refuses_a_reader_who_may_not_read_the_creating_dag(desk: Any) 
 
 # ---------------------------- issue 22 round two, should-fix 5: an input inside another DAG's root
 def test_the_input_walk_covers_its_ancestors_within_the_widest_allowed_prefix(tmp_path: Path) -> None:
-    from airflow_batchinfer.run.owner import input_root_candidates
+    from airflow_batchinfer.state.owner import input_root_candidates
 
     runs = tmp_path / "runs"
     part = runs / "finance" / "q1" / "results" / "round00-part-00000.jsonl.zst"
@@ -227,7 +227,7 @@ def test_the_input_walk_covers_its_ancestors_within_the_widest_allowed_prefix(tm
 
 
 def test_an_input_decision_follows_the_run_roots_creator() -> None:
-    from airflow_batchinfer.run.owner import decide_input
+    from airflow_batchinfer.state.owner import decide_input
 
     args = {"input_uri": "s3://runs/finance/q1/results/p.jsonl", "run_root": "s3://runs/finance/q1"}
     why = decide_input(record(FINANCE), SCRATCH, **args)
@@ -283,7 +283,7 @@ def test_an_owner_record_the_check_cannot_read_refuses_the_input(
     """Fail closed: on S3 without list permission a missing key is a 403, and an unreadable record
     may be another DAG's."""
     from airflow_batchinfer.exceptions import ConfigError
-    from airflow_batchinfer.run import owner as run_owner
+    from airflow_batchinfer.state import owner as run_owner
 
     def forbidden(root: str, so: Any = None) -> None:
         raise PermissionError(13, "Access Denied")

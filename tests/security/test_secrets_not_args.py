@@ -24,13 +24,13 @@ import pytest
 from airflow_batchinfer.engines import GenerationRequest
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.limits import TriggerLimits, refusals
 from airflow_batchinfer.pools.kubernetes.objects import pool_objects, to_yaml, worker_deployment
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
 from airflow_batchinfer.pools.local import LocalPool, LocalPoolSpec
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.spec.limits import TriggerLimits, refusals
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.config import WorkerConfig, load_engine_secrets
 

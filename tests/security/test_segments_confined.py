@@ -13,11 +13,11 @@ import httpx
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.limits import TriggerLimits, callable_targets, implied_by, matches, refusals
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
+from airflow_batchinfer.spec.limits import TriggerLimits, callable_targets, implied_by, matches, refusals
 
 DEFAULTS = {
     "input": "/data/demo/input.jsonl",

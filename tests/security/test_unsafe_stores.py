@@ -13,7 +13,7 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.run.owner import RunIdentity, claim, owner_uri
+from airflow_batchinfer.state.owner import RunIdentity, claim, owner_uri
 from airflow_batchinfer.storage.location import resolve
 from tests.conftest import Root
 

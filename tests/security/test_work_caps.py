@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.limits import (
+from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec, parse_quantity
+from airflow_batchinfer.spec.limits import (
     RESOURCE_CAPS,
     SETTINGS,
     SIZE_CAPS,
@@ -26,7 +27,6 @@ from airflow_batchinfer.limits import (
     refusals,
     unset_cap,
 )
-from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec, parse_quantity
 
 KUBE_POOL = "kubernetes://batch/gpu"
 # the value a test uses under each count cap: (cap, at the cap, over it)
@@ -233,9 +233,9 @@ def _gated_run(tmp_path: Any, **sampling: Any) -> tuple[Any, Any]:
 
 def test_a_gate_answer_over_a_cap_is_refused_before_it_takes_effect(tmp_path: Any) -> None:
     from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.run.docs import read_plan
-    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.run.plan import CONTINUE, apply_choice
+    from airflow_batchinfer.state.docs import read_plan
+    from airflow_batchinfer.state.layout import RunLayout
 
     cfg, proposal = _gated_run(tmp_path, max_tokens=8)
     limits = TriggerLimits(max_max_tokens=512)
@@ -273,9 +273,9 @@ def test_a_gate_answer_is_checked_as_the_engines_read_the_sampling(tmp_path: Any
 def _refuses_an_answer_over_512(op: Any, run_root: str) -> dict[str, Any]:
     """A plan task refuses a gate answer over ``max_max_tokens`` 512 and writes no plan; the answer."""
     from airflow_batchinfer.exceptions import ReviewError
-    from airflow_batchinfer.run.docs import read_plan
-    from airflow_batchinfer.run.layout import RunLayout
     from airflow_batchinfer.run.plan import CONTINUE
+    from airflow_batchinfer.state.docs import read_plan
+    from airflow_batchinfer.state.layout import RunLayout
 
     answer = {"chosen_options": [CONTINUE], "responded_by_user": {"name": "alice"},
               "params_input": {"next_max_tokens": 100_000}}  # fmt: skip
@@ -350,7 +350,7 @@ def test_the_input_bound_caps_are_described_where_deployments_read_them() -> Non
     from pathlib import Path
 
     from airflow_batchinfer.get_provider_info import get_provider_info
-    from airflow_batchinfer.settings import setting
+    from airflow_batchinfer.spec.settings import setting
 
     helps = {s.name: s.help for s in SETTINGS}
     for cap, of in (("max_max_line_bytes", "max_line_bytes"), ("max_max_id_bytes", "max_id_bytes")):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile
 from tests.support.workers import start_worker
 

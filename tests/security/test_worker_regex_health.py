@@ -21,8 +21,8 @@ import httpx
 import pytest
 
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile
 from tests.support.workers import start_worker
 

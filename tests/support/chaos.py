@@ -77,10 +77,10 @@ def lane_job(root: str, lane: int, so: dict[str, Any] | None = None, *, r: int =
     input as the lane submits it (a :class:`~airflow_batchinfer.rpc.models.JobSpec`); ``None`` when
     the lane runs none."""
     from airflow_batchinfer.rpc.fingerprint import pin_input
-    from airflow_batchinfer.run.docs import read_plan, read_run_config
-    from airflow_batchinfer.run.docs.lanes import read_lane
     from airflow_batchinfer.run.jobs import job_spec, round_kinds
-    from airflow_batchinfer.run.layout import RunLayout
+    from airflow_batchinfer.state.docs import read_plan, read_run_config
+    from airflow_batchinfer.state.docs.lanes import read_lane
+    from airflow_batchinfer.state.layout import RunLayout
 
     layout = RunLayout(root)
     doc = read_lane(layout, r, lane, so)

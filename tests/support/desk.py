@@ -85,7 +85,7 @@ def open_gate(desk: t.Desk, run_id: str, task_id: str, run_root: str, subject: s
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
     from sqlalchemy import insert, select
 
-    from airflow_batchinfer.run.owner import RunIdentity
+    from airflow_batchinfer.state.owner import RunIdentity
     from tests.support.owners import write_owner
 
     with create_session() as session:

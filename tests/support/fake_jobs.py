@@ -1,5 +1,5 @@
 """Shard jobs finished "as a worker would" without a worker: outputs (staged for fenced jobs),
-then a completion manifest (:class:`~airflow_batchinfer.run.docs.JobManifest`, the model the worker
+then a completion manifest (:class:`~airflow_batchinfer.state.docs.JobManifest`, the model the worker
 writes) with the job id, fingerprint, id digests and reason groups a worker writes. For round tests
 that need exact control over what each job produced (which copy, which attempt, what counts)."""
 
@@ -16,8 +16,10 @@ from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import job_spec, judge_input, round_kinds
+from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     BatcherDelta,
     Digest,
     EngineTelemetry,
@@ -28,9 +30,7 @@ from airflow_batchinfer.run.docs import (
     write_job_manifest,
     write_plan,
 )
-from airflow_batchinfer.run.jobs import job_spec, judge_input, round_kinds
-from airflow_batchinfer.run.layout import RunLayout, fenced_outputs, staged_output
-from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.state.layout import RunLayout, fenced_outputs, staged_output
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions

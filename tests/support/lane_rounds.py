@@ -14,12 +14,12 @@ from typing import Any
 
 from airflow_batchinfer.exceptions import JobFailed
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, read_plan
-from airflow_batchinfer.run.docs.lanes import LaneDoc, read_lane, write_lane
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.lanes import Lane, run_lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, read_plan
+from airflow_batchinfer.state.docs.lanes import LaneDoc, read_lane, write_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.location import StorageOptions
 from tests.support.fake_jobs import judge_shard

@@ -1,11 +1,11 @@
 """A run root's ``owner.json`` written as it is, for tests that start from a given owner (the
-package only ever writes one through :func:`~airflow_batchinfer.run.owner.claim`)."""
+package only ever writes one through :func:`~airflow_batchinfer.state.owner.claim`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow_batchinfer.run.owner import OWNER_VERSION, RunIdentity, owner_record, owner_uri
+from airflow_batchinfer.state.owner import OWNER_VERSION, RunIdentity, owner_record, owner_uri
 from airflow_batchinfer.storage.json_doc import write_json
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 

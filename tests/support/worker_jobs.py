@@ -13,10 +13,10 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.engines.simulated import stable_fraction
 from airflow_batchinfer.rpc.fingerprint import pin_input
 from airflow_batchinfer.rpc.models import JobKind, JobStatus
-from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.jobs import job_spec, judge_input
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 import airflow_batchinfer.run.close as round_close
-from airflow_batchinfer.report import build_report
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_job_manifest, read_summary, write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
+from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_job_manifest, read_summary, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir

@@ -16,11 +16,11 @@ import pytest
 from airflow_batchinfer.engines import adapter_engines, create_engine
 from airflow_batchinfer.engines.adapters import Adapter, approval, chosen, parse_adapters
 from airflow_batchinfer.exceptions import ConfigError, PromptError
-from airflow_batchinfer.limits import TriggerLimits, implied_by, refusals
-from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.report import build_report, render_markdown
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.prompts.build import PromptBuilder
+from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.spec.limits import TriggerLimits, implied_by, refusals
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs

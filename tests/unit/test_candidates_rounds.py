@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.judges.candidates import pass_at_k
-from airflow_batchinfer.report import build_report, render_markdown
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, make_run, plan_round
 from tests.support.worker_jobs import run_jobs

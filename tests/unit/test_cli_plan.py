@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.cli import main
-from airflow_batchinfer.sizing import SizingPlan, plan_run
+from airflow_batchinfer.run.sizing import SizingPlan, plan_run
 
 BIN = str(Path(sys.executable).parent / "batchinfer")
 EXAMPLE = ["plan", "--records", "100000000", "--gpus", "32", "--concurrency", "10", "--tokens-per-s", "2500"]

@@ -14,8 +14,8 @@ ARGV = ["worker", "serve", "--engine", "simulated", "--concurrency", "3", "--all
         "--allow-prefix", "s3://b/p", "--engine-arg", "latency_base_s=0.5", "--idle-ttl", "60"]  # fmt: skip
 # Modules of the other commands (the run's settings, the pools, sizing) and httpx (with its CLI's
 # rich), which a simulated worker never uses: the worker's start no longer pays for them.
-NOT_AT_START = ("airflow_batchinfer.pools", "airflow_batchinfer.settings", "airflow_batchinfer.sizing",
-                "airflow_batchinfer.limits", "airflow_batchinfer.rpc.client", "httpx", "rich")  # fmt: skip
+NOT_AT_START = ("airflow_batchinfer.pools", "airflow_batchinfer.spec", "airflow_batchinfer.run.sizing",
+                "airflow_batchinfer.rpc.client", "httpx", "rich")  # fmt: skip
 HEAVY = ("airflow", "vllm", "torch", "transformers", "boto3", "botocore", "s3fs", "kubernetes")
 
 

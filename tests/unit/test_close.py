@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import AcceptedJob, Plan, QuarantinedJob, read_accepted, read_job_manifest
 from airflow_batchinfer.run.jobs import inferred_shard, job_spec, record_job_error
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import AcceptedJob, Plan, QuarantinedJob, read_accepted, read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
 from tests.support.fake_jobs import (

@@ -19,16 +19,16 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import OutputExistsError
-from airflow_batchinfer.report import build_report, check_invariant, render_markdown
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
 from airflow_batchinfer.run.jobs import job_spec, round_kinds
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.run.repeats import _uncount
+from airflow_batchinfer.run.report import build_report, check_invariant, render_markdown
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.manifest import read_manifest

@@ -15,11 +15,11 @@ from typing import Any
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_job_manifest, write_plan, write_run_config
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import CONTINUE, apply_choice, pending_shards, propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_job_manifest, write_plan, write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.fake_jobs import close, plan_round

@@ -14,7 +14,7 @@ def test_worker_side_imports_nothing_heavy() -> None:
     code = (
         "import sys, airflow_batchinfer.storage, airflow_batchinfer.batching, airflow_batchinfer.cli\n"
         "import airflow_batchinfer.engines, airflow_batchinfer.judges, airflow_batchinfer.worker.server\n"
-        "import airflow_batchinfer.rpc.pool, airflow_batchinfer.pools, airflow_batchinfer.pipeline\n"
+        "import airflow_batchinfer.rpc.pool, airflow_batchinfer.pools, airflow_batchinfer.run.pipeline\n"
         "from airflow_batchinfer.engines import create_engine; create_engine('simulated')\n"
         f"heavy = [m for m in sys.modules if m.split('.')[0] in {HEAVY!r}]\n"
         "print(','.join(sorted(heavy)))\n"
@@ -38,7 +38,7 @@ def test_the_run_documents_import_nothing_of_the_orchestration() -> None:
     """The worker imports the run's documents for its manifests: they load none of the orchestration's
     settings, limits, pools, operators, review desk or gates."""
     code = (
-        "import sys, airflow_batchinfer.run.docs\n"
+        "import sys, airflow_batchinfer.state.docs\n"
         f"parts = {ORCHESTRATION!r}\n"
         "names = [f'airflow_batchinfer.{p}' for p in parts]\n"
         "found = [m for m in sys.modules if any(m == n or m.startswith(n + '.') for n in names)]\n"

@@ -1,5 +1,5 @@
-"""The package's layers, read from its source: no import cycle, the worker side never imports the
-Airflow side, and the review package reads only the run package's documents.
+"""The package's layers, read from its source: every module-level import goes down the blocks of
+:data:`LAYERS`, nothing below the Airflow layer imports it, and no two modules import each other.
 
 Every import counts, module-level or inside a function (a lazy import hides a cycle, it does not
 remove it); importing ``a.b.c`` also runs ``a`` and ``a.b``. Imports under ``if TYPE_CHECKING:``
@@ -17,13 +17,39 @@ import airflow_batchinfer
 PACKAGE = "airflow_batchinfer"
 ROOT = Path(airflow_batchinfer.__file__).parent
 
-# The worker side (no Airflow) and what it must not import.
-LOWER = ("worker", "storage", "batching", "engines", "judges", "rpc")
-UPPER = ("review", "pools", "operators", "triggers", "hooks", "dag_factory", "cli")
-# What the review package may import of the run package: its documents (the run.docs package and
-# its modules) and plain value modules.
-REVIEW_READS = ("run", "run.docs", "run.layout", "run.config", "run.owner")
-REVIEW_READS_WITHIN = ("run.docs",)
+# The package's blocks, lowest first (docs/architecture.md): a module imports, at module level, only
+# modules of its own block or of a block listed before it. Lazy imports inside functions may reach up
+# (a CLI command loads its engine), but never close a cycle (below).
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("exceptions", "compat", "values", "progress", "charts"),  # plain values and errors
+    ("storage",),  # core: pure, worker-safe
+    ("batching",),
+    ("engines",),
+    ("prompts",),
+    ("judges",),
+    ("state",),  # what a run root holds: the contract between worker, rpc, run and review
+    ("rpc",),
+    ("worker",),
+    ("pools",),
+    ("spec",),  # control plane: Airflow-free
+    ("review",),
+    ("run",),
+    ("hooks",),  # the Airflow layer
+    ("triggers",),
+    ("operators",),
+    ("dag_factory", "plugin", "get_provider_info"),
+    ("dev", "demo", "cli"),
+)
+AIRFLOW_LAYER = LAYERS.index(("hooks",))
+
+
+def block(name: str) -> int:
+    """The index in :data:`LAYERS` of the block a package module belongs to."""
+    top = name.removeprefix(PACKAGE).lstrip(".").partition(".")[0]
+    for i, layer in enumerate(LAYERS):
+        if top in layer:
+            return i
+    raise AssertionError(f"{name}: in no block of LAYERS; add its top-level name there")
 
 
 def module_name(path: Path) -> str:
@@ -73,12 +99,20 @@ def _imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
         yield from _imports(node, module, is_package)
 
 
+def _module_level(tree: ast.Module) -> ast.Module:
+    """``tree`` without function and class bodies: what importing the module runs."""
+    keep = [n for n in tree.body if not isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+    return ast.Module(body=keep, type_ignores=[])
+
+
 @functools.cache
-def direct_imports() -> dict[str, frozenset[str]]:
-    """Per package module, the package modules it names in an import."""
+def direct_imports(module_level: bool = False) -> dict[str, frozenset[str]]:
+    """Per package module, the package modules it names in an import (at module level only, or
+    anywhere)."""
     out = {}
     for name, path in modules().items():
-        found = _imports(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py")
+        tree = ast.parse(path.read_text(), str(path))
+        found = _imports(_module_level(tree) if module_level else tree, name, path.name == "__init__.py")
         targets = {owner(n) for n in found if n == PACKAGE or n.startswith(PACKAGE + ".")}
         out[name] = frozenset(t for t in targets if t is not None and t != name)
     return out
@@ -144,7 +178,7 @@ def within(name: str, parts: tuple[str, ...]) -> bool:
 def test_the_scanner_sees_module_and_function_level_imports() -> None:
     imports = direct_imports()
     assert f"{PACKAGE}.run.settle" in imports[f"{PACKAGE}.run.close"]  # module level
-    assert f"{PACKAGE}.worker.params" in imports[f"{PACKAGE}.run.config"]  # inside a method only
+    assert f"{PACKAGE}.state.params" in imports[f"{PACKAGE}.state.config"]  # inside a method only
     source = "if TYPE_CHECKING:\n    import a\nelse:\n    import b\ndef f():\n    from .c import d\n"
     assert list(_imports(ast.parse(source), "p.m", False)) == ["b", "p.c.d"]
     ring = {"a": frozenset({"b"}), "b": frozenset({"c"}), "c": frozenset({"a"}), "d": frozenset({"a"})}
@@ -156,34 +190,33 @@ def test_no_import_cycle_between_the_package_modules() -> None:
     assert found == [], f"import cycles (lazy imports included): {found}"
 
 
-def test_the_worker_side_imports_nothing_of_the_airflow_side() -> None:
+def test_every_module_level_import_goes_down_the_layers() -> None:
+    up = {
+        name: sorted(t for t in targets if t != PACKAGE and block(t) > block(name))
+        for name, targets in direct_imports(module_level=True).items()
+        if name != PACKAGE
+    }
+    assert {k: v for k, v in up.items() if v} == {}, "imports of a block listed later (LAYERS)"
+
+
+def test_nothing_below_the_airflow_layer_imports_it_even_lazily() -> None:
+    airflow_side = {m for m in modules() if m != PACKAGE and block(m) >= AIRFLOW_LAYER}
     bad = {
-        name: sorted(t for t in targets if within(t, UPPER))
+        name: sorted(targets & airflow_side)
         for name, targets in direct_imports().items()
-        if within(name, LOWER)
+        if name != PACKAGE and block(name) < AIRFLOW_LAYER
     }
     assert {k: v for k, v in bad.items() if v} == {}
 
 
-def test_the_review_package_reads_only_the_run_documents() -> None:
-    allowed = {f"{PACKAGE}.{m}" for m in REVIEW_READS}
-    allowed |= {m for m in modules() if within(m, REVIEW_READS_WITHIN)}
-    bad = {
-        name: sorted(t for t in targets if within(t, ("run",)) and t not in allowed)
-        for name, targets in direct_imports().items()
-        if within(name, ("review",))
-    }
-    assert {k: v for k, v in bad.items() if v} == {}
+def test_every_block_is_a_package_or_a_module() -> None:
+    names = {n for layer in LAYERS for n in layer}
+    tops = {p.stem if p.suffix else p.name for p in ROOT.iterdir() if p.name != "__init__.py"}
+    tops = {t for t in tops if not t.startswith(("_", "."))}
+    assert tops - {"__pycache__", "py"} <= names | {"py"}, "a top-level module in no block"
+    assert all((ROOT / n).is_dir() or (ROOT / f"{n}.py").is_file() for n in names)
 
 
-def test_only_a_gate_answer_applies_review_decisions_in_the_run_package() -> None:
-    """The run package imports the review package only where a gate's answer applies the reviewers'
-    decisions (the plan); nothing of a round's close does."""
-    found = {
-        (name, t)
-        for name, targets in direct_imports().items()
-        if within(name, ("run",))
-        for t in targets
-        if within(t, ("review",))
-    }
-    assert found <= {(f"{PACKAGE}.run.plan", f"{PACKAGE}.review.apply")}
+def test_the_scanner_sees_only_module_level_imports_when_asked() -> None:
+    source = "import a\ndef f():\n    import b\nclass C:\n    import c\n"
+    assert list(_imports(_module_level(ast.parse(source)), "p.m", False)) == ["a"]

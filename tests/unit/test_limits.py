@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batchinfer.limits import TriggerLimits, judge_pool_refusal, refusals
+from airflow_batchinfer.spec.limits import TriggerLimits, judge_pool_refusal, refusals
 
 
 @pytest.mark.parametrize(

@@ -8,9 +8,9 @@ import httpx
 import pytest
 
 from airflow_batchinfer.exceptions import WorkerUnavailable
-from airflow_batchinfer.pipeline import input_lanes, pool_slots
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.run.pipeline import input_lanes, pool_slots
+from airflow_batchinfer.state.config import RunConfig
 
 
 def _pool(slots: dict[str, int | None]) -> PoolClient:

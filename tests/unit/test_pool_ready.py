@@ -341,7 +341,7 @@ def test_setup_refuses_a_static_url_shared_by_several_workers_at_once(
     ],
 )
 def test_the_one_host_decision(executor: str, refused: bool) -> None:
-    from airflow_batchinfer.one_host import one_host_refusal
+    from airflow_batchinfer.pools.one_host import one_host_refusal
 
     why = one_host_refusal("local://gpu", executor)
     assert (why is not None) == refused
@@ -413,7 +413,7 @@ def test_a_local_pool_allows_the_adapters_a_run_may_name(
 ) -> None:
     """The workers load the adapter directories the DAG's defaults and the deployment allow (a
     list of theirs, not each run's adapters: the pool's spec stays the same from run to run)."""
-    from airflow_batchinfer.limits import TriggerLimits
+    from airflow_batchinfer.spec.limits import TriggerLimits
 
     started: list[Any] = []
 

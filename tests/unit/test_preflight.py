@@ -9,12 +9,12 @@ from pathlib import Path
 import httpx
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.preflight import _sizing, run_preflight, same_retries, sample_plan
-from airflow_batchinfer.report import build_report, render_markdown
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_run_config
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.sizing import SIZING_VERSION, SizingPlan
+from airflow_batchinfer.run.preflight import _sizing, run_preflight, same_retries, sample_plan
+from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.run.sizing import SIZING_VERSION, SizingPlan
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig

@@ -4,11 +4,12 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer import prompts, templates
 from airflow_batchinfer.engines import SamplingParams
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget
-from airflow_batchinfer.prompts import MAX_PROMPT_CHARS, PromptBuilder, PromptError
+from airflow_batchinfer.prompts import build as prompts
+from airflow_batchinfer.prompts import templates
+from airflow_batchinfer.prompts.build import MAX_PROMPT_CHARS, PromptBuilder, PromptError
 
 
 def test_template_over_record_fields_as_chat() -> None:

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, write_plan
 from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
 from tests.support.worker_jobs import run_jobs
@@ -94,7 +94,7 @@ def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path)
 def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_path: Path) -> None:
     """Close reads a disagreeing range shard's ids from its range (validated as its job read it),
     never the whole source: only the ids really lost or doubled are named."""
-    from airflow_batchinfer.run.docs import read_job_manifest, write_job_manifest
+    from airflow_batchinfer.state.docs import read_job_manifest, write_job_manifest
     from airflow_batchinfer.storage import JsonlFile
 
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]

@@ -7,11 +7,11 @@ import dataclasses
 import json
 from pathlib import Path
 
-from airflow_batchinfer.report import build_report
-from airflow_batchinfer.run.config import round_config
-from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.state.config import round_config
+from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from tests.support.fake_jobs import close, finish_shard, make_run, plan_round
 

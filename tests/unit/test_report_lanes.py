@@ -11,18 +11,24 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.report import MAX_FAILED_LINES, SLOWEST, build_report, render_markdown, shard_lines
-from airflow_batchinfer.run.docs import read_failed, write_run_config
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane
-from airflow_batchinfer.run.docs.shard_status import (
+from airflow_batchinfer.run.lanes import claim_shard
+from airflow_batchinfer.run.report import (
+    MAX_FAILED_LINES,
+    SLOWEST,
+    build_report,
+    render_markdown,
+    shard_lines,
+)
+from airflow_batchinfer.state.docs import read_failed, write_run_config
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane
+from airflow_batchinfer.state.docs.shard_status import (
     FailedRow,
     LaneFigures,
     RoundShards,
     round_status,
 )
-from airflow_batchinfer.run.docs.summary import FailedShard, write_failed
-from airflow_batchinfer.run.lanes import claim_shard
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.summary import FailedShard, write_failed
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import close, finish_shard, make_run, plan_round
 from tests.support.lane_rounds import BROKEN, FinishingPool, lanes_run, run_lanes, set_times
 

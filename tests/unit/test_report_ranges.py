@@ -12,11 +12,11 @@ from typing import Any
 
 import zstandard
 
-from airflow_batchinfer.report import build_report
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from tests.support.fake_jobs import read_rows, write_rows
 from tests.unit.test_accounting import strip_digests

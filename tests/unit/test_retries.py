@@ -13,14 +13,14 @@ from airflow_batchinfer.cli import build_parser
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide
-from airflow_batchinfer.limits import TriggerLimits, refusals
-from airflow_batchinfer.preflight import retry_warnings, same_retries
-from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.retries import Previous, RetrySettings, attempt_seed, previous_of, sent_with
+from airflow_batchinfer.prompts.build import PromptBuilder
+from airflow_batchinfer.prompts.retries import Previous, RetrySettings, attempt_seed, previous_of, sent_with
 from airflow_batchinfer.rpc.fingerprint import fingerprint
-from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.run.preflight import retry_warnings, same_retries
+from airflow_batchinfer.spec.limits import TriggerLimits, refusals
+from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.state.config import RunConfig
 
 KEYS = ("retry_template", "retry_system", "retry_sampling")
 SHARD = {"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10}

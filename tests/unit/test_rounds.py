@@ -11,11 +11,8 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_plan, write_plan
 from airflow_batchinfer.run.gate import current_settings, gate_changes
 from airflow_batchinfer.run.jobs import job_spec, record_job_error
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import (
     ACCEPT,
     CONTINUE,
@@ -27,6 +24,9 @@ from airflow_batchinfer.run.plan import (
     apply_choice,
     propose_slot,
 )
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import finish_shard
 

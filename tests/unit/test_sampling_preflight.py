@@ -11,10 +11,10 @@ import pytest
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.preflight import run_preflight
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_run_config
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.preflight import run_preflight
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig

@@ -12,11 +12,11 @@ import pytest
 from airflow_batchinfer.engines.base import GenerationResult, SamplingParams
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.judges import build_judge
-from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.rpc.fingerprint import fingerprint, spec_key
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.worker.shard_jobs import openai_batch_row
 
 CHAT = [{"role": "user", "content": "hi"}]

@@ -1,4 +1,4 @@
-"""One description of the run settings (``airflow_batchinfer.settings``): every DAG's trigger form can
+"""One description of the run settings (``airflow_batchinfer.spec.settings``): every DAG's trigger form can
 be submitted as it opens, the params' schemas accept what the code accepts (``None`` for the
 settings whose empty value means "the default") and refuse what it refuses, and the DAG params, the
 ``batchinfer run`` flags and ``RunConfig`` share one default per setting."""
@@ -16,9 +16,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.cli import build_parser
-from airflow_batchinfer.limits import implied_by, refusals
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.settings import (
+from airflow_batchinfer.spec.limits import implied_by, refusals
+from airflow_batchinfer.spec.settings import (
     BY_NAME,
     RUN_SETTINGS_SPEC,
     param_defaults,
@@ -26,6 +25,7 @@ from airflow_batchinfer.settings import (
     run_settings_from_args,
     setting,
 )
+from airflow_batchinfer.state.config import RunConfig
 
 DAGS = Path(__file__).parents[2] / "dags"
 NULLABLE = {s.name for s in RUN_SETTINGS_SPEC if s.nullable}
@@ -33,7 +33,7 @@ NULLABLE = {s.name for s in RUN_SETTINGS_SPEC if s.nullable}
 
 def test_the_settings_import_without_airflow() -> None:
     code = (
-        "import sys, airflow_batchinfer.settings as s; s.param_defaults(); s.param_schemas()\n"
+        "import sys, airflow_batchinfer.spec.settings as s; s.param_defaults(); s.param_schemas()\n"
         "print([m for m in sys.modules if m.split('.')[0] == 'airflow'])\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -69,7 +69,7 @@ def test_run_config_defaults_are_the_settings_defaults() -> None:
 
 def test_the_lists_of_names_are_the_codes() -> None:
     from airflow_batchinfer.judges import JUDGE_TYPES
-    from airflow_batchinfer.limits import SAFE_NAME
+    from airflow_batchinfer.spec.limits import SAFE_NAME
 
     assert setting("judge").schema()["properties"]["type"]["enum"] == list(JUDGE_TYPES)
     assert SAFE_NAME.pattern in setting("run_name").pattern  # type: ignore[operator]

@@ -7,8 +7,8 @@ import pytest
 
 from airflow_batchinfer.cli import build_parser
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.state.config import RunConfig
 
 BASE = {"input": "data.jsonl", "run_root": "/r", "prompt_template": None, "judge": {"type": "llm"}}
 

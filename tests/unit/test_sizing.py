@@ -8,10 +8,8 @@ import time
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.preflight import expected_passes as preflight_passes
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.settings import setting
-from airflow_batchinfer.sizing import (
+from airflow_batchinfer.run.preflight import expected_passes as preflight_passes
+from airflow_batchinfer.run.sizing import (
     MIN_JOB_S,
     SIZING_VERSION,
     SizingPlan,
@@ -21,6 +19,8 @@ from airflow_batchinfer.sizing import (
     plan_run,
     schedule,
 )
+from airflow_batchinfer.spec.settings import setting
+from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.storage import taper
 
 M = 100_000_000

@@ -8,10 +8,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.report import build_report, render_markdown
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, make_run, plan_round
 from tests.support.worker_jobs import run_jobs

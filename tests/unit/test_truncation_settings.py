@@ -12,9 +12,9 @@ import pytest
 from airflow_batchinfer.cli import build_parser
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.rpc.fingerprint import fingerprint
-from airflow_batchinfer.run.config import RunConfig
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
+from airflow_batchinfer.state.config import RunConfig
 
 KEYS = ("truncated", "truncated_max_tokens_factor", "max_tokens_cap")
 SHARD = {"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10}

@@ -46,7 +46,7 @@ RESERVED_ENV: dict[str, str] = {
 # their own). The port may change: the pool's NetworkPolicy follows it (k8s/base's admits only its
 # own port, so another one makes such a pool unreachable, not open). `image`, `storage_secret`,
 # `engine_secret`, `model_pvc`, `service_account` and `image_pull_secrets` must be on the
-# deployment's allow-lists (airflow_batchinfer.limits).
+# deployment's allow-lists (airflow_batchinfer.spec.limits).
 TRIGGER_KEYS: frozenset[str] = frozenset(
     {
         "image",

@@ -20,7 +20,7 @@ import os
 from datetime import timedelta
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
-from airflow_batchinfer.limits import TriggerLimits
+from airflow_batchinfer.spec.limits import TriggerLimits
 
 ROOT = os.environ.get("BATCHINFER_CHAOS_ROOT", "/tmp/batchinfer-chaos")
 BUCKET = os.environ.get("BATCHINFER_CHAOS_BUCKET", "batchinfer-chaos")

@@ -21,7 +21,7 @@ import os
 from datetime import timedelta
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
-from airflow_batchinfer.limits import TriggerLimits
+from airflow_batchinfer.spec.limits import TriggerLimits
 
 BUCKET = os.environ.get("BATCHINFER_DEPLOY_BUCKET", "batchinfer-deploy")
 SIMULATED = {

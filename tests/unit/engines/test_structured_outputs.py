@@ -21,10 +21,10 @@ from airflow_batchinfer.engines.vllm import sampling_args
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.judges import JudgeItem, build_judge
 from airflow_batchinfer.judges.llm import VERDICT_SCHEMA, LLMJudge, schema_verdicts
-from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.rpc.fingerprint import NON_SEMANTIC, fingerprint
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.params import parse_params
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 SAME_SCHEMA_REORDERED = {"required": ["city"], "properties": {"city": {"type": "string"}}, "type": "object"}

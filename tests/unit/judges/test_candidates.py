@@ -81,7 +81,7 @@ def test_score_logprob_is_refused_on_an_engine_without_logprobs_and_described() 
 
 def test_greedy_candidates_are_refused_naming_the_remedy() -> None:
     from airflow_batchinfer.engines.base import SamplingParams
-    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.state.config import RunConfig
 
     with pytest.raises(ConfigError, match="n 2 with temperature 0 is one greedy answer 2 times"):
         SamplingParams(n=2)
@@ -141,7 +141,7 @@ def test_the_logprob_verdict_is_the_object_the_judge_reads_and_scores_its_confid
 
 
 def test_a_run_whose_pool_gives_no_logprobs_is_refused_a_logprob_judge() -> None:
-    from airflow_batchinfer.run.config import RunConfig
+    from airflow_batchinfer.state.config import RunConfig
 
     cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
                     judge={"type": "llm", "score": "logprob"})  # fmt: skip

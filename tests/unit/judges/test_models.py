@@ -14,8 +14,8 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, build_judge, judge_needs
 from airflow_batchinfer.judges.base import Scorer
-from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.retries import Previous, RetrySettings
+from airflow_batchinfer.prompts.build import PromptBuilder
+from airflow_batchinfer.prompts.retries import Previous, RetrySettings
 
 MODEL = ScoringModel("/models/judge", ("rejected", "approved"))
 

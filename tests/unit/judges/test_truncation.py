@@ -16,7 +16,7 @@ from airflow_batchinfer.judges.truncation import (
     decide,
     row_decision,
 )
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.params import parse_params
 
 POLICY = TruncationPolicy()
 

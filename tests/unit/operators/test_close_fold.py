@@ -19,10 +19,10 @@ from airflow.sdk.execution_time.task_runner import _serialize_outlet_events
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
 from airflow_batchinfer.operators import rounds
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_plan, write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import MAX_ROUNDS, NOTHING_PENDING, propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import finish_shard
 from tests.unit.test_rounds import make_run
 

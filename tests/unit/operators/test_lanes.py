@@ -20,11 +20,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.operators import lanes as lanes_module
 from airflow_batchinfer.operators.lanes import ShardLaneOperator
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, write_run_config
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.run.lanes import Lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, write_run_config
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient, tracked_client
 from tests.support.fake_jobs import make_run, plan_round
 

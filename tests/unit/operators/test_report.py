@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("airflow", reason="needs the airflow extra")
 
 from airflow_batchinfer.operators.report import preflight_check
-from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.state.config import RunConfig
 
 
 def test_the_settings_warning_is_logged_before_the_sample(caplog: pytest.LogCaptureFixture) -> None:

@@ -19,13 +19,13 @@ from airflow_batchinfer.operators import rounds, shard_jobs
 from airflow_batchinfer.operators.rounds import GATE_PARAM, RoundControllerOperator, _descriptors, gate_params
 from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
 from airflow_batchinfer.run import jobs
-from airflow_batchinfer.run.config import RunConfig, round_config
-from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
-from airflow_batchinfer.run.docs.lanes import LaneDoc, claimed_shards, read_lanes, write_lane
 from airflow_batchinfer.run.gate import GATE_SCHEMAS
 from airflow_batchinfer.run.lanes import claim_shard
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
+from airflow_batchinfer.state.config import RunConfig, round_config
+from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.state.docs.lanes import LaneDoc, claimed_shards, read_lanes, write_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
 from tests.support.fake_jobs import make_run, plan_round
 

@@ -17,7 +17,7 @@ from airflow_batchinfer.operators import shard_jobs
 from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.tracking import JobEvent
-from airflow_batchinfer.run.docs import write_job_manifest
+from airflow_batchinfer.state.docs import write_job_manifest
 from tests.support.fake_jobs import job_manifest
 
 URL = "http://w1:8000"

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     read_accepted,
     read_job_manifest,
@@ -19,8 +20,7 @@ from airflow_batchinfer.run.docs import (
     write_job_manifest,
     write_run_config,
 )
-from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.location import StorageOptions
 from tests.support.fake_jobs import close, finish_job, plan_round, read_rows
@@ -99,8 +99,8 @@ def build_round(
 def plan_round_so(cfg: RunConfig, so: StorageOptions | None) -> Any:
     if so is None:
         return plan_round(cfg)
-    from airflow_batchinfer.run.docs import write_plan
     from airflow_batchinfer.run.plan import propose_slot
+    from airflow_batchinfer.state.docs import write_plan
 
     plan = propose_slot(cfg, "round-00", so).plan
     write_plan(RunLayout(cfg.run_root), plan, so)

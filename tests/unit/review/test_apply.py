@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError
-from airflow_batchinfer.report import build_report
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.run.docs import read_plan, slots, write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
+from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.state.docs import read_plan, slots, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
 
@@ -219,8 +219,8 @@ def test_a_human_judges_gate_offers_no_in_place(tmp_path: Path) -> None:
 def test_the_desk_shows_the_prompts_the_round_ran(tmp_path: Path) -> None:
     """A round run with a review's changed template shows (and text filters search) that prompt."""
     from airflow_batchinfer.review.browse import RoundView
-    from airflow_batchinfer.run.config import round_config
-    from airflow_batchinfer.run.docs import write_run_config
+    from airflow_batchinfer.state.config import round_config
+    from airflow_batchinfer.state.docs import write_run_config
 
     cfg = make_run(tmp_path)
     write_run_config(cfg)

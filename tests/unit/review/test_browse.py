@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.desk_bounds import Bounds
 from airflow_batchinfer.exceptions import ReviewError
 from airflow_batchinfer.judges.reasons import ReasonGroups
+from airflow_batchinfer.review.bounds import Bounds
 from airflow_batchinfer.review.browse import Page, RoundView, Sample, field_value, matches, trend
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.seaweedfs import S3Server
 from tests.unit.review.helpers import RARE, approved, build_round, drop_manifest_groups, reason
 
@@ -234,7 +234,7 @@ def workers_text(builder: Any, record: dict[str, Any]) -> str | None:
     ],
 )
 def test_prompts_are_the_workers_prompts(template: str, system: str | None) -> None:
-    from airflow_batchinfer.prompts import PromptBuilder
+    from airflow_batchinfer.prompts.build import PromptBuilder
     from airflow_batchinfer.review.browse import _Prompts
 
     prompts, builder = _Prompts(template, system), PromptBuilder(template, system=system)
@@ -252,8 +252,8 @@ def test_prompts_are_the_workers_prompts(template: str, system: str | None) -> N
 def test_the_desk_shows_the_prompt_the_worker_sent_with_the_rounds_system_message(tmp_path: Path) -> None:
     """Through the desk itself: the run's template and system message, built by the worker's
     ``PromptBuilder`` (a chat prompt: the system and user messages, as ``[role]`` blocks)."""
-    from airflow_batchinfer.prompts import PromptBuilder
-    from airflow_batchinfer.run.docs import read_plan, write_plan
+    from airflow_batchinfer.prompts.build import PromptBuilder
+    from airflow_batchinfer.state.docs import read_plan, write_plan
 
     cfg = build_round(str(tmp_path), n=10, per_shard=10)
     plan = read_plan(RunLayout(cfg.run_root), "round-00")

@@ -16,11 +16,11 @@ import pytest
 pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
-from airflow_batchinfer.run.docs import read_summary  # noqa: E402
-from airflow_batchinfer.run.docs.calibration import read_calibration  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.run.plan import CONTINUE  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
+from airflow_batchinfer.state.docs import read_summary  # noqa: E402
+from airflow_batchinfer.state.docs.calibration import read_calibration  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from tests.support import calibration as c  # noqa: E402
 from tests.support.desk import answer_gate, desk_app, open_gate  # noqa: E402
 from tests.unit.review import test_app as t  # noqa: E402

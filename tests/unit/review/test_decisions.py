@@ -20,8 +20,8 @@ from airflow_batchinfer.review.decisions import (
     resolve,
     tally,
 )
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from tests.conftest import Root
 from tests.unit.review.helpers import build_round, drop_manifest_groups
 

@@ -20,13 +20,13 @@ pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
 from airflow_batchinfer.judges import Jury, Verdict, build_judge  # noqa: E402
-from airflow_batchinfer.retries import previous_of  # noqa: E402
+from airflow_batchinfer.prompts.retries import previous_of  # noqa: E402
 from airflow_batchinfer.review.browse import OUTPUT_FIELDS, RoundView  # noqa: E402
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, Resolver  # noqa: E402
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
-from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
 from airflow_batchinfer.run.jobs import round_kinds  # noqa: E402
-from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
+from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
+from airflow_batchinfer.state.owner import RunIdentity  # noqa: E402
 from tests.support.desk import desk_app  # noqa: E402
 from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
 from tests.support.owners import write_owner  # noqa: E402

@@ -9,10 +9,10 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import write_plan
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import CONTINUE, apply_choice, propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.desk_bounds import Bounds
 from airflow_batchinfer.exceptions import ReviewError
+from airflow_batchinfer.review.bounds import Bounds
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, shard_page
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane
-from airflow_batchinfer.run.docs.shard_status import round_status
 from airflow_batchinfer.run.lanes import claim_shard
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane
+from airflow_batchinfer.state.docs.shard_status import round_status
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import plan_round
 from tests.support.lane_rounds import lanes_run
 

@@ -16,12 +16,12 @@ import pytest
 pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
-from airflow_batchinfer.run.config import RunConfig  # noqa: E402
-from airflow_batchinfer.run.docs import write_run_config  # noqa: E402
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane  # noqa: E402
 from airflow_batchinfer.run.lanes import claim_shard  # noqa: E402
-from airflow_batchinfer.run.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.run.owner import RunIdentity  # noqa: E402
+from airflow_batchinfer.state.config import RunConfig  # noqa: E402
+from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane  # noqa: E402
+from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
+from airflow_batchinfer.state.owner import RunIdentity  # noqa: E402
 from tests.support.desk import desk_app  # noqa: E402
 from tests.support.fake_jobs import close, plan_round  # noqa: E402
 from tests.support.lane_rounds import BROKEN, FinishingPool, lanes_run, run_lanes  # noqa: E402

@@ -16,20 +16,20 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import BUCKETS, round_rate, score_bucket, selected
-from airflow_batchinfer.pipeline import run_pipeline
-from airflow_batchinfer.report import review_body
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_summary, write_plan, write_run_config
-from airflow_batchinfer.run.docs.calibration import read_calibration
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.run.pipeline import run_pipeline
 from airflow_batchinfer.run.plan import CONTINUE, STOP, Proposal, apply_choice, propose_slot
 from airflow_batchinfer.run.prepare import run_key
-from airflow_batchinfer.settings import param_defaults, setting
+from airflow_batchinfer.run.report import review_body
+from airflow_batchinfer.spec.settings import param_defaults, setting
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_summary, write_plan, write_run_config
+from airflow_batchinfer.state.docs.calibration import read_calibration
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
-from airflow_batchinfer.worker.params import parse_params
 from tests.support import calibration as c
 from tests.support.fake_jobs import close, make_run, plan_round
 from tests.support.worker_jobs import HashScoringEngine, run_jobs
@@ -320,7 +320,7 @@ def test_a_sample_of_the_approvals_estimates_the_rounds_figures(tmp_path: Path) 
 def test_the_calibration_document_round_trips_and_refuses_unknown_fields(tmp_path: Path) -> None:
     from airflow_batchinfer.exceptions import StorageError
     from airflow_batchinfer.review.calibration import Pair, calibrate
-    from airflow_batchinfer.run.docs.calibration import calibration_uri, write_calibration
+    from airflow_batchinfer.state.docs.calibration import calibration_uri, write_calibration
 
     layout = RunLayout(str(tmp_path))
     doc = calibrate([Pair(True, True, 0.9), Pair(False, True, 0.1)], {"approved": {"0.9": 5}}, round=2)

@@ -9,9 +9,9 @@ from typing import Any
 
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import JobManifest, read_job_manifest, write_run_config
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest, write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs

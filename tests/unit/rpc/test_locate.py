@@ -23,8 +23,8 @@ from airflow_batchinfer.rpc.locate import (
 )
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.settings import setting
+from airflow_batchinfer.spec.settings import setting
+from airflow_batchinfer.state.config import RunConfig
 
 SPEC = JobSpec(
     job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}

@@ -12,7 +12,7 @@ from airflow_batchinfer.exceptions import AuthenticationError, BadJobError, Work
 from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.docs import write_job_manifest
+from airflow_batchinfer.state.docs import write_job_manifest
 from tests.support.fake_jobs import job_manifest
 from tests.unit.rpc.test_locate import REFUSED, connect_error
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.run.config import RunConfig, round_config
-from airflow_batchinfer.run.docs import Plan, read_plan, write_plan, write_run_config
 from airflow_batchinfer.run.jobs import job_spec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig, round_config
+from airflow_batchinfer.state.docs import Plan, read_plan, write_plan, write_run_config
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import make_run, plan_round
 
 

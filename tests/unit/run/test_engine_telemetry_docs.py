@@ -1,4 +1,4 @@
-"""A manifest's ``engine_stats`` (:class:`~airflow_batchinfer.run.docs.EngineTelemetry`): stored and
+"""A manifest's ``engine_stats`` (:class:`~airflow_batchinfer.state.docs.EngineTelemetry`): stored and
 read back as written, absent from manifests written before it (they still read, and stay without),
 and another version or shape of it refused, naming the file and the remedy."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.run.docs import EngineTelemetry, GaugeSpan, read_job_manifest, write_job_manifest
+from airflow_batchinfer.state.docs import EngineTelemetry, GaugeSpan, read_job_manifest, write_job_manifest
 from tests.support.fake_jobs import job_manifest
 
 TELEMETRY = EngineTelemetry(

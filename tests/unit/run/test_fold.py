@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, slots, write_plan
 from airflow_batchinfer.run.fold import fold_tail, next_slot
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import MAX_ROUNDS, NOTHING_PENDING, load_snapshot, propose_slot
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, slots, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from tests.unit.test_rounds import fake_round, make_run
 
 ALL = {f"r{i:02d}" for i in range(30)}

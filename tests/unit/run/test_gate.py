@@ -12,9 +12,9 @@ import pytest
 
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.config import RunConfig, round_config
 from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, MAX_GATE_TEXT, current_settings
-from airflow_batchinfer.settings import setting
+from airflow_batchinfer.spec.settings import setting
+from airflow_batchinfer.state.config import RunConfig, round_config
 
 EDGES: dict[str, list[Any]] = {
     "temperature": [-1, -1e-9, 0, 0.7, 2.0, 5.0, 7.5, None],

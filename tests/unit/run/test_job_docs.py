@@ -1,6 +1,6 @@
 """The jobs' completion manifests and close's accepted docs are one typed model each
-(:class:`~airflow_batchinfer.run.docs.JobManifest`, :class:`~airflow_batchinfer.run.docs.AcceptedJob`
-/ :class:`~airflow_batchinfer.run.docs.QuarantinedJob`): what the worker writes reads back as it was,
+(:class:`~airflow_batchinfer.state.docs.JobManifest`, :class:`~airflow_batchinfer.state.docs.AcceptedJob`
+/ :class:`~airflow_batchinfer.state.docs.QuarantinedJob`): what the worker writes reads back as it was,
 the tests' fake writes the keys the worker writes, and a document this version does not know (another
 version, a field it has no name for) is refused, naming the file and the remedy."""
 
@@ -14,8 +14,9 @@ import pytest
 
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.rpc.models import JobKind
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import judge_input, record_job_error
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     QuarantinedJob,
     read_accepted,
@@ -23,8 +24,7 @@ from airflow_batchinfer.run.docs import (
     read_job_manifest,
     write_job_manifest,
 )
-from airflow_batchinfer.run.jobs import judge_input, record_job_error
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from tests.support.fake_jobs import (
     close,

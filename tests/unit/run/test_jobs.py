@@ -9,10 +9,10 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run import jobs
-from airflow_batchinfer.run.config import round_config
-from airflow_batchinfer.run.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.run.jobs import job_spec, shard_config
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import round_config
+from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions
 from tests.support.fake_jobs import make_run, plan_round

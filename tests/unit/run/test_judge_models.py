@@ -13,9 +13,9 @@ from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.rpc.fingerprint import fingerprint, spec_key
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.worker.app import serving_refusal
-from airflow_batchinfer.worker.params import parse_params
 
 CLASSIFIER = {"type": "classifier", "threshold": 0.6}
 JURY = {"type": "jury", "judges": [{"type": "llm"}, CLASSIFIER, {"type": "length", "min_chars": 1}]}

@@ -10,11 +10,11 @@ from typing import Any
 
 from airflow_batchinfer.exceptions import WorkerBusy
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs.lanes import claimed_shards, read_claim, read_lane
 from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lanes import Lane, lanes_of, run_lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.lanes import claimed_shards, read_claim, read_lane
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import make_run, plan_round
 
 

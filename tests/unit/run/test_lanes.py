@@ -18,18 +18,6 @@ import pytest
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan
-from airflow_batchinfer.run.docs.lanes import (
-    LaneDoc,
-    LaneShard,
-    ShardClaim,
-    claimed_shards,
-    read_claim,
-    read_lane,
-    read_lanes,
-    write_lane,
-)
 from airflow_batchinfer.run.lanes import (
     Lane,
     claim_shard,
@@ -42,7 +30,19 @@ from airflow_batchinfer.run.lanes import (
     steal_order,
     stripe,
 )
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan
+from airflow_batchinfer.state.docs.lanes import (
+    LaneDoc,
+    LaneShard,
+    ShardClaim,
+    claimed_shards,
+    read_claim,
+    read_lane,
+    read_lanes,
+    write_lane,
+)
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.location import resolve
 from tests.conftest import Root

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 
 
 def test_paths_follow_the_design_layout() -> None:

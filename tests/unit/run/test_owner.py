@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
-from airflow_batchinfer.run.owner import (
+from airflow_batchinfer.state.owner import (
     CREATOR,
     OWNER_VERSION,
     OwnedElsewhere,
@@ -241,7 +241,7 @@ def test_a_later_task_of_another_run_fails_without_touching_the_root(tmp_path: P
     pytest.importorskip("airflow", reason="needs the airflow extra")
     from airflow.sdk.exceptions import AirflowFailException
 
-    from airflow_batchinfer.run.owner import task_owns
+    from airflow_batchinfer.state.owner import task_owns
 
     root = str(tmp_path / "run")
     write_owner(root, OTHER)

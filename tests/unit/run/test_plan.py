@@ -9,10 +9,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, ReviewError
-from airflow_batchinfer.limits import TriggerLimits
 from airflow_batchinfer.review.apply import Applied
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Invariant, Plan, Summary
 from airflow_batchinfer.run.plan import (
     ACCEPT,
     ACCEPTED_BY_REVIEW,
@@ -27,6 +24,9 @@ from airflow_batchinfer.run.plan import (
     decide_answer,
     propose,
 )
+from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Invariant, Plan, Summary
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
 

@@ -1,5 +1,5 @@
-"""A round's summary and quarantine records (:class:`~airflow_batchinfer.run.docs.Summary`,
-:class:`~airflow_batchinfer.run.docs.FailedShard`): the summary lists each quarantined shard as its
+"""A round's summary and quarantine records (:class:`~airflow_batchinfer.state.docs.Summary`,
+:class:`~airflow_batchinfer.state.docs.FailedShard`): the summary lists each quarantined shard as its
 ``failed/`` record stores it, without the keys the record leaves out, and reads back as written."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.run.docs import read_failed, read_summary
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_failed, read_summary
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import close, finish_shard, make_run, plan_round, read_rows
 
 

@@ -11,12 +11,12 @@ import pytest
 
 from airflow_batchinfer.engines.adapters import Adapter, chosen, parse_adapters
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.config import RunConfig
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.ranges import InputRange, range_params
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.validate import LineValidator
-from airflow_batchinfer.worker.params import parse_params
 
 ADAPTERS = {"sql": "/m/sql", "poems": "/m/poems"}
 

@@ -22,11 +22,11 @@ from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 from airflow_batchinfer.exceptions import JobFailed, JobTimeout, WorkerUnavailable
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, write_run_config
-from airflow_batchinfer.run.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.run.lanes import Lane
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, write_run_config
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.triggers import lane as lane_module
 from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient
 from tests.support.fake_jobs import make_run, plan_round

@@ -17,7 +17,7 @@ from airflow.sdk import BaseHook
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from airflow_batchinfer.rpc.tracking import JobEvent
-from airflow_batchinfer.run.docs import write_job_manifest
+from airflow_batchinfer.state.docs import write_job_manifest
 from airflow_batchinfer.triggers import worker_job
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from tests.support.fake_jobs import job_manifest

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines import create_engine
-from airflow_batchinfer.prompts import PromptBuilder
+from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage import reader as reader_module
 from airflow_batchinfer.storage import writer as writer_module
 from airflow_batchinfer.storage.records import parse_record
 from airflow_batchinfer.worker import shard_jobs
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 

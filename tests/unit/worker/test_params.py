@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.worker.params import parse_params
+from airflow_batchinfer.state.params import parse_params
 
 
 def test_defaults_per_kind() -> None:

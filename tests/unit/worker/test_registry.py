@@ -15,12 +15,12 @@ import httpx
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.run.docs import JobManifest, read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout, staged_name, staged_output
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout, staged_name, staged_output
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import DRAINED, JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 

@@ -23,16 +23,16 @@ from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.rpc.fingerprint import pin_input, spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import JobManifest, Plan, read_job_manifest, write_plan
 from airflow_batchinfer.run.jobs import job_spec, judge_input, round_kinds
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import JobManifest, Plan, read_job_manifest, write_plan
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, file_digest
 from airflow_batchinfer.storage.id_hashes import hashes_beside
-from airflow_batchinfer.worker.params import parse_params
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import JobKey, SegmentDoc, SegmentLog, Tally, doc_name

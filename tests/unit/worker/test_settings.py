@@ -20,7 +20,7 @@ from airflow_batchinfer.pools import local
 from airflow_batchinfer.pools.kubernetes.objects import worker_deployment
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
 from airflow_batchinfer.pools.local import LocalPool, LocalPoolSpec
-from airflow_batchinfer.settings import setting
+from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.settings import (

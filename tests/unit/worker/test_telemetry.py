@@ -13,8 +13,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from airflow_batchinfer.engines import Engine, GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.stats import EngineStats
-from airflow_batchinfer.run.docs import read_job_manifest
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime

@@ -17,18 +17,18 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, RpcError, WorkerUnavailable
-from airflow_batchinfer.report import build_report
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import Plan, slots, write_plan
-from airflow_batchinfer.run.docs.lanes import LaneShard
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
+from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Plan, slots, write_plan
+from airflow_batchinfer.state.docs.lanes import LaneShard
+from airflow_batchinfer.state.layout import RunLayout
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
 

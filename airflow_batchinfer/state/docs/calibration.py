@@ -10,8 +10,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from airflow_batchinfer.run.docs.io import DocModel, read_model
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.io import DocModel, read_model
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 

@@ -2,7 +2,7 @@
 rounds left in storage (plans, summaries, job manifests, lane documents), plus the whole-run id
 check. A round run by lanes (one Airflow task per lane, not per shard) reports each of its shards'
 states and each lane's figures (``shard_status``:
-:class:`~airflow_batchinfer.run.docs.shard_status.RoundShards`)."""
+:class:`~airflow_batchinfer.state.docs.shard_status.RoundShards`)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,21 @@ from typing import Any
 from airflow_batchinfer import charts
 from airflow_batchinfer.engines.stats import CounterName
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.preflight import retry_warnings
 from airflow_batchinfer.review.calibration import calibration_chart, pooled
 from airflow_batchinfer.run.close import MAX_NAMED, WORKER_FIELDS
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import (
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.plan import (
+    ACCEPTED_BY_REVIEW,
+    IN_PLACE_DONE,
+    MAX_ROUNDS,
+    NOTHING_PENDING,
+    STOPPED_BY_REVIEW,
+    Proposal,
+    pending_shards,
+)
+from airflow_batchinfer.run.preflight import retry_warnings
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import (
     AcceptedJob,
     EngineTelemetry,
     FailedShard,
@@ -33,19 +43,9 @@ from airflow_batchinfer.run.docs import (
     slots,
     write_doc,
 )
-from airflow_batchinfer.run.docs.calibration import Calibration, read_calibration
-from airflow_batchinfer.run.docs.shard_status import RoundShards, round_status
-from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import RunLayout
-from airflow_batchinfer.run.plan import (
-    ACCEPTED_BY_REVIEW,
-    IN_PLACE_DONE,
-    MAX_ROUNDS,
-    NOTHING_PENDING,
-    STOPPED_BY_REVIEW,
-    Proposal,
-    pending_shards,
-)
+from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration
+from airflow_batchinfer.state.docs.shard_status import RoundShards, round_status
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX

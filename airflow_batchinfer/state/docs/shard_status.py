@@ -1,5 +1,5 @@
 """Every shard of a round run by lanes, and its state, from what the lanes and the close wrote: the
-lane documents (``round-NN/lanes/``, :class:`~airflow_batchinfer.run.docs.lanes.LaneDoc`), the
+lane documents (``round-NN/lanes/``, :class:`~airflow_batchinfer.state.docs.lanes.LaneDoc`), the
 claims (``round-NN/claims/``) and the quarantine records (``round-NN/failed/``). The Airflow grid
 shows one box per lane; the run report and the review desk show each shard from here.
 
@@ -27,7 +27,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from airflow_batchinfer.run.docs.lanes import (
+from airflow_batchinfer.state.docs.lanes import (
     DOC_THREADS,
     LaneDoc,
     LaneShard,
@@ -36,9 +36,9 @@ from airflow_batchinfer.run.docs.lanes import (
     read_claim,
     read_lanes,
 )
-from airflow_batchinfer.run.docs.plan import Plan
-from airflow_batchinfer.run.docs.summary import FailedShard, read_failed
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.plan import Plan
+from airflow_batchinfer.state.docs.summary import FailedShard, read_failed
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions, join
 
 ShardState = Literal["done", "failed", "running", "claimed", "unclaimed"]

@@ -32,7 +32,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.templates import variables_read
+from airflow_batchinfer.prompts.templates import variables_read
 from airflow_batchinfer.values import number, whole_number
 
 __all__ = [

@@ -8,8 +8,8 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from airflow_batchinfer.run.docs.io import Digest, RecordModel, read_model
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.docs.io import Digest, RecordModel, read_model
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve

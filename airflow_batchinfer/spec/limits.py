@@ -617,7 +617,7 @@ def unset_cap(cap_name: str) -> int | None:
     of = _SETTING[cap_name].unset_default_of
     if of is None:
         return None
-    from airflow_batchinfer.settings import setting  # the one default (settings imports more)
+    from airflow_batchinfer.spec.settings import setting  # the one default (settings imports more)
 
     return int(setting(of).default)
 

@@ -21,11 +21,15 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from airflow_batchinfer.engines.stats import CounterName, GaugeName
-from airflow_batchinfer.rpc.models import JobKind, JobState
-from airflow_batchinfer.run.docs.io import DOC_VERSION, Digest, DocModel, read_model, validated
+from airflow_batchinfer.state.docs.io import DOC_VERSION, Digest, DocModel, read_model, validated
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import parse_json, write_bytes
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+
+# A job's kind and state, on the wire (rpc.models) and in its manifest.
+JobKind = Literal["infer", "judge", "infer_judge", "in_place"]
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
 MANIFEST_VERSION = 1  # of the completion manifests, jobs/<shard>.<kind>.json
 # The output files whose ids a job of each kind digests (``ids[name]``), besides ``ids["input"]``.

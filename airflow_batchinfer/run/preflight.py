@@ -14,19 +14,19 @@ from typing import Any
 
 import httpx
 
-from airflow_batchinfer import sizing
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError, RpcError
-from airflow_batchinfer.retries import reads_previous
+from airflow_batchinfer.prompts.retries import reads_previous
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import JobManifest, write_doc
+from airflow_batchinfer.run import sizing
 from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.layout import RunLayout
 from airflow_batchinfer.run.plan import pending_shards
 from airflow_batchinfer.run.prepare import run_key
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import JobManifest, write_doc
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
@@ -57,7 +57,7 @@ async def _slots(pool: PoolClient) -> list[int]:
 def expected_passes(approval: float, cfg: RunConfig) -> float:
     """Records processed per input record: every round (or in-place attempt) re-runs the share the
     judge rejected, assuming attempts succeed independently at the sample's approval rate
-    (:func:`airflow_batchinfer.sizing.expected_passes` with the run's settings)."""
+    (:func:`airflow_batchinfer.run.sizing.expected_passes` with the run's settings)."""
     return sizing.expected_passes(approval, cfg.strategy, cfg.max_rounds, cfg.max_attempts)
 
 
@@ -144,7 +144,7 @@ def _greedy(sampling: SamplingParams) -> bool:
 def same_retries(cfg: RunConfig) -> str | None:
     """Why every retry of ``cfg``'s samples would produce the text the attempt before it did
     (``None``: retries can differ, or there are none): sampling is greedy (temperature 0: a seed,
-    which :func:`~airflow_batchinfer.retries.attempt_seed` varies per attempt, changes nothing), no
+    which :func:`~airflow_batchinfer.prompts.retries.attempt_seed` varies per attempt, changes nothing), no
     ``retry_sampling`` entry changes more than the seed or ``max_tokens``, and a retry's prompt is the
     first attempt's (no ``retry_template`` or ``retry_system``, and ``prompt_template`` does not read
     ``previous``). Only a truncated sample's retry (more ``max_tokens``) can then differ. OpenAI
@@ -204,7 +204,7 @@ def run_preflight(
     """Sample, run infer and judge on the pool at ``urls``, store and return the projection.
     ``judge_pool``: the judge's own pool (its URLs and token), where the judge job runs instead.
 
-    The summary's ``"sizing"`` is :func:`airflow_batchinfer.sizing.plan_run` for the whole dataset
+    The summary's ``"sizing"`` is :func:`airflow_batchinfer.run.sizing.plan_run` for the whole dataset
     from the measured tokens/s (as one GPU's) and tokens per record, the measured approval rate, the
     ``len(urls)`` workers and the run's ``records_per_shard``, ``lanes``, ``chunk_size``, retry
     settings and ``max_map_length`` (Airflow's ``[core] max_map_length``, the most lanes a round

@@ -22,8 +22,8 @@ from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.judges.truncation import TruncationPolicy
-from airflow_batchinfer.prompts import PromptBuilder
-from airflow_batchinfer.retries import RetrySettings
+from airflow_batchinfer.prompts.build import PromptBuilder
+from airflow_batchinfer.prompts.retries import RetrySettings
 from airflow_batchinfer.storage.ranges import InputRange
 
 DEFAULT_CHUNK = 2_000

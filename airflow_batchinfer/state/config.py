@@ -4,7 +4,7 @@ settings a round runs when reviews changed some of them (:data:`ROUND_SETTINGS`,
 
 Stored as ``<run root>/run.json`` by the first task of a DAG run, so every later task (and a resumed
 run) reads the same settings from storage instead of carrying them through XCom. The run's documents
-(:mod:`~airflow_batchinfer.run.docs`, which the worker imports) import this module: it loads the
+(:mod:`~airflow_batchinfer.state.docs`, which the worker imports) import this module: it loads the
 orchestration's settings table only when a run's settings are built.
 """
 
@@ -23,16 +23,19 @@ from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
-from airflow_batchinfer.retries import RetrySettings
-from airflow_batchinfer.rpc.locate import (
+from airflow_batchinfer.prompts.retries import RetrySettings
+from airflow_batchinfer.state.timeouts import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
     UNREACHABLE_GRACE_S,
 )
-from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
 from airflow_batchinfer.storage.fan_out import FanOut
-from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
-from airflow_batchinfer.storage.records import MAX_ID_BYTES
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
+from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
+
+# The choices of the ``strategy`` and ``review`` settings.
+STRATEGIES = ("rounds", "in_place", "hybrid")
+REVIEW_MODES = ("never", "every_round", "on_low_approval")
 
 
 @dataclass
@@ -179,14 +182,14 @@ class RunConfig:
 
     def _check_bounds(self) -> None:
         """``max_line_bytes`` and ``max_id_bytes`` at least their settings' minimums."""
-        from airflow_batchinfer.settings import setting  # the settings table: not for reading a doc
-
-        for name in ("max_line_bytes", "max_id_bytes"):
-            least = setting(name).minimum
-            if least is not None and getattr(self, name) < least:
+        for name, least, default in (
+            ("max_line_bytes", MIN_LINE_BYTES, MAX_LINE_BYTES),
+            ("max_id_bytes", MIN_ID_BYTES, MAX_ID_BYTES),
+        ):
+            if getattr(self, name) < least:
                 raise ConfigError(
                     f"{name} must be >= {least:g}, got {getattr(self, name)}: raise it (its default is "
-                    f"{setting(name).default})"
+                    f"{default})"
                 )
 
     def _check_retries(self) -> None:
@@ -203,7 +206,7 @@ class RunConfig:
                 )
 
     def retry(self) -> RetrySettings:
-        """The retry settings (:mod:`~airflow_batchinfer.retries`), checked: a bad one is refused,
+        """The retry settings (:mod:`~airflow_batchinfer.prompts.retries`), checked: a bad one is refused,
         naming it (their entries over the run's sampling: :meth:`validate`)."""
         try:
             base = SamplingParams.from_mapping(self.sampling)
@@ -231,7 +234,7 @@ class RunConfig:
         task with its reason instead of every shard job. ``callables``: the callable judge targets
         allowed (checked before anything is imported); ``None``: any (the caller vouches)."""
         from airflow_batchinfer.judges import CallablePolicy
-        from airflow_batchinfer.worker.params import parse_params
+        from airflow_batchinfer.state.params import parse_params
 
         policy = None if callables is None else CallablePolicy(callables)
         parse_params("infer", self.infer_params(), callables=policy)

@@ -31,22 +31,22 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
-from airflow_batchinfer.engines.adapters import BASE as ADAPTER_BASE
 from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.judges import JUDGE_TYPES
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS
 from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
-from airflow_batchinfer.retries import NOT_PER_ATTEMPT
+from airflow_batchinfer.prompts.retries import NOT_PER_ATTEMPT
 from airflow_batchinfer.rpc.locate import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
     UNREACHABLE_GRACE_S,
 )
-from airflow_batchinfer.run.modes import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.state.config import REVIEW_MODES, STRATEGIES
+from airflow_batchinfer.storage.fan_out import BASE as ADAPTER_BASE
 from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES
-from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
-from airflow_batchinfer.storage.records import MAX_ID_BYTES
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
+from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
@@ -398,10 +398,10 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("max_line_bytes", "integer", MAX_LINE_BYTES, "the longest input line, in bytes: a longer one goes "
          "to rejects/ with its line number, its first KiB and its length, and is never held whole; a DAG "
          "run may raise it only up to the deployment's max_max_line_bytes (unset: this default)",
-         minimum=1024, flag="--max-line-bytes"),
+         minimum=MIN_LINE_BYTES, flag="--max-line-bytes"),
     _run("max_id_bytes", "integer", MAX_ID_BYTES, "the longest record id, in UTF-8 bytes of the id as "
          "text: a record with a longer one goes to rejects/; a DAG run may raise it only up to the "
-         "deployment's max_max_id_bytes (unset: this default)", minimum=32, flag="--max-id-bytes"),
+         "deployment's max_max_id_bytes (unset: this default)", minimum=MIN_ID_BYTES, flag="--max-id-bytes"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.modes import STRATEGIES
+from airflow_batchinfer.state.config import STRATEGIES
 from airflow_batchinfer.storage import taper
 
 SIZING_VERSION = 2  # of SizingPlan.to_dict(); 2: lanes, the straggler, the per-shard shape, lost work
@@ -621,7 +621,7 @@ def plan_run(
 
     :param tokens_per_s: tokens a second one GPU turns out (measured: the pre-flight prints it).
     :param concurrency: shard jobs per worker (the worker's ``--concurrency``); ``None``: the
-        ``concurrency`` setting's default (:func:`airflow_batchinfer.settings.setting`).
+        ``concurrency`` setting's default (:func:`airflow_batchinfer.spec.settings.setting`).
     :param tokens_per_record: tokens one record costs a pass: prompt + completion (+ an LLM judge's).
     :param max_map_length: Airflow's ``[core] max_map_length``: the most lanes one round may map.
     :param lanes: the run setting ``lanes``: tasks a round maps (0: one per pool slot).
@@ -641,7 +641,7 @@ def plan_run(
         remedy.
     """
     if concurrency is None or chunk_size is None:  # here: the settings' module pulls in storage
-        from airflow_batchinfer.settings import setting
+        from airflow_batchinfer.spec.settings import setting
 
         concurrency = int(setting("concurrency").default) if concurrency is None else concurrency
         chunk_size = int(setting("chunk_size").default) if chunk_size is None else chunk_size

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import read_manifest

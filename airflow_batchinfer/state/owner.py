@@ -43,8 +43,8 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.docs import read_run_config
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import read_run_config
 from airflow_batchinfer.storage import swap
 from airflow_batchinfer.storage.json_doc import encode_json, parse_json
 from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve

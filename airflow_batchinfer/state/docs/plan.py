@@ -2,9 +2,9 @@
 round runs. Slots are ``round-00`` … ``round-{max_rounds-1}`` (infer + judge) and ``tail`` (in-place
 retry of whatever rounds left, under the next free round number).
 
-A plan's ``settings`` are what a review changed (:data:`~airflow_batchinfer.run.config.ROUND_SETTINGS`),
+A plan's ``settings`` are what a review changed (:data:`~airflow_batchinfer.state.config.ROUND_SETTINGS`),
 its ``config`` the settings its round runs: ``run.json``'s with those changes
-(:func:`~airflow_batchinfer.run.config.round_config`), computed once by the plan step and read by
+(:func:`~airflow_batchinfer.state.config.round_config`), computed once by the plan step and read by
 every task of the round. A plan written before plans carried their config reads with it computed as
 its round's tasks did then."""
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.run.config import RunConfig, round_config
-from airflow_batchinfer.run.docs.io import read_doc, read_run_config, write_doc
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig, round_config
+from airflow_batchinfer.state.docs.io import read_doc, read_run_config, write_doc
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions, join
 

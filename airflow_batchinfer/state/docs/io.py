@@ -19,8 +19,8 @@ from pydantic import (
 )
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
-from airflow_batchinfer.run.config import RunConfig
-from airflow_batchinfer.run.layout import RunLayout
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.digest import HEX_DIGITS, IdDigest
 from airflow_batchinfer.storage.json_doc import encode_json, read_json, write_json
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve

@@ -7,13 +7,13 @@ fakes go through the same models; unknown fields or versions are refused.
 
 The review package reads these (and nothing else of the run package but its layout and settings),
 and the worker writes its manifests through here, so this package imports nothing of
-:mod:`airflow_batchinfer.run` but :mod:`~airflow_batchinfer.run.layout` and
-:mod:`~airflow_batchinfer.run.config`: not the orchestration's settings, limits or gates.
+:mod:`airflow_batchinfer.run` but :mod:`~airflow_batchinfer.state.layout` and
+:mod:`~airflow_batchinfer.state.config`: not the orchestration's settings, limits or gates.
 """
 
 from __future__ import annotations
 
-from airflow_batchinfer.run.docs.io import (
+from airflow_batchinfer.state.docs.io import (
     DOC_VERSION,
     Digest,
     read_doc,
@@ -21,7 +21,7 @@ from airflow_batchinfer.run.docs.io import (
     write_doc,
     write_run_config,
 )
-from airflow_batchinfer.run.docs.jobs import (
+from airflow_batchinfer.state.docs.jobs import (
     ID_OUTPUTS,
     MANIFEST_VERSION,
     SWEEPING,
@@ -45,9 +45,9 @@ from airflow_batchinfer.run.docs.jobs import (
     write_job_error,
     write_job_manifest,
 )
-from airflow_batchinfer.run.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
-from airflow_batchinfer.run.docs.reviewed import review_applied, review_split
-from airflow_batchinfer.run.docs.summary import (
+from airflow_batchinfer.state.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
+from airflow_batchinfer.state.docs.reviewed import review_applied, review_split
+from airflow_batchinfer.state.docs.summary import (
     AdapterApproval,
     Candidates,
     FailedShard,

@@ -6,7 +6,7 @@ deployment says every component is on one host (``[batchinfer] one_host = True``
 docs/deployment.md). :func:`one_host_refusal` is that decision, a pure function of what the caller
 read from Airflow's config.
 
-Standard library only, and outside :mod:`airflow_batchinfer.pools`: ``get_provider_info`` declares the
+Standard library only (the package's ``__init__`` is lazy): ``get_provider_info`` declares the
 option in every Airflow process, which must not load the pools.
 """
 

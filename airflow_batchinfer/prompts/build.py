@@ -7,10 +7,10 @@ error naming it (:func:`~airflow_batchinfer.engines.sampling.refusals`), never a
 does a field of the job's own sampling its engine does not honour. Any other record is
 rendered through the job's template (``{{ question }}`` reads the record's ``question`` field; the
 whole record is also available as ``record``; a retry's ``previous``, what the attempt before it got:
-:mod:`~airflow_batchinfer.retries`, which also decides each attempt's template, system message and
+:mod:`~airflow_batchinfer.prompts.retries`, which also decides each attempt's template, system message and
 sampling). A job's records pick their LoRA adapter by name
 (:mod:`~airflow_batchinfer.engines.adapters`). Rendering errors are per-record errors. Templates
-render through :mod:`airflow_batchinfer.templates`: a sandbox with limits on what one
+render through :mod:`airflow_batchinfer.prompts.templates`: a sandbox with limits on what one
 record's rendering may cost. A plain template (text and ``{{ field }}`` over text or integer fields)
 is filled in directly when the sandbox would render the same (otherwise the sandbox renders it, or
 fails): it is most templates, and the review desk renders hundreds of thousands of prompts for one
@@ -30,7 +30,7 @@ from airflow_batchinfer.engines.adapters import Adapter, chosen
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.sampling import engine_refusal, refusals
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
-from airflow_batchinfer.retries import (
+from airflow_batchinfer.prompts.retries import (
     NO_RETRY,
     PREVIOUS,
     Previous,
@@ -41,7 +41,7 @@ from airflow_batchinfer.retries import (
     reads_previous,
     sent_with,
 )
-from airflow_batchinfer.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
+from airflow_batchinfer.prompts.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
 
@@ -146,7 +146,7 @@ class PromptBuilder:
         and one naming none of them is that record's error. ``None`` (a judge's prompts, the desk's):
         the base model answers, whatever the record says.
     :param retry: the run's retry settings: the template, system message and sampling of the second
-        and later attempts (:func:`~airflow_batchinfer.retries.sent_with` decides each attempt's).
+        and later attempts (:func:`~airflow_batchinfer.prompts.retries.sent_with` decides each attempt's).
     """
 
     def __init__(
@@ -228,7 +228,7 @@ class PromptBuilder:
         :meth:`abuild`). ``candidate``: which of the record's candidates a judge's request is about
         (metadata). An ``infer`` prompt (``role``) renders with the variable ``previous`` (the
         attempt before, ``None`` on a first attempt); ``least_max_tokens``: the truncation decision
-        on that attempt (:func:`~airflow_batchinfer.retries.sent_with`)."""
+        on that attempt (:func:`~airflow_batchinfer.prompts.retries.sent_with`)."""
         meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
         if candidate:
             meta["candidate"] = candidate
@@ -273,7 +273,7 @@ class PromptBuilder:
         least_max_tokens: int | None,
         body: Mapping[str, Any] | None = None,
     ) -> Sent:
-        """What attempt ``attempt`` is sent with (:func:`~airflow_batchinfer.retries.sent_with`, over
+        """What attempt ``attempt`` is sent with (:func:`~airflow_batchinfer.prompts.retries.sent_with`, over
         the job's sampling or an OpenAI batch ``body``'s); :class:`PromptError` when its sampling asks
         the engine for a field it does not honour, or a ``retry_sampling`` entry does not combine
         with the body's."""
