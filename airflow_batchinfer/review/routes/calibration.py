@@ -12,7 +12,14 @@ from fastapi.responses import Response
 
 from airflow_batchinfer.review.calibration import calibration_chart, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import DecisionLog
-from airflow_batchinfer.review.routes.context import MAX_VIEWS, RunContext, round_of, run_context, view
+from airflow_batchinfer.review.routes.context import (
+    MAX_VIEWS,
+    RunContext,
+    round_of,
+    run_context,
+    so_key,
+    view,
+)
 from airflow_batchinfer.review.routes.host import AccessDep, ReadDag
 from airflow_batchinfer.review.routes.pages import SVG_CSP
 from airflow_batchinfer.state.docs import read_run_config
@@ -66,7 +73,7 @@ def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
         log = DecisionLog(ctx.run_root, q, ctx.so).read()
         if q < r and not log:
             continue  # an earlier round nobody reviewed
-        key = (ctx.run_root, q, len(log), repr(sorted(ctx.so.items())))
+        key = (ctx.run_root, q, len(log), so_key(ctx))
         with _calibrated_lock:
             hit = _calibrated.get(key)
         if hit is None:

@@ -20,6 +20,7 @@ from airflow_batchinfer.review.routes.context import (
     jsonable,
     round_of,
     run_context,
+    so_key,
     view,
 )
 from airflow_batchinfer.review.routes.host import AccessDep, ReadDag
@@ -109,7 +110,7 @@ def _attempts(ctx: RunContext, r: int, sample_id: str, bounds: Bounds) -> dict[s
     id is in a round's rejected rows at most once) or until the rows read reach
     :data:`ATTEMPTS_ROW_BUDGET` (checked before each block of a shard: the last block read may pass
     it); a closed round's rows do not change, so an answer is kept."""
-    key = (ctx.run_root, r, sample_id, repr((sorted(ctx.so.items()), bounds)))
+    key = (ctx.run_root, r, sample_id, f"{so_key(ctx)} {bounds!r}")
     with _attempts_lock:
         hit = _attempts_cache.get(key)
     if hit is not None:

@@ -10,7 +10,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from airflow_batchinfer.review.routes.context import MAX_TEXT, MAX_VIEWS, VIEW_TTL_S, RunContext, run_context
+from airflow_batchinfer.review.routes.context import (
+    MAX_TEXT,
+    MAX_VIEWS,
+    VIEW_TTL_S,
+    RunContext,
+    run_context,
+    so_key,
+)
 from airflow_batchinfer.review.routes.host import AccessDep, ReadDag
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
 from airflow_batchinfer.state.docs import Plan, read_plan, read_run_config, read_summary, slots
@@ -83,7 +90,7 @@ def _round_status(ctx: RunContext, plan: Plan) -> tuple[RoundStatus, bool]:
     """The round's shard states and whether it has closed, shared between requests for a while: a
     page and its next page read the lane documents once (O(lanes) documents), an open round's
     again after :data:`SHARDS_TTL_S`."""
-    key = (ctx.run_root, plan.round, repr(sorted(ctx.so.items())))
+    key = (ctx.run_root, plan.round, so_key(ctx))
     now = time.monotonic()
     with _statuses_lock:
         hit = _statuses.get(key)
