@@ -31,7 +31,7 @@ DEFAULT_SELECT = "first_approved"
 
 #: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
 #: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
-#: and which the review page shows as output, not as the record (``review.browse``). ``previous``:
+#: and which the review page shows as output, not as the record (``review.samples``). ``previous``:
 #: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
 #: on it, for that prompt (``retries``); neither is shown to a judge.
 GENERATION_FIELDS = frozenset(

@@ -50,7 +50,7 @@ from airflow_batchinfer.review.decisions import (
     undecided,
 )
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import read_summary
+from airflow_batchinfer.state.docs import Summary, read_summary
 from airflow_batchinfer.state.docs.calibration import write_calibration
 from airflow_batchinfer.state.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
@@ -104,55 +104,56 @@ def apply_decisions(
         return None
     # sealed first: a decision recorded from now on is refused, not silently left out
     decisions = DecisionLog(cfg.run_root, r - 1, so).seal()
-    layout = RunLayout(cfg.run_root)
-    reviewed = r - 1
-    last = read_summary(layout, reviewed, so)
+    last = read_summary(RunLayout(cfg.run_root), r - 1, so)
     if not decisions and not (last is not None and last.spot_checks):
         return None
-    view = RoundView(cfg.run_root, reviewed, so)
-    resolver = Resolver(decisions)
-    id_field = cfg.id_field or "id"
-    applied = Applied(reviewed, len(decisions), [])
-    pairs: list[Pair] = []
-    bulk = unjudged = 0
-    tenths = scored_in_tenths(cfg.judge)
-    made: set[str] = set()
-    retained_dir = JsonlDir(layout.reviewed(r), storage_options=so)
+    split = _Split(cfg, r, decisions, so)
     for shard in pending:
-        sid = shard["shard_id"]
+        split.shard(shard)
+    split.finish(last)
+    return split.applied
+
+
+class _Split:
+    """One application of round ``r - 1``'s decisions to round ``r``'s pending shards: what each
+    row becomes, the files written, and the reviewers' verdicts beside the judge's."""
+
+    def __init__(self, cfg: RunConfig, r: int, decisions: list[Decision], so: StorageOptions | None) -> None:
+        self.cfg, self.r, self.reviewed, self.so = cfg, r, r - 1, so
+        self.layout = RunLayout(cfg.run_root)
+        self.view = RoundView(cfg.run_root, self.reviewed, so)
+        self.resolver = Resolver(decisions)
+        self.id_field = cfg.id_field or "id"
+        self.tenths = scored_in_tenths(cfg.judge)
+        self.retained_dir = JsonlDir(self.layout.reviewed(r), storage_options=so)
+        self.applied = Applied(self.reviewed, len(decisions), [])
+        self.pairs: list[Pair] = []
+        self.bulk = self.unjudged = 0
+        self.made: set[str] = set()
+
+    def shard(self, shard: ShardDescriptor) -> None:
+        """Split one pending shard: each row into the file of its outcome, its id into that
+        outcome's digest."""
+        sid, reviewed = shard["shard_id"], self.reviewed
         digests: dict[Outcome, IdDigest] = {a: IdDigest() for a in ("accept", "retry", "drop", FOLLOWS_JUDGE)}
         uris: dict[Outcome, str] = {
-            "retry": retained_dir.file(sid + SHARD_SUFFIX).uri,
-            "accept": layout.review_accepted(reviewed, sid),
-            FOLLOWS_JUDGE: layout.review_accepted(reviewed, sid),  # results, beside the accepted ones
-            "drop": layout.review_dropped(reviewed, sid),
+            "retry": self.retained_dir.file(sid + SHARD_SUFFIX).uri,
+            "accept": self.layout.review_accepted(reviewed, sid),
+            FOLLOWS_JUDGE: self.layout.review_accepted(reviewed, sid),  # results, beside the accepted ones
+            "drop": self.layout.review_dropped(reviewed, sid),
         }
+        applied = self.applied
         with contextlib.ExitStack() as stack:  # a file only for an outcome that takes rows
             outs: dict[str, Any] = {}
-            for pos, row in enumerate(JsonlFile(shard["uri"], storage_options=so).iter_records()):
-                sample = view.to_sample(row, sid, pos, prompt=resolver.needs_prompts)
-                decision = resolver.decision(sample)
-                outcome: Outcome = decision.action if decision is not None else undecided(sample.spot_check)
+            for pos, row in enumerate(JsonlFile(shard["uri"], storage_options=self.so).iter_records()):
+                outcome, written = self._row(row, sid, pos)
                 uri = uris[outcome]
                 if uri not in outs:
-                    outs[uri] = stack.enter_context(JsonlFile(uri, storage_options=so).writer_sync())
-                if decision is None:
-                    outs[uri].write(row if outcome == "retry" else _approved(row))
-                    if outcome == FOLLOWS_JUDGE and (name := counted(row.get(ADAPTER_FIELD))) is not None:
-                        applied.approved_by_adapter[name] = applied.approved_by_adapter.get(name, 0) + 1
-                else:
-                    judged = judge_verdict(sample)
-                    pair = pair_of(sample, decision, tenths=tenths)
-                    if pair is not None:
-                        pairs.append(pair)
-                    elif judged is None:
-                        unjudged += 1
-                    else:
-                        bulk += 1
-                    outs[uri].write(_marked(row, decision, None if judged is None else judged[0]))
-                digests[outcome].add(row.get(id_field))
+                    outs[uri] = stack.enter_context(JsonlFile(uri, storage_options=self.so).writer_sync())
+                outs[uri].write(written)
+                digests[outcome].add(row.get(self.id_field))
                 applied.counts[outcome] = applied.counts.get(outcome, 0) + 1
-        made.update(outs)
+        self.made.update(outs)
         applied.accepted += digests["accept"]
         applied.dropped += digests["drop"]
         applied.approved += digests[FOLLOWS_JUDGE]
@@ -165,29 +166,55 @@ def apply_decisions(
                     "ids": digests["retry"].to_dict(),
                 }
             )
-    # what an earlier application of these decisions wrote that they no longer make
-    prefix = f"reviewed-r{reviewed:02d}-"
-    files.remove_others(layout.results, prefix, made, so)
-    files.remove_others(layout.dropped, prefix, made, so)
-    files.remove_others(retained_dir.uri, "", made | {join(retained_dir.uri, "_manifest.json")}, so)
-    if judge_checked(cfg.judge):
-        doc = calibrate(pairs, last.verdicts if last is not None else None, round=reviewed)
-        doc = doc.model_copy(update={"decisions": len(decisions), "bulk": bulk, "unjudged": unjudged})
-        write_calibration(layout, doc, so)
-    write_manifest(
-        retained_dir,
-        {
-            "kind": "review",
-            "state": "complete",
-            "round": r,
-            "reviewed_round": reviewed,
-            "decisions": len(decisions),
-            "shards": applied.shards,
-            "records": applied.counts["retry"],
-            "applied": applied.to_dict(),
-        },
-    )
-    return applied
+
+    def _row(self, row: dict[str, Any], sid: str, pos: int) -> tuple[Outcome, dict[str, Any]]:
+        """A pending row's outcome, and the row as its outcome's file holds it."""
+        sample = self.view.to_sample(row, sid, pos, prompt=self.resolver.needs_prompts)
+        decision = self.resolver.decision(sample)
+        if decision is None:
+            outcome = undecided(sample.spot_check)
+            if outcome == FOLLOWS_JUDGE and (name := counted(row.get(ADAPTER_FIELD))) is not None:
+                by_adapter = self.applied.approved_by_adapter
+                by_adapter[name] = by_adapter.get(name, 0) + 1
+            return outcome, (row if outcome == "retry" else _approved(row))
+        judged = judge_verdict(sample)
+        pair = pair_of(sample, decision, tenths=self.tenths)
+        if pair is not None:
+            self.pairs.append(pair)
+        elif judged is None:
+            self.unjudged += 1
+        else:
+            self.bulk += 1
+        return decision.action, _marked(row, decision, None if judged is None else judged[0])
+
+    def finish(self, last: Summary | None) -> None:
+        """Remove what an earlier application of these decisions wrote that they no longer make;
+        store the calibration (``last``: the reviewed round's summary) and the split's manifest."""
+        prefix = f"reviewed-r{self.reviewed:02d}-"
+        made, retained = self.made, self.retained_dir.uri
+        files.remove_others(self.layout.results, prefix, made, self.so)
+        files.remove_others(self.layout.dropped, prefix, made, self.so)
+        files.remove_others(retained, "", made | {join(retained, "_manifest.json")}, self.so)
+        decisions = self.applied.decisions
+        if judge_checked(self.cfg.judge):
+            doc = calibrate(self.pairs, last.verdicts if last is not None else None, round=self.reviewed)
+            doc = doc.model_copy(
+                update={"decisions": decisions, "bulk": self.bulk, "unjudged": self.unjudged}
+            )
+            write_calibration(self.layout, doc, self.so)
+        write_manifest(
+            self.retained_dir,
+            {
+                "kind": "review",
+                "state": "complete",
+                "round": self.r,
+                "reviewed_round": self.reviewed,
+                "decisions": decisions,
+                "shards": self.applied.shards,
+                "records": self.applied.counts["retry"],
+                "applied": self.applied.to_dict(),
+            },
+        )
 
 
 def _person(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict[str, Any]:

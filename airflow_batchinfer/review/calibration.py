@@ -33,8 +33,9 @@ from airflow_batchinfer.charts import Series, bar_chart, line_chart, side_by_sid
 from airflow_batchinfer.judges import RAW_SCORES
 from airflow_batchinfer.judges.reasons import INFERENCE_ERROR, TRUNCATED
 from airflow_batchinfer.judges.spot_check import BUCKETS, STRATA, Stratum, score_bucket
-from airflow_batchinfer.review.browse import RoundView, Sample
+from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, Resolver
+from airflow_batchinfer.review.samples import Sample
 from airflow_batchinfer.state.docs import read_summary
 from airflow_batchinfer.state.docs.calibration import Bucket, Calibration, Confusion
 

@@ -1,7 +1,7 @@
 """Reviewers' decisions on a round's rejected samples: accept, retry or drop.
 
 A decision names samples by id, or selects every sample matching a filter (a bulk decision:
-``{"group": …, "text": …}``, the page's filter, see :func:`~airflow_batchinfer.review.browse.matches`;
+``{"group": …, "text": …}``, the page's filter, see :func:`~airflow_batchinfer.review.samples.matches`;
 ``{}`` selects every rejected sample of the round). Decisions are appended to
 ``round-NN/review/decisions.jsonl``, one versioned JSON line each (who, when, what, which filter);
 the next round's plan seals the log and applies them when the gate is answered
@@ -27,7 +27,8 @@ from typing import Any, Literal, get_args
 
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
 from airflow_batchinfer.judges.spot_check import SPOT_CHECK
-from airflow_batchinfer.review.browse import RoundView, Sample, matches
+from airflow_batchinfer.review.browse import RoundView
+from airflow_batchinfer.review.samples import Sample, matches
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import swap
 from airflow_batchinfer.storage.location import StorageOptions

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.review.bounds import KIB, MIB, Bounds, clip
-from airflow_batchinfer.review.browse import RoundView, field_value
+from airflow_batchinfer.review.browse import RoundView
+from airflow_batchinfer.review.samples import field_value
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config

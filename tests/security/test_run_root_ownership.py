@@ -176,31 +176,39 @@ class User:
 
 @pytest.fixture
 def desk(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
-    """The desk's run_context over a gate of SCRATCH's run whose root (shared) finance created."""
+    """The desk's run_context over a gate of SCRATCH's run whose root (shared) finance created, asked
+    through the plugin's Airflow access (its auth manager faked, its database's gate given)."""
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.review import app
+    from airflow_batchinfer.plugin import desk as airflow_desk
+    from airflow_batchinfer.review.gate import Gate
+    from airflow_batchinfer.review.routes import context
 
     root = str(tmp_path / "run")
     write_owner(root, SCRATCH, creator="finance")
-    gate = app.Gate(SCRATCH.dag_id, SCRATCH.run_id, "round_01.plan", -1, "s", None, [], "deferred", True,
-                    rendered={"run_root": root})  # fmt: skip
-    monkeypatch.setattr(app, "_gates", lambda session, **kw: [gate])
-    monkeypatch.setattr(app, "team_of", lambda session, dag_id: None)
+    gate = Gate(SCRATCH.dag_id, SCRATCH.run_id, "round_01.plan", -1, "s", None, [], "deferred", True,
+                rendered={"run_root": root})  # fmt: skip
+
+    class Access(airflow_desk.AirflowAccess):
+        def gates(self, **kw: Any) -> list[Gate]:
+            return [gate]
+
+    no_teams = staticmethod(lambda dag_ids, session=None: {})
+    monkeypatch.setattr(airflow_desk.DagModel, "get_dag_id_to_team_name_mapping", no_teams)
     auth = FakeAuthManager({"both": {"finance", "scratch"}, "scratch_only": {"scratch"}})
-    monkeypatch.setattr(app, "get_auth_manager", lambda: auth)
-    return app, auth
+    monkeypatch.setattr(airflow_desk, "get_auth_manager", lambda: auth)
+    return context, Access, auth
 
 
 def test_the_desk_refuses_a_reader_who_may_not_read_the_creating_dag(desk: Any) -> None:
     from fastapi import HTTPException
 
-    app, auth = desk
+    context, access, auth = desk
     with pytest.raises(HTTPException) as refused:
-        app.run_context(None, SCRATCH.dag_id, SCRATCH.run_id, User("scratch_only"))
+        context.run_context(access(None, User("scratch_only")), SCRATCH.dag_id, SCRATCH.run_id)
     assert refused.value.status_code == 403
     assert "may not read DAG 'finance', which created the run root" in str(refused.value.detail)
     assert ("scratch_only", "finance") in auth.asked
-    ctx = app.run_context(None, SCRATCH.dag_id, SCRATCH.run_id, User("both"))
+    ctx = context.run_context(access(None, User("both")), SCRATCH.dag_id, SCRATCH.run_id)
     assert (ctx.dag_id, ctx.round) == ("scratch", 0)
 
 

@@ -27,7 +27,7 @@ def desk_app(home: Path) -> Iterator[t.Desk]:
     from airflow.utils.session import create_session
     from fastapi.testclient import TestClient
 
-    from airflow_batchinfer.review.app import get_app
+    from airflow_batchinfer.plugin.desk import get_app
 
     home.mkdir(parents=True, exist_ok=True)
     passwords = home / "passwords.json"

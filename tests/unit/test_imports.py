@@ -7,7 +7,7 @@ import sys
 
 HEAVY = ("airflow", "vllm", "torch", "transformers", "boto3", "botocore", "s3fs", "kubernetes")
 # What the run's documents (which the worker imports) must not load of the package.
-ORCHESTRATION = ("limits", "settings", "pools", "operators", "review", "run.gate")
+ORCHESTRATION = ("spec", "pools", "operators", "review", "run.gate")
 
 
 def test_worker_side_imports_nothing_heavy() -> None:

@@ -1,5 +1,6 @@
 """The package's layers, read from its source: every module-level import goes down the blocks of
-:data:`LAYERS`, nothing below the Airflow layer imports it, and no two modules import each other.
+:data:`LAYERS`, nothing below the Airflow layer imports it or, at module level, Airflow itself (the
+review desk: not at all), and no two modules import each other.
 
 Every import counts, module-level or inside a function (a lazy import hides a cycle, it does not
 remove it); importing ``a.b.c`` also runs ``a`` and ``a.b``. Imports under ``if TYPE_CHECKING:``
@@ -207,6 +208,36 @@ def test_nothing_below_the_airflow_layer_imports_it_even_lazily() -> None:
         if name != PACKAGE and block(name) < AIRFLOW_LAYER
     }
     assert {k: v for k, v in bad.items() if v} == {}
+
+
+def airflow_imports(name: str, module_level: bool) -> list[str]:
+    """The names of the ``airflow`` distribution that a package module imports."""
+    path = modules()[name]
+    tree = ast.parse(path.read_text(), str(path))
+    found = _imports(_module_level(tree) if module_level else tree, name, path.name == "__init__.py")
+    return sorted(n for n in found if n == "airflow" or n.startswith("airflow."))
+
+
+def test_nothing_below_the_airflow_layer_imports_airflow_at_module_level() -> None:
+    """Importing the control plane (and the worker, the core) loads no Airflow: a base module that
+    must touch it (compat's exceptions, a task's ``AirflowFailException``) does so on first use."""
+    below = [m for m in modules() if m != PACKAGE and block(m) < AIRFLOW_LAYER]
+    bad = {name: found for name in below if (found := airflow_imports(name, module_level=True))}
+    assert bad == {}
+
+
+def test_the_review_desk_imports_no_airflow_even_lazily() -> None:
+    """The desk's routes take what they need of Airflow from the plugin (plugin/desk.py)."""
+    review = [m for m in modules() if within(m, ("review",))]
+    assert f"{PACKAGE}.review.app" in review
+    bad = {name: found for name in review if (found := airflow_imports(name, module_level=False))}
+    assert bad == {}
+
+
+def test_the_scanner_sees_airflow_imports() -> None:
+    assert airflow_imports(f"{PACKAGE}.plugin.desk", module_level=True)
+    assert not airflow_imports(f"{PACKAGE}.compat", module_level=True)
+    assert "airflow.__version__" in airflow_imports(f"{PACKAGE}.compat", module_level=False)
 
 
 def test_every_block_is_a_package_or_a_module() -> None:

@@ -1,8 +1,8 @@
-"""The review desk's web app (airflow_batchinfer/review/app.py), in process: Airflow's own api-server
-app (``create_app()``, which mounts the plugin from its entry point) on a throwaway SQLite database,
-SimpleAuthManager users, tokens from ``POST /auth/token``, and real run directories with a closed
-round. The DAG runs, their plan tasks' HITL requests and rendered fields are rows written as Airflow
-writes them; nothing runs."""
+"""The review desk's web app (airflow_batchinfer/review/app.py and routes/, on the Airflow of
+airflow_batchinfer/plugin/desk.py), in process: Airflow's own api-server app (``create_app()``, which
+mounts the plugin from its entry point) on a throwaway SQLite database, SimpleAuthManager users,
+tokens from ``POST /auth/token``, and real run directories with a closed round. The DAG runs, their
+plan tasks' HITL requests and rendered fields are rows written as Airflow writes them; nothing runs."""
 
 from __future__ import annotations
 
@@ -518,7 +518,7 @@ def test_storage_options_come_from_the_plan_tasks_rendered_connection(
     desk: Desk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_batchinfer.hooks import aws
-    from airflow_batchinfer.review import app
+    from airflow_batchinfer.plugin import desk as airflow_desk
 
     calls: list[str | None] = []
 
@@ -527,7 +527,7 @@ def test_storage_options_come_from_the_plan_tasks_rendered_connection(
         return {}
 
     monkeypatch.setattr(aws, "storage_options_from_aws_conn", options)
-    monkeypatch.setattr(app, "_so_cache", {})
+    monkeypatch.setattr(airflow_desk, "_so_cache", {})
     root = closed_run(tmp_path).run_root
     add_gate("conn", "round_01.plan", {"run_root": root, "aws_conn_id": "team_s3"})
     write_owner(root, RunIdentity(DAG_ID, "conn"))

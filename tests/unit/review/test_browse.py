@@ -12,8 +12,10 @@ import pytest
 from airflow_batchinfer.exceptions import ReviewError
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.bounds import Bounds
-from airflow_batchinfer.review.browse import Page, RoundView, Sample, field_value, matches, trend
+from airflow_batchinfer.review.browse import Page, RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
+from airflow_batchinfer.review.samples import Sample, field_value, matches
+from airflow_batchinfer.review.trends import trend
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from tests.support.seaweedfs import S3Server
@@ -211,7 +213,7 @@ def test_paging_and_groups_on_s3(s3_server: S3Server, tmp_path: Path) -> None:
 
 def workers_text(builder: Any, record: dict[str, Any]) -> str | None:
     """What the worker's :class:`PromptBuilder` sends for ``record``, as the desk writes it out."""
-    from airflow_batchinfer.review.browse import _content
+    from airflow_batchinfer.review.prompt_text import _content
 
     try:
         request = builder.build(record, request_id="x", attempt=1)
@@ -235,9 +237,9 @@ def workers_text(builder: Any, record: dict[str, Any]) -> str | None:
 )
 def test_prompts_are_the_workers_prompts(template: str, system: str | None) -> None:
     from airflow_batchinfer.prompts.build import PromptBuilder
-    from airflow_batchinfer.review.browse import _Prompts
+    from airflow_batchinfer.review.prompt_text import Prompts
 
-    prompts, builder = _Prompts(template, system), PromptBuilder(template, system=system)
+    prompts, builder = Prompts(template, system), PromptBuilder(template, system=system)
     records: list[dict[str, Any]] = [
         {"id": "a", "question": "What is {{ 1 + 1 }}?", "n": 3, "context": 'ünïcode "quoted" {% raw %}'},
         {"id": "b", "question": "x", "n": 2.5, "context": None},  # a float and None: Jinja's printing

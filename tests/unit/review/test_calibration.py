@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.review.browse import Sample
 from airflow_batchinfer.review.calibration import (
     Pair,
     calibrate,
@@ -21,6 +20,7 @@ from airflow_batchinfer.review.calibration import (
     scored_in_tenths,
 )
 from airflow_batchinfer.review.decisions import Decision
+from airflow_batchinfer.review.samples import Sample
 
 
 def table(tp: int, fp: int, fn: int, tn: int, score: float | None = None) -> list[Pair]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError, ReviewError
-from airflow_batchinfer.review.browse import RoundView, Sample
+from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import (
     MAX_IDS,
     MAX_NOTE,
@@ -20,6 +20,7 @@ from airflow_batchinfer.review.decisions import (
     resolve,
     tally,
 )
+from airflow_batchinfer.review.samples import Sample
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from tests.conftest import Root

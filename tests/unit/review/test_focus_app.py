@@ -21,8 +21,9 @@ pytestmark = pytest.mark.airflow
 
 from airflow_batchinfer.judges import Jury, Verdict, build_judge  # noqa: E402
 from airflow_batchinfer.prompts.retries import previous_of  # noqa: E402
-from airflow_batchinfer.review.browse import OUTPUT_FIELDS, RoundView  # noqa: E402
+from airflow_batchinfer.review.browse import RoundView  # noqa: E402
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, Resolver  # noqa: E402
+from airflow_batchinfer.review.samples import OUTPUT_FIELDS  # noqa: E402
 from airflow_batchinfer.run.jobs import round_kinds  # noqa: E402
 from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
@@ -187,9 +188,9 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
 
 @pytest.fixture(autouse=True)
 def _no_cached_attempts() -> None:
-    from airflow_batchinfer.review import app
+    from airflow_batchinfer.review.routes import fields
 
-    app._attempts_cache.clear()
+    fields._attempts_cache.clear()
 
 
 def attempts(desk: t.Desk, sample_id: str, run: str = "multi", **params: Any) -> Any:
@@ -236,14 +237,14 @@ def test_an_id_with_no_earlier_rejected_row_has_no_attempts(desk: t.Desk) -> Non
 def test_the_lookup_is_bounded_and_says_when_it_stopped_short(
     desk: t.Desk, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from airflow_batchinfer.review import app
+    from airflow_batchinfer.review.routes import fields
 
-    monkeypatch.setattr(app, "ATTEMPTS_ROW_BUDGET", 3)
+    monkeypatch.setattr(fields, "ATTEMPTS_ROW_BUDGET", 3)
     body = attempts(desk, "r29").json()  # in round 0's last shard
     assert (body["attempts"], body["complete"], body["searched"]) == ([], False, [])
     assert 3 <= body["rows_read"] < 20 and body["row_budget"] == 3
-    app._attempts_cache.clear()
-    monkeypatch.setattr(app, "ATTEMPTS_ROW_BUDGET", 20)  # round 0's rejected rows: all of them
+    fields._attempts_cache.clear()
+    monkeypatch.setattr(fields, "ATTEMPTS_ROW_BUDGET", 20)  # round 0's rejected rows: all of them
     body = attempts(desk, "r29").json()
     assert (len(body["attempts"]), body["complete"], body["rows_read"]) == (1, True, 20)
 

@@ -121,9 +121,9 @@ def test_the_state_filter(desk: t.Desk) -> None:
 
 
 def test_a_round_under_way_and_its_next_look(desk: t.Desk, monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_batchinfer.review import app
+    from airflow_batchinfer.review.routes import shards as routes
 
-    monkeypatch.setattr(app, "SHARDS_TTL_S", 0.0)  # read the lanes' documents on every request
+    monkeypatch.setattr(routes, "SHARDS_TTL_S", 0.0)  # read the lanes' documents on every request
     assert shards(desk, "moving").json()["round"] == 0  # the gate's round, unless asked
     body = shards(desk, "moving", round=1).json()
     assert (body["round"], body["slot"], body["closed"], body["lanes"], body["total"]) == (

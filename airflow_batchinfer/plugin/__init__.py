@@ -2,9 +2,9 @@
 and record decisions on them while its review gate is open (docs/review.md, "The review page").
 
 Registered through the ``airflow.plugins`` entry point only (pyproject.toml). Task processes load
-plugins too, so this module imports nothing heavy: the FastAPI app
-(:mod:`airflow_batchinfer.review.app`) is built on first use of :attr:`BatchInferPlugin.fastapi_apps`,
-which only the api-server asks for.
+plugins too, so this module imports nothing heavy: the FastAPI app (:mod:`airflow_batchinfer.plugin.desk`:
+the desk's routes on Airflow's login, permissions and database) is built on first use of
+:attr:`BatchInferPlugin.fastapi_apps`, which only the api-server asks for.
 
 The desk needs Airflow 3.3 (:func:`airflow_batchinfer.compat.review_desk_unavailable`): on an older
 Airflow the plugin lists no views and serves no app, and the api-server's log says why.
@@ -26,7 +26,7 @@ UNAVAILABLE = review_desk_unavailable()  # None where this Airflow has what the 
 
 class BatchInferPlugin(AirflowPlugin):
     """The review desk: a "Review desk" tab on every DAG run and an entry in the Browse menu, both
-    showing the page that :mod:`airflow_batchinfer.review.app` serves under ``/batchinfer``; neither
+    showing the page that :mod:`airflow_batchinfer.plugin.desk` serves under ``/batchinfer``; neither
     on an Airflow older than the desk needs (:data:`UNAVAILABLE` says why)."""
 
     name = "batchinfer"
@@ -57,7 +57,7 @@ class BatchInferPlugin(AirflowPlugin):
             log.warning("batchinfer: %s", UNAVAILABLE)
             return []
         try:
-            from airflow_batchinfer.review.app import get_app
+            from airflow_batchinfer.plugin.desk import get_app
 
             app = get_app()
         except Exception:
