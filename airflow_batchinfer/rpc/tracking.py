@@ -1,16 +1,14 @@
 """One job tracker for every caller: pure decisions, no I/O (``now`` is an argument).
 
-``PoolClient.run`` (the CLI, the pre-flight), ``WorkerJobTrigger`` (the triggerer) and the shard
-operators (their inline wait and ``execute_complete``) all feed what they observe into these
-functions and act on the answer, so a lost worker, a draining worker or a finished job is handled
-the same way everywhere:
+``PoolClient.run`` (every job a lane runs, on the triggerer or in its task; ``batchinfer run``; the
+pre-flight) feeds what it observes into these functions and acts on the answer, so a lost worker, a
+draining worker or a finished job is handled the same way everywhere:
 
 - :func:`next_action` decides from one poll whether to stop polling: wait, done (the worker reports
   success; whether the job is done is still :func:`after_event`'s to say), failed, or resubmit;
-- :func:`event_for` turns a decision into the typed :class:`JobEvent` a trigger hands its task;
+- :func:`event_for` turns a decision into the typed :class:`JobEvent` the follower acts on;
 - :func:`after_event` decides what the task does with an event, given the completion manifest: the
-  one place a job counts as done. The trigger asks it before it ends its task on the triggerer, the
-  operators' ``execute_complete`` and ``PoolClient.run`` before they return.
+  one place a job counts as done. ``PoolClient.run`` asks it before it returns.
 
 The completion manifest in storage is the truth, never the worker's word alone: a job whose worker
 vanished is finished if its manifest exists, a job reported ``succeeded`` is not without one, and a

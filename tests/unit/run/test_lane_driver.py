@@ -1,5 +1,5 @@
-"""The lane's driver without sockets: the clients it makes for the run's pool and a judge's own pool,
-what a stopped lane tells its task."""
+"""The lane's driver without sockets: the settings its round runs, the clients it makes for the run's
+pool and a judge's own pool, what a stopped lane tells its task."""
 
 from __future__ import annotations
 
@@ -8,17 +8,23 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run import lane_driver
+from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.run.lane_driver import (
     TrackedPoolClient,
     drive_lane,
     lane_event,
     lane_failure_message,
+    lane_round,
 )
 from airflow_batchinfer.run.lanes import Lane
-from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import Plan, write_run_config
+from airflow_batchinfer.state.config import RunConfig, round_config
+from airflow_batchinfer.state.docs import Plan, write_plan, write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc
+from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import make_run, plan_round
 
 
@@ -79,3 +85,20 @@ def test_a_stopped_lanes_event_names_the_lane_the_shard_and_the_remedy() -> None
     )
     assert "takes shard part-00007 back first" in message
     assert "before taking a shard" in lane_failure_message(lane_event(Lane("tail", 3, 0, 1), None, "x"))
+
+
+def test_a_lane_runs_its_rounds_settings_run_jsons_or_those_a_review_gave_the_round(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path, sampling={"temperature": 0.7})
+    write_run_config(cfg)
+    plan = plan_round(cfg)
+    lane = Lane(plan.slot, 0, 0, 1)
+    assert lane_round(cfg.run_root, lane)[0].sampling == {"temperature": 0.7}
+    plan.settings = {"temperature": 1.3}
+    plan.config = round_config(cfg, plan.settings)
+    write_plan(RunLayout(cfg.run_root), plan)
+    changed, _ = lane_round(cfg.run_root, lane)
+    assert changed.sampling == {"temperature": 1.3}
+    shard = {**plan.shards[0], "round": 0}
+    assert job_spec(changed, "infer_judge", 0, shard).job_id != job_spec(cfg, "infer_judge", 0, shard).job_id
+    with pytest.raises(ConfigError, match=r"slot round-01 has no plan.json.*clear that plan task"):
+        lane_round(cfg.run_root, Lane("round-01", 1, 0, 1))
