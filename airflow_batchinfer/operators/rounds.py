@@ -148,6 +148,12 @@ class RoundControllerOperator(HITLOperator):
         if plan.mode == "skip" or not plan.shards:
             return []
         requested = plan.effective_config(cfg).lanes
+        if self.slots is None and not requested:
+            raise AirflowFailException(
+                f"{self.slot}: the run setting lanes is 0 (one per pool slot), but this plan task was given "
+                "no slots. Remedy: pass slots= (the pool's replicas x concurrency) to the plan task, or "
+                "set the run setting lanes"
+            )
         try:
             slots = requested if self.slots is None else int(str(self.slots))
             count = lane_count(requested, slots, len(plan.shards))

@@ -47,6 +47,9 @@ def test_a_round_of_lanes_maps_one_lane_per_pool_slot_never_more_than_its_shards
     assert len(controller(cfg, slots=8)._mapped(cfg, plan)) == 3  # an idle lane: no task
     asked = RunConfig(**{**cfg.to_dict(), "lanes": 1})  # the run setting wins over the slots
     assert len(controller(cfg, slots=8)._mapped(asked, propose_slot(asked, "round-00").plan)) == 1
+    with pytest.raises(AirflowFailException, match=r"given no slots\. Remedy: pass slots="):
+        controller(cfg)._mapped(cfg, plan)  # lanes 0 needs the pool's slots
+    assert len(controller(asked)._mapped(asked, propose_slot(asked, "round-00").plan)) == 1
     skip = Plan("round-01", 1, "skip", list(SHARDS))  # type: ignore[arg-type]
     assert controller(cfg, slots=8)._mapped(cfg, skip) == []
 
