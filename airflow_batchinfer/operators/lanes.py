@@ -19,7 +19,10 @@ Where the lane runs:
   in the task process (``asyncio.run``), holding one Airflow worker slot for the lane's duration.
   Size the executor for ``lanes`` more running tasks.
 
-Either way: a shard's failing job is retried ``job_retries`` times, then its error is kept next to its
+Either way the lane runs :func:`~airflow_batchinfer.run.lane_driver.drive_lane`: with a judge on its
+own pool (``judge_pool``, a DAG built with ``judge_airflow_pool``) each shard's judge job runs there
+as soon as its inference ends, from the same lane, and the task renews that pool's lease too.
+A shard's failing job is retried ``job_retries`` times, then its error is kept next to its
 manifests and the lane moves on (the round's close quarantines the shard); an error that stops the
 lane itself (no worker takes a job, storage unreachable) fails the task naming the lane and the shard,
 and Airflow's ``retries`` apply: the retry takes the lane's unfinished shard back first.
