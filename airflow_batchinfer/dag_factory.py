@@ -24,23 +24,25 @@ an ``aws_conn_id``: in their tasks). Each shard's state is in the lane documents
 (``round-NN/lanes/``), the lanes' logs, the report and the desk.
 
 With ``judge_airflow_pool``, the judge has its own warm pool and model (params ``judge_pool``,
-``judge_model`` …) and a round maps a task group per shard instead, ``shard.infer → shard.judge``: a
-shard's judge starts when its own infer ends, and each Airflow pool bounds its own pool's jobs. Such a
-DAG maps per shard in every slot (its tail maps ``in_place`` per shard), so a round holds at most
-``[core] max_map_length`` shards there.
+``judge_model`` …, its own setup and teardown tasks). The DAG has the same shape, one lane task per
+round slot: a lane infers its shard on the run's pool, then judges it on the judge's pool as soon as
+that inference ends, as ``batchinfer run`` does. A lane runs one job at a time, so neither pool is
+asked for more jobs than there are lanes, and a judge job waits for a free slot of the judge's pool.
 
 Every run setting is a DAG param with a JSON schema, so the trigger form in the UI asks for them.
-Lane and shard tasks run in the Airflow pool ``airflow_pool``; create it with
+Lane tasks run in the Airflow pool ``airflow_pool``; create it with
 ``slots = replicas × concurrency`` and ``include_deferred=True`` (see the README).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Asset, AssetAlias, TaskGroup, task_group
+from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, TaskGroup
 
 from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.operators.lanes import ShardLaneOperator
@@ -53,11 +55,6 @@ from airflow_batchinfer.operators.rounds import (
     slot_group,
 )
 from airflow_batchinfer.operators.shard import ShardDatasetOperator
-from airflow_batchinfer.operators.shard_jobs import (
-    InferShardOperator,
-    InPlaceRetryShardOperator,
-    JudgeShardOperator,
-)
 from airflow_batchinfer.spec.limits import TriggerLimits, implied_by
 from airflow_batchinfer.spec.settings import (
     dag_params,
@@ -66,7 +63,7 @@ from airflow_batchinfer.spec.settings import (
     param_values,
     run_setting_params,
 )
-from airflow_batchinfer.state.docs import TAIL, slots
+from airflow_batchinfer.state.docs import slots
 
 # A run's root: <output_root>/<run_name>, or the DAG run id (made path-safe) when run_name is empty.
 # Re-running a DAG run, or a new run with the same run_name, resumes in the same root.
@@ -137,6 +134,153 @@ def _p(name: str) -> str:
     return f"{{{{ params.{name} }}}}"
 
 
+SLOTS = "{{ params.replicas * params.concurrency }}"  # the run's pool's job slots: lanes 0 runs one each
+
+
+@dataclass(frozen=True)
+class _Tasks:
+    """What the factory's tasks are built with (one DAG's arguments, resolved once)."""
+
+    trusted: TriggerLimits  # the DAG's limits, widened by its own defaults
+    common: dict[str, Any]  # run_root and aws_conn_id: every task of a run
+    lane_args: dict[str, Any]  # the lane tasks' (mapped over each plan's lane descriptors)
+    review_args: dict[str, Any]  # the review gates' (the plan tasks)
+    results: Asset  # the report's event
+    folded: AssetAlias  # the same event, from a close that folds the tail
+
+
+def _check_defaults(defaults: dict[str, Any] | None, judge_pool: bool, max_rounds: int) -> dict[str, Any]:
+    """The param values (``defaults`` over :data:`DEFAULTS`); refuses a Secret in an engine's options:
+    a default is a param, shown to every viewer of the DAG."""
+    values = param_values(defaults, judge_pool=judge_pool, max_rounds=max_rounds)
+    for name in ("engine_options", "judge_engine_options"):
+        check_no_secrets(values.get(name) or {}, f"the DAG's default {name}")
+    return values
+
+
+def _task_args(
+    dag_id: str,
+    trusted: TriggerLimits,
+    *,
+    airflow_pool: str,
+    aws_conn_id: str | None,
+    retries: int,
+    retry_delay: timedelta,
+    execution_timeout: timedelta | None,
+    poll_interval_s: float,
+    review_args: dict[str, Any],
+) -> _Tasks:
+    common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
+    # A lane lasts as long as its round: execution_timeout bounds each of its shard jobs instead.
+    lane_args: dict[str, Any] = {
+        **common,
+        "worker_pool": _p("worker_pool"),
+        "pool": airflow_pool,
+        "retries": retries,
+        "retry_delay": retry_delay,
+        "execution_timeout": None,
+        "job_timeout": execution_timeout,
+        "poll_interval_s": poll_interval_s,
+    }
+    # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
+    # the DAG file (every task start) would import each provider's asset handlers (boto3: 0.16 s).
+    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"x-batchinfer://{dag_id}/results")
+    # The close that finishes a run writes the report and skips the report task: it emits the same
+    # event on ``results`` through this alias (an alias emits only what the task adds to it).
+    folded = AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
+    return _Tasks(trusted, common, lane_args, review_args, results, folded)
+
+
+def _shard_task(tasks: _Tasks, judge_pool: bool) -> ShardDatasetOperator:
+    """The run's first task: its settings (every run setting a param; a judge pool's reference)."""
+    config = {name: _p(name) for name in RUN_SETTINGS}
+    config["run_root"] = RUN_ROOT
+    if judge_pool:
+        config["judge_pool"] = _p("judge_pool")
+    return ShardDatasetOperator(
+        task_id="shard",
+        config=config,
+        aws_conn_id=tasks.common["aws_conn_id"],
+        limits=tasks.trusted,
+        slots=SLOTS,
+    )
+
+
+def _pool_setups(tasks: _Tasks, judge_pool: bool) -> list[PoolSetupOperator]:
+    """The run's pool's setup task, and the judge pool's (its ``judge_*`` params)."""
+    pools = [("pool_setup", "")] + ([("judge_pool_setup", "judge_")] if judge_pool else [])
+    return [
+        PoolSetupOperator(
+            task_id=task_id,
+            worker_pool=_p(f"{prefix or 'worker_'}pool"),
+            engine=_p(f"{prefix}engine"),
+            model=_p(f"{prefix}model"),
+            engine_options=_p(f"{prefix}engine_options"),
+            replicas=_p(f"{prefix}replicas"),
+            concurrency=_p(f"{prefix}concurrency"),
+            idle_ttl_s=_p("idle_ttl_s"),
+            # the operator adds the allowed input prefixes (round 0 reads the input in place)
+            allowed_prefixes=[_p("output_root")],
+            target_batch_tokens=_p("target_batch_tokens"),
+            kubernetes=_p(f"{prefix}kubernetes"),
+            limits=tasks.trusted,
+            run_root=RUN_ROOT,
+        ).as_setup()
+        for task_id, prefix in pools
+    ]
+
+
+def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: bool) -> TaskGroup:
+    """One round slot: ``plan`` (the pre-flight in the first; the review gate) → ``lanes[]`` → ``close``."""
+    with TaskGroup(slot_group(slot)) as group:
+        plan = RoundControllerOperator(
+            task_id="plan",
+            slot=slot,
+            worker_pool=_p("worker_pool"),
+            preflight=first,
+            limits=tasks.trusted,
+            slots=SLOTS,
+            **tasks.common,
+            **tasks.review_args,
+        )
+        lanes = ShardLaneOperator.partial(task_id="lanes", **tasks.lane_args).expand(lane=plan.output)
+        # a close that finds the run finished does what the later slots and the report would
+        # (nothing), writes the report and skips their tasks: no more task starts
+        close = CloseRoundOperator(
+            task_id="close",
+            slot=slot,
+            later_slots=later_slots,
+            report=REPORT,
+            results=tasks.results,
+            outlets=[tasks.folded],
+            **tasks.common,
+        )
+        lanes >> close
+    return group
+
+
+def _rounds_and_report(tasks: _Tasks, upstream: list[BaseOperator], max_rounds: int) -> TaskGroup:
+    """The round slots in a chain after ``upstream``, then the report; returns the last slot."""
+    all_slots = slots(max_rounds)
+    groups = [_round_group(tasks, s, all_slots[i + 1 :], first=i == 0) for i, s in enumerate(all_slots)]
+    upstream >> groups[0]
+    for before, after in itertools.pairwise(groups):
+        before >> after
+    groups[-1] >> RunReportOperator(task_id=REPORT, outlets=[tasks.results], **tasks.common)
+    return groups[-1]
+
+
+def _pool_teardowns(tasks: _Tasks, setups: list[PoolSetupOperator], last_round: TaskGroup) -> None:
+    """Each pool is freed once the last round closes: beside the report."""
+    for setup in setups:
+        teardown = PoolTeardownOperator(
+            task_id=setup.task_id.replace("setup", "teardown"),
+            worker_pool=setup.worker_pool,
+            limits=tasks.trusted,
+        ).as_teardown(setups=setup)
+        last_round >> teardown
+
+
 def build_batch_inference_dag(
     dag_id: str,
     *,
@@ -159,21 +303,21 @@ def build_batch_inference_dag(
     """Build the pipeline DAG.
 
     :param max_rounds: round slots built into the DAG (the ``max_rounds`` param may use fewer).
-    :param airflow_pool: the Airflow pool bounding in-flight lanes (and shard tasks of a judge pool).
+    :param airflow_pool: the Airflow pool bounding in-flight lanes.
     :param defaults: param defaults (see ``DEFAULTS``); users may change them in the trigger form. An
         unknown name is refused (``ValueError``), as is a ``judge_*`` param without ``judge_airflow_pool``.
-    :param retries: Airflow retries of each lane (a retry takes its unfinished shard back) or shard
-        task, before the shards it left are quarantined. A failing shard job is retried
-        ``job_retries`` times (a run setting) within its lane.
+    :param retries: Airflow retries of each lane (a retry takes its unfinished shard back), before
+        the shards it left are quarantined. A failing shard job is retried ``job_retries`` times (a
+        run setting) within its lane.
     :param retry_delay: between those retries.
     :param execution_timeout: per shard job try (a lane's job past it is cancelled and counts as
-        failed; a judge-pool DAG's shard task fails); it holds while a task is deferred.
+        failed); it holds while a lane is deferred.
     :param aws_conn_id: the AWS connection for ``s3://`` input and run roots on the Airflow side.
     :param assigned_users: who may answer the review gates (default: anyone allowed to).
     :param response_timeout: how long a review gate waits; unanswered means ``Stop``.
     :param notifiers: notifiers of the review gates.
     :param pool_setup: add the pool setup/teardown tasks (local pools start; others are waited for).
-    :param poll_interval_s: how often a lane (or a deferred shard task's trigger) asks its worker.
+    :param poll_interval_s: how often a lane asks its worker.
     :param limits: what people who trigger the DAG may choose beyond its ``defaults`` (which are
         allowed as written): storage prefixes, pools, images, Secrets, judge callables, maxima. The
         deployment's ``[batchinfer]`` config section and the pool connection widen them further; a
@@ -181,132 +325,39 @@ def build_batch_inference_dag(
         (docs: Security model).
     :param judge_airflow_pool: give the judge its own warm pool (params ``judge_pool``,
         ``judge_engine``, ``judge_model``, ``judge_engine_options``, ``judge_replicas``,
-        ``judge_concurrency``, ``judge_kubernetes``; the judge must be an ``llm`` judge), its jobs
-        bounded by this Airflow pool. Without it, each shard is inferred and judged in one job.
+        ``judge_concurrency``, ``judge_kubernetes``; the judge must be an ``llm`` judge) with its own
+        setup and teardown tasks: each lane judges its shard there as soon as its inference ends.
+        Without it, each shard is inferred and judged in one job. No task runs in this Airflow pool
+        (a lane holds one job at a time, and a judge job waits for a free slot of the judge's pool);
+        the name is the DAG's switch.
     :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
-    values = param_values(defaults, judge_pool=bool(judge_airflow_pool), max_rounds=max_rounds)
-    for name in ("engine_options", "judge_engine_options"):  # defaults are params: shown to every viewer
-        check_no_secrets(values.get(name) or {}, f"the DAG's default {name}")
-    params = dag_params(values, max_rounds=max_rounds)
-    trusted = implied_by(values).widen(limits)
-    # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
-    # the DAG file (every task start) would import each provider's asset handlers (boto3: 0.16 s).
-    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"x-batchinfer://{dag_id}/results")
-    # The close that finishes a run writes the report and skips the report task: it emits the same
-    # event on ``results`` through this alias (an alias emits only what the task adds to it).
-    folded = AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
-    common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
-    job_args: dict[str, Any] = {
-        **common,
-        "worker_pool": _p("worker_pool"),
-        "pool": airflow_pool,
-        "retries": retries,
-        "retry_delay": retry_delay,
-        "execution_timeout": execution_timeout,
-        "poll_interval_s": poll_interval_s,
-    }
-    review_args: dict[str, Any] = {
+    judge_pool = judge_airflow_pool is not None
+    values = _check_defaults(defaults, judge_pool, max_rounds)
+    review_args = {
         "assigned_users": assigned_users,
         "response_timeout": response_timeout,
         "notifiers": notifiers,
     }
+    tasks = _task_args(
+        dag_id,
+        implied_by(values).widen(limits),
+        airflow_pool=airflow_pool,
+        aws_conn_id=aws_conn_id,
+        retries=retries,
+        retry_delay=retry_delay,
+        execution_timeout=execution_timeout,
+        poll_interval_s=poll_interval_s,
+        review_args=review_args,
+    )
     dag_kwargs.setdefault("schedule", None)
     dag_kwargs.setdefault("catchup", False)
     dag_kwargs.setdefault("tags", ["batchinfer"])
+    params = dag_params(values, max_rounds=max_rounds)
     with DAG(dag_id, params=params, render_template_as_native_obj=True, **dag_kwargs) as dag:
-        config = {name: _p(name) for name in RUN_SETTINGS}
-        config["run_root"] = RUN_ROOT
-        if judge_airflow_pool:
-            config["judge_pool"] = _p("judge_pool")
-        per_shard_dag = judge_airflow_pool is not None  # else lanes: no bound on the shards per round
-        shard = ShardDatasetOperator(
-            task_id="shard",
-            config=config,
-            aws_conn_id=aws_conn_id,
-            limits=trusted,
-            maps_per_shard=per_shard_dag,
-            slots="{{ params.replicas * params.concurrency }}",
-        )
-        setups: list[Any] = []
-        if pool_setup:
-            pools = [("pool_setup", "")] + ([("judge_pool_setup", "judge_")] if judge_airflow_pool else [])
-            for task_id, prefix in pools:
-                setup = PoolSetupOperator(
-                    task_id=task_id,
-                    worker_pool=_p(f"{prefix or 'worker_'}pool"),
-                    engine=_p(f"{prefix}engine"),
-                    model=_p(f"{prefix}model"),
-                    engine_options=_p(f"{prefix}engine_options"),
-                    replicas=_p(f"{prefix}replicas"),
-                    concurrency=_p(f"{prefix}concurrency"),
-                    idle_ttl_s=_p("idle_ttl_s"),
-                    # the operator adds the allowed input prefixes (round 0 reads the input in place)
-                    allowed_prefixes=[_p("output_root")],
-                    target_batch_tokens=_p("target_batch_tokens"),
-                    kubernetes=_p(f"{prefix}kubernetes"),
-                    limits=trusted,
-                    run_root=RUN_ROOT,
-                ).as_setup()
-                setups.append(setup)
-        upstream: Any = [shard, *setups]
-        judge_args = {**job_args, "worker_pool": _p("judge_pool"), "pool": judge_airflow_pool}
-        # A lane lasts as long as its round: execution_timeout bounds each of its shard jobs instead.
-        lane_args = {**job_args, "execution_timeout": None, "job_timeout": execution_timeout}
-
-        @task_group(group_id="shard")
-        def per_shard(shard: Any) -> None:
-            # Mapped per shard: shard.judge[i] starts as soon as shard.infer[i] ends.
-            infer = InferShardOperator(task_id="infer", shard=shard, **job_args)
-            inferred: Any = infer.output
-            JudgeShardOperator(task_id="judge", shard=inferred, **judge_args)
-
-        all_slots = slots(max_rounds)
-        first = all_slots[0]  # its plan runs the pre-flight before the fan-out
-        for i, slot in enumerate(all_slots):
-            with TaskGroup(slot_group(slot)) as group:
-                plan = RoundControllerOperator(
-                    task_id="plan",
-                    slot=slot,
-                    worker_pool=_p("worker_pool"),
-                    preflight=slot == first,
-                    limits=trusted,
-                    map_lanes=not per_shard_dag,
-                    slots="{{ params.replicas * params.concurrency }}",
-                    **common,
-                    **review_args,
-                )
-                jobs: Any
-                if not per_shard_dag:
-                    jobs = ShardLaneOperator.partial(task_id="lanes", **lane_args).expand(lane=plan.output)
-                elif slot == TAIL:
-                    jobs = InPlaceRetryShardOperator.partial(task_id="in_place", **job_args).expand(
-                        shard=plan.output
-                    )
-                else:
-                    jobs = per_shard.expand(shard=plan.output)
-                # a close that finds the run finished does what the later slots and the report
-                # would (nothing), writes the report and skips their tasks: no more task starts
-                close = CloseRoundOperator(
-                    task_id="close",
-                    slot=slot,
-                    later_slots=all_slots[i + 1 :],
-                    report=REPORT,
-                    results=results,
-                    outlets=[folded],
-                    **common,
-                )
-                jobs >> close
-            upstream >> group
-            upstream = group
-        report = RunReportOperator(task_id=REPORT, outlets=[results], **common)
-        upstream >> report
-        for setup in setups:
-            teardown = PoolTeardownOperator(
-                task_id=setup.task_id.replace("setup", "teardown"),
-                worker_pool=setup.worker_pool,
-                limits=trusted,
-            ).as_teardown(setups=setup)
-            upstream >> teardown  # the pool is free once the last round closes: beside the report
+        shard = _shard_task(tasks, judge_pool)
+        setups = _pool_setups(tasks, judge_pool) if pool_setup else []
+        last_round = _rounds_and_report(tasks, [shard, *setups], max_rounds)
+        _pool_teardowns(tasks, setups, last_round)
     return dag

@@ -160,7 +160,6 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Batch Inference",
                 "python-modules": [
-                    "airflow_batchinfer.triggers.worker_job",
                     "airflow_batchinfer.triggers.lane",
                     "airflow_batchinfer.triggers.pool_ready",
                 ],
@@ -171,7 +170,6 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Batch Inference",
                 "python-modules": [
                     "airflow_batchinfer.operators.shard",
-                    "airflow_batchinfer.operators.shard_jobs",
                     "airflow_batchinfer.operators.lanes",
                     "airflow_batchinfer.operators.rounds",
                     "airflow_batchinfer.operators.pool",

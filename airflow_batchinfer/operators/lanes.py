@@ -15,11 +15,14 @@ Where the lane runs:
   root with plain fsspec: local disk, or S3 with the environment's credentials (IRSA, instance roles,
   ``AWS_*`` variables);
 - **in the task**, with an ``aws_conn_id`` (the triggerer makes no Airflow connection lookup for the
-  credentials, see :mod:`airflow_batchinfer.triggers.worker_job`) or ``in_task=True``: the lane runs
+  credentials: apache/airflow#64620) or ``in_task=True``: the lane runs
   in the task process (``asyncio.run``), holding one Airflow worker slot for the lane's duration.
   Size the executor for ``lanes`` more running tasks.
 
-Either way: a shard's failing job is retried ``job_retries`` times, then its error is kept next to its
+Either way the lane runs :func:`~airflow_batchinfer.run.lane_driver.drive_lane`: with a judge on its
+own pool (``judge_pool``, a DAG built with ``judge_airflow_pool``) each shard's judge job runs there
+as soon as its inference ends, from the same lane, and the task renews that pool's lease too.
+A shard's failing job is retried ``job_retries`` times, then its error is kept next to its
 manifests and the lane moves on (the round's close quarantines the shard); an error that stops the
 lane itself (no worker takes a job, storage unreachable) fails the task naming the lane and the shard,
 and Airflow's ``retries`` apply: the retry takes the lane's unfinished shard back first.
@@ -42,35 +45,37 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
-from airflow_batchinfer.operators.shard_jobs import deferral_timeout, task_deadline
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
-from airflow_batchinfer.run.lanes import Lane, lane_result
-from airflow_batchinfer.state.owner import task_owns
-from airflow_batchinfer.triggers import SETTLE_S
-from airflow_batchinfer.triggers.lane import (
-    LaneTrigger,
+from airflow_batchinfer.run.lane_driver import (
+    LaneEvent,
     Logger,
     TrackedPoolClient,
     drive_lane,
-    failure,
+    lane_event,
+    lane_failure_message,
     lane_round,
     lane_shard,
 )
+from airflow_batchinfer.run.lanes import Lane, LaneResult, lane_result
+from airflow_batchinfer.state.owner import task_owns
+from airflow_batchinfer.triggers import SETTLE_S
+from airflow_batchinfer.triggers.lane import LaneTrigger
 
 
-def lane_failure_message(event: dict[str, Any]) -> str:
-    """What a failed lane's task says: the lane, the shard it was on, the error and the remedy."""
-    where = f"lane {event.get('lane')} of {event.get('slot')} ({event.get('lanes')} lanes)"
-    shard = event.get("shard")
-    on = f" on shard {shard}" if shard else " before taking a shard"
-    back = f"takes shard {shard} back first" if shard else "goes on where this try stopped"
-    return (
-        f"{where} stopped{on}: {event.get('state')}: {event.get('error')}. Remedy: check the pool "
-        "(`batchinfer pool status`) and the run root's storage; Airflow retries the lane, which "
-        f"{back}. Once its retries are spent, the round's close quarantines the shards the lane "
-        "left unfinished into failed/, and re-running the DAG run (clear it) runs them."
-    )
+def task_deadline(context: Context, execution_timeout: timedelta | None) -> float | None:
+    """When the task's try must end (wall clock): ``execution_timeout`` from the try's start. The
+    trigger gets it, since Airflow's own timeout does not reach a deferred task's trigger."""
+    if execution_timeout is None:
+        return None
+    start = context["ti"].start_date
+    started = start.timestamp() if start else time.time()
+    return started + execution_timeout.total_seconds()
+
+
+def deferral_timeout(deadline: float | None) -> timedelta | None:
+    """The deferral's own timeout: a minute past ``deadline``, a backstop for a trigger that never ends."""
+    return None if deadline is None else timedelta(seconds=max(1.0, deadline - time.time() + 60))
 
 
 class ShardLaneOperator(BaseOperator):
@@ -135,15 +140,17 @@ class ShardLaneOperator(BaseOperator):
         }
 
     # ------------------------------------------------------------------------------- execute
-    def execute(self, context: Context) -> dict[str, Any] | None:
+    def execute(self, context: Context) -> LaneResult | None:
         lane = Lane.of(self.lane)
         so = self.storage_options
         task_owns(self.run_root, context, so)
         try:
-            _, plan = lane_round(self.run_root, lane, so)
+            cfg, plan = lane_round(self.run_root, lane, so)
         except ConfigError as exc:  # no plan: a retry would not make one
             raise AirflowFailException(str(exc)) from exc
         pool = hold_pool(self.worker_pool, context, self.log)
+        if cfg.judge_pool:  # the judge's own pool runs this lane's judge jobs: kept as the run's is
+            hold_pool(cfg.judge_pool, context, self.log)
         here = bool(self.aws_conn_id) or self.in_task
         self.log.info(
             "lane %d of %d of %s: %d shards in the round (%d records, %s); running %s",
@@ -172,7 +179,7 @@ class ShardLaneOperator(BaseOperator):
         )
         return None  # not reached: defer() raises
 
-    def _run_here(self, context: Context, lane: Lane, pool: WorkerPool) -> dict[str, Any]:
+    def _run_here(self, context: Context, lane: Lane, pool: WorkerPool) -> LaneResult:
         """The lane in this task process: the same loop as the trigger's, reading with the connection's
         credentials. Airflow's ``execution_timeout`` holds here as for any task (then on_kill)."""
         so = self.storage_options
@@ -198,11 +205,11 @@ class ShardLaneOperator(BaseOperator):
             raise
         except Exception as exc:
             raise AirflowException(
-                lane_failure_message(failure(lane, lane_shard(self.run_root, lane, so), exc))
+                lane_failure_message(lane_event(lane, lane_shard(self.run_root, lane, so), exc))
             ) from exc
         return lane_result(doc)
 
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: LaneEvent) -> LaneResult:
         """A lane the trigger could not finish (a finished one ended its task on the triggerer)."""
         raise AirflowException(lane_failure_message(event))
 

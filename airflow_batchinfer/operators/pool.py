@@ -5,7 +5,7 @@ pool's workers, or a Kubernetes pool's Deployment (created or adopted, scaled up
 static pool is only waited for. A pool already ready with this spec returns at once (no deferral);
 else it waits on the triggerer until ``replicas`` workers are ready (one decision for both:
 :func:`~airflow_batchinfer.triggers.pool_ready.pool_readiness`).
-While the run lives its lease keeps the workers, however long a review gate waits: shard tasks and
+While the run lives its lease keeps the workers, however long a review gate waits: lane tasks and
 gates renew it (:func:`hold_pool`), and a local pool whose workers died is restarted from its spec.
 Teardown releases the lease: the workers stay warm for ``idle_ttl_s`` (local workers then exit by
 themselves, a Kubernetes pool is scaled to zero by the reaper), so back-to-back runs reuse warm
@@ -97,7 +97,7 @@ class PoolSetupOperator(BaseOperator):
         that are ready within it (a small or simulated model: under a second) cost no deferral, whose
         trigger may not fire before ``SETTLE_S`` and then polls every few seconds.
     :param lease_ttl_s: a run's lease on a shared pool (local or Kubernetes) lapses after this long
-        unless renewed (each shard task and each review gate renews it), so a run that died without
+        unless renewed (each lane task and each review gate renews it), so a run that died without
         its teardown does not hold GPUs.
     :param allowed_callables: ``callable`` judge targets the workers accept (``module:function``;
         an entry ending in ``.`` or ``:`` allows a package or module); with ``limits`` those allowed

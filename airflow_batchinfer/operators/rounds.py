@@ -3,9 +3,9 @@
 ``RoundControllerOperator`` (one task per round slot, because Airflow allows one review request per
 task instance and its body cannot change) reads what the previous rounds left, decides what this
 slot does (see :func:`airflow_batchinfer.run.plan.propose`), and when review is on opens a review gate
-on the Required Actions page whose body is the round summary. It returns what the slot's mapped tasks
-are expanded over: the lane descriptors of a round run by lanes (``map_lanes``, see
-:mod:`airflow_batchinfer.run.lanes`), else one shard descriptor per shard; an empty list skips them.
+on the Required Actions page whose body is the round summary. It returns what the slot's lane task is
+expanded over: the round's lane descriptors (see :mod:`airflow_batchinfer.run.lanes`); an empty list
+skips it.
 
 ``CloseRoundOperator`` runs whatever happened upstream (``trigger_rule=all_done``): Airflow drops a
 failed index from a downstream ``.expand``, so it compares the shards the plan named with the job
@@ -69,16 +69,6 @@ def gate_params() -> dict[str, Param]:
     }
 
 
-def _descriptors(plan: Plan) -> list[dict[str, Any]]:
-    """The mapped jobs' shard descriptors; ``slot`` only when a review changed the round's settings:
-    the job then reads them from the slot's plan (kilobytes of templates stay out of XCom). Without
-    it the round runs run.json's, and its tasks read no plan.json (hundreds of KB at 1,000 shards)."""
-    if plan.mode == "skip":
-        return []
-    extra = {"slot": plan.slot} if plan.settings else {}
-    return [{**s, "round": plan.round, **extra} for s in plan.shards]
-
-
 def _desk(context: Context) -> str | None:
     """This DAG run's review desk (the plugin's page in the Airflow UI); none on an Airflow older
     than the desk needs."""
@@ -108,12 +98,11 @@ class RoundControllerOperator(HITLOperator):
         sets a setting over a cap (``max_tokens`` over ``max_max_tokens``) is refused, the task fails
         with the reason and nothing of the answer is applied. ``None``: the deployment's caps
         (``[batchinfer] max_*``, the pool connection's) hold all the same.
-    :param map_lanes: the slot's mapped task is a lane task
-        (:class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`): return lane descriptors,
-        ``lanes`` of them (the run setting; 0: ``slots``), never more than the round's shards nor
-        ``[core] max_map_length``. Else one shard descriptor per shard (a judge with its own pool).
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated: the factory passes the
-        DAG params', the figure the Airflow pool's slots are sized to), for ``lanes`` 0.
+        DAG params', the figure the Airflow pool's slots are sized to). The task returns the slot's
+        lane descriptors (for :class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`), ``lanes``
+        of them (the run setting; 0: ``slots``), never more than the round's shards nor
+        ``[core] max_map_length``. ``None``: the run setting ``lanes`` must be set (not 0).
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
@@ -131,7 +120,6 @@ class RoundControllerOperator(HITLOperator):
         review_default: str = STOP,
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         limits: TriggerLimits | None = None,
-        map_lanes: bool = False,
         slots: int | str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -150,23 +138,25 @@ class RoundControllerOperator(HITLOperator):
         self.worker_pool = worker_pool
         self.preflight = preflight
         self.limits = limits
-        self.map_lanes = map_lanes
         self.slots = slots
         self._held: dict[str, WorkerPool] = {}  # the pools _start held, by plan field
         if preflight and not worker_pool:
             raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
-        if map_lanes and slots is None:
-            raise ValueError(f"{slot}: lanes need the pool's slots (replicas x concurrency)")
 
     def _mapped(self, cfg: RunConfig, plan: Plan) -> list[dict[str, Any]]:
-        """What the slot's mapped task is expanded over (see ``map_lanes``)."""
-        if not self.map_lanes:
-            return _descriptors(plan)
+        """The slot's lane descriptors (see ``slots``)."""
         if plan.mode == "skip" or not plan.shards:
             return []
         requested = plan.effective_config(cfg).lanes
+        if self.slots is None and not requested:
+            raise AirflowFailException(
+                f"{self.slot}: the run setting lanes is 0 (one per pool slot), but this plan task was given "
+                "no slots. Remedy: pass slots= (the pool's replicas x concurrency) to the plan task, or "
+                "set the run setting lanes"
+            )
         try:
-            count = lane_count(requested, int(str(self.slots)), len(plan.shards))
+            slots = requested if self.slots is None else int(str(self.slots))
+            count = lane_count(requested, slots, len(plan.shards))
         except (ConfigError, ValueError) as exc:
             raise AirflowFailException(
                 f"{self.slot}: {exc}. Remedy: set the run setting lanes (0: one per pool slot) and the "
@@ -191,7 +181,7 @@ class RoundControllerOperator(HITLOperator):
         mapped = self._mapped(cfg, plan)  # a refusal stores nothing
         layout = RunLayout(cfg.run_root)
         write_plan(layout, plan, so)
-        if self.map_lanes and plan.mode != "skip":
+        if plan.mode != "skip":
             clear_claims(layout, plan.round, so)
             if mapped:
                 self._start_lanes(plan.effective_config(cfg), plan, mapped, so, context)
@@ -331,7 +321,7 @@ class RoundControllerOperator(HITLOperator):
         return mapped
 
     def _lanes_note(self, plan: Plan, mapped: list[dict[str, Any]]) -> str:
-        if not self.map_lanes or not mapped:
+        if not mapped:
             return ""
         return f"; {len(plan.shards)} shards on {len(mapped)} lanes"
 

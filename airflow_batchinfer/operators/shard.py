@@ -56,14 +56,10 @@ def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
 class ShardDatasetOperator(BaseOperator):
     """:param config: the run settings (:class:`RunConfig` fields; templated, so DAG params fit).
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
-    :param max_map_length: refuse more shards than this (default: the deployment's
-        ``[core] max_map_length``) when ``maps_per_shard``.
-    :param maps_per_shard: the DAG's rounds map one task per shard (a judge with its own pool), so
-        Airflow's map length bounds the shards; a DAG whose rounds map lanes has no such bound.
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated, as the plan task's):
         round 0's lanes at once (the run setting ``lanes``, at most ``slots``; 0: ``slots``), for
-        which the input's last shards taper (:mod:`~airflow_batchinfer.storage.taper`); ``None``,
-        or a DAG mapped per shard: no taper.
+        which the input's last shards taper (:mod:`~airflow_batchinfer.storage.taper`); ``None``: no
+        taper. A round maps lanes, not shards: Airflow's ``max_map_length`` does not bound the shards.
     :param limits: check the DAG run's params against these (widened by the deployment's) before
         anything is read or written (:mod:`airflow_batchinfer.spec.limits`); ``None``: the DAG's code
         vouches for ``config`` and callable judges are not restricted here, but the params are held
@@ -77,23 +73,19 @@ class ShardDatasetOperator(BaseOperator):
         *,
         config: dict[str, Any],
         aws_conn_id: str | None = None,
-        max_map_length: int | None = None,
         limits: TriggerLimits | None = None,
-        maps_per_shard: bool = True,
         slots: int | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.maps_per_shard = maps_per_shard
         self.slots = slots
         self.limits = limits
         self.config = config
         self.aws_conn_id = aws_conn_id
-        self.max_map_length = max_map_length
 
     def _lanes(self, cfg: RunConfig) -> int:
         """Round 0's lanes at once, for which the input's last shards taper (0: none)."""
-        if self.maps_per_shard or self.slots is None:
+        if self.slots is None:
             return 0
         try:
             slots = int(str(self.slots))
@@ -161,8 +153,7 @@ class ShardDatasetOperator(BaseOperator):
                 RunLayout(cfg.run_root).input,
                 cfg.records_per_shard,
             )
-            bound = (self.max_map_length or max_map_length()) if self.maps_per_shard else None
-            result = prepare_run(cfg, so, max_shards=bound, lanes=self._lanes(cfg))
+            result = prepare_run(cfg, so, lanes=self._lanes(cfg))
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
         except OSError as exc:

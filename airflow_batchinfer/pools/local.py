@@ -12,7 +12,7 @@ happens under a file lock.
 - Workers exit by themselves only when idle: no job for ``idle_ttl_s``, no live lease on their
   generation and ``idle_ttl_s`` since its last release (each worker reads its lease file). A review
   gate that waits for hours keeps its run's workers; back-to-back runs reuse warm ones.
-- :meth:`LocalPool.keep` (every shard task, every review gate) renews the run's lease, takes it again
+- :meth:`LocalPool.keep` (every lane task, every review gate) renews the run's lease, takes it again
   if it lapsed, and restarts workers that died from the stored spec: a crashed worker costs a model
   load, not a shard.
 

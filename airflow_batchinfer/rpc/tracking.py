@@ -1,16 +1,14 @@
 """One job tracker for every caller: pure decisions, no I/O (``now`` is an argument).
 
-``PoolClient.run`` (the CLI, the pre-flight), ``WorkerJobTrigger`` (the triggerer) and the shard
-operators (their inline wait and ``execute_complete``) all feed what they observe into these
-functions and act on the answer, so a lost worker, a draining worker or a finished job is handled
-the same way everywhere:
+``PoolClient.run`` (every job a lane runs, on the triggerer or in its task; ``batchinfer run``; the
+pre-flight) feeds what it observes into these functions and acts on the answer, so a lost worker, a
+draining worker or a finished job is handled the same way everywhere:
 
 - :func:`next_action` decides from one poll whether to stop polling: wait, done (the worker reports
   success; whether the job is done is still :func:`after_event`'s to say), failed, or resubmit;
-- :func:`event_for` turns a decision into the typed :class:`JobEvent` a trigger hands its task;
+- :func:`event_for` turns a decision into the typed :class:`JobEvent` the follower acts on;
 - :func:`after_event` decides what the task does with an event, given the completion manifest: the
-  one place a job counts as done. The trigger asks it before it ends its task on the triggerer, the
-  operators' ``execute_complete`` and ``PoolClient.run`` before they return.
+  one place a job counts as done. ``PoolClient.run`` asks it before it returns.
 
 The completion manifest in storage is the truth, never the worker's word alone: a job whose worker
 vanished is finished if its manifest exists, a job reported ``succeeded`` is not without one, and a
@@ -21,7 +19,7 @@ job id and fingerprint) is the round's close's to check, not the tracker's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Literal
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
@@ -69,41 +67,13 @@ def next_action(obs: Observation, *, lost_since: float | None, now: float, grace
 
 @dataclass(frozen=True)
 class JobEvent:
-    """How a tracked job ended, as a trigger reports it to its task (a dict across processes)."""
-
-    VERSION: ClassVar[int] = 1
+    """How a tracked job ended, as :func:`~airflow_batchinfer.rpc.pool.follow` reports it."""
 
     state: EventState
     job_id: str
     url: str
     error: str | None = None  # the worker's reason, or why the job counts as lost
     counts: dict[str, int] = field(default_factory=dict)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.VERSION,
-            "state": self.state,
-            "job_id": self.job_id,
-            "url": self.url,
-            "error": self.error,
-            "counts": dict(self.counts),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, job_id: str = "", url: str = "") -> JobEvent:
-        """Also reads the untyped events of earlier releases (a deferral that spans an upgrade)."""
-        version = data.get("version", cls.VERSION)
-        if version != cls.VERSION:
-            raise RpcError(
-                f"job event version {version} is not {cls.VERSION} (another release wrote it): {data}"
-            )
-        return cls(
-            state=data["state"],
-            job_id=str(data.get("job_id") or job_id),
-            url=str(data.get("url") or url),
-            error=data.get("error") or data.get("reason"),
-            counts=dict(data.get("counts") or {}),
-        )
 
 
 def event_for(

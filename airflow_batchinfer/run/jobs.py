@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
@@ -17,7 +16,6 @@ from airflow_batchinfer.state.docs import (
     Mode,
     read_accepted,
     read_job_manifest,
-    read_plan,
     write_job_error,
 )
 from airflow_batchinfer.state.layout import INFERRED, RunLayout
@@ -136,20 +134,3 @@ def record_job_error(
     quarantines the shard."""
     uri = RunLayout(cfg.run_root).job_error(r, shard_id, kind)
     write_job_error(uri, JobError(shard_id=shard_id, kind=kind, error=error), storage_options)
-
-
-def shard_config(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None = None) -> RunConfig:
-    """The settings a shard's round runs (``cfg``: run.json's). A descriptor names its round slot
-    (``slot``) only when a review changed the round's settings: the round runs those its plan
-    carries (``Plan.config``; the templates stay out of XCom). Without ``slot`` the round's settings
-    are run.json's, and no plan.json is read."""
-    slot = shard.get("slot")
-    if not slot:
-        return cfg
-    plan = read_plan(RunLayout(cfg.run_root), str(slot), so)
-    if plan is None:
-        raise ConfigError(
-            f"{cfg.run_root}: slot {slot} has no plan.json, but its plan task returned this "
-            f"shard ({shard['shard_id']}). Remedy: clear that plan task, with its downstream tasks"
-        )
-    return plan.effective_config(cfg)

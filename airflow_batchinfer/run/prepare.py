@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
 from airflow_batchinfer.state.layout import RunLayout
@@ -22,23 +21,12 @@ def run_key(run_root: str) -> str:
     return hashlib.sha256(resolve(run_root).uri.encode()).hexdigest()[:10]
 
 
-def prepare_run(
-    cfg: RunConfig, so: StorageOptions | None = None, *, max_shards: int | None = None, lanes: int = 0
-) -> ShardingResult:
+def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int = 0) -> ShardingResult:
     """A run's first step: validate the settings, shard the input (reused when identical; the last
-    ranges tapered for round 0's ``lanes``, 0: none), refuse more than ``max_shards`` shards with
-    the remedy, and store ``run.json`` (``cfg.id_field`` set)."""
+    ranges tapered for round 0's ``lanes``, 0: none) and store ``run.json`` (``cfg.id_field`` set)."""
     cfg.validate()
     layout = RunLayout(cfg.run_root)
     result = shard_input(cfg, layout, so, lanes)
-    if max_shards is not None and len(result.shards) > max_shards:
-        records = sum(s["records"] for s in result.shards)  # what jobs run (a fan-out's rows)
-        raise ConfigError(
-            f"{len(result.shards)} shards, but a round maps one task per shard and this deployment "
-            f"allows {max_shards} ([core] max_map_length). Remedy: raise records_per_shard to at least "
-            f"{-(-records // max_shards)}, or raise max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) on the "
-            "scheduler and workers."
-        )
     cfg.id_field = result.id_field
     write_run_config(cfg, so)
     return result

@@ -22,14 +22,8 @@ Round 0's last shards are cut finer for the lanes that run at once (:func:`lanes
 input's plan cuts them (:mod:`~airflow_batchinfer.storage.taper`): the tail is about one of the
 smallest; later rounds' recompacted shards are not (the pre-flight passes round 0's real sizes).
 
-**The shape before lanes**, side by side (:attr:`SizingPlan.per_shard`): one mapped task per shard,
-so at most ``max_map_length`` shards (the size :func:`choose_per_task_shard_size` picks: whole waves
-of the slots), the pool's slots taking the next task as one frees (the same simulation), and the
-straggler's big shards holding the round.
-
 **Work lost to one worker failure**: its ``concurrency`` jobs resume after their last committed
-chunk (``chunk_size`` records), so at most one chunk each is redone; before lanes a job had no
-segments and the whole shard was redone.
+chunk (``chunk_size`` records), so at most one chunk each is redone.
 
 **Rounds.** Round ``r`` re-runs the share the judge rejected: ``records × (1 - approval)^r`` records,
 recompacted into full shards of the same size (:func:`expected_passes`, the pre-flight's rule). In
@@ -56,7 +50,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.state.config import STRATEGIES
 from airflow_batchinfer.storage import taper
 
-SIZING_VERSION = 2  # of SizingPlan.to_dict(); 2: lanes, the straggler, the per-shard shape, lost work
+SIZING_VERSION = 3  # of SizingPlan.to_dict(); 2: lanes, the straggler, lost work; 3: lanes only
 DEFAULT_TOKENS_PER_RECORD = 400
 DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's [core] max_map_length default
 DEFAULT_EXECUTION_TIMEOUT_S = 12 * 3600.0  # build_batch_inference_dag(execution_timeout=...): each job's
@@ -180,9 +174,9 @@ class RoundPlan:
         the jobs: ``passes`` expected attempts a record).
     :ivar records: records entering the round (expected, from the approval rate).
     :ivar shards: shards of the round; ``records_per_shard`` their size (the last one the rest).
-    :ivar lanes: the tasks running shards at once: the round's lanes, or (one task per shard) the
-        pool's slots; ``mapped_tasks`` what Airflow maps (lanes, or one per shard).
-    :ivar shards_per_lane: ``shards / lanes``: jobs a lane (or slot) runs back to back.
+    :ivar lanes: the lanes running shards at once; ``mapped_tasks`` what Airflow maps (the lanes the
+        run setting asks for, at most the shards).
+    :ivar shards_per_lane: ``shards / lanes``: jobs a lane runs back to back.
     :ivar job_s: one shard job with its GPU's share of jobs, on a nominal GPU; ``slowest_job_s`` on
         the straggler.
     :ivar wall_s: the round's duration (its longest lane); ``gpu_hours`` the GPUs held for it
@@ -212,15 +206,12 @@ class RoundPlan:
 
 @dataclass(frozen=True)
 class ShapePlan:
-    """A shape's totals: its shard size, rounds, wall, GPU-hours and what one lost worker costs.
+    """A shard size's rounds and totals: wall, GPU-hours and what one lost worker costs.
 
-    :ivar shape: ``"lanes"`` (a task per lane, jobs resume after their last chunk) or
-        ``"per_shard"`` (a task per shard, at most ``max_map_length``, a lost job starts over).
-    :ivar lost_records_per_failure: records redone when one worker dies mid-round (``concurrency``
-        jobs: a chunk each, or a whole shard each); ``lost_gpu_s_per_failure`` their GPU-seconds.
+    :ivar lost_records_per_failure: records redone when one worker dies mid-round (its jobs: a chunk
+        each); ``lost_gpu_s_per_failure`` their GPU-seconds.
     """
 
-    shape: str
     records_per_shard: int
     rounds: tuple[RoundPlan, ...]
     wall_s: float
@@ -231,24 +222,11 @@ class ShapePlan:
     lost_records_per_failure: int
     lost_gpu_s_per_failure: float
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["rounds"] = [dataclasses.asdict(r) for r in self.rounds]
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ShapePlan:
-        _known(cls, data, "sizing shape")
-        for r in data["rounds"]:
-            _known(RoundPlan, r, "sizing round")
-        return cls(**{**data, "rounds": tuple(RoundPlan(**r) for r in data["rounds"])})
-
 
 @dataclass(frozen=True)
 class SizingPlan:
-    """What :func:`plan_run` returns: the inputs, the pool, the lane shape's rounds and totals (the
-    flat fields: what the run will do), the shape before lanes for comparison (``per_shard``), and
-    notes (warnings and a better size where there is one). Stored (the pre-flight's
+    """What :func:`plan_run` returns: the inputs, the pool, the rounds and totals (what the run will
+    do), and notes (warnings and a better size where there is one). Stored (the pre-flight's
     ``summary.json``) as :meth:`to_dict`, ``version`` :data:`SIZING_VERSION`."""
 
     records: int
@@ -278,23 +256,15 @@ class SizingPlan:
     tail_idle_fraction: float
     lost_records_per_failure: int
     lost_gpu_s_per_failure: float
-    per_shard: ShapePlan
     airflow_pool: str
     pool_command: str
     notes: tuple[str, ...] = ()
     version: int = SIZING_VERSION
 
-    @property
-    def lane_shape(self) -> ShapePlan:
-        """The flat fields as a :class:`ShapePlan`, to set beside :attr:`per_shard`."""
-        names = [f.name for f in dataclasses.fields(ShapePlan) if f.name != "shape"]
-        return ShapePlan(shape="lanes", **{n: getattr(self, n) for n in names})
-
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (rounds as a list of dicts); :meth:`from_dict` reads it back."""
         d = dataclasses.asdict(self)
         d["rounds"] = [dataclasses.asdict(r) for r in self.rounds]
-        d["per_shard"] = self.per_shard.to_dict()
         d["notes"] = list(self.notes)
         return d
 
@@ -313,14 +283,13 @@ class SizingPlan:
             **{
                 **data,
                 "rounds": tuple(RoundPlan(**r) for r in data["rounds"]),
-                "per_shard": ShapePlan.from_dict(data["per_shard"]),
                 "notes": tuple(data.get("notes", ())),
             }
         )
 
     def table(self) -> str:
-        """The plan as text: a header, the Airflow pool command, one line per round, totals, the
-        shape before lanes side by side, notes."""
+        """The plan as text: a header, the Airflow pool command, one line per round, totals, the work
+        one lost worker costs, notes."""
         head = (
             f"{self.records:,} records on {self.gpus} GPU{'s' * (self.gpus != 1)} × {self.concurrency} jobs "
             f"= {self.slots:,} slots; "
@@ -370,9 +339,9 @@ class SizingPlan:
             f"{duration(self.wall_s)} wall, {_hours(self.gpu_hours)} GPU-hours "
             f"(tail {duration(self.tail_s)}, idle {gpu_time(self.tail_idle_gpu_s)}, "
             f"{self.tail_idle_fraction:.2%})",
-            "",
+            f"lost to one worker failure: {self.lost_records_per_failure:,} records, "
+            f"{gpu_time(self.lost_gpu_s_per_failure)}",
         ]
-        lines += _columns(_side_by_side(self))
         lines += [f"note: {note}" for note in self.notes]
         return "\n".join(lines)
 
@@ -396,30 +365,6 @@ def _job(r: RoundPlan) -> str:
     if r.slowest_job_s == r.job_s:
         return duration(r.job_s)
     return f"{duration(r.job_s)} ({duration(r.slowest_job_s)} slowest)"
-
-
-def _side_by_side(plan: SizingPlan) -> list[list[str]]:
-    """Round 0 and the totals of the lane shape beside the one-task-per-shard shape."""
-    rows = [["", "lanes (this release)", "one task per shard (before)"]]
-    shapes = (plan.lane_shape, plan.per_shard)
-    firsts = [s.rounds[0] for s in shapes]
-
-    def row(name: str, *cells: str) -> None:
-        rows.append([name, *cells])
-
-    row("shards", *(f"{r.shards:,} of {r.records_per_shard:,} records" for r in firsts))
-    row("mapped tasks (round 0)", *(f"{r.mapped_tasks:,}" for r in firsts))
-    row("shard job", *(_job(r) for r in firsts))
-    row("jobs per lane or slot", *(f"{r.shards_per_lane:,.2f}" for r in firsts))
-    row("wall", *(duration(s.wall_s) for s in shapes))
-    row("GPU-hours", *(_hours(s.gpu_hours) for s in shapes))
-    row("tail", *(duration(s.tail_s) for s in shapes))
-    row("tail idle", *(f"{gpu_time(s.tail_idle_gpu_s)} ({s.tail_idle_fraction:.2%})" for s in shapes))
-    row(
-        "lost to one worker failure",
-        *(f"{s.lost_records_per_failure:,} records, {gpu_time(s.lost_gpu_s_per_failure)}" for s in shapes),
-    )
-    return rows
 
 
 def duration(seconds: float) -> str:
@@ -475,22 +420,6 @@ def choose_records_per_shard(
     return rounded if rounded >= floor else rps
 
 
-def choose_per_task_shard_size(records: int, gpus: int, concurrency: int, max_map_length: int) -> int:
-    """The one-task-per-shard shape's size (before lanes): the fewest waves with no tail, the largest
-    shard count that is a whole multiple of the slots (``gpus × concurrency``) and at most
-    ``max_map_length`` and ``records``; when the slots are more than one round can map, a multiple of
-    ``gpus`` (every GPU gets as many jobs); with fewer records than GPUs, one record a shard."""
-    cap = min(max_map_length, records)
-    for unit in (gpus * concurrency, gpus):
-        # Shards hold records_per_shard records each (the last the rest), so not every count is
-        # reachable: take the largest reachable multiple of the unit.
-        for count in range(cap // unit * unit, 0, -unit):
-            rps = -(-records // count)
-            if _shards(records, rps) == count:
-                return rps
-    return -(-records // cap)
-
-
 def lanes_at_once(requested: int, slots: int) -> int:
     """The lanes that run at once: the run setting ``lanes`` (0: one per pool slot), at most the
     pool's ``slots`` (more lanes wait for a slot: more tasks, no more speed)."""
@@ -507,15 +436,15 @@ def _round(
     gpus: int,
     concurrency: int,
     runners: int,
-    mapped: int | None,
+    mapped: int,
     record_s: float,
     straggler: float,
     taper_lanes: int = 0,
     first_sizes: Sequence[int] | None = None,
 ) -> RoundPlan:
-    """One round on ``runners`` lanes (or slots); ``mapped``: its mapped tasks (``None``: a shard
-    each); round 0's shards are ``first_sizes`` (the planned input's) or ``records_per_shard`` each,
-    the last ones tapered for ``taper_lanes`` lanes (:mod:`~airflow_batchinfer.storage.taper`)."""
+    """One round on ``runners`` lanes at once; ``mapped``: the lanes Airflow maps; round 0's shards
+    are ``first_sizes`` (the planned input's) or ``records_per_shard`` each, the last ones tapered for
+    ``taper_lanes`` lanes (:mod:`~airflow_batchinfer.storage.taper`)."""
     if r == 0 and first_sizes:
         sizes = list(first_sizes)
     else:
@@ -537,7 +466,7 @@ def _round(
         shards=shards,
         records_per_shard=rps,
         lanes=lanes,
-        mapped_tasks=shards if mapped is None else min(mapped, shards),
+        mapped_tasks=min(mapped, shards),
         shards_per_lane=round(shards / lanes, 4),
         job_s=round(job, 3),
         slowest_job_s=round(job * straggler, 3),
@@ -551,7 +480,6 @@ def _round(
 
 
 def _shape(
-    shape: str,
     rps: int,
     *,
     records: int,
@@ -560,11 +488,11 @@ def _shape(
     strategy: str,
     in_place_passes: float,
     runners: int,
-    mapped: int | None,
+    mapped: int,
     lost_records: int,
     **kw: Any,
 ) -> ShapePlan:
-    """One shape's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
+    """A shard size's rounds (``n_rounds`` rounds re-running the rejected share, then the in-place
     round unless ``strategy`` is ``"rounds"``) and totals; ``kw`` goes to each :func:`_round`
     (round 0's ``first_sizes`` or ``taper_lanes`` among them)."""
     plans: list[RoundPlan] = []
@@ -583,7 +511,6 @@ def _shape(
     wall = sum(p.wall_s for p in plans)
     idle = sum(p.tail_idle_gpu_s for p in plans)
     return ShapePlan(
-        shape=shape,
         records_per_shard=rps,
         rounds=tuple(plans),
         wall_s=round(wall, 3),
@@ -705,13 +632,8 @@ def plan_run(
         "record_s": record_s,
         "straggler": straggler,
     }
-    new = _shape("lanes", rps, runners=runners, mapped=want, taper_lanes=runners, first_sizes=shard_sizes,
+    new = _shape(rps, runners=runners, mapped=want, taper_lanes=runners, first_sizes=shard_sizes,
                  lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
-    # Before lanes: the user's size if a round could map it, else the old chooser's; no segments.
-    old_rps = rps if _shards(records, rps) <= max_map_length else None
-    old_rps = old_rps or choose_per_task_shard_size(records, gpus, concurrency, max_map_length)
-    old = _shape("per_shard", old_rps, runners=slots, mapped=None,
-                 lost_records=concurrency * min(old_rps, records), **common)  # fmt: skip
 
     notes = _notes(
         new, rps=rps, best=best, chosen=chosen, gpus=gpus, concurrency=concurrency, slots=slots,
@@ -754,7 +676,6 @@ def plan_run(
         tail_idle_fraction=new.tail_idle_fraction,
         lost_records_per_failure=new.lost_records_per_failure,
         lost_gpu_s_per_failure=new.lost_gpu_s_per_failure,
-        per_shard=old,
         airflow_pool=airflow_pool,
         pool_command=f'airflow pools set {airflow_pool} {slots} "batchinfer shard slots" --include-deferred',
         notes=tuple(notes),
@@ -775,7 +696,7 @@ def _notes(
     execution_timeout_s: float | None,
     common: dict[str, Any],
 ) -> list[str]:
-    """Warnings about the lane shape ``new``, and a better size than a given one's."""
+    """Warnings about the rounds of ``new``, and a better size than a given one's."""
     notes: list[str] = []
     first = new.rounds[0]
     if want > slots:
@@ -791,9 +712,7 @@ def _notes(
     longest = max(p.slowest_job_s for p in new.rounds)
     if not chosen and first.job_s > max_job_s and rps != best:
         runners = lanes_at_once(want, slots)
-        alt = _shape(
-            "lanes", best, runners=runners, mapped=want, lost_records=0, taper_lanes=runners, **common
-        )
+        alt = _shape(best, runners=runners, mapped=want, lost_records=0, taper_lanes=runners, **common)
         notes.append(
             f"records_per_shard={rps:,} makes jobs of {duration(first.job_s)}; records_per_shard={best:,} "
             f"(jobs of at most {duration(max_job_s)}) has a tail of {duration(alt.rounds[0].tail_s)} "

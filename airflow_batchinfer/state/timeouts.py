@@ -5,7 +5,7 @@ from __future__ import annotations
 
 # One ask of a worker for a job; a silent one is asked again, never skipped.
 LOCATE_TIMEOUT_S: float = 5
-# How long a shard task's try waits for a free worker slot (and for silent workers) before failing.
+# A submission's window for a free worker slot (and for silent workers): it bounds the grace below.
 SUBMIT_TIMEOUT_S: float = 600
 # The ``unreachable_grace_s`` setting (spec/settings.py): its default and bounds. At least one ask's
 # timeout, so a worker is asked twice before it is taken for gone; at most half a try's submission

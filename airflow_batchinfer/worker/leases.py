@@ -10,7 +10,7 @@ Several Airflow runs (and ``batchinfer pool up``/``run``) may share one warm poo
 workers, under a lock. Either way any process (setup and teardown tasks, the CLI, the reaper, the
 workers themselves) sees the same truth; none of it lives in process memory. A lease expires by
 itself so a run that died without its teardown cannot pin GPUs forever; a live run renews it as its
-shard tasks start and while its review gates wait.
+lane tasks start and while its review gates wait.
 
 The replica count follows from the leases:
 
@@ -30,7 +30,7 @@ LEASES = PREFIX + "leases"
 LAST_USED = PREFIX + "last-used"
 LOW_SINCE = PREFIX + "low-demand-since"
 IDLE_TTL = PREFIX + "idle-ttl-s"
-# A run's lease lapses after this long unless renewed (its shard tasks and review gates renew it).
+# A run's lease lapses after this long unless renewed (its lane tasks and review gates renew it).
 DEFAULT_LEASE_TTL_S = 24 * 3600.0
 SCALEDOWN_TTL = PREFIX + "scaledown-ttl-s"
 

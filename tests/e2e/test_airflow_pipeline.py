@@ -296,8 +296,9 @@ def trigger_logs(af: LocalAirflow, dag_id: str, run_name: str, task_id: str, map
 def test_a_judge_with_its_own_pool_judges_each_shard_when_its_inference_ends(
     airflow: LocalAirflow, e2e_root: Path
 ):
-    """``judge_pool``: a mapped task group per shard, infer on the run's pool then judge on the
-    judge's own pool (another engine configuration), each bounded by its own Airflow pool."""
+    """``judge_pool``: the rounds run by lanes as without one; each lane infers a shard on the run's
+    pool, then judges it on the judge's own pool (another engine configuration) as soon as that
+    inference ends; the judge pool's slots bound its jobs."""
     conf, ids = conf_for(e2e_root, "judgepool", 80, preflight_records=0, max_rounds=2)
     state, root, report, tis = run(airflow, "e2e_judge_pool", conf)
     assert state == "success", report
@@ -314,9 +315,22 @@ def test_a_judge_with_its_own_pool_judges_each_shard_when_its_inference_ends(
     judge_jobs = list((root / "round-00" / "jobs").glob("*.judge.json"))
     assert len(judge_jobs) == 8 and all(json.loads(p.read_text())["engine"] == plan["judge_engine"]
                                         for p in judge_jobs)  # fmt: skip
-    # pipelined: a shard's judge started before the round's last inference ended
-    infer = [t for t in tis if t["task_id"] == "round_00.shard.infer"]
-    judge = [t for t in tis if t["task_id"] == "round_00.shard.judge"]
-    assert len(infer) == len(judge) == 8 and all(t["state"] == "success" for t in infer + judge)
-    assert min(t["start_date"] for t in judge) < max(t["end_date"] for t in infer)
-    assert max_overlap(tis, (".shard.judge",)) <= JUDGE_POOL_SLOTS
+    # one lane task per round slot, as without a judge pool: no task per shard
+    assert {t["task_id"] for t in tis if ".shard." in t["task_id"]} == set()
+    lanes = [t for t in tis if t["task_id"] == "round_00.lanes"]
+    assert lanes and all(t["state"] == "success" for t in lanes)
+    # each shard's judge started once its own inference ended, before the round's last inference
+    # ended (pipelined), and never more judge jobs at once than the judge pool's slots
+    timings = {
+        p.name.removesuffix(".json"): json.loads(p.read_text())["timings"]
+        for p in (root / "round-00" / "jobs").glob("*.json")
+        if p.name.endswith((".infer.json", ".judge.json"))
+    }
+    shards = {k.rsplit(".", 1)[0] for k in timings}
+    assert len(shards) == 8
+    for sid in shards:
+        assert timings[f"{sid}.judge"]["started_at"] >= timings[f"{sid}.infer"]["finished_at"]
+    judged = [timings[f"{sid}.judge"] for sid in shards]
+    inferred = [timings[f"{sid}.infer"] for sid in shards]
+    assert min(t["started_at"] for t in judged) < max(t["finished_at"] for t in inferred)
+    assert most_at_once([(t["started_at"], t["finished_at"]) for t in judged]) <= JUDGE_POOL_SLOTS

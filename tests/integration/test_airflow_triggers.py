@@ -1,6 +1,5 @@
 """The Airflow-side pieces against a real worker over real HTTP, without the Airflow services:
-the pool hook (connection and local pool), ``WorkerJobTrigger``, ``LaneTrigger`` and
-``PoolReadyTrigger``."""
+the pool hook (connection and local pool), ``LaneTrigger`` and ``PoolReadyTrigger``."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import shard_dataset  # noqa: E402
 from airflow_batchinfer.triggers.lane import LaneTrigger  # noqa: E402
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger  # noqa: E402
-from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger  # noqa: E402
 from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
 
 
@@ -95,72 +93,14 @@ def test_local_pool_reference_without_workers_says_what_to_do(
         require_endpoints(pool)
 
 
-async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
-    job_id = submit_job(tmp_path, worker)
-    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.2)
-    classpath, kwargs = trigger.serialize()
-    assert classpath == "airflow_batchinfer.triggers.worker_job.WorkerJobTrigger"
-    assert TOKEN not in json.dumps(kwargs)  # the token is resolved in the triggerer, never stored
-    event = await first_event(WorkerJobTrigger(**kwargs))
-    # one chunk of 30 rows, committed as one segment (nothing resumed)
-    assert event["state"] == "succeeded" and event["counts"] == {
-        "ok": 30,
-        "resumed_records": 0,
-        "segments": 1,
-    }
-
-
-async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn: str, worker: WorkerProcess):
-    """Given the task's result and the job's manifest, a succeeded job whose manifest says so ends the
-    task on the triggerer (no resume on a worker) with the manifest's counts in its XCom; any other
-    end still resumes the task."""
-    result = {"shard_id": "part-00000", "round": 0, "records": 30, "counts": {}}
-    manifest = RunLayout(str(tmp_path / "run")).job_manifest(0, "part-00000", "infer")
-    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=submit_job(tmp_path, worker),
-                               poll_interval_s=0.2, result=result, manifest=manifest)  # fmt: skip
-    event = await anext(WorkerJobTrigger(**trigger.serialize()[1]).run())
-    assert isinstance(event, TaskSuccessEvent)
-    counts = {"ok": 30, "resumed_records": 0, "segments": 1}
-    assert event.xcoms == {"return_value": {**result, "counts": counts}}
-    lost = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1,
-                            result=result, manifest=manifest)  # fmt: skip
-    event = await anext(lost.run())
-    assert not isinstance(event, TaskSuccessEvent) and event.payload["state"] == "lost"
-
-
-async def test_worker_job_trigger_reports_lost_jobs_and_workers(
-    tmp_path: Path, conn: str, worker: WorkerProcess
-):
-    unknown = WorkerJobTrigger(
-        worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1
-    )
-    assert (await first_event(unknown))["state"] == "lost"
-    job_id = submit_job(tmp_path, worker, n=200)
-    worker.process.kill()
-    worker.process.wait()
-    t0 = time.monotonic()
-    gone = WorkerJobTrigger(
-        worker_pool=conn, url=worker.url, job_id=job_id, poll_interval_s=0.1, lost_grace_s=1.0
-    )
-    event = await first_event(gone)
-    assert event["state"] == "lost" and "unreachable" in event["error"] and time.monotonic() - t0 >= 1.0
-
-
-async def test_worker_job_trigger_deadline(tmp_path: Path, conn: str, worker: WorkerProcess) -> None:
-    job_id = submit_job(tmp_path, worker, n=400)
-    trigger = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id=job_id, deadline=time.time() + 0.3,
-                               poll_interval_s=0.1)  # fmt: skip
-    assert (await first_event(trigger))["state"] == "timeout"
-
-
-def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6) -> tuple[RunConfig, Any]:
+def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6, **settings: Any) -> tuple[RunConfig, Any]:
     """A run of ``n`` records in shards of ``per_shard``, round 0 planned (its plan task's work)."""
     from tests.support.fake_jobs import plan_round
 
     data = tmp_path / "lanes.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i:03d}", "q": f"q{i}"}) + "\n" for i in range(n)))
     cfg = RunConfig(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=per_shard)  # fmt: skip
+                    judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
     cfg.id_field = shard_dataset(
         cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
     ).id_field
@@ -210,6 +150,33 @@ async def test_lane_triggers_run_every_shard_of_a_round_once_on_a_real_worker(
     assert isinstance(again, TaskSuccessEvent) and again.xcoms["return_value"] == results[0]
     with SyncWorkerClient(worker.url, token=TOKEN) as client:
         assert sum(client.stats().jobs.values()) == 7
+
+
+async def test_a_lane_judges_each_shard_on_the_judges_own_pool_once_its_inference_ends(
+    tmp_path: Path, conn: str, worker: WorkerProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``judge_pool`` (a judge-pool DAG's): each shard's infer job on the run's pool, then its judge
+    job on the judge's (its own connection, here to the same worker), from the same lane."""
+    judge_conn = {"conn_type": "batchinfer_pool", "host": worker.url, "password": TOKEN}
+    monkeypatch.setenv("AIRFLOW_CONN_JUDGE_POOL", json.dumps(judge_conn))
+    cfg, plan = lane_run(tmp_path, n=18, judge_pool="judge_pool")
+    assert len(plan.shards) == 3
+    lane = Lane(plan.slot, 0, 0, 1).as_dict()
+    event = await anext(
+        LaneTrigger(
+            lane=lane, run_root=cfg.run_root, worker_pool=conn, lease_id="d/r", poll_interval_s=0.2
+        ).run()
+    )
+    assert isinstance(event, TaskSuccessEvent), event.payload
+    assert event.xcoms["return_value"]["done"] == 3  # type: ignore[index]
+    layout = RunLayout(cfg.run_root)
+    for shard in plan.shards:
+        inferred = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer"))
+        judged = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "judge"))
+        assert inferred is not None and judged is not None and sum(judged.counts.values()) >= 6, judged
+        assert judged.timings.started_at >= inferred.timings.finished_at  # once its inference ended
+    with SyncWorkerClient(worker.url, token=TOKEN) as client:
+        assert sum(client.stats().jobs.values()) == 6  # one infer and one judge job per shard
 
 
 async def test_lanes_whose_first_jobs_the_plan_task_started_follow_them(

@@ -89,8 +89,9 @@ def test_a_draining_worker_hands_its_job_back_and_the_client_resubmits_it(tmp_pa
 @pytest.mark.airflow
 def test_killed_tasks_and_triggers_cancel_their_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.operators.shard_jobs import InferShardOperator
-    from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
+    from airflow_batchinfer.operators.lanes import ShardLaneOperator
+    from airflow_batchinfer.run.lane_driver import TrackedPoolClient
+    from airflow_batchinfer.triggers.lane import LaneTrigger
 
     w = start_worker(tmp_path, engine_args={"latency_base_s": 0.2})
     monkeypatch.setenv("AIRFLOW_CONN_POOL", json.dumps({"conn_type": "batchinfer_pool", "host": w.url,
@@ -100,13 +101,16 @@ def test_killed_tasks_and_triggers_cancel_their_job(tmp_path: Path, monkeypatch:
         for n, kill in enumerate(("task", "trigger")):
             spec = infer_spec(layout, s, f"kill-{n}", chunk_size=10)
             w.submit(spec)
+            client = TrackedPoolClient([w.url], token=TOKEN)  # the lane's, following the job
+            client.current = (w.url, spec.job_id)
+            lane = {"slot": "round-00", "round": 0, "lane": 0, "lanes": 1}
             if kill == "task":  # on_kill: execution_timeout, SIGTERM from a user's mark/clear
-                op = InferShardOperator(task_id="infer", shard={**s, "round": 0}, run_root=layout.root,
-                                        worker_pool="pool")  # fmt: skip
-                op._remote = (w.url, spec.job_id)
+                op = ShardLaneOperator(task_id="lanes", lane=lane, run_root=layout.root, worker_pool="pool")
+                op._clients = [client]
                 op.on_kill()
-            else:  # a deferred task cleared or marked by a user: Airflow 3.3 calls the trigger's on_kill
-                trigger = WorkerJobTrigger(worker_pool="pool", url=w.url, job_id=spec.job_id)
+            else:  # a deferred lane cleared or marked by a user: Airflow 3.3 calls the trigger's on_kill
+                trigger = LaneTrigger(lane=lane, run_root=layout.root, worker_pool="pool")
+                trigger._clients = [client]
                 asyncio.run(trigger.on_kill())
             assert w.wait(spec.job_id, timeout=30).state == "cancelled"
     finally:

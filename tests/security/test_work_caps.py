@@ -423,7 +423,7 @@ def test_a_plan_task_without_limits_refuses_an_answer_over_the_deployments_cap(
     monkeypatch.setattr(round_ops, "owned_run_config", lambda run_root, context, so=None: cfg)
     monkeypatch.setattr(HITLOperator, "execute_complete", lambda self, context, event: event)
     monkeypatch.setenv("AIRFLOW__BATCHINFER__MAX_MAX_TOKENS", "512")
-    op = round_ops.RoundControllerOperator(task_id="plan", slot="round-01", run_root=cfg.run_root)
+    op = round_ops.RoundControllerOperator(task_id="plan", slot="round-01", run_root=cfg.run_root, slots=1)
     assert op.limits is None
     answer = _refuses_an_answer_over_512(op, cfg.run_root)
     within = {**answer, "params_input": {"next_max_tokens": 512}}

@@ -54,8 +54,7 @@ def test_factory_shape_pools_and_params() -> None:
         assert lanes.partial_kwargs["execution_timeout"] is None
         assert lanes.partial_kwargs["job_timeout"] == timedelta(hours=3)
     plan = dag.task_dict["round_00.plan"]
-    assert plan.map_lanes and plan.slots == "{{ params.replicas * params.concurrency }}"
-    assert not dag.task_dict["shard"].maps_per_shard  # lanes: no bound on a round's shards
+    assert plan.slots == "{{ params.replicas * params.concurrency }}"
     assert dag.task_dict["shard"].slots == plan.slots  # round 0's last shards taper for its lanes
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
@@ -72,66 +71,60 @@ def test_factory_shape_pools_and_params() -> None:
     assert dag.params.get_param("strategy").schema["enum"] == ["rounds", "in_place", "hybrid"]
 
 
-def test_factory_with_a_judge_pool_maps_a_task_group_per_shard() -> None:
-    """A judge with its own pool: per shard, infer (the run's Airflow pool) then judge (the judge's),
-    in a mapped task group; the judge pool has its own setup and teardown and params."""
+def test_factory_with_a_judge_pool_runs_its_rounds_by_lanes_too() -> None:
+    """A judge with its own pool: the same lanes (each judges its shard on the judge's pool once its
+    inference ends, run.lane_driver), the judge pool's reference in the run's settings, and the judge
+    pool's own setup and teardown and params."""
     judge = {"judge": {"type": "llm"}}
     dag = build_batch_inference_dag("two", max_rounds=1, airflow_pool="gpu", judge_airflow_pool="judge",
                                     defaults=judge)  # fmt: skip
     assert set(dag.task_dict) == {
-        "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown",
-        "judge_pool_teardown", "round_00.plan", "round_00.shard.infer", "round_00.shard.judge",
-        "round_00.close", "tail.plan", "tail.in_place", "tail.close",
+        "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown", "judge_pool_teardown",
+        "round_00.plan", "round_00.lanes", "round_00.close", "tail.plan", "tail.lanes", "tail.close",
     }  # fmt: skip
-    infer, judge_task = dag.task_dict["round_00.shard.infer"], dag.task_dict["round_00.shard.judge"]
-    assert (infer.pool, judge_task.pool) == ("gpu", "judge")
-    assert judge_task.worker_pool == "{{ params.judge_pool }}"
-    assert type(infer.task_group).__name__ == "MappedTaskGroup"
-    assert judge_task.upstream_task_ids == {"round_00.shard.infer"}
-    assert "round_00.close" in judge_task.downstream_task_ids
+    for task_id in ("round_00.lanes", "tail.lanes"):
+        lanes = dag.task_dict[task_id]
+        assert isinstance(lanes, MappedOperator) and lanes.operator_class is ShardLaneOperator
+        assert lanes.pool == "gpu" and lanes.partial_kwargs["worker_pool"] == "{{ params.worker_pool }}"
+    assert dag.task_dict["shard"].config["judge_pool"] == "{{ params.judge_pool }}"
     setup = dag.task_dict["judge_pool_setup"]
     assert setup.is_setup and dag.task_dict["judge_pool_teardown"].is_teardown
     assert (setup.worker_pool, setup.model) == ("{{ params.judge_pool }}", "{{ params.judge_model }}")
+    assert dag.task_dict["round_00.plan"].upstream_task_ids == {"shard", "pool_setup", "judge_pool_setup"}
+    assert dag.task_dict["judge_pool_teardown"].upstream_task_ids == {"judge_pool_setup", "tail.close"}
     assert set(dag.params) == set(DEFAULTS) | set(JUDGE_POOL_DEFAULTS)
-    # mapped per shard in every slot: the plans return shard descriptors, and the shard task keeps
-    # the map length's bound on a round's shards
-    assert not dag.task_dict["round_00.plan"].map_lanes and not dag.task_dict["tail.plan"].map_lanes
-    assert dag.task_dict["shard"].maps_per_shard
 
 
-def shard_op(tmp_path: Path, maps_per_shard: bool = True, **config: object) -> ShardDatasetOperator:
+def shard_op(tmp_path: Path, **config: object) -> ShardDatasetOperator:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(25)))
     base = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
             "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
-    return ShardDatasetOperator(task_id="shard", config={**base, **config}, max_map_length=4,
-                                maps_per_shard=maps_per_shard)  # fmt: skip
+    return ShardDatasetOperator(task_id="shard", config={**base, **config}, slots="4")
 
 
-def test_shard_refuses_more_shards_than_max_map_length(tmp_path: Path) -> None:
-    with pytest.raises(AirflowFailException, match=r"5 shards.*allows 4.*records_per_shard to at least 7"):
-        shard_op(tmp_path).execute({})  # type: ignore[arg-type]
-
-
-def test_a_dag_of_lanes_takes_more_shards_than_max_map_length(tmp_path: Path) -> None:
+def test_a_dag_of_lanes_takes_more_shards_than_max_map_length(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
     """Its rounds map lanes, not shards: Airflow's map length bounds the lanes (the plan task)."""
-    shards = shard_op(tmp_path, maps_per_shard=False).execute({})  # type: ignore[arg-type]
+    monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "4")
+    shards = shard_op(tmp_path).execute({})  # type: ignore[arg-type]
     assert len(shards) == 5
 
 
 @pytest.mark.parametrize(
-    ("maps_per_shard", "lanes", "tapered_for"), [(False, 0, 4), (False, 3, 3), (False, 9, 4), (True, 0, 0)]
+    ("slots", "lanes", "tapered_for"), [("4", 0, 4), ("4", 3, 3), ("4", 9, 4), (None, 0, 0)]
 )
 def test_the_inputs_last_shards_taper_for_round_0s_lanes(
-    tmp_path: Path, maps_per_shard: bool, lanes: int, tapered_for: int
+    tmp_path: Path, slots: str | None, lanes: int, tapered_for: int
 ) -> None:
-    """lanes 0: one per pool slot (replicas x concurrency); more lanes than slots: the slots; a DAG
-    mapped per shard has no lanes: no taper."""
+    """lanes 0: one per pool slot (replicas x concurrency); more lanes than slots: the slots; no
+    slots given (a hand-built DAG): no taper."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(60_000)))
     cfg = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
            "judge": {"type": "llm"}, "records_per_shard": 8_000, "lanes": lanes}  # fmt: skip
-    op = ShardDatasetOperator(task_id="shard", config=cfg, maps_per_shard=maps_per_shard, slots="4")
+    op = ShardDatasetOperator(task_id="shard", config=cfg, slots=slots)
     shards = op.execute({})  # type: ignore[arg-type]
     manifest = json.loads((tmp_path / "run" / "input" / "_manifest.json").read_text())
     assert manifest["taper_lanes"] == tapered_for
@@ -141,7 +134,7 @@ def test_the_inputs_last_shards_taper_for_round_0s_lanes(
 
 @pytest.mark.parametrize("slots", ["0", "-2", "four", "2.5"])
 def test_bad_pool_slots_fail_the_shard_task_with_the_remedy(tmp_path: Path, slots: str) -> None:
-    op = shard_op(tmp_path, maps_per_shard=False)
+    op = shard_op(tmp_path)
     op.slots = slots
     with pytest.raises(AirflowFailException, match="replicas and concurrency to positive whole numbers"):
         op.execute({})  # type: ignore[arg-type]

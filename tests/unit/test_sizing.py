@@ -101,35 +101,9 @@ def test_round_0_tapers_and_its_tail_shortens() -> None:
     assert tapered.tail_s < flat.tail_s / 2 and tapered.wall_s < flat.wall_s
     r0 = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000).rounds[0]
     assert (r0.shards, r0.tail_s, r0.wall_s) == (2330, round(tapered.tail_s, 3), round(tapered.wall_s, 3))
-    # a round of recompacted rejects, and the old one-task-per-shard shape, are not tapered
+    # a round of recompacted rejects is not tapered
     again = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
-    assert [r.shards for r in again.rounds] == [2330, 200] and again.per_shard.rounds[0].shards == 1000
-
-
-def test_the_100m_example_before_lanes() -> None:
-    old = plan_run(M, 32, 2500, concurrency=10, chunk_size=2000).per_shard
-    (r,) = old.rounds
-    assert (old.shape, r.shards, r.records_per_shard, r.mapped_tasks, r.lanes) == (
-        "per_shard",
-        960,
-        104_167,
-        960,
-        320,
-    )
-    one = 104_167 * REC_S  # one shard job alone on a nominal GPU
-    assert r.job_s == pytest.approx(10 * one)  # 46.3 h, as before
-    assert duration(r.job_s) == "46.3 h" and r.slowest_job_s == pytest.approx(15 * one)
-    # three waves on the fast GPUs = two on the straggler (930 + 20 shards); of the last 10, one
-    # lands on the straggler and runs alone there: 1.5 shards' time past the third wave
-    assert r.wall_s == pytest.approx(30 * one + 1.5 * one, rel=1e-3)
-    assert r.tail_s == pytest.approx(1.5 * one, rel=1e-2)
-    assert old.lost_records_per_failure == 10 * 104_167
-    new = plan_run(M, 32, 2500, concurrency=10, chunk_size=2000)
-    assert new.wall_s < old.wall_s and new.tail_s < old.tail_s / 5
-    assert new.tail_idle_gpu_s < old.tail_idle_gpu_s / 10
-    # without a straggler the old shape is its three full waves, exactly as the wave model said
-    flat = plan_run(M, 32, 2500, concurrency=10, straggler=1.0).per_shard.rounds[0]
-    assert flat.wall_s == pytest.approx(30 * one, rel=1e-9)
+    assert [r.shards for r in again.rounds] == [2330, 200]
 
 
 def test_the_shard_size_follows_the_job_target_with_a_floor() -> None:
@@ -154,10 +128,7 @@ def test_a_given_shard_size_is_not_capped_by_max_map_length() -> None:
     plan = plan_run(M, 32, 2500, concurrency=10, records_per_shard=1000, chunk_size=2000, straggler=1.0)
     assert not plan.chosen and plan.rounds[0].shards == 100_000 and plan.lanes == 320
     assert plan.lost_records_per_failure == 10 * 1000  # a job smaller than a chunk loses at most itself
-    # the old shape could not map 100,000 shards: it is shown with its own size
-    assert plan.per_shard.records_per_shard == 104_167
     big = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, chunk_size=2000)
-    assert big.per_shard.records_per_shard == 100_000  # it fits one task each: compared as given
     (better,) = [n for n in big.notes if "records_per_shard=2,000" in n]
     assert "records_per_shard=100,000 makes jobs of 44.4 h" in better
     assert any("66.7 h on the slowest GPU, over the 12.0 h execution_timeout" in n for n in big.notes)
@@ -172,7 +143,6 @@ def test_rounds_rerun_the_rejected_share() -> None:
     assert plan.wall_s == pytest.approx(sum(r.wall_s for r in plan.rounds))
     assert plan.tail_s == pytest.approx(sum(r.tail_s for r in plan.rounds))
     assert plan.gpu_hours == pytest.approx(sum(r.gpu_hours for r in plan.rounds), rel=1e-5)
-    assert [r.shards for r in plan.per_shard.rounds] == [960, 192, 39]  # the old shape's, for comparison
     assert any("800,000 records are still rejected after 3 rounds" in n for n in plan.notes)
     assert len(plan_run(M, 32, 2500, approval_rate=1.0, max_rounds=3).rounds) == 1
 
@@ -212,24 +182,20 @@ def test_every_plan_adds_up() -> None:
     for records, gpus, conc, rps, lanes in cases:
         plan = plan_run(records, gpus, 1234.5, concurrency=conc, records_per_shard=rps, approval_rate=0.5,
                         max_rounds=3, lanes=lanes)  # fmt: skip
-        for shape in (plan.lane_shape, plan.per_shard):
-            for r in shape.rounds:
-                assert r.lanes <= min(plan.slots, r.shards) and r.mapped_tasks <= max(r.shards, 1)
-                assert r.gpu_hours * 3600 == pytest.approx(
-                    r.busy_gpu_s + r.tail_idle_gpu_s, rel=1e-4, abs=0.5
-                )
-                assert r.wall_s * gpus >= r.busy_gpu_s - 1e-6 and 0 <= r.tail_s <= r.wall_s
-        assert all(r.shards <= 1024 for r in plan.per_shard.rounds)
+        for r in plan.rounds:
+            assert r.lanes <= min(plan.slots, r.shards) and r.mapped_tasks <= max(r.shards, 1)
+            assert r.gpu_hours * 3600 == pytest.approx(r.busy_gpu_s + r.tail_idle_gpu_s, rel=1e-4, abs=0.5)
+            assert r.wall_s * gpus >= r.busy_gpu_s - 1e-6 and 0 <= r.tail_s <= r.wall_s
 
 
 def test_to_dict_is_versioned_json_and_reads_back() -> None:
     plan = plan_run(M, 32, 2500, concurrency=10, records_per_shard=100_000, approval_rate=0.8, max_rounds=2)
     data = json.loads(json.dumps(plan.to_dict()))
     assert data["version"] == SIZING_VERSION and data["rounds"][0]["shards"] == 2330 and data["slots"] == 320
-    assert data["per_shard"]["shape"] == "per_shard" and data["per_shard"]["rounds"][0]["shards"] == 1000
+    assert "per_shard" not in data
     assert SizingPlan.from_dict(data) == plan
     with pytest.raises(
-        ConfigError, match="sizing plan version None, this release reads 2: run `batchinfer plan`"
+        ConfigError, match="sizing plan version None, this release reads 3: run `batchinfer plan`"
     ):
         SizingPlan.from_dict({k: v for k, v in data.items() if k != "version"})
     with pytest.raises(ConfigError, match=r"unknown \['waves'\]"):
@@ -238,7 +204,10 @@ def test_to_dict_is_versioned_json_and_reads_back() -> None:
     assert (
         "airflow pools set batchinfer 320" in table and "320 of 1,024" in table and "total: 2 rounds" in table
     )
-    assert "one task per shard (before)" in table and "lost to one worker failure" in table
+    assert (
+        "lost to one worker failure: 5,000 records, 13.3 GPU-min" in table
+        and "one task per shard" not in table
+    )
 
 
 def test_planning_50k_shards_stays_fast() -> None:

@@ -290,12 +290,12 @@ class KubernetesPool:
         return renewed[-1]
 
     def keep(self, lease_id: str, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> str | None:
-        """Renew ``lease_id`` (shard tasks and review gates); the Deployment restarts dead pods
+        """Renew ``lease_id`` (lane tasks and review gates); the Deployment restarts dead pods
         itself. Returns a warning when the lease has lapsed (it is not resurrected: the replica
         count it wanted is the setup task's to decide)."""
         lease = self._state(0, self._deployment().metadata.annotations).leases.get(lease_id)
         if lease is not None and lease.expires - self.clock() > ttl_s / 2:
-            return None  # fresh enough: a read, not a write, for each of a round's many shard tasks
+            return None  # fresh enough: a read, not a write, for each of a round's many lane tasks
         if self.renew(lease_id, ttl_s=ttl_s):
             return None
         return (

@@ -75,7 +75,7 @@ build_batch_inference_dag(
     limits=LIMITS,
 )
 
-# A judge with its own warm pool: another engine configuration, its own Airflow pool.
+# A judge with its own warm pool (another engine configuration): its rounds run by lanes too.
 build_batch_inference_dag(
     "e2e_judge_pool",
     max_rounds=2,

@@ -20,12 +20,13 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.operators import lanes as lanes_module
 from airflow_batchinfer.operators.lanes import ShardLaneOperator
+from airflow_batchinfer.run.lane_driver import TrackedPoolClient, tracked_client
 from airflow_batchinfer.run.lanes import Lane
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient, tracked_client
+from airflow_batchinfer.triggers.lane import LaneTrigger
 from tests.support.fake_jobs import make_run, plan_round
 
 URL = "http://w1:8000"
@@ -192,3 +193,18 @@ def test_a_lane_killed_in_its_task_cancels_the_job_it_follows(
     task._clients = [client]
     task.on_kill()
     assert cancelled == [(URL, "job-5", "tok")]
+
+
+def test_a_lane_whose_judge_has_its_own_pool_keeps_that_pool_too(
+    tmp_path: Path, run: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A judge-pool DAG's lane judges each shard on the judge's pool: its lease is renewed (dead local
+    judge workers restarted) with the run's before the lane defers."""
+    (tmp_path / "judged").mkdir()
+    cfg = make_run(tmp_path / "judged", judge_pool="local://judge")
+    write_run_config(cfg)
+    plan = plan_round(cfg)
+    _, _, held = run
+    with pytest.raises(TaskDeferred):
+        op(cfg, plan).execute(context())
+    assert held == ["local://gpu", "local://judge"]

@@ -47,15 +47,6 @@ def test_events_carry_the_decision() -> None:
         event_for("wait", failed, job_id="j", url="u")
 
 
-def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> None:
-    event = JobEvent("succeeded", "j", "http://w", counts={"ok": 3})
-    assert JobEvent.from_dict(event.to_dict()) == event
-    old = JobEvent.from_dict({"state": "lost", "reason": "gone"}, job_id="j", url="u")
-    assert old == JobEvent("lost", "j", "u", error="gone")
-    with pytest.raises(RpcError, match="version 9"):
-        JobEvent.from_dict({**event.to_dict(), "version": 9})
-
-
 MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"ok": 3}}
 
 

@@ -1,7 +1,8 @@
-"""``LaneTrigger`` without sockets: the lane's loop (:func:`~airflow_batchinfer.run.lanes.run_lane`) is
-injected, the run root's run.json and plan are real files. A finished lane ends its task on the
-triggerer with the lane's result; a lane that cannot go on resumes the task with the lane, the
-shard it was on and the error; a killed or timed-out lane cancels the job it was following."""
+"""``LaneTrigger`` without sockets: the lane's loop (:func:`~airflow_batchinfer.run.lanes.run_lane`,
+which the driver :func:`~airflow_batchinfer.run.lane_driver.drive_lane` awaits) is injected, the run
+root's run.json and plan are real files. A finished lane ends its task on the triggerer with the
+lane's result; a lane that cannot go on resumes the task with the lane, the shard it was on and the
+error; a killed or timed-out lane cancels the job it was following."""
 
 from __future__ import annotations
 
@@ -22,13 +23,15 @@ from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 from airflow_batchinfer.exceptions import JobFailed, JobTimeout, WorkerUnavailable
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run import lane_driver
+from airflow_batchinfer.run.lane_driver import TrackedPoolClient
 from airflow_batchinfer.run.lanes import Lane
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.triggers import lane as lane_module
-from airflow_batchinfer.triggers.lane import LaneTrigger, TrackedPoolClient
+from airflow_batchinfer.triggers.lane import LaneTrigger
 from tests.support.fake_jobs import make_run, plan_round
 
 URL = "http://w1:8000"
@@ -133,7 +136,7 @@ async def test_a_finished_lane_ends_its_task_here_with_the_lanes_result(
         ]
         return doc
 
-    monkeypatch.setattr(lane_module, "run_lane", run_lane)
+    monkeypatch.setattr(lane_driver, "run_lane", run_lane)
     [event] = await events(trigger_for(cfg, plan))
     assert isinstance(event, TaskSuccessEvent)
     result = event.xcoms["return_value"]  # type: ignore[index]
@@ -164,7 +167,7 @@ async def test_a_lane_that_cannot_go_on_resumes_its_task_naming_the_shard_it_was
         write_lane(RunLayout(cfg.run_root), doc)
         raise WorkerUnavailable("no worker of the pool answers (http://w1:8000)")
 
-    monkeypatch.setattr(lane_module, "run_lane", run_lane)
+    monkeypatch.setattr(lane_driver, "run_lane", run_lane)
     [event] = await events(trigger_for(cfg, plan, index=1))
     assert not isinstance(event, TaskSuccessEvent)
     assert event.payload == {
@@ -187,7 +190,7 @@ async def test_past_its_deadline_the_lane_cancels_its_job_and_resumes_the_task(
         await asyncio.Event().wait()
         raise AssertionError("not reached")
 
-    monkeypatch.setattr(lane_module, "run_lane", run_lane)
+    monkeypatch.setattr(lane_driver, "run_lane", run_lane)
     trigger = trigger_for(cfg, plan, deadline=time.time() + 0.3)
     [event] = await events(trigger)
     assert event.payload["state"] == "timeout" and "execution_timeout" in event.payload["error"]
@@ -207,7 +210,7 @@ async def test_a_lane_killed_by_a_user_cancels_the_job_it_was_following(
         await asyncio.Event().wait()
         raise AssertionError("not reached")
 
-    monkeypatch.setattr(lane_module, "run_lane", run_lane)
+    monkeypatch.setattr(lane_driver, "run_lane", run_lane)
     trigger = trigger_for(cfg, plan)
     task = asyncio.ensure_future(events(trigger))
     await asyncio.wait_for(following.wait(), 10)
