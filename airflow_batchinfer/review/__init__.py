@@ -14,8 +14,9 @@ do not).
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_batchinfer.lazy import exports
 
 if TYPE_CHECKING:
     from airflow_batchinfer.review.browse import Page, RoundView, Sample, ShardRows, matches, trend
@@ -29,12 +30,6 @@ if TYPE_CHECKING:
         tally,
     )
 
-# Imported on first use: importing one module of the package loads no other.
-_EXPORTS = {
-    "browse": ("Page", "RoundView", "Sample", "ShardRows", "matches", "trend"),
-    "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "ACTIONS",
     "Action",
@@ -51,9 +46,12 @@ __all__ = [
     "trend",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "browse": ("Page", "RoundView", "Sample", "ShardRows", "matches", "trend"),
+        "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
+    },
+)
