@@ -230,6 +230,7 @@ def test_the_trigger_form_shows_its_params_in_sections_with_advanced_collapsed(
     docs/_static/trigger-form.png (tests/artifacts/trigger-form.png on every run)."""
     dag_id = "e2e_browser_trigger"
     airflow.wait_for_dag(dag_id)
+    page.set_viewport_size({"width": 1400, "height": 1300})  # the whole form, Data open
     sign_in(page, airflow, f"/dags/{dag_id}")
     page.get_by_test_id("trigger-dag-button").click()
     form = page.get_by_role("dialog")
@@ -244,27 +245,27 @@ def test_the_trigger_form_shows_its_params_in_sections_with_advanced_collapsed(
     def section(name: str) -> Any:
         return form.get_by_role("button", name=name, exact=True)
 
-    def field(param: str) -> Any:
-        return form.locator(f"[id='element_{param}']")
+    def field(param: str) -> Any:  # a param's label (every kind of field has one; "*": required)
+        return form.get_by_text(re.compile(rf"^{re.escape(param)}\s*\*?$"))
 
     # Airflow 3.3 opens the form with every section collapsed, one open at a time
     for name in SECTIONS:
         expect(section(name)).to_have_attribute("aria-expanded", "false")
     section("Data").click()
     expect(section("Data")).to_have_attribute("aria-expanded", "true")
-    expect(field("input").first).to_be_visible()
+    expect(field("input")).to_be_visible()
     expect(section(ADVANCED)).to_have_attribute("aria-expanded", "false")
     for knob in KNOBS:
-        expect(field(knob).first).to_be_hidden()
-    path = shots.take(page, "trigger-form", full_page=False)
+        expect(field(knob)).to_be_hidden()
+    path = shots.take_element(form, "trigger-form")
     shutil.copyfile(path, shots.folder.parent / "trigger-form.png")
     if os.environ.get("BATCHINFER_DOCS_PICTURES") == "1":
         shutil.copyfile(path, REPO / "docs" / "_static" / "trigger-form.png")
 
     section(ADVANCED).click()  # opening Advanced closes Data and shows the knobs
-    expect(field("input").first).to_be_hidden()
+    expect(field("input")).to_be_hidden()
     for knob in KNOBS:
-        expect(field(knob).first).to_be_visible()
+        expect(field(knob)).to_be_visible()
     shots.take(page, "trigger-form-advanced", full_page=False)
 
 
