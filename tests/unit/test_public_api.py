@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import pkgutil
 import subprocess
 import sys
 from pathlib import Path
@@ -83,6 +84,9 @@ def test_importing_a_package_loads_none_of_its_modules() -> None:
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_export_resolves(package: str) -> None:
     module = importlib.import_module(package)
+    submodules = {m.name for m in pkgutil.iter_modules(module.__path__)}
+    # a submodule's name, once it is imported, would hide the export of the same name (lazy.py)
+    assert not set(getattr(module, "__all__", ())) & submodules
     for name in getattr(module, "__all__", ()):
         assert name in dir(module), name
         value = getattr(module, name)
