@@ -110,7 +110,7 @@ def _cmd_shard(args: argparse.Namespace) -> dict[str, Any]:
 
 def _cmd_recompact(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.progress import ProgressBar
-    from airflow_batchinfer.storage import recompact
+    from airflow_batchinfer.storage.recompact import recompact
 
     with ProgressBar("recompact") as bar:
         result = recompact(

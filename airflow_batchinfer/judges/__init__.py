@@ -1,214 +1,29 @@
-"""Judges: decide approved/rejected per record. ``build_judge(spec)`` builds one from a JSON spec.
-
-Spec examples::
-
-    {"type": "llm", "template": "...", "max_tokens": 128}  # "verdict_schema": false: never a schema
-    {"type": "llm", "score": "logprob"}    # scored P(approve) from the verdict token's logprobs
-    {"type": "expected_answer", "field": "answer", "match": "number"}
-    {"type": "regex", "pattern": "^\\\\d+$"}
-    {"type": "json_schema", "schema": {...}}
-    {"type": "length", "min_chars": 1, "max_chars": 2000}
-    {"type": "callable", "target": "my_pkg.checks:is_good"}
-    {"type": "all", "judges": [...]}       # or "any"
-    {"type": "classifier", "threshold": 0.5, "label": "POSITIVE"}   # a scoring model's P(label)
-    {"type": "reward", "threshold": 0.0}   # a reward model's raw score
-    {"type": "jury", "judges": [...], "vote": "majority"}   # or "all", "mean_score" (+ "threshold")
-
-``callable`` targets are checked against a :class:`CallablePolicy` before anything is imported (a
-worker allows those it was started with, ``--allow-callable``); ``regex`` and ``json_schema``
-patterns run on RE2 (linear time).
+"""Judges: decide approved/rejected per record. :func:`build_judge` builds one from a JSON spec
+(:mod:`~airflow_batchinfer.judges.registry`, which lists the spec's forms); the judges themselves
+live in :mod:`.base`, :mod:`.rules`, :mod:`.llm`, :mod:`.models`, :mod:`.jury` and :mod:`.human`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING
 
-from airflow_batchinfer.engines.base import SamplingParams
-from airflow_batchinfer.engines.sampling import refusals
-from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
-from airflow_batchinfer.judges.human import HumanJudge, judges_in_place, require_judge_in_place
-from airflow_batchinfer.judges.jury import JURY_KEYS, Jury, Member, member_names
-from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge, parse_verdict
-from airflow_batchinfer.judges.models import MODEL_JUDGES, build_model_judge
-from airflow_batchinfer.judges.rules import (
-    CallableJudge,
-    CallablePolicy,
-    Combined,
-    ExpectedAnswer,
-    JsonSchemaJudge,
-    LengthJudge,
-    RegexJudge,
-)
+from airflow_batchinfer.lazy import exports
 
-LLM_JUDGE_KEYS = frozenset(
-    {
-        "template",
-        "system",
-        "sampling",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "seed",
-        "stop",
-        "verdict_schema",
-        "score",
-    }
-)
-JUDGE_TYPES = (
-    "llm",
-    "expected_answer",
-    "regex",
-    "json_schema",
-    "length",
-    "callable",
-    "all",
-    "any",
-    "human",
-    "classifier",
-    "reward",
-    "jury",
-)
-NESTING = ("all", "any", "jury")  # judge types whose spec holds judges ("judges")
-UNIT_SCORES = ("llm", "classifier", "jury")  # judge types whose verdicts carry a score in [0, 1]
-# judge types whose scores are on their model's own scale: not bucketed by tenths (judges.spot_check)
-RAW_SCORES = ("reward",)
-Need = Literal["generate", "score"]
-
-
-def judge_specs(spec: Any) -> Iterator[Mapping[str, Any]]:
-    """``spec`` and every judge spec nested in it (``all``, ``any``, ``jury``), depth first; what is
-    no judge spec is skipped (``build_judge`` refuses it)."""
-    if not isinstance(spec, Mapping):
-        return
-    yield spec
-    if spec.get("type") in NESTING and isinstance(spec.get("judges"), list):
-        for inner in spec["judges"]:
-            yield from judge_specs(inner)
-
-
-def judge_needs(spec: Any) -> frozenset[Need]:
-    """The kinds of model the judge ``spec`` asks of a worker: ``generate`` (an ``llm`` judge) and
-    ``score`` (a ``reward`` or ``classifier`` judge), nested judges included; none for rule judges."""
-    found: set[Need] = set()
-    for s in judge_specs(spec):
-        if s.get("type") == "llm":
-            found.add("generate")
-        elif s.get("type") in MODEL_JUDGES:
-            found.add("score")
-    return frozenset(found)
-
-
-def judged_early(spec: Any) -> bool:
-    """Whether some members of the judge ``spec`` are judged where the answers are generated: the
-    llm members of a jury that holds a model judge (:mod:`~airflow_batchinfer.judges.jury`)."""
-    if not isinstance(spec, Mapping) or spec.get("type") != "jury":
-        return False
-    return any(_early(spec.get("judges") or []))
-
-
-def _early(members: list[Any]) -> list[bool]:
-    """Which of a jury's ``members`` are judged where the answers are generated: beside a model
-    judge (the judge pool then serves a scoring model), those that only generate (llm judges)."""
-    scoring = any("score" in judge_needs(m) for m in members)
-    return [scoring and judge_needs(m) == {"generate"} for m in members]
-
-
-def build_judge(
-    spec: Mapping[str, Any], *, callables: CallablePolicy | None, engine: str | None = None
-) -> Judge:
-    """The judge ``spec`` describes (ConfigError naming the problem otherwise).
-
-    :param callables: which ``callable`` judge targets may be imported, checked before any import;
-        ``None`` allows every target (the caller's explicit choice; workers pass their
-        ``--allow-callable`` policy, which allows none by default).
-    :param engine: the engine the judge's worker runs (``None``: not known): an ``llm`` judge asks
-        for its verdict as a JSON schema where that engine honours structured outputs.
-    """
-    if not isinstance(spec, Mapping) or "type" not in spec:
-        raise ConfigError(
-            f"judge spec must be an object with a 'type' ({', '.join(JUDGE_TYPES)}), got {spec!r}"
-        )
-    kind = spec["type"]
-    args = {k: v for k, v in spec.items() if k != "type"}
-    try:
-        if kind == "llm":
-            unknown = set(args) - LLM_JUDGE_KEYS
-            if unknown:
-                raise ConfigError(
-                    f"llm judge: unknown keys {sorted(unknown)}; it takes {sorted(LLM_JUDGE_KEYS)}"
-                )
-            refused = refusals(args.get("sampling") or {}, in_body=False)  # read, or refused: never dropped
-            if refused:
-                raise ConfigError(f"llm judge: {'; '.join(refused)}")
-            # Sampling as an object (like the run's `sampling`) or at the top level (which wins).
-            values = {**(args.get("sampling") or {}), **args}
-            sampling = SamplingParams.from_mapping(values, SamplingParams(max_tokens=128, temperature=0.0))
-            verdict_schema = args.get("verdict_schema", True)
-            if not isinstance(verdict_schema, bool):
-                raise ConfigError(f"llm judge: verdict_schema must be true or false, got {verdict_schema!r}")
-            return LLMJudge(
-                args.get("template") or DEFAULT_TEMPLATE,
-                system=args.get("system"),
-                sampling=sampling,
-                engine=engine,
-                verdict_schema=verdict_schema,
-                score=args.get("score", "verdict"),
-            )
-        if kind == "human":
-            if args:
-                raise ConfigError(f"human judge: takes no fields, got {sorted(args)}")
-            return HumanJudge()
-        if kind in ("all", "any"):
-            return Combined(
-                kind, [build_judge(s, callables=callables, engine=engine) for s in args.get("judges", [])]
-            )
-        if kind in MODEL_JUDGES:
-            return build_model_judge(kind, args)
-        if kind == "jury":
-            return _jury(args, callables=callables, engine=engine)
-        if kind == "callable":
-            return CallableJudge(**args, policy=callables)
-        cls = {
-            "expected_answer": ExpectedAnswer,
-            "regex": RegexJudge,
-            "json_schema": JsonSchemaJudge,
-            "length": LengthJudge,
-        }.get(kind)
-        if cls is None:
-            raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")
-        judge: Judge = cls(**args)
-        return judge
-    except TypeError as exc:
-        raise ConfigError(f"judge {kind!r}: bad arguments {sorted(args)} ({exc})") from exc
-
-
-def _jury(args: Mapping[str, Any], *, callables: CallablePolicy | None, engine: str | None) -> Jury:
-    unknown = set(args) - JURY_KEYS
-    if unknown:
-        raise ConfigError(f"jury judge: unknown keys {sorted(unknown)}; it takes {sorted(JURY_KEYS)}")
-    specs = args.get("judges")
-    if not isinstance(specs, list) or not all(isinstance(s, Mapping) for s in specs):
-        raise ConfigError(f"jury judge: judges must be a list of judge specs, got {specs!r}")
-    for s in specs:
-        if s.get("type") in ("human", "jury"):
-            raise ConfigError(
-                f"jury judge: a {s.get('type')} judge cannot be a member (people judge between rounds on "
-                "the review page; a jury's members are judges that answer in a job)"
-            )
-    members = []
-    for name, s, early in zip(member_names(specs), specs, _early(specs), strict=True):
-        if len(judge_needs(s)) > 1:
-            raise ConfigError(
-                f"jury member {name} needs both a generating and a scoring model, which no one pool serves: "
-                "make its llm and model judges members of the jury of their own"
-            )
-        inner = build_judge({k: v for k, v in s.items() if k != "name"}, callables=callables, engine=engine)
-        members.append(Member(name, str(s.get("type")), inner, early=early))
-    return Jury(members, args.get("vote", "majority"), args.get("threshold"))
-
+if TYPE_CHECKING:
+    from airflow_batchinfer.judges.base import Judge, JudgeItem, Verdict
+    from airflow_batchinfer.judges.human import HumanJudge, judges_in_place, require_judge_in_place
+    from airflow_batchinfer.judges.jury import Jury
+    from airflow_batchinfer.judges.llm import LLMJudge, parse_verdict
+    from airflow_batchinfer.judges.registry import (
+        JUDGE_TYPES,
+        RAW_SCORES,
+        UNIT_SCORES,
+        build_judge,
+        judge_needs,
+        judge_specs,
+        judged_early,
+    )
+    from airflow_batchinfer.judges.rules import CallablePolicy
 
 __all__ = [
     "JUDGE_TYPES",
@@ -229,3 +44,24 @@ __all__ = [
     "parse_verdict",
     "require_judge_in_place",
 ]
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "base": ("Judge", "JudgeItem", "Verdict"),
+        "human": ("HumanJudge", "judges_in_place", "require_judge_in_place"),
+        "jury": ("Jury",),
+        "llm": ("LLMJudge", "parse_verdict"),
+        "rules": ("CallablePolicy",),
+        "registry": (
+            "JUDGE_TYPES",
+            "RAW_SCORES",
+            "UNIT_SCORES",
+            "build_judge",
+            "judge_needs",
+            "judge_specs",
+            "judged_early",
+        ),
+    },
+)

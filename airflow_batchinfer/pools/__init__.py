@@ -8,8 +8,9 @@ process reads through the provider info) loads no other."""
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_batchinfer.lazy import exports
 
 if TYPE_CHECKING:
     from airflow_batchinfer.pools.backends import open_backend
@@ -17,13 +18,6 @@ if TYPE_CHECKING:
     from airflow_batchinfer.pools.ref import PoolRef, WorkerPool, require_endpoints
     from airflow_batchinfer.pools.static import StaticPool
 
-_EXPORTS = {
-    "backends": ("open_backend",),
-    "local": ("LocalPool", "LocalPoolSpec"),
-    "ref": ("PoolRef", "WorkerPool", "require_endpoints"),
-    "static": ("StaticPool",),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "LocalPool",
     "LocalPoolSpec",
@@ -34,9 +28,14 @@ __all__ = [
     "require_endpoints",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "backends": ("open_backend",),
+        "local": ("LocalPool", "LocalPoolSpec"),
+        "ref": ("PoolRef", "WorkerPool", "require_endpoints"),
+        "static": ("StaticPool",),
+    },
+)

@@ -17,8 +17,9 @@ judges' reason groups it shows are :mod:`airflow_batchinfer.judges.reasons` (the
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from airflow_batchinfer.lazy import exports
 
 if TYPE_CHECKING:
     from airflow_batchinfer.review.browse import Page, RoundView
@@ -35,15 +36,6 @@ if TYPE_CHECKING:
     from airflow_batchinfer.review.samples import Sample, matches
     from airflow_batchinfer.review.trends import trend
 
-# Imported on first use: importing one module of the package loads no other.
-_EXPORTS = {
-    "browse": ("Page", "RoundView"),
-    "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
-    "round_files": ("ShardRows",),
-    "samples": ("Sample", "matches"),
-    "trends": ("trend",),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = [
     "ACTIONS",
     "Action",
@@ -61,8 +53,15 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "browse": ("Page", "RoundView"),
+        "decisions": ("ACTIONS", "Action", "Decision", "DecisionLog", "Resolver", "resolve", "tally"),
+        "round_files": ("ShardRows",),
+        "samples": ("Sample", "matches"),
+        "trends": ("trend",),
+    },
+)

@@ -31,12 +31,13 @@ from airflow_batchinfer.state.docs import (
     write_summary,
 )
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files, recompact
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
 from airflow_batchinfer.storage.id_hashes import Repeats
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
 from airflow_batchinfer.storage.ranges import range_ids, read_range
+from airflow_batchinfer.storage.recompact import recompact
 
 log = logging.getLogger("airflow_batchinfer.run")
 

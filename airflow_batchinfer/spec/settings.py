@@ -4,8 +4,8 @@
 schema (type, null, enum, bounds), its help and where it appears. Generated from it:
 
 - the DAG params of :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag` (their
-  defaults, schemas and descriptions: :func:`param_defaults`, :func:`param_schemas`,
-  :func:`dag_params`), so the trigger form asks for every one;
+  defaults, schemas, descriptions and trigger-form sections: :func:`param_defaults`,
+  :func:`param_schemas`, :func:`dag_params`), so the trigger form asks for every one;
 - the ``batchinfer run`` flags, their defaults and help (:func:`add_run_arguments`,
   :func:`run_settings_from_args`);
 - the params table of the docs (:func:`reference_table`);
@@ -28,7 +28,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
@@ -62,6 +62,15 @@ RETRY_SAMPLING_PROPERTIES: dict[str, Any] = {
 
 JsonType = Literal["string", "integer", "number", "boolean", "object"]
 GoesTo = Literal["run", "run root", "pool"]
+# The trigger form's sections, in its order (Airflow's ``Param(section=...)``). Airflow 3.3's form
+# shows each as an accordion item, collapsed as the form opens (it opens only its unnamed default
+# section, which these params leave empty). Advanced holds the operational knobs, so that the
+# others hold only what a person triggering a run chooses.
+Section = Literal[
+    "Data", "Model & pool", "Prompt & sampling", "Judge", "Retries", "Review", "Budget & failure", "Advanced"
+]
+SECTIONS: tuple[Section, ...] = get_args(Section)
+ADVANCED: Section = "Advanced"
 
 _SAME: Any = object()  # Setting.param_default: the same as Setting.default
 
@@ -77,6 +86,7 @@ class Setting:
     :ivar help: what it means; the param's description, the flag's help and the docs' text.
     :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
         run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
+    :ivar section: the param's section of the trigger form (:data:`SECTIONS`); by default Advanced.
     :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
     :ivar enum: the allowed values.
     :ivar minimum: the smallest number allowed.
@@ -99,6 +109,7 @@ class Setting:
     default: Any
     help: str
     goes_to: GoesTo
+    section: Section = ADVANCED
     nullable: bool = False
     enum: tuple[str, ...] = ()
     minimum: float | None = None
@@ -240,8 +251,10 @@ def _run(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Set
     return Setting(name, type_, default, help_, "run", **kw)
 
 
-def _judge_pool(setting: Setting, help_: str) -> Setting:
-    return dataclasses.replace(setting, name=f"judge_{setting.name}", help=help_, judge_pool_param=True)
+def _judge_pool(setting: Setting, help_: str, section: Section = ADVANCED) -> Setting:
+    return dataclasses.replace(
+        setting, name=f"judge_{setting.name}", help=help_, judge_pool_param=True, section=section
+    )
 
 
 # fmt: off
@@ -249,12 +262,13 @@ def _judge_pool(setting: Setting, help_: str) -> Setting:
 # The pool settings' defaults are the workers' (worker.settings), but the engine's and the model's:
 # the trigger form runs a real small model as it opens (builtin:smollm2, which the transformers
 # engine runs), where a worker or `pool up` alone defaults to the simulated engine (no model needed).
-_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES)
+_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES,
+                section="Model & pool")
 _MODEL = _pool(
     "model", "string", "builtin:smollm2",
     "the model: a directory on the workers (vllm, transformers), a model name (openai), or "
     "builtin:smollm2 (SmolLM2-135M-Instruct, local pools); empty: none (the simulated engine needs none)",
-    nullable=True,
+    nullable=True, section="Model & pool",
 )
 _ENGINE_OPTIONS = _pool("engine_options", "object", {}, 'engine arguments, e.g. {"max_model_len": 4096}')
 _REPLICAS = _pool("replicas", "integer", 1, "workers this run needs", minimum=1)
@@ -267,17 +281,17 @@ _KUBERNETES = _pool(
     '{"image": "reg/worker:0.1.0", "gpus": 1}',
 )
 
-#: Every setting of a run, in the trigger form's order.
+#: Every setting of a run, by concern; the trigger form shows them by section, in this order within one.
 RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # where the data comes from and where the run goes
     _run("input", "string", "/tmp/batchinfer/input.jsonl", "the JSONL(.zst) dataset: a path or s3:// URI",
-         min_length=1, flag="input"),
+         min_length=1, flag="input", section="Data"),
     Setting("output_root", "string", "/tmp/batchinfer/runs", "runs are written under this root", "run root",
-            min_length=1),
+            min_length=1, section="Data"),
     Setting(
         "run_name", "string", None,
         "the run's folder under output_root; empty: the DAG run id. The same name resumes that run",
-        "run root", nullable=True, pattern=RUN_NAME_PATTERN,
+        "run root", nullable=True, pattern=RUN_NAME_PATTERN, section="Data",
     ),
     # the model
     _ENGINE,
@@ -290,6 +304,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         "requests (each body field is honoured by the engine or the record refused, naming the field: "
         "the docs' sampling table)",
         nullable=True, min_length=1, flag="--prompt-template", metavar="TEMPLATE",
+        section="Prompt & sampling",
     ),
     _run("system", "string", None, "system message for chat models; empty: none", nullable=True,
          flag="--system", metavar="TEXT"),
@@ -297,7 +312,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         "sampling", "object", {},
         sampling_help(),
         schema_extra={"properties": SAMPLING_PROPERTIES, "additionalProperties": False}, flag="--sampling",
-        metavar="JSON",
+        metavar="JSON", section="Prompt & sampling",
     ),
     _run(
         "judge", "object", {"type": "llm"},
@@ -306,7 +321,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
         "sample on the review page between rounds",
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
-        flag="--judge", metavar="JSON",
+        flag="--judge", metavar="JSON", section="Judge",
     ),
     _run(
         "adapters", "object", {},
@@ -331,9 +346,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # rounds
     _run("strategy", "string", "rounds", "rounds: re-run the rejected set round by round; in_place: retry "
          "each sample in its job; hybrid: rounds, then in place once they stop paying",
-         enum=STRATEGIES, flag="--strategy"),
+         enum=STRATEGIES, flag="--strategy", section="Retries"),
     _run("max_rounds", "integer", 3, "rounds at most (also capped by the DAG's round slots)", minimum=1,
-         flag="--max-rounds"),
+         flag="--max-rounds", section="Retries"),
     _run("max_attempts", "integer", 3, "attempts per sample, in place", minimum=1, flag="--max-attempts"),
     _run("truncated", "string", "reject", "a completion cut at max_tokens (finish_reason length): reject: "
          "rejected before the judge, reason truncated, and retried like any rejected sample; judge: the "
@@ -373,7 +388,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("hybrid_min_shrink", "number", 0.3, "hybrid: switch to in place once a round approves less than "
          "this share of its pending set", minimum=0, maximum=1, flag="--hybrid-min-shrink"),
     _run("review", "string", "never", "human review between rounds, on Airflow's Required Actions page",
-         enum=REVIEW_MODES),
+         enum=REVIEW_MODES, section="Review"),
     _run("review_min_approval", "number", 0.5, "on_low_approval: review a round that approves less than "
          "this share", minimum=0, maximum=1),
     _run("review_below_score", "number", None, "verdicts scored below this (or without a score) go to "
@@ -404,7 +419,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
          "deployment's max_max_id_bytes (unset: this default)", minimum=MIN_ID_BYTES, flag="--max-id-bytes"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
-          "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1),
+          "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1,
+          section="Model & pool"),
     _REPLICAS,
     _CONCURRENCY,
     _pool("idle_ttl_s", "number", POOL_IDLE_TTL_S, "the pool stops after this idle time, in seconds",
@@ -416,9 +432,9 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("preflight_records", "integer", 200, "records tried before the fan-out; 0 turns pre-flight off",
          minimum=0),
     _run("budget_gpu_hours", "number", None, "refuse a run the pre-flight projects above this many "
-         "GPU-hours; empty: no budget", nullable=True, minimum=0),
+         "GPU-hours; empty: no budget", nullable=True, minimum=0, section="Budget & failure"),
     _run("max_failed_shards", "integer", 0, "quarantined shards the run tolerates before it fails",
-         minimum=0, flag="--max-failed-shards"),
+         minimum=0, flag="--max-failed-shards", section="Budget & failure"),
     _run("job_retries", "integer", 2, "retries of a failing shard job before its shard is quarantined "
          "(a DAG: the factory's retries argument)", minimum=0, param=False, flag="--job-retries"),
     _run("unreachable_grace_s", "number", UNREACHABLE_GRACE_S, "seconds a worker that may run a shard's "
@@ -433,12 +449,12 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
         "classifier or reward judge with its scoring model), each shard's judge starting when its "
         "inference ends",
         min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
-        flag="--judge-pool", metavar="POOL",
+        flag="--judge-pool", metavar="POOL", section="Judge",
         flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "
         "Default: each shard is inferred and judged in one job on the run's pool",
     ),
     _judge_pool(_ENGINE, "the judge pool's engine"),
-    _judge_pool(_MODEL, "the judge's model, on the judge's pool (as model)"),
+    _judge_pool(_MODEL, "the judge's model, on the judge's pool (as model)", section="Judge"),
     _judge_pool(_ENGINE_OPTIONS, "the judge pool's engine arguments"),
     _judge_pool(_REPLICAS, "judge workers this run needs"),
     _judge_pool(_CONCURRENCY, "judge jobs per judge worker"),
@@ -499,16 +515,17 @@ def param_values(
 
 
 def dag_params(values: Mapping[str, Any], *, max_rounds: int | None = None) -> dict[str, Any]:
-    """``airflow.sdk.Param`` objects for ``values`` (from :func:`param_values`): each setting's schema
-    and description; ``max_rounds`` also bounded by the DAG's round slots."""
+    """``airflow.sdk.Param`` objects for ``values`` (from :func:`param_values`): each setting's schema,
+    description and section, in the sections' order (the trigger form lists its sections in the
+    order their first params come); ``max_rounds`` also bounded by the DAG's round slots."""
     from airflow.sdk import Param
 
     out = {}
-    for name, value in values.items():
+    for name in sorted(values, key=lambda n: SECTIONS.index(BY_NAME[n].section)):
         schema = BY_NAME[name].schema()
         if name == "max_rounds" and max_rounds is not None:
             schema["maximum"] = max_rounds
-        out[name] = Param(value, **schema)
+        out[name] = Param(values[name], section=BY_NAME[name].section, **schema)
     return out
 
 
@@ -534,7 +551,7 @@ def run_settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------- the docs
 def reference_table() -> tuple[list[str], list[list[str]]]:
     """The header and rows of the settings table in the docs (cells: text with ````literal```` spans)."""
-    header = ["setting", "type", "default", "DAG param / ``batchinfer run``", "goes to", "meaning"]
+    header = ["setting", "section", "type", "default", "DAG param / ``batchinfer run``", "goes to", "meaning"]
     rows = []
     for s in RUN_SETTINGS_SPEC:
         kind = f"{s.type} | null" if s.nullable else s.type
@@ -550,7 +567,8 @@ def reference_table() -> tuple[list[str], list[list[str]]]:
         if s.judge_pool_param and s.goes_to == "pool":
             goes = "judge pool"
         meaning = "; ".join(x for x in (_literal_braces(s.help), s.limits_text()) if x)
-        rows.append([f"``{s.name}``", kind, default, ", ".join(where), goes, meaning])
+        section = s.section if s.param else ""
+        rows.append([f"``{s.name}``", section, kind, default, ", ".join(where), goes, meaning])
     return header, rows
 
 

@@ -3,17 +3,25 @@
 Public API::
 
     JsonlFile, JsonlDir, ShardWriter, JsonlWriter, RecordReader, ReadStats,
-    shard_dataset, ShardingResult, recompact, RecompactResult, ShardDescriptor
+    shard_dataset, ShardingResult, RecompactResult, ShardDescriptor
+
+(``recompact`` is :func:`airflow_batchinfer.storage.recompact.recompact`: the function's name is its
+module's.)
 """
 
 from __future__ import annotations
 
-from airflow_batchinfer.storage.jsonl_dir import JsonlDir, Shard, ShardDescriptor, ShardWriter
-from airflow_batchinfer.storage.jsonl_file import JsonlFile
-from airflow_batchinfer.storage.reader import ReadStats, RecordReader
-from airflow_batchinfer.storage.recompact import RecompactResult, recompact
-from airflow_batchinfer.storage.sharding import ShardingResult, shard_dataset
-from airflow_batchinfer.storage.writer import JsonlWriter
+from typing import TYPE_CHECKING
+
+from airflow_batchinfer.lazy import exports
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.storage.jsonl_dir import JsonlDir, Shard, ShardDescriptor, ShardWriter
+    from airflow_batchinfer.storage.jsonl_file import JsonlFile
+    from airflow_batchinfer.storage.reader import ReadStats, RecordReader
+    from airflow_batchinfer.storage.recompact import RecompactResult
+    from airflow_batchinfer.storage.sharding import ShardingResult, shard_dataset
+    from airflow_batchinfer.storage.writer import JsonlWriter
 
 __all__ = [
     "JsonlDir",
@@ -26,6 +34,18 @@ __all__ = [
     "ShardDescriptor",
     "ShardWriter",
     "ShardingResult",
-    "recompact",
     "shard_dataset",
 ]
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "jsonl_dir": ("JsonlDir", "Shard", "ShardDescriptor", "ShardWriter"),
+        "jsonl_file": ("JsonlFile",),
+        "reader": ("ReadStats", "RecordReader"),
+        "recompact": ("RecompactResult",),
+        "sharding": ("ShardingResult", "shard_dataset"),
+        "writer": ("JsonlWriter",),
+    },
+)

@@ -90,7 +90,7 @@ def serving_refusal(kind: str, params: JobParams, engine: Engine) -> str | None:
     return None if params.judge is None else params.judge.serving_refusal(scoring)
 
 
-def create_app(
+def create_app(  # noqa: C901 (the worker's routes, one closure each)
     config: WorkerConfig, runtime: Runtime, *, on_fatal: Callable[[], None] | None = None
 ) -> FastAPI:
     """The worker app. ``on_fatal`` is called when the engine cannot start (the process should exit

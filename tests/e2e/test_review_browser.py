@@ -10,6 +10,9 @@ Screenshots of every step go to ``$BATCHINFER_TEST_ARTIFACTS/<test>/`` (default
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,7 +23,7 @@ from urllib.parse import urlencode, urlsplit
 
 import pytest
 
-from tests.support.browser import EchoServer, Shots, chromium, missing, sign_in
+from tests.support.browser import REPO, EchoServer, Shots, chromium, missing, sign_in
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
@@ -28,6 +31,7 @@ if missing():
 
 from playwright.sync_api import Browser, BrowserContext, FrameLocator, Page, Route, expect
 
+from airflow_batchinfer.spec.settings import ADVANCED, SECTIONS
 from airflow_batchinfer.storage import JsonlFile
 from tests.support.local_airflow import LocalAirflow
 
@@ -40,6 +44,7 @@ NOTE = "no answer at all: the engine failed on it"
 # Airflow 3.3.2 can fail a gate answered within seconds of its opening (see LocalAirflow.wait_run)
 REVIEW_DELAY_S = 12
 expect.set_options(timeout=60_000)
+KNOBS = ("chunk_size", "lanes", "unreachable_grace_s", "max_id_bytes")  # in the trigger form's Advanced
 
 
 @dataclass
@@ -218,6 +223,52 @@ def answer(page: Page, option: str, fields: dict[str, str] | None = None) -> dic
 
 
 # -------------------------------------------------------------------------------------------- tests
+def test_the_trigger_form_shows_its_params_in_sections_with_advanced_collapsed(
+    airflow: LocalAirflow, page: Page, shots: Shots
+) -> None:
+    """The picture of docs/reference/params.md: with BATCHINFER_DOCS_PICTURES=1 it is copied to
+    docs/_static/trigger-form.png (tests/artifacts/trigger-form.png on every run)."""
+    dag_id = "e2e_browser_trigger"
+    airflow.wait_for_dag(dag_id)
+    page.set_viewport_size({"width": 1400, "height": 1300})  # the whole form, Data open
+    sign_in(page, airflow, f"/dags/{dag_id}")
+    page.get_by_test_id("trigger-dag-button").click()
+    form = page.get_by_role("dialog")
+    # one accordion item per section, in SECTIONS' order (Airflow's own "Advanced Options" after them)
+    triggers = form.get_by_role("button").filter(
+        has_text=re.compile(f"^({'|'.join(map(re.escape, SECTIONS))})$")
+    )
+    expect(triggers).to_have_count(len(SECTIONS))
+    assert [t.strip() for t in triggers.all_inner_texts()] == list(SECTIONS)
+    expect(form.get_by_text("Run Parameters", exact=True)).to_have_count(0)  # no param left unsectioned
+
+    def section(name: str) -> Any:
+        return form.get_by_role("button", name=name, exact=True)
+
+    def field(param: str) -> Any:  # a param's label (every kind of field has one; "*": required)
+        return form.get_by_text(re.compile(rf"^{re.escape(param)}\s*\*?$"))
+
+    # Airflow 3.3 opens the form with every section collapsed, one open at a time
+    for name in SECTIONS:
+        expect(section(name)).to_have_attribute("aria-expanded", "false")
+    section("Data").click()
+    expect(section("Data")).to_have_attribute("aria-expanded", "true")
+    expect(field("input")).to_be_visible()
+    expect(section(ADVANCED)).to_have_attribute("aria-expanded", "false")
+    for knob in KNOBS:
+        expect(field(knob)).to_be_hidden()
+    path = shots.take_element(form, "trigger-form")
+    shutil.copyfile(path, shots.folder.parent / "trigger-form.png")
+    if os.environ.get("BATCHINFER_DOCS_PICTURES") == "1":
+        shutil.copyfile(path, REPO / "docs" / "_static" / "trigger-form.png")
+
+    section(ADVANCED).click()  # opening Advanced closes Data and shows the knobs
+    expect(field("input")).to_be_hidden()
+    for knob in KNOBS:
+        expect(field(knob)).to_be_visible()
+    shots.take(page, "trigger-form-advanced", full_page=False)
+
+
 def test_the_trigger_form_submits_its_defaults_and_the_run_succeeds(
     airflow: LocalAirflow, runs: Runs, page: Page, shots: Shots
 ) -> None:
@@ -227,7 +278,7 @@ def test_the_trigger_form_submits_its_defaults_and_the_run_succeeds(
     shots.take(page, "dag-page")
     page.get_by_test_id("trigger-dag-button").click()
     form = page.get_by_role("dialog")
-    expect(form.get_by_text("Run Parameters")).to_be_visible()
+    expect(form.get_by_role("button", name="Data", exact=True)).to_be_visible()
     shots.take(page, "trigger-form", full_page=False)
     with page.expect_response(lambda r: r.request.method == "POST" and r.url.endswith("/dagRuns")) as sent:
         page.get_by_test_id("trigger-dag-submit").click()

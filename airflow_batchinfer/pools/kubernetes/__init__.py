@@ -7,16 +7,25 @@ manifests work anywhere.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
+from airflow_batchinfer.lazy import exports
 
-__all__ = ["KubernetesPool", "KubernetesPoolSpec", "api_client"]
+if TYPE_CHECKING:
+    from airflow_batchinfer.pools.kubernetes.manager import KubernetesPool, api_client
+    from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
 
-
-def __getattr__(name: str) -> Any:
-    if name in ("KubernetesPool", "api_client"):
-        from airflow_batchinfer.pools.kubernetes import manager
-
-        return getattr(manager, name)
-    raise AttributeError(name)
+__all__ = [
+    "KubernetesPool",
+    "KubernetesPoolSpec",
+    "api_client",
+]
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "spec": ("KubernetesPoolSpec",),
+        "manager": ("KubernetesPool", "api_client"),
+    },
+)

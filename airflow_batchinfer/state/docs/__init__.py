@@ -13,55 +13,60 @@ and the worker writes its manifests through here, so this package imports nothin
 
 from __future__ import annotations
 
-from airflow_batchinfer.state.docs.io import (
-    DOC_VERSION,
-    Digest,
-    read_doc,
-    read_run_config,
-    write_doc,
-    write_run_config,
-)
-from airflow_batchinfer.state.docs.jobs import (
-    ID_OUTPUTS,
-    MANIFEST_VERSION,
-    SWEEPING,
-    SWEPT,
-    AcceptedDoc,
-    AcceptedJob,
-    BatcherDelta,
-    EngineTelemetry,
-    GaugeSpan,
-    JobError,
-    JobFigures,
-    JobManifest,
-    QuarantinedJob,
-    RepeatsLeftOut,
-    Timings,
-    parse_accepted,
-    read_accepted,
-    read_job_error,
-    read_job_manifest,
-    write_accepted,
-    write_job_error,
-    write_job_manifest,
-)
-from airflow_batchinfer.state.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
-from airflow_batchinfer.state.docs.reviewed import review_applied, review_split
-from airflow_batchinfer.state.docs.summary import (
-    AdapterApproval,
-    Candidates,
-    FailedShard,
-    Invariant,
-    Jury,
-    JuryMember,
-    RepeatedIds,
-    Summary,
-    WorkerTotals,
-    read_failed,
-    read_summary,
-    write_failed,
-    write_summary,
-)
+from typing import TYPE_CHECKING
+
+from airflow_batchinfer.lazy import exports
+
+if TYPE_CHECKING:
+    from airflow_batchinfer.state.docs.io import (
+        DOC_VERSION,
+        Digest,
+        read_doc,
+        read_run_config,
+        write_doc,
+        write_run_config,
+    )
+    from airflow_batchinfer.state.docs.jobs import (
+        ID_OUTPUTS,
+        MANIFEST_VERSION,
+        SWEEPING,
+        SWEPT,
+        AcceptedDoc,
+        AcceptedJob,
+        BatcherDelta,
+        EngineTelemetry,
+        GaugeSpan,
+        JobError,
+        JobFigures,
+        JobManifest,
+        QuarantinedJob,
+        RepeatsLeftOut,
+        Timings,
+        parse_accepted,
+        read_accepted,
+        read_job_error,
+        read_job_manifest,
+        write_accepted,
+        write_job_error,
+        write_job_manifest,
+    )
+    from airflow_batchinfer.state.docs.plan import TAIL, Mode, Plan, read_plan, rounds_ran, slots, write_plan
+    from airflow_batchinfer.state.docs.reviewed import review_applied, review_split
+    from airflow_batchinfer.state.docs.summary import (
+        AdapterApproval,
+        Candidates,
+        FailedShard,
+        Invariant,
+        Jury,
+        JuryMember,
+        RepeatedIds,
+        Summary,
+        WorkerTotals,
+        read_failed,
+        read_summary,
+        write_failed,
+        write_summary,
+    )
 
 __all__ = [
     "DOC_VERSION",
@@ -115,3 +120,52 @@ __all__ = [
     "write_run_config",
     "write_summary",
 ]
+# Imported on first use: importing one module of the package loads no other.
+__getattr__, __dir__ = exports(
+    __name__,
+    __all__,
+    {
+        "io": ("DOC_VERSION", "Digest", "read_doc", "read_run_config", "write_doc", "write_run_config"),
+        "jobs": (
+            "ID_OUTPUTS",
+            "MANIFEST_VERSION",
+            "SWEEPING",
+            "SWEPT",
+            "AcceptedDoc",
+            "AcceptedJob",
+            "BatcherDelta",
+            "EngineTelemetry",
+            "GaugeSpan",
+            "JobError",
+            "JobFigures",
+            "JobManifest",
+            "QuarantinedJob",
+            "RepeatsLeftOut",
+            "Timings",
+            "parse_accepted",
+            "read_accepted",
+            "read_job_error",
+            "read_job_manifest",
+            "write_accepted",
+            "write_job_error",
+            "write_job_manifest",
+        ),
+        "plan": ("TAIL", "Mode", "Plan", "read_plan", "rounds_ran", "slots", "write_plan"),
+        "reviewed": ("review_applied", "review_split"),
+        "summary": (
+            "AdapterApproval",
+            "Candidates",
+            "FailedShard",
+            "Invariant",
+            "Jury",
+            "JuryMember",
+            "RepeatedIds",
+            "Summary",
+            "WorkerTotals",
+            "read_failed",
+            "read_summary",
+            "write_failed",
+            "write_summary",
+        ),
+    },
+)

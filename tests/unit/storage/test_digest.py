@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import pytest
 
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, recompact, shard_dataset
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.digest import (
     IdDigest,
     LineIds,
@@ -21,6 +21,7 @@ from airflow_batchinfer.storage.digest import (
     id_bytes,
     total,
 )
+from airflow_batchinfer.storage.recompact import recompact
 
 IDS: list[Any] = [f"q{i}" for i in range(500)] + list(range(500))
 

@@ -5,7 +5,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import OutputExistsError, StorageError
-from airflow_batchinfer.storage import JsonlDir, recompact
+from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage.recompact import recompact
 from tests.conftest import Root
 
 
