@@ -46,6 +46,7 @@ from airflow_batchinfer.run.jobs import inferred_shard, job_spec, judge_input, r
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.state.owner import owned_run_config
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
@@ -144,13 +145,13 @@ class ShardJobOperator(BaseOperator):
     def _what(self) -> str:
         return f"shard {self.shard['shard_id']} ({self.kind}, round {self.shard['round']})"
 
-    def _result(self, cfg: RunConfig, counts: dict[str, int]) -> dict[str, Any]:
+    def _result(self, cfg: RunConfig, counts: Tally) -> dict[str, Any]:
         """The task's return value (XCom): the shard, its round and its job's counts."""
         return {
             "shard_id": self.shard["shard_id"],
             "round": self.shard["round"],
             "records": self.shard["records"],
-            "counts": counts,
+            "counts": counts.model_dump(mode="json"),
         }
 
     def _deadline(self, context: Context) -> float | None:
@@ -233,7 +234,7 @@ class ShardJobOperator(BaseOperator):
                 not_before=time.time() + SETTLE_S,
                 # a job whose manifest says it succeeded ends the task on the triggerer (a run root read
                 # with an aws_conn_id: the task resumes and reads it; the triggerer looks up no connection)
-                result=self._result(cfg, {}),
+                result=self._result(cfg, Tally()),
                 manifest=spec.outputs["manifest"],
                 aws_conn_id=self.aws_conn_id,
             ),
@@ -310,11 +311,11 @@ class InferShardOperator(ShardJobOperator):
 
     kind = "infer"
 
-    def _result(self, cfg: RunConfig, counts: dict[str, int]) -> dict[str, Any]:
+    def _result(self, cfg: RunConfig, counts: Tally) -> dict[str, Any]:
         r = int(self.shard["round"])
         shard = cast(ShardDescriptor, self.shard)
         slot = {"slot": shard["slot"]} if "slot" in shard else {}
-        return {**inferred_shard(cfg, r, shard), "round": r, **slot, "counts": counts}
+        return {**inferred_shard(cfg, r, shard), "round": r, **slot, "counts": counts.model_dump(mode="json")}
 
 
 class JudgeShardOperator(ShardJobOperator):

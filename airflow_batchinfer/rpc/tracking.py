@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
+from airflow_batchinfer.state.tally import Tally
 
 if TYPE_CHECKING:
     from airflow_batchinfer.state.docs import JobManifest
@@ -42,11 +43,11 @@ class Observation:
     state: JobState | None = None
     retryable: bool = False  # cancelled by a draining worker: not a failure of the job
     error: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Tally = field(default_factory=Tally)
 
     @classmethod
     def of(cls, status: JobStatus) -> Observation:
-        return cls("status", status.state, status.retryable, error=status.error, counts=dict(status.counts))
+        return cls("status", status.state, status.retryable, error=status.error, counts=status.counts)
 
 
 def next_action(obs: Observation, *, lost_since: float | None, now: float, grace_s: float) -> Action:
@@ -71,13 +72,13 @@ def next_action(obs: Observation, *, lost_since: float | None, now: float, grace
 class JobEvent:
     """How a tracked job ended, as a trigger reports it to its task (a dict across processes)."""
 
-    VERSION: ClassVar[int] = 1
+    VERSION: ClassVar[int] = 2  # 2: counts a Tally
 
     state: EventState
     job_id: str
     url: str
     error: str | None = None  # the worker's reason, or why the job counts as lost
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Tally = field(default_factory=Tally)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -86,7 +87,7 @@ class JobEvent:
             "job_id": self.job_id,
             "url": self.url,
             "error": self.error,
-            "counts": dict(self.counts),
+            "counts": self.counts.model_dump(mode="json"),
         }
 
     @classmethod
@@ -102,7 +103,7 @@ class JobEvent:
             job_id=str(data.get("job_id") or job_id),
             url=str(data.get("url") or url),
             error=data.get("error") or data.get("reason"),
-            counts=dict(data.get("counts") or {}),
+            counts=Tally.model_validate(data.get("counts") or {}),
         )
 
 

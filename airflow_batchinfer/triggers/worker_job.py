@@ -139,7 +139,7 @@ class WorkerJobTrigger(BaseTrigger):
         )
         if outcome == "done":
             assert manifest is not None and self.result is not None  # read only with a result to give
-            counts: dict[str, Any] = dict(manifest.counts)
+            counts: dict[str, Any] = manifest.counts.model_dump(mode="json")
             self.log.info("job %s done on %s: %s", self.job_id, self.url, counts)
             yield TaskSuccessEvent(xcoms={"return_value": {**self.result, "counts": counts}})
             return
