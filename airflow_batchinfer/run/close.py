@@ -324,18 +324,14 @@ def _candidates(tally: Tally) -> Candidates | None:
 
 def _adapters(tally: Tally) -> dict[str, AdapterApproval] | None:
     """Approval per adapter: the judge's, its spot checks held for people among its approvals (as the
-    round's approval share counts them: undecided, they follow the judge into results)."""
-    return {
-        name: AdapterApproval(
-            approved=c.approved,
-            rejected=c.rejected,
-            spot_checks=c.spot_checks,
-            approval_rate=round(
-                (c.approved + c.spot_checks) / max(1, c.approved + c.rejected + c.spot_checks), 4
-            ),
-        )
-        for name, c in sorted(tally.adapters.items())
-    } or None
+    round's approval share counts them: undecided, they follow the judge into results); ``spot_checks``
+    only where there are some."""
+    out = {}
+    for name, c in sorted(tally.adapters.items()):
+        rate = round((c.approved + c.spot_checks) / max(1, c.approved + c.rejected + c.spot_checks), 4)
+        held = {"spot_checks": c.spot_checks} if c.spot_checks else {}
+        out[name] = AdapterApproval(approved=c.approved, rejected=c.rejected, **held, approval_rate=rate)
+    return out or None
 
 
 def _jury(tally: Tally) -> Jury | None:

@@ -26,7 +26,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.worker.registry import DRAINED
 from tests.conftest import Root
-from tests.support.fake_jobs import finish_job, finish_shard, judge_shard, read_rows, write_rows
+from tests.support.fake_jobs import counted, finish_job, finish_shard, judge_shard, read_rows, write_rows
 from tests.support.workers import start_worker
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     for x in rest:
         finish_shard(cfg, 0, x, {i for i in IDS if int(i[1:]) % 2 == 0}, so=so)
     rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"], so)]
-    finish_job(cfg, "infer", 0, s, {"inferred": rows}, {"ok": 10}, so=so)
+    finish_job(cfg, "infer", 0, s, {"inferred": rows}, counted(ok=10), so=so)
     write_rows(layout.rejected(0, sid), rows[:3], so)  # a judge that died between its two commits
 
     first = close_round(cfg, plan, so)

@@ -18,7 +18,7 @@ from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.tracking import JobEvent
 from airflow_batchinfer.state.docs import write_job_manifest
-from tests.support.fake_jobs import job_manifest
+from tests.support.fake_jobs import counted, job_manifest
 
 URL = "http://w1:8000"
 SHARD: dict[str, Any] = {"shard_id": "part-00000", "uri": "/data/part-00000.jsonl", "records": 3, "round": 0}
@@ -59,9 +59,14 @@ def complete(task: InferJudgeShardOperator, event: JobEvent, resubmits: int = 0)
 
 def test_a_success_with_its_manifest_returns_the_manifests_counts(op: Any) -> None:
     task, seen, spec = op
-    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="j", counts={"approved": 3}))
-    result = complete(task, JobEvent("succeeded", "j", URL, counts={"approved": 99}))
-    assert result == {"shard_id": "part-00000", "round": 0, "records": 3, "counts": {"approved": 3}}
+    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="j", counts=counted(approved=3)))
+    result = complete(task, JobEvent("succeeded", "j", URL, counts=counted(approved=99)))
+    assert result == {
+        "shard_id": "part-00000",
+        "round": 0,
+        "records": 3,
+        "counts": {"outcomes": {"approved": 3}},
+    }
     assert seen.resubmits == [] and seen.errors == []
 
 
@@ -80,15 +85,15 @@ def test_another_jobs_manifest_completes_the_task_for_close_to_check(op: Any) ->
     succeeded while a manifest is there, so resubmitting would only see that again; close checks the
     manifest's job id and fingerprint."""
     task, seen, spec = op
-    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="earlier", counts={"approved": 2}))
-    assert complete(task, JobEvent("succeeded", "j", URL))["counts"] == {"approved": 2}
+    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="earlier", counts=counted(approved=2)))
+    assert complete(task, JobEvent("succeeded", "j", URL))["counts"] == {"outcomes": {"approved": 2}}
     assert seen.resubmits == [] and seen.errors == []
 
 
 def test_a_lost_job_whose_manifest_exists_is_done(op: Any) -> None:
     task, seen, spec = op
-    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="j", counts={"approved": 1}))
-    assert complete(task, JobEvent("lost", "j", URL, error="gone"))["counts"] == {"approved": 1}
+    write_job_manifest(spec.outputs["manifest"], job_manifest(job_id="j", counts=counted(approved=1)))
+    assert complete(task, JobEvent("lost", "j", URL, error="gone"))["counts"] == {"outcomes": {"approved": 1}}
     assert seen.resubmits == []
 
 

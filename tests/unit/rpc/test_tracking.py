@@ -7,6 +7,7 @@ import pytest
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
+from airflow_batchinfer.state.tally import Generated, Tally
 from tests.support.fake_jobs import job_manifest
 
 
@@ -48,7 +49,7 @@ def test_events_carry_the_decision() -> None:
 
 
 def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> None:
-    event = JobEvent("succeeded", "j", "http://w", counts={"ok": 3})
+    event = JobEvent("succeeded", "j", "http://w", counts=Tally(generated=Generated(ok=3)))
     assert JobEvent.from_dict(event.to_dict()) == event
     old = JobEvent.from_dict({"state": "lost", "reason": "gone"}, job_id="j", url="u")
     assert old == JobEvent("lost", "j", "u", error="gone")
@@ -56,7 +57,7 @@ def test_events_round_trip_and_read_the_untyped_ones_of_earlier_releases() -> No
         JobEvent.from_dict({**event.to_dict(), "version": 9})
 
 
-MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"ok": 3}}
+MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"generated": {"ok": 3}}}
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from airflow_batchinfer.rpc.tracking import JobEvent
 from airflow_batchinfer.state.docs import write_job_manifest
+from airflow_batchinfer.state.tally import Generated, Tally
 from airflow_batchinfer.triggers import worker_job
 from airflow_batchinfer.triggers.worker_job import WorkerJobTrigger
 from tests.support.fake_jobs import job_manifest
@@ -29,7 +30,7 @@ RESULT = {"shard_id": "part-00000", "round": 0, "records": 3, "counts": {}}
 @pytest.fixture
 def ends(monkeypatch: pytest.MonkeyPatch) -> list[JobEvent]:
     """The event ``follow`` returns next (set ``ends[0]``); the pool gives a token, no socket opens."""
-    ending: list[JobEvent] = [JobEvent("succeeded", "j", URL, counts={"ok": 2})]
+    ending: list[JobEvent] = [JobEvent("succeeded", "j", URL, counts=Tally(generated=Generated(ok=2)))]
 
     async def pool(worker_pool: str) -> Any:
         return SimpleNamespace(token=lambda: "tok")
@@ -63,7 +64,7 @@ def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def manifest_at(tmp_path: Path, **fields: Any) -> str:
     uri = str(tmp_path / "jobs" / "part-00000.infer.json")
-    write_job_manifest(uri, job_manifest(**{"job_id": "j", "counts": {"ok": 3}, **fields}))
+    write_job_manifest(uri, job_manifest(**{"job_id": "j", "counts": {"generated": {"ok": 3}}, **fields}))
 
     return uri
 
@@ -83,7 +84,7 @@ async def test_a_success_the_manifest_confirms_ends_the_task_with_its_counts(
                                manifest=manifest_at(tmp_path, job_id=job_id))  # fmt: skip
     event = await end_of(trigger)
     assert isinstance(event, TaskSuccessEvent)
-    assert event.xcoms == {"return_value": {**RESULT, "counts": {"ok": 3}}}  # the manifest's counts
+    assert event.xcoms == {"return_value": {**RESULT, "counts": {"generated": {"ok": 3}}}}  # the manifest's
     assert lookups == []  # read with plain fsspec (the environment's credentials)
 
 
