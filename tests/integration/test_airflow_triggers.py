@@ -104,9 +104,8 @@ async def test_worker_job_trigger_reports_success(tmp_path: Path, conn: str, wor
     event = await first_event(WorkerJobTrigger(**kwargs))
     # one chunk of 30 rows, committed as one segment (nothing resumed)
     assert event["state"] == "succeeded" and event["counts"] == {
-        "ok": 30,
-        "resumed_records": 0,
-        "segments": 1,
+        "generated": {"ok": 30},
+        "resume": {"segments": 1},
     }
 
 
@@ -120,7 +119,7 @@ async def test_worker_job_trigger_ends_its_task_on_success(tmp_path: Path, conn:
                                poll_interval_s=0.2, result=result, manifest=manifest)  # fmt: skip
     event = await anext(WorkerJobTrigger(**trigger.serialize()[1]).run())
     assert isinstance(event, TaskSuccessEvent)
-    counts = {"ok": 30, "resumed_records": 0, "segments": 1}
+    counts = {"generated": {"ok": 30}, "resume": {"segments": 1}}
     assert event.xcoms == {"return_value": {**result, "counts": counts}}
     lost = WorkerJobTrigger(worker_pool=conn, url=worker.url, job_id="never-submitted", poll_interval_s=0.1,
                             result=result, manifest=manifest)  # fmt: skip
@@ -197,7 +196,7 @@ async def test_lane_triggers_run_every_shard_of_a_round_once_on_a_real_worker(
     assert all(d.finished and all(s.state == "done" for s in d.shards) for d in docs)
     for sid in ran:
         manifest = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, sid, "infer_judge"))
-        assert manifest is not None and manifest.counts["ok"] == 6
+        assert manifest is not None and manifest.counts.generated.ok == 6
     with SyncWorkerClient(worker.url, token=TOKEN) as client:
         assert sum(client.stats().jobs.values()) == 7  # one job per shard, none twice
 
