@@ -60,7 +60,8 @@ def gate_message(base_url: str, dag_id: str, run_id: str, detail: dict[str, Any]
     """What the demo prints when a review gate opens: its subject and body (``detail``: the gate's
     HITL detail from the REST API) and, with ``review="ui"`` (the gate is left open for you), where
     to review the round's samples (the run's review desk) and where to answer the gate."""
-    from airflow_batchinfer.run.report import desk_url, plain_text, run_url
+    from airflow_batchinfer.run.gate.body import desk_url, run_url
+    from airflow_batchinfer.run.report.render import plain_text
 
     rule = "=" * 100
     body = plain_text(str(detail.get("body") or ""))  # markdown for the UI; text here
@@ -101,7 +102,7 @@ def run_airflow_demo(
 ) -> dict[str, Any]:
     from airflow_batchinfer.dev.airflow import DevAirflow
     from airflow_batchinfer.pools import LocalPool
-    from airflow_batchinfer.run.report import run_url
+    from airflow_batchinfer.run.gate.body import run_url
 
     data = workdir / "arithmetic.jsonl"
     make_dataset(data, n)

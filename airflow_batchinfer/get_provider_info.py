@@ -1,9 +1,9 @@
 """Provider metadata for Airflow's providers manager (entry point ``apache_airflow_provider``).
 
 Kept free of heavy imports so the providers manager can read it cheaply: the limits' descriptions
-(``airflow_batchinfer.spec.limits``, which imports nothing but the exception tree) and the one-host option
-(``airflow_batchinfer.pools.one_host``, standard library only) give the config section and the connection's
-limit fields.
+(``airflow_batchinfer.spec.limit_settings``, which imports nothing but the exception tree) and the
+one-host option (``airflow_batchinfer.pools.one_host``, standard library only) give the config
+section and the connection's limit fields.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from airflow_batchinfer.pools.one_host import ONE_HOST_OPTION
 from airflow_batchinfer.review.bounds import DESK_SETTINGS
-from airflow_batchinfer.spec.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, SETTINGS
+from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, POOL_NETWORK_SETTINGS, SETTINGS
 
 _EXAMPLES = {
     "prefixes": "s3://datasets/llm/,s3://runs/batchinfer/",

@@ -226,7 +226,7 @@ def run_child(argv: list[str]) -> None:
     else:
         layout, id_field, pending, rounds, failed, plans = report_args(run_root)
         if what == "after":
-            from airflow_batchinfer.run.report import check_invariant
+            from airflow_batchinfer.run.report.invariant import check_invariant
 
             out = check_invariant(layout, id_field, pending, rounds, failed, plans=plans)
         elif what == "before":

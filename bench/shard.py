@@ -14,7 +14,7 @@ The ``.zst`` is written by ``pzstd -3`` (multi-frame; about 8 MiB decoded per fr
 Then round 0's two ways, side by side on the same plain file and the same multi-frame ``.zst``:
 ``cat FILE > /dev/null`` (reading it once), the copy (``batchinfer shard``, i.e. ``shard_dataset``:
 the ``->zst`` rows above, process start-up included) and range planning
-(:func:`~airflow_batchinfer.storage.ranges.plan_ranges`, in this process): MB/s of the input's
+(:func:`~airflow_batchinfer.storage.range_plan.plan_ranges`, in this process): MB/s of the input's
 stored size, and the bytes planning read.
 
 Run: ``make bench`` or ``python bench/shard.py --sizes-mb 100 1000``.
@@ -35,7 +35,7 @@ from pathlib import Path
 import orjson
 
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
-from airflow_batchinfer.storage.ranges import plan_ranges
+from airflow_batchinfer.storage.range_plan import plan_ranges
 
 RECORDS_PER_SHARD = 20_000
 WORDS = ["the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "seven", "wizards"]

@@ -14,7 +14,7 @@ From this one description derive: :class:`~airflow_batchinfer.engines.base.Sampl
 fields are :data:`PARAM_FIELDS`, its bounds these schemas'), each engine's honoured fields
 (``Engine.honours``), the run settings' ``sampling`` schema (``settings.SAMPLING_PROPERTIES``: the
 ``sampling`` fields, :data:`SAMPLING_FIELDS`) and its help, the review gate's form
-(``run/gate.py``) and the docs' table (:func:`reference_table`).
+(``run/gate/changes.py``) and the docs' table (:func:`reference_table`).
 
 This module imports nothing at import time (the run settings and the worker side both import it).
 """

@@ -15,7 +15,8 @@ from airflow_batchinfer.compat import AirflowFailException, AirflowNotFoundExcep
 from airflow_batchinfer.exceptions import ConfigError, ParamsRefused
 from airflow_batchinfer.hooks.pool import BatchInferPoolHook
 from airflow_batchinfer.pools.ref import PoolRef
-from airflow_batchinfer.spec.limits import CONFIG_SECTION, SETTINGS, TriggerLimits, cap_refusals, refusals
+from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, SETTINGS
+from airflow_batchinfer.spec.limits import TriggerLimits, cap_refusals, refusals
 
 
 def config_limits() -> TriggerLimits:

@@ -30,7 +30,8 @@ from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
 from airflow_batchinfer.pools.one_host import ONE_HOST_OPTION, one_host_refusal
-from airflow_batchinfer.spec.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS, TriggerLimits
+from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, POOL_NETWORK_SETTINGS
+from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S

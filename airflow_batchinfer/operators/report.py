@@ -14,7 +14,8 @@ from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.run.preflight import retry_warnings, run_preflight
-from airflow_batchinfer.run.report import INCOMPLETE, build_report, shard_summary
+from airflow_batchinfer.run.report.build import INCOMPLETE, build_report
+from airflow_batchinfer.run.report.render import shard_summary
 from airflow_batchinfer.run.sizing import SizingPlan
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs.shard_status import RoundShards
@@ -117,7 +118,7 @@ class RunReportOperator(BaseOperator):
 
 
 def write_report(cfg: RunConfig, so: dict[str, Any], log: Any) -> dict[str, Any]:
-    """Write the run's report (:func:`~airflow_batchinfer.run.report.build_report`) and log its outcome
+    """Write the run's report (:func:`~airflow_batchinfer.run.report.build.build_report`) and log its outcome
     and each round's shard states: the report task's work, and that of the close that finishes a
     run (:class:`~airflow_batchinfer.operators.rounds.CloseRoundOperator` folds the tail)."""
     report = build_report(cfg, so)

@@ -34,7 +34,8 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.fold import fold_tail, next_slot
-from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
+from airflow_batchinfer.run.gate.body import desk_url, review_body
+from airflow_batchinfer.run.gate.changes import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
 from airflow_batchinfer.run.plan import (
@@ -46,7 +47,6 @@ from airflow_batchinfer.run.plan import (
     load_snapshot,
     propose_slot,
 )
-from airflow_batchinfer.run.report import desk_url, review_body
 from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
@@ -56,8 +56,8 @@ from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
 # The gate's form: what a reviewer may change for the next rounds with the answer ("Continue with
-# changes", run.gate.GATE_CHANGES), with the run settings' schemas (run.gate.GATE_SCHEMAS: a gate
-# accepts what a trigger accepts); each shows the value the next round would run with.
+# changes", run.gate.changes.GATE_CHANGES), with the run settings' schemas (GATE_SCHEMAS there: a
+# gate accepts what a trigger accepts); each shows the value the next round would run with.
 GATE_PARAM = "next_{}"
 RETURN_VALUE = "return_value"  # the XCom key of a task's return value
 

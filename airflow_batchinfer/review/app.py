@@ -80,7 +80,7 @@ from airflow_batchinfer.review.browse import RoundView, Sample, field_value, tre
 from airflow_batchinfer.review.calibration import calibration_chart, judge_checked, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import MAX_IDS, MAX_NOTE, Decision, DecisionLog, Resolver, tally
 from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
-from airflow_batchinfer.spec.limits import CONFIG_SECTION
+from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION
 from airflow_batchinfer.state.docs import (
     TAIL,
     Plan,

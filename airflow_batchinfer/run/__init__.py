@@ -14,12 +14,14 @@ records and ``summary.json``.
   read and written in one place, a module per document; the review package reads these only;
 * :mod:`~airflow_batchinfer.run.prepare`: a run's first step (settings checked, input sharded);
 * :mod:`~airflow_batchinfer.run.jobs`: the jobs a round runs per shard;
-* :mod:`~airflow_batchinfer.run.gate`: what a review gate's answer may change, and its caps;
+* :mod:`~airflow_batchinfer.run.gate`: a review gate: what its answer may change, and its caps
+  (``changes``); the markdown a reviewer reads (``body``);
 * :mod:`~airflow_batchinfer.run.plan`: what a round slot does (decided from a snapshot of storage,
   no I/O) and what a gate's answer makes of it;
 * :mod:`~airflow_batchinfer.run.close`: closing a round (accounting, recompaction, summary), with
   :mod:`~airflow_batchinfer.run.settle`, :mod:`~airflow_batchinfer.run.accepted`,
   :mod:`~airflow_batchinfer.run.quarantine` and :mod:`~airflow_batchinfer.run.repeats`.
+* :mod:`~airflow_batchinfer.run.report`: the run report and the whole-run id check.
 
 Nothing is imported here: the worker imports ``run.layout``, ``run.config`` and ``run.docs`` alone
 (no Airflow).

@@ -24,7 +24,7 @@ from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
-from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, slots, write_plan
 from airflow_batchinfer.state.docs.lanes import LaneShard

@@ -22,7 +22,7 @@ from airflow_batchinfer.exceptions import ConfigError, ReviewError
 from airflow_batchinfer.judges import judges_in_place
 from airflow_batchinfer.judges.spot_check import round_rate
 from airflow_batchinfer.review.apply import Applied, apply_decisions
-from airflow_batchinfer.run.gate import changed_settings, gate_refusals
+from airflow_batchinfer.run.gate.changes import changed_settings, gate_refusals
 from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig, round_config
 from airflow_batchinfer.state.docs import (
@@ -243,7 +243,7 @@ def check_answer(
     limits: TriggerLimits | None = None,
 ) -> Answer:
     """``choice`` for the proposed ``plan``, with the settings ``changes``
-    (:data:`~airflow_batchinfer.run.gate.GATE_CHANGES`), checked before anything of it takes effect
+    (:data:`~airflow_batchinfer.run.gate.changes.GATE_CHANGES`), checked before anything of it takes effect
     (no I/O): an answer whose changes go over a cap of ``limits`` is refused
     (:class:`~airflow_batchinfer.exceptions.ReviewError`)."""
     review: dict[str, Any] = {
@@ -345,7 +345,7 @@ def apply_choice(
     """Turn a review answer into the slot's plan: :func:`check_answer` (a refused answer changes
     nothing), the reviewers' decisions applied, the rows *Accept remaining* accepts copied into
     results, then :func:`decide_answer`. ``changes``
-    (:data:`~airflow_batchinfer.run.gate.GATE_CHANGES`) hold for this round and the next ones;
+    (:data:`~airflow_batchinfer.run.gate.changes.GATE_CHANGES`) hold for this round and the next ones;
     ``limits``: the limits in force for the run."""
     plan = proposal.plan
     answer = check_answer(cfg, plan, choice, by=by, changes=changes, limits=limits)

@@ -13,7 +13,7 @@ from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 from airflow_batchinfer.storage.location import StorageOptions, resolve
-from airflow_batchinfer.storage.ranges import shard_ranges
+from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.sharding import ShardingResult
 
 
@@ -48,7 +48,7 @@ def shard_input(
     cfg: RunConfig, layout: RunLayout, so: StorageOptions | None, lanes: int = 0
 ) -> ShardingResult:
     """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
-    see :mod:`~airflow_batchinfer.storage.ranges`; the last ones tapered for ``lanes`` lanes), or,
+    see :mod:`~airflow_batchinfer.storage.range_plan`; the last ones tapered for ``lanes`` lanes), or,
     for input that cannot be split (one zstd frame), shards copied from it as before. With
     ``fan_out`` either holds every record once per arm (:mod:`~airflow_batchinfer.storage.fan_out`):
     the ranges when read, the copy as written."""

@@ -373,7 +373,7 @@ class RunConfig:
         return cls(**data)
 
 
-# What a review may change for the next rounds (run.gate: the gate's form and its checks), over
+# What a review may change for the next rounds (run.gate.changes: the gate's form and its checks), over
 # run.json's: a sampling field (engines.sampling holds its bounds) goes in ``RunConfig.sampling``,
 # the others are run settings of their own.
 ROUND_SETTINGS = ("temperature", "max_tokens", "prompt_template", "system", "retry_template")

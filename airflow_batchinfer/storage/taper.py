@@ -12,7 +12,7 @@ records become 141: 81 of 10,000, then 60 from 9,500 down to 1,250 records; at 1
 lanes, 5,000 shards of 20,000 become 6,330.
 
 Pure arithmetic, in whatever unit the caller plans (bytes of a file, records):
-:func:`~airflow_batchinfer.storage.ranges.plan_ranges` cuts a file's byte ranges with it, and
+:func:`~airflow_batchinfer.storage.range_plan.plan_ranges` cuts a file's byte ranges with it, and
 :mod:`~airflow_batchinfer.run.sizing` sizes a round's shards the same way.
 """
 

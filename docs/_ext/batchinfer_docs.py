@@ -12,9 +12,11 @@ nodes directly (a table, or a literal block):
 - ``batchinfer-cli``: ``batchinfer … --help`` of one command (the argument, e.g. ``pool up``);
 - ``batchinfer-model``: the fields of a pydantic model (the argument: its dotted path);
 - ``batchinfer-job-outputs``: the outputs each job kind requires (``rpc.models.REQUIRED_OUTPUTS``);
-- ``batchinfer-limits``: what trigger params may choose (``limits.SETTINGS``), and where each is set;
+- ``batchinfer-limits``: what trigger params may choose (``spec.limit_settings.SETTINGS``), and where
+  each is set;
 - ``batchinfer-desk-settings``: how much the review desk returns at once (``desk_bounds.DESK_SETTINGS``);
-- ``batchinfer-pool-network``: who may call a Kubernetes pool's workers (``limits.POOL_NETWORK_SETTINGS``);
+- ``batchinfer-pool-network``: who may call a Kubernetes pool's workers
+  (``spec.limit_settings.POOL_NETWORK_SETTINGS``);
 - ``batchinfer-sampling``: every field of a request body and of the ``sampling`` param, and the
   engines that honour it (``engines.sampling.REQUEST_FIELDS``, which ``SamplingParams``, the engines'
   declarations, the param's schema and help are derived from);
@@ -187,7 +189,7 @@ class JobOutputs(_Generated):
 
 class Limits(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.spec.limits import CONFIG_SECTION, SETTINGS
+        from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, SETTINGS
 
         kinds = {"prefixes": "storage prefixes", "names": "names", "count": "number (unset: no limit)",
                  "quantity": "Kubernetes quantity (unset: no limit)"}  # fmt: skip
@@ -208,7 +210,7 @@ class Limits(_Generated):
 class DeskSettings(_Generated):
     def nodes(self) -> list[nodes.Node]:
         from airflow_batchinfer.review.bounds import DESK_SETTINGS
-        from airflow_batchinfer.spec.limits import CONFIG_SECTION
+        from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION
 
         rows = [
             [f"``{s.name}``", f"``{s.default}`` (at least {s.minimum})",
@@ -222,7 +224,7 @@ class DeskSettings(_Generated):
 
 class PoolNetwork(_Generated):
     def nodes(self) -> list[nodes.Node]:
-        from airflow_batchinfer.spec.limits import CONFIG_SECTION, POOL_NETWORK_SETTINGS
+        from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, POOL_NETWORK_SETTINGS
 
         rows = [
             [f"``{s.name}``", f"``{s.example}``", f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",

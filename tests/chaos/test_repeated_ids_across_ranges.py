@@ -23,7 +23,7 @@ from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.plan import pending_shards, propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
-from airflow_batchinfer.run.report import check_invariant
+from airflow_batchinfer.run.report.invariant import check_invariant
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
 from airflow_batchinfer.state.layout import RunLayout

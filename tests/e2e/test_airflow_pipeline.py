@@ -21,7 +21,7 @@ import pytest
 
 from airflow_batchinfer.engines.simulated import stable_fraction
 from airflow_batchinfer.pools import LocalPool
-from airflow_batchinfer.run.report import plain_text
+from airflow_batchinfer.run.report.render import plain_text
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.ranges import range_ids
 from tests.e2e.conftest import E2E_MAX_MAP_LENGTH, JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset

@@ -176,7 +176,7 @@ def frames(data: bytes, size: int) -> bytes:
 
 
 def plan(tmp_path: Path, name: str, data: bytes, **kw: Any) -> list[Any]:
-    from airflow_batchinfer.storage.ranges import shard_ranges
+    from airflow_batchinfer.storage.range_plan import shard_ranges
 
     path = tmp_path / name
     path.write_bytes(frames(data, 1024 * 1024) if name.endswith(".zst") else data)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_batchinfer.run.gate.body import review_body
 from airflow_batchinfer.run.plan import Proposal
-from airflow_batchinfer.run.report import review_body
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan
 from airflow_batchinfer.storage import JsonlFile
@@ -53,7 +53,7 @@ def test_model_output_in_the_review_body_is_text(tmp_path: Path) -> None:
 def test_the_desk_link_is_ours_and_cannot_be_broken_out_of(tmp_path: Path) -> None:
     """The body links to this gate on the review desk; the DAG and run ids in it are percent-encoded,
     so one holding markdown (a run id is the user's choice) stays inside the link target."""
-    from airflow_batchinfer.run.report import desk_url
+    from airflow_batchinfer.run.gate.body import desk_url
 
     url = desk_url("http://127.0.0.1:8080/", "dag_x", "manual__x) ![p](http://evil.example/p.png")
     assert url == ("http://127.0.0.1:8080/dags/dag_x/runs/manual__x%29%20%21%5Bp%5D%28http%3A%2F%2Fevil.example"

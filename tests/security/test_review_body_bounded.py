@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.run.gate.body import MAX_BODY_BYTES, MAX_BODY_TEXT, review_body
 from airflow_batchinfer.run.plan import Proposal
-from airflow_batchinfer.run.report import MAX_BODY_BYTES, MAX_BODY_TEXT, review_body
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan
 from airflow_batchinfer.storage import JsonlFile

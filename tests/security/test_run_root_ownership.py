@@ -69,7 +69,7 @@ def test_dags_the_deployment_lets_share_take_over_finished_roots(state: str | No
 
 
 def test_the_sharing_limit_comes_from_the_deployments_places() -> None:
-    """One description (limits.SETTINGS): the DAG's limits=, [batchinfer] and the pool connection."""
+    """One description (limit_settings.SETTINGS): the DAG's limits=, [batchinfer] and the pool connection."""
     config = TriggerLimits.from_mapping({"shared_run_root_dags": "finance, scratch"}, "[batchinfer]")
     extra = TriggerLimits.from_mapping({"shared_run_root_dags": ["ops"]}, "connection 'gpu_pool'")
     limits = TriggerLimits().widen(config).widen(extra)

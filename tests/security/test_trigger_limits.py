@@ -11,7 +11,8 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_IMAGE
-from airflow_batchinfer.spec.limits import TriggerLimits, callable_targets, implied_by, matches, refusals
+from airflow_batchinfer.spec.limit_settings import matches
+from airflow_batchinfer.spec.limits import TriggerLimits, callable_targets, implied_by, refusals
 
 DEFAULTS = {
     "input": "/data/demo/input.jsonl",

@@ -17,16 +17,9 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec, parse_quantity
-from airflow_batchinfer.spec.limits import (
-    RESOURCE_CAPS,
-    SETTINGS,
-    SIZE_CAPS,
-    TriggerLimits,
-    cap_refusals,
-    implied_by,
-    refusals,
-    unset_cap,
-)
+from airflow_batchinfer.spec.limit_settings import SETTINGS, unset_cap
+from airflow_batchinfer.spec.limits import TriggerLimits, cap_refusals, implied_by, refusals
+from airflow_batchinfer.spec.pool_limits import RESOURCE_CAPS, SIZE_CAPS
 
 KUBE_POOL = "kubernetes://batch/gpu"
 # the value a test uses under each count cap: (cap, at the cap, over it)

@@ -14,7 +14,7 @@ import pytest
 
 import airflow_batchinfer.run.close as round_close
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
-from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import MANIFEST_VERSION, read_job_manifest, read_summary, write_plan
 from airflow_batchinfer.state.layout import RunLayout

@@ -17,7 +17,8 @@ from airflow_batchinfer.engines import adapter_engines, create_engine
 from airflow_batchinfer.engines.adapters import Adapter, chosen, parse_adapters
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.prompts.build import PromptBuilder
-from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.spec.limits import TriggerLimits, implied_by, refusals
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.judges.candidates import pass_at_k
-from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir

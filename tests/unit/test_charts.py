@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from airflow_batchinfer.charts import Series, bar_chart, compact, line_chart, nice_ticks, side_by_side
-from airflow_batchinfer.run.report import plots, render_markdown
+from airflow_batchinfer.run.report.plots import plots
+from airflow_batchinfer.run.report.render import render_markdown
 
 SVG = "{http://www.w3.org/2000/svg}"
 

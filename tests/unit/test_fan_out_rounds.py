@@ -25,7 +25,9 @@ from airflow_batchinfer.run.jobs import job_spec, round_kinds
 from airflow_batchinfer.run.plan import STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.run.repeats import _uncount
-from airflow_batchinfer.run.report import build_report, check_invariant, render_markdown
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.invariant import check_invariant
+from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout

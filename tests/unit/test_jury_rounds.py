@@ -12,7 +12,8 @@ from typing import Any
 
 from airflow_batchinfer.judges.spot_check import score_bucket
 from airflow_batchinfer.run.jobs import judge_input
-from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from tests.support.fake_jobs import close, make_run, plan_round

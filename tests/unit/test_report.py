@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from airflow_batchinfer.run.plan import propose_slot
-from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import round_config
 from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout

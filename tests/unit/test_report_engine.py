@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from airflow_batchinfer.engines.stats import CounterName
-from airflow_batchinfer.run.report import build_report, round_engine
+from airflow_batchinfer.run.report.build import build_report, round_engine
 from airflow_batchinfer.state.docs import EngineTelemetry, GaugeSpan
 from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import close, finish_shard, make_run, plan_round

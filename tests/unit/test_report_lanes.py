@@ -12,13 +12,8 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.run.lanes import claim_shard
-from airflow_batchinfer.run.report import (
-    MAX_FAILED_LINES,
-    SLOWEST,
-    build_report,
-    render_markdown,
-    shard_lines,
-)
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.render import MAX_FAILED_LINES, SLOWEST, render_markdown, shard_lines
 from airflow_batchinfer.state.docs import read_failed, write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane
 from airflow_batchinfer.state.docs.shard_status import (

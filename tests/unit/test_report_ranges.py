@@ -13,7 +13,7 @@ from typing import Any
 import zstandard
 
 from airflow_batchinfer.run.plan import propose_slot
-from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout

@@ -11,7 +11,7 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.close import close_round
-from airflow_batchinfer.run.gate import current_settings, gate_changes
+from airflow_batchinfer.run.gate.changes import current_settings, gate_changes
 from airflow_batchinfer.run.jobs import job_spec, record_job_error
 from airflow_batchinfer.run.plan import (
     ACCEPT,

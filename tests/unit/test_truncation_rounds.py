@@ -8,7 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from airflow_batchinfer.run.report import build_report, render_markdown
+from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout

@@ -194,7 +194,7 @@ def test_the_help_and_the_docs_table_derive_from_the_description() -> None:
 
 
 def test_a_review_gate_takes_the_sampling_params_bounds() -> None:
-    from airflow_batchinfer.run.gate import GATE_SCHEMAS
+    from airflow_batchinfer.run.gate.changes import GATE_SCHEMAS
 
     for name in ("temperature", "max_tokens"):
         assert GATE_SCHEMAS[name] == sampling_schema(name), name

@@ -19,7 +19,7 @@ from airflow_batchinfer.operators import rounds, shard_jobs
 from airflow_batchinfer.operators.rounds import GATE_PARAM, RoundControllerOperator, _descriptors, gate_params
 from airflow_batchinfer.operators.shard_jobs import InferJudgeShardOperator
 from airflow_batchinfer.run import jobs
-from airflow_batchinfer.run.gate import GATE_SCHEMAS
+from airflow_batchinfer.run.gate.changes import GATE_SCHEMAS
 from airflow_batchinfer.run.lanes import claim_shard
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.state.config import RunConfig, round_config

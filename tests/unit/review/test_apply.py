@@ -12,7 +12,7 @@ import pytest
 from airflow_batchinfer.exceptions import ReviewClosedError
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
-from airflow_batchinfer.run.report import build_report
+from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.docs import read_plan, slots, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir

@@ -18,11 +18,11 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import BUCKETS, round_rate, score_bucket, selected
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
+from airflow_batchinfer.run.gate.body import review_body
 from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.run.pipeline import run_pipeline
 from airflow_batchinfer.run.plan import CONTINUE, STOP, Proposal, apply_choice, propose_slot
 from airflow_batchinfer.run.prepare import run_key
-from airflow_batchinfer.run.report import review_body
 from airflow_batchinfer.spec.settings import param_defaults, setting
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_summary, write_plan, write_run_config

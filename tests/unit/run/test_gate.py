@@ -12,7 +12,7 @@ import pytest
 
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.run.gate import GATE_CHANGES, GATE_SCHEMAS, MAX_GATE_TEXT, current_settings
+from airflow_batchinfer.run.gate.changes import GATE_CHANGES, GATE_SCHEMAS, MAX_GATE_TEXT, current_settings
 from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.state.config import RunConfig, round_config
 

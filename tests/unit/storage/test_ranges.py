@@ -13,7 +13,8 @@ import orjson
 import pytest
 import zstandard
 
-from airflow_batchinfer.storage.ranges import line_ranges, plan_ranges, read_range
+from airflow_batchinfer.storage.range_plan import line_ranges, plan_ranges
+from airflow_batchinfer.storage.ranges import read_range
 
 
 class Sink(list[dict[str, Any]]):

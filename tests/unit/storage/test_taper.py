@@ -10,7 +10,8 @@ import pytest
 
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
-from airflow_batchinfer.storage.ranges import plan_ranges, read_range, shard_ranges
+from airflow_batchinfer.storage.range_plan import plan_ranges, shard_ranges
+from airflow_batchinfer.storage.ranges import read_range
 from tests.unit.storage.test_ranges import Sink, frames_file
 
 

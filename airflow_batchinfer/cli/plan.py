@@ -1,0 +1,139 @@
+"""``batchinfer plan``: sizing a run before spending (:mod:`~airflow_batchinfer.run.sizing`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+
+
+def add_commands(sub: Any) -> None:
+    """``plan``."""
+    p = sub.add_parser("plan", help="size a run before spending: shards, lanes, wall, tail, GPU-hours, pool")
+    _plan_args(p)
+    p.set_defaults(func=_cmd_plan)
+
+
+def _plan_args(p: argparse.ArgumentParser) -> None:
+    from airflow_batchinfer.run.sizing import (
+        DEFAULT_MAX_JOB_S,
+        DEFAULT_MAX_MAP_LENGTH,
+        DEFAULT_STRAGGLER,
+        DEFAULT_TOKENS_PER_RECORD,
+    )
+    from airflow_batchinfer.spec.settings import setting
+
+    p.add_argument("--records", type=int, required=True, help="records in the dataset")
+    p.add_argument(
+        "--arms",
+        type=int,
+        default=1,
+        help="rows each record runs as (fan_out: the adapters, plus the base model with adapters_and_base); "
+        "the plan sizes records × arms rows (default 1)",
+    )
+    p.add_argument("--gpus", type=int, required=True, help="workers, one GPU each (the pool's replicas)")
+    p.add_argument(
+        "--tokens-per-s",
+        type=float,
+        required=True,
+        help="tokens a second one GPU turns out, measured (the pre-flight log prints it)",
+    )
+    p.add_argument(
+        "--tokens-per-record",
+        type=float,
+        default=DEFAULT_TOKENS_PER_RECORD,
+        help="prompt + completion tokens a record costs, plus an LLM judge's "
+        f"(default {DEFAULT_TOKENS_PER_RECORD})",
+    )
+    concurrency = setting("concurrency").default  # a pool's, as the DAG param
+    p.add_argument(
+        "--concurrency", type=int, default=concurrency, help=f"shard jobs per worker (default {concurrency})"
+    )
+    p.add_argument(
+        "--records-per-shard",
+        type=int,
+        default=None,
+        help="assess this shard size (default: choose it: jobs of at most --max-job-s)",
+    )
+    p.add_argument(
+        "--max-job-s",
+        type=float,
+        default=DEFAULT_MAX_JOB_S,
+        help="the longest shard job the chosen size allows, its GPU running --concurrency jobs "
+        f"(default {DEFAULT_MAX_JOB_S:.0f})",
+    )
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=0,
+        help="the run setting lanes: tasks a round maps, each taking the next shard (default 0: a slot each)",
+    )
+    chunk = setting("chunk_size").default
+    p.add_argument(
+        "--chunk-size",
+        type=int,
+        default=chunk,
+        help=f"records a job commits at a time: what a lost worker redoes per job (default {chunk})",
+    )
+    p.add_argument(
+        "--straggler",
+        type=float,
+        default=DEFAULT_STRAGGLER,
+        help=f"how many times slower the slowest GPU is (default {DEFAULT_STRAGGLER}; 1: none)",
+    )
+    p.add_argument(
+        "--max-map-length",
+        type=int,
+        default=DEFAULT_MAX_MAP_LENGTH,
+        help="Airflow's [core] max_map_length: the most lanes a round maps "
+        f"(default {DEFAULT_MAX_MAP_LENGTH})",
+    )
+    p.add_argument(
+        "--approval-rate",
+        type=float,
+        default=None,
+        help="the judge's approval rate, 0-1 (the pre-flight measures it); default: one pass",
+    )
+    p.add_argument("--max-rounds", type=int, default=1, help="rounds that re-run the rejected (default 1)")
+    p.add_argument("--strategy", choices=["rounds", "in_place", "hybrid"], default="rounds")
+    p.add_argument("--max-attempts", type=int, default=3, help="in-place attempts a record (default 3)")
+    p.add_argument(
+        "--execution-timeout-hours",
+        type=float,
+        default=12.0,
+        help="the DAG's execution_timeout, each shard job's bound; longer jobs and lanes get a note "
+        "(default 12)",
+    )
+    p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+
+
+def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
+    from airflow_batchinfer.run.sizing import plan_run
+
+    if args.arms < 1:
+        raise ConfigError(f"--arms must be >= 1 (1: no fan-out), got {args.arms}")
+    plan = plan_run(
+        args.records * args.arms,
+        args.gpus,
+        args.tokens_per_s,
+        concurrency=args.concurrency,
+        tokens_per_record=args.tokens_per_record,
+        max_map_length=args.max_map_length,
+        lanes=args.lanes,
+        chunk_size=args.chunk_size,
+        max_job_s=args.max_job_s,
+        straggler=args.straggler,
+        records_per_shard=args.records_per_shard,
+        approval_rate=args.approval_rate,
+        max_rounds=args.max_rounds,
+        strategy=args.strategy,
+        max_attempts=args.max_attempts,
+        execution_timeout_s=args.execution_timeout_hours * 3600,
+        airflow_pool=args.airflow_pool,
+    )
+    if args.json:
+        return plan.to_dict()
+    print(plan.table())
+    return None

@@ -1,0 +1,148 @@
+"""The whole-run id check of the run report: every input id accounted for exactly once, from the
+rounds' digests or, failing them, by reading the ids."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from airflow_batchinfer.run.close import MAX_NAMED
+from airflow_batchinfer.run.plan import (
+    ACCEPTED_BY_REVIEW,
+)
+from airflow_batchinfer.state.docs import (
+    FailedShard,
+    Plan,
+    Summary,
+    review_applied,
+)
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
+from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
+from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.ranges import range_ids
+
+
+def check_invariant(
+    layout: RunLayout,
+    id_field: str,
+    pending: list[Any],
+    rounds: list[Summary],
+    failed: list[FailedShard],
+    so: StorageOptions | None = None,
+    *,
+    plans: list[Plan] | None = None,
+) -> dict[str, Any]:
+    """Every input id is in exactly one of: results (approved or accepted), the final pending set,
+    an in-place round's exhausted rows, or (by shard) a quarantined job; a later occurrence of an id
+    in another of round 0's byte ranges is in ``rejects/`` instead (the input's digests count lines:
+    such an id twice, in results or pending once and in rejects once).
+
+    Checked from digests, in O(shards) and holding no id in memory: the input's shard digests
+    (``input/_manifest.json``) must equal the sum of every round's approved, exhausted and
+    quarantined digests (``summary.json``), the final pending set's shard digests and what a review
+    accepted (its plan). Each round's close checked its own shards and named the ids it found lost or
+    doubled; the report repeats them. Only a run whose documents lack digests (started before they
+    existed), or whose digests disagree with no round naming why, is checked by reading its ids, in
+    bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`); round 0's range shards
+    (:mod:`~airflow_batchinfer.storage.ranges`), a quarantined one's included, are then read by
+    their ranges, never the whole source. ``lost``, ``doubled`` and ``unexpected`` name at most 20
+    ids each; ``checked`` says how (``digests`` or ``ids``)."""
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
+    expected = total(IdDigest.maybe(s.get("ids")) for s in manifest.get("shards", []))
+    parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
+    for x in rounds:
+        names = ("approved", "failed") + (("exhausted",) if x.mode == "in_place" else ())
+        # round 0's repeats, rejected: lines read
+        names += ("repeated",) if "repeated" in (x.ids or {}) else ()
+        parts += [x.digest(name) for name in names]
+    parts += _accepted_ids(layout, plans, so)
+    accounted = total(parts)
+    named = {k: _named(getattr(x.invariant, k) for x in rounds) for k in ("lost", "doubled", "unexpected")}
+    if expected is not None and accounted is not None and (expected == accounted or any(named.values())):
+        return {
+            "input": expected.count,
+            "accounted": accounted.count,
+            **named,
+            "ok": expected == accounted and not any(named.values()),
+            "checked": "digests",
+        }
+    # No digests to go by, or digests that disagree with no round naming why: read the ids.
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    ranges = {s["shard_id"]: s for s in manifest.get("shards", []) if "range" in s}
+    reads = _RangeIds(manifest, id_field, so)
+    seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
+    seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
+    seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
+    # round 0's repeats rejected into rejects/ (each row has its id)
+    rejects = JsonlDir(layout.rejects, storage_options=so).jsonl_files()
+    seen += [f for f in rejects if f.uri.endswith(REJECTS_SUFFIX)]
+    for x in rounds:
+        if x.mode == "in_place":
+            seen += JsonlDir(layout.rejected_dir(x.round), storage_options=so).jsonl_files()
+    for f in failed:  # a failed job: its whole input shard (round 0's: the range it was to read)
+        shard = ranges.get(f.shard_id) if f.round == 0 else None
+        seen.append(shard or JsonlFile(f.uri, storage_options=so))
+    # Range shards of the source leave nothing under input/ but the manifest.
+    inputs: list[JsonlFile | ShardDescriptor] = (
+        list(manifest["shards"]) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
+    )
+    diff = diff_ids(lambda: reads.ids(inputs), lambda: reads.ids(seen), limit=MAX_NAMED)
+    return {
+        "input": diff.expected.count,
+        "accounted": diff.actual.count,
+        "lost": diff.lost,
+        "doubled": diff.doubled,
+        "unexpected": diff.unexpected,
+        "ok": diff.ok,
+        "checked": "ids",
+    }
+
+
+class _RangeIds:
+    """The ids of files and of round-0 range shards, one at a time (a side of :func:`diff_ids`). A
+    range is read by its range only, validated as its job read it (bad lines dropped, ids assigned
+    as the run assigned them), never the whole source."""
+
+    def __init__(self, manifest: dict[str, Any], id_field: str, so: StorageOptions | None) -> None:
+        self.id_field = id_field
+        self.range_id_field = manifest.get("id_field") or id_field  # what round 0's jobs used
+        self.assign_ids = bool((manifest.get("fingerprint") or {}).get("assign_ids"))
+        self.so = so
+
+    def ids(self, sources: Iterable[JsonlFile | ShardDescriptor]) -> Iterator[Any]:
+        for src in sources:
+            if isinstance(src, JsonlFile):
+                yield from file_ids([src], self.id_field)
+                continue
+            yield from range_ids(
+                src, id_field=self.range_id_field, assign_ids=self.assign_ids, storage_options=self.so
+            )
+
+
+def _named(lists: Iterable[list[Any] | None]) -> list[Any]:
+    return list(dict.fromkeys(i for ids in lists for i in ids or []))[:MAX_NAMED]
+
+
+def _accepted_ids(
+    layout: RunLayout, plans: list[Plan] | None, so: StorageOptions | None
+) -> list[IdDigest | None]:
+    """What a review took out of the pending sets, by the digests its plans recorded (``[None]`` when
+    unknown): the rows accepted as they were, and those reviewers' decisions accepted or dropped."""
+    if plans is None:  # the caller did not say: any accepted rows make the digests incomplete
+        found = any(n.startswith("accepted-") for n in files.names(layout.results, so))
+        return [None] if found else []
+    accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
+    # what reviewers' decisions took out of a pending set: accepted into results, or dropped
+    reviews = applied_reviews(layout, plans, so)
+    decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]
+    # the spot checks no person decided, into results as the judge said (only where there were some)
+    decided += [IdDigest.maybe(a["approved"]) for a in reviews if "approved" in a]
+    return accepted + decided
+
+
+def applied_reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[dict[str, Any]]:
+    """What reviewers' decisions did, once per round whichever gate applied them."""
+    return [a for r in sorted({p.round for p in plans}) if (a := review_applied(layout, r, so))]
