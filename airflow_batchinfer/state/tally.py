@@ -72,21 +72,27 @@ def _copy(v: Any) -> Any:
 
 class _Part(BaseModel):
     """A part of a tally: counts (or maps of them) that add up field by field. Stored without what
-    is empty (a count of 0, an empty map or part), which reads back as it was."""
+    is empty (a count of 0, an empty map or part; but a part whose absence means something, ``None``
+    by default, is kept when present), which reads back as it was."""
 
     model_config = ConfigDict(extra="forbid")
 
     @model_serializer(mode="wrap")
     def _without_empty(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        return {k: v for k, v in data.items() if v not in (0, None, {})}
+        fields = type(self).model_fields
+        return {
+            k: v for k, v in data.items() if v is not None and (v not in (0, {}) or fields[k].default is None)
+        }
 
     def __add__(self, other: Self) -> Self:
-        return _combine(self, other, 1)  # type: ignore[no-any-return]
+        out: Self = _combine(self, other, 1)
+        return out
 
     def __sub__(self, other: Self) -> Self:
         """Less ``other``'s counts, none below 0 (what close leaves out of a job's rows)."""
-        return _combine(self, other, -1)  # type: ignore[no-any-return]
+        out: Self = _combine(self, other, -1)
+        return out
 
     def __radd__(self, other: object) -> Self:
         if other == 0:  # sum() starts at 0
