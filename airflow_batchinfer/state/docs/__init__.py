@@ -22,6 +22,7 @@ from airflow_batchinfer.state.docs.io import (
     write_run_config,
 )
 from airflow_batchinfer.state.docs.jobs import (
+    ACCEPTED_VERSION,
     ID_OUTPUTS,
     MANIFEST_VERSION,
     SWEEPING,
@@ -64,6 +65,7 @@ from airflow_batchinfer.state.docs.summary import (
 )
 
 __all__ = [
+    "ACCEPTED_VERSION",
     "DOC_VERSION",
     "ID_OUTPUTS",
     "MANIFEST_VERSION",
