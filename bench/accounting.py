@@ -100,7 +100,7 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
         src: Any,
         outputs: dict[str, str | None],
         ids: dict[str, Any],
-        counts: dict[str, int],
+        counts: dict[str, Any],  # the manifest's Tally, as stored
     ) -> None:
         spec = job_spec(cfg, kind, r, src)  # type: ignore[arg-type]
         info = JsonlFile(spec.input).info()
@@ -140,15 +140,15 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
         judged = shard
         if kinds[0] == "infer":
             inferred = {"input": ids, "inferred": ids}
-            finish("infer", 0, shard, {"inferred": shard["uri"]}, inferred, {"ok": n_rows})
+            finish("infer", 0, shard, {"inferred": shard["uri"]}, inferred, {"generated": {"ok": n_rows}})
             judged = inferred_shard(cfg, 0, shard)
         rejected = i % 10 == 0
         copy, none = (None, judged["uri"]) if rejected else (judged["uri"], None)
-        inference = {"ok": n_rows} if kinds[-1] == "infer_judge" else {}
+        inference = {"generated": {"ok": n_rows}} if kinds[-1] == "infer_judge" else {}
         finish(
             kinds[-1], 0, judged, {"approved": copy, "rejected": none},
             {"input": ids, "approved": empty if rejected else ids, "rejected": ids if rejected else empty},
-            {"approved": 0 if rejected else n_rows, "rejected": n_rows if rejected else 0, **inference},
+            {"outcomes": {"rejected" if rejected else "approved": n_rows}, **inference},
         )  # fmt: skip
     jobs_s = time.perf_counter() - t1 - shard_s
     return {"generate_s": round(t1 - t0, 1), "shard_s": round(shard_s, 1), "jobs_s": round(jobs_s, 1)}

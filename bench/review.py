@@ -103,9 +103,10 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
     from airflow_batchinfer.run.jobs import job_spec
     from airflow_batchinfer.state.docs import JobManifest, write_job_manifest
     from airflow_batchinfer.state.layout import staged_output
+    from airflow_batchinfer.state.tally import Outcomes, Read, Tally
     from airflow_batchinfer.storage import JsonlFile
     from airflow_batchinfer.storage.digest import IdDigest
-    from airflow_batchinfer.storage.ranges import read_range, read_stats
+    from airflow_batchinfer.storage.ranges import read_range
 
     spec = job_spec(cfg, "infer_judge", 0, shard)  # type: ignore[arg-type]
     info = JsonlFile(spec.input).info()
@@ -142,7 +143,7 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
     manifest = {
         "job_id": pinned.job_id, "kind": "infer_judge", "state": "succeeded", "input": spec.input,
         "outputs": spec.outputs, "attempt": token,
-        "counts": {"approved": 0, "rejected": n, **read_stats(reader.policy)},
+        "counts": Tally(outcomes=Outcomes(rejected=n), read=Read.of(reader.policy.stats)),
         "ids": {"input": ids.to_dict(), "approved": IdDigest().to_dict(), "rejected": ids.to_dict()},
         "tokens": {"prompt": 1, "completion": 1}, "round": 0,
         "fingerprint": fingerprint(pinned, engine, info), "engine": engine, "worker": "w1",

@@ -228,8 +228,8 @@ def part_a(
         "batches": batches,
         "ideal_batches": ideal_batches,
         "peak_rss_mb": rss,
-        "ok": sum(c.get("ok", 0) for c in counts),
-        "errors": sum(c.get("error", 0) for c in counts),
+        "ok": sum(c.generated.ok for c in counts),
+        "errors": sum(c.generated.error for c in counts),
     }
 
 

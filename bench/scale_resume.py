@@ -99,7 +99,7 @@ def _undisturbed(
         w.stop()
     m = read_job_manifest(spec.outputs["manifest"])
     assert m is not None
-    return {"wall_s": round(wall, 2), "counts": m.counts}
+    return {"wall_s": round(wall, 2), "counts": m.counts.model_dump(mode="json")}
 
 
 def _killed(
@@ -140,8 +140,8 @@ def _killed(
         "done_at_kill": done_at_kill,
         "inferred_before_kill": inferred_before,  # at least (read just before the kill)
         "recomputed_after_kill": recomputed,
-        "resumed_records": m.counts.get("resumed_records", 0),
-        "counts": m.counts,
+        "resumed_records": m.counts.resume.records,
+        "counts": m.counts.model_dump(mode="json"),
     }
 
 

@@ -1,5 +1,5 @@
 """LoRA adapters: the ``adapters`` run setting (``{name: directory}``), which adapter answers a
-record, and the per-adapter counts a round's summary reads.
+record, and the name a row is counted under (:class:`~airflow_batchinfer.state.tally.AdapterTally`).
 
 A record names its adapter in its ``adapter`` field; an OpenAI batch request in its body's ``model``
 (as ``vllm run-batch`` picks a LoRA adapter by the served model name). A record without one, or
@@ -21,10 +21,6 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, BASE
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-# a judged row's count under its adapter: approved, rejected, or a spot check (approved by the judge,
-# held for people: counted apart, as the round's summary counts its spot checks)
-OUTCOMES = ("approved", "rejected", "spot_check")
-_COUNT = re.compile(r"^adapter:(.+):(approved|rejected|spot_check)$")
 
 
 @dataclass(frozen=True)
@@ -97,31 +93,3 @@ def counted(name: Any) -> str | None:
     """The adapter a row with ``adapter`` field ``name`` is counted under (``None``: none; a record
     naming no adapter of the run: its name is the record's, not the run's)."""
     return name if isinstance(name, str) and NAME.fullmatch(name) else None
-
-
-def count_key(name: str, status: str, spot_check: bool = False) -> str:
-    """A judged row's count of its adapter: ``adapter:<name>:approved``, ``...:rejected``, or
-    ``...:spot_check`` for a spot check (approved by the judge, held back for people)."""
-    if spot_check:
-        return f"adapter:{name}:spot_check"
-    return f"adapter:{name}:{'approved' if status == 'approved' else 'rejected'}"
-
-
-def row_count_key(name: Any, answered: bool, status: str, spot_check: bool = False) -> str | None:
-    """The count a judged row with ``adapter`` field ``name`` adds to (``None``: none). A row without
-    an answer (an inference error; a record naming no adapter of the run) is the round's inference
-    errors. ``spot_check``: the row is a spot check (:func:`count_key`)."""
-    found = counted(name)
-    return count_key(found, status, spot_check) if answered and found is not None else None
-
-
-def approval(totals: Mapping[str, int]) -> dict[str, dict[str, int]]:
-    """Per adapter, the approved and rejected rows in a round's summed counts (none: no adapter), and
-    ``spot_checks`` (the judge's approvals held for people) when it has any."""
-    out: dict[str, dict[str, int]] = {}
-    for key, value in totals.items():
-        if m := _COUNT.match(key):
-            name = "spot_checks" if m[2] == "spot_check" else m[2]
-            out.setdefault(m[1], {"approved": 0, "rejected": 0})
-            out[m[1]][name] = out[m[1]].get(name, 0) + int(value)
-    return dict(sorted(out.items()))

@@ -10,16 +10,16 @@ some candidate is, its ``result`` the chosen candidate's text and ``candidate`` 
 - ``all``: every approved candidate (the row's ``candidates``), ``result`` the first of them.
 
 A rejected row keeps every candidate with its verdict (for people, and for the next round, which
-generates ``n`` new ones). The counts a job adds up (:func:`counts`) are plain counters, so they sum
-over chunks, jobs and shards like every other count; :func:`stats` reads them back for a round's
-summary: approval per candidate index, and pass@k for k = 1..n by the unbiased estimator
-``1 - C(n-c, k) / C(n, k)`` (c of a record's n candidates approved), averaged over records.
+generates ``n`` new ones). A job counts its records' candidates
+(:class:`~airflow_batchinfer.state.tally.CandidateTally`), which sum over chunks, jobs and shards
+like every other count; :func:`stats` gives a round's summary from them: approval per candidate
+index, and pass@k for k = 1..n by the unbiased estimator ``1 - C(n-c, k) / C(n, k)`` (c of a
+record's n candidates approved), averaged over records.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -30,7 +30,7 @@ SELECTS = ("first_approved", "best_score", "all")
 DEFAULT_SELECT = "first_approved"
 
 #: What a row says of its generation and verdict besides ``result``, ``status`` and the like: a
-#: record retried carries its earlier ones, which a new generation replaces (``worker.shard_jobs``),
+#: record retried carries its earlier ones, which a new generation replaces (``worker.jobs.infer``),
 #: and which the review page shows as output, not as the record (``review.samples``). ``previous``:
 #: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
 #: on it, for that prompt (``retries``); neither is shown to a judge.
@@ -103,20 +103,7 @@ def select(
     return Selection(first, approved, approved if how == "all" else (first,))
 
 
-# ------------------------------------------------------------------------------------------ counts
-_BY_INDEX = "candidate_{}_approved"
-_BY_RECORD = "records_{}_of_{}_approved"
-_BY_INDEX_RE = re.compile(r"^candidate_(\d+)_approved$")
-_BY_RECORD_RE = re.compile(r"^records_(\d+)_of_(\d+)_approved$")
-
-
-def counts(n: int, selection: Selection) -> dict[str, int]:
-    """A judged record's counts: each approved candidate index, and ``c`` of ``n`` approved."""
-    out = {_BY_INDEX.format(i): 1 for i in selection.approved}
-    out[_BY_RECORD.format(len(selection.approved), n)] = 1
-    return out
-
-
+# ------------------------------------------------------------------------------------------ figures
 def pass_at_k(n: int, c: int, k: int) -> float:
     """The chance that k of n candidates, drawn without replacement, include one of the c approved."""
     if n - c < k:
@@ -143,15 +130,9 @@ class CandidateStats:
         }
 
 
-def stats(totals: Mapping[str, int]) -> CandidateStats | None:
-    """The candidates' figures in a round's summed counts (``None``: no record had more than one)."""
-    by_record: dict[tuple[int, int], int] = {}
-    by_index: dict[int, int] = {}
-    for key, value in totals.items():
-        if m := _BY_RECORD_RE.match(key):
-            by_record[(int(m[1]), int(m[2]))] = by_record.get((int(m[1]), int(m[2])), 0) + int(value)
-        elif m := _BY_INDEX_RE.match(key):
-            by_index[int(m[1])] = int(value)
+def stats(by_record: Mapping[tuple[int, int], int], by_index: Mapping[int, int]) -> CandidateStats | None:
+    """A round's candidates' figures from its tally: ``by_record[(c, n)]`` records had ``c`` of ``n``
+    candidates approved, ``by_index[i]`` their candidate ``i`` (``None``: no record had more than one)."""
     records = sum(by_record.values())
     n = max((n for _, n in by_record), default=0)
     if records == 0 or n < 2:

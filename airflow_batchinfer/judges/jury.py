@@ -12,7 +12,8 @@
 
 Each member's verdict is kept in ``judgment.members`` (``name``, ``type``, ``approved``, ``reason``,
 ``score``); a member spec may carry a ``name`` (default: its type, ``-2``, ``-3``… for repeats). A
-round counts how often the members disagree (:func:`count_keys`, :func:`stats`).
+round counts how often the members disagree (:class:`~airflow_batchinfer.state.tally.JuryTally`,
+:class:`JuryStats`).
 
 Where members run: where the jury's job runs (the run's pool, or the judge pool when the run has
 one), except in a jury that holds a model judge (``reward``, ``classifier``). That jury needs the
@@ -46,8 +47,6 @@ NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 #: was generated, by member name, from the infer job to the judge job (which moves them into
 #: ``judgment.members``).
 CARRIED = candidates.JURY_VERDICTS
-_COUNT = re.compile(r"jury:member:(.+):(approved|rejected)")
-VOTED, SPLIT = "jury:voted", "jury:split"
 
 
 @dataclass(frozen=True)
@@ -231,22 +230,9 @@ def carried(item: JudgeItem, name: str) -> Verdict:
     return Verdict(v["approved"], str(v.get("reason", "")), number(v.get("score")))
 
 
-def count_keys(verdict: Verdict) -> list[str]:
-    """A jury verdict's counts: one voted answer, split when its members did not all agree, and each
-    member's approval (none for a verdict without members)."""
-    if not verdict.members:
-        return []
-    keys = [VOTED]
-    if len({bool(m.get("approved")) for m in verdict.members}) > 1:
-        keys.append(SPLIT)
-    for m in verdict.members:
-        keys.append(f"jury:member:{m['name']}:{'approved' if m.get('approved') else 'rejected'}")
-    return keys
-
-
 @dataclass(frozen=True)
 class JuryStats:
-    """A round's jury figures from its summed counts: the answers ``voted`` on, those on which the
+    """A round's jury figures from its tally: the answers ``voted`` on, those on which the
     members ``split`` (did not all agree), and each member's approved and rejected answers."""
 
     voted: int
@@ -263,15 +249,3 @@ class JuryStats:
                 for name, c in self.members.items()
             },
         }
-
-
-def stats(totals: Mapping[str, int]) -> JuryStats | None:
-    """The jury figures in a round's summed job counts (``None``: no jury voted)."""
-    voted = int(totals.get(VOTED, 0))
-    if not voted:
-        return None
-    members: dict[str, dict[str, int]] = {}
-    for key, value in totals.items():
-        if m := _COUNT.fullmatch(key):
-            members.setdefault(m[1], {"approved": 0, "rejected": 0})[m[2]] += int(value)
-    return JuryStats(voted, int(totals.get(SPLIT, 0)), members)

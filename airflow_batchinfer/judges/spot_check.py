@@ -12,11 +12,12 @@ group on the desk, :data:`SPOT_CHECK`), ``judgment.for_review``, ``judge_approve
 answered (:mod:`airflow_batchinfer.review.apply`).
 
 What is counted: a judge job that people check (spot checks or ``review_below_score``) counts its
-judged rows per stratum (:func:`stratum_key`): the judge's verdict as it reached people or results
-(``approved``: into results, spot checks included; ``held``: approved but held for review by its
-score; ``rejected``) and the score's bucket (:func:`score_bucket`; :data:`NO_SCORE` for a judge
-whose scores are not in [0, 1], a ``reward`` judge's raw ones). The calibration weighs each
-reviewed row by its stratum's count (:mod:`airflow_batchinfer.review.calibration`).
+judged rows per stratum (:meth:`~airflow_batchinfer.state.tally.Tally.count_stratum`): the judge's
+verdict as it reached people or results (``approved``: into results, spot checks included;
+``held``: approved but held for review by its score; ``rejected``) and the score's bucket
+(:func:`score_bucket`; :data:`NO_SCORE` for a judge whose scores are not in [0, 1], a ``reward``
+judge's raw ones). The calibration weighs each reviewed row by its stratum's count
+(:mod:`airflow_batchinfer.review.calibration`).
 
 Worker side: no Airflow, nothing heavy.
 """
@@ -43,8 +44,6 @@ __all__ = [
     "score_bucket",
     "selected",
     "spot_check_reason",
-    "strata",
-    "stratum_key",
 ]
 
 SPOT_CHECK = "spot check"  # the reason group of every spot-check row (judges.reasons)
@@ -53,7 +52,6 @@ NO_SCORE = "none"  # the bucket of a verdict without a score
 BUCKETS: tuple[str, ...] = (*(f"{b / 10:.1f}" for b in range(10)), NO_SCORE)
 Stratum = Literal["approved", "held", "rejected"]
 STRATA: tuple[Stratum, ...] = ("approved", "held", "rejected")
-COUNT_PREFIX = "verdicts:"  # a job's counts key: verdicts:<stratum>:<bucket>
 RATE_DIGITS = 6  # significant digits of a round's rate as job params carry it (a stable fingerprint)
 
 
@@ -121,23 +119,3 @@ def spot_check_reason(reason: str) -> str:
 def is_spot_check(judgment: Any) -> bool:
     """Whether a row's ``judgment`` is a spot check's (held back although the judge approved it)."""
     return isinstance(judgment, Mapping) and judgment.get("spot_check") is True
-
-
-def stratum_key(stratum: Stratum, score: float | None) -> str:
-    """A job's counts key of one judged row: ``verdicts:<stratum>:<bucket>``."""
-    return f"{COUNT_PREFIX}{stratum}:{score_bucket(score)}"
-
-
-def strata(counts: Mapping[str, int]) -> dict[str, dict[str, int]] | None:
-    """The judged rows per stratum and bucket in a round's summed counts (``None``: none counted),
-    ``{"approved": {"0.9": 812, …}, "held": {…}, "rejected": {…}}``, buckets in order."""
-    out: dict[str, dict[str, int]] = {}
-    for key, value in counts.items():
-        if not key.startswith(COUNT_PREFIX):
-            continue
-        stratum, _, bucket = key[len(COUNT_PREFIX) :].partition(":")
-        if stratum in STRATA and bucket in BUCKETS:
-            out.setdefault(stratum, {})[bucket] = out.get(stratum, {}).get(bucket, 0) + int(value)
-    if not out:
-        return None
-    return {s: {b: out[s][b] for b in BUCKETS if b in out[s]} for s in STRATA if s in out}

@@ -301,7 +301,5 @@ def _rejected_rows(doc: AcceptedJob | None) -> int | None:
     digest = doc.digest("rejected")
     if digest is not None:
         return digest.count
-    counts = doc.counts
-    if doc.kind == "in_place":
-        return int(counts.get("max_attempts", 0)) + int(counts.get("error", 0))
-    return int(counts["rejected"]) if "rejected" in counts else None
+    outcomes = doc.counts.outcomes
+    return outcomes.max_attempts + outcomes.error if doc.kind == "in_place" else outcomes.rejected

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_batchinfer.state.docs.jobs import TERMINAL_STATES, JobKind, JobState
+from airflow_batchinfer.state.tally import Tally
 
 __all__ = ["TERMINAL_STATES", "JobKind", "JobSpec", "JobState", "JobStatus", "Progress", "WorkerStats"]
 # ``GET /v1/jobs/{id}?wait_s=`` answers when the job ends, or after at most this long (a long poll).
@@ -43,7 +44,7 @@ class JobStatus(BaseModel):
     job_id: str
     kind: JobKind
     state: JobState
-    counts: dict[str, int] = Field(default_factory=dict)
+    counts: Tally = Field(default_factory=Tally)  # what the job counted so far (its manifest's, once done)
     progress: Progress = Field(default_factory=Progress)
     error: str | None = None
     # True when the worker gave the job up for its own reasons (it is draining): the job did not

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.rpc.models import JobState, JobStatus
+from airflow_batchinfer.state.tally import Tally
 
 if TYPE_CHECKING:
     from airflow_batchinfer.state.docs import JobManifest
@@ -40,11 +41,11 @@ class Observation:
     state: JobState | None = None
     retryable: bool = False  # cancelled by a draining worker: not a failure of the job
     error: str | None = None
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Tally = field(default_factory=Tally)
 
     @classmethod
     def of(cls, status: JobStatus) -> Observation:
-        return cls("status", status.state, status.retryable, error=status.error, counts=dict(status.counts))
+        return cls("status", status.state, status.retryable, error=status.error, counts=status.counts)
 
 
 def next_action(obs: Observation, *, lost_since: float | None, now: float, grace_s: float) -> Action:
@@ -73,7 +74,7 @@ class JobEvent:
     job_id: str
     url: str
     error: str | None = None  # the worker's reason, or why the job counts as lost
-    counts: dict[str, int] = field(default_factory=dict)
+    counts: Tally = field(default_factory=Tally)
 
 
 def event_for(

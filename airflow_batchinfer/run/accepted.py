@@ -19,6 +19,7 @@ from airflow_batchinfer.state.docs import (
     parse_accepted,
 )
 from airflow_batchinfer.state.layout import fenced_outputs
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, swap
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, resolve
@@ -36,7 +37,7 @@ class Settled:
 
     shard: ShardDescriptor
     jobs: list[Figures]  # valid manifests / the accepted doc: tokens, timings, workers
-    counts: dict[str, Any] | None  # the accepted attempt's counts; None when quarantined
+    counts: Tally | None  # the accepted attempt's counts; None when quarantined
     failed: FailedShard | None = None  # its quarantine record, as written to failed/
     orphans: list[str] = field(default_factory=list)
     accepted: AcceptedJob | None = None  # the accepted doc (its ``ids``, final ``outputs``)

@@ -4,16 +4,15 @@ invariant checked from digests, the rejected set recompacted into the next round
 
 from __future__ import annotations
 
-import itertools
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
-from airflow_batchinfer.engines import adapters
-from airflow_batchinfer.judges import candidates, jury, spot_check
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.ranges import close_input_ranges, settle_range
 from airflow_batchinfer.run.repeats import REPEATED, fanned, range_repeats, settle_repeats
 from airflow_batchinfer.run.settle import RoundClose, settle_shard
 from airflow_batchinfer.state.config import RunConfig
@@ -21,22 +20,20 @@ from airflow_batchinfer.state.docs import (
     AdapterApproval,
     Candidates,
     Digest,
-    FailedShard,
     Invariant,
     Jury,
     Plan,
     Summary,
     WorkerTotals,
-    write_failed,
     write_summary,
 )
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
-from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids, record_ids
+from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids
 from airflow_batchinfer.storage.id_hashes import Repeats
 from airflow_batchinfer.storage.location import StorageOptions, join
-from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
-from airflow_batchinfer.storage.ranges import range_ids, read_range
+from airflow_batchinfer.storage.ranges import range_ids
 from airflow_batchinfer.storage.recompact import recompact
 
 log = logging.getLogger("airflow_batchinfer.run")
@@ -71,6 +68,33 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         return None
     cfg = plan.effective_config(cfg)  # the settings the round ran, as its plan carries them
     layout = RunLayout(cfg.run_root)
+    settled = _settle_all(cfg, layout, plan, so)
+    close_input_ranges(layout, settled, so)
+    orphans = [u for x in settled for u in x.orphans] + _remove_unplanned(layout, plan.round, plan, so)
+    ids = _Ids.of(settled)
+    tally = sum((x.counts for x in settled if x.counts is not None), Tally())
+    if plan.mode == "rounds":
+        found = _account_rounds(cfg, layout, plan.round, settled, tally, ids, so)
+    else:
+        found = _account_in_place(settled, tally, ids)
+    summary = _summary(plan, settled, tally, ids, found, orphans)
+    write_summary(layout, summary, so)
+    if not summary.invariant.ok:
+        log.error(
+            "round %d: %d records planned but %d accounted for; ids lost %s, doubled %s, unexpected %s",
+            plan.round,
+            summary.invariant.planned,
+            summary.invariant.accounted,
+            summary.invariant.lost,
+            summary.invariant.doubled,
+            summary.invariant.unexpected,
+        )
+    return summary.to_json()  # what XCom carries: the stored form
+
+
+def _settle_all(cfg: RunConfig, layout: RunLayout, plan: Plan, so: StorageOptions | None) -> list[Settled]:
+    """Every shard the plan ran settled (8 threads): accepted once, or quarantined; its repeats
+    (round 0's ranges) left out, its segments removed once settled, its ids accounted for."""
     r = plan.round
     kinds = round_kinds(cfg, plan.mode)
     # What ran each kind: a judge with its own pool is checked against that pool's engine.
@@ -85,7 +109,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
         # later occurrences of ids an earlier range holds (a fan-out's: each of their rows)
         repeated = fanned(shard, repeats.of(shard["shard_id"]))
         x = settle_shard(rc, shard, repeated)
-        x = _settle_range(cfg, layout, r, x, so)
+        x = settle_range(cfg, layout, r, x, so)
         settle_repeats(layout, r, x, repeated, id_field, so)
         if x.accepted is not None:  # settled by its manifest: segments its job left have served
             for kind in kinds:  # (a quarantined shard's are kept: a re-run of the round resumes them)
@@ -95,168 +119,222 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
 
     # before any shard is accepted: the repeats are left out of what it accepts
     with range_repeats(cfg, layout, so) if r == 0 else Repeats() as repeats, ThreadPoolExecutor(8) as ex:
-        settled = list(ex.map(settle, plan.shards))
-    _close_input_ranges(layout, settled, so)
-    pending_records = sum(x.shard["records"] for x in settled)  # a range shard's, as read
-    orphans = [u for x in settled for u in x.orphans]
-    orphans += _remove_unplanned(layout, r, plan, so)
-    counts: dict[str, int] = {}
+        return list(ex.map(settle, plan.shards))
+
+
+@dataclass
+class _Ids:
+    """The round's id digests: of the rows it planned, of its quarantined shards' (each accounts for
+    its whole input) and of each output of its accepted shards (and their left-out repeats)."""
+
+    planned: IdDigest
+    failed: IdDigest
+    outputs: dict[str, IdDigest]
+    diffs: list[IdDiff]  # the ids named where shards' (or the recompaction's) digests disagreed
+
+    @classmethod
+    def of(cls, settled: list[Settled]) -> _Ids:
+        ids = cls(IdDigest(), IdDigest(), {n: IdDigest() for n in (*FENCED_OUTPUTS, REPEATED)}, [])
+        for x in settled:
+            ids.planned += x.planned
+            if x.outputs is None:
+                ids.failed += x.planned  # a quarantined shard accounts for its whole input
+            else:
+                for name, d in x.outputs.items():
+                    ids.outputs[name] += d
+            if x.diff is not None:
+                ids.diffs.append(x.diff)
+        return ids
+
+    def consistent(self) -> bool:
+        """Whether the planned ids are the outputs', the quarantined shards' and the repeats' (a
+        repeat rejected into rejects/ was read, and digested, by its range's job: it counts as a line)."""
+        out = self.outputs
+        return self.planned == out["approved"] + out["rejected"] + self.failed + out[REPEATED]
+
+
+@dataclass
+class _Accounted:
+    """Where a round's rows went, by its mode: ``accounted`` for (approved, rejected or exhausted,
+    quarantined, left out as repeats), the summary's digest per set, whether the next pending set
+    holds exactly the rejected rows, and the mode's own figures."""
+
+    accounted: int
+    ids: dict[str, IdDigest]
+    recompacted_ok: bool = True
+    rejected: int | None = None
+    inference_errors: int | None = None
+    for_review: int | None = None
+    next_pending: int | None = None
+    exhausted: int | None = None
+    attempts: int | None = None
+
+
+def _failed_records(settled: list[Settled]) -> int:
+    return sum(x.failed.records for x in settled if x.failed is not None)
+
+
+def _account_rounds(
+    cfg: RunConfig,
+    layout: RunLayout,
+    r: int,
+    settled: list[Settled],
+    tally: Tally,
+    ids: _Ids,
+    so: StorageOptions | None,
+) -> _Accounted:
+    """Strategy 1: the rejected rows recompacted into the next round's pending set, whose digest must
+    be the rejected files' (both are read, and the ids that differ named, when it is not)."""
+    id_field = cfg.id_field or "id"
+    out = ids.outputs
+    outcomes = tally.outcomes
+    judged = {x.shard["shard_id"]: x.counts.outcomes.rejected for x in settled if x.counts is not None}
+    nxt = recompact(
+        layout.rejected_dir(r),
+        layout.pending(r + 1),
+        records_per_shard=cfg.records_per_shard,
+        counts=judged,
+        workers=8,
+        storage_options=so,
+        overwrite=True,
+        id_field=id_field,
+    )
+    next_ids = IdDigest.maybe(nxt.ids)
+    if next_ids is None:  # an output recompacted before digests existed: read it
+        next_ids = IdDigest()
+        for desc in nxt.shards:
+            next_ids += file_digest(JsonlFile(desc["uri"], storage_options=so), id_field)
+    if next_ids != out["rejected"]:
+        log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
+        rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
+        sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
+        targets = [JsonlFile(d["uri"], storage_options=so) for d in nxt.shards]
+        ids.diffs.append(_diff(sources, targets, id_field))
+    return _Accounted(
+        accounted=outcomes.approved + outcomes.rejected + _failed_records(settled) + out[REPEATED].count,
+        ids={
+            "planned": ids.planned,
+            "approved": out["approved"],
+            "rejected": out["rejected"],
+            "failed": ids.failed,
+            "next_pending": next_ids,
+            REPEATED: out[REPEATED],
+        },
+        recompacted_ok=nxt.records == outcomes.rejected and next_ids == out["rejected"],
+        rejected=outcomes.rejected,
+        inference_errors=outcomes.inference_errors,
+        for_review=outcomes.for_review,  # rejected rows that await people
+        next_pending=nxt.records,
+    )
+
+
+def _account_in_place(settled: list[Settled], tally: Tally, ids: _Ids) -> _Accounted:
+    """Strategy 2 (and a tail): every row approved or exhausted (its attempts, or its prompt, failed)."""
+    outcomes, out = tally.outcomes, ids.outputs
+    exhausted = outcomes.max_attempts + outcomes.error
+    return _Accounted(
+        accounted=outcomes.approved + exhausted + _failed_records(settled) + out[REPEATED].count,
+        ids={
+            "planned": ids.planned,
+            "approved": out["approved"],
+            "exhausted": out["rejected"],
+            "failed": ids.failed,
+            REPEATED: out[REPEATED],
+        },
+        exhausted=exhausted,
+        attempts=outcomes.attempts,
+    )
+
+
+def _work(settled: list[Settled]) -> tuple[dict[str, int], float, dict[str, WorkerTotals]]:
+    """The tokens, job seconds and per-worker figures of every job that counts, infer and judge alike."""
     tokens: dict[str, int] = {}
     job_seconds = 0.0
-    failed: list[FailedShard] = []
     workers: dict[str, WorkerTotals] = {}
-    for x in settled:
-        if x.failed is not None:
-            failed.append(x.failed)
-        for k, v in (x.counts or {}).items():
-            counts[k] = counts.get(k, 0) + int(v)
-        for m in x.jobs:  # every job that counts, infer and judge alike
-            run_s = m.timings.run_s
-            for k, v in m.tokens.items():
-                tokens[k] = tokens.get(k, 0) + v
-            job_seconds += run_s
-            w = workers.setdefault(m.worker, WorkerTotals())
-            w.jobs += 1
-            w.job_seconds += run_s
-            w.engine_busy_s += m.batcher.busy_s
-            w.fill_sum += m.batcher.avg_fill
-            w.tokens += sum(m.tokens.values())
-    failed_records = sum(f.records for f in failed)
-    planned_ids, failed_ids = IdDigest(), IdDigest()
-    out_ids = {name: IdDigest() for name in (*FENCED_OUTPUTS, REPEATED)}
-    for x in settled:
-        planned_ids += x.planned
-        if x.outputs is None:
-            failed_ids += x.planned  # a quarantined shard accounts for its whole input
-        else:
-            for name, d in x.outputs.items():
-                out_ids[name] += d
-    diffs = [x.diff for x in settled if x.diff is not None]
-    approved = counts.get("approved", 0)
-    rejected = inference_errors = for_review = next_pending = exhausted = attempts = None
-    if plan.mode == "rounds":
-        rejected = counts.get("rejected", 0)
-        inference_errors = counts.get("inference_errors", 0)
-        for_review = counts.get("for_review", 0)  # rejected rows that await people
-        judged = {
-            x.shard["shard_id"]: int(x.counts.get("rejected", 0)) for x in settled if x.counts is not None
-        }
-        nxt = recompact(
-            layout.rejected_dir(r),
-            layout.pending(r + 1),
-            records_per_shard=cfg.records_per_shard,
-            counts=judged,
-            workers=8,
-            storage_options=so,
-            overwrite=True,
-            id_field=id_field,
-        )
-        next_pending = nxt.records
-        accounted = approved + rejected + failed_records + out_ids[REPEATED].count
-        next_ids = IdDigest.maybe(nxt.ids)
-        if next_ids is None:  # an output recompacted before digests existed: read it
-            next_ids = IdDigest()
-            for desc in nxt.shards:
-                next_ids += file_digest(JsonlFile(desc["uri"], storage_options=so), id_field)
-        if next_ids != out_ids["rejected"]:
-            log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
-            rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
-            sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
-            targets = [JsonlFile(d["uri"], storage_options=so) for d in nxt.shards]
-            diffs.append(_diff(sources, targets, id_field))
-        recompacted_ok = nxt.records == rejected and next_ids == out_ids["rejected"]
-        ids = {
-            "planned": planned_ids,
-            "approved": out_ids["approved"],
-            "rejected": out_ids["rejected"],
-            "failed": failed_ids,
-            "next_pending": next_ids,
-            REPEATED: out_ids[REPEATED],
-        }
-    else:
-        exhausted = counts.get("max_attempts", 0) + counts.get("error", 0)
-        attempts = counts.get("attempts", 0)
-        accounted = approved + exhausted + failed_records + out_ids[REPEATED].count
-        recompacted_ok = True
-        ids = {
-            "planned": planned_ids,
-            "approved": out_ids["approved"],
-            "exhausted": out_ids["rejected"],
-            "failed": failed_ids,
-            REPEATED: out_ids[REPEATED],
-        }
-    # A repeat rejected into rejects/ was read (and digested) by its range's job: it counts as a line.
-    digests_ok = planned_ids == out_ids["approved"] + out_ids["rejected"] + failed_ids + out_ids[REPEATED]
-    named = {k: _named([getattr(d, k) for d in diffs]) for k in ("lost", "doubled", "unexpected")}
-    summary = Summary(
-        round=r,
+    for m in (m for x in settled for m in x.jobs):
+        run_s = m.timings.run_s
+        for k, v in m.tokens.items():
+            tokens[k] = tokens.get(k, 0) + v
+        job_seconds += run_s
+        w = workers.setdefault(m.worker, WorkerTotals())
+        w.jobs += 1
+        w.job_seconds += run_s
+        w.engine_busy_s += m.batcher.busy_s
+        w.fill_sum += m.batcher.avg_fill
+        w.tokens += sum(m.tokens.values())
+    return tokens, job_seconds, workers
+
+
+def _summary(
+    plan: Plan, settled: list[Settled], tally: Tally, ids: _Ids, found: _Accounted, orphans: list[str]
+) -> Summary:
+    """The round's ``summary.json``: its figures from the summed tally, its work, and the invariant."""
+    assert plan.mode != "skip"  # a skipped slot has none
+    pending = sum(x.shard["records"] for x in settled)  # a range shard's, as read
+    failed = [x.failed for x in settled if x.failed is not None]
+    tokens, job_seconds, workers = _work(settled)
+    named = {k: _named([getattr(d, k) for d in ids.diffs]) for k in ("lost", "doubled", "unexpected")}
+    approved = tally.outcomes.approved
+    ok = found.accounted == pending and found.recompacted_ok and ids.consistent() and not any(named.values())
+    return Summary(
+        round=plan.round,
         slot=plan.slot,
         mode=plan.mode,
-        pending=pending_records,
+        pending=pending,
         shards=len(plan.shards),
         approved=approved,
         failed_shards=failed,
-        failed_records=failed_records,
+        failed_records=sum(f.records for f in failed),
         orphans_removed=orphans,
         tokens=tokens,
         job_seconds=round(job_seconds, 3),
         workers=workers,
-        rejected=rejected,
-        inference_errors=inference_errors,
-        for_review=for_review,
-        next_pending=next_pending,
-        exhausted=exhausted,
-        attempts=attempts,
-        truncated=counts.get("truncated", 0),
-        candidates=_candidates(counts),
-        adapters=_adapters(counts),
-        spot_checks=counts.get("spot_checks") if plan.mode == "rounds" else None,
-        verdicts=spot_check.strata(counts),
-        jury=_jury(counts),
-        repeated_ids=out_ids[REPEATED].count,
-        approval_rate=round(approved / pending_records, 4) if pending_records else None,
-        ids={k: Digest.of(v) for k, v in ids.items()},  # count and digest of each set's ids
+        rejected=found.rejected,
+        inference_errors=found.inference_errors,
+        for_review=found.for_review,
+        next_pending=found.next_pending,
+        exhausted=found.exhausted,
+        attempts=found.attempts,
+        truncated=tally.truncated,
+        candidates=_candidates(tally),
+        adapters=_adapters(tally),
+        spot_checks=(tally.outcomes.spot_checks or None) if plan.mode == "rounds" else None,
+        verdicts=tally.verdicts(),
+        jury=_jury(tally),
+        repeated_ids=ids.outputs[REPEATED].count,
+        approval_rate=round(approved / pending, 4) if pending else None,
+        ids={k: Digest.of(v) for k, v in found.ids.items()},  # count and digest of each set's ids
         invariant=Invariant(
-            planned=pending_records,
-            accounted=accounted,
-            ok=accounted == pending_records and recompacted_ok and digests_ok and not any(named.values()),
+            planned=pending,
+            accounted=found.accounted,
+            ok=ok,
             lost=named["lost"],
             doubled=named["doubled"],
             unexpected=named["unexpected"],
             opened=[x.shard["shard_id"] for x in settled if x.opened],  # shards whose ids were read
         ),
     )
-    write_summary(layout, summary, so)
-    if not summary.invariant.ok:
-        log.error(
-            "round %d: %d records planned but %d accounted for; ids lost %s, doubled %s, unexpected %s",
-            r,
-            pending_records,
-            accounted,
-            *named.values(),
-        )
-    return summary.to_json()  # what XCom carries: the stored form
 
 
-def _candidates(counts: dict[str, int]) -> Candidates | None:
-    found = candidates.stats(counts)
+def _candidates(tally: Tally) -> Candidates | None:
+    found = tally.candidates.stats()
     return None if found is None else Candidates.model_validate(found.as_json())
 
 
-def _adapters(counts: dict[str, int]) -> dict[str, AdapterApproval] | None:
+def _adapters(tally: Tally) -> dict[str, AdapterApproval] | None:
     """Approval per adapter: the judge's, its spot checks held for people among its approvals (as the
-    round's approval share counts them: undecided, they follow the judge into results)."""
-    found = adapters.approval(counts)
-    return {
-        name: AdapterApproval(
-            **c, approval_rate=round((c["approved"] + c.get("spot_checks", 0)) / max(1, sum(c.values())), 4)
-        )
-        for name, c in found.items()
-    } or None
+    round's approval share counts them: undecided, they follow the judge into results); ``spot_checks``
+    only where there are some."""
+    out = {}
+    for name, c in sorted(tally.adapters.items()):
+        rate = round((c.approved + c.spot_checks) / max(1, c.approved + c.rejected + c.spot_checks), 4)
+        held = {"spot_checks": c.spot_checks} if c.spot_checks else {}
+        out[name] = AdapterApproval(approved=c.approved, rejected=c.rejected, **held, approval_rate=rate)
+    return out or None
 
 
-def _jury(counts: dict[str, int]) -> Jury | None:
-    found = jury.stats(counts)
+def _jury(tally: Tally) -> Jury | None:
+    found = tally.jury.stats()
     return None if found is None else Jury.model_validate(found.as_json())
 
 
@@ -268,71 +346,6 @@ def _named(lists: list[list[Any]]) -> list[Any]:
 def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> IdDiff:
     """The ids that differ between two sets of files, read in bounded memory (:func:`diff_ids`)."""
     return diff_ids(lambda: file_ids(expected, id_field), lambda: file_ids(actual, id_field), limit=MAX_NAMED)
-
-
-def _settle_range(
-    cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: StorageOptions | None
-) -> Settled:
-    """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read_*`` counts of
-    the job that read the range, or (no job read it to the end: the shard is quarantined) from
-    reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
-    shard = x.shard
-    if "range" not in shard:
-        return x
-    sid = shard["shard_id"]
-    reader = next((d for d in x.jobs if "read_lines" in d.counts), None)
-    ids = reader.digest("input") if reader is not None else None
-    if reader is not None and ids is not None:
-        stats = {k[len("read_") :]: v for k, v in reader.counts.items() if k.startswith("read_")}
-    else:
-        ids = IdDigest()
-        with JsonlFile(layout.range_rejects(r, sid), storage_options=so).writer_sync() as rejects:
-            rng = read_range(
-                shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=rejects, storage_options=so
-            )
-            records = iter(rng)  # one pass: each iter() of a reader reads the range again
-            for block in iter(lambda: list(itertools.islice(records, 4096)), []):
-                ids.add_many(record_ids(block, rng.check.id_field or cfg.id_field or "id"))
-        stats = rng.stats.as_dict()
-        x.opened = True
-    x.read = stats
-    x.shard = {**shard, "records": ids.count, "ids": ids.to_dict()}
-    if x.failed is not None:  # its quarantine record accounts for the ids as read
-        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids)})
-        write_failed(layout, x.failed, so)
-    return x
-
-
-def _close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOptions | None) -> None:
-    """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
-    first line is the sum of the line counts of every range before it), one file per shard with
-    bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
-    input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
-    close plans only shards with records, so the line counts of the others come from there."""
-    fresh = {x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None}
-    if not fresh:
-        return
-    input_dir = JsonlDir(layout.input, storage_options=so)
-    manifest = read_manifest(input_dir) or {}
-    shards = [fresh.get(s["shard_id"], s) for s in manifest.get("shards", [])]
-    totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
-    first_line = 0
-    for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
-        sid, read = shard["shard_id"], shard.get("read")
-        if read is None:  # never read to its end: the lines after it cannot be numbered
-            log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
-            break
-        if sid in fresh and read.get("quarantined"):
-            rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
-            with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
-                for row in rows:
-                    out.write({**row, "line_no": first_line + int(row["line_in_range"]), "shard_id": sid})
-        first_line += read.get("lines", 0)
-        for k in totals:
-            totals[k] += read.get(k, 0)
-    manifest["shards"] = shards
-    manifest["counts"] = totals
-    write_manifest(input_dir, manifest)
 
 
 def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: bool = False) -> Settled:

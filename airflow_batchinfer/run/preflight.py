@@ -258,7 +258,7 @@ def run_preflight(
     infer_s = mi.timings.run_s or 1e-9
     judge_s = mj.timings.run_s if mj is not mi else 0.0
     tokens = sum(sum(m.tokens.values()) for m in manifests)
-    approval = mj.counts.get("approved", 0) / n if n else 0.0
+    approval = mj.counts.outcomes.approved / n if n else 0.0
     per_record_s = (infer_s + judge_s) / n if n else 0.0
     passes = expected_passes(approval, cfg)
     wall_s = total * passes * per_record_s / max(workers, 1)

@@ -223,4 +223,4 @@ def _quarantine(
     )
     write_failed(layout, record, so)
     log.error("round %d: shard %s quarantined (%s): %s", r, sid, phase, record.error)
-    return record  # _settle_range and settle_repeats may add to it (the ids as read, its repeats)
+    return record  # ranges.settle_range and settle_repeats may add to it (the ids as read, its repeats)

@@ -8,7 +8,7 @@ import dataclasses
 import logging
 from typing import Any
 
-from airflow_batchinfer.engines.adapters import row_count_key
+from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import OTHER, reason_group, row_reason
 from airflow_batchinfer.judges.spot_check import is_spot_check
@@ -16,6 +16,7 @@ from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.tally import Generated, Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, id_bytes
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, FanOut
@@ -99,7 +100,7 @@ def drop_repeats(
         doc.committed[name] = dst
         left_out += removed
     doc.ids[REPEATED] = Digest.of(left_out)
-    doc.counts["repeated_ids"] = left_out.count
+    doc.counts.repeated_ids = left_out.count
     doc.repeats = RepeatsLeftOut(count=left_out.count, rejects=rejects)
     return doc
 
@@ -119,28 +120,8 @@ def _rewrite_without(
 
 
 def _uncount(doc: AcceptedJob, row: dict[str, Any], output: str) -> None:
-    """Take one left-out row out of the doc's counts (as the job counted it) and reason groups."""
-    counts = doc.counts
-    judgment = row.get("judgment")
-    judgment = judgment if isinstance(judgment, dict) else {}
-    keys = [str(row.get("status"))]
-    if judgment.get("for_review"):
-        keys.append("for_review")
-    held = is_spot_check(judgment)
-    if held:
-        keys.append("spot_checks")
-    if doc.kind in ("judge", "infer_judge") and row.get("error") is not None:
-        keys.append("inference_errors")
-    if doc.kind == "infer_judge":  # its inference counts, per row: ok or error
-        keys.append("error" if row.get("error") is not None else "ok")
-    # its adapter's count (shard_jobs: a judged row without an inference error, a spot check apart; in
-    # place, not errored)
-    answered = row.get("status") != "error" if doc.kind == "in_place" else row.get("error") is None
-    if (key := row_count_key(row.get(ADAPTER_FIELD), answered, str(row.get("status")), held)) is not None:
-        keys.append(key)
-    for key in keys:
-        if counts.get(key):
-            counts[key] = int(counts[key]) - 1
+    """Take one left-out row out of the doc's counts (as its job counted it) and reason groups."""
+    doc.counts -= _row_tally(doc.kind, row)
     groups = doc.reason_groups
     if output == "rejected" and groups:
         group = reason_group(row_reason(row))
@@ -149,6 +130,29 @@ def _uncount(doc: AcceptedJob, row: dict[str, Any], output: str) -> None:
             groups[key] = int(groups[key]) - 1
             if not groups[key]:
                 del groups[key]
+
+
+def _row_tally(kind: str, row: dict[str, Any]) -> Tally:
+    """What a job of ``kind`` counted of ``row`` by outcome and adapter (:mod:`~airflow_batchinfer.
+    worker.jobs.judge`, :mod:`~airflow_batchinfer.worker.jobs.in_place`)."""
+    tally = Tally()
+    judgment = row.get("judgment")
+    judgment = judgment if isinstance(judgment, dict) else {}
+    status, held, errored = str(row.get("status")), is_spot_check(judgment), row.get("error") is not None
+    outcomes = tally.outcomes
+    if status in ("approved", "rejected", "max_attempts", "error"):  # (in place: the last two)
+        setattr(outcomes, status, 1)
+    outcomes.for_review = int(bool(judgment.get("for_review")))
+    outcomes.spot_checks = int(held)
+    if kind in ("judge", "infer_judge"):
+        outcomes.inference_errors = int(errored)
+    if kind == "infer_judge":  # its inference counts each row: ok or error
+        tally.generated = Generated(ok=int(not errored), error=int(errored))
+    # its adapter's count: a judged row without an inference error (in place: not errored)
+    answered = status != "error" if kind == "in_place" else not errored
+    if answered and (name := counted(row.get(ADAPTER_FIELD))) is not None:
+        tally.count_adapter(name, status, held)
+    return tally
 
 
 def settle_repeats(

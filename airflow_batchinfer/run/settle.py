@@ -159,7 +159,7 @@ def _settle_once(
             if f"{sid}.json" in rc.already_failed or replaces_quarantine:
                 files.remove(join(layout.failed(r), f"{sid}.json"), so)
                 log.info("round %d: shard %s accepted: its quarantine record is removed", r, sid)
-            return Settled(shard, [*jobs, stood], dict(stood.counts), accepted=stood)
+            return Settled(shard, [*jobs, stood], stood.counts, accepted=stood)
     assert problem is not None
     return quarantine_shard(layout, r, shard, kinds, checked, problem, rerun, seen, final, so)
 

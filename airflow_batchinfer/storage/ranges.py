@@ -6,8 +6,8 @@ A range shard's descriptor names the source and its stored bytes (:class:`ShardD
 The job that reads the range validates each line exactly as sharding does
 (:class:`~airflow_batchinfer.storage.validate.LineValidator`; repeated ids are found within the range),
 writes bad lines with their ``line_in_range`` and byte ``offset`` to its ``input_rejects`` output
-and records its line counts (``read_*``) and ``ids["input"]``; the round's close turns those into the
-run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts). The job
+and records its line counts (its tally's ``read``) and ``ids["input"]``; the round's close turns those
+into the run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts). The job
 also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hashes`), from which
 round 0's close finds ids that two ranges hold without reading the input again.
 
@@ -33,7 +33,7 @@ from airflow_batchinfer.storage.lines import (
     iter_line_blocks,
 )
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.storage.reader import ErrorPolicy, RecordReader, RecordSink
+from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import (
     Record,
     check_on_error,
@@ -288,8 +288,3 @@ def read_range(
     rng = _input_range(shard, id_field, assign_ids)
     file = JsonlFile(shard["uri"], storage_options=storage_options)
     return RangeRecordReader(file, rng, rejects=rejects, expand=expand)
-
-
-def read_stats(policy: ErrorPolicy) -> dict[str, int]:
-    """A read's line counts under the ``read_`` names a job's manifest ``counts`` carries them."""
-    return {f"read_{k}": v for k, v in policy.stats.as_dict().items()}

@@ -7,6 +7,7 @@ import logging
 import socket
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from airflow_batchinfer.batching import BatchStats
@@ -15,16 +16,27 @@ from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
 from airflow_batchinfer.state.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
 from airflow_batchinfer.state.params import JobParams
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.confine import confined
+from airflow_batchinfer.worker.jobs.context import JobContext
+from airflow_batchinfer.worker.jobs.in_place import run_in_place
+from airflow_batchinfer.worker.jobs.infer import run_infer, run_infer_judge
+from airflow_batchinfer.worker.jobs.judge import run_judge
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.security import PrefixPolicy
-from airflow_batchinfer.worker.segments import RESUME_COUNTS
-from airflow_batchinfer.worker.shard_jobs import SHARD_JOBS, JobContext
 from airflow_batchinfer.worker.telemetry import Telemetry
 
 log = logging.getLogger("airflow_batchinfer.worker")
 KEEP_FINISHED = 10_000  # finished jobs remembered for status queries
 DRAINED = "cancelled: the worker is draining (shutting down); resubmit elsewhere"
+
+# The job each kind runs: it returns what it counted (its manifest's ``counts``).
+SHARD_JOBS: dict[str, Callable[[JobContext], Awaitable[Tally]]] = {
+    "infer": run_infer,
+    "judge": run_judge,
+    "infer_judge": run_infer_judge,
+    "in_place": run_in_place,
+}
 
 
 @dataclass
@@ -45,7 +57,7 @@ class Job:
             job_id=spec.job_id,
             kind=spec.kind,
             state=self.state,
-            counts=dict(self.ctx.counts),
+            counts=self.ctx.counts(),
             progress=self.ctx.progress,
             error=self.error,
             retryable=self.retryable,
@@ -77,7 +89,7 @@ class JobRegistry:
         self.draining = False
         self.last_activity = time.monotonic()
         self.totals: Counter[str] = Counter()  # finished jobs by "kind:state", for /metrics
-        self.records: Counter[str] = Counter()
+        self.records: Counter[str] = Counter()  # records of finished jobs by outcome, for /metrics
         self.tokens: Counter[str] = Counter()  # tokens of finished jobs, for /metrics
         self.telemetry = Telemetry(runtime.engine)  # the engine's own figures, for /metrics and manifests
         self._idle = asyncio.Event()
@@ -180,9 +192,7 @@ class JobRegistry:
             job.finished_at = time.time()
             self.last_activity = time.monotonic()
             self.totals[f"{spec.kind}:{job.state}"] += 1
-            # Records by outcome; a job's resume figures (chunks, records taken from segments) are
-            # its manifest's, not the worker's totals.
-            self.records.update({k: v for k, v in ctx.counts.items() if k not in RESUME_COUNTS})
+            self.records.update(ctx.counts().by_outcome())
             self.tokens.update(ctx.tokens)
             if job.state != "succeeded":
                 log.warning(

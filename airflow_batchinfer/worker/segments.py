@@ -1,7 +1,7 @@
 """The segment log of one shard job: resume inside a shard (``infer``, ``judge``, ``infer_judge``).
 
 A job spec with ``outputs["segments"]`` (a directory) commits its output chunk by chunk, in the
-chunks it reads its input in (the first :data:`~airflow_batchinfer.worker.shard_jobs.FIRST_CHUNK`
+chunks it reads its input in (the first :data:`~airflow_batchinfer.worker.jobs.chunks.FIRST_CHUNK`
 records, then ``chunk_size`` each). A chunk's *segment* is, per output name of the kind, one file of
 that chunk's rows, encoded like the final output (``.jsonl.zst``: one zstd frame), and last its
 document (:class:`SegmentDoc`), the commit point::
@@ -10,7 +10,7 @@ document (:class:`SegmentDoc`), the commit point::
     <segments>/chunk-000007.<attempt>.json
 
 The document holds the chunk's input record count and id digest, per output its rows, digest and
-file, and the chunk's deltas of the job's counts, tokens and reason groups. Each attempt (a start of
+file, and the chunk's deltas of the job's tally, tokens and reason groups. Each attempt (a start of
 the job, :attr:`JobContext.attempt`) writes only names with its own token, so two copies of one job
 never write the same file, and a segment is usable only once its document exists.
 
@@ -19,7 +19,8 @@ longest prefix of chunks 0..m-1 that each have a document (:meth:`SegmentLog.loa
 input as usual it checks each such chunk's records and ids against the document, skips its
 inference and judging, and folds the document's figures into the job's. The final outputs are the
 byte concatenation of the chosen segments' files, so they hold exactly what the digests say, and the
-completion manifest is what an undisturbed run writes (plus ``resumed_records`` and ``segments``).
+completion manifest is what an undisturbed run writes (plus its tally's ``resume``: records and
+segments).
 Each attempt marks itself live (``attempt-<attempt>.live``) before it lists the directory and
 unmarks itself when it ends. Once its manifest is written (``JobContext.cleanup``) an attempt deletes
 the directory's documents, then its files, only while no other attempt is marked live
@@ -45,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, TypeAdapter
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import confine, files
 from airflow_batchinfer.storage.atomic import AtomicSink, is_temp_name
 from airflow_batchinfer.storage.digest import IdDigest
@@ -56,13 +58,10 @@ from airflow_batchinfer.storage.records import Record
 
 log = logging.getLogger("airflow_batchinfer.worker")
 
-SEGMENTS_VERSION = 1  # of the segment documents
+SEGMENTS_VERSION = 2  # of the segment documents (2: counts a Tally)
 COPY_BYTES = 1024 * 1024  # assembly copies segment files in blocks of this size
 _DOC_NAME = re.compile(r"^chunk-(\d{6,})\.([A-Za-z0-9_-]+)\.json$")
 _REMEDY = "delete the segments directory to recompute the shard"
-
-# The counts a segmented job adds to its manifest (not records by outcome).
-RESUME_COUNTS = frozenset({"resumed_records", "segments"})
 
 
 def live_name(attempt: str) -> str:
@@ -82,13 +81,13 @@ def file_name(chunk: int, attempt: str, output: str, final_uri: str) -> str:
 
 # --------------------------------------------------------------------------------------- tallies
 @dataclass
-class Tally:
-    """What one chunk of a job counted: its ``counts``, ``tokens``, the ``ids`` it read (``input``)
+class ChunkFigures:
+    """What one chunk of a job counted: its ``tally``, ``tokens``, the ``ids`` it read (``input``)
     and emitted per output, and the ``reason_groups`` of the rows it rejected. Kept per chunk because
     chunk k+1 is processed while chunk k is written: each chunk's own figures go into its segment
     document, and into the job's once the chunk is written (:meth:`JobContext.absorb`)."""
 
-    counts: Counter[str] = field(default_factory=Counter)
+    tally: Tally = field(default_factory=Tally)
     tokens: Counter[str] = field(default_factory=Counter)
     ids: dict[str, IdDigest] = field(default_factory=dict)
     reason_groups: ReasonGroups = field(default_factory=ReasonGroups)
@@ -100,10 +99,12 @@ class Tally:
         digest.add_many(ids)
 
     @classmethod
-    def of(cls, doc: SegmentDoc) -> Tally:
+    def of(cls, doc: SegmentDoc) -> ChunkFigures:
         """A committed segment's figures, as its chunk counted them."""
         ids = {"input": doc.input.digest(), **{n: o.ids.digest() for n, o in doc.outputs.items()}}
-        return cls(Counter(doc.counts), Counter(doc.tokens), ids, ReasonGroups(doc.reason_groups))
+        return cls(
+            doc.counts.model_copy(deep=True), Counter(doc.tokens), ids, ReasonGroups(doc.reason_groups)
+        )
 
 
 # ------------------------------------------------------------------------------------- documents
@@ -132,7 +133,7 @@ class SegmentDoc(DocModel):
     records: int  # input records in the chunk
     input: Digest  # the chunk's input ids
     outputs: dict[str, SegmentOutput]
-    counts: dict[str, int]
+    counts: Tally
     tokens: dict[str, int]
     reason_groups: dict[str, int]  # all of the chunk's groups (a chunk has few): the job caps them
     committed_at: float
@@ -247,7 +248,7 @@ class SegmentLog:
         records: int,
         rows: list[Record],
         split: Callable[[list[Record]], dict[str, list[Record]]],
-        tally: Tally,
+        figures: ChunkFigures,
     ) -> SegmentDoc:
         """Write chunk ``chunk``'s segment: each output's rows (``split`` of ``rows``), then its
         document. Encoding and compression happen here, in the caller's thread."""
@@ -259,7 +260,7 @@ class SegmentLog:
             if fname is not None:
                 with JsonlFile(join(self.uri, fname), storage_options=self.so).writer_sync() as w:
                     w.write_many(part)
-            ids = Digest.of(tally.ids.get(name, IdDigest()))
+            ids = Digest.of(figures.ids.get(name, IdDigest()))
             outputs[name] = SegmentOutput(rows=len(part), ids=ids, file=fname)
         doc = SegmentDoc(
             job_id=self.key.job_id,
@@ -268,11 +269,11 @@ class SegmentLog:
             chunk=chunk,
             chunk_size=self.key.chunk_size,
             records=records,
-            input=Digest.of(tally.ids.get("input", IdDigest())),
+            input=Digest.of(figures.ids.get("input", IdDigest())),
             outputs=outputs,
-            counts=dict(tally.counts),
-            tokens=dict(tally.tokens),
-            reason_groups=tally.reason_groups.as_dict(limit=max(len(tally.reason_groups), 1)),
+            counts=figures.tally,
+            tokens=dict(figures.tokens),
+            reason_groups=figures.reason_groups.as_dict(limit=max(len(figures.reason_groups), 1)),
             committed_at=time.time(),
         )
         write_bytes(resolve(join(self.uri, doc_name(chunk, self.attempt)), self.so), doc.encode())

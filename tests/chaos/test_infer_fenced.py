@@ -101,7 +101,7 @@ def test_a_late_infer_copy_changes_neither_the_judge_input_nor_the_accepted_atte
 
     # the late copy's manifest names its own attempt; the judge read the one before it
     late = read_job_manifest(layout.job_manifest(0, LATE, "infer"))
-    assert late is not None and late.committed is not None and late.counts.get("error") == 10
+    assert late is not None and late.committed is not None and late.counts.generated.error == 10
     assert pool.judge_read is not None and pool.judge_read != late.committed["inferred"]
     judge = read_accepted(layout.accepted(0, LATE, "judge"))
     infer = read_accepted(layout.accepted(0, LATE, "infer"))

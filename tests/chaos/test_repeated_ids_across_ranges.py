@@ -119,7 +119,7 @@ def test_ids_repeated_across_ranges_are_rejected_and_round_zero_closes(tmp_path:
         assert doc.repeats.count == sum(row["shard_id"] == sid for row in got)
         for name in ("approved", "rejected"):
             rows_in = list(JsonlFile(doc.outputs[name]).iter_records())
-            assert doc.ids[name].count == doc.counts[name] == len(rows_in)
+            assert doc.ids[name].count == getattr(doc.counts.outcomes, name) == len(rows_in)
     # The report's invariant: from the digests, and by reading the ids (no digests to go by).
     pending = pending_shards(layout, 1)
     by_digest = check_invariant(layout, "id", pending, [Summary.model_validate(summary)], [], plans=[plan])

@@ -26,6 +26,7 @@ from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
 from tests.support.fake_jobs import (
     IDS,
     close,
+    counted,
     finish_job,
     finish_shard,
     judge_shard,
@@ -99,7 +100,7 @@ def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_p
         finish_shard(cfg, 0, x, set())
     stray = orphan_attempt(cfg, s, "infer", "zombie")  # an infer copy that never wrote its manifest
     rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"])]
-    infer = finish_job(cfg, "infer", 0, s, {"inferred": rows}, {"ok": 10}, token="current")
+    infer = finish_job(cfg, "infer", 0, s, {"inferred": rows}, counted(ok=10), token="current")
     assert infer.committed is not None
     judged = orphan_attempt(cfg, {**s, "uri": infer.committed["inferred"]}, "judge", "zombie")
     record_job_error(cfg, 0, sid, "judge", "JobFailed: worker lost", None)

@@ -89,7 +89,7 @@ def run_with_swap(
     and put a symlink to ``outside`` in its place (``link``), or move it into ``outside``."""
     assert worker.submit(spec).state == "running"
     deadline = time.monotonic() + 60
-    while (s := worker.status(spec.job_id)).progress.done + s.counts.get("attempts", 0) < 32:
+    while (s := worker.status(spec.job_id)).progress.done + s.counts.outcomes.attempts < 32:
         assert time.monotonic() < deadline, "the job made no progress"
         time.sleep(0.02)
     if link:

@@ -155,7 +155,7 @@ def test_in_place_killed_and_resumed_tells_every_retry_its_previous_attempt(tmp_
     finally:
         w2.stop()
     assert status.state == "succeeded", status.error
-    assert status.counts["resumed"] == len(checkpointed)
+    assert status.counts.resume.samples == len(checkpointed)
     rows = {r["id"]: r for r in JsonlFile(spec.outputs["rejected"]).iter_records()}
     assert sorted(rows) == sorted(f"r{i}" for i in range(40))
     for rid, row in rows.items():
@@ -213,7 +213,7 @@ def test_a_real_models_retries_read_previous_and_run_with_their_sampling_entry(
     tokens = {}
     for spec in (plain, told):
         m = read_job_manifest(spec.outputs["manifest"])
-        assert m is not None and m.counts["attempts"] == 8
+        assert m is not None and m.counts.outcomes.attempts == 8
         tokens[spec.job_id] = m.tokens["prompt"]
     rows = {r["id"]: r for r in JsonlFile(told.outputs["rejected"]).iter_records()}
     for row in rows.values():

@@ -26,7 +26,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.worker.registry import DRAINED
 from tests.conftest import Root
-from tests.support.fake_jobs import finish_job, finish_shard, judge_shard, read_rows, write_rows
+from tests.support.fake_jobs import counted, finish_job, finish_shard, judge_shard, read_rows, write_rows
 from tests.support.workers import start_worker
 
 pytestmark = pytest.mark.slow
@@ -78,7 +78,7 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     for x in rest:
         finish_shard(cfg, 0, x, {i for i in IDS if int(i[1:]) % 2 == 0}, so=so)
     rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"], so)]
-    finish_job(cfg, "infer", 0, s, {"inferred": rows}, {"ok": 10}, so=so)
+    finish_job(cfg, "infer", 0, s, {"inferred": rows}, counted(ok=10), so=so)
     write_rows(layout.rejected(0, sid), rows[:3], so)  # a judge that died between its two commits
 
     first = close_round(cfg, plan, so)
@@ -99,7 +99,7 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     assert not exists(f"{layout.staged_job(0, sid, 'judge')}/a/approved.jsonl.zst", so)
     doc = read_accepted(layout.accepted(0, sid, "judge"), so)
     assert isinstance(doc, AcceptedJob) and doc.attempt == "b"
-    assert doc.counts == {"approved": 2, "rejected": 8}
+    assert doc.counts.model_dump() == {"outcomes": {"approved": 2, "rejected": 8}}
 
     judge_shard(cfg, 0, s, {"r00"}, token="c", so=so)  # yet another copy: never replaces b
     third = close_round(cfg, plan, so)
@@ -150,7 +150,7 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
         assert isinstance(doc, AcceptedJob) and doc.attempt == m.attempt and doc.counts == m.counts
         approved = read_rows(layout.result(0, s["shard_id"]))
         rejected = read_rows(layout.rejected(0, s["shard_id"]))
-        assert (len(approved), len(rejected)) == (m.counts["approved"], m.counts["rejected"])
+        assert (len(approved), len(rejected)) == (m.counts.outcomes.approved, m.counts.outcomes.rejected)
         assert not Path(layout.staged_job(0, s["shard_id"], "judge")).exists()
 
 
@@ -195,7 +195,7 @@ def test_a_job_cancelled_by_drain_is_retryable_over_http(tmp_path: Path) -> None
                     return
 
     deadline = time.monotonic() + 30
-    while w.status(spec.job_id).counts.get("attempts", 0) < 20:
+    while w.status(spec.job_id).counts.outcomes.attempts < 20:
         assert time.monotonic() < deadline
         time.sleep(0.02)
     pollers = [threading.Thread(target=poll) for _ in range(3)]

@@ -76,8 +76,8 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
     assert {r["status"] for r in rejected} <= {"max_attempts", "error"}
     assert status.progress.done == N
 
-    counts = manifest.counts
-    assert counts["approved"] == len(approved) > N // 2
-    assert counts.get("max_attempts", 0) + counts.get("error", 0) == len(rejected) > 1_000
-    assert counts["approved"] + counts.get("max_attempts", 0) + counts.get("error", 0) == N
-    assert N < counts["attempts"] <= 3 * N and counts["resumed"] == 0
+    counts = manifest.counts.outcomes
+    assert counts.approved == len(approved) > N // 2
+    assert counts.max_attempts + counts.error == len(rejected) > 1_000
+    assert counts.approved + counts.max_attempts + counts.error == N
+    assert N < counts.attempts <= 3 * N and manifest.counts.resume.samples == 0

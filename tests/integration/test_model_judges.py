@@ -15,6 +15,7 @@ import pytest
 from airflow_batchinfer.exceptions import BadJobError
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlFile
 from tests.support.models import VLLM_PYTHON
 from tests.support.workers import WorkerProcess, start_worker
@@ -59,7 +60,7 @@ def inferred(workdir: Path, generator: WorkerProcess) -> str:
 
 def run_job(
     w: WorkerProcess, kind: str, src: str, outputs: dict[str, str], params: dict[str, Any], name: str
-) -> dict[str, int]:
+) -> Tally:
     manifest = str(Path(src).parent / f"{name}.manifest.json")
     spec = JobSpec(
         job_id=name, kind=kind, input=src, outputs={**outputs, "manifest": manifest}, params=params
@@ -68,7 +69,7 @@ def run_job(
     assert status.state == "succeeded", status.error
     m = read_job_manifest(manifest)
     assert m is not None
-    return dict(m.counts)
+    return m.counts
 
 
 def judge(
@@ -143,7 +144,7 @@ def test_a_classifier_judge_on_a_transformers_scoring_worker(
         scorer, inferred, {"type": "classifier", "threshold": threshold}, "cls"
     )
     check_split(approved, rejected, expected, threshold, tol=1e-4)
-    assert approved and rejected and counts["approved"] == len(approved)
+    assert approved and rejected and counts.outcomes.approved == len(approved)
     assert approved[0]["judgment"]["reason"].startswith("P(approved) ")
     stats = scorer.http("GET", "/v1/stats").json()
     assert stats["engine"]["labels"] == ["rejected", "approved"] and stats["engine"]["task"] == "score"
@@ -215,7 +216,7 @@ def test_a_jury_of_the_generator_and_the_classifier(
         assert "jury_verdicts" not in r
     split = sum(len({m["approved"] for m in r["judgment"]["members"]}) > 1 for r in approved + rejected)
     assert judged.get("jury:split", 0) == split
-    assert counts["ok"] == N
+    assert counts.generated.ok == N
 
 
 def r_carried(rows: list[dict[str, Any]], rid: str) -> dict[str, Any]:

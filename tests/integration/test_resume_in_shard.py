@@ -108,13 +108,13 @@ def test_a_worker_killed_mid_job_costs_at_most_the_chunks_in_flight(
 
     m = read_job_manifest(spec.outputs["manifest"], so)
     assert m is not None and m.committed is not None and m.ids is not None
-    resumed = m.counts["resumed_records"]
+    resumed = m.counts.resume.records
     assert resumed >= kept  # every segment committed before the kill was used
     assert inferred <= N - resumed + CHUNK
     assert inferred == N - resumed  # nothing that came from a segment was inferred again
-    assert m.counts["segments"] == (N - resumed) // CHUNK
+    assert m.counts.resume.segments == (N - resumed) // CHUNK
     assert status.progress.done == N
-    assert m.counts["ok"] == N
+    assert m.counts.generated.ok == N
 
     out = JsonlFile(m.committed["inferred"], storage_options=so)
     ids = Counter(r["id"] for r in out.iter_records())

@@ -68,7 +68,7 @@ def test_in_place_retries_of_truncated_samples_raise_max_tokens_until_they_pass(
         assert (long["status"], long["attempts"], long["max_tokens"], long["finish_reason"]) == (
             "approved", 3, 64, "stop",
         )  # fmt: skip
-        assert status.counts["truncated"] == 2 and status.counts["attempts"] == 4
+        assert status.counts.truncated == 2 and status.counts.outcomes.attempts == 4
 
         # at the deployment's cap the retry runs with the cap, and the reason says so
         layout, s = shard(tmp_path / "capped", records)
@@ -80,7 +80,7 @@ def test_in_place_retries_of_truncated_samples_raise_max_tokens_until_they_pass(
             "truncated: attempt 3 stopped at max_tokens 24 (finish_reason length), at the deployment's cap"
         )
         m = read_job_manifest(layout.job_manifest(0, s["shard_id"], "in_place"))
-        assert m is not None and m.reason_groups == {"truncated": 1} and m.counts["truncated"] == 3
+        assert m is not None and m.reason_groups == {"truncated": 1} and m.counts.truncated == 3
     finally:
         w.stop()
 
@@ -114,6 +114,6 @@ def test_transformers_cuts_a_real_generation_at_a_tiny_max_tokens(tmp_path: Path
         for row in rejected.values():
             assert (row["finish_reason"], row["max_tokens"], row["status"]) == ("length", 2, "rejected")
             assert row["judgment"]["reason"].endswith("a retry runs with max_tokens 4")
-        assert status.counts["truncated"] == 4
+        assert status.counts.truncated == 4
     finally:
         w.stop()

@@ -117,8 +117,8 @@ def test_kill_9_mid_in_place_resumes_each_sample_at_its_checkpointed_attempt(tmp
     assert {r["status"] for r in rows} == {"max_attempts"} and {r["attempts"] for r in rows} == {8}
     # the second run only spent the attempts the checkpoints did not record
     expected = sum(8 - checkpointed.get(f"r{i}", 0) for i in range(60))
-    assert status.counts["attempts"] == expected < 60 * 8
-    assert status.counts["resumed"] == len(checkpointed)
+    assert status.counts.outcomes.attempts == expected < 60 * 8
+    assert status.counts.resume.samples == len(checkpointed)
 
 
 def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
@@ -147,7 +147,7 @@ def test_pool_client_resubmits_when_its_worker_dies(tmp_path: Path) -> None:
     finally:
         for w in workers:
             w.stop()
-    assert manifest.counts == {"ok": 300}
+    assert manifest.counts.model_dump() == {"generated": {"ok": 300}}
     ids = [r["id"] for r in JsonlFile(spec.outputs["inferred"]).iter_records()]
     assert sorted(ids) == sorted(f"r{i}" for i in range(300))
 
@@ -193,7 +193,7 @@ def test_sigterm_past_the_drain_timeout_checkpoints_in_place_jobs(tmp_path: Path
         tmp_path, engine_args={"approval_rate": 0.0, "latency_base_s": 0.05}, extra=["--drain-timeout", "1"]
     )
     w.submit(spec)
-    wait_for(lambda: w.status(spec.job_id).counts.get("attempts", 0) >= 120)
+    wait_for(lambda: w.status(spec.job_id).counts.outcomes.attempts >= 120)
     assert w.stop(signal.SIGTERM) == 0  # drained: the job is cancelled after 1 s, its state flushed
     state = CheckpointLog(spec.outputs["checkpoints"]).load()
     assert len(state) == 40 and min(v.attempts for v in state.values()) >= 2

@@ -68,16 +68,16 @@ def test_infer_job_lifecycle_outputs_and_manifest(tmp_path: Path, worker: Worker
     status = worker.wait(spec.job_id)
     assert status.state == "succeeded", status.error
     assert status.progress.done == status.progress.total == 300
-    assert status.counts == {"ok": 300}
+    assert status.counts.model_dump() == {"generated": {"ok": 300}}
     out = rows(spec.outputs["inferred"])
     assert [r["id"] for r in out] == [f"r{i}" for i in range(300)]
     assert all(r["status"] == "ok" and r["result"].startswith("simulated answer") for r in out)
     assert all(r["attempts"] == 1 and r["round"] == 0 and r["error"] is None for r in out)
     manifest = read_job_manifest(spec.outputs["manifest"])
     assert manifest is not None
-    assert json.loads(Path(spec.outputs["manifest"]).read_text())["schema_version"] == 1
+    assert json.loads(Path(spec.outputs["manifest"]).read_text())["schema_version"] == 2
     assert manifest.state == "succeeded"
-    assert manifest.counts == {"ok": 300} and len(manifest.fingerprint) == 64
+    assert manifest.counts.model_dump() == {"generated": {"ok": 300}} and len(manifest.fingerprint) == 64
     assert manifest.batcher.batches >= 1 and 0 <= manifest.batcher.utilization <= 1
 
 
@@ -203,7 +203,7 @@ def test_judge_job_needs_a_judge_and_splits_rows(tmp_path: Path, worker: WorkerP
     assert all(r["status"] == "approved" and r["judgment"]["approved"] for r in approved)
     errored = [r for r in rejected if r["id"] in {f"r{i}" for i in range(0, 200, 10)}]
     assert len(errored) == 20 and all(r["judgment"]["reason"].startswith("inference_error") for r in errored)
-    assert status.counts["inference_errors"] == 20
+    assert status.counts.outcomes.inference_errors == 20
 
 
 def test_in_place_retries_until_approved_or_max_attempts(tmp_path: Path) -> None:
@@ -237,7 +237,7 @@ def test_in_place_retries_until_approved_or_max_attempts(tmp_path: Path) -> None
         assert {r["attempts"] for r in approved} == {1, 2, 3}
         # P(rejected 3 times) = 1/8: about 50 of 400, deterministic by hash
         assert 20 < len(rejected) < 90
-        assert status.counts["attempts"] == sum(r["attempts"] for r in approved + rejected)
+        assert status.counts.outcomes.attempts == sum(r["attempts"] for r in approved + rejected)
         assert not list(Path(layout.checkpoints(0, sid)).glob("part-*"))  # cleared after the manifest
     finally:
         w.stop()
@@ -343,7 +343,9 @@ def test_sigterm_drains_running_jobs_then_exits_cleanly(tmp_path: Path) -> None:
     assert w.http("GET", "/v1/ready", token=None).status_code == 503
     assert w.process.wait(timeout=60) == 0
     manifest = read_job_manifest(spec.outputs["manifest"])
-    assert manifest is not None and manifest.counts == {"ok": 100}  # the running job finished
+    assert manifest is not None and manifest.counts.model_dump() == {
+        "generated": {"ok": 100}
+    }  # the running job finished
     assert read_job_manifest(layout.job_manifest(0, shards[1]["shard_id"], "infer")) is None
 
 
@@ -423,8 +425,8 @@ def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path)
         final = w.wait("stubborn")
         assert (
             final.state == "succeeded"
-            and final.counts["approved"] == 29
-            and final.counts["max_attempts"] == 1
+            and final.counts.outcomes.approved == 29
+            and final.counts.outcomes.max_attempts == 1
         )
         (row,) = rows(layout.rejected(0, sid))
         assert row["id"] == "stubborn" and row["attempts"] == 60
@@ -445,7 +447,9 @@ def test_a_long_poll_answers_when_the_job_ends_and_never_ends_the_job(tmp_path: 
         with pytest.raises(httpx.ReadTimeout):  # the follower gives up mid-wait...
             w.http("GET", f"/v1/jobs/{spec.job_id}", params={"wait_s": 20}, timeout=0.3)
         done = w.http("GET", f"/v1/jobs/{spec.job_id}", params={"wait_s": 25}, timeout=30).json()
-        assert done["state"] == "succeeded" and done["counts"]["ok"] == 40  # ...the job ran to its end
+        assert (
+            done["state"] == "succeeded" and done["counts"]["generated"]["ok"] == 40
+        )  # ...the job ran to its end
         assert w.http("GET", "/v1/jobs/nope", params={"wait_s": 1}).status_code == 404
     finally:
         w.stop()

@@ -24,7 +24,7 @@ from airflow_batchinfer.review.samples import field_value
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
-from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows
+from tests.support.fake_jobs import close, counted, finish_job, make_run, plan_round, read_rows
 
 OUTPUT = "o" * (4 * MIB - 5) + "<end>"  # 4 MiB: its end shows whether it came whole
 CONTEXT = "é" * (2 * MIB - 3) + "<end>"  # 4 MiB and 3 bytes in UTF-8 (two bytes a character)
@@ -54,7 +54,7 @@ def huge_run(tmp_path: Path, huge: tuple[str, ...] = HUGE) -> RunConfig:
                            judgment={"approved": False, "reason": REASON})  # fmt: skip
             bad.append(row)
         finish_job(cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
-                   {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
+                   counted(approved=len(ok), rejected=len(bad)))  # fmt: skip
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"]) == (10, 20)
     return cfg

@@ -66,7 +66,7 @@ def test_an_allowed_callable_runs(tmp_path: Path, how: str) -> None:
         spec = judge_job(tmp_path, TARGET)
         status = w.wait(w.submit(spec).job_id)
         assert status.state == "succeeded", status.error
-        assert status.counts == {"approved": 4, "rejected": 1}
+        assert status.counts.model_dump() == {"outcomes": {"approved": 4, "rejected": 1}}
         other = judge_job(tmp_path / "other", "tests.support.workers:start_worker")
         r = w.http("POST", "/v1/jobs", json=other.model_dump())
         assert r.status_code == 400, r.text  # another module: not allowed by either

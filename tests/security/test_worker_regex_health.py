@@ -91,12 +91,12 @@ def test_catastrophic_regex_judge_keeps_health_fast_and_rejects_every_record(tmp
         stop.set()
         poller.join(timeout=5)
         assert state == "succeeded", status
-        assert status["counts"] == {"rejected": RECORDS}
+        assert status["counts"] == {"outcomes": {"rejected": RECORDS}}
         assert len(latencies) >= 5
         worst = max(latencies)
         assert worst < HEALTH_BOUND_S, f"/v1/health took up to {worst * 1000:.0f} ms during the job"
         manifest = read_job_manifest(spec.outputs["manifest"])
-        assert manifest is not None and manifest.counts == {"rejected": RECORDS}
+        assert manifest is not None and manifest.counts.model_dump() == {"outcomes": {"rejected": RECORDS}}
         rejected = list(JsonlFile(layout.rejected(0, sid)).iter_records())
         assert len(rejected) == RECORDS
         assert rejected[0]["judgment"] == {"approved": False, "reason": "pattern not found"}

@@ -31,6 +31,7 @@ from airflow_batchinfer.state.docs import (
     write_plan,
 )
 from airflow_batchinfer.state.layout import RunLayout, fenced_outputs, staged_output
+from airflow_batchinfer.state.tally import Generated, Outcomes, Tally
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions
@@ -75,13 +76,18 @@ def write_rows(uri: str, rows: Iterable[Mapping[str, Any]], so: StorageOptions |
             w.write(row)
 
 
+def counted(*, ok: int = 0, **outcomes: int) -> Tally:
+    """A job's tally of ``ok`` records generated and its rows by outcome (:class:`Outcomes`' fields)."""
+    return Tally(generated=Generated(ok=ok), outcomes=Outcomes(**outcomes))
+
+
 def finish_job(
     cfg: RunConfig,
     kind: JobKind,
     r: int,
     shard: ShardDescriptor,
     outputs: Mapping[str, Iterable[Mapping[str, Any]]],
-    counts: Mapping[str, int],
+    counts: Tally,
     *,
     token: str | None = None,
     engine: Mapping[str, Any] = ENGINE,
@@ -128,7 +134,7 @@ def finish_job(
         input=spec.input,
         outputs=spec.outputs,
         attempt=token,
-        counts=dict(counts),
+        counts=counts,
         ids={k: Digest.of(d) for k, d in {**digests, **(ids or {})}.items() if d is not None},
         tokens={"prompt": 1, "completion": 1},
         round=r,
@@ -169,7 +175,7 @@ def job_manifest(**fields: Any) -> JobManifest:
         "input": "in.jsonl",
         "outputs": {},
         "attempt": uuid.uuid4().hex,
-        "counts": {},
+        "counts": Tally(),
         "ids": {},
         "tokens": {},
         "round": 0,
@@ -196,7 +202,7 @@ def finish_shard(
     ``approve`` approved, the rest rejected. Returns the accepted job's manifest."""
     if round_kinds(cfg, "rounds")[0] == "infer":
         rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
-        finish_job(cfg, "infer", r, shard, {"inferred": rows}, {"ok": len(rows)}, so=so)
+        finish_job(cfg, "infer", r, shard, {"inferred": rows}, counted(ok=len(rows)), so=so)
     return judge_shard(cfg, r, shard, approve, token=token, so=so)
 
 
@@ -232,7 +238,7 @@ def judge_shard(
         r,
         shard,
         {"approved": ok, "rejected": bad},
-        {"approved": len(ok), "rejected": len(bad)},
+        counted(approved=len(ok), rejected=len(bad)),
         token=token,
         so=so,
     )

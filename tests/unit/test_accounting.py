@@ -16,7 +16,7 @@ import airflow_batchinfer.run.close as round_close
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import read_job_manifest, read_summary, write_plan
+from airflow_batchinfer.state.docs import MANIFEST_VERSION, read_job_manifest, read_summary, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
@@ -25,6 +25,7 @@ from airflow_batchinfer.storage.manifest import read_manifest
 from tests.support.fake_jobs import (
     IDS,
     close,
+    counted,
     finish_job,
     finish_shard,
     make_run,
@@ -102,7 +103,7 @@ def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path
     rejected = [r for r in rejected if r["id"] != "r03"]
     ok.append(next(r for r in ok if r["id"] == "r04"))
     finish_job(
-        cfg, "infer_judge", 0, bad, {"approved": ok, "rejected": rejected}, {"approved": 6, "rejected": 4}
+        cfg, "infer_judge", 0, bad, {"approved": ok, "rejected": rejected}, counted(approved=6, rejected=4)
     )
     reads.clear()
     summary = close(cfg, plan)
@@ -126,7 +127,7 @@ def test_a_manifest_whose_digest_is_wrong_is_opened_and_the_files_decide(tmp_pat
     s = plan.shards[2]
     ok, rejected = judge_rows(cfg, s, evens(s))
     finish_job(
-        cfg, "infer_judge", 0, s, {"approved": ok, "rejected": rejected}, {"approved": 5, "rejected": 5},
+        cfg, "infer_judge", 0, s, {"approved": ok, "rejected": rejected}, counted(approved=5, rejected=5),
         ids={"approved": IdDigest.of(["nope"])},
     )  # fmt: skip
     summary = close(cfg, plan)
@@ -284,7 +285,7 @@ def test_in_place_rounds_account_for_exhausted_rows(tmp_path: Path) -> None:
         ok = [{**r, "status": "approved"} for r in rows if r["id"] in evens(s)]
         out = [{**r, "status": "max_attempts"} for r in rows if r["id"] not in evens(s)]
         finish_job(cfg, "in_place", 0, s, {"approved": ok, "rejected": out},
-                   {"approved": len(ok), "max_attempts": len(out)})  # fmt: skip
+                   counted(approved=len(ok), max_attempts=len(out)))  # fmt: skip
     summary = close(cfg, plan)
     assert summary["invariant"]["ok"] and summary["invariant"]["opened"] == []
     assert IdDigest.from_dict(summary["ids"]["exhausted"]) == IdDigest.of(i for i in IDS if int(i[1:]) % 2)
@@ -293,14 +294,15 @@ def test_in_place_rounds_account_for_exhausted_rows(tmp_path: Path) -> None:
 
 
 def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
-    """Digests are optional fields: the documents keep schema_version 1 (older readers ignore them)."""
+    """Digests are optional fields: the summary keeps schema_version 1 (older readers ignore them); a
+    manifest is at its own version (2: its counts a Tally)."""
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     finish_shard(cfg, 0, plan.shards[0], evens(plan.shards[0]))
     uri = layout.job_manifest(0, plan.shards[0]["shard_id"], "infer_judge")
     m = read_job_manifest(uri)
-    assert m is not None and json.loads(Path(uri).read_text())["schema_version"] == 1
+    assert m is not None and json.loads(Path(uri).read_text())["schema_version"] == MANIFEST_VERSION == 2
     assert set(m.ids or {}) == {"input", "approved", "rejected"}
     pending = plan.shards[0]["uri"]
     assert m.digest("input") == IdDigest.of(r["id"] for r in read_rows(pending))

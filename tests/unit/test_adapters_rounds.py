@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.engines import adapter_engines, create_engine
-from airflow_batchinfer.engines.adapters import Adapter, approval, chosen, parse_adapters
+from airflow_batchinfer.engines.adapters import Adapter, chosen, parse_adapters
 from airflow_batchinfer.exceptions import ConfigError, PromptError
 from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.run.report.build import build_report
@@ -22,6 +22,7 @@ from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.spec.limits import TriggerLimits, implied_by, refusals
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.tally import AdapterTally, Tally
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import run_jobs
@@ -192,5 +193,17 @@ def test_a_trigger_names_only_the_adapters_the_deployment_allows() -> None:
 
 
 def test_counts_per_adapter_add_up_by_name() -> None:
-    counts = {"adapter:a.b:approved": 2, "adapter:a.b:rejected": 1, "adapter:c:rejected": 4, "approved": 9}
-    assert approval(counts) == {"a.b": {"approved": 2, "rejected": 1}, "c": {"approved": 0, "rejected": 4}}
+    one, other = Tally(), Tally()
+    for tally, name, status in [
+        (one, "a.b", "approved"),
+        (other, "a.b", "approved"),
+        (one, "a.b", "rejected"),
+    ]:
+        tally.count_adapter(name, status)
+    for _ in range(4):
+        other.count_adapter("c", "rejected")
+    other.count_adapter("c", "approved", spot_checked=True)
+    assert (one + other).adapters == {
+        "a.b": AdapterTally(approved=2, rejected=1),
+        "c": AdapterTally(rejected=4, spot_checks=1),
+    }

@@ -23,6 +23,7 @@ from tests.support.fake_jobs import (
     ENGINE,
     IDS,
     close,
+    counted,
     finish_job,
     finish_shard,
     judge_shard,
@@ -87,7 +88,7 @@ def test_judge_outputs_are_staged_and_close_promotes_them(tmp_path: Path) -> Non
     assert_each_id_once(cfg, summary)
     accepted = read_accepted(layout.accepted(0, s["shard_id"], "judge"))
     assert isinstance(accepted, AcceptedJob) and accepted.attempt == "t0" and not accepted.quarantined
-    assert accepted.counts == {"approved": 5, "rejected": 5} and accepted.job_id == m.job_id
+    assert accepted.counts == counted(approved=5, rejected=5) and accepted.job_id == m.job_id
     assert accepted.outputs == {"approved": spec.outputs["approved"], "rejected": spec.outputs["rejected"]}
     assert not Path(layout.staging(0), f"{s['shard_id']}.judge").exists()  # promoted, nothing left
     assert sorted(ids_in(layout.results)) == sorted(i for x in plan.shards for i in half(x))
@@ -186,7 +187,7 @@ def test_orphan_rejected_file_of_a_judge_that_died_is_removed(tmp_path: Path) ->
     for x in rest:
         finish_shard(cfg, 0, x, half(x))
     rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(dead["uri"]).iter_records()]
-    finish_job(cfg, "infer", 0, dead, {"inferred": rows}, {"ok": 10})
+    finish_job(cfg, "infer", 0, dead, {"inferred": rows}, counted(ok=10))
     orphan = layout.rejected(0, dead["shard_id"])  # committed by the judge before it died: no manifest
     write_rows(orphan, rows[:4])
 
@@ -224,7 +225,7 @@ def test_late_copy_after_quarantine_changes_nothing_until_close_runs_again(tmp_p
     for x in rest:
         finish_shard(cfg, 0, x, half(x))
     rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(late["uri"]).iter_records()]
-    finish_job(cfg, "infer", 0, late, {"inferred": rows}, {"ok": 10})
+    finish_job(cfg, "infer", 0, late, {"inferred": rows}, counted(ok=10))
     first = close(cfg, plan)
     assert [f["shard_id"] for f in first["failed_shards"]] == [late["shard_id"]]
     assert_each_id_once(cfg, first)
@@ -258,7 +259,7 @@ def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path:
     summary = close(cfg, plan)
     doc = read_accepted(layout.accepted(0, sid, "judge"))
     assert isinstance(doc, AcceptedJob) and doc.attempt == "b"
-    assert doc.counts == {"approved": 3, "rejected": 7}
+    assert doc.counts == counted(approved=3, rejected=7)
     assert {
         r["id"] for r in JsonlFile(layout.result(0, sid)).iter_records()
     } == firsts  # B's two files, not mixed

@@ -31,6 +31,7 @@ from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.tally import AdapterTally, Generated, Outcomes, Tally
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.manifest import read_manifest
@@ -245,12 +246,10 @@ def test_spot_checks_count_apart_per_arm_and_the_reports_table_agrees_with_its_a
     }
     # the repeated line's rows were counted by their job, spot checks among them, then left out
     jobs = [read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer_judge")) for s in plan.shards]
-    counted = Counter[str]()
-    for m in jobs:
-        assert m is not None
-        counted.update({k: int(v) for k, v in m.counts.items()})
-    assert counted["spot_checks"] > summary["spot_checks"]
-    assert sum(counted[f"adapter:{arm}:spot_check"] for arm in ARMS) == counted["spot_checks"]
+    counted = sum((m.counts for m in jobs if m is not None), Tally())
+    assert len(jobs) == len(plan.shards) and None not in jobs
+    assert counted.outcomes.spot_checks > summary["spot_checks"]
+    assert sum(counted.adapters[arm].spot_checks for arm in ARMS) == counted.outcomes.spot_checks
 
     # people decide a few spot checks; the others follow the judge when the gate is answered
     sql = sorted(r["id"] for r in spots if r["adapter"] == "sql")
@@ -276,12 +275,18 @@ def test_spot_checks_count_apart_per_arm_and_the_reports_table_agrees_with_its_a
 
 
 def test_a_left_out_spot_check_leaves_its_arms_count() -> None:
-    """A repeat's row taken out of its job's counts as the job counted it (shard_jobs, repeats: one key)."""
-    counts = {"rejected": 2, "for_review": 2, "spot_checks": 1, "ok": 2,
-              "adapter:sql:spot_check": 1, "adapter:sql:rejected": 1}  # fmt: skip
+    """A repeat's row taken out of its job's counts as the job counted it (worker.jobs.judge, repeats)."""
+    counts = Tally(
+        generated=Generated(ok=2),
+        outcomes=Outcomes(rejected=2, for_review=2, spot_checks=1),
+        adapters={"sql": AdapterTally(spot_checks=1, rejected=1)},
+    )
     doc = AcceptedJob.model_construct(kind="infer_judge", counts=counts, reason_groups={})
     judgment = {"approved": False, "for_review": True, "spot_check": True, "judge_approved": True}
     spot = {"id": "a@sql", "adapter": "sql", "status": "rejected", "error": None, "judgment": judgment}
     _uncount(doc, spot, "rejected")
-    assert doc.counts == {"rejected": 1, "for_review": 1, "spot_checks": 0, "ok": 1,
-                          "adapter:sql:spot_check": 0, "adapter:sql:rejected": 1}  # fmt: skip
+    assert doc.counts == Tally(
+        generated=Generated(ok=1),
+        outcomes=Outcomes(rejected=1, for_review=1),
+        adapters={"sql": AdapterTally(rejected=1)},
+    )

@@ -150,7 +150,9 @@ def test_an_in_place_sample_resumed_from_its_checkpoint_is_told_what_it_would_ha
 
     asyncio.run(killed_after_one_attempt())
     (status,) = run_jobs(cfg, [("in_place", 0, shard)], **ECHO)
-    assert status.counts["resumed"] == 1 and status.counts["attempts"] == 1 + 2 + 2  # q0 one, q1 q2 two
+    assert (
+        status.counts.resume.samples == 1 and status.counts.outcomes.attempts == 1 + 2 + 2
+    )  # q0 one, q1 q2 two
     q0 = in_place_rows(cfg, shard)["q0"]
     assert (q0["attempts"], q0["previous"]) == (2, told)
     assert q0["result"] == "What is 2 + 3?\nLast time: five-ish\nJudge (attempt 1): expected 5, got nothing"

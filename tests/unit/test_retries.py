@@ -135,7 +135,7 @@ def test_the_reviewers_note_is_told_to_the_attempt_after_the_one_it_was_sent_bac
     # an accepted or dropped row's review is not a retry's note (nor a record's own field of that name)
     assert previous_of({**row, "review": {"action": "retry", "note": "x"}}).note is None  # type: ignore[union-attr]
     # the next attempt's row is a new generation: it no longer carries the decision
-    from airflow_batchinfer.worker.shard_jobs import output_row
+    from airflow_batchinfer.worker.jobs.infer import output_row
 
     assert "sent_back" not in output_row(sent_back, result="6", attempts=2, round=1)
 

@@ -17,7 +17,7 @@ from airflow_batchinfer.rpc.fingerprint import fingerprint, spec_key
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.params import parse_params
-from airflow_batchinfer.worker.shard_jobs import openai_batch_row
+from airflow_batchinfer.worker.jobs.infer import openai_batch_row
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         write_run_config,
     )
     from airflow_batchinfer.state.docs.jobs import (
+        ACCEPTED_VERSION,
         ID_OUTPUTS,
         MANIFEST_VERSION,
         SWEEPING,
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "ACCEPTED_VERSION",
     "DOC_VERSION",
     "ID_OUTPUTS",
     "MANIFEST_VERSION",
@@ -127,6 +129,7 @@ __getattr__, __dir__ = exports(
     {
         "io": ("DOC_VERSION", "Digest", "read_doc", "read_run_config", "write_doc", "write_run_config"),
         "jobs": (
+            "ACCEPTED_VERSION",
             "ID_OUTPUTS",
             "MANIFEST_VERSION",
             "SWEEPING",

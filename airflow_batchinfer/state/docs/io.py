@@ -27,7 +27,7 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, resolv
 
 M = TypeVar("M")
 
-DOC_VERSION = 1  # of run.json, plan.json, summary.json, failed/ records and jobs/*.accepted.json
+DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
 REDO = "delete it to redo that step"  # the remedy for a doc of a step that cannot be read
 
 

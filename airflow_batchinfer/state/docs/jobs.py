@@ -4,15 +4,17 @@ once its outputs are committed), what close accepted of it (``jobs/<shard>.<kind
 error (:class:`JobError`, quoted when its shard is quarantined).
 
 A completion manifest tells a finished job from a lost one even when the worker that ran it is
-gone. Its ``ids`` holds, per output file (:data:`ID_OUTPUTS`) and for ``input``, the count and
-order-independent digest of the ids the job read and wrote (:class:`~.io.Digest`): the round's close
-checks the invariant from these, in O(shards), and opens only a shard whose digests disagree. Judge,
-infer_judge and in-place manifests also carry ``reason_groups``: ``{group: rows}`` of the rows the
-job rejected (in place: exhausted), by :func:`~airflow_batchinfer.judges.reasons.reason_group`, the
-64 most common and ``(other)`` with the rest. Both are optional (schema version 1 unchanged): a
-manifest written before them has none, and close then reads that shard's files, the review page its
-rejected rows. So is ``engine_stats`` (:class:`EngineTelemetry`: the engine's own figures during the
-job, which the report adds up per round)."""
+gone. Its ``counts`` is the job's :class:`~airflow_batchinfer.state.tally.Tally` (typed: outcomes,
+per adapter, strata, jury, candidates, truncation; schema version 2), which the accepted doc copies
+(the same version) and the round's close adds up. Its ``ids`` holds, per output file
+(:data:`ID_OUTPUTS`) and for ``input``, the count and order-independent digest of the ids the job
+read and wrote (:class:`~.io.Digest`): the round's close checks the invariant from these, in
+O(shards), and opens only a shard whose digests disagree. Judge, infer_judge and in-place manifests
+also carry ``reason_groups``: ``{group: rows}`` of the rows the job rejected (in place: exhausted),
+by :func:`~airflow_batchinfer.judges.reasons.reason_group`, the 64 most common and ``(other)`` with
+the rest. Both are optional: close then reads that shard's files, the review page its rejected
+rows. So is ``engine_stats`` (:class:`EngineTelemetry`: the engine's own figures during the job,
+which the report adds up per round)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from airflow_batchinfer.engines.stats import CounterName, GaugeName
-from airflow_batchinfer.state.docs.io import DOC_VERSION, Digest, DocModel, read_model, validated
+from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model, validated
+from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import parse_json, write_bytes
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
@@ -31,7 +34,9 @@ JobKind = Literal["infer", "judge", "infer_judge", "in_place"]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
 
-MANIFEST_VERSION = 1  # of the completion manifests, jobs/<shard>.<kind>.json
+MANIFEST_VERSION = 2  # of the completion manifests, jobs/<shard>.<kind>.json (2: counts a Tally)
+# of close's accepted docs, jobs/<shard>.<kind>.accepted.json: they copy a manifest's figures
+ACCEPTED_VERSION = MANIFEST_VERSION
 # The output files whose ids a job of each kind digests (``ids[name]``), besides ``ids["input"]``.
 # An in-place job's ``rejected`` file holds its exhausted rows (``max_attempts``, ``error``).
 ID_OUTPUTS: dict[str, tuple[str, ...]] = {
@@ -93,7 +98,7 @@ class JobFigures(DocModel):
     """What a job did, as its manifest records it and its accepted doc copies it (close adds up the
     tokens, timings and batcher figures of every job that counts, per worker)."""
 
-    counts: dict[str, int]
+    counts: Tally
     # per output file (ID_OUTPUTS) and ``input``: the count and digest of the ids read and written
     ids: dict[str, Digest] | None = None
     tokens: dict[str, int] = Field(default_factory=dict)
@@ -149,6 +154,7 @@ class AcceptedJob(JobFigures):
     ``counts.repeated_ids`` (:func:`~airflow_batchinfer.run.repeats.drop_repeats`). A judge's infer
     job accepted at another attempt than its manifest's: ``manifest_attempt``, the manifest's."""
 
+    VERSION: ClassVar[int] = ACCEPTED_VERSION
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"manifest_attempt", "repeats", "engine_stats"})
 
     shard_id: str
@@ -175,6 +181,7 @@ class QuarantinedJob(DocModel):
     """A shard close quarantined, in place of its accepted job: ``sweep`` is ``sweeping`` while its
     close sweeps the shard, ``swept`` once done, with ``orphans_removed`` (none: from before, swept)."""
 
+    VERSION: ClassVar[int] = ACCEPTED_VERSION
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"sweep", "orphans_removed"})
 
     shard_id: str
@@ -220,13 +227,13 @@ def read_job_manifest(uri: str, so: StorageOptions | None = None) -> JobManifest
 
 def read_accepted(uri: str, so: StorageOptions | None = None) -> AcceptedJob | QuarantinedJob | None:
     """A shard's accepted doc (accepted or quarantined), or ``None`` when close decided nothing yet."""
-    return read_model(_ACCEPTED, uri, "accepted job", so, remedy=_ACCEPTED_REMEDY)
+    return read_model(_ACCEPTED, uri, "accepted job", so, version=ACCEPTED_VERSION, remedy=_ACCEPTED_REMEDY)
 
 
 def parse_accepted(loc: Location, raw: bytes) -> AcceptedJob | QuarantinedJob:
     """An accepted doc from its stored bytes (what a compare-and-swap read), checked as
     :func:`read_accepted` checks it."""
-    data = parse_json(loc, raw, schema_version=DOC_VERSION, what="accepted job", remedy=_ACCEPTED_REMEDY)
+    data = parse_json(loc, raw, schema_version=ACCEPTED_VERSION, what="accepted job", remedy=_ACCEPTED_REMEDY)
     return validated(_ACCEPTED, loc, data, "accepted job", _ACCEPTED_REMEDY)
 
 

@@ -11,7 +11,7 @@ import httpx
 from airflow_batchinfer.engines import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.base import Choice, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.openai import OpenAIEngine
-from airflow_batchinfer.worker.shard_jobs import generated, openai_batch_row
+from airflow_batchinfer.worker.jobs.infer import generated, openai_batch_row
 
 HI = {"token": "Hi", "logprob": -0.1, "bytes": [72, 105]}
 YO = {"token": "Yo", "logprob": -2.5, "bytes": [89, 111]}

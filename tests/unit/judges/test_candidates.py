@@ -12,8 +12,9 @@ import pytest
 from airflow_batchinfer.engines.base import TokenLogprob
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import Verdict, build_judge
-from airflow_batchinfer.judges.candidates import counts, pass_at_k, select, stats
+from airflow_batchinfer.judges.candidates import pass_at_k, select
 from airflow_batchinfer.judges.llm import approval_probability
+from airflow_batchinfer.state.tally import CandidateTally
 
 YES, NO = Verdict(True, "ok"), Verdict(False, "no")
 
@@ -37,15 +38,16 @@ def test_pass_at_k_is_the_share_of_k_draws_that_hold_an_approved_one(n: int, c: 
 
 
 def test_the_counts_sum_and_read_back_as_the_rounds_figures() -> None:
-    total: dict[str, int] = {}
+    parts = []
     for verdicts in ([YES, NO], [NO, NO], [NO, YES], [YES, YES]):
-        for key, value in counts(2, select(verdicts)).items():
-            total[key] = total.get(key, 0) + value
-    found = stats(total)
+        part = CandidateTally()  # a record's, as its chunk counted it
+        part.count(2, select(verdicts))
+        parts.append(part)
+    found = sum(parts, CandidateTally()).stats()
     assert found is not None and (found.n, found.records, found.approved_by_index) == (2, 4, (2, 2))
     # pass@1: each record's share of approved candidates; pass@2: a record with any
     assert found.pass_at == {1: 0.5, 2: 0.75}
-    assert stats({"approved": 3}) is None  # no record had candidates
+    assert CandidateTally().stats() is None  # no record had candidates
 
 
 def toks(*pairs: tuple[str, list[tuple[str, float]]]) -> list[TokenLogprob]:

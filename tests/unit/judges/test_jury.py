@@ -14,7 +14,8 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JudgeItem, Jury, Verdict, build_judge, judged_early
 from airflow_batchinfer.judges.base import Judge, Scorer
-from airflow_batchinfer.judges.jury import CARRIED, Member, count_keys, stats, vote
+from airflow_batchinfer.judges.jury import CARRIED, Member, vote
+from airflow_batchinfer.state.tally import JuryTally
 
 REGEX_DIGIT = {"type": "regex", "pattern": "[0-9]"}
 SHORT = {"type": "length", "max_chars": 3}
@@ -265,12 +266,13 @@ async def test_carried_verdicts_are_read_from_the_row_and_its_candidates() -> No
 def test_counts_and_the_rounds_figures() -> None:
     unanimous = Verdict(True, "", 1.0, ({"name": "a", "approved": True}, {"name": "b", "approved": True}))
     split = Verdict(False, "", 0.5, ({"name": "a", "approved": True}, {"name": "b", "approved": False}))
-    assert count_keys(Verdict(True)) == []  # no jury, no counts
-    totals: dict[str, int] = {}
-    for verdict in (unanimous, split, split):
-        for key in count_keys(verdict):
-            totals[key] = totals.get(key, 0) + 1
-    found = stats(totals)
+    none = JuryTally()
+    none.count(Verdict(True))
+    assert none == JuryTally() and none.stats() is None  # no jury, no counts
+    halves = [JuryTally(), JuryTally()]  # counted apart (two chunks, jobs or shards), added up
+    for half, verdict in zip([0, 1, 1], (unanimous, split, split), strict=True):
+        halves[half].count(verdict)
+    found = (halves[0] + halves[1]).stats()
     assert found is not None
     assert found.as_json() == {
         "voted": 3,
@@ -281,7 +283,6 @@ def test_counts_and_the_rounds_figures() -> None:
             "b": {"approved": 1, "rejected": 2, "approval_rate": 0.3333},
         },
     }
-    assert stats({"approved": 4}) is None
 
 
 def test_description() -> None:

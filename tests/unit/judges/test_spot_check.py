@@ -19,9 +19,8 @@ from airflow_batchinfer.judges.spot_check import (
     score_bucket,
     selected,
     spot_check_reason,
-    strata,
-    stratum_key,
 )
+from airflow_batchinfer.state.tally import Tally
 
 IDS = [f"row-{i}" for i in range(40_000)]
 
@@ -101,14 +100,17 @@ def test_a_spot_checks_reason_is_one_reason_group_whatever_the_judge_said() -> N
 
 
 def test_strata_are_read_back_from_a_rounds_counts() -> None:
-    counts = Counter(
-        [stratum_key("approved", 0.93)] * 3
-        + [stratum_key("held", 0.2), stratum_key("rejected", None), stratum_key("rejected", 0.05)]
-    )
-    counts.update({"approved": 3, "verdicts:bogus:0.1": 7, "verdicts:approved:1.5": 2})
-    assert strata(counts) == {
+    one, other = Tally(), Tally()
+    for _ in range(3):
+        one.count_stratum("approved", 0.93)
+    one.count_stratum("rejected", None)
+    other.count_stratum("rejected", 0.05)
+    other.count_stratum("held", 0.2)
+    assert list((one + other).verdicts() or {}) == ["approved", "held", "rejected"]  # in order
+    assert (one + other).verdicts() == {
         "approved": {"0.9": 3},
         "held": {"0.2": 1},
         "rejected": {"0.0": 1, NO_SCORE: 1},
     }
-    assert strata({"approved": 4}) is None
+    assert list(((one + other).verdicts() or {})["rejected"]) == ["0.0", NO_SCORE]  # buckets in order
+    assert Tally().verdicts() is None

@@ -23,7 +23,7 @@ from airflow_batchinfer.state.docs import (
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import shard_dataset
 from airflow_batchinfer.storage.location import StorageOptions
-from tests.support.fake_jobs import close, finish_job, plan_round, read_rows
+from tests.support.fake_jobs import close, counted, finish_job, plan_round, read_rows
 
 RARE = 78  # the one row of the rare group (in the fifth shard)
 
@@ -89,7 +89,7 @@ def build_round(
                 bad.append({**row, "status": "rejected", "judgment": judgment})
         finish_job(
             cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
-            {"approved": len(ok), "rejected": len(bad)}, groups=groups_in_manifest, so=so,
+            counted(approved=len(ok), rejected=len(bad)), groups=groups_in_manifest, so=so,
         )  # fmt: skip
     summary = close_so(cfg, so)
     assert summary["invariant"]["ok"], summary["invariant"]

@@ -26,7 +26,7 @@ from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.state.owner import RunIdentity  # noqa: E402
-from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
+from tests.support.fake_jobs import close, counted, finish_job, make_run, plan_round, read_rows  # noqa: E402
 from tests.support.owners import write_owner  # noqa: E402
 
 PAGE_DIR = Path(__file__).parents[3] / "airflow_batchinfer" / "review" / "page"
@@ -57,7 +57,7 @@ def closed_run(tmp_path: Path) -> RunConfig:
             judgment = {"approved": False, "reason": reason, "score": n / 100}
             bad.append({**row, "result": output, "status": "rejected", "judgment": judgment, "attempts": 1})
         finish_job(cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
-                   {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
+                   counted(approved=len(ok), rejected=len(bad)))  # fmt: skip
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"]) == (10, 20)
     return cfg

@@ -29,7 +29,7 @@ from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
 from airflow_batchinfer.state.owner import RunIdentity  # noqa: E402
 from tests.support.desk import desk_app  # noqa: E402
-from tests.support.fake_jobs import close, finish_job, make_run, plan_round, read_rows  # noqa: E402
+from tests.support.fake_jobs import close, counted, finish_job, make_run, plan_round, read_rows  # noqa: E402
 from tests.support.owners import write_owner  # noqa: E402
 from tests.unit.review import test_app as t  # noqa: E402
 
@@ -81,7 +81,7 @@ def closed_rounds(
                 bad.append({**row, "result": output(n, r), "status": "rejected", "judgment": judgment(n, r),
                             **done})  # fmt: skip
             finish_job(cfg, kind, r, shard, {"approved": ok, "rejected": bad},
-                       {"approved": len(ok), "rejected": len(bad)})  # fmt: skip
+                       counted(approved=len(ok), rejected=len(bad)))  # fmt: skip
         close(cfg, plan)
     return cfg
 
@@ -159,7 +159,7 @@ def people_round(base: Path) -> RunConfig:
         waiting = {"approved": False, "reason": "awaiting a person's verdict", "for_review": True}
         answered = {"status": "rejected", "judgment": waiting, "attempts": 1}
         rows = [{**row, "result": f"answer {row['id']}", **answered} for row in read_rows(shard["uri"])]
-        finish_job(cfg, kind, 0, shard, {"approved": [], "rejected": rows}, {"rejected": len(rows)})
+        finish_job(cfg, kind, 0, shard, {"approved": [], "rejected": rows}, counted(rejected=len(rows)))
     close(cfg, plan)
     return cfg
 

@@ -55,7 +55,7 @@ def test_infer_judge_manifests_count_the_rejected_rows_reason_groups(tmp_path: P
         assert m is not None
         groups = m.reason_groups
         assert groups is not None
-        assert groups == staged_rejected_groups(m) and sum(groups.values()) == m.counts["rejected"]
+        assert groups == staged_rejected_groups(m) and sum(groups.values()) == m.counts.outcomes.rejected
         for g, n in groups.items():
             total[g] = total.get(g, 0) + n
     assert total['inference_error: simulated failure: prompt contains "…"'] == 8  # q0, q5, … q35
@@ -74,7 +74,7 @@ def test_in_place_manifests_count_the_exhausted_rows_and_infer_has_none(tmp_path
     for shard in plan.shards:
         m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "in_place"))
         assert m is not None
-        exhausted = m.counts.get("max_attempts", 0) + m.counts.get("error", 0)
+        exhausted = m.counts.outcomes.max_attempts + m.counts.outcomes.error
         assert m.reason_groups is not None and sum(m.reason_groups.values()) == exhausted > 0
         assert m.reason_groups == staged_rejected_groups(m)
     run_jobs(cfg, [("infer", 0, s) for s in plan.shards], fail_marker="FAIL")

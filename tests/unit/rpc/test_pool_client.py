@@ -13,7 +13,7 @@ from airflow_batchinfer.rpc.client import WorkerClient
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.state.docs import write_job_manifest
-from tests.support.fake_jobs import job_manifest
+from tests.support.fake_jobs import counted, job_manifest
 from tests.unit.rpc.test_locate import REFUSED, connect_error
 
 SPEC = JobSpec(
@@ -165,7 +165,7 @@ async def test_run_is_done_when_the_worker_remembers_the_job_and_the_manifest_is
     data = tmp_path / "x.jsonl"
     data.write_text('{"id": "a"}\n')
     manifest = str(tmp_path / "m.json")
-    write_job_manifest(manifest, job_manifest(job_id="earlier", fingerprint="stale", counts={"ok": 1}))
+    write_job_manifest(manifest, job_manifest(job_id="earlier", fingerprint="stale", counts=counted(ok=1)))
     spec = JobSpec(job_id="j1", kind="infer", input=str(data),
                    outputs={"inferred": str(tmp_path / "o.jsonl"), "manifest": manifest})  # fmt: skip
     asked: list[str] = []
@@ -181,6 +181,6 @@ async def test_run_is_done_when_the_worker_remembers_the_job_and_the_manifest_is
     pool = PoolClient(["http://a:1"], token="tok", transport=httpx.MockTransport(remembers),
                       poll_interval_s=0.01, max_resubmits=3)  # fmt: skip
     done = await pool.run(spec)
-    assert (done.job_id, done.counts) == ("earlier", {"ok": 1})
+    assert (done.job_id, done.counts) == ("earlier", counted(ok=1))
     assert [a.split()[0] for a in asked] == ["GET", "POST"]  # asked, submitted once: no resubmit loop
     await pool.aclose()

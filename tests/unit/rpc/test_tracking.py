@@ -47,7 +47,7 @@ def test_events_carry_the_decision() -> None:
         event_for("wait", failed, job_id="j", url="u")
 
 
-MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"ok": 3}}
+MANIFEST = {"job_id": "j", "kind": "infer", "state": "succeeded", "counts": {"generated": {"ok": 3}}}
 
 
 @pytest.mark.parametrize(

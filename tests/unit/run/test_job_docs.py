@@ -28,6 +28,7 @@ from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from tests.support.fake_jobs import (
     close,
+    counted,
     finish_job,
     finish_shard,
     job_manifest,
@@ -67,7 +68,7 @@ def fake(cfg: RunConfig, kind: JobKind, shard: ShardDescriptor) -> None:
     """``kind``'s job for ``shard`` finished by the tests' fake: half approved, half rejected."""
     if kind == "infer":
         rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard["uri"])]
-        finish_job(cfg, "infer", 0, shard, {"inferred": rows}, {"ok": len(rows)})
+        finish_job(cfg, "infer", 0, shard, {"inferred": rows}, counted(ok=len(rows)))
         return
     if kind in ("judge", "infer_judge"):
         finish_shard(cfg, 0, shard, {r["id"] for r in read_rows(shard["uri"])[::2]})
@@ -78,7 +79,7 @@ def fake(cfg: RunConfig, kind: JobKind, shard: ShardDescriptor) -> None:
         {**r, "status": "max_attempts", "judgment": {"approved": False, "reason": "no"}} for r in rows[1::2]
     ]
     finish_job(cfg, "in_place", 0, shard, {"approved": ok, "rejected": out},
-               {"approved": len(ok), "max_attempts": len(out)})  # fmt: skip
+               counted(approved=len(ok), max_attempts=len(out)))  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", ["infer", "judge", "infer_judge", "in_place"])
@@ -123,7 +124,9 @@ def test_a_manifest_from_before_the_optional_fields_still_reads(tmp_path: Path) 
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"schema_version": 2}, "schema_version 2 is not supported"),
+        ({"schema_version": 1}, "schema_version 1 is not supported"),  # counts as flat keys
+        ({"schema_version": 3}, "schema_version 3 is not supported"),
+        ({"counts": {"approved": 3}}, "counts.approved: Extra inputs are not permitted"),
         ({"surprise": 1}, "surprise: Extra inputs are not permitted"),  # written by a newer worker
         ({"job_id": None}, "job_id"),
         ({"ids": {"input": {"count": 1, "sum": "not hex"}}}, "ids.input.sum"),
@@ -152,7 +155,7 @@ def test_accepted_and_quarantined_docs_read_back_as_close_wrote_them(tmp_path: P
     uri = layout.accepted(0, done["shard_id"], "infer_judge")
     accepted = read_accepted(uri)
     assert isinstance(accepted, AcceptedJob) and json.loads(accepted.encode()) == stored(uri)
-    assert accepted.counts == {"approved": 3, "rejected": 7} and accepted.manifest_attempt is None
+    assert accepted.counts == counted(approved=3, rejected=7) and accepted.manifest_attempt is None
     assert accepted.digest("approved") is not None and "manifest_attempt" not in stored(uri)
     uri = layout.accepted(0, never["shard_id"], "infer_judge")
     quarantined = read_accepted(uri)

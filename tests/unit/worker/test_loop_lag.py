@@ -26,7 +26,7 @@ from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage import reader as reader_module
 from airflow_batchinfer.storage import writer as writer_module
 from airflow_batchinfer.storage.records import parse_record
-from airflow_batchinfer.worker import shard_jobs
+from airflow_batchinfer.worker.jobs import infer
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 
@@ -60,7 +60,7 @@ def on_loop_thread(
 
     monkeypatch.setattr(reader_module, "parse_record", spy("decode", parse_record))
     monkeypatch.setattr(PromptBuilder, "build", spy("render", PromptBuilder.build))
-    monkeypatch.setattr(shard_jobs, "output_row", spy("row", shard_jobs.output_row))
+    monkeypatch.setattr(infer, "output_row", spy("row", infer.output_row))
     monkeypatch.setattr(writer_module, "serialize", spy("encode", writer_module.serialize))
     monkeypatch.setattr(
         writer_module.JsonlWriter, "_flush", spy("compress", writer_module.JsonlWriter._flush)

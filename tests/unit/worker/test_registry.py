@@ -151,7 +151,7 @@ def test_drain_cancels_as_retryable_and_delete_does_not(tmp_path: Path) -> None:
             registry.submit(spec, parse_params(spec.kind, spec.params))
 
         async def started() -> bool:
-            return registry.jobs[slow.job_id].ctx.counts["attempts"] >= 20
+            return registry.jobs[slow.job_id].ctx.tally.outcomes.attempts >= 20
 
         await until(started)
         registry.cancel(other.job_id)
@@ -190,7 +190,7 @@ def test_http_status_of_a_drained_job_is_retryable(tmp_path: Path) -> None:
 
             async def started() -> bool:
                 status = (await client.get(f"/v1/jobs/{spec.job_id}")).json()
-                return bool(status["counts"].get("attempts", 0) >= 20)
+                return bool(status["counts"].get("outcomes", {}).get("attempts", 0) >= 20)
 
             await until(started)
             await app.state.registry.drain(0.05)

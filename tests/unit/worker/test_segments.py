@@ -30,19 +30,19 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import JobManifest, Plan, read_job_manifest, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import parse_params
+from airflow_batchinfer.state.tally import Outcomes, Resume, Tally
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, file_digest
 from airflow_batchinfer.storage.id_hashes import hashes_beside
+from airflow_batchinfer.worker.jobs.chunks import FIRST_CHUNK
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from airflow_batchinfer.worker.segments import JobKey, SegmentDoc, SegmentLog, Tally, doc_name
-from airflow_batchinfer.worker.shard_jobs import FIRST_CHUNK
+from airflow_batchinfer.worker.segments import ChunkFigures, JobKey, SegmentDoc, SegmentLog, doc_name
 from tests.support.worker_jobs import run_jobs
 
 N = 1_000  # records of the shard
 CHUNK = 100  # chunk_size: the first chunk has min(CHUNK, FIRST_CHUNK) = CHUNK records too
 CHUNKS = N // CHUNK
-VARYING = ("resumed_records", "segments")  # the only counts a resume changes
 assert CHUNK <= FIRST_CHUNK
 
 
@@ -143,7 +143,7 @@ def manifest(spec: JobSpec) -> JobManifest:
 def figures(m: JobManifest) -> dict[str, Any]:
     """What an undisturbed and a resumed run of a job must agree on."""
     return {
-        "counts": {k: v for k, v in m.counts.items() if k not in VARYING},
+        "counts": m.counts.model_copy(update={"resume": Resume()}),  # the only counts a resume changes
         "ids": m.ids,
         "tokens": m.tokens,
         "reason_groups": m.reason_groups,
@@ -190,8 +190,8 @@ def test_a_lost_job_resumes_after_its_segments_and_writes_what_an_undisturbed_on
     state, engine = run(spec, GateEngine())  # the job resubmitted: a new attempt, a new worker
     assert state == "succeeded"
     m = manifest(spec)
-    assert m.counts["resumed_records"] == kept * CHUNK
-    assert m.counts["segments"] == CHUNKS - kept
+    assert m.counts.resume.records == kept * CHUNK
+    assert m.counts.resume.segments == CHUNKS - kept
     assert engine.requests == (N - kept * CHUNK) * per_record  # resumed chunks were not inferred
     assert figures(m) == figures(expected)
     got = rows_of(m)
@@ -217,9 +217,9 @@ def test_a_range_job_resumed_still_writes_its_complete_rejects_and_id_hashes(tmp
     assert run(spec, GateEngine(stop_at=8), lose_after=5)[0] == "cancelled"
     assert run(spec, GateEngine())[0] == "succeeded"
     m, expected = manifest(spec), manifest(spec_a)
-    assert m.counts["resumed_records"] >= 6 * CHUNK
+    assert m.counts.resume.records >= 6 * CHUNK
     assert figures(m) == figures(expected)
-    assert m.counts["read_quarantined"] == 3 and m.counts["read_lines"] == N
+    assert m.counts.read is not None and (m.counts.read.quarantined, m.counts.read.lines) == (3, N)
     rejects, hashes = outputs(cfg, spec)
     rejects_a, hashes_a = outputs(cfg_a, spec_a)
     assert [r["line_in_range"] for r in rejects] == [r["line_in_range"] for r in rejects_a] and len(
@@ -235,7 +235,7 @@ def test_without_a_segments_output_a_job_streams_its_outputs_as_before(tmp_path:
     spec.outputs.pop("segments")
     assert run(spec, GateEngine())[0] == "succeeded"
     m = manifest(spec)
-    assert "resumed_records" not in m.counts and "segments" not in m.counts
+    assert m.counts.resume == Resume()
     assert figures(m) == figures(expected) and rows_of(m) == rows_of(expected)
     assert not os.path.exists(RunLayout(cfg.run_root).segments(0, shard["shard_id"], "infer_judge"))
 
@@ -271,7 +271,7 @@ def test_a_chunk_that_no_longer_matches_its_segment_is_recomputed_with_every_lat
         state, engine = run(spec, GateEngine())
     assert state == "succeeded"
     m = manifest(spec)
-    assert m.counts["resumed_records"] == 3 * CHUNK and engine.requests == N - 3 * CHUNK
+    assert m.counts.resume.records == 3 * CHUNK and engine.requests == N - 3 * CHUNK
     assert sorted(mismatched) == later and not any((seg / n).exists() for n in later)
     assert figures(m) == figures(expected) and rows_of(m) == rows_of(expected)
 
@@ -283,12 +283,13 @@ def key(tmp_path: Path, final: str = "out.jsonl.zst", **kw: Any) -> JobKey:
     return JobKey(**{**fields, "what": "job j1 (shard part-00000)", **kw})
 
 
-def tally(rows: list[dict[str, Any]]) -> Tally:
-    t = Tally()
+def tally(rows: list[dict[str, Any]]) -> ChunkFigures:
+    t = ChunkFigures()
     t.count_ids("input", (r["id"] for r in rows))
     for name in ("approved", "rejected"):
         t.count_ids(name, (r["id"] for r in rows if r["status"] == name))
-        t.counts[name] += sum(1 for r in rows if r["status"] == name)
+    t.tally.outcomes.approved += sum(1 for r in rows if r["status"] == "approved")
+    t.tally.outcomes.rejected += sum(1 for r in rows if r["status"] == "rejected")
     t.tokens["prompt"] += 3 * len(rows)
     for r in rows:
         if r["status"] == "rejected":
@@ -322,21 +323,21 @@ def test_segments_round_trip_into_outputs_encoded_like_the_final_ones(tmp_path: 
     docs = commit_all(log)
     assert log.committed == 4
     stored = json.loads((seg / doc_name(1, "t1")).read_text())
-    assert stored["schema_version"] == 1 and stored["chunk"] == 1 and stored["records"] == 2
+    assert stored["schema_version"] == 2 and stored["chunk"] == 1 and stored["records"] == 2
     assert stored["outputs"]["rejected"] == {"rows": 0, "ids": {"count": 0, "sum": "0" * 32}, "file": None}
     suffix = ".jsonl.zst" if final.endswith(".zst") else ".jsonl"
     assert (seg / f"chunk-000000.t1.approved{suffix}").exists()
 
     again = SegmentLog(str(seg), key(tmp_path, final), "t2", None).load()
     assert [d.model_dump() for d in again] == [d.model_dump() for d in docs]
-    folded = Tally()
+    folded = ChunkFigures()
     for d in again:
-        t = Tally.of(d)
-        folded.counts.update(t.counts)
+        t = ChunkFigures.of(d)
+        folded.tally += t.tally
         folded.reason_groups.merge(t.reason_groups)
         for n, dig in t.ids.items():
             folded.ids[n] = folded.ids.get(n, IdDigest()) + dig
-    assert folded.counts == {"approved": 4, "rejected": 3}
+    assert folded.tally == Tally(outcomes=Outcomes(approved=4, rejected=3))
     assert folded.reason_groups.as_dict() == {"too short: # chars": 3}
     for name, target in key(tmp_path, final).outputs.items():
         log.assemble(again, name, target)
@@ -513,11 +514,12 @@ def test_a_resumed_judge_job_holds_back_the_spot_checks_an_undisturbed_one_would
     assert run(spec, GateEngine(stop_at=6), lose_after=3)[0] == "cancelled"
     assert run(spec, GateEngine())[0] == "succeeded"
     m = manifest(spec)
-    assert m.counts["resumed_records"] >= 4 * CHUNK
+    assert m.counts.resume.records >= 4 * CHUNK
     rows = rows_of(m)
     held = {r["id"] for r in rows["rejected"] if r["judgment"].get("spot_check")}
     approved = {r["id"] for r in rows["approved"]} | held
     assert held == {i for i in approved if selected(i, rate=rate, seed=run_key(cfg.run_root))}
-    assert m.counts["spot_checks"] == len(held) > 0 and m.counts["approved"] == len(approved) - len(held)
-    strata = {k: v for k, v in m.counts.items() if k.startswith("verdicts:")}
-    assert sum(strata.values()) == N - m.counts.get("inference_errors", 0) - m.counts.get("truncated", 0)
+    outcomes = m.counts.outcomes
+    assert outcomes.spot_checks == len(held) > 0 and outcomes.approved == len(approved) - len(held)
+    strata = sum(n for buckets in m.counts.strata.values() for n in buckets.values())
+    assert strata == N - outcomes.inference_errors - m.counts.truncated

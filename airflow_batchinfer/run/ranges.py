@@ -1,0 +1,83 @@
+"""Round 0 over byte-range shards, at the round's close: each range's real records and ids (as its
+job read them, or read here when no job read it to its end), and the run's ``rejects/`` and
+``input/_manifest.json`` from every range's line counts (:func:`close_input_ranges`)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+from airflow_batchinfer.run.accepted import Settled
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import Digest, write_failed
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage.digest import IdDigest, record_ids
+from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
+from airflow_batchinfer.storage.ranges import read_range
+
+log = logging.getLogger("airflow_batchinfer.run")
+
+
+def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: StorageOptions | None) -> Settled:
+    """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read`` counts of
+    the job that read the range, or (no job read it to the end: the shard is quarantined) from
+    reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
+    shard = x.shard
+    if "range" not in shard:
+        return x
+    sid = shard["shard_id"]
+    reader = next((d for d in x.jobs if d.counts.read is not None), None)
+    ids = reader.digest("input") if reader is not None else None
+    if reader is not None and reader.counts.read is not None and ids is not None:
+        stats = reader.counts.read.model_dump()
+    else:
+        ids = IdDigest()
+        with JsonlFile(layout.range_rejects(r, sid), storage_options=so).writer_sync() as rejects:
+            rng = read_range(
+                shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=rejects, storage_options=so
+            )
+            records = iter(rng)  # one pass: each iter() of a reader reads the range again
+            for block in iter(lambda: list(itertools.islice(records, 4096)), []):
+                ids.add_many(record_ids(block, rng.check.id_field or cfg.id_field or "id"))
+        stats = rng.stats.as_dict()
+        x.opened = True
+    x.read = stats
+    x.shard = {**shard, "records": ids.count, "ids": ids.to_dict()}
+    if x.failed is not None:  # its quarantine record accounts for the ids as read
+        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids)})
+        write_failed(layout, x.failed, so)
+    return x
+
+
+def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOptions | None) -> None:
+    """Round 0 over range shards: the run's ``rejects/`` rows get absolute line numbers (each range's
+    first line is the sum of the line counts of every range before it), one file per shard with
+    bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
+    input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
+    close plans only shards with records, so the line counts of the others come from there."""
+    fresh = {x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None}
+    if not fresh:
+        return
+    input_dir = JsonlDir(layout.input, storage_options=so)
+    manifest = read_manifest(input_dir) or {}
+    shards = [fresh.get(s["shard_id"], s) for s in manifest.get("shards", [])]
+    totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
+    first_line = 0
+    for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
+        sid, read = shard["shard_id"], shard.get("read")
+        if read is None:  # never read to its end: the lines after it cannot be numbered
+            log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
+            break
+        if sid in fresh and read.get("quarantined"):
+            rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
+            with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
+                for row in rows:
+                    out.write({**row, "line_no": first_line + int(row["line_in_range"]), "shard_id": sid})
+        first_line += read.get("lines", 0)
+        for k in totals:
+            totals[k] += read.get(k, 0)
+    manifest["shards"] = shards
+    manifest["counts"] = totals
+    write_manifest(input_dir, manifest)
