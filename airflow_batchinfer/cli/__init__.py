@@ -6,13 +6,15 @@ when it runs, so a worker's start (``worker serve``) imports none of the others'
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
 
 from airflow_batchinfer import __version__
-from airflow_batchinfer.cli import demo, plan, pool, run, shard, worker
 from airflow_batchinfer.exceptions import BatchInferError
+
+COMMAND_GROUPS = ("shard", "worker", "pool", "run", "demo", "plan")  # in the help's order
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -21,15 +23,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchinfer", description="LLM batch inference at scale.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    if command == "worker":
-        worker.add_commands(sub)
-        return parser
-    shard.add_commands(sub)  # shard, recompact
-    worker.add_commands(sub)
-    pool.add_commands(sub)
-    run.add_commands(sub)
-    demo.add_commands(sub)
-    plan.add_commands(sub)
+    # shard adds shard and recompact; each group's module is imported only when its parsers are built
+    for group in ("worker",) if command == "worker" else COMMAND_GROUPS:
+        importlib.import_module(f"{__name__}.{group}").add_commands(sub)
     return parser
 
 
