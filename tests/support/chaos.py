@@ -279,3 +279,9 @@ def partial_files(root: str, so: dict[str, Any] | None = None) -> list[str]:
             except Exception as exc:
                 bad.append(f"{uri} ({type(exc).__name__}: {exc})")
     return bad
+
+
+BUCKET = "batchinfer-chaos"
+
+
+FAILURE_TIMEOUT_S = 10

@@ -11,7 +11,7 @@ import pytest
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.ranges import plan_ranges, read_range, shard_ranges
-from tests.unit.storage.test_ranges import Sink, frames_file
+from tests.support.frames import Sink, frames_file
 
 
 @pytest.mark.parametrize(("total", "full", "lanes"), [(1_000_000, 10_000, 10), (100_000, 10_000, 10),
