@@ -1,4 +1,4 @@
-"""Airflow as users deploy it, on this machine, for ``tests/deployment/``.
+"""Airflow as users deploy it, on this machine, for ``tests/system/deployment/``.
 
 PostgreSQL (Debian's ``postgresql``, a cluster in a temporary directory, run as the ``postgres``
 user since it refuses root) is the metadata database; Redis (Debian's ``redis-server``) is the Celery

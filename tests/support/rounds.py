@@ -13,7 +13,7 @@ from airflow_batchinfer.run.plan import (
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import shard_dataset
+from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import finish_shard
 
 
@@ -41,3 +41,8 @@ def fake_round(cfg: RunConfig, slot: str, approve: set[str]) -> dict[str, Any]:
     summary = close_round(cfg, plan)
     assert summary is not None
     return summary
+
+
+def rows_in(directory: str) -> list[dict[str, Any]]:
+    """Every row of a directory of JSONL files (a round's outputs), in file order."""
+    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]

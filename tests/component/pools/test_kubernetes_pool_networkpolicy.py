@@ -3,7 +3,7 @@ workers' RPC port only from Airflow's pods (``rpc_from``, by default the Helm ch
 call workers, as k8s/base selects them), in Airflow's namespace when that is another
 (``rpc_from_namespace``: one peer with both selectors). ``batchinfer pool manifests`` prints it
 with the pool's other objects. The manager's create and delete are in
-tests/kubernetes/test_pool_manager.py (a real API server).
+tests/component/pools/test_pool_manager.py (a real API server).
 
 Who may call is the deployment's to name, never a trigger's: the pool's ``batchinfer_pool``
 connection (extra ``rpc_from``, ``rpc_from_namespace``), else ``[batchinfer]`` (the same keys), else

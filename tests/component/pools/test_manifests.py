@@ -86,7 +86,7 @@ def test_overlays_render_what_they_promise(tmp_path: Path) -> None:
             for e in kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]["env"]
         }
         assert env["BATCHINFER_WORKER_HOST"] == "$(POD_IP)"
-        # one NetworkPolicy, over the workers' pods (tests/security/test_kubernetes_networkpolicy.py)
+        # one NetworkPolicy, over the workers' pods (tests/component/pools/test_kubernetes_networkpolicy.py)
         (policy,) = [d for d in out[overlay] if d["kind"] == "NetworkPolicy"]
         workers = kinds["Deployment"]["spec"]["template"]["metadata"]["labels"]
         assert policy["spec"]["podSelector"]["matchLabels"].items() <= workers.items()

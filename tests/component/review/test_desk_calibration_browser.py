@@ -12,13 +12,12 @@ page and its API are the real ones. Screenshots go to ``$BATCHINFER_TEST_ARTIFAC
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.browser import Shots, chromium, missing
+from tests.support.browser import Shots, missing
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
@@ -33,12 +32,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.browser, pytest.mark.timeout(300)
 ORIGIN = "http://desk.test"  # never resolved: every request to it is answered by the app in process
 DESK = f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id={RUN}"
 expect.set_options(timeout=30_000)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
 
 
 def context(browser: Browser, cd: CalibrationDesk, **options: Any) -> BrowserContext:

@@ -17,13 +17,12 @@ Screenshots of each view (list, focus, attempts, keys, dark) go to
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.browser import Shots, chromium, missing
+from tests.support.browser import Shots, missing
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
@@ -48,12 +47,6 @@ ORIGIN = "http://desk.test"  # never resolved: every request to it is answered b
 DESK = f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id=multi"
 NOTE = "typed: a r d j k n ? and arrows stay text"
 expect.set_options(timeout=30_000)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
 
 
 def context(browser: Browser, desk: Any, **options: Any) -> BrowserContext:

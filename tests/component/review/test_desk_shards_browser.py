@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.browser import Shots, chromium, missing
+from tests.support.browser import Shots, missing
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
@@ -28,12 +28,6 @@ from tests.support.lane_rounds import BROKEN
 
 pytestmark = [pytest.mark.airflow, pytest.mark.browser, pytest.mark.timeout(300)]
 ORIGIN = "http://desk.test"  # never resolved: every request to it is answered by the app in process
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
 
 
 @pytest.fixture

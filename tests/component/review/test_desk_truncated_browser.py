@@ -2,7 +2,7 @@
 (issue 22, item 5): the page says "truncated, N bytes" and its **show all** loads the whole value.
 
 No live Airflow: the browser's requests to the desk are answered by the api-server's app in process
-(the ``desk`` fixture of tests/security/test_desk_bounded.py: a round with a 4 MiB output and a
+(the ``desk`` fixture of tests/unit/review/test_desk_bounded.py: a round with a 4 MiB output and a
 4 MiB record field), so the page, its API and the field endpoint are the real ones. A screenshot
 goes to ``$BATCHINFER_TEST_ARTIFACTS/<test>/`` (default ``tests/artifacts/<test>/``)."""
 
@@ -14,7 +14,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support.browser import Shots, chromium, missing
+from tests.support.browser import Shots, missing
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 if missing():
@@ -26,12 +26,6 @@ from tests.support.desk_bounded import OUTPUT, desk  # noqa: F401 (desk: the fix
 
 pytestmark = [pytest.mark.airflow, pytest.mark.browser, pytest.mark.timeout(300)]
 ORIGIN = "http://desk.test"  # never resolved: every request to it is answered by the app in process
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with chromium() as b:
-        yield b
 
 
 @pytest.fixture

@@ -35,7 +35,7 @@ def e2e_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def airflow(e2e_root: Path) -> Iterator[Any]:
     """A real Airflow 3.3.2 for the end-to-end tests: api-server, scheduler, dag-processor and
     triggerer on 127.0.0.1 (SQLite, LocalExecutor), started once for this folder, stopped by PID; the
-    DAGs of tests/e2e/dags."""
+    DAGs of tests/system/e2e/dags."""
     from airflow_batchinfer.dev.local_airflow import LocalAirflow
     from airflow_batchinfer.pools import LocalPool
 

@@ -1,7 +1,7 @@
 """A Kubernetes pool's workers run as the ServiceAccount its spec names (``service_account``: the
 identity a cloud gives storage access to, IRSA or Workload Identity) and pull their image with the
 Secrets it names (``image_pull_secrets``), still with no Kubernetes API token. Trigger params choose
-them only within the deployment's limits (tests/security/test_trigger_limits.py)."""
+them only within the deployment's limits (tests/component/triggers/test_trigger_limits.py)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ holds back spot checks of its approvals; the desk lists them beside
 the rejected rows (their reason group, a flag on each sample), a scripted reviewer who knows the truth
 decides on the desk's HTTP API, the desk's live figures follow every decision, and once the gate is
 answered they are the ones stored and shown. The ``calibration_desk`` fixture is the browser test's
-too (tests/e2e/test_desk_calibration_browser.py)."""
+too (tests/component/review/test_desk_calibration_browser.py)."""
 
 from __future__ import annotations
 

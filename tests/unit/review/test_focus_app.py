@@ -6,7 +6,7 @@ its root; a decision's note is stored with it. Beside it, run ``jury``: a jury j
 member's verdict on the desk) and retries render with a retry template told the attempt before; a
 reviewer's retry decision on round 0 sent some samples back with a note, which their earlier attempt
 shows; and run ``people``, judged by people, where there is no judge to calibrate. The ``desk``
-fixture is the browser tests' too (tests/e2e/test_desk_focus_browser.py)."""
+fixture is the browser tests' too (tests/component/review/test_desk_focus_browser.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Lanes (:mod:`airflow_batchinfer.run.lanes`): the pure decisions; claims raced by threads and by
 processes on a local disk and on the real S3 server (a store without conditional writes refused);
 the lane loop over real files with a pool faked at its seam (``PoolClient.run``, finishing each job
-as a worker would: real manifests), then the real close. A real pool: tests/integration/test_lanes_pool.py."""
+as a worker would: real manifests), then the real close. A real pool: tests/component/test_lanes_pool.py."""
 
 from __future__ import annotations
 

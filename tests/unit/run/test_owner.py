@@ -1,6 +1,6 @@
 """Who owns a run root: the pure decision, and the claim around it: a compare-and-swap on local disk
 and the real S3 server (a store without conditional writes is refused:
-tests/security/test_unsafe_stores.py; another DAG's root: tests/security/test_run_root_ownership.py).
+tests/component/storage/test_unsafe_stores.py; another DAG's root: tests/unit/run/test_run_root_ownership.py).
 The owner run's state comes from a dict."""
 
 from __future__ import annotations

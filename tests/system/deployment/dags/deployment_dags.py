@@ -1,4 +1,4 @@
-"""DAGs of the production-shaped tier (tests/deployment/): the factory's pipeline on the SIMULATED
+"""DAGs of the production-shaped tier (tests/system/deployment/): the factory's pipeline on the SIMULATED
 engine, input and run roots on the S3 server (the Airflow side reaches it through the AWS connection
 ``deploy_s3``, made through the REST API), worker pools that are not on the Airflow hosts.
 

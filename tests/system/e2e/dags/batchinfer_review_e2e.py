@@ -1,5 +1,5 @@
-"""DAGs for the browser tests (tests/e2e/test_review_browser.py): the factory's pipeline on a local pool
-of their own, each with defaults that run as they are, so the trigger form can be submitted untouched.
+"""DAGs for the browser tests (tests/system/e2e/test_review_browser.py): the factory's pipeline on a local
+pool of their own, each with defaults that run as they are, so the trigger form can be submitted untouched.
 
 - ``e2e_browser_trigger``: one round of the SIMULATED engine over ``browser/trigger.jsonl``;
 - ``e2e_browser_review``: arithmetic questions the SIMULATED engine answers wrongly (rejected by the
