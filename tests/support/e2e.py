@@ -8,7 +8,6 @@ from typing import Any
 
 from airflow_batchinfer.dev.local_airflow import LocalAirflow
 from airflow_batchinfer.storage import JsonlDir
-from tests.e2e.conftest import E2E_MAX_MAP_LENGTH, JUDGE_POOL_SLOTS, POOL_SLOTS, write_dataset
 
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool
 
