@@ -282,6 +282,4 @@ def partial_files(root: str, so: dict[str, Any] | None = None) -> list[str]:
 
 
 BUCKET = "batchinfer-chaos"
-
-
 FAILURE_TIMEOUT_S = 10

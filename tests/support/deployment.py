@@ -399,8 +399,6 @@ def kill_component(af: DeployedAirflow, component: str) -> int:
 
 
 BUCKET = "batchinfer-deploy"
-
-
 FAILURE_TIMEOUT_S = 15
 
 

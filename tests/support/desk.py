@@ -22,11 +22,7 @@ __all__ = [
 ]  # fmt: skip
 
 PAGE_DIR = Path(__file__).parents[2] / "airflow_batchinfer" / "review" / "page"
-
-
 SCRIPT = "<script>alert(1)</script>"
-
-
 MARKDOWN_IMAGE = "![x](http://evil.example/p.png)"
 
 

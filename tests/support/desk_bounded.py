@@ -36,14 +36,8 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 CONTEXT = "é" * (2 * MIB - 3) + "<end>"  # 4 MiB and 3 bytes in UTF-8 (two bytes a character)
-
-
 QUESTION = "q" * 900_000  # the prompt is "{{ question }}" (under MAX_PROMPT_CHARS)
-
-
 REASON = "too long: " + "r" * MIB
-
-
 HUGE = ("r01", "r14")  # a rejected row of shards 0 and 1
 
 

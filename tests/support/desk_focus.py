@@ -26,23 +26,11 @@ from tests.support.fake_jobs import close, finish_job, make_run, plan_round, rea
 from tests.support.owners import write_owner
 
 HOSTILE = '<script>alert(1)</script><img src=x onerror="alert(2)">'
-
-
 JSON_OUTPUT = '{"answer": 42, "steps": ["add", "check"], "ok": false}'
-
-
 CODE_OUTPUT = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\nThat is all."
-
-
 SYSTEM = "You are a careful grader."
-
-
 ROUND1 = [f"r{i:02d}" for i in range(30) if i % 3 and i % 5]  # round 1's rejected rows
-
-
 RETRY_SYSTEM = "Try again, and cite your source."
-
-
 SENT_BACK = {"r01": "name the source you used", "r02": ""}  # round 0's retry decisions, by ann
 
 

@@ -69,6 +69,4 @@ def lanes_runs(base: Path) -> tuple[RunConfig, list[str]]:
 
 
 EVEN = {f"r{i:02d}" for i in range(0, 30, 2)}
-
-
 T0 = 1_780_000_000.0  # round 1's first claim (Unix seconds)

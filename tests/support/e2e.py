@@ -10,11 +10,7 @@ from airflow_batchinfer.dev.local_airflow import LocalAirflow
 from airflow_batchinfer.storage import JsonlDir
 
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the e2e DAGs' local pool
-
-
 E2E_MAX_MAP_LENGTH = 32  # below e2e_lanes's 40 shards: its rounds map lanes, not shards
-
-
 JUDGE_POOL_SLOTS = 2  # = judge_replicas (1) x judge_concurrency (2) of e2e_judge_pool's judge pool
 
 
