@@ -1,6 +1,7 @@
 """Issue 14, items 1 and 3 on a real Airflow: a trigger whose params reach beyond what the deployment
-allows fails at its first tasks, before anything is read, written or started. A security test that
-lives beside the end-to-end tests to share their Airflow (package-scoped: it stops after them)."""
+allows fails at its first tasks, before anything is read, written or started. A security test (its
+marker) that lives beside the end-to-end tests to share their Airflow (package-scoped: it stops
+after them)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.security, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
 
 def test_a_trigger_cannot_choose_outside_the_limits(airflow: Any, e2e_root: Path) -> None:
