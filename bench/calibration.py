@@ -3,7 +3,7 @@ reports on a run whose judge is known to be wrong on a share of the rows.
 
 The run is real but for its model: ``--records`` records on ``--workers`` worker processes (the
 SIMULATED engine, over HTTP, lanes as ``batchinfer run`` runs them), judged by a ``callable`` judge
-built to err (:mod:`tests.support.calibration`: each answer right with probability 0.7; the judge
+built to err (:mod:`airflow_batchinfer.dev.calibration`: each answer right with probability 0.7; the judge
 wrong with probability ``2 · 0.2 · (1 - score)``, 20% of the rows on average, most at low scores),
 ``spot_check_approved: --spot-checks``. At each review gate a scripted reviewer who knows the truth
 decides on the review desk's HTTP API (Airflow's api-server app in process, on SQLite): every spot
@@ -33,6 +33,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev import calibration as c  # noqa: E402
+from airflow_batchinfer.dev.desk import answer_gate, desk_app, open_gate  # noqa: E402
+from airflow_batchinfer.dev.workers import TOKEN, start_worker  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.run.close import close_round  # noqa: E402
 from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane  # noqa: E402
@@ -43,9 +46,6 @@ from airflow_batchinfer.state.docs import Plan, slots, write_plan  # noqa: E402
 from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
-from tests.support import calibration as c  # noqa: E402
-from tests.support.desk import answer_gate, desk_app, open_gate  # noqa: E402
-from tests.support.workers import TOKEN, start_worker  # noqa: E402
 
 RUN_ID = "calibration"
 GATE_TASK = {"round-01": "round_01.plan", "tail": "tail.plan"}  # the desk tests' DAG has these two

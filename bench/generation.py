@@ -40,12 +40,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.workers import WorkerProcess, start_worker  # noqa: E402
 from airflow_batchinfer.engines.models import prepare_smollm2  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlFile, shard_dataset  # noqa: E402
-from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
 
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
 RUN_BAR = re.compile(r"Running batch: 100%[^\[]*\[(\d+):(\d\d)<")
@@ -359,7 +359,7 @@ def schema_part(tmp: Path, model: str, args: argparse.Namespace) -> dict[str, An
 
 def lora_part(tmp: Path, model: str, args: argparse.Namespace) -> dict[str, Any]:
     """Part 4: printed; its figures for the JSON line (under ``lora``)."""
-    from tests.support.tiny_llama import build_tiny_lora
+    from airflow_batchinfer.dev.tiny_llama import build_tiny_lora
 
     adapter = str(build_tiny_lora(model, tmp / "smollm2-lora", rank=LORA_RANK))
     src = tmp / "lora.jsonl"

@@ -24,11 +24,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.workers import start_worker  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from airflow_batchinfer.worker.settings import parse_options  # noqa: E402
-from tests.support.workers import start_worker  # noqa: E402
 
 TOPICS = ["the ocean", "a lighthouse", "winter", "a library", "the moon", "bread", "rivers", "old maps"]
 

@@ -1,6 +1,6 @@
 """Kubernetes pool benchmark (printed, not asserted), SIMULATED engine, on a local control plane with
 the test suite's kubelet stand-in running pods as local processes. The control plane is found as the
-Kubernetes tests find it (``tests/support/kube.py``): ``$BATCHINFER_TEST_K8S_BIN`` (etcd,
+Kubernetes tests find it (:mod:`airflow_batchinfer.dev.kube_plane`): ``$BATCHINFER_TEST_K8S_BIN`` (etcd,
 kube-apiserver, kube-controller-manager, kube-scheduler), ``$KUBEBUILDER_ASSETS`` (not enough here:
 envtest has no controller-manager or scheduler), or the workplace's tool.
 
@@ -35,19 +35,19 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.kube_plane import (  # noqa: E402
+    NEEDS_CONTROLLERS,
+    NO_CONTROL_PLANE,
+    find_control_plane,
+    start_control_plane,
+)
+from airflow_batchinfer.dev.kubelet import Kubelet  # noqa: E402
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec  # noqa: E402
 from airflow_batchinfer.pools.kubernetes import KubernetesPool, KubernetesPoolSpec  # noqa: E402
 from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.run.pipeline import run_pipeline  # noqa: E402
 from airflow_batchinfer.state.config import RunConfig  # noqa: E402
-from tests.support.kube import (  # noqa: E402
-    NEEDS_CONTROLLERS,
-    NO_CONTROL_PLANE,
-    Kubelet,
-    find_control_plane,
-    start_control_plane,
-)
 
 
 class Resubmits(logging.Handler):

@@ -80,12 +80,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
 from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
-from tests.support.workers import TOKEN, WorkerProcess, start_worker  # noqa: E402
 
 WORDS = ["sun", "haze", "dust", "cloud", "evening", "scatter", "light", "blue", "red", "angle", "air",
          "ocean", "wave", "salt", "wind"]  # fmt: skip

@@ -48,8 +48,8 @@ from typing import Any
 import httpx
 import psutil
 
+from airflow_batchinfer.dev.local_airflow import LocalAirflow
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec
-from tests.support.local_airflow import LocalAirflow
 
 DAG_ID = "bench_scale"
 POOL = "bench_scale"

@@ -32,12 +32,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.workers import WorkerProcess, start_worker  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
 from bench.scale import PROMPT, make_dataset  # noqa: E402
-from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
 
 DEFAULT_RECORDS = 200_000
 QUICK_RECORDS = 20_000

@@ -26,12 +26,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.tiny_llama import build_tiny_llama  # noqa: E402
+from airflow_batchinfer.dev.workers import WorkerProcess, start_worker  # noqa: E402
 from airflow_batchinfer.engines.models import prepare_smollm2  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
-from tests.support.tiny_llama import build_tiny_llama  # noqa: E402
-from tests.support.workers import WorkerProcess, start_worker  # noqa: E402
 
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
 WORDS = [

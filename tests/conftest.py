@@ -1,22 +1,63 @@
+"""The whole suite's fixtures and hooks. Tests are sorted by cost (docs/testing.md): tests/unit (no
+process, no socket, no model: ``make check`` runs it in parallel), tests/component (worker processes,
+the S3 server, real models, a Kubernetes API server, Chromium), tests/system (a real Airflow). Each
+test is marked with its folder's tier here, a system test ``slow`` too, so that ``-m "not slow"`` or
+``-m unit`` select by cost; what a test is about (``security``, ``chaos``) is its own marker."""
+
 from __future__ import annotations
 
 import os
 import tempfile
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support.kube_fixture import Kube
 from tests.support.models import CACHE
+from tests.support.roots import Root
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Airflow reads its home at import: keep tests off ~/airflow.
 os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="batchinfer-airflow-home-"))
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+
+TESTS = Path(__file__).parent
+TIERS = ("unit", "component", "system")
+# The slowest tests of the last run, for a CI job to keep (tests/artifacts/ is ignored by git).
+DURATIONS = TESTS / "artifacts" / "durations.txt"
+DURATIONS_KEPT = 100
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        parts = item.path.relative_to(TESTS).parts if TESTS in item.path.parents else ()
+        if parts and parts[0] in TIERS:
+            item.add_marker(parts[0])
+            if parts[0] == "system":
+                item.add_marker("slow")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """Write each test's time (setup, call and teardown together), slowest first, to DURATIONS."""
+    if hasattr(config, "workerinput"):  # an xdist worker: the controller writes it
+        return
+    seconds: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if isinstance(report, pytest.TestReport):
+                seconds[report.nodeid] = seconds.get(report.nodeid, 0.0) + report.duration
+    if not seconds:
+        return
+    slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:DURATIONS_KEPT]
+    DURATIONS.parent.mkdir(exist_ok=True)
+    total = sum(seconds.values())
+    lines = [f"{len(seconds)} tests, {total:.1f} s of test time; the {len(slowest)} slowest:"]
+    lines += [f"{s:9.2f}s  {nodeid}" for nodeid, s in slowest]
+    DURATIONS.write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -54,18 +95,6 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
     server.stop()
 
 
-@dataclass
-class Root:
-    """A fresh storage root on one backend: ``uri(name)`` makes child URIs."""
-
-    base: str
-    storage_options: dict[str, Any]
-    backend: str
-
-    def uri(self, *parts: str) -> str:
-        return "/".join([self.base, *parts])
-
-
 @pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
 def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
     """The same test against local disk and against the real S3 server."""
@@ -75,39 +104,13 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Root:
     return Root(f"s3://{server.bucket}/{uuid.uuid4().hex}", server.storage_options(), "s3")
 
 
-@dataclass
-class Kube:
-    """The session's Kubernetes control plane and kubelet stand-in; ``namespace()`` isolates a test.
-    ``kubelet`` is ``None`` for :func:`kube_api` (the API server without pods)."""
-
-    plane: Any
-    kubelet: Any
-    api: Any
-
-    def namespace(self) -> str:
-        import time
-
-        from kubernetes import client
-
-        name = f"t-{uuid.uuid4().hex[:8]}"
-        core = client.CoreV1Api(self.api)
-        core.create_namespace({"metadata": {"name": name}})
-        if not self.plane.controllers:  # no controller-manager makes it: pods need it (admission)
-            core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
-        for _ in range(100):  # pods need the namespace's default ServiceAccount (admission)
-            if core.list_namespaced_service_account(name).items:
-                return name
-            time.sleep(0.1)
-        raise TimeoutError(f"namespace {name}: no default ServiceAccount")
-
-
 @pytest.fixture(scope="session")
 def kube_plane() -> Iterator[Any]:
-    """A real Kubernetes control plane on 127.0.0.1, found as ``tests/support/kube.py`` says
+    """A real Kubernetes control plane on 127.0.0.1, found as :mod:`airflow_batchinfer.dev.kube_plane` says
     (``$BATCHINFER_TEST_K8S_BIN``, then ``$KUBEBUILDER_ASSETS``, then the workplace's tool). Skips,
     saying how to get one (``setup-envtest``), when none is found."""
     pytest.importorskip("kubernetes", reason="needs the kubernetes extra")
-    from tests.support.kube import NO_CONTROL_PLANE, find_control_plane, start_control_plane
+    from airflow_batchinfer.dev.kube_plane import NO_CONTROL_PLANE, find_control_plane, start_control_plane
 
     try:
         found = find_control_plane()
@@ -138,7 +141,8 @@ def kube(kube_plane: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     """A real control plane with its controller-manager and scheduler, and a kubelet stand-in running
     pods as local worker processes on 127.x pod IPs. Skips with the reason when the control plane
     found has no controller-manager and scheduler (envtest's), or when none is found."""
-    from tests.support.kube import NEEDS_CONTROLLERS, Kubelet
+    from airflow_batchinfer.dev.kube_plane import NEEDS_CONTROLLERS
+    from airflow_batchinfer.dev.kubelet import Kubelet
 
     if not kube_plane.controllers:
         pytest.skip(NEEDS_CONTROLLERS.format(source=kube_plane.found.source))

@@ -3,9 +3,9 @@
 Starts api-server, scheduler, dag-processor and triggerer as separate processes on 127.0.0.1 with a
 SQLite database and the LocalExecutor, creates the Airflow pools the DAGs use (``include_deferred``),
 and talks to it through the public REST API only (``/api/v2``), as a user's automation would.
-Everything lives in ``home``; :meth:`DevAirflow.stop` ends every process it started by PID. The test
-suite's ``tests/support/local_airflow.py`` adds what only tests do to it (kill and restart components,
-find task processes, read task logs, fast failure detection).
+Everything lives in ``home``; :meth:`DevAirflow.stop` ends every process it started by PID.
+:mod:`airflow_batchinfer.dev.local_airflow` adds what only tests and benchmarks do to it (kill and
+restart components, find task processes, read task logs, fast failure detection).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers for the chaos suite (tests/chaos): datasets, waiting on task instances, faults (a full
+"""Helpers for the chaos suite (tests/system/chaos): datasets, waiting on task instances, faults (a full
 disk, a killed process), and the id invariant counted from storage, independently of the report.
 
 The id invariant: every input id is in exactly one of ``results/``, the final pending set, a
@@ -279,3 +279,7 @@ def partial_files(root: str, so: dict[str, Any] | None = None) -> list[str]:
             except Exception as exc:
                 bad.append(f"{uri} ({type(exc).__name__}: {exc})")
     return bad
+
+
+BUCKET = "batchinfer-chaos"
+FAILURE_TIMEOUT_S = 10

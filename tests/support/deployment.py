@@ -1,4 +1,4 @@
-"""Airflow as users deploy it, on this machine, for ``tests/deployment/``.
+"""Airflow as users deploy it, on this machine, for ``tests/system/deployment/``.
 
 PostgreSQL (Debian's ``postgresql``, a cluster in a temporary directory, run as the ``postgres``
 user since it refuses root) is the metadata database; Redis (Debian's ``redis-server``) is the Celery
@@ -24,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.dev.airflow import free_port
-from tests.support.local_airflow import LocalAirflow
+from airflow_batchinfer.dev.local_airflow import LocalAirflow
+from tests.support.proxy import RoundRobinProxy
+from tests.support.workers import WorkerProcess
 
 FAB = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
 REPO = Path(__file__).resolve().parents[2]
@@ -394,3 +396,14 @@ def kill_component(af: DeployedAirflow, component: str) -> int:
     pid = af.pid(component)
     af.kill(component, signal.SIGKILL, group=True)
     return pid
+
+
+BUCKET = "batchinfer-deploy"
+FAILURE_TIMEOUT_S = 15
+
+
+@dataclass
+class StaticPools:
+    fast: list[WorkerProcess]
+    slow: list[WorkerProcess]
+    shared: RoundRobinProxy  # one address in front of the fast pool's workers

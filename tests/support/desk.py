@@ -1,149 +1,129 @@
-"""The review desk's app in process, for a run that goes through its gates: Airflow's own api-server
-app on a throwaway SQLite database (SimpleAuthManager users, tokens from ``POST /auth/token``), one
-DAG run of the desk tests' DAG (plan tasks ``round_01.plan`` and ``tail.plan``) whose gates open and
-are answered as the round controller leaves them. The desk tests' module fixtures (test_app,
-test_focus_app, test_shards_app, test_calibration_app, test_desk_bounded) and bench/calibration.py
-build on :func:`desk_app`."""
+"""The review desk's app in process (:mod:`airflow_batchinfer.dev.desk`, which ``bench/calibration.py``
+uses too) with what only the desk tests add: a closed run to review, gates opened as a test wants
+them, a user without access to the DAG. The desk tests' module fixtures (test_app, test_focus_app,
+test_shards_app, test_calibration_app, test_desk_bounded) build on :func:`desk_app`."""
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.unit.review import test_app as t
+import pytest
+
+from airflow_batchinfer.dev.desk import DAG_ID, USERS, Desk, answer_gate, desk_app, open_gate
+from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs import write_run_config
+from tests.support.fake_jobs import close, counted, finish_job, make_run, plan_round, read_rows
+
+__all__ = [
+    "DAG_ID", "MARKDOWN_IMAGE", "PAGE_DIR", "REJECTED", "SCRIPT", "USERS", "Desk", "add_gate", "answer_gate",
+    "closed_run", "deny_dave", "desk_app", "gate_url", "open_gate",
+]  # fmt: skip
+
+PAGE_DIR = Path(__file__).parents[2] / "airflow_batchinfer" / "review" / "page"
+SCRIPT = "<script>alert(1)</script>"
+MARKDOWN_IMAGE = "![x](http://evil.example/p.png)"
 
 
-@contextlib.contextmanager
-def desk_app(home: Path) -> Iterator[t.Desk]:
-    """The desk's app with the test DAG and its users (alice admin, bob viewer, carol and dave users);
-    ``roots`` is filled by :func:`open_gate`."""
-    from airflow import settings
-    from airflow.api_fastapi import app as api_app
-    from airflow.utils import db
-    from airflow.utils.session import create_session
-    from fastapi.testclient import TestClient
-
-    from airflow_batchinfer.plugin.desk import get_app
-
-    home.mkdir(parents=True, exist_ok=True)
-    passwords = home / "passwords.json"
-    passwords.write_text(json.dumps({u: f"pw-{u}" for u in t.USERS}))
-    env = {
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "AIRFLOW__CORE__AUTH_MANAGER": (
-            "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
-        ),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in t.USERS.items()),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS": "False",
-        "AIRFLOW__API_AUTH__JWT_SECRET": "review-desk-tests-" + "x" * 64,
-        "AIRFLOW__API__SECRET_KEY": "review-desk-tests-" + "y" * 32,
-    }
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    settings.configure_vars()
-    settings.reconfigure_orm()
-    try:
-        db.initdb()
-        with create_session() as session:
-            t._add_dag(session)
-        api_app.purge_cached_app()
-        get_app.cache_clear()
-        client = TestClient(api_app.create_app())
-        tokens = {}
-        for user in t.USERS:
-            r = client.post("/auth/token", json={"username": user, "password": f"pw-{user}"})
-            assert r.status_code == 201, r.text
-            tokens[user] = r.json()["access_token"]
-        yield t.Desk(client, tokens, {})
-    finally:
-        api_app.purge_cached_app()
-        get_app.cache_clear()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        settings.configure_vars()
-        settings.reconfigure_orm()
+# -------------------------------------------------------------------------------- run roots
+def closed_run(tmp_path: Path) -> RunConfig:
+    """A run of 30 records in 3 shards whose round 0 closed: ids r00, r03, ... approved, the other 20
+    rejected, for "too short: <n> chars" (even ids) or "wrong answer" (odd ids). r01's output is a
+    script tag, r02's a markdown image."""
+    cfg = make_run(tmp_path, review="every_round", max_rounds=3)
+    write_run_config(cfg)
+    plan = plan_round(cfg)
+    kind = round_kinds(cfg, "rounds")[-1]
+    for shard in plan.shards:
+        ok, bad = [], []
+        for row in read_rows(shard["uri"]):
+            n = int(row["id"][1:])
+            output = {1: SCRIPT, 2: MARKDOWN_IMAGE}.get(n, f"answer {n}")
+            if n % 3 == 0:
+                ok.append({**row, "result": output, "status": "approved", "judgment": {"approved": True}})
+                continue
+            reason = f"too short: {n} chars" if n % 2 == 0 else "wrong answer"
+            judgment = {"approved": False, "reason": reason, "score": n / 100}
+            bad.append({**row, "result": output, "status": "rejected", "judgment": judgment, "attempts": 1})
+        finish_job(cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
+                   counted(approved=len(ok), rejected=len(bad)))  # fmt: skip
+    summary = close(cfg, plan)
+    assert (summary["approved"], summary["rejected"]) == (10, 20)
+    return cfg
 
 
-def open_gate(desk: t.Desk, run_id: str, task_id: str, run_root: str, subject: str) -> None:
-    """``task_id``'s review gate of DAG run ``run_id`` waits (the run is created at its first gate,
-    its root claimed by it); the run's earlier gate, if any, was answered."""
+REJECTED = [f"r{i:02d}" for i in range(30) if i % 3]
+
+
+# ----------------------------------------------------------------------------------- Airflow
+
+
+def gate_url(run_id: str, suffix: str = "") -> str:
+    return f"/batchinfer/api/gates/{DAG_ID}/{run_id}{suffix}"
+
+
+def add_gate(
+    run_id: str,
+    task_id: str,
+    rendered: dict[str, Any] | None,
+    *,
+    assignees: list[dict[str, str]] | None = None,
+    answered: bool = False,
+    subject: str | None = None,
+) -> None:
+    """A DAG run whose plan task ``task_id`` waits on its review gate (as the operator leaves it)."""
     from airflow._shared.timezones import timezone
-    from airflow.models.dagrun import DagRun
     from airflow.models.hitl import HITLDetail
     from airflow.models.renderedtifields import RenderedTaskInstanceFields
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.utils.session import create_session
     from airflow.utils.state import DagRunState, TaskInstanceState
     from airflow.utils.types import DagRunTriggeredByType, DagRunType
-    from sqlalchemy import insert, select
-
-    from airflow_batchinfer.state.owner import RunIdentity
-    from tests.support.owners import write_owner
+    from sqlalchemy import insert
 
     with create_session() as session:
-        run = session.scalar(select(DagRun).where(DagRun.dag_id == t.DAG_ID, DagRun.run_id == run_id))
-        if run is None:
-            dag = SerializedDagModel.get_dag(t.DAG_ID, session=session)
-            run = dag.create_dagrun(
-                run_id=run_id, run_after=timezone.utcnow(), run_type=DagRunType.MANUAL,
-                triggered_by=DagRunTriggeredByType.TEST, state=DagRunState.RUNNING, session=session,
-            )  # fmt: skip
-            session.flush()
-            write_owner(run_root, RunIdentity(t.DAG_ID, run_id))
-            desk.roots[run_id] = run_root
-        ti = next(x for x in run.get_task_instances(session=session) if x.task_id == task_id)
+        dag = SerializedDagModel.get_dag(DAG_ID, session=session)
+        run = dag.create_dagrun(
+            run_id=run_id, run_after=timezone.utcnow(), run_type=DagRunType.MANUAL,
+            triggered_by=DagRunTriggeredByType.TEST, state=DagRunState.RUNNING, session=session,
+        )  # fmt: skip
+        session.flush()
+        ti = next(t for t in run.get_task_instances(session=session) if t.task_id == task_id)
         ti.state = TaskInstanceState.AWAITING_INPUT
         session.merge(ti)
-        session.execute(
-            insert(RenderedTaskInstanceFields).values(
-                dag_id=t.DAG_ID,
-                task_id=task_id,
-                run_id=run_id,
-                map_index=-1,
-                rendered_fields={"run_root": run_root, "aws_conn_id": None},
+        if rendered is not None:
+            session.execute(
+                insert(RenderedTaskInstanceFields).values(
+                    dag_id=DAG_ID, task_id=task_id, run_id=run_id, map_index=-1, rendered_fields=rendered
+                )
             )
-        )
         session.add(
             HITLDetail(
                 ti_id=ti.id,
                 options=["Continue", "Continue in place", "Accept remaining as they are", "Stop"],
-                subject=subject,
+                subject=subject or f"Round 1: review 20 pending records ({run_id})",
                 body="the body",
                 defaults=["Stop"],
                 multiple=False,
                 params={},
+                assignees=assignees,
+                responded_at=timezone.utcnow() if answered else None,
+                responded_by={"id": "alice", "name": "alice"} if answered else None,
+                chosen_options=["Stop"] if answered else None,
             )
         )
 
 
-def answer_gate(run_id: str, task_id: str, choice: str, by: str = "alice") -> None:
-    """Airflow records the gate's answer (the plan task then applies it: the caller does)."""
-    from airflow._shared.timezones import timezone
-    from airflow.models.hitl import HITLDetail
-    from airflow.models.taskinstance import TaskInstance
-    from airflow.utils.session import create_session
-    from airflow.utils.state import TaskInstanceState
-    from sqlalchemy import select
+@pytest.fixture
+def deny_dave(desk: Desk, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dave may see no DAG at all (SimpleAuthManager has no such role: the check is patched)."""
+    from airflow.api_fastapi.app import get_auth_manager
 
-    with create_session() as session:
-        ti = session.scalar(
-            select(TaskInstance).where(
-                TaskInstance.dag_id == t.DAG_ID,
-                TaskInstance.run_id == run_id,
-                TaskInstance.task_id == task_id,
-            )
-        )
-        assert ti is not None
-        detail: Any = session.scalar(select(HITLDetail).where(HITLDetail.ti_id == ti.id))
-        detail.responded_at = timezone.utcnow()
-        detail.responded_by = {"id": by, "name": by}
-        detail.chosen_options = [choice]
-        ti.state = TaskInstanceState.SUCCESS
+    am = get_auth_manager()
+    real = am.is_authorized_dag
+
+    def is_authorized_dag(*, user: Any, **kwargs: Any) -> bool:
+        return user.get_id() != "dave" and real(user=user, **kwargs)
+
+    monkeypatch.setattr(am, "is_authorized_dag", is_authorized_dag)

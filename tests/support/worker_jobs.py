@@ -59,7 +59,7 @@ def run_jobs(
 
 class HashScoringEngine(Engine):
     """A scoring model at the engine seam, for judge jobs of ``reward`` and ``classifier`` judges
-    without torch (the real ones: tests/integration/test_model_judges.py): each text's outputs are
+    without torch (the real ones: tests/component/test_model_judges.py): each text's outputs are
     deterministic in its request id, ``lo`` to ``hi`` (one label: a reward head's raw score; two: a
     binary classifier's logits, ``rejected`` then ``approved``)."""
 

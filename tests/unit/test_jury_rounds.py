@@ -3,27 +3,23 @@ a hash of the record): each member's verdict in ``judgment.members``, the round'
 counting how often members disagree, the id invariant; an infer job carrying its llm members'
 verdicts for a judge pool that scores; a jury in place; and one beside a classifier (a scoring model
 at the engine seam) with review_below_score and spot checks. Real engines:
-tests/integration/test_model_judges.py."""
+tests/component/test_model_judges.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from airflow_batchinfer.judges.spot_check import score_bucket
 from airflow_batchinfer.run.jobs import judge_input
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage import JsonlFile
 from tests.support.fake_jobs import close, make_run, plan_round
+from tests.support.rounds import rows_in
 from tests.support.worker_jobs import HashScoringEngine, run_jobs
 
 SHORT = {"type": "length", "max_chars": 20, "name": "short"}
-
-
-def rows_in(directory: str) -> list[dict[str, Any]]:
-    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
 
 def test_a_jury_round_keeps_each_members_verdict_and_counts_their_disagreement(tmp_path: Path) -> None:

@@ -18,9 +18,9 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from tests.support.accounting import strip_digests
 from tests.support.fake_jobs import read_rows, write_rows
-from tests.unit.test_accounting import strip_digests
-from tests.unit.test_range_close import ranged_round
+from tests.support.ranges import ranged_round
 
 
 def ranged_run(tmp_path: Path, name: str, data: bytes, **settings: Any) -> RunConfig:

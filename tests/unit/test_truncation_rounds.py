@@ -13,16 +13,12 @@ from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, make_run, plan_round
+from tests.support.rounds import rows_in
 from tests.support.worker_jobs import run_jobs
 
 LONG = ["r00", "r05", "r17"]  # these ask for 24 tokens; the run gives 16
 TEMPLATE = "{{ question }}{% if id in " + repr(LONG) + " %} simulate_tokens=24{% endif %}"
-
-
-def rows_in(directory: str) -> list[dict[str, Any]]:
-    return [r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()]
 
 
 def truncating_run(tmp_path: Path, **settings: Any) -> RunConfig:

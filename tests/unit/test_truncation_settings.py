@@ -68,7 +68,7 @@ def test_a_dag_run_takes_the_deployments_max_max_tokens_as_its_cap(
 ) -> None:
     pytest.importorskip("airflow", reason="needs the airflow extra")
     from airflow_batchinfer.operators.shard import ShardDatasetOperator
-    from tests.security.test_work_caps import FakeTI
+    from tests.support.airflow_ti import FakeTI
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(f'{{"id": {i}, "q": "x"}}\n' for i in range(4)))

@@ -6,22 +6,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
-from airflow_batchinfer.engines import Engine, GenerationRequest, SamplingParams, create_engine
+from airflow_batchinfer.engines import GenerationRequest, create_engine
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.vllm import VllmEngine
 from airflow_batchinfer.exceptions import ConfigError
-
-
-def reported(stats: EngineStats | None) -> set[str]:
-    return {k for k, v in dataclasses.asdict(stats or EngineStats()).items() if v is not None}
+from tests.support.engine_stats import reported
 
 
 def test_one_list_of_names_for_the_stats() -> None:
@@ -132,38 +128,6 @@ async def test_the_openai_engine_counts_the_usage_its_server_reports() -> None:
         await engine.close()
     assert engine.stats() == EngineStats(generation_tokens=8, prompt_tokens=12, batches=1, running=0)
     assert reported(engine.stats()) == set(engine.stats_fields)
-
-
-@pytest.fixture(scope="module")
-def transformers_engine(tiny_model: str) -> Iterator[Engine]:
-    pytest.importorskip("torch", reason="needs the transformers extra")
-    e = create_engine("transformers", model=tiny_model)
-    asyncio.run(e.start())
-    yield e
-    asyncio.run(e.close())
-
-
-async def test_the_transformers_engine_counts_generated_tokens_and_running_requests(
-    transformers_engine: Engine,
-) -> None:
-    reqs = [
-        GenerationRequest(str(i), prompt=f"count to {i}", sampling=SamplingParams(max_tokens=24))
-        for i in range(3)
-    ]
-    before = transformers_engine.stats()
-    task = asyncio.create_task(transformers_engine.generate(reqs))
-    running = []
-    while not task.done():  # generating in a thread: the loop reads the stats meanwhile
-        s = transformers_engine.stats()
-        running.append(s.running if s else None)
-        await asyncio.sleep(0.001)
-    results = await task
-    after = transformers_engine.stats()
-    assert before is not None and after is not None
-    assert after.generation_tokens - before.generation_tokens == sum(r.completion_tokens for r in results) > 0  # type: ignore[operator]
-    assert after.batches == before.batches + 1  # type: ignore[operator]
-    assert max(r or 0 for r in running) == 3 and after.running == 0
-    assert reported(after) == set(transformers_engine.stats_fields)
 
 
 async def test_vllms_own_stat_lines_only_when_asked_and_until_closed() -> None:

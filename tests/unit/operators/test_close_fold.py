@@ -24,7 +24,7 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from tests.support.fake_jobs import finish_shard
-from tests.unit.test_rounds import make_run
+from tests.support.rounds import make_run
 
 SOME = {f"r{i:02d}" for i in range(20)}  # shards 0 and 1 approved, shard 2 rejected
 

@@ -13,23 +13,11 @@ from airflow_batchinfer.exceptions import ReviewClosedError
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.report.build import build_report
-from airflow_batchinfer.state.docs import read_plan, slots, write_plan
+from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
-
-
-def finished_report(cfg: Any) -> dict[str, Any]:
-    """The report once every slot has planned (as in a DAG run that went to its end)."""
-    layout = RunLayout(cfg.run_root)
-    for slot in slots(cfg.max_rounds):
-        if read_plan(layout, slot) is None:
-            write_plan(layout, propose_slot(cfg, slot).plan)
-    return build_report(cfg)
-
-
-def rows_in(uri: str) -> dict[str, dict[str, Any]]:
-    return {r["id"]: r for f in JsonlDir(uri).jsonl_files() for r in f.iter_records()}
+from tests.support.review_runs import finished_report, rows_in
 
 
 def reviewed_run(tmp_path: Path) -> Any:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -12,41 +11,24 @@ import pytest
 from airflow_batchinfer.exceptions import ReviewError
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.bounds import Bounds
-from airflow_batchinfer.review.browse import Page, RoundView
-from airflow_batchinfer.review.decisions import Decision, DecisionLog, tally
-from airflow_batchinfer.review.samples import Sample, field_value, matches
+from airflow_batchinfer.review.browse import RoundView
+from airflow_batchinfer.review.samples import field_value, matches
 from airflow_batchinfer.review.trends import trend
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
-from tests.support.seaweedfs import S3Server
-from tests.unit.review.helpers import RARE, approved, build_round, drop_manifest_groups, reason
+from tests.support.review_rounds import (  # noqa: F401 (fixtures, used by name)
+    RARE,
+    all_pages,
+    approved,
+    build_round,
+    built,
+    drop_manifest_groups,
+    reason,
+    rejected_ids,
+    view,
+)
 
 RARE_GROUP = "a rare reason: # of a kind"
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> RunConfig:
-    return build_round(str(tmp_path_factory.mktemp("review")))
-
-
-@pytest.fixture
-def view(built: RunConfig) -> RoundView:
-    return RoundView(built.run_root, 0)
-
-
-def rejected_ids(n: int = 95) -> list[str]:
-    return [f"r{i:03d}" for i in range(n) if not approved(i)]
-
-
-def all_pages(view: RoundView, **kw: object) -> tuple[list[Page], list[Sample]]:
-    pages, cursor = [], None
-    while True:
-        page = view.page(cursor, **kw)  # type: ignore[arg-type]
-        pages.append(page)
-        cursor = page.cursor
-        if cursor is None:
-            return pages, [s for p in pages for s in p.samples]
-        assert len(pages) < 1_000
 
 
 def test_shards_and_total_come_from_what_close_accepted(view: RoundView) -> None:
@@ -188,27 +170,6 @@ def test_a_round_without_rejected_rows_is_empty(built: RunConfig) -> None:
     assert view.page().samples == [] and view.page().cursor is None and view.sample(5) == []
     with pytest.raises(ReviewError):
         RoundView(built.run_root, -1)
-
-
-@pytest.mark.s3
-def test_paging_and_groups_on_s3(s3_server: S3Server, tmp_path: Path) -> None:
-    so = s3_server.storage_options()
-    base = f"s3://{s3_server.bucket}/{uuid.uuid4().hex}"
-    cfg = build_round(base, n=45, per_shard=10, so=so, data_dir=tmp_path)
-    view = RoundView(cfg.run_root, 0, so=so)
-    expected = rejected_ids(45)
-    assert view.total() == len(expected)
-    assert [s.id for s in all_pages(view, size=4)[1]] == expected
-    assert sum(view.groups().values()) == len(expected)
-    found = view.find(expected[-1])
-    assert found is not None and found.prompt is not None
-    assert [s.id for s in view.sample(5, seed=1)] == [s.id for s in view.sample(5, seed=1)]
-    log = DecisionLog(cfg.run_root, 0, so)
-    log.append(Decision.make(0, "drop", "alice", ids=[expected[0]], note="junk"))
-    log.append(Decision.make(0, "accept", "bob", filter={"text": "what is 1"}))
-    assert [x.by for x in log.read()] == ["alice", "bob"]
-    accepted = len([i for i in expected if i == "r001" or "r010" <= i <= "r019"])  # "What is 1…"
-    assert tally(log.read(), view) == {"accept": accepted, "retry": len(expected) - accepted - 1, "drop": 1}
 
 
 def workers_text(builder: Any, record: dict[str, Any]) -> str | None:

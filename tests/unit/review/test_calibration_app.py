@@ -1,52 +1,31 @@
 """The judge checked against people on the review desk, in Airflow's own api-server app at the seams of
 test_app.py: a run whose judge is known to be wrong on a share of the rows
-(:mod:`tests.support.calibration`) holds back spot checks of its approvals; the desk lists them beside
+(:mod:`airflow_batchinfer.dev.calibration`)
+holds back spot checks of its approvals; the desk lists them beside
 the rejected rows (their reason group, a flag on each sample), a scripted reviewer who knows the truth
 decides on the desk's HTTP API, the desk's live figures follow every decision, and once the gate is
 answered they are the ones stored and shown. The ``calibration_desk`` fixture is the browser test's
-too (tests/e2e/test_desk_calibration_browser.py)."""
+too (tests/component/review/test_desk_calibration_browser.py)."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 
 pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
+from airflow_batchinfer.dev import calibration as c  # noqa: E402
 from airflow_batchinfer.run.plan import CONTINUE  # noqa: E402
-from airflow_batchinfer.state.config import RunConfig  # noqa: E402
 from airflow_batchinfer.state.docs import read_summary  # noqa: E402
 from airflow_batchinfer.state.docs.calibration import read_calibration  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
-from tests.support import calibration as c  # noqa: E402
-from tests.support.desk import answer_gate, desk_app, open_gate  # noqa: E402
-from tests.unit.review import test_app as t  # noqa: E402
-from tests.unit.review.test_spot_checks import run_slot, spot_run  # noqa: E402
-
-RUN = "spot"
-
-
-@dataclass
-class CalibrationDesk:
-    desk: t.Desk
-    cfg: RunConfig
-
-    def url(self, suffix: str = "") -> str:
-        return t.gate_url(RUN, suffix)
-
-
-@pytest.fixture(scope="module")
-def calibration_desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CalibrationDesk]:
-    """A run of 600 records whose round 0 closed with about 75 spot checks of the judge's approvals
-    (120 asked, of which the judge approved 62%); its gate (``round_01.plan``) waits, nothing decided."""
-    cfg = spot_run(tmp_path_factory.mktemp("spot"), n=600, per_shard=200, spot_check_approved=120)
-    run_slot(cfg, "round-00")
-    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
-        open_gate(desk, RUN, "round_01.plan", cfg.run_root, "Round 1: review the pending records (run)")
-        yield CalibrationDesk(desk, cfg)
+from tests.support.desk import answer_gate  # noqa: E402
+from tests.support.desk_calibration import (  # noqa: E402
+    RUN,
+    CalibrationDesk,
+    calibration_desk,  # noqa: F401 (a fixture, used by name)
+)
+from tests.support.spot_checks import run_slot  # noqa: E402
 
 
 def test_spot_checks_are_on_the_desk_beside_the_rejected_rows(calibration_desk: CalibrationDesk) -> None:

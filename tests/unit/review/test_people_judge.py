@@ -15,9 +15,8 @@ from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import close, plan_round
+from tests.support.review_runs import finished_report, make_run
 from tests.support.worker_jobs import run_jobs
-from tests.unit.review.test_apply import finished_report
-from tests.unit.review.test_worker_groups import make_run
 
 
 def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tmp_path: Path) -> None:

@@ -6,8 +6,6 @@ task per shard, before lanes."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,67 +14,16 @@ import pytest
 pytest.importorskip("airflow", reason="needs the airflow extra")
 pytestmark = pytest.mark.airflow
 
-from airflow_batchinfer.run.lanes import claim_shard  # noqa: E402
-from airflow_batchinfer.state.config import RunConfig  # noqa: E402
-from airflow_batchinfer.state.docs import write_run_config  # noqa: E402
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, read_lane, write_lane  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.state.owner import RunIdentity  # noqa: E402
-from tests.support.desk import desk_app  # noqa: E402
-from tests.support.fake_jobs import close, plan_round  # noqa: E402
-from tests.support.lane_rounds import BROKEN, FinishingPool, lanes_run, run_lanes  # noqa: E402
-from tests.support.owners import write_owner  # noqa: E402
-from tests.unit.review import test_app as t  # noqa: E402
-from tests.unit.review.test_app import deny_dave  # noqa: E402, F401 (a fixture, used by name)
-
-FAILING = "part-00004"
-EVEN = {f"r{i:02d}" for i in range(0, 30, 2)}
-T0 = 1_780_000_000.0  # round 1's first claim (Unix seconds)
-
-
-def lanes_runs(base: Path) -> tuple[RunConfig, list[str]]:
-    """Round 0 (10 shards, 3 lanes, ``FAILING``'s job fails) closed; round 1 (the 15 rejected
-    records in 5 shards) under way: lane 0 ended its first shard and runs its second, lane 1
-    claimed one it has not recorded, the other two never claimed. Returns the run and round 1's ids."""
-    cfg = lanes_run(base, review="every_round", max_rounds=3)
-    write_run_config(cfg)
-    plan = plan_round(cfg)
-    run_lanes(cfg, plan, 3, FinishingPool(cfg, plan, EVEN, fail={FAILING}))
-    close(cfg, plan)
-    layout = RunLayout(cfg.run_root)
-    nxt = plan_round(cfg, "round-01")
-    ids = [s["shard_id"] for s in nxt.shards]
-    write_lane(layout, LaneDoc(round=1, slot="round-01", lane=0, lanes=2, shards=[
-        LaneShard(shard_id=ids[0], records=3, state="done", claimed_at=T0, ended_at=T0 + 4.5),
-        LaneShard(shard_id=ids[2], records=3, state="running", claimed_at=T0 + 4.5),
-    ]))  # fmt: skip
-    write_lane(layout, LaneDoc(round=1, slot="round-01", lane=1, lanes=2, claiming=ids[1]))
-    for sid, lane in ((ids[0], 0), (ids[2], 0), (ids[1], 1)):
-        assert claim_shard(layout, 1, sid, lane)
-    return cfg, ids
-
-
-@pytest.fixture(scope="module")
-def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
-    """The desk's app with four DAG runs: ``lanes`` (its gate reviews round 0, run by lanes, and
-    waits), ``moving`` (the same, its gate answered and round 1 under way), ``before`` (its round 0
-    ran one task per shard), ``broken`` (as ``moving``, a lane document of round 1 unreadable)."""
-    roots = {
-        "lanes": lanes_runs(tmp_path_factory.mktemp("lanes"))[0].run_root,
-        "moving": lanes_runs(tmp_path_factory.mktemp("moving"))[0].run_root,
-        "before": t.closed_run(tmp_path_factory.mktemp("before")).run_root,
-        "broken": lanes_runs(tmp_path_factory.mktemp("broken"))[0].run_root,
-    }
-    # a lane document this release cannot read (another release's field)
-    bad = Path(RunLayout(roots["broken"]).lane(1, 1))
-    bad.write_text(json.dumps({**json.loads(bad.read_text()), "surprise": True}))
-    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
-        for run_id, root in roots.items():
-            t.add_gate(run_id, "round_01.plan", {"run_root": root, "aws_conn_id": None},
-                       answered=run_id == "moving")  # fmt: skip
-            write_owner(root, RunIdentity(t.DAG_ID, run_id))
-        desk.roots.update(roots)
-        yield desk
+from tests.support import desk as t  # noqa: E402
+from tests.support.desk import deny_dave  # noqa: E402, F401 (a fixture, used by name)
+from tests.support.desk_shards import (  # noqa: E402
+    FAILING,
+    T0,
+    desk,  # noqa: F401 (a fixture, used by name)
+)
+from tests.support.lane_rounds import BROKEN  # noqa: E402
 
 
 def shards(desk: t.Desk, run_id: str, user: str = "bob", **params: Any) -> Any:
@@ -157,7 +104,7 @@ def test_a_round_run_one_task_per_shard_says_so(desk: t.Desk) -> None:
     assert body["shards"] == [] and body["counts"] == {} and body["cursor"] is None
 
 
-def test_it_is_authorised_like_the_desks_other_endpoints(desk: t.Desk, deny_dave: None) -> None:  # noqa: F811
+def test_it_is_authorised_like_the_desks_other_endpoints(desk: t.Desk, deny_dave: None) -> None:
     assert desk.get(None, t.gate_url("lanes", "/shards")).status_code == 401
     bad = desk.client.get(t.gate_url("lanes", "/shards"), headers={"Authorization": "Bearer not-a-token"})
     assert bad.status_code in (401, 403)

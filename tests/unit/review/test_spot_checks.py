@@ -3,7 +3,7 @@ process holds back a seeded sample of approved rows; the round's close counts th
 rows per stratum; the gate opens; the decisions take effect (an undecided spot check follows the
 judge into results, a person's verdict is recorded in the row's judgment, every id accounted for);
 the calibration is stored, matches what the run's construction implies, and reaches the report and
-the next gate. The judge is ``tests.support.calibration:judge``: wrong on a known, seeded share of
+the next gate. The judge is ``airflow_batchinfer.dev.calibration:judge``: wrong on a known, seeded share of
 the rows."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.dev import calibration as c
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.spot_check import BUCKETS, round_rate, score_bucket, selected
 from airflow_batchinfer.review.browse import RoundView
@@ -25,45 +26,15 @@ from airflow_batchinfer.run.plan import CONTINUE, STOP, Proposal, apply_choice, 
 from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.spec.settings import param_defaults, setting
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import read_summary, write_plan, write_run_config
+from airflow_batchinfer.state.docs import read_summary, write_run_config
 from airflow_batchinfer.state.docs.calibration import read_calibration
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import parse_params
-from airflow_batchinfer.storage import JsonlDir, shard_dataset
-from tests.support import calibration as c
+from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import close, make_run, plan_round
+from tests.support.review_runs import finished_report, rows_in
+from tests.support.spot_checks import run_slot, spot_run
 from tests.support.worker_jobs import HashScoringEngine, run_jobs
-from tests.unit.review.test_apply import finished_report, rows_in
-
-
-def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any) -> RunConfig:
-    """``n`` records ``c00000``… in shards of ``per_shard``, judged by the construction's judge."""
-    data = c.write_input(tmp_path / "data.jsonl", n)
-    cfg = RunConfig(
-        input=str(data),
-        run_root=str(tmp_path / "run"),
-        prompt_template="{{ question }}",
-        records_per_shard=per_shard,
-        judge=c.JUDGE,
-        **{"max_rounds": 2, **settings},
-    )
-    cfg.id_field = shard_dataset(
-        cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
-    ).id_field
-    write_run_config(cfg)
-    return cfg
-
-
-def run_slot(cfg: RunConfig, slot: str, choice: str | None = None) -> Any:
-    """The slot's plan task (the gate answered ``choice`` when it opens), its jobs and its close."""
-    proposal = propose_slot(cfg, slot)
-    assert bool(proposal.options) == (choice is not None), proposal.options
-    plan = apply_choice(cfg, proposal, choice) if choice else proposal.plan
-    write_plan(RunLayout(cfg.run_root), plan)
-    if plan.mode == "rounds":
-        run_jobs(cfg, [("infer_judge", plan.round, s) for s in plan.shards])
-        close(cfg, plan)
-    return plan
 
 
 def decide_truthfully(cfg: RunConfig, r: int, share: float = 1.0) -> dict[str, int]:

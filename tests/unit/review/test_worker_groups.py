@@ -5,35 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from airflow_batchinfer.judges.reasons import ReasonGroups
 from airflow_batchinfer.review.browse import RoundView
-from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import JobManifest, read_job_manifest, write_run_config
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlFile, shard_dataset
+from airflow_batchinfer.storage import JsonlFile
 from tests.support.fake_jobs import close, plan_round
+from tests.support.review_runs import make_run
 from tests.support.worker_jobs import run_jobs
-
-
-def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
-    """40 arithmetic questions; the SIMULATED engine's answers are wrong numbers (rejected as
-    "expected N, got M"), none at all, or, for every fifth, an inference error."""
-    data = tmp_path / "data.jsonl"
-    rows = [{"id": f"q{i}", "question": ("FAIL " if i % 5 == 0 else "") + f"{i} + 1", "answer": i + 1}
-            for i in range(40)]  # fmt: skip
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = RunConfig(
-        input=str(data),
-        run_root=str(tmp_path / "run"),
-        prompt_template="{{ question }}",
-        records_per_shard=15,
-        **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
-    )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
-    write_run_config(cfg)
-    return cfg
 
 
 def staged_rejected_groups(manifest: JobManifest) -> dict[str, int]:

@@ -9,7 +9,6 @@ import inspect
 import socket
 import time
 
-import httpcore
 import httpx
 import pytest
 
@@ -21,15 +20,10 @@ from airflow_batchinfer.rpc.locate import (
     WorkerAnswer,
     locate_decision,
 )
-from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.state.config import RunConfig
-
-SPEC = JobSpec(
-    job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}
-)
-A, B = "http://a:1", "http://b:1"
+from tests.support.locate import REFUSED, SPEC, A, B, connect_error, workers
 
 
 def silent(url: str, s: float, **kw: object) -> WorkerAnswer:
@@ -55,27 +49,6 @@ def test_a_silent_worker_makes_the_answer_unknown_until_its_grace_passes() -> No
 def test_a_worker_the_pool_no_longer_lists_or_where_nothing_listens_is_gone(why: dict[str, bool]) -> None:
     got = locate_decision([silent(A, 0, **why), WorkerAnswer(B, state="failed")], grace_s=120)
     assert got.verdict == "not_found" and [u for u, _ in got.gone] == [A] and got.waiting == ()
-
-
-def workers(silent_hosts: set[str], jobs: dict[str, str]) -> tuple[httpx.MockTransport, list[str]]:
-    """Hosts in ``silent_hosts`` time out; ``jobs``: host → the job's state there (else 404)."""
-    submitted: list[str] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        host = f"{request.url.scheme}://{request.url.host}:{request.url.port}"
-        if host in silent_hosts:
-            raise httpx.ReadTimeout("no answer", request=request)
-        if request.url.path.startswith("/v1/jobs/"):
-            if host not in jobs:
-                return httpx.Response(404, json={"error": "not_found", "detail": "no such job"})
-            return httpx.Response(200, json={"job_id": "j1", "kind": "infer", "state": jobs[host]})
-        if request.url.path == "/v1/stats":
-            stats = {"engine": {}, "slots_total": 4, "slots_busy": 0, "draining": False, "jobs": {}}
-            return httpx.Response(200, json={**stats, "batcher": {}})
-        submitted.append(host)
-        return httpx.Response(202, json={"job_id": "j1", "kind": "infer", "state": "running"})
-
-    return httpx.MockTransport(handler), submitted
 
 
 async def test_a_submission_waits_while_a_worker_that_may_run_the_job_is_silent() -> None:
@@ -111,18 +84,6 @@ async def test_a_silent_worker_the_pool_drops_no_longer_holds_the_submission() -
     await pool.aclose()
 
 
-def connect_error(request: httpx.Request, cause: BaseException) -> httpx.ConnectError:
-    """A failed connect as httpx raises it: its ConnectError over httpcore's, over anyio's OSError
-    ("All connection attempts failed"), over the OS error of the attempt (or a group, several)."""
-    attempts = OSError("All connection attempts failed")
-    attempts.__cause__ = cause
-    core = httpcore.ConnectError(attempts)
-    core.__cause__ = attempts
-    error = httpx.ConnectError(str(core), request=request)
-    error.__cause__ = core
-    return error
-
-
 def failing_connects(a_fails: BaseException) -> tuple[httpx.MockTransport, list[str]]:
     """Connects to A fail with ``a_fails``; B answers (no job: 404; submits accepted)."""
     inner, submitted = workers(set(), {})
@@ -135,7 +96,6 @@ def failing_connects(a_fails: BaseException) -> tuple[httpx.MockTransport, list[
     return httpx.MockTransport(handler), submitted
 
 
-REFUSED = ConnectionRefusedError(errno.ECONNREFUSED, "Connect call failed")
 UNROUTED = {
     "host unreachable": OSError(errno.EHOSTUNREACH, "No route to host"),
     "network unreachable": OSError(errno.ENETUNREACH, "Network is unreachable"),

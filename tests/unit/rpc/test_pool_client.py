@@ -14,7 +14,7 @@ from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.state.docs import write_job_manifest
 from tests.support.fake_jobs import counted, job_manifest
-from tests.unit.rpc.test_locate import REFUSED, connect_error
+from tests.support.locate import REFUSED, connect_error
 
 SPEC = JobSpec(
     job_id="j1", kind="infer", input="/tmp/x.jsonl", outputs={"inferred": "/tmp/o", "manifest": "/tmp/m"}

@@ -13,7 +13,7 @@ from airflow_batchinfer.run.plan import MAX_ROUNDS, NOTHING_PENDING, load_snapsh
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, slots, write_plan
 from airflow_batchinfer.state.layout import RunLayout
-from tests.unit.test_rounds import fake_round, make_run
+from tests.support.rounds import fake_round, make_run
 
 ALL = {f"r{i:02d}" for i in range(30)}
 SOME = {f"r{i:02d}" for i in range(20)}  # a third left pending

@@ -1,12 +1,11 @@
 """Who owns a run root: the pure decision, and the claim around it: a compare-and-swap on local disk
 and the real S3 server (a store without conditional writes is refused:
-tests/security/test_unsafe_stores.py; another DAG's root: tests/security/test_run_root_ownership.py).
+tests/component/storage/test_unsafe_stores.py; another DAG's root: tests/unit/run/test_run_root_ownership.py).
 The owner run's state comes from a dict."""
 
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,6 @@ from airflow_batchinfer.state.owner import (
     read_owner,
     verify_owner,
 )
-from tests.conftest import Root
 from tests.support.owners import write_owner
 
 ME = RunIdentity("llm_eval", "manual__2025-01-02T00:00:00+00:00")
@@ -119,29 +117,6 @@ def test_claim_writes_a_versioned_record_and_a_rerun_keeps_it(tmp_path: Path) ->
     before = (tmp_path / "run" / "owner.json").stat().st_mtime_ns
     assert claim(root, ME, states).action == "keep" and states.asked == []
     assert (tmp_path / "run" / "owner.json").stat().st_mtime_ns == before  # a re-run writes nothing
-
-
-def test_simultaneous_claims_leave_exactly_one_owner(root: Root) -> None:
-    """Eight DAG runs claim one root at once (each sees the others as running): one claims it, the
-    seven others refuse, and the record names the one that claimed it."""
-    run_root = root.uri("run")
-    runs = [RunIdentity("llm_eval", f"manual__{k}") for k in range(8)]
-    decisions: dict[RunIdentity, str] = {}
-    start = threading.Barrier(len(runs))
-
-    def run(me: RunIdentity) -> None:
-        start.wait()
-        decisions[me] = claim(run_root, me, lambda other: "running", root.storage_options).action
-
-    threads = [threading.Thread(target=run, args=(me,)) for me in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (winner,) = [me for me, action in decisions.items() if action == "claim"]
-    assert sorted(decisions.values()) == ["claim"] + ["refuse"] * 7
-    stored = read_owner(run_root, root.storage_options)
-    assert stored is not None and (stored["dag_id"], stored["run_id"]) == (winner.dag_id, winner.run_id)
 
 
 def test_claim_refuses_a_live_owner_and_leaves_its_record_as_it_was(tmp_path: Path) -> None:

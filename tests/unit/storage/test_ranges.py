@@ -3,32 +3,15 @@ range validates it as sharding does, and unsplittable input falls back to copyin
 
 from __future__ import annotations
 
-import itertools
 import random
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
-import zstandard
 
 from airflow_batchinfer.storage.range_plan import line_ranges, plan_ranges
 from airflow_batchinfer.storage.ranges import read_range
-
-
-class Sink(list[dict[str, Any]]):
-    def write(self, row: dict[str, Any]) -> None:
-        self.append(row)
-
-
-def read_all(src: str, rps: int, **kw: Any) -> tuple[list[Any], Sink, list[Any]]:
-    plan = plan_ranges(src, records_per_shard=rps, max_bytes_per_shard=1 << 30)
-    assert plan is not None
-    ids, rejects = [], Sink()
-    for shard in plan.shards:
-        ids += [r["id"] for r in read_range(shard, id_field="id", assign_ids=False, rejects=rejects, **kw)]
-    return ids, rejects, plan.shards
+from tests.support.frames import Sink, frames_file, read_all
 
 
 @pytest.mark.parametrize("seed", range(25))
@@ -63,13 +46,6 @@ def test_plain_ranges_read_every_record_once_without_a_trailing_newline(tmp_path
     )
 
 
-def frames_file(path: Path, data: bytes, cuts: list[int]) -> None:
-    """A multi-frame zstd file, frames cut at ``cuts`` (anywhere: not at line ends), as pzstd does."""
-    cctx = zstandard.ZstdCompressor()
-    bounds = [0, *cuts, len(data)]
-    path.write_bytes(b"".join(cctx.compress(data[a:b]) for a, b in itertools.pairwise(bounds)))
-
-
 @pytest.mark.parametrize("cut", ["lines", "anywhere"])
 def test_multi_frame_zstd_is_sharded_by_frames(tmp_path: Path, cut: str) -> None:
     data = b"".join(orjson.dumps({"id": i, "x": "z" * (i % 50)}) + b"\n" for i in range(5000))
@@ -85,15 +61,6 @@ def test_multi_frame_zstd_is_sharded_by_frames(tmp_path: Path, cut: str) -> None
             [s["range"] for s in shards], [s["range"] for s in shards[1:]], strict=False
         )
     )
-
-
-def test_pzstd_output_is_sharded_by_frames(tmp_path: Path) -> None:
-    path = tmp_path / "d.jsonl"
-    path.write_bytes(b"".join(orjson.dumps({"id": i, "x": "w" * (i % 300)}) + b"\n" for i in range(120_000)))
-    if subprocess.run(["pzstd", "-q", "-p", "2", str(path), "-o", f"{path}.zst"], check=False).returncode:
-        pytest.skip("pzstd is not installed")
-    ids, _, shards = read_all(f"{path}.zst", 30_000)
-    assert ids == list(range(120_000)) and len(shards) >= 2
 
 
 def test_single_frame_zstd_cannot_be_split(tmp_path: Path) -> None:
@@ -127,22 +94,3 @@ def test_a_changed_source_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(StorageError, match="changed since the run was sharded"):
         list(read_range(plan.shards[1], id_field="id", assign_ids=False, rejects=Sink()))
-
-
-def test_range_reads_on_s3(root: Any) -> None:
-    from airflow_batchinfer.storage.jsonl_file import JsonlFile
-
-    src = root.uri("d.jsonl")
-    with JsonlFile(src, storage_options=root.storage_options).writer_sync() as w:
-        w.write_many({"id": i, "x": "q" * (i % 40)} for i in range(3000))
-    plan = plan_ranges(
-        src, records_per_shard=500, max_bytes_per_shard=1 << 30, storage_options=root.storage_options
-    )
-    assert plan is not None and len(plan.shards) > 3
-    ids = []
-    for shard in plan.shards:
-        rd = read_range(
-            shard, id_field="id", assign_ids=False, rejects=Sink(), storage_options=root.storage_options
-        )
-        ids += [r["id"] for r in rd]
-    assert ids == list(range(3000))

@@ -12,7 +12,7 @@ from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.range_plan import plan_ranges, shard_ranges
 from airflow_batchinfer.storage.ranges import read_range
-from tests.unit.storage.test_ranges import Sink, frames_file
+from tests.support.frames import Sink, frames_file
 
 
 @pytest.mark.parametrize(("total", "full", "lanes"), [(1_000_000, 10_000, 10), (100_000, 10_000, 10),

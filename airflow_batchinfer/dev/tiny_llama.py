@@ -1,0 +1,130 @@
+"""A tiny random Llama for tests and benchmarks, built offline in well under a second.
+
+Nothing is downloaded: a BPE tokenizer trained on a built-in corpus, random weights, a ChatML chat
+template. It needs the ``transformers`` extra (torch, tokenizers, transformers).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_CORPUS = (
+    "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
+    "please answer the question briefly. approved rejected yes no because the reason is clear. "
+    "0 1 2 3 4 5 6 7 8 9 10 11 12 + - * = ? ! , . : ; ( ) { } [ ] \" ' "
+    "one two three four five six seven eight nine ten hundred thousand number sum result "
+    "user assistant system you are a helpful model judge review score json true false "
+)
+
+
+def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+    """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
+    and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    dst = Path(dst)
+    if (dst / "config.json").exists() and (dst / "tokenizer.json").exists():
+        return dst
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        unk_token="<|endoftext|>",
+        model_max_length=512,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(tmp)
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        max_position_embeddings=512,
+        bos_token_id=fast.bos_token_id,
+        eos_token_id=fast.eos_token_id,
+        pad_token_id=fast.pad_token_id,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+    )
+    LlamaForCausalLM(config).save_pretrained(tmp, safe_serialization=True)
+    if dst.exists():
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+    return dst
+
+
+def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) -> Path:
+    """A random sequence classifier made from the tiny Llama at ``model``: its tokenizer and chat
+    template, its config with a two-label head (``rejected``, ``approved``), random weights for a
+    seed (``LlamaForSequenceClassification``: the transformers engine and vLLM load it as a scoring
+    model). Its scores mean nothing, but they are the model's: tests compare them with the model run
+    directly."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+
+    dst = Path(dst)
+    if (dst / "config.json").exists():
+        return dst
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+    config.num_labels = 2
+    config.id2label = {0: "rejected", 1: "approved"}
+    config.label2id = {"rejected": 0, "approved": 1}
+    config.architectures = ["LlamaForSequenceClassification"]
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
+    os.replace(tmp, dst)
+    return dst
+
+
+def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
+    """A LoRA adapter for the tiny Llama at ``model`` (peft's directory: ``adapter_config.json`` and
+    ``adapter_model.safetensors``) on every attention and MLP projection, with random A and B (peft's
+    default starts B at zero, a no-op) and a large scale, so it changes what the model answers."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    dst = Path(dst)
+    if (dst / "adapter_config.json").exists():
+        return dst
+    torch.manual_seed(seed)
+    base = LlamaForCausalLM.from_pretrained(str(model), local_files_only=True)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=4 * rank,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        init_lora_weights=False,
+        lora_dropout=0.0,
+    )
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    get_peft_model(base, config).save_pretrained(str(tmp))
+    os.replace(tmp, dst)
+    return dst
