@@ -264,8 +264,8 @@ def test_a_hash_collision_never_rejects_a_record() -> None:
 def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Spilled sorted runs and matches split in buckets of the hashes' leading bits (here 16 of
     them: 408 lines, at most 50 entries matched at once) find the same shared hashes."""
-    monkeypatch.setattr(ih, "SPILL_HASHES", 7)
-    monkeypatch.setattr(ih, "BUCKET_ENTRIES", 50)
+    monkeypatch.setattr(ihf, "SPILL_HASHES", 7)
+    monkeypatch.setattr(ihf, "BUCKET_ENTRIES", 50)
     uris = []
     for k in range(8):  # eight "ranges" of 50 ids; "shared" in ranges 2 and 6
         ids = [f"k{k}-{i}" for i in range(50)] + (["shared"] if k in (2, 6) else [])
@@ -288,8 +288,8 @@ def test_shared_hashes_match_every_hash_two_files_hold_whatever_the_bucket_size(
     """Thirty files of random ids (repeated within and across files, some empty): the hashes found
     in two or more files, with every place of each, in hash order, as a dict over all entries says,
     in one bucket or split into many (a file's stretch of a bucket spans blocks, buckets are empty)."""
-    monkeypatch.setattr(ih, "BUCKET_ENTRIES", bucket_entries)
-    monkeypatch.setattr(ih, "MATCH_READ", 10 * ihf.ENTRY.size)  # many blocks per file
+    monkeypatch.setattr(ihf, "BUCKET_ENTRIES", bucket_entries)
+    monkeypatch.setattr(ihf, "MATCH_READ", 10 * ihf.ENTRY.size)  # many blocks per file
     rng = random.Random(7)
     uris, places = [], defaultdict(list)
     for k in range(30):
