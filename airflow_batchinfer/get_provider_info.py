@@ -94,6 +94,60 @@ def _network_fields() -> dict[str, Any]:
     }
 
 
+def _connection_type() -> dict[str, Any]:
+    """The ``batchinfer_pool`` connection type: its form's fields, labels and placeholders."""
+    return {
+        "hook-class-name": "airflow_batchinfer.hooks.pool.BatchInferPoolHook",
+        "hook-name": "Batch Inference worker pool",
+        "connection-type": "batchinfer_pool",
+        "ui-field-behaviour": {
+            "hidden-fields": ["schema", "port", "login"],
+            "relabeling": {"host": "Worker URLs", "password": "RPC token"},
+            "placeholders": {
+                "host": "http://10.0.0.5:8000,http://10.0.0.6:8000 (static backend)",
+                "password": "the token the workers accept (--token-file)",
+            },
+        },
+        "conn-fields": {**_backend_fields(), **_network_fields(), **_limit_fields()},
+    }
+
+
+def _backend_fields() -> dict[str, Any]:
+    """The connection's backend and where its workers are (a local pool's name, a Kubernetes one's)."""
+    return {
+        "backend": {
+            "label": "Backend",
+            "description": "static: the URLs above; local: worker processes on the Airflow "
+            "host; kubernetes: a worker Deployment leased and scaled through the API",
+            "schema": {
+                "type": "string",
+                "enum": ["static", "local", "kubernetes"],
+                "default": "static",
+            },
+        },
+        "local_pool": {
+            "label": "Local pool name",
+            "description": "for the local backend: the pool `batchinfer pool up --name` started",
+            "schema": {"type": ["string", "null"]},
+        },
+        "namespace": {
+            "label": "Kubernetes namespace",
+            "description": "for the kubernetes backend (bind the Role in k8s/base/rbac.yaml)",
+            "schema": {"type": ["string", "null"]},
+        },
+        "pool": {
+            "label": "Kubernetes pool name",
+            "description": "for the kubernetes backend: the worker Deployment's name",
+            "schema": {"type": ["string", "null"]},
+        },
+        "kubernetes_conn_id": {
+            "label": "Kubernetes connection",
+            "description": "a cncf.kubernetes connection; empty: in-cluster or $KUBECONFIG",
+            "schema": {"type": ["string", "null"]},
+        },
+    }
+
+
 def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-batchinfer",
@@ -104,53 +158,7 @@ def get_provider_info() -> dict[str, Any]:
         ),
         "versions": ["0.1.0"],
         "connection-types": [
-            {
-                "hook-class-name": "airflow_batchinfer.hooks.pool.BatchInferPoolHook",
-                "hook-name": "Batch Inference worker pool",
-                "connection-type": "batchinfer_pool",
-                "ui-field-behaviour": {
-                    "hidden-fields": ["schema", "port", "login"],
-                    "relabeling": {"host": "Worker URLs", "password": "RPC token"},
-                    "placeholders": {
-                        "host": "http://10.0.0.5:8000,http://10.0.0.6:8000 (static backend)",
-                        "password": "the token the workers accept (--token-file)",
-                    },
-                },
-                "conn-fields": {
-                    "backend": {
-                        "label": "Backend",
-                        "description": "static: the URLs above; local: worker processes on the Airflow "
-                        "host; kubernetes: a worker Deployment leased and scaled through the API",
-                        "schema": {
-                            "type": "string",
-                            "enum": ["static", "local", "kubernetes"],
-                            "default": "static",
-                        },
-                    },
-                    "local_pool": {
-                        "label": "Local pool name",
-                        "description": "for the local backend: the pool `batchinfer pool up --name` started",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "namespace": {
-                        "label": "Kubernetes namespace",
-                        "description": "for the kubernetes backend (bind the Role in k8s/base/rbac.yaml)",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "pool": {
-                        "label": "Kubernetes pool name",
-                        "description": "for the kubernetes backend: the worker Deployment's name",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    "kubernetes_conn_id": {
-                        "label": "Kubernetes connection",
-                        "description": "a cncf.kubernetes connection; empty: in-cluster or $KUBECONFIG",
-                        "schema": {"type": ["string", "null"]},
-                    },
-                    **_network_fields(),
-                    **_limit_fields(),
-                },
-            }
+            _connection_type(),
         ],
         "config": _config(),
         "hooks": [

@@ -16,12 +16,18 @@ def add_commands(sub: Any) -> None:
 
 
 def _plan_args(p: argparse.ArgumentParser) -> None:
-    from airflow_batchinfer.run.sizing import (
-        DEFAULT_MAX_JOB_S,
-        DEFAULT_MAX_MAP_LENGTH,
-        DEFAULT_STRAGGLER,
-        DEFAULT_TOKENS_PER_RECORD,
-    )
+    """``plan``'s flags, in ``--help``'s order: the workload and pool, the shards and lanes, the
+    retries, the output."""
+    _workload_args(p)
+    _shard_args(p)
+    _retry_args(p)
+    p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
+
+
+def _workload_args(p: argparse.ArgumentParser) -> None:
+    """The records, the GPUs and what a record costs on one."""
+    from airflow_batchinfer.run.sizing import DEFAULT_TOKENS_PER_RECORD
     from airflow_batchinfer.spec.settings import setting
 
     p.add_argument("--records", type=int, required=True, help="records in the dataset")
@@ -50,6 +56,13 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--concurrency", type=int, default=concurrency, help=f"shard jobs per worker (default {concurrency})"
     )
+
+
+def _shard_args(p: argparse.ArgumentParser) -> None:
+    """The shard size, the lanes, a job's commit unit, the slowest GPU and Airflow's map bound."""
+    from airflow_batchinfer.run.sizing import DEFAULT_MAX_JOB_S, DEFAULT_MAX_MAP_LENGTH, DEFAULT_STRAGGLER
+    from airflow_batchinfer.spec.settings import setting
+
     p.add_argument(
         "--records-per-shard",
         type=int,
@@ -89,6 +102,10 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
         help="Airflow's [core] max_map_length: the most lanes a round maps "
         f"(default {DEFAULT_MAX_MAP_LENGTH})",
     )
+
+
+def _retry_args(p: argparse.ArgumentParser) -> None:
+    """The judge's approval rate, the retry settings and each job's time bound."""
     p.add_argument(
         "--approval-rate",
         type=float,
@@ -105,8 +122,6 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
         help="the DAG's execution_timeout, each shard job's bound; longer jobs and lanes get a note "
         "(default 12)",
     )
-    p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
-    p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:

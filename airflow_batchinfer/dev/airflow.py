@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer.exceptions import BatchInferError
-from airflow_batchinfer.pools.local import log_tail
+from airflow_batchinfer.pools.local_workers import log_tail
 
 COMPONENTS: dict[str, list[str]] = {
     "api-server": ["api-server", "--workers", "1"],

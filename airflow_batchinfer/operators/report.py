@@ -16,7 +16,7 @@ from airflow_batchinfer.pools import require_endpoints
 from airflow_batchinfer.run.preflight import retry_warnings, run_preflight
 from airflow_batchinfer.run.report.build import INCOMPLETE, build_report
 from airflow_batchinfer.run.report.render import shard_summary
-from airflow_batchinfer.run.sizing import SizingPlan
+from airflow_batchinfer.run.sizing_plan import SizingPlan
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs.shard_status import RoundShards
 from airflow_batchinfer.state.layout import RunLayout

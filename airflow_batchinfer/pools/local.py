@@ -18,7 +18,8 @@ happens under a file lock.
 
 A worker tells the pool it is ready by writing its announcement (``worker-<id>.json``,
 :mod:`~airflow_batchinfer.worker.announce`) the moment it serves with its engine loaded; the pool's
-wait (:meth:`LocalPool.up`) looks for it often at first (:func:`poll_delay`) and asks each worker's
+wait (:meth:`LocalPool.up`, :func:`~airflow_batchinfer.pools.local_workers.wait_ready`) looks for it
+often at first (:func:`~airflow_batchinfer.pools.local_workers.poll_delay`) and asks each worker's
 ``/v1/ready`` as soon as it has announced, while the others still start.
 """
 
@@ -31,8 +32,6 @@ import hashlib
 import json
 import os
 import secrets
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -40,29 +39,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_options
 from airflow_batchinfer.engines.models import default_cache_dir
-from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.pools import local_workers as procs
 from airflow_batchinfer.pools.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
-from airflow_batchinfer.worker.announce import read_announcement
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_argv, worker_default
 
 STATE_VERSION = 2
-# The readiness wait looks at the starting workers 1/20 of the time waited so far apart, from 5 ms
-# to 250 ms (a look: a file's stat and a /proc read per worker): a worker ready after 0.5 s is seen
-# within ~25 ms; one whose model loads for minutes costs four looks a second.
-POLL_MIN_S, POLL_MAX_S = 0.005, 0.25
-
-
-def poll_delay(waited_s: float) -> float:
-    """How long the readiness wait sleeps after ``waited_s`` seconds of waiting."""
-    return min(POLL_MAX_S, max(POLL_MIN_S, waited_s / 20))
 
 
 @dataclass(frozen=True)
@@ -120,34 +108,6 @@ class LocalPoolSpec:
                 "allowed_adapters": tuple(data.get("allowed_adapters") or ()),
             }
         )
-
-
-# Workers this process started: kept so they are reaped (not left as zombies) once they exit.
-_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
-
-
-def _alive(pid: int) -> bool:
-    child = _CHILDREN.get(pid)
-    if child is not None:
-        return child.poll() is None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (exited, not yet reaped by its parent) is not alive.
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as f:
-        return f.read().split(") ", 1)[1][:1] != "Z"
-    return True
-
-
-def log_tail(path: str | Path, chars: int = 1500) -> str:
-    """The last ``chars`` bytes of a log file as text ("" when it cannot be read)."""
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        f.seek(max(f.seek(0, os.SEEK_END) - chars, 0))
-        return f.read().decode(errors="replace")
-    return ""
 
 
 class LocalPool:
@@ -232,7 +192,7 @@ class LocalPool:
 
     @staticmethod
     def _live(gen: dict[str, Any]) -> list[dict[str, Any]]:
-        return [w for w in gen.get("workers", []) if _alive(int(w["pid"]))]
+        return [w for w in gen.get("workers", []) if procs.alive(int(w["pid"]))]
 
     def _generation(self, state: dict[str, Any], lease_id: str | None) -> tuple[str, dict[str, Any]] | None:
         """The generation ``lease_id`` holds a lease on, else the newest one."""
@@ -281,7 +241,7 @@ class LocalPool:
                 if lease_id is not None and held.release(lease_id, now=now):  # one generation per lease
                     self._save_leases(other, held)
                 if not held.live(now):
-                    self._stop(self._live(gen), wait=False)  # other settings, unused: replace
+                    procs.stop(self._live(gen), wait=False)  # other settings, unused: replace
                     del state["generations"][other]
                     self._lease_file(other).unlink(missing_ok=True)
                     self._secrets_path(other).unlink(missing_ok=True)
@@ -298,8 +258,8 @@ class LocalPool:
             self._save(state)
             workers = list(gen["workers"])
         if not wait:
-            return [w["url"] for w in self._announced(workers) if w.get("url")]
-        return [w["url"] for w in self._wait_ready(workers, timeout_s)]
+            return [w["url"] for w in procs.announced(workers) if w.get("url")]
+        return [w["url"] for w in procs.wait_ready(str(self), workers, self.token(), timeout_s)]
 
     @contextlib.contextmanager
     def _editing(self, lease_id: str | None) -> Iterator[tuple[dict[str, Any], PoolState] | None]:
@@ -364,7 +324,7 @@ class LocalPool:
             leases.release(lease_id, now=self.clock())
             live = self._live(gen)
             if (stop or leases.idle_ttl_s == 0) and not leases.live(self.clock()):
-                self._stop(live, wait=False)
+                procs.stop(live, wait=False)
                 live = []
             return len(live)
 
@@ -392,20 +352,8 @@ class LocalPool:
         if (secrets_file := self._secrets_file(spec)) is not None:
             settings["engine_secrets_file"] = str(secrets_file)  # the path only, never a value
         cmd = [str(Path(spec.python).parent / "batchinfer"), "worker", "serve", *worker_argv(settings)]
-        # The workers' secrets come from that file alone, not from variables they inherit.
-        secret_env = {o.env for o in secret_options().values()}
-        env = {k: v for k, v in os.environ.items() if k not in secret_env}
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                env={**env, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
-            )
-        _CHILDREN[proc.pid] = proc
-        return {"id": wid, "pid": proc.pid, "url": None, "announce": str(announce), "log": str(log)}
+        pid = procs.spawn(cmd, log)
+        return {"id": wid, "pid": pid, "url": None, "announce": str(announce), "log": str(log)}
 
     def _secrets_path(self, key: str) -> Path:
         return self.dir / f"engine-secrets-{key}.json"
@@ -423,46 +371,6 @@ class LocalPool:
             _write_private(path, values)
         return path if path.exists() else None
 
-    def _wait_ready(self, workers: list[dict[str, Any]], timeout_s: float) -> list[dict[str, Any]]:
-        """Until every worker has announced itself and answers ``/v1/ready``; each one is asked as
-        soon as it announces (the others may still be starting)."""
-        start = time.monotonic()
-        token = self.token()
-        pending = list(workers)
-        # One transport for every worker's client: its TLS context (unused on http://, yet built
-        # by each new client, tens of ms) is built once.
-        transport = httpx.HTTPTransport()
-        try:
-            while True:
-                for w in list(pending):
-                    if not w.get("url") and (found := read_announcement(w["announce"])) is not None:
-                        w["url"] = found.url
-                    if w.get("url"):
-                        if not SyncWorkerClient(w["url"], token=token, transport=transport).ready():
-                            raise WorkerUnavailable(
-                                f"local worker {w['id']} ({w['url']}) announced itself but is not ready "
-                                f"(draining or stopping); log {w['log']}:\n{log_tail(w['log'], 3000)}"
-                            )
-                        pending.remove(w)
-                    elif not _alive(int(w["pid"])):
-                        raise WorkerUnavailable(
-                            f"local worker {w['id']} of {self} exited while starting; log {w['log']}:\n"
-                            f"{log_tail(w['log'], 3000)}\nRemedy: fix what the log says (model path, "
-                            "engine options), then start the pool again"
-                        )
-                if not pending:
-                    return workers
-                waited = time.monotonic() - start
-                if waited > timeout_s:
-                    raise WorkerUnavailable(
-                        f"{len(pending)} of {len(workers)} local workers of {self} not ready after "
-                        f"{timeout_s:.0f} s; their logs: {', '.join(w['log'] for w in pending)}. Remedy: "
-                        "see what they are doing there; a large model may need a longer timeout"
-                    )
-                time.sleep(poll_delay(waited))
-        finally:
-            transport.close()
-
     def status(self) -> dict[str, Any]:
         state = self._load()
         found = self._generation(state, None)
@@ -471,12 +379,12 @@ class LocalPool:
         key, gen = found
         spec = LocalPoolSpec.from_dict(gen["spec"])
         out = []
-        for w in self._announced(gen.get("workers", [])):
+        for w in procs.announced(gen.get("workers", [])):
             entry: dict[str, Any] = {
                 "id": w["id"],
                 "pid": w["pid"],
                 "url": w.get("url"),
-                "alive": _alive(int(w["pid"])),
+                "alive": procs.alive(int(w["pid"])),
             }
             if entry["alive"] and w.get("url"):
                 try:
@@ -504,23 +412,13 @@ class LocalPool:
             "other_generations": others,
         }
 
-    @staticmethod
-    def _announced(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """Fill in the URL of workers started without waiting, once they have announced it."""
-        for w in workers:
-            if not w.get("url") and w.get("announce"):
-                with contextlib.suppress(OSError):
-                    if (found := read_announcement(w["announce"])) is not None:
-                        w["url"] = found.url
-        return workers
-
     def endpoints(self, lease_id: str | None = None) -> list[str]:
         """URLs of the live, listening workers of ``lease_id``'s generation (else the newest one);
         a starting worker appears once it announces."""
         found = self._generation(self._load(), lease_id)
         if found is None:
             return []
-        return [w["url"] for w in self._announced(self._live(found[1])) if w.get("url")]
+        return [w["url"] for w in procs.announced(self._live(found[1])) if w.get("url")]
 
     def workers(self, lease_id: str | None = None) -> Workers:
         """:meth:`endpoints` both ways: a worker process that lives is listed, a paused one too, and
@@ -533,9 +431,9 @@ class LocalPool:
         if found is None:
             return [str(self._never_started())]
         return [
-            f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{log_tail(w['log'], 600)}"
+            f"worker {w['id']} (pid {w['pid']}) exited; {w['log']} ends:\n{procs.log_tail(w['log'], 600)}"
             for w in found[1].get("workers", [])
-            if not _alive(int(w["pid"]))
+            if not procs.alive(int(w["pid"]))
         ]
 
     def down(self, *, wait: bool = True) -> int:
@@ -543,26 +441,12 @@ class LocalPool:
         with self._locked():
             state = self._load()
             live = [w for gen in state["generations"].values() for w in self._live(gen)]
-            self._stop(live, wait=wait)
+            procs.stop(live, wait=wait)
             for key in state["generations"]:
                 self._lease_file(key).unlink(missing_ok=True)
                 self._secrets_path(key).unlink(missing_ok=True)
             self._save({"version": STATE_VERSION, "current": None, "generations": {}})
             return len(live)
-
-    @staticmethod
-    def _stop(workers: list[dict[str, Any]], *, wait: bool, timeout_s: float = 60.0) -> None:
-        for w in workers:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(w["pid"]), signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while wait and any(_alive(int(w["pid"])) for w in workers):
-            if time.monotonic() > deadline:
-                for w in workers:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(int(w["pid"]), signal.SIGKILL)
-                break
-            time.sleep(0.1)
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from airflow_batchinfer.engines.adapters import Adapter, chosen
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.sampling import engine_refusal, refusals
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
+from airflow_batchinfer.prompts.render_budget import MAX_PROMPT_CHARS, QUICK_LIMITS
 from airflow_batchinfer.prompts.retries import (
     NO_RETRY,
     PREVIOUS,
@@ -41,7 +42,7 @@ from airflow_batchinfer.prompts.retries import (
     reads_previous,
     sent_with,
 )
-from airflow_batchinfer.prompts.templates import MAX_PROMPT_CHARS, QUICK_LIMITS, compile_template, render
+from airflow_batchinfer.prompts.templates import compile_template, render
 
 __all__ = ["MAX_PROMPT_CHARS", "PromptBuilder", "PromptError", "attempt_seed", "is_openai_batch", "render"]
 

@@ -239,14 +239,7 @@ async def run_lane(
     by_id = {s["shard_id"]: s for s in plan.shards}
     ids = list(by_id)
     sizes = {sid: int(s["records"]) for sid, s in by_id.items()}
-    doc = await asyncio.to_thread(read_lane, layout, r, lane.index, so)
-    claiming = None
-    if doc is not None and doc.claiming:
-        claiming = await asyncio.to_thread(read_claim, layout, r, doc.claiming, so)
-    back = [s for s in retake(doc, claiming) if s in by_id]
-    if doc is None or doc.lanes != lane.count:
-        doc = LaneDoc(round=r, slot=plan.slot, lane=lane.index, lanes=lane.count)
-    state = _LaneState(layout, doc, so)
+    state, back = await _resume(layout, lane, plan, by_id, so)
     if back:
         logger.info("lane %d of %s: taking back %s", lane.index, plan.slot, back)
     own = [s for s in stripe(ids, lane.index, lane.count) if state.doc.shard(s) is None]
@@ -274,20 +267,10 @@ async def run_lane(
 
     while (sid := await next_shard()) is not None:
         shard = by_id[sid]
-        entry = state.doc.shard(sid)
-        if entry is None:
-            entry = LaneShard(shard_id=sid, records=shard["records"], state="running", claimed_at=time.time())
-            state.doc.shards.append(entry)
-        entry.state, entry.ended_at, entry.error = "running", None, None
-        state.doc.claiming = None
-        await asyncio.to_thread(state.save)
         logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard["records"])
-        error = await run_shard(pools, cfg, plan, shard, so)
-        entry.state = "done" if error is None else "failed"
-        entry.ended_at, entry.error = time.time(), error
-        await asyncio.to_thread(state.save)
-        if error is not None:
-            logger.error("lane %d of %s: shard %s failed: %s", lane.index, plan.slot, sid, error)
+        entry = await _run_taken(state, shard, pools, cfg, plan, so)
+        if entry.error is not None:
+            logger.error("lane %d of %s: shard %s failed: %s", lane.index, plan.slot, sid, entry.error)
         if on_shard is not None:
             on_shard(entry)
     state.doc.claiming, state.doc.finished = None, True
@@ -302,6 +285,48 @@ async def run_lane(
         len(state.doc.shards) - len(done),
     )
     return state.doc
+
+
+async def _resume(
+    layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, ShardDescriptor], so: StorageOptions | None
+) -> tuple[_LaneState, list[str]]:
+    """The lane's document as a try before this one left it (a new one when there is none, or it
+    was for another lane count), and the shards it takes back: its unfinished one, and the one it
+    was claiming."""
+    r = plan.round
+    doc = await asyncio.to_thread(read_lane, layout, r, lane.index, so)
+    claiming = None
+    if doc is not None and doc.claiming:
+        claiming = await asyncio.to_thread(read_claim, layout, r, doc.claiming, so)
+    back = [s for s in retake(doc, claiming) if s in by_id]
+    if doc is None or doc.lanes != lane.count:
+        doc = LaneDoc(round=r, slot=plan.slot, lane=lane.index, lanes=lane.count)
+    return _LaneState(layout, doc, so), back
+
+
+async def _run_taken(
+    state: _LaneState,
+    shard: ShardDescriptor,
+    pools: Mapping[JobKind, PoolClient],
+    cfg: RunConfig,
+    plan: Plan,
+    so: StorageOptions | None,
+) -> LaneShard:
+    """Run a shard the lane has taken, its entry in the lane's document saved before (running) and
+    after (done or failed, with the error)."""
+    sid = shard["shard_id"]
+    entry = state.doc.shard(sid)
+    if entry is None:
+        entry = LaneShard(shard_id=sid, records=shard["records"], state="running", claimed_at=time.time())
+        state.doc.shards.append(entry)
+    entry.state, entry.ended_at, entry.error = "running", None, None
+    state.doc.claiming = None
+    await asyncio.to_thread(state.save)
+    error = await run_shard(pools, cfg, plan, shard, so)
+    entry.state = "done" if error is None else "failed"
+    entry.ended_at, entry.error = time.time(), error
+    await asyncio.to_thread(state.save)
+    return entry
 
 
 class LaneResult(TypedDict):

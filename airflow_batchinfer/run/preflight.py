@@ -216,44 +216,13 @@ def run_preflight(
     layout = RunLayout(cfg.run_root)
     shards = pending_shards(layout, 0, so)
     total = sum(s["records"] for s in shards)
-    sample_uri = join(layout.preflight, "sample.jsonl.zst")
-    n = 0
-    with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
-        for shard, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
-            for row in itertools.islice(_records(cfg, shards[shard], so), take):
-                out.write(row)
-                n += 1
-    p = layout.preflight
-    judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
-    # The sample runs the jobs the rounds run: one infer_judge job, or infer then judge on the judge's pool.
-    if round_kinds(cfg, "rounds") == ("infer_judge",):
-        params = {**cfg.infer_params(), **cfg.judge_params()}
-        jobs = [_spec(cfg, "infer_judge", sample_uri, judged, params, records=n)]
-    else:
-        inferred = join(p, "inferred.jsonl.zst")
-        jobs = [
-            _spec(cfg, "infer", sample_uri, {"inferred": inferred}, cfg.infer_params(), records=n),
-            _spec(cfg, "judge", inferred, judged, cfg.judge_params(), records=n),
-        ]
-
-    async def go() -> tuple[list[JobManifest], float, list[int]]:
-        pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
-        judges = pool
-        if judge_pool is not None:
-            judges = PoolClient(judge_pool[0], token=judge_pool[1], storage_options=so, transport=transport)
-        t0 = time.monotonic()
-        try:
-            _refuse_unhonoured(cfg, await pool.engine())  # before any job: the run stops here
-            done = [await (judges if spec.kind == "judge" else pool).run(spec) for spec in jobs]
-            wall = time.monotonic() - t0
-            slots = [] if concurrency else await _slots(pool)
-        finally:
-            await pool.aclose()
-            if judges is not pool:
-                await judges.aclose()
-        return done, wall, slots
-
-    manifests, wall, slots = asyncio.run(go())
+    sample_uri, n = _write_sample(cfg, layout, shards, so)
+    jobs = _sample_jobs(cfg, layout, sample_uri, n)
+    manifests, wall, slots = asyncio.run(
+        _run_sample(
+            cfg, jobs, urls, token, so, transport=transport, judge_pool=judge_pool, slots=not concurrency
+        )
+    )
     mi, mj = manifests[0], manifests[-1]  # the first job generated; the last one judged
     infer_s = mi.timings.run_s or 1e-9
     judge_s = mj.timings.run_s if mj is not mi else 0.0
@@ -290,3 +259,66 @@ def run_preflight(
     }
     write_doc(join(layout.preflight, "summary.json"), summary, so)
     return summary
+
+
+def _write_sample(
+    cfg: RunConfig, layout: RunLayout, shards: list[ShardDescriptor], so: StorageOptions | None
+) -> tuple[str, int]:
+    """Write the sample (``preflight_records`` records spread over round 0's shards) to the run's
+    ``preflight/``; returns its URI and its record count."""
+    sample_uri = join(layout.preflight, "sample.jsonl.zst")
+    n = 0
+    with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
+        for shard, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
+            for row in itertools.islice(_records(cfg, shards[shard], so), take):
+                out.write(row)
+                n += 1
+    return sample_uri, n
+
+
+def _sample_jobs(cfg: RunConfig, layout: RunLayout, sample_uri: str, n: int) -> list[JobSpec]:
+    """The jobs the sample runs: those the rounds run (one infer_judge job, or infer then judge on
+    the judge's pool)."""
+    p = layout.preflight
+    judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
+    if round_kinds(cfg, "rounds") == ("infer_judge",):
+        params = {**cfg.infer_params(), **cfg.judge_params()}
+        jobs = [_spec(cfg, "infer_judge", sample_uri, judged, params, records=n)]
+    else:
+        inferred = join(p, "inferred.jsonl.zst")
+        jobs = [
+            _spec(cfg, "infer", sample_uri, {"inferred": inferred}, cfg.infer_params(), records=n),
+            _spec(cfg, "judge", inferred, judged, cfg.judge_params(), records=n),
+        ]
+    return jobs
+
+
+async def _run_sample(
+    cfg: RunConfig,
+    jobs: list[JobSpec],
+    urls: list[str],
+    token: str | None,
+    so: StorageOptions | None,
+    *,
+    transport: httpx.AsyncBaseTransport | None,
+    judge_pool: tuple[list[str], str | None] | None,
+    slots: bool,
+) -> tuple[list[JobManifest], float, list[int]]:
+    """Run ``jobs`` on the pool (a judge job on ``judge_pool`` when given), after refusing settings
+    its engine does not honour; returns their manifests, the wall time and (``slots``) the workers'
+    job slots."""
+    pool = PoolClient(urls, token=token, storage_options=so, transport=transport)
+    judges = pool
+    if judge_pool is not None:
+        judges = PoolClient(judge_pool[0], token=judge_pool[1], storage_options=so, transport=transport)
+    t0 = time.monotonic()
+    try:
+        _refuse_unhonoured(cfg, await pool.engine())  # before any job: the run stops here
+        done = [await (judges if spec.kind == "judge" else pool).run(spec) for spec in jobs]
+        wall = time.monotonic() - t0
+        job_slots = await _slots(pool) if slots else []
+    finally:
+        await pool.aclose()
+        if judges is not pool:
+            await judges.aclose()
+    return done, wall, job_slots

@@ -20,7 +20,8 @@ from airflow_batchinfer.state.tally import Generated, Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, id_bytes
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, FanOut
-from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, hashes_beside, rejects_uri
+from airflow_batchinfer.storage.id_hash_files import hashes_beside
+from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import read_manifest
 

@@ -14,13 +14,13 @@ rate; 1.0: none): the plan is for the pool you have, not the one on the data she
 **The shape (lanes).** A round maps one Airflow task per *lane* (``lanes``; 0: one per pool slot),
 never more than ``[core] max_map_length``: that bounds the lanes, not the shards. Each lane takes the
 next unclaimed shard when its current one ends, until none is left: list scheduling, which
-:func:`schedule` simulates shard by shard (a lane keeps the GPU it started on: its next submit goes
-to the slot it just freed). Shards are sized by a job-time target (:func:`choose_records_per_shard`:
-jobs of at most ``max_job_s`` with ``concurrency`` jobs on a GPU), so a lane that ends early takes
-more and the *tail* (the first lane out of work to the last lane's end) is about one shard job.
-Round 0's last shards are cut finer for the lanes that run at once (:func:`lanes_at_once`), as the
-input's plan cuts them (:mod:`~airflow_batchinfer.storage.taper`): the tail is about one of the
-smallest; later rounds' recompacted shards are not (the pre-flight passes round 0's real sizes).
+:func:`~airflow_batchinfer.run.lane_schedule.schedule` simulates shard by shard (a lane keeps the GPU it
+started on: its next submit goes to the slot it just freed). Shards are sized by a job-time target
+(:func:`choose_records_per_shard`: jobs of at most ``max_job_s`` with ``concurrency`` jobs on a GPU), so a
+lane that ends early takes more and the *tail* (the first lane out of work to the last lane's end) is about
+one shard job. Round 0's last shards are cut finer for the lanes that run at once (:func:`lanes_at_once`), as
+the input's plan cuts them (:mod:`~airflow_batchinfer.storage.taper`): the tail is about one of the smallest;
+later rounds' recompacted shards are not (the pre-flight passes round 0's real sizes).
 
 **Work lost to one worker failure**: its ``concurrency`` jobs resume after their last committed
 chunk (``chunk_size`` records), so at most one chunk each is redone.
@@ -40,17 +40,16 @@ pre-flight) under-states a GPU fed by ``concurrency`` jobs: the plan errs long.
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.run.lane_schedule import schedule
+from airflow_batchinfer.run.sizing_plan import RoundPlan, ShapePlan, SizingPlan, duration
 from airflow_batchinfer.state.config import STRATEGIES
 from airflow_batchinfer.storage import taper
 
-SIZING_VERSION = 3  # of SizingPlan.to_dict(); 2: lanes, the straggler, lost work; 3: lanes only
 DEFAULT_TOKENS_PER_RECORD = 400
 DEFAULT_MAX_MAP_LENGTH = 1024  # Airflow's [core] max_map_length default
 DEFAULT_EXECUTION_TIMEOUT_S = 12 * 3600.0  # build_batch_inference_dag(execution_timeout=...): each job's
@@ -73,328 +72,11 @@ def expected_passes(
     return sum((1.0 - approval) ** k for k in range(tries))
 
 
-# ------------------------------------------------------------------------------------ the schedule
-@dataclass(frozen=True)
-class Schedule:
-    """What :func:`schedule` found (seconds from the round's start).
-
-    :ivar taken_by: the lane that ran each shard, in shard order.
-    :ivar lane_end: when each lane ran out of work (its last job's end).
-    :ivar gpu_busy_s: per GPU, how long it ran jobs (it idles only once its lanes have ended).
-    """
-
-    taken_by: tuple[int, ...]
-    lane_end: tuple[float, ...]
-    gpu_busy_s: tuple[float, ...]
-
-    @property
-    def wall_s(self) -> float:
-        return max(self.lane_end, default=0.0)
-
-    @property
-    def tail_s(self) -> float:
-        """From the first lane out of work to the last lane's end."""
-        return self.wall_s - min(self.lane_end, default=0.0)
-
-
-def schedule(work: Sequence[float], gpus: int, lanes: int, straggler: float = 1.0) -> Schedule:
-    """List scheduling of shards on lanes: lane ``i`` runs on GPU ``i % gpus`` (GPU 0 the straggler,
-    ``straggler`` times slower); at the start, and whenever lanes end a job at the same moment, they
-    take the next shards in lane order; a GPU's rate is shared evenly by its running jobs.
-    ``work``: each shard's GPU-seconds on a nominal GPU alone.
-
-    Each GPU keeps a *virtual time*, the work each of its jobs has done (it grows at ``rate / jobs``),
-    so a job ends when it reaches its start's plus its work: one heap event per finishing group, and
-    50,000 shards schedule in well under a second."""
-    lanes = min(lanes, len(work))
-    rate = [1.0 / straggler] + [1.0] * (gpus - 1)
-    vt = [0.0] * gpus  # work done by each job running on the GPU since t = 0
-    at = [0.0] * gpus  # when vt was last brought up to date
-    running = [0] * gpus
-    jobs: list[list[tuple[float, int]]] = [[] for _ in range(gpus)]  # (virtual end, lane)
-    events: list[tuple[float, int, int]] = []  # (real time of the GPU's next end, gpu, version)
-    version = [0] * gpus
-    taken_by = [0] * len(work)
-    lane_end = [0.0] * lanes
-    busy = [0.0] * gpus
-    nxt = 0
-
-    def take(lane: int, now: float) -> None:
-        nonlocal nxt
-        g = lane % gpus
-        if nxt < len(work):
-            taken_by[nxt] = lane
-            heapq.heappush(jobs[g], (vt[g] + work[nxt], lane))
-            nxt += 1
-        else:
-            running[g] -= 1
-            lane_end[lane] = now
-            busy[g] = now
-
-    def rearm(g: int) -> None:
-        version[g] += 1
-        if jobs[g]:
-            end = at[g] + (jobs[g][0][0] - vt[g]) * running[g] / rate[g]
-            heapq.heappush(events, (end, g, version[g]))
-
-    for lane in range(lanes):
-        running[lane % gpus] += 1
-        take(lane, 0.0)
-    for g in range(gpus):
-        rearm(g)
-    while events:
-        now = events[0][0]
-        free: list[int] = []
-        touched: list[int] = []
-        # every GPU with a job ending now (equal shards end together): their lanes take work in order
-        while events and events[0][0] <= now + 1e-9 * max(1.0, now):
-            _, g, v = heapq.heappop(events)
-            if v != version[g]:
-                continue
-            vt[g] = jobs[g][0][0]  # exactly: floating drift must not split a group of equal jobs
-            at[g] = now
-            while jobs[g] and jobs[g][0][0] <= vt[g] + 1e-9 * max(1.0, vt[g]):
-                free.append(heapq.heappop(jobs[g])[1])
-            touched.append(g)
-        for lane in sorted(free):
-            take(lane, now)
-        for g in touched:
-            rearm(g)
-    return Schedule(tuple(taken_by), tuple(lane_end), tuple(busy))
-
-
-# ------------------------------------------------------------------------------------ the documents
-@dataclass(frozen=True)
-class RoundPlan:
-    """One round of a shape (times in seconds, GPU-seconds on the GPUs as they are: the straggler's
-    work costs it ``straggler`` times more).
-
-    :ivar round: 0 for the first pass; the in-place tail has the next number.
-    :ivar mode: ``"rounds"`` (infer then judge, one pass a record) or ``"in_place"`` (retries inside
-        the jobs: ``passes`` expected attempts a record).
-    :ivar records: records entering the round (expected, from the approval rate).
-    :ivar shards: shards of the round; ``records_per_shard`` their size (the last one the rest).
-    :ivar lanes: the lanes running shards at once; ``mapped_tasks`` what Airflow maps (the lanes the
-        run setting asks for, at most the shards).
-    :ivar shards_per_lane: ``shards / lanes``: jobs a lane runs back to back.
-    :ivar job_s: one shard job with its GPU's share of jobs, on a nominal GPU; ``slowest_job_s`` on
-        the straggler.
-    :ivar wall_s: the round's duration (its longest lane); ``gpu_hours`` the GPUs held for it
-        (``gpus × wall_s``); ``busy_gpu_s`` GPU-seconds running jobs.
-    :ivar tail_s: from the first lane out of work to the last lane's end; ``tail_idle_gpu_s`` the
-        GPU-seconds held meanwhile without a job (``tail_idle_fraction`` of the round's GPU time).
-    """
-
-    round: int
-    mode: str
-    records: int
-    passes: float
-    shards: int
-    records_per_shard: int
-    lanes: int
-    mapped_tasks: int
-    shards_per_lane: float
-    job_s: float
-    slowest_job_s: float
-    wall_s: float
-    gpu_hours: float
-    busy_gpu_s: float
-    tail_s: float
-    tail_idle_gpu_s: float
-    tail_idle_fraction: float
-
-
-@dataclass(frozen=True)
-class ShapePlan:
-    """A shard size's rounds and totals: wall, GPU-hours and what one lost worker costs.
-
-    :ivar lost_records_per_failure: records redone when one worker dies mid-round (its jobs: a chunk
-        each); ``lost_gpu_s_per_failure`` their GPU-seconds.
-    """
-
-    records_per_shard: int
-    rounds: tuple[RoundPlan, ...]
-    wall_s: float
-    gpu_hours: float
-    tail_s: float
-    tail_idle_gpu_s: float
-    tail_idle_fraction: float
-    lost_records_per_failure: int
-    lost_gpu_s_per_failure: float
-
-
-@dataclass(frozen=True)
-class SizingPlan:
-    """What :func:`plan_run` returns: the inputs, the pool, the rounds and totals (what the run will
-    do), and notes (warnings and a better size where there is one). Stored (the pre-flight's
-    ``summary.json``) as :meth:`to_dict`, ``version`` :data:`SIZING_VERSION`."""
-
-    records: int
-    gpus: int
-    concurrency: int
-    slots: int
-    tokens_per_s: float
-    tokens_per_record: float
-    max_map_length: int
-    lanes: int  # round 0's lanes (its mapped tasks): the run setting, or one per slot
-    lanes_setting: int  # as asked: 0 = one per pool slot
-    chunk_size: int
-    max_job_s: float
-    straggler: float
-    approval_rate: float | None
-    strategy: str
-    max_rounds: int
-    max_attempts: int
-    expected_passes: float
-    records_per_shard: int
-    chosen: bool  # True when plan_run chose records_per_shard
-    rounds: tuple[RoundPlan, ...]
-    wall_s: float
-    gpu_hours: float
-    tail_s: float
-    tail_idle_gpu_s: float
-    tail_idle_fraction: float
-    lost_records_per_failure: int
-    lost_gpu_s_per_failure: float
-    airflow_pool: str
-    pool_command: str
-    notes: tuple[str, ...] = ()
-    version: int = SIZING_VERSION
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON-ready data (rounds as a list of dicts); :meth:`from_dict` reads it back."""
-        d = dataclasses.asdict(self)
-        d["rounds"] = [dataclasses.asdict(r) for r in self.rounds]
-        d["notes"] = list(self.notes)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SizingPlan:
-        """Read :meth:`to_dict`'s data back; another version or unknown keys are refused."""
-        if data.get("version") != SIZING_VERSION:
-            raise ConfigError(
-                f"sizing plan version {data.get('version')!r}, this release reads {SIZING_VERSION}: "
-                "run `batchinfer plan` (or the pre-flight) again with this release"
-            )
-        _known(cls, data, "sizing plan")
-        for r in data["rounds"]:
-            _known(RoundPlan, r, "sizing round")
-        return cls(
-            **{
-                **data,
-                "rounds": tuple(RoundPlan(**r) for r in data["rounds"]),
-                "notes": tuple(data.get("notes", ())),
-            }
-        )
-
-    def table(self) -> str:
-        """The plan as text: a header, the Airflow pool command, one line per round, totals, the work
-        one lost worker costs, notes."""
-        head = (
-            f"{self.records:,} records on {self.gpus} GPU{'s' * (self.gpus != 1)} × {self.concurrency} jobs "
-            f"= {self.slots:,} slots; "
-            f"{self.tokens_per_s:,.0f} tokens/s per GPU, {self.tokens_per_record:,.0f} tokens per record"
-        )
-        if self.straggler != 1:
-            head += f"; the slowest GPU {self.straggler:g}× slower"
-        if self.approval_rate is not None:
-            head += f"; approval {self.approval_rate:.0%}, strategy {self.strategy}"
-        how = f"chosen: jobs of at most {duration(self.max_job_s)}" if self.chosen else "as given"
-        cols = ["round", "mode", "records", "shards", "records/shard", "lanes", "shard job", "wall",
-                "GPU-hours", "tail", "tail idle"]  # fmt: skip
-        rows = [cols]
-        for r in self.rounds:
-            rows.append(
-                [
-                    str(r.round),
-                    r.mode if r.passes == 1 else f"{r.mode} ×{r.passes:.2f}",
-                    f"{r.records:,}",
-                    f"{r.shards:,}",
-                    f"{r.records_per_shard:,}",
-                    f"{r.mapped_tasks:,} of {self.max_map_length:,}",
-                    _job(r),
-                    duration(r.wall_s),
-                    _hours(r.gpu_hours),
-                    duration(r.tail_s),
-                    f"{gpu_time(r.tail_idle_gpu_s)} ({r.tail_idle_fraction:.2%})",
-                ]
-            )
-        n = len(self.rounds)
-        lines = [
-            head,
-            f"Airflow pool: {self.pool_command}",
-            f"shards of {self.records_per_shard:,} records ({how})",
-        ]
-        first = self.rounds[0] if self.rounds else None
-        if first is not None and first.shards > _shards(first.records, self.records_per_shard):
-            lines.append(
-                f"round 0's last shards taper down to {taper.finest(self.records_per_shard):,.0f} records, "
-                "so that its lanes end together"
-            )
-        lines.append("")
-        lines += _columns(rows)
-        lines += [
-            "",
-            f"total: {n} round{'s' * (n != 1)}, {self.expected_passes:.2f} passes per record: "
-            f"{duration(self.wall_s)} wall, {_hours(self.gpu_hours)} GPU-hours "
-            f"(tail {duration(self.tail_s)}, idle {gpu_time(self.tail_idle_gpu_s)}, "
-            f"{self.tail_idle_fraction:.2%})",
-            f"lost to one worker failure: {self.lost_records_per_failure:,} records, "
-            f"{gpu_time(self.lost_gpu_s_per_failure)}",
-        ]
-        lines += [f"note: {note}" for note in self.notes]
-        return "\n".join(lines)
-
-
-def _known(cls: type, data: dict[str, Any], what: str) -> None:
-    names = {f.name for f in dataclasses.fields(cls)}
-    missing, unknown = sorted(names - set(data) - {"notes", "version"}), sorted(set(data) - names)
-    if missing or unknown:
-        raise ConfigError(
-            f"not a {what} of version {SIZING_VERSION} (missing {missing}, unknown {unknown}): "
-            "run `batchinfer plan` (or the pre-flight) again with this release"
-        )
-
-
-def _columns(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-
-
-def _job(r: RoundPlan) -> str:
-    if r.slowest_job_s == r.job_s:
-        return duration(r.job_s)
-    return f"{duration(r.job_s)} ({duration(r.slowest_job_s)} slowest)"
-
-
-def duration(seconds: float) -> str:
-    """``51 s``, ``12.5 min``, ``46.3 h``."""
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:,.1f} h"
-
-
-def gpu_time(seconds: float) -> str:
-    """GPU time: ``51 GPU-s``, ``12.5 GPU-min``, ``106.7 GPU-h``."""
-    value, unit = duration(seconds).split(" ")
-    return f"{value} GPU-{unit}"
-
-
-def _hours(hours: float) -> str:
-    return f"{hours:,.1f}" if hours >= 10 else f"{hours:.3f}"
-
-
 # ------------------------------------------------------------------------------------ the sizes
 def _whole(name: str, value: object, minimum: int = 1) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ConfigError(f"{name} must be a whole number >= {minimum}, got {value!r}")
     return value
-
-
-def _shards(records: int, rps: int) -> int:
-    return -(-records // rps)
 
 
 def choose_records_per_shard(
@@ -567,11 +249,104 @@ def plan_run(
     :raises ConfigError: on a bad input, or more lanes than ``max_map_length``; the message names the
         remedy.
     """
+    concurrency, chunk_size = _setting_defaults(concurrency, chunk_size)
+    _check_inputs(records=records, gpus=gpus, concurrency=concurrency, max_map_length=max_map_length,
+                  chunk_size=chunk_size, max_rounds=max_rounds, max_attempts=max_attempts, lanes=lanes,
+                  tokens_per_s=tokens_per_s, tokens_per_record=tokens_per_record, straggler=straggler,
+                  max_job_s=max_job_s, approval_rate=approval_rate, strategy=strategy)  # fmt: skip
+    slots = gpus * concurrency
+    want = _mapped_lanes(lanes, slots, max_map_length)
+    record_s = tokens_per_record / tokens_per_s
+    runners = lanes_at_once(lanes, slots)
+    # A dead worker's jobs (as many as its GPU runs) each redo at most their uncommitted chunk.
+    per_gpu = min(concurrency, -(-runners // gpus))  # jobs sharing a GPU (fewer lanes: fewer)
+    best = choose_records_per_shard(
+        records, per_gpu, runners, record_s, chunk_size=chunk_size, max_job_s=max_job_s
+    )
+    chosen = records_per_shard is None
+    rps = best if records_per_shard is None else _whole("records_per_shard", records_per_shard)
+    approval = 1.0 if approval_rate is None else approval_rate
+    common = _shape_args(records, approval, strategy, max_rounds, max_attempts, gpus=gpus,
+                         concurrency=concurrency, record_s=record_s, straggler=straggler)  # fmt: skip
+    new = _shape(rps, runners=runners, mapped=want, taper_lanes=runners, first_sizes=shard_sizes,
+                 lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
+    notes = _notes(new, rps=rps, best=best, chosen=chosen, gpus=gpus, concurrency=concurrency,
+                   slots=slots, want=want, max_job_s=max_job_s, execution_timeout_s=execution_timeout_s,
+                   common=common)  # fmt: skip
+    notes += _still_rejected(records, approval_rate, strategy, max_rounds)
+    passes = 1.0 if approval_rate is None else expected_passes(approval, strategy, max_rounds, max_attempts)
+    return SizingPlan(
+        records=records, gpus=gpus, concurrency=concurrency, slots=slots, tokens_per_s=float(tokens_per_s),
+        tokens_per_record=float(tokens_per_record), max_map_length=max_map_length,
+        lanes=new.rounds[0].mapped_tasks, lanes_setting=lanes, chunk_size=chunk_size,
+        max_job_s=float(max_job_s), straggler=float(straggler), approval_rate=approval_rate,
+        strategy=strategy, max_rounds=max_rounds, max_attempts=max_attempts,
+        expected_passes=round(passes, 4), chosen=chosen, airflow_pool=airflow_pool,
+        pool_command=f'airflow pools set {airflow_pool} {slots} "batchinfer shard slots" --include-deferred',
+        notes=tuple(notes), **_totals(new),
+    )  # fmt: skip
+
+
+def _setting_defaults(concurrency: int | None, chunk_size: int | None) -> tuple[int, int]:
+    """``concurrency`` and ``chunk_size``, their settings' defaults where ``None``."""
     if concurrency is None or chunk_size is None:  # here: the settings' module pulls in storage
         from airflow_batchinfer.spec.settings import setting
 
         concurrency = int(setting("concurrency").default) if concurrency is None else concurrency
         chunk_size = int(setting("chunk_size").default) if chunk_size is None else chunk_size
+    return concurrency, chunk_size
+
+
+def _shape_args(
+    records: int,
+    approval: float,
+    strategy: str,
+    max_rounds: int,
+    max_attempts: int,
+    *,
+    gpus: int,
+    concurrency: int,
+    record_s: float,
+    straggler: float,
+) -> dict[str, Any]:
+    """What every shape :func:`plan_run` assesses shares: :func:`_shape`'s and :func:`_round`'s
+    arguments other than the shard size and the lanes."""
+    return {
+        "records": records,
+        "reject": 1.0 - approval,
+        "n_rounds": 0 if strategy == "in_place" else max_rounds,
+        "strategy": strategy,
+        "in_place_passes": expected_passes(approval, "in_place", max_attempts=max_attempts),
+        "gpus": gpus,
+        "concurrency": concurrency,
+        "record_s": record_s,
+        "straggler": straggler,
+    }
+
+
+def _totals(shape: ShapePlan) -> dict[str, Any]:
+    """The shape's size, rounds and totals, as :class:`SizingPlan`'s fields of the same names."""
+    return {f.name: getattr(shape, f.name) for f in dataclasses.fields(shape)}
+
+
+def _check_inputs(
+    *,
+    records: int,
+    gpus: int,
+    concurrency: int,
+    max_map_length: int,
+    chunk_size: int,
+    max_rounds: int,
+    max_attempts: int,
+    lanes: int,
+    tokens_per_s: float,
+    tokens_per_record: float,
+    straggler: float,
+    max_job_s: float,
+    approval_rate: float | None,
+    strategy: str,
+) -> None:
+    """Refuse :func:`plan_run`'s bad inputs, each with what a good one is."""
     for name, value in (
         ("records", records),
         ("gpus", gpus),
@@ -601,7 +376,10 @@ def plan_run(
         raise ConfigError(f"approval_rate is a share between 0 and 1, got {approval_rate!r}")
     if strategy not in STRATEGIES:
         raise ConfigError(f"strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    slots = gpus * concurrency
+
+
+def _mapped_lanes(lanes: int, slots: int, max_map_length: int) -> int:
+    """The lanes a round maps (the run setting; 0: one per pool slot), refused over ``max_map_length``."""
     want = lanes or slots
     if want > max_map_length:
         raise ConfigError(
@@ -610,76 +388,20 @@ def plan_run(
             f"at most {max_map_length:,}, or raise [core] max_map_length (AIRFLOW__CORE__MAX_MAP_LENGTH) "
             "on the scheduler and workers"
         )
-    record_s = tokens_per_record / tokens_per_s
-    runners = lanes_at_once(lanes, slots)
-    # A dead worker's jobs (as many as its GPU runs) each redo at most their uncommitted chunk.
-    per_gpu = min(concurrency, -(-runners // gpus))  # jobs sharing a GPU (fewer lanes: fewer)
-    best = choose_records_per_shard(
-        records, per_gpu, runners, record_s, chunk_size=chunk_size, max_job_s=max_job_s
-    )
-    chosen = records_per_shard is None
-    rps = best if records_per_shard is None else _whole("records_per_shard", records_per_shard)
+    return want
 
-    approval = 1.0 if approval_rate is None else approval_rate
-    common: dict[str, Any] = {
-        "records": records,
-        "reject": 1.0 - approval,
-        "n_rounds": 0 if strategy == "in_place" else max_rounds,
-        "strategy": strategy,
-        "in_place_passes": expected_passes(approval, "in_place", max_attempts=max_attempts),
-        "gpus": gpus,
-        "concurrency": concurrency,
-        "record_s": record_s,
-        "straggler": straggler,
-    }
-    new = _shape(rps, runners=runners, mapped=want, taper_lanes=runners, first_sizes=shard_sizes,
-                 lost_records=per_gpu * min(chunk_size, rps, records), **common)  # fmt: skip
 
-    notes = _notes(
-        new, rps=rps, best=best, chosen=chosen, gpus=gpus, concurrency=concurrency, slots=slots,
-        want=want, max_job_s=max_job_s, execution_timeout_s=execution_timeout_s, common=common,
-    )  # fmt: skip
-    if approval_rate is not None and approval_rate < 1 and strategy == "rounds":
-        left = round(records * (1.0 - approval) ** max_rounds)
-        if left:
-            notes.append(
-                f"about {left:,} records are still rejected after {max_rounds} round"
-                f"{'s' * (max_rounds != 1)} (raise max_rounds, or strategy hybrid to retry them in place)"
-            )
-    return SizingPlan(
-        records=records,
-        gpus=gpus,
-        concurrency=concurrency,
-        slots=slots,
-        tokens_per_s=float(tokens_per_s),
-        tokens_per_record=float(tokens_per_record),
-        max_map_length=max_map_length,
-        lanes=new.rounds[0].mapped_tasks,
-        lanes_setting=lanes,
-        chunk_size=chunk_size,
-        max_job_s=float(max_job_s),
-        straggler=float(straggler),
-        approval_rate=approval_rate,
-        strategy=strategy,
-        max_rounds=max_rounds,
-        max_attempts=max_attempts,
-        expected_passes=round(
-            1.0 if approval_rate is None else expected_passes(approval, strategy, max_rounds, max_attempts), 4
-        ),
-        records_per_shard=rps,
-        chosen=chosen,
-        rounds=new.rounds,
-        wall_s=new.wall_s,
-        gpu_hours=new.gpu_hours,
-        tail_s=new.tail_s,
-        tail_idle_gpu_s=new.tail_idle_gpu_s,
-        tail_idle_fraction=new.tail_idle_fraction,
-        lost_records_per_failure=new.lost_records_per_failure,
-        lost_gpu_s_per_failure=new.lost_gpu_s_per_failure,
-        airflow_pool=airflow_pool,
-        pool_command=f'airflow pools set {airflow_pool} {slots} "batchinfer shard slots" --include-deferred',
-        notes=tuple(notes),
-    )
+def _still_rejected(records: int, approval_rate: float | None, strategy: str, max_rounds: int) -> list[str]:
+    """A note on the records the judge is still expected to reject after the last of ``"rounds"``."""
+    if approval_rate is None or approval_rate >= 1 or strategy != "rounds":
+        return []
+    left = round(records * (1.0 - approval_rate) ** max_rounds)
+    if not left:
+        return []
+    return [
+        f"about {left:,} records are still rejected after {max_rounds} round"
+        f"{'s' * (max_rounds != 1)} (raise max_rounds, or strategy hybrid to retry them in place)"
+    ]
 
 
 def _notes(

@@ -272,8 +272,7 @@ def shard_ranges(
         **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs
     }
     earlier = read_manifest(out)
-    detected = earlier is not None and (earlier.get("fingerprint") or {}).get("id_field") is None
-    if detected and earlier is not None and id_field is not None and id_field == earlier.get("id_field"):
+    if earlier is not None and _detected_before(earlier, id_field):
         fingerprint["id_field"] = None  # the field the earlier plan detected, now named: the same plan
     if earlier is not None and earlier.get("kind") == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
@@ -298,12 +297,40 @@ def shard_ranges(
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
         id_field = _first_id_field(source)
     estimated = sum(s["records"] for s in plan.shards)
-    for shard in plan.shards:
+    _bound_shards(plan.shards, max_line_bytes, max_id_bytes, fan_out)
+    manifest = _complete_manifest(plan, fingerprint, estimated, id_field, rejects_dir.uri, lanes)
+    write_manifest(out, manifest)
+    return plan.shards, manifest, False
+
+
+def _detected_before(earlier: dict[str, Any], id_field: str | None) -> bool:
+    """Whether the earlier plan detected the id field that ``id_field`` now names."""
+    detected = (earlier.get("fingerprint") or {}).get("id_field") is None
+    return detected and id_field is not None and id_field == earlier.get("id_field")
+
+
+def _bound_shards(
+    shards: list[ShardDescriptor], max_line_bytes: int, max_id_bytes: int, fan_out: FanOut | None
+) -> None:
+    """Give each range its readers' line and id bounds and, with ``fan_out``, its arms (its
+    ``records`` then count rows)."""
+    for shard in shards:
         shard["max_line_bytes"], shard["max_id_bytes"] = max_line_bytes, max_id_bytes
         if fan_out is not None:
-            shard["records"] *= arms
+            shard["records"] *= len(fan_out.arms)
             shard["fan_out"] = fan_out.as_json()
-    manifest = {
+
+
+def _complete_manifest(
+    plan: RangePlan,
+    fingerprint: dict[str, Any],
+    estimated: int,
+    id_field: str | None,
+    rejects_uri: str,
+    lanes: int,
+) -> dict[str, Any]:
+    """The manifest of a complete range plan: its shards, estimated counts and how it was planned."""
+    return {
         "kind": "ranges",
         "state": "complete",
         "fingerprint": fingerprint,
@@ -311,12 +338,10 @@ def shard_ranges(
         # Known once round 0's close has read every range (it fills these in, and each shard's ids).
         "counts": {"records": estimated, "estimated": 1},
         "id_field": id_field,
-        "rejects_uri": rejects_dir.uri,
+        "rejects_uri": rejects_uri,
         "planning": {"bytes_read": plan.bytes_read, "seconds": round(plan.seconds, 3)},
         "taper_lanes": lanes,
     }
-    write_manifest(out, manifest)
-    return plan.shards, manifest, False
 
 
 def _refuse_a_changed_plan(

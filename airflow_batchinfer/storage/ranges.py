@@ -8,7 +8,7 @@ The job that reads the range validates each line exactly as sharding does
 writes bad lines with their ``line_in_range`` and byte ``offset`` to its ``input_rejects`` output
 and records its line counts (its tally's ``read``) and ``ids["input"]``; the round's close turns those
 into the run's ``rejects/`` rows with absolute line numbers (prefix sums of the ranges' line counts). The job
-also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hashes`), from which
+also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hash_files`), from which
 round 0's close finds ids that two ranges hold without reading the input again.
 
 With a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) a range's descriptor names its arms
@@ -232,7 +232,7 @@ class RangeRecordReader(RecordReader):
             chunks = range_chunks(self.file, self.range)
             for block in iter_line_blocks(chunks, strip_cr=False, max_line=self.range.max_line_bytes):
                 _, ids, records = self.check.check_block(block)
-                if self._keep is not None:  # e.g. the job's id hash file (storage.id_hashes)
+                if self._keep is not None:  # e.g. the job's id hash file (storage.id_hash_files)
                     for value in ids:
                         self._keep(value, self.line_of(value))
                 if self.fan_out is not None:

@@ -69,7 +69,7 @@ def _records(file: JsonlFile) -> Iterator[bytes]:
             yield line
 
 
-def recompact(  # noqa: C901 (its writers are closures over one plan)
+def recompact(
     src: str,
     dst: str,
     *,
@@ -116,10 +116,39 @@ def recompact(  # noqa: C901 (its writers are closures over one plan)
         return RecompactResult(
             done["shards"], done["records"], done["sources"], reused=True, ids=done.get("ids")
         )
-    line_ids = LineIds(id_field) if id_field is not None else None
-
-    known = dict(counts or {})
     files = [src_dir.file(s.name) for s in sources]
+    sizes = _source_sizes(files, sources, counts or {}, workers)
+    plan = _Plan(
+        files=files,
+        sizes=sizes,
+        starts=[0, *itertools.accumulate(sizes)],
+        out=out,
+        records_per_shard=records_per_shard,
+        max_bytes_per_shard=max_bytes_per_shard,
+        compression=compression,
+        compression_level=compression_level,
+        line_ids=LineIds(id_field) if id_field is not None else None,
+        progress=progress,
+    )
+    written = _write_all(plan, workers)
+    produced = sum(d["records"] for d in written)
+    if produced != plan.total:
+        raise StorageError(
+            f"recompact wrote {produced} records but planned {plan.total}: the sources under {src_dir.uri} "
+            "changed while being read; re-run the recompaction"
+        )
+    ids = _ids_of(written) if plan.line_ids is not None else None
+    result = RecompactResult(written, plan.total, len(sources), seconds=time.monotonic() - started, ids=ids)
+    write_manifest(
+        out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+    )
+    return result
+
+
+def _source_sizes(
+    files: list[JsonlFile], sources: list[Shard], known: Mapping[str, int], workers: int
+) -> list[int]:
+    """Each source's record count: ``known`` (by shard id or name), else counted, in parallel."""
 
     def count(i_shard: tuple[int, Shard]) -> int:
         i, shard = i_shard
@@ -127,108 +156,139 @@ def recompact(  # noqa: C901 (its writers are closures over one plan)
         return n if n is not None else sum(1 for _ in _records(files[i]))
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        sizes = list(pool.map(count, enumerate(sources)))
-    starts = [0, *itertools.accumulate(sizes)]  # starts[i]: global offset of source i's first record
-    total = starts[-1]
-    n_out = -(-total // records_per_shard)
-    overflow = itertools.count(n_out)  # byte-limit splits take indexes after the planned ones
-    lock = threading.Lock()
-    failed = threading.Event()
-    written: list[ShardDescriptor] = []
+        return list(pool.map(count, enumerate(sources)))
 
-    def _checked(i: int, skip: int) -> Iterator[bytes]:
+
+@dataclass
+class _Plan:
+    """What every writer of one recompaction shares: the sources and their planned counts, the
+    output and its shape, and the state the writers coordinate through."""
+
+    files: list[JsonlFile]
+    sizes: list[int]
+    starts: list[int]  # starts[i]: global offset of source i's first record; the last: the total
+    out: JsonlDir
+    records_per_shard: int
+    max_bytes_per_shard: int
+    compression: Compression
+    compression_level: int
+    line_ids: LineIds | None
+    progress: Progress | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failed: threading.Event = field(default_factory=threading.Event)
+    overflow: Iterator[int] = field(init=False)  # byte-limit splits take indexes after the planned ones
+
+    def __post_init__(self) -> None:
+        self.overflow = itertools.count(self.planned)
+
+    @property
+    def total(self) -> int:
+        return self.starts[-1]
+
+    @property
+    def planned(self) -> int:
+        """Output shards of ``records_per_shard`` (the last one the rest)."""
+        return -(-self.total // self.records_per_shard)
+
+    def report(self, n: int, nbytes: int) -> None:
+        if self.progress is not None:
+            with self.lock:
+                self.progress(n, nbytes)
+
+    def lines_from(self, lo: int) -> Iterator[bytes]:
+        """The sources' lines from global record ``lo`` on, each source checked against its count."""
+        src_i = bisect.bisect_right(self.starts, lo) - 1
+        return itertools.chain.from_iterable(
+            self._checked(i, lo - self.starts[i] if i == src_i else 0) for i in range(src_i, len(self.files))
+        )
+
+    def _checked(self, i: int, skip: int) -> Iterator[bytes]:
         n = skip
-        for line in itertools.islice(_records(files[i]), skip, None):
+        for line in itertools.islice(_records(self.files[i]), skip, None):
             n += 1
             yield line
-        if n != sizes[i]:  # read to its end: the plan's count must have been right
+        if n != self.sizes[i]:  # read to its end: the plan's count must have been right
             raise StorageError(
-                f"{files[i].uri} holds {n} records but {sizes[i]} were planned: the shard changed while "
-                "being recompacted, or a wrong count was passed in counts=; re-run the recompaction"
+                f"{self.files[i].uri} holds {n} records but {self.sizes[i]} were planned: the shard changed "
+                "while being recompacted, or a wrong count was passed in counts=; re-run the recompaction"
             )
 
-    def report(n: int, nbytes: int) -> None:
-        if progress is not None:
-            with lock:
-                progress(n, nbytes)
 
-    def write_group(segments: range) -> list[ShardDescriptor]:
-        lo = segments.start * records_per_shard
-        hi = min(total, segments.stop * records_per_shard)
-        src_i = bisect.bisect_right(starts, lo) - 1
-        lines = itertools.chain.from_iterable(
-            _checked(i, lo - starts[i] if i == src_i else 0) for i in range(src_i, len(files))
-        )
-        descs: list[ShardDescriptor] = []
-        writer: JsonlWriter | None = None
-        digest, encoded = IdDigest(), list[bytes]()  # the open shard's ids (with ``id_field``)
+class _OpenShard:
+    """The output shard a writer is filling: its file and (with ``id_field``) its ids' digest."""
 
-        def open_shard(index: int) -> JsonlWriter:
-            name = shard_name(index, compression)
-            return JsonlWriter(out.loc.child(name), compression_level=compression_level)
+    def __init__(self, plan: _Plan, index: int) -> None:
+        self.plan = plan
+        name = shard_name(index, plan.compression)
+        self.writer = JsonlWriter(plan.out.loc.child(name), compression_level=plan.compression_level)
+        self.digest, self.encoded = IdDigest(), list[bytes]()
 
-        def close(w: JsonlWriter) -> None:
-            nonlocal digest
-            w.commit()
-            desc = ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
-            if line_ids is not None:
-                desc["ids"] = digest.add_encoded(encoded).to_dict()
-                digest = IdDigest()
-                encoded.clear()
-            descs.append(desc)
-            report(w.records, w.bytes)
+    def write(self, line: bytes) -> None:
+        self.writer.write_line(line)
+        if self.plan.line_ids is not None:
+            self.encoded.append(self.plan.line_ids(line))
+            if len(self.encoded) >= CHUNK:
+                self.digest.add_encoded(self.encoded)
+                self.encoded.clear()
 
-        try:
-            for pos, line in zip(range(lo, hi), lines, strict=False):
-                if failed.is_set():
-                    raise StorageError("stopped: another recompaction worker failed")
-                if pos % records_per_shard == 0:
-                    if writer is not None:
-                        close(writer)
-                    writer = open_shard(pos // records_per_shard)
-                elif writer is not None and writer.bytes + len(line) + 1 > max_bytes_per_shard:
-                    close(writer)
-                    with lock:
-                        writer = open_shard(next(overflow))
-                assert writer is not None
-                writer.write_line(line)
-                if line_ids is not None:
-                    encoded.append(line_ids(line))
-                    if len(encoded) >= CHUNK:
-                        digest.add_encoded(encoded)
-                        encoded.clear()
-            if writer is not None:
-                close(writer)
-                writer = None
-        except BaseException:
-            failed.set()
-            if writer is not None:
-                writer.abort()
-            raise
-        return descs
+    def commit(self) -> ShardDescriptor:
+        w = self.writer
+        w.commit()
+        desc = ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
+        if self.plan.line_ids is not None:
+            desc["ids"] = self.digest.add_encoded(self.encoded).to_dict()
+        self.plan.report(w.records, w.bytes)
+        return desc
 
-    groups = _split(n_out, workers)
+
+def _write_group(plan: _Plan, segments: range) -> list[ShardDescriptor]:
+    """Write output shards ``segments`` (and the splits the byte limit makes of them), reading only
+    the source lines they hold; another writer's failure stops this one."""
+    rps = plan.records_per_shard
+    lo, hi = segments.start * rps, min(plan.total, segments.stop * rps)
+    descs: list[ShardDescriptor] = []
+    shard: _OpenShard | None = None
+    try:
+        for pos, line in zip(range(lo, hi), plan.lines_from(lo), strict=False):
+            if plan.failed.is_set():
+                raise StorageError("stopped: another recompaction worker failed")
+            if pos % rps == 0:
+                if shard is not None:
+                    descs.append(shard.commit())
+                shard = _OpenShard(plan, pos // rps)
+            elif shard is not None and shard.writer.bytes + len(line) + 1 > plan.max_bytes_per_shard:
+                descs.append(shard.commit())
+                with plan.lock:
+                    shard = _OpenShard(plan, next(plan.overflow))
+            assert shard is not None
+            shard.write(line)
+        if shard is not None:
+            descs.append(shard.commit())
+            shard = None
+    except BaseException:
+        plan.failed.set()
+        if shard is not None:
+            shard.writer.abort()
+        raise
+    return descs
+
+
+def _write_all(plan: _Plan, workers: int) -> list[ShardDescriptor]:
+    """Every output shard, contiguous groups written by ``workers`` threads, in shard order."""
+    written: list[ShardDescriptor] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for descs in pool.map(write_group, groups):
+        for descs in pool.map(lambda group: _write_group(plan, group), _split(plan.planned, workers)):
             written.extend(descs)
     written.sort(key=lambda d: int(d["shard_id"].rsplit("-", 1)[1]))
-    produced = sum(d["records"] for d in written)
-    if produced != total:
-        raise StorageError(
-            f"recompact wrote {produced} records but planned {total}: the sources under {src_dir.uri} "
-            "changed while being read; re-run the recompaction"
-        )
-    ids = None
-    if line_ids is not None:
-        whole = IdDigest()
-        for d in written:
-            whole += IdDigest.from_dict(d["ids"])
-        ids = whole.to_dict()
-    result = RecompactResult(written, total, len(sources), seconds=time.monotonic() - started, ids=ids)
-    write_manifest(
-        out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
-    )
-    return result
+    return written
+
+
+def _ids_of(written: list[ShardDescriptor]) -> dict[str, Any]:
+    """The digest of every id written: the sum of the shards'."""
+    whole = IdDigest()
+    for d in written:
+        whole += IdDigest.from_dict(d["ids"])
+    return whole.to_dict()
 
 
 def _split(n: int, parts: int) -> list[range]:

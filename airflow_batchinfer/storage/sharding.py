@@ -28,6 +28,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
     Compression,
     JsonlDir,
     ShardDescriptor,
+    ShardWriter,
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
@@ -118,31 +119,13 @@ def shard_dataset(
     source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
-    info = source.info()
-    fingerprint = {
-        "source": source.uri,
-        "size": info.get("size"),
-        "version": str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""),
-        "records_per_shard": records_per_shard,
-        "max_bytes_per_shard": max_bytes_per_shard,
-        "id_field": id_field,
-        "assign_ids": assign_ids,
-        "on_error": on_error,
-        "compression": compression,
-        "rejects": rejects_dir.uri,
-        **bounds_fingerprint(max_line_bytes, max_id_bytes),
-        **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs
-    }
+    settings = {"records_per_shard": records_per_shard, "max_bytes_per_shard": max_bytes_per_shard,
+                "id_field": id_field, "assign_ids": assign_ids, "on_error": on_error,
+                "compression": compression, "rejects": rejects_dir.uri}  # fmt: skip
+    fingerprint = _fingerprint(source, settings, max_line_bytes, max_id_bytes, fan_out)
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return ShardingResult(
-            shards=done["shards"],
-            counts=done["counts"],
-            id_field=done["id_field"],
-            rejects_uri=done["rejects_uri"],
-            reused=True,
-        )
-
+        return _reused(done)
     # The rejects directory is claimed too: an interrupted run's rejects are redone, never doubled,
     # and another run's rejects are never deleted.
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
@@ -154,10 +137,66 @@ def shard_dataset(
     )
     reject_writer = rejects_dir.writer_sync(max_records_per_shard=REJECTS_PER_SHARD)
     policy = ErrorPolicy(source.uri, on_error, reject_writer)
+    check = _validator(policy, source, id_field, assign_ids, records_per_shard, max_id_bytes, fan_out)
+    _write_shards(source, check, writer, reject_writer, fan_out, progress)
+    result = ShardingResult(
+        shards=writer.shards_written,
+        counts=policy.stats.as_dict(),
+        id_field=check.id_field or "id",
+        rejects_uri=rejects_dir.uri,
+        seconds=time.monotonic() - started,
+    )
+    write_manifest(
+        out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+    )
+    return result
+
+
+def _reused(done: dict[str, Any]) -> ShardingResult:
+    """The result an identical earlier sharding recorded in its manifest."""
+    return ShardingResult(
+        shards=done["shards"],
+        counts=done["counts"],
+        id_field=done["id_field"],
+        rejects_uri=done["rejects_uri"],
+        reused=True,
+    )
+
+
+def _fingerprint(
+    source: JsonlFile,
+    settings: dict[str, Any],
+    max_line_bytes: int,
+    max_id_bytes: int,
+    fan_out: FanOut | None,
+) -> dict[str, Any]:
+    """What makes two shardings the same: the input (its URI, size and version: ETag, else mtime)
+    and the ``settings`` that shape the output, in that order."""
+    info = source.info()
+    return {
+        "source": source.uri,
+        "size": info.get("size"),
+        "version": str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""),
+        **settings,
+        **bounds_fingerprint(max_line_bytes, max_id_bytes),
+        **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs
+    }
+
+
+def _validator(
+    policy: ErrorPolicy,
+    source: JsonlFile,
+    id_field: str | None,
+    assign_ids: bool,
+    records_per_shard: int,
+    max_id_bytes: int,
+    fan_out: FanOut | None,
+) -> LineValidator:
+    """The lines' validator; ``assign_ids``: a record without an id gets ``<source name>:<line_no>``."""
     source_name = source.loc.name
     # Repeated ids: every shard holds at most records_per_shard consecutive kept records, so a window
     # of that many (two generations) makes any two records of one shard meet.
-    check = LineValidator(
+    return LineValidator(
         policy,
         id_field=id_field,
         assign=(lambda line_no, _offset: f"{source_name}:{line_no}") if assign_ids else None,
@@ -165,6 +204,18 @@ def shard_dataset(
         max_id_bytes=max_id_bytes,
         fan_out=fan_out,
     )
+
+
+def _write_shards(
+    source: JsonlFile,
+    check: LineValidator,
+    writer: ShardWriter,
+    reject_writer: ShardWriter,
+    fan_out: FanOut | None,
+    progress: Progress | None,
+) -> None:
+    """Stream ``source``'s good lines (each record's arms with ``fan_out``) into ``writer``'s shards
+    and its bad ones into ``reject_writer``'s; closes both. Each shard gets the digest of its ids."""
     # Ids written but not yet in a committed shard's digest, in order: each shard the writer commits
     # takes the first ``records`` of them (the writer rotates by records and bytes, in order).
     unsealed: list[Any] = []
@@ -182,18 +233,6 @@ def shard_dataset(
             if progress is not None:
                 progress(len(good), sum(map(len, block)) + len(block))
     _seal(writer.shards_written, sealed, unsealed)  # the last shard, committed as the writer closed
-
-    result = ShardingResult(
-        shards=writer.shards_written,
-        counts=policy.stats.as_dict(),
-        id_field=check.id_field or "id",
-        rejects_uri=rejects_dir.uri,
-        seconds=time.monotonic() - started,
-    )
-    write_manifest(
-        out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
-    )
-    return result
 
 
 def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> dict[str, int | None]:

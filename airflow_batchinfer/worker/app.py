@@ -90,7 +90,7 @@ def serving_refusal(kind: str, params: JobParams, engine: Engine) -> str | None:
     return None if params.judge is None else params.judge.serving_refusal(scoring)
 
 
-def create_app(  # noqa: C901 (the worker's routes, one closure each)
+def create_app(
     config: WorkerConfig, runtime: Runtime, *, on_fatal: Callable[[], None] | None = None
 ) -> FastAPI:
     """The worker app. ``on_fatal`` is called when the engine cannot start (the process should exit
@@ -100,11 +100,34 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
     prefixes = PrefixPolicy(config.allowed_prefixes)
     # checked at submit below, and held by the registry while each job runs
     registry = JobRegistry(runtime, concurrency=config.concurrency, policy=prefixes)
-    callables = config.callable_policy()
     state: dict[str, Any] = {"load_error": None}
-    # Which process answers: a pool client tells a worker's own address from one address that a
-    # Service or load balancer spreads over several workers (whose job states it could not follow).
-    instance = secrets.token_hex(8)
+    lifespan = _lifespan(config, runtime, registry, state, on_fatal)
+    app = FastAPI(title="airflow-batchinfer worker", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.registry = registry
+    app.state.runtime = runtime
+    app.state.load_state = state
+    # Outside FastAPI's routing and body parsing: the token first, then a bounded body.
+    app.add_middleware(
+        RequestGuard,
+        token=None if config.insecure_no_auth else config.token,
+        max_body_bytes=config.max_body_bytes,
+    )
+    _add_error_handlers(app)
+    _add_probe_routes(app, config, runtime, registry, state)
+    _add_job_routes(app, config, runtime, registry, state, prefixes)
+    _add_stats_routes(app, runtime, registry)
+    return app
+
+
+def _lifespan(
+    config: WorkerConfig,
+    runtime: Runtime,
+    registry: JobRegistry,
+    state: dict[str, Any],
+    on_fatal: Callable[[], None] | None,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the engine loads in the background (a load error is kept in ``state``
+    for ``/v1/ready`` and submits); at shutdown the registry drains, then the engine closes."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -128,16 +151,11 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
             await registry.drain(config.drain_timeout_s)
             await runtime.close()
 
-    app = FastAPI(title="airflow-batchinfer worker", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.registry = registry
-    app.state.runtime = runtime
-    app.state.load_state = state
-    # Outside FastAPI's routing and body parsing: the token first, then a bounded body.
-    app.add_middleware(
-        RequestGuard,
-        token=None if config.insecure_no_auth else config.token,
-        max_body_bytes=config.max_body_bytes,
-    )
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Errors as ``{"error", "detail"}`` bodies: the API's own, and a request that fails validation."""
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -149,6 +167,15 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
     async def _bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         reasons = "; ".join(f"{'.'.join(map(str, e['loc'][1:]))}: {e['msg']}" for e in exc.errors())
         return JSONResponse({"error": "bad_request", "detail": reasons}, status_code=400)
+
+
+def _add_probe_routes(
+    app: FastAPI, config: WorkerConfig, runtime: Runtime, registry: JobRegistry, state: dict[str, Any]
+) -> None:
+    """``/v1/health`` (which process answers) and ``/v1/ready``."""
+    # Which process answers: a pool client tells a worker's own address from one address that a
+    # Service or load balancer spreads over several workers (whose job states it could not follow).
+    instance = secrets.token_hex(8)
 
     @app.get("/v1/health")
     async def health() -> dict[str, str]:
@@ -165,6 +192,19 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
             return JSONResponse({"ready": False}, status_code=503)
         reason = state["load_error"] or ("draining" if registry.draining else "loading the model")
         return JSONResponse({"ready": False, "reason": reason}, status_code=503)
+
+
+def _add_job_routes(
+    app: FastAPI,
+    config: WorkerConfig,
+    runtime: Runtime,
+    registry: JobRegistry,
+    state: dict[str, Any],
+    prefixes: PrefixPolicy,
+) -> None:
+    """``/v1/jobs``: submit a job (checked against the prefixes, the callables and the engine),
+    follow it (a long poll) and cancel it."""
+    callables = config.callable_policy()
 
     @app.post("/v1/jobs", status_code=202, response_model=JobStatus)
     async def submit(spec: JobSpec) -> JSONResponse:
@@ -223,6 +263,10 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
             raise ApiError(404, "not_found", f"no job {job_id} on this worker")
         return status
 
+
+def _add_stats_routes(app: FastAPI, runtime: Runtime, registry: JobRegistry) -> None:
+    """``/v1/stats`` (the slots, the jobs, the batcher) and ``/metrics`` (Prometheus)."""
+
     @app.get("/v1/stats", response_model=WorkerStats)
     async def stats() -> WorkerStats:
         return WorkerStats(
@@ -237,5 +281,3 @@ def create_app(  # noqa: C901 (the worker's routes, one closure each)
     @app.get("/metrics")
     async def prometheus() -> PlainTextResponse:
         return PlainTextResponse(metrics.render(registry), media_type="text/plain; version=0.0.4")
-
-    return app

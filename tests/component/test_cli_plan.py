@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from airflow_batchinfer.cli import main
-from airflow_batchinfer.run.sizing import SizingPlan, plan_run
+from airflow_batchinfer.run.sizing import plan_run
+from airflow_batchinfer.run.sizing_plan import SizingPlan
 
 BIN = str(Path(sys.executable).parent / "batchinfer")
 EXAMPLE = ["plan", "--records", "100000000", "--gpus", "32", "--concurrency", "10", "--tokens-per-s", "2500"]

@@ -15,6 +15,7 @@ ARGV = ["worker", "serve", "--engine", "simulated", "--concurrency", "3", "--all
 # Modules of the other commands (the run's settings, the pools, sizing) and httpx (with its CLI's
 # rich), which a simulated worker never uses: the worker's start no longer pays for them.
 NOT_AT_START = ("airflow_batchinfer.pools", "airflow_batchinfer.spec", "airflow_batchinfer.run.sizing",
+                "airflow_batchinfer.run.sizing_plan", "airflow_batchinfer.run.lane_schedule",
                 "airflow_batchinfer.rpc.client", "httpx", "rich")  # fmt: skip
 HEAVY = ("airflow", "vllm", "torch", "transformers", "boto3", "botocore", "s3fs", "kubernetes")
 

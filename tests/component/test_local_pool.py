@@ -79,7 +79,7 @@ def test_idle_ttl_lets_workers_exit(tmp_path: Path) -> None:
 
 
 def alive(pid: int) -> bool:
-    from airflow_batchinfer.pools.local import _alive
+    from airflow_batchinfer.pools.local_workers import alive as _alive
 
     return _alive(pid)
 

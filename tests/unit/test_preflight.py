@@ -12,7 +12,7 @@ from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.run.preflight import _sizing, run_preflight, same_retries, sample_plan
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.run.report.render import render_markdown
-from airflow_batchinfer.run.sizing import SIZING_VERSION, SizingPlan
+from airflow_batchinfer.run.sizing_plan import SIZING_VERSION, SizingPlan
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
 from airflow_batchinfer.state.layout import RunLayout

@@ -11,7 +11,7 @@ import pytest
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.judges.llm import LLMJudge
 from airflow_batchinfer.prompts import build as prompts
-from airflow_batchinfer.prompts import templates
+from airflow_batchinfer.prompts import render_budget
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 
 pytestmark = pytest.mark.security
@@ -72,7 +72,7 @@ def test_unbounded_templates_are_prompt_errors(template: str, record: dict[str, 
 @pytest.mark.timeout(30)
 def test_loops_are_bounded_even_without_output(monkeypatch: pytest.MonkeyPatch) -> None:
     # the step count is under test: the 2 s bound (tested below) must not win on a slow machine
-    monkeypatch.setattr(templates, "MAX_RENDER_SECONDS", 60.0)
+    monkeypatch.setattr(render_budget, "MAX_RENDER_SECONDS", 60.0)
     started = time.monotonic()
     with pytest.raises(PromptError, match="too many steps"):
         build("{% for i in range(3000) %}{% for j in range(3000) %}{% endfor %}{% endfor %}")
@@ -82,7 +82,7 @@ def test_loops_are_bounded_even_without_output(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_a_rendering_past_its_time_is_stopped(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(templates, "MAX_RENDER_SECONDS", 0.0)  # every step is past the deadline
+    monkeypatch.setattr(render_budget, "MAX_RENDER_SECONDS", 0.0)  # every step is past the deadline
     with pytest.raises(PromptError, match=r"took too long \(over 0 s for one record\)"):
         build(FAN_OUT)
 

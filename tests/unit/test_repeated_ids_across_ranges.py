@@ -28,6 +28,7 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import id_hash_files as ihf
 from airflow_batchinfer.storage import id_hashes as ih
 from airflow_batchinfer.storage import ranges as ranges_mod
 from tests.support.worker_jobs import run_jobs
@@ -153,7 +154,7 @@ def test_the_close_reads_the_input_only_to_confirm_a_match(
         cfg, plan = round_zero(tmp_path / case, lines)
         layout = RunLayout(cfg.run_root)
         for s in plan.shards:  # written by the jobs, before the close
-            assert ih.read_lines(ih.hashes_beside(layout.job_manifest(0, s["shard_id"], "infer_judge"),
+            assert ihf.read_lines(ihf.hashes_beside(layout.job_manifest(0, s["shard_id"], "infer_judge"),
                                                   s["shard_id"]), None)  # fmt: skip
         monkeypatch.setattr(ranges_mod, "_decoded", counting)
         reads.clear()
@@ -188,7 +189,7 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     hashes = str(tmp_path / "hashes")
 
     def find() -> ih.Repeats:
-        return ih.find_repeats(shards, lambda sid: f"{hashes}/{sid}{ih.SUFFIX}", id_field="id",
+        return ih.find_repeats(shards, lambda sid: f"{hashes}/{sid}{ihf.SUFFIX}", id_field="id",
                                assign_ids=False, so=None)  # fmt: skip
 
     find().close()  # writes the hash files (as the range jobs do), reading each range
@@ -241,7 +242,7 @@ def test_ids_unique_across_ranges_close_as_before_and_keep_hash_files(tmp_path: 
     summary = close_round(cfg, plan)
     assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == 0, summary
     names = files.names(join_jobs(layout), None)
-    assert sum(n.endswith(ih.SUFFIX) for n in names) == len(plan.shards)
+    assert sum(n.endswith(ihf.SUFFIX) for n in names) == len(plan.shards)
     assert repeat_rows(layout) == []
     # The repeat within a range: the job's reject, as before (same place, its own reason).
     bad = [row for f in JsonlDir(layout.rejects).jsonl_files() for row in f.iter_records()]
@@ -263,21 +264,21 @@ def test_a_hash_collision_never_rejects_a_record() -> None:
 def test_hash_files_sort_and_merge_in_bounded_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Spilled sorted runs and matches split in buckets of the hashes' leading bits (here 16 of
     them: 408 lines, at most 50 entries matched at once) find the same shared hashes."""
-    monkeypatch.setattr(ih, "SPILL_HASHES", 7)
-    monkeypatch.setattr(ih, "BUCKET_ENTRIES", 50)
+    monkeypatch.setattr(ihf, "SPILL_HASHES", 7)
+    monkeypatch.setattr(ihf, "BUCKET_ENTRIES", 50)
     uris = []
     for k in range(8):  # eight "ranges" of 50 ids; "shared" in ranges 2 and 6
         ids = [f"k{k}-{i}" for i in range(50)] + (["shared"] if k in (2, 6) else [])
         uri = str(tmp_path / f"r{k}.bin")
-        ih.write_hashes(uri, [(value, line) for line, value in enumerate(ids, 1)], lambda: 51, None)
+        ihf.write_hashes(uri, [(value, line) for line, value in enumerate(ids, 1)], lambda: 51, None)
         uris.append(uri)
-    raw = (tmp_path / "r0.bin").read_bytes()[ih.HEADER.size :]
-    entries = [raw[i : i + ih.ENTRY.size] for i in range(0, len(raw), ih.ENTRY.size)]
+    raw = (tmp_path / "r0.bin").read_bytes()[ihf.HEADER.size :]
+    entries = [raw[i : i + ihf.ENTRY.size] for i in range(0, len(raw), ihf.ENTRY.size)]
     assert entries == sorted(entries) and len(entries) == 50
     # each entry keeps the id's line: k0-7 is on line 8
-    assert ih.ENTRY.pack(ih.id_hash_bytes("k0-7"), 8) in entries
-    assert list(ih.shared_hashes(uris, None)) == [(ih.id_hash_bytes("shared"), [(2, 51), (6, 51)])]
-    assert ih.read_lines(uris[0], None) == 51
+    assert ihf.ENTRY.pack(ihf.id_hash_bytes("k0-7"), 8) in entries
+    assert list(ihf.shared_hashes(uris, None)) == [(ihf.id_hash_bytes("shared"), [(2, 51), (6, 51)])]
+    assert ihf.read_lines(uris[0], None) == 51
 
 
 @pytest.mark.parametrize("bucket_entries", [1 << 19, 1000, 37, 1])
@@ -287,20 +288,20 @@ def test_shared_hashes_match_every_hash_two_files_hold_whatever_the_bucket_size(
     """Thirty files of random ids (repeated within and across files, some empty): the hashes found
     in two or more files, with every place of each, in hash order, as a dict over all entries says,
     in one bucket or split into many (a file's stretch of a bucket spans blocks, buckets are empty)."""
-    monkeypatch.setattr(ih, "BUCKET_ENTRIES", bucket_entries)
-    monkeypatch.setattr(ih, "MATCH_READ", 10 * ih.ENTRY.size)  # many blocks per file
+    monkeypatch.setattr(ihf, "BUCKET_ENTRIES", bucket_entries)
+    monkeypatch.setattr(ihf, "MATCH_READ", 10 * ihf.ENTRY.size)  # many blocks per file
     rng = random.Random(7)
     uris, places = [], defaultdict(list)
     for k in range(30):
         ids = [f"x{rng.randrange(3000)}" for _ in range(rng.randrange(0, 200))]
         uri = str(tmp_path / f"r{k}.bin")
-        ih.write_hashes(uri, list(zip(ids, range(1, len(ids) + 1), strict=True)), lambda: 200, None)
+        ihf.write_hashes(uri, list(zip(ids, range(1, len(ids) + 1), strict=True)), lambda: 200, None)
         uris.append(uri)
         for line, v in enumerate(ids, 1):
-            places[ih.id_hash_bytes(v)].append((k, line))
+            places[ihf.id_hash_bytes(v)].append((k, line))
     expected = [(h, sorted(at)) for h, at in sorted(places.items()) if len({k for k, _ in at}) > 1]
     assert len(expected) > 100
-    assert list(ih.shared_hashes(uris, None)) == expected
+    assert list(ihf.shared_hashes(uris, None)) == expected
 
 
 def test_a_hash_file_unreadable_once_written_is_a_storage_error(
@@ -309,7 +310,7 @@ def test_a_hash_file_unreadable_once_written_is_a_storage_error(
     """The hash file close just wrote for a range reads back without its header (another writer,
     a store that lost it): an error naming the file, the shard and the remedy, not an assert."""
     shard = setup_run(tmp_path, rows(40))[1].shards[0]
-    uri = str(tmp_path / f"{shard['shard_id']}{ih.SUFFIX}")
+    uri = str(tmp_path / f"{shard['shard_id']}{ihf.SUFFIX}")
     monkeypatch.setattr(ih, "write_hashes", lambda to, *_: Path(to).write_bytes(b"not a hash file"))
     named = re.escape(f"shard {shard['shard_id']}: the id hash file {uri} ")
     with pytest.raises(StorageError, match=named + ".*delete it and re-run round 0's close"):

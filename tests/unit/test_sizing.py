@@ -8,17 +8,10 @@ import time
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.run.lane_schedule import schedule
 from airflow_batchinfer.run.preflight import expected_passes as preflight_passes
-from airflow_batchinfer.run.sizing import (
-    MIN_JOB_S,
-    SIZING_VERSION,
-    SizingPlan,
-    choose_records_per_shard,
-    duration,
-    expected_passes,
-    plan_run,
-    schedule,
-)
+from airflow_batchinfer.run.sizing import MIN_JOB_S, choose_records_per_shard, expected_passes, plan_run
+from airflow_batchinfer.run.sizing_plan import SIZING_VERSION, SizingPlan, duration
 from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.storage import taper

@@ -21,7 +21,7 @@ from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.state.tally import Read, Tally
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
-from airflow_batchinfer.storage.id_hashes import HashWriter, hashes_beside
+from airflow_batchinfer.storage.id_hash_files import HashWriter, hashes_beside
 from airflow_batchinfer.storage.ranges import InputRange, RangeRecordReader
 from airflow_batchinfer.storage.reader import RecordReader
 from airflow_batchinfer.worker.runtime import Runtime
@@ -89,7 +89,7 @@ class JobContext:
         ``outputs["input_rejects"]`` with their line in the range and byte offset, and the read's
         line counts are the job's ``read`` (:meth:`counts`) (round 0's close turns them into the run's
         ``rejects/`` with absolute line numbers). Once the range is read to its end, its id hash
-        file (:class:`~airflow_batchinfer.storage.id_hashes.HashWriter`: each kept id's hash and
+        file (:class:`~airflow_batchinfer.storage.id_hash_files.HashWriter`: each kept id's hash and
         line in the range) is written beside the manifest, before it."""
         raw = self.params.raw.get("input_range")
         if raw is None:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError
-from airflow_batchinfer.pools import local
+from airflow_batchinfer.pools import local_workers
 from airflow_batchinfer.pools.local import LocalPool, LocalPoolSpec
 
 pytestmark = pytest.mark.security
@@ -41,8 +41,8 @@ def started(monkeypatch: pytest.MonkeyPatch) -> list[FakeProcess]:
         procs.append(FakeProcess(cmd, **kwargs))
         return procs[-1]
 
-    monkeypatch.setattr(local.subprocess, "Popen", popen)
-    monkeypatch.setattr(local, "_CHILDREN", {})
+    monkeypatch.setattr(local_workers.subprocess, "Popen", popen)
+    monkeypatch.setattr(local_workers, "_CHILDREN", {})
     return procs
 
 

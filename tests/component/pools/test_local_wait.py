@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
-from airflow_batchinfer.pools.local import POLL_MAX_S, POLL_MIN_S, LocalPool, poll_delay
+from airflow_batchinfer.pools import local_workers
+from airflow_batchinfer.pools.local import LocalPool
+from airflow_batchinfer.pools.local_workers import POLL_MAX_S, POLL_MIN_S, poll_delay
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def test_announcements_fill_in_the_urls_old_and_new(pool: LocalPool) -> None:
     Path(new["announce"]).write_text(
         json.dumps({"version": 1, "url": "http://127.0.0.1:2", "pid": 2, "started_at": 2.0, "startup": {}})
     )
-    got = pool._announced([old, new, starting])
+    got = local_workers.announced([old, new, starting])
     assert [w["url"] for w in got] == ["http://127.0.0.1:1", "http://127.0.0.1:2", None]
 
 
@@ -66,7 +68,7 @@ def test_an_announcement_of_another_release_is_refused_not_waited_for(pool: Loca
     w = worker(pool, "a", 1)
     Path(w["announce"]).write_text(json.dumps({"version": 9, "url": "http://127.0.0.1:1", "pid": 1}))
     with pytest.raises(ConfigError, match="version 9") as err:
-        pool._announced([w])
+        local_workers.announced([w])
     assert w["announce"] in str(err.value) and "Remedy" in str(err.value)
 
 
@@ -75,7 +77,7 @@ def test_a_worker_that_exits_while_starting_is_named_with_its_log_and_the_remedy
     done.wait()  # exited and reaped: its pid is no process
     w = worker(pool, "dead", done.pid)
     with pytest.raises(WorkerUnavailable) as err:
-        pool._wait_ready([w], timeout_s=60)
+        local_workers.wait_ready(str(pool), [w], pool.token(), timeout_s=60)
     msg = str(err.value)
     assert "local worker dead of local://t exited while starting" in msg
     assert w["log"] in msg and "no such model directory /models/x" in msg and "Remedy" in msg
@@ -86,7 +88,7 @@ def test_a_worker_not_ready_in_time_is_named_with_its_log(
 ) -> None:
     w = worker(pool, "slow", sleeper.pid)
     with pytest.raises(WorkerUnavailable) as err:
-        pool._wait_ready([w], timeout_s=0)
+        local_workers.wait_ready(str(pool), [w], pool.token(), timeout_s=0)
     msg = str(err.value)
     assert "1 of 1 local workers of local://t not ready after 0 s" in msg
     assert w["log"] in msg and "longer timeout" in msg

@@ -33,7 +33,7 @@ from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.state.tally import Outcomes, Resume, Tally
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, file_digest
-from airflow_batchinfer.storage.id_hashes import hashes_beside
+from airflow_batchinfer.storage.id_hash_files import hashes_beside
 from airflow_batchinfer.worker.jobs.chunks import FIRST_CHUNK
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime

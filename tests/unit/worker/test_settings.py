@@ -16,7 +16,7 @@ import pytest
 
 from airflow_batchinfer.cli import build_parser
 from airflow_batchinfer.judges.rules import ALLOW_CALLABLE_ENV, ALLOW_CALLABLE_FLAG
-from airflow_batchinfer.pools import local
+from airflow_batchinfer.pools import local_workers
 from airflow_batchinfer.pools.kubernetes.objects import worker_deployment
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec
 from airflow_batchinfer.pools.local import LocalPool, LocalPoolSpec
@@ -139,8 +139,8 @@ def test_a_local_pool_starts_its_workers_with_its_spec(
         procs.append(FakeProcess(cmd))
         return procs[-1]
 
-    monkeypatch.setattr(subprocess, "Popen", popen)  # the module local.py starts workers with
-    monkeypatch.setattr(local, "_CHILDREN", {})
+    monkeypatch.setattr(subprocess, "Popen", popen)  # the module local_workers.py starts workers with
+    monkeypatch.setattr(local_workers, "_CHILDREN", {})
     spec = LocalPoolSpec(
         engine="transformers", model="/models/m", engine_options={"dtype": "float32", "threads": 2},
         concurrency=3, idle_ttl_s=42.0, allowed_prefixes=(str(tmp_path), "/data"), target_batch_tokens=999,
