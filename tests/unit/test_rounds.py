@@ -3,6 +3,7 @@ written as a worker would)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,9 @@ def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
         records_per_shard=10,
         **settings,
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    )
     return cfg
 
 
@@ -88,9 +91,9 @@ def test_review_modes_decide_when_a_gate_opens(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="on_low_approval", review_min_approval=0.5)
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})  # 67% approved: no gate
     assert propose_slot(cfg, "round-01").options == []
-    cfg.review_min_approval = 0.9
+    cfg = dataclasses.replace(cfg, review_min_approval=0.9)
     assert propose_slot(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
-    cfg.review = "every_round"
+    cfg = dataclasses.replace(cfg, review="every_round")
     assert propose_slot(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
 
 
@@ -194,7 +197,7 @@ def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> Non
     shard = propose_slot(cfg, "round-00").plan.shards[0]
     a = job_spec(cfg, "infer", 0, shard)
     assert a.job_id == job_spec(cfg, "infer", 0, shard).job_id
-    cfg.sampling = {"temperature": 0.1}
+    cfg = dataclasses.replace(cfg, sampling={"temperature": 0.1})
     assert job_spec(cfg, "infer", 0, shard).job_id != a.job_id
     other = RunConfig(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
     assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]

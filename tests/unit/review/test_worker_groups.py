@@ -3,6 +3,7 @@ review page reads a round's groups from them (the worker's own job code, in proc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,9 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=15,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    )
     write_run_config(cfg)
     return cfg
 
