@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
@@ -43,6 +45,7 @@ from airflow_batchinfer.state.config_checks import (
     check_spot_check,
     check_unreachable_grace,
 )
+from airflow_batchinfer.state.params import JobParams, parse_params
 from airflow_batchinfer.state.timeouts import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
@@ -299,11 +302,10 @@ class RunConfig:
         task with its reason instead of every shard job. ``callables``: the callable judge targets
         allowed (checked before anything is imported); ``None``: any (the caller vouches)."""
         from airflow_batchinfer.judges import CallablePolicy
-        from airflow_batchinfer.state.params import parse_params
 
         policy = None if callables is None else CallablePolicy(callables)
-        parse_params("infer", self.infer_params(), callables=policy)
-        parse_params("judge", self.judge_params(), callables=policy)
+        parse_params("infer", self.infer_params().wire(), callables=policy)
+        parse_params("judge", self.judge_params().wire(), callables=policy)
         return self
 
     def engine_refusal(self, engine: str) -> str | None:
@@ -369,36 +371,44 @@ class RunConfig:
     def truncation(self) -> TruncationPolicy:
         return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)
 
-    def infer_params(self) -> dict[str, Any]:
-        return {
-            "prompt_template": self.prompt_template,
-            "system": self.system,
-            "sampling": self.sampling,
-            "chunk_size": self.chunk_size,
-            "id_field": self.id_field or "id",
-            **self.truncation().params(),  # none at the defaults: job ids and fingerprints as before
-            **({"adapters": self.adapters} if self.adapters else {}),
+    def infer_params(self) -> JobParams:
+        """An infer job's params (:class:`~airflow_batchinfer.state.params.JobParams`: on the wire, those
+        at their defaults are left out)."""
+        return _job_params(
+            prompt_template=self.prompt_template,
+            system=self.system,
+            sampling=self.sampling,
+            chunk_size=self.chunk_size,
+            id_field=self.id_field or "id",
+            **self._truncation(),
+            adapters=self.adapters,
             # a jury's llm members beside a model judge: judged where the answers are generated
-            **({"jury_at_inference": self.judge} if judged_early(self.judge) else {}),
-            **self.retry().params(),  # only those set: job ids and fingerprints as before
-        }
+            jury_at_inference=self.judge if judged_early(self.judge) else None,
+            **self.retry().params(),
+        )
 
-    def judge_params(self) -> dict[str, Any]:
-        review = {} if self.review_below_score is None else {"review_below_score": self.review_below_score}
-        return {
-            "judge": self.judge,
-            "chunk_size": self.chunk_size,
-            "id_field": self.id_field or "id",
-            **review,
-            **self._select(),
-            **self.truncation().params(),
+    def judge_params(self) -> JobParams:
+        """A judge job's params (an infer_judge job's: :meth:`infer_params` merged with these)."""
+        return _job_params(
+            judge=self.judge,
+            chunk_size=self.chunk_size,
+            id_field=self.id_field or "id",
+            review_below_score=self.review_below_score,
+            select=self.select,
+            **self._truncation(),
             **self._conversation(),
+        )
+
+    def _truncation(self) -> dict[str, Any]:
+        return {
+            "truncated": self.truncated,
+            "truncated_max_tokens_factor": self.truncated_max_tokens_factor,
+            "max_tokens_cap": self.max_tokens_cap,
         }
 
     def _conversation(self) -> dict[str, Any]:
         """What a model judge scores an answer with: the record's prompt as this run renders it, a
-        retry's with the retry template and system message (none for other judges: their job ids and
-        fingerprints as before; the retry settings only when set)."""
+        retry's with the retry template and system message (none for other judges)."""
         if "score" not in judge_needs(self.judge):
             return {}
         return {
@@ -406,10 +416,6 @@ class RunConfig:
             "system": self.system,
             **self.retry().texts().params(),
         }
-
-    def _select(self) -> dict[str, Any]:
-        """``select`` as a job's param: none at the default (job ids and fingerprints as before)."""
-        return {} if self.select == DEFAULT_SELECT else {"select": self.select}
 
     @property
     def human_review(self) -> bool:
@@ -421,13 +427,11 @@ class RunConfig:
             or bool(self.spot_check_approved)
         )
 
-    def in_place_params(self) -> dict[str, Any]:
-        return {
-            **self.infer_params(),
-            "judge": self.judge,
-            "max_attempts": self.max_attempts,
-            **self._select(),
-        }
+    def in_place_params(self) -> JobParams:
+        """An in_place job's params: the infer job's, the judge and its attempts."""
+        return self.infer_params().merge(
+            _job_params(judge=self.judge, max_attempts=self.max_attempts, select=self.select)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -436,6 +440,17 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         check_known_fields(cls, data, "run settings")
         return cls(**data)
+
+
+def _job_params(**params: Any) -> JobParams:
+    """:class:`JobParams` of these run settings; a value not of its param's type is refused naming it
+    (before the worker's checks, :meth:`RunConfig.validate`)."""
+    try:
+        return JobParams(**params)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(x) for x in error["loc"])
+        raise ConfigError(f"params.{where}: {error['msg']}, got {error.get('input')!r}") from None
 
 
 # What a review may change for the next rounds (run.gate.changes: the gate's form and its checks), over

@@ -1,10 +1,14 @@
-"""Job parameters per kind, validated at submit time (a bad job is an HTTP 400, not a failed run)."""
+"""A job's parameters: :class:`JobParams`, what the client asks for and the wire carries (a job's
+``params``), and :class:`JobSetup`, what a worker makes of them per kind, validated at submit time
+(:func:`parse_params`: a bad job is an HTTP 400, not a failed run)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from airflow_batchinfer.engines.adapters import Adapter, parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
@@ -21,24 +25,93 @@ from airflow_batchinfer.judges import (
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.spot_check import SpotCheck
-from airflow_batchinfer.judges.truncation import TruncationPolicy
+from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, DEFAULT_MODE, TruncationPolicy
 from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.prompts.retries import RetrySettings
 from airflow_batchinfer.storage.ranges import InputRange
 
 DEFAULT_CHUNK = 2_000
 
+# The params that every job of their kinds carried before :class:`JobParams`, also at their defaults
+# (``prompt_template`` None, ``sampling`` {}): sent whenever the client sets them, so those jobs keep
+# their ids. Every other param is left out at its default.
+SENT_WHEN_SET = (
+    "prompt_template", "system", "sampling", "chunk_size", "id_field", "judge", "round", "input_records",
+    "max_attempts",
+)  # fmt: skip
 
-@dataclass(frozen=True)
-class JobParams:
+
+class JobParams(BaseModel):
+    """A job's params as the client builds them (:class:`~airflow_batchinfer.state.config.RunConfig`'s
+    ``infer_params`` and the like, :func:`~airflow_batchinfer.run.jobs.job_spec`) and the worker reads
+    them (:func:`parse_params`, whose :class:`JobSetup` takes its defaults from here). On the wire
+    (:meth:`wire`) a param at its default is left out, but those of :data:`SENT_WHEN_SET`, so a new
+    param with a default changes no existing job's id or fingerprint; a deliberate change of every
+    job id bumps :data:`~airflow_batchinfer.rpc.fingerprint.FINGERPRINT_VERSION`. The values are
+    checked by the worker (:func:`parse_params`) and, before a run starts, by ``RunConfig.validate``;
+    numbers keep their type (``int | float``: 3 stays 3 on the wire, as it was)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # the records and their prompts
+    prompt_template: str | None = None
+    system: str | None = None
+    sampling: dict[str, Any] = {}
     chunk_size: int = DEFAULT_CHUNK
     id_field: str = "id"
+    adapters: dict[str, str] = {}
+    # retries that use feedback (prompts.retries): only those set
+    retry_template: str | None = None
+    retry_system: str | None = None
+    retry_sampling: dict[str, dict[str, Any]] = {}
+    # completions cut at max_tokens (judges.truncation)
+    truncated: str = DEFAULT_MODE
+    truncated_max_tokens_factor: int | float = DEFAULT_FACTOR
+    max_tokens_cap: int | None = None
+    # the judge; an infer job's jury whose llm members it judges where it generates
+    judge: dict[str, Any] | None = None
+    jury_at_inference: dict[str, Any] | None = None
+    review_below_score: int | float | None = None
+    select: str = DEFAULT_SELECT
+    spot_check: dict[str, Any] | None = None
+    max_attempts: int = 3
+    # the shard: its round, records and (a round-0 range shard) the range it reads
     round: int = 0
+    input_records: int | None = None
+    input_range: dict[str, Any] | None = None
+
+    def wire(self) -> dict[str, Any]:
+        """The params a job spec carries: each set one of :data:`SENT_WHEN_SET`, and every other one
+        that differs from its default."""
+        out = {}
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if (name in SENT_WHEN_SET and name in self.model_fields_set) or value != info.get_default(
+                call_default_factory=True
+            ):
+                out[name] = value
+        return out
+
+    def merge(self, other: JobParams) -> JobParams:
+        """These params with those ``other`` sets (an infer_judge job: the infer's and the judge's)."""
+        return self.model_copy(update={k: getattr(other, k) for k in other.model_fields_set})
+
+
+_WIRE = JobParams()
+
+
+@dataclass(frozen=True)
+class JobSetup:
+    """What a worker makes of a job's params (:func:`parse_params`): its prompts, judge and policies."""
+
+    chunk_size: int = _WIRE.chunk_size
+    id_field: str = _WIRE.id_field
+    round: int = _WIRE.round
     input_records: int | None = None
     prompts: PromptBuilder | None = None
     judge: Judge | None = None
     output_format: str = "rows"
-    max_attempts: int = 3
+    max_attempts: int = _WIRE.max_attempts
     # verdicts scored below this (or unscored) go to people: rejected, marked for_review
     review_below: float | None = None
     checkpoint_every: int = 256
@@ -94,7 +167,7 @@ def parse_params(
     *,
     callables: CallablePolicy | None = None,
     engine: str | None = None,
-) -> JobParams:
+) -> JobSetup:
     """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``infer_judge``, ``in_place``).
 
     :param callables: the ``callable`` judge targets that may be imported (checked before any import);
@@ -106,9 +179,9 @@ def parse_params(
         for its verdict as a JSON schema where it honours structured outputs.
     """
     common: dict[str, Any] = {
-        "chunk_size": _int(params, "chunk_size", DEFAULT_CHUNK, 1),
-        "id_field": str(params.get("id_field", "id")),
-        "round": _int(params, "round", 0, 0),
+        "chunk_size": _int(params, "chunk_size", _WIRE.chunk_size, 1),
+        "id_field": str(params.get("id_field", _WIRE.id_field)),
+        "round": _int(params, "round", _WIRE.round, 0),
         "input_records": params.get("input_records"),
         "raw": dict(params),
         "truncation": TruncationPolicy.from_params(params),
@@ -177,13 +250,13 @@ def parse_params(
             raise ConfigError(f"params.output_format must be 'rows' or 'openai', got {fmt!r}")
         common["output_format"] = fmt
     if kind == "in_place":
-        common["max_attempts"] = _int(params, "max_attempts", 3, 1)
+        common["max_attempts"] = _int(params, "max_attempts", _WIRE.max_attempts, 1)
         common["checkpoint_every"] = _int(params, "checkpoint_every", 256, 1)
         interval = params.get("checkpoint_interval_s", 5.0)
         if not isinstance(interval, int | float) or interval <= 0:
             raise ConfigError(f"params.checkpoint_interval_s must be > 0, got {interval!r}")
         common["checkpoint_interval_s"] = float(interval)
-    return JobParams(**common)
+    return JobSetup(**common)
 
 
 def _check_fan_out(input_range: Any, adapters: Mapping[str, Adapter]) -> None:

@@ -186,8 +186,8 @@ def test_a_model_judge_scores_the_conversation_a_retry_was_generated_from(tmp_pa
         judge_pool="local://judges",
         max_rounds=2,
     )
-    assert cfg.judge_params()["retry_template"] == RETRY
-    assert cfg.judge_params()["retry_system"] == "Try again, briefly."
+    assert cfg.judge_params().wire()["retry_template"] == RETRY
+    assert cfg.judge_params().wire()["retry_system"] == "Try again, briefly."
     layout = RunLayout(cfg.run_root)
     for r, slot in enumerate(("round-00", "round-01")):
         plan = plan_round(cfg, slot)

@@ -203,6 +203,25 @@ def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> Non
     assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]
 
 
+def test_params_at_their_defaults_stay_off_the_wire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's params leave out those at their defaults (a new param changes no job id), but those
+    every job carried before (prompt_template, system, sampling even when empty); the fingerprint
+    version, bumped, changes every job id."""
+    from airflow_batchinfer.rpc import fingerprint
+    from airflow_batchinfer.state.params import JobParams
+
+    assert JobParams().wire() == {} and JobParams(system=None, select="first_approved").wire() == {
+        "system": None
+    }
+    cfg = make_run(tmp_path)
+    shard = propose_slot(cfg, "round-00").plan.shards[0]
+    spec = job_spec(cfg, "infer", 0, shard)
+    assert {"prompt_template", "system", "sampling", "chunk_size", "id_field", "round"} <= set(spec.params)
+    assert not {"select", "truncated", "adapters", "retry_sampling", "max_tokens_cap"} & set(spec.params)
+    monkeypatch.setattr(fingerprint, "FINGERPRINT_VERSION", 2)
+    assert job_spec(cfg, "infer", 0, shard).job_id != spec.job_id
+
+
 def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:
     from airflow_batchinfer.rpc.fingerprint import pin_input
 

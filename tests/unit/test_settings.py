@@ -201,7 +201,7 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         assert all(values[name] is None for name in nullable), dag_id
         run = {name: values[name] for name in RUN_SETTINGS}
         cfg = RunConfig.from_dict({**run, "run_root": "/tmp/r"}).validate()
-        assert cfg.infer_params()["id_field"] == "id" and cfg.budget_gpu_hours is None
+        assert cfg.infer_params().wire()["id_field"] == "id" and cfg.budget_gpu_hours is None
         assert refusals(values, implied_by(values)) == [], dag_id
     root = jinja2.Environment().from_string(RUN_ROOT)
     run_id = "manual__2026-01-01T00:00:00+00:00"
