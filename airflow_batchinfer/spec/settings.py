@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.fields import Described
 from airflow_batchinfer.state.config import SETTING, RunConfig
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
@@ -55,22 +56,19 @@ ADVANCED: Section = "Advanced"
 _SAME: Any = object()  # Setting.param_default: the same as Setting.default
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting of a run.
+@dataclass(frozen=True, kw_only=True)
+class Setting(Described):
+    """One setting of a run (:class:`~airflow_batchinfer.fields.Described`; ``name`` is the DAG
+    param, the ``RunConfig`` field of a run setting and the flag's ``dest``; ``default`` the DAG
+    param's (unless ``param_default``), the flag's and ``RunConfig``'s; ``help`` the param's
+    description, the flag's help and the docs' text; ``choices`` its schema's enum; ``flag`` the
+    ``batchinfer run`` flag, or a positional's name, ``input``).
 
-    :ivar name: the DAG param, the ``RunConfig`` field (run settings) and the flag's ``dest``.
     :ivar type: its JSON-schema type.
-    :ivar default: the one default: the DAG param's (unless ``param_default``), the flag's and
-        ``RunConfig``'s.
-    :ivar help: what it means; the param's description, the flag's help and the docs' text.
     :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
         run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
     :ivar section: the param's section of the trigger form (:data:`SECTIONS`); by default Advanced.
     :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
-    :ivar enum: the allowed values.
-    :ivar minimum: the smallest number allowed.
-    :ivar maximum: the largest number allowed.
     :ivar min_length: the shortest string allowed (an empty string is refused: use ``None``).
     :ivar pattern: a regular expression the string matches.
     :ivar schema_extra: more JSON schema (e.g. an object's ``required`` keys).
@@ -78,36 +76,25 @@ class Setting:
     :ivar judge_pool_param: a param only of DAGs built with ``judge_airflow_pool``.
     :ivar param_default: the param's default where it must differ from ``default`` (``judge_pool``:
         a DAG built with a judge pool always judges there; a run without one, nowhere).
-    :ivar flag: the ``batchinfer run`` flag (``--records-per-shard``), or a positional's name
-        (``input``); ``None``: not on the command line.
     :ivar flag_help: what the command line adds to ``help``.
-    :ivar metavar: the flag's metavar.
     """
 
-    name: str
     type: JsonType
-    default: Any
-    help: str
     goes_to: GoesTo
     section: Section = ADVANCED
     nullable: bool = False
-    enum: tuple[str, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
     min_length: int | None = None
     pattern: str | None = None
     schema_extra: Mapping[str, Any] = field(default_factory=dict)
     param: bool = True
     judge_pool_param: bool = False
     param_default: Any = _SAME
-    flag: str | None = None
     flag_help: str = ""
-    metavar: str | None = None
 
     def __post_init__(self) -> None:
         if self.type == "boolean" and self.flag and self.default is not False:
             raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
-        if self.type == "string" and not self.nullable and not (self.enum or self.min_length):
+        if self.type == "string" and not self.nullable and not (self.choices or self.min_length):
             # Airflow's trigger form treats an empty required string as missing (Trigger disabled)
             raise ValueError(f"{self.name}: a string that is not nullable needs an enum or a min_length")
 
@@ -124,8 +111,8 @@ class Setting:
     def schema(self) -> dict[str, Any]:
         """The param's JSON schema, with its description."""
         out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
-        if self.enum:
-            out["enum"] = [*self.enum, *([None] if self.nullable else [])]
+        if self.choices:
+            out["enum"] = [*self.choices, *([None] if self.nullable else [])]
         for key, value in (
             ("minimum", self.minimum),
             ("maximum", self.maximum),
@@ -140,12 +127,9 @@ class Setting:
 
     def limits_text(self) -> str:
         """The schema's constraints in words (for the docs)."""
-        out = []
-        if self.enum:
-            out.append("one of " + ", ".join(f"``{v}``" for v in self.enum))
-        for value, word in ((self.minimum, "≥"), (self.maximum, "≤"), (self.min_length, "length ≥")):
-            if value is not None:
-                out.append(f"{word} {value}")
+        out = [self.bounds_text()] if self.bounds_text() else []
+        if self.min_length is not None:
+            out.append(f"length ≥ {self.min_length}")
         if self.pattern is not None:
             out.append("one folder name: letters, digits, ``.`` ``_`` ``-``")
         if "required" in self.schema_extra:
@@ -196,8 +180,8 @@ class Setting:
             "help": help_.replace("%", "%%"),
             "dest": self.name,
         }
-        if self.enum:
-            out["choices"] = list(self.enum)
+        if self.choices:
+            out["choices"] = list(self.choices)
         else:
             out["type"] = _Parser(self)
         if self.metavar:
@@ -224,7 +208,11 @@ def _num(x: float) -> str:
 
 
 def _pool(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Setting:
-    return Setting(name, type_, default, help_, "pool", **kw)
+    return Setting(name=name, type=type_, default=default, help=help_, goes_to="pool", **kw)
+
+
+def _root(name: str, default: Any, help_: str, **kw: Any) -> Setting:
+    return Setting(name=name, type="string", default=default, help=help_, goes_to="run root", **kw)
 
 
 _RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
@@ -237,7 +225,7 @@ def _run(name: str) -> Setting:
     about = dict(f.metadata[SETTING])
     factory = f.default_factory
     about.setdefault("default", factory() if callable(factory) else f.default)
-    return Setting(name, goes_to="run", **about)
+    return Setting(name=name, goes_to="run", **about)
 
 
 def _judge_pool(setting: Setting, help_: str, section: Section = ADVANCED) -> Setting:
@@ -251,7 +239,7 @@ def _judge_pool(setting: Setting, help_: str, section: Section = ADVANCED) -> Se
 # The pool settings' defaults are the workers' (worker.settings), but the engine's and the model's:
 # the trigger form runs a real small model as it opens (builtin:smollm2, which the transformers
 # engine runs), where a worker or `pool up` alone defaults to the simulated engine (no model needed).
-_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES,
+_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", choices=ENGINES,
                 section="Model & pool")
 _MODEL = _pool(
     "model", "string", "builtin:smollm2",
@@ -274,13 +262,10 @@ _KUBERNETES = _pool(
 RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # where the data comes from and where the run goes
     _run("input"),
-    Setting("output_root", "string", "/tmp/batchinfer/runs", "runs are written under this root", "run root",
-            min_length=1, section="Data"),
-    Setting(
-        "run_name", "string", None,
-        "the run's folder under output_root; empty: the DAG run id. The same name resumes that run",
-        "run root", nullable=True, pattern=RUN_NAME_PATTERN, section="Data",
-    ),
+    _root("output_root", "/tmp/batchinfer/runs", "runs are written under this root", min_length=1,
+          section="Data"),
+    _root("run_name", None, "the run's folder under output_root; empty: the DAG run id. The same name "
+          "resumes that run", nullable=True, pattern=RUN_NAME_PATTERN, section="Data"),
     # the model
     _ENGINE,
     _MODEL,

@@ -114,7 +114,7 @@ class RunConfig:
         "with sampling n > 1, which of a record's judged candidates reach results: first_approved, "
         "best_score (the approved one the judge scored highest) or all (every approved one, in the row's "
         "candidates)",
-        "string", enum=SELECTS, flag="--select"))
+        "string", choices=SELECTS, flag="--select"))
     # LoRA adapters by name, each a directory on the workers: a record's adapter field picks one
     adapters: dict[str, str] = field(default_factory=dict, metadata=_about(
         'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
@@ -131,10 +131,10 @@ class RunConfig:
         "adapters: run every input record once per adapter, as rows with id "
         "ID@ADAPTER, adapter the adapter's name and input_id the record's id; adapters_and_base: on the "
         "base model too (ID@base); off: a record's adapter field picks. With a fan-out a record that "
-        "picks its own adapter is a bad line (rejects/)", "string", enum=FAN_OUT_MODES, flag="--fan-out"))
+        "picks its own adapter is a bad line (rejects/)", "string", choices=FAN_OUT_MODES, flag="--fan-out"))
     strategy: str = field(default="rounds", metadata=_about(
         "rounds: re-run the rejected set round by round; in_place: retry each sample in its job; hybrid: "
-        "rounds, then in place once they stop paying", "string", enum=STRATEGIES, flag="--strategy",
+        "rounds, then in place once they stop paying", "string", choices=STRATEGIES, flag="--strategy",
         section="Retries"))
     max_rounds: int = field(default=3, metadata=_about(
         "rounds at most (also capped by the DAG's round slots)", "integer", minimum=1, flag="--max-rounds",
@@ -146,7 +146,7 @@ class RunConfig:
     truncated: str = field(default="reject", metadata=_about(
         "a completion cut at max_tokens (finish_reason length): reject: rejected before the judge, reason "
         "truncated, and retried like any rejected sample; judge: the judge decides", "string",
-        enum=TRUNCATED_MODES, flag="--truncated"))
+        choices=TRUNCATED_MODES, flag="--truncated"))
     truncated_max_tokens_factor: float = field(default=DEFAULT_FACTOR, metadata=_about(
         "a truncated sample's retry (the next round, or in place) runs with max_tokens times this, never "
         "above max_tokens_cap; 1: not raised", "number", minimum=1, maximum=MAX_FACTOR,
@@ -215,7 +215,7 @@ class RunConfig:
         flag="--unreachable-grace-s"))
     # human review between rounds (Airflow only)
     review: str = field(default="never", metadata=_about(
-        "human review between rounds, on Airflow's Required Actions page", "string", enum=REVIEW_MODES,
+        "human review between rounds, on Airflow's Required Actions page", "string", choices=REVIEW_MODES,
         section="Review"))
     review_min_approval: float = field(default=0.5, metadata=_about(
         "on_low_approval: review a round that approves less than this share", "number", minimum=0, maximum=1))
