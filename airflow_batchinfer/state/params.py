@@ -48,10 +48,11 @@ class JobParams(BaseModel):
     (:meth:`wire`) a param at its default is left out, but those of :data:`SENT_WHEN_SET`, so a new
     param with a default changes no existing job's id or fingerprint; a deliberate change of every
     job id bumps :data:`~airflow_batchinfer.rpc.fingerprint.FINGERPRINT_VERSION`. The values are
-    checked by the worker (:func:`parse_params`) and, before a run starts, by ``RunConfig.validate``;
-    numbers keep their type (``int | float``: 3 stays 3 on the wire, as it was)."""
+    checked by the worker (:func:`parse_params`) and, before a run starts, by ``RunConfig.validate``.
+    Strict: nothing is coerced (a ``"5"`` is refused, not sent as 5), and numbers keep their type
+    (``int | float``: 3 stays 3 on the wire, as it was)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
     # the records and their prompts
     prompt_template: str | None = None
