@@ -80,6 +80,14 @@ class JobParams(BaseModel):
     round: int = 0
     input_records: int | None = None
     input_range: dict[str, Any] | None = None
+    # the input file's version (rpc.fingerprint.pin_input sets it on the wire, when the job is submitted)
+    input_version: str | None = None
+    # what no run sets (a job built by hand may): prompts as chat or as text, an infer job's rows or
+    # OpenAI batch output, an in_place job's checkpoints (rows, seconds)
+    chat: bool = True
+    output_format: str = "rows"
+    checkpoint_every: int = 256
+    checkpoint_interval_s: int | float = 5.0
 
     def wire(self) -> dict[str, Any]:
         """The params a job spec carries: each set one of :data:`SENT_WHEN_SET`, and every other one
@@ -111,12 +119,12 @@ class JobSetup:
     input_records: int | None = None
     prompts: PromptBuilder | None = None
     judge: Judge | None = None
-    output_format: str = "rows"
+    output_format: str = _WIRE.output_format
     max_attempts: int = _WIRE.max_attempts
     # verdicts scored below this (or unscored) go to people: rejected, marked for_review
     review_below: float | None = None
-    checkpoint_every: int = 256
-    checkpoint_interval_s: float = 5.0
+    checkpoint_every: int = _WIRE.checkpoint_every
+    checkpoint_interval_s: float = _WIRE.checkpoint_interval_s
     # which of a record's candidates (sampling n > 1) reach results (judges.candidates)
     select: str = DEFAULT_SELECT
     # what the judge step and retries do with completions cut at max_tokens
@@ -201,7 +209,7 @@ def parse_params(
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
-            chat=bool(params.get("chat", True)),
+            chat=bool(params.get("chat", _WIRE.chat)),
             sampling=sampling,
             engine=engine,
             adapters=adapters,
@@ -226,7 +234,7 @@ def parse_params(
             except ConfigError as exc:
                 raise ConfigError(f"params.{exc}") from None
             common["conversation"] = PromptBuilder(
-                template, system=params.get("system"), chat=bool(params.get("chat", True)), retry=retry
+                template, system=params.get("system"), chat=bool(params.get("chat", _WIRE.chat)), retry=retry
             )
         below = params.get("review_below_score")
         if below is not None and (
@@ -234,7 +242,7 @@ def parse_params(
         ):
             raise ConfigError(f"params.review_below_score must be a number in [0, 1], got {below!r}")
         common["review_below"] = None if below is None else float(below)
-        common["select"] = check_select(params.get("select", DEFAULT_SELECT))
+        common["select"] = check_select(params.get("select", _WIRE.select))
         if "spot_check" in params:
             if kind == "in_place" or isinstance(common["judge"], HumanJudge):
                 what = (
@@ -246,14 +254,14 @@ def parse_params(
                 )
             common["spot_check"] = SpotCheck.from_params(params["spot_check"])
     if kind == "infer":
-        fmt = params.get("output_format", "rows")
+        fmt = params.get("output_format", _WIRE.output_format)
         if fmt not in ("rows", "openai"):
             raise ConfigError(f"params.output_format must be 'rows' or 'openai', got {fmt!r}")
         common["output_format"] = fmt
     if kind == "in_place":
         common["max_attempts"] = _int(params, "max_attempts", _WIRE.max_attempts, 1)
-        common["checkpoint_every"] = _int(params, "checkpoint_every", 256, 1)
-        interval = params.get("checkpoint_interval_s", 5.0)
+        common["checkpoint_every"] = _int(params, "checkpoint_every", _WIRE.checkpoint_every, 1)
+        interval = params.get("checkpoint_interval_s", _WIRE.checkpoint_interval_s)
         if not isinstance(interval, int | float) or interval <= 0:
             raise ConfigError(f"params.checkpoint_interval_s must be > 0, got {interval!r}")
         common["checkpoint_interval_s"] = float(interval)
