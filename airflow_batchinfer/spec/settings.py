@@ -92,6 +92,8 @@ class Setting(Described):
     flag_help: str = ""
 
     def __post_init__(self) -> None:
+        if self.section not in SECTIONS:  # a run setting's comes from its RunConfig field's metadata
+            raise ValueError(f"{self.name}: section {self.section!r} is not one of {SECTIONS}")
         if self.type == "boolean" and self.flag and self.default is not False:
             raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
         if self.type == "string" and not self.nullable and not (self.choices or self.min_length):
