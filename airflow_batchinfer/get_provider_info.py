@@ -27,10 +27,10 @@ def _config() -> dict[str, Any]:
     """``[batchinfer]``: the deployment's limits on trigger params (docs: Security model)."""
     options = {
         s.name: {
-            "description": s.help.replace("`", "") + (". Comma-separated." if s.kind in _LISTS else "."),
+            "description": s.help.replace("`", "") + (". Comma-separated." if s.type in _LISTS else "."),
             "version_added": "0.1.0",
-            "type": "integer" if s.kind == "count" else "string",
-            "example": _EXAMPLES[s.kind],
+            "type": "integer" if s.type == "count" else "string",
+            "example": _EXAMPLES[s.type],
             "default": None,
         }
         for s in SETTINGS
@@ -74,8 +74,8 @@ def _limit_fields() -> dict[str, Any]:
     return {
         s.name: {
             "label": s.name.replace("_", " ").capitalize(),
-            "description": s.help.replace("`", "") + (" (comma-separated)" if s.kind in _LISTS else ""),
-            "schema": {"type": ["integer", "null"]} if s.kind == "count" else {"type": ["string", "null"]},
+            "description": s.help.replace("`", "") + (" (comma-separated)" if s.type in _LISTS else ""),
+            "schema": {"type": ["integer", "null"]} if s.type == "count" else {"type": ["string", "null"]},
         }
         for s in SETTINGS
     }

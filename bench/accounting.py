@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import os
 import shutil
@@ -85,9 +86,12 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
     # Copied shards, not prepare_run's byte ranges of the input: their descriptors carry the ids'
     # digests (a range's are known only once a job reads it), and the check as it was before
     # digests reads the ids of input/'s files.
-    cfg.id_field = shard_dataset(
-        cfg.input, layout.input, records_per_shard=RECORDS_PER_SHARD, rejects=layout.rejects
-    ).id_field
+    cfg = dataclasses.replace(
+        cfg,
+        id_field=shard_dataset(
+            cfg.input, layout.input, records_per_shard=RECORDS_PER_SHARD, rejects=layout.rejects
+        ).id_field,
+    )
     write_run_config(cfg)
     shard_s = time.perf_counter() - t1
     data.unlink()

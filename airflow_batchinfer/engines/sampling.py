@@ -30,6 +30,7 @@ from typing import Any
 
 from airflow_batchinfer.engines import structured
 from airflow_batchinfer.engines.structured import RESPONSE_FORMAT_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
+from airflow_batchinfer.fields import Described
 
 #: The engines (``engines.ENGINES``, which a test holds equal): named here, where nothing is imported.
 ENGINE_NAMES = ("vllm", "transformers", "openai", "simulated")
@@ -44,10 +45,12 @@ MAX_N = 128  # candidates per record
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM's default max_logprobs too)
 
 
-@dataclass(frozen=True)
-class RequestField:
-    """One field of a request body or of the ``sampling`` param.
+@dataclass(frozen=True, kw_only=True)
+class RequestField(Described):
+    """One field of a request body or of the ``sampling`` param
+    (:class:`~airflow_batchinfer.fields.Described`: its type and bounds are its ``schema``'s).
 
+    :param schema: its JSON schema.
     :param engines: the engines that honour a value of it (``()``: none in this release, so only
         ``null`` and the ``neutral`` values are taken).
     :param neutral: values that ask for nothing (``n: 1``): taken on every engine.
@@ -56,9 +59,7 @@ class RequestField:
     :param noop: taken on every engine and changes no output (the docs list it as such).
     """
 
-    name: str
     schema: dict[str, Any]
-    help: str
     engines: tuple[str, ...] = ENGINE_NAMES
     neutral: tuple[Any, ...] = ()
     body_only: bool = False
@@ -81,7 +82,7 @@ def _same(value: Any, neutral: Any) -> bool:
 
 
 def _f(name: str, schema: dict[str, Any], help: str, **kw: Any) -> RequestField:
-    return RequestField(name, schema, help, **kw)
+    return RequestField(name=name, schema=schema, help=help, **kw)
 
 
 def _nullable(kind: str | list[str], **bounds: Any) -> dict[str, Any]:

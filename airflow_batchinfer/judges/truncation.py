@@ -82,18 +82,6 @@ class TruncationPolicy:
         except ConfigError as exc:
             raise ConfigError(f"params.{exc}") from None
 
-    def params(self) -> dict[str, Any]:
-        """The job params of this policy: only what differs from the defaults, so a job at the
-        defaults keeps the id and fingerprint it had before these settings existed."""
-        out: dict[str, Any] = {}
-        if self.mode != DEFAULT_MODE:
-            out["truncated"] = self.mode
-        if self.max_tokens_factor != DEFAULT_FACTOR:
-            out["truncated_max_tokens_factor"] = self.max_tokens_factor
-        if self.max_tokens_cap is not None:
-            out["max_tokens_cap"] = self.max_tokens_cap
-        return out
-
 
 @dataclass(frozen=True)
 class Decision:

@@ -7,6 +7,7 @@ shard descriptors (references and counts, never records)."""
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 from typing import Any
 
@@ -142,7 +143,9 @@ class ShardDatasetOperator(BaseOperator):
             # without the DAG's limits its code vouches for config, but the deployment's caps still hold
             limits = check_params(context, self.limits, run_root=cfg.run_root)
             # retries of truncated samples are never raised above the deployment's max_max_tokens
-            cfg.max_tokens_cap = tightest_cap(cfg.max_tokens_cap, limits.max_max_tokens)
+            cfg = dataclasses.replace(
+                cfg, max_tokens_cap=tightest_cap(cfg.max_tokens_cap, limits.max_max_tokens)
+            )
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._check_input(cfg, context, so, limits)

@@ -21,34 +21,38 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.fields import Described
 
 KIB, MIB = 1024, 1024 * 1024
 RECORD_FIELDS = 4  # a sample's record shows up to this many times field_bytes in all
 
 
-@dataclass(frozen=True)
-class DeskSetting:
-    """One setting of the review desk: the ``[batchinfer]`` config key, its default and least value
-    (bytes), and what it means."""
+@dataclass(frozen=True, kw_only=True)
+class DeskSetting(Described):
+    """One setting of the review desk (:class:`~airflow_batchinfer.fields.Described`): the
+    ``[batchinfer]`` config key, its default and least value (bytes), and what it means."""
 
-    name: str
+    type: str = "integer"
     default: int
     minimum: int
-    help: str
+
+
+def _desk(name: str, default: int, minimum: int, help_: str) -> DeskSetting:
+    return DeskSetting(name=name, default=default, minimum=minimum, help=help_)
 
 
 DESK_SETTINGS: tuple[DeskSetting, ...] = (
-    DeskSetting("review_field_bytes", 16 * KIB, 256,
+    _desk("review_field_bytes", 16 * KIB, 256,
                 "the most bytes (UTF-8) of one text a review desk answer shows: a sample's id, prompt, "
                 "output, reason, error or status, or one field of its record (its JSON); a longer one "
                 f"is cut there, named in the sample's `truncated` with its whole size, and read whole "
                 f"through the desk's `field` endpoint. A record shows {RECORD_FIELDS} times this in "
                 "all (the fields after that are left out: `truncated` names `record`)"),
-    DeskSetting("review_page_bytes", 8 * MIB, 64 * KIB,
+    _desk("review_page_bytes", 8 * MIB, 64 * KIB,
                 "the most bytes of samples (their JSON) one page or random sample of the review desk "
                 "returns: a page stops before the sample that would pass it (`capped`; its cursor goes "
                 "on from that sample), and always holds one"),
-    DeskSetting("review_whole_field_bytes", 16 * MIB, 64 * KIB,
+    _desk("review_whole_field_bytes", 16 * MIB, 64 * KIB,
                 "the most bytes the review desk's `field` endpoint returns for one text read whole; a "
                 "longer one is refused (413): read it from the round's rejected file in storage"),
 )  # fmt: skip

@@ -10,6 +10,12 @@ from typing import Any
 
 from airflow_batchinfer.rpc.models import JobSpec
 
+# The version of what job ids and fingerprints hash. Bump it to change every job's id and fingerprint
+# on purpose (a new serialisation of params: state.params.JobParams.wire); version 1 adds nothing to
+# the hash, so the jobs of runs from before it keep their ids and fingerprints. A new param needs no
+# bump: at its default it is left out of the wire (JobParams).
+FINGERPRINT_VERSION = 1
+
 # Parameters that change how a job runs but not what it produces (left out of fingerprints).
 NON_SEMANTIC = ("chunk_size", "input_records", "checkpoint_every", "checkpoint_interval_s", "fingerprint")
 # Outputs that hold a job's progress, not its results (left out of job ids: a job id and its
@@ -34,7 +40,7 @@ def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[st
 
     if schema_verdicts(spec.params.get("judge"), engine.get("engine")):
         payload["verdict_schema"] = VERDICT_SCHEMA  # only then: other jobs keep the fingerprints they had
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+    return _digest(payload)
 
 
 def input_version(input_info: Mapping[str, Any]) -> str:
@@ -56,4 +62,11 @@ def spec_key(spec: JobSpec) -> str:
     params = {k: v for k, v in spec.params.items() if k not in NON_SEMANTIC}
     outputs = {k: v for k, v in spec.outputs.items() if k not in NON_SEMANTIC_OUTPUTS}
     payload = {"kind": spec.kind, "input": spec.input, "outputs": outputs, "params": params}
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return _digest(payload)[:10]
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    """The hash of ``payload`` at :data:`FINGERPRINT_VERSION` (from 2 on, the version is hashed too)."""
+    if FINGERPRINT_VERSION > 1:
+        payload = {**payload, "fingerprint_version": FINGERPRINT_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()

@@ -3,8 +3,6 @@ job spec (job id, input, outputs, params), what a judge reads, and a job's last 
 
 from __future__ import annotations
 
-from typing import Any
-
 from airflow_batchinfer.judges.spot_check import SpotCheck
 from airflow_batchinfer.rpc.fingerprint import spec_key
 from airflow_batchinfer.rpc.models import JobKind, JobSpec
@@ -19,6 +17,7 @@ from airflow_batchinfer.state.docs import (
     write_job_error,
 )
 from airflow_batchinfer.state.layout import INFERRED, RunLayout
+from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.ranges import range_params
@@ -42,7 +41,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
     judge ``params.spot_check``: that rate and the run's seed (:func:`run_key`)."""
     layout = RunLayout(cfg.run_root)
     sid = shard["shard_id"]
-    params: dict[str, Any]
+    params: JobParams
     if kind == "infer":
         outputs = {
             "inferred": layout.inferred(r, sid),
@@ -59,10 +58,10 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "staging": layout.staging(r),  # fenced: close accepts one attempt's outputs, once
             "segments": layout.segments(r, sid, kind),  # committed chunks: a retry resumes after them
         }
-        params = cfg.judge_params() if kind == "judge" else {**cfg.infer_params(), **cfg.judge_params()}
+        params = cfg.judge_params() if kind == "judge" else cfg.infer_params().merge(cfg.judge_params())
         rate = shard.get("spot_check_rate")
-        if rate:  # only then: job ids and fingerprints as before for a run without spot checks
-            params["spot_check"] = SpotCheck(rate, run_key(cfg.run_root)).params()
+        if rate:
+            params = params.model_copy(update={"spot_check": SpotCheck(rate, run_key(cfg.run_root)).params()})
     else:
         outputs = {
             "approved": layout.result(r, sid, tail=True),
@@ -72,27 +71,16 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor) -> J
             "staging": layout.staging(r),
         }
         params = cfg.in_place_params()
-    spec = JobSpec(
-        job_id="x",
-        kind=kind,
-        input=shard["uri"],
-        outputs=outputs,
-        params={**params, "round": r, "input_records": shard["records"]},
-    )
-    _read_range_job(cfg, r, shard, spec)
+    # a round-0 range shard: the job reads and validates just that range, its bad lines to input_rejects
+    in_range = range_params(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids)
+    if in_range:
+        outputs["input_rejects"] = layout.range_rejects(r, sid)
+    params = params.model_copy(update={"round": r, "input_records": shard["records"], **in_range})
+    spec = JobSpec(job_id="x", kind=kind, input=shard["uri"], outputs=outputs, params=params.wire())
     # The id names the run, the shard and what is asked: resubmitting it is idempotent, and a changed
     # request (other settings) is a new job rather than a conflict with a remembered one.
     spec.job_id = f"{run_key(cfg.run_root)}-r{r:02d}-{sid}-{kind}-{spec_key(spec)}"
     return spec
-
-
-def _read_range_job(cfg: RunConfig, r: int, shard: ShardDescriptor, spec: JobSpec) -> None:
-    """A job whose input is a round-0 range shard reads and validates just that range: it gets
-    ``params.input_range`` and an ``input_rejects`` output for the lines it rejects."""
-    extra = range_params(shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids)
-    if extra and spec.input == shard["uri"]:
-        spec.params.update(extra)
-        spec.outputs["input_rejects"] = RunLayout(cfg.run_root).range_rejects(r, shard["shard_id"])
 
 
 def inferred_shard(cfg: RunConfig, r: int, shard: ShardDescriptor) -> ShardDescriptor:

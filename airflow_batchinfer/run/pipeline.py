@@ -13,6 +13,7 @@ page); here ``review`` must be ``never``, and a person may not judge (``{"type":
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -123,7 +124,8 @@ async def run_pipeline(
         "judge": judge_pool or pool,
     }
     lanes = await input_lanes(cfg, pool)  # a silent pool: no taper; prepare_run tells bad settings
-    await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
+    sharded = await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
+    cfg = dataclasses.replace(cfg, id_field=sharded.id_field)  # as run.json stores it
     for slot in slots(cfg.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan
         if plan.mode != "skip":

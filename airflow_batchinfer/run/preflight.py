@@ -27,18 +27,19 @@ from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import JobManifest, write_doc
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
 
 
 def _spec(
-    cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: dict[str, Any], *, records: int
+    cfg: RunConfig, kind: str, source: str, outputs: dict[str, str], params: JobParams, *, records: int
 ) -> JobSpec:
     """A pre-flight job on ``records`` sample records; its manifest is ``preflight/<kind>.json``."""
     outputs = {**outputs, "manifest": join(RunLayout(cfg.run_root).preflight, f"{kind}.json")}
-    params = {**params, "input_records": records}
-    spec = JobSpec(job_id="x", kind=kind, input=source, outputs=outputs, params=params)  # type: ignore[arg-type]
+    wire = params.model_copy(update={"input_records": records}).wire()
+    spec = JobSpec(job_id="x", kind=kind, input=source, outputs=outputs, params=wire)  # type: ignore[arg-type]
     spec.job_id = f"{run_key(cfg.run_root)}-preflight-{kind}-{spec_key(spec)}"
     return spec
 
@@ -282,7 +283,7 @@ def _sample_jobs(cfg: RunConfig, layout: RunLayout, sample_uri: str, n: int) -> 
     p = layout.preflight
     judged = {"approved": join(p, "approved.jsonl.zst"), "rejected": join(p, "rejected.jsonl.zst")}
     if round_kinds(cfg, "rounds") == ("infer_judge",):
-        params = {**cfg.infer_params(), **cfg.judge_params()}
+        params = cfg.infer_params().merge(cfg.judge_params())
         jobs = [_spec(cfg, "infer_judge", sample_uri, judged, params, records=n)]
     else:
         inferred = join(p, "inferred.jsonl.zst")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from typing import Any
 
@@ -23,12 +24,12 @@ def run_key(run_root: str) -> str:
 
 def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int = 0) -> ShardingResult:
     """A run's first step: validate the settings, shard the input (reused when identical; the last
-    ranges tapered for round 0's ``lanes``, 0: none) and store ``run.json`` (``cfg.id_field`` set)."""
+    ranges tapered for round 0's ``lanes``, 0: none) and store ``run.json``, its ``id_field`` the
+    one sharding found (``result.id_field``: a caller going on with ``cfg`` sets it too)."""
     cfg.validate()
     layout = RunLayout(cfg.run_root)
     result = shard_input(cfg, layout, so, lanes)
-    cfg.id_field = result.id_field
-    write_run_config(cfg, so)
+    write_run_config(dataclasses.replace(cfg, id_field=result.id_field), so)
     return result
 
 

@@ -4,7 +4,8 @@ docs derive from it), who may call a Kubernetes pool's workers (:data:`POOL_NETW
 how a value of each kind is read from a config file, a connection's extra or a DAG's ``limits=``.
 
 ``get_provider_info`` imports this module in every Airflow process: it imports nothing but the
-standard library and the exception tree at module level. What the limits decide is
+standard library, the exception tree and the settings' shape (:mod:`~airflow_batchinfer.fields`) at
+module level. What the limits decide is
 :mod:`~airflow_batchinfer.spec.limits`'."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.fields import Described
 
 # count: a whole number; quantity: a Kubernetes quantity (``8``, ``500m``, ``32Gi``); both caps, unset
 # (``None``) is no cap
@@ -22,107 +24,110 @@ Kind = Literal["prefixes", "names", "count", "quantity"]
 CAP_KINDS = ("count", "quantity")
 
 
-@dataclass(frozen=True)
-class LimitSetting:
-    """One limit: its name (the config key, the connection extra key and the field), kind and help.
-    ``unset_default_of``: a cap that holds even where no one sets it, at the default of the run
-    setting it names (a trigger may lower that setting, not raise it); ``None``: unset is no cap."""
+@dataclass(frozen=True, kw_only=True)
+class LimitSetting(Described):
+    """One limit (:class:`~airflow_batchinfer.fields.Described`): its name (the config key, the
+    connection extra key and the field), type (:data:`Kind`) and help. ``unset_default_of``: a cap
+    that holds even where no one sets it, at the default of the run setting it names (a trigger may
+    lower that setting, not raise it); ``None``: unset is no cap."""
 
-    name: str
-    kind: Kind
-    help: str
+    type: Kind
     unset_default_of: str | None = None
+
+
+def _limit(name: str, type_: Kind, help_: str, **kw: Any) -> LimitSetting:
+    return LimitSetting(name=name, type=type_, help=help_, **kw)
 
 
 # The one description of every limit: the dataclass below, the provider's config section, the
 # connection form and the docs derive from it.
 SETTINGS: tuple[LimitSetting, ...] = (
-    LimitSetting("allowed_input_prefixes", "prefixes",
+    _limit("allowed_input_prefixes", "prefixes",
                  "storage locations the `input` param may name (the pool's workers may read them: round 0 "
                  "reads the input in place)"),
-    LimitSetting("allowed_output_prefixes", "prefixes",
+    _limit("allowed_output_prefixes", "prefixes",
                  "storage locations `output_root` may name (the run root is written there, by the "
                  "pool's workers too)"),
-    LimitSetting("allowed_worker_pools", "names",
+    _limit("allowed_worker_pools", "names",
                  "pool references `worker_pool` may name besides the DAG's default and any "
                  "`batchinfer_pool` connection (`local://` allows every local pool, "
                  "`kubernetes://NAMESPACE/` every pool of a namespace)"),
-    LimitSetting("allowed_engines", "names",
+    _limit("allowed_engines", "names",
                  "engines `engine` may name besides the DAG's default (the `openai` engine sends prompts "
                  "where its `base_url` points)"),
-    LimitSetting("allowed_models", "names",
+    _limit("allowed_models", "names",
                  "models `model` may name besides the DAG's default (a path on the workers, or "
                  "`builtin:smollm2`; an entry ending in `/` allows a directory)"),
-    LimitSetting("allowed_adapters", "names",
+    _limit("allowed_adapters", "names",
                  "LoRA adapter directories `adapters` may name besides the DAG default's (paths on the "
                  "workers, compared as their real paths; an entry ending in `/` allows a directory)"),
-    LimitSetting("allowed_engine_options", "names",
+    _limit("allowed_engine_options", "names",
                  "`engine_options` keys a trigger may set besides those the DAG's default sets (keys "
                  "such as `trust_remote_code` or `base_url` only when listed)"),
-    LimitSetting("allowed_images", "names",
+    _limit("allowed_images", "names",
                  "worker images `kubernetes.image` may name (an entry ending in `:` or `/` allows "
                  "every tag or every image under it)"),
-    LimitSetting("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
-    LimitSetting("allowed_engine_secrets", "names",
+    _limit("allowed_storage_secrets", "names", "Secrets `kubernetes.storage_secret` may mount"),
+    _limit("allowed_engine_secrets", "names",
                  "Secrets `kubernetes.engine_secret` may give the engine its secret options from "
                  "(`api_key`, `default_headers` of the `openai` engine, one key each)"),
-    LimitSetting("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
-    LimitSetting("allowed_service_accounts", "names",
+    _limit("allowed_model_pvcs", "names", "volume claims `kubernetes.model_pvc` may mount"),
+    _limit("allowed_service_accounts", "names",
                  "ServiceAccounts `kubernetes.service_account` may run the worker pods as (the cloud "
                  "identity their storage access comes from, by IRSA or Workload Identity)"),
-    LimitSetting("allowed_image_pull_secrets", "names",
+    _limit("allowed_image_pull_secrets", "names",
                  "Secrets `kubernetes.image_pull_secrets` may name to pull the worker image with"),
-    LimitSetting("allowed_node_selectors", "names",
+    _limit("allowed_node_selectors", "names",
                  "`kubernetes.node_selector` labels a trigger may set besides the DAG default's: "
                  "`key=value`, or `key` for any value of that label"),
-    LimitSetting("allowed_toleration_keys", "names",
+    _limit("allowed_toleration_keys", "names",
                  "taint keys `kubernetes.tolerations` may tolerate besides the DAG default's (`*`: "
                  "a toleration without a key, which tolerates every taint)"),
-    LimitSetting("allowed_env", "names",
+    _limit("allowed_env", "names",
                  "variable names `kubernetes.env` may set besides those the DAG's default sets (a "
                  "variable overrides the same key of the `storage_secret`, and can change what the "
                  "image runs: `AWS_ENDPOINT_URL`, `LD_PRELOAD` only when listed)"),
-    LimitSetting("allowed_judge_callables", "names",
+    _limit("allowed_judge_callables", "names",
                  "`module:function` targets a `callable` judge may name (an entry ending in `.` or "
                  "`:` allows a package or a module); the pool's workers allow the same"),
-    LimitSetting("shared_run_root_dags", "names",
+    _limit("shared_run_root_dags", "names",
                  "DAG ids whose runs may take over each other's finished run roots (a run root belongs "
                  "to the DAG that created it: a run of another DAG is refused, so one who may trigger "
                  "only DAG `a` cannot name DAG `b`'s `output_root` and `run_name` to read and rewrite "
                  "its results; list DAGs here only if their triggerers and readers are the same people)"),
-    LimitSetting("max_replicas", "count", "the most workers `replicas` may ask for"),
-    LimitSetting("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
+    _limit("max_replicas", "count", "the most workers `replicas` may ask for"),
+    _limit("max_gpus", "count", "the most GPUs per worker `kubernetes.gpus` may ask for"),
     # the size of the work a run puts on a (shared) pool: caps, checked like max_replicas
-    LimitSetting("max_concurrency", "count",
+    _limit("max_concurrency", "count",
                  "the most shard jobs per worker `concurrency` and `judge_concurrency` may ask for"),
-    LimitSetting("max_records_per_shard", "count",
+    _limit("max_records_per_shard", "count",
                  "the most records per shard `records_per_shard` may ask for"),
-    LimitSetting("max_chunk_size", "count", "the most records a job holds per step `chunk_size` may ask for"),
-    LimitSetting("max_max_attempts", "count", "the most attempts per sample `max_attempts` may ask for"),
-    LimitSetting("max_target_batch_tokens", "count",
+    _limit("max_chunk_size", "count", "the most records a job holds per step `chunk_size` may ask for"),
+    _limit("max_max_attempts", "count", "the most attempts per sample `max_attempts` may ask for"),
+    _limit("max_target_batch_tokens", "count",
                  "the most tokens per engine batch `target_batch_tokens` may ask for"),
-    LimitSetting("max_max_tokens", "count",
+    _limit("max_max_tokens", "count",
                  "the most tokens per completion `sampling.max_tokens` (unset: 256), a `retry_sampling` "
                  "entry's and an `llm` judge's `max_tokens` may ask for"),
-    LimitSetting("max_preflight_records", "count", "the most records `preflight_records` may try"),
+    _limit("max_preflight_records", "count", "the most records `preflight_records` may try"),
     # input bounds: a larger one lets a line (an id) be held whole, so unset caps them at the default
-    LimitSetting("max_max_line_bytes", "count",
+    _limit("max_max_line_bytes", "count",
                  "the longest input line, in bytes, `max_line_bytes` may allow (unset: that setting's "
                  "default, so a trigger may lower the bound but not raise it)",
                  unset_default_of="max_line_bytes"),
-    LimitSetting("max_max_id_bytes", "count",
+    _limit("max_max_id_bytes", "count",
                  "the longest record id, in UTF-8 bytes, `max_id_bytes` may allow (unset: that setting's "
                  "default, so a trigger may lower the bound but not raise it)",
                  unset_default_of="max_id_bytes"),
-    LimitSetting("max_idle_ttl_s", "count",
+    _limit("max_idle_ttl_s", "count",
                  "the longest idle time, in seconds, `idle_ttl_s` may keep a pool's workers up"),
-    LimitSetting("max_cpu", "quantity",
+    _limit("max_cpu", "quantity",
                  "the most CPU per worker `kubernetes.cpu` may request (a Kubernetes quantity: `8`, "
                  "`500m`; unset in the param: the pool's 4)"),
-    LimitSetting("max_memory", "quantity",
+    _limit("max_memory", "quantity",
                  "the most memory per worker `kubernetes.memory` may request (a Kubernetes quantity: "
                  "`64Gi`; unset in the param: the pool's 32Gi)"),
-    LimitSetting("max_shm_size", "quantity",
+    _limit("max_shm_size", "quantity",
                  "the most shared memory per GPU worker `kubernetes.shm_size` may ask for (a Kubernetes "
                  "quantity: `16Gi`; unset in the param: the pool's 8Gi)"),
 )  # fmt: skip
@@ -130,26 +135,29 @@ SETTINGS_BY_NAME: dict[str, LimitSetting] = {s.name: s for s in SETTINGS}
 CONFIG_SECTION = "batchinfer"
 
 
-@dataclass(frozen=True)
-class PoolNetworkSetting:
-    """Who may call a Kubernetes pool's workers: a ``[batchinfer]`` key and the ``batchinfer_pool``
-    connection's extra key of the same name (it wins), never a trigger param
+@dataclass(frozen=True, kw_only=True)
+class PoolNetworkSetting(Described):
+    """Who may call a Kubernetes pool's workers (:class:`~airflow_batchinfer.fields.Described`, with
+    an example value): a ``[batchinfer]`` key and the ``batchinfer_pool`` connection's extra key of
+    the same name (it wins), never a trigger param
     (:class:`~airflow_batchinfer.pools.kubernetes.spec.RpcPeers` reads them)."""
 
-    name: str
     example: str
-    help: str
+
+
+def _network(name: str, example: str, help_: str) -> PoolNetworkSetting:
+    return PoolNetworkSetting(name=name, example=example, help=help_)
 
 
 # The one description of each: the provider's config section, the connection form and the docs
 # derive from it.
 POOL_NETWORK_SETTINGS: tuple[PoolNetworkSetting, ...] = (
-    PoolNetworkSetting("rpc_from", '{"matchLabels": {"release": "airflow"}}',
+    _network("rpc_from", '{"matchLabels": {"release": "airflow"}}',
                        "the Airflow pods that may call a Kubernetes pool's workers, as a label selector "
                        "(JSON): the pool's NetworkPolicy admits only them to its RPC port (unset: the "
                        "Helm chart's `tier: airflow` pods whose `component` is `worker`, `triggerer`, "
                        "`scheduler` or `api-server`; an empty selector is refused)"),
-    PoolNetworkSetting("rpc_from_namespace", "airflow",
+    _network("rpc_from_namespace", "airflow",
                        "the namespace those pods run in (unset: the pool's own)"),
 )  # fmt: skip
 

@@ -99,9 +99,9 @@ class TriggerLimits:
 
     def __post_init__(self) -> None:  # lists as tuples (hashable, and the same whatever was passed)
         for s in SETTINGS:
-            if s.kind == "quantity":  # checked here too: a DAG's limits= is built directly
+            if s.type == "quantity":  # checked here too: a DAG's limits= is built directly
                 object.__setattr__(self, s.name, parse_quantity_cap(getattr(self, s.name), s.name))
-            elif s.kind != "count":
+            elif s.type != "count":
                 object.__setattr__(self, s.name, parse_names(getattr(self, s.name), s.name))
 
     @classmethod
@@ -113,7 +113,7 @@ class TriggerLimits:
         for s in SETTINGS:
             if s.name in data:
                 what = f"{source}: {s.name}"
-                parse = {"count": parse_count, "quantity": parse_quantity_cap}.get(s.kind, parse_names)
+                parse = {"count": parse_count, "quantity": parse_quantity_cap}.get(s.type, parse_names)
                 values[s.name] = parse(data[s.name], what)
         return cls(**values)
 
@@ -124,7 +124,7 @@ class TriggerLimits:
         values: dict[str, Any] = {}
         for s in SETTINGS:
             mine, theirs = getattr(self, s.name), getattr(other, s.name)
-            if s.kind in CAP_KINDS:
+            if s.type in CAP_KINDS:
                 values[s.name] = theirs if mine is None else mine if theirs is None else _larger(mine, theirs)
             else:
                 values[s.name] = tuple(dict.fromkeys((*mine, *theirs)))

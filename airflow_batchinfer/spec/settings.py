@@ -1,20 +1,23 @@
 """Every setting of a run, described once.
 
 :data:`RUN_SETTINGS_SPEC` is the one description: each :class:`Setting` has its default, its JSON
-schema (type, null, enum, bounds), its help and where it appears. Generated from it:
+schema (type, null, enum, bounds), its help and where it appears. A run setting's comes from its
+``RunConfig`` field (:mod:`~airflow_batchinfer.state.config`: the default and its description, in
+the field's metadata), so each default is declared once; the pool's and the run root's are here.
+Generated from it:
 
 - the DAG params of :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag` (their
   defaults, schemas, descriptions and trigger-form sections: :func:`param_defaults`,
   :func:`param_schemas`, :func:`dag_params`), so the trigger form asks for every one;
 - the ``batchinfer run`` flags, their defaults and help (:func:`add_run_arguments`,
   :func:`run_settings_from_args`);
-- the params table of the docs (:func:`reference_table`);
+- the params table of the docs (:func:`reference_table`).
 
-and the tests check ``RunConfig``'s defaults against it. A setting whose empty value means "the
-default" or "none" (``run_name``, ``model``, ``prompt_template``, ``system``, ``id_field``,
-``budget_gpu_hours``) is *nullable*: its schema accepts ``null``, its default is ``None`` where it
-has none, and Airflow's trigger form (which treats an empty field of a type without ``null`` as
-missing, and disables Trigger) submits it empty as ``null``.
+A setting whose empty value means "the default" or "none" (``run_name``, ``model``,
+``prompt_template``, ``system``, ``id_field``, ``budget_gpu_hours``) is *nullable*: its schema
+accepts ``null``, its default is ``None`` where it has none, and Airflow's trigger form (which
+treats an empty field of a type without ``null`` as missing, and disables Trigger) submits it empty
+as ``null``.
 
 This module imports no Airflow (:func:`dag_params` imports ``Param`` when called) and nothing heavy.
 """
@@ -31,34 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args
 
 from airflow_batchinfer.engines import ENGINES
-from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
-from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
-from airflow_batchinfer.judges import JUDGE_TYPES
-from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS
-from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, MAX_FACTOR, TRUNCATED_MODES
-from airflow_batchinfer.prompts.retries import NOT_PER_ATTEMPT
-from airflow_batchinfer.rpc.locate import (
-    UNREACHABLE_GRACE_MAX_S,
-    UNREACHABLE_GRACE_MIN_S,
-    UNREACHABLE_GRACE_S,
-)
-from airflow_batchinfer.state.config import REVIEW_MODES, STRATEGIES
-from airflow_batchinfer.storage.fan_out import BASE as ADAPTER_BASE
-from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES
-from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
-from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
+from airflow_batchinfer.fields import Described
+from airflow_batchinfer.state.config import SETTING, RunConfig
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
 RUN_NAME_PATTERN = r"^(?!\.+$)[A-Za-z0-9._-]{1,200}$"
-
-# engines.sampling: the fields the sampling param takes, with their bounds (others are refused)
-SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
-# retry_sampling: an attempt number >= 2 -> the sampling fields a retry may change
-RETRY_ATTEMPT_PATTERN = "^([2-9]|[1-9][0-9]+)$"
-RETRY_SAMPLING_PROPERTIES: dict[str, Any] = {
-    k: v for k, v in SAMPLING_PROPERTIES.items() if k not in NOT_PER_ATTEMPT
-}
 
 JsonType = Literal["string", "integer", "number", "boolean", "object"]
 GoesTo = Literal["run", "run root", "pool"]
@@ -75,22 +56,19 @@ ADVANCED: Section = "Advanced"
 _SAME: Any = object()  # Setting.param_default: the same as Setting.default
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One setting of a run.
+@dataclass(frozen=True, kw_only=True)
+class Setting(Described):
+    """One setting of a run (:class:`~airflow_batchinfer.fields.Described`; ``name`` is the DAG
+    param, the ``RunConfig`` field of a run setting and the flag's ``dest``; ``default`` the DAG
+    param's (unless ``param_default``), the flag's and ``RunConfig``'s; ``help`` the param's
+    description, the flag's help and the docs' text; ``choices`` its schema's enum; ``flag`` the
+    ``batchinfer run`` flag, or a positional's name, ``input``).
 
-    :ivar name: the DAG param, the ``RunConfig`` field (run settings) and the flag's ``dest``.
     :ivar type: its JSON-schema type.
-    :ivar default: the one default: the DAG param's (unless ``param_default``), the flag's and
-        ``RunConfig``'s.
-    :ivar help: what it means; the param's description, the flag's help and the docs' text.
     :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
         run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
     :ivar section: the param's section of the trigger form (:data:`SECTIONS`); by default Advanced.
     :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
-    :ivar enum: the allowed values.
-    :ivar minimum: the smallest number allowed.
-    :ivar maximum: the largest number allowed.
     :ivar min_length: the shortest string allowed (an empty string is refused: use ``None``).
     :ivar pattern: a regular expression the string matches.
     :ivar schema_extra: more JSON schema (e.g. an object's ``required`` keys).
@@ -98,36 +76,27 @@ class Setting:
     :ivar judge_pool_param: a param only of DAGs built with ``judge_airflow_pool``.
     :ivar param_default: the param's default where it must differ from ``default`` (``judge_pool``:
         a DAG built with a judge pool always judges there; a run without one, nowhere).
-    :ivar flag: the ``batchinfer run`` flag (``--records-per-shard``), or a positional's name
-        (``input``); ``None``: not on the command line.
     :ivar flag_help: what the command line adds to ``help``.
-    :ivar metavar: the flag's metavar.
     """
 
-    name: str
     type: JsonType
-    default: Any
-    help: str
     goes_to: GoesTo
     section: Section = ADVANCED
     nullable: bool = False
-    enum: tuple[str, ...] = ()
-    minimum: float | None = None
-    maximum: float | None = None
     min_length: int | None = None
     pattern: str | None = None
     schema_extra: Mapping[str, Any] = field(default_factory=dict)
     param: bool = True
     judge_pool_param: bool = False
     param_default: Any = _SAME
-    flag: str | None = None
     flag_help: str = ""
-    metavar: str | None = None
 
     def __post_init__(self) -> None:
+        if self.section not in SECTIONS:  # a run setting's comes from its RunConfig field's metadata
+            raise ValueError(f"{self.name}: section {self.section!r} is not one of {SECTIONS}")
         if self.type == "boolean" and self.flag and self.default is not False:
             raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
-        if self.type == "string" and not self.nullable and not (self.enum or self.min_length):
+        if self.type == "string" and not self.nullable and not (self.choices or self.min_length):
             # Airflow's trigger form treats an empty required string as missing (Trigger disabled)
             raise ValueError(f"{self.name}: a string that is not nullable needs an enum or a min_length")
 
@@ -144,8 +113,8 @@ class Setting:
     def schema(self) -> dict[str, Any]:
         """The param's JSON schema, with its description."""
         out: dict[str, Any] = {"type": [self.type, "null"] if self.nullable else self.type}
-        if self.enum:
-            out["enum"] = [*self.enum, *([None] if self.nullable else [])]
+        if self.choices:
+            out["enum"] = [*self.choices, *([None] if self.nullable else [])]
         for key, value in (
             ("minimum", self.minimum),
             ("maximum", self.maximum),
@@ -160,12 +129,9 @@ class Setting:
 
     def limits_text(self) -> str:
         """The schema's constraints in words (for the docs)."""
-        out = []
-        if self.enum:
-            out.append("one of " + ", ".join(f"``{v}``" for v in self.enum))
-        for value, word in ((self.minimum, "≥"), (self.maximum, "≤"), (self.min_length, "length ≥")):
-            if value is not None:
-                out.append(f"{word} {value}")
+        out = [self.bounds_text()] if self.bounds_text() else []
+        if self.min_length is not None:
+            out.append(f"length ≥ {self.min_length}")
         if self.pattern is not None:
             out.append("one folder name: letters, digits, ``.`` ``_`` ``-``")
         if "required" in self.schema_extra:
@@ -216,8 +182,8 @@ class Setting:
             "help": help_.replace("%", "%%"),
             "dest": self.name,
         }
-        if self.enum:
-            out["choices"] = list(self.enum)
+        if self.choices:
+            out["choices"] = list(self.choices)
         else:
             out["type"] = _Parser(self)
         if self.metavar:
@@ -244,11 +210,24 @@ def _num(x: float) -> str:
 
 
 def _pool(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Setting:
-    return Setting(name, type_, default, help_, "pool", **kw)
+    return Setting(name=name, type=type_, default=default, help=help_, goes_to="pool", **kw)
 
 
-def _run(name: str, type_: JsonType, default: Any, help_: str, **kw: Any) -> Setting:
-    return Setting(name, type_, default, help_, "run", **kw)
+def _root(name: str, default: Any, help_: str, **kw: Any) -> Setting:
+    return Setting(name=name, type="string", default=default, help=help_, goes_to="run root", **kw)
+
+
+_RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+
+
+def _run(name: str) -> Setting:
+    """The run setting ``name``, from its ``RunConfig`` field: the field's default (or, for a field
+    that has none, the one its description gives the param and the flag) and its description."""
+    f = _RUN_FIELDS[name]
+    about = dict(f.metadata[SETTING])
+    factory = f.default_factory
+    about.setdefault("default", factory() if callable(factory) else f.default)
+    return Setting(name=name, goes_to="run", **about)
 
 
 def _judge_pool(setting: Setting, help_: str, section: Section = ADVANCED) -> Setting:
@@ -262,7 +241,7 @@ def _judge_pool(setting: Setting, help_: str, section: Section = ADVANCED) -> Se
 # The pool settings' defaults are the workers' (worker.settings), but the engine's and the model's:
 # the trigger form runs a real small model as it opens (builtin:smollm2, which the transformers
 # engine runs), where a worker or `pool up` alone defaults to the simulated engine (no model needed).
-_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", enum=ENGINES,
+_ENGINE = _pool("engine", "string", "transformers", "the engine the workers run", choices=ENGINES,
                 section="Model & pool")
 _MODEL = _pool(
     "model", "string", "builtin:smollm2",
@@ -284,139 +263,47 @@ _KUBERNETES = _pool(
 #: Every setting of a run, by concern; the trigger form shows them by section, in this order within one.
 RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     # where the data comes from and where the run goes
-    _run("input", "string", "/tmp/batchinfer/input.jsonl", "the JSONL(.zst) dataset: a path or s3:// URI",
-         min_length=1, flag="input", section="Data"),
-    Setting("output_root", "string", "/tmp/batchinfer/runs", "runs are written under this root", "run root",
-            min_length=1, section="Data"),
-    Setting(
-        "run_name", "string", None,
-        "the run's folder under output_root; empty: the DAG run id. The same name resumes that run",
-        "run root", nullable=True, pattern=RUN_NAME_PATTERN, section="Data",
-    ),
+    _run("input"),
+    _root("output_root", "/tmp/batchinfer/runs", "runs are written under this root", min_length=1,
+          section="Data"),
+    _root("run_name", None, "the run's folder under output_root; empty: the DAG run id. The same name "
+          "resumes that run", nullable=True, pattern=RUN_NAME_PATTERN, section="Data"),
     # the model
     _ENGINE,
     _MODEL,
     _ENGINE_OPTIONS,
     # prompts, sampling, judge
-    _run(
-        "prompt_template", "string", None,
-        "Jinja2 over record fields, e.g. 'What is {{ question }}?'; empty: the records are OpenAI batch "
-        "requests (each body field is honoured by the engine or the record refused, naming the field: "
-        "the docs' sampling table)",
-        nullable=True, min_length=1, flag="--prompt-template", metavar="TEMPLATE",
-        section="Prompt & sampling",
-    ),
-    _run("system", "string", None, "system message for chat models; empty: none", nullable=True,
-         flag="--system", metavar="TEXT"),
-    _run(
-        "sampling", "object", {},
-        sampling_help(),
-        schema_extra={"properties": SAMPLING_PROPERTIES, "additionalProperties": False}, flag="--sampling",
-        metavar="JSON", section="Prompt & sampling",
-    ),
-    _run(
-        "judge", "object", {"type": "llm"},
-        'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
-        '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
-        'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
-        "sample on the review page between rounds",
-        schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
-        flag="--judge", metavar="JSON", section="Judge",
-    ),
-    _run(
-        "adapters", "object", {},
-        'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
-        "record's adapter field (an OpenAI batch body's model) picks the one that answers it (base: the base "
-        "model; fan_out: every record on each); the summary "
-        "and the report give approval per adapter. vllm pools need the engine option enable_lora",
-        schema_extra={
-            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$", "not": {"const": ADAPTER_BASE}},
-            "additionalProperties": {"type": "string", "pattern": "^(/|file:///)"},
-        },
-        flag="--adapters",
-        metavar="JSON",
-    ),
-    _run("fan_out", "string", "off", "adapters: run every input record once per adapter, as rows with id "
-         "ID@ADAPTER, adapter the adapter's name and input_id the record's id; adapters_and_base: on the "
-         "base model too (ID@base); off: a record's adapter field picks. With a fan-out a record that "
-         "picks its own adapter is a bad line (rejects/)", enum=FAN_OUT_MODES, flag="--fan-out"),
-    _run("select", "string", DEFAULT_SELECT, "with sampling n > 1, which of a record's judged candidates "
-         "reach results: first_approved, best_score (the approved one the judge scored highest) or all "
-         "(every approved one, in the row's candidates)", enum=SELECTS, flag="--select"),
+    _run("prompt_template"),
+    _run("system"),
+    _run("sampling"),
+    _run("judge"),
+    _run("adapters"),
+    _run("fan_out"),
+    _run("select"),
     # rounds
-    _run("strategy", "string", "rounds", "rounds: re-run the rejected set round by round; in_place: retry "
-         "each sample in its job; hybrid: rounds, then in place once they stop paying",
-         enum=STRATEGIES, flag="--strategy", section="Retries"),
-    _run("max_rounds", "integer", 3, "rounds at most (also capped by the DAG's round slots)", minimum=1,
-         flag="--max-rounds", section="Retries"),
-    _run("max_attempts", "integer", 3, "attempts per sample, in place", minimum=1, flag="--max-attempts"),
-    _run("truncated", "string", "reject", "a completion cut at max_tokens (finish_reason length): reject: "
-         "rejected before the judge, reason truncated, and retried like any rejected sample; judge: the "
-         "judge decides", enum=TRUNCATED_MODES, flag="--truncated"),
-    _run("truncated_max_tokens_factor", "number", DEFAULT_FACTOR, "a truncated sample's retry (the next "
-         "round, or in place) runs with max_tokens times this, never above max_tokens_cap; 1: not raised",
-         minimum=1, maximum=MAX_FACTOR, flag="--truncated-max-tokens-factor"),
-    _run("max_tokens_cap", "integer", None, "the most max_tokens a truncated sample's retry is raised to: "
-         "a DAG run's is the deployment's max_max_tokens (not a param); empty: no cap", nullable=True,
-         minimum=1, param=False, flag="--max-tokens-cap", metavar="N"),
+    _run("strategy"),
+    _run("max_rounds"),
+    _run("max_attempts"),
+    _run("truncated"),
+    _run("truncated_max_tokens_factor"),
+    _run("max_tokens_cap"),
     # retries that use feedback (retries.py): what a sample's second and later attempts are sent with
-    _run(
-        "retry_template", "string", None,
-        "the prompt template from a sample's second attempt on (the next round's, or in place), e.g. "
-        "'{{ question }} Your last answer was {{ previous.result }}, rejected: {{ previous.reason }}'; "
-        "previous is the last attempt's result, reason, score, attempt, note (a reviewer's), "
-        "finish_reason and max_tokens (none on a first attempt); empty: prompt_template, which may read "
-        "previous too",
-        nullable=True, min_length=1, flag="--retry-template", metavar="TEMPLATE",
-    ),
-    _run("retry_system", "string", None, "the system message from a sample's second attempt on; empty: "
-         "system", nullable=True, min_length=1, flag="--retry-system", metavar="TEXT"),
-    _run(
-        "retry_sampling", "object", {},
-        "sampling fields per attempt over sampling, by the attempt they start at (2, 3, …): attempt k "
-        "runs with the entry of the highest attempt at most k, e.g. a temperature ramp "
-        '{"2": {"temperature": 0.7}, "3": {"temperature": 1.0}}; n, logprobs and top_logprobs stay the '
-        "run's",
-        schema_extra={
-            "propertyNames": {"pattern": RETRY_ATTEMPT_PATTERN},
-            "additionalProperties": {
-                "type": "object", "properties": RETRY_SAMPLING_PROPERTIES, "additionalProperties": False,
-            },
-        },
-        flag="--retry-sampling", metavar="JSON",
-    ),
-    _run("hybrid_min_shrink", "number", 0.3, "hybrid: switch to in place once a round approves less than "
-         "this share of its pending set", minimum=0, maximum=1, flag="--hybrid-min-shrink"),
-    _run("review", "string", "never", "human review between rounds, on Airflow's Required Actions page",
-         enum=REVIEW_MODES, section="Review"),
-    _run("review_min_approval", "number", 0.5, "on_low_approval: review a round that approves less than "
-         "this share", minimum=0, maximum=1),
-    _run("review_below_score", "number", None, "verdicts scored below this (or without a score) go to "
-         "people on the review page instead of passing on their own (an llm, classifier or jury judge's "
-         "scores, in [0, 1]); empty: none",
-         nullable=True, minimum=0, maximum=1),
-    _run("spot_check_approved", "integer", 0, "about this many of each round's judge-approved rows held "
-         "back for people on the review desk, beside the rejected ones (a seeded sample, every shard and "
-         "score bucket at the same rate; one undecided follows the judge); the reviewers' verdicts give "
-         "the judge's agreement, Cohen's kappa, precision and recall per round; 0: none", minimum=0),
+    _run("retry_template"),
+    _run("retry_system"),
+    _run("retry_sampling"),
+    _run("hybrid_min_shrink"),
+    _run("review"),
+    _run("review_min_approval"),
+    _run("review_below_score"),
+    _run("spot_check_approved"),
     # shards
-    _run("records_per_shard", "integer", 2_000, "records per shard: one shard job each (round 0's last "
-         "shards smaller, down to an eighth, so that its lanes end together)", minimum=1,
-         flag="--records-per-shard"),
-    _run("lanes", "integer", 0, "shard jobs a round runs at once, each lane taking the next unclaimed shard; "
-         "0: one per pool slot (replicas × concurrency)", minimum=0, flag="--lanes"),
-    _run("chunk_size", "integer", 500, "records a job holds per step", minimum=1, flag="--chunk-size"),
-    _run("id_field", "string", None, "the records' unique id field; empty: detected (id, or custom_id in "
-         "OpenAI batch input)", nullable=True, min_length=1, flag="--id-field", metavar="FIELD"),
-    _run("assign_ids", "boolean", False, "give records without an id the id '<file>:<line>'",
-         flag="--assign-ids"),
-    _run("max_line_bytes", "integer", MAX_LINE_BYTES, "the longest input line, in bytes: a longer one goes "
-         "to rejects/ with its line number, its first KiB and its length, and is never held whole; a DAG "
-         "run may raise it only up to the deployment's max_max_line_bytes (unset: this default)",
-         minimum=MIN_LINE_BYTES, flag="--max-line-bytes"),
-    _run("max_id_bytes", "integer", MAX_ID_BYTES, "the longest record id, in UTF-8 bytes of the id as "
-         "text: a record with a longer one goes to rejects/; a DAG run may raise it only up to the "
-         "deployment's max_max_id_bytes (unset: this default)", minimum=MIN_ID_BYTES, flag="--max-id-bytes"),
+    _run("records_per_shard"),
+    _run("lanes"),
+    _run("chunk_size"),
+    _run("id_field"),
+    _run("assign_ids"),
+    _run("max_line_bytes"),
+    _run("max_id_bytes"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1,
@@ -429,30 +316,13 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
           worker_setting("target_batch_tokens").help, minimum=worker_setting("target_batch_tokens").minimum),
     _KUBERNETES,
     # checks and budgets
-    _run("preflight_records", "integer", 200, "records tried before the fan-out; 0 turns pre-flight off",
-         minimum=0),
-    _run("budget_gpu_hours", "number", None, "refuse a run the pre-flight projects above this many "
-         "GPU-hours; empty: no budget", nullable=True, minimum=0, section="Budget & failure"),
-    _run("max_failed_shards", "integer", 0, "quarantined shards the run tolerates before it fails",
-         minimum=0, flag="--max-failed-shards", section="Budget & failure"),
-    _run("job_retries", "integer", 2, "retries of a failing shard job before its shard is quarantined "
-         "(a DAG: the factory's retries argument)", minimum=0, param=False, flag="--job-retries"),
-    _run("unreachable_grace_s", "number", UNREACHABLE_GRACE_S, "seconds a worker that may run a shard's "
-         "job is waited for when it does not answer, before a resubmission takes it for gone and starts a "
-         "second copy (until then the copy is not started); at least one ask's timeout, at most half of "
-         "a try's wait for a worker, so it elapses within one try", minimum=UNREACHABLE_GRACE_MIN_S,
-         maximum=UNREACHABLE_GRACE_MAX_S, flag="--unreachable-grace-s"),
+    _run("preflight_records"),
+    _run("budget_gpu_hours"),
+    _run("max_failed_shards"),
+    _run("job_retries"),
+    _run("unreachable_grace_s"),
     # the judge's own pool (DAGs built with judge_airflow_pool; batchinfer run --judge-pool)
-    _run(
-        "judge_pool", "string", None,
-        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model (a "
-        "classifier or reward judge with its scoring model), each shard's judge starting when its "
-        "inference ends",
-        min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
-        flag="--judge-pool", metavar="POOL", section="Judge",
-        flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "
-        "Default: each shard is inferred and judged in one job on the run's pool",
-    ),
+    _run("judge_pool"),
     _judge_pool(_ENGINE, "the judge pool's engine"),
     _judge_pool(_MODEL, "the judge's model, on the judge's pool (as model)", section="Judge"),
     _judge_pool(_ENGINE_OPTIONS, "the judge pool's engine arguments"),

@@ -15,87 +15,240 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
-from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, completion_tokens, refusals
+from airflow_batchinfer.engines.sampling import (
+    FIELDS,
+    SAMPLING_FIELDS,
+    refusals,
+    sampling_help,
+    sampling_schemas,
+)
 from airflow_batchinfer.exceptions import ConfigError, check_known_fields
-from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
-from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
+from airflow_batchinfer.judges import JUDGE_TYPES, UNIT_SCORES, judge_needs, judged_early
+from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS, check_select
 from airflow_batchinfer.judges.human import require_judge_in_place
-from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, TruncationPolicy
-from airflow_batchinfer.prompts.retries import RetrySettings
+from airflow_batchinfer.judges.truncation import (
+    DEFAULT_FACTOR,
+    MAX_FACTOR,
+    TRUNCATED_MODES,
+    TruncationPolicy,
+)
+from airflow_batchinfer.prompts.retries import NOT_PER_ATTEMPT, RetrySettings
+from airflow_batchinfer.state.config_checks import (
+    check_bounds,
+    check_judge_models,
+    check_retries,
+    check_spot_check,
+    check_unreachable_grace,
+)
+from airflow_batchinfer.state.params import JobParams, parse_params
 from airflow_batchinfer.state.timeouts import (
     UNREACHABLE_GRACE_MAX_S,
     UNREACHABLE_GRACE_MIN_S,
     UNREACHABLE_GRACE_S,
 )
-from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.fan_out import BASE as ADAPTER_BASE
+from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES, FanOut
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
 
 # The choices of the ``strategy`` and ``review`` settings.
 STRATEGIES = ("rounds", "in_place", "hybrid")
 REVIEW_MODES = ("never", "every_round", "on_low_approval")
+# The key of a run setting's description in its field's metadata (:func:`_about`).
+SETTING = "setting"
+
+# engines.sampling: the fields the sampling setting takes, with their bounds (others are refused)
+SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
+# retry_sampling: an attempt number >= 2 -> the sampling fields a retry may change
+RETRY_ATTEMPT_PATTERN = "^([2-9]|[1-9][0-9]+)$"
+RETRY_SAMPLING_PROPERTIES: dict[str, Any] = {
+    k: v for k, v in SAMPLING_PROPERTIES.items() if k not in NOT_PER_ATTEMPT
+}
 
 
-@dataclass
+def _about(help_: str, type_: str, **kw: Any) -> dict[str, Any]:
+    """A run setting's description beside its default: its JSON-schema type, help, trigger-form
+    section, flag and bounds (the keywords of :class:`~airflow_batchinfer.spec.settings.Setting`,
+    which makes the DAG param, the ``batchinfer run`` flag and the docs' row from it)."""
+    return {SETTING: {"help": help_, "type": type_, **kw}}
+
+
+@dataclass(frozen=True)
 class RunConfig:
-    input: str
-    run_root: str
-    prompt_template: str | None
-    judge: dict[str, Any]
-    system: str | None = None
-    sampling: dict[str, Any] = field(default_factory=dict)
+    """A run's settings, each default declared here once (its field's), with its description
+    (:func:`_about`). Frozen: a changed setting is a new ``RunConfig`` (``dataclasses.replace``),
+    checked as it is made. ``input``, ``prompt_template`` and ``judge`` have no default here: their
+    ``default`` is the DAG param's and the flag's."""
+
+    # fmt: off
+    input: str = field(metadata=_about(
+        "the JSONL(.zst) dataset: a path or s3:// URI", "string", default="/tmp/batchinfer/input.jsonl",
+        min_length=1, flag="input", section="Data"))
+    run_root: str = field(metadata={})  # from output_root and run_name: not a setting of its own
+    prompt_template: str | None = field(metadata=_about(
+        "Jinja2 over record fields, e.g. 'What is {{ question }}?'; empty: the records are OpenAI batch "
+        "requests (each body field is honoured by the engine or the record refused, naming the field: "
+        "the docs' sampling table)", "string", default=None, nullable=True, min_length=1,
+        flag="--prompt-template", metavar="TEMPLATE", section="Prompt & sampling"))
+    judge: dict[str, Any] = field(metadata=_about(
+        'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
+        '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
+        'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
+        "sample on the review page between rounds", "object", default={"type": "llm"},
+        schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
+        flag="--judge", metavar="JSON", section="Judge"))
+    system: str | None = field(default=None, metadata=_about(
+        "system message for chat models; empty: none", "string", nullable=True, flag="--system",
+        metavar="TEXT"))
+    sampling: dict[str, Any] = field(default_factory=dict, metadata=_about(
+        sampling_help(), "object",
+        schema_extra={"properties": SAMPLING_PROPERTIES, "additionalProperties": False}, flag="--sampling",
+        metavar="JSON", section="Prompt & sampling"))
     # with sampling n > 1: which judged candidates of a record reach results (judges.candidates)
-    select: str = DEFAULT_SELECT
+    select: str = field(default=DEFAULT_SELECT, metadata=_about(
+        "with sampling n > 1, which of a record's judged candidates reach results: first_approved, "
+        "best_score (the approved one the judge scored highest) or all (every approved one, in the row's "
+        "candidates)",
+        "string", choices=SELECTS, flag="--select"))
     # LoRA adapters by name, each a directory on the workers: a record's adapter field picks one
-    adapters: dict[str, str] = field(default_factory=dict)
+    adapters: dict[str, str] = field(default_factory=dict, metadata=_about(
+        'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
+        "record's adapter field (an OpenAI batch body's model) picks the one that answers it (base: the base "
+        "model; fan_out: every record on each); the summary "
+        "and the report give approval per adapter. vllm pools need the engine option enable_lora", "object",
+        schema_extra={
+            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$", "not": {"const": ADAPTER_BASE}},
+            "additionalProperties": {"type": "string", "pattern": "^(/|file:///)"},
+        },
+        flag="--adapters", metavar="JSON"))
     # round 0 runs every input record once per adapter (and the base model): ids ID@ADAPTER
-    fan_out: str = "off"
-    strategy: str = "rounds"
-    max_rounds: int = 3
-    max_attempts: int = 3
+    fan_out: str = field(default="off", metadata=_about(
+        "adapters: run every input record once per adapter, as rows with id "
+        "ID@ADAPTER, adapter the adapter's name and input_id the record's id; adapters_and_base: on the "
+        "base model too (ID@base); off: a record's adapter field picks. With a fan-out a record that "
+        "picks its own adapter is a bad line (rejects/)", "string", choices=FAN_OUT_MODES, flag="--fan-out"))
+    strategy: str = field(default="rounds", metadata=_about(
+        "rounds: re-run the rejected set round by round; in_place: retry each sample in its job; hybrid: "
+        "rounds, then in place once they stop paying", "string", choices=STRATEGIES, flag="--strategy",
+        section="Retries"))
+    max_rounds: int = field(default=3, metadata=_about(
+        "rounds at most (also capped by the DAG's round slots)", "integer", minimum=1, flag="--max-rounds",
+        section="Retries"))
+    max_attempts: int = field(default=3, metadata=_about(
+        "attempts per sample, in place", "integer", minimum=1, flag="--max-attempts"))
     # completions cut at max_tokens (judges.truncation): rejected before the judge or judged, and
     # their retries' max_tokens raised by the factor, up to the cap (a DAG run's: max_max_tokens)
-    truncated: str = "reject"
-    truncated_max_tokens_factor: float = DEFAULT_FACTOR
-    max_tokens_cap: int | None = None
-    # retries that use feedback (retries): the template and system message of a sample's second and
-    # later attempts (which may read `previous`), and sampling fields per attempt over `sampling`
-    retry_template: str | None = None
-    retry_system: str | None = None
-    retry_sampling: dict[str, Any] = field(default_factory=dict)
-    records_per_shard: int = 2_000
+    truncated: str = field(default="reject", metadata=_about(
+        "a completion cut at max_tokens (finish_reason length): reject: rejected before the judge, reason "
+        "truncated, and retried like any rejected sample; judge: the judge decides", "string",
+        choices=TRUNCATED_MODES, flag="--truncated"))
+    truncated_max_tokens_factor: float = field(default=DEFAULT_FACTOR, metadata=_about(
+        "a truncated sample's retry (the next round, or in place) runs with max_tokens times this, never "
+        "above max_tokens_cap; 1: not raised", "number", minimum=1, maximum=MAX_FACTOR,
+        flag="--truncated-max-tokens-factor"))
+    max_tokens_cap: int | None = field(default=None, metadata=_about(
+        "the most max_tokens a truncated sample's retry is raised to: a DAG run's is the deployment's "
+        "max_max_tokens (not a param); empty: no cap", "integer", nullable=True, minimum=1, param=False,
+        flag="--max-tokens-cap", metavar="N"))
+    # retries that use feedback (prompts.retries): what a sample's second and later attempts are sent with
+    retry_template: str | None = field(default=None, metadata=_about(
+        "the prompt template from a sample's second attempt on (the next round's, or in place), e.g. "
+        "'{{ question }} Your last answer was {{ previous.result }}, rejected: {{ previous.reason }}'; "
+        "previous is the last attempt's result, reason, score, attempt, note (a reviewer's), "
+        "finish_reason and max_tokens (none on a first attempt); empty: prompt_template, which may read "
+        "previous too", "string", nullable=True, min_length=1, flag="--retry-template", metavar="TEMPLATE"))
+    retry_system: str | None = field(default=None, metadata=_about(
+        "the system message from a sample's second attempt on; empty: system", "string", nullable=True,
+        min_length=1, flag="--retry-system", metavar="TEXT"))
+    retry_sampling: dict[str, Any] = field(default_factory=dict, metadata=_about(
+        "sampling fields per attempt over sampling, by the attempt they start at (2, 3, …): attempt k "
+        "runs with the entry of the highest attempt at most k, e.g. a temperature ramp "
+        '{"2": {"temperature": 0.7}, "3": {"temperature": 1.0}}; n, logprobs and top_logprobs stay the '
+        "run's", "object",
+        schema_extra={
+            "propertyNames": {"pattern": RETRY_ATTEMPT_PATTERN},
+            "additionalProperties": {
+                "type": "object", "properties": RETRY_SAMPLING_PROPERTIES, "additionalProperties": False,
+            },
+        },
+        flag="--retry-sampling", metavar="JSON"))
+    records_per_shard: int = field(default=2_000, metadata=_about(
+        "records per shard: one shard job each (round 0's last shards smaller, down to an eighth, so that "
+        "its lanes end together)", "integer", minimum=1, flag="--records-per-shard"))
     # shard jobs a round runs at once (run.lanes); 0: one lane per pool slot
-    lanes: int = 0
-    chunk_size: int = 500
-    id_field: str | None = None
-    assign_ids: bool = False
-    # input bounds: the storage layer's defaults (settings.py holds their minimums)
-    max_line_bytes: int = MAX_LINE_BYTES
-    max_id_bytes: int = MAX_ID_BYTES
-    # hybrid: switch to in place once a round approves less than this share of its pending set
-    hybrid_min_shrink: float = 0.3
-    job_retries: int = 2
-    # a silent worker that may run a job: waited for this long before a second copy may start
-    unreachable_grace_s: float = UNREACHABLE_GRACE_S
-    # human review between rounds (Airflow only): never | every_round | on_low_approval
-    review: str = "never"
-    review_min_approval: float = 0.5
-    # an llm judge's verdicts scored below this (or without a score) go to people, not through
-    review_below_score: float | None = None
-    # about this many of each round's judge-approved rows held back for people to check (0: none);
+    lanes: int = field(default=0, metadata=_about(
+        "shard jobs a round runs at once, each lane taking the next unclaimed shard; 0: one per pool slot "
+        "(replicas × concurrency)", "integer", minimum=0, flag="--lanes"))
+    chunk_size: int = field(default=500, metadata=_about(
+        "records a job holds per step", "integer", minimum=1, flag="--chunk-size"))
+    id_field: str | None = field(default=None, metadata=_about(
+        "the records' unique id field; empty: detected (id, or custom_id in OpenAI batch input)", "string",
+        nullable=True, min_length=1, flag="--id-field", metavar="FIELD"))
+    assign_ids: bool = field(default=False, metadata=_about(
+        "give records without an id the id '<file>:<line>'", "boolean", flag="--assign-ids"))
+    # input bounds: the storage layer's defaults and minimums
+    max_line_bytes: int = field(default=MAX_LINE_BYTES, metadata=_about(
+        "the longest input line, in bytes: a longer one goes to rejects/ with its line number, its first KiB "
+        "and its length, and is never held whole; a DAG run may raise it only up to the deployment's "
+        "max_max_line_bytes (unset: this default)", "integer", minimum=MIN_LINE_BYTES,
+        flag="--max-line-bytes"))
+    max_id_bytes: int = field(default=MAX_ID_BYTES, metadata=_about(
+        "the longest record id, in UTF-8 bytes of the id as text: a record with a longer one goes to "
+        "rejects/; a DAG run may raise it only up to the deployment's max_max_id_bytes (unset: this "
+        "default)", "integer", minimum=MIN_ID_BYTES, flag="--max-id-bytes"))
+    hybrid_min_shrink: float = field(default=0.3, metadata=_about(
+        "hybrid: switch to in place once a round approves less than this share of its pending set", "number",
+        minimum=0, maximum=1, flag="--hybrid-min-shrink"))
+    job_retries: int = field(default=2, metadata=_about(
+        "retries of a failing shard job before its shard is quarantined (a DAG: the factory's retries "
+        "argument)", "integer", minimum=0, param=False, flag="--job-retries"))
+    unreachable_grace_s: float = field(default=UNREACHABLE_GRACE_S, metadata=_about(
+        "seconds a worker that may run a shard's job is waited for when it does not answer, before a "
+        "resubmission takes it for gone and starts a second copy (until then the copy is not started); at "
+        "least one ask's timeout, at most half of a try's wait for a worker, so it elapses within one try",
+        "number", minimum=UNREACHABLE_GRACE_MIN_S, maximum=UNREACHABLE_GRACE_MAX_S,
+        flag="--unreachable-grace-s"))
+    # human review between rounds (Airflow only)
+    review: str = field(default="never", metadata=_about(
+        "human review between rounds, on Airflow's Required Actions page", "string", choices=REVIEW_MODES,
+        section="Review"))
+    review_min_approval: float = field(default=0.5, metadata=_about(
+        "on_low_approval: review a round that approves less than this share", "number", minimum=0, maximum=1))
+    review_below_score: float | None = field(default=None, metadata=_about(
+        "verdicts scored below this (or without a score) go to people on the review page instead of passing "
+        "on their own (an llm, classifier or jury judge's scores, in [0, 1]); empty: none", "number",
+        nullable=True, minimum=0, maximum=1))
     # their verdicts and the reviewers' give the judge's calibration (judges.spot_check)
-    spot_check_approved: int = 0
-    # quarantined shards the run tolerates before its final state is failed
-    max_failed_shards: int = 0
-    # pre-flight sample (Airflow only): records to try first (0: off), and the GPU-hour budget
-    preflight_records: int = 200
-    budget_gpu_hours: float | None = None
-    # the judge's own warm pool (a pool reference; e.g. a larger model judging a small generator):
-    # each round then infers on the run's pool and judges there, shard by shard. None: every shard
-    # is inferred and judged in one job on the run's pool.
-    judge_pool: str | None = None
+    spot_check_approved: int = field(default=0, metadata=_about(
+        "about this many of each round's judge-approved rows held back for people on the review desk, beside "
+        "the rejected ones (a seeded sample, every shard and score bucket at the same rate; one undecided "
+        "follows the judge); the reviewers' verdicts give the judge's agreement, Cohen's kappa, precision "
+        "and recall per round; 0: none", "integer", minimum=0))
+    max_failed_shards: int = field(default=0, metadata=_about(
+        "quarantined shards the run tolerates before it fails", "integer", minimum=0,
+        flag="--max-failed-shards", section="Budget & failure"))
+    # the pre-flight sample (Airflow only)
+    preflight_records: int = field(default=200, metadata=_about(
+        "records tried before the fan-out; 0 turns pre-flight off", "integer", minimum=0))
+    budget_gpu_hours: float | None = field(default=None, metadata=_about(
+        "refuse a run the pre-flight projects above this many GPU-hours; empty: no budget", "number",
+        nullable=True, minimum=0, section="Budget & failure"))
+    # None: every shard is inferred and judged in one job on the run's pool. A DAG built with a judge
+    # pool always judges there (param_default)
+    judge_pool: str | None = field(default=None, metadata=_about(
+        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model (a "
+        "classifier or reward judge with its scoring model), each shard's judge starting when its "
+        "inference ends", "string",
+        min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
+        flag="--judge-pool", metavar="POOL", section="Judge",
+        flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "
+        "Default: each shard is inferred and judged in one job on the run's pool"))
+    # fmt: on
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -111,10 +264,10 @@ class RunConfig:
         check_select(self.select)
         parse_adapters(self.adapters)
         self.fan_out_arms()  # refuses a bad value, or a fan-out without adapters
-        self._check_bounds()
-        self._check_unreachable_grace()
+        check_bounds(self)
+        check_unreachable_grace(self)
         self.truncation()  # refuses a bad value, naming it
-        self._check_retries()
+        check_retries(self)
         if not isinstance(self.judge, dict) or "type" not in self.judge:
             raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
         judge_type = self.judge.get("type")
@@ -126,84 +279,10 @@ class RunConfig:
                 f"{judge_type!r} judge gives no scores in [0, 1]. Remove it, or use a judge that does "
                 f"({', '.join(UNIT_SCORES)})"
             )
-        self._check_spot_check(judge_type)
+        check_spot_check(self, judge_type)
         if self.judge_pool == "":
-            self.judge_pool = None  # an empty value: no pool of its own
-        self._check_judge_models()
-
-    def _check_judge_models(self) -> None:
-        """The judge's models and its pools: a judge pool serves a judge that asks for a model; a
-        model judge (reward, classifier) needs one, in rounds; llm and model judges together only
-        as members of a jury (judges.jury says where each runs)."""
-        needs, kind = judge_needs(self.judge), self.judge.get("type")
-        if self.judge_pool is not None and not needs:
-            raise ConfigError(
-                f"judge_pool {self.judge_pool!r} serves a judge model, but the judge is {kind!r}, which "
-                "needs none: remove judge_pool, or use a judge that asks a model (llm, classifier, reward)"
-            )
-        if "score" not in needs:
-            return
-        if self.judge_pool is None:
-            raise ConfigError(
-                "a reward or classifier judge scores with a sequence-classification or reward model, which "
-                "the judge's own pool serves: give judge_pool (a DAG built with judge_airflow_pool=, its "
-                "judge_model the scoring model; batchinfer run --judge-pool local://NAME, a pool started "
-                "with `batchinfer pool up --name NAME --model DIR`)"
-            )
-        if self.strategy != "rounds":
-            raise ConfigError(
-                f"a reward or classifier judge scores on the judge pool, and strategy {self.strategy!r} "
-                "judges retries in place on the run's pool: use strategy rounds"
-            )
-        if needs == {"generate", "score"} and kind != "jury":
-            raise ConfigError(
-                f"the {kind!r} judge asks for both a generating model (llm) and a scoring model (reward, "
-                "classifier), which no one pool serves: make them members of a jury, where llm members "
-                "are judged on the run's pool as the answers are generated"
-            )
-
-    def _check_spot_check(self, judge_type: Any) -> None:
-        """Spot checks need a judge that approves, and rounds (the gate between them)."""
-        n = self.spot_check_approved
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ConfigError(f"spot_check_approved must be an integer >= 0 (0: none), got {n!r}")
-        if not n:
-            return
-        if judge_type == "human":
-            raise ConfigError(
-                "spot_check_approved puts some of the judge's approved rows before people, but a human "
-                "judge approves none on its own (every row goes to people): remove spot_check_approved"
-            )
-        if self.strategy == "in_place":
-            raise ConfigError(
-                "spot_check_approved holds back approved rows of a round until its review gate; strategy "
-                "'in_place' has no rounds: use strategy 'rounds' or 'hybrid', or remove spot_check_approved"
-            )
-
-    def _check_bounds(self) -> None:
-        """``max_line_bytes`` and ``max_id_bytes`` at least their settings' minimums."""
-        for name, least, default in (
-            ("max_line_bytes", MIN_LINE_BYTES, MAX_LINE_BYTES),
-            ("max_id_bytes", MIN_ID_BYTES, MAX_ID_BYTES),
-        ):
-            if getattr(self, name) < least:
-                raise ConfigError(
-                    f"{name} must be >= {least:g}, got {getattr(self, name)}: raise it (its default is "
-                    f"{default})"
-                )
-
-    def _check_retries(self) -> None:
-        """The retry settings, checked over the run's ``sampling`` (:meth:`retry`), and no retry
-        asking for more ``max_tokens`` than ``max_tokens_cap`` (which bounds every retry's)."""
-        retry = self.retry()
-        cap = self.max_tokens_cap
-        for first, fields in retry.sampling if cap is not None else ():
-            tokens = completion_tokens(fields)
-            if tokens is not None and tokens > cap:
-                raise ConfigError(
-                    f"retry_sampling.{first}.max_tokens {tokens} is above max_tokens_cap {cap} (a DAG run's: "
-                    "the deployment's max_max_tokens): lower it, or ask for a higher cap"
-                )
+            object.__setattr__(self, "judge_pool", None)  # an empty value: no pool of its own (frozen)
+        check_judge_models(self)
 
     def retry(self) -> RetrySettings:
         """The retry settings (:mod:`~airflow_batchinfer.prompts.retries`), checked: a bad one is refused,
@@ -218,27 +297,15 @@ class RunConfig:
             base,
         )  # fmt: skip
 
-    def _check_unreachable_grace(self) -> None:
-        """Below the minimum a worker is taken for gone after one silent ask (0: the protection off);
-        above the maximum the grace never elapses within one try (each starts a fresh client)."""
-        grace, low, high = self.unreachable_grace_s, UNREACHABLE_GRACE_MIN_S, UNREACHABLE_GRACE_MAX_S
-        if not low <= grace <= high:
-            raise ConfigError(
-                f"unreachable_grace_s {grace:g} is outside {low:g}..{high:g} s: set it within (default "
-                f"{UNREACHABLE_GRACE_S:g}); a shorter grace would start a second copy of a job a paused "
-                "worker still runs, a longer one never elapses within a try, so no try could start the job"
-            )
-
     def validate(self, callables: tuple[str, ...] | None = None) -> RunConfig:
         """Check templates, judge and sampling as the workers will, so a bad setting fails the first
         task with its reason instead of every shard job. ``callables``: the callable judge targets
         allowed (checked before anything is imported); ``None``: any (the caller vouches)."""
         from airflow_batchinfer.judges import CallablePolicy
-        from airflow_batchinfer.state.params import parse_params
 
         policy = None if callables is None else CallablePolicy(callables)
-        parse_params("infer", self.infer_params(), callables=policy)
-        parse_params("judge", self.judge_params(), callables=policy)
+        parse_params("infer", self.infer_params().wire(), callables=policy)
+        parse_params("judge", self.judge_params().wire(), callables=policy)
         return self
 
     def engine_refusal(self, engine: str) -> str | None:
@@ -304,36 +371,44 @@ class RunConfig:
     def truncation(self) -> TruncationPolicy:
         return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)
 
-    def infer_params(self) -> dict[str, Any]:
-        return {
-            "prompt_template": self.prompt_template,
-            "system": self.system,
-            "sampling": self.sampling,
-            "chunk_size": self.chunk_size,
-            "id_field": self.id_field or "id",
-            **self.truncation().params(),  # none at the defaults: job ids and fingerprints as before
-            **({"adapters": self.adapters} if self.adapters else {}),
+    def infer_params(self) -> JobParams:
+        """An infer job's params (:class:`~airflow_batchinfer.state.params.JobParams`: on the wire, those
+        at their defaults are left out)."""
+        return _job_params(
+            prompt_template=self.prompt_template,
+            system=self.system,
+            sampling=self.sampling,
+            chunk_size=self.chunk_size,
+            id_field=self.id_field or "id",
+            **self._truncation(),
+            adapters=self.adapters,
             # a jury's llm members beside a model judge: judged where the answers are generated
-            **({"jury_at_inference": self.judge} if judged_early(self.judge) else {}),
-            **self.retry().params(),  # only those set: job ids and fingerprints as before
-        }
+            jury_at_inference=self.judge if judged_early(self.judge) else None,
+            **self.retry().params(),
+        )
 
-    def judge_params(self) -> dict[str, Any]:
-        review = {} if self.review_below_score is None else {"review_below_score": self.review_below_score}
-        return {
-            "judge": self.judge,
-            "chunk_size": self.chunk_size,
-            "id_field": self.id_field or "id",
-            **review,
-            **self._select(),
-            **self.truncation().params(),
+    def judge_params(self) -> JobParams:
+        """A judge job's params (an infer_judge job's: :meth:`infer_params` merged with these)."""
+        return _job_params(
+            judge=self.judge,
+            chunk_size=self.chunk_size,
+            id_field=self.id_field or "id",
+            review_below_score=self.review_below_score,
+            select=self.select,
+            **self._truncation(),
             **self._conversation(),
+        )
+
+    def _truncation(self) -> dict[str, Any]:
+        return {
+            "truncated": self.truncated,
+            "truncated_max_tokens_factor": self.truncated_max_tokens_factor,
+            "max_tokens_cap": self.max_tokens_cap,
         }
 
     def _conversation(self) -> dict[str, Any]:
         """What a model judge scores an answer with: the record's prompt as this run renders it, a
-        retry's with the retry template and system message (none for other judges: their job ids and
-        fingerprints as before; the retry settings only when set)."""
+        retry's with the retry template and system message (none for other judges)."""
         if "score" not in judge_needs(self.judge):
             return {}
         return {
@@ -341,10 +416,6 @@ class RunConfig:
             "system": self.system,
             **self.retry().texts().params(),
         }
-
-    def _select(self) -> dict[str, Any]:
-        """``select`` as a job's param: none at the default (job ids and fingerprints as before)."""
-        return {} if self.select == DEFAULT_SELECT else {"select": self.select}
 
     @property
     def human_review(self) -> bool:
@@ -356,13 +427,11 @@ class RunConfig:
             or bool(self.spot_check_approved)
         )
 
-    def in_place_params(self) -> dict[str, Any]:
-        return {
-            **self.infer_params(),
-            "judge": self.judge,
-            "max_attempts": self.max_attempts,
-            **self._select(),
-        }
+    def in_place_params(self) -> JobParams:
+        """An in_place job's params: the infer job's, the judge and its attempts."""
+        return self.infer_params().merge(
+            _job_params(judge=self.judge, max_attempts=self.max_attempts, select=self.select)
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -371,6 +440,17 @@ class RunConfig:
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
         check_known_fields(cls, data, "run settings")
         return cls(**data)
+
+
+def _job_params(**params: Any) -> JobParams:
+    """:class:`JobParams` of these run settings; a value not of its param's type is refused naming it
+    (before the worker's checks, :meth:`RunConfig.validate`)."""
+    try:
+        return JobParams(**params)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(x) for x in error["loc"])
+        raise ConfigError(f"params.{where}: {error['msg']}, got {error.get('input')!r}") from None
 
 
 # What a review may change for the next rounds (run.gate.changes: the gate's form and its checks), over

@@ -1,10 +1,14 @@
-"""Job parameters per kind, validated at submit time (a bad job is an HTTP 400, not a failed run)."""
+"""A job's parameters: :class:`JobParams`, what the client asks for and the wire carries (a job's
+``params``), and :class:`JobSetup`, what a worker makes of them per kind, validated at submit time
+(:func:`parse_params`: a bad job is an HTTP 400, not a failed run)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from airflow_batchinfer.engines.adapters import Adapter, parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
@@ -21,28 +25,106 @@ from airflow_batchinfer.judges import (
 from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, check_select
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.spot_check import SpotCheck
-from airflow_batchinfer.judges.truncation import TruncationPolicy
+from airflow_batchinfer.judges.truncation import DEFAULT_FACTOR, DEFAULT_MODE, TruncationPolicy
 from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.prompts.retries import RetrySettings
 from airflow_batchinfer.storage.ranges import InputRange
 
 DEFAULT_CHUNK = 2_000
 
+# The params that every job of their kinds carried before :class:`JobParams`, also at their defaults
+# (``prompt_template`` None, ``sampling`` {}): sent whenever the client sets them, so those jobs keep
+# their ids. Every other param is left out at its default.
+SENT_WHEN_SET = (
+    "prompt_template", "system", "sampling", "chunk_size", "id_field", "judge", "round", "input_records",
+    "max_attempts",
+)  # fmt: skip
 
-@dataclass(frozen=True)
-class JobParams:
+
+class JobParams(BaseModel):
+    """A job's params as the client builds them (:class:`~airflow_batchinfer.state.config.RunConfig`'s
+    ``infer_params`` and the like, :func:`~airflow_batchinfer.run.jobs.job_spec`) and the worker reads
+    them (:func:`parse_params`, whose :class:`JobSetup` takes its defaults from here). On the wire
+    (:meth:`wire`) a param at its default is left out, but those of :data:`SENT_WHEN_SET`, so a new
+    param with a default changes no existing job's id or fingerprint; a deliberate change of every
+    job id bumps :data:`~airflow_batchinfer.rpc.fingerprint.FINGERPRINT_VERSION`. The values are
+    checked by the worker (:func:`parse_params`) and, before a run starts, by ``RunConfig.validate``.
+    Strict: nothing is coerced (a ``"5"`` is refused, not sent as 5), and numbers keep their type
+    (``int | float``: 3 stays 3 on the wire, as it was)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    # the records and their prompts
+    prompt_template: str | None = None
+    system: str | None = None
+    sampling: dict[str, Any] = {}
     chunk_size: int = DEFAULT_CHUNK
     id_field: str = "id"
+    adapters: dict[str, str] = {}
+    # retries that use feedback (prompts.retries): only those set
+    retry_template: str | None = None
+    retry_system: str | None = None
+    retry_sampling: dict[str, dict[str, Any]] = {}
+    # completions cut at max_tokens (judges.truncation)
+    truncated: str = DEFAULT_MODE
+    truncated_max_tokens_factor: int | float = DEFAULT_FACTOR
+    max_tokens_cap: int | None = None
+    # the judge; an infer job's jury whose llm members it judges where it generates
+    judge: dict[str, Any] | None = None
+    jury_at_inference: dict[str, Any] | None = None
+    review_below_score: int | float | None = None
+    select: str = DEFAULT_SELECT
+    spot_check: dict[str, Any] | None = None
+    max_attempts: int = 3
+    # the shard: its round, records and (a round-0 range shard) the range it reads
     round: int = 0
+    input_records: int | None = None
+    input_range: dict[str, Any] | None = None
+    # the input file's version (rpc.fingerprint.pin_input sets it on the wire, when the job is submitted)
+    input_version: str | None = None
+    # what no run sets (a job built by hand may): prompts as chat or as text, an infer job's rows or
+    # OpenAI batch output, an in_place job's checkpoints (rows, seconds)
+    chat: bool = True
+    output_format: str = "rows"
+    checkpoint_every: int = 256
+    checkpoint_interval_s: int | float = 5.0
+
+    def wire(self) -> dict[str, Any]:
+        """The params a job spec carries: each set one of :data:`SENT_WHEN_SET`, and every other one
+        that differs from its default."""
+        out = {}
+        for name, info in type(self).model_fields.items():
+            value = getattr(self, name)
+            if (name in SENT_WHEN_SET and name in self.model_fields_set) or value != info.get_default(
+                call_default_factory=True
+            ):
+                out[name] = value
+        return out
+
+    def merge(self, other: JobParams) -> JobParams:
+        """These params with those ``other`` sets (an infer_judge job: the infer's and the judge's)."""
+        return self.model_copy(update={k: getattr(other, k) for k in other.model_fields_set})
+
+
+_WIRE = JobParams()
+
+
+@dataclass(frozen=True)
+class JobSetup:
+    """What a worker makes of a job's params (:func:`parse_params`): its prompts, judge and policies."""
+
+    chunk_size: int = _WIRE.chunk_size
+    id_field: str = _WIRE.id_field
+    round: int = _WIRE.round
     input_records: int | None = None
     prompts: PromptBuilder | None = None
     judge: Judge | None = None
-    output_format: str = "rows"
-    max_attempts: int = 3
+    output_format: str = _WIRE.output_format
+    max_attempts: int = _WIRE.max_attempts
     # verdicts scored below this (or unscored) go to people: rejected, marked for_review
     review_below: float | None = None
-    checkpoint_every: int = 256
-    checkpoint_interval_s: float = 5.0
+    checkpoint_every: int = _WIRE.checkpoint_every
+    checkpoint_interval_s: float = _WIRE.checkpoint_interval_s
     # which of a record's candidates (sampling n > 1) reach results (judges.candidates)
     select: str = DEFAULT_SELECT
     # what the judge step and retries do with completions cut at max_tokens
@@ -94,7 +176,7 @@ def parse_params(
     *,
     callables: CallablePolicy | None = None,
     engine: str | None = None,
-) -> JobParams:
+) -> JobSetup:
     """Validate ``params`` for a job of ``kind`` (``infer``, ``judge``, ``infer_judge``, ``in_place``).
 
     :param callables: the ``callable`` judge targets that may be imported (checked before any import);
@@ -106,9 +188,9 @@ def parse_params(
         for its verdict as a JSON schema where it honours structured outputs.
     """
     common: dict[str, Any] = {
-        "chunk_size": _int(params, "chunk_size", DEFAULT_CHUNK, 1),
-        "id_field": str(params.get("id_field", "id")),
-        "round": _int(params, "round", 0, 0),
+        "chunk_size": _int(params, "chunk_size", _WIRE.chunk_size, 1),
+        "id_field": str(params.get("id_field", _WIRE.id_field)),
+        "round": _int(params, "round", _WIRE.round, 0),
         "input_records": params.get("input_records"),
         "raw": dict(params),
         "truncation": TruncationPolicy.from_params(params),
@@ -127,7 +209,7 @@ def parse_params(
         common["prompts"] = PromptBuilder(
             template,
             system=params.get("system"),
-            chat=bool(params.get("chat", True)),
+            chat=bool(params.get("chat", _WIRE.chat)),
             sampling=sampling,
             engine=engine,
             adapters=adapters,
@@ -152,7 +234,7 @@ def parse_params(
             except ConfigError as exc:
                 raise ConfigError(f"params.{exc}") from None
             common["conversation"] = PromptBuilder(
-                template, system=params.get("system"), chat=bool(params.get("chat", True)), retry=retry
+                template, system=params.get("system"), chat=bool(params.get("chat", _WIRE.chat)), retry=retry
             )
         below = params.get("review_below_score")
         if below is not None and (
@@ -160,7 +242,7 @@ def parse_params(
         ):
             raise ConfigError(f"params.review_below_score must be a number in [0, 1], got {below!r}")
         common["review_below"] = None if below is None else float(below)
-        common["select"] = check_select(params.get("select", DEFAULT_SELECT))
+        common["select"] = check_select(params.get("select", _WIRE.select))
         if "spot_check" in params:
             if kind == "in_place" or isinstance(common["judge"], HumanJudge):
                 what = (
@@ -172,18 +254,18 @@ def parse_params(
                 )
             common["spot_check"] = SpotCheck.from_params(params["spot_check"])
     if kind == "infer":
-        fmt = params.get("output_format", "rows")
+        fmt = params.get("output_format", _WIRE.output_format)
         if fmt not in ("rows", "openai"):
             raise ConfigError(f"params.output_format must be 'rows' or 'openai', got {fmt!r}")
         common["output_format"] = fmt
     if kind == "in_place":
-        common["max_attempts"] = _int(params, "max_attempts", 3, 1)
-        common["checkpoint_every"] = _int(params, "checkpoint_every", 256, 1)
-        interval = params.get("checkpoint_interval_s", 5.0)
+        common["max_attempts"] = _int(params, "max_attempts", _WIRE.max_attempts, 1)
+        common["checkpoint_every"] = _int(params, "checkpoint_every", _WIRE.checkpoint_every, 1)
+        interval = params.get("checkpoint_interval_s", _WIRE.checkpoint_interval_s)
         if not isinstance(interval, int | float) or interval <= 0:
             raise ConfigError(f"params.checkpoint_interval_s must be > 0, got {interval!r}")
         common["checkpoint_interval_s"] = float(interval)
-    return JobParams(**common)
+    return JobSetup(**common)
 
 
 def _check_fan_out(input_range: Any, adapters: Mapping[str, Adapter]) -> None:

@@ -26,7 +26,7 @@ from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.state.docs import read_job_manifest
-from airflow_batchinfer.state.params import JobParams, parse_params
+from airflow_batchinfer.state.params import JobSetup, parse_params
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
@@ -74,7 +74,7 @@ def _check_adapters(
             )
 
 
-def serving_refusal(kind: str, params: JobParams, engine: Engine) -> str | None:
+def serving_refusal(kind: str, params: JobSetup, engine: Engine) -> str | None:
     """Why this worker's model cannot serve a job (``None``: it can): a scoring model generates
     nothing (an infer job, an llm judge), a generating one scores nothing (a model judge), and a
     model judge's ``model`` or ``label`` must be the worker's. Known once the model has loaded."""

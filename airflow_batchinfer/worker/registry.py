@@ -15,7 +15,7 @@ from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBu
 from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
 from airflow_batchinfer.state.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
-from airflow_batchinfer.state.params import JobParams
+from airflow_batchinfer.state.params import JobSetup
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.confine import confined
 from airflow_batchinfer.worker.jobs.context import JobContext
@@ -99,7 +99,7 @@ class JobRegistry:
     def busy(self) -> int:
         return sum(1 for j in self.jobs.values() if j.state == "running")
 
-    def submit(self, spec: JobSpec, params: JobParams) -> tuple[JobStatus, bool]:
+    def submit(self, spec: JobSpec, params: JobSetup) -> tuple[JobStatus, bool]:
         """Start ``spec`` or return the existing job with that id. ``True`` when newly started.
 
         A job id that is running or succeeded is never run twice; a failed or cancelled one may be

@@ -35,6 +35,7 @@ from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.fields import Described
 from airflow_batchinfer.judges.rules import ALLOW_CALLABLE_FLAG
 
 ENV_PREFIX = "BATCHINFER_WORKER_"
@@ -47,36 +48,26 @@ POOL_IDLE_TTL_S = 600
 Kind = Literal["string", "integer", "number", "boolean", "list", "options"]
 
 
-@dataclass(frozen=True)
-class WorkerSetting:
-    """One setting of a worker process.
+@dataclass(frozen=True, kw_only=True)
+class WorkerSetting(Described):
+    """One setting of a worker process (:class:`~airflow_batchinfer.fields.Described`; ``name`` is
+    the ``WorkerConfig`` field, unless ``config`` is false, and the parsed flag's ``dest``; ``help``
+    the flag's help and the docs' text; ``minimum`` what ``WorkerConfig.validate`` refuses below).
 
-    :ivar name: the ``WorkerConfig`` field (unless ``config`` is false) and the parsed flag's ``dest``.
     :ivar type: ``string``, ``integer``, ``number``, ``boolean`` (a switch), ``list`` (a repeatable
         flag; its variable is comma-separated) or ``options`` (a repeatable ``KEY=VALUE`` flag, a
         mapping; values parse as JSON when they can).
-    :ivar default: the one default (``None``: unset).
-    :ivar help: what it means: the flag's help and the docs' text.
     :ivar flag: the ``batchinfer worker serve`` flag.
     :ivar env: its environment variable (``None``: none; it is set only by the flag).
-    :ivar choices: the allowed values.
-    :ivar minimum: the smallest number allowed (``WorkerConfig.validate`` refuses less).
-    :ivar metavar: the flag's metavar.
     :ivar config: a ``WorkerConfig`` field of the same name; false: ``WorkerConfig.from_settings``
         reads it into others (``token_file``: ``token``; ``engine_secrets_file``: ``engine_secrets``;
         ``allow_any_prefix``: ``allowed_prefixes=None``).
     :ivar strip: a list whose variable's entries are stripped of spaces (entries never hold any).
     """
 
-    name: str
     type: Kind
-    default: Any
-    help: str
     flag: str
     env: str | None
-    choices: tuple[str, ...] = ()
-    minimum: float | None = None
-    metavar: str | None = None
     config: bool = True
     strip: bool = False
 
@@ -139,7 +130,7 @@ def _s(
 ) -> WorkerSetting:
     flag = flag or "--" + name.replace("_", "-")
     variable = ENV_PREFIX + flag[2:].upper().replace("-", "_") if env else None
-    return WorkerSetting(name, type_, default, help_, flag, variable, **kw)
+    return WorkerSetting(name=name, type=type_, default=default, help=help_, flag=flag, env=variable, **kw)
 
 
 # fmt: off

@@ -3,6 +3,7 @@ the pool hook (connection and local pool), ``LaneTrigger`` and ``PoolReadyTrigge
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -101,9 +102,12 @@ def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6, **settings: Any) -
     data.write_text("".join(json.dumps({"id": f"r{i:03d}", "q": f"q{i}"}) + "\n" for i in range(n)))
     cfg = RunConfig(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
                     judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
-    cfg.id_field = shard_dataset(
-        cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
-    ).id_field
+    cfg = dataclasses.replace(
+        cfg,
+        id_field=shard_dataset(
+            cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
+        ).id_field,
+    )
     write_run_config(cfg)
     return cfg, plan_round(cfg)
 

@@ -3,6 +3,7 @@ shard, once, on local disk and on S3; two live copies of one job; a drained job 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import threading
@@ -45,7 +46,10 @@ def make_run(tmp_path: Path, run_root: str, so: dict[str, Any] | None = None) ->
         judge_pool="local://judge",  # two jobs per shard (infer, then judge): the judge's copies race
     )
     layout = RunLayout(run_root)
-    cfg.id_field = shard_dataset(cfg.input, layout.input, records_per_shard=10, storage_options=so).id_field
+    cfg = dataclasses.replace(
+        cfg,
+        id_field=shard_dataset(cfg.input, layout.input, records_per_shard=10, storage_options=so).id_field,
+    )
     return cfg
 
 

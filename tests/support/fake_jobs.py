@@ -5,6 +5,7 @@ that need exact control over what each job produced (which copy, which attempt, 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -54,7 +55,9 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=10,
         **{"judge": {"type": "llm"}, **settings},
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    )
     return cfg
 
 

@@ -6,6 +6,7 @@ real close. The pool is the one fake: the seam :class:`~airflow_batchinfer.rpc.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -38,7 +39,9 @@ def lanes_run(tmp_path: Path, n: int = 30, per_shard: int = 3, **settings: Any) 
         **{"judge": {"type": "llm"}, **settings},
     )
     layout = RunLayout(cfg.run_root)
-    cfg.id_field = shard_dataset(cfg.input, layout.input, records_per_shard=per_shard).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, layout.input, records_per_shard=per_shard).id_field
+    )
     return cfg
 
 

@@ -4,6 +4,7 @@ worker would (tests.support.fake_jobs: staged outputs, manifests with digests, p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -72,9 +73,12 @@ def build_round(
         records_per_shard=per_shard,
     )
     layout = RunLayout(cfg.run_root)
-    cfg.id_field = shard_dataset(
-        cfg.input, layout.input, records_per_shard=per_shard, storage_options=so
-    ).id_field
+    cfg = dataclasses.replace(
+        cfg,
+        id_field=shard_dataset(
+            cfg.input, layout.input, records_per_shard=per_shard, storage_options=so
+        ).id_field,
+    )
     write_run_config(cfg, so)
     plan = plan_round_so(cfg, so)
     (kind,) = round_kinds(cfg, "rounds")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=15,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    )
     write_run_config(cfg)
     return cfg

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -28,7 +29,9 @@ def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
         records_per_shard=10,
         **settings,
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    )
     return cfg
 
 

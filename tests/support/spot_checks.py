@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,12 @@ def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any
         judge=c.JUDGE,
         **{"max_rounds": 2, **settings},
     )
-    cfg.id_field = shard_dataset(
-        cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
-    ).id_field
+    cfg = dataclasses.replace(
+        cfg,
+        id_field=shard_dataset(
+            cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
+        ).id_field,
+    )
     write_run_config(cfg)
     return cfg
 

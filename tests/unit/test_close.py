@@ -4,6 +4,7 @@ finished as a worker would (tests.support.fake_jobs) or by the worker's own job 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections import Counter
@@ -113,7 +114,9 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
         finish_shard(cfg, 0, x, half(x))
     if closed_before:
         assert close(cfg, plan)["approved"] == 15
-    cfg.judge = {"type": "length", "min_chars": 1}  # the resumed run's settings
+    # the resumed run's settings, another judge, and its round's
+    cfg = dataclasses.replace(cfg, judge={"type": "llm", "max_tokens": 64})
+    plan = dataclasses.replace(plan, config=cfg)
     bad, rest = plan.shards[0], plan.shards[1:]
     for x in rest:  # the new judge jobs succeed for these shards...
         judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x["uri"]).iter_records()})
@@ -168,7 +171,8 @@ def test_resume_with_changed_settings_accepts_the_new_job(tmp_path: Path) -> Non
     for x in plan.shards:
         finish_shard(cfg, 0, x, half(x), token="old")
     assert close(cfg, plan)["approved"] == 15
-    cfg.judge = {"type": "length", "min_chars": 1}
+    cfg = dataclasses.replace(cfg, judge={"type": "llm", "max_tokens": 64})  # and its round's
+    plan = dataclasses.replace(plan, config=cfg)
     for x in plan.shards:
         judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x["uri"]).iter_records()}, token="new")
     summary = close(cfg, plan)

@@ -7,6 +7,7 @@ judge scoring a retry's answer with the prompt it was generated from."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -50,7 +51,9 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=3,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg.id_field = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
+    cfg = dataclasses.replace(
+        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
+    )
     write_run_config(cfg)  # what the desk renders prompts with
     return cfg
 
@@ -183,8 +186,8 @@ def test_a_model_judge_scores_the_conversation_a_retry_was_generated_from(tmp_pa
         judge_pool="local://judges",
         max_rounds=2,
     )
-    assert cfg.judge_params()["retry_template"] == RETRY
-    assert cfg.judge_params()["retry_system"] == "Try again, briefly."
+    assert cfg.judge_params().wire()["retry_template"] == RETRY
+    assert cfg.judge_params().wire()["retry_system"] == "Try again, briefly."
     layout = RunLayout(cfg.run_root)
     for r, slot in enumerate(("round-00", "round-01")):
         plan = plan_round(cfg, slot)

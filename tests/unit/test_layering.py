@@ -22,7 +22,7 @@ ROOT = Path(airflow_batchinfer.__file__).parent
 # modules of its own block or of a block listed before it. Lazy imports inside functions may reach up
 # (a CLI command loads its engine), but never close a cycle (below).
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("exceptions", "compat", "values", "progress", "charts", "lazy"),  # plain values and errors
+    ("exceptions", "compat", "values", "progress", "charts", "lazy", "fields"),  # plain values and errors
     ("storage",),  # core: pure, worker-safe
     ("batching",),
     ("engines",),

@@ -3,6 +3,7 @@ written as a worker would)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -61,9 +62,9 @@ def test_review_modes_decide_when_a_gate_opens(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="on_low_approval", review_min_approval=0.5)
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})  # 67% approved: no gate
     assert propose_slot(cfg, "round-01").options == []
-    cfg.review_min_approval = 0.9
+    cfg = dataclasses.replace(cfg, review_min_approval=0.9)
     assert propose_slot(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
-    cfg.review = "every_round"
+    cfg = dataclasses.replace(cfg, review="every_round")
     assert propose_slot(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
 
 
@@ -167,10 +168,29 @@ def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> Non
     shard = propose_slot(cfg, "round-00").plan.shards[0]
     a = job_spec(cfg, "infer", 0, shard)
     assert a.job_id == job_spec(cfg, "infer", 0, shard).job_id
-    cfg.sampling = {"temperature": 0.1}
+    cfg = dataclasses.replace(cfg, sampling={"temperature": 0.1})
     assert job_spec(cfg, "infer", 0, shard).job_id != a.job_id
     other = RunConfig(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
     assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]
+
+
+def test_params_at_their_defaults_stay_off_the_wire(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job's params leave out those at their defaults (a new param changes no job id), but those
+    every job carried before (prompt_template, system, sampling even when empty); the fingerprint
+    version, bumped, changes every job id."""
+    from airflow_batchinfer.rpc import fingerprint
+    from airflow_batchinfer.state.params import JobParams
+
+    assert JobParams().wire() == {} and JobParams(system=None, select="first_approved").wire() == {
+        "system": None
+    }
+    cfg = make_run(tmp_path)
+    shard = propose_slot(cfg, "round-00").plan.shards[0]
+    spec = job_spec(cfg, "infer", 0, shard)
+    assert {"prompt_template", "system", "sampling", "chunk_size", "id_field", "round"} <= set(spec.params)
+    assert not {"select", "truncated", "adapters", "retry_sampling", "max_tokens_cap"} & set(spec.params)
+    monkeypatch.setattr(fingerprint, "FINGERPRINT_VERSION", 2)
+    assert job_spec(cfg, "infer", 0, shard).job_id != spec.job_id
 
 
 def test_pinned_job_ids_follow_the_input_version(tmp_path: Path) -> None:

@@ -43,8 +43,8 @@ def test_the_empty_means_default_settings_are_nullable() -> None:
 
 
 def test_run_config_defaults_are_the_settings_defaults() -> None:
-    """Every RunConfig field but run_root is a run setting, with the setting's default, and every
-    run setting is a RunConfig field: they cannot drift."""
+    """Every RunConfig field but run_root is a run setting, its Setting made from the field (its
+    default and description), and every run setting is a RunConfig field; RunConfig is frozen."""
     fields = {f.name: f for f in dataclasses.fields(RunConfig)}
     run_settings = {s.name for s in RUN_SETTINGS_SPEC if s.is_run_setting}
     assert set(fields) - {"run_root"} == run_settings
@@ -53,7 +53,10 @@ def test_run_config_defaults_are_the_settings_defaults() -> None:
             assert setting(name).default == f.default, name
         elif f.default_factory is not dataclasses.MISSING:
             assert setting(name).default == f.default_factory(), name
-    RunConfig(run_root="/r", **{s.name: s.default for s in RUN_SETTINGS_SPEC if s.is_run_setting})
+    cfg = RunConfig(run_root="/r", **{s.name: s.default for s in RUN_SETTINGS_SPEC if s.is_run_setting})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.max_rounds = 5  # type: ignore[misc]
+    assert dataclasses.replace(cfg, max_rounds=5).max_rounds == 5
 
 
 def test_the_lists_of_names_are_the_codes() -> None:
@@ -190,7 +193,7 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         assert all(values[name] is None for name in nullable), dag_id
         run = {name: values[name] for name in RUN_SETTINGS}
         cfg = RunConfig.from_dict({**run, "run_root": "/tmp/r"}).validate()
-        assert cfg.infer_params()["id_field"] == "id" and cfg.budget_gpu_hours is None
+        assert cfg.infer_params().wire()["id_field"] == "id" and cfg.budget_gpu_hours is None
         assert refusals(values, implied_by(values)) == [], dag_id
     root = jinja2.Environment().from_string(RUN_ROOT)
     run_id = "manual__2026-01-01T00:00:00+00:00"

@@ -28,7 +28,7 @@ def config(**settings: Any) -> RunConfig:
 
 
 def test_the_settings_are_described_once_for_params_cli_and_docs() -> None:
-    assert (setting("truncated").default, setting("truncated").enum) == ("reject", ("reject", "judge"))
+    assert (setting("truncated").default, setting("truncated").choices) == ("reject", ("reject", "judge"))
     assert setting("truncated_max_tokens_factor").default == 2.0
     schemas = param_schemas()
     assert schemas["truncated"]["enum"] == ["reject", "judge"]

@@ -37,10 +37,10 @@ def _refused(params: dict[str, Any], limits: TriggerLimits) -> list[str]:
 
 
 def test_every_cap_among_the_limits_is_checked() -> None:
-    caps = {s.name for s in SETTINGS if s.kind in ("count", "quantity")}
+    caps = {s.name for s in SETTINGS if s.type in ("count", "quantity")}
     checked = {cap for _, cap in SIZE_CAPS} | {cap for _, cap in RESOURCE_CAPS}
     assert caps - checked == {"max_replicas", "max_gpus", "max_max_tokens"}  # checked on their own
-    assert {s.name for s in SETTINGS if s.kind == "quantity"} == {"max_cpu", "max_memory", "max_shm_size"}
+    assert {s.name for s in SETTINGS if s.type == "quantity"} == {"max_cpu", "max_memory", "max_shm_size"}
 
 
 @pytest.mark.parametrize(("param", "cap"), SIZE_CAPS)

@@ -17,7 +17,7 @@ from airflow_batchinfer.judges.reasons import ReasonGroups, row_reason
 from airflow_batchinfer.rpc.models import JobSpec, Progress
 from airflow_batchinfer.state.docs import ID_OUTPUTS, Digest
 from airflow_batchinfer.state.layout import fenced_outputs, staged_output
-from airflow_batchinfer.state.params import JobParams
+from airflow_batchinfer.state.params import JobSetup
 from airflow_batchinfer.state.tally import Read, Tally
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
@@ -31,7 +31,7 @@ from airflow_batchinfer.worker.segments import ChunkFigures
 @dataclass
 class JobContext:
     spec: JobSpec
-    params: JobParams
+    params: JobSetup
     runtime: Runtime
     progress: Progress = field(default_factory=Progress)
     tally: Tally = field(default_factory=Tally)  # what it counted (:meth:`counts`)

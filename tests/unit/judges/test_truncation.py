@@ -16,7 +16,7 @@ from airflow_batchinfer.judges.truncation import (
     decide,
     row_decision,
 )
-from airflow_batchinfer.state.params import parse_params
+from airflow_batchinfer.state.params import JobParams, parse_params
 
 POLICY = TruncationPolicy()
 
@@ -94,11 +94,12 @@ def test_the_policy_refuses_bad_values_naming_the_param() -> None:
 
 def test_job_params_name_only_what_differs_from_the_defaults() -> None:
     """So a job at the defaults keeps the id and fingerprint it had before these settings."""
-    assert TruncationPolicy().params() == {}
+    assert JobParams(truncated="reject", truncated_max_tokens_factor=2.0, max_tokens_cap=None).wire() == {}
+    wire = JobParams(truncated="judge", truncated_max_tokens_factor=3, max_tokens_cap=512).wire()
+    assert wire == {"truncated": "judge", "truncated_max_tokens_factor": 3, "max_tokens_cap": 512}
     p = TruncationPolicy("judge", 3, 512)
-    assert p.params() == {"truncated": "judge", "truncated_max_tokens_factor": 3, "max_tokens_cap": 512}
-    assert TruncationPolicy.from_params(p.params()) == p
-    job = parse_params("in_place", {"prompt_template": "x", "judge": {"type": "llm"}, **p.params()})
+    assert TruncationPolicy.from_params(wire) == p
+    job = parse_params("in_place", {"prompt_template": "x", "judge": {"type": "llm"}, **wire})
     assert job.truncation == p
 
 

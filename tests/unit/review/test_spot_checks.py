@@ -60,7 +60,7 @@ def test_the_judge_job_holds_back_a_seeded_sample_of_its_approvals(tmp_path: Pat
     assert rate == 0.1 and {s["spot_check_rate"] for s in plan.shards} == {rate}
     spec = job_spec(cfg, "infer_judge", 0, plan.shards[0])
     assert spec.params["spot_check"] == {"rate": rate, "seed": run_key(cfg.run_root)}
-    assert "spot_check" not in cfg.judge_params()  # the pre-flight's judge holds nothing back
+    assert "spot_check" not in cfg.judge_params().wire()  # the pre-flight's judge holds nothing back
 
     approved_by_judge = {f"c{i:05d}" for i in range(400) if c.verdict(f"c{i:05d}", 1)}
     picked = {i for i in approved_by_judge if selected(i, rate=rate, seed=run_key(cfg.run_root))}

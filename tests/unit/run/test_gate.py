@@ -78,7 +78,7 @@ def test_a_rounds_settings_are_run_json_with_the_reviews_changes(tmp_path: Path)
     }  # fmt: skip
     told = round_config(cfg, {"retry_template": "{{ q }} (not {{ previous.result }})"})
     assert told.retry_template == "{{ q }} (not {{ previous.result }})" and cfg.retry_template is None
-    assert told.infer_params()["retry_template"] == told.retry_template  # the next rounds' jobs run it
+    assert told.infer_params().wire()["retry_template"] == told.retry_template  # the next rounds' jobs run it
     assert cfg.sampling == {"temperature": 0.7, "max_tokens": 8} and cfg.system is None  # run.json's stay
     with pytest.raises(ConfigError):  # validated as the workers will: a template they cannot render
         round_config(cfg, {"prompt_template": "{{ q"})

@@ -71,33 +71,39 @@ def test_scored_judges_may_send_low_scores_to_people() -> None:
 
 def test_a_model_judges_jobs_carry_the_prompt_and_the_jurys_early_members() -> None:
     cfg = run(CLASSIFIER, judge_pool="local://j").validate()
-    assert cfg.judge_params()["prompt_template"] == "Q {{ q }}" and cfg.judge_params()["system"] == "sys"
-    assert "jury_at_inference" not in cfg.infer_params()  # no llm member: nothing judged at inference
+    assert (
+        cfg.judge_params().wire()["prompt_template"] == "Q {{ q }}"
+        and cfg.judge_params().wire()["system"] == "sys"
+    )
+    assert "jury_at_inference" not in cfg.infer_params().wire()  # no llm member: nothing judged at inference
     jury = run(JURY, judge_pool="local://j").validate()
-    assert jury.infer_params()["jury_at_inference"] == JURY
-    infer = parse_params("infer", jury.infer_params())
+    assert jury.infer_params().wire()["jury_at_inference"] == JURY
+    infer = parse_params("infer", jury.infer_params().wire())
     assert infer.early_jury is not None and [m.name for m in infer.early_jury.early] == ["llm"]
-    judge = parse_params("judge", jury.judge_params())
+    judge = parse_params("judge", jury.judge_params().wire())
     assert judge.conversation is not None and judge.conversation.template == "Q {{ q }}"
     # a retry's prompt: its retry template and system message too, only when set (a retry_sampling
     # alone changes no prompt: the judge job's id and fingerprint as without it)
-    assert not {"retry_template", "retry_system"} & set(cfg.judge_params())
+    assert not {"retry_template", "retry_system"} & set(cfg.judge_params().wire())
     resampled = run(CLASSIFIER, judge_pool="local://j", retry_sampling={"2": {"temperature": 0.9}})
-    assert resampled.judge_params() == cfg.judge_params()
+    assert resampled.judge_params().wire() == cfg.judge_params().wire()
     retried = run(CLASSIFIER, judge_pool="local://j", retry_template="Again: {{ q }}", retry_system="s2")
-    assert retried.judge_params() == {
-        **cfg.judge_params(),
+    assert retried.judge_params().wire() == {
+        **cfg.judge_params().wire(),
         "retry_template": "Again: {{ q }}",
         "retry_system": "s2",
     }
-    conversation = parse_params("judge", retried.validate().judge_params()).conversation
+    conversation = parse_params("judge", retried.validate().judge_params().wire()).conversation
     assert conversation is not None and (conversation.retry.template, conversation.retry.system) == (
         "Again: {{ q }}",
         "s2",
     )
     # a jury of an llm and rules judges all its members in the job, wherever that runs
     plain = run({"type": "jury", "judges": [{"type": "llm"}, {"type": "length"}]}, judge_pool="local://j")
-    assert "jury_at_inference" not in plain.infer_params() and "prompt_template" not in plain.judge_params()
+    assert (
+        "jury_at_inference" not in plain.infer_params().wire()
+        and "prompt_template" not in plain.judge_params().wire()
+    )
 
 
 def test_job_ids_and_fingerprints_of_runs_without_the_new_judges_are_as_before() -> None:
@@ -115,7 +121,7 @@ def test_job_ids_and_fingerprints_of_runs_without_the_new_judges_are_as_before()
     rules = {"type": "all", "judges": [{"type": "regex", "pattern": "x"}, {"type": "length"}]}
     for (kind, pooled), keys in pinned.items():
         cfg = run({"type": "llm"} if kind == "llm" else rules, judge_pool="local://j" if pooled else None)
-        for job, params in (("infer", cfg.infer_params()), ("judge", cfg.judge_params())):
+        for job, params in (("infer", cfg.infer_params().wire()), ("judge", cfg.judge_params().wire())):
             spec = JobSpec(
                 job_id="x", kind=job, input="/d/in.jsonl", outputs={"manifest": "/d/m.json"}, params=params
             )  # type: ignore[arg-type]
@@ -129,8 +135,8 @@ def test_a_worker_refuses_jobs_its_model_cannot_serve() -> None:
     scoring = SimpleNamespace(scoring=ScoringModel("/models/cls", ("rejected", "approved")))
     generating = SimpleNamespace(scoring=None)
     cfg = run(JURY, judge_pool="local://j")
-    infer = parse_params("infer", cfg.infer_params())
-    judge = parse_params("judge", cfg.judge_params())
+    infer = parse_params("infer", cfg.infer_params().wire())
+    judge = parse_params("judge", cfg.judge_params().wire())
     assert serving_refusal("infer", infer, generating) is None  # type: ignore[arg-type]
     assert serving_refusal("judge", judge, scoring) is None  # type: ignore[arg-type]
     why = serving_refusal("infer", infer, scoring)  # type: ignore[arg-type]
