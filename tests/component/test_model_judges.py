@@ -74,7 +74,7 @@ def run_job(
 
 def judge(
     w: WorkerProcess, src: str, spec: dict[str, Any], name: str, **params: Any
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, int]]:
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], Tally]:
     outs = {
         "approved": str(Path(src).parent / f"{name}.ok.jsonl"),
         "rejected": str(Path(src).parent / f"{name}.no.jsonl"),
@@ -206,7 +206,7 @@ def test_a_jury_of_the_generator_and_the_classifier(
     rows = list(JsonlFile(out).iter_records())
     assert all(set(r["jury_verdicts"]) == {"critic"} for r in rows)  # carried to the judge job
     approved, rejected, judged = judge(scorer, out, jury, "jury")
-    assert len(approved) + len(rejected) == N and judged["jury:voted"] == N
+    assert len(approved) + len(rejected) == N and judged.jury.voted == N
     for r in approved + rejected:
         members = r["judgment"]["members"]
         assert [m["name"] for m in members] == ["critic", "classifier", "length"]
@@ -215,7 +215,7 @@ def test_a_jury_of_the_generator_and_the_classifier(
         assert (sum(m["approved"] for m in members) >= 2) is (r["status"] == "approved")
         assert "jury_verdicts" not in r
     split = sum(len({m["approved"] for m in r["judgment"]["members"]}) > 1 for r in approved + rejected)
-    assert judged.get("jury:split", 0) == split
+    assert judged.jury.split == split
     assert counts.generated.ok == N
 
 
