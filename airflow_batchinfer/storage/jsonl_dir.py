@@ -8,7 +8,9 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired
+
+from typing_extensions import TypedDict  # pydantic validates it (plans) on Python < 3.12
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
 from airflow_batchinfer.storage.confine import check_path

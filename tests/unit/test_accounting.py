@@ -16,7 +16,13 @@ import airflow_batchinfer.run.close as round_close
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import MANIFEST_VERSION, read_job_manifest, read_summary, write_plan
+from airflow_batchinfer.state.docs import (
+    DOC_VERSION,
+    MANIFEST_VERSION,
+    read_job_manifest,
+    read_summary,
+    write_plan,
+)
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
@@ -270,7 +276,8 @@ def test_report_counts_rows_a_review_accepted_from_the_plan(tmp_path: Path) -> N
         finish_shard(cfg, 0, s, evens(s))
     close(cfg, plan)
     accepted = apply_choice(cfg, propose_slot(cfg, "round-01"), ACCEPT)
-    assert accepted.accepted == IdDigest.of(i for i in IDS if int(i[1:]) % 2).to_dict()
+    assert accepted.accepted is not None
+    assert accepted.accepted.digest() == IdDigest.of(i for i in IDS if int(i[1:]) % 2)
     write_plan(RunLayout(cfg.run_root), accepted)
     report = build_report(cfg)
     assert report["invariant"]["checked"] == "digests" and report["invariant"]["ok"], report["invariant"]
@@ -293,9 +300,9 @@ def test_in_place_rounds_account_for_exhausted_rows(tmp_path: Path) -> None:
     assert report["invariant"]["checked"] == "digests" and report["invariant"]["ok"]
 
 
-def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
-    """Digests are optional fields: the summary keeps schema_version 1 (older readers ignore them); a
-    manifest is at its own version (2: its counts a Tally)."""
+def test_summary_and_manifests_carry_their_versions(tmp_path: Path) -> None:
+    """The summary is at the run documents' version (DOC_VERSION); a manifest at its own (2: its
+    counts a Tally)."""
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
@@ -307,4 +314,6 @@ def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
     pending = plan.shards[0]["uri"]
     assert m.digest("input") == IdDigest.of(r["id"] for r in read_rows(pending))
     summary = close(cfg, plan)
-    assert json.loads(Path(layout.summary(0)).read_text())["schema_version"] == 1 and "ids" in summary
+    assert (
+        json.loads(Path(layout.summary(0)).read_text())["schema_version"] == DOC_VERSION and "ids" in summary
+    )

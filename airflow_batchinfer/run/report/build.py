@@ -104,9 +104,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "fan_out": fan_out_figures(cfg, layout, so),
         "rounds": [s.to_json() for s in rounds],
         # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
-        "plans": [
-            {k: v for k, v in vars(p).items() if k != "config"} | {"shards": len(p.shards)} for p in plans
-        ],
+        "plans": [{**p.model_dump(mode="json", exclude={"config"}), "shards": len(p.shards)} for p in plans],
         # the judge's approvals: into results at each close, and spot checks no person decided after it
         "approved": sum(s.approved for s in rounds)
         + sum(int(a.get("counts", {}).get("approve", 0)) for a in reviews),

@@ -134,7 +134,9 @@ def _accepted_ids(
     if plans is None:  # the caller did not say: any accepted rows make the digests incomplete
         found = any(n.startswith("accepted-") for n in files.names(layout.results, so))
         return [None] if found else []
-    accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
+    accepted = [
+        None if p.accepted is None else p.accepted.digest() for p in plans if p.stop == ACCEPTED_BY_REVIEW
+    ]
     # what reviewers' decisions took out of a pending set: accepted into results, or dropped
     reviews = applied_reviews(layout, plans, so)
     decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]

@@ -27,7 +27,7 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, resolv
 
 M = TypeVar("M")
 
-DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
+DOC_VERSION = 2  # of every run document but the jobs' (their own MANIFEST_VERSION): 2 for 0.1.0
 REDO = "delete it to redo that step"  # the remedy for a doc of a step that cannot be read
 
 

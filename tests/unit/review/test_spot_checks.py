@@ -25,7 +25,7 @@ from airflow_batchinfer.run.plan import CONTINUE, STOP, Proposal, apply_choice, 
 from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.spec.settings import param_defaults, setting
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import read_summary, write_plan, write_run_config
+from airflow_batchinfer.state.docs import DOC_VERSION, read_summary, write_plan, write_run_config
 from airflow_batchinfer.state.docs.calibration import read_calibration
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import parse_params
@@ -327,7 +327,7 @@ def test_the_calibration_document_round_trips_and_refuses_unknown_fields(tmp_pat
     write_calibration(layout, doc)
     assert read_calibration(layout, 2) == doc and read_calibration(layout, 1) is None
     stored = json.loads(Path(calibration_uri(layout, 2)).read_text())
-    assert stored["schema_version"] == 1 and stored["round"] == 2
+    assert stored["schema_version"] == DOC_VERSION and stored["round"] == 2
     Path(calibration_uri(layout, 2)).write_text(json.dumps({**stored, "extra": 1}))
     with pytest.raises(StorageError, match="judge calibration"):
         read_calibration(layout, 2)
