@@ -57,7 +57,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, fil
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
-from airflow_batchinfer.storage.manifest import write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, write_manifest
 
 APPLIED_VERSION = 1
 
@@ -204,16 +204,16 @@ class _Split:
             write_calibration(self.layout, doc, self.so)
         write_manifest(
             self.retained_dir,
-            {
-                "kind": "review",
-                "state": "complete",
-                "round": self.r,
-                "reviewed_round": self.reviewed,
-                "decisions": decisions,
-                "shards": self.applied.shards,
-                "records": self.applied.counts["retry"],
-                "applied": self.applied.to_dict(),
-            },
+            OutputManifest(
+                kind="review",
+                state="complete",
+                round=self.r,
+                reviewed_round=self.reviewed,
+                decisions=decisions,
+                shards=self.applied.shards,
+                records=self.applied.counts["retry"],
+                applied=self.applied.to_dict(),
+            ),
         )
 
 

@@ -92,11 +92,11 @@ def pending_shards(
     review's decisions took effect (``reviewed``), what they left pending."""
     split = review_split(layout, r, so) if reviewed else None
     if split is not None:
-        return [s for s in split.get("shards", []) if s["records"]]
+        return [s for s in split.shards if s["records"]]
     manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
-    if manifest is None or manifest.get("state") != "complete":
+    if manifest is None or not manifest.complete:
         raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
-    return [s for s in manifest.get("shards", []) if s["records"]]
+    return [s for s in manifest.shards if s["records"]]
 
 
 def _unused(cfg: RunConfig, slot: str) -> bool:

@@ -36,7 +36,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.storage.manifest import claim_output, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, JsonlWriter
 
 Progress = Callable[[int, int], None]
@@ -113,9 +113,7 @@ def recompact(  # noqa: C901 (its writers are closures over one plan)
     # existed is reused as it is, without ``ids``, rather than rewritten under its round's next jobs.)
     done = claim_output(out, kind="recompact", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return RecompactResult(
-            done["shards"], done["records"], done["sources"], reused=True, ids=done.get("ids")
-        )
+        return RecompactResult(done.shards, done.records or 0, done.sources or 0, reused=True, ids=done.ids)
     line_ids = LineIds(id_field) if id_field is not None else None
 
     known = dict(counts or {})
@@ -226,7 +224,7 @@ def recompact(  # noqa: C901 (its writers are closures over one plan)
         ids = whole.to_dict()
     result = RecompactResult(written, total, len(sources), seconds=time.monotonic() - started, ids=ids)
     write_manifest(
-        out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+        out, OutputManifest(kind="recompact", state="complete", fingerprint=fingerprint, **result.as_dict())
     )
     return result
 

@@ -32,7 +32,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
-from airflow_batchinfer.storage.manifest import claim_output, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError, dumps
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
@@ -136,10 +136,10 @@ def shard_dataset(
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return ShardingResult(
-            shards=done["shards"],
-            counts=done["counts"],
-            id_field=done["id_field"],
-            rejects_uri=done["rejects_uri"],
+            shards=done.shards,
+            counts=done.counts or {},
+            id_field=done.id_field or "id",
+            rejects_uri=done.rejects_uri or "",
             reused=True,
         )
 
@@ -191,7 +191,7 @@ def shard_dataset(
         seconds=time.monotonic() - started,
     )
     write_manifest(
-        out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+        out, OutputManifest(kind="shard", state="complete", fingerprint=fingerprint, **result.as_dict())
     )
     return result
 

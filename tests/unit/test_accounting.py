@@ -93,8 +93,8 @@ def test_close_checks_the_invariant_from_digests_without_reading_results(
     assert ids["approved"] == IdDigest.of(i for i in IDS if int(i[1:]) % 2 == 0)
     assert ids["next_pending"] == ids["rejected"] and ids["failed"] == IdDigest()
     nxt = read_manifest(JsonlDir(layout.pending(1)))
-    assert nxt is not None and IdDigest.from_dict(nxt["ids"]) == ids["rejected"]
-    assert all("ids" in d for d in nxt["shards"])  # the next round's plan carries digests again
+    assert nxt is not None and nxt.ids is not None and IdDigest.from_dict(nxt.ids) == ids["rejected"]
+    assert all("ids" in d for d in nxt.shards)  # the next round's plan carries digests again
 
 
 def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path, reads: list[str]) -> None:

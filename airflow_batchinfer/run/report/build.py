@@ -94,13 +94,14 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     if failed and len(failed) > cfg.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
     reviews = applied_reviews(layout, plans, so)
+    input_manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     shard_status = shard_figures(layout, ran, summaries, so)
     report = {
         "run_root": cfg.run_root,
         "strategy": cfg.strategy,
         "status": status,
         "stop_reason": reason,
-        "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
+        "input": None if input_manifest is None else input_manifest.counts,
         "fan_out": fan_out_figures(cfg, layout, so),
         "rounds": [s.to_json() for s in rounds],
         # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
@@ -280,5 +281,6 @@ def fan_out_figures(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None
     fan_out = cfg.fan_out_arms()
     if fan_out is None:
         return None
-    shards = (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("shards") or []
-    return {"arms": fan_out.as_json(), "rows": sum(int(s.get("records", 0)) for s in shards)}
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    shards = [] if manifest is None else manifest.shards
+    return {"arms": fan_out.as_json(), "rows": sum(s["records"] for s in shards)}
