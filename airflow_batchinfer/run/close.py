@@ -62,7 +62,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     plan's digest of its ids must equal the accepted job's approved + rejected digests (a quarantined
     shard accounts for its whole planned digest), and the recompacted next pending set's digest
     must equal the rejected files' sum. Only a shard whose digests disagree, or that has none (a
-    manifest or plan written before digests), is opened: its ids are read and the lost, doubled or
+    range shard's plan, before its job read it), is opened: its ids are read and the lost, doubled or
     unexpected ones named (as is the rejected set when the recompaction's digest disagrees)."""
     if plan.mode == "skip":
         return None

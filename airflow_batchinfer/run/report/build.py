@@ -1,8 +1,8 @@
 """The run report's gathering: ``report/summary.json`` from the files the rounds left in storage
 (plans, summaries, job manifests, lane documents), written with ``report/report.md``
 (:mod:`~airflow_batchinfer.run.report.render`) and the SVG plots
-(:mod:`~airflow_batchinfer.run.report.plots`). A round run by lanes (one Airflow task per lane, not
-per shard) reports each of its shards' states and each lane's figures (``shard_status``:
+(:mod:`~airflow_batchinfer.run.report.plots`). A round reports each of its shards' states and each
+lane's figures (``shard_status``, one Airflow task per lane, not per shard:
 :class:`~airflow_batchinfer.state.docs.shard_status.RoundShards`)."""
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "exhausted_in_place": exhausted,
         "failed_shards": [f.to_json() for f in failed],
         "max_failed_shards": cfg.max_failed_shards,
-        # per round run by lanes: its shards by state, per lane, the failed ones (none: before lanes)
+        # per round a lane started: its shards by state, per lane, the failed ones
         "shard_status": [f.to_json() for f in shard_status],
         "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
         # what the settings alone warn of: also with the pre-flight's sample off, and for the CLI's runs
@@ -140,14 +140,14 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
 def shard_figures(
     layout: RunLayout, ran: list[Plan], summaries: dict[str, Summary | None], so: StorageOptions | None
 ) -> list[RoundShards]:
-    """The shard figures of each round that ``ran`` by lanes (a round run one task per shard, before
-    lanes, has none); a closed round's quarantine records come from its summary."""
+    """The shard figures of each round that ``ran`` and a lane started (one that none started has
+    none); a closed round's quarantine records come from its summary."""
     out = []
     for plan in ran:
         summary = summaries.get(plan.slot)
         failed = None if summary is None else summary.failed_shards
         status = round_status(layout, plan, so, failed=failed)
-        if status.tracked:
+        if status.started:
             out.append(status.figures())
     return out
 
@@ -196,7 +196,7 @@ def engine_rounds(
 ) -> list[dict[str, Any]]:
     """Per closed round, its engines' figures over the jobs close accepted (their manifests'
     ``engine_stats``, copied into the accepted docs; :func:`round_engine`). A round none of whose
-    jobs has any (engines without stats, or jobs from before them) is left out."""
+    jobs has any (engines without stats) is left out."""
     out = []
     for plan in closed:
         kinds = round_kinds(plan.effective_config(cfg), plan.mode)
