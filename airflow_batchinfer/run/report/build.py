@@ -34,7 +34,6 @@ from airflow_batchinfer.state.docs import (
     Plan,
     Summary,
     read_accepted,
-    read_doc,
     read_plan,
     read_summary,
     review_applied,
@@ -42,6 +41,7 @@ from airflow_batchinfer.state.docs import (
     write_doc,
 )
 from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration
+from airflow_batchinfer.state.docs.preflight import read_preflight
 from airflow_batchinfer.state.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
@@ -95,6 +95,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         status = "failed_shards"
     reviews = applied_reviews(layout, plans, so)
     input_manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    preflight = read_preflight(layout, so)
     shard_status = shard_figures(layout, ran, summaries, so)
     report = {
         "run_root": cfg.run_root,
@@ -123,7 +124,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "max_failed_shards": cfg.max_failed_shards,
         # per round a lane started: its shards by state, per lane, the failed ones
         "shard_status": [f.to_json() for f in shard_status],
-        "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
+        "preflight": None if preflight is None else preflight.to_json(),
         # what the settings alone warn of: also with the pre-flight's sample off, and for the CLI's runs
         "warnings": retry_warnings(cfg),
         "workers": _per_worker(rounds),
