@@ -38,10 +38,10 @@ from airflow_batchinfer.state.docs import (
     read_summary,
     review_applied,
     slots,
-    write_doc,
 )
 from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration
 from airflow_batchinfer.state.docs.preflight import read_preflight
+from airflow_batchinfer.state.docs.report import RunReport, write_report_doc
 from airflow_batchinfer.state.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
@@ -131,7 +131,9 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
         "invariant": invariant,
     }
-    write_doc(join(layout.report, "summary.json"), report, so)
+    doc = RunReport.model_validate(report)  # what the renderers read is what summary.json holds
+    write_report_doc(layout, doc, so)
+    report = doc.to_json()
     write_bytes(resolve(join(layout.report, "report.md"), so), render_markdown(report).encode())
     for name, svg in plots(report).items():
         write_bytes(resolve(join(layout.report, name), so), svg)
