@@ -51,7 +51,7 @@ class ShardingResult:
 
     ``counts`` holds ``lines``, ``records``, ``blank``, ``skipped`` and ``quarantined``, with
     ``lines == records + blank + skipped + quarantined``. Each shard's ``ids`` is the digest of its
-    ids (absent from a manifest written before digests existed).
+    ids.
     """
 
     shards: list[ShardDescriptor]
@@ -197,8 +197,8 @@ def shard_dataset(
 
 
 def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> dict[str, int | None]:
-    """The line and id bounds as fingerprint keys, only where they differ from the defaults: a
-    manifest written before the bounds existed still matches a run at the defaults."""
+    """The line and id bounds as fingerprint keys, only where they differ from the defaults (as job
+    params leave defaults out: a run at the defaults keeps the fingerprint it has)."""
     return {
         k: v
         for k, v, default in (
