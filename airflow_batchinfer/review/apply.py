@@ -78,7 +78,7 @@ class Applied:
     approved_by_adapter: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        """What the split's manifest (``run.docs.review_applied``, which the report counts) and the
+        """What the split's manifest (``state.docs.review_applied``, which the report counts) and the
         plan (``Plan.reviewed``) record; ``approved`` only when spot checks followed the judge."""
         out = {
             "version": APPLIED_VERSION,
