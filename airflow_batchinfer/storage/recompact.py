@@ -109,8 +109,8 @@ def recompact(  # noqa: C901 (its writers are closures over one plan)
         "max_bytes_per_shard": max_bytes_per_shard,
         "compression": compression,
     }
-    # (``id_field`` is not part of the fingerprint: an identical output recompacted before digests
-    # existed is reused as it is, without ``ids``, rather than rewritten under its round's next jobs.)
+    # (``id_field`` is not part of the fingerprint: an identical output is reused as it is, its
+    # ``ids`` recorded when it was made with an id field.)
     done = claim_output(out, kind="recompact", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return RecompactResult(done.shards, done.records or 0, done.sources or 0, reused=True, ids=done.ids)

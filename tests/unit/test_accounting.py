@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import airflow_batchinfer.run.close as round_close
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
@@ -215,23 +216,19 @@ def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path)
     assert (report["invariant"]["input"], report["invariant"]["accounted"]) == (30, 30)
 
 
-def test_a_next_pending_set_recompacted_before_digests_is_reused_and_read(tmp_path: Path) -> None:
+def test_a_next_pending_set_without_its_digest_is_refused_with_the_remedy(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
-    first = close(cfg, plan)
+    close(cfg, plan)
     manifest = Path(layout.pending(1), "_manifest.json")
     doc = json.loads(manifest.read_text())
     doc.pop("ids")
-    for d in doc["shards"]:
-        d.pop("ids")
     manifest.write_text(json.dumps(doc))
-    files = {p: p.stat().st_mtime_ns for p in Path(layout.pending(1)).glob("part-*")}
-    again = close(cfg, plan)  # a resumed run's close: the recompaction is reused, not rewritten
-    assert {p: p.stat().st_mtime_ns for p in Path(layout.pending(1)).glob("part-*")} == files
-    assert again["invariant"]["ok"] and again["ids"]["next_pending"] == first["ids"]["next_pending"]
+    with pytest.raises(StorageError, match=r"pending.*without its ids' digest.*delete it"):
+        close(cfg, plan)  # a resumed run's close reuses the recompaction: it must carry its digest
 
 
 def test_the_fallback_names_an_id_lost_after_close(tmp_path: Path) -> None:

@@ -126,7 +126,6 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
         arm: {
             "approved": ok[arm],
             "rejected": bad[arm],
-            "spot_checks": 0,
             "approval_rate": round(ok[arm] / (ok[arm] + bad[arm]), 4),
         }
         for arm in ARMS

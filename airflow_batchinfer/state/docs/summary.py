@@ -6,7 +6,14 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
 from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
 from airflow_batchinfer.state.layout import RunLayout
@@ -69,14 +76,21 @@ class Candidates(BaseModel):
 
 class AdapterApproval(BaseModel):
     """One LoRA adapter's rows in a round: ``approved`` and ``rejected`` (in place: exhausted), and
-    ``spot_checks``: the judge's approvals held back for people (neither of the others).
-    ``approval_rate``: the judge's approvals, spot checks included, of its rows."""
+    ``spot_checks``: the judge's approvals held back for people (neither of the others; stored only
+    when there are some). ``approval_rate``: the judge's approvals, spot checks included, of its rows."""
 
     model_config = ConfigDict(extra="forbid")
     approved: int
     rejected: int
     spot_checks: int = 0
     approval_rate: float
+
+    @model_serializer(mode="wrap")
+    def _spot_checks_when_some(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("spot_checks"):
+            data.pop("spot_checks", None)
+        return data
 
 
 class JuryMember(BaseModel):
