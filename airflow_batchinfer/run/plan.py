@@ -308,7 +308,7 @@ def decide_answer(
     else:
         chosen = _chosen(plan, answer, pending, accepted)
     chosen.settings, chosen.config = answer.settings, answer.config
-    chosen.reviewed = applied.to_dict() if applied is not None else None
+    chosen.reviewed = applied.doc() if applied is not None else None
     return chosen if answer.config is None else spot_checked(answer.config, chosen)
 
 

@@ -108,12 +108,12 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
         "plans": [{**p.model_dump(mode="json", exclude={"config"}), "shards": len(p.shards)} for p in plans],
         # the judge's approvals: into results at each close, and spot checks no person decided after it
-        "approved": sum(s.approved for s in rounds)
-        + sum(int(a.get("counts", {}).get("approve", 0)) for a in reviews),
+        "approved": sum(s.approved for s in rounds) + sum(a.counts.get("approve", 0) for a in reviews),
         "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
-        + sum(int(a["accepted"]["count"]) for a in reviews),
-        "dropped_by_review": sum(int(a["dropped"]["count"]) for a in reviews),
-        "reviews": reviews,  # the reviewers' decisions per reviewed round, as they took effect
+        + sum(a.accepted.count for a in reviews),
+        "dropped_by_review": sum(a.dropped.count for a in reviews),
+        # the reviewers' decisions per reviewed round, as they took effect
+        "reviews": [a.to_json() for a in reviews],
         # the judge against the reviewers, per reviewed round (round-NN/review/calibration.json)
         "calibration": [c.to_json() for c in calibrations(layout, plans, so)],
         "remaining_pending": sum(s["records"] for s in final_pending),

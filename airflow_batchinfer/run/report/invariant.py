@@ -16,6 +16,7 @@ from airflow_batchinfer.state.docs import (
     Summary,
     review_applied,
 )
+from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
@@ -141,12 +142,12 @@ def _accepted_ids(
     ]
     # what reviewers' decisions took out of a pending set: accepted into results, or dropped
     reviews = applied_reviews(layout, plans, so)
-    decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]
+    decided: list[IdDigest | None] = [d.digest() for a in reviews for d in (a.accepted, a.dropped)]
     # the spot checks no person decided, into results as the judge said (only where there were some)
-    decided += [IdDigest.maybe(a["approved"]) for a in reviews if "approved" in a]
+    decided += [a.approved.digest() for a in reviews if a.approved is not None]
     return accepted + decided
 
 
-def applied_reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[dict[str, Any]]:
+def applied_reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[ReviewApplied]:
     """What reviewers' decisions did, once per round whichever gate applied them."""
     return [a for r in sorted({p.round for p in plans}) if (a := review_applied(layout, r, so))]

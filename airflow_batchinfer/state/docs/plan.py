@@ -15,6 +15,7 @@ from pydantic import Field, PlainSerializer, PlainValidator, TypeAdapter
 
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
+from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.json_doc import write_bytes
@@ -59,7 +60,7 @@ class Plan(DocModel):
     settings: dict[str, Any] | None = None
     # What the reviewers' decisions on the previous round's rejected rows did when the gate was
     # answered (:func:`airflow_batchinfer.review.apply.apply_decisions`): counts and id digests.
-    reviewed: dict[str, Any] | None = None
+    reviewed: ReviewApplied | None = None
     # The settings this round runs (run.json's with ``settings`` over them), computed and validated
     # once by the plan step (state.config.round_config): its jobs, its close and the review desk read
     # them here. None: run.json's (a skipped slot, a plan built by hand).

@@ -172,7 +172,7 @@ def test_an_undecided_spot_check_follows_the_judge_whatever_the_answer(tmp_path:
     }
     plan = run_slot(cfg, "round-01", STOP)
     assert plan.stop and plan.reviewed is not None
-    assert plan.reviewed["counts"]["approve"] == summary.spot_checks and plan.reviewed["decisions"] == 0
+    assert plan.reviewed.counts["approve"] == summary.spot_checks and plan.reviewed.decisions == 0
     results = rows_in(layout.results)
     held = {i for i, r in results.items() if r["judgment"].get("spot_check")}
     assert len(held) == summary.spot_checks
@@ -202,7 +202,7 @@ def test_a_persons_verdict_is_recorded_in_the_rows_judgment(tmp_path: Path) -> N
     log.append(Decision.make(0, "accept", "carol", ids=[spots[2], plain[0]], note="fine"))
     log.append(Decision.make(0, "drop", "carol", ids=[plain[1]]))
     plan = run_slot(cfg, "round-01", CONTINUE)
-    assert plan.reviewed is not None and plan.reviewed["counts"]["approve"] == len(spots) - 3
+    assert plan.reviewed is not None and plan.reviewed.counts["approve"] == len(spots) - 3
 
     dropped = rows_in(layout.dropped)
     person = dropped[spots[0]]["judgment"]["person"]
@@ -237,7 +237,7 @@ def test_bulk_decisions_are_applied_but_not_counted_as_verdicts(tmp_path: Path) 
     view = RoundView(cfg.run_root, 0)
     assert tally(DecisionLog(cfg.run_root, 0).read(), view)["accept"] == summary.spot_checks
     plan = run_slot(cfg, "round-01", CONTINUE)
-    assert plan.reviewed is not None and plan.reviewed["counts"]["accept"] == summary.spot_checks
+    assert plan.reviewed is not None and plan.reviewed.counts["accept"] == summary.spot_checks
     doc = read_calibration(layout, 0)
     assert doc is not None and (doc.reviewed, doc.bulk) == (0, summary.spot_checks)
     assert doc.agreement is None and doc.notes

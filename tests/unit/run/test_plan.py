@@ -250,7 +250,7 @@ def test_decisions_that_leave_nothing_pending_end_the_run_unless_stopped() -> No
         plan = decide(choice, pending=[], applied=applied)
         assert plan.mode == "skip" and plan.stop == NOTHING_PENDING
         assert "alice decided every pending row" in plan.reason
-        assert plan.reviewed == applied.to_dict()
+        assert plan.reviewed == applied.doc()
     assert decide(STOP, pending=[], applied=applied).stop == STOPPED_BY_REVIEW
 
 
