@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_batchinfer.engines.models import default_cache_dir, prepare_smollm2
+from airflow_batchinfer.state.docs.report import read_report
+from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir
 
 DEMO_DAG = "batchinfer_human_review"
@@ -150,7 +152,10 @@ def run_airflow_demo(
             DEMO_DAG, run_id, timeout_s=3600, on_review=answer, on_poll=lambda tis: _progress(tis, last)
         )
         root = workdir / "runs" / run_name
-        report: dict[str, Any] = json.loads((root / "report" / "summary.json").read_text())
+        stored = read_report(RunLayout(str(root)))
+        if stored is None:
+            raise RuntimeError(f"{root}: the run wrote no report ({state})")
+        report = stored.to_json()
         for r in report["rounds"]:
             print(f"round {r['round']} ({r['mode']}): {r['pending']} pending -> {r['approved']} approved")
         for row in [r for f in JsonlDir(str(root / "results")).jsonl_files() for r in f.iter_records()][:3]:

@@ -128,8 +128,8 @@ class SamplingParams:
         return out
 
     def as_dict(self) -> dict[str, Any]:
-        """The five fields every job had, and the others where they are not at their defaults: a
-        description recorded before they existed (a manifest, a judge's) reads the same."""
+        """The five fields every job sets, and the others where they are not at their defaults: a
+        new field never changes the description (and so the job ids) of jobs that leave it alone."""
         shown = {name: _as_json(name, getattr(self, name)) for name in _ALWAYS_SHOWN}
         return {**shown, **self.changed()}
 

@@ -69,26 +69,26 @@ def preflight_check(
     log.info(
         "pre-flight on %d records: %.1f tokens/s, approval %.0f%%; projected for %d records over the "
         "expected rounds (%.2f passes each): %.0f s wall, %.3f GPU-hours on %d workers",
-        s["sample_records"],
-        s["tokens_per_s"],
-        100 * s["approval_rate"],
-        s["dataset_records"],
-        s["expected_passes_per_record"],
-        s["projected_wall_s"],
-        s["projected_gpu_hours"],
-        s["workers"],
+        s.sample_records,
+        s.tokens_per_s,
+        100 * s.approval_rate,
+        s.dataset_records,
+        s.expected_passes_per_record,
+        s.projected_wall_s,
+        s.projected_gpu_hours,
+        s.workers,
     )
-    if "error" in s["sizing"]:
-        log.warning("no sizing plan: %s", s["sizing"]["error"])
+    if "error" in s.sizing:
+        log.warning("no sizing plan: %s", s.sizing["error"])
     else:
-        log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s["sizing"]).table())
-    if cfg.budget_gpu_hours is not None and s["projected_gpu_hours"] > cfg.budget_gpu_hours:
+        log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s.sizing).table())
+    if cfg.budget_gpu_hours is not None and s.projected_gpu_hours > cfg.budget_gpu_hours:
         raise AirflowFailException(
-            f"projected {s['projected_gpu_hours']} GPU-hours exceeds the budget of "
+            f"projected {s.projected_gpu_hours} GPU-hours exceeds the budget of "
             f"{cfg.budget_gpu_hours}. "
             "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
         )
-    return s
+    return s.to_json()
 
 
 class RunReportOperator(BaseOperator):

@@ -188,8 +188,8 @@ class RetrySettings:
         return bool(self.template or self.system or self.sampling)
 
     def params(self) -> dict[str, Any]:
-        """The job params of these settings: only those set, so a job without them keeps the id and
-        fingerprint it had before they existed (``retry_sampling``'s keys as numbers in text)."""
+        """The job params of these settings: only those set, so a job without them has the id and
+        fingerprint of one with no retry settings (``retry_sampling``'s keys as numbers in text)."""
         out: dict[str, Any] = {}
         if self.template is not None:
             out["retry_template"] = self.template

@@ -50,16 +50,15 @@ from airflow_batchinfer.review.decisions import (
     undecided,
 )
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import Summary, read_summary
+from airflow_batchinfer.state.docs import Digest, Summary, read_summary
 from airflow_batchinfer.state.docs.calibration import write_calibration
+from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import SHARD_SUFFIX, RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
-from airflow_batchinfer.storage.manifest import write_manifest
-
-APPLIED_VERSION = 1
+from airflow_batchinfer.storage.manifest import OutputManifest, write_manifest
 
 
 @dataclass
@@ -77,22 +76,18 @@ class Applied:
     # those per LoRA adapter (the report's approval per adapter adds them to its round's approved)
     approved_by_adapter: dict[str, int] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
-        """What the split's manifest (``run.docs.review_applied``, which the report counts) and the
+    def doc(self) -> ReviewApplied:
+        """What the split's manifest (``state.docs.review_applied``, which the report counts) and the
         plan (``Plan.reviewed``) record; ``approved`` only when spot checks followed the judge."""
-        out = {
-            "version": APPLIED_VERSION,
-            "round": self.reviewed_round,
-            "decisions": self.decisions,
-            "counts": dict(self.counts),
-            "accepted": self.accepted.to_dict(),
-            "dropped": self.dropped.to_dict(),
-        }
-        if self.counts.get(FOLLOWS_JUDGE):
-            out["approved"] = self.approved.to_dict()
-        if self.approved_by_adapter:
-            out["approved_by_adapter"] = dict(sorted(self.approved_by_adapter.items()))
-        return out
+        return ReviewApplied(
+            round=self.reviewed_round,
+            decisions=self.decisions,
+            counts=dict(self.counts),
+            accepted=Digest.of(self.accepted),
+            dropped=Digest.of(self.dropped),
+            approved=Digest.of(self.approved) if self.counts.get(FOLLOWS_JUDGE) else None,
+            approved_by_adapter=dict(sorted(self.approved_by_adapter.items())) or None,
+        )
 
 
 def apply_decisions(
@@ -204,16 +199,16 @@ class _Split:
             write_calibration(self.layout, doc, self.so)
         write_manifest(
             self.retained_dir,
-            {
-                "kind": "review",
-                "state": "complete",
-                "round": self.r,
-                "reviewed_round": self.reviewed,
-                "decisions": decisions,
-                "shards": self.applied.shards,
-                "records": self.applied.counts["retry"],
-                "applied": self.applied.to_dict(),
-            },
+            OutputManifest(
+                kind="review",
+                state="complete",
+                round=self.r,
+                reviewed_round=self.reviewed,
+                decisions=decisions,
+                shards=self.applied.shards,
+                records=self.applied.counts["retry"],
+                applied=self.applied.doc().to_json(),
+            ),
         )
 
 

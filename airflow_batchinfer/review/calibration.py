@@ -199,7 +199,7 @@ def _weights(
     if population is None:
         return {key: 1.0 for key in reviewed}, None
     rows = {(s, b): int(n) for s, by in population.items() for b, n in by.items() if n > 0}
-    # a reviewed stratum the counts lack (counted before this release, or a hand-made doc): as reviewed
+    # a reviewed stratum the counts lack (a hand-made doc): as reviewed
     for key, n in reviewed.items():
         if rows.get(key, 0) < n:
             rows[key] = n

@@ -26,7 +26,6 @@ from airflow_batchinfer.state.docs import (
     AcceptedJob,
     Plan,
     read_accepted,
-    read_job_manifest,
     read_plan,
     read_run_config,
     read_summary,
@@ -101,7 +100,7 @@ class RoundFiles:
     def groups(self) -> dict[str, int]:
         """The round's rejected rows per reason group (most common first, at most
         :data:`~airflow_batchinfer.judges.reasons.MAX_GROUPS` and ``(other)``): the jobs' manifests'
-        ``reason_groups`` added up; a shard whose manifest has none (an older run) is read."""
+        ``reason_groups`` (copied into the accepted docs) added up; a shard with no accepted doc is read."""
         total = ReasonGroups()
         for shard in self._with_groups(scan=True):
             total.merge(shard.groups or {})
@@ -257,16 +256,14 @@ class RoundFiles:
             return list(ex.map(one, enumerate(listed)))
 
     def _with_groups(self, *, scan: bool) -> list[RoundShard]:
-        """The shards with their reason groups: the accepted doc's or its manifest's (the accepted
-        attempt's); with ``scan``, a shard with neither is read."""
+        """The shards with their reason groups, their accepted docs'; with ``scan``, a shard with
+        none is read."""
         shards = self._load()
-        missing = [s for s in shards if not s.groups_known]
-        if missing:
-            with ThreadPoolExecutor(min(DOC_THREADS, len(missing))) as ex:
-                found = list(ex.map(self._manifest_groups, missing))
-            with self._lock:
-                for s, groups in zip(missing, found, strict=True):
-                    s.groups, s.groups_known = groups, True
+        with self._lock:
+            for s in shards:
+                if not s.groups_known:
+                    groups = None if s.accepted is None else s.accepted.reason_groups
+                    s.groups, s.groups_known = (None if groups is None else dict(groups)), True
         if scan:
             for s in shards:
                 if s.groups is None:
@@ -276,17 +273,6 @@ class RoundFiles:
                     with self._lock:
                         s.groups = counted.as_dict()
         return shards
-
-    def _manifest_groups(self, shard: RoundShard) -> dict[str, int] | None:
-        doc = shard.accepted
-        if doc is None:
-            return None
-        if doc.reason_groups is not None:
-            return dict(doc.reason_groups)
-        manifest = read_job_manifest(self.layout.job_manifest(self.round, shard.shard_id, doc.kind), self.so)
-        if manifest is None or manifest.attempt != doc.attempt:
-            return None  # another attempt's manifest: its groups are not this file's
-        return None if manifest.reason_groups is None else dict(manifest.reason_groups)
 
 
 def lacks(shard: RoundShard, group: str) -> bool:

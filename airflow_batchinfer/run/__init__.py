@@ -23,6 +23,6 @@ records and ``summary.json``.
   :mod:`~airflow_batchinfer.run.quarantine` and :mod:`~airflow_batchinfer.run.repeats`.
 * :mod:`~airflow_batchinfer.run.report`: the run report and the whole-run id check.
 
-Nothing is imported here: the worker imports ``run.layout``, ``run.config`` and ``run.docs`` alone
-(no Airflow).
+Nothing is imported here: the worker imports the run's documents from :mod:`airflow_batchinfer.state`
+alone (no Airflow).
 """

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.ranges import close_input_ranges, settle_range
@@ -62,7 +63,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     plan's digest of its ids must equal the accepted job's approved + rejected digests (a quarantined
     shard accounts for its whole planned digest), and the recompacted next pending set's digest
     must equal the rejected files' sum. Only a shard whose digests disagree, or that has none (a
-    manifest or plan written before digests), is opened: its ids are read and the lost, doubled or
+    range shard's plan, before its job read it), is opened: its ids are read and the lost, doubled or
     unexpected ones named (as is the rejected set when the recompaction's digest disagrees)."""
     if plan.mode == "skip":
         return None
@@ -200,10 +201,11 @@ def _account_rounds(
         id_field=id_field,
     )
     next_ids = IdDigest.maybe(nxt.ids)
-    if next_ids is None:  # an output recompacted before digests existed: read it
-        next_ids = IdDigest()
-        for desc in nxt.shards:
-            next_ids += file_digest(JsonlFile(desc["uri"], storage_options=so), id_field)
+    if next_ids is None:  # recompact digests the ids it writes: this output was made without them
+        raise StorageError(
+            f"{layout.pending(r + 1)} holds a recompaction without its ids' digest (made without an id "
+            "field); delete it so this round's close recompacts the rejected rows again"
+        )
     if next_ids != out["rejected"]:
         log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
         rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
@@ -354,7 +356,7 @@ def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: b
     The shard's planned digest is its descriptor's ``ids`` (the writer of the pending set recorded
     it), else the digest its first job read (``ids.input``). An accepted shard is consistent when
     that equals the accepted job's approved + rejected digests; otherwise, or with no digests at all
-    (a run started before digests existed), its input and final output files are read: their real
+    (a range shard no job read to its end), its input and final output files are read: their real
     digests are used, and the ids that differ are named. A quarantined shard accounts for its
     planned digest (read from its input file when the plan has none)."""
     shard = x.shard

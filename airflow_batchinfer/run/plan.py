@@ -27,6 +27,7 @@ from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig, round_config
 from airflow_batchinfer.state.docs import (
     TAIL,
+    Digest,
     Plan,
     Summary,
     read_plan,
@@ -91,11 +92,11 @@ def pending_shards(
     review's decisions took effect (``reviewed``), what they left pending."""
     split = review_split(layout, r, so) if reviewed else None
     if split is not None:
-        return [s for s in split.get("shards", []) if s["records"]]
+        return [s for s in split.shards if s["records"]]
     manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
-    if manifest is None or manifest.get("state") != "complete":
+    if manifest is None or not manifest.complete:
         raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
-    return [s for s in manifest.get("shards", []) if s["records"]]
+    return [s for s in manifest.shards if s["records"]]
 
 
 def _unused(cfg: RunConfig, slot: str) -> bool:
@@ -155,42 +156,56 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     if slot not in all_slots:
         if _unused(cfg, slot):
             reason = f"max_rounds is {cfg.max_rounds}: this slot is not used"
-            return Proposal(Plan(slot, r, "skip", reason=reason))
+            return Proposal(Plan(slot=slot, round=r, mode="skip", reason=reason))
         raise ConfigError(f"round slot {slot!r} is not one of {all_slots}")
     stopped = next((p for p in prior if p.stop), None)
     if stopped is not None:
-        return Proposal(Plan(slot, r, "skip", reason=f"the run stopped at {stopped.slot}: {stopped.stop}"))
+        return Proposal(
+            Plan(slot=slot, round=r, mode="skip", reason=f"the run stopped at {stopped.slot}: {stopped.stop}")
+        )
     if any(p.mode == "in_place" for p in prior):
-        return Proposal(Plan(slot, r, "skip", reason="in-place retry already ran"))
+        return Proposal(Plan(slot=slot, round=r, mode="skip", reason="in-place retry already ran"))
     if snapshot.pending is None:
         raise ConfigError(f"{slot}: the snapshot holds no pending set of round {r} (see load_snapshot)")
     pending = list(snapshot.pending)
     if not pending:
-        return Proposal(Plan(slot, r, "skip", reason="nothing pending", stop=NOTHING_PENDING))
+        return Proposal(Plan(slot=slot, round=r, mode="skip", reason="nothing pending", stop=NOTHING_PENDING))
     last = snapshot.last
     switched = cfg.strategy == "in_place" or any(p.switch_in_place for p in prior)
     if slot == TAIL:
         if switched or cfg.strategy == "hybrid":
-            plan = Plan(slot, r, "in_place", pending, reason="retry what rounds left, in place")
+            plan = Plan(
+                slot=slot, round=r, mode="in_place", shards=pending, reason="retry what rounds left, in place"
+            )
         else:
-            plan = Plan(slot, r, "skip", pending, reason=f"{r} rounds ran", stop=MAX_ROUNDS)
+            plan = Plan(
+                slot=slot, round=r, mode="skip", shards=pending, reason=f"{r} rounds ran", stop=MAX_ROUNDS
+            )
         options = [CONTINUE_IN_PLACE, ACCEPT, STOP]
     else:
         options = [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
         shrink = _approval(last)
         if switched:
-            plan = Plan(slot, r, "skip", reason="in place from here: the tail slot retries the rest")
+            plan = Plan(
+                slot=slot, round=r, mode="skip", reason="in place from here: the tail slot retries the rest"
+            )
         elif cfg.strategy == "hybrid" and shrink is not None and shrink < cfg.hybrid_min_shrink:
             plan = Plan(
-                slot,
-                r,
-                "skip",
+                slot=slot,
+                round=r,
+                mode="skip",
                 reason=f"round {r - 1} approved {shrink:.0%} of its pending set "
                 f"(< {cfg.hybrid_min_shrink:.0%}): switching to in place",
                 switch_in_place=True,
             )
         else:
-            plan = Plan(slot, r, "rounds", pending, reason=f"round {r} on {len(pending)} pending shards")
+            plan = Plan(
+                slot=slot,
+                round=r,
+                mode="rounds",
+                shards=pending,
+                reason=f"round {r} on {len(pending)} pending shards",
+            )
     plan.settings = next((p.settings for p in reversed(prior) if p.settings), None)
     plan.config = round_config(cfg, plan.settings)  # once: every task of the round reads it here
     if r == 0 or (switched and plan.mode == "skip" and plan.stop is None):
@@ -287,11 +302,13 @@ def decide_answer(
     by, review = answer.by, answer.review
     if applied is not None and every_row_decided(answer, pending, applied):
         reason = f"{by} decided every pending row ({applied.counts})"
-        chosen = Plan(plan.slot, plan.round, "skip", reason=reason, stop=NOTHING_PENDING, review=review)
+        chosen = Plan(
+            slot=plan.slot, round=plan.round, mode="skip", reason=reason, stop=NOTHING_PENDING, review=review
+        )
     else:
         chosen = _chosen(plan, answer, pending, accepted)
     chosen.settings, chosen.config = answer.settings, answer.config
-    chosen.reviewed = applied.to_dict() if applied is not None else None
+    chosen.reviewed = applied.doc() if applied is not None else None
     return chosen if answer.config is None else spot_checked(answer.config, chosen)
 
 
@@ -299,32 +316,44 @@ def _chosen(plan: Plan, answer: Answer, pending: list[ShardDescriptor], accepted
     choice, by, review = answer.choice, answer.by, answer.review
     if choice == CONTINUE:
         return Plan(
-            plan.slot, plan.round, "rounds", pending, reason=f"{by} chose another round", review=review
+            slot=plan.slot,
+            round=plan.round,
+            mode="rounds",
+            shards=pending,
+            reason=f"{by} chose another round",
+            review=review,
         )
     if choice == CONTINUE_IN_PLACE:
         if plan.slot == TAIL:
             return Plan(
-                plan.slot, plan.round, "in_place", pending, reason=f"{by} chose in place", review=review
+                slot=plan.slot,
+                round=plan.round,
+                mode="in_place",
+                shards=pending,
+                reason=f"{by} chose in place",
+                review=review,
             )
         reason = f"{by} chose in place: the tail slot retries the rest"
-        return Plan(plan.slot, plan.round, "skip", reason=reason, switch_in_place=True, review=review)
+        return Plan(
+            slot=plan.slot, round=plan.round, mode="skip", reason=reason, switch_in_place=True, review=review
+        )
     if choice == ACCEPT:
         if accepted is None:
             raise ConfigError(f"{plan.slot}: Accept needs the ids accept_pending copied (accepted=)")
         return Plan(
-            plan.slot,
-            plan.round,
-            "skip",
+            slot=plan.slot,
+            round=plan.round,
+            mode="skip",
             reason=f"{by} accepted {accepted.count} remaining rows as they are",
             stop=ACCEPTED_BY_REVIEW,
             review=review,
-            accepted=accepted.to_dict(),
+            accepted=Digest.of(accepted),
         )
     if choice == STOP:
         return Plan(
-            plan.slot,
-            plan.round,
-            "skip",
+            slot=plan.slot,
+            round=plan.round,
+            mode="skip",
             reason=f"{by} stopped the run",
             stop=STOPPED_BY_REVIEW,
             review=review,

@@ -25,7 +25,8 @@ from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.plan import pending_shards
 from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import JobManifest, write_doc
+from airflow_batchinfer.state.docs import JobManifest
+from airflow_batchinfer.state.docs.preflight import PreflightSummary, write_preflight
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import JobParams
 from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
@@ -201,7 +202,7 @@ def run_preflight(
     max_map_length: int = sizing.DEFAULT_MAX_MAP_LENGTH,
     transport: httpx.AsyncBaseTransport | None = None,
     judge_pool: tuple[list[str], str | None] | None = None,
-) -> dict[str, Any]:
+) -> PreflightSummary:
     """Sample, run infer and judge on the pool at ``urls``, store and return the projection.
     ``judge_pool``: the judge's own pool (its URLs and token), where the judge job runs instead.
 
@@ -241,24 +242,24 @@ def run_preflight(
     )  # fmt: skip
     if "error" not in plan:
         wall_s = plan["wall_s"]  # the lanes' tail and the straggler included
-    summary = {
-        "sample_records": n,
-        "dataset_records": total,
-        "tokens_per_s": round(tokens_per_s, 1),
-        "approval_rate": round(approval, 4),
-        "expected_passes_per_record": round(passes, 3),
-        "workers": workers,
-        "projected_wall_s": round(wall_s, 1),
-        "projected_gpu_hours": round(wall_s * workers / 3600, 4),
-        "budget_gpu_hours": cfg.budget_gpu_hours,
-        "sample_wall_s": round(wall, 3),
-        "note": "measured on one job on one worker; the sizing spreads it over the workers' shard jobs "
+    summary = PreflightSummary(
+        sample_records=n,
+        dataset_records=total,
+        tokens_per_s=round(tokens_per_s, 1),
+        approval_rate=round(approval, 4),
+        expected_passes_per_record=round(passes, 3),
+        workers=workers,
+        projected_wall_s=round(wall_s, 1),
+        projected_gpu_hours=round(wall_s * workers / 3600, 4),
+        budget_gpu_hours=cfg.budget_gpu_hours,
+        sample_wall_s=round(wall, 3),
+        note="measured on one job on one worker; the sizing spreads it over the workers' shard jobs "
         "on the run's lanes (a GPU's tokens/s shared by its jobs, the slowest GPU 1.5x slower). A full "
         "pool batches more per step: it errs long",
-        "sizing": plan,
-        "warnings": retry_warnings(cfg),
-    }
-    write_doc(join(layout.preflight, "summary.json"), summary, so)
+        sizing=plan,
+        warnings=retry_warnings(cfg),
+    )
+    write_preflight(layout, summary, so)
     return summary
 
 

@@ -59,8 +59,8 @@ def shard_input(
     shards, manifest, reused = planned
     return ShardingResult(
         shards=shards,
-        counts=manifest["counts"],
-        id_field=manifest.get("id_field") or cfg.id_field or "id",
-        rejects_uri=manifest["rejects_uri"],
+        counts=manifest.counts or {},
+        id_field=manifest.id_field or cfg.id_field or "id",
+        rejects_uri=manifest.rejects_uri or "",
         reused=reused,
     )

@@ -7,11 +7,12 @@ from __future__ import annotations
 import itertools
 import logging
 
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Digest, write_failed
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
@@ -57,12 +58,16 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
     bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
     input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
     close plans only shards with records, so the line counts of the others come from there."""
-    fresh = {x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None}
+    fresh: dict[str, ShardDescriptor] = {
+        x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None
+    }
     if not fresh:
         return
     input_dir = JsonlDir(layout.input, storage_options=so)
-    manifest = read_manifest(input_dir) or {}
-    shards = [fresh.get(s["shard_id"], s) for s in manifest.get("shards", [])]
+    manifest = read_manifest(input_dir)
+    if manifest is None:
+        raise StorageError(f"{input_dir.uri} has no manifest: round 0's shards are planned there")
+    shards = [fresh.get(s["shard_id"], s) for s in manifest.shards]
     totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
     first_line = 0
     for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
@@ -78,6 +83,4 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
         first_line += read.get("lines", 0)
         for k in totals:
             totals[k] += read.get(k, 0)
-    manifest["shards"] = shards
-    manifest["counts"] = totals
-    write_manifest(input_dir, manifest)
+    write_manifest(input_dir, manifest.model_copy(update={"shards": shards, "counts": totals}))

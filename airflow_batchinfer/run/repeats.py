@@ -36,15 +36,16 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
     range's job finds repeats only within its range), from the ranges' id hash files its jobs wrote
     (:mod:`~airflow_batchinfer.storage.id_hashes`); the first occurrence stays, the others are
     rejected (:func:`drop_repeats`, :func:`settle_repeats`)."""
-    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
-    ranges = sorted((s for s in manifest.get("shards", []) if "range" in s), key=lambda s: s["range"][0])
-    if len(ranges) < 2:
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    shards = [] if manifest is None else manifest.shards
+    ranges = sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0])
+    if manifest is None or len(ranges) < 2:
         return Repeats()
     # where every range's job writes it (infer, or infer_judge: the one reading the range)
     repeats = find_repeats(
         ranges,
         lambda sid: hashes_beside(layout.job_manifest(0, sid, "infer"), sid),
-        id_field=manifest.get("id_field") or cfg.id_field,
+        id_field=manifest.id_field or cfg.id_field,
         assign_ids=cfg.assign_ids,
         so=so,
     )

@@ -218,7 +218,7 @@ def _judge_read(layout: RunLayout, r: int, sid: str, doc: Figures) -> str | None
     """The inferred file a judge's manifest or accepted doc says the judge read, when it is this
     shard's: the final ``inferred/`` file, or one attempt its infer job staged."""
     final = layout.inferred(r, sid)
-    read = doc.input or final  # an accepted doc from before inputs were recorded: the final
+    read = doc.input
     ours = read == final or staged_attempt(layout.staged_job(r, sid, "infer"), read, INFERRED) is not None
     return read if ours else None
 

@@ -5,7 +5,7 @@ plan, run and close the same rounds). The run's first task records its owner —
 ``dag_id`` and ``run_id`` — in ``<run_root>/owner.json`` (a versioned JSON doc) before any other
 work, and refuses to start while another DAG run that is still queued or running owns the root.
 
-A run root belongs to the DAG that created it (``creator_dag_id``; a version-1 record's ``dag_id``):
+A run root belongs to the DAG that created it (``creator_dag_id``):
 its results and rejected rows are that DAG's, shown on the review desk to that DAG's readers.
 
 - No owner recorded: this run claims the root (its DAG becomes the creator).
@@ -35,7 +35,6 @@ stores have no conditional write, so two claims there could both succeed: a clai
 
 from __future__ import annotations
 
-import json
 import socket
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -51,7 +50,6 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, join, 
 
 OWNER_FILE = "owner.json"
 OWNER_VERSION = 2  # 2: records the DAG that created the run root (``creator_dag_id``)
-READABLE_VERSIONS = (1, OWNER_VERSION)  # a version-1 record's creator is its ``dag_id``
 CREATOR = "creator_dag_id"
 SHARING_LIMIT = "shared_run_root_dags"  # the limit that lets DAGs take over each other's roots
 LIVE_STATES = frozenset({"queued", "running"})
@@ -97,17 +95,14 @@ def parse_owner(record: dict[str, Any] | None) -> RunIdentity | None:
 
 
 def creator_of(record: dict[str, Any] | None) -> str | None:
-    """The DAG that created the run root ``record`` describes (``None``: no record). A version-1
-    record (before creators were recorded) was written by the creating DAG's first run: its
-    ``dag_id``; a later record without a creator is an error (``ConfigError``)."""
+    """The DAG that created the run root ``record`` describes (``None``: no record); a record
+    without one is an error (``ConfigError``)."""
     owner = parse_owner(record)
     return None if record is None or owner is None else _creator(record, owner)
 
 
 def _creator(record: dict[str, Any], owner: RunIdentity) -> str:
     creator = record.get(CREATOR)
-    if creator is None and record.get("schema_version") == 1:
-        return owner.dag_id
     if not isinstance(creator, str) or not creator:
         raise ConfigError(f"the owner record names no creating DAG ({CREATOR}: {creator!r})")
     return creator
@@ -269,20 +264,15 @@ _WHAT, _REMEDY = "run owner record", "delete it if no other DAG run uses this ru
 
 
 def read_owner(run_root: str, so: StorageOptions | None = None) -> dict[str, Any] | None:
-    """``owner.json`` as stored (version 1 or 2), ``None`` when the root has none."""
+    """``owner.json`` as stored, ``None`` when the root has none."""
     loc = resolve(owner_uri(run_root), so)
     raw = swap.read(loc)
     return None if raw is None else _parse(loc, raw)
 
 
 def _parse(loc: Location, raw: bytes) -> dict[str, Any]:
-    """The record, of a version this code reads (:data:`READABLE_VERSIONS`; others are refused)."""
-    try:
-        found = json.loads(raw).get("schema_version")
-    except (ValueError, AttributeError):  # not JSON, or not an object: parse_json says so
-        found = None
-    version = found if found in READABLE_VERSIONS else OWNER_VERSION
-    return parse_json(loc, raw, schema_version=version, what=_WHAT, remedy=_REMEDY)
+    """The record, of this code's version (others are refused)."""
+    return parse_json(loc, raw, schema_version=OWNER_VERSION, what=_WHAT, remedy=_REMEDY)
 
 
 def owner_record(

@@ -152,7 +152,7 @@ class IdDigest:
 
     @classmethod
     def maybe(cls, data: Any) -> IdDigest | None:
-        """The digest a document holds, or ``None`` where it has none (written before digests)."""
+        """The digest a document holds, or ``None`` where it has none."""
         if not isinstance(data, Mapping):
             return None
         try:

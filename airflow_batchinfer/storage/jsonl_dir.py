@@ -8,7 +8,10 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired
+
+from pydantic import ConfigDict, with_config
+from typing_extensions import TypedDict  # pydantic validates it (plans, manifests) on Python < 3.12
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
 from airflow_batchinfer.storage.confine import check_path
@@ -24,6 +27,7 @@ DEFAULT_BYTES_PER_SHARD = 256 * 1024 * 1024
 Compression = Literal["zstd", "none"]
 
 
+@with_config(ConfigDict(extra="forbid"))  # a key no reader knows is an error, not lost
 class ShardDescriptor(TypedDict):
     """What travels between tasks (XCom) for one shard: a reference and a count, never records.
 
@@ -41,6 +45,9 @@ class ShardDescriptor(TypedDict):
 
     ``spot_check_rate``: the share of the shard's judge-approved rows its judge job holds back for
     people (``spot_check_approved``), set by the round's plan from the rows it plans.
+
+    Round 0's close records a range shard's line counts as read (``read``: ``lines``, ``records``,
+    ``blank``, ``skipped``, ``quarantined``) in ``input/_manifest.json``.
     """
 
     shard_id: str
@@ -63,6 +70,7 @@ class ShardDescriptor(TypedDict):
     # the settings a review changed (absent: the round runs run.json's).
     round: NotRequired[int]
     slot: NotRequired[str]
+    read: NotRequired[dict[str, int]]
 
 
 @dataclass(frozen=True, order=True)

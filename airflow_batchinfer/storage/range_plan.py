@@ -32,7 +32,7 @@ from airflow_batchinfer.storage.lines import (
     RangeReader,
 )
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
-from airflow_batchinfer.storage.manifest import claim_output, read_manifest, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
 from airflow_batchinfer.storage.ranges import source_version
 from airflow_batchinfer.storage.records import (
     MAX_ID_BYTES,
@@ -245,7 +245,7 @@ def shard_ranges(
     max_id_bytes: int = MAX_ID_BYTES,
     fan_out: FanOut | None = None,
     lanes: int = 0,
-) -> tuple[list[ShardDescriptor], dict[str, Any], bool] | None:
+) -> tuple[list[ShardDescriptor], OutputManifest, bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
     does. Returns ``(shards, manifest, reused)``, or ``None`` when ``src`` cannot be split. Each
@@ -274,13 +274,13 @@ def shard_ranges(
     earlier = read_manifest(out)
     if earlier is not None and _detected_before(earlier, id_field):
         fingerprint["id_field"] = None  # the field the earlier plan detected, now named: the same plan
-    if earlier is not None and earlier.get("kind") == "shard" and not overwrite:
+    if earlier is not None and earlier.kind == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
     if earlier is not None and not overwrite:
         _refuse_a_changed_plan(out.uri, source.uri, earlier, fingerprint)
     done = claim_output(out, kind="ranges", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return done["shards"], done, True
+        return done.shards, done, True
     arms = len(fan_out.arms) if fan_out is not None else 1
     plan = plan_ranges(
         src,
@@ -291,7 +291,7 @@ def shard_ranges(
         min_records=taper.MIN_RECORDS / arms,  # lines: the floor counts rows
     )
     if plan is None:
-        write_manifest(out, {"kind": "ranges", "state": "unsplittable", "fingerprint": fingerprint})
+        write_manifest(out, OutputManifest(kind="ranges", state="unsplittable", fingerprint=fingerprint))
         return None
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
@@ -303,10 +303,10 @@ def shard_ranges(
     return plan.shards, manifest, False
 
 
-def _detected_before(earlier: dict[str, Any], id_field: str | None) -> bool:
+def _detected_before(earlier: OutputManifest, id_field: str | None) -> bool:
     """Whether the earlier plan detected the id field that ``id_field`` now names."""
-    detected = (earlier.get("fingerprint") or {}).get("id_field") is None
-    return detected and id_field is not None and id_field == earlier.get("id_field")
+    detected = (earlier.fingerprint or {}).get("id_field") is None
+    return detected and id_field is not None and id_field == earlier.id_field
 
 
 def _bound_shards(
@@ -328,32 +328,30 @@ def _complete_manifest(
     id_field: str | None,
     rejects_uri: str,
     lanes: int,
-) -> dict[str, Any]:
+) -> OutputManifest:
     """The manifest of a complete range plan: its shards, estimated counts and how it was planned."""
-    return {
-        "kind": "ranges",
-        "state": "complete",
-        "fingerprint": fingerprint,
-        "shards": plan.shards,
+    return OutputManifest(
+        kind="ranges",
+        state="complete",
+        fingerprint=fingerprint,
+        shards=plan.shards,
         # Known once round 0's close has read every range (it fills these in, and each shard's ids).
-        "counts": {"records": estimated, "estimated": 1},
-        "id_field": id_field,
-        "rejects_uri": rejects_uri,
-        "planning": {"bytes_read": plan.bytes_read, "seconds": round(plan.seconds, 3)},
-        "taper_lanes": lanes,
-    }
+        counts={"records": estimated, "estimated": 1},
+        id_field=id_field,
+        rejects_uri=rejects_uri,
+        planning={"bytes_read": plan.bytes_read, "seconds": round(plan.seconds, 3)},
+        taper_lanes=lanes,
+    )
 
 
 def _refuse_a_changed_plan(
-    uri: str, source: str, earlier: dict[str, Any], fingerprint: dict[str, Any]
+    uri: str, source: str, earlier: OutputManifest, fingerprint: dict[str, Any]
 ) -> None:
     """Refuse to plan again over a complete range plan made with another fingerprint: its rounds read
     ranges of the file as it was, and a new plan over a changed file would mix them."""
-    if earlier.get("kind") != "ranges" or earlier.get("state") != "complete":
+    if earlier.kind != "ranges" or not earlier.complete or earlier.fingerprint == fingerprint:
         return
-    if earlier.get("fingerprint") == fingerprint:
-        return
-    was = earlier.get("fingerprint") or {}
+    was = earlier.fingerprint or {}
     raise OutputExistsError(
         f"{uri} holds the range plan of {was.get('source')} (version {was.get('version')}), but the "
         f"input is now {source} (version {fingerprint['version']}) or other sharding settings: the "

@@ -58,7 +58,7 @@ class InputRange:
     assign_ids: bool = False
     on_error: str = "quarantine"
     lead_in: list[int] | None = None  # zstd: the frame before the range (see range_chunks)
-    # The plan's bounds (None: a plan from before they existed, read as its jobs read it then).
+    # The plan's bounds (range plans record them; None: storage's defaults).
     max_line_bytes: int | None = None
     max_id_bytes: int | None = None
     # The fan-out's arms (storage.fan_out): each kept record is read once per arm.

@@ -36,7 +36,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.storage.manifest import claim_output, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, JsonlWriter
 
 Progress = Callable[[int, int], None]
@@ -109,13 +109,11 @@ def recompact(
         "max_bytes_per_shard": max_bytes_per_shard,
         "compression": compression,
     }
-    # (``id_field`` is not part of the fingerprint: an identical output recompacted before digests
-    # existed is reused as it is, without ``ids``, rather than rewritten under its round's next jobs.)
+    # (``id_field`` is not part of the fingerprint: an identical output is reused as it is, its
+    # ``ids`` recorded when it was made with an id field.)
     done = claim_output(out, kind="recompact", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return RecompactResult(
-            done["shards"], done["records"], done["sources"], reused=True, ids=done.get("ids")
-        )
+        return RecompactResult(done.shards, done.records or 0, done.sources or 0, reused=True, ids=done.ids)
     files = [src_dir.file(s.name) for s in sources]
     sizes = _source_sizes(files, sources, counts or {}, workers)
     plan = _Plan(
@@ -140,7 +138,7 @@ def recompact(
     ids = _ids_of(written) if plan.line_ids is not None else None
     result = RecompactResult(written, plan.total, len(sources), seconds=time.monotonic() - started, ids=ids)
     write_manifest(
-        out, {"kind": "recompact", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+        out, OutputManifest(kind="recompact", state="complete", fingerprint=fingerprint, **result.as_dict())
     )
     return result
 

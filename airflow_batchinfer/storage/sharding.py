@@ -33,7 +33,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
-from airflow_batchinfer.storage.manifest import claim_output, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError, dumps
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
@@ -52,7 +52,7 @@ class ShardingResult:
 
     ``counts`` holds ``lines``, ``records``, ``blank``, ``skipped`` and ``quarantined``, with
     ``lines == records + blank + skipped + quarantined``. Each shard's ``ids`` is the digest of its
-    ids (absent from a manifest written before digests existed).
+    ids.
     """
 
     shards: list[ShardDescriptor]
@@ -147,18 +147,18 @@ def shard_dataset(
         seconds=time.monotonic() - started,
     )
     write_manifest(
-        out, {"kind": "shard", "state": "complete", "fingerprint": fingerprint, **result.as_dict()}
+        out, OutputManifest(kind="shard", state="complete", fingerprint=fingerprint, **result.as_dict())
     )
     return result
 
 
-def _reused(done: dict[str, Any]) -> ShardingResult:
+def _reused(done: OutputManifest) -> ShardingResult:
     """The result an identical earlier sharding recorded in its manifest."""
     return ShardingResult(
-        shards=done["shards"],
-        counts=done["counts"],
-        id_field=done["id_field"],
-        rejects_uri=done["rejects_uri"],
+        shards=done.shards,
+        counts=done.counts or {},
+        id_field=done.id_field or "id",
+        rejects_uri=done.rejects_uri or "",
         reused=True,
     )
 
@@ -236,8 +236,8 @@ def _write_shards(
 
 
 def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> dict[str, int | None]:
-    """The line and id bounds as fingerprint keys, only where they differ from the defaults: a
-    manifest written before the bounds existed still matches a run at the defaults."""
+    """The line and id bounds as fingerprint keys, only where they differ from the defaults (as job
+    params leave defaults out: a run at the defaults keeps the fingerprint it has)."""
     return {
         k: v
         for k, v, default in (

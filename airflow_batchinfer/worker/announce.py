@@ -9,9 +9,8 @@ The document (:class:`Announcement`, version :data:`ANNOUNCE_VERSION`)::
 
 ``startup`` holds wall-clock times (``time.time()``) of the marks in :data:`STARTUP_MARKS`, noted by
 :func:`mark` as the process gets there: its modules imported, the app built, the engine loaded,
-the socket listening, the announcement written. A file without ``version`` is one from before
-(``url``, ``pid``, ``started_at`` only) and reads as such; any other version, an unknown field or
-a bad value is refused by name.
+the socket listening, the announcement written. Another version (or none), an unknown field or a
+bad value is refused by name.
 """
 
 from __future__ import annotations
@@ -74,8 +73,8 @@ class Announcement:
 
         if not isinstance(data, dict):
             raise refused(f"expected a JSON object, got {type(data).__name__}")
-        version = data.get("version", 0)  # none: a worker from before versions (the same fields)
-        if version not in (0, ANNOUNCE_VERSION):
+        version = data.get("version")
+        if version != ANNOUNCE_VERSION:
             raise refused(f"version {version!r}; this release reads version {ANNOUNCE_VERSION}")
         if unknown := sorted(set(data) - _FIELDS):
             raise refused(f"unknown fields {unknown}")

@@ -7,7 +7,7 @@ unflushed buffer; on resubmission every sample resumes after its last checkpoint
 samples that already finished are emitted from their stored final rows. An attempt that did not
 finish its sample carries ``previous`` (:class:`~airflow_batchinfer.prompts.retries.Previous`, as a dict):
 what the next attempt is told, so a resumed sample renders the prompt (and runs with the
-``max_tokens``) it would have; events written before it existed have none.
+``max_tokens``) it would have.
 """
 
 from __future__ import annotations

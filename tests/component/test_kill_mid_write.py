@@ -75,7 +75,7 @@ def test_sigkill_mid_shard_leaves_no_partial_shard_and_rerun_completes(root: Roo
     names = {p.rsplit("/", 1)[-1] for p in loc.fs.ls(loc.path, detail=False, refresh=True)}
     assert not any(n.startswith("part-00001") for n in names)
     manifest = read_manifest(out)
-    assert manifest is not None and manifest["state"] == "in_progress"
+    assert manifest is not None and manifest.state == "in_progress"
     if root.backend == "s3":  # the kill really happened mid-upload: a multipart upload was left open
         bucket = loc.path.split("/", 1)[0]
         uploads = loc.fs.call_s3("list_multipart_uploads", Bucket=bucket).get("Uploads", [])

@@ -10,12 +10,16 @@ from airflow_batchinfer.state.config import RunConfig
 
 # ------------------------------------------------------------------------ runs from before digests
 def strip_digests(cfg: RunConfig) -> None:
-    """Make the run look as if written before digests: no ``ids`` in any manifest or document."""
+    """Leave the run's digests unknown (the invariant's read-the-ids path): none in any document,
+    and a job's own ``ids`` (required) empty."""
     root = Path(cfg.run_root)
     for path in root.rglob("*.json"):
         doc = json.loads(path.read_text())
         if isinstance(doc, dict):
-            doc.pop("ids", None)
+            if path.parent.name == "jobs" and "ids" in doc:
+                doc["ids"] = {}
+            else:
+                doc.pop("ids", None)
             for key in ("shards", "failed_shards"):
                 for s in doc[key] if isinstance(doc.get(key), list) else []:
                     s.pop("ids", None)

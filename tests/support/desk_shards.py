@@ -27,7 +27,8 @@ FAILING = "part-00004"
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     """The desk's app with four DAG runs: ``lanes`` (its gate reviews round 0, run by lanes, and
     waits), ``moving`` (the same, its gate answered and round 1 under way), ``before`` (its round 0
-    ran one task per shard), ``broken`` (as ``moving``, a lane document of round 1 unreadable)."""
+    closed with no lane document: no lane started it), ``broken`` (as ``moving``, a lane document of
+    round 1 unreadable)."""
     roots = {
         "lanes": lanes_runs(tmp_path_factory.mktemp("lanes"))[0].run_root,
         "moving": lanes_runs(tmp_path_factory.mktemp("moving"))[0].run_root,

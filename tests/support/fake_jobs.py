@@ -96,7 +96,6 @@ def finish_job(
     engine: Mapping[str, Any] = ENGINE,
     run_s: float = 1.0,
     ids: Mapping[str, IdDigest | None] | None = None,
-    groups: bool = True,
     engine_stats: EngineTelemetry | None = None,
     so: StorageOptions | None = None,
 ) -> JobManifest:
@@ -104,9 +103,9 @@ def finish_job(
     ``outputs`` (name -> rows) where the worker would and the manifest. Returns the manifest.
 
     The manifest's ``ids`` digests the input file's ids and each output's rows, as a worker does;
-    ``ids`` replaces some of them (``None`` leaves one out, as a manifest from before digests). A
-    judging or in-place job's ``reason_groups`` count its rejected rows' reasons, as a worker does
-    (``groups=False``: none, as a manifest from before them). ``engine_stats``: the engine's figures
+    ``ids`` replaces some of them (``None`` leaves one out: close then reads that shard). A
+    judging or in-place job's ``reason_groups`` count its rejected rows' reasons, as a worker does.
+    ``engine_stats``: the engine's figures
     (by default those of a simulated engine that ran one batch)."""
     src = judge_input(cfg, r, shard, so) if kind == "judge" else shard  # the infer attempt named now
     spec = job_spec(cfg, kind, r, src)
@@ -147,7 +146,7 @@ def finish_job(
         worker="w1",
         timings=Timings(started_at=time.time(), finished_at=time.time(), run_s=run_s),
         batcher=BatcherDelta(),
-        reason_groups=reasons.as_dict() if kind != "infer" and groups else None,
+        reason_groups=reasons.as_dict() if kind != "infer" else None,
         committed=committed or None,
         engine_stats=engine_stats or simulated_engine_stats(run_s),
     )

@@ -55,7 +55,6 @@ def build_round(
     per_shard: int = 20,
     reasons: Callable[[int], str] = reason,
     approve: Callable[[int], bool] = approved,
-    groups_in_manifest: bool = True,
     so: StorageOptions | None = None,
     data_dir: Path | None = None,
 ) -> RunConfig:
@@ -97,7 +96,7 @@ def build_round(
                 bad.append({**row, "status": "rejected", "judgment": judgment})
         finish_job(
             cfg, kind, 0, shard, {"approved": ok, "rejected": bad},
-            counted(approved=len(ok), rejected=len(bad)), groups=groups_in_manifest, so=so,
+            counted(approved=len(ok), rejected=len(bad)), so=so,
         )  # fmt: skip
     summary = close_so(cfg, so)
     assert summary["invariant"]["ok"], summary["invariant"]
@@ -128,8 +127,8 @@ def close_so(cfg: RunConfig, so: StorageOptions | None) -> dict[str, Any]:
 
 
 def drop_manifest_groups(cfg: RunConfig, so: StorageOptions | None = None) -> None:
-    """Remove ``reason_groups`` from every round-0 manifest and accepted record (a run from before
-    they existed)."""
+    """Remove ``reason_groups`` from every round-0 manifest and accepted record: a round whose groups
+    are unknown, which the review desk reads."""
     layout = RunLayout(cfg.run_root)
     (kind,) = round_kinds(cfg, "rounds")
     plan = read_plan(layout, "round-00", so)

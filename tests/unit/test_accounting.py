@@ -13,10 +13,17 @@ from typing import Any
 import pytest
 
 import airflow_batchinfer.run.close as round_close
+from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.plan import ACCEPT, apply_choice, propose_slot
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import MANIFEST_VERSION, read_job_manifest, read_summary, write_plan
+from airflow_batchinfer.state.docs import (
+    DOC_VERSION,
+    MANIFEST_VERSION,
+    read_job_manifest,
+    read_summary,
+    write_plan,
+)
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
@@ -88,8 +95,8 @@ def test_close_checks_the_invariant_from_digests_without_reading_results(
     assert ids["approved"] == IdDigest.of(i for i in IDS if int(i[1:]) % 2 == 0)
     assert ids["next_pending"] == ids["rejected"] and ids["failed"] == IdDigest()
     nxt = read_manifest(JsonlDir(layout.pending(1)))
-    assert nxt is not None and IdDigest.from_dict(nxt["ids"]) == ids["rejected"]
-    assert all("ids" in d for d in nxt["shards"])  # the next round's plan carries digests again
+    assert nxt is not None and nxt.ids is not None and IdDigest.from_dict(nxt.ids) == ids["rejected"]
+    assert all("ids" in d for d in nxt.shards)  # the next round's plan carries digests again
 
 
 def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path, reads: list[str]) -> None:
@@ -178,7 +185,7 @@ def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path)
     for s in plan.shards[:2]:
         finish_shard(cfg, 0, s, evens(s))
     strip_digests(cfg)
-    plan = plan_round(cfg)  # the plan of an older run: descriptors without ids
+    plan = plan_round(cfg)  # descriptors without ids
     assert all("ids" not in s for s in plan.shards)
     summary = close(cfg, plan)
     inv = summary["invariant"]
@@ -192,23 +199,19 @@ def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path)
     assert (report["invariant"]["input"], report["invariant"]["accounted"]) == (30, 30)
 
 
-def test_a_next_pending_set_recompacted_before_digests_is_reused_and_read(tmp_path: Path) -> None:
+def test_a_next_pending_set_without_its_digest_is_refused_with_the_remedy(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
-    first = close(cfg, plan)
+    close(cfg, plan)
     manifest = Path(layout.pending(1), "_manifest.json")
     doc = json.loads(manifest.read_text())
     doc.pop("ids")
-    for d in doc["shards"]:
-        d.pop("ids")
     manifest.write_text(json.dumps(doc))
-    files = {p: p.stat().st_mtime_ns for p in Path(layout.pending(1)).glob("part-*")}
-    again = close(cfg, plan)  # a resumed run's close: the recompaction is reused, not rewritten
-    assert {p: p.stat().st_mtime_ns for p in Path(layout.pending(1)).glob("part-*")} == files
-    assert again["invariant"]["ok"] and again["ids"]["next_pending"] == first["ids"]["next_pending"]
+    with pytest.raises(StorageError, match=r"pending.*without its ids' digest.*delete it"):
+        close(cfg, plan)  # a resumed run's close reuses the recompaction: it must carry its digest
 
 
 def test_the_fallback_names_an_id_lost_after_close(tmp_path: Path) -> None:
@@ -257,7 +260,8 @@ def test_report_counts_rows_a_review_accepted_from_the_plan(tmp_path: Path) -> N
         finish_shard(cfg, 0, s, evens(s))
     close(cfg, plan)
     accepted = apply_choice(cfg, propose_slot(cfg, "round-01"), ACCEPT)
-    assert accepted.accepted == IdDigest.of(i for i in IDS if int(i[1:]) % 2).to_dict()
+    assert accepted.accepted is not None
+    assert accepted.accepted.digest() == IdDigest.of(i for i in IDS if int(i[1:]) % 2)
     write_plan(RunLayout(cfg.run_root), accepted)
     report = build_report(cfg)
     assert report["invariant"]["checked"] == "digests" and report["invariant"]["ok"], report["invariant"]
@@ -280,9 +284,9 @@ def test_in_place_rounds_account_for_exhausted_rows(tmp_path: Path) -> None:
     assert report["invariant"]["checked"] == "digests" and report["invariant"]["ok"]
 
 
-def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
-    """Digests are optional fields: the summary keeps schema_version 1 (older readers ignore them); a
-    manifest is at its own version (2: its counts a Tally)."""
+def test_summary_and_manifests_carry_their_versions(tmp_path: Path) -> None:
+    """The summary is at the run documents' version (DOC_VERSION); a manifest at its own (2: its
+    counts a Tally)."""
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
@@ -294,4 +298,6 @@ def test_summary_and_manifests_stay_readable_versions(tmp_path: Path) -> None:
     pending = plan.shards[0]["uri"]
     assert m.digest("input") == IdDigest.of(r["id"] for r in read_rows(pending))
     summary = close(cfg, plan)
-    assert json.loads(Path(layout.summary(0)).read_text())["schema_version"] == 1 and "ids" in summary
+    assert (
+        json.loads(Path(layout.summary(0)).read_text())["schema_version"] == DOC_VERSION and "ids" in summary
+    )

@@ -303,7 +303,7 @@ def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
 
     monkeypatch.setattr(settle.files, "move", crash_after_one)
     with pytest.raises(OSError, match="killed"):
-        close_round(cfg, Plan(plan.slot, 0, "rounds", plan.shards[:1]))
+        close_round(cfg, Plan(slot=plan.slot, round=0, mode="rounds", shards=plan.shards[:1]))
     monkeypatch.setattr(settle.files, "move", move)
     sid = plan.shards[0]["shard_id"]
     judge_shard(cfg, 0, plan.shards[0], set(), token="t2")  # another copy lands before the re-run

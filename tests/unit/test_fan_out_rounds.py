@@ -137,9 +137,15 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
     repeat_files = [f for f in JsonlDir(layout.rejects).jsonl_files() if f.uri.endswith(REJECTS_SUFFIX)]
     assert len(repeat_files) == 1
     # the input's counts stay the file's lines; its shards' records became the rows read
-    manifest = read_manifest(JsonlDir(layout.input)) or {}
-    assert manifest["counts"] == {"lines": 24, "records": 22, "blank": 0, "skipped": 0, "quarantined": 2}
-    assert sum(s["records"] for s in manifest["shards"]) == 66  # r03's later line's rows too (rejected)
+    manifest = read_manifest(JsonlDir(layout.input))
+    assert manifest is not None and manifest.counts == {
+        "lines": 24,
+        "records": 22,
+        "blank": 0,
+        "skipped": 0,
+        "quarantined": 2,
+    }
+    assert sum(s["records"] for s in manifest.shards) == 66  # r03's later line's rows too (rejected)
 
     # round 1: the rejected rows (the quarantined range stays in failed/)
     plan1 = planned(cfg, "round-01")
@@ -205,8 +211,12 @@ def test_a_run_without_fan_out_plans_and_asks_as_before(tmp_path: Path) -> None:
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(24)]
     cfg = fan_out_run(tmp_path, lines, fan_out="off")
     shards = prepare_run(cfg).shards
-    manifest = read_manifest(JsonlDir(RunLayout(cfg.run_root).input)) or {}
-    assert "fan_out" not in manifest["fingerprint"] and all("fan_out" not in s for s in shards)
+    manifest = read_manifest(JsonlDir(RunLayout(cfg.run_root).input))
+    assert (
+        manifest is not None
+        and "fan_out" not in (manifest.fingerprint or {})
+        and all("fan_out" not in s for s in shards)
+    )
     assert len(shards) == 2  # about records_per_shard lines each
     params = job_spec(cfg, "infer_judge", 0, shards[0]).params
     assert "fan_out" not in params["input_range"] and "fan_out" not in params

@@ -55,21 +55,21 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     write_run_config(cfg)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 3))
     # the keys the operator logs and the budget check reads
-    assert summary["sample_records"] == 20 and summary["dataset_records"] == 100 and summary["workers"] == 1
-    assert summary["tokens_per_s"] > 0 and 0 <= summary["approval_rate"] <= 1
-    plan = SizingPlan.from_dict(summary["sizing"])
+    assert summary.sample_records == 20 and summary.dataset_records == 100 and summary.workers == 1
+    assert summary.tokens_per_s > 0 and 0 <= summary.approval_rate <= 1
+    plan = SizingPlan.from_dict(summary.sizing)
     assert (plan.records, plan.gpus, plan.concurrency, plan.slots) == (100, 1, 3, 3)  # slots from /v1/stats
-    assert round(plan.tokens_per_s, 1) == summary["tokens_per_s"]
+    assert round(plan.tokens_per_s, 1) == summary.tokens_per_s
     assert plan.rounds[0].shards == 4 and plan.rounds[0].records_per_shard == 30  # the run's shards
-    assert plan.max_rounds == 2 and plan.approval_rate == summary["approval_rate"]
+    assert plan.max_rounds == 2 and plan.approval_rate == summary.approval_rate
     # the run's lanes (the setting, or one per slot) and chunk_size: what a lost worker redoes
     assert (plan.lanes_setting, plan.lanes, plan.chunk_size) == (0, 3, cfg.chunk_size)
     assert plan.lost_records_per_failure == 3 * min(cfg.chunk_size, 30)
-    assert summary["sizing"]["version"] == SIZING_VERSION
-    assert summary["projected_wall_s"] == round(plan.wall_s, 1)
-    assert summary["projected_gpu_hours"] == round(plan.wall_s / 3600, 4)
+    assert summary.sizing["version"] == SIZING_VERSION
+    assert summary.projected_wall_s == round(plan.wall_s, 1)
+    assert summary.projected_gpu_hours == round(plan.wall_s / 3600, 4)
     stored = json.loads((tmp_path / "run" / "preflight" / "summary.json").read_text())
-    assert stored["sizing"] == summary["sizing"]
+    assert stored["sizing"] == summary.sizing
     # greedy sampling and no retry template: every retry would repeat its attempt's text
     (warning,) = stored["warnings"]
     assert warning == same_retries(cfg) and warning.startswith("every retry would produce the same text")
@@ -83,9 +83,9 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     again = run_preflight(cfg, ["http://worker"], TOKEN, concurrency=8, max_map_length=2,
                           transport=InProcessWorker(tmp_path, 3))  # fmt: skip
     # 8 lanes (a slot each) are more than a round maps: no plan, the pre-flight still reports
-    assert "8 lanes (one per pool slot), but" in again["sizing"]["error"]
-    assert "max_map_length is 2" in again["sizing"]["error"]
-    assert again["projected_gpu_hours"] > 0
+    assert "8 lanes (one per pool slot), but" in again.sizing["error"]
+    assert "max_map_length is 2" in again.sizing["error"]
+    assert again.projected_gpu_hours > 0
     # the sample ran what the rounds run: one fused infer_judge job (no inferred file in between)
     preflight = Path(RunLayout(cfg.run_root).preflight)
     assert (preflight / "infer_judge.json").exists() and not (preflight / "inferred.jsonl.zst").exists()
@@ -151,8 +151,8 @@ def test_preflight_samples_and_sizes_a_fan_outs_rows(tmp_path: Path) -> None:
     assert all("range" in s for s in shards)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 2))
     planned = sum(s["records"] for s in shards)  # the ranges' estimates, 2 rows a line
-    assert summary["sample_records"] == 8 and summary["dataset_records"] == planned and planned % 2 == 0
-    assert SizingPlan.from_dict(summary["sizing"]).records == planned
+    assert summary.sample_records == 8 and summary.dataset_records == planned and planned % 2 == 0
+    assert SizingPlan.from_dict(summary.sizing).records == planned
     sample = list(JsonlFile(str(Path(RunLayout(cfg.run_root).preflight) / "sample.jsonl.zst")).iter_records())
     assert {r["adapter"] for r in sample} == {"base", "sql"}
     assert all(r["id"] == f"{r['input_id']}@{r['adapter']}" for r in sample)

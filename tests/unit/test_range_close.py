@@ -19,6 +19,11 @@ from tests.support.ranges import ranged_round
 from tests.support.worker_jobs import run_jobs
 
 
+def input_counts(layout: RunLayout) -> dict[str, int] | None:
+    manifest = read_manifest(JsonlDir(layout.input))
+    return None if manifest is None else manifest.counts
+
+
 def test_range_jobs_reject_bad_lines_and_close_numbers_them_absolutely(tmp_path: Path) -> None:
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(40)]
     lines[5], lines[31], lines[17] = "{bad", "[]", json.dumps({"id": "r12", "question": "again"})
@@ -32,7 +37,7 @@ def test_range_jobs_reject_bad_lines_and_close_numbers_them_absolutely(tmp_path:
         for r in f.iter_records()
     )
     assert [n for n, _ in rejects] == [6, 18, 32]  # 1-based lines of the whole file
-    counts = (read_manifest(JsonlDir(layout.input)) or {})["counts"]
+    counts = input_counts(layout)
     assert counts == {"lines": 40, "records": 37, "blank": 0, "skipped": 0, "quarantined": 3}
 
 
@@ -47,11 +52,11 @@ def test_a_rerun_close_numbers_rejects_from_every_range_not_only_the_planned_one
     def rejects() -> list[int]:
         return sorted(r["line_no"] for f in JsonlDir(layout.rejects).jsonl_files() for r in f.iter_records())
 
-    counts = (read_manifest(JsonlDir(layout.input)) or {})["counts"]
+    counts = input_counts(layout)
     assert rejects() == [6, 18, 32]
     plan.shards = plan.shards[1:]  # as if the first range held no record: not planned again
     close_round(cfg, plan)
-    assert rejects() == [6, 18, 32] and (read_manifest(JsonlDir(layout.input)) or {})["counts"] == counts
+    assert rejects() == [6, 18, 32] and input_counts(layout) == counts
 
 
 def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path) -> None:

@@ -638,13 +638,6 @@
     clear(parts.shards);
     parts.shardPrev.disabled = shards.cursors.length <= 1;
     parts.shardNext.disabled = shards.next === null;
-    if (!data.tracked) {
-      parts.shardInfo.textContent = "";
-      parts.shards.appendChild(
-        el("tr", {}, el("td", { colspan: "8", "data-testid": "shards-untracked" }, "Round " + data.round + " ran one Airflow task per shard: each shard's state is its task in the Airflow grid.")),
-      );
-      return;
-    }
     const counts = Object.assign({ shards: data.total, lanes: data.lanes }, data.counts);
     for (const [key, value] of Object.entries(counts)) {
       parts.shardCounts.appendChild(el("span", { class: "count", "data-testid": "shard-count-" + key }, el("b", {}, asText(value)), " " + (key === "unclaimed" ? "never claimed" : key)));

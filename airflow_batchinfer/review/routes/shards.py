@@ -19,7 +19,7 @@ from airflow_batchinfer.review.routes.context import (
     so_key,
 )
 from airflow_batchinfer.review.routes.host import AccessDep, ReadDag
-from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, ShardPage, shard_page
+from airflow_batchinfer.review.shards import MAX_SHARDS_PAGE, shard_page
 from airflow_batchinfer.state.docs import Plan, read_plan, read_run_config, read_summary, slots
 from airflow_batchinfer.state.docs.shard_status import RoundStatus, round_status
 from airflow_batchinfer.state.layout import RunLayout
@@ -40,23 +40,20 @@ def shards(
     round: Annotated[int | None, Query(ge=0)] = None,
 ) -> dict[str, Any]:
     """A page of a round's shards (its lanes' documents, claims and quarantine records) with
-    the round's counts by state; ``tracked`` is false for a round that ran one task per shard."""
+    the round's counts by state (a round no lane has started: every shard unclaimed)."""
     ctx = run_context(access, dag_id, run_id)
     plan, rounds = _planned(ctx, round)
     found, closed = _round_status(ctx, plan)
     page = shard_page(found, cursor=cursor or None, size=size, state=state or None, bounds=access.bounds())
-    if not found.tracked:  # one task per shard: the states are its tasks' in the Airflow grid
-        page = ShardPage([], None, 0)
     return {
         "round": plan.round,
         "slot": plan.slot,
         "rounds": rounds,  # the rounds planned so far (each one's shards can be shown)
         "gate_round": ctx.round,
         "closed": closed,
-        "tracked": found.tracked,
         "lanes": len(found.lane_docs),
         "total": len(found.rows),
-        "counts": found.counts() if found.tracked else {},
+        "counts": found.counts(),
         **page.to_dict(),
     }
 

@@ -1,8 +1,8 @@
 """The run report's gathering: ``report/summary.json`` from the files the rounds left in storage
 (plans, summaries, job manifests, lane documents), written with ``report/report.md``
 (:mod:`~airflow_batchinfer.run.report.render`) and the SVG plots
-(:mod:`~airflow_batchinfer.run.report.plots`). A round run by lanes (one Airflow task per lane, not
-per shard) reports each of its shards' states and each lane's figures (``shard_status``:
+(:mod:`~airflow_batchinfer.run.report.plots`). A round reports each of its shards' states and each
+lane's figures (``shard_status``, one Airflow task per lane, not per shard:
 :class:`~airflow_batchinfer.state.docs.shard_status.RoundShards`)."""
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from airflow_batchinfer.state.docs import (
     Plan,
     Summary,
     read_accepted,
-    read_doc,
     read_plan,
     read_summary,
     review_applied,
     slots,
-    write_doc,
 )
 from airflow_batchinfer.state.docs.calibration import Calibration, read_calibration
+from airflow_batchinfer.state.docs.preflight import read_preflight
+from airflow_batchinfer.state.docs.report import RunReport, write_report_doc
 from airflow_batchinfer.state.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
@@ -94,26 +94,26 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     if failed and len(failed) > cfg.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
     reviews = applied_reviews(layout, plans, so)
+    input_manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    preflight = read_preflight(layout, so)
     shard_status = shard_figures(layout, ran, summaries, so)
     report = {
         "run_root": cfg.run_root,
         "strategy": cfg.strategy,
         "status": status,
         "stop_reason": reason,
-        "input": (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("counts"),
+        "input": None if input_manifest is None else input_manifest.counts,
         "fan_out": fan_out_figures(cfg, layout, so),
         "rounds": [s.to_json() for s in rounds],
         # What each slot decided; the settings its round ran (templates, judge) stay in its plan.json.
-        "plans": [
-            {k: v for k, v in vars(p).items() if k != "config"} | {"shards": len(p.shards)} for p in plans
-        ],
+        "plans": [{**p.model_dump(mode="json", exclude={"config"}), "shards": len(p.shards)} for p in plans],
         # the judge's approvals: into results at each close, and spot checks no person decided after it
-        "approved": sum(s.approved for s in rounds)
-        + sum(int(a.get("counts", {}).get("approve", 0)) for a in reviews),
+        "approved": sum(s.approved for s in rounds) + sum(a.counts.get("approve", 0) for a in reviews),
         "accepted_by_review": (_count_rows(layout, "accepted-", so) if stop == ACCEPTED_BY_REVIEW else 0)
-        + sum(int(a["accepted"]["count"]) for a in reviews),
-        "dropped_by_review": sum(int(a["dropped"]["count"]) for a in reviews),
-        "reviews": reviews,  # the reviewers' decisions per reviewed round, as they took effect
+        + sum(a.accepted.count for a in reviews),
+        "dropped_by_review": sum(a.dropped.count for a in reviews),
+        # the reviewers' decisions per reviewed round, as they took effect
+        "reviews": [a.to_json() for a in reviews],
         # the judge against the reviewers, per reviewed round (round-NN/review/calibration.json)
         "calibration": [c.to_json() for c in calibrations(layout, plans, so)],
         "remaining_pending": sum(s["records"] for s in final_pending),
@@ -122,16 +122,18 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "exhausted_in_place": exhausted,
         "failed_shards": [f.to_json() for f in failed],
         "max_failed_shards": cfg.max_failed_shards,
-        # per round run by lanes: its shards by state, per lane, the failed ones (none: before lanes)
+        # per round a lane started: its shards by state, per lane, the failed ones
         "shard_status": [f.to_json() for f in shard_status],
-        "preflight": read_doc(join(layout.preflight, "summary.json"), "preflight summary", so),
+        "preflight": None if preflight is None else preflight.to_json(),
         # what the settings alone warn of: also with the pre-flight's sample off, and for the CLI's runs
         "warnings": retry_warnings(cfg),
         "workers": _per_worker(rounds),
         "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
         "invariant": invariant,
     }
-    write_doc(join(layout.report, "summary.json"), report, so)
+    doc = RunReport.model_validate(report)  # what the renderers read is what summary.json holds
+    write_report_doc(layout, doc, so)
+    report = doc.to_json()
     write_bytes(resolve(join(layout.report, "report.md"), so), render_markdown(report).encode())
     for name, svg in plots(report).items():
         write_bytes(resolve(join(layout.report, name), so), svg)
@@ -141,14 +143,14 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
 def shard_figures(
     layout: RunLayout, ran: list[Plan], summaries: dict[str, Summary | None], so: StorageOptions | None
 ) -> list[RoundShards]:
-    """The shard figures of each round that ``ran`` by lanes (a round run one task per shard, before
-    lanes, has none); a closed round's quarantine records come from its summary."""
+    """The shard figures of each round that ``ran`` and a lane started (one that none started has
+    none); a closed round's quarantine records come from its summary."""
     out = []
     for plan in ran:
         summary = summaries.get(plan.slot)
         failed = None if summary is None else summary.failed_shards
         status = round_status(layout, plan, so, failed=failed)
-        if status.tracked:
+        if status.started:
             out.append(status.figures())
     return out
 
@@ -197,7 +199,7 @@ def engine_rounds(
 ) -> list[dict[str, Any]]:
     """Per closed round, its engines' figures over the jobs close accepted (their manifests'
     ``engine_stats``, copied into the accepted docs; :func:`round_engine`). A round none of whose
-    jobs has any (engines without stats, or jobs from before them) is left out."""
+    jobs has any (engines without stats) is left out."""
     out = []
     for plan in closed:
         kinds = round_kinds(plan.effective_config(cfg), plan.mode)
@@ -282,5 +284,6 @@ def fan_out_figures(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None
     fan_out = cfg.fan_out_arms()
     if fan_out is None:
         return None
-    shards = (read_manifest(JsonlDir(layout.input, storage_options=so)) or {}).get("shards") or []
-    return {"arms": fan_out.as_json(), "rows": sum(int(s.get("records", 0)) for s in shards)}
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    shards = [] if manifest is None else manifest.shards
+    return {"arms": fan_out.as_json(), "rows": sum(s["records"] for s in shards)}

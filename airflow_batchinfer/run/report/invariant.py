@@ -16,12 +16,13 @@ from airflow_batchinfer.state.docs import (
     Summary,
     review_applied,
 )
+from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.location import StorageOptions
-from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, read_manifest
 from airflow_batchinfer.storage.ranges import range_ids
 
 
@@ -44,14 +45,15 @@ def check_invariant(
     (``input/_manifest.json``) must equal the sum of every round's approved, exhausted and
     quarantined digests (``summary.json``), the final pending set's shard digests and what a review
     accepted (its plan). Each round's close checked its own shards and named the ids it found lost or
-    doubled; the report repeats them. Only a run whose documents lack digests (started before they
-    existed), or whose digests disagree with no round naming why, is checked by reading its ids, in
+    doubled; the report repeats them. Only a run whose digests disagree with no round naming why (or
+    that lacks some: an incomplete run, rows a review accepted by hand) is checked by reading its ids, in
     bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`); round 0's range shards
     (:mod:`~airflow_batchinfer.storage.ranges`), a quarantined one's included, are then read by
     their ranges, never the whole source. ``lost``, ``doubled`` and ``unexpected`` name at most 20
     ids each; ``checked`` says how (``digests`` or ``ids``)."""
-    manifest = read_manifest(JsonlDir(layout.input, storage_options=so)) or {}
-    expected = total(IdDigest.maybe(s.get("ids")) for s in manifest.get("shards", []))
+    manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
+    planned = [] if manifest is None else manifest.shards
+    expected = total(IdDigest.maybe(s.get("ids")) for s in planned)
     parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
     for x in rounds:
         names = ("approved", "failed") + (("exhausted",) if x.mode == "in_place" else ())
@@ -71,7 +73,7 @@ def check_invariant(
         }
     # No digests to go by, or digests that disagree with no round naming why: read the ids.
     input_dir = JsonlDir(layout.input, storage_options=so)
-    ranges = {s["shard_id"]: s for s in manifest.get("shards", []) if "range" in s}
+    ranges = {s["shard_id"]: s for s in planned if "range" in s}
     reads = _RangeIds(manifest, id_field, so)
     seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
     seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
@@ -87,7 +89,7 @@ def check_invariant(
         seen.append(shard or JsonlFile(f.uri, storage_options=so))
     # Range shards of the source leave nothing under input/ but the manifest.
     inputs: list[JsonlFile | ShardDescriptor] = (
-        list(manifest["shards"]) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
+        list(planned) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
     )
     diff = diff_ids(lambda: reads.ids(inputs), lambda: reads.ids(seen), limit=MAX_NAMED)
     return {
@@ -106,10 +108,11 @@ class _RangeIds:
     range is read by its range only, validated as its job read it (bad lines dropped, ids assigned
     as the run assigned them), never the whole source."""
 
-    def __init__(self, manifest: dict[str, Any], id_field: str, so: StorageOptions | None) -> None:
+    def __init__(self, manifest: OutputManifest | None, id_field: str, so: StorageOptions | None) -> None:
         self.id_field = id_field
-        self.range_id_field = manifest.get("id_field") or id_field  # what round 0's jobs used
-        self.assign_ids = bool((manifest.get("fingerprint") or {}).get("assign_ids"))
+        fingerprint = (manifest.fingerprint if manifest is not None else None) or {}
+        self.range_id_field = (manifest.id_field if manifest is not None else None) or id_field  # round 0's
+        self.assign_ids = bool(fingerprint.get("assign_ids"))
         self.so = so
 
     def ids(self, sources: Iterable[JsonlFile | ShardDescriptor]) -> Iterator[Any]:
@@ -134,15 +137,17 @@ def _accepted_ids(
     if plans is None:  # the caller did not say: any accepted rows make the digests incomplete
         found = any(n.startswith("accepted-") for n in files.names(layout.results, so))
         return [None] if found else []
-    accepted = [IdDigest.maybe(p.accepted) for p in plans if p.stop == ACCEPTED_BY_REVIEW]
+    accepted = [
+        None if p.accepted is None else p.accepted.digest() for p in plans if p.stop == ACCEPTED_BY_REVIEW
+    ]
     # what reviewers' decisions took out of a pending set: accepted into results, or dropped
     reviews = applied_reviews(layout, plans, so)
-    decided = [IdDigest.maybe(a.get(k)) for a in reviews for k in ("accepted", "dropped")]
+    decided: list[IdDigest | None] = [d.digest() for a in reviews for d in (a.accepted, a.dropped)]
     # the spot checks no person decided, into results as the judge said (only where there were some)
-    decided += [IdDigest.maybe(a["approved"]) for a in reviews if "approved" in a]
+    decided += [a.approved.digest() for a in reviews if a.approved is not None]
     return accepted + decided
 
 
-def applied_reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[dict[str, Any]]:
+def applied_reviews(layout: RunLayout, plans: list[Plan], so: StorageOptions | None) -> list[ReviewApplied]:
     """What reviewers' decisions did, once per round whichever gate applied them."""
     return [a for r in sorted({p.round for p in plans}) if (a := review_applied(layout, r, so))]

@@ -1,9 +1,12 @@
 """A run's documents in storage, one typed model each, read and written here: ``run.json`` (the run's
 settings) and the generic versioned JSON docs (:mod:`.io`), each round slot's ``plan.json``
 (:mod:`.plan`), each round's ``summary.json`` and ``failed/`` quarantine records (:mod:`.summary`),
-the jobs' completion manifests, close's accepted docs and the jobs' last errors (:mod:`.jobs`), and
-the pending set as reviewers left it (:mod:`.reviewed`). The writer, every reader and the tests'
-fakes go through the same models; unknown fields or versions are refused.
+the jobs' completion manifests, close's accepted docs and the jobs' last errors (:mod:`.jobs`), the
+pending set as reviewers left it (:mod:`.reviewed`), the lanes' documents and claims (:mod:`.lanes`),
+the judge's calibration (:mod:`.calibration`), the pre-flight's summary (:mod:`.preflight`) and the
+run report (:mod:`.report`). The writer, every reader and the tests' fakes go through the same
+models; unknown fields or versions are refused (no reader for an earlier version: 0.1.0's
+pre-releases wrote version 1, which a new ``run_name`` leaves behind).
 
 The review package reads these (and nothing else of the run package but its layout and settings),
 and the worker writes its manifests through here, so this package imports nothing of

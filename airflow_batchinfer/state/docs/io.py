@@ -1,6 +1,6 @@
 """How a run's documents are stored: their ``schema_version`` (:data:`DOC_VERSION`), the generic JSON
 doc reader and writer (:func:`read_doc`, :func:`write_doc`), the base of the typed models
-(:class:`DocModel`, :class:`RecordModel`) and how a stored doc becomes one (:func:`read_model`,
+(:class:`DocModel`) and how a stored doc becomes one (:func:`read_model`,
 :func:`validated`); the id digest they carry (:class:`Digest`); and ``run.json``, the run's
 settings."""
 
@@ -27,7 +27,7 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, resolv
 
 M = TypeVar("M")
 
-DOC_VERSION = 1  # of run.json, plan.json, summary.json and failed/ records
+DOC_VERSION = 2  # of every run document but the jobs' (their own MANIFEST_VERSION): 2 for 0.1.0
 REDO = "delete it to redo that step"  # the remedy for a doc of a step that cannot be read
 
 
@@ -40,9 +40,9 @@ def write_doc(uri: str, data: dict[str, Any], so: StorageOptions | None = None) 
 
 
 class DocModel(BaseModel):
-    """A stored document: unknown fields are refused; the fields in ``OMIT_NONE`` are left out when
-    ``None``, nested in another document too (docs written before they existed have none, and new
-    ones keep those keys absent)."""
+    """A stored document: unknown fields (and versions, :data:`VERSION`) are refused; the fields in
+    ``OMIT_NONE`` are left out when ``None``, nested in another document too (one that has no such
+    figure, e.g. an in-place round's ``rejected``, has no such key)."""
 
     model_config = ConfigDict(extra="forbid")
     VERSION: ClassVar[int] = DOC_VERSION
@@ -59,14 +59,6 @@ class DocModel(BaseModel):
 
     def encode(self) -> bytes:
         return encode_json(self.to_json(), schema_version=self.VERSION)
-
-
-class RecordModel(DocModel):
-    """A document whose stored form has the keys it was given (but ``OMIT_NONE``'s when ``None``): a
-    doc written before a field existed, read and written again (the report), gains none."""
-
-    def to_json(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_unset=True)
 
 
 class Digest(BaseModel):

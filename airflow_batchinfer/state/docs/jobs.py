@@ -12,9 +12,9 @@ read and wrote (:class:`~.io.Digest`): the round's close checks the invariant fr
 O(shards), and opens only a shard whose digests disagree. Judge, infer_judge and in-place manifests
 also carry ``reason_groups``: ``{group: rows}`` of the rows the job rejected (in place: exhausted),
 by :func:`~airflow_batchinfer.judges.reasons.reason_group`, the 64 most common and ``(other)`` with
-the rest. Both are optional: close then reads that shard's files, the review page its rejected
-rows. So is ``engine_stats`` (:class:`EngineTelemetry`: the engine's own figures during the job,
-which the report adds up per round)."""
+the rest (the review page's groups, without reading a row). ``engine_stats``
+(:class:`EngineTelemetry`: the engine's own figures during the job, which the report adds up per
+round) is there when the engine reports any."""
 
 from __future__ import annotations
 
@@ -100,41 +100,38 @@ class JobFigures(DocModel):
 
     counts: Tally
     # per output file (ID_OUTPUTS) and ``input``: the count and digest of the ids read and written
-    ids: dict[str, Digest] | None = None
+    ids: dict[str, Digest]
     tokens: dict[str, int] = Field(default_factory=dict)
     timings: Timings
     worker: str
     batcher: BatcherDelta
     engine: dict[str, Any]
-    reason_groups: dict[str, int] | None = None  # rows rejected (in place: exhausted) per reason group
-    engine_stats: EngineTelemetry | None = None  # none: an engine without stats, or written before them
+    # rows rejected (in place: exhausted) per reason group; none: an infer job (it judges nothing)
+    reason_groups: dict[str, int] | None = None
+    engine_stats: EngineTelemetry | None = None  # none: an engine without stats
 
     def digest(self, name: str) -> IdDigest | None:
         """The digest recorded for ``name`` (an output, or ``input``); ``None`` when there is none
-        (written before digests existed)."""
-        d = (self.ids or {}).get(name)
+        (not an output of the job's kind)."""
+        d = self.ids.get(name)
         return None if d is None else d.digest()
 
 
 class JobManifest(JobFigures):
     """A job's completion manifest, written by the worker once its outputs are committed.
-
-    ``ids``, ``reason_groups`` (judge, infer_judge and in-place jobs), ``committed`` (fenced outputs:
-    where this attempt staged them), ``attempt``, ``sampling`` and ``engine_stats`` are optional:
-    manifests written before they existed have none (close then reads that shard's files; the review
-    page its rejected rows)."""
+    ``attempt``: the token of the worker's attempt that wrote it; ``committed`` (fenced outputs):
+    where that attempt staged them (none: written in place); ``sampling``: what the outputs were
+    generated with (none: the job's params had none)."""
 
     VERSION: ClassVar[int] = MANIFEST_VERSION
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
-        {"ids", "reason_groups", "committed", "attempt", "engine_stats"}
-    )
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"reason_groups", "committed", "engine_stats"})
 
     job_id: str
     kind: JobKind
     state: JobState
     input: str
     outputs: dict[str, str]
-    attempt: str | None = None
+    attempt: str
     round: int
     sampling: dict[str, Any] | None = None  # what the outputs were generated with (a review may change it)
     fingerprint: str
@@ -166,7 +163,7 @@ class AcceptedJob(JobFigures):
     committed: dict[str, str]  # name -> staged URI (none: written in place)
     outputs: dict[str, str]
     manifest: str
-    input: str | None = None  # None: accepted before inputs were recorded (the final inferred file)
+    input: str  # the input it read
     input_info: dict[str, Any] | None = None  # size, ETag, mtime of the input it read
     accepted_at: float
     manifest_attempt: str | None = None
@@ -179,15 +176,15 @@ SWEPT: Final = "swept"  # and done
 
 class QuarantinedJob(DocModel):
     """A shard close quarantined, in place of its accepted job: ``sweep`` is ``sweeping`` while its
-    close sweeps the shard, ``swept`` once done, with ``orphans_removed`` (none: from before, swept)."""
+    close sweeps the shard, ``swept`` once done, with ``orphans_removed``."""
 
     VERSION: ClassVar[int] = ACCEPTED_VERSION
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"sweep", "orphans_removed"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"orphans_removed"})
 
     shard_id: str
     kind: JobKind
     quarantined: Literal[True] = True
-    sweep: Literal["sweeping", "swept"] | None = None
+    sweep: Literal["sweeping", "swept"]
     phase: str
     error: str
     quarantined_at: float

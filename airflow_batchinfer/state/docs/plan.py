@@ -5,61 +5,68 @@ retry of whatever rounds left, under the next free round number).
 A plan's ``settings`` are what a review changed (:data:`~airflow_batchinfer.state.config.ROUND_SETTINGS`),
 its ``config`` the settings its round runs: ``run.json``'s with those changes
 (:func:`~airflow_batchinfer.state.config.round_config`), computed once by the plan step and read by
-every task of the round. A plan written before plans carried their config reads with it computed as
-its round's tasks did then."""
+every task of the round."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.state.config import RunConfig, round_config
-from airflow_batchinfer.state.docs.io import read_doc, read_run_config, write_doc
+from pydantic import Field, PlainSerializer, PlainValidator, TypeAdapter
+
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
+from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor
-from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.json_doc import write_bytes
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 
 TAIL = "tail"
 Mode = Literal["rounds", "in_place", "skip"]
+
+
+def _config(value: Any) -> RunConfig:
+    return value if isinstance(value, RunConfig) else RunConfig.from_dict(value)
+
+
+# run.json's shape, checked by RunConfig itself (its own unknown-field check)
+StoredConfig = Annotated[RunConfig, PlainValidator(_config), PlainSerializer(lambda c: c.to_dict())]
 
 
 def slots(max_rounds: int) -> list[str]:
     return [f"round-{r:02d}" for r in range(max_rounds)] + [TAIL]
 
 
-@dataclass
-class Plan:
+class Plan(DocModel):
     """What one round slot does. ``stop`` is set on the plan that ends the run."""
 
     slot: str
     round: int
     mode: Mode
-    shards: list[ShardDescriptor] = field(default_factory=list)
+    shards: list[ShardDescriptor] = Field(default_factory=list)
     reason: str = ""
     stop: str | None = None
     switch_in_place: bool = False
-    review: dict[str, Any] | None = None
+    review: dict[str, Any] | None = None  # the gate's answer that chose this plan (who, what, when)
     # What the round's pool runs (engine, model, engine args), recorded when the round starts: close
     # counts only jobs run by it, so a resume on another model never keeps the old model's rows.
     engine: dict[str, Any] | None = None
     # The same for the judge's own pool (``judge_pool``), when it has one.
     judge_engine: dict[str, Any] | None = None
     # Rows a review accepted as they are: the count and digest of their ids (the report counts them).
-    accepted: dict[str, Any] | None = None
-    # Settings a review changed for this round and the ones after it (see run.config.ROUND_SETTINGS),
+    accepted: Digest | None = None
+    # Settings a review changed for this round and the ones after it (see state.config.ROUND_SETTINGS),
     # over run.json's: inherited from the plan before, so a change holds until changed again.
     settings: dict[str, Any] | None = None
     # What the reviewers' decisions on the previous round's rejected rows did when the gate was
     # answered (:func:`airflow_batchinfer.review.apply.apply_decisions`): counts and id digests.
-    reviewed: dict[str, Any] | None = None
+    reviewed: ReviewApplied | None = None
     # The settings this round runs (run.json's with ``settings`` over them), computed and validated
-    # once by the plan step (run.config.round_config): its jobs, its close and the review desk read
-    # them here. None: run.json's (a slot skipped before settings mattered, a plan built by hand).
-    config: RunConfig | None = None
+    # once by the plan step (state.config.round_config): its jobs, its close and the review desk read
+    # them here. None: run.json's (a skipped slot, a plan built by hand).
+    config: StoredConfig | None = None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "config": None if self.config is None else self.config.to_dict()}
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset()
 
     def effective_config(self, run: RunConfig) -> RunConfig:
         """The settings this round runs: :attr:`config`, or ``run`` (run.json's) when it has none."""
@@ -70,7 +77,8 @@ class Plan:
         return sum(s["records"] for s in self.shards)
 
 
-_PLAN_FIELDS = frozenset(f.name for f in fields(Plan))
+_PLAN = TypeAdapter(Plan)
+_REMEDY = "run every component on one release, or delete the plan to plan the round again"
 
 
 def _plan_uri(layout: RunLayout, slot: str) -> str:
@@ -78,28 +86,11 @@ def _plan_uri(layout: RunLayout, slot: str) -> str:
 
 
 def read_plan(layout: RunLayout, slot: str, so: StorageOptions | None = None) -> Plan | None:
-    uri = _plan_uri(layout, slot)
-    data = read_doc(uri, "round plan", so)
-    if data is None:
-        return None
-    data.pop("schema_version", None)
-    unknown = sorted(set(data) - _PLAN_FIELDS)
-    if unknown:  # a newer release's plan: refused by name, not as a TypeError deep in a task
-        raise StorageError(
-            f"round plan {uri}: unknown fields {unknown} (written by another release?). Remedy: run every "
-            "component on one release, or delete the plan to plan the round again"
-        )
-    config = data.pop("config", None)
-    if config is not None:
-        return Plan(**data, config=RunConfig.from_dict(config))
-    if data.get("settings"):
-        # A plan written before plans carried their settings: computed as its round's tasks did then.
-        return Plan(**data, config=round_config(read_run_config(layout.root, so), data["settings"]))
-    return Plan(**data)
+    return read_model(_PLAN, _plan_uri(layout, slot), "round plan", so, remedy=_REMEDY)
 
 
 def write_plan(layout: RunLayout, plan: Plan, so: StorageOptions | None = None) -> None:
-    write_doc(_plan_uri(layout, plan.slot), plan.as_dict(), so)
+    write_bytes(resolve(_plan_uri(layout, plan.slot), so), plan.encode())
 
 
 def rounds_ran(layout: RunLayout, max_rounds: int, so: StorageOptions | None = None) -> int:

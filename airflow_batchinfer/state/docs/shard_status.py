@@ -13,8 +13,8 @@ A shard's state (:data:`ShardState`):
 - ``unclaimed``: no lane has taken it yet.
 
 :func:`round_status` reads O(lanes) documents (in parallel) and lists two folders; a claim is read
-only for a shard no lane document names. A round with no lane document and no claim ran one task
-per shard (before lanes, or not yet started): :attr:`RoundStatus.tracked` is ``False``.
+only for a shard no lane document names. A round with no lane document and no claim has not
+started: :attr:`RoundStatus.started` is ``False``.
 """
 
 from __future__ import annotations
@@ -140,8 +140,8 @@ class RoundStatus:
     claimed: frozenset[str]
 
     @property
-    def tracked(self) -> bool:
-        """Whether lanes ran the round (else each shard was its own task, as before lanes)."""
+    def started(self) -> bool:
+        """Whether a lane has taken a shard of the round."""
         return bool(self.lane_docs or self.claimed)
 
     def counts(self, rows: Iterable[ShardRow] | None = None) -> dict[str, int]:

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    TypeAdapter,
+    model_serializer,
+)
 
-from airflow_batchinfer.state.docs.io import Digest, RecordModel, read_model
+from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import write_bytes
@@ -24,7 +31,7 @@ class RepeatedIds(BaseModel):
     note: str
 
 
-class FailedShard(RecordModel):
+class FailedShard(DocModel):
     """A shard a round's close quarantined (``round-NN/failed/<shard>.json``, and in the summary's
     ``failed_shards``): its whole input (``records``; ``ids`` when known) is accounted for here. A
     round-0 range shard's input is the bytes ``range`` of ``uri``."""
@@ -69,14 +76,21 @@ class Candidates(BaseModel):
 
 class AdapterApproval(BaseModel):
     """One LoRA adapter's rows in a round: ``approved`` and ``rejected`` (in place: exhausted), and
-    ``spot_checks``: the judge's approvals held back for people (neither of the others; only when
-    there are some). ``approval_rate``: the judge's approvals, spot checks included, of its rows."""
+    ``spot_checks``: the judge's approvals held back for people (neither of the others; stored only
+    when there are some). ``approval_rate``: the judge's approvals, spot checks included, of its rows."""
 
     model_config = ConfigDict(extra="forbid")
     approved: int
     rejected: int
     spot_checks: int = 0
     approval_rate: float
+
+    @model_serializer(mode="wrap")
+    def _spot_checks_when_some(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if not data.get("spot_checks"):
+            data.pop("spot_checks", None)
+        return data
 
 
 class JuryMember(BaseModel):
@@ -114,7 +128,7 @@ class Invariant(BaseModel):
     opened: list[str] = Field(default_factory=list)
 
 
-class Summary(RecordModel):
+class Summary(DocModel):
     """A round's ``summary.json``, written by its close. A ``rounds`` round has ``rejected``,
     ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
@@ -125,7 +139,7 @@ class Summary(RecordModel):
     bucket, when people check the judge (the calibration's weights); ``jury``: how often a jury's
     members disagreed, and each one's approval. ``ids``: the count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
-    ``next_pending``). Fields with a default came after the first summaries (which have none)."""
+    ``next_pending``)."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {

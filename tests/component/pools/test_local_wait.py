@@ -54,13 +54,13 @@ def test_the_wait_looks_often_at_first_then_backs_off_to_a_cap() -> None:
     assert delays == sorted(delays)
 
 
-def test_announcements_fill_in_the_urls_old_and_new(pool: LocalPool) -> None:
-    old, new, starting = worker(pool, "a", 1), worker(pool, "b", 2), worker(pool, "c", 3)
-    Path(old["announce"]).write_text(json.dumps({"url": "http://127.0.0.1:1", "pid": 1, "started_at": 1.0}))
-    Path(new["announce"]).write_text(
-        json.dumps({"version": 1, "url": "http://127.0.0.1:2", "pid": 2, "started_at": 2.0, "startup": {}})
-    )
-    got = local_workers.announced([old, new, starting])
+def test_announcements_fill_in_the_urls(pool: LocalPool) -> None:
+    one, two, starting = worker(pool, "a", 1), worker(pool, "b", 2), worker(pool, "c", 3)
+    for w, n in ((one, 1), (two, 2)):
+        Path(w["announce"]).write_text(
+            json.dumps({"version": 1, "url": f"http://127.0.0.1:{n}", "pid": n, "started_at": 2.0})
+        )
+    got = local_workers.announced([one, two, starting])
     assert [w["url"] for w in got] == ["http://127.0.0.1:1", "http://127.0.0.1:2", None]
 
 

@@ -9,7 +9,7 @@ import zstandard
 from airflow_batchinfer.exceptions import MalformedRecordError, OutputExistsError
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from airflow_batchinfer.storage.digest import IdDigest
-from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.manifest import OUTPUT_MANIFEST_VERSION, read_manifest
 from tests.support.roots import Root
 
 
@@ -159,12 +159,18 @@ def test_rerun_after_interruption_redoes_cleanly(root: Root) -> None:
     shard(root, src, records_per_shard=20)
     out = JsonlDir(root.uri("run", "input"), storage_options=root.storage_options)
     manifest = read_manifest(out)
-    assert manifest is not None and manifest["state"] == "complete"
+    assert manifest is not None and manifest.complete
     # Simulate a run killed after two shards: manifest still in progress, a partial set of shards.
     out.loc.fs.rm(f"{out.loc.path}/part-00002.jsonl.zst")
     out.loc.fs.pipe_file(
         f"{out.loc.path}/_manifest.json",
-        json.dumps({**manifest, "state": "in_progress"}).encode(),
+        json.dumps(
+            {
+                "schema_version": OUTPUT_MANIFEST_VERSION,
+                **manifest.model_dump(mode="json"),
+                "state": "in_progress",
+            }
+        ).encode(),
     )
     redo = shard(root, src, records_per_shard=20)
     assert not redo.reused

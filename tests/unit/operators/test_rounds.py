@@ -50,7 +50,7 @@ def test_a_round_of_lanes_maps_one_lane_per_pool_slot_never_more_than_its_shards
     with pytest.raises(AirflowFailException, match=r"given no slots\. Remedy: pass slots="):
         controller(cfg)._mapped(cfg, plan)  # lanes 0 needs the pool's slots
     assert len(controller(asked)._mapped(asked, propose_slot(asked, "round-00").plan)) == 1
-    skip = Plan("round-01", 1, "skip", list(SHARDS))  # type: ignore[arg-type]
+    skip = Plan(slot="round-01", round=1, mode="skip", shards=list(SHARDS))  # type: ignore[arg-type]
     assert controller(cfg, slots=8)._mapped(cfg, skip) == []
 
 

@@ -51,7 +51,7 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
     assert proposal.options and proposal.plan.records == 10
     plan = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
     assert plan.mode == "rounds" and plan.reviewed is not None
-    assert plan.reviewed["counts"] == {"accept": 2, "retry": 6, "drop": 2} and plan.reviewed["decisions"] == 3
+    assert plan.reviewed.counts == {"accept": 2, "retry": 6, "drop": 2} and plan.reviewed.decisions == 3
     assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
     assert plan.records == 6 and {s["uri"] for s in plan.shards} <= {
         f.uri for f in JsonlDir(layout.reviewed(1)).jsonl_files()
@@ -90,7 +90,7 @@ def test_a_retried_plan_task_applies_the_same_decisions_and_later_ones_are_refus
         DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "carol", ids=["r25"]))
     again = apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     assert again.reviewed == first.reviewed and again.reviewed is not None
-    assert again.reviewed["counts"] == {"accept": 2, "retry": 6, "drop": 2}
+    assert again.reviewed.counts == {"accept": 2, "retry": 6, "drop": 2}
     assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
     assert sorted(rows_in(layout.dropped)) == ["r23", "r24"]
 
@@ -106,7 +106,7 @@ def test_a_log_an_operator_edited_is_applied_as_it_is_now(tmp_path: Path) -> Non
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "retry", "carol", ids=["r20", "r21", "r23", "r24"]))
     plan = apply_choice(cfg, propose_slot(cfg, "round-01"), STOP)
     assert plan.stop and plan.reviewed is not None
-    assert plan.reviewed["counts"] == {"accept": 0, "retry": 10, "drop": 0}
+    assert plan.reviewed.counts == {"accept": 0, "retry": 10, "drop": 0}
     assert not any(r.get("accepted_by_review") for r in rows_in(layout.results).values())
     assert rows_in(layout.dropped) == {}
     write_plan(layout, plan)
@@ -133,7 +133,7 @@ def test_a_bulk_decision_by_reason_group_and_no_log_no_split(tmp_path: Path) -> 
     )
     decided = apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE)
     assert decided.mode == "skip" and decided.stop == "nothing pending"  # every pending row was decided
-    assert decided.reviewed is not None and decided.reviewed["counts"]["drop"] == 5
+    assert decided.reviewed is not None and decided.reviewed.counts["drop"] == 5
     write_plan(RunLayout(cfg.run_root), decided)
     assert finished_report(cfg)["invariant"]["ok"]
     dropped = rows_in(RunLayout(cfg.run_root).dropped)

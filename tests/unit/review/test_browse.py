@@ -144,7 +144,7 @@ def test_groups_from_manifests_equal_groups_from_reading_the_rows(built: RunConf
     for s, _ in RoundView(built.run_root, 0).scan(prompts=False):
         counted.add(s.reason)
     assert from_manifests == counted.as_dict() and sum(from_manifests.values()) == 56
-    # a run from before manifests counted groups: its shards are read
+    # a round whose accepted docs do not count groups: its shards are read
     cfg = build_round(str(tmp_path))
     drop_manifest_groups(cfg)
     view = RoundView(cfg.run_root, 0)

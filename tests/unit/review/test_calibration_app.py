@@ -71,7 +71,7 @@ def test_live_figures_follow_the_decisions_and_are_the_ones_stored_at_the_answer
     # the gate is answered: the decisions are applied and the figures stored are the live ones
     answer_gate(RUN, "round_01.plan", CONTINUE)
     plan = run_slot(cfg, "round-01", CONTINUE)
-    assert plan.reviewed is not None and plan.reviewed["counts"]["accept"] == decided["accept"]
+    assert plan.reviewed is not None and plan.reviewed.counts["accept"] == decided["accept"]
     stored = read_calibration(layout, 0)
     assert stored is not None
     assert {**stored.to_json(), "bulk": None} == {**figures, "bulk": None}

@@ -159,7 +159,7 @@ def test_the_last_decision_that_selects_a_sample_wins() -> None:
 # --------------------------------------------------------------------------------------- tally
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[RunConfig, RunConfig]:
-    """The same round twice: with the manifests' reason groups, and without (an older run)."""
+    """The same round twice: with the manifests' reason groups, and without (its rows read)."""
     with_groups = build_round(str(tmp_path_factory.mktemp("with")))
     without = build_round(str(tmp_path_factory.mktemp("without")))
     drop_manifest_groups(without)

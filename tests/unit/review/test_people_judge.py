@@ -38,7 +38,7 @@ def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tm
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "accept", "alice", ids=["q1", "q2", "q3"]))
     DecisionLog(cfg.run_root, 0).append(Decision.make(0, "drop", "bob", ids=["q4"], note="off topic"))
     plan1 = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
-    assert plan1.reviewed is not None and plan1.reviewed["counts"] == {"accept": 3, "retry": 36, "drop": 1}
+    assert plan1.reviewed is not None and plan1.reviewed.counts == {"accept": 3, "retry": 36, "drop": 1}
     write_plan(layout, plan1)
     accepted = [r for f in JsonlDir(layout.results).jsonl_files() for r in f.iter_records()]
     assert sorted(r["id"] for r in accepted) == ["q1", "q2", "q3"]

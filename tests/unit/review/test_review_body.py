@@ -36,7 +36,7 @@ def test_model_output_in_the_review_body_is_text(tmp_path: Path) -> None:
     root = str(tmp_path / "run`![p](evil.png)`")
     cfg = RunConfig(input="x", run_root=root, prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
-    proposal = Proposal(Plan("round-01", 1, "rounds", shards=shards), options=["Continue"])
+    proposal = Proposal(Plan(slot="round-01", round=1, mode="rounds", shards=shards), options=["Continue"])
     body = review_body(cfg, proposal)
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(body)
     assert "<img" not in html and "![p](evil.png)" in html
@@ -61,6 +61,8 @@ def test_the_desk_link_is_ours_and_cannot_be_broken_out_of(tmp_path: Path) -> No
     assert url == ("http://127.0.0.1:8080/dags/dag_x/runs/manual__x%29%20%21%5Bp%5D%28http%3A%2F%2Fevil.example"
                    "%2Fp.png/plugin/review-desk")  # fmt: skip
     cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
-    proposal = Proposal(Plan("round-01", 1, "skip", stop="nothing pending"), options=["Continue"])
+    proposal = Proposal(
+        Plan(slot="round-01", round=1, mode="skip", stop="nothing pending"), options=["Continue"]
+    )
     html = markdown_it.MarkdownIt("commonmark").enable("table").render(review_body(cfg, proposal, desk=url))
     assert html.count("<a ") == 1 and f'<a href="{url}">' in html and "<img" not in html

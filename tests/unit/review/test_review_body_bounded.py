@@ -28,7 +28,9 @@ def gate(tmp_path: Path, rows: list[dict[str, Any]], **plan: Any) -> tuple[RunCo
         w.write_many(rows)
     cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
-    return cfg, Proposal(Plan("round-01", 1, "rounds", shards=shards, **plan), options=["Continue"])
+    return cfg, Proposal(
+        Plan(slot="round-01", round=1, mode="rounds", shards=shards, **plan), options=["Continue"]
+    )
 
 
 def test_huge_reasons_outputs_and_errors_are_cut_in_the_body(tmp_path: Path) -> None:

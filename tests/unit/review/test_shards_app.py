@@ -37,7 +37,7 @@ def test_a_round_run_by_lanes_page_by_page(desk: t.Desk) -> None:
         assert r.status_code == 200, r.text
         body = r.json()
         assert (body["round"], body["slot"], body["gate_round"], body["rounds"]) == (0, "round-00", 0, [0, 1])
-        assert (body["closed"], body["tracked"], body["lanes"], body["total"]) == (True, True, 3, 10)
+        assert (body["closed"], body["lanes"], body["total"]) == (True, 3, 10)
         assert body["counts"] == {"done": 9, "failed": 1, "unfinished": 0, "unclaimed": 0}
         seen += body["shards"]
         cursor = body["cursor"]
@@ -98,10 +98,11 @@ def test_a_round_under_way_and_its_next_look(desk: t.Desk, monkeypatch: pytest.M
     assert r.status_code == 404 and "round 2 has not been planned" in r.json()["detail"]
 
 
-def test_a_round_run_one_task_per_shard_says_so(desk: t.Desk) -> None:
+def test_a_round_no_lane_started_shows_every_shard_unclaimed(desk: t.Desk) -> None:
     body = shards(desk, "before").json()
-    assert (body["round"], body["tracked"], body["lanes"], body["total"]) == (0, False, 0, 3)
-    assert body["shards"] == [] and body["counts"] == {} and body["cursor"] is None
+    assert (body["round"], body["lanes"], body["total"]) == (0, 0, 3)
+    assert body["counts"] == {"done": 0, "failed": 0, "unfinished": 0, "unclaimed": 3}
+    assert [s["state"] for s in body["shards"]] == ["unclaimed"] * 3
 
 
 def test_it_is_authorised_like_the_desks_other_endpoints(desk: t.Desk, deny_dave: None) -> None:

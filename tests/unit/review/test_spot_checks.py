@@ -26,7 +26,7 @@ from airflow_batchinfer.run.plan import CONTINUE, STOP, Proposal, apply_choice, 
 from airflow_batchinfer.run.prepare import run_key
 from airflow_batchinfer.spec.settings import param_defaults, setting
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import read_summary, write_run_config
+from airflow_batchinfer.state.docs import DOC_VERSION, read_summary, write_run_config
 from airflow_batchinfer.state.docs.calibration import read_calibration
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import parse_params
@@ -143,7 +143,7 @@ def test_an_undecided_spot_check_follows_the_judge_whatever_the_answer(tmp_path:
     }
     plan = run_slot(cfg, "round-01", STOP)
     assert plan.stop and plan.reviewed is not None
-    assert plan.reviewed["counts"]["approve"] == summary.spot_checks and plan.reviewed["decisions"] == 0
+    assert plan.reviewed.counts["approve"] == summary.spot_checks and plan.reviewed.decisions == 0
     results = rows_in(layout.results)
     held = {i for i, r in results.items() if r["judgment"].get("spot_check")}
     assert len(held) == summary.spot_checks
@@ -173,7 +173,7 @@ def test_a_persons_verdict_is_recorded_in_the_rows_judgment(tmp_path: Path) -> N
     log.append(Decision.make(0, "accept", "carol", ids=[spots[2], plain[0]], note="fine"))
     log.append(Decision.make(0, "drop", "carol", ids=[plain[1]]))
     plan = run_slot(cfg, "round-01", CONTINUE)
-    assert plan.reviewed is not None and plan.reviewed["counts"]["approve"] == len(spots) - 3
+    assert plan.reviewed is not None and plan.reviewed.counts["approve"] == len(spots) - 3
 
     dropped = rows_in(layout.dropped)
     person = dropped[spots[0]]["judgment"]["person"]
@@ -208,7 +208,7 @@ def test_bulk_decisions_are_applied_but_not_counted_as_verdicts(tmp_path: Path) 
     view = RoundView(cfg.run_root, 0)
     assert tally(DecisionLog(cfg.run_root, 0).read(), view)["accept"] == summary.spot_checks
     plan = run_slot(cfg, "round-01", CONTINUE)
-    assert plan.reviewed is not None and plan.reviewed["counts"]["accept"] == summary.spot_checks
+    assert plan.reviewed is not None and plan.reviewed.counts["accept"] == summary.spot_checks
     doc = read_calibration(layout, 0)
     assert doc is not None and (doc.reviewed, doc.bulk) == (0, summary.spot_checks)
     assert doc.agreement is None and doc.notes
@@ -298,7 +298,7 @@ def test_the_calibration_document_round_trips_and_refuses_unknown_fields(tmp_pat
     write_calibration(layout, doc)
     assert read_calibration(layout, 2) == doc and read_calibration(layout, 1) is None
     stored = json.loads(Path(calibration_uri(layout, 2)).read_text())
-    assert stored["schema_version"] == 1 and stored["round"] == 2
+    assert stored["schema_version"] == DOC_VERSION and stored["round"] == 2
     Path(calibration_uri(layout, 2)).write_text(json.dumps({**stored, "extra": 1}))
     with pytest.raises(StorageError, match="judge calibration"):
         read_calibration(layout, 2)

@@ -46,27 +46,24 @@ def test_a_changed_rounds_settings_are_stored_whole(tmp_path: Path) -> None:
     assert back is not None and back.effective_config(cfg) == plan.config != cfg
 
 
-def test_a_plan_written_before_plans_carried_their_settings(tmp_path: Path) -> None:
-    cfg = make_run(tmp_path, sampling={"temperature": 0.7})
+def test_a_plan_of_an_earlier_pre_release_is_refused_with_a_remedy(tmp_path: Path) -> None:
+    cfg = make_run(tmp_path)
     write_run_config(cfg)
-    layout = RunLayout(cfg.run_root)
-    plan = plan_round(cfg)
+    plan_round(cfg)
     path = Path(cfg.run_root) / "round-00" / "plan.json"
     old = {k: v for k, v in stored(cfg, "round-00").items() if k != "config"}
-    path.write_text(json.dumps(old))  # unchanged settings: run.json's
-    back = read_plan(layout, "round-00")
-    assert back is not None and back.config is None and back.effective_config(cfg) is cfg
-    path.write_text(json.dumps({**old, "settings": {"temperature": 1.3}}))  # a review changed them
-    back = read_plan(layout, "round-00")
-    assert back is not None and back.config == round_config(cfg, {"temperature": 1.3})
-    assert back.effective_config(cfg).sampling == {"temperature": 1.3} and plan.config == cfg
+    path.write_text(json.dumps({**old, "schema_version": 1}))  # 0.1.0's pre-releases: no config
+    with pytest.raises(StorageError, match=r"schema_version 1 is not supported.*delete the plan"):
+        read_plan(RunLayout(cfg.run_root), "round-00")
 
 
 def test_a_plan_with_an_unknown_field_is_refused_by_name(tmp_path: Path) -> None:
     layout = RunLayout(str(tmp_path))
-    write_plan(layout, Plan("round-00", 0, "rounds"))
+    write_plan(layout, Plan(slot="round-00", round=0, mode="rounds"))
     uri = tmp_path / "round-00" / "plan.json"
     doc = json.loads(uri.read_text())
     uri.write_text(json.dumps({**doc, "lanes": 4}))
-    with pytest.raises(StorageError, match=r"round plan .*plan\.json: unknown fields \['lanes'\].*Remedy"):
+    with pytest.raises(
+        StorageError, match=r"plan\.json: not a round plan .*lanes: Extra inputs.*delete the plan"
+    ):
         read_plan(layout, "round-00")

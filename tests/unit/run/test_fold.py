@@ -55,7 +55,7 @@ def test_a_finished_run_folds_into_the_plans_its_later_plan_tasks_would_write(
     plans = folded(cfg, "round-00", dag_slots)
     assert plans is not None and [p.slot for p in plans] == dag_slots[1:]
     assert all(p.mode == "skip" for p in plans) and [p.stop for p in plans if p.stop] == [stop]
-    assert [p.as_dict() for p in plans] == [p.as_dict() for p in planned_by_tasks(cfg, dag_slots[1:])]
+    assert [p.to_json() for p in plans] == [p.to_json() for p in planned_by_tasks(cfg, dag_slots[1:])]
 
 
 def test_a_later_round_to_run_a_review_gate_or_an_in_place_tail_keeps_the_dag_as_it_is(

@@ -111,14 +111,13 @@ def test_a_judge_reads_the_attempt_its_fake_infer_manifest_names(tmp_path: Path)
     assert judge_input(cfg, 0, shard)["uri"] == m.committed["inferred"]
 
 
-def test_a_manifest_from_before_the_optional_fields_still_reads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("field", ["ids", "attempt"])
+def test_a_manifest_without_its_digests_or_attempt_is_refused(tmp_path: Path, field: str) -> None:
     uri = str(tmp_path / "jobs" / "part-00000.judge.json")
     write_job_manifest(uri, job_manifest(kind="judge", reason_groups={"no": 3}, committed={"approved": "a"}))
-    old = {k: v for k, v in stored(uri).items() if k not in ("ids", "reason_groups", "committed", "sampling")}
-    Path(uri).write_text(json.dumps(old))
-    m = read_job_manifest(uri)
-    assert m is not None and (m.ids, m.reason_groups, m.committed, m.sampling) == (None, None, None, None)
-    assert m.digest("input") is None  # close reads that shard's files instead
+    Path(uri).write_text(json.dumps({k: v for k, v in stored(uri).items() if k != field}))
+    with pytest.raises(StorageError, match=rf"{field}: Field required.*delete it to rerun the job"):
+        read_job_manifest(uri)
 
 
 @pytest.mark.parametrize(

@@ -70,7 +70,10 @@ def summary(r: int, *, pending: int = 20, approved: int = 10, for_review: int = 
 
 def ran(*rounds: int) -> tuple[Plan, ...]:
     """The plans of round slots that ran a round each."""
-    return tuple(Plan(f"round-{r:02d}", r, "rounds", list(pending()), reason="ran") for r in rounds)
+    return tuple(
+        Plan(slot=f"round-{r:02d}", round=r, mode="rounds", shards=list(pending()), reason="ran")
+        for r in rounds
+    )
 
 
 def after(r: int, slot: str | None = None, **last: Any) -> RoundSnapshot:
@@ -98,10 +101,10 @@ def test_nothing_pending_stops_the_run() -> None:
 
 
 def test_slots_after_a_stop_or_an_in_place_round_skip_without_a_pending_set() -> None:
-    stopped = Plan("round-01", 1, "skip", reason="people said so", stop=STOPPED_BY_REVIEW)
+    stopped = Plan(slot="round-01", round=1, mode="skip", reason="people said so", stop=STOPPED_BY_REVIEW)
     plan = propose(config(), RoundSnapshot("round-02", (*ran(0), stopped))).plan
     assert plan.mode == "skip" and plan.stop is None and "stopped at round-01" in plan.reason
-    in_place = Plan("tail", 1, "in_place", list(pending()))
+    in_place = Plan(slot="tail", round=1, mode="in_place", shards=list(pending()))
     plan = propose(config(max_rounds=1), RoundSnapshot("round-00", (in_place,))).plan
     assert plan.mode == "skip" and plan.reason == "in-place retry already ran"
 
@@ -150,7 +153,9 @@ def test_review_modes_decide_when_a_gate_opens(
 
 
 def test_a_gate_answered_for_the_round_does_not_open_again() -> None:
-    switched = Plan("round-01", 1, "skip", switch_in_place=True, review={"choice": CONTINUE_IN_PLACE})
+    switched = Plan(
+        slot="round-01", round=1, mode="skip", switch_in_place=True, review={"choice": CONTINUE_IN_PLACE}
+    )
     proposal = propose(config(review="every_round"), RoundSnapshot("tail", (*ran(0), switched), pending()))
     assert proposal.plan.mode == "in_place" and proposal.options == []
 
@@ -190,14 +195,23 @@ def test_a_human_judge_always_opens_the_gate_without_in_place() -> None:
 
 
 def test_review_settings_hold_for_the_next_rounds() -> None:
-    changed = Plan("round-01", 1, "rounds", list(pending()), settings={"temperature": 0.2}, review={})
+    changed = Plan(
+        slot="round-01",
+        round=1,
+        mode="rounds",
+        shards=list(pending()),
+        settings={"temperature": 0.2},
+        review={},
+    )
     snapshot = RoundSnapshot("round-02", (*ran(0), changed), pending(), summary(1))
     assert propose(config(), snapshot).plan.settings == {"temperature": 0.2}
 
 
 # ----------------------------------------------------------------------------------- gate answers
 def proposed(slot: str = "round-01") -> Plan:
-    return Plan(slot, 1, "rounds", list(pending()), reason="round 1 on 2 pending shards")
+    return Plan(
+        slot=slot, round=1, mode="rounds", shards=list(pending()), reason="round 1 on 2 pending shards"
+    )
 
 
 def decide(choice: str, slot: str = "round-01", **kwargs: Any) -> Plan:
@@ -225,7 +239,7 @@ def test_accepting_records_the_rows_it_copied() -> None:
     accepted = IdDigest.of(f"r{i}" for i in range(20))
     plan = decide(ACCEPT, accepted=accepted)
     assert plan.stop == ACCEPTED_BY_REVIEW and "accepted 20 remaining rows" in plan.reason
-    assert plan.accepted == accepted.to_dict()
+    assert plan.accepted is not None and plan.accepted.digest() == accepted
     with pytest.raises(ConfigError, match="accept_pending"):
         decide(ACCEPT)  # the copy is the caller's (apply_choice): its digest must come with it
 
@@ -236,7 +250,7 @@ def test_decisions_that_leave_nothing_pending_end_the_run_unless_stopped() -> No
         plan = decide(choice, pending=[], applied=applied)
         assert plan.mode == "skip" and plan.stop == NOTHING_PENDING
         assert "alice decided every pending row" in plan.reason
-        assert plan.reviewed == applied.to_dict()
+        assert plan.reviewed == applied.doc()
     assert decide(STOP, pending=[], applied=applied).stop == STOPPED_BY_REVIEW
 
 

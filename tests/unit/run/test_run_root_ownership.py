@@ -31,11 +31,13 @@ OPS = RunIdentity("ops", "manual__2026-01-03T00:00:00+00:00")
 STATES = [None, "success", "failed", "queued", "running"]  # None: the owner run no longer exists
 
 
-def record(run: RunIdentity, creator: str | None = None, version: int = OWNER_VERSION) -> dict[str, Any]:
-    doc: dict[str, Any] = {"schema_version": version, "dag_id": run.dag_id, "run_id": run.run_id}
-    if version >= 2:
-        doc[CREATOR] = creator or run.dag_id
-    return doc
+def record(run: RunIdentity, creator: str | None = None) -> dict[str, Any]:
+    return {
+        "schema_version": OWNER_VERSION,
+        "dag_id": run.dag_id,
+        "run_id": run.run_id,
+        CREATOR: creator or run.dag_id,
+    }
 
 
 # ------------------------------------------------------------------------------------- decide
@@ -45,14 +47,6 @@ def test_another_dag_is_refused_whatever_the_owner_runs_state(state: str | None)
     assert d.action == "refuse" and d.owner == FINANCE and d.creator == "finance"
     assert "s3://runs/finance/q1 belongs to DAG 'finance', which created it" in d.reason
     assert "another run_name or output_root" in d.reason and "shared_run_root_dags" in d.reason
-
-
-@pytest.mark.parametrize("state", [None, "success"])
-def test_a_version_1_record_belongs_to_its_dag(state: str | None) -> None:
-    """Records written before creators were: the run that wrote one was its root's first."""
-    assert decide(record(FINANCE, version=1), SCRATCH, state).action == "refuse"
-    d = decide(record(FINANCE, version=1), RunIdentity("finance", "later"), state)
-    assert d.action == "claim" and d.creator == "finance"
 
 
 @pytest.mark.parametrize("state", [None, "success", "failed"])
@@ -245,7 +239,6 @@ def test_an_input_decision_follows_the_run_roots_creator() -> None:
     assert "name an input outside that run root" in why and "shared_run_root_dags" in why
     assert decide_input(record(FINANCE), RunIdentity("finance", "later"), **args) is None  # its own DAG
     assert decide_input(record(FINANCE), SCRATCH, shared_dags=("finance", "scratch"), **args) is None
-    assert decide_input(record(FINANCE, version=1), SCRATCH, **args) is not None
     assert decide_input(record(SCRATCH, creator="finance"), SCRATCH, **args) is not None  # taken over
 
 

@@ -103,5 +103,5 @@ def test_a_fan_outs_floor_counts_rows_not_lines(tmp_path: Path) -> None:
     assert planned is not None
     shards, manifest, _ = planned
     rows = [s["records"] for s in shards]  # each line once per arm
-    assert manifest["taper_lanes"] == 4 and max(rows) == pytest.approx(4_000, rel=0.05)
+    assert manifest.taper_lanes == 4 and max(rows) == pytest.approx(4_000, rel=0.05)
     assert min(rows[:-1]) == pytest.approx(1_000, rel=0.05)  # 1,000 rows (250 lines), as sizing plans them

@@ -13,7 +13,6 @@ from airflow_batchinfer.worker import announce as ann
 from airflow_batchinfer.worker.announce import (
     ANNOUNCE_VERSION,
     STARTUP_MARKS,
-    Announcement,
     announce,
     read_announcement,
 )
@@ -46,25 +45,23 @@ def test_a_mark_keeps_its_first_time_and_unknown_marks_are_refused() -> None:
         ann.mark("ready")
 
 
-def test_an_announcement_from_before_versions_reads_as_such(tmp_path: Path) -> None:
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps({"url": "http://127.0.0.1:9", "pid": 12, "started_at": 1.5}))
-    assert read_announcement(path) == Announcement("http://127.0.0.1:9", 12, 1.5, {})
-
-
 def test_no_file_yet_is_none(tmp_path: Path) -> None:
     assert read_announcement(tmp_path / "missing.json") is None
+
+
+V = {"version": ANNOUNCE_VERSION}
 
 
 @pytest.mark.parametrize(
     ("doc", "why"),
     [
         ({"version": 2, "url": "http://h:1", "pid": 1, "started_at": 1.0}, "version 2; this release reads"),
-        ({"url": "http://h:1", "pid": 1, "started_at": 1.0, "port": 1}, "unknown fields \\['port'\\]"),
-        ({"url": "h:1", "pid": 1, "started_at": 1.0}, "url 'h:1' is not an http URL"),
-        ({"url": "http://h:1", "pid": True, "started_at": 1.0}, "pid True is not a process id"),
-        ({"url": "http://h:1", "pid": 1, "started_at": "now"}, "started_at 'now' is not a time"),
-        ({"url": "http://h:1", "pid": 1, "started_at": 1.0, "startup": {"boot": 1.0}}, "startup"),
+        ({"url": "http://h:1", "pid": 12, "started_at": 1.5}, "version None; this release reads"),
+        ({**V, "url": "http://h:1", "pid": 1, "started_at": 1.0, "port": 1}, "unknown fields \\['port'\\]"),
+        ({**V, "url": "h:1", "pid": 1, "started_at": 1.0}, "url 'h:1' is not an http URL"),
+        ({**V, "url": "http://h:1", "pid": True, "started_at": 1.0}, "pid True is not a process id"),
+        ({**V, "url": "http://h:1", "pid": 1, "started_at": "now"}, "started_at 'now' is not a time"),
+        ({**V, "url": "http://h:1", "pid": 1, "started_at": 1.0, "startup": {"boot": 1.0}}, "startup"),
         ([1, 2], "expected a JSON object, got list"),
     ],
 )
