@@ -5,13 +5,14 @@ moving the live figures (agreement, Cohen's kappa, precision, recall, per score 
 then the figures after a scripted reviewer decided the rest; light and dark.
 
 No live Airflow: the browser's requests to the desk are answered by the api-server's app in process
-(the ``calibration_desk`` fixture of tests/unit/review/test_calibration_app.py: a run whose judge is
+(the ``calibration_desk`` fixture of tests/support/desk_calibration.py: a run whose judge is
 known to be wrong on a share of the rows, round 0 closed with spot checks, its gate open), so the
 page and its API are the real ones. Screenshots go to ``$BATCHINFER_TEST_ARTIFACTS/<test>/``
 (default ``tests/artifacts/<test>/``)."""
 
 from __future__ import annotations
 
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -32,6 +33,13 @@ pytestmark = [pytest.mark.airflow, pytest.mark.browser, pytest.mark.timeout(300)
 ORIGIN = "http://desk.test"  # never resolved: every request to it is answered by the app in process
 DESK = f"{ORIGIN}/batchinfer/review/?dag_id=desk&run_id={RUN}"
 expect.set_options(timeout=30_000)
+
+
+def to_fixed(value: float, digits: int) -> str:
+    """``value.toFixed(digits)`` as the page's JavaScript writes it: a tie rounds away from zero
+    (Python's format rounds it to even: 78.25 is "78.2" there, "78.3" on the page)."""
+    exact = Decimal(value).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP)
+    return f"{exact:.{digits}f}"
 
 
 def context(browser: Browser, cd: CalibrationDesk, **options: Any) -> BrowserContext:
@@ -115,8 +123,10 @@ def test_spot_checks_beside_the_rejected_ones_and_the_live_calibration(
         live = cd.desk.get("bob", cd.url("/calibration")).json()["calibration"]
         assert live["kappa"] is not None and live["reviewed"] == reviewed
         for name in ("agreement", "precision", "recall"):
-            expect(page.get_by_test_id(f"calib-{name}").locator("b")).to_have_text(f"{live[name] * 100:.1f}%")
-        expect(page.get_by_test_id("calib-kappa").locator("b")).to_have_text(f"{live['kappa']:.3f}")
+            expect(page.get_by_test_id(f"calib-{name}").locator("b")).to_have_text(
+                f"{to_fixed(live[name] * 100, 1)}%"
+            )
+        expect(page.get_by_test_id("calib-kappa").locator("b")).to_have_text(to_fixed(live["kappa"], 3))
         buckets = page.get_by_test_id("calibration-bucket")
         expect(buckets).to_have_count(len(live["buckets"]))
         low, high = buckets.first.locator("td"), buckets.last.locator("td")

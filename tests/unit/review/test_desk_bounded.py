@@ -5,7 +5,7 @@ read, say what they cut and its whole size (``truncated``), and stop a page at `
 the ``field`` endpoint reads one value whole, under the same authorisation as ``sample/{id}``.
 
 First without Airflow (:class:`~airflow_batchinfer.review.browse.RoundView`), then through the
-api-server's app as ``tests/unit/review/test_app.py`` drives it."""
+api-server's app as ``tests/component/review/test_app.py`` drives it."""
 
 from __future__ import annotations
 
