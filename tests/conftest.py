@@ -28,7 +28,7 @@ os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 TESTS = Path(__file__).parent
 TIERS = ("unit", "component", "system")
 # The slowest tests of the last run, for a CI job to keep (tests/artifacts/ is ignored by git).
-DURATIONS = TESTS / "artifacts" / "durations.txt"
+ARTIFACTS = TESTS / "artifacts"  # durations-<tiers>.txt: one per session, named by the tiers it ran
 DURATIONS_KEPT = 100
 
 
@@ -42,7 +42,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """Write each test's time (setup, call and teardown together), slowest first, to DURATIONS."""
+    """Write each test's time (setup, call and teardown together), slowest first, to
+    ``artifacts/durations-<tiers>.txt``: ``make test``'s sessions (the unit tier, then the others,
+    then the floor) each keep their own."""
     if hasattr(config, "workerinput"):  # an xdist worker: the controller writes it
         return
     seconds: dict[str, float] = {}
@@ -53,11 +55,12 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if not seconds:
         return
     slowest = sorted(seconds.items(), key=lambda kv: -kv[1])[:DURATIONS_KEPT]
-    DURATIONS.parent.mkdir(exist_ok=True)
+    tiers = sorted({n.split("/")[1] for n in seconds if n.startswith("tests/") and n.count("/") > 1})
+    ARTIFACTS.mkdir(exist_ok=True)
     total = sum(seconds.values())
     lines = [f"{len(seconds)} tests, {total:.1f} s of test time; the {len(slowest)} slowest:"]
     lines += [f"{s:9.2f}s  {nodeid}" for nodeid, s in slowest]
-    DURATIONS.write_text("\n".join(lines) + "\n")
+    (ARTIFACTS / f"durations-{'-'.join(tiers) or 'other'}.txt").write_text("\n".join(lines) + "\n")
 
 
 @pytest.fixture(scope="session")
