@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         WorkerBusy,
         WorkerUnavailable,
     )
-    from airflow_batchinfer.operators.lanes import ShardLaneOperator
+    from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator
     from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
     from airflow_batchinfer.operators.report import PreflightOperator, RunReportOperator
     from airflow_batchinfer.operators.rounds import CloseRoundOperator, RoundControllerOperator
@@ -88,6 +88,7 @@ __all__ = [
     "JobFailed",
     "JobNotFound",
     "JobTimeout",
+    "JudgeLanesOperator",
     "MalformedRecordError",
     "OutputExistsError",
     "OverQuickBudget",
@@ -120,7 +121,7 @@ __getattr__, __dir__ = exports(
         "spec.limits": ("TriggerLimits",),
         "operators.shard": ("ShardDatasetOperator",),
         "operators.pool": ("PoolSetupOperator", "PoolTeardownOperator"),
-        "operators.lanes": ("ShardLaneOperator",),
+        "operators.lanes": ("ShardLaneOperator", "JudgeLanesOperator"),
         "operators.rounds": ("RoundControllerOperator", "CloseRoundOperator"),
         "operators.report": ("PreflightOperator", "RunReportOperator"),
         "exceptions": _EXCEPTIONS,

@@ -24,10 +24,11 @@ an ``aws_conn_id``: in their tasks). Each shard's state is in the lane documents
 (``round-NN/lanes/``), the lanes' logs, the report and the desk.
 
 With ``judge_airflow_pool``, the judge has its own warm pool and model (params ``judge_pool``,
-``judge_model`` …, its own setup and teardown tasks). The DAG has the same shape, one lane task per
-round slot: a lane infers its shard on the run's pool, then judges it on the judge's pool as soon as
-that inference ends, as ``batchinfer run`` does. A lane runs one job at a time, so neither pool is
-asked for more jobs than there are lanes, and a judge job waits for a free slot of the judge's pool.
+``judge_model`` …, its own setup and teardown tasks). Each round slot then maps judge lanes beside
+its lanes, one per slot of the judge's pool, in the Airflow pool ``judge_airflow_pool``: the lanes
+infer on the run's pool, and the judge lanes judge each shard on the judge's pool as soon as its
+inference ends (:mod:`~airflow_batchinfer.run.judge_lanes`), as ``batchinfer run`` does. Each lane runs
+one job at a time, so each pool is asked for at most as many jobs as its Airflow pool has slots.
 
 Every run setting is a DAG param with a JSON schema, so the trigger form in the UI asks for them.
 Lane tasks run in the Airflow pool ``airflow_pool``; create it with
@@ -45,7 +46,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, TaskGroup
 
 from airflow_batchinfer.engines import check_no_secrets
-from airflow_batchinfer.operators.lanes import ShardLaneOperator
+from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import RunReportOperator
 from airflow_batchinfer.operators.rounds import (
@@ -135,6 +136,7 @@ def _p(name: str) -> str:
 
 
 SLOTS = "{{ params.replicas * params.concurrency }}"  # the run's pool's job slots: lanes 0 runs one each
+JUDGE_SLOTS = "{{ params.judge_replicas * params.judge_concurrency }}"  # one judge lane each
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ class _Tasks:
     trusted: TriggerLimits  # the DAG's limits, widened by its own defaults
     common: dict[str, Any]  # run_root and aws_conn_id: every task of a run
     lane_args: dict[str, Any]  # the lane tasks' (mapped over each plan's lane descriptors)
+    judge_airflow_pool: str | None  # the judge lanes' Airflow pool; None: no judge pool
     review_args: dict[str, Any]  # the review gates' (the plan tasks)
     results: Asset  # the report's event
     folded: AssetAlias  # the same event, from a close that folds the tail
@@ -163,6 +166,7 @@ def _task_args(
     trusted: TriggerLimits,
     *,
     airflow_pool: str,
+    judge_airflow_pool: str | None,
     aws_conn_id: str | None,
     retries: int,
     retry_delay: timedelta,
@@ -188,7 +192,7 @@ def _task_args(
     # The close that finishes a run writes the report and skips the report task: it emits the same
     # event on ``results`` through this alias (an alias emits only what the task adds to it).
     folded = AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
-    return _Tasks(trusted, common, lane_args, review_args, results, folded)
+    return _Tasks(trusted, common, lane_args, judge_airflow_pool, review_args, results, folded)
 
 
 def _shard_task(tasks: _Tasks, judge_pool: bool) -> ShardDatasetOperator:
@@ -231,7 +235,9 @@ def _pool_setups(tasks: _Tasks, judge_pool: bool) -> list[PoolSetupOperator]:
 
 
 def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: bool) -> TaskGroup:
-    """One round slot: ``plan`` (the pre-flight in the first; the review gate) → ``lanes[]`` → ``close``."""
+    """One round slot: ``plan`` (the pre-flight in the first; the review gate) → ``lanes[]`` (and
+    ``judge_plan`` → ``judge_lanes[]`` in the judge's Airflow pool) → ``close``."""
+    judging = tasks.judge_airflow_pool is not None
     with TaskGroup(slot_group(slot)) as group:
         plan = RoundControllerOperator(
             task_id="plan",
@@ -243,7 +249,17 @@ def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: boo
             **tasks.common,
             **tasks.review_args,
         )
-        lanes = ShardLaneOperator.partial(task_id="lanes", **tasks.lane_args).expand(lane=plan.output)
+        lanes = [ShardLaneOperator.partial(task_id="lanes", **tasks.lane_args).expand(lane=plan.output)]
+        if judging:
+            judge_args = {**tasks.lane_args, "pool": tasks.judge_airflow_pool}
+            judge_args["worker_pool"] = _p("judge_pool")
+            judges = JudgeLanesOperator(
+                task_id="judge_plan", slot=slot, judge_slots=JUDGE_SLOTS, **tasks.common
+            )
+            plan >> judges
+            lanes.append(
+                ShardLaneOperator.partial(task_id="judge_lanes", **judge_args).expand(lane=judges.output)
+            )
         # a close that finds the run finished does what the later slots and the report would
         # (nothing), writes the report and skips their tasks: no more task starts
         close = CloseRoundOperator(
@@ -326,10 +342,10 @@ def build_batch_inference_dag(
     :param judge_airflow_pool: give the judge its own warm pool (params ``judge_pool``,
         ``judge_engine``, ``judge_model``, ``judge_engine_options``, ``judge_replicas``,
         ``judge_concurrency``, ``judge_kubernetes``; the judge must be an ``llm`` judge) with its own
-        setup and teardown tasks: each lane judges its shard there as soon as its inference ends.
-        Without it, each shard is inferred and judged in one job. No task runs in this Airflow pool
-        (a lane holds one job at a time, and a judge job waits for a free slot of the judge's pool);
-        the name is the DAG's switch.
+        setup and teardown tasks, and the Airflow pool bounding its judge lanes (each round maps one
+        per judge pool slot, ``judge_replicas × judge_concurrency``: size the Airflow pool so, with
+        ``include_deferred``), which judge each shard there as soon as its inference ends. Without
+        it, each shard is inferred and judged in one job.
     :param dag_kwargs: passed to ``DAG`` (``schedule`` defaults to ``None``, ``catchup`` to
         ``False``, ``tags`` to ``["batchinfer"]``).
     """
@@ -344,6 +360,7 @@ def build_batch_inference_dag(
         dag_id,
         implied_by(values).widen(limits),
         airflow_pool=airflow_pool,
+        judge_airflow_pool=judge_airflow_pool,
         aws_conn_id=aws_conn_id,
         retries=retries,
         retry_delay=retry_delay,

@@ -19,9 +19,11 @@ Where the lane runs:
   in the task process (``asyncio.run``), holding one Airflow worker slot for the lane's duration.
   Size the executor for ``lanes`` more running tasks.
 
-Either way the lane runs :func:`~airflow_batchinfer.run.lane_driver.drive_lane`: with a judge on its
-own pool (``judge_pool``, a DAG built with ``judge_airflow_pool``) each shard's judge job runs there
-as soon as its inference ends, from the same lane, and the task renews that pool's lease too.
+Either way the lane runs :func:`~airflow_batchinfer.run.lane_driver.drive_lane`. With a judge on its
+own pool (``judge_pool``, a DAG built with ``judge_airflow_pool``) the round maps judge lanes too, in
+that Airflow pool (:mod:`~airflow_batchinfer.run.judge_lanes`): each judges the shards the inference
+lanes have finished, as soon as each ends; an inference lane renews the judge pool's lease too, since
+it judges the shards left when every judge lane has ended.
 A shard's failing job is retried ``job_retries`` times, then its error is kept next to its
 manifests and the lane moves on (the round's close quarantines the shard); an error that stops the
 lane itself (no worker takes a job, storage unreachable) fails the task naming the lane and the shard,
@@ -45,6 +47,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
+from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.run.lane_driver import (
@@ -57,8 +60,10 @@ from airflow_batchinfer.run.lane_driver import (
     lane_round,
     lane_shard,
 )
-from airflow_batchinfer.run.lanes import Lane, LaneResult, lane_result
-from airflow_batchinfer.state.owner import task_owns
+from airflow_batchinfer.run.lanes import Lane, LaneResult, judge_lanes_of, lane_result
+from airflow_batchinfer.state.docs import read_plan
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.owner import owned_run_config, task_owns
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.lane import LaneTrigger
 
@@ -81,9 +86,11 @@ def deferral_timeout(deadline: float | None) -> timedelta | None:
 class ShardLaneOperator(BaseOperator):
     """Run one lane of a round until no shard is left.
 
-    :param lane: a lane descriptor ``{slot, round, lane, lanes}`` (from the round's plan task).
+    :param lane: a lane descriptor ``{slot, round, lane, lanes}`` (from the round's plan task); a
+        judge lane's has ``role: judge`` (:mod:`~airflow_batchinfer.run.judge_lanes`).
     :param run_root: the run's root (templated).
-    :param worker_pool: ``local://NAME`` or a ``batchinfer_pool`` connection id (templated).
+    :param worker_pool: ``local://NAME`` or a ``batchinfer_pool`` connection id (templated): the run's
+        pool, or a judge lane's judge pool.
     :param aws_conn_id: AWS connection for ``s3://`` run roots on the Airflow side; with one, the
         lane runs in the task (the triggerer cannot look the connection up).
     :param in_task: run the lane in the task even without ``aws_conn_id`` (a triggerer that cannot
@@ -149,11 +156,12 @@ class ShardLaneOperator(BaseOperator):
         except ConfigError as exc:  # no plan: a retry would not make one
             raise AirflowFailException(str(exc)) from exc
         pool = hold_pool(self.worker_pool, context, self.log)
-        if cfg.judge_pool:  # the judge's own pool runs this lane's judge jobs: kept as the run's is
+        if cfg.judge_pool and not lane.judge:  # it judges what the judge lanes leave: kept as well
             hold_pool(cfg.judge_pool, context, self.log)
         here = bool(self.aws_conn_id) or self.in_task
         self.log.info(
-            "lane %d of %d of %s: %d shards in the round (%d records, %s); running %s",
+            "%slane %d of %d of %s: %d shards in the round (%d records, %s); running %s",
+            "judge " if lane.judge else "",
             lane.index,
             lane.count,
             lane.slot,
@@ -227,3 +235,55 @@ class ShardLaneOperator(BaseOperator):
                 self.log.info("lane %s: cancelled job %s on %s", self.lane, job_id, url)
             except Exception as exc:  # best effort: the retry finds and follows the job anyway
                 self.log.warning("lane %s: could not cancel job %s on %s: %s", self.lane, job_id, url, exc)
+
+
+class JudgeLanesOperator(BaseOperator):
+    """A round slot's judge lanes (:mod:`~airflow_batchinfer.run.judge_lanes`), for a DAG whose judge
+    has its own pool: it reads the slot's plan once its plan task stored it and returns the judge lane
+    descriptors its judge lane task is expanded over, one per slot of the judge pool (Airflow maps
+    over a task's return value only, and the plan task's are the lanes'); ``[]``: none.
+
+    :param slot: the round slot.
+    :param run_root: the run's root (templated).
+    :param judge_slots: the judge pool's job slots, ``judge_replicas × judge_concurrency`` (templated).
+    :param aws_conn_id: AWS connection for ``s3://`` run roots on the Airflow side.
+    """
+
+    template_fields = ("run_root", "aws_conn_id", "judge_slots")
+    ui_color = "#e8f4e0"
+
+    def __init__(
+        self,
+        *,
+        slot: str,
+        run_root: str,
+        judge_slots: int | str,
+        aws_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.slot = slot
+        self.run_root = run_root
+        self.judge_slots = judge_slots
+        self.aws_conn_id = aws_conn_id
+
+    def execute(self, context: Context) -> list[dict[str, Any]]:
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = owned_run_config(self.run_root, context, so)
+        plan = read_plan(RunLayout(cfg.run_root), self.slot, so)
+        if plan is None:
+            raise AirflowFailException(
+                f"{self.slot}: no plan.json under {cfg.run_root}. Remedy: clear the slot's plan task"
+            )
+        try:
+            slots = int(str(self.judge_slots))
+            lanes = judge_lanes_of(plan.effective_config(cfg), plan, slots, max_map_length())
+        except (ConfigError, ValueError) as exc:
+            raise AirflowFailException(
+                f"{self.slot}: judge lanes: {exc}. Remedy: set judge_replicas and judge_concurrency to "
+                "positive numbers"
+            ) from exc
+        self.log.info(
+            "%s: %d judge lanes for %d shards (%s)", self.slot, len(lanes), len(plan.shards), plan.mode
+        )
+        return lanes

@@ -5,8 +5,9 @@ and what a lane that could not go on tells its task (:class:`LaneEvent`).
 One loop, :func:`drive_lane`, for the lane run on the triggerer
 (:class:`~airflow_batchinfer.triggers.lane.LaneTrigger`) and in its task
 (:class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator` with an ``aws_conn_id``). A round
-whose judge has its own pool (``judge_pool``) runs each shard's judge job there, from the same lane,
-as soon as the shard's inference ends, as ``batchinfer run`` does (:mod:`~airflow_batchinfer.run.pipeline`).
+whose judge has its own pool (``judge_pool``) runs its judge jobs from judge lanes on that pool
+(:mod:`~airflow_batchinfer.run.judge_lanes`), as ``batchinfer run`` does
+(:mod:`~airflow_batchinfer.run.pipeline`).
 No Airflow here: how the pool is opened is the caller's (``open_pool``)."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.models import JobKind, JobSpec, JobStatus
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.jobs import round_kinds
+from airflow_batchinfer.run.judge_lanes import run_judge_lane
 from airflow_batchinfer.run.lanes import Lane, run_lane
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, read_plan, read_run_config
@@ -104,7 +106,7 @@ def lane_shard(run_root: str, lane: Lane, so: StorageOptions | None = None) -> s
     """The shard the lane was on (running, or about to claim), from its document; ``None`` if none
     or the document cannot be read (a failure message names what it can)."""
     try:
-        doc = read_lane(RunLayout(run_root), lane.round, lane.index, so)
+        doc = read_lane(RunLayout(run_root), lane.round, lane.index, so, judge=lane.judge)
     except Exception:  # the store that failed the lane may fail this read too
         return None
     if doc is None:
@@ -146,15 +148,18 @@ async def drive_lane(
     client_args: dict[str, Any],
     tracked: list[TrackedPoolClient],
 ) -> LaneDoc:
-    """Run ``lane`` on ``pool`` (the run's) until no shard is left. Each pool client it makes
-    (``client_args``: :func:`tracked_client`'s; a judge with its own pool, opened with ``open_pool``,
-    gets one of its own) is added to ``tracked`` at once, so that a killed lane cancels the job of
-    each, and closed when the lane ends."""
+    """Run ``lane`` on ``pool`` (the run's; a judge lane's: the judge pool) until it ends. Each pool
+    client it makes (``client_args``: :func:`tracked_client`'s; a judge with its own pool, opened with
+    ``open_pool``, gets one of its own) is added to ``tracked`` at once, so that a killed lane cancels
+    the job of each, and closed when the lane ends."""
     client = await asyncio.to_thread(tracked_client, pool, client_args)
     clients = [client]
     tracked.append(client)
     try:
         cfg, plan = await asyncio.to_thread(lane_round, run_root, lane, so)
+        client.unreachable_grace_s = cfg.unreachable_grace_s
+        if lane.judge:
+            return await run_judge_lane(lane, cfg, plan, client, so=so, logger=logger)
         pools: dict[JobKind, PoolClient] = {}
         for kind in round_kinds(cfg, plan.mode):
             if kind == "judge" and cfg.judge_pool:
@@ -165,7 +170,6 @@ async def drive_lane(
                 pools[kind] = judge
             else:
                 pools[kind] = client
-        client.unreachable_grace_s = cfg.unreachable_grace_s
 
         def ended(entry: LaneShard) -> None:
             took = (entry.ended_at or time.time()) - entry.claimed_at

@@ -35,9 +35,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from airflow_batchinfer.exceptions import ConfigError, JobFailed
 from airflow_batchinfer.rpc.models import JobKind
@@ -52,15 +52,20 @@ from airflow_batchinfer.state.docs.lanes import (
     claimed_shards,
     read_claim,
     read_lane,
+    read_lanes,
     write_lane,
 )
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import ShardDescriptor, swap, taper
+from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 
 log = logging.getLogger("airflow_batchinfer.lanes")
 
 ShardDone = Callable[[LaneShard], None]  # called after each shard the lane ends (progress, logs)
+# A round's lanes run each shard's jobs ("run"); with a judge on its own pool, "judge" lanes (bounded
+# by that pool's Airflow pool) judge the shards the run's lanes have inferred (run.judge_lanes).
+LaneRole = Literal["run", "judge"]
 
 
 # ------------------------------------------------------------------------------------ decisions
@@ -72,14 +77,24 @@ class Lane:
     round: int
     index: int
     count: int
+    role: LaneRole = "run"
+
+    @property
+    def judge(self) -> bool:
+        return self.role == "judge"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"slot": self.slot, "round": self.round, "lane": self.index, "lanes": self.count}
+        lane = {"slot": self.slot, "round": self.round, "lane": self.index, "lanes": self.count}
+        return {**lane, "role": self.role} if self.judge else lane
 
     @classmethod
     def of(cls, data: Mapping[str, Any]) -> Lane:
+        role = data.get("role", "run")
         try:
-            lane = cls(str(data["slot"]), int(data["round"]), int(data["lane"]), int(data["lanes"]))
+            if role not in ("run", "judge"):
+                raise ValueError(f"role {role!r} is neither run nor judge")
+            index, count = int(data["lane"]), int(data["lanes"])
+            lane = cls(str(data["slot"]), int(data["round"]), index, count, role)
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"not a lane descriptor: {dict(data)!r} ({exc})") from exc
         if not 0 <= lane.index < lane.count:
@@ -95,12 +110,27 @@ def lane_count(requested: int, slots: int, shards: int) -> int:
     return min(requested or slots, shards)
 
 
-def lanes_of(plan: Plan, count: int) -> list[dict[str, Any]]:
-    """The lane descriptors of ``plan`` (``[]`` for a round that does not run)."""
+def lanes_of(plan: Plan, count: int, role: LaneRole = "run") -> list[dict[str, Any]]:
+    """The lane descriptors of ``plan`` (``[]`` for a round that does not run, and for judge lanes of
+    a round whose shards are not judged on a pool of their own: :func:`judged_apart`)."""
     if plan.mode == "skip" or not plan.shards:
         return []
     n = min(count, len(plan.shards))
-    return [Lane(plan.slot, plan.round, i, n).as_dict() for i in range(n)]
+    return [Lane(plan.slot, plan.round, i, n, role).as_dict() for i in range(n)]
+
+
+def judged_apart(cfg: RunConfig, plan: Plan) -> bool:
+    """Whether the round's judge jobs run on the judge's own pool, from judge lanes of their own."""
+    return "judge" in round_kinds(cfg, plan.mode)
+
+
+def judge_lanes_of(cfg: RunConfig, plan: Plan, slots: int, bound: int) -> list[dict[str, Any]]:
+    """The judge lane descriptors of ``plan`` (``cfg``: the settings its round runs): one per slot of
+    the judge pool (``slots``), never more than the shards nor ``bound`` (Airflow's
+    ``max_map_length``); none when the round does not judge on a pool of its own."""
+    if not judged_apart(cfg, plan):
+        return []
+    return lanes_of(plan, min(lane_count(0, slots, len(plan.shards)), bound), "judge")
 
 
 def stripe(shard_ids: Sequence[str], lane: int, lanes: int) -> list[str]:
@@ -148,10 +178,17 @@ def retake(doc: LaneDoc | None, claim_of_claiming: ShardClaim | None) -> list[st
 
 # ------------------------------------------------------------------------------------ storage
 def claim_shard(
-    layout: RunLayout, r: int, shard_id: str, lane: int, so: StorageOptions | None = None
+    layout: RunLayout,
+    r: int,
+    shard_id: str,
+    lane: int,
+    so: StorageOptions | None = None,
+    *,
+    judge: bool = False,
 ) -> bool:
-    """Create the claim of ``shard_id`` for ``lane``; ``False`` when another lane holds it."""
-    loc = resolve(layout.claim(r, shard_id), so)
+    """Create the claim of ``shard_id`` for ``lane`` (a judge claim: ``judge``; an inference lane that
+    judges a shard the judge lanes left takes one with ``lane`` -1); ``False`` when another holds it."""
+    loc = resolve(layout.claim(r, shard_id, judge=judge), so)
     swap.require_exact(loc, f"Claiming shard {shard_id} of round {r}")
     token = uuid.uuid4().hex
     mine = ShardClaim(shard_id=shard_id, lane=lane, token=token, claimed_at=time.time()).encode()
@@ -164,7 +201,8 @@ def clear_claims(layout: RunLayout, r: int, so: StorageOptions | None = None) ->
     (again), so a re-planned round's lanes start from its new shard list."""
     from airflow_batchinfer.storage.files import remove_tree
 
-    for uri in (layout.claims(r), layout.lanes(r)):
+    judging = (layout.claims(r, judge=True), layout.lanes(r, judge=True), layout.handoffs(r))
+    for uri in (layout.claims(r), layout.lanes(r), *judging):
         loc = resolve(uri, so)
         loc.fs.invalidate_cache(loc.path)  # a cached listing misses other processes' claims: all go
         remove_tree(uri, so)
@@ -172,16 +210,19 @@ def clear_claims(layout: RunLayout, r: int, so: StorageOptions | None = None) ->
 
 # ------------------------------------------------------------------------------------ the loop
 @dataclass
-class _LaneState:
+class LaneState:
+    """A lane's status document and where it is saved."""
+
     layout: RunLayout
     doc: LaneDoc
     so: StorageOptions | None
+    judge: bool = False
 
     def save(self) -> None:
-        write_lane(self.layout, self.doc, self.so)
+        write_lane(self.layout, self.doc, self.so, judge=self.judge)
 
 
-async def _run_job(
+async def run_job(
     pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor, so: StorageOptions | None
 ) -> str | None:
     """Run one shard job; a failing job is retried ``job_retries`` times. Returns the last error,
@@ -205,16 +246,56 @@ async def run_shard(
     shard: ShardDescriptor,
     so: StorageOptions | None,
 ) -> str | None:
-    """Every job of one shard, in order (a judge on its own pool reads the infer attempt its manifest
-    names); the first job's last error stops the shard (``None``: it finished)."""
+    """Every job of one shard, in order; the first job's last error stops the shard (``None``: it
+    finished). A judge on its own pool is the judge lanes' (:mod:`~airflow_batchinfer.run.judge_lanes`):
+    this lane hands the inferred shard over, and judges it itself only if they have all ended."""
     for kind in round_kinds(cfg, plan.mode):
-        job_input = shard
         if kind == "judge":
-            job_input = await asyncio.to_thread(judge_input, cfg, plan.round, shard, so)
-        error = await _run_job(pools[kind], cfg, kind, plan.round, job_input, so)
+            return await hand_over(pools["judge"], cfg, plan, shard, so)
+        error = await run_job(pools[kind], cfg, kind, plan.round, shard, so)
         if error is not None:
+            if kind == "infer" and judged_apart(cfg, plan):
+                await asyncio.to_thread(mark_inferred, cfg, plan.round, shard["shard_id"], "failed", so)
             return f"{kind}: {error}"
     return None
+
+
+async def judge_shard(
+    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: ShardDescriptor, so: StorageOptions | None
+) -> str | None:
+    """A shard's judge job on the judge pool, reading the infer attempt its manifest names."""
+    job_input = await asyncio.to_thread(judge_input, cfg, plan.round, shard, so)
+    error = await run_job(pool, cfg, "judge", plan.round, job_input, so)
+    return None if error is None else f"judge: {error}"
+
+
+async def hand_over(
+    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: ShardDescriptor, so: StorageOptions | None
+) -> str | None:
+    """An inferred shard handed to the judge lanes: its mark written first, then the judge lanes'
+    documents read. A judge lane that ends lists the marks again after it says so, so either it sees
+    this mark or this lane sees it ended; the judge claim settles a tie. Judge lanes all ended (the
+    inference outlived their patience, or a retried lane came back late): this lane judges the shard."""
+    sid, r = shard["shard_id"], plan.round
+    await asyncio.to_thread(mark_inferred, cfg, r, sid, "done", so)
+    layout = RunLayout(cfg.run_root)
+    docs = await asyncio.to_thread(read_lanes, layout, r, so, judge=True)
+    if not judge_lanes_ended(docs):
+        return None
+    if not await asyncio.to_thread(claim_shard, layout, r, sid, -1, so, judge=True):
+        return None  # a judge lane took it after all
+    log.info("round %d: the judge lanes have ended; shard %s judged by its inference lane", r, sid)
+    return await judge_shard(pool, cfg, plan, shard, so)
+
+
+def judge_lanes_ended(docs: Sequence[LaneDoc]) -> bool:
+    """Whether every judge lane of a round has ended (each of its ``lanes`` documents ``finished``)."""
+    return bool(docs) and len(docs) == docs[0].lanes and all(d.finished for d in docs)
+
+
+def mark_inferred(cfg: RunConfig, r: int, shard_id: str, state: str, so: StorageOptions | None) -> None:
+    """Tell the judge lanes that a shard's inference ended (``done`` or ``failed``)."""
+    write_bytes(resolve(RunLayout(cfg.run_root).handoff(r, shard_id, state), so), b"")
 
 
 async def run_lane(
@@ -232,14 +313,14 @@ async def run_lane(
     ``cfg``: the settings the round runs (``plan.effective_config`` of run.json's). Errors that are
     not a job's (no worker took a job, storage unreachable) propagate: the caller fails or retries the
     lane, which then takes its unfinished shard back."""
-    if (lane.slot, lane.round) != (plan.slot, plan.round):
-        raise ConfigError(f"lane {lane} is not of the plan of {plan.slot} (round {plan.round})")
+    if (lane.slot, lane.round) != (plan.slot, plan.round) or lane.judge:
+        raise ConfigError(f"lane {lane} is not a lane of the plan of {plan.slot} (round {plan.round})")
     layout = RunLayout(cfg.run_root)
     r = plan.round
     by_id = {s["shard_id"]: s for s in plan.shards}
     ids = list(by_id)
     sizes = {sid: int(s["records"]) for sid, s in by_id.items()}
-    state, back = await _resume(layout, lane, plan, by_id, so)
+    state, back = await resume_lane(layout, lane, plan, by_id, so)
     if back:
         logger.info("lane %d of %s: taking back %s", lane.index, plan.slot, back)
     own = [s for s in stripe(ids, lane.index, lane.count) if state.doc.shard(s) is None]
@@ -268,7 +349,7 @@ async def run_lane(
     while (sid := await next_shard()) is not None:
         shard = by_id[sid]
         logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard["records"])
-        entry = await _run_taken(state, shard, pools, cfg, plan, so)
+        entry = await run_taken(state, shard, lambda s: run_shard(pools, cfg, plan, s, so))
         if entry.error is not None:
             logger.error("lane %d of %s: shard %s failed: %s", lane.index, plan.slot, sid, entry.error)
         if on_shard is not None:
@@ -287,31 +368,27 @@ async def run_lane(
     return state.doc
 
 
-async def _resume(
+async def resume_lane(
     layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, ShardDescriptor], so: StorageOptions | None
-) -> tuple[_LaneState, list[str]]:
+) -> tuple[LaneState, list[str]]:
     """The lane's document as a try before this one left it (a new one when there is none, or it
     was for another lane count), and the shards it takes back: its unfinished one, and the one it
     was claiming."""
     r = plan.round
-    doc = await asyncio.to_thread(read_lane, layout, r, lane.index, so)
+    doc = await asyncio.to_thread(read_lane, layout, r, lane.index, so, judge=lane.judge)
     claiming = None
     if doc is not None and doc.claiming:
-        claiming = await asyncio.to_thread(read_claim, layout, r, doc.claiming, so)
+        claiming = await asyncio.to_thread(read_claim, layout, r, doc.claiming, so, judge=lane.judge)
     back = [s for s in retake(doc, claiming) if s in by_id]
     if doc is None or doc.lanes != lane.count:
         doc = LaneDoc(round=r, slot=plan.slot, lane=lane.index, lanes=lane.count)
-    return _LaneState(layout, doc, so), back
+    return LaneState(layout, doc, so, lane.judge), back
 
 
-async def _run_taken(
-    state: _LaneState,
-    shard: ShardDescriptor,
-    pools: Mapping[JobKind, PoolClient],
-    cfg: RunConfig,
-    plan: Plan,
-    so: StorageOptions | None,
-) -> LaneShard:
+ShardRun = Callable[[ShardDescriptor], Awaitable[str | None]]  # a shard's jobs: their last error
+
+
+async def run_taken(state: LaneState, shard: ShardDescriptor, run: ShardRun) -> LaneShard:
     """Run a shard the lane has taken, its entry in the lane's document saved before (running) and
     after (done or failed, with the error)."""
     sid = shard["shard_id"]
@@ -322,7 +399,7 @@ async def _run_taken(
     entry.state, entry.ended_at, entry.error = "running", None, None
     state.doc.claiming = None
     await asyncio.to_thread(state.save)
-    error = await run_shard(pools, cfg, plan, shard, so)
+    error = await run(shard)
     entry.state = "done" if error is None else "failed"
     entry.ended_at, entry.error = time.time(), error
     await asyncio.to_thread(state.save)

@@ -22,7 +22,8 @@ from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.jobs import round_kinds
-from airflow_batchinfer.run.lanes import Lane, clear_claims, lane_count, run_lane
+from airflow_batchinfer.run.judge_lanes import run_judge_lane
+from airflow_batchinfer.run.lanes import Lane, clear_claims, judged_apart, lane_count, run_lane
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.run.report.build import build_report
@@ -72,8 +73,9 @@ async def _run_round(
 ) -> None:
     """The round's shards by :func:`~airflow_batchinfer.run.lanes.lane_count` lanes
     (:func:`~airflow_batchinfer.run.lanes.run_lane`), as the DAG's lane tasks run them: each lane
-    takes the next unclaimed shard until none is left, so at most ``lanes`` shard jobs are in flight
-    and a shard's judge (on the judge's own pool) starts as soon as its own inference ends."""
+    takes the next unclaimed shard until none is left, so at most ``lanes`` shard jobs are in flight;
+    a judge on its own pool judges from judge lanes (one per slot of that pool) as soon as each shard's
+    inference ends (:mod:`~airflow_batchinfer.run.judge_lanes`)."""
     if not plan.shards:
         return
     run_cfg = plan.effective_config(cfg)
@@ -90,12 +92,17 @@ async def _run_round(
             if progress:
                 progress(phase, done_records, plan.records)
 
-    await asyncio.gather(
-        *(
-            run_lane(Lane(plan.slot, plan.round, i, count), run_cfg, plan, pools, on_shard=on_shard)
-            for i in range(count)
-        )
-    )
+    lanes = [
+        run_lane(Lane(plan.slot, plan.round, i, count), run_cfg, plan, pools, on_shard=on_shard)
+        for i in range(count)
+    ]
+    if judged_apart(run_cfg, plan):  # judge lanes beside them, one per slot of the judge pool
+        judges = lane_count(0, await pool_slots(pools["judge"]), len(plan.shards))
+        lanes += [
+            run_judge_lane(Lane(plan.slot, plan.round, i, judges, "judge"), run_cfg, plan, pools["judge"])
+            for i in range(judges)
+        ]
+    await asyncio.gather(*lanes)
 
 
 async def run_pipeline(

@@ -154,19 +154,29 @@ class RunLayout:
     def summary(self, r: int) -> str:
         return join(self.round(r), "summary.json")
 
-    def claims(self, r: int) -> str:
-        """Round ``r``'s shard claims: one document per shard a lane took (see ``run/lanes.py``)."""
-        return join(self.round(r), "claims")
+    def claims(self, r: int, *, judge: bool = False) -> str:
+        """Round ``r``'s shard claims: one document per shard a lane took (see ``run/lanes.py``); a
+        judge pool's lanes claim the shards they judge in ``judge-claims/`` (``run/judge_lanes.py``)."""
+        return join(self.round(r), "judge-claims" if judge else "claims")
 
-    def claim(self, r: int, shard_id: str) -> str:
-        return join(self.claims(r), f"{shard_id}.json")
+    def claim(self, r: int, shard_id: str, *, judge: bool = False) -> str:
+        return join(self.claims(r, judge=judge), f"{shard_id}.json")
 
-    def lanes(self, r: int) -> str:
-        """Round ``r``'s lane status documents: which shards each lane took, and how each ended."""
-        return join(self.round(r), "lanes")
+    def lanes(self, r: int, *, judge: bool = False) -> str:
+        """Round ``r``'s lane status documents: which shards each lane took, and how each ended (a
+        judge pool's lanes: ``judge-lanes/``)."""
+        return join(self.round(r), "judge-lanes" if judge else "lanes")
 
-    def lane(self, r: int, lane: int) -> str:
-        return join(self.lanes(r), f"lane-{lane:04d}.json")
+    def lane(self, r: int, lane: int, *, judge: bool = False) -> str:
+        return join(self.lanes(r, judge=judge), f"lane-{lane:04d}.json")
+
+    def handoffs(self, r: int) -> str:
+        """Round ``r``'s shards whose inference ended, for a judge pool's lanes: one empty object
+        per shard, named ``<shard>.done`` or ``<shard>.failed`` (one listing tells them all)."""
+        return join(self.round(r), "inferred-shards")
+
+    def handoff(self, r: int, shard_id: str, state: str) -> str:
+        return join(self.handoffs(r), f"{shard_id}.{state}")
 
     def result(self, r: int, shard_id: str, *, tail: bool = False) -> str:
         prefix = "tail" if tail else f"round{r:02d}"

@@ -18,7 +18,7 @@ from airflow.sdk.definitions.mappedoperator import MappedOperator  # noqa: E402
 from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 
 from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, build_batch_inference_dag  # noqa: E402
-from airflow_batchinfer.operators.lanes import ShardLaneOperator  # noqa: E402
+from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator  # noqa: E402
 from airflow_batchinfer.operators.shard import ShardDatasetOperator  # noqa: E402
 
 DAGS = Path(__file__).parents[2] / "dags"
@@ -72,20 +72,31 @@ def test_factory_shape_pools_and_params() -> None:
 
 
 def test_factory_with_a_judge_pool_runs_its_rounds_by_lanes_too() -> None:
-    """A judge with its own pool: the same lanes (each judges its shard on the judge's pool once its
-    inference ends, run.lane_driver), the judge pool's reference in the run's settings, and the judge
-    pool's own setup and teardown and params."""
+    """A judge with its own pool: the same lanes in the run's Airflow pool, and judge lanes beside them
+    in the judge's (run.judge_lanes), mapped over what the slot's ``judge_plan`` task returns (one per
+    judge pool slot); the judge pool's reference in the run's settings, and its own setup, teardown
+    and params."""
     judge = {"judge": {"type": "llm"}}
     dag = build_batch_inference_dag("two", max_rounds=1, airflow_pool="gpu", judge_airflow_pool="judge",
                                     defaults=judge)  # fmt: skip
     assert set(dag.task_dict) == {
         "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown", "judge_pool_teardown",
-        "round_00.plan", "round_00.lanes", "round_00.close", "tail.plan", "tail.lanes", "tail.close",
+        "round_00.plan", "round_00.lanes", "round_00.judge_plan", "round_00.judge_lanes", "round_00.close",
+        "tail.plan", "tail.lanes", "tail.judge_plan", "tail.judge_lanes", "tail.close",
     }  # fmt: skip
-    for task_id in ("round_00.lanes", "tail.lanes"):
-        lanes = dag.task_dict[task_id]
+    for slot in ("round_00", "tail"):
+        lanes, judges = dag.task_dict[f"{slot}.lanes"], dag.task_dict[f"{slot}.judge_lanes"]
         assert isinstance(lanes, MappedOperator) and lanes.operator_class is ShardLaneOperator
         assert lanes.pool == "gpu" and lanes.partial_kwargs["worker_pool"] == "{{ params.worker_pool }}"
+        assert isinstance(judges, MappedOperator) and judges.operator_class is ShardLaneOperator
+        assert judges.pool == "judge" and judges.partial_kwargs["worker_pool"] == "{{ params.judge_pool }}"
+        judge_plan = dag.task_dict[f"{slot}.judge_plan"]
+        assert isinstance(judge_plan, JudgeLanesOperator) and judge_plan.slot == slot.replace("_", "-")
+        assert judge_plan.judge_slots == "{{ params.judge_replicas * params.judge_concurrency }}"
+        assert judge_plan.upstream_task_ids == {f"{slot}.plan"}
+        (arg,) = judges.expand_input.value.values()
+        assert arg.operator is judge_plan
+        assert dag.task_dict[f"{slot}.close"].upstream_task_ids == {f"{slot}.lanes", f"{slot}.judge_lanes"}
     assert dag.task_dict["shard"].config["judge_pool"] == "{{ params.judge_pool }}"
     setup = dag.task_dict["judge_pool_setup"]
     assert setup.is_setup and dag.task_dict["judge_pool_teardown"].is_teardown

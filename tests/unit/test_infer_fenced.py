@@ -10,6 +10,7 @@ import asyncio
 import json
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -69,6 +70,12 @@ class Pool:
 
     async def engine(self) -> dict[str, Any]:
         return create_engine("simulated").describe()  # what each worker reports (fail_marker aside)
+
+    async def refresh(self) -> None:  # one worker of two slots (run.pipeline.pool_slots)
+        self.clients = {"w1": self}
+
+    async def stats(self) -> SimpleNamespace:
+        return SimpleNamespace(slots_total=2)
 
     async def run(self, spec: JobSpec) -> JobManifest:
         manifest = await run_on_worker(spec)

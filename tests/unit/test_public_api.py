@@ -26,6 +26,7 @@ OPERATORS = {
     "PoolSetupOperator",
     "PoolTeardownOperator",
     "ShardLaneOperator",
+    "JudgeLanesOperator",
     "RoundControllerOperator",
     "CloseRoundOperator",
     "PreflightOperator",

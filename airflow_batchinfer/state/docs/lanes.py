@@ -66,9 +66,9 @@ _LANE = TypeAdapter(LaneDoc)
 
 
 def read_claim(
-    layout: RunLayout, r: int, shard_id: str, so: StorageOptions | None = None
+    layout: RunLayout, r: int, shard_id: str, so: StorageOptions | None = None, *, judge: bool = False
 ) -> ShardClaim | None:
-    return read_model(_CLAIM, layout.claim(r, shard_id), "shard claim", so)
+    return read_model(_CLAIM, layout.claim(r, shard_id, judge=judge), "shard claim", so)
 
 
 def listed_now(uri: str, so: StorageOptions | None) -> list[str]:
@@ -80,29 +80,38 @@ def listed_now(uri: str, so: StorageOptions | None) -> list[str]:
     return names(uri, so)
 
 
-def claimed_shards(layout: RunLayout, r: int, so: StorageOptions | None = None) -> set[str]:
+def claimed_shards(
+    layout: RunLayout, r: int, so: StorageOptions | None = None, *, judge: bool = False
+) -> set[str]:
     """The ids of round ``r``'s claimed shards (one fresh listing, no document read)."""
-    return {n.removesuffix(".json") for n in listed_now(layout.claims(r), so) if n.endswith(".json")}
+    listed = listed_now(layout.claims(r, judge=judge), so)
+    return {n.removesuffix(".json") for n in listed if n.endswith(".json")}
 
 
-def read_lane(layout: RunLayout, r: int, lane: int, so: StorageOptions | None = None) -> LaneDoc | None:
-    return read_model(_LANE, layout.lane(r, lane), "lane status", so)
+def read_lane(
+    layout: RunLayout, r: int, lane: int, so: StorageOptions | None = None, *, judge: bool = False
+) -> LaneDoc | None:
+    return read_model(_LANE, layout.lane(r, lane, judge=judge), "lane status", so)
 
 
-def write_lane(layout: RunLayout, doc: LaneDoc, so: StorageOptions | None = None) -> None:
-    write_bytes(resolve(layout.lane(doc.round, doc.lane), so), doc.encode())
+def write_lane(
+    layout: RunLayout, doc: LaneDoc, so: StorageOptions | None = None, *, judge: bool = False
+) -> None:
+    write_bytes(resolve(layout.lane(doc.round, doc.lane, judge=judge), so), doc.encode())
 
 
-def read_lanes(layout: RunLayout, r: int, so: StorageOptions | None = None) -> list[LaneDoc]:
-    """Every lane document of round ``r``, by lane, read in parallel (an object store answers
-    them so: 320 lanes are not 320 requests in a row)."""
+def read_lanes(
+    layout: RunLayout, r: int, so: StorageOptions | None = None, *, judge: bool = False
+) -> list[LaneDoc]:
+    """Every lane document of round ``r`` (a judge pool's lanes': ``judge``), by lane, read in
+    parallel (an object store answers them so: 320 lanes are not 320 requests in a row)."""
     indexes = sorted(
         int(n[len("lane-") : -len(".json")])
-        for n in listed_now(layout.lanes(r), so)
+        for n in listed_now(layout.lanes(r, judge=judge), so)
         if n.startswith("lane-") and n.endswith(".json") and n[len("lane-") : -len(".json")].isdigit()
     )
     if not indexes:
         return []
     with ThreadPoolExecutor(min(DOC_THREADS, len(indexes))) as ex:
-        found = list(ex.map(lambda i: read_lane(layout, r, i, so), indexes))
+        found = list(ex.map(lambda i: read_lane(layout, r, i, so, judge=judge), indexes))
     return [d for d in found if d is not None]

@@ -200,6 +200,18 @@ def quarantined(layout: RunLayout, r: int, so: StorageOptions | None = None) -> 
     return {n.removesuffix(".json") for n in listed_now(layout.failed(r), so) if n.endswith(".json")}
 
 
+def _latest(docs: Iterable[LaneDoc]) -> dict[str, tuple[int, LaneShard]]:
+    """Each shard's entry with its lane: a shard in two lane documents (a lane's restart under another
+    count left its old one) is the later claim's."""
+    entries: dict[str, tuple[int, LaneShard]] = {}
+    for doc in docs:
+        for entry in doc.shards:
+            seen = entries.get(entry.shard_id)
+            if seen is None or entry.claimed_at >= seen[1].claimed_at:
+                entries[entry.shard_id] = (doc.lane, entry)
+    return entries
+
+
 def round_status(
     layout: RunLayout,
     plan: Plan,
@@ -219,14 +231,9 @@ def round_status(
             with ThreadPoolExecutor(min(DOC_THREADS, len(listed))) as ex:
                 got = list(ex.map(lambda sid: read_failed(layout, r, sid, so), listed))
             records = {f.shard_id: f for f in got if f is not None}
-    # One entry per shard: a shard in two lane documents (a lane's restart under another count
-    # left its old one) is the later claim's.
-    entries: dict[str, tuple[int, LaneShard]] = {}
-    for doc in docs:
-        for entry in doc.shards:
-            seen = entries.get(entry.shard_id)
-            if seen is None or entry.claimed_at >= seen[1].claimed_at:
-                entries[entry.shard_id] = (doc.lane, entry)
+    entries = _latest(docs)
+    # A judge on its own pool: a shard's judge lane entry, once its inference is done, says the rest.
+    judged = _latest(read_lanes(layout, r, so, judge=True)) if plan.judge_engine is not None else None
     rows = []
     for index, shard in enumerate(plan.shards):
         sid = shard["shard_id"]
@@ -235,6 +242,11 @@ def round_status(
             lane, entry = entries[sid]
             row.state, row.lane = entry.state, lane
             row.claimed_at, row.ended_at, row.error = entry.claimed_at, entry.ended_at, entry.error
+            if judged is not None and entry.state == "done":
+                judge = judged.get(sid)
+                row.state = "running" if judge is None else judge[1].state  # inferred: judged next
+                row.ended_at = None if judge is None else judge[1].ended_at
+                row.error = None if judge is None else judge[1].error
         elif sid in claimed:
             row.state = "claimed"
             # The claim itself says who holds it: a lane's ``claiming`` may name a race it lost.

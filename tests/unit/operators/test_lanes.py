@@ -19,11 +19,11 @@ from airflow.sdk.exceptions import AirflowException, AirflowFailException, TaskD
 
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.operators import lanes as lanes_module
-from airflow_batchinfer.operators.lanes import ShardLaneOperator
+from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator
 from airflow_batchinfer.run.lane_driver import TrackedPoolClient, tracked_client
 from airflow_batchinfer.run.lanes import Lane
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import Plan, write_run_config
+from airflow_batchinfer.state.docs import Plan, read_run_config, write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.triggers.lane import LaneTrigger
@@ -198,8 +198,9 @@ def test_a_lane_killed_in_its_task_cancels_the_job_it_follows(
 def test_a_lane_whose_judge_has_its_own_pool_keeps_that_pool_too(
     tmp_path: Path, run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A judge-pool DAG's lane judges each shard on the judge's pool: its lease is renewed (dead local
-    judge workers restarted) with the run's before the lane defers."""
+    """A judge-pool DAG's lane judges on the judge's pool the shards it infers once every judge lane
+    has ended (run.lanes.hand_over): that pool's lease is renewed too (dead local judge workers
+    restarted) before the lane defers. A judge lane renews the judge pool's alone."""
     (tmp_path / "judged").mkdir()
     cfg = make_run(tmp_path / "judged", judge_pool="local://judge")
     write_run_config(cfg)
@@ -208,3 +209,41 @@ def test_a_lane_whose_judge_has_its_own_pool_keeps_that_pool_too(
     with pytest.raises(TaskDeferred):
         op(cfg, plan).execute(context())
     assert held == ["local://gpu", "local://judge"]
+    held.clear()
+    judge_lane = Lane(plan.slot, plan.round, 0, 2, "judge").as_dict()
+    task = ShardLaneOperator(
+        task_id="judge_lanes", lane=judge_lane, run_root=cfg.run_root, worker_pool="local://judge"
+    )
+    with pytest.raises(TaskDeferred) as deferred:
+        task.execute(context())
+    assert held == ["local://judge"]
+    _, kwargs = deferred.value.trigger.serialize()
+    assert kwargs["lane"]["role"] == "judge" and kwargs["worker_pool"] == "local://judge"
+
+
+def test_the_judge_plan_task_returns_one_judge_lane_per_judge_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The judge lanes a round slot maps (from its stored plan): one per judge pool slot, never more
+    than the shards; none for a run whose judge has no pool of its own; bad slots fail with the remedy."""
+    monkeypatch.setattr(
+        lanes_module, "owned_run_config", lambda run_root, context, so=None: read_run_config(run_root)
+    )
+    (tmp_path / "judged").mkdir(), (tmp_path / "fused").mkdir()
+    judged = make_run(tmp_path / "judged", judge_pool="local://judge")  # 3 shards
+    fused = make_run(tmp_path / "fused")
+    for cfg in (judged, fused):
+        write_run_config(cfg)
+        plan_round(cfg)
+
+    def judge_plan(cfg: RunConfig, slots: str) -> Any:
+        task = JudgeLanesOperator(
+            task_id="judge_plan", slot="round-00", run_root=cfg.run_root, judge_slots=slots
+        )
+        return task.execute(context())
+
+    assert judge_plan(judged, "2") == [Lane("round-00", 0, i, 2, "judge").as_dict() for i in range(2)]
+    assert len(judge_plan(judged, "8")) == 3
+    assert judge_plan(fused, "2") == []
+    with pytest.raises(AirflowFailException, match="judge_replicas and judge_concurrency"):
+        judge_plan(judged, "0")

@@ -329,7 +329,7 @@ async def test_a_lane_stopped_between_claim_and_record_runs_the_shard_only_if_it
 async def test_a_lane_of_another_round_is_refused(tmp_path: Path) -> None:
     cfg = lanes_run(tmp_path, n=6, per_shard=3)
     plan = plan_round(cfg)
-    with pytest.raises(ConfigError, match=r"is not of the plan of round-00 \(round 0\)"):
+    with pytest.raises(ConfigError, match=r"is not a lane of the plan of round-00 \(round 0\)"):
         await run_lane(Lane("round-01", 1, 0, 1), cfg, plan, {})
     assert claimed_shards(RunLayout(cfg.run_root), 0) == set()  # nothing claimed
 
