@@ -6,7 +6,9 @@ test is marked with its folder's tier here, a system test ``slow`` too, so that 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -21,8 +23,10 @@ from tests.support.roots import Root
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Airflow reads its home at import: keep tests off ~/airflow.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="batchinfer-airflow-home-"))
+# Airflow reads its home at import: keep tests off ~/airflow (a home of this session's, removed at exit).
+if "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="batchinfer-airflow-home-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 
 TESTS = Path(__file__).parent
