@@ -55,7 +55,8 @@ from airflow_batchinfer.state.docs.lanes import (
     write_lane,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import ShardDescriptor, swap, taper
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import swap, taper
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 
 log = logging.getLogger("airflow_batchinfer.lanes")
@@ -182,7 +183,7 @@ class _LaneState:
 
 
 async def _run_job(
-    pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor, so: StorageOptions | None
+    pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: PlannedShard, so: StorageOptions | None
 ) -> str | None:
     """Run one shard job; a failing job is retried ``job_retries`` times. Returns the last error,
     ``None`` when it finished."""
@@ -194,7 +195,7 @@ async def _run_job(
             return None
         except JobFailed as exc:
             error = str(exc)
-            await asyncio.to_thread(record_job_error, cfg, r, shard["shard_id"], kind, error, so)
+            await asyncio.to_thread(record_job_error, cfg, r, shard.shard_id, kind, error, so)
     return error
 
 
@@ -202,7 +203,7 @@ async def run_shard(
     pools: Mapping[JobKind, PoolClient],
     cfg: RunConfig,
     plan: Plan,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     so: StorageOptions | None,
 ) -> str | None:
     """Every job of one shard, in order (a judge on its own pool reads the infer attempt its manifest
@@ -236,9 +237,9 @@ async def run_lane(
         raise ConfigError(f"lane {lane} is not of the plan of {plan.slot} (round {plan.round})")
     layout = RunLayout(cfg.run_root)
     r = plan.round
-    by_id = {s["shard_id"]: s for s in plan.shards}
+    by_id = {s.shard_id: s for s in plan.shards}
     ids = list(by_id)
-    sizes = {sid: int(s["records"]) for sid, s in by_id.items()}
+    sizes = {sid: int(s.records) for sid, s in by_id.items()}
     state, back = await _resume(layout, lane, plan, by_id, so)
     if back:
         logger.info("lane %d of %s: taking back %s", lane.index, plan.slot, back)
@@ -267,7 +268,7 @@ async def run_lane(
 
     while (sid := await next_shard()) is not None:
         shard = by_id[sid]
-        logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard["records"])
+        logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard.records)
         entry = await _run_taken(state, shard, pools, cfg, plan, so)
         if entry.error is not None:
             logger.error("lane %d of %s: shard %s failed: %s", lane.index, plan.slot, sid, entry.error)
@@ -288,7 +289,7 @@ async def run_lane(
 
 
 async def _resume(
-    layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, ShardDescriptor], so: StorageOptions | None
+    layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, PlannedShard], so: StorageOptions | None
 ) -> tuple[_LaneState, list[str]]:
     """The lane's document as a try before this one left it (a new one when there is none, or it
     was for another lane count), and the shards it takes back: its unfinished one, and the one it
@@ -306,7 +307,7 @@ async def _resume(
 
 async def _run_taken(
     state: _LaneState,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     pools: Mapping[JobKind, PoolClient],
     cfg: RunConfig,
     plan: Plan,
@@ -314,10 +315,10 @@ async def _run_taken(
 ) -> LaneShard:
     """Run a shard the lane has taken, its entry in the lane's document saved before (running) and
     after (done or failed, with the error)."""
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     entry = state.doc.shard(sid)
     if entry is None:
-        entry = LaneShard(shard_id=sid, records=shard["records"], state="running", claimed_at=time.time())
+        entry = LaneShard(shard_id=sid, records=shard.records, state="running", claimed_at=time.time())
         state.doc.shards.append(entry)
     entry.state, entry.ended_at, entry.error = "running", None, None
     state.doc.claiming = None

@@ -229,8 +229,8 @@ def round_status(
                 entries[entry.shard_id] = (doc.lane, entry)
     rows = []
     for index, shard in enumerate(plan.shards):
-        sid = shard["shard_id"]
-        row = ShardRow(shard_id=sid, index=index, records=int(shard["records"]), state="unclaimed")
+        sid = shard.shard_id
+        row = ShardRow(shard_id=sid, index=index, records=int(shard.records), state="unclaimed")
         if sid in entries:
             lane, entry = entries[sid]
             row.state, row.lane = entry.state, lane
