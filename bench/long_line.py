@@ -71,7 +71,7 @@ def child(path: str, max_line: int | None) -> None:
     size = os.path.getsize(path)
     shard: dict[str, Any] = {"shard_id": "part-00000", "uri": path, "records": 0, "range": [0, size]}
     if max_line is not None:
-        shard["max_line_bytes"] = max_line
+        shard.max_line_bytes = max_line
     rejects = Rejects()
     started = time.monotonic()
     reader = read_range(shard, id_field="id", assign_ids=False, rejects=rejects)

@@ -382,7 +382,7 @@ def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: b
         finals[REPEATED] = JsonlFile(left_out.rejects, storage_options=so)
     source = JsonlFile(shard.uri, storage_options=so)
 
-    rng = shard.range
+    rng = shard.range_ref
 
     def source_ids() -> Iterator[Any]:  # a round-0 range: just its range, validated as its job read it
         if rng is not None:

@@ -220,7 +220,7 @@ def _quarantine(
         orphans_removed=orphans,
         remedy="fix the cause, then re-run the DAG run (finished shards are not run again)",
         # round 0 read in place: the shard is these bytes of the source
-        range=list(shard.range.range) if shard.range is not None else None,
+        range=list(shard.range_ref.range) if shard.range_ref is not None else None,
         ids=Digest.of(shard.ref.ids) if shard.ref.ids is not None else None,  # what it accounts for
     )
     write_failed(layout, record, so)

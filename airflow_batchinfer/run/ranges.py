@@ -26,7 +26,7 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
     """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read`` counts of
     the job that read the range, or (no job read it to the end: the shard is quarantined) from
     reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
-    shard = x.shard.range
+    shard = x.shard.range_ref
     if shard is None:
         return x
     sid = shard.shard_id
@@ -60,9 +60,9 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
     input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
     close plans only shards with records, so the line counts of the others come from there."""
     fresh: dict[str, ShardRef | RangeRef] = {
-        x.shard.shard_id: x.shard.range.model_copy(update={"read": x.read})
+        x.shard.shard_id: x.shard.range_ref.model_copy(update={"read": x.read})
         for x in settled
-        if x.read is not None and x.shard.range is not None
+        if x.read is not None and x.shard.range_ref is not None
     }
     if not fresh:
         return

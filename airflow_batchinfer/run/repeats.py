@@ -63,7 +63,7 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
 def fanned(shard: PlannedShard, repeats: list[Repeat]) -> list[Repeat]:
     """The repeats of a range shard as its rows: with a fan-out, each repeated line once per arm, by
     its row's id (what its job wrote, and what its rejects rows carry); else ``repeats``."""
-    fan_out = shard.range.fanned if shard.range is not None else None
+    fan_out = shard.range_ref.fanned if shard.range_ref is not None else None
     if fan_out is None:
         return repeats
     return [dataclasses.replace(x, id=fan_out.row_id(x.id, arm)) for x in repeats for arm in fan_out.arms]
@@ -163,7 +163,7 @@ def settle_repeats(
     """The rejects of a shard's repeats: ``rejects/<shard>.repeated-ids.jsonl.zst`` (rewritten whole,
     the same each close) once the shard is accepted without them. A quarantined shard holds them in
     its ``failed/`` record (its whole range is retried; they are rejected when it is accepted)."""
-    if r != 0 or x.shard.range is None:
+    if r != 0 or x.shard.range_ref is None:
         return
     sid = x.shard.shard_id
     uri = rejects_uri(layout.rejects, sid)

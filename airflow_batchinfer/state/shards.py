@@ -65,7 +65,7 @@ class PlannedShard(BaseModel):
         return self.ref.records
 
     @property
-    def range(self) -> RangeRef | None:
+    def range_ref(self) -> RangeRef | None:
         """The shard's range ref when it is a round-0 range shard."""
         return self.ref if isinstance(self.ref, RangeRef) else None
 
