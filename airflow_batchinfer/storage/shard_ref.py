@@ -69,7 +69,7 @@ def ordered(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class _Ref(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     shard_id: str
     uri: str
