@@ -140,14 +140,14 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
     for i, shard in enumerate(plan.shards):
         if i == 1:
             continue  # never finishes: quarantined by close
-        ids, n_rows = shard["ids"], shard["records"]
+        ids, n_rows = shard.to_json()["ids"], shard.records
         judged = shard
         if kinds[0] == "infer":
             inferred = {"input": ids, "inferred": ids}
-            finish("infer", 0, shard, {"inferred": shard["uri"]}, inferred, {"generated": {"ok": n_rows}})
+            finish("infer", 0, shard, {"inferred": shard.uri}, inferred, {"generated": {"ok": n_rows}})
             judged = inferred_shard(cfg, 0, shard)
         rejected = i % 10 == 0
-        copy, none = (None, judged["uri"]) if rejected else (judged["uri"], None)
+        copy, none = (None, judged.uri) if rejected else (judged.uri, None)
         inference = {"generated": {"ok": n_rows}} if kinds[-1] == "infer_judge" else {}
         finish(
             kinds[-1], 0, judged, {"approved": copy, "rejected": none},

@@ -127,13 +127,13 @@ def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str, **params: Any) 
     output file."""
     layout = RunLayout(str(tmp / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     spec = JobSpec(
         job_id=f"{name}-{sid}",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"id_field": "custom_id", "input_records": shard["records"], **params},
+        params={"id_field": "custom_id", "input_records": shard.records, **params},
     )
     job_s = run_job(w, spec)
     manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))

@@ -131,7 +131,7 @@ def main() -> None:
             spec = JobSpec(
                 job_id=tag,
                 kind="infer",
-                input=shard["uri"],
+                input=shard.uri,
                 outputs={
                     "inferred": layout.inferred(0, tag),
                     "manifest": layout.job_manifest(0, tag, "infer"),

@@ -67,11 +67,10 @@ class Rejects:
 def child(path: str, max_line: int | None) -> None:
     """Read ``path`` as one range shard (as a worker's job does) and print what it cost, as JSON."""
     from airflow_batchinfer.storage.ranges import read_range
+    from airflow_batchinfer.storage.shard_ref import RangeRef
 
     size = os.path.getsize(path)
-    shard: dict[str, Any] = {"shard_id": "part-00000", "uri": path, "records": 0, "range": [0, size]}
-    if max_line is not None:
-        shard["max_line_bytes"] = max_line
+    shard = RangeRef(shard_id="part-00000", uri=path, records=0, range=(0, size), max_line_bytes=max_line)
     rejects = Rejects()
     started = time.monotonic()
     reader = read_range(shard, id_field="id", assign_ids=False, rejects=rejects)

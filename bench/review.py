@@ -116,7 +116,7 @@ def finish_shard(cfg: Any, shard: dict[str, Any], rare: bool) -> int:
               for name in ("approved", "rejected")}  # fmt: skip
     with JsonlFile(staged["approved"]).writer_sync():
         pass  # no row approved
-    rng = random.Random(shard["shard_id"])
+    rng = random.Random(shard.shard_id)
     ids, groups = IdDigest(), ReasonGroups()
     n = 0
     bad_lines = JsonlFile(spec.outputs["input_rejects"]).writer_sync()

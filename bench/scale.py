@@ -85,7 +85,7 @@ from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.rpc.pool import PoolClient  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
-from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
+from airflow_batchinfer.storage.shard_ref import ShardRef  # noqa: E402
 
 WORDS = ["sun", "haze", "dust", "cloud", "evening", "scatter", "light", "blue", "red", "angle", "air",
          "ocean", "wave", "salt", "wind"]  # fmt: skip
@@ -95,7 +95,7 @@ PROMPT = "{{ text }}"  # the prompt is the record's text: its tokens are the rec
 # ------------------------------------------------------------------------------------- dataset
 def make_dataset(
     root: Path, records: int, shards: int, seed: int, *, sharded: bool = True, single: Path | None = None
-) -> tuple[list[ShardDescriptor], int]:
+) -> tuple[list[ShardRef], int]:
     """``records`` records of 50–400 tokens: in ``shards`` shards under ``root/input`` (``sharded``,
     for part (a)) and/or as ONE plain JSONL file ``single`` (part (b)), in one pass; returns the
     shards and the total tokens."""
@@ -150,17 +150,17 @@ def batcher_stats(workers: list[WorkerProcess]) -> list[dict[str, Any]]:
     return [w.http("GET", "/v1/stats").json()["batcher"] for w in workers]
 
 
-def infer_spec(layout: RunLayout, shard: ShardDescriptor, tag: str) -> JobSpec:
-    job = f"{tag}-{shard['shard_id']}"
+def infer_spec(layout: RunLayout, shard: ShardRef, tag: str) -> JobSpec:
+    job = f"{tag}-{shard.shard_id}"
     return JobSpec(
         job_id=job,
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, job), "manifest": layout.job_manifest(0, job, "infer")},
         params={
             "prompt_template": PROMPT,
             "chat": False,
-            "input_records": shard["records"],
+            "input_records": shard.records,
             "sampling": {"max_tokens": 1},
         },
     )
@@ -175,9 +175,7 @@ async def submit_all(urls: list[str], specs: list[JobSpec], poll_s: float) -> li
         await client.aclose()
 
 
-def part_a(
-    args: argparse.Namespace, work: Path, shards: list[ShardDescriptor], total_tokens: int
-) -> dict[str, Any]:
+def part_a(args: argparse.Namespace, work: Path, shards: list[ShardRef], total_tokens: int) -> dict[str, Any]:
     """Warm pool: ``--gpus`` workers up, the shard jobs over the RPC, no Airflow."""
     concurrency = math.ceil(len(shards) / args.gpus)  # every shard job runs at once
     flags = ["--target-batch-tokens", str(args.target_batch_tokens), "--max-batch-size"]
@@ -211,7 +209,7 @@ def part_a(
     batches = sum(x["total_batches"] - y["total_batches"] for x, y in zip(after, before, strict=True))
     counts = [m.counts for m in manifests]
     return {
-        "records": sum(s["records"] for s in shards),
+        "records": sum(s.records for s in shards),
         "shards": len(shards),
         "gpus": args.gpus,
         "total_tokens": total_tokens,

@@ -36,16 +36,16 @@ from airflow_batchinfer.dev.workers import WorkerProcess, start_worker  # noqa: 
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor  # noqa: E402
+from airflow_batchinfer.storage.shard_ref import ShardRef  # noqa: E402
 from bench.scale import PROMPT, make_dataset  # noqa: E402
 
 DEFAULT_RECORDS = 200_000
 QUICK_RECORDS = 20_000
 
 
-def _spec(work: Path, shard: ShardDescriptor, tag: str, *, segments: bool, chunk_size: int) -> JobSpec:
+def _spec(work: Path, shard: ShardRef, tag: str, *, segments: bool, chunk_size: int) -> JobSpec:
     layout = RunLayout(str(work / f"run-{tag}"))
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     outputs = {
         "inferred": layout.inferred(0, sid),
         "manifest": layout.job_manifest(0, sid, "infer"),
@@ -56,12 +56,12 @@ def _spec(work: Path, shard: ShardDescriptor, tag: str, *, segments: bool, chunk
     return JobSpec(
         job_id=f"resume-{tag}-{sid}",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs=outputs,
         params={
             "prompt_template": PROMPT,
             "chat": False,
-            "input_records": shard["records"],
+            "input_records": shard.records,
             "sampling": {"max_tokens": 1},
             "chunk_size": chunk_size,
         },
@@ -87,9 +87,7 @@ def _run(w: WorkerProcess, spec: JobSpec) -> float:
     return time.perf_counter() - t0
 
 
-def _undisturbed(
-    args: argparse.Namespace, work: Path, shard: ShardDescriptor, *, segments: bool
-) -> dict[str, Any]:
+def _undisturbed(args: argparse.Namespace, work: Path, shard: ShardRef, *, segments: bool) -> dict[str, Any]:
     tag = "d1" if segments else "d2"
     spec = _spec(work, shard, tag, segments=segments, chunk_size=args.chunk_size)
     w = _worker(args, work)
@@ -102,14 +100,12 @@ def _undisturbed(
     return {"wall_s": round(wall, 2), "counts": m.counts.model_dump(mode="json")}
 
 
-def _killed(
-    args: argparse.Namespace, work: Path, shard: ShardDescriptor, *, segments: bool
-) -> dict[str, Any]:
+def _killed(args: argparse.Namespace, work: Path, shard: ShardRef, *, segments: bool) -> dict[str, Any]:
     """The job until its progress passes half the shard, the worker SIGKILLed, then resubmitted to a
     new worker (same job id)."""
     tag = "d3" if segments else "d4"
     spec = _spec(work, shard, tag, segments=segments, chunk_size=args.chunk_size)
-    half = shard["records"] // 2
+    half = shard.records // 2
     first = _worker(args, work)
     try:
         t0 = time.perf_counter()
@@ -154,7 +150,7 @@ def part_d(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     d_work.mkdir(parents=True, exist_ok=True)
     (shard,), total_tokens = make_dataset(d_work, records, 1, getattr(args, "seed", 0))
     r: dict[str, Any] = {
-        "records": shard["records"],
+        "records": shard.records,
         "total_tokens": total_tokens,
         "chunk_size": args.chunk_size,
     }

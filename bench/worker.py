@@ -69,16 +69,16 @@ def make_shards(root: Path, n_shards: int, per_shard: int) -> list[dict[str, Any
 
 
 def spec_for(layout: RunLayout, shard: dict[str, Any], tag: str, **params: Any) -> JobSpec:
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=f"{tag}-{sid}",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={
             "inferred": layout.inferred(0, f"{tag}-{sid}"),
             "manifest": layout.job_manifest(0, f"{tag}-{sid}", "infer"),
         },
-        params={"prompt_template": PROMPT, "input_records": shard["records"], **params},
+        params={"prompt_template": PROMPT, "input_records": shard.records, **params},
     )
 
 
@@ -217,7 +217,7 @@ def bench_engine(
                 ],
             )
             m = json.loads(
-                Path(layout.job_manifest(0, f"pipe{rep}-{shards[0]['shard_id']}", "infer")).read_text()
+                Path(layout.job_manifest(0, f"pipe{rep}-{shards[0].shard_id}", "infer")).read_text()
             )
             runs.append((m["tokens"]["completion"] / m["timings"]["run_s"], wall, m))
         _, wall, manifest = max(runs, key=lambda r: r[0])

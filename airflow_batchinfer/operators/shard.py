@@ -3,7 +3,8 @@ for this DAG run (``owner.json``: a root another live DAG run owns, or another D
 refused, and so is an ``input`` inside a root another DAG created), plans round 0's shards (byte
 ranges of the input, a few KB read per shard and nothing copied; input that cannot be split, such
 as single-frame zstd, is copied into shards; reused when identical), stores ``run.json`` and returns
-shard descriptors (references and counts, never records)."""
+the shards' references, their stored form (:mod:`~airflow_batchinfer.storage.shard_ref`: a
+reference and a count, never records)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, owner_uri
-from airflow_batchinfer.storage import ShardDescriptor
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
@@ -136,7 +136,7 @@ class ShardDatasetOperator(BaseOperator):
             raise AirflowFailException(decision.reason)
         self.log.info("%s (%s)", decision.reason, owner_uri(cfg.run_root))
 
-    def execute(self, context: Context) -> list[ShardDescriptor]:
+    def execute(self, context: Context) -> list[dict[str, Any]]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(self.config))
@@ -171,11 +171,11 @@ class ShardDatasetOperator(BaseOperator):
             ) from exc
         reused = "reused: " if result.reused else ""
         if fan_out := cfg.fan_out_arms():  # the rows the rounds run: each record once per arm
-            rows = sum(s["records"] for s in result.shards)
+            rows = sum(s.records for s in result.shards)
             self.log.info(
                 "fan_out %s: about %d rows, ids ID@ARM (%s)", cfg.fan_out, rows, ", ".join(fan_out.arms)
             )
-        if result.shards and "range" in result.shards[0]:
+        if result.shards and result.shards[0].is_range:
             self.log.info(
                 "%s%d byte-range shards of %s, about %d records (nothing copied: each range is "
                 "validated by the job that reads it; bad lines go to %s when round 0 closes)",
@@ -193,4 +193,4 @@ class ShardDatasetOperator(BaseOperator):
                 result.counts,
                 result.rejects_uri,
             )
-        return list(result.shards)
+        return [s.to_json() for s in result.shards]  # XCom: the refs' stored form

@@ -27,6 +27,7 @@ application wrote that these decisions no longer make.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,11 +55,12 @@ from airflow_batchinfer.state.docs import Digest, Summary, read_summary
 from airflow_batchinfer.state.docs.calibration import write_calibration
 from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import SHARD_SUFFIX, RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import OutputManifest, write_manifest
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
 @dataclass
@@ -67,7 +69,7 @@ class Applied:
 
     reviewed_round: int
     decisions: int
-    shards: list[ShardDescriptor]  # the retained rows, per shard (the round's pending set now)
+    shards: list[ShardRef]  # the retained rows, per shard (the round's pending set now)
     # accept, retry, drop; approve (spot checks that followed the judge) when there were any
     counts: dict[str, int] = field(default_factory=lambda: {"accept": 0, "retry": 0, "drop": 0})
     accepted: IdDigest = field(default_factory=IdDigest)
@@ -91,7 +93,7 @@ class Applied:
 
 
 def apply_decisions(
-    cfg: RunConfig, r: int, pending: list[ShardDescriptor], so: StorageOptions | None = None
+    cfg: RunConfig, r: int, pending: Sequence[ShardRef | RangeRef], so: StorageOptions | None = None
 ) -> Applied | None:
     """Split round ``r``'s ``pending`` shards by the decisions on round ``r - 1``'s rejected rows;
     ``None`` when there are none and no spot check waits (nothing is written)."""
@@ -126,10 +128,10 @@ class _Split:
         self.bulk = self.unjudged = 0
         self.made: set[str] = set()
 
-    def shard(self, shard: ShardDescriptor) -> None:
+    def shard(self, shard: ShardRef | RangeRef) -> None:
         """Split one pending shard: each row into the file of its outcome, its id into that
         outcome's digest."""
-        sid, reviewed = shard["shard_id"], self.reviewed
+        sid, reviewed = shard.shard_id, self.reviewed
         digests: dict[Outcome, IdDigest] = {a: IdDigest() for a in ("accept", "retry", "drop", FOLLOWS_JUDGE)}
         uris: dict[Outcome, str] = {
             "retry": self.retained_dir.file(sid + SHARD_SUFFIX).uri,
@@ -140,7 +142,7 @@ class _Split:
         applied = self.applied
         with contextlib.ExitStack() as stack:  # a file only for an outcome that takes rows
             outs: dict[str, Any] = {}
-            for pos, row in enumerate(JsonlFile(shard["uri"], storage_options=self.so).iter_records()):
+            for pos, row in enumerate(JsonlFile(shard.uri, storage_options=self.so).iter_records()):
                 outcome, written = self._row(row, sid, pos)
                 uri = uris[outcome]
                 if uri not in outs:
@@ -153,14 +155,8 @@ class _Split:
         applied.dropped += digests["drop"]
         applied.approved += digests[FOLLOWS_JUDGE]
         if digests["retry"].count:
-            applied.shards.append(
-                {
-                    "shard_id": sid,
-                    "uri": uris["retry"],
-                    "records": digests["retry"].count,
-                    "ids": digests["retry"].to_dict(),
-                }
-            )
+            retry = digests["retry"]
+            applied.shards.append(ShardRef(shard_id=sid, uri=uris["retry"], records=retry.count, ids=retry))
 
     def _row(self, row: dict[str, Any], sid: str, pos: int) -> tuple[Outcome, dict[str, Any]]:
         """A pending row's outcome, and the row as its outcome's file holds it."""
@@ -205,7 +201,7 @@ class _Split:
                 round=self.r,
                 reviewed_round=self.reviewed,
                 decisions=decisions,
-                shards=self.applied.shards,
+                shards=[*self.applied.shards],
                 records=self.applied.counts["retry"],
                 applied=self.applied.doc().to_json(),
             ),

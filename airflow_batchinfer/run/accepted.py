@@ -19,8 +19,9 @@ from airflow_batchinfer.state.docs import (
     parse_accepted,
 )
 from airflow_batchinfer.state.layout import fenced_outputs
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Tally
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, swap
+from airflow_batchinfer.storage import JsonlFile, swap
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 
@@ -35,7 +36,7 @@ Figures = JobManifest | AcceptedJob  # a job that counts: its valid manifest, or
 class Settled:
     """What close decided for one shard."""
 
-    shard: ShardDescriptor
+    shard: PlannedShard
     jobs: list[Figures]  # valid manifests / the accepted doc: tokens, timings, workers
     counts: Tally | None  # the accepted attempt's counts; None when quarantined
     failed: FailedShard | None = None  # its quarantine record, as written to failed/

@@ -29,8 +29,9 @@ from airflow_batchinfer.state.docs import (
     write_summary,
 )
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Tally
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDiff, IdDigest, diff_ids, file_digest, file_ids
 from airflow_batchinfer.storage.id_hashes import Repeats
 from airflow_batchinfer.storage.location import StorageOptions, join
@@ -106,16 +107,16 @@ def _settle_all(cfg: RunConfig, layout: RunLayout, plan: Plan, so: StorageOption
     rc = RoundClose(cfg, layout, r, kinds, engines, already_failed, so)
     id_field = cfg.id_field or "id"
 
-    def settle(shard: ShardDescriptor) -> Settled:
+    def settle(shard: PlannedShard) -> Settled:
         # later occurrences of ids an earlier range holds (a fan-out's: each of their rows)
-        repeated = fanned(shard, repeats.of(shard["shard_id"]))
+        repeated = fanned(shard, repeats.of(shard.shard_id))
         x = settle_shard(rc, shard, repeated)
         x = settle_range(cfg, layout, r, x, so)
         settle_repeats(layout, r, x, repeated, id_field, so)
         if x.accepted is not None:  # settled by its manifest: segments its job left have served
             for kind in kinds:  # (a quarantined shard's are kept: a re-run of the round resumes them)
                 if kind != "in_place":
-                    files.remove_tree(layout.segments(r, shard["shard_id"], kind), so)
+                    files.remove_tree(layout.segments(r, shard.shard_id, kind), so)
         return _account(x, id_field, so, cfg.assign_ids)
 
     # before any shard is accepted: the repeats are left out of what it accepts
@@ -189,7 +190,7 @@ def _account_rounds(
     id_field = cfg.id_field or "id"
     out = ids.outputs
     outcomes = tally.outcomes
-    judged = {x.shard["shard_id"]: x.counts.outcomes.rejected for x in settled if x.counts is not None}
+    judged = {x.shard.shard_id: x.counts.outcomes.rejected for x in settled if x.counts is not None}
     nxt = recompact(
         layout.rejected_dir(r),
         layout.pending(r + 1),
@@ -210,7 +211,7 @@ def _account_rounds(
         log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
         rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
         sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
-        targets = [JsonlFile(d["uri"], storage_options=so) for d in nxt.shards]
+        targets = [JsonlFile(d.uri, storage_options=so) for d in nxt.shards]
         ids.diffs.append(_diff(sources, targets, id_field))
     return _Accounted(
         accounted=outcomes.approved + outcomes.rejected + _failed_records(settled) + out[REPEATED].count,
@@ -272,7 +273,7 @@ def _summary(
 ) -> Summary:
     """The round's ``summary.json``: its figures from the summed tally, its work, and the invariant."""
     assert plan.mode != "skip"  # a skipped slot has none
-    pending = sum(x.shard["records"] for x in settled)  # a range shard's, as read
+    pending = sum(x.shard.records for x in settled)  # a range shard's, as read
     failed = [x.failed for x in settled if x.failed is not None]
     tokens, job_seconds, workers = _work(settled)
     named = {k: _named([getattr(d, k) for d in ids.diffs]) for k in ("lost", "doubled", "unexpected")}
@@ -313,7 +314,7 @@ def _summary(
             lost=named["lost"],
             doubled=named["doubled"],
             unexpected=named["unexpected"],
-            opened=[x.shard["shard_id"] for x in settled if x.opened],  # shards whose ids were read
+            opened=[x.shard.shard_id for x in settled if x.opened],  # shards whose ids were read
         ),
     )
 
@@ -353,17 +354,17 @@ def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> 
 def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: bool = False) -> Settled:
     """The id accounting of one settled shard, from digests where they agree.
 
-    The shard's planned digest is its descriptor's ``ids`` (the writer of the pending set recorded
+    The shard's planned digest is its ref's ``ids`` (the writer of the pending set recorded
     it), else the digest its first job read (``ids.input``). An accepted shard is consistent when
     that equals the accepted job's approved + rejected digests; otherwise, or with no digests at all
     (a range shard no job read to its end), its input and final output files are read: their real
     digests are used, and the ids that differ are named. A quarantined shard accounts for its
     planned digest (read from its input file when the plan has none)."""
     shard = x.shard
-    planned = IdDigest.maybe(shard.get("ids"))
+    planned = shard.ref.ids.copy() if shard.ref.ids is not None else None
     if x.counts is None or x.accepted is None:
         if planned is None:
-            planned, x.opened = file_digest(JsonlFile(shard["uri"], storage_options=so), id_field), True
+            planned, x.opened = file_digest(JsonlFile(shard.uri, storage_options=so), id_field), True
         x.planned = planned
         return x
     if planned is None and x.jobs:
@@ -375,18 +376,20 @@ def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: b
         x.planned, x.outputs = planned, {k: v for k, v in outputs.items() if v is not None}
         if planned == sum(x.outputs.values(), IdDigest()):
             return x  # the common case: nothing is read
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     finals = {name: JsonlFile(x.accepted.outputs[name], storage_options=so) for name in FENCED_OUTPUTS}
     if left_out is not None:  # its reject rows carry the id
         finals[REPEATED] = JsonlFile(left_out.rejects, storage_options=so)
-    source = JsonlFile(shard["uri"], storage_options=so)
+    source = JsonlFile(shard.uri, storage_options=so)
+
+    rng = shard.range_ref
 
     def source_ids() -> Iterator[Any]:  # a round-0 range: just its range, validated as its job read it
-        if "range" in shard:
-            return range_ids(shard, id_field=id_field, assign_ids=assign_ids, storage_options=so)
+        if rng is not None:
+            return range_ids(rng, id_field=id_field, assign_ids=assign_ids, storage_options=so)
         return file_ids([source], id_field)
 
-    read = IdDigest.of(source_ids()) if "range" in shard else file_digest(source, id_field)
+    read = IdDigest.of(source_ids()) if rng is not None else file_digest(source, id_field)
     x.outputs = {name: file_digest(f, id_field) for name, f in finals.items()}
     x.planned, x.opened = planned if planned is not None else read, True
     found = sum(x.outputs.values(), IdDigest())
@@ -407,7 +410,7 @@ def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: b
 def _remove_unplanned(layout: RunLayout, r: int, plan: Plan, so: StorageOptions | None) -> list[str]:
     """Final outputs of this round for shards the plan does not name (an earlier plan's): orphans that
     would break the count check and the recompaction."""
-    planned = {s["shard_id"] for s in plan.shards}
+    planned = {s.shard_id for s in plan.shards}
     prefix = f"round{r:02d}-" if plan.mode == "rounds" else "tail-"
     found = [
         join(layout.rejected_dir(r), n)

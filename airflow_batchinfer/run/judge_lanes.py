@@ -117,14 +117,14 @@ async def run_judge_lane(
     if (lane.slot, lane.round) != (plan.slot, plan.round) or not lane.judge:
         raise ConfigError(f"lane {lane} is not a judge lane of the plan of {plan.slot} (round {plan.round})")
     layout, r = RunLayout(cfg.run_root), plan.round
-    by_id = {s["shard_id"]: s for s in plan.shards}
+    by_id = {s.shard_id: s for s in plan.shards}
     ids = list(by_id)
     state, back = await resume_lane(layout, lane, plan, by_id, so)
     where = f"judge lane {lane.index} of {plan.slot}"
 
     async def judge(sid: str) -> None:
         shard = by_id[sid]
-        logger.info("%s: judging shard %s (%d records)", where, sid, shard["records"])
+        logger.info("%s: judging shard %s (%d records)", where, sid, shard.records)
         entry = await run_taken(state, shard, lambda s: judge_shard(pool, cfg, plan, s, so))
         if entry.error is not None:
             logger.error("%s: shard %s failed: %s", where, sid, entry.error)

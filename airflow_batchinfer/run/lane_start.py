@@ -28,24 +28,25 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage.location import StorageOptions
 
 log = logging.getLogger("airflow_batchinfer.lanes")
 
 
-def take_first(layout: RunLayout, plan: Plan, lane: Lane, so: StorageOptions | None) -> Any:
+def take_first(layout: RunLayout, plan: Plan, lane: Lane, so: StorageOptions | None) -> PlannedShard | None:
     """Claim ``lane``'s first shard for it and record it in its document (``claimed``); returns the
-    shard's descriptor, or ``None`` if it has none or another lane holds it."""
-    own = stripe([s["shard_id"] for s in plan.shards], lane.index, lane.count)
+    shard, or ``None`` if it has none or another lane holds it."""
+    own = stripe([s.shard_id for s in plan.shards], lane.index, lane.count)
     if not own:
         return None
     sid = own[0]
-    shard = next(s for s in plan.shards if s["shard_id"] == sid)
+    shard = next(s for s in plan.shards if s.shard_id == sid)
     doc = LaneDoc(round=plan.round, slot=plan.slot, lane=lane.index, lanes=lane.count, claiming=sid)
     write_lane(layout, doc, so)  # first, as the lane does: a claim is never left unrecorded
     if not claim_shard(layout, plan.round, sid, lane.index, so):
         return None
-    entry = LaneShard(shard_id=sid, records=shard["records"], state="claimed", claimed_at=time.time())
+    entry = LaneShard(shard_id=sid, records=shard.records, state="claimed", claimed_at=time.time())
     doc.shards, doc.claiming = [entry], None
     write_lane(layout, doc, so)
     return shard
@@ -81,11 +82,11 @@ async def start_lanes(
                 "lane %d of %s: shard %s not started here (%s); its lane runs it",
                 lane.index,
                 plan.slot,
-                shard["shard_id"],
+                shard.shard_id,
                 exc,
             )
             return None
-        return str(shard["shard_id"])
+        return shard.shard_id
 
     started = await asyncio.gather(*(one(d) for d in lanes))
     return [s for s in started if s is not None]

@@ -56,7 +56,8 @@ from airflow_batchinfer.state.docs.lanes import (
     write_lane,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import ShardDescriptor, swap, taper
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import swap, taper
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, resolve
 
@@ -223,7 +224,7 @@ class LaneState:
 
 
 async def run_job(
-    pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: ShardDescriptor, so: StorageOptions | None
+    pool: PoolClient, cfg: RunConfig, kind: JobKind, r: int, shard: PlannedShard, so: StorageOptions | None
 ) -> str | None:
     """Run one shard job; a failing job is retried ``job_retries`` times. Returns the last error,
     ``None`` when it finished."""
@@ -235,7 +236,7 @@ async def run_job(
             return None
         except JobFailed as exc:
             error = str(exc)
-            await asyncio.to_thread(record_job_error, cfg, r, shard["shard_id"], kind, error, so)
+            await asyncio.to_thread(record_job_error, cfg, r, shard.shard_id, kind, error, so)
     return error
 
 
@@ -243,7 +244,7 @@ async def run_shard(
     pools: Mapping[JobKind, PoolClient],
     cfg: RunConfig,
     plan: Plan,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     so: StorageOptions | None,
 ) -> str | None:
     """Every job of one shard, in order; the first job's last error stops the shard (``None``: it
@@ -255,13 +256,13 @@ async def run_shard(
         error = await run_job(pools[kind], cfg, kind, plan.round, shard, so)
         if error is not None:
             if kind == "infer" and judged_apart(cfg, plan):
-                await asyncio.to_thread(mark_inferred, cfg, plan.round, shard["shard_id"], "failed", so)
+                await asyncio.to_thread(mark_inferred, cfg, plan.round, shard.shard_id, "failed", so)
             return f"{kind}: {error}"
     return None
 
 
 async def judge_shard(
-    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: ShardDescriptor, so: StorageOptions | None
+    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: PlannedShard, so: StorageOptions | None
 ) -> str | None:
     """A shard's judge job on the judge pool, reading the infer attempt its manifest names."""
     job_input = await asyncio.to_thread(judge_input, cfg, plan.round, shard, so)
@@ -270,13 +271,13 @@ async def judge_shard(
 
 
 async def hand_over(
-    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: ShardDescriptor, so: StorageOptions | None
+    pool: PoolClient, cfg: RunConfig, plan: Plan, shard: PlannedShard, so: StorageOptions | None
 ) -> str | None:
     """An inferred shard handed to the judge lanes: its mark written first, then the judge lanes'
     documents read. A judge lane that ends lists the marks again after it says so, so either it sees
     this mark or this lane sees it ended; the judge claim settles a tie. Judge lanes all ended (the
     inference outlived their patience, or a retried lane came back late): this lane judges the shard."""
-    sid, r = shard["shard_id"], plan.round
+    sid, r = shard.shard_id, plan.round
     await asyncio.to_thread(mark_inferred, cfg, r, sid, "done", so)
     layout = RunLayout(cfg.run_root)
     docs = await asyncio.to_thread(read_lanes, layout, r, so, judge=True)
@@ -317,9 +318,9 @@ async def run_lane(
         raise ConfigError(f"lane {lane} is not a lane of the plan of {plan.slot} (round {plan.round})")
     layout = RunLayout(cfg.run_root)
     r = plan.round
-    by_id = {s["shard_id"]: s for s in plan.shards}
+    by_id = {s.shard_id: s for s in plan.shards}
     ids = list(by_id)
-    sizes = {sid: int(s["records"]) for sid, s in by_id.items()}
+    sizes = {sid: int(s.records) for sid, s in by_id.items()}
     state, back = await resume_lane(layout, lane, plan, by_id, so)
     if back:
         logger.info("lane %d of %s: taking back %s", lane.index, plan.slot, back)
@@ -348,7 +349,7 @@ async def run_lane(
 
     while (sid := await next_shard()) is not None:
         shard = by_id[sid]
-        logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard["records"])
+        logger.info("lane %d of %s: shard %s (%d records)", lane.index, plan.slot, sid, shard.records)
         entry = await run_taken(state, shard, lambda s: run_shard(pools, cfg, plan, s, so))
         if entry.error is not None:
             logger.error("lane %d of %s: shard %s failed: %s", lane.index, plan.slot, sid, entry.error)
@@ -369,7 +370,7 @@ async def run_lane(
 
 
 async def resume_lane(
-    layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, ShardDescriptor], so: StorageOptions | None
+    layout: RunLayout, lane: Lane, plan: Plan, by_id: Mapping[str, PlannedShard], so: StorageOptions | None
 ) -> tuple[LaneState, list[str]]:
     """The lane's document as a try before this one left it (a new one when there is none, or it
     was for another lane count), and the shards it takes back: its unfinished one, and the one it
@@ -385,16 +386,16 @@ async def resume_lane(
     return LaneState(layout, doc, so, lane.judge), back
 
 
-ShardRun = Callable[[ShardDescriptor], Awaitable[str | None]]  # a shard's jobs: their last error
+ShardRun = Callable[[PlannedShard], Awaitable[str | None]]  # a shard's jobs: their last error
 
 
-async def run_taken(state: LaneState, shard: ShardDescriptor, run: ShardRun) -> LaneShard:
+async def run_taken(state: LaneState, shard: PlannedShard, run: ShardRun) -> LaneShard:
     """Run a shard the lane has taken, its entry in the lane's document saved before (running) and
     after (done or failed, with the error)."""
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     entry = state.doc.shard(sid)
     if entry is None:
-        entry = LaneShard(shard_id=sid, records=shard["records"], state="running", claimed_at=time.time())
+        entry = LaneShard(shard_id=sid, records=shard.records, state="running", claimed_at=time.time())
         state.doc.shards.append(entry)
     entry.state, entry.ended_at, entry.error = "running", None, None
     state.doc.claiming = None

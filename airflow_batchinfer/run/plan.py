@@ -36,10 +36,12 @@ from airflow_batchinfer.state.docs import (
     slots,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.state.shards import PlannedShard, planned
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 # Review gate options (the Required Actions page shows them as buttons).
 CONTINUE = "Continue"
@@ -67,7 +69,7 @@ class RoundSnapshot:
 
     slot: str
     prior: tuple[Plan, ...] = ()
-    pending: tuple[ShardDescriptor, ...] | None = None
+    pending: tuple[ShardRef | RangeRef, ...] | None = None
     last: Summary | None = None
 
     @property
@@ -87,16 +89,16 @@ class Proposal:
 
 def pending_shards(
     layout: RunLayout, r: int, so: StorageOptions | None = None, *, reviewed: bool = True
-) -> list[ShardDescriptor]:
+) -> list[ShardRef | RangeRef]:
     """Round ``r``'s input: the sharded dataset, or what round ``r - 1`` recompacted; once a
     review's decisions took effect (``reviewed``), what they left pending."""
     split = review_split(layout, r, so) if reviewed else None
     if split is not None:
-        return [s for s in split.shards if s["records"]]
+        return [s for s in split.shards if s.records]
     manifest = read_manifest(JsonlDir(layout.pending(r), storage_options=so))
     if manifest is None or not manifest.complete:
         raise ConfigError(f"{layout.pending(r)} is not complete: its writer (shard or close) did not finish")
-    return [s for s in manifest.shards if s["records"]]
+    return [s for s in manifest.shards if s.records]
 
 
 def _unused(cfg: RunConfig, slot: str) -> bool:
@@ -146,7 +148,7 @@ def spot_checked(cfg: RunConfig, plan: Plan) -> Plan:
     if plan.mode != "rounds" or not cfg.spot_check_approved:
         return plan
     rate = round_rate(cfg.spot_check_approved, plan.records)
-    plan.shards = [{**s, "spot_check_rate": rate} for s in plan.shards]
+    plan.shards = [s.with_spot_check(rate) for s in plan.shards]
     return plan
 
 
@@ -167,7 +169,7 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
         return Proposal(Plan(slot=slot, round=r, mode="skip", reason="in-place retry already ran"))
     if snapshot.pending is None:
         raise ConfigError(f"{slot}: the snapshot holds no pending set of round {r} (see load_snapshot)")
-    pending = list(snapshot.pending)
+    pending = planned(snapshot.pending)
     if not pending:
         return Proposal(Plan(slot=slot, round=r, mode="skip", reason="nothing pending", stop=NOTHING_PENDING))
     last = snapshot.last
@@ -283,7 +285,7 @@ def check_answer(
     return Answer(choice, by, review, settings, config)
 
 
-def every_row_decided(answer: Answer, pending: list[ShardDescriptor], applied: Applied | None) -> bool:
+def every_row_decided(answer: Answer, pending: list[PlannedShard], applied: Applied | None) -> bool:
     """Whether the reviewers' decisions left nothing pending to act on (the answer is not Stop)."""
     return applied is not None and not pending and answer.choice != STOP
 
@@ -292,7 +294,7 @@ def decide_answer(
     plan: Plan,
     answer: Answer,
     *,
-    pending: list[ShardDescriptor],
+    pending: list[PlannedShard],
     applied: Applied | None,
     accepted: IdDigest | None = None,
 ) -> Plan:
@@ -312,7 +314,7 @@ def decide_answer(
     return chosen if answer.config is None else spot_checked(answer.config, chosen)
 
 
-def _chosen(plan: Plan, answer: Answer, pending: list[ShardDescriptor], accepted: IdDigest | None) -> Plan:
+def _chosen(plan: Plan, answer: Answer, pending: list[PlannedShard], accepted: IdDigest | None) -> Plan:
     choice, by, review = answer.choice, answer.by, answer.review
     if choice == CONTINUE:
         return Plan(
@@ -382,7 +384,9 @@ def apply_choice(
     # The reviewers' decisions on the rejected rows take effect whatever the answer; the rest (retry)
     # is what the answer acts on.
     applied = apply_decisions(cfg, plan.round, pending_shards(layout, plan.round, so, reviewed=False), so)
-    pending = applied.shards if applied is not None else plan.shards or pending_shards(layout, plan.round, so)
+    pending = planned(
+        applied.shards if applied is not None else plan.shards or pending_shards(layout, plan.round, so)
+    )
     accepted = None
     if choice == ACCEPT and not every_row_decided(answer, pending, applied):
         accepted = accept_pending(layout, plan.round, pending, so, id_field=cfg.id_field or "id")
@@ -394,7 +398,7 @@ def apply_choice(
 def accept_pending(
     layout: RunLayout,
     r: int,
-    pending: Iterable[ShardDescriptor],
+    pending: Iterable[PlannedShard],
     so: StorageOptions | None = None,
     *,
     id_field: str = "id",
@@ -403,12 +407,12 @@ def accept_pending(
     Returns the count and digest of the ids copied (the plan records them for the report)."""
     accepted = IdDigest()
     pending = list(pending)
-    _remove_accepted(layout, r, {f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst" for shard in pending}, so)
+    _remove_accepted(layout, r, {f"accepted-r{r:02d}-{shard.shard_id}.jsonl.zst" for shard in pending}, so)
     for shard in pending:
-        dst = join(layout.results, f"accepted-r{r:02d}-{shard['shard_id']}.jsonl.zst")
+        dst = join(layout.results, f"accepted-r{r:02d}-{shard.shard_id}.jsonl.zst")
         ids: list[Any] = []
         with JsonlFile(dst, storage_options=so).writer_sync() as out:
-            for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+            for row in JsonlFile(shard.uri, storage_options=so).iter_records():
                 out.write({**row, "accepted_by_review": True})
                 ids.append(row.get(id_field))
         accepted.add_many(ids)

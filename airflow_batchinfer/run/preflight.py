@@ -29,9 +29,10 @@ from airflow_batchinfer.state.docs import JobManifest
 from airflow_batchinfer.state.docs.preflight import PreflightSummary, write_preflight
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import JobParams
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
+from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
 def _spec(
@@ -128,11 +129,13 @@ def sample_plan(counts: list[int], wanted: int, spread: int = SAMPLE_SPREAD) -> 
     return [(i, n) for i, n in enumerate(taken) if n > 0]
 
 
-def _records(cfg: RunConfig, shard: ShardDescriptor, so: StorageOptions | None) -> Iterable[dict[str, Any]]:
+def _records(
+    cfg: RunConfig, shard: ShardRef | RangeRef, so: StorageOptions | None
+) -> Iterable[dict[str, Any]]:
     """A pending shard's records; a round-0 byte range is read and validated as its job reads it
     (bad lines are skipped here: its job quarantines them)."""
-    if "range" not in shard:
-        return JsonlFile(shard["uri"], storage_options=so).iter_records()
+    if not isinstance(shard, RangeRef):
+        return JsonlFile(shard.uri, storage_options=so).iter_records()
     return read_range(
         shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=DiscardRejects(), storage_options=so
     )
@@ -217,7 +220,7 @@ def run_preflight(
     workers = len(urls)
     layout = RunLayout(cfg.run_root)
     shards = pending_shards(layout, 0, so)
-    total = sum(s["records"] for s in shards)
+    total = sum(s.records for s in shards)
     sample_uri, n = _write_sample(cfg, layout, shards, so)
     jobs = _sample_jobs(cfg, layout, sample_uri, n)
     manifests, wall, slots = asyncio.run(
@@ -238,7 +241,7 @@ def run_preflight(
     tokens_per_record = tokens / n if n else 0.0
     plan = _sizing(
         cfg, total, workers, job_slots, tokens_per_s, tokens_per_record, approval, max_map_length,
-        [s["records"] for s in shards],
+        [s.records for s in shards],
     )  # fmt: skip
     if "error" not in plan:
         wall_s = plan["wall_s"]  # the lanes' tail and the straggler included
@@ -264,14 +267,14 @@ def run_preflight(
 
 
 def _write_sample(
-    cfg: RunConfig, layout: RunLayout, shards: list[ShardDescriptor], so: StorageOptions | None
+    cfg: RunConfig, layout: RunLayout, shards: list[ShardRef | RangeRef], so: StorageOptions | None
 ) -> tuple[str, int]:
     """Write the sample (``preflight_records`` records spread over round 0's shards) to the run's
     ``preflight/``; returns its URI and its record count."""
     sample_uri = join(layout.preflight, "sample.jsonl.zst")
     n = 0
     with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
-        for shard, take in sample_plan([s["records"] for s in shards], cfg.preflight_records):
+        for shard, take in sample_plan([s.records for s in shards], cfg.preflight_records):
             for row in itertools.islice(_records(cfg, shards[shard], so), take):
                 out.write(row)
                 n += 1

@@ -58,7 +58,7 @@ def shard_input(
         return shard_dataset(cfg.input, layout.input, **how)
     shards, manifest, reused = planned
     return ShardingResult(
-        shards=shards,
+        shards=[*shards],
         counts=manifest.counts or {},
         id_field=manifest.id_field or cfg.id_field or "id",
         rejects_uri=manifest.rejects_uri or "",

@@ -21,7 +21,8 @@ from airflow_batchinfer.state.docs import (
     write_failed,
 )
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, RunLayout
-from airflow_batchinfer.storage import ShardDescriptor, files
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.location import StorageOptions, join
 
 log = logging.getLogger("airflow_batchinfer.run")
@@ -54,7 +55,7 @@ def await_sweep(uri: str, doc: QuarantinedJob, so: StorageOptions | None) -> Qua
 def quarantine_shard(
     layout: RunLayout,
     r: int,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     kinds: tuple[JobKind, ...],
     checked: list[Checked],
     problem: tuple[str, str],
@@ -69,7 +70,7 @@ def quarantine_shard(
     produced and write its ``failed/`` record; then ``sweep: swept``. No other close replaces a
     sweeping doc (it waits, :func:`settle_shard`), so nothing accepted meanwhile is removed. ``None`` when
     another close accepted it first, or took this sweep over (settled again then)."""
-    sid, acct = shard["shard_id"], kinds[-1]
+    sid, acct = shard.shard_id, kinds[-1]
     phase, error = problem
     uri = layout.accepted(r, sid, acct)
     mine = QuarantinedJob(
@@ -99,7 +100,7 @@ def _still(uri: str, doc: QuarantinedJob, so: StorageOptions | None) -> Callable
 def _sweep_quarantined(
     layout: RunLayout,
     r: int,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     kinds: tuple[JobKind, ...],
     checked: list[Checked],
     rerun: bool,
@@ -110,7 +111,7 @@ def _sweep_quarantined(
     """The destructive steps of a quarantine, each once this close's sweeping ``doc`` is read back
     as the decision; returns the orphans removed, or ``None`` when it no longer stands (a close that
     took this one for gone decided since: what that close accepted is never removed)."""
-    sid, acct = shard["shard_id"], kinds[-1]
+    sid, acct = shard.shard_id, kinds[-1]
     still = _still(layout.accepted(r, sid, acct), doc, so)
     # a re-run recomputes the accounting job, and a job before it whose attempt is gone
     removed = {
@@ -149,7 +150,7 @@ def _sweep_quarantined(
 def adopt_quarantine(
     layout: RunLayout,
     r: int,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     stood: QuarantinedJob,
     checked: list[Checked],
     so: StorageOptions | None,
@@ -199,27 +200,28 @@ def _lost(x: Checked, so: StorageOptions | None) -> bool:
 def _quarantine(
     layout: RunLayout,
     r: int,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     phase: str,
     error: str,
     orphans: list[str],
     so: StorageOptions | None,
 ) -> FailedShard:
     """A shard whose ``phase`` job exhausted its retries: its whole input is recorded in ``failed/``."""
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     if orphans:
         error += f" (removed outputs no accepted job produced: {', '.join(orphans)})"
     record = FailedShard(
         shard_id=sid,
-        uri=shard["uri"],
-        records=shard["records"],
+        uri=shard.uri,
+        records=shard.records,
         round=r,
         phase=phase,
         error=error,
         orphans_removed=orphans,
         remedy="fix the cause, then re-run the DAG run (finished shards are not run again)",
-        range=shard.get("range"),  # round 0 read in place: the shard is these bytes of the source
-        ids=Digest.model_validate(shard["ids"]) if "ids" in shard else None,  # what it accounts for
+        # round 0 read in place: the shard is these bytes of the source
+        range=list(shard.range_ref.range) if shard.range_ref is not None else None,
+        ids=Digest.of(shard.ref.ids) if shard.ref.ids is not None else None,  # what it accounts for
     )
     write_failed(layout, record, so)
     log.error("round %d: shard %s quarantined (%s): %s", r, sid, phase, record.error)

@@ -12,11 +12,12 @@ from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Digest, write_failed
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest, write_manifest
 from airflow_batchinfer.storage.ranges import read_range
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 log = logging.getLogger("airflow_batchinfer.run")
 
@@ -25,10 +26,10 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
     """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read`` counts of
     the job that read the range, or (no job read it to the end: the shard is quarantined) from
     reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
-    shard = x.shard
-    if "range" not in shard:
+    shard = x.shard.range_ref
+    if shard is None:
         return x
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     reader = next((d for d in x.jobs if d.counts.read is not None), None)
     ids = reader.digest("input") if reader is not None else None
     if reader is not None and reader.counts.read is not None and ids is not None:
@@ -45,7 +46,7 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
         stats = rng.stats.as_dict()
         x.opened = True
     x.read = stats
-    x.shard = {**shard, "records": ids.count, "ids": ids.to_dict()}
+    x.shard = x.shard.with_ref(shard.model_copy(update={"records": ids.count, "ids": ids}))
     if x.failed is not None:  # its quarantine record accounts for the ids as read
         x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids)})
         write_failed(layout, x.failed, so)
@@ -58,8 +59,10 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
     bad lines, rewritten whole (a re-run close writes the same); ``input/_manifest.json`` gets the
     input's counts and each shard's records, ids and line counts (``read``) as read. A re-run
     close plans only shards with records, so the line counts of the others come from there."""
-    fresh: dict[str, ShardDescriptor] = {
-        x.shard["shard_id"]: {**x.shard, "read": x.read} for x in settled if x.read is not None
+    fresh: dict[str, ShardRef | RangeRef] = {
+        x.shard.shard_id: x.shard.range_ref.model_copy(update={"read": x.read})
+        for x in settled
+        if x.read is not None and x.shard.range_ref is not None
     }
     if not fresh:
         return
@@ -67,11 +70,11 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
     manifest = read_manifest(input_dir)
     if manifest is None:
         raise StorageError(f"{input_dir.uri} has no manifest: round 0's shards are planned there")
-    shards = [fresh.get(s["shard_id"], s) for s in manifest.shards]
+    shards = [fresh.get(s.shard_id, s) for s in manifest.shards]
     totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
     first_line = 0
-    for shard in sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0]):
-        sid, read = shard["shard_id"], shard.get("read")
+    for shard in sorted((s for s in shards if isinstance(s, RangeRef)), key=lambda s: s.start):
+        sid, read = shard.shard_id, shard.read
         if read is None:  # never read to its end: the lines after it cannot be numbered
             log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
             break

@@ -16,10 +16,11 @@ from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Digest, RepeatedIds, RepeatsLeftOut, write_failed
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Generated, Tally
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest, id_bytes
-from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD, FanOut
+from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.id_hash_files import hashes_beside
 from airflow_batchinfer.storage.id_hashes import Repeat, Repeats, find_repeats, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions
@@ -37,8 +38,7 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
     (:mod:`~airflow_batchinfer.storage.id_hashes`); the first occurrence stays, the others are
     rejected (:func:`drop_repeats`, :func:`settle_repeats`)."""
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
-    shards = [] if manifest is None else manifest.shards
-    ranges = sorted((s for s in shards if "range" in s), key=lambda s: s["range"][0])
+    ranges = [] if manifest is None else manifest.ranges()
     if manifest is None or len(ranges) < 2:
         return Repeats()
     # where every range's job writes it (infer, or infer_judge: the one reading the range)
@@ -60,10 +60,10 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
     return repeats
 
 
-def fanned(shard: ShardDescriptor, repeats: list[Repeat]) -> list[Repeat]:
+def fanned(shard: PlannedShard, repeats: list[Repeat]) -> list[Repeat]:
     """The repeats of a range shard as its rows: with a fan-out, each repeated line once per arm, by
     its row's id (what its job wrote, and what its rejects rows carry); else ``repeats``."""
-    fan_out = FanOut.of(shard.get("fan_out"))
+    fan_out = shard.range_ref.fanned if shard.range_ref is not None else None
     if fan_out is None:
         return repeats
     return [dataclasses.replace(x, id=fan_out.row_id(x.id, arm)) for x in repeats for arm in fan_out.arms]
@@ -163,15 +163,15 @@ def settle_repeats(
     """The rejects of a shard's repeats: ``rejects/<shard>.repeated-ids.jsonl.zst`` (rewritten whole,
     the same each close) once the shard is accepted without them. A quarantined shard holds them in
     its ``failed/`` record (its whole range is retried; they are rejected when it is accepted)."""
-    if r != 0 or "range" not in x.shard:
+    if r != 0 or x.shard.range_ref is None:
         return
-    sid = x.shard["shard_id"]
+    sid = x.shard.shard_id
     uri = rejects_uri(layout.rejects, sid)
     left_out = x.accepted.repeats if x.accepted is not None else None
     if left_out is not None and left_out.count:
         with JsonlFile(uri, storage_options=so).writer_sync() as out:
             for rep in repeats:
-                out.write(rep.reject_row(x.shard["uri"], id_field))
+                out.write(rep.reject_row(x.shard.uri, id_field))
         return
     files.remove(uri, so)  # no accepted doc leaves them out (now): none are rejected
     if not repeats:

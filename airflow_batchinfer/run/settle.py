@@ -37,7 +37,8 @@ from airflow_batchinfer.state.docs import (
     read_job_manifest,
 )
 from airflow_batchinfer.state.layout import INFERRED, RunLayout, staged_attempt
-from airflow_batchinfer.storage import ShardDescriptor, files
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions, join
 
@@ -72,7 +73,7 @@ class RoundClose:
     so: StorageOptions | None
 
 
-def settle_shard(rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat] | None = None) -> Settled:
+def settle_shard(rc: RoundClose, shard: PlannedShard, repeats: list[Repeat] | None = None) -> Settled:
     """Check one shard's jobs against the current settings (and ``engines``, what the round's
     pools run per job kind, where the plan recorded it), then accept them once (promoting the
     accepted attempts' staged outputs: the accounting job's, and the infer attempt its judge read)
@@ -80,7 +81,7 @@ def settle_shard(rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat] |
     doc from what this close read (:func:`claim`): of two closes at once, the one that loses adopts
     the decision that stands, never its own. A quarantine another close is still sweeping is never
     replaced: this close waits for its end (:func:`await_sweep`), then settles from it."""
-    uri = rc.layout.accepted(rc.r, shard["shard_id"], rc.kinds[-1])
+    uri = rc.layout.accepted(rc.r, shard.shard_id, rc.kinds[-1])
     stale: QuarantinedJob | None = None  # a sweep whose close is taken for gone: may be replaced
     repeated = repeats or []
     for _ in range(CLAIM_TRIES):
@@ -89,19 +90,19 @@ def settle_shard(rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat] |
             return settled
         stale = await_sweep(uri, settled.doc, rc.so) if isinstance(settled, Sweeping) else None
     raise StorageError(
-        f"round {rc.r}: shard {shard['shard_id']}: {CLAIM_TRIES} closes at once kept deciding {uri} "
+        f"round {rc.r}: shard {shard.shard_id}: {CLAIM_TRIES} closes at once kept deciding {uri} "
         "differently; run only one close of the round at a time, then re-run it"
     )
 
 
 def _settle_once(
-    rc: RoundClose, shard: ShardDescriptor, repeats: list[Repeat], stale: QuarantinedJob | None
+    rc: RoundClose, shard: PlannedShard, repeats: list[Repeat], stale: QuarantinedJob | None
 ) -> Settled | Sweeping | None:
     """One try of :func:`settle_shard`; ``None`` when another close changed the decision while this one
     made its own (settled again then, from what that close decided); :class:`Sweeping` when another
     close's quarantine is still sweeping (but ``stale``, one taken for gone)."""
     cfg, layout, r, kinds, so = rc.cfg, rc.layout, rc.r, rc.kinds, rc.so
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     acct = kinds[-1]
     final = job_spec(cfg, acct, r, shard).outputs  # the outputs' final URIs (they do not depend on input)
     accepted_uri = layout.accepted(r, sid, acct)
@@ -164,10 +165,10 @@ def _settle_once(
     return quarantine_shard(layout, r, shard, kinds, checked, problem, rerun, seen, final, so)
 
 
-def _check_job(rc: RoundClose, shard: ShardDescriptor, kind: JobKind) -> Checked:
+def _check_job(rc: RoundClose, shard: PlannedShard, kind: JobKind) -> Checked:
     """One job's accepted doc and manifest, each checked against the current settings."""
     layout, r, so = rc.layout, rc.r, rc.so
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     manifest_uri = layout.job_manifest(r, sid, kind)
     m = read_job_manifest(manifest_uri, so)
     seen = read_accepted(layout.accepted(r, sid, kind), so)
@@ -187,7 +188,7 @@ def _check_job(rc: RoundClose, shard: ShardDescriptor, kind: JobKind) -> Checked
     return x
 
 
-def _current(rc: RoundClose, shard: ShardDescriptor, kind: JobKind, doc: Figures | None) -> bool:
+def _current(rc: RoundClose, shard: PlannedShard, kind: JobKind, doc: Figures | None) -> bool:
     """Whether ``doc`` (a manifest or an accepted doc) is the job the current settings ask for: its job
     id and fingerprint recomputed from its input's version. A judge's input is the inferred file its
     doc names, when that is this shard's (see :func:`_judge_read`)."""
@@ -196,10 +197,11 @@ def _current(rc: RoundClose, shard: ShardDescriptor, kind: JobKind, doc: Figures
     cfg, r, engine = rc.cfg, rc.r, rc.engines.get(kind)
     src = shard
     if kind == "judge":
-        read = _judge_read(rc.layout, r, shard["shard_id"], doc)
+        read = _judge_read(rc.layout, r, shard.shard_id, doc)
         if read is None:
             return False
-        src = {**inferred_shard(cfg, r, shard), "uri": read}
+        inferred = inferred_shard(cfg, r, shard)
+        src = inferred.with_ref(inferred.ref.model_copy(update={"uri": read}))
     spec = job_spec(cfg, kind, r, src)
     info = input_info(spec.input, rc.so)
     if info is None and kind == "judge" and isinstance(doc, AcceptedJob):
@@ -226,14 +228,14 @@ def _judge_read(layout: RunLayout, r: int, sid: str, doc: Figures) -> str | None
 def _accept_feeds(
     layout: RunLayout,
     r: int,
-    shard: ShardDescriptor,
+    shard: PlannedShard,
     feeds: list[Checked],
     stood: AcceptedJob,
     so: StorageOptions | None,
 ) -> tuple[list[Figures], tuple[str, str] | None]:
     """Accept the jobs before the accounting one (an infer job before its judge): the attempt the
     accepted judge read, whatever a later copy wrote since, claimed once as the judge's doc is."""
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     docs: list[Figures] = []
     for x in feeds:
         assert x.doc is not None

@@ -3,7 +3,7 @@
 Public API::
 
     JsonlFile, JsonlDir, ShardWriter, JsonlWriter, RecordReader, ReadStats,
-    shard_dataset, ShardingResult, RecompactResult, ShardDescriptor
+    shard_dataset, ShardingResult, RecompactResult, ShardRef, RangeRef
 
 (``recompact`` is :func:`airflow_batchinfer.storage.recompact.recompact`: the function's name is its
 module's.)
@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING
 from airflow_batchinfer.lazy import exports
 
 if TYPE_CHECKING:
-    from airflow_batchinfer.storage.jsonl_dir import JsonlDir, Shard, ShardDescriptor, ShardWriter
+    from airflow_batchinfer.storage.jsonl_dir import JsonlDir, Shard, ShardWriter
     from airflow_batchinfer.storage.jsonl_file import JsonlFile
     from airflow_batchinfer.storage.reader import ReadStats, RecordReader
     from airflow_batchinfer.storage.recompact import RecompactResult
+    from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
     from airflow_batchinfer.storage.sharding import ShardingResult, shard_dataset
     from airflow_batchinfer.storage.writer import JsonlWriter
 
@@ -27,11 +28,12 @@ __all__ = [
     "JsonlDir",
     "JsonlFile",
     "JsonlWriter",
+    "RangeRef",
     "ReadStats",
     "RecompactResult",
     "RecordReader",
     "Shard",
-    "ShardDescriptor",
+    "ShardRef",
     "ShardWriter",
     "ShardingResult",
     "shard_dataset",
@@ -41,10 +43,11 @@ __getattr__, __dir__ = exports(
     __name__,
     __all__,
     {
-        "jsonl_dir": ("JsonlDir", "Shard", "ShardDescriptor", "ShardWriter"),
+        "jsonl_dir": ("JsonlDir", "Shard", "ShardWriter"),
         "jsonl_file": ("JsonlFile",),
         "reader": ("ReadStats", "RecordReader"),
         "recompact": ("RecompactResult",),
+        "shard_ref": ("RangeRef", "ShardRef"),
         "sharding": ("ShardingResult", "shard_dataset"),
         "writer": ("JsonlWriter",),
     },

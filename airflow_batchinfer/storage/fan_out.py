@@ -10,7 +10,7 @@ like any other: judged, retried with their arm and accounted by their own ids.
 
 Records are fanned out where round 0 reads them, never stored twice: a byte-range shard's reader
 (:class:`~airflow_batchinfer.storage.ranges.RangeRecordReader`: its job, the round's close, the
-pre-flight and the report read the same rows, and the range's descriptor names the arms), or the
+pre-flight and the report read the same rows, and the range's reference names the arms), or the
 copy sharding makes of an input it cannot split. What is about the input's lines (its id hash files,
 repeated ids, the ``rejects/`` line numbers) stays about lines.
 
@@ -58,7 +58,7 @@ class FanOut:
 
     @classmethod
     def of(cls, value: Any, what: str = "fan_out") -> FanOut | None:
-        """From a descriptor's or a job's ``fan_out`` (the arms' names); ``None``: no fan-out."""
+        """From a range shard's or a job's ``fan_out`` (the arms' names); ``None``: no fan-out."""
         if value is None:
             return None
         ok = isinstance(value, Sequence) and not isinstance(value, str) and value

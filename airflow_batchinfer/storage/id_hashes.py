@@ -54,6 +54,7 @@ from airflow_batchinfer.storage.id_hash_files import (
 from airflow_batchinfer.storage.lines import RAW_PREFIX
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
+from airflow_batchinfer.storage.shard_ref import RangeRef
 
 TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (merges, confirmation)
 PLACE = struct.Struct(f">IQ{HASH}s")  # a matched place: range index, line in the range, hash
@@ -205,7 +206,7 @@ class Repeats:
 
 # ------------------------------------------------------------------------------- round 0's ranges
 def _range_hashes(
-    shard: Mapping[str, Any], uri: str, id_field: str | None, assign_ids: bool, so: StorageOptions | None
+    shard: RangeRef, uri: str, id_field: str | None, assign_ids: bool, so: StorageOptions | None
 ) -> int:
     """The range's line count, from its hash file, written first if missing (reading the range)."""
     lines = read_lines(uri, so)
@@ -222,7 +223,7 @@ def _range_hashes(
         lines = read_lines(uri, so)
     if lines is None:  # just written: another writer replaced it meanwhile, or the store lost it
         raise StorageError(
-            f"shard {shard.get('shard_id')}: the id hash file {uri} close just wrote has no valid header "
+            f"shard {shard.shard_id}: the id hash file {uri} close just wrote has no valid header "
             f"({MAGIC!r} and a line count): delete it and re-run round 0's close"
         )
     return lines
@@ -236,7 +237,7 @@ def _lines_of(reader: RangeRecordReader) -> Iterator[tuple[Any, int]]:
 
 
 def _records_at(
-    shard: Mapping[str, Any],
+    shard: RangeRef,
     wanted: Iterator[tuple[int, bytes]],
     id_field: str | None,
     assign_ids: bool,
@@ -272,7 +273,7 @@ def _records_at(
 
 
 def find_repeats(
-    ranges: Sequence[Mapping[str, Any]],
+    ranges: Sequence[RangeRef],
     hash_uri: Callable[[str], str],
     *,
     id_field: str | None,
@@ -283,7 +284,7 @@ def find_repeats(
     holds, with its line and its first (lines of the whole input). ``hash_uri(shard_id)``: a range's
     hash file (its job's; written here, reading the range, when there is none). Hash matches are
     confirmed reading each range that holds one once, for the matched lines only."""
-    sids = [str(s["shard_id"]) for s in ranges]
+    sids = [s.shard_id for s in ranges]
     uris = [hash_uri(sid) for sid in sids]
     with ThreadPoolExecutor(8) as ex:
         lines = list(

@@ -8,16 +8,14 @@ import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Literal, NotRequired
-
-from pydantic import ConfigDict, with_config
-from typing_extensions import TypedDict  # pydantic validates it (plans, manifests) on Python < 3.12
+from typing import Any, Literal
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
 from airflow_batchinfer.storage.confine import check_path
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
 from airflow_batchinfer.storage.records import OnError, Record
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter, serialize
 
 PART_RE = re.compile(r"^part-(\d+)\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
@@ -25,52 +23,6 @@ JSONL_RE = re.compile(r"^[^.].*\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
 DEFAULT_RECORDS_PER_SHARD = 20_000
 DEFAULT_BYTES_PER_SHARD = 256 * 1024 * 1024
 Compression = Literal["zstd", "none"]
-
-
-@with_config(ConfigDict(extra="forbid"))  # a key no reader knows is an error, not lost
-class ShardDescriptor(TypedDict):
-    """What travels between tasks (XCom) for one shard: a reference and a count, never records.
-
-    ``ids`` (where the writer knew them: sharding, recompaction) is the count and order-independent
-    digest of the shard's ids, ``{"count": n, "sum": "<32 hex digits>"}``
-    (:class:`~airflow_batchinfer.storage.digest.IdDigest`): the round's close checks its outputs
-    against it without reading them.
-
-    A round-0 *range shard* (:mod:`airflow_batchinfer.storage.ranges`) is not a file of its own:
-    ``uri`` is the input file and ``range`` its stored bytes ``[start, end)`` (at line starts, or at
-    zstd frame starts), ``bytes`` their number, ``version`` the input's ``size:ETag-or-mtime`` the
-    plan is valid for, ``estimated`` true: ``records`` is an estimate and ``ids`` is absent until
-    the job that reads the range reports them (round 0's close fills both in). A zstd range after
-    the first has ``lead_in``, the stored bytes of the frame before it (frames need not end at a line).
-
-    ``spot_check_rate``: the share of the shard's judge-approved rows its judge job holds back for
-    people (``spot_check_approved``), set by the round's plan from the rows it plans.
-
-    Round 0's close records a range shard's line counts as read (``read``: ``lines``, ``records``,
-    ``blank``, ``skipped``, ``quarantined``) in ``input/_manifest.json``.
-    """
-
-    shard_id: str
-    uri: str
-    records: int
-    ids: NotRequired[dict[str, Any]]
-    range: NotRequired[list[int]]
-    bytes: NotRequired[int]
-    version: NotRequired[str]
-    estimated: NotRequired[bool]
-    spot_check_rate: NotRequired[float]
-    lead_in: NotRequired[list[int]]
-    # A range shard's line and id bounds (the run's max_line_bytes, max_id_bytes; storage.ranges)
-    max_line_bytes: NotRequired[int]
-    max_id_bytes: NotRequired[int]
-    # A range shard's fan-out arms (storage.fan_out): its lines are read once per arm, and ``records``
-    # counts those rows
-    fan_out: NotRequired[list[str]]
-    # A round's job descriptors (the round controller's): the round, and the slot whose plan holds
-    # the settings a review changed (absent: the round runs run.json's).
-    round: NotRequired[int]
-    slot: NotRequired[str]
-    read: NotRequired[dict[str, int]]
 
 
 @dataclass(frozen=True, order=True)
@@ -220,7 +172,7 @@ class ShardWriter:
         self.compression_level = compression_level
         self._next_index = start_index
         self._current: JsonlWriter | None = None
-        self.shards_written: list[ShardDescriptor] = []
+        self.shards_written: list[ShardRef] = []
 
     def write(self, record: Mapping[str, Any]) -> None:
         self.write_lines([serialize(record)])
@@ -270,7 +222,7 @@ class ShardWriter:
             return
         cur.commit()
         self.shards_written.append(
-            ShardDescriptor(shard_id=cur.loc.name.split(".", 1)[0], uri=cur.loc.uri, records=cur.records)
+            ShardRef(shard_id=cur.loc.name.split(".", 1)[0], uri=cur.loc.uri, records=cur.records)
         )
 
     def commit(self) -> None:

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from airflow_batchinfer.exceptions import OutputExistsError, StorageError
 from airflow_batchinfer.storage.json_doc import read_json, write_json
-from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
+from airflow_batchinfer.storage.jsonl_dir import JsonlDir
+from airflow_batchinfer.storage.shard_ref import PLAN_KEYS, AnyRef, RangeRef, ShardRef
 
 MANIFEST_NAME = "_manifest.json"
 OUTPUT_MANIFEST_VERSION = 2  # 2: 0.1.0's one schema bump (typed, unknown fields refused)
@@ -41,7 +42,7 @@ class OutputManifest(BaseModel):
     kind: OutputKind
     state: OutputState
     fingerprint: dict[str, Any] | None = None
-    shards: list[ShardDescriptor] = Field(default_factory=list)
+    shards: list[AnyRef] = Field(default_factory=list)
     counts: dict[str, int] | None = None
     id_field: str | None = None
     rejects_uri: str | None = None
@@ -56,9 +57,28 @@ class OutputManifest(BaseModel):
     decisions: int | None = None
     applied: dict[str, Any] | None = None
 
+    @field_validator("shards", mode="before")
+    @classmethod
+    def _refs_only(cls, shards: Any) -> Any:
+        """Round 0's close once copied a range's plan keys (``spot_check_rate``, ``round``, ``slot``)
+        here with its counts: a manifest holds the refs, so they are dropped on reading."""
+        if not isinstance(shards, list):
+            return shards
+        return [
+            {k: v for k, v in s.items() if k not in PLAN_KEYS} if isinstance(s, dict) else s for s in shards
+        ]
+
     @property
     def complete(self) -> bool:
         return self.state == "complete"
+
+    def ranges(self) -> list[RangeRef]:
+        """A range plan's ranges, in file order."""
+        return sorted((s for s in self.shards if isinstance(s, RangeRef)), key=lambda s: s.start)
+
+    def files(self) -> list[ShardRef]:
+        """The shards that are files of their own (all of them, but in a range plan's)."""
+        return [s for s in self.shards if isinstance(s, ShardRef)]
 
 
 def read_manifest(directory: JsonlDir) -> OutputManifest | None:

@@ -23,7 +23,7 @@ import zstandard
 from airflow_batchinfer.exceptions import CorruptFileError, OutputExistsError
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
-from airflow_batchinfer.storage.jsonl_dir import JsonlDir, ShardDescriptor
+from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
     FEED_SIZE,
@@ -40,6 +40,7 @@ from airflow_batchinfer.storage.records import (
     RecordError,
     parse_record,
 )
+from airflow_batchinfer.storage.shard_ref import RangeRef
 from airflow_batchinfer.storage.sharding import bounds_fingerprint
 from airflow_batchinfer.storage.validate import detect_id_field
 from airflow_batchinfer.storage.zstd_frames import Frame, zstd_frames
@@ -118,7 +119,7 @@ def _zstd_sample(raw: BinaryIO, frame: Frame, source: str) -> tuple[float, float
 class RangePlan:
     """Shards of one source as byte ranges, and what planning read to make them."""
 
-    shards: list[ShardDescriptor]
+    shards: list[RangeRef]
     bytes_read: int
     seconds: float
 
@@ -163,18 +164,18 @@ def plan_ranges(
             lead_ins = [None] * len(ranges)
     shards = []
     for i, ((a, b), n, lead_in) in enumerate(zip(ranges, estimates, lead_ins, strict=True)):
-        desc = ShardDescriptor(
-            shard_id=f"part-{i:05d}",
-            uri=f.uri,
-            records=n,
-            range=[a, b],
-            bytes=b - a,
-            version=version,
-            estimated=True,
+        shards.append(
+            RangeRef(
+                shard_id=f"part-{i:05d}",
+                uri=f.uri,
+                records=n,
+                range=(a, b),
+                bytes=b - a,
+                version=version,
+                estimated=True,
+                lead_in=(lead_in[0], lead_in[1]) if lead_in is not None else None,
+            )
         )
-        if lead_in is not None:
-            desc["lead_in"] = lead_in
-        shards.append(desc)
     return RangePlan(shards, raw.bytes_read, time.monotonic() - started)
 
 
@@ -245,7 +246,7 @@ def shard_ranges(
     max_id_bytes: int = MAX_ID_BYTES,
     fan_out: FanOut | None = None,
     lanes: int = 0,
-) -> tuple[list[ShardDescriptor], OutputManifest, bool] | None:
+) -> tuple[list[RangeRef], OutputManifest, bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
     does. Returns ``(shards, manifest, reused)``, or ``None`` when ``src`` cannot be split. Each
@@ -280,7 +281,7 @@ def shard_ranges(
         _refuse_a_changed_plan(out.uri, source.uri, earlier, fingerprint)
     done = claim_output(out, kind="ranges", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return done.shards, done, True
+        return [s for s in done.shards if isinstance(s, RangeRef)], done, True
     arms = len(fan_out.arms) if fan_out is not None else 1
     plan = plan_ranges(
         src,
@@ -296,11 +297,11 @@ def shard_ranges(
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
         id_field = _first_id_field(source)
-    estimated = sum(s["records"] for s in plan.shards)
-    _bound_shards(plan.shards, max_line_bytes, max_id_bytes, fan_out)
-    manifest = _complete_manifest(plan, fingerprint, estimated, id_field, rejects_dir.uri, lanes)
+    estimated = sum(s.records for s in plan.shards)
+    shards = _bound_shards(plan.shards, max_line_bytes, max_id_bytes, fan_out)
+    manifest = _complete_manifest(plan, shards, fingerprint, estimated, id_field, rejects_dir.uri, lanes)
     write_manifest(out, manifest)
-    return plan.shards, manifest, False
+    return shards, manifest, False
 
 
 def _detected_before(earlier: OutputManifest, id_field: str | None) -> bool:
@@ -310,19 +311,22 @@ def _detected_before(earlier: OutputManifest, id_field: str | None) -> bool:
 
 
 def _bound_shards(
-    shards: list[ShardDescriptor], max_line_bytes: int, max_id_bytes: int, fan_out: FanOut | None
-) -> None:
-    """Give each range its readers' line and id bounds and, with ``fan_out``, its arms (its
+    shards: list[RangeRef], max_line_bytes: int, max_id_bytes: int, fan_out: FanOut | None
+) -> list[RangeRef]:
+    """Each range with its readers' line and id bounds and, with ``fan_out``, its arms (its
     ``records`` then count rows)."""
-    for shard in shards:
-        shard["max_line_bytes"], shard["max_id_bytes"] = max_line_bytes, max_id_bytes
-        if fan_out is not None:
-            shard["records"] *= len(fan_out.arms)
-            shard["fan_out"] = fan_out.as_json()
+    bounds: dict[str, Any] = {"max_line_bytes": max_line_bytes, "max_id_bytes": max_id_bytes}
+    if fan_out is None:
+        return [s.model_copy(update=bounds) for s in shards]
+    arms = tuple(fan_out.arms)
+    return [
+        s.model_copy(update={**bounds, "records": s.records * len(arms), "fan_out": arms}) for s in shards
+    ]
 
 
 def _complete_manifest(
     plan: RangePlan,
+    shards: list[RangeRef],
     fingerprint: dict[str, Any],
     estimated: int,
     id_field: str | None,
@@ -334,7 +338,7 @@ def _complete_manifest(
         kind="ranges",
         state="complete",
         fingerprint=fingerprint,
-        shards=plan.shards,
+        shards=list(shards),
         # Known once round 0's close has read every range (it fills these in, and each shard's ids).
         counts={"records": estimated, "estimated": 1},
         id_field=id_field,

@@ -1,8 +1,8 @@
 """Round-0 shards as byte ranges of the input file, never copied: reading one range shard.
 Planning them is :mod:`~airflow_batchinfer.storage.range_plan`'s.
 
-A range shard's descriptor names the source and its stored bytes (:class:`ShardDescriptor` with
-``range``, ``bytes``, ``version`` and ``estimated``: ``records`` is an estimate, ``ids`` absent).
+A range shard's reference names the source and its stored bytes
+(:class:`~airflow_batchinfer.storage.shard_ref.RangeRef`: ``records`` is an estimate, ``ids`` absent).
 The job that reads the range validates each line exactly as sharding does
 (:class:`~airflow_batchinfer.storage.validate.LineValidator`; repeated ids are found within the range),
 writes bad lines with their ``line_in_range`` and byte ``offset`` to its ``input_rejects`` output
@@ -11,7 +11,7 @@ into the run's ``rejects/`` rows with absolute line numbers (prefix sums of the 
 also writes the range's id hash file (:mod:`~airflow_batchinfer.storage.id_hash_files`), from which
 round 0's close finds ids that two ranges hold without reading the input again.
 
-With a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) a range's descriptor names its arms
+With a fan-out (:mod:`~airflow_batchinfer.storage.fan_out`) a range's reference names its arms
 (``fan_out``) and every reader of the range but the id hashes' yields each kept record once per
 arm: ``records`` (and ``ids``) count those rows, planned ``records_per_shard / arms`` lines apart.
 """
@@ -26,7 +26,6 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import FanOut
-from airflow_batchinfer.storage.jsonl_dir import ShardDescriptor
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
     iter_chunks,
@@ -38,6 +37,7 @@ from airflow_batchinfer.storage.records import (
     Record,
     check_on_error,
 )
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from airflow_batchinfer.storage.validate import LineValidator
 
 
@@ -96,26 +96,25 @@ class InputRange:
         return rng
 
 
-def range_params(shard: ShardDescriptor, *, id_field: str | None, assign_ids: bool) -> dict[str, Any]:
+def range_params(shard: ShardRef | RangeRef, *, id_field: str | None, assign_ids: bool) -> dict[str, Any]:
     """A job's ``params`` for reading ``shard``: ``input_range`` for a range shard, else nothing."""
-    if "range" not in shard:
+    if not isinstance(shard, RangeRef):
         return {}
     return {"input_range": _input_range(shard, id_field, assign_ids).as_params()}
 
 
-def _input_range(shard: Mapping[str, Any], id_field: str | None, assign_ids: bool) -> InputRange:
-    start, end = shard["range"]
+def _input_range(shard: RangeRef, id_field: str | None, assign_ids: bool) -> InputRange:
     return InputRange(
-        shard["shard_id"],
-        start,
-        end,
-        shard.get("version", ""),
+        shard.shard_id,
+        shard.start,
+        shard.end,
+        shard.version or "",
         id_field,
         assign_ids,
-        lead_in=shard.get("lead_in"),
-        max_line_bytes=shard.get("max_line_bytes"),
-        max_id_bytes=shard.get("max_id_bytes"),
-        fan_out=tuple(shard["fan_out"]) if shard.get("fan_out") else None,
+        lead_in=list(shard.lead_in) if shard.lead_in is not None else None,
+        max_line_bytes=shard.max_line_bytes,
+        max_id_bytes=shard.max_id_bytes,
+        fan_out=shard.fan_out or None,
     )
 
 
@@ -255,7 +254,7 @@ class DiscardRejects:
 
 
 def range_ids(
-    shard: Mapping[str, Any],
+    shard: RangeRef,
     *,
     id_field: str | None,
     assign_ids: bool,
@@ -274,7 +273,7 @@ def range_ids(
 
 
 def read_range(
-    shard: Mapping[str, Any],
+    shard: RangeRef,
     *,
     id_field: str | None,
     assign_ids: bool,
@@ -282,9 +281,9 @@ def read_range(
     storage_options: StorageOptions | None = None,
     expand: bool = True,
 ) -> RangeRecordReader:
-    """A validating reader over one range shard's descriptor (the round's close reads a range whose
+    """A validating reader over one range shard (the round's close reads a range whose
     job never completed with it, to account for its ids, lines and rejects). ``expand``: yield a
     fan-out's rows (else its lines' records)."""
     rng = _input_range(shard, id_field, assign_ids)
-    file = JsonlFile(shard["uri"], storage_options=storage_options)
+    file = JsonlFile(shard.uri, storage_options=storage_options)
     return RangeRecordReader(file, rng, rejects=rejects, expand=expand)

@@ -6,7 +6,7 @@ in a fast parallel pass that only decompresses), output shard ``j`` holds global
 workers, each reading only the source ranges it needs. The result is identical to a serial pass,
 every shard but the last is full, and lines pass through byte for byte.
 
-With ``id_field``, each output shard's descriptor carries ``ids``, the count and order-independent
+With ``id_field``, each output shard's reference carries ``ids``, the count and order-independent
 digest of its ids (:class:`~airflow_batchinfer.storage.digest.IdDigest`), and the result their sum:
 the round's close compares that sum with the digests the jobs recorded for the rejected files it
 read, so a line lost or doubled here is caught without reading a row again.
@@ -31,12 +31,12 @@ from airflow_batchinfer.storage.jsonl_dir import (
     Compression,
     JsonlDir,
     Shard,
-    ShardDescriptor,
     shard_name,
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, JsonlWriter
 
 Progress = Callable[[int, int], None]
@@ -44,7 +44,7 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class RecompactResult:
-    shards: list[ShardDescriptor]
+    shards: list[ShardRef]
     records: int
     sources: int
     reused: bool = False
@@ -53,7 +53,7 @@ class RecompactResult:
 
     def as_dict(self) -> dict[str, Any]:
         out = {
-            "shards": self.shards,
+            "shards": [s.to_json() for s in self.shards],
             "records": self.records,
             "sources": self.sources,
             "reused": self.reused,
@@ -91,7 +91,7 @@ def recompact(
     :param counts: records per source shard, keyed by shard id (``part-00003``) or name, when known
         (job manifests carry them); sources not listed are counted.
     :param overwrite: replace shards in ``dst`` written by another run (see :func:`shard_dataset`).
-    :param id_field: digest each output shard's ids (descriptor ``ids``; the result's ``ids`` is
+    :param id_field: digest each output shard's ids (its ref's ``ids``; the result's ``ids`` is
         their sum). Most rows this package writes start with their id and are not parsed for it.
     """
     if workers < 1:
@@ -113,7 +113,7 @@ def recompact(
     # ``ids`` recorded when it was made with an id field.)
     done = claim_output(out, kind="recompact", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
-        return RecompactResult(done.shards, done.records or 0, done.sources or 0, reused=True, ids=done.ids)
+        return RecompactResult(done.files(), done.records or 0, done.sources or 0, reused=True, ids=done.ids)
     files = [src_dir.file(s.name) for s in sources]
     sizes = _source_sizes(files, sources, counts or {}, workers)
     plan = _Plan(
@@ -129,7 +129,7 @@ def recompact(
         progress=progress,
     )
     written = _write_all(plan, workers)
-    produced = sum(d["records"] for d in written)
+    produced = sum(d.records for d in written)
     if produced != plan.total:
         raise StorageError(
             f"recompact wrote {produced} records but planned {plan.total}: the sources under {src_dir.uri} "
@@ -229,22 +229,20 @@ class _OpenShard:
                 self.digest.add_encoded(self.encoded)
                 self.encoded.clear()
 
-    def commit(self) -> ShardDescriptor:
+    def commit(self) -> ShardRef:
         w = self.writer
         w.commit()
-        desc = ShardDescriptor(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records)
-        if self.plan.line_ids is not None:
-            desc["ids"] = self.digest.add_encoded(self.encoded).to_dict()
+        ids = self.digest.add_encoded(self.encoded) if self.plan.line_ids is not None else None
         self.plan.report(w.records, w.bytes)
-        return desc
+        return ShardRef(shard_id=w.loc.name.split(".", 1)[0], uri=w.loc.uri, records=w.records, ids=ids)
 
 
-def _write_group(plan: _Plan, segments: range) -> list[ShardDescriptor]:
+def _write_group(plan: _Plan, segments: range) -> list[ShardRef]:
     """Write output shards ``segments`` (and the splits the byte limit makes of them), reading only
     the source lines they hold; another writer's failure stops this one."""
     rps = plan.records_per_shard
     lo, hi = segments.start * rps, min(plan.total, segments.stop * rps)
-    descs: list[ShardDescriptor] = []
+    descs: list[ShardRef] = []
     shard: _OpenShard | None = None
     try:
         for pos, line in zip(range(lo, hi), plan.lines_from(lo), strict=False):
@@ -271,21 +269,22 @@ def _write_group(plan: _Plan, segments: range) -> list[ShardDescriptor]:
     return descs
 
 
-def _write_all(plan: _Plan, workers: int) -> list[ShardDescriptor]:
+def _write_all(plan: _Plan, workers: int) -> list[ShardRef]:
     """Every output shard, contiguous groups written by ``workers`` threads, in shard order."""
-    written: list[ShardDescriptor] = []
+    written: list[ShardRef] = []
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for descs in pool.map(lambda group: _write_group(plan, group), _split(plan.planned, workers)):
             written.extend(descs)
-    written.sort(key=lambda d: int(d["shard_id"].rsplit("-", 1)[1]))
+    written.sort(key=lambda d: int(d.shard_id.rsplit("-", 1)[1]))
     return written
 
 
-def _ids_of(written: list[ShardDescriptor]) -> dict[str, Any]:
+def _ids_of(written: list[ShardRef]) -> dict[str, Any]:
     """The digest of every id written: the sum of the shards'."""
     whole = IdDigest()
     for d in written:
-        whole += IdDigest.from_dict(d["ids"])
+        assert d.ids is not None  # written with line ids
+        whole += d.ids
     return whole.to_dict()
 
 

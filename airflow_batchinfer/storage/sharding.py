@@ -4,7 +4,8 @@ Lines pass through byte for byte (no re-serialization) unless an id is assigned,
 keeps sharding near the speed of ``split``. Every line ends up counted as a record, a blank, a
 skipped line or a quarantined reject.
 
-Each shard descriptor carries ``ids``: the count and order-independent digest of its records' ids
+Each shard's reference (:class:`~airflow_batchinfer.storage.shard_ref.ShardRef`) carries ``ids``:
+the count and order-independent digest of its records' ids
 (:class:`~airflow_batchinfer.storage.digest.IdDigest`), the start of the run's id accounting. A
 rejected line has no usable id (that is why it is rejected: invalid JSON, no id, a repeated id), so
 rejects are accounted for by line (``counts["quarantined"]``), never by id.
@@ -27,7 +28,6 @@ from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_RECORDS_PER_SHARD,
     Compression,
     JsonlDir,
-    ShardDescriptor,
     ShardWriter,
 )
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
@@ -36,6 +36,7 @@ from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError, dumps
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from airflow_batchinfer.storage.validate import LineValidator, detect_id_field
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL
 
@@ -48,14 +49,14 @@ __all__ = ["ShardingResult", "detect_id_field", "shard_dataset"]
 
 @dataclass(frozen=True)
 class ShardingResult:
-    """Shard descriptors plus the counts that account for every input line.
+    """Shard references plus the counts that account for every input line.
 
     ``counts`` holds ``lines``, ``records``, ``blank``, ``skipped`` and ``quarantined``, with
     ``lines == records + blank + skipped + quarantined``. Each shard's ``ids`` is the digest of its
     ids.
     """
 
-    shards: list[ShardDescriptor]
+    shards: list[ShardRef | RangeRef]
     counts: dict[str, int]
     id_field: str
     rejects_uri: str
@@ -64,7 +65,7 @@ class ShardingResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "shards": self.shards,
+            "shards": [s.to_json() for s in self.shards],
             "counts": self.counts,
             "id_field": self.id_field,
             "rejects_uri": self.rejects_uri,
@@ -112,7 +113,7 @@ def shard_dataset(
     :param max_id_bytes: a longer id (UTF-8 bytes of it as text) makes its line bad.
     :param fan_out: write each record once per arm (``records_per_shard`` counts those rows); a
         record it cannot fan out is a bad line.
-    :returns: a :class:`ShardingResult`; descriptors reference shards, never carry records. Each
+    :returns: a :class:`ShardingResult`; its refs reference shards, never carry records. Each
         carries ``ids``, the count and digest of its ids (rejects are counted by line, not by id).
     """
     started = time.monotonic()
@@ -140,7 +141,7 @@ def shard_dataset(
     check = _validator(policy, source, id_field, assign_ids, records_per_shard, max_id_bytes, fan_out)
     _write_shards(source, check, writer, reject_writer, fan_out, progress)
     result = ShardingResult(
-        shards=writer.shards_written,
+        shards=[*writer.shards_written],
         counts=policy.stats.as_dict(),
         id_field=check.id_field or "id",
         rejects_uri=rejects_dir.uri,
@@ -248,11 +249,11 @@ def bounds_fingerprint(max_line_bytes: int | None, max_id_bytes: int | None) -> 
     }
 
 
-def _seal(written: list[ShardDescriptor], sealed: int, unsealed: list[Any]) -> int:
+def _seal(written: list[ShardRef], sealed: int, unsealed: list[Any]) -> int:
     """Give each shard committed since the ``sealed`` first the digest of its ids, the first
     ``records`` of ``unsealed`` (removed from it). Returns how many shards have their digest."""
-    for desc in written[sealed:]:
-        n = desc["records"]
-        desc["ids"] = IdDigest.of(unsealed[:n]).to_dict()
+    for i in range(sealed, len(written)):
+        n = written[i].records
+        written[i] = written[i].model_copy(update={"ids": IdDigest.of(unsealed[:n])})
         del unsealed[:n]
     return len(written)

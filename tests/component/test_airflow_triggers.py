@@ -137,7 +137,7 @@ async def test_lane_triggers_run_every_shard_of_a_round_once_on_a_real_worker(
     assert all(r["failed_count"] == 0 for r in results)
     docs = read_lanes(RunLayout(cfg.run_root), 0)
     ran = [s.shard_id for d in docs for s in d.shards]
-    assert sorted(ran) == sorted(s["shard_id"] for s in plan.shards)  # each shard once, in one lane
+    assert sorted(ran) == sorted(s.shard_id for s in plan.shards)  # each shard once, in one lane
     assert all(d.finished and all(s.state == "done" for s in d.shards) for d in docs)
     for sid in ran:
         manifest = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, sid, "infer_judge"))
@@ -175,8 +175,8 @@ async def test_a_lane_judges_each_shard_on_the_judges_own_pool_once_its_inferenc
     assert event.xcoms["return_value"]["done"] == 3  # type: ignore[index]
     layout = RunLayout(cfg.run_root)
     for shard in plan.shards:
-        inferred = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer"))
-        judged = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "judge"))
+        inferred = read_job_manifest(layout.job_manifest(0, shard.shard_id, "infer"))
+        judged = read_job_manifest(layout.job_manifest(0, shard.shard_id, "judge"))
         assert inferred is not None and judged is not None, judged
         assert judged.counts.outcomes.approved + judged.counts.outcomes.rejected >= 6, judged
         assert judged.timings.started_at >= inferred.timings.finished_at  # once its inference ended
@@ -202,7 +202,7 @@ async def test_lanes_whose_first_jobs_the_plan_task_started_follow_them(
         started = await start_lanes(cfg, plan, lanes, client)
     finally:
         await client.aclose()
-    assert started == [s["shard_id"] for s in plan.shards[:2]]
+    assert started == [s.shard_id for s in plan.shards[:2]]
     with SyncWorkerClient(worker.url, token=TOKEN) as c:
         assert sum(c.stats().jobs.values()) == 2  # submitted before any lane runs
 
@@ -217,7 +217,7 @@ async def test_lanes_whose_first_jobs_the_plan_task_started_follow_them(
     assert all(isinstance(e, TaskSuccessEvent) for e in events), [e.payload for e in events]
     docs = read_lanes(RunLayout(cfg.run_root), 0)
     assert [d.shards[0].shard_id for d in docs] == started  # each took its started shard back first
-    assert sorted(s.shard_id for d in docs for s in d.shards) == sorted(s["shard_id"] for s in plan.shards)
+    assert sorted(s.shard_id for d in docs for s in d.shards) == sorted(s.shard_id for s in plan.shards)
     with SyncWorkerClient(worker.url, token=TOKEN) as c:
         assert sum(c.stats().jobs.values()) == 7  # the started jobs were followed, not run again
 
@@ -236,7 +236,7 @@ async def test_a_lane_whose_worker_is_gone_resumes_its_task_naming_its_shard(
     event = await anext(trigger.run())
     assert not isinstance(event, TaskSuccessEvent)
     assert (event.payload["state"], event.payload["lane"]) == ("error", 1)
-    assert event.payload["shard"] == plan.shards[1]["shard_id"]  # its own stripe's first
+    assert event.payload["shard"] == plan.shards[1].shard_id  # its own stripe's first
     assert "WorkerUnavailable" in event.payload["error"] or "WorkerBusy" in event.payload["error"]
 
 

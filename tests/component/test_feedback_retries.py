@@ -119,12 +119,12 @@ def test_in_place_killed_and_resumed_tells_every_retry_its_previous_attempt(tmp_
     spec = JobSpec(
         job_id="feedback-in-place",
         kind="in_place",
-        input=s["uri"],
+        input=s.uri,
         outputs={
-            "approved": layout.result(0, s["shard_id"], tail=True),
-            "rejected": layout.rejected(0, s["shard_id"]),
-            "checkpoints": layout.checkpoints(0, s["shard_id"]),
-            "manifest": layout.job_manifest(0, s["shard_id"], "in_place"),
+            "approved": layout.result(0, s.shard_id, tail=True),
+            "rejected": layout.rejected(0, s.shard_id),
+            "checkpoints": layout.checkpoints(0, s.shard_id),
+            "manifest": layout.job_manifest(0, s.shard_id, "in_place"),
         },
         params={
             "prompt_template": "{{ question }}",
@@ -183,7 +183,7 @@ def test_a_real_models_retries_read_previous_and_run_with_their_sampling_entry(
         return JobSpec(
             job_id=name,
             kind="in_place",
-            input=s["uri"],
+            input=s.uri,
             outputs={
                 "approved": layout.result(0, name, tail=True),
                 "rejected": layout.rejected(0, name),

@@ -78,10 +78,10 @@ def test_close_quarantines_then_accepts_a_late_copy_once(tmp_path: Path, root: R
     plan = propose_slot(cfg, "round-00", so).plan
     write_plan(layout, plan, so)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid = s["shard_id"]
+    sid = s.shard_id
     for x in rest:
         finish_shard(cfg, 0, x, {i for i in IDS if int(i[1:]) % 2 == 0}, so=so)
-    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"], so)]
+    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s.uri, so)]
     finish_job(cfg, "infer", 0, s, {"inferred": rows}, counted(ok=10), so=so)
     write_rows(layout.rejected(0, sid), rows[:3], so)  # a judge that died between its two commits
 
@@ -142,20 +142,20 @@ def test_two_live_copies_on_real_workers_promote_one_attempt(tmp_path: Path) -> 
     finally:
         for w in workers:
             w.stop()
-    manifests = [read_job_manifest(layout.job_manifest(0, s["shard_id"], "judge")) for s in plan.shards]
+    manifests = [read_job_manifest(layout.job_manifest(0, s.shard_id, "judge")) for s in plan.shards]
     for s in plan.shards:  # two attempts staged per shard, neither final yet
-        assert len(list(Path(layout.staged_job(0, s["shard_id"], "judge")).iterdir())) == 2
-        assert not Path(layout.result(0, s["shard_id"])).exists()
+        assert len(list(Path(layout.staged_job(0, s.shard_id, "judge")).iterdir())) == 2
+        assert not Path(layout.result(0, s.shard_id)).exists()
     summary = close_round(cfg, plan)
     assert summary is not None and summary["failed_shards"] == [] and each_id_once(cfg, summary)
     for s, m in zip(plan.shards, manifests, strict=True):
         assert m is not None
-        doc = read_accepted(layout.accepted(0, s["shard_id"], "judge"))
+        doc = read_accepted(layout.accepted(0, s.shard_id, "judge"))
         assert isinstance(doc, AcceptedJob) and doc.attempt == m.attempt and doc.counts == m.counts
-        approved = read_rows(layout.result(0, s["shard_id"]))
-        rejected = read_rows(layout.rejected(0, s["shard_id"]))
+        approved = read_rows(layout.result(0, s.shard_id))
+        rejected = read_rows(layout.rejected(0, s.shard_id))
         assert (len(approved), len(rejected)) == (m.counts.outcomes.approved, m.counts.outcomes.rejected)
-        assert not Path(layout.staged_job(0, s["shard_id"], "judge")).exists()
+        assert not Path(layout.staged_job(0, s.shard_id, "judge")).exists()
 
 
 def test_a_job_cancelled_by_drain_is_retryable_over_http(tmp_path: Path) -> None:
@@ -168,11 +168,11 @@ def test_a_job_cancelled_by_drain_is_retryable_over_http(tmp_path: Path) -> None
     src.write_text("".join(json.dumps({"id": f"r{i}", "q": f"{i}"}) + "\n" for i in range(20)))
     layout = RunLayout(str(tmp_path / "run"))
     s = shard_dataset(str(src), layout.input).shards[0]
-    sid = s["shard_id"]
+    sid = s.shard_id
     spec = JobSpec(
         job_id="drained-1",
         kind="in_place",
-        input=s["uri"],
+        input=s.uri,
         outputs={
             "approved": layout.result(0, sid, tail=True),
             "rejected": layout.rejected(0, sid),
@@ -215,5 +215,5 @@ def test_a_job_cancelled_by_drain_is_retryable_over_http(tmp_path: Path) -> None
             assert (x["retryable"], x["error"]) == (True, DRAINED)
         else:
             assert (x["retryable"], x["error"]) == (False, None)
-    assert f"job {spec.job_id} (in_place, input {s['uri']}) cancelled: {DRAINED}" in w.log_tail()
+    assert f"job {spec.job_id} (in_place, input {s.uri}) cancelled: {DRAINED}" in w.log_tail()
     assert not Path(spec.outputs["rejected"]).exists() and read_job_manifest(spec.outputs["manifest"]) is None

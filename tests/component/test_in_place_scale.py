@@ -29,7 +29,7 @@ def test_in_place_job_of_20k_samples_on_s3_outputs_every_id_once(tmp_path: Path,
         out.write_many({"id": f"r{i}", "q": f"question {i}"} for i in range(N))
     layout = RunLayout(root)
     (shard,) = shard_dataset(src.uri, layout.input, storage_options=options).shards
-    assert shard["records"] == N
+    assert shard.records == N
     spec = in_place_spec(
         layout,
         shard,

@@ -83,5 +83,5 @@ def test_sigkill_mid_shard_leaves_no_partial_shard_and_rerun_completes(root: Roo
 
     result = shard_dataset(src, dst, records_per_shard=PER_SHARD, storage_options=root.storage_options)
     assert not result.reused
-    assert [d["records"] for d in result.shards] == [12_000, 12_000, 6_000]
+    assert [d.records for d in result.shards] == [12_000, 12_000, 6_000]
     assert [r["id"] for r in out.iter_records()] == list(range(RECORDS))

@@ -44,7 +44,7 @@ def lanes_ran(root: Path, r: int) -> tuple[list[str], Counter[str], set[str]]:
     docs = read_lanes(layout, r)
     done = Counter(s.shard_id for d in docs for s in d.shards if s.state == "done")
     assert all(d.finished and d.lanes == len(docs) for d in docs), docs
-    return [s["shard_id"] for s in plan.shards], done, claimed_shards(layout, r)
+    return [s.shard_id for s in plan.shards], done, claimed_shards(layout, r)
 
 
 def test_batchinfer_run_runs_more_shards_than_slots_by_lanes(tmp_path: Path, env: dict[str, str]) -> None:
@@ -126,7 +126,7 @@ async def test_a_lane_stopped_while_its_job_runs_takes_the_shard_back_and_follow
             await first
         stopped = read_lane(layout, 0, 0)
         assert stopped is not None and [(s.shard_id, s.state) for s in stopped.shards] == [
-            (plan.shards[0]["shard_id"], "running")
+            (plan.shards[0].shard_id, "running")
         ]
 
         with caplog.at_level(logging.INFO, logger="airflow_batchinfer.lanes"):
@@ -135,7 +135,7 @@ async def test_a_lane_stopped_while_its_job_runs_takes_the_shard_back_and_follow
     finally:
         await client.aclose()
         pool.down()
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     assert [(s.shard_id, s.state) for s in doc.shards] == [(i, "done") for i in ids]
     assert f"lane 0 of round-00: taking back ['{ids[0]}']" in caplog.text  # the lane's log says so
     assert stats.jobs.get("succeeded") == 4, stats.jobs  # the stopped lane's job ran once, followed

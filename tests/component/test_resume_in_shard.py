@@ -43,11 +43,11 @@ def infer_spec(root: Root) -> JobSpec:
         out.write_many({"id": f"r{i:05d}", "q": f"question {i}"} for i in range(N))
     layout = RunLayout(root.uri("run"))
     (shard,) = shard_dataset(src.uri, layout.input, records_per_shard=N, storage_options=so).shards
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=f"resume-{sid}-infer",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={
             "inferred": layout.inferred(0, sid),
             "manifest": layout.job_manifest(0, sid, "infer"),

@@ -47,13 +47,13 @@ def infer(
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     layout = RunLayout(str(worker.log.parent / tmp_path.name / "run"))
     (shard,) = shard_dataset(str(src), layout.input, id_field=id_field).shards
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=f"{tmp_path.name}-{sid}-infer",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"input_records": shard["records"], "id_field": id_field, **params},
+        params={"input_records": shard.records, "id_field": id_field, **params},
     )
 
 

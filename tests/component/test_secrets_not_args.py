@@ -228,9 +228,9 @@ def run_one_job(url: str, token: str, tmp_path: Path) -> str:
     src.write_text("".join(json.dumps({"id": i, "q": f"{i} + {i}?"}) + "\n" for i in range(3)))
     layout = RunLayout(str(tmp_path / "run"))
     shard = shard_dataset(str(src), layout.input).shards[0]
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     outputs = {"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")}
-    spec = JobSpec(job_id=f"{sid}-infer", kind="infer", input=shard["uri"], outputs=outputs,
+    spec = JobSpec(job_id=f"{sid}-infer", kind="infer", input=shard.uri, outputs=outputs,
                    params={"prompt_template": "{{ q }}"})  # fmt: skip
     with SyncWorkerClient(url, token=token) as client:
         client.submit(spec)

@@ -139,13 +139,13 @@ def infer(w: WorkerProcess, tmp_path: Path, records: list[dict[str, Any]], name:
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     layout = RunLayout(str(w.log.parent / tmp_path.name / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     spec = JobSpec(
         job_id=f"{tmp_path.name}-{name}-{sid}",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"input_records": shard["records"], "id_field": "custom_id", "output_format": "openai"},
+        params={"input_records": shard.records, "id_field": "custom_id", "output_format": "openai"},
     )
     status = w.wait(w.submit(spec).job_id, timeout=600)
     assert status.state == "succeeded", status.error

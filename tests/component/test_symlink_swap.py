@@ -55,11 +55,11 @@ def infer_job(allowed: Path) -> JobSpec:
     src.write_text("".join(json.dumps({"id": f"r{i}", "q": f"{i}+{i}"}) + "\n" for i in range(N)))
     layout = RunLayout(str(allowed / "run"))
     shard = shard_dataset(str(src), layout.input).shards[0]
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=f"r00-{sid}-infer",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
         params={"prompt_template": "What is {{ q }}?", "input_records": N, "chunk_size": 16},
     )

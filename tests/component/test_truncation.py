@@ -32,11 +32,11 @@ def rows(uri: str) -> dict[str, dict[str, Any]]:
 
 
 def in_place(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobSpec:
-    sid = s["shard_id"]
+    sid = s.shard_id
     return JobSpec(
         job_id=job_id,
         kind="in_place",
-        input=s["uri"],
+        input=s.uri,
         outputs={
             "approved": layout.result(0, sid, tail=True),
             "rejected": layout.rejected(0, sid),
@@ -61,7 +61,7 @@ def test_in_place_retries_of_truncated_samples_raise_max_tokens_until_they_pass(
         layout, s = shard(tmp_path / "raised", records)
         status = w.wait(w.submit(in_place(layout, s, "raised")).job_id)
         assert status.state == "succeeded", status.error
-        out = rows(layout.result(0, s["shard_id"], tail=True))
+        out = rows(layout.result(0, s.shard_id, tail=True))
         assert (out["short"]["attempts"], out["short"]["max_tokens"]) == (1, 16)
         # 16 (cut) -> 32 (cut) -> 64: the whole answer, which the judge then approves
         long = out["long"]
@@ -74,12 +74,12 @@ def test_in_place_retries_of_truncated_samples_raise_max_tokens_until_they_pass(
         layout, s = shard(tmp_path / "capped", records)
         status = w.wait(w.submit(in_place(layout, s, "capped", max_tokens_cap=24)).job_id)
         assert status.state == "succeeded", status.error
-        (stuck,) = rows(layout.rejected(0, s["shard_id"])).values()
+        (stuck,) = rows(layout.rejected(0, s.shard_id)).values()
         assert (stuck["id"], stuck["status"], stuck["max_tokens"]) == ("long", "max_attempts", 24)
         assert stuck["judgment"]["reason"].startswith(
             "truncated: attempt 3 stopped at max_tokens 24 (finish_reason length), at the deployment's cap"
         )
-        m = read_job_manifest(layout.job_manifest(0, s["shard_id"], "in_place"))
+        m = read_job_manifest(layout.job_manifest(0, s.shard_id, "in_place"))
         assert m is not None and m.reason_groups == {"truncated": 1} and m.counts.truncated == 3
     finally:
         w.stop()
@@ -91,11 +91,11 @@ def test_transformers_cuts_a_real_generation_at_a_tiny_max_tokens(tmp_path: Path
     w = start_worker(tmp_path, engine="transformers", model=tiny_model, concurrency=1)
     try:
         layout, s = shard(tmp_path, [{"id": i, "q": f"Tell me about {i}"} for i in range(4)])
-        sid = s["shard_id"]
+        sid = s.shard_id
         spec = JobSpec(
             job_id="fused",
             kind="infer_judge",
-            input=s["uri"],
+            input=s.uri,
             outputs={
                 "approved": layout.result(0, sid),
                 "rejected": layout.rejected(0, sid),

@@ -53,11 +53,11 @@ def infer_then_judge(
     judge_params: dict[str, Any] | None = None,
     **params: Any,
 ) -> tuple[list[Any], list[Any]]:
-    sid = s["shard_id"]
+    sid = s.shard_id
     infer = JobSpec(
         job_id=f"{sid}-infer",
         kind="infer",
-        input=s["uri"],
+        input=s.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
         params={"prompt_template": "{{ question }}", **params},
     )
@@ -329,9 +329,9 @@ def test_vllm_cpu_worker_infers_and_judges(tmp_path: Path, vllm_worker: WorkerPr
     judge_approved = {r["id"] for r in approved} | held
     assert held and held == {i for i in judge_approved if selected(str(i), rate=0.3, seed="run-seed")}
     assert all(r["judgment"]["reason"].startswith("spot check") for r in rejected if r["id"] in held)
-    inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
+    inferred = list(JsonlFile(layout.inferred(0, s.shard_id)).iter_records())
     assert all(r["status"] == "ok" for r in inferred)
-    manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))
+    manifest = read_job_manifest(layout.job_manifest(0, s.shard_id, "infer"))
     assert manifest is not None and manifest.engine["engine"] == "vllm"
     # one prompt longer than max_model_len fails alone
     long = JsonlFile(str(tmp_path / "long.jsonl"))
@@ -369,7 +369,7 @@ def test_s3_end_to_end_with_credentials_from_the_environment(tmp_path: Path, s3_
             json=JobSpec(
                 job_id="x",
                 kind="infer",
-                input=s["uri"],
+                input=s.uri,
                 outputs={
                     "inferred": f"s3://{s3_server.bucket}/elsewhere/o.jsonl",
                     "manifest": f"{root}/m.json",
@@ -380,7 +380,7 @@ def test_s3_end_to_end_with_credentials_from_the_environment(tmp_path: Path, s3_
     finally:
         w.stop()
     assert len(approved) + len(rejected) == 50
-    assert read_job_manifest(layout.job_manifest(0, s["shard_id"], "judge"), options) is not None
+    assert read_job_manifest(layout.job_manifest(0, s.shard_id, "judge"), options) is not None
 
 
 def test_worker_answers_health_while_the_model_loads(tmp_path: Path, tiny_model: str) -> None:
@@ -488,9 +488,9 @@ def test_openai_engine_against_a_real_vllm_serve(tmp_path: Path, tiny_model: str
             )
         finally:
             w.stop()
-        inferred = list(JsonlFile(layout.inferred(0, s["shard_id"])).iter_records())
+        inferred = list(JsonlFile(layout.inferred(0, s.shard_id)).iter_records())
         assert [r["status"] for r in inferred] == ["ok"] * 12
-        manifest = read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer"))
+        manifest = read_job_manifest(layout.job_manifest(0, s.shard_id, "infer"))
         assert manifest is not None and manifest.engine["engine"] == "openai"
         assert manifest.tokens["completion"] > 0  # usage came back from the server
         assert len(approved) + len(rejected) == 12

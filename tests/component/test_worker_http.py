@@ -39,13 +39,13 @@ def make_run(
 
 
 def infer_spec(layout: RunLayout, shard: Any, *, job_id: str | None = None, **params: Any) -> JobSpec:
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=job_id or f"r00-{sid}-infer",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"prompt_template": "What is {{ q }}?", "input_records": shard["records"], **params},
+        params={"prompt_template": "What is {{ q }}?", "input_records": shard.records, **params},
     )
 
 
@@ -165,7 +165,7 @@ def test_400_names_the_problem(
 
 def test_judge_job_needs_a_judge_and_splits_rows(tmp_path: Path, worker: WorkerProcess) -> None:
     layout, shards = make_run(tmp_path, 200, extra={})
-    sid = shards[0]["shard_id"]
+    sid = shards[0].shard_id
     # inferred rows: half answered right, some errored
     inferred = JsonlFile(layout.inferred(0, sid))
     with inferred.writer_sync() as w:
@@ -210,11 +210,11 @@ def test_in_place_retries_until_approved_or_max_attempts(tmp_path: Path) -> None
     w = start_worker(tmp_path, engine_args={"approval_rate": 0.5})
     try:
         layout, shards = make_run(tmp_path, 400)
-        sid = shards[0]["shard_id"]
+        sid = shards[0].shard_id
         spec = JobSpec(
             job_id="inplace",
             kind="in_place",
-            input=shards[0]["uri"],
+            input=shards[0].uri,
             outputs={
                 "approved": layout.result(0, sid),
                 "rejected": layout.rejected(0, sid),
@@ -346,7 +346,7 @@ def test_sigterm_drains_running_jobs_then_exits_cleanly(tmp_path: Path) -> None:
     assert manifest is not None and manifest.counts.model_dump() == {
         "generated": {"ok": 100}
     }  # the running job finished
-    assert read_job_manifest(layout.job_manifest(0, shards[1]["shard_id"], "infer")) is None
+    assert read_job_manifest(layout.job_manifest(0, shards[1].shard_id, "infer")) is None
 
 
 def test_metrics_are_valid_prometheus_text(tmp_path: Path, worker: WorkerProcess) -> None:
@@ -393,11 +393,11 @@ def test_a_stubborn_sample_costs_one_window_place_not_the_worker(tmp_path: Path)
         src.write_text("".join(json.dumps({"id": i, "q": str(i)}) + "\n" for i in [*range(29), "stubborn"]))
         layout = RunLayout(str(tmp_path / "run"))
         shard = shard_dataset(str(src), layout.input).shards[0]
-        sid = shard["shard_id"]
+        sid = shard.shard_id
         spec = JobSpec(
             job_id="stubborn",
             kind="in_place",
-            input=shard["uri"],
+            input=shard.uri,
             outputs={
                 "approved": layout.result(0, sid, tail=True),
                 "rejected": layout.rejected(0, sid),

@@ -88,7 +88,7 @@ def lane_job(root: str, lane: int, so: dict[str, Any] | None = None, *, r: int =
     plan = read_plan(layout, f"round-{r:02d}", so)
     if not running or plan is None:
         return None
-    shard = next(s for s in plan.shards if s["shard_id"] == running[-1])
+    shard = next(s for s in plan.shards if s.shard_id == running[-1])
     cfg = plan.effective_config(read_run_config(root, so))
     spec = job_spec(cfg, round_kinds(cfg, plan.mode)[0], r, shard)
     return pin_input(spec, JsonlFile(spec.input, storage_options=so).info())

@@ -37,7 +37,7 @@ def closed_run(tmp_path: Path) -> RunConfig:
     kind = round_kinds(cfg, "rounds")[-1]
     for shard in plan.shards:
         ok, bad = [], []
-        for row in read_rows(shard["uri"]):
+        for row in read_rows(shard.uri):
             n = int(row["id"][1:])
             output = {1: SCRIPT, 2: MARKDOWN_IMAGE}.get(n, f"answer {n}")
             if n % 3 == 0:

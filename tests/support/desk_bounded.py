@@ -50,7 +50,7 @@ def huge_run(tmp_path: Path, huge: tuple[str, ...] = HUGE) -> RunConfig:
     kind = round_kinds(cfg, "rounds")[-1]
     for shard in plan.shards:
         ok, bad = [], []
-        for row in read_rows(shard["uri"]):
+        for row in read_rows(shard.uri):
             if int(row["id"][1:]) % 3 == 0:
                 ok.append({**row, "result": "fine", "status": "approved", "judgment": {"approved": True}})
                 continue

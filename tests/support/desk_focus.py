@@ -97,7 +97,7 @@ def people_round(base: Path) -> RunConfig:
     for shard in plan.shards:
         waiting = {"approved": False, "reason": "awaiting a person's verdict", "for_review": True}
         answered = {"status": "rejected", "judgment": waiting, "attempts": 1}
-        rows = [{**row, "result": f"answer {row['id']}", **answered} for row in read_rows(shard["uri"])]
+        rows = [{**row, "result": f"answer {row['id']}", **answered} for row in read_rows(shard.uri)]
         finish_job(cfg, kind, 0, shard, {"approved": [], "rejected": rows}, counted(rejected=len(rows)))
     close(cfg, plan)
     return cfg
@@ -124,7 +124,7 @@ def closed_rounds(
         plan = plan_round(cfg, slot)
         for shard in plan.shards:
             ok, bad = [], []
-            for row in read_rows(shard["uri"]):
+            for row in read_rows(shard.uri):
                 n = int(row["id"][1:])
                 done = fields(row, r)
                 row = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}

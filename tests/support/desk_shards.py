@@ -58,7 +58,7 @@ def lanes_runs(base: Path) -> tuple[RunConfig, list[str]]:
     close(cfg, plan)
     layout = RunLayout(cfg.run_root)
     nxt = plan_round(cfg, "round-01")
-    ids = [s["shard_id"] for s in nxt.shards]
+    ids = [s.shard_id for s in nxt.shards]
     write_lane(layout, LaneDoc(round=1, slot="round-01", lane=0, lanes=2, shards=[
         LaneShard(shard_id=ids[0], records=3, state="done", claimed_at=T0, ended_at=T0 + 4.5),
         LaneShard(shard_id=ids[2], records=3, state="running", claimed_at=T0 + 4.5),

@@ -32,10 +32,12 @@ from airflow_batchinfer.state.docs import (
     write_plan,
 )
 from airflow_batchinfer.state.layout import RunLayout, fenced_outputs, staged_output
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Generated, Outcomes, Tally
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 ENGINE = {"engine": "simulated", "model": "simulated", "approval_rate": 0.5}
 
@@ -88,7 +90,7 @@ def finish_job(
     cfg: RunConfig,
     kind: JobKind,
     r: int,
-    shard: ShardDescriptor,
+    shard: ShardRef | RangeRef | PlannedShard,
     outputs: Mapping[str, Iterable[Mapping[str, Any]]],
     counts: Tally,
     *,
@@ -107,6 +109,7 @@ def finish_job(
     judging or in-place job's ``reason_groups`` count its rejected rows' reasons, as a worker does.
     ``engine_stats``: the engine's figures
     (by default those of a simulated engine that ran one batch)."""
+    shard = PlannedShard.of(shard)
     src = judge_input(cfg, r, shard, so) if kind == "judge" else shard  # the infer attempt named now
     spec = job_spec(cfg, kind, r, src)
     info = JsonlFile(spec.input, storage_options=so).info()
@@ -194,7 +197,7 @@ def job_manifest(**fields: Any) -> JobManifest:
 def finish_shard(
     cfg: RunConfig,
     r: int,
-    shard: ShardDescriptor,
+    shard: ShardRef | RangeRef | PlannedShard,
     approve: set[str],
     *,
     token: str | None = None,
@@ -203,7 +206,7 @@ def finish_shard(
     """Run one shard's round jobs (infer_judge, or infer then judge on the judge's pool): ids in
     ``approve`` approved, the rest rejected. Returns the accepted job's manifest."""
     if round_kinds(cfg, "rounds")[0] == "infer":
-        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard.uri, so)]
         finish_job(cfg, "infer", r, shard, {"inferred": rows}, counted(ok=len(rows)), so=so)
     return judge_shard(cfg, r, shard, approve, token=token, so=so)
 
@@ -215,7 +218,7 @@ def read_rows(uri: str, so: StorageOptions | None = None) -> list[dict[str, Any]
 def judge_shard(
     cfg: RunConfig,
     r: int,
-    shard: ShardDescriptor,
+    shard: ShardRef | RangeRef | PlannedShard,
     approve: set[str],
     *,
     token: str | None = None,
@@ -225,9 +228,9 @@ def judge_shard(
     infer_judge (reading the pending shard)."""
     kind = round_kinds(cfg, "rounds")[-1]
     if kind == "judge":
-        rows = read_rows(judge_input(cfg, r, shard, so)["uri"], so)
+        rows = read_rows(judge_input(cfg, r, PlannedShard.of(shard), so).uri, so)
     else:
-        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"], so)]
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard.uri, so)]
     ok = [{**row, "status": "approved"} for row in rows if row["id"] in approve]
     bad = [
         {**row, "status": "rejected", "judgment": {"approved": False, "reason": "no"}}

@@ -62,13 +62,13 @@ class FinishingPool:
         so: StorageOptions | None = None,
     ) -> None:
         self.cfg, self.plan, self.approve, self.fail, self.so = cfg, plan, set(approve), set(fail), so
-        self.by_input = {s["uri"]: s for s in plan.shards}
+        self.by_input = {s.uri: s for s in plan.shards}
         self.ran: list[str] = []
 
     async def run(self, spec: JobSpec, **_: Any) -> Any:
         shard = self.by_input[spec.input]
-        self.ran.append(shard["shard_id"])
-        if shard["shard_id"] in self.fail:
+        self.ran.append(shard.shard_id)
+        if shard.shard_id in self.fail:
             raise JobFailed(spec.job_id, "failed", BROKEN)
         return await asyncio.to_thread(
             judge_shard, self.cfg, self.plan.round, shard, self.approve, so=self.so

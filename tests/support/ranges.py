@@ -25,7 +25,7 @@ def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tup
         judge={"type": "llm"}, records_per_shard=10, **settings,
     )  # fmt: skip
     shards = prepare_run(cfg).shards
-    assert len(shards) >= 3 and all("range" in s and "ids" not in s for s in shards)
+    assert len(shards) >= 3 and all(s.is_range and s.ids is None for s in shards)
     layout = RunLayout(cfg.run_root)
     assert JsonlDir(layout.input).shards() == []  # nothing copied
     plan = propose_slot(cfg, "round-00").plan
@@ -35,5 +35,5 @@ def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tup
     )
     summary = close_round(cfg, plan)
     assert summary is not None
-    assert [f["shard_id"] for f in summary["failed_shards"]] == [plan.shards[-1]["shard_id"]]
+    assert [f["shard_id"] for f in summary["failed_shards"]] == [plan.shards[-1].shard_id]
     return cfg, plan, summary

@@ -84,7 +84,7 @@ def build_round(
     for shard in plan.shards:
         rows = [
             {**row, "result": f"answer {int(row['id'][1:]) * 3}", "status": "ok", "attempts": 1, "round": 0}
-            for row in read_rows(shard["uri"], so)
+            for row in read_rows(shard.uri, so)
         ]
         ok, bad = [], []
         for row in rows:
@@ -134,11 +134,11 @@ def drop_manifest_groups(cfg: RunConfig, so: StorageOptions | None = None) -> No
     plan = read_plan(layout, "round-00", so)
     assert plan is not None
     for shard in plan.shards:
-        uri = layout.job_manifest(0, shard["shard_id"], kind)
+        uri = layout.job_manifest(0, shard.shard_id, kind)
         m = read_job_manifest(uri, so)
         assert m is not None
         write_job_manifest(uri, m.model_copy(update={"reason_groups": None}), so)
-        accepted = layout.accepted(0, shard["shard_id"], kind)  # close copies them there too
+        accepted = layout.accepted(0, shard.shard_id, kind)  # close copies them there too
         doc = read_accepted(accepted, so)
         assert isinstance(doc, AcceptedJob)
         write_accepted(accepted, doc.model_copy(update={"reason_groups": None}), so)

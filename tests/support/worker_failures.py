@@ -23,7 +23,7 @@ def infer_spec(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobSpec
     return JobSpec(
         job_id=job_id,
         kind="infer",
-        input=s["uri"],
+        input=s.uri,
         outputs={
             "inferred": layout.inferred(0, "part-00000"),
             "manifest": layout.job_manifest(0, "part-00000", "infer"),
@@ -37,7 +37,7 @@ def in_place_spec(layout: RunLayout, s: Any, job_id: str, **params: Any) -> JobS
     return JobSpec(
         job_id=job_id,
         kind="in_place",
-        input=s["uri"],
+        input=s.uri,
         outputs={
             "approved": layout.result(0, "part-00000", tail=True),
             "rejected": layout.rejected(0, "part-00000"),

@@ -16,14 +16,16 @@ from airflow_batchinfer.rpc.models import JobKind, JobStatus
 from airflow_batchinfer.run.jobs import job_spec, judge_input
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.params import parse_params
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 
 
 def run_jobs(
     cfg: RunConfig,
-    jobs: list[tuple[JobKind, int, ShardDescriptor]],
+    jobs: list[tuple[JobKind, int, ShardRef | RangeRef | PlannedShard]],
     *,
     serving: Engine | None = None,
     **engine: Any,
@@ -39,7 +41,8 @@ def run_jobs(
         registry = JobRegistry(runtime, concurrency=4, worker_name="w1")
         out = []
         try:
-            for kind, r, shard in jobs:
+            for kind, r, ref in jobs:
+                shard = PlannedShard.of(ref)
                 src = judge_input(cfg, r, shard) if kind == "judge" else shard
                 spec = job_spec(cfg, kind, r, src)
                 pinned = pin_input(spec, JsonlFile(spec.input).info())

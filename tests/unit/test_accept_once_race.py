@@ -148,10 +148,10 @@ def test_two_closes_at_once_accept_one_attempt_and_promote_exactly_its_files(
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    sid, kind = s.shard_id, round_kinds(cfg, "rounds")[-1]
     for x in rest:
         finish_shard(cfg, 0, x, set())
-    ids = [r["id"] for r in read_rows(s["uri"])]
+    ids = [r["id"] for r in read_rows(s.uri)]
     approve = {"a": set(ids[:3]), "b": set(ids[3:])}
     manifest_a = judge_shard(cfg, 0, s, approve["a"], token="a")
     judge_shard(cfg, 0, s, approve["b"], token="b")  # the other copy finishes: the manifest names b
@@ -263,10 +263,10 @@ def test_a_quarantine_never_removes_what_a_concurrent_close_accepts(
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    sid, kind = s.shard_id, round_kinds(cfg, "rounds")[-1]
     for x in rest:
         finish_shard(cfg, 0, x, set())
-    ids = [r["id"] for r in read_rows(s["uri"])]
+    ids = [r["id"] for r in read_rows(s.uri)]
     record_job_error(cfg, 0, sid, kind, "JobFailed: worker lost", None)
     judge_shard(cfg, 0, s, set(ids[:4]), token="late")  # the task's last copy finishes meanwhile
     race = QuarantineRace(layout, sid, kind)

@@ -25,10 +25,11 @@ from airflow_batchinfer.state.docs import (
     write_plan,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlFile, RecompactResult, ShardDescriptor
+from airflow_batchinfer.storage import JsonlFile, RecompactResult
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.accounting import strip_digests
 from tests.support.fake_jobs import (
     IDS,
@@ -43,8 +44,8 @@ from tests.support.fake_jobs import (
 )
 
 
-def evens(shard: ShardDescriptor) -> set[str]:
-    return {r["id"] for r in JsonlFile(shard["uri"]).iter_records() if int(r["id"][1:]) % 2 == 0}
+def evens(shard: ShardRef) -> set[str]:
+    return {r["id"] for r in JsonlFile(shard.uri).iter_records() if int(r["id"][1:]) % 2 == 0}
 
 
 @pytest.fixture
@@ -66,9 +67,9 @@ def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def judge_rows(cfg: RunConfig, shard: ShardDescriptor, approve: set[str]) -> tuple[list[Any], list[Any]]:
+def judge_rows(cfg: RunConfig, shard: ShardRef, approve: set[str]) -> tuple[list[Any], list[Any]]:
     """The rows a fused infer_judge job would approve and reject for ``shard``."""
-    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard["uri"])]
+    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard.uri)]
     ok = [{**r, "status": "approved"} for r in rows if r["id"] in approve]
     bad = [{**r, "status": "rejected"} for r in rows if r["id"] not in approve]
     return ok, bad
@@ -81,7 +82,8 @@ def test_close_checks_the_invariant_from_digests_without_reading_results(
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
-    assert all(s["ids"]["count"] == s["records"] for s in plan.shards)  # the plan carries the digests
+    # the plan carries the digests
+    assert all(s.ref.ids is not None and s.ref.ids.count == s.records for s in plan.shards)
     for s in plan.shards:
         finish_shard(cfg, 0, s, evens(s))
     reads.clear()
@@ -96,7 +98,7 @@ def test_close_checks_the_invariant_from_digests_without_reading_results(
     assert ids["next_pending"] == ids["rejected"] and ids["failed"] == IdDigest()
     nxt = read_manifest(JsonlDir(layout.pending(1)))
     assert nxt is not None and nxt.ids is not None and IdDigest.from_dict(nxt.ids) == ids["rejected"]
-    assert all("ids" in d for d in nxt.shards)  # the next round's plan carries digests again
+    assert all(d.ids is not None for d in nxt.shards)  # the next round's plan carries digests again
 
 
 def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path, reads: list[str]) -> None:
@@ -118,8 +120,8 @@ def test_a_count_preserving_swap_in_one_shard_is_caught_and_named(tmp_path: Path
     inv = summary["invariant"]
     assert (inv["planned"], inv["accounted"]) == (30, 30)  # the counts alone would pass
     assert not inv["ok"] and inv["lost"] == ["r03"] and inv["doubled"] == ["r04"] and inv["unexpected"] == []
-    assert inv["opened"] == [bad["shard_id"]]  # only the shard whose digests disagree is read
-    other = {layout.result(0, s["shard_id"]) for s in plan.shards[1:]}
+    assert inv["opened"] == [bad.shard_id]  # only the shard whose digests disagree is read
+    other = {layout.result(0, s.shard_id) for s in plan.shards[1:]}
     assert not other & set(reads)
     report = build_report(cfg)
     assert report["invariant"]["checked"] == "digests"
@@ -140,7 +142,7 @@ def test_a_manifest_whose_digest_is_wrong_is_opened_and_the_files_decide(tmp_pat
     )  # fmt: skip
     summary = close(cfg, plan)
     inv = summary["invariant"]
-    assert inv["ok"] and inv["opened"] == [s["shard_id"]] and inv["lost"] == []
+    assert inv["ok"] and inv["opened"] == [s.shard_id] and inv["lost"] == []
     approved = IdDigest.of(i for i in IDS if int(i[1:]) % 2 == 0)
     assert IdDigest.from_dict(summary["ids"]["approved"]) == approved
 
@@ -154,8 +156,8 @@ def test_quarantined_shards_account_for_their_planned_digest(tmp_path: Path, rea
     assert summary["invariant"]["ok"] and summary["invariant"]["opened"] == []
     failed = {f["shard_id"]: f for f in summary["failed_shards"]}
     assert IdDigest.from_dict(summary["ids"]["failed"]) == IdDigest.of(IDS[10:])
-    assert all(failed[s["shard_id"]]["ids"] == s["ids"] for s in plan.shards[1:])
-    assert not {s["uri"] for s in plan.shards} & set(reads)
+    assert all(failed[s.shard_id]["ids"] == s.to_json()["ids"] for s in plan.shards[1:])
+    assert not {s.uri for s in plan.shards} & set(reads)
 
 
 def test_a_recompaction_that_doubles_a_row_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -168,8 +170,8 @@ def test_a_recompaction_that_doubles_a_row_is_named(tmp_path: Path, monkeypatch:
     def doubling(*args: Any, **kwargs: Any) -> RecompactResult:
         out = real(*args, **kwargs)
         first = out.shards[0]
-        rows = read_rows(first["uri"])
-        write_rows(first["uri"], [*rows, rows[0]])  # a bug that writes one row twice
+        rows = read_rows(first.uri)
+        write_rows(first.uri, [*rows, rows[0]])  # a bug that writes one row twice
         ids = IdDigest.from_dict(out.ids or {}) + IdDigest.of([rows[0]["id"]])
         return RecompactResult(out.shards, out.records, out.sources, ids=ids.to_dict())
 
@@ -186,10 +188,10 @@ def test_a_run_without_digests_closes_and_reports_by_reading_ids(tmp_path: Path)
         finish_shard(cfg, 0, s, evens(s))
     strip_digests(cfg)
     plan = plan_round(cfg)  # descriptors without ids
-    assert all("ids" not in s for s in plan.shards)
+    assert all(s.ref.ids is None for s in plan.shards)
     summary = close(cfg, plan)
     inv = summary["invariant"]
-    assert inv["ok"] and inv["opened"] == [s["shard_id"] for s in plan.shards]  # every shard read
+    assert inv["ok"] and inv["opened"] == [s.shard_id for s in plan.shards]  # every shard read
     assert IdDigest.from_dict(summary["ids"]["planned"]) == IdDigest.of(IDS)
 
     write_plan(RunLayout(cfg.run_root), propose_slot(cfg, "tail").plan)
@@ -223,7 +225,7 @@ def test_the_fallback_names_an_id_lost_after_close(tmp_path: Path) -> None:
     close(cfg, plan)
     write_plan(layout, propose_slot(cfg, "tail").plan)
     strip_digests(cfg)
-    result = layout.result(0, plan.shards[1]["shard_id"])
+    result = layout.result(0, plan.shards[1].shard_id)
     write_rows(result, [r for r in read_rows(result) if r["id"] != "r12"])
     inv = build_report(cfg)["invariant"]
     assert inv["checked"] == "ids" and not inv["ok"] and inv["lost"] == ["r12"] and inv["accounted"] == 29
@@ -272,7 +274,7 @@ def test_in_place_rounds_account_for_exhausted_rows(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, strategy="in_place", max_attempts=2)
     plan = plan_round(cfg, "tail")
     for s in plan.shards:
-        rows = read_rows(s["uri"])
+        rows = read_rows(s.uri)
         ok = [{**r, "status": "approved"} for r in rows if r["id"] in evens(s)]
         out = [{**r, "status": "max_attempts"} for r in rows if r["id"] not in evens(s)]
         finish_job(cfg, "in_place", 0, s, {"approved": ok, "rejected": out},
@@ -291,11 +293,11 @@ def test_summary_and_manifests_carry_their_versions(tmp_path: Path) -> None:
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     finish_shard(cfg, 0, plan.shards[0], evens(plan.shards[0]))
-    uri = layout.job_manifest(0, plan.shards[0]["shard_id"], "infer_judge")
+    uri = layout.job_manifest(0, plan.shards[0].shard_id, "infer_judge")
     m = read_job_manifest(uri)
     assert m is not None and json.loads(Path(uri).read_text())["schema_version"] == MANIFEST_VERSION == 2
     assert set(m.ids or {}) == {"input", "approved", "rejected"}
-    pending = plan.shards[0]["uri"]
+    pending = plan.shards[0].uri
     assert m.digest("input") == IdDigest.of(r["id"] for r in read_rows(pending))
     summary = close(cfg, plan)
     assert (

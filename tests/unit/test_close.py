@@ -18,8 +18,8 @@ from airflow_batchinfer.run.jobs import inferred_shard, job_spec, record_job_err
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, QuarantinedJob, read_accepted, read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor
-from airflow_batchinfer.storage.digest import IdDigest
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.fake_jobs import (
     ENGINE,
     IDS,
@@ -63,8 +63,8 @@ def snapshot(*dirs: str) -> dict[str, bytes]:
     return {str(p): p.read_bytes() for d in dirs if Path(d).is_dir() for p in sorted(Path(d).iterdir())}
 
 
-def half(shard: ShardDescriptor) -> set[str]:
-    return {r["id"] for r in JsonlFile(shard["uri"]).iter_records() if int(r["id"][1:]) % 2 == 0}
+def half(shard: ShardRef) -> set[str]:
+    return {r["id"] for r in JsonlFile(shard.uri).iter_records() if int(r["id"][1:]) % 2 == 0}
 
 
 # ------------------------------------------------------------------------------------ fencing
@@ -79,19 +79,19 @@ def test_judge_outputs_are_staged_and_close_promotes_them(tmp_path: Path) -> Non
     manifests = [finish_shard(cfg, 0, x, half(x), token=f"t{i}") for i, x in enumerate(plan.shards)]
     m = manifests[0]
     assert m.committed == {
-        n: f"{cfg.run_root}/round-00/staged/{s['shard_id']}.judge/t0/{n}.jsonl.zst"
+        n: f"{cfg.run_root}/round-00/staged/{s.shard_id}.judge/t0/{n}.jsonl.zst"
         for n in ("approved", "rejected")
     }
-    assert not Path(layout.result(0, s["shard_id"])).exists()  # nothing final before close
+    assert not Path(layout.result(0, s.shard_id)).exists()  # nothing final before close
 
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"], summary["next_pending"]) == (15, 15, 15)
     assert_each_id_once(cfg, summary)
-    accepted = read_accepted(layout.accepted(0, s["shard_id"], "judge"))
+    accepted = read_accepted(layout.accepted(0, s.shard_id, "judge"))
     assert isinstance(accepted, AcceptedJob) and accepted.attempt == "t0" and not accepted.quarantined
     assert accepted.counts == counted(approved=5, rejected=5) and accepted.job_id == m.job_id
     assert accepted.outputs == {"approved": spec.outputs["approved"], "rejected": spec.outputs["rejected"]}
-    assert not Path(layout.staging(0), f"{s['shard_id']}.judge").exists()  # promoted, nothing left
+    assert not Path(layout.staging(0), f"{s.shard_id}.judge").exists()  # promoted, nothing left
     assert sorted(ids_in(layout.results)) == sorted(i for x in plan.shards for i in half(x))
 
     # a re-run of close changes nothing (the accepted docs are not rewritten)
@@ -119,13 +119,13 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
     plan = plan.model_copy(update={"config": cfg})
     bad, rest = plan.shards[0], plan.shards[1:]
     for x in rest:  # the new judge jobs succeed for these shards...
-        judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x["uri"]).iter_records()})
-    record_job_error(cfg, 0, bad["shard_id"], "judge", "JobFailed: boom", None)  # ...and fail for this one
+        judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x.uri).iter_records()})
+    record_job_error(cfg, 0, bad.shard_id, "judge", "JobFailed: boom", None)  # ...and fail for this one
 
     summary = close(cfg, plan)
     [failed] = summary["failed_shards"]
-    manifest = layout.job_manifest(0, bad["shard_id"], "judge")
-    assert failed["shard_id"] == bad["shard_id"] and failed["phase"] == "judge"
+    manifest = layout.job_manifest(0, bad.shard_id, "judge")
+    assert failed["shard_id"] == bad.shard_id and failed["phase"] == "judge"
     assert failed["error"].startswith(f"{manifest} was written under other settings or for another input")
     assert (
         "re-run the DAG run to recompute it" in failed["error"]
@@ -133,17 +133,17 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
     )
     assert (summary["approved"], summary["rejected"]) == (20, 0)
     assert_each_id_once(cfg, summary)
-    assert not Path(layout.result(0, bad["shard_id"])).exists()
-    assert not Path(layout.rejected(0, bad["shard_id"])).exists()
+    assert not Path(layout.result(0, bad.shard_id)).exists()
+    assert not Path(layout.rejected(0, bad.shard_id)).exists()
     assert bool(failed["orphans_removed"]) == closed_before  # the old acceptance's outputs
     # the stale attempt's files are gone; the current infer attempt (not yet accepted) stays for the
     # judge's re-run to read, and once accepted before, inferred/ holds it instead
-    infer = read_job_manifest(layout.job_manifest(0, bad["shard_id"], "infer"))
+    infer = read_job_manifest(layout.job_manifest(0, bad.shard_id, "infer"))
     assert infer is not None
     assert infer.committed is not None
     left = [] if closed_before else [Path(infer.committed["inferred"])]
     assert list(Path(layout.staging(0)).rglob("*.zst")) == left
-    doc = read_accepted(layout.accepted(0, bad["shard_id"], "judge"))
+    doc = read_accepted(layout.accepted(0, bad.shard_id, "judge"))
     assert isinstance(doc, QuarantinedJob) and doc.quarantined and doc.phase == "judge"
 
 
@@ -153,13 +153,13 @@ def test_a_rewritten_input_makes_the_judge_manifest_stale(tmp_path: Path) -> Non
     for x in plan.shards:
         finish_shard(cfg, 0, x, half(x))
     s = plan.shards[1]
-    rows = [{**r, "result": "other", "status": "ok"} for r in JsonlFile(s["uri"]).iter_records()]
-    judged = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, s["shard_id"], "judge"))
+    rows = [{**r, "result": "other", "status": "ok"} for r in JsonlFile(s.uri).iter_records()]
+    judged = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, s.shard_id, "judge"))
     assert judged is not None and "/staged/" in judged.input  # the infer attempt it read
     time.sleep(0.01)  # a new mtime on every file system
     write_rows(judged.input, rows)  # that attempt rewritten under the judge (by hand)
     summary = close(cfg, plan)
-    assert [f["shard_id"] for f in summary["failed_shards"]] == [s["shard_id"]]
+    assert [f["shard_id"] for f in summary["failed_shards"]] == [s.shard_id]
     assert "another input version" in summary["failed_shards"][0]["error"]
     assert_each_id_once(cfg, summary)
 
@@ -174,11 +174,11 @@ def test_resume_with_changed_settings_accepts_the_new_job(tmp_path: Path) -> Non
     cfg = dataclasses.replace(cfg, judge={"type": "llm", "max_tokens": 64})  # and its round's
     plan = plan.model_copy(update={"config": cfg})
     for x in plan.shards:
-        judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x["uri"]).iter_records()}, token="new")
+        judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x.uri).iter_records()}, token="new")
     summary = close(cfg, plan)
     assert (summary["approved"], summary["rejected"], summary["next_pending"]) == (30, 0, 0)
     assert_each_id_once(cfg, summary)
-    doc = read_accepted(layout.accepted(0, plan.shards[0]["shard_id"], "judge"))
+    doc = read_accepted(layout.accepted(0, plan.shards[0].shard_id, "judge"))
     assert isinstance(doc, AcceptedJob) and doc.attempt == "new"
 
 
@@ -190,19 +190,19 @@ def test_orphan_rejected_file_of_a_judge_that_died_is_removed(tmp_path: Path) ->
     dead, rest = plan.shards[0], plan.shards[1:]
     for x in rest:
         finish_shard(cfg, 0, x, half(x))
-    rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(dead["uri"]).iter_records()]
+    rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(dead.uri).iter_records()]
     finish_job(cfg, "infer", 0, dead, {"inferred": rows}, counted(ok=10))
-    orphan = layout.rejected(0, dead["shard_id"])  # committed by the judge before it died: no manifest
+    orphan = layout.rejected(0, dead.shard_id)  # committed by the judge before it died: no manifest
     write_rows(orphan, rows[:4])
 
     summary = close(cfg, plan)
     [failed] = summary["failed_shards"]
-    assert failed["shard_id"] == dead["shard_id"] and failed["phase"] == "judge"
+    assert failed["shard_id"] == dead.shard_id and failed["phase"] == "judge"
     assert failed["orphans_removed"] == [orphan] and orphan in failed["error"]
     assert not Path(orphan).exists() and summary["orphans_removed"] == [orphan]
     assert (summary["rejected"], summary["next_pending"]) == (10, 10)
     assert_each_id_once(cfg, summary)
-    record = json.loads(Path(layout.failed(0), f"{dead['shard_id']}.json").read_text())
+    record = json.loads(Path(layout.failed(0), f"{dead.shard_id}.json").read_text())
     assert record["orphans_removed"] == [orphan] and "re-run the DAG run" in record["remedy"]
 
 
@@ -228,10 +228,10 @@ def test_late_copy_after_quarantine_changes_nothing_until_close_runs_again(tmp_p
     late, rest = plan.shards[2], plan.shards[:2]
     for x in rest:
         finish_shard(cfg, 0, x, half(x))
-    rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(late["uri"]).iter_records()]
+    rows = [{**r, "result": "x", "status": "ok"} for r in JsonlFile(late.uri).iter_records()]
     finish_job(cfg, "infer", 0, late, {"inferred": rows}, counted(ok=10))
     first = close(cfg, plan)
-    assert [f["shard_id"] for f in first["failed_shards"]] == [late["shard_id"]]
+    assert [f["shard_id"] for f in first["failed_shards"]] == [late.shard_id]
     assert_each_id_once(cfg, first)
     finals = snapshot(layout.results, layout.rejected_dir(0), layout.pending(1))
 
@@ -242,8 +242,8 @@ def test_late_copy_after_quarantine_changes_nothing_until_close_runs_again(tmp_p
     second = close(cfg, plan)  # the documented remedy: re-run the DAG run (its close)
     assert second["failed_shards"] == [] and (second["approved"], second["rejected"]) == (15, 15)
     assert_each_id_once(cfg, second)
-    assert not Path(layout.failed(0), f"{late['shard_id']}.json").exists()
-    doc = read_accepted(layout.accepted(0, late["shard_id"], "judge"))
+    assert not Path(layout.failed(0), f"{late.shard_id}.json").exists()
+    doc = read_accepted(layout.accepted(0, late.shard_id, "judge"))
     assert isinstance(doc, AcceptedJob) and doc.attempt == "late" and not doc.quarantined
 
 
@@ -254,7 +254,7 @@ def test_two_copies_close_promotes_the_attempt_its_manifest_names_once(tmp_path:
     for x in plan.shards[1:]:
         finish_shard(cfg, 0, x, half(x))
     s = plan.shards[0]
-    sid = s["shard_id"]
+    sid = s.shard_id
     evens, firsts = half(s), {"r00", "r01", "r02"}
     finish_shard(cfg, 0, s, evens, token="a")  # copy A commits first...
     judge_shard(
@@ -305,7 +305,7 @@ def test_close_cut_short_mid_promotion_finishes_the_accepted_attempt(
     with pytest.raises(OSError, match="killed"):
         close_round(cfg, Plan(slot=plan.slot, round=0, mode="rounds", shards=plan.shards[:1]))
     monkeypatch.setattr(settle.files, "move", move)
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     judge_shard(cfg, 0, plan.shards[0], set(), token="t2")  # another copy lands before the re-run
     summary = close(cfg, plan)
     doc = read_accepted(layout.accepted(0, sid, "judge"))
@@ -324,9 +324,7 @@ def test_a_valid_manifest_whose_staged_outputs_are_gone_is_quarantined_for_recom
     Path(m.committed["approved"]).unlink()
     summary = close(cfg, plan)
     [failed] = summary["failed_shards"]
-    assert (
-        failed["shard_id"] == plan.shards[-1]["shard_id"] and "staged outputs of attempt" in failed["error"]
-    )
+    assert failed["shard_id"] == plan.shards[-1].shard_id and "staged outputs of attempt" in failed["error"]
     assert read_job_manifest(layout.job_manifest(0, failed["shard_id"], "judge")) is None  # so it reruns
     assert_each_id_once(cfg, summary)
 
@@ -337,7 +335,7 @@ def test_worker_rounds_jobs_stage_their_outputs_and_close_accepts_them(tmp_path:
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     run_jobs(cfg, [(k, 0, s) for k in ("infer", "judge") for s in plan.shards], approval_rate=0.5)
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     m = read_job_manifest(layout.job_manifest(0, sid, "judge"))
     assert m is not None and m.attempt is not None and len(m.attempt) == 32
     staged = Path(layout.staged_job(0, sid, "judge"), m.attempt)
@@ -351,7 +349,8 @@ def test_worker_rounds_jobs_stage_their_outputs_and_close_accepts_them(tmp_path:
     assert summary["invariant"]["opened"] == [] and set(m.ids or {}) == {"input", "approved", "rejected"}
     infer = read_job_manifest(layout.job_manifest(0, sid, "infer"))
     assert infer is not None and infer.ids is not None
-    assert infer.ids["input"].model_dump() == infer.ids["inferred"].model_dump() == plan.shards[0]["ids"]
+    planned = plan.shards[0].to_json()["ids"]
+    assert infer.ids["input"].model_dump() == infer.ids["inferred"].model_dump() == planned
 
 
 def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_one(tmp_path: Path) -> None:
@@ -360,14 +359,14 @@ def test_worker_in_place_copies_share_checkpoints_and_close_counts_the_accepted_
     plan = plan_round(cfg, "tail")
     assert plan.mode == "in_place"
     [first] = run_jobs(cfg, [("in_place", 0, s) for s in plan.shards], approval_rate=0.5)[:1]
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     m = read_job_manifest(layout.job_manifest(0, sid, "in_place"))
     assert m is not None and set(m.committed or {}) == {"approved", "rejected"}
     assert not Path(layout.result(0, sid, tail=True)).exists()
     summary = close(cfg, plan)
     assert summary["approved"] + summary["exhausted"] == 30 and summary["invariant"]["ok"]
     assert summary["invariant"]["opened"] == []
-    assert m.digest("input") == IdDigest.from_dict(plan.shards[0]["ids"])
+    assert m.digest("input") == plan.shards[0].ref.ids
     accepted = read_accepted(layout.accepted(0, sid, "in_place"))
     assert isinstance(accepted, AcceptedJob) and accepted.attempt == m.attempt
     assert accepted.counts == first.counts

@@ -31,6 +31,7 @@ from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_job_manifest, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import AdapterTally, Generated, Outcomes, Tally
 from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
@@ -89,8 +90,8 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
     layout = RunLayout(cfg.run_root)
     shards = prepare_run(cfg).shards
     # ranges of 4 lines (records_per_shard 12 rows / 3 arms), each counted as its rows; nothing copied
-    assert len(shards) == 6 and all(s["fan_out"] == list(ARMS) and "range" in s for s in shards)
-    assert all(s["records"] % 3 == 0 for s in shards)  # estimates (from the input's line lengths) × 3
+    assert len(shards) == 6 and all(s.fan_out == tuple(ARMS) and s.is_range for s in shards)
+    assert all(s.records % 3 == 0 for s in shards)  # estimates (from the input's line lengths) × 3
     assert JsonlDir(layout.input).shards() == []
 
     plan = planned(cfg, "round-00")
@@ -101,7 +102,7 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
     assert summary["repeated_ids"] == 3  # r03's later line: its 3 rows, rejected
     approved, rejected = rows_in(layout.results), rows_in(layout.rejected_dir(0))
     failed, lost = summary["failed_shards"][0], summary["failed_records"]  # the quarantined range's rows
-    assert failed["shard_id"] == plan.shards[-1]["shard_id"] and lost > 0 and lost % 3 == 0
+    assert failed["shard_id"] == plan.shards[-1].shard_id and lost > 0 and lost % 3 == 0
     assert summary["approved"] + summary["rejected"] + lost + summary["repeated_ids"] == 66
     # every judged row is one of its record's arms: its id, adapter and input_id agree
     judged = approved + rejected
@@ -145,7 +146,7 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
         "skipped": 0,
         "quarantined": 2,
     }
-    assert sum(s["records"] for s in manifest.shards) == 66  # r03's later line's rows too (rejected)
+    assert sum(s.records for s in manifest.shards) == 66  # r03's later line's rows too (rejected)
 
     # round 1: the rejected rows (the quarantined range stays in failed/)
     plan1 = planned(cfg, "round-01")
@@ -162,7 +163,7 @@ def test_every_record_runs_once_per_arm_through_rounds_and_every_row_id_is_accou
     assert report["fan_out"] == {"arms": list(ARMS), "rows": 66}
     pending = pending_shards(layout, 2)
     summaries = [Summary.model_validate({**s, "ids": {}}) for s in (summary, second)]
-    undigested = [{k: v for k, v in s.items() if k != "ids"} for s in pending]
+    undigested = [s.model_copy(update={"ids": None}) for s in pending]
     failed_docs = [f for s in summaries for f in s.failed_shards]
     by_ids = check_invariant(layout, "id", undigested, summaries, failed_docs, plans=[plan, plan1])
     assert by_ids["ok"] and by_ids["checked"] == "ids" and by_ids["input"] == 66, by_ids
@@ -177,8 +178,8 @@ def test_an_input_that_cannot_be_split_is_copied_as_its_rows(tmp_path: Path) -> 
     lines[4] = json.dumps({"id": 4, "question": "x", "adapter": "poems"})
     cfg = fan_out_run(tmp_path, lines, "data.jsonl.zst", fan_out="adapters")  # one zstd frame
     result = prepare_run(cfg)
-    assert all("range" not in s and "fan_out" not in s for s in result.shards)  # the copy holds the rows
-    assert [s["records"] for s in result.shards] == [12, 6] and result.counts["quarantined"] == 1
+    assert all(not s.is_range for s in result.shards)  # the copy holds the rows
+    assert [s.records for s in result.shards] == [12, 6] and result.counts["quarantined"] == 1
     copied = rows_in(RunLayout(cfg.run_root).input)
     assert [r["id"] for r in copied[:4]] == ["0@poems", "0@sql", "1@poems", "1@sql"]
     assert copied[0]["input_id"] == 0 and copied[0]["adapter"] == "poems"
@@ -215,10 +216,10 @@ def test_a_run_without_fan_out_plans_and_asks_as_before(tmp_path: Path) -> None:
     assert (
         manifest is not None
         and "fan_out" not in (manifest.fingerprint or {})
-        and all("fan_out" not in s for s in shards)
+        and all(s.is_range and s.fan_out is None for s in shards)
     )
     assert len(shards) == 2  # about records_per_shard lines each
-    params = job_spec(cfg, "infer_judge", 0, shards[0]).params
+    params = job_spec(cfg, "infer_judge", 0, PlannedShard.of(shards[0])).params
     assert "fan_out" not in params["input_range"] and "fan_out" not in params
 
 
@@ -252,7 +253,7 @@ def test_spot_checks_count_apart_per_arm_and_the_reports_table_agrees_with_its_a
         for arm in ARMS
     }
     # the repeated line's rows were counted by their job, spot checks among them, then left out
-    jobs = [read_job_manifest(layout.job_manifest(0, s["shard_id"], "infer_judge")) for s in plan.shards]
+    jobs = [read_job_manifest(layout.job_manifest(0, s.shard_id, "infer_judge")) for s in plan.shards]
     counted = sum((m.counts for m in jobs if m is not None), Tally())
     assert len(jobs) == len(plan.shards) and None not in jobs
     assert counted.outcomes.spot_checks > summary["spot_checks"]

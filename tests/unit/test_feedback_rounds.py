@@ -21,7 +21,9 @@ from airflow_batchinfer.run.plan import CONTINUE, apply_choice, pending_shards, 
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_job_manifest, write_plan, write_run_config
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.worker.checkpoints import CheckpointLog
 from tests.support.fake_jobs import close, plan_round
 from tests.support.worker_jobs import HashScoringEngine, run_jobs
@@ -62,9 +64,9 @@ def rows_in(directory: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for f in JsonlDir(directory).jsonl_files() for r in f.iter_records()}
 
 
-def in_place_rows(cfg: RunConfig, shard: ShardDescriptor) -> dict[str, dict[str, Any]]:
+def in_place_rows(cfg: RunConfig, shard: ShardRef) -> dict[str, dict[str, Any]]:
     """The rows an in-place job wrote (its staged attempt, before a close accepts it)."""
-    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard["shard_id"], "in_place"))
+    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard.shard_id, "in_place"))
     assert m is not None and m.committed is not None
     return {
         r["id"]: r for name in ("approved", "rejected") for r in JsonlFile(m.committed[name]).iter_records()
@@ -144,7 +146,7 @@ def test_an_in_place_sample_resumed_from_its_checkpoint_is_told_what_it_would_ha
     shard = pending_shards(RunLayout(cfg.run_root), 0)[0]  # q0, q1, q2
     told = {"attempt": 1, "result": "five-ish", "reason": "expected 5, got nothing", "score": None,
             "note": None, "finish_reason": "length", "max_tokens": 16}  # fmt: skip
-    spec = job_spec(cfg, "in_place", 0, shard)
+    spec = job_spec(cfg, "in_place", 0, PlannedShard.of(shard))
 
     async def killed_after_one_attempt() -> None:
         log = CheckpointLog(spec.outputs["checkpoints"])

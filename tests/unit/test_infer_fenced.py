@@ -83,7 +83,7 @@ class Pool:
             self.judge_read = spec.input
             plan = read_plan(RunLayout(self.cfg.run_root), "round-00")
             assert plan is not None
-            [shard] = [s for s in plan.shards if s["shard_id"] == LATE]
+            [shard] = [s for s in plan.shards if s.shard_id == LATE]
             assert plan.config is not None  # the settings the round ran (run.json's: its id field found)
             late = job_spec(plan.config, "infer", 0, shard)  # the same job as the one the judge read
             await run_on_worker(late, fail_marker="q r0")  # its rows differ: r00..r09 fail

@@ -62,7 +62,7 @@ def test_an_infer_job_carries_its_llm_members_verdicts_to_a_scoring_judge_pool(t
     cfg = make_run(tmp_path, judge=jury, judge_pool="local://judges")
     plan = plan_round(cfg)
     run_jobs(cfg, [("infer", 0, s) for s in plan.shards], approval_rate=0.5)
-    rows = [r for s in plan.shards for r in JsonlFile(judge_input(cfg, 0, s)["uri"]).iter_records()]
+    rows = [r for s in plan.shards for r in JsonlFile(judge_input(cfg, 0, s).uri).iter_records()]
     assert len(rows) == 30
     verdicts = [r["jury_verdicts"]["critic"] for r in rows]
     assert set(rows[0]["jury_verdicts"]) == {"critic"}  # the classifier is judged on the judge pool
@@ -74,7 +74,7 @@ def test_with_candidates_each_carries_its_own_verdicts(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, judge=jury, judge_pool="local://judges", sampling={"n": 3, "temperature": 0.7})
     plan = plan_round(cfg)
     run_jobs(cfg, [("infer", 0, s) for s in plan.shards[:1]], approval_rate=0.5)
-    rows = list(JsonlFile(judge_input(cfg, 0, plan.shards[0])["uri"]).iter_records())
+    rows = list(JsonlFile(judge_input(cfg, 0, plan.shards[0]).uri).iter_records())
     assert rows and all("jury_verdicts" not in r and len(r["candidates"]) == 3 for r in rows)
     verdicts = [c["jury_verdicts"]["critic"]["approved"] for r in rows for c in r["candidates"]]
     assert len(verdicts) == 3 * len(rows) and set(verdicts) == {True, False}  # judged one by one

@@ -148,9 +148,9 @@ def test_preflight_samples_and_sizes_a_fan_outs_rows(tmp_path: Path) -> None:
                     judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
                     adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
     shards = prepare_run(cfg).shards
-    assert all("range" in s for s in shards)
+    assert all(s.is_range for s in shards)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 2))
-    planned = sum(s["records"] for s in shards)  # the ranges' estimates, 2 rows a line
+    planned = sum(s.records for s in shards)  # the ranges' estimates, 2 rows a line
     assert summary.sample_records == 8 and summary.dataset_records == planned and planned % 2 == 0
     assert SizingPlan.from_dict(summary.sizing).records == planned
     sample = list(JsonlFile(str(Path(RunLayout(cfg.run_root).preflight) / "sample.jsonl.zst")).iter_records())

@@ -69,7 +69,7 @@ def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path)
         "prompt_template": "{{ question }}", "judge": {"type": "llm"}, "records_per_shard": 10,
     }  # fmt: skip
     first = prepare_run(RunConfig(**settings))
-    assert [s["records"] for s in first.shards] == [10, 10, 5] and all("range" not in s for s in first.shards)
+    assert [s.records for s in first.shards] == [10, 10, 5] and all(not s.is_range for s in first.shards)
     assert prepare_run(RunConfig(**settings)).reused  # a retried shard task: the copy is reused
 
 
@@ -91,7 +91,7 @@ def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_pa
     plan = propose_slot(cfg, "round-00").plan
     write_plan(layout, plan)
     run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], approval_rate=1.0)
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     manifest_uri = layout.job_manifest(0, sid, "infer_judge")
     m = read_job_manifest(manifest_uri)
     assert m is not None

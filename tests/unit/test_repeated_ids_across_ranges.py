@@ -27,10 +27,11 @@ from airflow_batchinfer.run.report.invariant import check_invariant
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import AcceptedJob, Plan, Summary, read_accepted, read_failed, write_plan
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage import id_hash_files as ihf
 from airflow_batchinfer.storage import id_hashes as ih
 from airflow_batchinfer.storage import ranges as ranges_mod
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.worker_jobs import run_jobs
 
 pytestmark = pytest.mark.chaos
@@ -44,13 +45,13 @@ def setup_run(tmp_path: Path, lines: list[str]) -> tuple[RunConfig, Plan]:
         judge={"type": "llm"}, records_per_shard=10,
     )  # fmt: skip
     shards = prepare_run(cfg).shards
-    assert len(shards) >= 3 and all("range" in s for s in shards)
+    assert len(shards) >= 3 and all(s.is_range for s in shards)
     plan = propose_slot(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     return cfg, plan
 
 
-def run_round(cfg: RunConfig, shards: list[ShardDescriptor]) -> None:
+def run_round(cfg: RunConfig, shards: list[ShardRef]) -> None:
     run_jobs(cfg, [(k, 0, s) for k in round_kinds(cfg, "rounds") for s in shards], approval_rate=0.5)
 
 
@@ -126,7 +127,7 @@ def test_ids_repeated_across_ranges_are_rejected_and_round_zero_closes(tmp_path:
     by_digest = check_invariant(layout, "id", pending, [Summary.model_validate(summary)], [], plans=[plan])
     assert by_digest["ok"] and by_digest["checked"] == "digests" and by_digest["input"] == 40, by_digest
     undigested = Summary.model_validate({**summary, "ids": {}})
-    by_ids = check_invariant(layout, "id", [{k: v for k, v in s.items() if k != "ids"} for s in pending],
+    by_ids = check_invariant(layout, "id", [s.model_copy(update={"ids": None}) for s in pending],
                              [undigested], [], plans=[plan])  # fmt: skip
     assert by_ids["ok"] and by_ids["checked"] == "ids", by_ids
     # A re-run close changes nothing.
@@ -154,8 +155,8 @@ def test_the_close_reads_the_input_only_to_confirm_a_match(
         cfg, plan = round_zero(tmp_path / case, lines)
         layout = RunLayout(cfg.run_root)
         for s in plan.shards:  # written by the jobs, before the close
-            assert ihf.read_lines(ihf.hashes_beside(layout.job_manifest(0, s["shard_id"], "infer_judge"),
-                                                  s["shard_id"]), None)  # fmt: skip
+            assert ihf.read_lines(ihf.hashes_beside(layout.job_manifest(0, s.shard_id, "infer_judge"),
+                                                  s.shard_id), None)  # fmt: skip
         monkeypatch.setattr(ranges_mod, "_decoded", counting)
         reads.clear()
         summary = close_round(cfg, plan)
@@ -166,7 +167,7 @@ def test_the_close_reads_the_input_only_to_confirm_a_match(
         else:
             got = repeat_rows(layout)
             assert [(row["id"], row["line_no"]) for row in got] == [("r02", 34)]
-            ranges = {s["shard_id"]: tuple(s["range"]) for s in plan.shards}
+            ranges = {s.shard_id: s.range_ref.range for s in plan.shards}
             assert sorted(reads) == sorted({ranges[got[0]["shard_id"]], ranges[got[0]["first_shard_id"]]})
 
 
@@ -185,7 +186,7 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
                     judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
     shards = prepare_run(cfg).shards
-    assert len(shards) >= 4 and all("range" in s for s in shards)
+    assert len(shards) >= 4 and all(s.is_range for s in shards)
     hashes = str(tmp_path / "hashes")
 
     def find() -> ih.Repeats:
@@ -205,8 +206,8 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     monkeypatch.setattr(ih, "REPEATS_BATCH", 100, raising=False)
     with find() as repeats:
         assert repeats.count == half
-        got = [x for s in shards for x in repeats.of(s["shard_id"])]
-    assert sorted(reads) == sorted(tuple(s["range"]) for s in shards)  # every range holds a match: once
+        got = [x for s in shards for x in repeats.of(s.shard_id)]
+    assert sorted(reads) == sorted(tuple(s.range) for s in shards)  # every range holds a match: once
     assert sorted((x.line, x.first_line) for x in got) == [(half + 1 + i, 1 + i) for i in range(half)]
     assert all(f'"q":"again {x.first_line - 1}"' in x.raw for x in got)  # each repeat's own record
 
@@ -217,19 +218,19 @@ def test_a_repeat_in_a_quarantined_shard_is_rejected_once_it_is_accepted(tmp_pat
     cfg, plan = setup_run(tmp_path, lines)
     layout = RunLayout(cfg.run_root)
     offset = sum(len(x) + 1 for x in lines[:33])  # of line 34, the later occurrence
-    later = next(s for s in plan.shards if s["range"][0] <= offset < s["range"][1])
+    later = next(s for s in plan.shards if s.range_ref.start <= offset < s.range_ref.end)
     run_round(cfg, [s for s in plan.shards if s is not later])
     summary = close_round(cfg, plan)  # the later occurrence's shard never ran: quarantined
     assert summary is not None and summary["invariant"]["ok"], summary
     assert summary["repeated_ids"] == 0 and repeat_rows(layout) == []
-    failed = read_failed(layout, 0, later["shard_id"])
+    failed = read_failed(layout, 0, later.shard_id)
     assert failed is not None and failed.repeated_ids is not None and failed.repeated_ids.count == 1
     assert "id 'r02' at line 34 (first at line 3)" in failed.repeated_ids.first
     run_round(cfg, [later])  # the DAG run re-run: its job runs, the close accepts it
     summary = close_round(cfg, plan)
     assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == 1, summary
     assert [(row["id"], row["line_no"], row["shard_id"]) for row in repeat_rows(layout)] == [
-        ("r02", 34, later["shard_id"])
+        ("r02", 34, later.shard_id)
     ]
     assert kept_ids(layout)["r02"] == 1
 
@@ -310,8 +311,8 @@ def test_a_hash_file_unreadable_once_written_is_a_storage_error(
     """The hash file close just wrote for a range reads back without its header (another writer,
     a store that lost it): an error naming the file, the shard and the remedy, not an assert."""
     shard = setup_run(tmp_path, rows(40))[1].shards[0]
-    uri = str(tmp_path / f"{shard['shard_id']}{ihf.SUFFIX}")
+    uri = str(tmp_path / f"{shard.shard_id}{ihf.SUFFIX}")
     monkeypatch.setattr(ih, "write_hashes", lambda to, *_: Path(to).write_bytes(b"not a hash file"))
-    named = re.escape(f"shard {shard['shard_id']}: the id hash file {uri} ")
+    named = re.escape(f"shard {shard.shard_id}: the id hash file {uri} ")
     with pytest.raises(StorageError, match=named + ".*delete it and re-run round 0's close"):
-        ih._range_hashes(shard, uri, "id", False, None)
+        ih._range_hashes(shard.range_ref, uri, "id", False, None)

@@ -11,12 +11,13 @@ from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import round_config
 from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor
+from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.fake_jobs import close, finish_shard, make_run, plan_round
 
 
-def evens(shard: ShardDescriptor) -> set[str]:
-    return {r["id"] for r in JsonlFile(shard["uri"]).iter_records() if int(r["id"][1:]) % 2 == 0}
+def evens(shard: ShardRef) -> set[str]:
+    return {r["id"] for r in JsonlFile(shard.uri).iter_records() if int(r["id"][1:]) % 2 == 0}
 
 
 def test_the_reports_plans_leave_out_the_config_their_plan_json_keeps(tmp_path: Path) -> None:

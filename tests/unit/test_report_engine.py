@@ -91,7 +91,7 @@ def test_a_run_from_before_engine_stats_reports_none(tmp_path: Path) -> None:
     close(cfg, plan)
     layout = RunLayout(cfg.run_root)
     for s in plan.shards:  # accepted docs as close wrote them before engine_stats existed
-        path = Path(layout.accepted(0, s["shard_id"], "infer_judge"))
+        path = Path(layout.accepted(0, s.shard_id, "infer_judge"))
         doc = json.loads(path.read_text())
         del doc["engine_stats"]
         path.write_text(json.dumps(doc))

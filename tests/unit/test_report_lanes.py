@@ -114,7 +114,7 @@ def test_a_round_in_progress_shows_running_claimed_and_never_claimed_shards(tmp_
     cfg = lanes_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     write_lane(layout, _lane(0, 3,
         LaneShard(shard_id=ids[0], records=3, state="done", claimed_at=10.0, ended_at=14.0),
         LaneShard(shard_id=ids[3], records=3, state="running", claimed_at=15.0),
@@ -138,7 +138,7 @@ def test_a_round_in_progress_shows_running_claimed_and_never_claimed_shards(tmp_
         (ids[5], 2),
     ):
         assert claim_shard(layout, 0, sid, lane)
-    quarantined = FailedShard(shard_id=ids[2], uri=plan.shards[2]["uri"], records=3, round=0,
+    quarantined = FailedShard(shard_id=ids[2], uri=plan.shards[2].uri, records=3, round=0,
                               phase="infer_judge", error="no accepted manifest", remedy="re-run")  # fmt: skip
     write_failed(layout, quarantined)
 

@@ -21,9 +21,10 @@ from airflow_batchinfer.run.preflight import retry_warnings, same_retries
 from airflow_batchinfer.spec.limits import TriggerLimits, refusals
 from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
 from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.shards import PlannedShard
 
 KEYS = ("retry_template", "retry_system", "retry_sampling")
-SHARD = {"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10}
+SHARD = PlannedShard.of({"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10})
 INFO = {"size": 100, "mtime": 1.0}
 ENGINE = {"engine": "simulated"}
 BASE = SamplingParams(max_tokens=64, temperature=0.7, seed=7)
@@ -246,7 +247,7 @@ def test_without_the_settings_job_ids_and_fingerprints_are_what_they_were() -> N
         "in_place": ("057771f91f", "05cd8047db9b63ea710f58a5465511bae4e9ebed5a8deb20d1f753b99a7db278"),
     }
     for kind, (key, print_) in pinned.items():
-        spec = job_spec(config(), kind, 1, SHARD)  # type: ignore[arg-type]
+        spec = job_spec(config(), kind, 1, SHARD)
         assert not set(KEYS) & set(spec.params), kind
         assert spec.job_id.endswith(f"-{kind}-{key}") and fingerprint(spec, ENGINE, INFO) == print_, kind
     base = job_spec(config(), "infer_judge", 1, SHARD)

@@ -26,6 +26,7 @@ from airflow_batchinfer.run.plan import (
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage import JsonlDir
 from tests.support.fake_jobs import finish_shard
 from tests.support.rounds import fake_round, make_run
@@ -147,20 +148,18 @@ def test_close_quarantines_shards_without_a_manifest(tmp_path: Path) -> None:
     write_plan(RunLayout(cfg.run_root), plan)
     good, bad = plan.shards[0], plan.shards[1]
     finish_shard(cfg, 0, good, {f"r{i:02d}" for i in range(5)})
-    record_job_error(cfg, 0, bad["shard_id"], "infer_judge", "disk full", None)
+    record_job_error(cfg, 0, bad.shard_id, "infer_judge", "disk full", None)
     summary = close_round(cfg, plan)
     assert summary is not None
     failed = {f["shard_id"]: f for f in summary["failed_shards"]}
-    assert set(failed) == {bad["shard_id"], plan.shards[2]["shard_id"]}
-    assert (
-        failed[bad["shard_id"]]["error"] == "disk full" and failed[bad["shard_id"]]["phase"] == "infer_judge"
-    )
-    assert "no completion manifest" in failed[plan.shards[2]["shard_id"]]["error"]
+    assert set(failed) == {bad.shard_id, plan.shards[2].shard_id}
+    assert failed[bad.shard_id]["error"] == "disk full" and failed[bad.shard_id]["phase"] == "infer_judge"
+    assert "no completion manifest" in failed[plan.shards[2].shard_id]["error"]
     assert summary["invariant"] == {
         "planned": 30, "accounted": 30, "ok": True, "lost": [], "doubled": [], "unexpected": [], "opened": [],
     }  # fmt: skip
     assert (summary["approved"], summary["rejected"]) == (5, 5)
-    assert (Path(RunLayout(cfg.run_root).failed(0)) / f"{bad['shard_id']}.json").exists()
+    assert (Path(RunLayout(cfg.run_root).failed(0)) / f"{bad.shard_id}.json").exists()
 
 
 def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> None:
@@ -216,7 +215,9 @@ def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path:
     empty = RunConfig(**base, judge={"type": "llm"}, judge_pool="")  # empty: no pool of its own
     assert empty.judge_pool is None
     # the fused job carries both the generation and the judge settings, and writes approved/rejected
-    spec = job_spec(fused, "infer_judge", 0, {"shard_id": "part-00000", "uri": "p.jsonl", "records": 3})
+    spec = job_spec(
+        fused, "infer_judge", 0, PlannedShard.of({"shard_id": "part-00000", "uri": "p.jsonl", "records": 3})
+    )
     assert spec.params["sampling"] == {"max_tokens": 8} and spec.params["judge"] == {"type": "llm"}
     assert {"approved", "rejected", "staging", "manifest"} <= set(spec.outputs)
     assert "inferred" not in spec.outputs

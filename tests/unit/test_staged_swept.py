@@ -22,7 +22,8 @@ from airflow_batchinfer.state.docs import (
     write_doc,
 )
 from airflow_batchinfer.state.layout import RunLayout, staged_output
-from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
+from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.fake_jobs import (
     IDS,
     close,
@@ -39,14 +40,14 @@ from tests.support.fake_jobs import (
 pytestmark = pytest.mark.chaos
 
 
-def orphan_attempt(cfg: RunConfig, shard: ShardDescriptor, kind: str, token: str) -> Path:
+def orphan_attempt(cfg: RunConfig, shard: ShardRef, kind: str, token: str) -> Path:
     """What a copy that died (or runs on, unreachable) left staged: its outputs, no manifest."""
     layout = RunLayout(cfg.run_root)
     names = ("inferred",) if kind == "infer" else ("approved", "rejected")
     for name in names:
-        uri = staged_output(layout.staging(0), layout.job_manifest(0, shard["shard_id"], kind), token, name)
-        write_rows(uri, read_rows(shard["uri"]))
-    return Path(layout.staged_job(0, shard["shard_id"], kind), token)
+        uri = staged_output(layout.staging(0), layout.job_manifest(0, shard.shard_id, kind), token, name)
+        write_rows(uri, read_rows(shard.uri))
+    return Path(layout.staged_job(0, shard.shard_id, kind), token)
 
 
 def each_id_once(cfg: RunConfig, summary: dict[str, object]) -> None:
@@ -63,7 +64,7 @@ def test_every_close_that_quarantines_a_shard_sweeps_its_staged_attempts(tmp_pat
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    sid, kind = s.shard_id, round_kinds(cfg, "rounds")[-1]
     for x in rest:
         finish_shard(cfg, 0, x, set())
     first = orphan_attempt(cfg, s, kind, "zombie")
@@ -95,14 +96,15 @@ def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_p
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s, rest = plan.shards[0], plan.shards[1:]
-    sid = s["shard_id"]
+    sid = s.shard_id
     for x in rest:
         finish_shard(cfg, 0, x, set())
     stray = orphan_attempt(cfg, s, "infer", "zombie")  # an infer copy that never wrote its manifest
-    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s["uri"])]
+    rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(s.uri)]
     infer = finish_job(cfg, "infer", 0, s, {"inferred": rows}, counted(ok=10), token="current")
     assert infer.committed is not None
-    judged = orphan_attempt(cfg, {**s, "uri": infer.committed["inferred"]}, "judge", "zombie")
+    attempt = s.with_ref(s.ref.model_copy(update={"uri": infer.committed["inferred"]}))
+    judged = orphan_attempt(cfg, attempt, "judge", "zombie")
     record_job_error(cfg, 0, sid, "judge", "JobFailed: worker lost", None)
 
     summary = close(cfg, plan)
@@ -120,7 +122,7 @@ def test_a_quarantined_shard_keeps_the_infer_attempt_its_judge_rerun_reads(tmp_p
     assert [r["result"] for r in read_rows(layout.inferred(0, sid))] == ["x"] * 10
     promoted = [Path(infer.committed["inferred"]).parent, Path(manifest.committed["approved"]).parent]
     assert not any(attempt.exists() for attempt in promoted)  # moved to their final URIs
-    assert not any(Path(layout.staged_job(0, x["shard_id"], kind)).exists()
+    assert not any(Path(layout.staged_job(0, x.shard_id, kind)).exists()
                    for x in plan.shards for kind in ("infer", "judge"))  # fmt: skip  # no other attempt left
     assert read_job_manifest(layout.job_manifest(0, sid, "judge")) is not None
     each_id_once(cfg, summary)
@@ -137,14 +139,14 @@ def test_a_quarantine_cut_short_while_sweeping_is_taken_over(
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
     s = plan.shards[0]
-    sid, kind = s["shard_id"], round_kinds(cfg, "rounds")[-1]
+    sid, kind = s.shard_id, round_kinds(cfg, "rounds")[-1]
     for x in plan.shards[1:]:
         finish_shard(cfg, 0, x, set())
     judge_shard(cfg, 0, s, {"r01"}, token="late")
     dead = QuarantinedJob(shard_id=sid, kind=kind, sweep="sweeping", phase=kind,
                           error="JobFailed: worker lost", quarantined_at=time.time())  # fmt: skip
     write_accepted(layout.accepted(0, sid, kind), dead)
-    write_doc(f"{layout.failed(0)}/{sid}.json", {"shard_id": sid, "uri": s["uri"], "records": 10})
+    write_doc(f"{layout.failed(0)}/{sid}.json", {"shard_id": sid, "uri": s.uri, "records": 10})
 
     started = time.monotonic()
     summary = close(cfg, plan)

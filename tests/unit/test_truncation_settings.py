@@ -15,9 +15,10 @@ from airflow_batchinfer.rpc.fingerprint import fingerprint
 from airflow_batchinfer.run.jobs import job_spec
 from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
 from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.shards import PlannedShard
 
 KEYS = ("truncated", "truncated_max_tokens_factor", "max_tokens_cap")
-SHARD = {"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10}
+SHARD = PlannedShard.of({"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10})
 INFO = {"size": 100, "mtime": 1.0}
 ENGINE = {"engine": "simulated"}
 
@@ -51,7 +52,7 @@ def test_a_bad_setting_is_refused_naming_it() -> None:
 def test_at_the_defaults_job_ids_and_fingerprints_are_what_they_were() -> None:
     """A finished job of a run started before these settings is not made stale by them."""
     for kind in ("infer", "infer_judge", "in_place"):
-        spec = job_spec(config(), kind, 0, SHARD)  # type: ignore[arg-type]
+        spec = job_spec(config(), kind, 0, SHARD)
         assert not set(KEYS) & set(spec.params), kind
     base = job_spec(config(), "infer_judge", 0, SHARD)
     for changed in ({"truncated": "judge"}, {"truncated_max_tokens_factor": 3.0}, {"max_tokens_cap": 64}):

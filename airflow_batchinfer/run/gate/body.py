@@ -126,7 +126,7 @@ def _sample_rows(pending: list[Any], id_field: str, sample: int, so: StorageOpti
     for shard in pending:
         if len(out) >= sample:
             break
-        for row in JsonlFile(shard["uri"], storage_options=so).iter_records():
+        for row in JsonlFile(shard.uri, storage_options=so).iter_records():
             prompt = row.get("prompt", row.get("question", ""))
             judgment = row.get("judgment") or {}
             out.append(

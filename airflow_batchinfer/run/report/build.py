@@ -44,10 +44,11 @@ from airflow_batchinfer.state.docs.preflight import read_preflight
 from airflow_batchinfer.state.docs.report import RunReport, write_report_doc
 from airflow_batchinfer.state.docs.shard_status import RoundShards, round_status
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, ShardDescriptor
+from airflow_batchinfer.storage import JsonlDir
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 # A run some of whose round slots never planned or closed (an upstream task failed).
 INCOMPLETE = "incomplete"
@@ -116,7 +117,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "reviews": [a.to_json() for a in reviews],
         # the judge against the reviewers, per reviewed round (round-NN/review/calibration.json)
         "calibration": [c.to_json() for c in calibrations(layout, plans, so)],
-        "remaining_pending": sum(s["records"] for s in final_pending),
+        "remaining_pending": sum(s.records for s in final_pending),
         # where it is: what a review's decisions left pending, or the round's pending set
         "remaining_pending_uri": _pending_uri(layout, r_next, so) if final_pending else None,
         "exhausted_in_place": exhausted,
@@ -159,7 +160,7 @@ def _pending_uri(layout: RunLayout, r: int, so: StorageOptions | None) -> str:
     return layout.reviewed(r) if review_applied(layout, r, so) else layout.pending(r)
 
 
-def _pending(layout: RunLayout, r: int, status: str, so: StorageOptions | None) -> list[ShardDescriptor]:
+def _pending(layout: RunLayout, r: int, status: str, so: StorageOptions | None) -> list[ShardRef | RangeRef]:
     """What the run leaves pending; of an incomplete run, what is known (its invariant then fails)."""
     try:
         return pending_shards(layout, r, so)
@@ -203,7 +204,7 @@ def engine_rounds(
     out = []
     for plan in closed:
         kinds = round_kinds(plan.effective_config(cfg), plan.mode)
-        uris = [layout.accepted(plan.round, s["shard_id"], kind) for s in plan.shards for kind in kinds]
+        uris = [layout.accepted(plan.round, s.shard_id, kind) for s in plan.shards for kind in kinds]
         with ThreadPoolExecutor(8) as ex:
             docs = list(ex.map(lambda uri: read_accepted(uri, so), uris))
         jobs = [d.engine_stats for d in docs if isinstance(d, AcceptedJob) and d.engine_stats is not None]
@@ -286,4 +287,4 @@ def fan_out_figures(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None
         return None
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     shards = [] if manifest is None else manifest.shards
-    return {"arms": fan_out.as_json(), "rows": sum(s["records"] for s in shards)}
+    return {"arms": fan_out.as_json(), "rows": sum(s.records for s in shards)}

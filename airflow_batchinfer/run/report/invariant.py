@@ -18,18 +18,19 @@ from airflow_batchinfer.state.docs import (
 )
 from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import OutputManifest, read_manifest
 from airflow_batchinfer.storage.ranges import range_ids
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
 def check_invariant(
     layout: RunLayout,
     id_field: str,
-    pending: list[Any],
+    pending: list[ShardRef | RangeRef],
     rounds: list[Summary],
     failed: list[FailedShard],
     so: StorageOptions | None = None,
@@ -53,8 +54,8 @@ def check_invariant(
     ids each; ``checked`` says how (``digests`` or ``ids``)."""
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     planned = [] if manifest is None else manifest.shards
-    expected = total(IdDigest.maybe(s.get("ids")) for s in planned)
-    parts: list[IdDigest | None] = [IdDigest.maybe(s.get("ids")) for s in pending]
+    expected = total(s.ids for s in planned)
+    parts: list[IdDigest | None] = [s.ids for s in pending]
     for x in rounds:
         names = ("approved", "failed") + (("exhausted",) if x.mode == "in_place" else ())
         # round 0's repeats, rejected: lines read
@@ -73,10 +74,10 @@ def check_invariant(
         }
     # No digests to go by, or digests that disagree with no round naming why: read the ids.
     input_dir = JsonlDir(layout.input, storage_options=so)
-    ranges = {s["shard_id"]: s for s in planned if "range" in s}
+    ranges = {s.shard_id: s for s in planned if isinstance(s, RangeRef)}
     reads = _RangeIds(manifest, id_field, so)
-    seen: list[JsonlFile | ShardDescriptor] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
-    seen += [s if "range" in s else JsonlFile(s["uri"], storage_options=so) for s in pending]
+    seen: list[JsonlFile | RangeRef] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
+    seen += [s if isinstance(s, RangeRef) else JsonlFile(s.uri, storage_options=so) for s in pending]
     seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
     # round 0's repeats rejected into rejects/ (each row has its id)
     rejects = JsonlDir(layout.rejects, storage_options=so).jsonl_files()
@@ -88,8 +89,8 @@ def check_invariant(
         shard = ranges.get(f.shard_id) if f.round == 0 else None
         seen.append(shard or JsonlFile(f.uri, storage_options=so))
     # Range shards of the source leave nothing under input/ but the manifest.
-    inputs: list[JsonlFile | ShardDescriptor] = (
-        list(planned) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
+    inputs: list[JsonlFile | RangeRef] = (
+        list(ranges.values()) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
     )
     diff = diff_ids(lambda: reads.ids(inputs), lambda: reads.ids(seen), limit=MAX_NAMED)
     return {
@@ -115,7 +116,7 @@ class _RangeIds:
         self.assign_ids = bool(fingerprint.get("assign_ids"))
         self.so = so
 
-    def ids(self, sources: Iterable[JsonlFile | ShardDescriptor]) -> Iterator[Any]:
+    def ids(self, sources: Iterable[JsonlFile | RangeRef]) -> Iterator[Any]:
         for src in sources:
             if isinstance(src, JsonlFile):
                 yield from file_ids([src], self.id_field)

@@ -17,7 +17,7 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
 from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import ShardDescriptor
+from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 
@@ -43,7 +43,7 @@ class Plan(DocModel):
     slot: str
     round: int
     mode: Mode
-    shards: list[ShardDescriptor] = Field(default_factory=list)
+    shards: list[PlannedShard] = Field(default_factory=list)
     reason: str = ""
     stop: str | None = None
     switch_in_place: bool = False
@@ -74,7 +74,7 @@ class Plan(DocModel):
 
     @property
     def records(self) -> int:
-        return sum(s["records"] for s in self.shards)
+        return sum(s.records for s in self.shards)
 
 
 _PLAN = TypeAdapter(Plan)

@@ -236,8 +236,8 @@ def round_status(
     judged = _latest(read_lanes(layout, r, so, judge=True)) if plan.judge_engine is not None else None
     rows = []
     for index, shard in enumerate(plan.shards):
-        sid = shard["shard_id"]
-        row = ShardRow(shard_id=sid, index=index, records=int(shard["records"]), state="unclaimed")
+        sid = shard.shard_id
+        row = ShardRow(shard_id=sid, index=index, records=int(shard.records), state="unclaimed")
         if sid in entries:
             lane, entry = entries[sid]
             row.state, row.lane = entry.state, lane

@@ -46,7 +46,7 @@ def test_rotation_by_records(root: Root) -> None:
     d = make_dir(root)
     with d.writer_sync(max_records_per_shard=1000) as w:
         w.write_many(recs(2500))
-    assert [s["records"] for s in w.shards_written] == [1000, 1000, 500]
+    assert [s.records for s in w.shards_written] == [1000, 1000, 500]
     assert [s.name for s in d.shards()] == [
         "part-00000.jsonl.zst",
         "part-00001.jsonl.zst",
@@ -60,7 +60,7 @@ def test_exact_multiple_leaves_no_empty_shard(root: Root) -> None:
     with d.writer_sync(max_records_per_shard=100) as w:
         for r in recs(300):
             w.write(r)
-    assert [s["records"] for s in w.shards_written] == [100, 100, 100]
+    assert [s.records for s in w.shards_written] == [100, 100, 100]
     assert len(d.shards()) == 3
 
 
@@ -78,7 +78,7 @@ def test_rotation_by_uncompressed_bytes(root: Root) -> None:
     line = len(b'{"id":0,"p":"' + b"x" * 90 + b'"}\n')
     with d.writer_sync(max_bytes_per_shard=3 * line + 5, compression="none") as w:
         w.write_many(rows)
-    assert [s["records"] for s in w.shards_written] == [3, 3, 3, 1]
+    assert [s.records for s in w.shards_written] == [3, 3, 3, 1]
     for shard in d.shards():  # rotated before the record that would overflow
         assert d.loc.fs.size(f"{d.loc.path}/{shard.name}") <= 3 * line + 5
 
@@ -91,7 +91,7 @@ def test_oversized_record_gets_a_shard_of_its_own(root: Root) -> None:
         w.write({"id": 2})
         w.write({"id": 3, "big": "z" * 1000})
         w.write({"id": 4, "big": "z" * 1000})
-    assert [s["records"] for s in w.shards_written] == [1, 1, 1, 1, 1]
+    assert [s.records for s in w.shards_written] == [1, 1, 1, 1, 1]
     assert [r["id"] for r in d.iter_records()] == [0, 1, 2, 3, 4]
 
 
@@ -104,7 +104,7 @@ def test_appending_continues_numbering(root: Root) -> None:
     d.loc.fs.pipe_file(f"{d.loc.path}/part-00007.jsonl", b'{"id": "x"}\n')
     with d.writer_sync(max_records_per_shard=10) as w2:
         w2.write_many(recs(12, start=100))
-    assert [s["shard_id"] for s in w2.shards_written] == ["part-00008", "part-00009"]
+    assert [s.shard_id for s in w2.shards_written] == ["part-00008", "part-00009"]
 
 
 def test_exception_discards_open_shard_keeps_committed(root: Root) -> None:
@@ -112,7 +112,7 @@ def test_exception_discards_open_shard_keeps_committed(root: Root) -> None:
     with pytest.raises(RuntimeError), d.writer_sync(max_records_per_shard=10) as w:
         w.write_many(recs(25))
         raise RuntimeError("mid-write failure")
-    assert [s["records"] for s in w.shards_written] == [10, 10]
+    assert [s.records for s in w.shards_written] == [10, 10]
     assert [s.name for s in d.shards()] == ["part-00000.jsonl.zst", "part-00001.jsonl.zst"]
     assert d.count_records() == 20
     names = [p.rsplit("/", 1)[-1] for p in d.loc.fs.ls(d.loc.path, detail=False, refresh=True)]
@@ -124,7 +124,7 @@ async def test_async_writer_rotates_and_commits(root: Root) -> None:
     async with d.writer(max_records_per_shard=700) as w:
         for r in recs(2000):
             await w.write(r)
-    assert [s["records"] for s in w.sync.shards_written] == [700, 700, 600]
+    assert [s.records for s in w.sync.shards_written] == [700, 700, 600]
     assert [r["id"] for r in d.iter_records()] == list(range(2000))
 
 

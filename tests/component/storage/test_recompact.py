@@ -36,8 +36,8 @@ def test_small_shards_become_full_shards_in_order(root: Root, workers: int) -> N
     result = run(root, records_per_shard=100, workers=workers)
     total = sum(sizes)
     assert result.records == total and result.sources == len(sizes)
-    assert [d["records"] for d in result.shards] == [100] * (total // 100) + [total % 100]
-    assert [d["shard_id"] for d in result.shards] == [f"part-{i:05d}" for i in range(len(result.shards))]
+    assert [d.records for d in result.shards] == [100] * (total // 100) + [total % 100]
+    assert [d.shard_id for d in result.shards] == [f"part-{i:05d}" for i in range(len(result.shards))]
     assert [r["id"] for r in pending(root).iter_records()] == list(range(total))
 
 
@@ -46,7 +46,7 @@ def test_given_counts_skip_the_count_pass_and_match(root: Root) -> None:
     small_shards(root, sizes)
     counts = {f"part-{i:05d}": n for i, n in enumerate(sizes)}
     result = run(root, records_per_shard=50, counts=counts, workers=2)
-    assert [d["records"] for d in result.shards] == [50, 50, 25]
+    assert [d.records for d in result.shards] == [50, 50, 25]
     assert [r["id"] for r in pending(root).iter_records()] == list(range(125))
 
 
@@ -59,9 +59,9 @@ def test_wrong_counts_are_detected_not_silently_trusted(root: Root) -> None:
 def test_byte_limit_splits_into_extra_shards_without_loss(root: Root) -> None:
     small_shards(root, [30, 30])
     result = run(root, records_per_shard=20, max_bytes_per_shard=300, workers=2)
-    assert all(d["records"] <= 20 for d in result.shards)
+    assert all(d.records <= 20 for d in result.shards)
     assert sorted(r["id"] for r in pending(root).iter_records()) == list(range(60))
-    assert sum(d["records"] for d in result.shards) == 60
+    assert sum(d.records for d in result.shards) == 60
 
 
 def test_empty_source_gives_no_shards(root: Root) -> None:

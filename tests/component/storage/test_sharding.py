@@ -39,16 +39,16 @@ def ids_in(root: Root, sub: str) -> list[Any]:
 def test_shards_a_file_into_full_shards_and_returns_descriptors(root: Root) -> None:
     src = put(root, "data.jsonl", jsonl([{"id": f"r{i}", "q": i} for i in range(2500)]))
     result = shard(root, src, records_per_shard=1000)
-    assert [(d["shard_id"], d["records"]) for d in result.shards] == [
+    assert [(d.shard_id, d.records) for d in result.shards] == [
         ("part-00000", 1000),
         ("part-00001", 1000),
         ("part-00002", 500),
     ]
     # references and the digest of their ids, never records
-    assert all(set(d) == {"shard_id", "uri", "records", "ids"} for d in result.shards)
+    assert all(set(d.to_json()) == {"shard_id", "uri", "records", "ids"} for d in result.shards)
     for i, d in enumerate(result.shards):
-        assert d["ids"] == IdDigest.of(f"r{j}" for j in range(i * 1000, min(2500, (i + 1) * 1000))).to_dict()
-    assert result.shards[0]["uri"].endswith("/run/input/part-00000.jsonl.zst")
+        assert d.ids == IdDigest.of(f"r{j}" for j in range(i * 1000, min(2500, (i + 1) * 1000)))
+    assert result.shards[0].uri.endswith("/run/input/part-00000.jsonl.zst")
     assert ids_in(root, "run/input") == [f"r{i}" for i in range(2500)]
     assert result.counts == {"lines": 2500, "records": 2500, "blank": 0, "skipped": 0, "quarantined": 0}
 

@@ -83,7 +83,7 @@ async def test_60k_concurrent_writes_into_a_rotating_dir_writer(root: Root) -> N
     async with w:
         await asyncio.gather(*(w.write(record(i)) for i in range(N)))
     assert isinstance(w.sync, ShardWriter)
-    assert [s["records"] for s in w.sync.shards_written] == [25_000, 25_000, 10_000]
+    assert [s.records for s in w.sync.shards_written] == [25_000, 25_000, 10_000]
     assert [r["id"] for r in d.iter_records()] == list(range(N))
 
 

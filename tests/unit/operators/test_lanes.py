@@ -140,7 +140,7 @@ def test_a_lane_stopped_in_its_task_names_the_shard_its_document_says_it_was_on(
     run: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg, plan, _ = run
-    sid = plan.shards[2]["shard_id"]
+    sid = plan.shards[2].shard_id
 
     async def drive(lane: Lane, run_root: str, pool: Any, **kw: Any) -> LaneDoc:
         doc = LaneDoc(round=0, slot="round-00", lane=lane.index, lanes=lane.count, claiming=sid)

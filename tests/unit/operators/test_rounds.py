@@ -71,7 +71,7 @@ def test_planning_a_round_of_lanes_again_forgets_its_earlier_claims_and_lane_doc
     cfg = make_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = propose_slot(cfg, "round-00").plan
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     assert claim_shard(layout, 0, sid, lane=0)
     write_lane(layout, LaneDoc(round=0, slot="round-00", lane=0, lanes=2, claiming=sid))
     lanes = controller(cfg, slots=2)._commit(cfg, plan, {}, {})

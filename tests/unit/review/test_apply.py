@@ -53,10 +53,10 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
     assert plan.mode == "rounds" and plan.reviewed is not None
     assert plan.reviewed.counts == {"accept": 2, "retry": 6, "drop": 2} and plan.reviewed.decisions == 3
     assert sorted(rows_in(layout.reviewed(1))) == ["r22", "r25", "r26", "r27", "r28", "r29"]
-    assert plan.records == 6 and {s["uri"] for s in plan.shards} <= {
+    assert plan.records == 6 and {s.uri for s in plan.shards} <= {
         f.uri for f in JsonlDir(layout.reviewed(1)).jsonl_files()
     }
-    assert [s["records"] for s in pending_shards(layout, 1)] == [s["records"] for s in plan.shards]
+    assert [s.records for s in pending_shards(layout, 1)] == [s.records for s in plan.shards]
     results = rows_in(layout.results)
     assert {i for i, r in results.items() if r.get("accepted_by_review")} == {"r20", "r21"}
     assert results["r20"]["review"]["by"] == "alice" and results["r20"]["review"]["action"] == "accept"

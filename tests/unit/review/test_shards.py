@@ -30,7 +30,7 @@ def in_progress(tmp_path: Path) -> tuple[RunConfig, Plan]:
     cfg = lanes_run(tmp_path)
     layout = RunLayout(cfg.run_root)
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     write_lane(layout, LaneDoc(round=0, slot="round-00", lane=0, lanes=2, shards=[
         LaneShard(shard_id=ids[0], records=3, state="done", claimed_at=100.0, ended_at=103.0),
         LaneShard(shard_id=ids[2], records=3, state="failed", claimed_at=103.0, ended_at=104.0, error=LONG),
@@ -57,7 +57,7 @@ def test_pages_follow_their_cursor_through_the_plan(tmp_path: Path) -> None:
         if page.cursor is None:
             break
         cursor = page.cursor
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     assert pages == 3
     assert seen == [
         (ids[0], "done", 0), (ids[1], "done", 1), (ids[2], "failed", 0), (ids[3], "done", 1),
@@ -74,7 +74,7 @@ def test_pages_follow_their_cursor_through_the_plan(tmp_path: Path) -> None:
 def test_the_state_filter_and_a_cursor_that_outlives_a_state_change(tmp_path: Path) -> None:
     cfg, plan = in_progress(tmp_path)
     layout = RunLayout(cfg.run_root)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     status = round_status(layout, plan)
     assert [s["shard_id"] for s in shard_page(status, state="failed").shards] == [ids[2]]
     assert [s["shard_id"] for s in shard_page(status, state="unfinished").shards] == [ids[4], ids[5]]

@@ -57,7 +57,7 @@ def test_the_judge_job_holds_back_a_seeded_sample_of_its_approvals(tmp_path: Pat
     layout = RunLayout(cfg.run_root)
     plan = run_slot(cfg, "round-00")
     rate = round_rate(40, 400)
-    assert rate == 0.1 and {s["spot_check_rate"] for s in plan.shards} == {rate}
+    assert rate == 0.1 and {s.spot_check_rate for s in plan.shards} == {rate}
     spec = job_spec(cfg, "infer_judge", 0, plan.shards[0])
     assert spec.params["spot_check"] == {"rate": rate, "seed": run_key(cfg.run_root)}
     assert "spot_check" not in cfg.judge_params().wire()  # the pre-flight's judge holds nothing back
@@ -95,7 +95,7 @@ def test_the_judge_job_holds_back_a_seeded_sample_of_its_approvals(tmp_path: Pat
 def test_without_spot_checks_nothing_changes_in_the_jobs(tmp_path: Path) -> None:
     cfg = spot_run(tmp_path)
     plan = run_slot(cfg, "round-00")
-    assert all("spot_check_rate" not in s for s in plan.shards)
+    assert all(s.spot_check_rate is None for s in plan.shards)
     spec = job_spec(cfg, "infer_judge", 0, plan.shards[0])
     assert "spot_check" not in spec.params
     summary = read_summary(RunLayout(cfg.run_root), 0)

@@ -31,7 +31,7 @@ def test_infer_judge_manifests_count_the_rejected_rows_reason_groups(tmp_path: P
     run_jobs(cfg, [("infer_judge", 0, s) for s in plan.shards], fail_marker="FAIL")
     total: dict[str, int] = {}
     for shard in plan.shards:
-        m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "infer_judge"))
+        m = read_job_manifest(layout.job_manifest(0, shard.shard_id, "infer_judge"))
         assert m is not None
         groups = m.reason_groups
         assert groups is not None
@@ -52,13 +52,13 @@ def test_in_place_manifests_count_the_exhausted_rows_and_infer_has_none(tmp_path
     plan = plan_round(cfg, "tail")
     run_jobs(cfg, [("in_place", 0, s) for s in plan.shards], fail_marker="FAIL")
     for shard in plan.shards:
-        m = read_job_manifest(layout.job_manifest(0, shard["shard_id"], "in_place"))
+        m = read_job_manifest(layout.job_manifest(0, shard.shard_id, "in_place"))
         assert m is not None
         exhausted = m.counts.outcomes.max_attempts + m.counts.outcomes.error
         assert m.reason_groups is not None and sum(m.reason_groups.values()) == exhausted > 0
         assert m.reason_groups == staged_rejected_groups(m)
     run_jobs(cfg, [("infer", 0, s) for s in plan.shards], fail_marker="FAIL")
-    uri = layout.job_manifest(0, plan.shards[0]["shard_id"], "infer")
+    uri = layout.job_manifest(0, plan.shards[0].shard_id, "infer")
     infer = read_job_manifest(uri)
     assert infer is not None and infer.reason_groups is None
     assert "reason_groups" not in json.loads(Path(uri).read_text())  # absent, as before it existed

@@ -25,7 +25,7 @@ from airflow_batchinfer.state.docs import (
     write_job_manifest,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import ShardDescriptor
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from tests.support.fake_jobs import (
     close,
     counted,
@@ -50,7 +50,7 @@ def shape(doc: dict[str, Any]) -> dict[str, Any]:
     return {k: sorted(v) if k in NESTED and isinstance(v, dict) else None for k, v in doc.items()}
 
 
-def setup(base: Path, kind: JobKind) -> tuple[RunConfig, ShardDescriptor, tuple[JobKind, ...]]:
+def setup(base: Path, kind: JobKind) -> tuple[RunConfig, ShardRef, tuple[JobKind, ...]]:
     """A run whose round runs ``kind`` (after its infer job, for a judge); its first shard and the
     jobs to run for it."""
     settings: dict[str, Any] = {"sampling": {"temperature": 0.5}}
@@ -64,16 +64,16 @@ def setup(base: Path, kind: JobKind) -> tuple[RunConfig, ShardDescriptor, tuple[
     return cfg, plan.shards[0], ("infer", "judge") if kind == "judge" else (kind,)
 
 
-def fake(cfg: RunConfig, kind: JobKind, shard: ShardDescriptor) -> None:
+def fake(cfg: RunConfig, kind: JobKind, shard: ShardRef) -> None:
     """``kind``'s job for ``shard`` finished by the tests' fake: half approved, half rejected."""
     if kind == "infer":
-        rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard["uri"])]
+        rows = [{**r, "result": "x", "status": "ok"} for r in read_rows(shard.uri)]
         finish_job(cfg, "infer", 0, shard, {"inferred": rows}, counted(ok=len(rows)))
         return
     if kind in ("judge", "infer_judge"):
-        finish_shard(cfg, 0, shard, {r["id"] for r in read_rows(shard["uri"])[::2]})
+        finish_shard(cfg, 0, shard, {r["id"] for r in read_rows(shard.uri)[::2]})
         return
-    rows = read_rows(shard["uri"])
+    rows = read_rows(shard.uri)
     ok = [{**r, "status": "approved"} for r in rows[::2]]
     out = [
         {**r, "status": "max_attempts", "judgment": {"approved": False, "reason": "no"}} for r in rows[1::2]
@@ -89,7 +89,7 @@ def test_the_fake_writes_the_manifest_the_worker_writes(tmp_path: Path, kind: Jo
     one of them fails here."""
     real_cfg, real_shard, kinds = setup(tmp_path / "real", kind)
     run_jobs(real_cfg, [(k, 0, real_shard) for k in kinds], approval_rate=0.5)
-    real_uri = RunLayout(real_cfg.run_root).job_manifest(0, real_shard["shard_id"], kind)
+    real_uri = RunLayout(real_cfg.run_root).job_manifest(0, real_shard.shard_id, kind)
     real = read_job_manifest(real_uri)
     assert real is not None and real.kind == kind
     assert real.sampling == (None if kind == "judge" else {"temperature": 0.5})  # what it generated with
@@ -98,7 +98,7 @@ def test_the_fake_writes_the_manifest_the_worker_writes(tmp_path: Path, kind: Jo
 
     fake_cfg, fake_shard, _ = setup(tmp_path / "fake", kind)
     fake(fake_cfg, kind, fake_shard)
-    fake_uri = RunLayout(fake_cfg.run_root).job_manifest(0, fake_shard["shard_id"], kind)
+    fake_uri = RunLayout(fake_cfg.run_root).job_manifest(0, fake_shard.shard_id, kind)
     assert read_job_manifest(fake_uri) is not None
     assert shape(stored(fake_uri)) == shape(stored(real_uri))
 
@@ -106,9 +106,9 @@ def test_the_fake_writes_the_manifest_the_worker_writes(tmp_path: Path, kind: Jo
 def test_a_judge_reads_the_attempt_its_fake_infer_manifest_names(tmp_path: Path) -> None:
     cfg, shard, _ = setup(tmp_path, "judge")
     fake(cfg, "infer", shard)
-    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard["shard_id"], "infer"))
+    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard.shard_id, "infer"))
     assert m is not None and m.committed is not None
-    assert judge_input(cfg, 0, shard)["uri"] == m.committed["inferred"]
+    assert judge_input(cfg, 0, shard).uri == m.committed["inferred"]
 
 
 @pytest.mark.parametrize("field", ["ids", "attempt"])
@@ -148,15 +148,15 @@ def test_accepted_and_quarantined_docs_read_back_as_close_wrote_them(tmp_path: P
     done, never = plan.shards[0], plan.shards[1]
     for s in plan.shards:
         if s is not never:
-            finish_shard(cfg, 0, s, {r["id"] for r in read_rows(s["uri"])[:3]})
+            finish_shard(cfg, 0, s, {r["id"] for r in read_rows(s.uri)[:3]})
     close(cfg, plan)
     layout = RunLayout(cfg.run_root)
-    uri = layout.accepted(0, done["shard_id"], "infer_judge")
+    uri = layout.accepted(0, done.shard_id, "infer_judge")
     accepted = read_accepted(uri)
     assert isinstance(accepted, AcceptedJob) and json.loads(accepted.encode()) == stored(uri)
     assert accepted.counts == counted(approved=3, rejected=7) and accepted.manifest_attempt is None
     assert accepted.digest("approved") is not None and "manifest_attempt" not in stored(uri)
-    uri = layout.accepted(0, never["shard_id"], "infer_judge")
+    uri = layout.accepted(0, never.shard_id, "infer_judge")
     quarantined = read_accepted(uri)
     assert isinstance(quarantined, QuarantinedJob) and json.loads(quarantined.encode()) == stored(uri)
     assert quarantined.sweep == "swept" and not quarantined.sweeping and quarantined.orphans_removed == []
@@ -170,7 +170,7 @@ def test_accepted_and_quarantined_docs_read_back_as_close_wrote_them(tmp_path: P
 def test_a_jobs_last_error_is_quoted_by_the_quarantine_and_an_unknown_note_refused(tmp_path: Path) -> None:
     cfg = make_run(tmp_path)
     plan = plan_round(cfg)
-    sid = plan.shards[0]["shard_id"]
+    sid = plan.shards[0].shard_id
     record_job_error(cfg, 0, sid, "infer_judge", "JobFailed: disk full", None)
     uri = RunLayout(cfg.run_root).job_error(0, sid, "infer_judge")
     note = read_job_error(uri)

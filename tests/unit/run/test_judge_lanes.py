@@ -76,7 +76,7 @@ class KindPool:
         layout = RunLayout(cfg.run_root)
         self.cfg, self.plan, self.approve, self.fail = cfg, plan, set(approve), set(fail)
         self.by_manifest = {
-            layout.job_manifest(plan.round, s["shard_id"], kind): s
+            layout.job_manifest(plan.round, s.shard_id, kind): s
             for s in plan.shards
             for kind in ("infer", "judge")
         }
@@ -86,7 +86,7 @@ class KindPool:
 
     async def run(self, spec: JobSpec, **_: Any) -> Any:
         shard = self.by_manifest[spec.outputs["manifest"]]
-        sid = shard["shard_id"]
+        sid = shard.shard_id
         self.ran.append((spec.kind, sid))
         if spec.kind == "judge":
             return await asyncio.to_thread(judge_shard, self.cfg, self.plan.round, shard, self.approve)
@@ -94,7 +94,7 @@ class KindPool:
             await self.gate.wait()
         if sid in self.fail:
             raise JobFailed(spec.job_id, "failed", "engine died")
-        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"])]
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard.uri)]
         return await asyncio.to_thread(
             finish_job, self.cfg, "infer", self.plan.round, shard, {"inferred": rows}, counted(ok=len(rows))
         )
@@ -109,7 +109,7 @@ def judged_run(tmp_path: Path, **settings: Any) -> tuple[RunConfig, Plan]:
 
 async def test_judge_lanes_judge_each_inferred_shard_once_on_the_judge_pool(tmp_path: Path) -> None:
     cfg, plan = judged_run(tmp_path)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     approve = {f"r{i:02d}" for i in range(0, 30, 3)}
     gpu, judges = KindPool(cfg, plan, approve, fail={ids[4]}), KindPool(cfg, plan, approve)
     pools: Any = {"infer": gpu, "judge": judges}
@@ -141,7 +141,7 @@ async def test_judging_runs_while_the_rounds_last_inference_still_runs(tmp_path:
     """Pipelined: the judge lanes judge every shard whose inference ended while one shard's inference
     is still running, and that one as soon as it ends."""
     cfg, plan = judged_run(tmp_path)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     gpu, judges = KindPool(cfg, plan, approve=()), KindPool(cfg, plan, approve=())
     log = gpu.ran = judges.ran = []  # one log for both pools: the order their jobs started in
     gpu.hold = {ids[0]}
@@ -167,7 +167,7 @@ async def test_a_shard_inferred_after_the_judge_lanes_ended_is_judged_by_its_inf
     shard is inferred later (the retried lane), its inference lane judges it on the judge pool: the
     judge lanes' documents say they all ended. Nothing is left unjudged."""
     cfg, plan = judged_run(tmp_path)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     approve = {f"r{i:02d}" for i in range(30)}
     gpu, judges = KindPool(cfg, plan, approve), KindPool(cfg, plan, approve)
     pools: Any = {"infer": gpu, "judge": judges}
@@ -195,13 +195,13 @@ async def test_a_judge_lane_that_ended_looks_once_more_and_judges_what_came_in_b
     (patience 0: it ends as soon as nothing is ready): its look after saying so finds the shard and
     judges it. Never both, never neither."""
     cfg, plan = judged_run(tmp_path)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     judges = KindPool(cfg, plan, approve=())
     layout = RunLayout(cfg.run_root)
 
     def infer(sid: str) -> None:  # as an inference lane ends a shard: its job, then its mark
-        shard = next(s for s in plan.shards if s["shard_id"] == sid)
-        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard["uri"])]
+        shard = next(s for s in plan.shards if s.shard_id == sid)
+        rows = [{**row, "result": "x", "status": "ok"} for row in read_rows(shard.uri)]
         finish_job(cfg, "infer", plan.round, shard, {"inferred": rows}, counted(ok=len(rows)))
         lanes.mark_inferred(cfg, 0, sid, "done", None)
 

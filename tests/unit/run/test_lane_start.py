@@ -51,7 +51,7 @@ async def test_each_lanes_first_shard_is_claimed_for_it_and_its_job_submitted(tm
     lanes = lanes_of(plan, 2)
     pool = Pool()
     started = await start_lanes(cfg, plan, lanes, pool)  # type: ignore[arg-type]
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     assert started == ids[:2]  # lane 0's stripe starts with shard 0, lane 1's with shard 1
     first = [(await pool.pinned(job_spec(cfg, "infer_judge", 0, s))).job_id for s in plan.shards[:2]]
     assert sorted(pool.submitted) == sorted(first)  # the very jobs the lanes would submit (same ids)
@@ -82,5 +82,5 @@ async def test_a_first_job_the_pool_cannot_take_is_left_to_its_lane(tmp_path: Pa
     assert doc is not None and doc.shards[0].state == "claimed"
     pool.busy = False
     done = await run_lane(Lane.of(lanes[0]), cfg, plan, {"infer_judge": pool})  # type: ignore[dict-item]
-    assert [s.shard_id for s in done.shards] == [s["shard_id"] for s in plan.shards]
+    assert [s.shard_id for s in done.shards] == [s.shard_id for s in plan.shards]
     assert len(pool.ran) == 3

@@ -192,7 +192,7 @@ class SlowFirstPool(FinishingPool):
         self.slow, self.release = slow, asyncio.Event()
 
     async def run(self, spec: JobSpec, **kw: Any) -> Any:
-        if self.by_input[spec.input]["shard_id"] == self.slow:
+        if self.by_input[spec.input].shard_id == self.slow:
             await self.release.wait()
         return await super().run(spec, **kw)
 
@@ -200,7 +200,7 @@ class SlowFirstPool(FinishingPool):
 async def test_three_lanes_run_twenty_shards_once_each_and_steal_from_a_slow_lane(tmp_path: Path) -> None:
     cfg = lanes_run(tmp_path, n=60, per_shard=3)
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     assert len(ids) == 20
     approve = {f"r{i:02d}" for i in range(0, 60, 2)}
     pool = SlowFirstPool(cfg, plan, approve, slow=ids[0])
@@ -254,7 +254,7 @@ async def test_a_failing_job_is_retried_then_recorded_and_the_lane_goes_on(
 ) -> None:
     cfg = lanes_run(tmp_path, n=12, per_shard=3, job_retries=retries)
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     pool = FinishingPool(cfg, plan, approve={"r00"}, fail={ids[1]})
     doc = await run_lane(Lane(plan.slot, 0, 0, 1), cfg, plan, {"infer_judge": pool})  # type: ignore[dict-item]
 
@@ -277,12 +277,12 @@ async def test_a_lane_stopped_mid_shard_takes_it_back_first_when_restarted(tmp_p
     restarted, it runs that shard before stealing more (else nobody would: it holds the claim)."""
     cfg = lanes_run(tmp_path, n=12, per_shard=3)  # 4 shards; lane 0 of 2 owns 0 and 2, steals 3 then 1
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     layout = RunLayout(cfg.run_root)
 
     class LosesAWorker(FinishingPool):
         async def run(self, spec: JobSpec, **kw: Any) -> Any:
-            if self.by_input[spec.input]["shard_id"] == ids[3]:
+            if self.by_input[spec.input].shard_id == ids[3]:
                 raise WorkerUnavailable("http://127.0.0.1:1: connection refused")
             return await super().run(spec, **kw)
 
@@ -312,7 +312,7 @@ async def test_a_lane_stopped_between_claim_and_record_runs_the_shard_only_if_it
 ) -> None:
     cfg = lanes_run(tmp_path, n=12, per_shard=3)
     plan = plan_round(cfg)
-    ids = [s["shard_id"] for s in plan.shards]
+    ids = [s.shard_id for s in plan.shards]
     layout = RunLayout(cfg.run_root)
     # lane 0 wrote that it was claiming shard 3 (lane 1's), then stopped; the claim is ``holder``'s
     write_lane(layout, LaneDoc(round=0, slot=plan.slot, lane=0, lanes=2, claiming=ids[3]))

@@ -27,8 +27,8 @@ from airflow_batchinfer.run.plan import (
 from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Invariant, Plan, Summary
-from airflow_batchinfer.storage import ShardDescriptor
 from airflow_batchinfer.storage.digest import IdDigest
+from airflow_batchinfer.storage.shard_ref import ShardRef
 
 ALL = [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
 TAIL_OPTIONS = [CONTINUE_IN_PLACE, ACCEPT, STOP]
@@ -40,9 +40,9 @@ def config(**settings: Any) -> RunConfig:
                      **settings)  # fmt: skip
 
 
-def pending(n: int = 2, records: int = 10) -> tuple[ShardDescriptor, ...]:
+def pending(n: int = 2, records: int = 10) -> tuple[ShardRef, ...]:
     return tuple(
-        ShardDescriptor(shard_id=f"part-{i:05d}", uri=f"/nowhere/part-{i:05d}.jsonl.zst", records=records)
+        ShardRef(shard_id=f"part-{i:05d}", uri=f"/nowhere/part-{i:05d}.jsonl.zst", records=records)
         for i in range(n)
     )
 

@@ -25,13 +25,13 @@ def test_a_summary_lists_its_quarantined_shards_as_their_records_store_them(tmp_
     never = plan.shards[1]
     for s in plan.shards:
         if s is not never:
-            finish_shard(cfg, 0, s, {r["id"] for r in read_rows(s["uri"])[:3]})
+            finish_shard(cfg, 0, s, {r["id"] for r in read_rows(s.uri)[:3]})
     summary = close(cfg, plan)
     layout = RunLayout(cfg.run_root)
-    record = stored(f"{layout.failed(0)}/{never['shard_id']}.json")
+    record = stored(f"{layout.failed(0)}/{never.shard_id}.json")
     # a copied shard: no byte range, no repeated ids, so neither key (not even as null)
     assert summary["failed_shards"] == [record] and "range" not in record and "repeated_ids" not in record
     assert record["records"] == 10 and record["ids"]["count"] == 10
-    back, failed = read_summary(layout, 0), read_failed(layout, 0, never["shard_id"])
+    back, failed = read_summary(layout, 0), read_failed(layout, 0, never.shard_id)
     assert back is not None and failed is not None and back.failed_shards == [failed]
     assert back.to_json() == stored(layout.summary(0)) == summary

@@ -143,9 +143,9 @@ def test_sharding_digests_each_shard_whatever_rotates_it(tmp_path: Path) -> None
     result = shard_dataset(str(src), str(tmp_path / "input"), records_per_shard=100, max_bytes_per_shard=8000)
     assert result.counts["quarantined"] == 1 and len(result.shards) > 10  # the byte limit rotates too
     for d in result.shards:
-        assert IdDigest.from_dict(d["ids"]) == file_digest(JsonlFile(d["uri"]), "id")
-        assert d["ids"]["count"] == d["records"]
-    whole = total(IdDigest.maybe(d["ids"]) for d in result.shards)
+        assert d.ids == file_digest(JsonlFile(d.uri), "id")
+        assert d.ids is not None and d.ids.count == d.records
+    whole = total(d.ids for d in result.shards)
     assert whole == IdDigest.of(f"r{i}" for i in range(1000))
     again = shard_dataset(str(src), str(tmp_path / "input"), records_per_shard=100, max_bytes_per_shard=8000)
     assert again.reused and again.shards == result.shards  # the manifest keeps them
@@ -162,7 +162,7 @@ def test_recompaction_digests_its_output_shards(tmp_path: Path) -> None:
     result = recompact(src.uri, str(tmp_path / "pending"), records_per_shard=20, workers=3, id_field="id")
     assert result.ids == IdDigest.of(ids).to_dict()
     for d in result.shards:
-        assert IdDigest.from_dict(d["ids"]) == file_digest(JsonlFile(d["uri"]), "id")
+        assert d.ids == file_digest(JsonlFile(d.uri), "id")
     again = recompact(src.uri, str(tmp_path / "pending"), records_per_shard=20, workers=3, id_field="id")
     assert again.reused and again.ids == result.ids and again.shards == result.shards
     plain = recompact(src.uri, str(tmp_path / "plain"), records_per_shard=20)

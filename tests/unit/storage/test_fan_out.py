@@ -16,6 +16,7 @@ from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.ranges import InputRange, range_params
 from airflow_batchinfer.storage.reader import ErrorPolicy
+from airflow_batchinfer.storage.shard_ref import RangeRef
 from airflow_batchinfer.storage.validate import LineValidator
 
 ADAPTERS = {"sql": "/m/sql", "poems": "/m/poems"}
@@ -108,11 +109,12 @@ class _Sink:
 
 
 def test_a_range_carries_its_arms_only_with_a_fan_out() -> None:
-    shard: dict[str, Any] = {"shard_id": "part-00000", "uri": "/d.jsonl", "records": 9, "range": [0, 90]}
-    plain = range_params(shard, id_field="id", assign_ids=False)["input_range"]  # type: ignore[arg-type]
+    shard = RangeRef(shard_id="part-00000", uri="/d.jsonl", records=9, range=(0, 90))
+    plain = range_params(shard, id_field="id", assign_ids=False)["input_range"]
     assert "fan_out" not in plain  # a run without fan-out: its jobs' params (ids, fingerprints) as before
     assert InputRange.from_params(plain).fan_out is None
-    fanned = range_params({**shard, "fan_out": ["base", "sql"]}, id_field="id", assign_ids=False)  # type: ignore[arg-type]
+    arms = shard.model_copy(update={"fan_out": ("base", "sql")})
+    fanned = range_params(arms, id_field="id", assign_ids=False)
     assert fanned["input_range"]["fan_out"] == ["base", "sql"]
     rng = InputRange.from_params(json.loads(json.dumps(fanned["input_range"])))  # as the job's JSON
     assert rng.fan_out == ("base", "sql") and rng.as_params() == fanned["input_range"]
@@ -122,10 +124,9 @@ def test_a_range_carries_its_arms_only_with_a_fan_out() -> None:
 
 
 def test_a_job_fanning_out_over_an_adapter_it_lacks_is_refused_at_submit() -> None:
-    shard: dict[str, Any] = {"shard_id": "part-00000", "uri": "/d.jsonl", "records": 9, "range": [0, 90]}
-    shard["fan_out"] = ["base", "sql"]
+    shard = RangeRef(shard_id="part-00000", uri="/d.jsonl", records=9, range=(0, 90), fan_out=("base", "sql"))
     params = {"prompt_template": "{{ q }}", "judge": {"type": "llm"}, "adapters": {"poems": "/m/poems"}}
-    params.update(range_params(shard, id_field="id", assign_ids=False))  # type: ignore[arg-type]
+    params.update(range_params(shard, id_field="id", assign_ids=False))
     with pytest.raises(ConfigError, match=r"fan_out names sql, which params.adapters does not \(poems\)"):
         parse_params("infer_judge", params)
     parse_params("infer_judge", {**params, "adapters": {"sql": "/m/sql"}})  # the base model needs none

@@ -192,7 +192,7 @@ def plan(tmp_path: Path, name: str, data: bytes, **kw: Any) -> list[Any]:
 def test_range_reads_reject_an_oversized_line_with_its_offset(tmp_path: Path, name: str) -> None:
     data, big = dataset()
     shards = plan(tmp_path, name, data, max_line_bytes=LIMIT)
-    assert {s["max_line_bytes"] for s in shards} == {LIMIT}  # every reader of a range uses the plan's
+    assert {s.max_line_bytes for s in shards} == {LIMIT}  # every reader of a range uses the plan's
     rows: list[Record] = []
     ids: list[str] = []
     lines = 0
@@ -213,12 +213,12 @@ def test_the_shard_jobs_range_reader_gets_the_bounds_from_its_params(tmp_path: P
     data, big = dataset()
     shards = plan(tmp_path, "in.jsonl", data, max_line_bytes=LIMIT, max_id_bytes=64)
     at = data.index(big)
-    [shard] = [s for s in shards if s["range"][0] <= at < s["range"][1]]
+    [shard] = [s for s in shards if s.range[0] <= at < s.range[1]]
     params = json.loads(json.dumps(range_params(shard, id_field="id", assign_ids=False)))
     rng = InputRange.from_params(params["input_range"])
     assert (rng.max_line_bytes, rng.max_id_bytes) == (LIMIT, 64)
     sink = Sink()
-    reader = RangeRecordReader(JsonlFile(shard["uri"]), rng, rejects=sink)
+    reader = RangeRecordReader(JsonlFile(shard.uri), rng, rejects=sink)
     list(reader)
     [row] = sink.rows
     check_reject(row, big, "line_in_range", data.count(b"\n", rng.start, at) + 1)
@@ -234,7 +234,7 @@ def test_round_zero_shards_with_the_runs_bounds(tmp_path: Path) -> None:
         judge={"type": "llm"}, records_per_shard=2, max_line_bytes=LIMIT, max_id_bytes=100,
     )  # fmt: skip
     result = shard_input(cfg, RunLayout(cfg.run_root), None)
-    assert {(s["max_line_bytes"], s["max_id_bytes"]) for s in result.shards} == {(LIMIT, 100)}
+    assert {(s.max_line_bytes, s.max_id_bytes) for s in result.shards} == {(LIMIT, 100)}
 
 
 # -------------------------------------------------------------------------------------------- ids

@@ -41,9 +41,7 @@ def test_plain_ranges_read_every_record_once_without_a_trailing_newline(tmp_path
     path.write_bytes(b"\r\n".join(rows))  # CRLF, no newline at the end
     ids, rejects, shards = read_all(str(path), 150)
     assert ids == list(range(2000)) and not rejects and 8 <= len(shards) <= 20
-    assert all(
-        "ids" not in s and s["estimated"] and s["bytes"] == s["range"][1] - s["range"][0] for s in shards
-    )
+    assert all(s.ids is None and s.estimated and s.bytes == s.span for s in shards)
 
 
 @pytest.mark.parametrize("cut", ["lines", "anywhere"])
@@ -57,9 +55,7 @@ def test_multi_frame_zstd_is_sharded_by_frames(tmp_path: Path, cut: str) -> None
     assert ids == list(range(5000)) and not rejects and len(shards) > 2
     assert all(
         b == c
-        for (_, b), (c, _) in zip(
-            [s["range"] for s in shards], [s["range"] for s in shards[1:]], strict=False
-        )
+        for (_, b), (c, _) in zip([s.range for s in shards], [s.range for s in shards[1:]], strict=False)
     )
 
 
@@ -79,7 +75,7 @@ def test_a_range_rejects_bad_lines_and_repeated_ids_with_their_place(tmp_path: P
     path.write_bytes(b"\n".join(lines) + b"\n")
     ids, rejects, shards = read_all(str(path), 10)
     assert len(ids) == 36 and 29 in ids and 30 not in ids
-    by_offset = {r["offset"] + next(s["range"][0] for s in shards if s["range"][0] <= 0): r for r in rejects}
+    by_offset = {r["offset"] + next(s.range[0] for s in shards if s.range[0] <= 0): r for r in rejects}
     assert len(rejects) == 3 and all("line_in_range" in r for r in rejects)
     assert any("duplicate id 29" in r["error"] for r in rejects) and by_offset
 

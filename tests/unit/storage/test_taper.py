@@ -63,10 +63,10 @@ def test_a_plain_files_last_ranges_taper_and_still_cover_it_once(tmp_path: Path)
     tapered = plan_ranges(str(path), records_per_shard=8_000, max_bytes_per_shard=1 << 30, lanes=2)
     assert flat is not None and tapered is not None
     assert len(flat.shards) == 8 and len(tapered.shards) > len(flat.shards)
-    sizes = [s["bytes"] for s in tapered.shards]
+    sizes = [s.bytes for s in tapered.shards]
     assert sizes[-2] < sizes[0] / 4  # the end cut finer: down to 1,000 records (an eighth)
     assert read(tapered.shards) == list(range(60_000))  # every record once, in order
-    assert [s["range"][0] for s in tapered.shards[1:]] == [s["range"][1] for s in tapered.shards[:-1]]
+    assert [s.range[0] for s in tapered.shards[1:]] == [s.range[1] for s in tapered.shards[:-1]]
 
 
 def test_zstd_frames_taper_too(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_zstd_frames_taper_too(tmp_path: Path) -> None:
     tapered = plan_ranges(str(path), records_per_shard=4_000, max_bytes_per_shard=1 << 30, lanes=2)
     assert flat is not None and tapered is not None
     assert len(tapered.shards) > len(flat.shards)
-    assert min(s["records"] for s in tapered.shards) < 2_000 <= max(s["records"] for s in flat.shards[:-1])
+    assert min(s.records for s in tapered.shards) < 2_000 <= max(s.records for s in flat.shards[:-1])
     assert read(tapered.shards) == list(range(40_000))
 
 
@@ -90,7 +90,7 @@ def test_a_plain_file_at_the_floor_is_planned_exactly_as_untapered(tmp_path: Pat
         flat = plan_ranges(str(path), records_per_shard=1_000, max_bytes_per_shard=1 << 30)
         tapered = plan_ranges(str(path), records_per_shard=1_000, max_bytes_per_shard=1 << 30, lanes=4)
         assert flat is not None and tapered is not None
-        assert [s["range"] for s in tapered.shards] == [s["range"] for s in flat.shards]
+        assert [s.range for s in tapered.shards] == [s.range for s in flat.shards]
 
 
 def test_a_fan_outs_floor_counts_rows_not_lines(tmp_path: Path) -> None:
@@ -102,6 +102,6 @@ def test_a_fan_outs_floor_counts_rows_not_lines(tmp_path: Path) -> None:
                            lanes=4)  # fmt: skip
     assert planned is not None
     shards, manifest, _ = planned
-    rows = [s["records"] for s in shards]  # each line once per arm
+    rows = [s.records for s in shards]  # each line once per arm
     assert manifest.taper_lanes == 4 and max(rows) == pytest.approx(4_000, rel=0.05)
     assert min(rows[:-1]) == pytest.approx(1_000, rel=0.05)  # 1,000 rows (250 lines), as sizing plans them

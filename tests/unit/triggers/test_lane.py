@@ -122,7 +122,7 @@ async def test_a_finished_lane_ends_its_task_here_with_the_lanes_result(
     run: tuple[RunConfig, Plan], cancels: Cancels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg, plan = run
-    shards = [s["shard_id"] for s in plan.shards]
+    shards = [s.shard_id for s in plan.shards]
     seen: dict[str, Any] = {}
 
     async def run_lane(lane: Lane, cfg_: RunConfig, plan_: Plan, pools: Any, **kw: Any) -> LaneDoc:
@@ -159,7 +159,7 @@ async def test_a_lane_that_cannot_go_on_resumes_its_task_naming_the_shard_it_was
     run: tuple[RunConfig, Plan], cancels: Cancels, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     cfg, plan = run
-    sid = plan.shards[1]["shard_id"]
+    sid = plan.shards[1].shard_id
 
     async def run_lane(lane: Lane, cfg_: RunConfig, plan_: Plan, pools: Any, **kw: Any) -> LaneDoc:
         doc = LaneDoc(round=0, slot="round-00", lane=lane.index, lanes=lane.count)

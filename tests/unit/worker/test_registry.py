@@ -18,7 +18,8 @@ from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout, staged_name, staged_output
 from airflow_batchinfer.state.params import parse_params
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, shard_dataset
+from airflow_batchinfer.storage import JsonlFile, shard_dataset
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.registry import DRAINED, JobRegistry
@@ -27,15 +28,15 @@ from airflow_batchinfer.worker.runtime import Runtime
 TOKEN = "t" * 32
 
 
-def shard(tmp_path: Path, n: int = 20) -> tuple[RunLayout, ShardDescriptor]:
+def shard(tmp_path: Path, n: int = 20) -> tuple[RunLayout, ShardRef]:
     src = tmp_path / "data.jsonl"
     src.write_text("".join(json.dumps({"id": f"r{i}", "q": f"{i}"}) + "\n" for i in range(n)))
     layout = RunLayout(str(tmp_path / "run"))
     return layout, shard_dataset(str(src), layout.input).shards[0]
 
 
-def in_place_spec(layout: RunLayout, s: ShardDescriptor, *, staging: bool = True, **params: Any) -> JobSpec:
-    sid = s["shard_id"]
+def in_place_spec(layout: RunLayout, s: ShardRef, *, staging: bool = True, **params: Any) -> JobSpec:
+    sid = s.shard_id
     outputs = {
         "approved": layout.result(0, sid, tail=True),
         "rejected": layout.rejected(0, sid),
@@ -47,7 +48,7 @@ def in_place_spec(layout: RunLayout, s: ShardDescriptor, *, staging: bool = True
     return JobSpec(
         job_id=f"inplace-{sid}",
         kind="in_place",
-        input=s["uri"],
+        input=s.uri,
         outputs=outputs,
         params={"prompt_template": "{{ q }}", "judge": {"type": "llm"}, "chunk_size": 20, **params},
     )
@@ -118,7 +119,7 @@ def test_each_attempt_writes_its_own_staged_outputs(tmp_path: Path) -> None:
     assert first.attempt != second.attempt and first.job_id == second.job_id
     for m in (first, second):
         assert m.attempt is not None and m.committed is not None
-        root = Path(layout.staged_job(0, s["shard_id"], "in_place"), m.attempt)
+        root = Path(layout.staged_job(0, s.shard_id, "in_place"), m.attempt)
         assert m.committed == {n: str(root / f"{n}.jsonl.zst") for n in ("approved", "rejected")}
         assert m.outputs == spec.outputs
         rows = [r["id"] for uri in m.committed.values() for r in JsonlFile(uri).iter_records()]

@@ -31,9 +31,10 @@ from airflow_batchinfer.state.docs import JobManifest, Plan, read_job_manifest, 
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.state.tally import Outcomes, Resume, Tally
-from airflow_batchinfer.storage import JsonlFile, ShardDescriptor, files
+from airflow_batchinfer.storage import JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest, file_digest
 from airflow_batchinfer.storage.id_hash_files import hashes_beside
+from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.worker.jobs.chunks import FIRST_CHUNK
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
@@ -71,7 +72,7 @@ class GateEngine(SimulatedEngine):
 
 
 # ------------------------------------------------------------------------------------- the runs
-def make_run(root: Path, *, bad: tuple[int, ...] = (), **settings: Any) -> tuple[RunConfig, ShardDescriptor]:
+def make_run(root: Path, *, bad: tuple[int, ...] = (), **settings: Any) -> tuple[RunConfig, ShardRef]:
     """One round-0 range shard of ``N`` records (``bad``: line numbers that are malformed instead)."""
     root.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps({"id": f"r{i:04d}", "question": f"q {i}"}) for i in range(N)]
@@ -83,13 +84,13 @@ def make_run(root: Path, *, bad: tuple[int, ...] = (), **settings: Any) -> tuple
         judge={"type": "llm"}, records_per_shard=2 * N, chunk_size=CHUNK, **settings,
     )  # fmt: skip
     (shard,) = prepare_run(cfg).shards
-    assert "range" in shard
+    assert shard.is_range
     plan = propose_slot(cfg, "round-00").plan
     write_plan(RunLayout(cfg.run_root), plan)
     return cfg, plan.shards[0]
 
 
-def spec_for(cfg: RunConfig, kind: JobKind, shard: ShardDescriptor) -> JobSpec:
+def spec_for(cfg: RunConfig, kind: JobKind, shard: ShardRef) -> JobSpec:
     src = judge_input(cfg, 0, shard) if kind == "judge" else shard
     spec = job_spec(cfg, kind, 0, src)
     return pin_input(spec, JsonlFile(spec.input).info())
@@ -237,7 +238,7 @@ def test_without_a_segments_output_a_job_streams_its_outputs_as_before(tmp_path:
     m = manifest(spec)
     assert m.counts.resume == Resume()
     assert figures(m) == figures(expected) and rows_of(m) == rows_of(expected)
-    assert not os.path.exists(RunLayout(cfg.run_root).segments(0, shard["shard_id"], "infer_judge"))
+    assert not os.path.exists(RunLayout(cfg.run_root).segments(0, shard.shard_id, "infer_judge"))
 
 
 def test_a_chunk_that_no_longer_matches_its_segment_is_recomputed_with_every_later_one(
@@ -463,7 +464,7 @@ def test_job_specs_name_a_segments_directory_that_leaves_job_ids_as_they_were(tm
     layout = RunLayout(cfg.run_root)
     for kind in ("infer", "judge", "infer_judge"):
         spec = job_spec(cfg, kind, 0, shard)
-        assert spec.outputs["segments"] == layout.segments(0, shard["shard_id"], kind)
+        assert spec.outputs["segments"] == layout.segments(0, shard.shard_id, kind)
         assert spec.outputs["segments"].startswith(
             os.path.join(cfg.run_root, "checkpoints", "round-00", "segments")
         )
@@ -490,14 +491,14 @@ def test_close_removes_a_settled_shards_segments_and_keeps_a_quarantined_ones(tm
     run_jobs(cfg, [(k, 0, s) for k in kinds for s in plan.shards[:-1]])
     left = {}
     for s in plan.shards:  # as a job whose cleanup never ran leaves them
-        left[s["shard_id"]] = d = Path(layout.segments(0, s["shard_id"], kinds[-1]))
+        left[s.shard_id] = d = Path(layout.segments(0, s.shard_id, kinds[-1]))
         d.mkdir(parents=True, exist_ok=True)
         (d / doc_name(0, "t")).write_text("{}")
     summary = close_round(cfg, plan)
     assert summary is not None and [f["shard_id"] for f in summary["failed_shards"]] == [
-        plan.shards[-1]["shard_id"]
+        plan.shards[-1].shard_id
     ]
-    assert [sid for sid, d in left.items() if d.exists()] == [plan.shards[-1]["shard_id"]]
+    assert [sid for sid, d in left.items() if d.exists()] == [plan.shards[-1].shard_id]
 
 
 def test_a_resumed_judge_job_holds_back_the_spot_checks_an_undisturbed_one_would(tmp_path: Path) -> None:
@@ -508,7 +509,7 @@ def test_a_resumed_judge_job_holds_back_the_spot_checks_an_undisturbed_one_would
     from airflow_batchinfer.run.prepare import run_key
 
     cfg, shard = make_run(tmp_path, spot_check_approved=100)
-    rate = shard["spot_check_rate"]
+    rate = shard.spot_check_rate
     assert rate == 0.1
     spec = spec_for(cfg, "infer_judge", shard)
     assert run(spec, GateEngine(stop_at=6), lose_after=3)[0] == "cancelled"

@@ -34,11 +34,11 @@ def infer_spec(tmp_path: Path, segments: Path) -> JobSpec:
     src.write_text("".join(json.dumps({"id": f"r{i}", "q": f"{i}"}) + "\n" for i in range(30)))
     layout = RunLayout(str(tmp_path / "run"))
     shard = shard_dataset(str(src), layout.input).shards[0]
-    sid = shard["shard_id"]
+    sid = shard.shard_id
     return JobSpec(
         job_id=f"infer-{sid}",
         kind="infer",
-        input=shard["uri"],
+        input=shard.uri,
         outputs={
             "inferred": layout.inferred(0, sid),
             "manifest": layout.job_manifest(0, sid, "infer"),

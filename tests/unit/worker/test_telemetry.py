@@ -154,7 +154,7 @@ def test_the_manifest_carries_the_simulated_engines_figures(tmp_path: Path) -> N
     shard = plan_round(cfg).shards[0]
     # two batches of 0.8 s (inference, then the verdicts): the reading after 1 s is inside one
     run_jobs(cfg, [("infer_judge", 0, shard)], latency_base_s=0.8)
-    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard["shard_id"], "infer_judge"))
+    m = read_job_manifest(RunLayout(cfg.run_root).job_manifest(0, shard.shard_id, "infer_judge"))
     assert m is not None and m.engine_stats is not None
     stats = m.engine_stats
     assert stats.counters["batches"] >= 2  # inference and the judge's verdicts
