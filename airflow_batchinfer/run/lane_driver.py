@@ -157,15 +157,15 @@ async def drive_lane(
         cfg, plan = await asyncio.to_thread(lane_round, run_root, lane, so)
         pools: dict[JobKind, PoolClient] = {}
         for kind in round_kinds(cfg, plan.mode):
-            if kind == "judge" and cfg.judge_pool:
-                judge_pool = await open_pool(cfg.judge_pool)
+            if kind == "judge" and cfg.judging.judge_pool:
+                judge_pool = await open_pool(cfg.judging.judge_pool)
                 judge = await asyncio.to_thread(tracked_client, judge_pool, client_args)
                 clients.append(judge)
                 tracked.append(judge)
                 pools[kind] = judge
             else:
                 pools[kind] = client
-        client.unreachable_grace_s = cfg.unreachable_grace_s
+        client.unreachable_grace_s = cfg.sharding.unreachable_grace_s
 
         def ended(entry: LaneShard) -> None:
             took = (entry.ended_at or time.time()) - entry.claimed_at

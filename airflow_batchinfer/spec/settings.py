@@ -2,9 +2,9 @@
 
 :data:`RUN_SETTINGS_SPEC` is the one description: each :class:`Setting` has its default, its JSON
 schema (type, null, enum, bounds), its help and where it appears. A run setting's comes from its
-``RunConfig`` field (:mod:`~airflow_batchinfer.state.config`: the default and its description, in
-the field's metadata), so each default is declared once; the pool's and the run root's are here.
-Generated from it:
+field in a ``RunConfig`` section (:mod:`~airflow_batchinfer.state.config_sections`: the default and
+its description, in the field's metadata), so each default is declared once; the pool's and the run
+root's are here. Generated from it:
 
 - the DAG params of :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag` (their
   defaults, schemas, descriptions and trigger-form sections: :func:`param_defaults`,
@@ -35,7 +35,8 @@ from typing import Any, Literal, get_args
 
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.fields import Described
-from airflow_batchinfer.state.config import SETTING, RunConfig
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.config_sections import SETTING
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
@@ -217,12 +218,13 @@ def _root(name: str, default: Any, help_: str, **kw: Any) -> Setting:
     return Setting(name=name, type="string", default=default, help=help_, goes_to="run root", **kw)
 
 
-_RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+_RUN_FIELDS = RunConfig.setting_fields()
 
 
 def _run(name: str) -> Setting:
-    """The run setting ``name``, from its ``RunConfig`` field: the field's default (or, for a field
-    that has none, the one its description gives the param and the flag) and its description."""
+    """The run setting ``name``, from its field in a ``RunConfig`` section: the field's default (or,
+    for a field that has none, the one its description gives the param and the flag) and its
+    description."""
     f = _RUN_FIELDS[name]
     about = dict(f.metadata[SETTING])
     factory = f.default_factory

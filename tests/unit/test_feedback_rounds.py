@@ -43,7 +43,7 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         for i, (a, b) in zip(IDS, PAIRS, strict=True)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -51,8 +51,8 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=3,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
     )
     write_run_config(cfg)  # what the desk renders prompts with
     return cfg

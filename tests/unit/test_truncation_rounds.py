@@ -23,7 +23,7 @@ TEMPLATE = "{{ question }}{% if id in " + repr(LONG) + " %} simulate_tokens=24{%
 
 def truncating_run(tmp_path: Path, **settings: Any) -> RunConfig:
     cfg = make_run(tmp_path, sampling={"max_tokens": 16}, **settings)
-    return dataclasses.replace(cfg, prompt_template=TEMPLATE)
+    return cfg.replace(prompt_template=TEMPLATE)
 
 
 def run_round(cfg: RunConfig, slot: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ ENGINE = {"engine": "simulated"}
 
 
 def config(**settings: Any) -> RunConfig:
-    return RunConfig(input="/data/in.jsonl", run_root="/runs/r", prompt_template="{{ q }}",
+    return RunConfig.of(input="/data/in.jsonl", run_root="/runs/r", prompt_template="{{ q }}",
                      judge={"type": "llm"}, **settings)  # fmt: skip
 
 

@@ -47,7 +47,7 @@ def changed_settings(previous: dict[str, Any] | None, changes: dict[str, Any]) -
 def current_settings(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`GATE_CHANGES` that ``cfg`` runs with (what a gate's form shows)."""
     return {
-        k: (cfg.sampling.get(k) if where == "sampling" else getattr(cfg, k))
+        k: (cfg.prompt.sampling.get(k) if where == "sampling" else cfg.setting(k))
         for k, where in GATE_CHANGES.items()
     }
 
@@ -62,7 +62,7 @@ def gate_refusals(changed: RunConfig, settings: dict[str, Any], limits: TriggerL
     by :func:`~airflow_batchinfer.spec.limits.refusals` as for a trigger's params. ``changed``: the config
     the next rounds would run (a sampling key is checked with the whole sampling, as the engines read
     it: ``max_completion_tokens`` before ``max_tokens``, 256 when neither is set)."""
-    params = {k: getattr(changed, k) for k in settings if GATE_CHANGES[k] != "sampling"}
+    params = {k: changed.setting(k) for k in settings if GATE_CHANGES[k] != "sampling"}
     if any(GATE_CHANGES[k] == "sampling" for k in settings):
-        params["sampling"] = changed.sampling
+        params["sampling"] = changed.prompt.sampling
     return refusals(params, limits)
