@@ -54,7 +54,7 @@ def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
 
 
 class ShardDatasetOperator(BaseOperator):
-    """:param config: the run settings (:class:`RunConfig` fields; templated, so DAG params fit).
+    """:param config: the run settings (flat, as ``RunConfig.of`` takes them; templated, so DAG params fit).
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated, as the plan task's):
         round 0's lanes at once (the run setting ``lanes``, at most ``slots``; 0: ``slots``), for

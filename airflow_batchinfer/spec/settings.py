@@ -60,13 +60,13 @@ _SAME: Any = object()  # Setting.param_default: the same as Setting.default
 @dataclass(frozen=True, kw_only=True)
 class Setting(Described):
     """One setting of a run (:class:`~airflow_batchinfer.fields.Described`; ``name`` is the DAG
-    param, the ``RunConfig`` field of a run setting and the flag's ``dest``; ``default`` the DAG
-    param's (unless ``param_default``), the flag's and ``RunConfig``'s; ``help`` the param's
-    description, the flag's help and the docs' text; ``choices`` its schema's enum; ``flag`` the
-    ``batchinfer run`` flag, or a positional's name, ``input``).
+    param, the flat name of a run setting (its field in a ``RunConfig`` section) and the flag's
+    ``dest``; ``default`` the DAG param's (unless ``param_default``), the flag's and ``RunConfig``'s;
+    ``help`` the param's description, the flag's help and the docs' text; ``choices`` its schema's
+    enum; ``flag`` the ``batchinfer run`` flag, or a positional's name, ``input``).
 
     :ivar type: its JSON-schema type.
-    :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
+    :ivar goes_to: ``run`` (a ``RunConfig`` section's field, stored in ``run.json``), ``run root`` (names the
         run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
     :ivar section: the param's section of the trigger form (:data:`SECTIONS`); by default Advanced.
     :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
@@ -93,7 +93,7 @@ class Setting(Described):
     flag_help: str = ""
 
     def __post_init__(self) -> None:
-        if self.section not in SECTIONS:  # a run setting's comes from its RunConfig field's metadata
+        if self.section not in SECTIONS:  # a run setting's: its section field's metadata
             raise ValueError(f"{self.name}: section {self.section!r} is not one of {SECTIONS}")
         if self.type == "boolean" and self.flag and self.default is not False:
             raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
@@ -103,7 +103,7 @@ class Setting(Described):
 
     @property
     def is_run_setting(self) -> bool:
-        """A ``RunConfig`` field (stored in ``run.json``)."""
+        """A ``RunConfig`` section's field (stored in ``run.json``)."""
         return self.goes_to == "run"
 
     @property
@@ -416,7 +416,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, positionals: bool = Tr
 
 
 def run_settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``RunConfig`` fields the parsed flags give (every setting of :func:`cli_settings`)."""
+    """The flat run settings (``RunConfig.of``) the parsed flags give (every setting of
+    :func:`cli_settings`)."""
     return {s.name: getattr(args, s.name) for s in cli_settings() if s.is_run_setting}
 
 

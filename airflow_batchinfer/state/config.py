@@ -3,7 +3,9 @@ settings a round runs when reviews changed some of them (:data:`ROUND_SETTINGS`,
 :func:`round_config`).
 
 Stored as ``<run root>/run.json`` by the first task of a DAG run, so every later task (and a resumed
-run) reads the same settings from storage instead of carrying them through XCom. The run's documents
+run) reads the same settings from storage instead of carrying them through XCom; flat, as params and
+flags name them, while ``RunConfig`` holds them by section (:mod:`~airflow_batchinfer.state.config_sections`,
+each setting's default and description declared once there). The run's documents
 (:mod:`~airflow_batchinfer.state.docs`, which the worker imports) import this module: it loads the
 orchestration's settings table only when a run's settings are built.
 """
@@ -71,28 +73,19 @@ class RunConfig:
     def of(cls, **flat: Any) -> RunConfig:
         """A ``RunConfig`` from flat settings (``run_root`` and the sections' fields by name, as
         ``run.json``, DAG params and flags have them); an unknown name is refused."""
-        unknown = sorted(set(flat) - {"run_root", *_SECTION_OF})
-        if unknown:
-            raise ConfigError(f"unknown run settings {unknown}; known: {sorted({'run_root', *_SECTION_OF})}")
+        grouped = _by_section(flat)
         if "run_root" not in flat:
             raise ConfigError("run settings without run_root")
-        grouped: dict[str, dict[str, Any]] = {name: {} for name in _SECTIONS}
-        for name, value in flat.items():
-            if name != "run_root":
-                grouped[_SECTION_OF[name]][name] = value
-        return cls(flat["run_root"], **{name: kind(**grouped[name]) for name, kind in _SECTIONS.items()})
+        return cls(
+            flat["run_root"], **{name: kind(**grouped.get(name, {})) for name, kind in _SECTIONS.items()}
+        )
 
     def replace(self, **flat: Any) -> RunConfig:
         """This config with the flat settings ``flat`` changed (each in its section), checked anew."""
-        changes: dict[str, dict[str, Any]] = {}
-        for name, value in flat.items():
-            if name != "run_root" and name not in _SECTION_OF:
-                raise ConfigError(f"unknown run setting {name!r}")
-            if name != "run_root":
-                changes.setdefault(_SECTION_OF[name], {})[name] = value
-        sections = {s: dataclasses.replace(getattr(self, s), **c) for s, c in changes.items()}
-        root = {"run_root": flat["run_root"]} if "run_root" in flat else {}
-        return dataclasses.replace(self, **root, **sections)
+        sections = {
+            name: dataclasses.replace(getattr(self, name), **c) for name, c in _by_section(flat).items()
+        }
+        return dataclasses.replace(self, run_root=flat.get("run_root", self.run_root), **sections)
 
     def setting(self, name: str) -> Any:
         """The value of the setting ``name`` (its flat name), for callers that hold setting names as
@@ -272,6 +265,18 @@ _SECTIONS: dict[str, type[Any]] = {
 _SECTION_OF: dict[str, str] = {
     f.name: name for name, kind in _SECTIONS.items() for f in dataclasses.fields(kind)
 }
+
+
+def _by_section(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Flat settings by the section that holds them (``run_root`` is none's); an unknown one is refused."""
+    unknown = sorted(set(flat) - {"run_root", *_SECTION_OF})
+    if unknown:
+        raise ConfigError(f"unknown run settings {unknown}; known: {sorted({'run_root', *_SECTION_OF})}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        if name != "run_root":
+            out.setdefault(_SECTION_OF[name], {})[name] = value
+    return out
 
 
 def _job_params(**params: Any) -> JobParams:

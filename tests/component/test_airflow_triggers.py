@@ -3,7 +3,6 @@ the pool hook (connection and local pool), ``LaneTrigger`` and ``PoolReadyTrigge
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -60,7 +59,7 @@ def submit_job(tmp_path: Path, worker: WorkerProcess, n: int = 30) -> str:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(n)))
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"})  # fmt: skip
+                       judge={"type": "llm"})  # fmt: skip
     shard = shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=n).shards[0]
     spec = job_spec(cfg, "infer", 0, shard)
     with SyncWorkerClient(worker.url, token=TOKEN) as client:
@@ -101,7 +100,7 @@ def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6, **settings: Any) -
     data = tmp_path / "lanes.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i:03d}", "q": f"q{i}"}) + "\n" for i in range(n)))
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
+                       judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
     cfg = cfg.replace(
         id_field=shard_dataset(
             cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
@@ -255,7 +254,7 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20)  # fmt: skip
+                       judge={"type": "llm"}, records_per_shard=30, preflight_records=20)  # fmt: skip
     shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=30)
     write_run_config(cfg)
     op = PreflightOperator(task_id="preflight", run_root=cfg.run_root, worker_pool=conn)

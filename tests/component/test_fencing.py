@@ -3,7 +3,6 @@ shard, once, on local disk and on S3; two live copies of one job; a drained job 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import threading
@@ -47,7 +46,9 @@ def make_run(tmp_path: Path, run_root: str, so: dict[str, Any] | None = None) ->
     )
     layout = RunLayout(run_root)
     cfg = cfg.replace(
-        id_field=shard_dataset(cfg.data.input, layout.input, records_per_shard=10, storage_options=so).id_field,
+        id_field=shard_dataset(
+            cfg.data.input, layout.input, records_per_shard=10, storage_options=so
+        ).id_field,
     )
     return cfg
 

@@ -5,7 +5,6 @@ that need exact control over what each job produced (which copy, which attempt, 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid

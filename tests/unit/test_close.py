@@ -4,7 +4,6 @@ finished as a worker would (tests.support.fake_jobs) or by the worker's own job 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections import Counter

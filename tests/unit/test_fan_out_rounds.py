@@ -10,7 +10,6 @@ tests/component/test_worker_engines.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path

@@ -7,7 +7,6 @@ judge scoring a retry's answer with the prompt it was generated from."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path

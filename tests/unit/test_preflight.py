@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -49,8 +48,8 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20,
-                    max_rounds=2)  # fmt: skip
+                       judge={"type": "llm"}, records_per_shard=30, preflight_records=20,
+                       max_rounds=2)  # fmt: skip
     shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=30)
     write_run_config(cfg)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 3))
@@ -114,7 +113,7 @@ def test_the_sample_is_spread_over_the_input() -> None:
 
 def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
     cfg = RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
-                    records_per_shard=2000, chunk_size=250)  # fmt: skip
+                       records_per_shard=2000, chunk_size=250)  # fmt: skip
     args = (1_000_000, 4, 10, 2500.0, 400.0, 1.0, 1024)
     plan = SizingPlan.from_dict(_sizing(cfg.replace(lanes=8), *args))
     assert (plan.lanes_setting, plan.lanes, plan.slots, plan.chunk_size) == (8, 8, 40, 250)
@@ -145,8 +144,8 @@ def test_preflight_samples_and_sizes_a_fan_outs_rows(tmp_path: Path) -> None:
     lora.mkdir()
     (lora / "adapter_config.json").write_text("{}")
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
-                    adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
+                       judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
+                       adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
     shards = prepare_run(cfg).shards
     assert all("range" in s for s in shards)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 2))

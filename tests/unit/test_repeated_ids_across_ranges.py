@@ -183,7 +183,7 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(lines) + "\n")
     cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
+                       judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
     shards = prepare_run(cfg).shards
     assert len(shards) >= 4 and all("range" in s for s in shards)
     hashes = str(tmp_path / "hashes")

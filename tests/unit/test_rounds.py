@@ -3,7 +3,6 @@ written as a worker would)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -113,7 +112,10 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
     plan = apply_choice(cfg, proposal, CONTINUE, by="alice", changes=changes)
     assert plan.settings == changes and plan.review is not None and plan.review["changes"] == changes
     changed = plan.effective_config(cfg)
-    assert changed.prompt.sampling == {"temperature": 1.1, "max_tokens": 8} and changed.prompt.system == "Be brief."
+    assert (
+        changed.prompt.sampling == {"temperature": 1.1, "max_tokens": 8}
+        and changed.prompt.system == "Be brief."
+    )
     assert cfg.prompt.sampling["temperature"] == 0.7  # run.json's settings stay as they were
     shard = plan.shards[0]
     before, after = job_spec(cfg, "infer_judge", 1, shard), job_spec(changed, "infer_judge", 1, shard)

@@ -3,7 +3,6 @@ prompt that asks for more tokens than the run's max_tokens) and the round's clos
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any

@@ -24,7 +24,7 @@ ENGINE = {"engine": "simulated"}
 
 def config(**settings: Any) -> RunConfig:
     return RunConfig.of(input="/data/in.jsonl", run_root="/runs/r", prompt_template="{{ q }}",
-                     judge={"type": "llm"}, **settings)  # fmt: skip
+                        judge={"type": "llm"}, **settings)  # fmt: skip
 
 
 def test_the_settings_are_described_once_for_params_cli_and_docs() -> None:

@@ -14,7 +14,7 @@ from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.state.config import ROUND_SETTINGS, RunConfig
 
 # What a reviewer may change for the next rounds with a gate's answer (state.config.ROUND_SETTINGS),
-# and where each lives in the run's settings: a field of ``RunConfig.sampling`` (engines.sampling
+# and where each lives in the run's settings: a field of the ``sampling`` setting (engines.sampling
 # holds its bounds) or a run setting of its own (settings.RUN_SETTINGS_SPEC holds its schema).
 GATE_CHANGES: dict[str, Literal["sampling", "setting"]] = {
     key: "sampling" if key in SAMPLING_FIELDS else "setting" for key in ROUND_SETTINGS

@@ -3,7 +3,6 @@ nor Airflow's map length) and starts its lanes afresh; the review gate's form.""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 

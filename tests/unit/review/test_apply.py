@@ -4,7 +4,6 @@ close and the run's report account for every id."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
