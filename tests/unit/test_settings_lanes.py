@@ -1,5 +1,5 @@
 """The run setting ``lanes`` (issue 24, item 2), described once (``settings.py``): the DAG param's
-schema, ``batchinfer run --lanes``, the settings table and ``RunConfig.lanes`` all come from it."""
+schema, ``batchinfer run --lanes``, the settings table and ``RunConfig.sharding.lanes`` all come from it."""
 
 from __future__ import annotations
 
