@@ -243,7 +243,6 @@ class ReviewConfig:
     """Human review between rounds (Airflow only): when, and which verdicts go to people."""
 
     # fmt: off
-    # human review between rounds (Airflow only)
     review: str = field(default="never", metadata=_about(
         "human review between rounds, on Airflow's Required Actions page", "string", choices=REVIEW_MODES,
         section="Review"))
