@@ -203,7 +203,7 @@ def run_demo(workdir: Path | None = None, *, n: int = 40, max_rounds: int = 3) -
     )
     urls = pool.up(spec)
     print(f"warm pool: {urls} (exits after 5 idle minutes; `batchinfer pool down --name {POOL}` stops it)")
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(run_root),
         prompt_template="{{ question }}",

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import dataclasses
 import json
 import os
 import shutil
@@ -73,7 +72,7 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
     data = run_root.parent / "data.jsonl"
     t0 = time.perf_counter()
     generate(data, n)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(run_root),
         prompt_template="{{ question }}",
@@ -86,10 +85,9 @@ def prepare(run_root: Path, n: int) -> dict[str, Any]:
     # Copied shards, not prepare_run's byte ranges of the input: their descriptors carry the ids'
     # digests (a range's are known only once a job reads it), and the check as it was before
     # digests reads the ids of input/'s files.
-    cfg = dataclasses.replace(
-        cfg,
+    cfg = cfg.replace(
         id_field=shard_dataset(
-            cfg.input, layout.input, records_per_shard=RECORDS_PER_SHARD, rejects=layout.rejects
+            cfg.data.input, layout.input, records_per_shard=RECORDS_PER_SHARD, rejects=layout.rejects
         ).id_field,
     )
     write_run_config(cfg)
@@ -177,7 +175,7 @@ def report_args(run_root: str) -> tuple[Any, ...]:
 
     cfg = read_run_config(run_root)
     layout = RunLayout(cfg.run_root)
-    plans = [p for s in slots(cfg.max_rounds) if (p := read_plan(layout, s))]
+    plans = [p for s in slots(cfg.retries.max_rounds) if (p := read_plan(layout, s))]
     ran = [p for p in plans if p.mode != "skip"]
     rounds = [s for p in ran if (s := read_summary(layout, p.round))]
     stop = next((p.stop for p in plans if p.stop), None)
@@ -185,7 +183,7 @@ def report_args(run_root: str) -> tuple[Any, ...]:
     failed = [f for s in rounds for f in s.failed_shards]
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else pending_shards(layout, r_next)
-    return layout, cfg.id_field or "id", final_pending, rounds, failed, plans
+    return layout, cfg.data.id_field or "id", final_pending, rounds, failed, plans
 
 
 def old_check(path: Path) -> Any:

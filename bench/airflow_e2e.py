@@ -98,9 +98,10 @@ def main() -> None:
                          concurrency=args.concurrency, idle_ttl_s=600, allowed_prefixes=(str(work / "runs"),),
                          target_batch_tokens=10**6)  # fmt: skip
     urls = pool.up(spec)
-    cfg = RunConfig(input=str(data), run_root=str(work / "runs" / "direct"), prompt_template="{{ question }}",
-                    judge={"type": "length", "min_chars": 1}, records_per_shard=args.records_per_shard,
-                    chunk_size=args.records_per_shard, max_rounds=1)  # fmt: skip
+    cfg = RunConfig.of(input=str(data), run_root=str(work / "runs" / "direct"),
+                       prompt_template="{{ question }}", judge={"type": "length", "min_chars": 1},
+                       records_per_shard=args.records_per_shard, chunk_size=args.records_per_shard,
+                       max_rounds=1)  # fmt: skip
 
     async def direct() -> float:
         client = PoolClient(urls, token=pool.token(), poll_interval_s=args.poll)

@@ -87,7 +87,7 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="bench-calibration-"))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(c.write_input(work / "data.jsonl", args.records)),
         run_root=str(work / "run"),
         prompt_template="{{ question }}",
@@ -125,7 +125,7 @@ async def drive(cfg: RunConfig, urls: list[str], work: Path, share: float) -> li
     rounds = []
     await asyncio.to_thread(prepare_run, cfg)
     with desk_app(work / "airflow") as desk:
-        for slot in slots(cfg.max_rounds):
+        for slot in slots(cfg.retries.max_rounds):
             proposal = await asyncio.to_thread(propose_slot, cfg, slot)
             plan = proposal.plan
             if proposal.options:  # a gate: the reviewer decides on the desk, then it is answered

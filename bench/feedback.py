@@ -158,7 +158,7 @@ def one_run(
 
     root = OUT / name
     shutil.rmtree(root, ignore_errors=True)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(root),
         prompt_template="{{ question }}",

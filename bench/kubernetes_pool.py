@@ -67,8 +67,8 @@ def timed(fn: Any) -> tuple[float, Any]:
 async def a_round(
     pool: KubernetesPool, src: Path, root: Path, kill: Any = None
 ) -> tuple[float, dict[str, Any]]:
-    cfg = RunConfig(input=str(src), run_root=str(root), prompt_template="{{ q }}", judge={"type": "llm"},
-                    max_rounds=1, records_per_shard=20, chunk_size=10)  # fmt: skip
+    cfg = RunConfig.of(input=str(src), run_root=str(root), prompt_template="{{ q }}", judge={"type": "llm"},
+                       max_rounds=1, records_per_shard=20, chunk_size=10)  # fmt: skip
     client = PoolClient(
         pool.endpoints(), token=pool.token(), discover=lambda: asyncio.to_thread(pool.endpoints),
         refresh_interval_s=1.0, poll_interval_s=0.2, lost_grace_s=2.0,

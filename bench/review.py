@@ -169,7 +169,7 @@ def build(run_root: Path, n: int, shards: int) -> dict[str, Any]:
     data = run_root.parent / "data.jsonl"
     t0 = time.perf_counter()
     generate(data, n)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data), run_root=str(run_root), judge={"type": "llm"}, max_rounds=2,
         prompt_template="{{ question }}\n\n{{ context }}", system="Answer briefly and cite your facts.",
         records_per_shard=-(-n // shards),

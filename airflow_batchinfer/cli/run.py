@@ -50,15 +50,15 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     from airflow_batchinfer.spec.settings import run_settings_from_args
     from airflow_batchinfer.state.config import RunConfig
 
-    cfg = RunConfig(run_root=args.run_root, **run_settings_from_args(args))
+    cfg = RunConfig.of(run_root=args.run_root, **run_settings_from_args(args))
     for warning in retry_warnings(cfg):  # the pre-flight's, of the settings alone
         print(f"batchinfer run: warning: {warning}", file=sys.stderr)
     # The run holds a lease on its pool for as long as it lives (a no-op for a static pool).
     lease = f"cli-run:{args.run_root}"
-    judge_ref = PoolRef.parse(cfg.judge_pool) if cfg.judge_pool else None
+    judge_ref = PoolRef.parse(cfg.judging.judge_pool) if cfg.judging.judge_pool else None
     ref = f"kubernetes://{args.kubernetes_pool}" if args.kubernetes_pool else f"local://{args.name}"
     own = None if args.worker_url else ref  # a static pool: URLs, not a reference
-    if why := judge_pool_refusal(cfg.judge_pool, own):
+    if why := judge_pool_refusal(cfg.judging.judge_pool, own):
         raise ConfigError(f"--judge-pool: {why}")
     pool = _open_pool(args, cfg, lease)
     bars = _Bars()
@@ -91,7 +91,7 @@ def _open_pool(args: argparse.Namespace, cfg: RunConfig, lease: str) -> WorkerPo
         return ready
     local = LocalPool(args.name)
     # the run's own judge callables and adapters: whoever runs the CLI chose them
-    callables, adapters = callable_targets(cfg.judge), list(cfg.adapters.values())
+    callables, adapters = callable_targets(cfg.judging.judge), list(cfg.prompt.adapters.values())
     local.up(pool_spec(args, [args.run_root, parent(args.input)], callables, adapters), lease_id=lease)
     return local
 
@@ -138,7 +138,7 @@ async def _pipeline(
     from airflow_batchinfer.rpc.pool import PoolClient
     from airflow_batchinfer.run.pipeline import run_pipeline
 
-    grace = cfg.unreachable_grace_s  # a silent worker that may run a job holds its copy back
+    grace = cfg.sharding.unreachable_grace_s  # a silent worker that may run a job holds its copy back
     client = PoolClient.for_pool(pool, lease_id=lease, unreachable_grace_s=grace)
     judge: PoolClient | None = None
     if judge_pool is not None:

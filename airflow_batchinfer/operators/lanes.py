@@ -156,8 +156,8 @@ class ShardLaneOperator(BaseOperator):
         except ConfigError as exc:  # no plan: a retry would not make one
             raise AirflowFailException(str(exc)) from exc
         pool = hold_pool(self.worker_pool, context, self.log)
-        if cfg.judge_pool and not lane.judge:  # it judges what the judge lanes leave: kept as well
-            hold_pool(cfg.judge_pool, context, self.log)
+        if cfg.judging.judge_pool and not lane.judge:  # it judges what the judge lanes leave: kept too
+            hold_pool(cfg.judging.judge_pool, context, self.log)
         here = bool(self.aws_conn_id) or self.in_task
         self.log.info(
             "%slane %d of %d of %s: %d shards in the round (%d records, %s); running %s",

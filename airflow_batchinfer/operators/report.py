@@ -53,13 +53,13 @@ def preflight_check(
     fail the run when the projection exceeds ``budget_gpu_hours``."""
     for warning in retry_warnings(cfg):  # of the settings alone: also with the sample off
         log.warning("pre-flight: %s", warning)
-    if cfg.preflight_records <= 0:
+    if cfg.budget.preflight_records <= 0:
         log.info("pre-flight is off (preflight_records=0)")
         return None
     pool = hold_pool(worker_pool, context, log)
     judge = None
-    if cfg.judge_pool:  # the judge's own pool judges the sample
-        judge_pool = hold_pool(cfg.judge_pool, context, log)
+    if cfg.judging.judge_pool:  # the judge's own pool judges the sample
+        judge_pool = hold_pool(cfg.judging.judge_pool, context, log)
         judge = (require_endpoints(judge_pool, lease_id(context)), judge_pool.token())
     urls = require_endpoints(pool, lease_id(context))
     try:
@@ -82,10 +82,10 @@ def preflight_check(
         log.warning("no sizing plan: %s", s.sizing["error"])
     else:
         log.info("sizing from the measured rates:\n%s", SizingPlan.from_dict(s.sizing).table())
-    if cfg.budget_gpu_hours is not None and s.projected_gpu_hours > cfg.budget_gpu_hours:
+    if cfg.budget.budget_gpu_hours is not None and s.projected_gpu_hours > cfg.budget.budget_gpu_hours:
         raise AirflowFailException(
             f"projected {s.projected_gpu_hours} GPU-hours exceeds the budget of "
-            f"{cfg.budget_gpu_hours}. "
+            f"{cfg.budget.budget_gpu_hours}. "
             "Remedy: raise budget_gpu_hours, lower max_rounds, or sample fewer records."
         )
     return s.to_json()
@@ -161,7 +161,8 @@ def report_failure(cfg: RunConfig, report: dict[str, Any]) -> str | None:
     if report["status"] == "failed_shards":
         return (
             f"{len(report['failed_shards'])} shards quarantined (budget max_failed_shards="
-            f"{cfg.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. Remedy: see "
+            f"{cfg.budget.max_failed_shards}): {[f['shard_id'] for f in report['failed_shards']]}. "
+            "Remedy: see "
             f"{layout.report}/report.md for each shard's error, fix it and re-run; finished shards are "
             "reused."
         )

@@ -147,7 +147,7 @@ class RoundControllerOperator(HITLOperator):
         """The slot's lane descriptors (see ``slots``)."""
         if plan.mode == "skip" or not plan.shards:
             return []
-        requested = plan.effective_config(cfg).lanes
+        requested = plan.effective_config(cfg).sharding.lanes
         if self.slots is None and not requested:
             raise AirflowFailException(
                 f"{self.slot}: the run setting lanes is 0 (one per pool slot), but this plan task was given "
@@ -217,7 +217,7 @@ class RoundControllerOperator(HITLOperator):
 
     def _pools(self, cfg: RunConfig) -> dict[str, str]:
         """The plan field each pool's engine is recorded in -> the pool: the run's, and the judge's own."""
-        refs = {"engine": self.worker_pool, "judge_engine": cfg.judge_pool}
+        refs = {"engine": self.worker_pool, "judge_engine": cfg.judging.judge_pool}
         return {name: ref for name, ref in refs.items() if ref}
 
     def _hold_pools(self, cfg: RunConfig, context: Context, gate: bool) -> dict[str, WorkerPool]:

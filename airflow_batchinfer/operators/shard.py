@@ -8,7 +8,6 @@ reference and a count, never records)."""
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 from typing import Any
 
@@ -55,7 +54,7 @@ def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
 
 
 class ShardDatasetOperator(BaseOperator):
-    """:param config: the run settings (:class:`RunConfig` fields; templated, so DAG params fit).
+    """:param config: the run settings (flat, as ``RunConfig.of`` takes them; templated, so DAG params fit).
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated, as the plan task's):
         round 0's lanes at once (the run setting ``lanes``, at most ``slots``; 0: ``slots``), for
@@ -97,7 +96,7 @@ class ShardDatasetOperator(BaseOperator):
                 f"the pool's slots (replicas x concurrency) must be a whole number >= 1, got {self.slots!r}. "
                 "Remedy: set the params replicas and concurrency to positive whole numbers"
             )
-        return lanes_at_once(cfg.lanes, slots)
+        return lanes_at_once(cfg.sharding.lanes, slots)
 
     def _check_input(
         self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits
@@ -109,7 +108,11 @@ class ShardDatasetOperator(BaseOperator):
             return  # no DAG run to compare with (as for the claim)
         me = RunIdentity(ti.dag_id, ti.run_id)
         why = input_refusal(
-            cfg.input, me, so, prefixes=limits.allowed_input_prefixes, shared_dags=limits.shared_run_root_dags
+            cfg.data.input,
+            me,
+            so,
+            prefixes=limits.allowed_input_prefixes,
+            shared_dags=limits.shared_run_root_dags,
         )
         if why is not None:
             raise AirflowFailException(why)
@@ -143,18 +146,16 @@ class ShardDatasetOperator(BaseOperator):
             # without the DAG's limits its code vouches for config, but the deployment's caps still hold
             limits = check_params(context, self.limits, run_root=cfg.run_root)
             # retries of truncated samples are never raised above the deployment's max_max_tokens
-            cfg = dataclasses.replace(
-                cfg, max_tokens_cap=tightest_cap(cfg.max_tokens_cap, limits.max_max_tokens)
-            )
+            cfg = cfg.replace(max_tokens_cap=tightest_cap(cfg.retries.max_tokens_cap, limits.max_max_tokens))
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._check_input(cfg, context, so, limits)
             self._claim(cfg, context, so, limits.shared_run_root_dags)
             self.log.info(
                 "sharding %s into %s (%d records per shard)",
-                cfg.input,
+                cfg.data.input,
                 RunLayout(cfg.run_root).input,
-                cfg.records_per_shard,
+                cfg.sharding.records_per_shard,
             )
             result = prepare_run(cfg, so, lanes=self._lanes(cfg))
         except ConfigError as exc:
@@ -170,10 +171,13 @@ class ShardDatasetOperator(BaseOperator):
                 "clear this DAG run; finished steps are reused."
             ) from exc
         reused = "reused: " if result.reused else ""
-        if fan_out := cfg.fan_out_arms():  # the rows the rounds run: each record once per arm
+        if fan_out := cfg.prompt.fan_out_arms():  # the rows the rounds run: each record once per arm
             rows = sum(s.records for s in result.shards)
             self.log.info(
-                "fan_out %s: about %d rows, ids ID@ARM (%s)", cfg.fan_out, rows, ", ".join(fan_out.arms)
+                "fan_out %s: about %d rows, ids ID@ARM (%s)",
+                cfg.prompt.fan_out,
+                rows,
+                ", ".join(fan_out.arms),
             )
         if result.shards and result.shards[0].is_range:
             self.log.info(
@@ -181,7 +185,7 @@ class ShardDatasetOperator(BaseOperator):
                 "validated by the job that reads it; bad lines go to %s when round 0 closes)",
                 reused,
                 len(result.shards),
-                cfg.input,
+                cfg.data.input,
                 result.counts.get("records", 0),
                 result.rejects_uri,
             )

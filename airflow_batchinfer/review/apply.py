@@ -120,8 +120,8 @@ class _Split:
         self.layout = RunLayout(cfg.run_root)
         self.view = RoundView(cfg.run_root, self.reviewed, so)
         self.resolver = Resolver(decisions)
-        self.id_field = cfg.id_field or "id"
-        self.tenths = scored_in_tenths(cfg.judge)
+        self.id_field = cfg.data.id_field or "id"
+        self.tenths = scored_in_tenths(cfg.judging.judge)
         self.retained_dir = JsonlDir(self.layout.reviewed(r), storage_options=so)
         self.applied = Applied(self.reviewed, len(decisions), [])
         self.pairs: list[Pair] = []
@@ -187,7 +187,7 @@ class _Split:
         files.remove_others(self.layout.dropped, prefix, made, self.so)
         files.remove_others(retained, "", made | {join(retained, "_manifest.json")}, self.so)
         decisions = self.applied.decisions
-        if judge_checked(self.cfg.judge):
+        if judge_checked(self.cfg.judging.judge):
             doc = calibrate(self.pairs, last.verdicts if last is not None else None, round=self.reviewed)
             doc = doc.model_copy(
                 update={"decisions": decisions, "bulk": self.bulk, "unjudged": self.unjudged}

@@ -104,4 +104,4 @@ def reviewed_round(slot: str, run_root: str, so: dict[str, Any]) -> int:
     plans in storage ran (the tail runs under the next round number)."""
     if slot != TAIL:
         return int(slot.split("-")[1]) - 1
-    return rounds_ran(RunLayout(run_root), read_run_config(run_root, so).max_rounds, so) - 1
+    return rounds_ran(RunLayout(run_root), read_run_config(run_root, so).retries.max_rounds, so) - 1

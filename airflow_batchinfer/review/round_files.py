@@ -197,16 +197,17 @@ class RoundFiles:
                     cfg = plan.effective_config(cfg) if (plan := self._plan(cfg)) else cfg
                 prompts: Prompts | None
                 try:
-                    retry = RetrySettings(cfg.retry_template, cfg.retry_system)  # no prompt shows sampling
-                    prompts = Prompts(cfg.prompt_template, cfg.system, retry)
+                    # no prompt shows sampling
+                    retry = RetrySettings(cfg.retries.retry_template, cfg.retries.retry_system)
+                    prompts = Prompts(cfg.prompt.prompt_template, cfg.prompt.system, retry)
                 except BatchInferError:
                     prompts = None
-                self._settings = (cfg.id_field or "id", prompts)
+                self._settings = (cfg.data.id_field or "id", prompts)
         return self._settings
 
     def _plan(self, cfg: RunConfig) -> Plan | None:
         """The plan of the slot that ran this round."""
-        for slot in slots(cfg.max_rounds):
+        for slot in slots(cfg.retries.max_rounds):
             plan = read_plan(self.layout, slot, self.so)
             if plan is not None and plan.round == self.round and plan.mode != "skip":
                 return plan

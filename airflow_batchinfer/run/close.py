@@ -105,7 +105,7 @@ def _settle_all(cfg: RunConfig, layout: RunLayout, plan: Plan, so: StorageOption
     }
     already_failed = frozenset(files.names(layout.failed(r), so))
     rc = RoundClose(cfg, layout, r, kinds, engines, already_failed, so)
-    id_field = cfg.id_field or "id"
+    id_field = cfg.data.id_field or "id"
 
     def settle(shard: PlannedShard) -> Settled:
         # later occurrences of ids an earlier range holds (a fan-out's: each of their rows)
@@ -117,7 +117,7 @@ def _settle_all(cfg: RunConfig, layout: RunLayout, plan: Plan, so: StorageOption
             for kind in kinds:  # (a quarantined shard's are kept: a re-run of the round resumes them)
                 if kind != "in_place":
                     files.remove_tree(layout.segments(r, shard.shard_id, kind), so)
-        return _account(x, id_field, so, cfg.assign_ids)
+        return _account(x, id_field, so, cfg.data.assign_ids)
 
     # before any shard is accepted: the repeats are left out of what it accepts
     with range_repeats(cfg, layout, so) if r == 0 else Repeats() as repeats, ThreadPoolExecutor(8) as ex:
@@ -187,14 +187,14 @@ def _account_rounds(
 ) -> _Accounted:
     """Strategy 1: the rejected rows recompacted into the next round's pending set, whose digest must
     be the rejected files' (both are read, and the ids that differ named, when it is not)."""
-    id_field = cfg.id_field or "id"
+    id_field = cfg.data.id_field or "id"
     out = ids.outputs
     outcomes = tally.outcomes
     judged = {x.shard.shard_id: x.counts.outcomes.rejected for x in settled if x.counts is not None}
     nxt = recompact(
         layout.rejected_dir(r),
         layout.pending(r + 1),
-        records_per_shard=cfg.records_per_shard,
+        records_per_shard=cfg.sharding.records_per_shard,
         counts=judged,
         workers=8,
         storage_options=so,

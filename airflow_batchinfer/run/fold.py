@@ -36,7 +36,7 @@ class Fold:
 def next_slot(cfg: RunConfig, later: Sequence[str]) -> str | None:
     """The first of ``later`` (the DAG's slots after the closed one) that the run uses: the one whose
     snapshot :func:`fold_tail` needs (``None``: the closed slot was the run's last)."""
-    used = slots(cfg.max_rounds)
+    used = slots(cfg.retries.max_rounds)
     return next((s for s in later if s in used), None)
 
 

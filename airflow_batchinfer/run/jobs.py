@@ -30,7 +30,7 @@ def round_kinds(cfg: RunConfig, mode: Mode) -> tuple[JobKind, ...]:
     a judge with its own pool (``judge_pool``) runs after inference, shard by shard."""
     if mode == "in_place":
         return ("in_place",)
-    return ("infer", "judge") if cfg.judge_pool else ("infer_judge",)
+    return ("infer", "judge") if cfg.judging.judge_pool else ("infer_judge",)
 
 
 def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: PlannedShard) -> JobSpec:
@@ -73,7 +73,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: PlannedShard) -> JobS
         }
         params = cfg.in_place_params()
     # a round-0 range shard: the job reads and validates just that range, its bad lines to input_rejects
-    in_range = range_params(shard.ref, id_field=cfg.id_field, assign_ids=cfg.assign_ids)
+    in_range = range_params(shard.ref, id_field=cfg.data.id_field, assign_ids=cfg.data.assign_ids)
     if in_range:
         outputs["input_rejects"] = layout.range_rejects(r, sid)
     params = params.model_copy(update={"round": r, "input_records": shard.records, **in_range})

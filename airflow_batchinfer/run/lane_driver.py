@@ -157,13 +157,13 @@ async def drive_lane(
     tracked.append(client)
     try:
         cfg, plan = await asyncio.to_thread(lane_round, run_root, lane, so)
-        client.unreachable_grace_s = cfg.unreachable_grace_s
+        client.unreachable_grace_s = cfg.sharding.unreachable_grace_s
         if lane.judge:
             return await run_judge_lane(lane, cfg, plan, client, so=so, logger=logger)
         pools: dict[JobKind, PoolClient] = {}
         for kind in round_kinds(cfg, plan.mode):
-            if kind == "judge" and cfg.judge_pool:
-                judge_pool = await open_pool(cfg.judge_pool)
+            if kind == "judge" and cfg.judging.judge_pool:
+                judge_pool = await open_pool(cfg.judging.judge_pool)
                 judge = await asyncio.to_thread(tracked_client, judge_pool, client_args)
                 clients.append(judge)
                 tracked.append(judge)

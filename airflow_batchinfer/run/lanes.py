@@ -230,7 +230,7 @@ async def run_job(
     ``None`` when it finished."""
     spec = job_spec(cfg, kind, r, shard)
     error = None
-    for _ in range(cfg.job_retries + 1):
+    for _ in range(cfg.budget.job_retries + 1):
         try:
             await pool.run(spec)
             return None

@@ -13,7 +13,6 @@ page); here ``review`` must be ``never``, and a person may not judge (``{"type":
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -57,8 +56,8 @@ async def input_lanes(cfg: RunConfig, pool: PoolClient) -> int:
     """Round 0's lanes, for which the input's last shards taper: ``lanes`` as the round runs them
     (the pool is not asked), or with ``lanes`` 0 one per slot of the pool; 0 (no taper) when no
     worker answers yet: its first round says why."""
-    if cfg.lanes:
-        return cfg.lanes
+    if cfg.sharding.lanes:
+        return cfg.sharding.lanes
     try:
         return await pool_slots(pool)
     except RpcError:
@@ -79,7 +78,7 @@ async def _run_round(
     if not plan.shards:
         return
     run_cfg = plan.effective_config(cfg)
-    requested = run_cfg.lanes
+    requested = run_cfg.sharding.lanes
     slots_ = requested or await pool_slots(pools["infer"])  # lanes=0: one per slot of the run's pool
     count = lane_count(requested, slots_, len(plan.shards))
     done_records = 0
@@ -112,14 +111,14 @@ async def run_pipeline(
     judge_pool: PoolClient | None = None,
     progress: Progress | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judge_pool``'s judge jobs."""
-    if cfg.review != "never" or cfg.human_review:
+    """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judging.judge_pool``'s judge jobs."""
+    if cfg.reviews.review != "never" or cfg.human_review:
         raise ConfigError(
             "review between rounds, a human judge, review_below_score and spot_check_approved need Airflow "
             "(the review gate and "
             "the review page); here use review=never and an automated judge"
         )
-    if bool(cfg.judge_pool) != (judge_pool is not None):
+    if bool(cfg.judging.judge_pool) != (judge_pool is not None):
         raise ConfigError(
             "judge_pool is set in the run's settings but no judge pool client was given, "
             "or the other way round"
@@ -132,8 +131,8 @@ async def run_pipeline(
     }
     lanes = await input_lanes(cfg, pool)  # a silent pool: no taper; prepare_run tells bad settings
     sharded = await asyncio.to_thread(lambda: prepare_run(cfg, lanes=lanes))
-    cfg = dataclasses.replace(cfg, id_field=sharded.id_field)  # as run.json stores it
-    for slot in slots(cfg.max_rounds):
+    cfg = cfg.replace(id_field=sharded.id_field)  # as run.json stores it
+    for slot in slots(cfg.retries.max_rounds):
         plan: Plan = (await asyncio.to_thread(propose_slot, cfg, slot)).plan
         if plan.mode != "skip":
             plan.engine = await pool.engine()

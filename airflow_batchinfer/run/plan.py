@@ -103,12 +103,12 @@ def pending_shards(
 
 def _unused(cfg: RunConfig, slot: str) -> bool:
     """A slot of a DAG built with more round slots than this run's ``max_rounds``: it has no round."""
-    return bool(re.fullmatch(r"round-\d{2}", slot)) and int(slot[6:]) >= cfg.max_rounds
+    return bool(re.fullmatch(r"round-\d{2}", slot)) and int(slot[6:]) >= cfg.retries.max_rounds
 
 
 def slots_before(cfg: RunConfig, slot: str) -> list[str]:
     """The slots whose plans decide ``slot`` (:attr:`RoundSnapshot.prior`)."""
-    all_slots = slots(cfg.max_rounds)
+    all_slots = slots(cfg.retries.max_rounds)
     if slot in all_slots:
         return all_slots[: all_slots.index(slot)]
     return all_slots[:-1] if _unused(cfg, slot) else []
@@ -118,7 +118,7 @@ def load_snapshot(cfg: RunConfig, slot: str, so: StorageOptions | None = None) -
     """Read what :func:`propose` needs to decide ``slot`` (no more: nothing past the plans once they
     stopped the run or retried in place, no summary when nothing is pending)."""
     layout = RunLayout(cfg.run_root)
-    all_slots = slots(cfg.max_rounds)
+    all_slots = slots(cfg.retries.max_rounds)
     before = slots_before(cfg, slot)
     snapshot = RoundSnapshot(slot, tuple(p for s in before if (p := read_plan(layout, s, so))))
     if slot not in all_slots or any(p.stop or p.mode == "in_place" for p in snapshot.prior):
@@ -145,19 +145,19 @@ def spot_checked(cfg: RunConfig, plan: Plan) -> Plan:
     """``plan`` with its shards' ``spot_check_rate`` when the run spot-checks approved rows and the
     plan runs a round: the rate that holds back about ``spot_check_approved`` of the rows it plans
     (:func:`~airflow_batchinfer.judges.spot_check.round_rate`); each judge job samples at it."""
-    if plan.mode != "rounds" or not cfg.spot_check_approved:
+    if plan.mode != "rounds" or not cfg.reviews.spot_check_approved:
         return plan
-    rate = round_rate(cfg.spot_check_approved, plan.records)
+    rate = round_rate(cfg.reviews.spot_check_approved, plan.records)
     plan.shards = [s.with_spot_check(rate) for s in plan.shards]
     return plan
 
 
 def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     slot, prior, r = snapshot.slot, snapshot.prior, snapshot.round
-    all_slots = slots(cfg.max_rounds)
+    all_slots = slots(cfg.retries.max_rounds)
     if slot not in all_slots:
         if _unused(cfg, slot):
-            reason = f"max_rounds is {cfg.max_rounds}: this slot is not used"
+            reason = f"max_rounds is {cfg.retries.max_rounds}: this slot is not used"
             return Proposal(Plan(slot=slot, round=r, mode="skip", reason=reason))
         raise ConfigError(f"round slot {slot!r} is not one of {all_slots}")
     stopped = next((p for p in prior if p.stop), None)
@@ -173,9 +173,9 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     if not pending:
         return Proposal(Plan(slot=slot, round=r, mode="skip", reason="nothing pending", stop=NOTHING_PENDING))
     last = snapshot.last
-    switched = cfg.strategy == "in_place" or any(p.switch_in_place for p in prior)
+    switched = cfg.retries.strategy == "in_place" or any(p.switch_in_place for p in prior)
     if slot == TAIL:
-        if switched or cfg.strategy == "hybrid":
+        if switched or cfg.retries.strategy == "hybrid":
             plan = Plan(
                 slot=slot, round=r, mode="in_place", shards=pending, reason="retry what rounds left, in place"
             )
@@ -191,13 +191,15 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
             plan = Plan(
                 slot=slot, round=r, mode="skip", reason="in place from here: the tail slot retries the rest"
             )
-        elif cfg.strategy == "hybrid" and shrink is not None and shrink < cfg.hybrid_min_shrink:
+        elif (
+            cfg.retries.strategy == "hybrid" and shrink is not None and shrink < cfg.retries.hybrid_min_shrink
+        ):
             plan = Plan(
                 slot=slot,
                 round=r,
                 mode="skip",
                 reason=f"round {r - 1} approved {shrink:.0%} of its pending set "
-                f"(< {cfg.hybrid_min_shrink:.0%}): switching to in place",
+                f"(< {cfg.retries.hybrid_min_shrink:.0%}): switching to in place",
                 switch_in_place=True,
             )
         else:
@@ -215,15 +217,19 @@ def _propose(cfg: RunConfig, snapshot: RoundSnapshot) -> Proposal:
     approval = _approval(last)
     if any(p.review and p.round == r for p in prior):
         return Proposal(plan, last=last)  # this round's gate was answered already (Continue in place)
-    if not judges_in_place(cfg.judge.get("type")):
+    if not judges_in_place(cfg.judging.judge.get("type")):
         options = [o for o in options if o != CONTINUE_IN_PLACE]  # no person answers inside a job
     review = (
-        cfg.review == "every_round"
-        or (cfg.review == "on_low_approval" and approval is not None and approval < cfg.review_min_approval)
+        cfg.reviews.review == "every_round"
+        or (
+            cfg.reviews.review == "on_low_approval"
+            and approval is not None
+            and approval < cfg.reviews.review_min_approval
+        )
         # people judge: after a human-judged round, or one whose low-scored verdicts or spot checks
         # await them (a round whose spot check held none still opens: people check the judge)
-        or cfg.judge.get("type") == "human"
-        or bool(cfg.spot_check_approved)
+        or cfg.judging.judge.get("type") == "human"
+        or bool(cfg.reviews.spot_check_approved)
         or bool(last is not None and last.for_review)
     )
     return Proposal(plan, options if review else [], last)
@@ -389,7 +395,7 @@ def apply_choice(
     )
     accepted = None
     if choice == ACCEPT and not every_row_decided(answer, pending, applied):
-        accepted = accept_pending(layout, plan.round, pending, so, id_field=cfg.id_field or "id")
+        accepted = accept_pending(layout, plan.round, pending, so, id_field=cfg.data.id_field or "id")
     else:  # a retried gate task: an earlier "Accept remaining" is undone
         _remove_accepted(layout, plan.round, set(), so)
     return decide_answer(plan, answer, pending=pending, applied=applied, accepted=accepted)

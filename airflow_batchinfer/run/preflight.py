@@ -61,7 +61,9 @@ def expected_passes(approval: float, cfg: RunConfig) -> float:
     """Records processed per input record: every round (or in-place attempt) re-runs the share the
     judge rejected, assuming attempts succeed independently at the sample's approval rate
     (:func:`airflow_batchinfer.run.sizing.expected_passes` with the run's settings)."""
-    return sizing.expected_passes(approval, cfg.strategy, cfg.max_rounds, cfg.max_attempts)
+    return sizing.expected_passes(
+        approval, cfg.retries.strategy, cfg.retries.max_rounds, cfg.retries.max_attempts
+    )
 
 
 def _sizing(
@@ -89,14 +91,14 @@ def _sizing(
             concurrency=concurrency,
             tokens_per_record=tokens_per_record,
             max_map_length=max_map_length,
-            lanes=cfg.lanes,
-            chunk_size=cfg.chunk_size,
-            records_per_shard=cfg.records_per_shard,
+            lanes=cfg.sharding.lanes,
+            chunk_size=cfg.sharding.chunk_size,
+            records_per_shard=cfg.sharding.records_per_shard,
             shard_sizes=shard_sizes,
             approval_rate=approval,
-            max_rounds=cfg.max_rounds,
-            strategy=cfg.strategy,
-            max_attempts=cfg.max_attempts,
+            max_rounds=cfg.retries.max_rounds,
+            strategy=cfg.retries.strategy,
+            max_attempts=cfg.retries.max_attempts,
         )
     except ConfigError as exc:
         return {"error": str(exc)}
@@ -137,7 +139,11 @@ def _records(
     if not isinstance(shard, RangeRef):
         return JsonlFile(shard.uri, storage_options=so).iter_records()
     return read_range(
-        shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=DiscardRejects(), storage_options=so
+        shard,
+        id_field=cfg.data.id_field,
+        assign_ids=cfg.data.assign_ids,
+        rejects=DiscardRejects(),
+        storage_options=so,
     )
 
 
@@ -154,15 +160,15 @@ def same_retries(cfg: RunConfig) -> str | None:
     first attempt's (no ``retry_template`` or ``retry_system``, and ``prompt_template`` does not read
     ``previous``). Only a truncated sample's retry (more ``max_tokens``) can then differ. OpenAI
     batch records carry their own sampling: not decided here."""
-    retries = {"rounds": cfg.max_rounds > 1, "in_place": cfg.max_attempts > 1}
+    retries = {"rounds": cfg.retries.max_rounds > 1, "in_place": cfg.retries.max_attempts > 1}
     retries["hybrid"] = retries["rounds"] or retries["in_place"]
-    if not retries[cfg.strategy] or cfg.prompt_template is None:
+    if not retries[cfg.retries.strategy] or cfg.prompt.prompt_template is None:
         return None
     retry = cfg.retry()
-    if retry.template is not None or retry.system is not None or reads_previous(cfg.prompt_template):
+    if retry.template is not None or retry.system is not None or reads_previous(cfg.prompt.prompt_template):
         return None
     try:
-        base = SamplingParams.from_mapping(cfg.sampling)
+        base = SamplingParams.from_mapping(cfg.prompt.sampling)
     except ConfigError:
         return None  # refused elsewhere, with its reason
     if not _greedy(base):
@@ -254,7 +260,7 @@ def run_preflight(
         workers=workers,
         projected_wall_s=round(wall_s, 1),
         projected_gpu_hours=round(wall_s * workers / 3600, 4),
-        budget_gpu_hours=cfg.budget_gpu_hours,
+        budget_gpu_hours=cfg.budget.budget_gpu_hours,
         sample_wall_s=round(wall, 3),
         note="measured on one job on one worker; the sizing spreads it over the workers' shard jobs "
         "on the run's lanes (a GPU's tokens/s shared by its jobs, the slowest GPU 1.5x slower). A full "
@@ -274,7 +280,7 @@ def _write_sample(
     sample_uri = join(layout.preflight, "sample.jsonl.zst")
     n = 0
     with JsonlFile(sample_uri, storage_options=so).writer_sync() as out:
-        for shard, take in sample_plan([s.records for s in shards], cfg.preflight_records):
+        for shard, take in sample_plan([s.records for s in shards], cfg.budget.preflight_records):
             for row in itertools.islice(_records(cfg, shards[shard], so), take):
                 out.write(row)
                 n += 1

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from typing import Any
 
@@ -29,7 +28,7 @@ def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int 
     cfg.validate()
     layout = RunLayout(cfg.run_root)
     result = shard_input(cfg, layout, so, lanes)
-    write_run_config(dataclasses.replace(cfg, id_field=result.id_field), so)
+    write_run_config(cfg.replace(id_field=result.id_field), so)
     return result
 
 
@@ -42,25 +41,25 @@ def shard_input(
     ``fan_out`` either holds every record once per arm (:mod:`~airflow_batchinfer.storage.fan_out`):
     the ranges when read, the copy as written."""
     how: dict[str, Any] = {
-        "records_per_shard": cfg.records_per_shard,
-        "id_field": cfg.id_field,
-        "assign_ids": cfg.assign_ids,
+        "records_per_shard": cfg.sharding.records_per_shard,
+        "id_field": cfg.data.id_field,
+        "assign_ids": cfg.data.assign_ids,
         "rejects": layout.rejects,
         "storage_options": so,
-        "max_line_bytes": cfg.max_line_bytes,
-        "max_id_bytes": cfg.max_id_bytes,
-        "fan_out": cfg.fan_out_arms(),
+        "max_line_bytes": cfg.data.max_line_bytes,
+        "max_id_bytes": cfg.data.max_id_bytes,
+        "fan_out": cfg.prompt.fan_out_arms(),
     }
     planned = shard_ranges(
-        cfg.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, lanes=lanes, **how
+        cfg.data.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, lanes=lanes, **how
     )
     if planned is None:  # copied as shards, read the same way
-        return shard_dataset(cfg.input, layout.input, **how)
+        return shard_dataset(cfg.data.input, layout.input, **how)
     shards, manifest, reused = planned
     return ShardingResult(
         shards=[*shards],
         counts=manifest.counts or {},
-        id_field=manifest.id_field or cfg.id_field or "id",
+        id_field=manifest.id_field or cfg.data.id_field or "id",
         rejects_uri=manifest.rejects_uri or "",
         reused=reused,
     )

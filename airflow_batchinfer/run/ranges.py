@@ -38,11 +38,15 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
         ids = IdDigest()
         with JsonlFile(layout.range_rejects(r, sid), storage_options=so).writer_sync() as rejects:
             rng = read_range(
-                shard, id_field=cfg.id_field, assign_ids=cfg.assign_ids, rejects=rejects, storage_options=so
+                shard,
+                id_field=cfg.data.id_field,
+                assign_ids=cfg.data.assign_ids,
+                rejects=rejects,
+                storage_options=so,
             )
             records = iter(rng)  # one pass: each iter() of a reader reads the range again
             for block in iter(lambda: list(itertools.islice(records, 4096)), []):
-                ids.add_many(record_ids(block, rng.check.id_field or cfg.id_field or "id"))
+                ids.add_many(record_ids(block, rng.check.id_field or cfg.data.id_field or "id"))
         stats = rng.stats.as_dict()
         x.opened = True
     x.read = stats

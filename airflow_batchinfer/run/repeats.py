@@ -45,15 +45,15 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
     repeats = find_repeats(
         ranges,
         lambda sid: hashes_beside(layout.job_manifest(0, sid, "infer"), sid),
-        id_field=manifest.id_field or cfg.id_field,
-        assign_ids=cfg.assign_ids,
+        id_field=manifest.id_field or cfg.data.id_field,
+        assign_ids=cfg.data.assign_ids,
         so=so,
     )
     if repeats.count:
         log.warning(
             "round 0: %s holds %d later occurrences of ids an earlier line holds (in other byte "
             "ranges): each is rejected into %s, the first stays",
-            cfg.input,
+            cfg.data.input,
             repeats.count,
             layout.rejects,
         )

@@ -136,7 +136,9 @@ def _settle_once(
         else:  # first the decision, then the moves (redone if cut short)
             mine = accepted_doc(last.doc, sid, acct, final, layout.job_manifest(r, sid, acct), so)
             # ids an earlier range holds are left out of what is accepted (rejects/: settle_repeats)
-            mine = drop_repeats(mine, repeats, cfg.id_field or "id", rejects_uri(layout.rejects, sid), so)
+            mine = drop_repeats(
+                mine, repeats, cfg.data.id_field or "id", rejects_uri(layout.rejects, sid), so
+            )
             stood, won = claim(accepted_uri, seen, mine, so)
             replaces_quarantine = replaces_quarantine and won
             seen = stood

@@ -47,7 +47,7 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.run.lane_schedule import schedule
 from airflow_batchinfer.run.sizing_plan import RoundPlan, ShapePlan, SizingPlan, duration
-from airflow_batchinfer.state.config import STRATEGIES
+from airflow_batchinfer.state.config_sections import STRATEGIES
 from airflow_batchinfer.storage import taper
 
 DEFAULT_TOKENS_PER_RECORD = 400

@@ -2,9 +2,9 @@
 
 :data:`RUN_SETTINGS_SPEC` is the one description: each :class:`Setting` has its default, its JSON
 schema (type, null, enum, bounds), its help and where it appears. A run setting's comes from its
-``RunConfig`` field (:mod:`~airflow_batchinfer.state.config`: the default and its description, in
-the field's metadata), so each default is declared once; the pool's and the run root's are here.
-Generated from it:
+field in a ``RunConfig`` section (:mod:`~airflow_batchinfer.state.config_sections`: the default and
+its description, in the field's metadata), so each default is declared once; the pool's and the run
+root's are here. Generated from it:
 
 - the DAG params of :func:`~airflow_batchinfer.dag_factory.build_batch_inference_dag` (their
   defaults, schemas, descriptions and trigger-form sections: :func:`param_defaults`,
@@ -35,7 +35,8 @@ from typing import Any, Literal, get_args
 
 from airflow_batchinfer.engines import ENGINES
 from airflow_batchinfer.fields import Described
-from airflow_batchinfer.state.config import SETTING, RunConfig
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.config_sections import SETTING
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_default, worker_setting
 
 # limits.SAFE_NAME, and not "." or "..": one folder name (limits.refusals checks it again at run time)
@@ -59,13 +60,13 @@ _SAME: Any = object()  # Setting.param_default: the same as Setting.default
 @dataclass(frozen=True, kw_only=True)
 class Setting(Described):
     """One setting of a run (:class:`~airflow_batchinfer.fields.Described`; ``name`` is the DAG
-    param, the ``RunConfig`` field of a run setting and the flag's ``dest``; ``default`` the DAG
-    param's (unless ``param_default``), the flag's and ``RunConfig``'s; ``help`` the param's
-    description, the flag's help and the docs' text; ``choices`` its schema's enum; ``flag`` the
-    ``batchinfer run`` flag, or a positional's name, ``input``).
+    param, the flat name of a run setting (its field in a ``RunConfig`` section) and the flag's
+    ``dest``; ``default`` the DAG param's (unless ``param_default``), the flag's and ``RunConfig``'s;
+    ``help`` the param's description, the flag's help and the docs' text; ``choices`` its schema's
+    enum; ``flag`` the ``batchinfer run`` flag, or a positional's name, ``input``).
 
     :ivar type: its JSON-schema type.
-    :ivar goes_to: ``run`` (a ``RunConfig`` field, stored in ``run.json``), ``run root`` (names the
+    :ivar goes_to: ``run`` (a ``RunConfig`` section's field, stored in ``run.json``), ``run root`` (names the
         run's folder) or ``pool`` (configures the worker pool, ``pool_setup``).
     :ivar section: the param's section of the trigger form (:data:`SECTIONS`); by default Advanced.
     :ivar nullable: ``None`` is a value (an empty field in the trigger form): "the default" or "none".
@@ -92,7 +93,7 @@ class Setting(Described):
     flag_help: str = ""
 
     def __post_init__(self) -> None:
-        if self.section not in SECTIONS:  # a run setting's comes from its RunConfig field's metadata
+        if self.section not in SECTIONS:  # a run setting's: its section field's metadata
             raise ValueError(f"{self.name}: section {self.section!r} is not one of {SECTIONS}")
         if self.type == "boolean" and self.flag and self.default is not False:
             raise ValueError(f"{self.name}: a boolean flag is store_true, so its default must be False")
@@ -102,7 +103,7 @@ class Setting(Described):
 
     @property
     def is_run_setting(self) -> bool:
-        """A ``RunConfig`` field (stored in ``run.json``)."""
+        """A ``RunConfig`` section's field (stored in ``run.json``)."""
         return self.goes_to == "run"
 
     @property
@@ -217,12 +218,13 @@ def _root(name: str, default: Any, help_: str, **kw: Any) -> Setting:
     return Setting(name=name, type="string", default=default, help=help_, goes_to="run root", **kw)
 
 
-_RUN_FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+_RUN_FIELDS = RunConfig.setting_fields()
 
 
 def _run(name: str) -> Setting:
-    """The run setting ``name``, from its ``RunConfig`` field: the field's default (or, for a field
-    that has none, the one its description gives the param and the flag) and its description."""
+    """The run setting ``name``, from its field in a ``RunConfig`` section: the field's default (or,
+    for a field that has none, the one its description gives the param and the flag) and its
+    description."""
     f = _RUN_FIELDS[name]
     about = dict(f.metadata[SETTING])
     factory = f.default_factory
@@ -414,7 +416,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, *, positionals: bool = Tr
 
 
 def run_settings_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The ``RunConfig`` fields the parsed flags give (every setting of :func:`cli_settings`)."""
+    """The flat run settings (``RunConfig.of``) the parsed flags give (every setting of
+    :func:`cli_settings`)."""
     return {s.name: getattr(args, s.name) for s in cli_settings() if s.is_run_setting}
 
 

@@ -3,7 +3,9 @@ settings a round runs when reviews changed some of them (:data:`ROUND_SETTINGS`,
 :func:`round_config`).
 
 Stored as ``<run root>/run.json`` by the first task of a DAG run, so every later task (and a resumed
-run) reads the same settings from storage instead of carrying them through XCom. The run's documents
+run) reads the same settings from storage instead of carrying them through XCom; flat, as params and
+flags name them, while ``RunConfig`` holds them by section (:mod:`~airflow_batchinfer.state.config_sections`,
+each setting's default and description declared once there). The run's documents
 (:mod:`~airflow_batchinfer.state.docs`, which the worker imports) import this module: it loads the
 orchestration's settings table only when a run's settings are built.
 """
@@ -13,287 +15,98 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_type_hints
 
 from pydantic import ValidationError
 
-from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
-from airflow_batchinfer.engines.adapters import parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
-from airflow_batchinfer.engines.sampling import (
-    FIELDS,
-    SAMPLING_FIELDS,
-    refusals,
-    sampling_help,
-    sampling_schemas,
-)
-from airflow_batchinfer.exceptions import ConfigError, check_known_fields
-from airflow_batchinfer.judges import JUDGE_TYPES, UNIT_SCORES, judge_needs, judged_early
-from airflow_batchinfer.judges.candidates import DEFAULT_SELECT, SELECTS, check_select
+from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.human import require_judge_in_place
-from airflow_batchinfer.judges.truncation import (
-    DEFAULT_FACTOR,
-    MAX_FACTOR,
-    TRUNCATED_MODES,
-    TruncationPolicy,
-)
-from airflow_batchinfer.prompts.retries import NOT_PER_ATTEMPT, RetrySettings
-from airflow_batchinfer.state.config_checks import (
-    check_bounds,
-    check_judge_models,
-    check_retries,
-    check_spot_check,
-    check_unreachable_grace,
+from airflow_batchinfer.prompts.retries import RetrySettings
+from airflow_batchinfer.state.config_checks import check_judge_models, check_retries, check_spot_check
+from airflow_batchinfer.state.config_sections import (
+    BudgetConfig,
+    DataConfig,
+    JudgeConfig,
+    PromptConfig,
+    RetryConfig,
+    ReviewConfig,
+    ShardingConfig,
 )
 from airflow_batchinfer.state.params import JobParams, parse_params
-from airflow_batchinfer.state.timeouts import (
-    UNREACHABLE_GRACE_MAX_S,
-    UNREACHABLE_GRACE_MIN_S,
-    UNREACHABLE_GRACE_S,
-)
-from airflow_batchinfer.storage.fan_out import BASE as ADAPTER_BASE
-from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES, FanOut
-from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
-from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
-
-# The choices of the ``strategy`` and ``review`` settings.
-STRATEGIES = ("rounds", "in_place", "hybrid")
-REVIEW_MODES = ("never", "every_round", "on_low_approval")
-# The key of a run setting's description in its field's metadata (:func:`_about`).
-SETTING = "setting"
-
-# engines.sampling: the fields the sampling setting takes, with their bounds (others are refused)
-SAMPLING_PROPERTIES: dict[str, Any] = sampling_schemas()
-# retry_sampling: an attempt number >= 2 -> the sampling fields a retry may change
-RETRY_ATTEMPT_PATTERN = "^([2-9]|[1-9][0-9]+)$"
-RETRY_SAMPLING_PROPERTIES: dict[str, Any] = {
-    k: v for k, v in SAMPLING_PROPERTIES.items() if k not in NOT_PER_ATTEMPT
-}
-
-
-def _about(help_: str, type_: str, **kw: Any) -> dict[str, Any]:
-    """A run setting's description beside its default: its JSON-schema type, help, trigger-form
-    section, flag and bounds (the keywords of :class:`~airflow_batchinfer.spec.settings.Setting`,
-    which makes the DAG param, the ``batchinfer run`` flag and the docs' row from it)."""
-    return {SETTING: {"help": help_, "type": type_, **kw}}
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A run's settings, each default declared here once (its field's), with its description
-    (:func:`_about`). Frozen: a changed setting is a new ``RunConfig`` (``dataclasses.replace``),
-    checked as it is made. ``input``, ``prompt_template`` and ``judge`` have no default here: their
-    ``default`` is the DAG param's and the flag's."""
+    """A run's settings: its root and one of each section (:mod:`~airflow_batchinfer.state.config_sections`,
+    where each default is declared once, with its description). A setting keeps its flat name (a
+    section's field) in DAG params, flags and ``run.json``: :meth:`of` makes one from flat settings,
+    :meth:`to_dict` gives them back. Frozen: a changed setting is a new ``RunConfig``
+    (:meth:`replace`), checked as it is made; the checks that span sections are here."""
 
-    # fmt: off
-    input: str = field(metadata=_about(
-        "the JSONL(.zst) dataset: a path or s3:// URI", "string", default="/tmp/batchinfer/input.jsonl",
-        min_length=1, flag="input", section="Data"))
-    run_root: str = field(metadata={})  # from output_root and run_name: not a setting of its own
-    prompt_template: str | None = field(metadata=_about(
-        "Jinja2 over record fields, e.g. 'What is {{ question }}?'; empty: the records are OpenAI batch "
-        "requests (each body field is honoured by the engine or the record refused, naming the field: "
-        "the docs' sampling table)", "string", default=None, nullable=True, min_length=1,
-        flag="--prompt-template", metavar="TEMPLATE", section="Prompt & sampling"))
-    judge: dict[str, Any] = field(metadata=_about(
-        'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
-        '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
-        'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
-        "sample on the review page between rounds", "object", default={"type": "llm"},
-        schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
-        flag="--judge", metavar="JSON", section="Judge"))
-    system: str | None = field(default=None, metadata=_about(
-        "system message for chat models; empty: none", "string", nullable=True, flag="--system",
-        metavar="TEXT"))
-    sampling: dict[str, Any] = field(default_factory=dict, metadata=_about(
-        sampling_help(), "object",
-        schema_extra={"properties": SAMPLING_PROPERTIES, "additionalProperties": False}, flag="--sampling",
-        metavar="JSON", section="Prompt & sampling"))
-    # with sampling n > 1: which judged candidates of a record reach results (judges.candidates)
-    select: str = field(default=DEFAULT_SELECT, metadata=_about(
-        "with sampling n > 1, which of a record's judged candidates reach results: first_approved, "
-        "best_score (the approved one the judge scored highest) or all (every approved one, in the row's "
-        "candidates)",
-        "string", choices=SELECTS, flag="--select"))
-    # LoRA adapters by name, each a directory on the workers: a record's adapter field picks one
-    adapters: dict[str, str] = field(default_factory=dict, metadata=_about(
-        'LoRA adapters by name, each a PEFT directory on the workers, e.g. {"sql": "/models/lora-sql"}: a '
-        "record's adapter field (an OpenAI batch body's model) picks the one that answers it (base: the base "
-        "model; fan_out: every record on each); the summary "
-        "and the report give approval per adapter. vllm pools need the engine option enable_lora", "object",
-        schema_extra={
-            "propertyNames": {"pattern": f"^{ADAPTER_NAME.pattern}$", "not": {"const": ADAPTER_BASE}},
-            "additionalProperties": {"type": "string", "pattern": "^(/|file:///)"},
-        },
-        flag="--adapters", metavar="JSON"))
-    # round 0 runs every input record once per adapter (and the base model): ids ID@ADAPTER
-    fan_out: str = field(default="off", metadata=_about(
-        "adapters: run every input record once per adapter, as rows with id "
-        "ID@ADAPTER, adapter the adapter's name and input_id the record's id; adapters_and_base: on the "
-        "base model too (ID@base); off: a record's adapter field picks. With a fan-out a record that "
-        "picks its own adapter is a bad line (rejects/)", "string", choices=FAN_OUT_MODES, flag="--fan-out"))
-    strategy: str = field(default="rounds", metadata=_about(
-        "rounds: re-run the rejected set round by round; in_place: retry each sample in its job; hybrid: "
-        "rounds, then in place once they stop paying", "string", choices=STRATEGIES, flag="--strategy",
-        section="Retries"))
-    max_rounds: int = field(default=3, metadata=_about(
-        "rounds at most (also capped by the DAG's round slots)", "integer", minimum=1, flag="--max-rounds",
-        section="Retries"))
-    max_attempts: int = field(default=3, metadata=_about(
-        "attempts per sample, in place", "integer", minimum=1, flag="--max-attempts"))
-    # completions cut at max_tokens (judges.truncation): rejected before the judge or judged, and
-    # their retries' max_tokens raised by the factor, up to the cap (a DAG run's: max_max_tokens)
-    truncated: str = field(default="reject", metadata=_about(
-        "a completion cut at max_tokens (finish_reason length): reject: rejected before the judge, reason "
-        "truncated, and retried like any rejected sample; judge: the judge decides", "string",
-        choices=TRUNCATED_MODES, flag="--truncated"))
-    truncated_max_tokens_factor: float = field(default=DEFAULT_FACTOR, metadata=_about(
-        "a truncated sample's retry (the next round, or in place) runs with max_tokens times this, never "
-        "above max_tokens_cap; 1: not raised", "number", minimum=1, maximum=MAX_FACTOR,
-        flag="--truncated-max-tokens-factor"))
-    max_tokens_cap: int | None = field(default=None, metadata=_about(
-        "the most max_tokens a truncated sample's retry is raised to: a DAG run's is the deployment's "
-        "max_max_tokens (not a param); empty: no cap", "integer", nullable=True, minimum=1, param=False,
-        flag="--max-tokens-cap", metavar="N"))
-    # retries that use feedback (prompts.retries): what a sample's second and later attempts are sent with
-    retry_template: str | None = field(default=None, metadata=_about(
-        "the prompt template from a sample's second attempt on (the next round's, or in place), e.g. "
-        "'{{ question }} Your last answer was {{ previous.result }}, rejected: {{ previous.reason }}'; "
-        "previous is the last attempt's result, reason, score, attempt, note (a reviewer's), "
-        "finish_reason and max_tokens (none on a first attempt); empty: prompt_template, which may read "
-        "previous too", "string", nullable=True, min_length=1, flag="--retry-template", metavar="TEMPLATE"))
-    retry_system: str | None = field(default=None, metadata=_about(
-        "the system message from a sample's second attempt on; empty: system", "string", nullable=True,
-        min_length=1, flag="--retry-system", metavar="TEXT"))
-    retry_sampling: dict[str, Any] = field(default_factory=dict, metadata=_about(
-        "sampling fields per attempt over sampling, by the attempt they start at (2, 3, …): attempt k "
-        "runs with the entry of the highest attempt at most k, e.g. a temperature ramp "
-        '{"2": {"temperature": 0.7}, "3": {"temperature": 1.0}}; n, logprobs and top_logprobs stay the '
-        "run's", "object",
-        schema_extra={
-            "propertyNames": {"pattern": RETRY_ATTEMPT_PATTERN},
-            "additionalProperties": {
-                "type": "object", "properties": RETRY_SAMPLING_PROPERTIES, "additionalProperties": False,
-            },
-        },
-        flag="--retry-sampling", metavar="JSON"))
-    records_per_shard: int = field(default=2_000, metadata=_about(
-        "records per shard: one shard job each (round 0's last shards smaller, down to an eighth, so that "
-        "its lanes end together)", "integer", minimum=1, flag="--records-per-shard"))
-    # shard jobs a round runs at once (run.lanes); 0: one lane per pool slot
-    lanes: int = field(default=0, metadata=_about(
-        "shard jobs a round runs at once, each lane taking the next unclaimed shard; 0: one per pool slot "
-        "(replicas × concurrency)", "integer", minimum=0, flag="--lanes"))
-    chunk_size: int = field(default=500, metadata=_about(
-        "records a job holds per step", "integer", minimum=1, flag="--chunk-size"))
-    id_field: str | None = field(default=None, metadata=_about(
-        "the records' unique id field; empty: detected (id, or custom_id in OpenAI batch input)", "string",
-        nullable=True, min_length=1, flag="--id-field", metavar="FIELD"))
-    assign_ids: bool = field(default=False, metadata=_about(
-        "give records without an id the id '<file>:<line>'", "boolean", flag="--assign-ids"))
-    # input bounds: the storage layer's defaults and minimums
-    max_line_bytes: int = field(default=MAX_LINE_BYTES, metadata=_about(
-        "the longest input line, in bytes: a longer one goes to rejects/ with its line number, its first KiB "
-        "and its length, and is never held whole; a DAG run may raise it only up to the deployment's "
-        "max_max_line_bytes (unset: this default)", "integer", minimum=MIN_LINE_BYTES,
-        flag="--max-line-bytes"))
-    max_id_bytes: int = field(default=MAX_ID_BYTES, metadata=_about(
-        "the longest record id, in UTF-8 bytes of the id as text: a record with a longer one goes to "
-        "rejects/; a DAG run may raise it only up to the deployment's max_max_id_bytes (unset: this "
-        "default)", "integer", minimum=MIN_ID_BYTES, flag="--max-id-bytes"))
-    hybrid_min_shrink: float = field(default=0.3, metadata=_about(
-        "hybrid: switch to in place once a round approves less than this share of its pending set", "number",
-        minimum=0, maximum=1, flag="--hybrid-min-shrink"))
-    job_retries: int = field(default=2, metadata=_about(
-        "retries of a failing shard job before its shard is quarantined (a DAG: the factory's retries "
-        "argument)", "integer", minimum=0, param=False, flag="--job-retries"))
-    unreachable_grace_s: float = field(default=UNREACHABLE_GRACE_S, metadata=_about(
-        "seconds a worker that may run a shard's job is waited for when it does not answer, before a "
-        "resubmission takes it for gone and starts a second copy (until then the copy is not started); at "
-        "least one ask's timeout, at most half of a try's wait for a worker, so it elapses within one try",
-        "number", minimum=UNREACHABLE_GRACE_MIN_S, maximum=UNREACHABLE_GRACE_MAX_S,
-        flag="--unreachable-grace-s"))
-    # human review between rounds (Airflow only)
-    review: str = field(default="never", metadata=_about(
-        "human review between rounds, on Airflow's Required Actions page", "string", choices=REVIEW_MODES,
-        section="Review"))
-    review_min_approval: float = field(default=0.5, metadata=_about(
-        "on_low_approval: review a round that approves less than this share", "number", minimum=0, maximum=1))
-    review_below_score: float | None = field(default=None, metadata=_about(
-        "verdicts scored below this (or without a score) go to people on the review page instead of passing "
-        "on their own (an llm, classifier or jury judge's scores, in [0, 1]); empty: none", "number",
-        nullable=True, minimum=0, maximum=1))
-    # their verdicts and the reviewers' give the judge's calibration (judges.spot_check)
-    spot_check_approved: int = field(default=0, metadata=_about(
-        "about this many of each round's judge-approved rows held back for people on the review desk, beside "
-        "the rejected ones (a seeded sample, every shard and score bucket at the same rate; one undecided "
-        "follows the judge); the reviewers' verdicts give the judge's agreement, Cohen's kappa, precision "
-        "and recall per round; 0: none", "integer", minimum=0))
-    max_failed_shards: int = field(default=0, metadata=_about(
-        "quarantined shards the run tolerates before it fails", "integer", minimum=0,
-        flag="--max-failed-shards", section="Budget & failure"))
-    # the pre-flight sample (Airflow only)
-    preflight_records: int = field(default=200, metadata=_about(
-        "records tried before the fan-out; 0 turns pre-flight off", "integer", minimum=0))
-    budget_gpu_hours: float | None = field(default=None, metadata=_about(
-        "refuse a run the pre-flight projects above this many GPU-hours; empty: no budget", "number",
-        nullable=True, minimum=0, section="Budget & failure"))
-    # None: every shard is inferred and judged in one job on the run's pool. A DAG built with a judge
-    # pool always judges there (param_default)
-    judge_pool: str | None = field(default=None, metadata=_about(
-        "the judge's own warm pool (as worker_pool): an llm judge judges there with that pool's model (a "
-        "classifier or reward judge with its scoring model), each shard's judge starting when its "
-        "inference ends", "string",
-        min_length=1, judge_pool_param=True, param_default="local://batchinfer-judge",
-        flag="--judge-pool", metavar="POOL", section="Judge",
-        flag_help="(local://NAME or kubernetes://NAMESPACE/NAME, started with `pool up`). "
-        "Default: each shard is inferred and judged in one job on the run's pool"))
-    # fmt: on
+    run_root: str  # from output_root and run_name: not a setting of its own
+    data: DataConfig
+    prompt: PromptConfig
+    judging: JudgeConfig
+    retries: RetryConfig = field(default_factory=RetryConfig)
+    reviews: ReviewConfig = field(default_factory=ReviewConfig)
+    sharding: ShardingConfig = field(default_factory=ShardingConfig)
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"strategy {self.strategy!r}: choose one of {', '.join(STRATEGIES)}")
-        if self.review not in REVIEW_MODES:
-            raise ConfigError(f"review {self.review!r}: choose one of {', '.join(REVIEW_MODES)}")
-        if self.max_rounds < 1 or self.max_attempts < 1:
-            raise ConfigError("max_rounds and max_attempts must be >= 1")
-        if self.records_per_shard < 1:
-            raise ConfigError(f"records_per_shard must be >= 1, got {self.records_per_shard}")
-        if self.lanes < 0:
-            raise ConfigError(f"lanes must be >= 0 (0: one lane per pool slot), got {self.lanes}")
-        check_select(self.select)
-        parse_adapters(self.adapters)
-        self.fan_out_arms()  # refuses a bad value, or a fan-out without adapters
-        check_bounds(self)
-        check_unreachable_grace(self)
-        self.truncation()  # refuses a bad value, naming it
         check_retries(self)
-        if not isinstance(self.judge, dict) or "type" not in self.judge:
-            raise ConfigError('judge must be a judge spec such as {"type": "expected_answer", ...}')
-        judge_type = self.judge.get("type")
-        if self.strategy != "rounds":
-            require_judge_in_place(judge_type, what=f"strategy {self.strategy!r} retries in place")
-        if self.review_below_score is not None and judge_type not in UNIT_SCORES:
+        judge_type = self.judging.judge.get("type")
+        if self.retries.strategy != "rounds":
+            require_judge_in_place(judge_type, what=f"strategy {self.retries.strategy!r} retries in place")
+        if self.reviews.review_below_score is not None and judge_type not in UNIT_SCORES:
             raise ConfigError(
                 "review_below_score routes verdicts scored below it to people, and the "
                 f"{judge_type!r} judge gives no scores in [0, 1]. Remove it, or use a judge that does "
                 f"({', '.join(UNIT_SCORES)})"
             )
         check_spot_check(self, judge_type)
-        if self.judge_pool == "":
-            object.__setattr__(self, "judge_pool", None)  # an empty value: no pool of its own (frozen)
         check_judge_models(self)
+
+    @classmethod
+    def of(cls, **flat: Any) -> RunConfig:
+        """A ``RunConfig`` from flat settings (``run_root`` and the sections' fields by name, as
+        ``run.json``, DAG params and flags have them); an unknown name is refused."""
+        grouped = _by_section(flat)
+        if "run_root" not in flat:
+            raise ConfigError("run settings without run_root")
+        return cls(
+            flat["run_root"], **{name: kind(**grouped.get(name, {})) for name, kind in _SECTIONS.items()}
+        )
+
+    def replace(self, **flat: Any) -> RunConfig:
+        """This config with the flat settings ``flat`` changed (each in its section), checked anew."""
+        sections = {
+            name: dataclasses.replace(getattr(self, name), **c) for name, c in _by_section(flat).items()
+        }
+        return dataclasses.replace(self, run_root=flat.get("run_root", self.run_root), **sections)
+
+    def setting(self, name: str) -> Any:
+        """The value of the setting ``name`` (its flat name), for callers that hold setting names as
+        data (a gate's changes); code that names a setting reads it on its section."""
+        return getattr(getattr(self, _SECTION_OF[name]), name)
+
+    @staticmethod
+    def setting_fields() -> dict[str, dataclasses.Field[Any]]:
+        """Every run setting's field (its default and description), by its flat name."""
+        return {f.name: f for kind in _SECTIONS.values() for f in dataclasses.fields(kind)}
 
     def retry(self) -> RetrySettings:
         """The retry settings (:mod:`~airflow_batchinfer.prompts.retries`), checked: a bad one is refused,
         naming it (their entries over the run's sampling: :meth:`validate`)."""
         try:
-            base = SamplingParams.from_mapping(self.sampling)
+            base = SamplingParams.from_mapping(self.prompt.sampling)
         except ConfigError:
             base = None  # the run's sampling is refused on its own, with its reason
         return RetrySettings.from_params(
-            {"retry_template": self.retry_template, "retry_system": self.retry_system,
-             "retry_sampling": self.retry_sampling},
+            {"retry_template": self.retries.retry_template, "retry_system": self.retries.retry_system,
+             "retry_sampling": self.retries.retry_sampling},
             base,
         )  # fmt: skip
 
@@ -312,8 +125,9 @@ class RunConfig:
         """Why a pool running ``engine`` cannot run this run's ``sampling`` (each field it does not
         honour, named with the engines that do); ``None``: it can. :meth:`validate` refuses what no
         engine honours; this is for when the pool's engine is known (the pre-flight, a round's plan)."""
-        refused = refusals(self.sampling, engine, in_body=False)
-        logprob_judge = self.judge_pool is None and self.judge.get("score") == "logprob"  # judged there too
+        refused = refusals(self.prompt.sampling, engine, in_body=False)
+        judging = self.judging  # an llm judge judged on the run's pool, scoring with logprobs:
+        logprob_judge = judging.judge_pool is None and judging.judge.get("score") == "logprob"
         if logprob_judge and not FIELDS["logprobs"].honoured_by(engine):
             refused.append(
                 f"the llm judge's score logprob reads log probabilities, which the {engine} engine "
@@ -324,17 +138,12 @@ class RunConfig:
             refused += [f"retry_sampling.{first}: {r}" for r in refusals(fields, engine, in_body=False)]
         from airflow_batchinfer.engines import adapter_engines  # the engine classes: only here
 
-        if self.adapters and engine not in (loading := adapter_engines()):
+        if self.prompt.adapters and engine not in (loading := adapter_engines()):
             refused.append(
                 f"adapters are LoRA adapters, which the {engine} engine does not load: use an engine "
                 f"that does ({', '.join(loading)}), or remove adapters"
             )
         return "; ".join(refused) if refused else None
-
-    def fan_out_arms(self) -> FanOut | None:
-        """Round 0's fan-out over the run's adapters (``None``: off); sharding and every reader of
-        round 0's input apply it (:mod:`~airflow_batchinfer.storage.fan_out`)."""
-        return FanOut.of_mode(self.fan_out, self.adapters)
 
     def pools_refusal(
         self, engine: Mapping[str, Any] | None, judge_engine: Mapping[str, Any] | None = None
@@ -346,74 +155,74 @@ class RunConfig:
         def scores(described: Mapping[str, Any]) -> bool:
             return described.get("task") == "score"
 
-        needs = judge_needs(self.judge)
+        judge, judge_pool = self.judging.judge, self.judging.judge_pool
+        needs = judge_needs(judge)
         if engine is not None and scores(engine):
             return (
                 f"the run's pool serves a scoring model ({engine.get('model')}), which generates nothing: "
                 "give worker_pool a generating model, and the scoring model to the judge pool"
             )
-        if judge_engine is None or self.judge_pool is None:
+        if judge_engine is None or judge_pool is None:
             return None
         if "score" in needs and not scores(judge_engine):
             return (
-                f"the judge is {self.judge.get('type')!r}, which scores with a sequence-classification or "
+                f"the judge is {judge.get('type')!r}, which scores with a sequence-classification or "
                 f"reward model, and the judge pool's model ({judge_engine.get('model')}) generates: give the "
                 "judge pool the scoring model (judge_model; `batchinfer pool up --model`)"
             )
         if "score" not in needs and scores(judge_engine):
             return (
                 f"the judge pool serves a scoring model ({judge_engine.get('model')}), and the "
-                f"{self.judge.get('type')!r} judge asks a generating one: give the judge pool a generating "
+                f"{judge.get('type')!r} judge asks a generating one: give the judge pool a generating "
                 "model, or use a reward or classifier judge"
             )
         return None
 
-    def truncation(self) -> TruncationPolicy:
-        return TruncationPolicy(self.truncated, self.truncated_max_tokens_factor, self.max_tokens_cap)
-
     def infer_params(self) -> JobParams:
         """An infer job's params (:class:`~airflow_batchinfer.state.params.JobParams`: on the wire, those
         at their defaults are left out)."""
+        prompt, judge = self.prompt, self.judging.judge
         return _job_params(
-            prompt_template=self.prompt_template,
-            system=self.system,
-            sampling=self.sampling,
-            chunk_size=self.chunk_size,
-            id_field=self.id_field or "id",
+            prompt_template=prompt.prompt_template,
+            system=prompt.system,
+            sampling=prompt.sampling,
+            chunk_size=self.sharding.chunk_size,
+            id_field=self.data.id_field or "id",
             **self._truncation(),
-            adapters=self.adapters,
+            adapters=prompt.adapters,
             # a jury's llm members beside a model judge: judged where the answers are generated
-            jury_at_inference=self.judge if judged_early(self.judge) else None,
+            jury_at_inference=judge if judged_early(judge) else None,
             **self.retry().params(),
         )
 
     def judge_params(self) -> JobParams:
         """A judge job's params (an infer_judge job's: :meth:`infer_params` merged with these)."""
         return _job_params(
-            judge=self.judge,
-            chunk_size=self.chunk_size,
-            id_field=self.id_field or "id",
-            review_below_score=self.review_below_score,
-            select=self.select,
+            judge=self.judging.judge,
+            chunk_size=self.sharding.chunk_size,
+            id_field=self.data.id_field or "id",
+            review_below_score=self.reviews.review_below_score,
+            select=self.prompt.select,
             **self._truncation(),
             **self._conversation(),
         )
 
     def _truncation(self) -> dict[str, Any]:
+        retries = self.retries
         return {
-            "truncated": self.truncated,
-            "truncated_max_tokens_factor": self.truncated_max_tokens_factor,
-            "max_tokens_cap": self.max_tokens_cap,
+            "truncated": retries.truncated,
+            "truncated_max_tokens_factor": retries.truncated_max_tokens_factor,
+            "max_tokens_cap": retries.max_tokens_cap,
         }
 
     def _conversation(self) -> dict[str, Any]:
         """What a model judge scores an answer with: the record's prompt as this run renders it, a
         retry's with the retry template and system message (none for other judges)."""
-        if "score" not in judge_needs(self.judge):
+        if "score" not in judge_needs(self.judging.judge):
             return {}
         return {
-            "prompt_template": self.prompt_template,
-            "system": self.system,
+            "prompt_template": self.prompt.prompt_template,
+            "system": self.prompt.system,
             **self.retry().texts().params(),
         }
 
@@ -422,24 +231,52 @@ class RunConfig:
         """Whether people judge some of every round's samples: a human judge, low-scored verdicts, or
         spot checks of the approved ones."""
         return (
-            self.judge.get("type") == "human"
-            or self.review_below_score is not None
-            or bool(self.spot_check_approved)
+            self.judging.judge.get("type") == "human"
+            or self.reviews.review_below_score is not None
+            or bool(self.reviews.spot_check_approved)
         )
 
     def in_place_params(self) -> JobParams:
         """An in_place job's params: the infer job's, the judge and its attempts."""
         return self.infer_params().merge(
-            _job_params(judge=self.judge, max_attempts=self.max_attempts, select=self.select)
+            _job_params(
+                judge=self.judging.judge, max_attempts=self.retries.max_attempts, select=self.prompt.select
+            )
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The flat settings (``run.json``'s): ``run_root`` and each section's fields by name."""
+        out: dict[str, Any] = {"run_root": self.run_root}
+        for name in _SECTIONS:
+            out.update(dataclasses.asdict(getattr(self, name)))
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunConfig:
-        check_known_fields(cls, data, "run settings")
-        return cls(**data)
+        return cls.of(**data)
+
+
+# The sections, by their RunConfig field's name, and each setting's section (by its flat name): from
+# the dataclasses, so a setting added to a section is a flat setting at once.
+_HINTS = get_type_hints(RunConfig)
+_SECTIONS: dict[str, type[Any]] = {
+    f.name: _HINTS[f.name] for f in dataclasses.fields(RunConfig) if dataclasses.is_dataclass(_HINTS[f.name])
+}
+_SECTION_OF: dict[str, str] = {
+    f.name: name for name, kind in _SECTIONS.items() for f in dataclasses.fields(kind)
+}
+
+
+def _by_section(flat: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Flat settings by the section that holds them (``run_root`` is none's); an unknown one is refused."""
+    unknown = sorted(set(flat) - {"run_root", *_SECTION_OF})
+    if unknown:
+        raise ConfigError(f"unknown run settings {unknown}; known: {sorted({'run_root', *_SECTION_OF})}")
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in flat.items():
+        if name != "run_root":
+            out.setdefault(_SECTION_OF[name], {})[name] = value
+    return out
 
 
 def _job_params(**params: Any) -> JobParams:
@@ -454,7 +291,7 @@ def _job_params(**params: Any) -> JobParams:
 
 
 # What a review may change for the next rounds (run.gate.changes: the gate's form and its checks), over
-# run.json's: a sampling field (engines.sampling holds its bounds) goes in ``RunConfig.sampling``,
+# run.json's: a sampling field (engines.sampling holds its bounds) goes in ``PromptConfig.sampling``,
 # the others are run settings of their own.
 ROUND_SETTINGS = ("temperature", "max_tokens", "prompt_template", "system", "retry_template")
 
@@ -467,7 +304,7 @@ def round_config(cfg: RunConfig, settings: dict[str, Any] | None) -> RunConfig:
     fingerprints follow, so a changed round never reuses the old settings' outputs."""
     if not settings:
         return cfg
-    sampling = dict(cfg.sampling)
+    sampling = dict(cfg.prompt.sampling)
     other: dict[str, Any] = {}
     for key, value in settings.items():
         if key in ROUND_SETTINGS:
@@ -475,4 +312,4 @@ def round_config(cfg: RunConfig, settings: dict[str, Any] | None) -> RunConfig:
                 sampling[key] = value
             else:
                 other[key] = value
-    return dataclasses.replace(cfg, sampling=sampling, **other).validate()
+    return cfg.replace(sampling=sampling, **other).validate()

@@ -1,5 +1,5 @@
-"""The checks of a run's settings that look at several of them together, which ``RunConfig`` runs as
-it is made (a bad one refused, naming it and its remedy)."""
+"""The checks of a run's settings that look at several of them together, which ``RunConfig`` (or, for
+one section's, the section) runs as it is made (a bad one refused, naming it and its remedy)."""
 
 from __future__ import annotations
 
@@ -18,30 +18,32 @@ from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
 
 if TYPE_CHECKING:
     from airflow_batchinfer.state.config import RunConfig
+    from airflow_batchinfer.state.config_sections import DataConfig, ShardingConfig
 
 
 def check_judge_models(cfg: RunConfig) -> None:
     """The judge's models and its pools: a judge pool serves a judge that asks for a model; a
     model judge (reward, classifier) needs one, in rounds; llm and model judges together only
     as members of a jury (judges.jury says where each runs)."""
-    needs, kind = judge_needs(cfg.judge), cfg.judge.get("type")
-    if cfg.judge_pool is not None and not needs:
+    judge, judge_pool = cfg.judging.judge, cfg.judging.judge_pool
+    needs, kind = judge_needs(judge), judge.get("type")
+    if judge_pool is not None and not needs:
         raise ConfigError(
-            f"judge_pool {cfg.judge_pool!r} serves a judge model, but the judge is {kind!r}, which "
+            f"judge_pool {judge_pool!r} serves a judge model, but the judge is {kind!r}, which "
             "needs none: remove judge_pool, or use a judge that asks a model (llm, classifier, reward)"
         )
     if "score" not in needs:
         return
-    if cfg.judge_pool is None:
+    if judge_pool is None:
         raise ConfigError(
             "a reward or classifier judge scores with a sequence-classification or reward model, which "
             "the judge's own pool serves: give judge_pool (a DAG built with judge_airflow_pool=, its "
             "judge_model the scoring model; batchinfer run --judge-pool local://NAME, a pool started "
             "with `batchinfer pool up --name NAME --model DIR`)"
         )
-    if cfg.strategy != "rounds":
+    if cfg.retries.strategy != "rounds":
         raise ConfigError(
-            f"a reward or classifier judge scores on the judge pool, and strategy {cfg.strategy!r} "
+            f"a reward or classifier judge scores on the judge pool, and strategy {cfg.retries.strategy!r} "
             "judges retries in place on the run's pool: use strategy rounds"
         )
     if needs == {"generate", "score"} and kind != "jury":
@@ -54,24 +56,21 @@ def check_judge_models(cfg: RunConfig) -> None:
 
 def check_spot_check(cfg: RunConfig, judge_type: Any) -> None:
     """Spot checks need a judge that approves, and rounds (the gate between them)."""
-    n = cfg.spot_check_approved
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ConfigError(f"spot_check_approved must be an integer >= 0 (0: none), got {n!r}")
-    if not n:
+    if not cfg.reviews.spot_check_approved:  # its own bounds: ReviewConfig's
         return
     if judge_type == "human":
         raise ConfigError(
             "spot_check_approved puts some of the judge's approved rows before people, but a human "
             "judge approves none on its own (every row goes to people): remove spot_check_approved"
         )
-    if cfg.strategy == "in_place":
+    if cfg.retries.strategy == "in_place":
         raise ConfigError(
             "spot_check_approved holds back approved rows of a round until its review gate; strategy "
             "'in_place' has no rounds: use strategy 'rounds' or 'hybrid', or remove spot_check_approved"
         )
 
 
-def check_bounds(cfg: RunConfig) -> None:
+def check_bounds(cfg: DataConfig) -> None:
     """``max_line_bytes`` and ``max_id_bytes`` at least their settings' minimums."""
     for name, least, default in (
         ("max_line_bytes", MIN_LINE_BYTES, MAX_LINE_BYTES),
@@ -87,7 +86,7 @@ def check_retries(cfg: RunConfig) -> None:
     """The retry settings, checked over the run's ``sampling`` (``RunConfig.retry``), and no retry
     asking for more ``max_tokens`` than ``max_tokens_cap`` (which bounds every retry's)."""
     retry = cfg.retry()
-    cap = cfg.max_tokens_cap
+    cap = cfg.retries.max_tokens_cap
     for first, fields in retry.sampling if cap is not None else ():
         tokens = completion_tokens(fields)
         if tokens is not None and tokens > cap:
@@ -97,7 +96,7 @@ def check_retries(cfg: RunConfig) -> None:
             )
 
 
-def check_unreachable_grace(cfg: RunConfig) -> None:
+def check_unreachable_grace(cfg: ShardingConfig) -> None:
     """Below the minimum a worker is taken for gone after one silent ask (0: the protection off);
     above the maximum the grace never elapses within one try (each starts a fresh client)."""
     grace, low, high = cfg.unreachable_grace_s, UNREACHABLE_GRACE_MIN_S, UNREACHABLE_GRACE_MAX_S

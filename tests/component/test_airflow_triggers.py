@@ -3,7 +3,6 @@ the pool hook (connection and local pool), ``LaneTrigger`` and ``PoolReadyTrigge
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Iterator
@@ -59,9 +58,9 @@ async def first_event(trigger: Any) -> dict[str, Any]:
 def submit_job(tmp_path: Path, worker: WorkerProcess, n: int = 30) -> str:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(n)))
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"})  # fmt: skip
-    shard = shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=n).shards[0]
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"})  # fmt: skip
+    shard = shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=n).shards[0]
     spec = job_spec(cfg, "infer", 0, shard)
     with SyncWorkerClient(worker.url, token=TOKEN) as client:
         client.submit(spec)
@@ -100,12 +99,11 @@ def lane_run(tmp_path: Path, n: int = 42, per_shard: int = 6, **settings: Any) -
 
     data = tmp_path / "lanes.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i:03d}", "q": f"q{i}"}) + "\n" for i in range(n)))
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
-    cfg = dataclasses.replace(
-        cfg,
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "lanes-run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"}, records_per_shard=per_shard, **settings)  # fmt: skip
+    cfg = cfg.replace(
         id_field=shard_dataset(
-            cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
+            cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
         ).id_field,
     )
     write_run_config(cfg)
@@ -255,9 +253,9 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
 
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20)  # fmt: skip
-    shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=30)
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"}, records_per_shard=30, preflight_records=20)  # fmt: skip
+    shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=30)
     write_run_config(cfg)
     op = PreflightOperator(task_id="preflight", run_root=cfg.run_root, worker_pool=conn)
     context: Any = {"dag": SimpleNamespace(dag_id="d"), "run_id": "r"}
@@ -270,6 +268,6 @@ def test_preflight_projects_and_stops_a_run_over_budget(tmp_path: Path, conn: st
     assert (sizing["records"], sizing["gpus"], sizing["max_map_length"]) == (100, 1, 1024)
     assert sizing["concurrency"] >= 1 and sizing["rounds"][0]["shards"] == 4
     assert summary["projected_wall_s"] == round(sizing["wall_s"], 1)
-    write_run_config(RunConfig(**{**cfg.to_dict(), "budget_gpu_hours": 1e-9}))
+    write_run_config(RunConfig.of(**{**cfg.to_dict(), "budget_gpu_hours": 1e-9}))
     with pytest.raises(AirflowFailException, match="exceeds the budget"):
         op.execute(context)

@@ -6,7 +6,6 @@ the transformers engine for a real model's retries with ``previous`` and a ``ret
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import time
@@ -62,7 +61,7 @@ def test_round_1_is_told_round_0s_judge_reason_and_the_reviewers_note(tmp_path: 
             for i, (a, b) in enumerate(pairs)
         )
     )
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -73,9 +72,7 @@ def test_round_1_is_told_round_0s_judge_reason_and_the_reviewers_note(tmp_path: 
         max_rounds=2,
     )
     layout = RunLayout(cfg.run_root)
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, layout.input, records_per_shard=4).id_field
-    )
+    cfg = cfg.replace(id_field=shard_dataset(cfg.data.input, layout.input, records_per_shard=4).id_field)
     write_run_config(cfg)
     w = start_worker(tmp_path, engine_args={"echo_prompt": True})
     try:

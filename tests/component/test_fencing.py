@@ -3,7 +3,6 @@ shard, once, on local disk and on S3; two live copies of one job; a drained job 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import signal
 import threading
@@ -37,7 +36,7 @@ IDS = [f"r{i:02d}" for i in range(30)]
 def make_run(tmp_path: Path, run_root: str, so: dict[str, Any] | None = None) -> RunConfig:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"{i}"}) + "\n" for i in IDS))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=run_root,
         prompt_template="{{ q }}",
@@ -46,9 +45,10 @@ def make_run(tmp_path: Path, run_root: str, so: dict[str, Any] | None = None) ->
         judge_pool="local://judge",  # two jobs per shard (infer, then judge): the judge's copies race
     )
     layout = RunLayout(run_root)
-    cfg = dataclasses.replace(
-        cfg,
-        id_field=shard_dataset(cfg.input, layout.input, records_per_shard=10, storage_options=so).id_field,
+    cfg = cfg.replace(
+        id_field=shard_dataset(
+            cfg.data.input, layout.input, records_per_shard=10, storage_options=so
+        ).id_field,
     )
     return cfg
 

@@ -74,7 +74,7 @@ def test_batchinfer_run_runs_more_shards_than_slots_by_lanes(tmp_path: Path, env
 
 
 async def test_run_pipeline_reports_each_rounds_records_as_its_lanes_end_shards(tmp_path: Path) -> None:
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(dataset(tmp_path, 60)),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",

@@ -49,11 +49,11 @@ def test_a_sampling_field_the_pools_engine_lacks_stops_the_run_before_any_job(
     pytest.importorskip("torch", reason="needs the transformers extra")
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(10)))
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "length", "min_chars": 1}, preflight_records=4,
-                    sampling={"presence_penalty": 0.5, "max_tokens": 4})  # fmt: skip
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "length", "min_chars": 1}, preflight_records=4,
+                       sampling={"presence_penalty": 0.5, "max_tokens": 4})  # fmt: skip
     cfg.validate()  # vllm, openai and simulated honour it: the run starts
-    shard_dataset(cfg.input, RunLayout(cfg.run_root).input)
+    shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input)
     write_run_config(cfg)
     with pytest.raises(ConfigError) as refused:
         run_preflight(cfg, ["http://worker"], TOKEN, transport=TransformersWorker(tmp_path, tiny_model))

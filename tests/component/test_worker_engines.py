@@ -268,7 +268,7 @@ def test_a_fan_out_answers_every_record_with_the_adapter_and_the_base_model_on_t
     )
 
     def run(name: str, **settings: Any) -> dict[str, Any]:
-        cfg = RunConfig(
+        cfg = RunConfig.of(
             input=str(src), run_root=str(tmp_path / name), prompt_template="{{ question }}",
             judge={"type": "length", "min_chars": 1}, sampling={"max_tokens": 8}, max_rounds=1,
             records_per_shard=6, **settings,

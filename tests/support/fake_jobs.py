@@ -5,7 +5,6 @@ that need exact control over what each job produced (which copy, which attempt, 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import uuid
@@ -50,15 +49,15 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
     fused with inference, unless ``judge_pool`` gives it its own)."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "question": f"q {i}"}) + "\n" for i in IDS))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
         records_per_shard=10,
         **{"judge": {"type": "llm"}, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
     )
     return cfg
 
@@ -116,7 +115,7 @@ def finish_job(
     pinned = pin_input(spec, info)
     token = token or uuid.uuid4().hex
     committed: dict[str, str] = {}
-    id_field = cfg.id_field or "id"
+    id_field = cfg.data.id_field or "id"
     digests = {"input": IdDigest.of(r.get(id_field) for r in read_rows(spec.input, so))}
     reasons = ReasonGroups()
     for name, rows in outputs.items():

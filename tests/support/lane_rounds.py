@@ -6,7 +6,6 @@ real close. The pool is the one fake: the seam :class:`~airflow_batchinfer.rpc.p
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ def lanes_run(tmp_path: Path, n: int = 30, per_shard: int = 3, **settings: Any) 
     for), judged by an LLM judge fused with inference."""
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) + "\n" for i in range(n)))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -39,8 +38,8 @@ def lanes_run(tmp_path: Path, n: int = 30, per_shard: int = 3, **settings: Any) 
         **{"judge": {"type": "llm"}, **settings},
     )
     layout = RunLayout(cfg.run_root)
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, layout.input, records_per_shard=per_shard).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, layout.input, records_per_shard=per_shard).id_field
     )
     return cfg
 

@@ -20,7 +20,7 @@ def ranged_round(tmp_path: Path, name: str, data: bytes, **settings: Any) -> tup
     """Round 0 over range shards of ``data`` (nothing copied): every shard's job runs but the last
     one's, which close quarantines (reading its range itself). Returns the run, plan and summary."""
     (tmp_path / name).write_bytes(data)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(tmp_path / name), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
         judge={"type": "llm"}, records_per_shard=10, **settings,
     )  # fmt: skip

@@ -4,7 +4,6 @@ worker would (tests.support.fake_jobs: staged outputs, manifests with digests, p
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -64,7 +63,7 @@ def build_round(
     data.parent.mkdir(parents=True, exist_ok=True)
     data.write_text("".join(json.dumps({"id": f"r{i:03d}", "question": f"What is {i} + 1?"}) + "\n"
                             for i in range(n)))  # fmt: skip
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=f"{base}/run",
         prompt_template="Q: {{ question }}",
@@ -72,10 +71,9 @@ def build_round(
         records_per_shard=per_shard,
     )
     layout = RunLayout(cfg.run_root)
-    cfg = dataclasses.replace(
-        cfg,
+    cfg = cfg.replace(
         id_field=shard_dataset(
-            cfg.input, layout.input, records_per_shard=per_shard, storage_options=so
+            cfg.data.input, layout.input, records_per_shard=per_shard, storage_options=so
         ).id_field,
     )
     write_run_config(cfg, so)

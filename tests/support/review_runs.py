@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from tests.support.fake_jobs import make_run
 def finished_report(cfg: Any) -> dict[str, Any]:
     """The report once every slot has planned (as in a DAG run that went to its end)."""
     layout = RunLayout(cfg.run_root)
-    for slot in slots(cfg.max_rounds):
+    for slot in slots(cfg.retries.max_rounds):
         if read_plan(layout, slot) is None:
             write_plan(layout, propose_slot(cfg, slot).plan)
     return build_report(cfg)
@@ -41,15 +40,15 @@ def make_run(tmp_path: Path, **settings: Any) -> RunConfig:
     rows = [{"id": f"q{i}", "question": ("FAIL " if i % 5 == 0 else "") + f"{i} + 1", "answer": i + 1}
             for i in range(40)]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
         records_per_shard=15,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=15).id_field
     )
     write_run_config(cfg)
     return cfg

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from tests.support.fake_jobs import finish_shard
 def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": f"r{i:02d}", "question": f"q{i}"}) + "\n" for i in range(n)))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -29,8 +28,8 @@ def make_run(tmp_path: Path, n: int = 30, **settings: Any) -> RunConfig:
         records_per_shard=10,
         **settings,
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
     )
     return cfg
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ from tests.support.worker_jobs import run_jobs
 def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any) -> RunConfig:
     """``n`` records ``c00000``… in shards of ``per_shard``, judged by the construction's judge."""
     data = c.write_input(tmp_path / "data.jsonl", n)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -27,10 +26,9 @@ def spot_run(tmp_path: Path, n: int = 400, per_shard: int = 100, **settings: Any
         judge=c.JUDGE,
         **{"max_rounds": 2, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg,
+    cfg = cfg.replace(
         id_field=shard_dataset(
-            cfg.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
+            cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=per_shard
         ).id_field,
     )
     write_run_config(cfg)

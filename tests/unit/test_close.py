@@ -4,7 +4,6 @@ finished as a worker would (tests.support.fake_jobs) or by the worker's own job 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections import Counter
@@ -115,7 +114,7 @@ def test_stale_manifest_after_a_judge_change_quarantines_the_shard(
     if closed_before:
         assert close(cfg, plan)["approved"] == 15
     # the resumed run's settings, another judge, and its round's
-    cfg = dataclasses.replace(cfg, judge={"type": "llm", "max_tokens": 64})
+    cfg = cfg.replace(judge={"type": "llm", "max_tokens": 64})
     plan = plan.model_copy(update={"config": cfg})
     bad, rest = plan.shards[0], plan.shards[1:]
     for x in rest:  # the new judge jobs succeed for these shards...
@@ -171,7 +170,7 @@ def test_resume_with_changed_settings_accepts_the_new_job(tmp_path: Path) -> Non
     for x in plan.shards:
         finish_shard(cfg, 0, x, half(x), token="old")
     assert close(cfg, plan)["approved"] == 15
-    cfg = dataclasses.replace(cfg, judge={"type": "llm", "max_tokens": 64})  # and its round's
+    cfg = cfg.replace(judge={"type": "llm", "max_tokens": 64})  # and its round's
     plan = plan.model_copy(update={"config": cfg})
     for x in plan.shards:
         judge_shard(cfg, 0, x, {r["id"] for r in JsonlFile(x.uri).iter_records()}, token="new")

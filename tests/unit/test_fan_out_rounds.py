@@ -10,7 +10,6 @@ tests/component/test_worker_engines.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -52,7 +51,7 @@ def fan_out_run(tmp_path: Path, lines: list[str], name: str = "data.jsonl", **se
     else:
         data.write_text("\n".join(lines) + "\n")
     settings = {"judge": {"type": "llm"}, "records_per_shard": 12, "fan_out": "adapters_and_base", **settings}
-    return RunConfig(
+    return RunConfig.of(
         input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ question }}", adapters=ADAPTERS,
         **settings,
     )  # fmt: skip
@@ -187,9 +186,9 @@ def test_an_input_that_cannot_be_split_is_copied_as_its_rows(tmp_path: Path) -> 
     assert summary["invariant"]["ok"] and summary["pending"] == 18
     assert sorted(summary["adapters"]) == ["poems", "sql"]
     assert sum(a["approved"] + a["rejected"] for a in summary["adapters"].values()) == 18
-    assert prepare_run(dataclasses.replace(cfg, id_field=None)).reused  # a retried shard task: reused
+    assert prepare_run(cfg.replace(id_field=None)).reused  # a retried shard task: reused
     # another fan-out is another input: refused, never mixed with the copy made for this one
-    other = dataclasses.replace(cfg, id_field=None, fan_out="adapters_and_base")
+    other = cfg.replace(id_field=None, fan_out="adapters_and_base")
     with pytest.raises(OutputExistsError, match="with other inputs or settings"):
         prepare_run(other)
 

@@ -7,7 +7,6 @@ judge scoring a retry's answer with the prompt it was generated from."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections import Counter
 from pathlib import Path
@@ -45,7 +44,7 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         for i, (a, b) in zip(IDS, PAIRS, strict=True)
     ]
     data.write_text("".join(json.dumps(r) + "\n" for r in lines))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}",
@@ -53,8 +52,8 @@ def arithmetic_run(tmp_path: Path, **settings: Any) -> RunConfig:
         records_per_shard=3,
         **{"judge": {"type": "expected_answer", "field": "answer", "match": "number"}, **settings},
     )
-    cfg = dataclasses.replace(
-        cfg, id_field=shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
+    cfg = cfg.replace(
+        id_field=shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=3).id_field
     )
     write_run_config(cfg)  # what the desk renders prompts with
     return cfg

@@ -93,7 +93,7 @@ class Pool:
 def test_a_late_infer_copy_changes_neither_the_judge_input_nor_the_accepted_attempt(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "question": f"q {i}"}) + "\n" for i in IDS))
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
         records_per_shard=10, judge={"type": "llm"}, judge_pool="local://judge", max_rounds=1,
         strategy="rounds", lanes=3,  # lanes set: this fake pool answers no /v1/stats

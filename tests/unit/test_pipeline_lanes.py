@@ -48,8 +48,8 @@ async def test_a_pool_without_an_answering_worker_is_refused_with_the_remedy() -
 
 async def test_the_inputs_taper_is_for_the_lanes_round_0_runs() -> None:
     def cfg(lanes: int) -> RunConfig:
-        return RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
-                         lanes=lanes)  # fmt: skip
+        return RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
+                            lanes=lanes)  # fmt: skip
 
     pool = _pool({"http://w1:1": 3, "http://w2:1": 4})
     silent = _pool({"http://w1:1": None})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -48,10 +47,10 @@ class InProcessWorker(httpx.AsyncBaseTransport):
 def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text("".join(json.dumps({"id": i, "q": f"q{i}"}) + "\n" for i in range(100)))
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=30, preflight_records=20,
-                    max_rounds=2)  # fmt: skip
-    shard_dataset(cfg.input, RunLayout(cfg.run_root).input, records_per_shard=30)
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"}, records_per_shard=30, preflight_records=20,
+                       max_rounds=2)  # fmt: skip
+    shard_dataset(cfg.data.input, RunLayout(cfg.run_root).input, records_per_shard=30)
     write_run_config(cfg)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 3))
     # the keys the operator logs and the budget check reads
@@ -63,8 +62,8 @@ def test_preflight_adds_the_sizing_plan(tmp_path: Path) -> None:
     assert plan.rounds[0].shards == 4 and plan.rounds[0].records_per_shard == 30  # the run's shards
     assert plan.max_rounds == 2 and plan.approval_rate == summary.approval_rate
     # the run's lanes (the setting, or one per slot) and chunk_size: what a lost worker redoes
-    assert (plan.lanes_setting, plan.lanes, plan.chunk_size) == (0, 3, cfg.chunk_size)
-    assert plan.lost_records_per_failure == 3 * min(cfg.chunk_size, 30)
+    assert (plan.lanes_setting, plan.lanes, plan.chunk_size) == (0, 3, cfg.sharding.chunk_size)
+    assert plan.lost_records_per_failure == 3 * min(cfg.sharding.chunk_size, 30)
     assert summary.sizing["version"] == SIZING_VERSION
     assert summary.projected_wall_s == round(plan.wall_s, 1)
     assert summary.projected_gpu_hours == round(plan.wall_s / 3600, 4)
@@ -113,10 +112,10 @@ def test_the_sample_is_spread_over_the_input() -> None:
 
 
 def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
-    cfg = RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
-                    records_per_shard=2000, chunk_size=250)  # fmt: skip
+    cfg = RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
+                       records_per_shard=2000, chunk_size=250)  # fmt: skip
     args = (1_000_000, 4, 10, 2500.0, 400.0, 1.0, 1024)
-    plan = SizingPlan.from_dict(_sizing(dataclasses.replace(cfg, lanes=8), *args))
+    plan = SizingPlan.from_dict(_sizing(cfg.replace(lanes=8), *args))
     assert (plan.lanes_setting, plan.lanes, plan.slots, plan.chunk_size) == (8, 8, 40, 250)
     # the run's shards, the last ones tapered for the 8 lanes (storage.taper)
     assert plan.rounds[0].shards == 511 and plan.rounds[0].records_per_shard == 2000
@@ -126,7 +125,7 @@ def test_preflight_sizing_takes_the_run_lanes_and_chunk_size() -> None:
     assert plan.lost_records_per_failure == 2 * 250  # 8 lanes on 4 GPUs: two jobs, a chunk each
     auto = SizingPlan.from_dict(_sizing(cfg, *args))
     assert (auto.lanes_setting, auto.lanes) == (0, 40) and auto.lost_records_per_failure == 10 * 250
-    over = _sizing(dataclasses.replace(cfg, lanes=2000), *args)
+    over = _sizing(cfg.replace(lanes=2000), *args)
     assert "2,000 lanes, but a round maps one task per lane" in over["error"]
     assert _sizing(cfg, 1000, 4, None, 2500.0, 400.0, 1.0, 1024) == {
         "error": "no worker answered /v1/stats: its concurrency (job slots) is unknown"
@@ -144,9 +143,9 @@ def test_preflight_samples_and_sizes_a_fan_outs_rows(tmp_path: Path) -> None:
     lora = tmp_path / "lora-sql"  # within the worker's prefixes (the simulated engine reads no weights)
     lora.mkdir()
     (lora / "adapter_config.json").write_text("{}")
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
-                    adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"}, records_per_shard=20, preflight_records=8,
+                       adapters={"sql": str(lora)}, fan_out="adapters_and_base")  # fmt: skip
     shards = prepare_run(cfg).shards
     assert all(s.is_range for s in shards)
     summary = run_preflight(cfg, ["http://worker"], TOKEN, transport=InProcessWorker(tmp_path, 2))

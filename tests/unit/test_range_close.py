@@ -68,9 +68,9 @@ def test_single_frame_zstd_input_is_copied_and_a_rerun_reuses_it(tmp_path: Path)
         "input": str(tmp_path / "d.jsonl.zst"), "run_root": str(tmp_path / "run"),
         "prompt_template": "{{ question }}", "judge": {"type": "llm"}, "records_per_shard": 10,
     }  # fmt: skip
-    first = prepare_run(RunConfig(**settings))
+    first = prepare_run(RunConfig.of(**settings))
     assert [s.records for s in first.shards] == [10, 10, 5] and all(not s.is_range for s in first.shards)
-    assert prepare_run(RunConfig(**settings)).reused  # a retried shard task: the copy is reused
+    assert prepare_run(RunConfig.of(**settings)).reused  # a retried shard task: the copy is reused
 
 
 def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_path: Path) -> None:
@@ -82,7 +82,7 @@ def test_a_range_shard_whose_digests_disagree_is_opened_by_its_range_only(tmp_pa
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]
     lines[4] = "{bad"
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(tmp_path / "data.jsonl"), run_root=str(tmp_path / "run"),
         prompt_template="{{ question }}", judge={"type": "llm"}, records_per_shard=10,
     )  # fmt: skip

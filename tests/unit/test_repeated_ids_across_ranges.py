@@ -40,7 +40,7 @@ pytestmark = pytest.mark.chaos
 def setup_run(tmp_path: Path, lines: list[str]) -> tuple[RunConfig, Plan]:
     tmp_path.mkdir(exist_ok=True)
     (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(tmp_path / "data.jsonl"), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
         judge={"type": "llm"}, records_per_shard=10,
     )  # fmt: skip
@@ -113,7 +113,7 @@ def test_ids_repeated_across_ranges_are_rejected_and_round_zero_closes(tmp_path:
     ]
     assert all(row["shard_id"] != row["first_shard_id"] for row in got)
     assert len({row["shard_id"] for row in got[:2]} | {got[0]["first_shard_id"]}) == 3  # r05: three ranges
-    assert "a third time" in got[1]["raw"] and all(row["source"] == cfg.input for row in got)
+    assert "a third time" in got[1]["raw"] and all(row["source"] == cfg.data.input for row in got)
     # The shards' accepted docs agree with their files: counts and digests without the repeats.
     for sid in {row["shard_id"] for row in got}:
         doc = read_accepted(layout.accepted(0, sid, "infer_judge"))
@@ -183,8 +183,8 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     lines += [json.dumps({"id": f"d{i}", "q": f"again {i}"}) for i in range(half)]
     data = tmp_path / "data.jsonl"
     data.write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
-                    judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
+    cfg = RunConfig.of(input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
+                       judge={"type": "llm"}, records_per_shard=2_000)  # fmt: skip
     shards = prepare_run(cfg).shards
     assert len(shards) >= 4 and all(s.is_range for s in shards)
     hashes = str(tmp_path / "hashes")

@@ -47,4 +47,4 @@ def test_the_reports_plans_leave_out_the_config_their_plan_json_keeps(tmp_path: 
         assert "Be brief." not in json.dumps(plans) and "{{ question }}" not in json.dumps(plans)
     kept = read_plan(layout, "round-01")
     assert kept is not None and kept.config is not None
-    assert (kept.config.sampling, kept.config.system) == ({"temperature": 1.3}, "Be brief.")
+    assert (kept.config.prompt.sampling, kept.config.prompt.system) == ({"temperature": 1.3}, "Be brief.")

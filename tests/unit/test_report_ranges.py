@@ -85,6 +85,6 @@ def test_a_quarantined_range_shard_counts_its_range_once(tmp_path: Path) -> None
     cfg = ranged_run(tmp_path, "data.jsonl", ("\n".join(lines) + "\n").encode())
     strip_digests(cfg)
     failed = build_report(cfg)["failed_shards"]
-    assert len(failed) == 1 and failed[0]["uri"] == JsonlFile(cfg.input).uri  # names the source itself
+    assert len(failed) == 1 and failed[0]["uri"] == JsonlFile(cfg.data.input).uri  # names the source itself
     inv = build_report(cfg)["invariant"]
     assert inv["ok"] and inv["doubled"] == [] and (inv["input"], inv["accounted"]) == (30, 30), inv

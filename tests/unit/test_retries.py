@@ -33,7 +33,7 @@ RETRY = "{{ q }}\nYour last answer: {{ previous.result }}\nRejected: {{ previous
 
 def config(**settings: Any) -> RunConfig:
     defaults = {"prompt_template": "{{ q }}", "sampling": {"temperature": 0.7, "seed": 7}}
-    return RunConfig(
+    return RunConfig.of(
         input="/data/in.jsonl", run_root="/runs/r", judge={"type": "llm"}, **{**defaults, **settings}
     )
 

@@ -3,7 +3,6 @@ written as a worker would)."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -63,9 +62,9 @@ def test_review_modes_decide_when_a_gate_opens(tmp_path: Path) -> None:
     cfg = make_run(tmp_path, review="on_low_approval", review_min_approval=0.5)
     fake_round(cfg, "round-00", {f"r{i:02d}" for i in range(20)})  # 67% approved: no gate
     assert propose_slot(cfg, "round-01").options == []
-    cfg = dataclasses.replace(cfg, review_min_approval=0.9)
+    cfg = cfg.replace(review_min_approval=0.9)
     assert propose_slot(cfg, "round-01").options == [CONTINUE, CONTINUE_IN_PLACE, ACCEPT, STOP]
-    cfg = dataclasses.replace(cfg, review="every_round")
+    cfg = cfg.replace(review="every_round")
     assert propose_slot(cfg, "tail").options == [CONTINUE_IN_PLACE, ACCEPT, STOP]
 
 
@@ -114,8 +113,11 @@ def test_continue_with_changes_holds_for_the_next_rounds_and_enters_the_job_ids(
     plan = apply_choice(cfg, proposal, CONTINUE, by="alice", changes=changes)
     assert plan.settings == changes and plan.review is not None and plan.review["changes"] == changes
     changed = plan.effective_config(cfg)
-    assert changed.sampling == {"temperature": 1.1, "max_tokens": 8} and changed.system == "Be brief."
-    assert cfg.sampling["temperature"] == 0.7  # run.json's settings stay as they were
+    assert (
+        changed.prompt.sampling == {"temperature": 1.1, "max_tokens": 8}
+        and changed.prompt.system == "Be brief."
+    )
+    assert cfg.prompt.sampling["temperature"] == 0.7  # run.json's settings stay as they were
     shard = plan.shards[0]
     before, after = job_spec(cfg, "infer_judge", 1, shard), job_spec(changed, "infer_judge", 1, shard)
     assert after.params["sampling"]["temperature"] == 1.1 and after.job_id != before.job_id
@@ -167,9 +169,9 @@ def test_job_ids_name_the_run_and_change_with_the_request(tmp_path: Path) -> Non
     shard = propose_slot(cfg, "round-00").plan.shards[0]
     a = job_spec(cfg, "infer", 0, shard)
     assert a.job_id == job_spec(cfg, "infer", 0, shard).job_id
-    cfg = dataclasses.replace(cfg, sampling={"temperature": 0.1})
+    cfg = cfg.replace(sampling={"temperature": 0.1})
     assert job_spec(cfg, "infer", 0, shard).job_id != a.job_id
-    other = RunConfig(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
+    other = RunConfig.of(**{**cfg.to_dict(), "run_root": str(tmp_path / "other")})
     assert job_spec(other, "infer", 0, shard).job_id.split("-")[0] != a.job_id.split("-")[0]
 
 
@@ -207,13 +209,13 @@ def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path:
     from airflow_batchinfer.run.jobs import job_spec, round_kinds
 
     base = {"input": "x.jsonl", "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}"}
-    fused = RunConfig(**base, judge={"type": "llm"}, sampling={"max_tokens": 8})
-    two = RunConfig(**base, judge={"type": "llm"}, judge_pool="local://judges")
+    fused = RunConfig.of(**base, judge={"type": "llm"}, sampling={"max_tokens": 8})
+    two = RunConfig.of(**base, judge={"type": "llm"}, judge_pool="local://judges")
     assert round_kinds(fused, "rounds") == ("infer_judge",)
     assert round_kinds(fused, "in_place") == ("in_place",)
     assert round_kinds(two, "rounds") == ("infer", "judge")
-    empty = RunConfig(**base, judge={"type": "llm"}, judge_pool="")  # empty: no pool of its own
-    assert empty.judge_pool is None
+    empty = RunConfig.of(**base, judge={"type": "llm"}, judge_pool="")  # empty: no pool of its own
+    assert empty.judging.judge_pool is None
     # the fused job carries both the generation and the judge settings, and writes approved/rejected
     spec = job_spec(
         fused, "infer_judge", 0, PlannedShard.of({"shard_id": "part-00000", "uri": "p.jsonl", "records": 3})
@@ -222,4 +224,4 @@ def test_a_round_runs_one_fused_job_per_shard_or_two_with_a_judge_pool(tmp_path:
     assert {"approved", "rejected", "staging", "manifest"} <= set(spec.outputs)
     assert "inferred" not in spec.outputs
     with pytest.raises(ConfigError, match=r"judge_pool 'local://judges' serves a judge model.*'regex'"):
-        RunConfig(**base, judge={"type": "regex", "pattern": "x"}, judge_pool="local://judges")
+        RunConfig.of(**base, judge={"type": "regex", "pattern": "x"}, judge_pool="local://judges")

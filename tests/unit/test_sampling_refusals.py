@@ -109,15 +109,15 @@ def test_a_sampling_param_no_engine_runs_is_refused_at_submit_and_at_trigger(
 ) -> None:
     with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace("[", r"\[")):
         parse_params("infer", {"prompt_template": "{{ q }}", "sampling": sampling}, engine="vllm")
-    cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
-                    judge={"type": "llm"}, sampling=sampling)  # fmt: skip
+    cfg = RunConfig.of(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
+                       judge={"type": "llm"}, sampling=sampling)  # fmt: skip
     with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
         cfg.validate()
 
 
 def test_the_run_is_refused_for_the_pools_engine_naming_field_and_engine() -> None:
-    cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
-                    judge={"type": "llm"}, sampling={"presence_penalty": 0.5, "top_k": 4})  # fmt: skip
+    cfg = RunConfig.of(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
+                       judge={"type": "llm"}, sampling={"presence_penalty": 0.5, "top_k": 4})  # fmt: skip
     cfg.validate()  # some engine honours each field
     why = cfg.engine_refusal("transformers")
     assert why is not None and why.startswith("sampling.presence_penalty=0.5 is refused: the transformers")

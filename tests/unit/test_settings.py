@@ -43,20 +43,20 @@ def test_the_empty_means_default_settings_are_nullable() -> None:
 
 
 def test_run_config_defaults_are_the_settings_defaults() -> None:
-    """Every RunConfig field but run_root is a run setting, its Setting made from the field (its
-    default and description), and every run setting is a RunConfig field; RunConfig is frozen."""
-    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    """Every field of a RunConfig section is a run setting, its Setting made from the field (its
+    default and description), and every run setting is a section's field; RunConfig is frozen."""
+    fields = RunConfig.setting_fields()
     run_settings = {s.name for s in RUN_SETTINGS_SPEC if s.is_run_setting}
-    assert set(fields) - {"run_root"} == run_settings
+    assert set(fields) == run_settings
     for name, f in fields.items():
         if f.default is not dataclasses.MISSING:
             assert setting(name).default == f.default, name
         elif f.default_factory is not dataclasses.MISSING:
             assert setting(name).default == f.default_factory(), name
-    cfg = RunConfig(run_root="/r", **{s.name: s.default for s in RUN_SETTINGS_SPEC if s.is_run_setting})
+    cfg = RunConfig.of(run_root="/r", **{s.name: s.default for s in RUN_SETTINGS_SPEC if s.is_run_setting})
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.max_rounds = 5  # type: ignore[misc]
-    assert dataclasses.replace(cfg, max_rounds=5).max_rounds == 5
+        cfg.retries.max_rounds = 5  # type: ignore[misc]
+    assert cfg.replace(max_rounds=5).retries.max_rounds == 5
 
 
 def test_the_lists_of_names_are_the_codes() -> None:
@@ -97,8 +97,8 @@ def test_cli_run_defaults_are_the_dag_defaults() -> None:
     for command in (["shard", "a", "b"], ["recompact", "a", "b"]):
         assert build_parser().parse_args(command).records_per_shard == setting("records_per_shard").default
     # a run from the defaults is a RunConfig with its defaults
-    cfg = RunConfig(run_root="/runs/r", **run_settings_from_args(args))
-    assert cfg == RunConfig(
+    cfg = RunConfig.of(run_root="/runs/r", **run_settings_from_args(args))
+    assert cfg == RunConfig.of(
         input="data.jsonl", run_root="/runs/r", prompt_template=None, judge={"type": "llm"}
     )
 
@@ -193,7 +193,7 @@ def test_empty_fields_of_the_nullable_params_are_accepted_and_mean_the_default()
         assert all(values[name] is None for name in nullable), dag_id
         run = {name: values[name] for name in RUN_SETTINGS}
         cfg = RunConfig.from_dict({**run, "run_root": "/tmp/r"}).validate()
-        assert cfg.infer_params().wire()["id_field"] == "id" and cfg.budget_gpu_hours is None
+        assert cfg.infer_params().wire()["id_field"] == "id" and cfg.budget.budget_gpu_hours is None
         assert refusals(values, implied_by(values)) == [], dag_id
     root = jinja2.Environment().from_string(RUN_ROOT)
     run_id = "manual__2026-01-01T00:00:00+00:00"

@@ -142,8 +142,8 @@ def test_rounds_rerun_the_rejected_share() -> None:
 
 @pytest.mark.parametrize("strategy", ["rounds", "in_place", "hybrid"])
 def test_expected_passes_match_the_preflight_and_the_rounds(strategy: str) -> None:
-    cfg = RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
-                    strategy=strategy, max_rounds=2, max_attempts=3)  # fmt: skip
+    cfg = RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"},
+                       strategy=strategy, max_rounds=2, max_attempts=3)  # fmt: skip
     passes = expected_passes(0.6, strategy, 2, 3)
     assert passes == preflight_passes(0.6, cfg)
     plan = plan_run(1_000_000, 8, 1000, concurrency=4, approval_rate=0.6, max_rounds=2, strategy=strategy,

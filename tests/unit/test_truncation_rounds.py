@@ -3,7 +3,6 @@ prompt that asks for more tokens than the run's max_tokens) and the round's clos
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ TEMPLATE = "{{ question }}{% if id in " + repr(LONG) + " %} simulate_tokens=24{%
 
 def truncating_run(tmp_path: Path, **settings: Any) -> RunConfig:
     cfg = make_run(tmp_path, sampling={"max_tokens": 16}, **settings)
-    return dataclasses.replace(cfg, prompt_template=TEMPLATE)
+    return cfg.replace(prompt_template=TEMPLATE)
 
 
 def run_round(cfg: RunConfig, slot: str) -> dict[str, Any]:

@@ -24,8 +24,8 @@ ENGINE = {"engine": "simulated"}
 
 
 def config(**settings: Any) -> RunConfig:
-    return RunConfig(input="/data/in.jsonl", run_root="/runs/r", prompt_template="{{ q }}",
-                     judge={"type": "llm"}, **settings)  # fmt: skip
+    return RunConfig.of(input="/data/in.jsonl", run_root="/runs/r", prompt_template="{{ q }}",
+                        judge={"type": "llm"}, **settings)  # fmt: skip
 
 
 def test_the_settings_are_described_once_for_params_cli_and_docs() -> None:

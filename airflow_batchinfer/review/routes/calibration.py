@@ -77,7 +77,7 @@ def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
         with _calibrated_lock:
             hit = _calibrated.get(key)
         if hit is None:
-            tenths = scored_in_tenths(read_run_config(ctx.run_root, ctx.so).judge)
+            tenths = scored_in_tenths(read_run_config(ctx.run_root, ctx.so).judging.judge)
             hit = measured(view(ctx, q), log, tenths=tenths)
             with _calibrated_lock:
                 _calibrated[key] = hit

@@ -41,5 +41,5 @@ def get_gate(dag_id: str, run_id: str, access: AccessDep) -> dict[str, Any]:
         "round": ctx.round,
         "gate": ctx.gate.to_dict(),
         # whether the desk shows the judge against the reviewers: not for people as the judge
-        "calibrated": judge_checked(read_run_config(ctx.run_root, ctx.so).judge),
+        "calibrated": judge_checked(read_run_config(ctx.run_root, ctx.so).judging.judge),
     }

@@ -65,7 +65,7 @@ def _planned(ctx: RunContext, requested: int | None) -> tuple[Plan, list[int]]:
     layout = RunLayout(ctx.run_root)
     cfg = read_run_config(ctx.run_root, ctx.so)
     plans: dict[int, Plan] = {}
-    for slot in slots(cfg.max_rounds):
+    for slot in slots(cfg.retries.max_rounds):
         plan = read_plan(layout, slot, ctx.so)
         if plan is not None and plan.mode != "skip":
             plans[plan.round] = plan

@@ -40,7 +40,8 @@ def review_body(
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
     last = proposal.last
     lines = [
-        f"**Run** {cell(cfg.run_root, 2000)} · strategy **{_cut(cfg.strategy)}** · next: **{plan.slot}**",
+        f"**Run** {cell(cfg.run_root, 2000)} · strategy **{_cut(cfg.retries.strategy)}** · "
+        f"next: **{plan.slot}**",
         "",
         *(
             [
@@ -65,7 +66,7 @@ def review_body(
     lines += [f"| {s.round} | {s.pending} | {s.approved} | {(s.approval_rate or 0):.0%} |" for s in history]
     lines += _gate_calibration(layout, plan.round, last, so)
     pending = plan.shards or (pending_shards(layout, plan.round, so) if plan.stop != NOTHING_PENDING else [])
-    table = _sample_rows(pending, cfg.id_field or "id", sample, so)  # cut as each row is read
+    table = _sample_rows(pending, cfg.data.id_field or "id", sample, so)  # cut as each row is read
     lines += [
         "",
         f"**Rejected samples** (first {len(table)}):",

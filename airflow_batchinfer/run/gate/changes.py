@@ -14,7 +14,7 @@ from airflow_batchinfer.spec.settings import setting
 from airflow_batchinfer.state.config import ROUND_SETTINGS, RunConfig
 
 # What a reviewer may change for the next rounds with a gate's answer (state.config.ROUND_SETTINGS),
-# and where each lives in the run's settings: a field of ``RunConfig.sampling`` (engines.sampling
+# and where each lives in the run's settings: a field of the ``sampling`` setting (engines.sampling
 # holds its bounds) or a run setting of its own (settings.RUN_SETTINGS_SPEC holds its schema).
 GATE_CHANGES: dict[str, Literal["sampling", "setting"]] = {
     key: "sampling" if key in SAMPLING_FIELDS else "setting" for key in ROUND_SETTINGS
@@ -47,7 +47,7 @@ def changed_settings(previous: dict[str, Any] | None, changes: dict[str, Any]) -
 def current_settings(cfg: RunConfig) -> dict[str, Any]:
     """The values of :data:`GATE_CHANGES` that ``cfg`` runs with (what a gate's form shows)."""
     return {
-        k: (cfg.sampling.get(k) if where == "sampling" else getattr(cfg, k))
+        k: (cfg.prompt.sampling.get(k) if where == "sampling" else cfg.setting(k))
         for k, where in GATE_CHANGES.items()
     }
 
@@ -62,7 +62,7 @@ def gate_refusals(changed: RunConfig, settings: dict[str, Any], limits: TriggerL
     by :func:`~airflow_batchinfer.spec.limits.refusals` as for a trigger's params. ``changed``: the config
     the next rounds would run (a sampling key is checked with the whole sampling, as the engines read
     it: ``max_completion_tokens`` before ``max_tokens``, 256 when neither is set)."""
-    params = {k: getattr(changed, k) for k in settings if GATE_CHANGES[k] != "sampling"}
+    params = {k: changed.setting(k) for k in settings if GATE_CHANGES[k] != "sampling"}
     if any(GATE_CHANGES[k] == "sampling" for k in settings):
-        params["sampling"] = changed.sampling
+        params["sampling"] = changed.prompt.sampling
     return refusals(params, limits)

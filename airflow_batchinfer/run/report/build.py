@@ -64,7 +64,7 @@ STATUS = {
 
 def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, Any]:
     layout = RunLayout(cfg.run_root)
-    plans = [p for s in slots(cfg.max_rounds) if (p := read_plan(layout, s, so))]
+    plans = [p for s in slots(cfg.retries.max_rounds) if (p := read_plan(layout, s, so))]
     ran = [p for p in plans if p.mode != "skip"]
     summaries = {p.slot: read_summary(layout, p.round, so) for p in ran}
     rounds = [s for s in summaries.values() if s]
@@ -74,7 +74,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     status = STATUS[stop]
     # Every slot plans (a skip too) and every round that ran closes: a run where one did not (an
     # upstream task failed: the shard task, the pool setup, a plan or a close) has not finished.
-    unplanned = [s for s in slots(cfg.max_rounds) if s not in {p.slot for p in plans}]
+    unplanned = [s for s in slots(cfg.retries.max_rounds) if s not in {p.slot for p in plans}]
     unclosed = [slot for slot, s in summaries.items() if s is None]
     reason = stop
     if unplanned or unclosed:
@@ -90,9 +90,9 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     # What is still pending: the set the last round left, unless in place or acceptance took it.
     r_next = sum(1 for p in ran if p.mode == "rounds")
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else _pending(layout, r_next, status, so)
-    id_field = cfg.id_field or "id"
+    id_field = cfg.data.id_field or "id"
     invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so, plans=plans)
-    if failed and len(failed) > cfg.max_failed_shards and status != INCOMPLETE:
+    if failed and len(failed) > cfg.budget.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
     reviews = applied_reviews(layout, plans, so)
     input_manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
@@ -100,7 +100,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     shard_status = shard_figures(layout, ran, summaries, so)
     report = {
         "run_root": cfg.run_root,
-        "strategy": cfg.strategy,
+        "strategy": cfg.retries.strategy,
         "status": status,
         "stop_reason": reason,
         "input": None if input_manifest is None else input_manifest.counts,
@@ -122,7 +122,7 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "remaining_pending_uri": _pending_uri(layout, r_next, so) if final_pending else None,
         "exhausted_in_place": exhausted,
         "failed_shards": [f.to_json() for f in failed],
-        "max_failed_shards": cfg.max_failed_shards,
+        "max_failed_shards": cfg.budget.max_failed_shards,
         # per round a lane started: its shards by state, per lane, the failed ones
         "shard_status": [f.to_json() for f in shard_status],
         "preflight": None if preflight is None else preflight.to_json(),
@@ -282,7 +282,7 @@ def calibrations(layout: RunLayout, plans: list[Plan], so: StorageOptions | None
 
 def fan_out_figures(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) -> dict[str, Any] | None:
     """A fan-out's arms and the rows round 0 planned of the input's records (``None``: none)."""
-    fan_out = cfg.fan_out_arms()
+    fan_out = cfg.prompt.fan_out_arms()
     if fan_out is None:
         return None
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))

@@ -311,7 +311,7 @@ def dataset(tmp_path: Path, n: int) -> Path:
 async def run(
     src: Path, root: Path, pool: KubernetesPool, *, max_rounds: int, records_per_shard: int = 10
 ) -> dict[str, Any]:
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(src), run_root=str(root), prompt_template="{{ question }}", judge={"type": "llm"},
         max_rounds=max_rounds, records_per_shard=records_per_shard, chunk_size=10,
     )  # fmt: skip

@@ -28,7 +28,7 @@ from airflow_batchinfer.engines.sampling import (
 )
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.spec.settings import setting
-from airflow_batchinfer.state.config import SAMPLING_PROPERTIES
+from airflow_batchinfer.state.config_sections import SAMPLING_PROPERTIES
 
 EDGES: dict[str, list[Any]] = {
     "max_tokens": [-1, 0, 1, 2, 100_000],

@@ -87,8 +87,8 @@ def test_greedy_candidates_are_refused_naming_the_remedy() -> None:
 
     with pytest.raises(ConfigError, match="n 2 with temperature 0 is one greedy answer 2 times"):
         SamplingParams(n=2)
-    cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}", judge={"type": "llm"},
-                    sampling={"n": 2})  # fmt: skip
+    cfg = RunConfig.of(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
+                       judge={"type": "llm"}, sampling={"n": 2})  # fmt: skip
     with pytest.raises(ConfigError, match="set temperature above 0"):
         cfg.validate()
     assert SamplingParams(n=2, temperature=0.5).n == 2
@@ -145,8 +145,8 @@ def test_the_logprob_verdict_is_the_object_the_judge_reads_and_scores_its_confid
 def test_a_run_whose_pool_gives_no_logprobs_is_refused_a_logprob_judge() -> None:
     from airflow_batchinfer.state.config import RunConfig
 
-    cfg = RunConfig(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
-                    judge={"type": "llm", "score": "logprob"})  # fmt: skip
+    cfg = RunConfig.of(input="/d/in.jsonl", run_root="/d/run", prompt_template="{{ q }}",
+                       judge={"type": "llm", "score": "logprob"})  # fmt: skip
     why = cfg.engine_refusal("simulated")
     assert why is not None and "score logprob" in why and "simulated engine" in why
     assert cfg.engine_refusal("vllm") is None

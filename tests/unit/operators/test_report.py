@@ -16,7 +16,7 @@ from airflow_batchinfer.state.config import RunConfig
 
 def test_the_settings_warning_is_logged_before_the_sample(caplog: pytest.LogCaptureFixture) -> None:
     settings: dict[str, Any] = {"input": "/d/in.jsonl", "run_root": "/runs/r", "judge": {"type": "llm"}}
-    cfg = RunConfig(prompt_template="{{ q }}", preflight_records=0, **settings)
+    cfg = RunConfig.of(prompt_template="{{ q }}", preflight_records=0, **settings)
     log = logging.getLogger("test.preflight")
     with caplog.at_level(logging.INFO, logger="test.preflight"):
         assert preflight_check(cfg, "local://unused", {}, {}, log) is None  # type: ignore[arg-type]
@@ -24,7 +24,7 @@ def test_the_settings_warning_is_logged_before_the_sample(caplog: pytest.LogCapt
     assert len(warned) == 1 and warned[0].startswith("pre-flight: every retry would produce the same text")
     caplog.clear()
     retry = "{{ q }} (not {{ previous.result }})"
-    told = RunConfig(prompt_template="{{ q }}", preflight_records=0, retry_template=retry, **settings)
+    told = RunConfig.of(prompt_template="{{ q }}", preflight_records=0, retry_template=retry, **settings)
     with caplog.at_level(logging.INFO, logger="test.preflight"):
         preflight_check(told, "local://unused", {}, {}, log)  # type: ignore[arg-type]
     assert not [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -3,7 +3,6 @@ nor Airflow's map length) and starts its lanes afresh; the review gate's form.""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ def test_a_round_of_lanes_maps_one_lane_per_pool_slot_never_more_than_its_shards
     lanes = controller(cfg, slots="2")._mapped(cfg, plan)  # a template renders a str
     assert lanes == [{"slot": "round-00", "round": 0, "lane": i, "lanes": 2} for i in range(2)]
     assert len(controller(cfg, slots=8)._mapped(cfg, plan)) == 3  # an idle lane: no task
-    asked = RunConfig(**{**cfg.to_dict(), "lanes": 1})  # the run setting wins over the slots
+    asked = RunConfig.of(**{**cfg.to_dict(), "lanes": 1})  # the run setting wins over the slots
     assert len(controller(cfg, slots=8)._mapped(asked, propose_slot(asked, "round-00").plan)) == 1
     with pytest.raises(AirflowFailException, match=r"given no slots\. Remedy: pass slots="):
         controller(cfg)._mapped(cfg, plan)  # lanes 0 needs the pool's slots
@@ -100,7 +99,7 @@ def test_a_round_whose_sampling_its_pools_engine_does_not_honour_fails_before_it
     cfg = make_run(tmp_path, **({"sampling": asked} if where == "run" else {}))
     plan = propose_slot(cfg, "round-00").plan
     if where == "review":  # the plan's settings (what reviews changed) are what the round runs
-        plan.config = dataclasses.replace(cfg, sampling=asked)
+        plan.config = cfg.replace(sampling=asked)
     op = controller(cfg)
     held = {"engine": None}  # the pool itself: the fake client below answers for it
     monkeypatch.setattr(RoundControllerOperator, "_hold_pools", lambda self, cfg, context, gate: held)

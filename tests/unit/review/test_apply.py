@@ -4,7 +4,6 @@ close and the run's report account for every id."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +163,7 @@ def test_decisions_take_effect_once_per_round_and_the_report_points_at_what_is_p
     same round (the decisions took effect once); the report counts them once and names the pending
     set they left."""
     cfg = reviewed_run(tmp_path)
-    cfg = dataclasses.replace(cfg, strategy="hybrid")
+    cfg = cfg.replace(strategy="hybrid")
     layout = RunLayout(cfg.run_root)
     switch = apply_choice(cfg, propose_slot(cfg, "round-01"), "Continue in place")
     assert switch.switch_in_place and switch.reviewed is not None

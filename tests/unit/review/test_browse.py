@@ -221,14 +221,14 @@ def test_the_desk_shows_the_prompt_the_worker_sent_with_the_rounds_system_messag
     cfg = build_round(str(tmp_path), n=10, per_shard=10)
     plan = read_plan(RunLayout(cfg.run_root), "round-00")
     assert plan is not None
-    plan.config = RunConfig(**{**cfg.to_dict(), "system": "Be brief."})  # what the round ran with
+    plan.config = RunConfig.of(**{**cfg.to_dict(), "system": "Be brief."})  # what the round ran with
     write_plan(RunLayout(cfg.run_root), plan)
     rid = rejected_ids(10)[0]
     sample = RoundView(cfg.run_root, 0).find(rid)
     assert sample is not None
     assert sample.prompt == f"[system]\nBe brief.\n\n[user]\nQ: What is {int(rid[1:])} + 1?"
     assert sample.prompt == workers_text(
-        PromptBuilder(cfg.prompt_template, system="Be brief."), sample.record
+        PromptBuilder(cfg.prompt.prompt_template, system="Be brief."), sample.record
     )
 
 

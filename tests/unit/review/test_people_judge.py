@@ -77,4 +77,4 @@ def test_review_below_score_routes_low_scored_verdicts_to_people(tmp_path: Path)
 def test_people_judging_refuses_what_cannot_work(settings: dict, message: str | None) -> None:
     base = {"input": "x.jsonl", "run_root": "/tmp/r", "prompt_template": "{{ q }}"}
     with pytest.raises(ConfigError, match=message or "takes no fields"):
-        RunConfig(**{**base, **settings}).validate()
+        RunConfig.of(**{**base, **settings}).validate()

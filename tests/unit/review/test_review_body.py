@@ -34,7 +34,7 @@ def test_model_output_in_the_review_body_is_text(tmp_path: Path) -> None:
         w.write_many(rows)
     # a run name can carry markup too (it passes the prefix check): the run root is escaped as well
     root = str(tmp_path / "run`![p](evil.png)`")
-    cfg = RunConfig(input="x", run_root=root, prompt_template=None, judge={"type": "llm"})
+    cfg = RunConfig.of(input="x", run_root=root, prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
     proposal = Proposal(Plan(slot="round-01", round=1, mode="rounds", shards=shards), options=["Continue"])
     body = review_body(cfg, proposal)
@@ -60,7 +60,7 @@ def test_the_desk_link_is_ours_and_cannot_be_broken_out_of(tmp_path: Path) -> No
     url = desk_url("http://127.0.0.1:8080/", "dag_x", "manual__x) ![p](http://evil.example/p.png")
     assert url == ("http://127.0.0.1:8080/dags/dag_x/runs/manual__x%29%20%21%5Bp%5D%28http%3A%2F%2Fevil.example"
                    "%2Fp.png/plugin/review-desk")  # fmt: skip
-    cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
+    cfg = RunConfig.of(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
     proposal = Proposal(
         Plan(slot="round-01", round=1, mode="skip", stop="nothing pending"), options=["Continue"]
     )

@@ -26,7 +26,7 @@ def gate(tmp_path: Path, rows: list[dict[str, Any]], **plan: Any) -> tuple[RunCo
     shard = tmp_path / "pending" / "part-00000.jsonl"
     with JsonlFile(str(shard)).writer_sync() as w:
         w.write_many(rows)
-    cfg = RunConfig(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
+    cfg = RunConfig.of(input="x", run_root=str(tmp_path / "run"), prompt_template=None, judge={"type": "llm"})
     shards = [{"shard_id": "part-00000", "uri": str(shard), "records": len(rows)}]
     return cfg, Proposal(
         Plan(slot="round-01", round=1, mode="rounds", shards=shards, **plan), options=["Continue"]

@@ -107,16 +107,16 @@ def test_without_spot_checks_nothing_changes_in_the_jobs(tmp_path: Path) -> None
 def test_refusals() -> None:
     base = {"input": "x.jsonl", "run_root": "/tmp/r", "prompt_template": "{{ q }}", "judge": c.JUDGE}
     with pytest.raises(ConfigError, match="human judge approves none"):
-        RunConfig(**{**base, "judge": {"type": "human"}, "spot_check_approved": 5})
+        RunConfig.of(**{**base, "judge": {"type": "human"}, "spot_check_approved": 5})
     with pytest.raises(ConfigError, match="has no rounds"):
-        RunConfig(**{**base, "strategy": "in_place", "spot_check_approved": 5})
+        RunConfig.of(**{**base, "strategy": "in_place", "spot_check_approved": 5})
     with pytest.raises(ConfigError, match="integer >= 0"):
-        RunConfig(**{**base, "spot_check_approved": -1})
-    assert RunConfig(**{**base, "strategy": "hybrid", "spot_check_approved": 5}).human_review
+        RunConfig.of(**{**base, "spot_check_approved": -1})
+    assert RunConfig.of(**{**base, "strategy": "hybrid", "spot_check_approved": 5}).human_review
     with pytest.raises(ConfigError, match="need Airflow"):  # batchinfer run has no gate
         import asyncio
 
-        asyncio.run(run_pipeline(RunConfig(**{**base, "spot_check_approved": 5}), None))  # type: ignore[arg-type]
+        asyncio.run(run_pipeline(RunConfig.of(**{**base, "spot_check_approved": 5}), None))  # type: ignore[arg-type]
     params = {"judge": {"type": "human"}, "spot_check": {"rate": 0.5, "seed": "s"}}
     with pytest.raises(ConfigError, match="human judge"):
         parse_params("judge", params)

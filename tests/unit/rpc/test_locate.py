@@ -133,7 +133,7 @@ def test_unreachable_grace_s_is_one_bounded_setting() -> None:
     grace = setting("unreachable_grace_s")
     assert grace.minimum == LOCATE_TIMEOUT_S and grace.maximum is not None
     assert grace.maximum < SUBMIT_TIMEOUT_S - 2 * LOCATE_TIMEOUT_S  # room for the asks around it
-    defaults = (grace.default, RunConfig.__dataclass_fields__["unreachable_grace_s"].default,
+    defaults = (grace.default, RunConfig.setting_fields()["unreachable_grace_s"].default,
                 inspect.signature(PoolClient).parameters["unreachable_grace_s"].default)  # fmt: skip
     assert set(defaults) == {UNREACHABLE_GRACE_S}
     for text in ("0", "4", str(SUBMIT_TIMEOUT_S)):
@@ -143,6 +143,6 @@ def test_unreachable_grace_s_is_one_bounded_setting() -> None:
     run = {"input": "/d.jsonl", "run_root": "/r", "prompt_template": "{{ q }}", "judge": {"type": "length"}}
     for bad in (0, SUBMIT_TIMEOUT_S):
         with pytest.raises(ConfigError, match=r"unreachable_grace_s .* outside .*set it within"):
-            RunConfig(**run, unreachable_grace_s=bad)  # type: ignore[arg-type]
-    widest = RunConfig(**run, unreachable_grace_s=grace.maximum)  # type: ignore[arg-type]
-    assert widest.unreachable_grace_s == grace.maximum
+            RunConfig.of(**run, unreachable_grace_s=bad)
+    widest = RunConfig.of(**run, unreachable_grace_s=grace.maximum)
+    assert widest.sharding.unreachable_grace_s == grace.maximum

@@ -41,7 +41,7 @@ def test_a_changed_rounds_settings_are_stored_whole(tmp_path: Path) -> None:
     write_plan(RunLayout(cfg.run_root), plan)
     data = stored(cfg, "round-00")["config"]
     assert isinstance(data, dict) and data["sampling"] == {"temperature": 1.3}
-    assert data["prompt_template"] == "Q: {{ question }}" and data["judge"] == cfg.judge
+    assert data["prompt_template"] == "Q: {{ question }}" and data["judge"] == cfg.judging.judge
     back = read_plan(RunLayout(cfg.run_root), "round-00")
     assert back is not None and back.effective_config(cfg) == plan.config != cfg
 

@@ -59,7 +59,7 @@ def test_the_gates_texts_take_what_the_trigger_form_takes_within_a_bound() -> No
 
 
 def run(tmp_path: Path) -> RunConfig:
-    return RunConfig(
+    return RunConfig.of(
         input=str(tmp_path / "in.jsonl"),
         run_root=str(tmp_path / "run"),
         prompt_template="{{ q }}",
@@ -77,9 +77,13 @@ def test_a_rounds_settings_are_run_json_with_the_reviews_changes(tmp_path: Path)
         "retry_template": None,
     }  # fmt: skip
     told = round_config(cfg, {"retry_template": "{{ q }} (not {{ previous.result }})"})
-    assert told.retry_template == "{{ q }} (not {{ previous.result }})" and cfg.retry_template is None
-    assert told.infer_params().wire()["retry_template"] == told.retry_template  # the next rounds' jobs run it
-    assert cfg.sampling == {"temperature": 0.7, "max_tokens": 8} and cfg.system is None  # run.json's stay
+    assert (
+        told.retries.retry_template == "{{ q }} (not {{ previous.result }})"
+        and cfg.retries.retry_template is None
+    )
+    # the next rounds' jobs run it, and run.json's settings stay
+    assert told.infer_params().wire()["retry_template"] == told.retries.retry_template
+    assert cfg.prompt.sampling == {"temperature": 0.7, "max_tokens": 8} and cfg.prompt.system is None
     with pytest.raises(ConfigError):  # validated as the workers will: a template they cannot render
         round_config(cfg, {"prompt_template": "{{ q"})
     with pytest.raises(ConfigError, match="invalid prompt template"):

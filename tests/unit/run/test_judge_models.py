@@ -22,7 +22,7 @@ JURY = {"type": "jury", "judges": [{"type": "llm"}, CLASSIFIER, {"type": "length
 
 
 def run(judge: dict[str, Any], **settings: Any) -> RunConfig:
-    return RunConfig(
+    return RunConfig.of(
         input="/d/in.jsonl",
         run_root="/d/run",
         prompt_template="Q {{ q }}",
@@ -66,7 +66,7 @@ def test_refused_settings_name_the_remedy(
 def test_scored_judges_may_send_low_scores_to_people() -> None:
     for judge in (CLASSIFIER, JURY, {"type": "llm"}):
         pool = {} if judge["type"] == "llm" else {"judge_pool": "local://j"}
-        assert run(judge, review_below_score=0.7, **pool).review_below_score == 0.7
+        assert run(judge, review_below_score=0.7, **pool).reviews.review_below_score == 0.7
 
 
 def test_a_model_judges_jobs_carry_the_prompt_and_the_jurys_early_members() -> None:

@@ -92,12 +92,12 @@ def test_a_lane_runs_its_rounds_settings_run_jsons_or_those_a_review_gave_the_ro
     write_run_config(cfg)
     plan = plan_round(cfg)
     lane = Lane(plan.slot, 0, 0, 1)
-    assert lane_round(cfg.run_root, lane)[0].sampling == {"temperature": 0.7}
+    assert lane_round(cfg.run_root, lane)[0].prompt.sampling == {"temperature": 0.7}
     plan.settings = {"temperature": 1.3}
     plan.config = round_config(cfg, plan.settings)
     write_plan(RunLayout(cfg.run_root), plan)
     changed, _ = lane_round(cfg.run_root, lane)
-    assert changed.sampling == {"temperature": 1.3}
+    assert changed.prompt.sampling == {"temperature": 1.3}
     shard = plan.shards[0].model_copy(update={"round": 0})
     assert job_spec(changed, "infer_judge", 0, shard).job_id != job_spec(cfg, "infer_judge", 0, shard).job_id
     with pytest.raises(ConfigError, match=r"slot round-01 has no plan.json.*clear that plan task"):

@@ -36,8 +36,8 @@ TAIL_OPTIONS = [CONTINUE_IN_PLACE, ACCEPT, STOP]
 
 def config(**settings: Any) -> RunConfig:
     settings.setdefault("judge", {"type": "length", "min_chars": 1})
-    return RunConfig(input="/nowhere/in.jsonl", run_root="/nowhere/run", prompt_template="{{ q }}",
-                     **settings)  # fmt: skip
+    return RunConfig.of(input="/nowhere/in.jsonl", run_root="/nowhere/run", prompt_template="{{ q }}",
+                        **settings)  # fmt: skip
 
 
 def pending(n: int = 2, records: int = 10) -> tuple[ShardRef, ...]:

@@ -45,7 +45,7 @@ def test_the_setting_gives_the_adapters_in_name_order_and_the_base_model_first()
 )
 def test_the_run_refuses_a_fan_out_that_cannot_work(settings: dict[str, Any], error: str) -> None:
     with pytest.raises(ConfigError, match=error):
-        RunConfig(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, **settings)
+        RunConfig.of(input="x", run_root="y", prompt_template="{{ q }}", judge={"type": "llm"}, **settings)
 
 
 def test_a_records_rows_carry_their_arm_and_its_id_and_ids_never_collide() -> None:

@@ -229,7 +229,7 @@ def test_round_zero_shards_with_the_runs_bounds(tmp_path: Path) -> None:
     """The run's settings reach the plan (``shard_input``), so its jobs and its close use them."""
     data, _ = dataset()
     (tmp_path / "in.jsonl").write_bytes(data)
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(tmp_path / "in.jsonl"), run_root=str(tmp_path / "run"), prompt_template="{{ q }}",
         judge={"type": "llm"}, records_per_shard=2, max_line_bytes=LIMIT, max_id_bytes=100,
     )  # fmt: skip

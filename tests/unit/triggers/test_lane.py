@@ -152,7 +152,7 @@ async def test_a_finished_lane_ends_its_task_here_with_the_lanes_result(
     }
     # the lane ran the plan the round's plan task wrote, its fused job on the run's pool
     assert seen["plan"].shards == plan.shards and seen["kinds"] == ["infer_judge"]
-    assert seen["grace"] == cfg.unreachable_grace_s and cancels.seen == []
+    assert seen["grace"] == cfg.sharding.unreachable_grace_s and cancels.seen == []
 
 
 async def test_a_lane_that_cannot_go_on_resumes_its_task_naming_the_shard_it_was_on(

@@ -79,7 +79,7 @@ def make_run(root: Path, *, bad: tuple[int, ...] = (), **settings: Any) -> tuple
     for i in bad:
         lines[i] = "{bad"
     (root / "data.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(root / "data.jsonl"), run_root=str(root / "run"), prompt_template="{{ question }}",
         judge={"type": "llm"}, records_per_shard=2 * N, chunk_size=CHUNK, **settings,
     )  # fmt: skip
@@ -479,7 +479,7 @@ def test_close_removes_a_settled_shards_segments_and_keeps_a_quarantined_ones(tm
     root = tmp_path
     lines = [json.dumps({"id": f"r{i:02d}", "question": f"q {i}"}) for i in range(30)]
     (root / "data.jsonl").write_text("\n".join(lines) + "\n")
-    cfg = RunConfig(
+    cfg = RunConfig.of(
         input=str(root / "data.jsonl"), run_root=str(root / "run"), prompt_template="{{ question }}",
         judge={"type": "llm"}, records_per_shard=10,
     )  # fmt: skip
