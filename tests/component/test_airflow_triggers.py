@@ -157,20 +157,30 @@ async def test_lane_triggers_run_every_shard_of_a_round_once_on_a_real_worker(
 async def test_a_lane_judges_each_shard_on_the_judges_own_pool_once_its_inference_ends(
     tmp_path: Path, conn: str, worker: WorkerProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``judge_pool`` (a judge-pool DAG's): each shard's infer job on the run's pool, then its judge
-    job on the judge's (its own connection, here to the same worker), from the same lane."""
+    """``judge_pool`` (a judge-pool DAG's): each shard's infer job on the run's pool from the run's
+    lane, then its judge job on the judge's (its own connection, here to the same worker) from a
+    judge lane running beside it, as a judge-pool DAG's ``judge_lanes`` task does."""
+    import asyncio
+
     judge_conn = {"conn_type": "batchinfer_pool", "host": worker.url, "password": TOKEN}
     monkeypatch.setenv("AIRFLOW_CONN_JUDGE_POOL", json.dumps(judge_conn))
     cfg, plan = lane_run(tmp_path, n=18, judge_pool="judge_pool")
     assert len(plan.shards) == 3
-    lane = Lane(plan.slot, 0, 0, 1).as_dict()
-    event = await anext(
-        LaneTrigger(
-            lane=lane, run_root=cfg.run_root, worker_pool=conn, lease_id="d/r", poll_interval_s=0.2
-        ).run()
+
+    def trigger(lane: Lane, pool: str) -> Any:
+        return anext(
+            LaneTrigger(
+                lane=lane.as_dict(), run_root=cfg.run_root, worker_pool=pool, lease_id="d/r",
+                poll_interval_s=0.2,
+            ).run()
+        )  # fmt: skip
+
+    ran, judged_lane = await asyncio.gather(
+        trigger(Lane(plan.slot, 0, 0, 1), conn), trigger(Lane(plan.slot, 0, 0, 1, "judge"), "judge_pool")
     )
-    assert isinstance(event, TaskSuccessEvent), event.payload
-    assert event.xcoms["return_value"]["done"] == 3  # type: ignore[index]
+    for event in (ran, judged_lane):
+        assert isinstance(event, TaskSuccessEvent), event.payload
+        assert event.xcoms["return_value"]["done"] == 3  # type: ignore[index]
     layout = RunLayout(cfg.run_root)
     for shard in plan.shards:
         inferred = read_job_manifest(layout.job_manifest(0, shard.shard_id, "infer"))
