@@ -167,7 +167,7 @@ def test_in_place_killed_and_resumed_tells_every_retry_its_previous_attempt(tmp_
 
 
 def test_a_real_models_retries_read_previous_and_run_with_their_sampling_entry(
-    tmp_path: Path, tiny_model: str
+    tmp_path: Path, transformers_tiny: WorkerProcess
 ) -> None:
     """The tiny random Llama on the transformers engine: the retry's prompt holds the first answer
     (the manifests' prompt tokens grow by it) and the retry runs with its retry_sampling entry."""
@@ -197,19 +197,16 @@ def test_a_real_models_retries_read_previous_and_run_with_their_sampling_entry(
             },
         )
 
-    w = start_worker(tmp_path, engine="transformers", model=tiny_model, concurrency=2)
-    try:
-        plain = in_place("plain")
-        told = in_place(
-            "told",
-            retry_template="{{ q }}. You said: {{ previous.result }}. Judge: {{ previous.reason }}",
-            retry_sampling={"2": {"max_tokens": 8, "temperature": 1.1}},
-        )
-        for spec in (plain, told):
-            status = w.wait(w.submit(spec).job_id, timeout=300)
-            assert status.state == "succeeded", status.error
-    finally:
-        w.stop()
+    w = transformers_tiny
+    plain = in_place("plain")
+    told = in_place(
+        "told",
+        retry_template="{{ q }}. You said: {{ previous.result }}. Judge: {{ previous.reason }}",
+        retry_sampling={"2": {"max_tokens": 8, "temperature": 1.1}},
+    )
+    for spec in (plain, told):
+        status = w.wait(w.submit(spec).job_id, timeout=300)
+        assert status.state == "succeeded", status.error
     tokens = {}
     for spec in (plain, told):
         m = read_job_manifest(spec.outputs["manifest"])

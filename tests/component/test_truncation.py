@@ -14,7 +14,7 @@ from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
-from tests.support.workers import start_worker
+from tests.support.workers import WorkerProcess, start_worker
 
 pytestmark = pytest.mark.slow
 
@@ -85,35 +85,34 @@ def test_in_place_retries_of_truncated_samples_raise_max_tokens_until_they_pass(
         w.stop()
 
 
-def test_transformers_cuts_a_real_generation_at_a_tiny_max_tokens(tmp_path: Path, tiny_model: str) -> None:
+def test_transformers_cuts_a_real_generation_at_a_tiny_max_tokens(
+    tmp_path: Path, transformers_tiny: WorkerProcess
+) -> None:
     """The random tiny Llama does not end an answer within 2 tokens: a real ``length`` finish, which
     the judge step rejects as truncated before the (rule) judge that would approve any text."""
-    w = start_worker(tmp_path, engine="transformers", model=tiny_model, concurrency=1)
-    try:
-        layout, s = shard(tmp_path, [{"id": i, "q": f"Tell me about {i}"} for i in range(4)])
-        sid = s.shard_id
-        spec = JobSpec(
-            job_id="fused",
-            kind="infer_judge",
-            input=s.uri,
-            outputs={
-                "approved": layout.result(0, sid),
-                "rejected": layout.rejected(0, sid),
-                "manifest": layout.job_manifest(0, sid, "infer_judge"),
-            },
-            params={
-                "prompt_template": "{{ q }}",
-                "sampling": {"max_tokens": 2},
-                "judge": {"type": "length", "min_chars": 0},
-            },
-        )
-        status = w.wait(w.submit(spec).job_id, timeout=300)
-        assert status.state == "succeeded", status.error
-        rejected = rows(layout.rejected(0, sid))
-        assert len(rejected) == 4 and not rows(layout.result(0, sid))
-        for row in rejected.values():
-            assert (row["finish_reason"], row["max_tokens"], row["status"]) == ("length", 2, "rejected")
-            assert row["judgment"]["reason"].endswith("a retry runs with max_tokens 4")
-        assert status.counts.truncated == 4
-    finally:
-        w.stop()
+    w = transformers_tiny
+    layout, s = shard(tmp_path, [{"id": i, "q": f"Tell me about {i}"} for i in range(4)])
+    sid = s.shard_id
+    spec = JobSpec(
+        job_id="fused",
+        kind="infer_judge",
+        input=s.uri,
+        outputs={
+            "approved": layout.result(0, sid),
+            "rejected": layout.rejected(0, sid),
+            "manifest": layout.job_manifest(0, sid, "infer_judge"),
+        },
+        params={
+            "prompt_template": "{{ q }}",
+            "sampling": {"max_tokens": 2},
+            "judge": {"type": "length", "min_chars": 0},
+        },
+    )
+    status = w.wait(w.submit(spec).job_id, timeout=300)
+    assert status.state == "succeeded", status.error
+    rejected = rows(layout.rejected(0, sid))
+    assert len(rejected) == 4 and not rows(layout.result(0, sid))
+    for row in rejected.values():
+        assert (row["finish_reason"], row["max_tokens"], row["status"]) == ("length", 2, "rejected")
+        assert row["judgment"]["reason"].endswith("a retry runs with max_tokens 4")
+    assert status.counts.truncated == 4

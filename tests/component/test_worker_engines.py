@@ -82,28 +82,25 @@ def infer_then_judge(
     )
 
 
-def test_transformers_worker_with_llm_judge(tmp_path: Path, tiny_model: str) -> None:
-    w = start_worker(tmp_path, engine="transformers", model=tiny_model, concurrency=2)
-    try:
-        layout, s = arithmetic(tmp_path, 24)
-        approved, rejected = infer_then_judge(
-            w,
-            layout,
-            s,
-            {"type": "llm", "max_tokens": 8},
-            judge_params={"truncated": "judge"},  # the judge sees the answers cut at 6 tokens
-            sampling={"max_tokens": 6},
-        )
-        # a random model's verdicts are gibberish: rejected as invalid_judgment, never a crash
-        assert len(approved) + len(rejected) == 24
-        assert all(r["judgment"]["reason"].startswith("invalid_judgment") for r in rejected)
-        stats = w.http("GET", "/v1/stats").json()
-        assert stats["engine"]["engine"] == "transformers"
-        assert (
-            stats["batcher"]["total_batches"] < stats["batcher"]["total_submitted"]
-        )  # requests were batched
-    finally:
-        w.stop()
+def test_transformers_worker_with_llm_judge(tmp_path: Path, transformers_tiny: WorkerProcess) -> None:
+    w = transformers_tiny
+    before = w.http("GET", "/v1/stats").json()["batcher"]  # the worker is shared: this test's share
+    layout, s = arithmetic(tmp_path, 24)
+    approved, rejected = infer_then_judge(
+        w,
+        layout,
+        s,
+        {"type": "llm", "max_tokens": 8},
+        judge_params={"truncated": "judge"},  # the judge sees the answers cut at 6 tokens
+        sampling={"max_tokens": 6},
+    )
+    # a random model's verdicts are gibberish: rejected as invalid_judgment, never a crash
+    assert len(approved) + len(rejected) == 24
+    assert all(r["judgment"]["reason"].startswith("invalid_judgment") for r in rejected)
+    stats = w.http("GET", "/v1/stats").json()
+    assert stats["engine"]["engine"] == "transformers"
+    batches, submitted = (stats["batcher"][k] - before[k] for k in ("total_batches", "total_submitted"))
+    assert 0 < batches < submitted  # requests were batched
 
 
 def test_smollm2_answers_arithmetic_checked_by_a_rule_judge(tmp_path: Path, smollm2: str) -> None:

@@ -9,8 +9,9 @@ engine, input and run roots on the S3 server (the Airflow side reaches it throug
   (no ``aws_conn_id``: the hosts' environment has the S3 credentials, as an instance role or IRSA
   would give them); judged by a rule, which takes no engine time (an llm judge would ask the slow
   engine again: 90 s jobs, where the triggerer is killed in their first seconds);
-- ``deploy_inline``: the same jobs, its lanes run inside their tasks (``in_task``; the AWS
-  connection alone would do it), so a running task has a Celery worker to lose.
+- ``deploy_inline``: the same 45 s jobs (the same rule judge), its lanes run inside their tasks
+  (``in_task``; the AWS connection alone would do it), so a running task has a Celery worker to lose;
+  a retry starts some 20 s after the kill, while its job still runs.
 
 Every other DAG reads S3 through the connection ``deploy_s3``: its lanes run in their tasks too.
 """
@@ -54,6 +55,8 @@ COMMON = {
     "limits": LIMITS,
 }
 
+RULE_JUDGE = {"type": "regex", "pattern": "[0-9]$", "must_match": True}  # no engine time
+
 build_batch_inference_dag(
     "deploy_review",
     max_rounds=2,
@@ -67,7 +70,7 @@ build_batch_inference_dag(
     defaults={
         **SIMULATED,
         "worker_pool": "deploy_slow",
-        "judge": {"type": "regex", "pattern": "[0-9]$", "must_match": True},
+        "judge": RULE_JUDGE,
     },
     default_args={"lost_grace_s": 5.0},
     **{**COMMON, "aws_conn_id": None},
@@ -75,7 +78,7 @@ build_batch_inference_dag(
 build_batch_inference_dag(
     "deploy_inline",
     max_rounds=1,
-    defaults={**SIMULATED, "worker_pool": "deploy_slow"},
+    defaults={**SIMULATED, "worker_pool": "deploy_slow", "judge": RULE_JUDGE},
     default_args={"in_task": True, "lost_grace_s": 5.0},
     **COMMON,
 )
