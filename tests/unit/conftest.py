@@ -4,6 +4,7 @@ belongs (tests/component). Cheap by construction, the tier runs in parallel (``m
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.process
 import os
 import socket
@@ -16,6 +17,11 @@ from typing import Any
 import pytest
 
 from tests.support.roots import Root
+
+# Airflow's croniter asks platform.architecture() on import, which runs `file -b`: imported here,
+# before the guard below, or a test that imports Airflow first (run alone, say) fails for it.
+with contextlib.suppress(ImportError):  # no Airflow in this environment
+    import croniter  # noqa: F401
 
 HERE = Path(__file__).parent
 # Fixtures that start a server or a process, or build a model: tests/component's.
