@@ -102,9 +102,8 @@ class Previous:
 def previous_of(row: Mapping[str, Any]) -> Previous | None:
     """The attempt ``row`` (a row the system wrote: :func:`attempts_before` decides) records, as the
     next attempt's ``previous``; ``None`` for a row without a ``finish_reason`` (every generated row
-    carries one). The
-    reviewer's ``note`` is the one of the retry decision that sent the row back (``sent_back``, which
-    the next attempt's row no longer carries)."""
+    carries one). The reviewer's ``note`` is the one of the retry decision that sent the row back
+    (``sent_back``, which the next attempt's row no longer carries)."""
     if "finish_reason" not in row:
         return None
     judgment = row.get("judgment")
