@@ -2,8 +2,10 @@
 
 Accepted verdicts: a JSON object ``{"approved": bool, "reason": str, "score": float}`` (anywhere in
 the output, fenced or not), or, when the output holds no JSON at all, exactly one of the words
-APPROVED / REJECTED. Anything else — unparsable, truncated, both words — is a rejection with reason
-``invalid_judgment``, never a crash.
+APPROVED / REJECTED. Anything else — unparsable, truncated, both words, a ``score`` that is not a
+finite number in [0, 1] (JSON ``Infinity``/``NaN``, 7) — is a rejection with reason
+``invalid_judgment``, never a crash: every engine's verdict is held to :data:`VERDICT_SCHEMA`'s range,
+not only the engines that enforce the schema (a jury's ``mean_score`` averages these scores).
 
 On an engine that honours structured outputs (vLLM, and the openai engine, which passes them on) the
 judge asks for its verdict as :data:`VERDICT_SCHEMA`, so the model can only write a verdict (unless its
@@ -120,13 +122,26 @@ def _json_objects(text: str) -> list[tuple[int, dict[str, Any]]]:
     return found
 
 
+def _score(value: Any) -> tuple[bool, float | None]:
+    """A verdict's ``score``: valid (absent, ``null``, or a finite number in [0, 1]) and its value."""
+    if value is None:
+        return True, None
+    score = number(value)
+    return score is not None and math.isfinite(score) and 0 <= score <= 1, score
+
+
 def parse_verdict(text: str | None) -> Verdict:
     if not text or not text.strip():
         return Verdict(False, f"{INVALID}: empty output")
     for _, obj in _json_objects(text):
         approved = obj.get("approved")
         if isinstance(approved, bool):
-            return Verdict(approved, str(obj.get("reason", ""))[:2000], number(obj.get("score")))
+            valid, score = _score(obj.get("score"))
+            if not valid:
+                return Verdict(
+                    False, f"{INVALID}: score {str(obj.get('score'))[:50]!r} is not a number in [0, 1]"
+                )
+            return Verdict(approved, str(obj.get("reason", ""))[:2000], score)
     if "{" in text:  # JSON was attempted but is broken or truncated: don't guess from words
         return Verdict(False, f"{INVALID}: no complete JSON verdict in {text[:200]!r}")
     words = {w.upper() for w in _WORDS.findall(text)}

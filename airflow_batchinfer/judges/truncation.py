@@ -9,7 +9,8 @@ a regex on the first line, a summary capped on purpose). A rejected row is retri
 (the next round, or in place), and its retry may run with more tokens:
 ``truncated_max_tokens_factor`` times what the truncated attempt ran with, never above
 ``max_tokens_cap`` (a DAG run's is the deployment's ``max_max_tokens``). A sample's retries never run
-with fewer tokens than its last attempt did.
+with fewer tokens than its last attempt did, nor with more than the cap, whatever a row says it ran
+with.
 
 :func:`decide` is the one decision (a pure function of the finish reason, the attempt, the
 ``max_tokens`` it ran with and the policy); the judge step (its reason) and the next attempt's request
@@ -105,18 +106,20 @@ def decide(
     finish_reason: str | None, attempt: int, max_tokens: int | None, policy: TruncationPolicy
 ) -> Decision:
     """The decision after ``attempt`` ran with ``max_tokens`` and ended with ``finish_reason``:
-    a truncated attempt's retry runs with ``max_tokens × factor`` (rounded up), at most the cap;
-    any other keeps ``max_tokens`` (a retry never runs with fewer tokens than the last attempt did).
-    ``max_tokens`` ``None`` (a row written before rows carried it): the job's own."""
+    a truncated attempt's retry runs with ``max_tokens × factor`` (rounded up), any other keeps
+    ``max_tokens`` (a retry never runs with fewer tokens than the last attempt did); either at most
+    the cap, whatever ``max_tokens`` says. ``max_tokens`` ``None`` (a row written before rows carried
+    it): the job's own."""
+    cap = policy.max_tokens_cap
     if finish_reason != LENGTH:
-        return Decision(truncated=False, reject=False, max_tokens=max_tokens)
+        kept = max_tokens if cap is None or max_tokens is None else min(max_tokens, cap)
+        return Decision(truncated=False, reject=False, max_tokens=kept)
     reject = policy.mode == "reject"
     cut = f"{TRUNCATED}: attempt {attempt} stopped at max_tokens"
     if max_tokens is None:
         return Decision(
             True, reject, None, reason=f"{cut} (finish_reason length); a retry runs with the job's"
         )
-    cap = policy.max_tokens_cap
     raised = max(max_tokens, math.ceil(max_tokens * policy.max_tokens_factor))
     nxt = raised if cap is None else min(raised, cap)
     at_cap = cap is not None and nxt >= cap

@@ -17,6 +17,12 @@ for every request, so an infer job's round-N rows and an in-place job's retries 
 the previous attempt is :func:`previous_of` a row in both (a round's pending row, an in-place
 attempt's row, or an in-place checkpoint's copy of it, so a resumed job renders the same prompt).
 
+Only the system's own rows record attempts (:func:`attempts_before`): a round-0 job reads input
+records, which are user data whatever fields they carry. A record's own ``finish_reason``,
+``attempts``, ``max_tokens`` or ``sent_back`` is never taken for an earlier attempt (it would skip
+to the retry template, or lift the token cap); from round 1 on a job reads the rows earlier rounds
+wrote, where the job's own fields replaced a record's of those names.
+
 A row whose prompt read ``previous`` carries it (the row field ``previous``): the review desk renders
 what the attempt was sent with from it. The next attempt's ``previous`` is made from the row's own
 ``result`` and ``judgment``, never from that field.
@@ -44,6 +50,7 @@ __all__ = [
     "Sent",
     "attempt_seed",
     "attempt_template",
+    "attempts_before",
     "previous_of",
     "reads_previous",
     "sent_with",
@@ -93,10 +100,10 @@ class Previous:
 
 
 def previous_of(row: Mapping[str, Any]) -> Previous | None:
-    """The attempt ``row`` records, as the next attempt's ``previous``; ``None`` for a record not yet
-    run (an input record: it has no ``finish_reason``, which every generated row carries). The
-    reviewer's ``note`` is the one of the retry decision that sent the row back (``sent_back``, which
-    the next attempt's row no longer carries)."""
+    """The attempt ``row`` (a row the system wrote: :func:`attempts_before` decides) records, as the
+    next attempt's ``previous``; ``None`` for a row without a ``finish_reason`` (every generated row
+    carries one). The reviewer's ``note`` is the one of the retry decision that sent the row back
+    (``sent_back``, which the next attempt's row no longer carries)."""
     if "finish_reason" not in row:
         return None
     judgment = row.get("judgment")
@@ -115,6 +122,16 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
         finish_reason=None if finish is None else str(finish),
         max_tokens=max_tokens if max_tokens is not None and max_tokens >= 1 else None,
     )
+
+
+def attempts_before(record: Mapping[str, Any], round: int) -> tuple[int, Previous | None]:
+    """What a job of round ``round`` reads of ``record``'s earlier attempts: how many there were and
+    the last one (:func:`previous_of`). A round-0 job's records are input records: none, whatever
+    fields they carry; a later round's are the rows the rounds before wrote."""
+    if round < 1:
+        return 0, None
+    attempts = whole_number(record.get("attempts"))
+    return max(attempts or 0, 0), previous_of(record)
 
 
 # -------------------------------------------------------------------------------------- settings

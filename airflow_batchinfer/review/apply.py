@@ -5,8 +5,8 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
   pending set from then on: :func:`airflow_batchinfer.run.plan.pending_shards` prefers it); a row
   a retry decision names carries it (``sent_back``: who, when, the note, the round), and its next
   attempt's prompt may read the note (``previous.note``, :mod:`airflow_batchinfer.prompts.retries`);
-- **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review`` with
-  who, when and the note;
+- **accept**: into ``results/`` (``reviewed-rNN-<shard>``), marked ``accepted_by_review``, with
+  who, when and the note in its ``judgment`` (below);
 - **drop**: out of the run, into ``dropped/`` with the same record of the decision;
 - a **spot check** no decision names (an approved row the judge job held back for people,
   ``spot_check_approved``) follows the judge: into ``results/`` (with the accepted rows), approved
@@ -14,7 +14,9 @@ its pending set (the reviewed round's rejected rows, recompacted) by the decisio
 
 A decided row records the person's verdict in its ``judgment``: ``person`` (``approved``: accept;
 ``action``, ``by``, ``at``, ``note``; ``bulk`` for a decision by filter) and ``overridden`` when it
-differs from the judge's own verdict. The reviewers' verdicts beside the judge's give the round's
+differs from the judge's own verdict: the system's names (``judgment``, ``sent_back``,
+``accepted_by_review``), never a field of the record's own (a record's ``review``, its product-review
+text say, is kept as it was). The reviewers' verdicts beside the judge's give the round's
 calibration (``round-NN/review/calibration.json``, :mod:`airflow_batchinfer.review.calibration`).
 
 Every output file is written whole and the split's ids are digested per output, so the id invariant
@@ -228,17 +230,16 @@ def _person(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict
 
 
 def _marked(row: dict[str, Any], decision: Decision, judge: bool | None) -> dict[str, Any]:
-    """A decided row: the person's verdict in its judgment; an accepted or dropped one also carries
-    ``review`` (and ``accepted_by_review``, accepted): it leaves the run. A retried row carries
+    """A decided row: the person's verdict in its judgment (``judgment.person``: the action, who,
+    when, the note); an accepted one is also marked ``accepted_by_review``. A retried row carries
     ``sent_back`` (who, when, the note, the round reviewed), which its next attempt's prompt may read
     (``previous.note``: :func:`~airflow_batchinfer.prompts.retries.previous_of`) and which that attempt's
-    row no longer carries (a field of the generation it replaces, as its judgment is)."""
+    row no longer carries (a field of the generation it replaces, as its judgment is). The record's
+    own fields are left as they are."""
     marked = {**row, "judgment": _person(row, decision, judge)}
     if decision.action == "retry":
         return {**marked, SENT_BACK: decision.sent_back()}
-    review = {"action": decision.action, "by": decision.by, "at": decision.at, "note": decision.note}
-    extra = {"accepted_by_review": True} if decision.action == "accept" else {}
-    return {**marked, **extra, "review": review}
+    return {**marked, "accepted_by_review": True} if decision.action == "accept" else marked
 
 
 def _approved(row: dict[str, Any]) -> dict[str, Any]:

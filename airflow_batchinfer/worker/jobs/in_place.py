@@ -12,7 +12,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.judges.truncation import LENGTH
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
-from airflow_batchinfer.prompts.retries import Previous, previous_of
+from airflow_batchinfer.prompts.retries import Previous, attempts_before, previous_of
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.writer import AsyncWriter
@@ -93,10 +93,11 @@ class _InPlace:
         if saved.final is not None:
             await self.finish(saved.final)
             return
-        attempt = max(int(record.get("attempts") or 0), saved.attempts)
+        before, recorded = attempts_before(record, p.round)
+        attempt = max(before, saved.attempts)
         # the attempt before: the checkpoint's (a resumed sample renders the prompt it would have),
-        # else the one its round's input records (None: a first attempt)
-        previous = Previous.from_dict(saved.previous) if saved.previous else previous_of(record)
+        # else the one its round's pending row records (None: a first attempt)
+        previous = Previous.from_dict(saved.previous) if saved.previous else recorded
         while True:
             attempt += 1
             ctx.tally.outcomes.attempts += 1

@@ -15,7 +15,7 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult,
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
-from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, previous_of
+from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, attempts_before
 from airflow_batchinfer.state.tally import Generated, Tally
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
@@ -103,14 +103,13 @@ class Inference:
         built: Built = []
         truncation = self.ctx.params.truncation
         for record in chunk:
-            attempts = int(record.get("attempts") or 0) + 1
-            previous = previous_of(record)  # a round's pending row: the attempt it records
+            before, previous = attempts_before(record, self.ctx.params.round)
             try:
                 rid = self.ctx.record_id(record)
                 request = self.prompts.build(
                     record,
                     request_id=rid,
-                    attempt=attempts,
+                    attempt=before + 1,
                     previous=previous,
                     least_max_tokens=least_max_tokens(previous, truncation),
                 )
@@ -135,10 +134,10 @@ class Inference:
                 rows.append(openai_batch_row(record, res, model=self.model, created=self.created))
             else:
                 request = req if isinstance(req, GenerationRequest) else None
-                attempts = int(record.get("attempts") or 0) + 1
-                fed = fed_back(self.prompts, attempts, previous_of(record))
+                before, previous = attempts_before(record, p.round)
+                fed = fed_back(self.prompts, before + 1, previous)
                 rows.append(
-                    output_row(record, **generated(res, request), attempts=attempts, round=p.round, **fed)
+                    output_row(record, **generated(res, request), attempts=before + 1, round=p.round, **fed)
                 )
         return rows, counts
 

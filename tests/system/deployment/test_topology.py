@@ -203,7 +203,7 @@ def test_a_static_pool_and_a_gate_decided_on_the_desk_by_a_fab_reviewer(
     report = succeed(run, on_review=stop_at_gates, review_delay_s=REVIEW_DELAY_S)
     by_review = [r for r in _rows(run, "results", "reviewed-") if r.get("accepted_by_review")]
     assert sorted(r["id"] for r in by_review) == sorted(accepted)
-    assert {r["review"]["by"] for r in by_review} == {"reviewer"}  # the FAB user's name
+    assert {r["judgment"]["person"]["by"] for r in by_review} == {"reviewer"}  # the FAB user's name
     assert report["accepted_by_review"] == 2
     ports = {w.rsplit(":", 1)[1] for r in report["rounds"] for w in r.get("workers", {})}  # HOST:PORT
     assert ports == {w.url.rsplit(":", 1)[1] for w in static_pools.fast}, ports

@@ -392,12 +392,16 @@ def test_a_reviewer_decides_on_the_desk_and_continues_with_a_hotter_temperature(
 
     by_review = rows(root / "results", "reviewed-r00-*")
     assert sorted(r["id"] for r in by_review) == accepted
-    assert all(r["accepted_by_review"] and r["review"]["by"] == airflow.username for r in by_review)
+    assert all(
+        r["accepted_by_review"] and r["judgment"]["person"]["by"] == airflow.username for r in by_review
+    )
     approved = ids(root / "results", "round0*")  # by the judge, in rounds 0 and 1
     assert sorted(ids(root / "results")) == sorted(approved + accepted)
     gone = rows(root / "dropped")
     assert sorted(r["id"] for r in gone) == dropped
-    assert all(r["review"] == {**r["review"], "action": "drop", "note": NOTE} for r in gone)
+    assert all(
+        {**r["judgment"]["person"], "action": "drop", "note": NOTE} == r["judgment"]["person"] for r in gone
+    )
 
     manifests = [p for p in (root / "round-01" / "jobs").glob("*.json") if p.name.count(".") == 2]
     assert manifests, "round 1 ran no job"
@@ -463,7 +467,9 @@ def test_people_judge_a_round_on_the_desk_one_by_one_and_by_filter(
     wait_success(airflow, dag_id, run_id)
     by_review = rows(root / "results", "reviewed-r00-*")
     assert sorted(r["id"] for r in by_review) == accepted == sorted(ids(root / "results"))
-    assert all(r["accepted_by_review"] and r["review"]["by"] == airflow.username for r in by_review)
+    assert all(
+        r["accepted_by_review"] and r["judgment"]["person"]["by"] == airflow.username for r in by_review
+    )
     assert sorted(ids(root / "round-01" / "reviewed")) == sorted(set(everyone) - set(accepted))
     decisions = (root / "round-00" / "review" / "decisions.jsonl").read_text().splitlines()
     *log, seal = [json.loads(line) for line in decisions]

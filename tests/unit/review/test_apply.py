@@ -4,6 +4,7 @@ close and the run's report account for every id."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +14,10 @@ from airflow_batchinfer.exceptions import ReviewClosedError
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.report.build import build_report
+from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage import JsonlDir, shard_dataset
 from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
 from tests.support.review_runs import finished_report, rows_in
 
@@ -58,9 +60,13 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
     assert [s.records for s in pending_shards(layout, 1)] == [s.records for s in plan.shards]
     results = rows_in(layout.results)
     assert {i for i, r in results.items() if r.get("accepted_by_review")} == {"r20", "r21"}
-    assert results["r20"]["review"]["by"] == "alice" and results["r20"]["review"]["action"] == "accept"
+    person = results["r20"]["judgment"]["person"]
+    assert (person["by"], person["action"]) == ("alice", "accept")
     dropped = rows_in(layout.dropped)
-    assert sorted(dropped) == ["r23", "r24"] and dropped["r23"]["review"]["note"] == "duplicates of r1"
+    assert (
+        sorted(dropped) == ["r23", "r24"]
+        and dropped["r23"]["judgment"]["person"]["note"] == "duplicates of r1"
+    )
 
     write_plan(layout, plan)
     for shard in plan.shards:
@@ -136,7 +142,9 @@ def test_a_bulk_decision_by_reason_group_and_no_log_no_split(tmp_path: Path) -> 
     write_plan(RunLayout(cfg.run_root), decided)
     assert finished_report(cfg)["invariant"]["ok"]
     dropped = rows_in(RunLayout(cfg.run_root).dropped)
-    assert sorted(dropped) == IDS[25:] and {r["review"]["note"] for r in dropped.values()} == {"junk"}
+    assert sorted(dropped) == IDS[25:] and {r["judgment"]["person"]["note"] for r in dropped.values()} == {
+        "junk"
+    }
 
 
 def test_a_run_whose_rounds_did_not_all_plan_or_close_is_incomplete(tmp_path: Path) -> None:
@@ -222,3 +230,49 @@ def test_the_desk_shows_the_prompts_the_round_ran(tmp_path: Path) -> None:
     close(cfg, plan)
     (sample,) = RoundView(cfg.run_root, 0).sample(1)
     assert sample.prompt == f"Q: q {sample.id}"
+
+
+@pytest.mark.security
+def test_a_records_own_review_field_is_never_overwritten_by_a_decision(tmp_path: Path) -> None:
+    """Issue 37 item 6: accept and drop decisions record the person's verdict under the system's
+    names (``judgment.person``, ``accepted_by_review``), never over a record's own ``review`` (its
+    product-review text, say) in results/ and dropped/; nor does a retry (``sent_back``)."""
+    texts = {i: f"five stars, would buy {i} again" for i in IDS}
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"id": i, "question": f"q {i}", "review": texts[i]}) + "\n" for i in IDS)
+    )
+    cfg = RunConfig.of(
+        input=str(data),
+        run_root=str(tmp_path / "run"),
+        prompt_template="{{ question }}",
+        records_per_shard=10,
+        judge={"type": "llm"},
+        review="every_round",
+        max_rounds=2,
+    )
+    cfg = cfg.replace(
+        id_field=shard_dataset(str(data), RunLayout(cfg.run_root).input, records_per_shard=10).id_field
+    )
+    plan = plan_round(cfg)
+    for shard in plan.shards:
+        finish_shard(cfg, 0, shard, set(IDS[:20]))
+    close(cfg, plan)
+    log = DecisionLog(cfg.run_root, 0)
+    log.append(Decision.make(0, "accept", "alice", ids=["r20", "r21"], note="fine"))
+    log.append(Decision.make(0, "drop", "alice", ids=["r23"], note="spam"))
+    log.append(Decision.make(0, "retry", "bob", ids=["r24"], note="again"))
+    apply_choice(cfg, propose_slot(cfg, "round-01"), CONTINUE, by="review (alice)")
+    layout = RunLayout(cfg.run_root)
+    results, dropped, retried = rows_in(layout.results), rows_in(layout.dropped), rows_in(layout.reviewed(1))
+    for rows in (results, dropped, retried):
+        assert {i: r["review"] for i, r in rows.items()} == {i: texts[i] for i in rows}
+    assert results["r20"]["accepted_by_review"] is True
+    assert {k: results["r20"]["judgment"]["person"][k] for k in ("action", "by", "note")} == {
+        "action": "accept", "by": "alice", "note": "fine"
+    }  # fmt: skip
+    assert (
+        dropped["r23"]["judgment"]["person"]["action"] == "drop"
+        and "accepted_by_review" not in dropped["r23"]
+    )
+    assert retried["r24"]["sent_back"]["note"] == "again"

@@ -42,7 +42,7 @@ def test_a_human_judge_sends_every_sample_to_people_and_the_gate_always_opens(tm
     write_plan(layout, plan1)
     accepted = [r for f in JsonlDir(layout.results).jsonl_files() for r in f.iter_records()]
     assert sorted(r["id"] for r in accepted) == ["q1", "q2", "q3"]
-    assert {r["review"]["by"] for r in accepted} == {"alice"}  # the verdict records who gave it
+    assert {r["judgment"]["person"]["by"] for r in accepted} == {"alice"}  # the verdict records who gave it
 
 
 def test_review_below_score_routes_low_scored_verdicts_to_people(tmp_path: Path) -> None:

@@ -188,7 +188,7 @@ def test_a_persons_verdict_is_recorded_in_the_rows_judgment(tmp_path: Path) -> N
     assert dropped[plain[1]]["judgment"]["overridden"] is False  # the judge rejected it too
     results = rows_in(layout.results)
     assert results[plain[0]]["accepted_by_review"] and results[plain[0]]["judgment"]["overridden"] is True
-    assert results[plain[0]]["review"]["by"] == "carol"  # the marks as before, too
+    assert results[plain[0]]["judgment"]["person"]["by"] == "carol"
     assert results[spots[2]]["judgment"]["overridden"] is False
     retried = rows_in(layout.reviewed(1))
     assert retried[spots[1]]["judgment"]["person"]["action"] == "retry"
