@@ -99,7 +99,7 @@ def arms(params: Mapping[str, Any]) -> int:
     mode, adapters = params.get("fan_out"), _adapter_count(params)
     if mode in (None, "off") or not adapters:
         return 1
-    return adapters + (mode == "adapters_and_base")
+    return adapters + (1 if mode == "adapters_and_base" else 0)
 
 
 def _cap_refusal(
@@ -144,8 +144,8 @@ def size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]
         elif name in params and (params[name] is not None or name == "idle_ttl_s"):  # None: never idles out
             out += _cap_refusal(name, params[name], cap, limits)
     for cap, count in WORK_COUNTS.items():
-        if (n := count(params)) is not None:
-            out += _cap_refusal(_WORK_WHAT[cap], n, cap, limits)
+        if (asked := count(params)) is not None:
+            out += _cap_refusal(_WORK_WHAT[cap], asked, cap, limits)
     sampling = params.get("sampling")
     if "sampling" in params and isinstance(sampling or {}, Mapping):
         from airflow_batchinfer.engines.base import SamplingParams
