@@ -297,7 +297,9 @@ def _refusal(name: str, value: Any, engine: str | None, in_body: bool) -> str | 
         )
     if f.body_only:  # the prompt: its builder checks it (and the engine renders it), once
         return None if in_body else f"sampling.{name} is part of a request, not a sampling setting: remove it"
-    problem = _schema_problem(name, value)
+    # a constraint is bounded before anything reads it whole (its schema check, an error's text)
+    bound = structured.bound_problem(value) if name in _CONSTRAINTS and value is not None else None
+    problem = f"{name}: {bound}" if bound else _schema_problem(name, value)
     if problem is None and name in _CONSTRAINTS and value is not None:
         problem = structured.problem(name, value)  # a valid JSON Schema, a regex that compiles
     if problem is not None:

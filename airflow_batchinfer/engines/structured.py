@@ -10,6 +10,11 @@ compiles (Python's ``re``: a backend's own dialect may still refuse it when the 
 is then that record's error), a choice is a non-empty list of strings, a grammar is non-empty text.
 Both fields given and asking for different constraints: refused, naming both.
 
+A constraint is user data (an OpenAI batch body carries its own): before any check it is held to
+:data:`MAX_CONSTRAINT_BYTES` and :data:`MAX_CONSTRAINT_DEPTH` (:func:`bound_problem`), which bound
+the check's time and recursion; a worker runs the check off its event loop
+(:meth:`~airflow_batchinfer.prompts.build.PromptBuilder.abuild`).
+
 This module imports nothing heavy at import time (``jsonschema`` loads on the first check).
 """
 
@@ -20,6 +25,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+#: The largest constraint (its JSON text, UTF-8: a schema, a regex, a grammar, the choices) checked:
+#: a JSON Schema's check takes time in proportion (about 2 s for 64 KiB of patterns on a busy core).
+MAX_CONSTRAINT_BYTES = 64 * 1024
+#: The deepest nesting of objects and lists in a constraint checked (a schema nests two per level:
+#: ``properties``, then a property): ``jsonschema`` recurses per level, and fails near 200.
+MAX_CONSTRAINT_DEPTH = 64
 
 #: The kinds of constraint, as vLLM's ``StructuredOutputsParams`` names them.
 KINDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -110,13 +122,44 @@ class StructuredOutput:
         return None
 
 
+def bound_problem(value: Any) -> str | None:
+    """Why ``value`` (a constraint field's value, as a request holds it) is too large or too deeply
+    nested to check (``None``: it may be checked). Walks it without recursion, stopping at the
+    first bound passed, so the walk itself is bounded."""
+    depth_of, nodes = [(value, 1)], 0
+    while depth_of:
+        item, depth = depth_of.pop()
+        nodes += 1
+        if depth > MAX_CONSTRAINT_DEPTH:
+            return f"it is nested deeper than {MAX_CONSTRAINT_DEPTH} levels of objects and lists"
+        if nodes > MAX_CONSTRAINT_BYTES:  # each node is a byte of JSON at least
+            break
+        if isinstance(item, dict):
+            depth_of += [(v, depth + 1) for v in item.values()]
+        elif isinstance(item, list):
+            depth_of += [(v, depth + 1) for v in item]
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
+    size = len(text.encode()) if nodes <= MAX_CONSTRAINT_BYTES else MAX_CONSTRAINT_BYTES + 1
+    if size > MAX_CONSTRAINT_BYTES:
+        return f"it is larger than {MAX_CONSTRAINT_BYTES} bytes of JSON"
+    return None
+
+
+def _bounded(value: Any) -> None:
+    if (why := bound_problem(value)) is not None:
+        raise ValueError(f"{why}: give a smaller constraint")
+
+
 def _json_schema(value: Any) -> Any:
     """A ``json`` constraint's schema: an object, or JSON text of one."""
     if isinstance(value, str):
         try:
             value = json.loads(value)
+        except RecursionError:
+            raise ValueError(f"json text is nested deeper than {MAX_CONSTRAINT_DEPTH} levels") from None
         except ValueError as exc:
             raise ValueError(f"json is not JSON text of a schema ({exc})") from None
+        _bounded(value)
     if not isinstance(value, dict):
         raise ValueError(f"json must be a JSON Schema object, got {type(value).__name__}")
     return value
@@ -134,6 +177,7 @@ def _check_schema(schema: Mapping[str, Any], where: str) -> None:
 def from_structured_outputs(value: Mapping[str, Any]) -> StructuredOutput:
     """The constraint of a ``structured_outputs`` object (of its schema); ``ValueError`` naming what
     is wrong with it."""
+    _bounded(value)
     if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in KINDS:
         got = sorted(value) if isinstance(value, Mapping) else type(value).__name__
         raise ValueError(f"give exactly one of {', '.join(KINDS)}, got {got!r}")
@@ -159,6 +203,7 @@ def from_structured_outputs(value: Mapping[str, Any]) -> StructuredOutput:
 def from_response_format(value: Mapping[str, Any]) -> StructuredOutput | None:
     """The constraint of a ``response_format`` object (of its schema; ``None``: ``text``, no
     constraint); ``ValueError`` naming what is wrong with it."""
+    _bounded(value)
     kind = value.get("type") if isinstance(value, Mapping) else None
     if kind not in ("text", "json_object", "json_schema"):
         raise ValueError(f"type must be text, json_object or json_schema, got {kind!r}")

@@ -109,6 +109,7 @@ def _filled(
 
 
 _PROMPT_FIELDS = frozenset({"messages", "prompt"})
+_CONSTRAINT_FIELDS = ("structured_outputs", "response_format")  # a schema, a regex: checked in a thread
 _DECIDED_MAX = 4096  # distinct sets of a body's sampling fields a builder remembers the decision of
 
 
@@ -186,10 +187,14 @@ class PromptBuilder:
             return None
         return engine_refusal(sampling.changed(), self.engine, where)
 
-    def _body_sampling(self, body: Mapping[str, Any], request_id: str) -> SamplingParams:
+    def _body_sampling(self, body: Mapping[str, Any], request_id: str, quick: bool = False) -> SamplingParams:
         """The job's sampling with ``body``'s fields; :class:`PromptError` naming the record and the
         field when the body (or the job's sampling) asks for one the engine does not honour. Decided
-        once per distinct set of fields: a batch file's records mostly share theirs."""
+        once per distinct set of fields: a batch file's records mostly share theirs. ``quick`` (on an
+        event loop): a body with a constraint raises :class:`OverQuickBudget`, so that its schema or
+        regex, user data of any size, is checked in a thread (:meth:`abuild`)."""
+        if quick and any(body.get(name) is not None for name in _CONSTRAINT_FIELDS):
+            raise OverQuickBudget("a body's structured output constraint is checked off the event loop")
         key = _sampling_key(body)
         decided = self._decided.get(key)
         if decided is None:
@@ -239,7 +244,7 @@ class PromptBuilder:
             chat = isinstance(body.get("messages"), list)
             if not (chat or isinstance(body.get("prompt"), str)):
                 raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
-            sampling = self._attempt(request_id, attempt, least_max_tokens, body).sampling
+            sampling = self._attempt(request_id, attempt, least_max_tokens, body, quick=quick).sampling
             if chat:
                 return GenerationRequest(
                     request_id, messages=body["messages"], sampling=sampling, metadata=meta, adapter=adapter
@@ -273,6 +278,8 @@ class PromptBuilder:
         attempt: int,
         least_max_tokens: int | None,
         body: Mapping[str, Any] | None = None,
+        *,
+        quick: bool = False,
     ) -> Sent:
         """What attempt ``attempt`` is sent with (:func:`~airflow_batchinfer.prompts.retries.sent_with`, over
         the job's sampling or an OpenAI batch ``body``'s); :class:`PromptError` when its sampling asks
@@ -282,7 +289,7 @@ class PromptBuilder:
         if body is None:
             base, refused = self.sampling, self._refused[entry[0] if entry else 0]
         else:
-            base, refused = self._body_sampling(body, request_id), None
+            base, refused = self._body_sampling(body, request_id, quick), None
         try:
             sent = sent_with(
                 self.retry,
@@ -317,7 +324,8 @@ class PromptBuilder:
     async def abuild(self, record: Mapping[str, Any], **kwargs: Any) -> GenerationRequest:
         """:meth:`build` from an event loop: inline when the rendering fits :data:`QUICK_LIMITS` (an
         ordinary template: no thread hop), else again in a thread with the full limits, so a heavy
-        template never holds the loop for more than a moment."""
+        template never holds the loop for more than a moment; an OpenAI batch body with a constraint
+        (``response_format``, ``structured_outputs``: a schema or regex to check) always in a thread."""
         try:
             return self.build(record, quick=True, **kwargs)
         except OverQuickBudget:

@@ -205,31 +205,40 @@ class RoundView(RoundFiles):
             return self.to_sample(parse_record(line), shard.shard_id, pos)
         return None
 
-    def with_ids(self, ids: Iterable[str], *, prompt: bool = False) -> Iterator[Sample]:
+    def with_ids(
+        self, ids: Iterable[str], *, prompt: bool = False, until_found: bool = False
+    ) -> Iterator[Sample]:
         """The rows whose id (as text) is one of ``ids``, in round order, without prompts unless
-        ``prompt``. Reads the round once, parsing only the lines of those ids."""
-        found = self._with_ids(ids)
+        ``prompt``. Reads the round once, parsing only the lines of those ids; ``until_found``: stops
+        after the block where the last of ``ids`` turns up (a round holds an id once; a number id and
+        a string id of the same text in later blocks are then not looked for)."""
+        found = self._with_ids(ids, until_found)
         return (self._with_prompt(s) for s in found) if prompt else found
 
-    def _with_ids(self, ids: Iterable[str]) -> Generator[Sample, None, None]:
-        keys: set[bytes] = set()  # each id's canonical JSON in a row: a string, or an integer
+    def _with_ids(self, ids: Iterable[str], until_found: bool = False) -> Generator[Sample, None, None]:
+        keys: dict[bytes, str] = {}  # each id's canonical JSON in a row (a string, or an integer): its text
         for sid in map(str, ids):
-            keys.add(orjson.dumps(sid))
+            keys[orjson.dumps(sid)] = sid
             if sid.lstrip("-").isdigit() and str(int(sid)) == sid:
-                keys.add(sid.encode())
+                keys[sid.encode()] = sid
         if not keys:
             return
+        missing = set(keys.values())
         # a block is looked at only if one id's text (as a line holds it: escaped) is in it
         needles = [k[1:-1] if k.startswith(b'"') else k for k in keys]
         id_of = LineIds(self.id_field)
         for shard in self._load():
-            for start, block in self._blocks(shard):
-                joined = b"\n".join(block)
-                if len(needles) <= 8 and not any(n in joined for n in needles):
-                    continue
-                for k, line in enumerate(block):
-                    if id_of(line) in keys:
-                        yield self.to_sample(parse_record(line), shard.shard_id, start + k, prompt=False)
+            with contextlib.closing(self._blocks(shard)) as blocks:
+                for start, block in blocks:
+                    joined = b"\n".join(block)
+                    if len(needles) <= 8 and not any(n in joined for n in needles):
+                        continue
+                    for k, line in enumerate(block):
+                        if (text := keys.get(id_of(line))) is not None:
+                            missing.discard(text)
+                            yield self.to_sample(parse_record(line), shard.shard_id, start + k, prompt=False)
+                    if until_found and not missing:
+                        return
 
     # --------------------------------------------------------------------------------- internals
     def _seek_page(self, shards: list[RoundShard], index: int, row: int, size: int, fill: _Fill) -> Page:

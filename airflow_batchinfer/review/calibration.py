@@ -24,6 +24,7 @@ undefined, with a note. Without the counts the rows count as they are (``weighte
 
 from __future__ import annotations
 
+import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from airflow_batchinfer.state.docs import read_summary
 from airflow_batchinfer.state.docs.calibration import Bucket, Calibration, Confusion
 
 __all__ = [
+    "DecidedRows",
+    "Judged",
     "Pair",
     "calibrate",
     "calibration_chart",
@@ -53,6 +56,7 @@ __all__ = [
 ]
 
 DIGITS = 4  # figures as the document keeps them
+MAX_DECIDED_ROWS = 100_000  # the ids a round's DecidedRows keeps (a few hundred bytes each)
 Population = Mapping[str, Mapping[str, int]]  # stratum -> bucket -> judged rows (Summary.verdicts)
 
 
@@ -87,18 +91,55 @@ def judge_verdict(sample: Sample) -> tuple[bool, Stratum] | None:
     return sample.approved, "approved" if sample.approved else "rejected"
 
 
+@dataclass(frozen=True)
+class Judged:
+    """What a rejected row lends the pair a decision on it makes: the judge's verdict and stratum
+    (:func:`judge_verdict`; ``None``: never judged), its score and whether it is a spot check."""
+
+    verdict: tuple[bool, Stratum] | None
+    score: float | None
+    spot_check: bool
+
+    @classmethod
+    def of(cls, sample: Sample) -> Judged:
+        return cls(judge_verdict(sample), sample.score, sample.spot_check)
+
+    def pair(self, decision: Decision | None, *, tenths: bool = True) -> Pair | None:
+        """:func:`pair_of` the row this was read from."""
+        if decision is None or decision.bulk or self.verdict is None:
+            return None
+        judge, stratum = self.verdict
+        score = self.score if tenths else None
+        return Pair(judge, decision.action == "accept", score, stratum, self.spot_check)
+
+
 def pair_of(sample: Sample, decision: Decision | None, *, tenths: bool = True) -> Pair | None:
     """The pair a person's decision on ``sample`` makes, or ``None`` (no decision, one by filter, or
     a row the judge never judged). ``tenths``: the judge's scores are in [0, 1] and bucketed by their
     tenth, as its judge jobs counted them (:func:`scored_in_tenths`); else every pair is unscored."""
-    if decision is None or decision.bulk:
-        return None
-    judged = judge_verdict(sample)
-    if judged is None:
-        return None
-    judge, stratum = judged
-    score = sample.score if tenths else None
-    return Pair(judge, decision.action == "accept", score, stratum, sample.spot_check)
+    return Judged.of(sample).pair(decision, tenths=tenths)
+
+
+class DecidedRows:
+    """A round's decided rows as calibration reads them (:class:`Judged`, or ``None``: no such row),
+    kept between requests for one :class:`RoundView` (a closed round's rows do not change): each
+    request reads only the rows of ids no earlier one looked for, and stops where the last turns
+    up. At most ``limit`` ids are kept (past it, the index starts over)."""
+
+    def __init__(self, limit: int = MAX_DECIDED_ROWS) -> None:
+        self.limit = limit
+        self._rows: dict[str, Judged | None] = {}
+        self._lock = threading.Lock()
+
+    def of(self, view: RoundView, ids: set[str]) -> dict[str, Judged | None]:
+        with self._lock:  # one reader at a time: a second request finds what the first read
+            missing = [sid for sid in ids if sid not in self._rows]
+            if missing:
+                found = {s.id: Judged.of(s) for s in view.with_ids(missing, until_found=True)}
+                if len(self._rows) + len(missing) > self.limit:
+                    self._rows.clear()
+                self._rows.update({sid: found.get(sid) for sid in missing})
+            return {sid: self._rows.get(sid) for sid in ids}
 
 
 def judge_checked(judge: Mapping[str, Any]) -> bool:
@@ -332,18 +373,27 @@ def calibration_chart(docs: list[Calibration], *, width: int = 420, height: int 
     return side_by_side(per_round, per_bucket)
 
 
-def measured(view: RoundView, decisions: Sequence[Decision], *, tenths: bool = True) -> Calibration:
+def measured(
+    view: RoundView, decisions: Sequence[Decision], *, tenths: bool = True, index: DecidedRows | None = None
+) -> Calibration:
     """Round ``view.round``'s calibration as its decisions stand (the desk's live figures, the same
-    :func:`calibrate` the gate's answer stores): only the rows decisions name by id are read, and the
-    round's summary gives the strata (``tenths``: as :func:`pair_of`). ``bulk`` is not counted here
-    (it needs every row)."""
+    :func:`calibrate` the gate's answer stores): only the rows decisions name by id are read, until
+    the last of them turns up, and the round's summary gives the strata (``tenths``: as
+    :func:`pair_of`). ``index``: the round's rows read by earlier requests (:class:`DecidedRows`),
+    so only newly named ids are looked for (unless a decision is by filter, which needs the rows
+    whole). ``bulk`` is not counted here (it needs every row)."""
     resolver = Resolver(decisions)
     named = {i for d in decisions if not d.bulk for i in d.ids}
+    found: list[tuple[Judged, Decision | None]]
+    if index is not None and not resolver.by_filter:
+        found = [(row, resolver.named(sid)) for sid, row in index.of(view, named).items() if row is not None]
+    else:
+        samples = view.with_ids(named, prompt=resolver.needs_prompts, until_found=True)
+        found = [(Judged.of(s), resolver.decision(s)) for s in samples]
     pairs: list[Pair] = []
     unjudged = 0
-    for sample in view.with_ids(named, prompt=resolver.needs_prompts):
-        decision = resolver.decision(sample)
-        pair = pair_of(sample, decision, tenths=tenths)
+    for row, decision in found:
+        pair = row.pair(decision, tenths=tenths)
         if pair is not None:
             pairs.append(pair)
         elif decision is not None and not decision.bulk:

@@ -331,6 +331,16 @@ class Resolver:
                 self._by_id[sid] = i
         self.needs_prompts = any("text" in (d.filter or {}) for d in self.decisions)
 
+    @property
+    def by_filter(self) -> bool:
+        """Whether some decision selects by filter (then which applies needs each row whole)."""
+        return bool(self._filters)
+
+    def named(self, sid: str) -> Decision | None:
+        """The last decision that names id ``sid``: the one that applies when none is by filter."""
+        i = self._by_id.get(sid)
+        return None if i is None else self.decisions[i]
+
     def decision(self, sample: Sample) -> Decision | None:
         """The decision that applies to ``sample``, or ``None`` (then it is retried)."""
         best = self._by_id.get(sample.id, -1)

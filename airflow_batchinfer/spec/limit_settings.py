@@ -29,7 +29,8 @@ class LimitSetting(Described):
     """One limit (:class:`~airflow_batchinfer.fields.Described`): its name (the config key, the
     connection extra key and the field), type (:data:`Kind`) and help. ``unset_default_of``: a cap
     that holds even where no one sets it, at the default of the run setting it names (a trigger may
-    lower that setting, not raise it); ``None``: unset is no cap."""
+    lower that setting, not raise it); ``default``: a cap that holds unset at that number; neither:
+    unset is no cap."""
 
     type: Kind
     unset_default_of: str | None = None
@@ -101,7 +102,8 @@ SETTINGS: tuple[LimitSetting, ...] = (
     _limit("max_concurrency", "count",
                  "the most shard jobs per worker `concurrency` and `judge_concurrency` may ask for"),
     _limit("max_records_per_shard", "count",
-                 "the most records per shard `records_per_shard` may ask for"),
+                 "the most records per shard `records_per_shard` may ask for, counted as rows: with "
+                 "`fan_out` a record is a row per arm, and a shard holds whole records"),
     _limit("max_chunk_size", "count", "the most records a job holds per step `chunk_size` may ask for"),
     _limit("max_max_attempts", "count", "the most attempts per sample `max_attempts` may ask for"),
     _limit("max_target_batch_tokens", "count",
@@ -110,6 +112,17 @@ SETTINGS: tuple[LimitSetting, ...] = (
                  "the most tokens per completion `sampling.max_tokens` (unset: 256), a `retry_sampling` "
                  "entry's and an `llm` judge's `max_tokens` may ask for"),
     _limit("max_preflight_records", "count", "the most records `preflight_records` may try"),
+    # what multiplies the work of every record: one param asks for thousands of completions per
+    # record, so these hold unset (at `default`; a DAG default above it raises it)
+    _limit("max_adapters", "count",
+                 "the most LoRA adapters `adapters` may name (with `fan_out` each is an arm: every record "
+                 "runs once per arm; unset: 64)",
+                 default=64),
+    _limit("max_jury_members", "count",
+                 "the most judges `judge` may judge each answer with, counted to the leaves of its "
+                 "`jury`, `all` and `any` (each `llm` one is a completion per answer and candidate; "
+                 "unset: 9)",
+                 default=9),
     # input bounds: a larger one lets a line (an id) be held whole, so unset caps them at the default
     _limit("max_max_line_bytes", "count",
                  "the longest input line, in bytes, `max_line_bytes` may allow (unset: that setting's "
@@ -207,11 +220,12 @@ def cap_amount(value: Any) -> Decimal:
 
 
 def unset_cap(cap_name: str) -> int | None:
-    """The cap in force where no limit sets ``cap_name``: the default of the run setting its
-    :attr:`LimitSetting.unset_default_of` names, or ``None`` (no cap)."""
-    of = SETTINGS_BY_NAME[cap_name].unset_default_of
+    """The cap in force where no limit sets ``cap_name``: its own ``default``, the default of the run
+    setting its :attr:`LimitSetting.unset_default_of` names, or ``None`` (no cap)."""
+    s = SETTINGS_BY_NAME[cap_name]
+    of = s.unset_default_of
     if of is None:
-        return None
+        return None if s.default is None else int(s.default)
     from airflow_batchinfer.spec.settings import setting  # the one default (settings imports more)
 
     return int(setting(of).default)

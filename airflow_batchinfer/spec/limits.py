@@ -40,6 +40,7 @@ from airflow_batchinfer.spec.limit_settings import (
     where_set,
 )
 from airflow_batchinfer.spec.pool_limits import (
+    WORK_COUNTS,
     gpu_refusals,
     kubernetes_refusals,
     placement,
@@ -90,6 +91,8 @@ class TriggerLimits:
     max_target_batch_tokens: int | None = None
     max_max_tokens: int | None = None
     max_preflight_records: int | None = None
+    max_adapters: int | None = None  # None: the cap is the setting's default (64)
+    max_jury_members: int | None = None  # None: the cap is the setting's default (9)
     max_max_line_bytes: int | None = None  # None: the cap is the setting's default (unset_default_of)
     max_max_id_bytes: int | None = None
     max_idle_ttl_s: int | None = None
@@ -181,9 +184,12 @@ def _implied_caps(defaults: Mapping[str, Any]) -> dict[str, Any]:
     author wrote; a default at or below sets none, so the deployment may still lower the cap."""
     out: dict[str, Any] = {}
     for s in SETTINGS:
-        if s.unset_default_of is None:
+        if s.unset_default_of is not None:
+            value = parse_count(defaults.get(s.unset_default_of), f"the DAG's default {s.unset_default_of}")
+        elif s.name in WORK_COUNTS:
+            value = WORK_COUNTS[s.name](defaults)
+        else:
             continue
-        value = parse_count(defaults.get(s.unset_default_of), f"the DAG's default {s.unset_default_of}")
         if value is not None and value > (unset_cap(s.name) or 0):
             out[s.name] = value
     return out

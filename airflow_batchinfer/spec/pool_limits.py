@@ -7,7 +7,7 @@ are imported where they are used (see :mod:`~airflow_batchinfer.spec.limits`).""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +63,45 @@ NAME_ALLOWS: tuple[tuple[str, str], ...] = (
 )
 
 
+def _adapter_count(params: Mapping[str, Any]) -> int | None:
+    """How many LoRA adapters ``adapters`` names (``None``: none given, or not an object)."""
+    adapters = params.get("adapters")
+    return len(adapters) if isinstance(adapters, Mapping) else None
+
+
+def _judge_count(params: Mapping[str, Any]) -> int | None:
+    """How many judges judge each answer: the leaves of ``judge`` (``all``, ``any`` and ``jury`` nest
+    judges; each ``llm`` one is a completion per answer, per candidate)."""
+    from airflow_batchinfer.judges import judge_specs
+    from airflow_batchinfer.judges.registry import NESTING
+
+    judge = params.get("judge")
+    if not isinstance(judge, Mapping):
+        return None
+    return sum(1 for j in judge_specs(judge) if j.get("type") not in NESTING)
+
+
+# The caps on what multiplies the work of every record, and how many a run's params ask for: each
+# holds unset at its own default (``LimitSetting.default``), raised by a DAG default above it.
+WORK_COUNTS: dict[str, Callable[[Mapping[str, Any]], int | None]] = {
+    "max_adapters": _adapter_count,
+    "max_jury_members": _judge_count,
+}
+_WORK_WHAT = {
+    "max_adapters": "adapters (LoRA adapters named)",
+    "max_jury_members": "judge (judges per answer)",
+}
+
+
+def arms(params: Mapping[str, Any]) -> int:
+    """The rows each input record becomes in round 0: one per arm with ``fan_out`` (its adapters, and
+    the base model with ``adapters_and_base``), else one."""
+    mode, adapters = params.get("fan_out"), _adapter_count(params)
+    if mode in (None, "off") or not adapters:
+        return 1
+    return adapters + (1 if mode == "adapters_and_base" else 0)
+
+
 def _cap_refusal(
     what: str, value: Any, cap_name: str, limits: TriggerLimits, *, quantity: bool = False
 ) -> list[str]:
@@ -71,7 +110,8 @@ def _cap_refusal(
 
     cap, unset = getattr(limits, cap_name), ""
     if cap is None and (cap := unset_cap(cap_name)) is not None:
-        unset = f" (unset: the {SETTINGS_BY_NAME[cap_name].unset_default_of} setting's default)"
+        of = SETTINGS_BY_NAME[cap_name].unset_default_of
+        unset = f" (unset: the {of} setting's default)" if of else " (unset: its default)"
     if cap is None:
         return []
     try:
@@ -93,8 +133,19 @@ def size_refusals(params: Mapping[str, Any], limits: TriggerLimits) -> list[str]
 
     out: list[str] = []
     for name, cap in SIZE_CAPS:
-        if name in params and (params[name] is not None or name == "idle_ttl_s"):  # None: never idles out
+        if name == "records_per_shard" and params.get(name) is not None and (n := arms(params)) > 1:
+            # a shard holds records_per_shard records, each a row per arm: the rows are the work
+            what = f"records_per_shard {params[name]!r} × {n} fan_out arms, in rows,"
+            try:
+                rows: Any = int(params[name]) * n
+            except (TypeError, ValueError):
+                rows = params[name]  # no number: over the cap, as written
+            out += _cap_refusal(what, rows, cap, limits)
+        elif name in params and (params[name] is not None or name == "idle_ttl_s"):  # None: never idles out
             out += _cap_refusal(name, params[name], cap, limits)
+    for cap, count in WORK_COUNTS.items():
+        if (asked := count(params)) is not None:
+            out += _cap_refusal(_WORK_WHAT[cap], asked, cap, limits)
     sampling = params.get("sampling")
     if "sampling" in params and isinstance(sampling or {}, Mapping):
         from airflow_batchinfer.engines.base import SamplingParams

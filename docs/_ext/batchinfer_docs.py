@@ -196,7 +196,9 @@ class Limits(_Generated):
 
         def kind(s: Any) -> str:  # a cap that holds unset says so
             of = s.unset_default_of
-            return kinds[s.type] if of is None else f"number (unset: the ``{of}`` setting's default)"
+            if of is not None:
+                return f"number (unset: the ``{of}`` setting's default)"
+            return kinds[s.type] if s.default is None else f"number (unset: {s.default})"
 
         rows = [
             [f"``{s.name}``", kind(s), f"``AIRFLOW__{CONFIG_SECTION.upper()}__{s.name.upper()}``",

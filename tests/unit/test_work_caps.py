@@ -20,7 +20,7 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools.kubernetes.spec import KubernetesPoolSpec, parse_quantity
 from airflow_batchinfer.spec.limit_settings import SETTINGS, unset_cap
 from airflow_batchinfer.spec.limits import TriggerLimits, cap_refusals, implied_by, refusals
-from airflow_batchinfer.spec.pool_limits import RESOURCE_CAPS, SIZE_CAPS
+from airflow_batchinfer.spec.pool_limits import RESOURCE_CAPS, SIZE_CAPS, WORK_COUNTS
 from tests.support.airflow_ti import FakeTI
 
 pytestmark = pytest.mark.security
@@ -39,7 +39,7 @@ def _refused(params: dict[str, Any], limits: TriggerLimits) -> list[str]:
 def test_every_cap_among_the_limits_is_checked() -> None:
     caps = {s.name for s in SETTINGS if s.type in ("count", "quantity")}
     checked = {cap for _, cap in SIZE_CAPS} | {cap for _, cap in RESOURCE_CAPS}
-    assert caps - checked == {"max_replicas", "max_gpus", "max_max_tokens"}  # checked on their own
+    assert caps - checked - set(WORK_COUNTS) == {"max_replicas", "max_gpus", "max_max_tokens"}  # on their own
     assert {s.name for s in SETTINGS if s.type == "quantity"} == {"max_cpu", "max_memory", "max_shm_size"}
 
 

@@ -4,13 +4,15 @@ round up to it) and its plot over the rounds so far (``/calibration.svg``)."""
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from airflow_batchinfer.review.calibration import calibration_chart, measured, scored_in_tenths
+from airflow_batchinfer.review.browse import RoundView
+from airflow_batchinfer.review.calibration import DecidedRows, calibration_chart, measured, scored_in_tenths
 from airflow_batchinfer.review.decisions import DecisionLog
 from airflow_batchinfer.review.routes.context import (
     MAX_VIEWS,
@@ -57,6 +59,13 @@ def calibration_svg(dag_id: str, run_id: str, access: AccessDep) -> Response:
 
 _calibrated: OrderedDict[tuple[str, int, int, str], Calibration] = OrderedDict()
 _calibrated_lock = threading.Lock()
+# each shared round view's decided rows, read once across requests (they go with the view)
+_decided: weakref.WeakKeyDictionary[RoundView, DecidedRows] = weakref.WeakKeyDictionary()
+
+
+def _decided_rows(round_view: RoundView) -> DecidedRows:
+    with _calibrated_lock:
+        return _decided.setdefault(round_view, DecidedRows())
 
 
 def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
@@ -78,7 +87,8 @@ def _calibrations(ctx: RunContext, r: int) -> list[tuple[Calibration, bool]]:
             hit = _calibrated.get(key)
         if hit is None:
             tenths = scored_in_tenths(read_run_config(ctx.run_root, ctx.so).judging.judge)
-            hit = measured(view(ctx, q), log, tenths=tenths)
+            round_view = view(ctx, q)
+            hit = measured(round_view, log, tenths=tenths, index=_decided_rows(round_view))
             with _calibrated_lock:
                 _calibrated[key] = hit
                 while len(_calibrated) > MAX_VIEWS:
