@@ -319,12 +319,9 @@ def _owner_records_below(run_root: str, so: StorageOptions | None) -> list[str]:
         found = loc.fs.find(loc.path)
     except FileNotFoundError:
         return []
-    suffix = "/" + OWNER_FILE
-    return sorted(
-        join(run_root, path[len(loc.path.rstrip("/")) + 1 : -len(suffix)])
-        for path in found
-        if path.endswith(suffix) and path.startswith(loc.path.rstrip("/") + "/")
-    )
+    base, suffix = loc.path.rstrip("/") + "/", "/" + OWNER_FILE
+    below = (path[len(base) :] for path in found if path.startswith(base))
+    return sorted(join(run_root, rel[: -len(suffix)]) for rel in below if rel.endswith(suffix))
 
 
 def _nested(where: str, run_root: str, me: RunIdentity, creator: str) -> str:
