@@ -24,7 +24,7 @@ from airflow_batchinfer.run.sizing import lanes_at_once
 from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, owner_uri
+from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, nesting_refusal, owner_uri
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
@@ -117,16 +117,21 @@ class ShardDatasetOperator(BaseOperator):
         if why is not None:
             raise AirflowFailException(why)
 
-    def _claim(
-        self, cfg: RunConfig, context: Context, so: dict[str, Any], shared_dags: tuple[str, ...]
-    ) -> None:
+    def _claim(self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits) -> None:
         """Record this DAG run as the run root's owner; refuse a root another live run owns, or
-        another DAG created (unless both are in ``shared_dags``, the limit in force)."""
+        another DAG created (unless both are in ``shared_run_root_dags``, the limit in force), and a
+        new root inside or around such a DAG's root."""
         ti = context.get("ti") if hasattr(context, "get") else None
         if ti is None or not getattr(ti, "run_id", None):
             self.log.warning("no DAG run in the context: %s is not claimed", owner_uri(cfg.run_root))
             return
         me = RunIdentity(ti.dag_id, ti.run_id)
+        shared_dags = limits.shared_run_root_dags
+        why = nesting_refusal(
+            cfg.run_root, me, so, prefixes=limits.allowed_output_prefixes, shared_dags=shared_dags
+        )
+        if why is not None:
+            raise AirflowFailException(why)
         decision = claim(
             cfg.run_root,
             me,
@@ -150,7 +155,7 @@ class ShardDatasetOperator(BaseOperator):
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
             self._check_input(cfg, context, so, limits)
-            self._claim(cfg, context, so, limits.shared_run_root_dags)
+            self._claim(cfg, context, so, limits)
             self.log.info(
                 "sharding %s into %s (%d records per shard)",
                 cfg.data.input,

@@ -36,7 +36,8 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
     """Round 0 over range shards: the later occurrences of ids that an earlier range holds (each
     range's job finds repeats only within its range), from the ranges' id hash files its jobs wrote
     (:mod:`~airflow_batchinfer.storage.id_hashes`); the first occurrence stays, the others are
-    rejected (:func:`drop_repeats`, :func:`settle_repeats`)."""
+    rejected (:func:`drop_repeats`, :func:`settle_repeats`). What grows with the repeats spills under
+    the run root (``layout.spill(0)``), never onto the Airflow worker's temp disk."""
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     ranges = [] if manifest is None else manifest.ranges()
     if manifest is None or len(ranges) < 2:
@@ -48,6 +49,7 @@ def range_repeats(cfg: RunConfig, layout: RunLayout, so: StorageOptions | None) 
         id_field=manifest.id_field or cfg.data.id_field,
         assign_ids=cfg.data.assign_ids,
         so=so,
+        spill=layout.spill(0),
     )
     if repeats.count:
         log.warning(

@@ -147,6 +147,10 @@ class RunLayout:
     def staging(self, r: int) -> str:
         return join(self.round(r), "staged")
 
+    def spill(self, r: int) -> str:
+        """Round ``r``'s close's spilled sorts (round 0's repeated ids), removed as it finishes."""
+        return join(self.round(r), "spill")
+
     def staged_job(self, r: int, shard_id: str, kind: str) -> str:
         """Every attempt's staged outputs of one job (see :func:`staged_output`)."""
         return join(self.staging(r), staged_name(self.job_manifest(r, shard_id, kind)))

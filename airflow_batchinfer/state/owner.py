@@ -20,6 +20,8 @@ its results and rejected rows are that DAG's, shown on the review desk to that D
 The same holds for what a run reads: an ``input`` inside a run root another DAG created (its
 ``results/``, say) is refused by the first task (:func:`input_refusal`, deciding with
 :func:`decide_input`), or that DAG's rows would show on this run's review desk.
+And for where a new run root goes: inside a run root another DAG created, or around one, it is
+refused by the first task (:func:`nesting_refusal`).
 
 :func:`decide` is the pure decision (fed the stored record, this run's identity, the owner run's
 state and the DAGs that may share); :func:`claim` does the I/O around it. :func:`verify_owner` is
@@ -258,6 +260,79 @@ def input_refusal(
         if why is not None:
             return why
     return None
+
+
+def nesting_refusal(
+    run_root: str,
+    me: RunIdentity,
+    so: StorageOptions | None = None,
+    *,
+    prefixes: Collection[str],
+    shared_dags: Collection[str] = (),
+) -> str | None:
+    """Why ``me`` may not create ``run_root`` (``None``: it may): it would lie inside a run root a DAG
+    ``me`` may not share with created (an ancestor of :func:`input_root_candidates` with such an
+    ``owner.json``, one read each), or hold one (an ``owner.json`` below it). Either way this run
+    would add its directories to that DAG's root, or that DAG's later runs nested in it would be
+    refused. A root that already has an owner record is :func:`decide`'s (its nesting was checked
+    when it was created)."""
+    if _readable_owner(run_root, run_root, so) is not None:
+        return None
+    for root in input_root_candidates(run_root, prefixes):
+        record = _readable_owner(root, run_root, so)
+        if (creator := _foreign_creator(record, root, me, shared_dags)) is not None:
+            return _nested(f"lies inside the run root {root}", run_root, me, creator)
+    for inner in _owner_records_below(run_root, so):
+        record = _readable_owner(inner, run_root, so)
+        if (creator := _foreign_creator(record, inner, me, shared_dags)) is not None:
+            return _nested(f"would hold the run root {inner}", run_root, me, creator)
+    return None
+
+
+def _readable_owner(root: str, run_root: str, so: StorageOptions | None) -> dict[str, Any] | None:
+    try:
+        return read_owner(root, so)
+    except PermissionError as exc:  # fail closed: an unreadable record may be another DAG's
+        raise ConfigError(
+            f"cannot read {owner_uri(root)} to check that the run root {run_root} nests in no other DAG's "
+            f"run root ({exc}). Remedy: let the run's storage connection read {root} (on S3, also list "
+            "it: a missing key is otherwise 403), or name another output_root or run_name"
+        ) from exc
+
+
+def _foreign_creator(
+    record: dict[str, Any] | None, root: str, me: RunIdentity, shared_dags: Collection[str]
+) -> str | None:
+    """The DAG that created ``root`` (``record``) when ``me`` may not share with it, else ``None``."""
+    try:
+        creator = creator_of(record)
+    except ConfigError as exc:
+        raise ConfigError(f"{owner_uri(root)}: {exc}; {_REMEDY}") from exc
+    return creator if creator is not None and not may_share(creator, me.dag_id, shared_dags) else None
+
+
+def _owner_records_below(run_root: str, so: StorageOptions | None) -> list[str]:
+    """The directories under ``run_root`` that hold an ``owner.json`` (a new root: usually none, or
+    no directory at all)."""
+    loc = resolve(run_root, so)
+    try:
+        found = loc.fs.find(loc.path)
+    except FileNotFoundError:
+        return []
+    base, suffix = loc.path.rstrip("/") + "/", "/" + OWNER_FILE
+    below = (path[len(base) :] for path in found if path.startswith(base))
+    return sorted(join(run_root, rel[: -len(suffix)]) for rel in below if rel.endswith(suffix))
+
+
+def _nested(where: str, run_root: str, me: RunIdentity, creator: str) -> str:
+    return (
+        f"the run root {run_root} {where}, which DAG {creator!r} created: a run of DAG {me.dag_id!r} may "
+        f"not nest its run root with {creator!r}'s (it would add its directories to {creator!r}'s, or "
+        f"keep {creator!r}'s runs out of their own). Nothing was written. Remedy: trigger this run with "
+        f"another run_name or output_root, outside {creator!r}'s run roots; if these DAGs may share run "
+        f"roots, the deployment lists both in {SHARING_LIMIT} (the DAG's limits, the [batchinfer] config "
+        "or the pool connection's extra)."
+    )
 
 
 _WHAT, _REMEDY = "run owner record", "delete it if no other DAG run uses this run root"

@@ -7,17 +7,19 @@ beside its completion manifest and before it, ``<shard>.id-hashes.bin``
 (16-byte BLAKE2b of the id's canonical bytes, as :mod:`~airflow_batchinfer.storage.digest` hashes
 them) with its line in the range, sorted (an external sort: at most
 :data:`~airflow_batchinfer.storage.id_hash_files.SPILL_HASHES` entries are held, the rest spilled to
-sorted runs on local disk). The file depends only on the range, so two attempts of a job write the same bytes
-(atomically), and the close writes it itself, reading the range, only when no job did (a range no
-job read to its end, or a run started before jobs wrote it). The files are merged with
+sorted runs on local disk). The file depends only on the range, so two attempts of a job write the
+same bytes (atomically), and the close writes it itself, reading the range, only when no job did (a
+range no job read to its end, or a run started before jobs wrote it). The files are merged with
 :func:`heapq.merge`, in groups of at most :data:`FAN_IN` (open files and memory are bounded
 whatever the number of ranges); a hash found in two ranges is confirmed by its real ids (a hash
-collision never rejects a record): every matched place is spilled to local disk sorted by range
-and line (:class:`_Sorted`), each range holding one is read once, front to back, for the records
-at those lines only, and those records, sorted back into hash order on local disk, are compared
-one hash at a time. So the input is read at most once, whatever the number of matches, in bounded
-memory. Each confirmed repeat is spilled to local disk per shard (:class:`Repeats`): the close then
-handles one shard's repeats at a time.
+collision never rejects a record): every matched place is spilled sorted by range and line
+(:class:`_Sorted`), each range holding one is read once, front to back, for the records at those
+lines only, and those records, sorted back into hash order, are compared one hash at a time. So the
+input is read at most once, whatever the number of matches, in bounded memory. Each confirmed
+repeat is spilled per shard (:class:`Repeats`): the close then handles one shard's repeats at a
+time. What grows with the repeats (the matched places, the records read for them, the confirmed
+repeats) spills into a :class:`SpillDir` under the run root, on its store: an input's repeats take
+the run's own storage, never the Airflow worker's temp disk.
 
 The hash files' format, their writing and their matching (hashes held by more than one range):
 :mod:`~airflow_batchinfer.storage.id_hash_files`. Ids and lines are the input's: with a fan-out
@@ -27,13 +29,14 @@ a repeated line.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import heapq
 import itertools
 import os
+import posixpath
 import struct
-import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -52,7 +55,7 @@ from airflow_batchinfer.storage.id_hash_files import (
     write_hashes,
 )
 from airflow_batchinfer.storage.lines import RAW_PREFIX
-from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef
 
@@ -62,6 +65,7 @@ LENGTH = struct.Struct(">I")  # of each entry in a spilled run of variable-lengt
 SORT_BYTES = 32 << 20  # bytes of entries an external sort holds before it spills a sorted run
 REPEATS_BATCH = 10_000  # confirmed repeats handed to Repeats (spilled per shard) at a time
 REJECTS_SUFFIX = ".repeated-ids.jsonl.zst"  # rejects/<shard>…: a shard's rejected repeats
+SPILL_READ_BLOCK = 1 << 20  # bytes an object store reads ahead per open spilled file
 
 
 def rejects_uri(rejects_dir: str, shard_id: str) -> str:
@@ -121,15 +125,48 @@ def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Seque
     return sorted(repeats, key=lambda r: r.line)
 
 
+class SpillDir:
+    """A directory for spilled files on any store (``uri`` with ``so``: the run root's), each
+    written whole once and read back front to back. :meth:`clear` removes it whole (the close clears
+    it first too: a killed close's spill goes with the next)."""
+
+    def __init__(self, uri: str, so: StorageOptions | None) -> None:
+        self.loc: Location = resolve(uri, so)
+        self._next = 0
+
+    def write(self, name: str, data: bytes) -> str:
+        """A new file ``<name>-<n>`` holding ``data``; its path."""
+        self._next += 1
+        path = posixpath.join(self.loc.path, f"{name}-{self._next:06d}")
+        if self.loc.is_local:
+            os.makedirs(self.loc.path, exist_ok=True)
+        with self.loc.fs.open(path, "wb") as f:
+            f.write(data)
+        return path
+
+    def open(self, path: str) -> IO[bytes]:
+        return self.loc.fs.open(path, "rb", block_size=SPILL_READ_BLOCK)  # type: ignore[no-any-return]
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.loc.fs.rm(path)
+
+    def clear(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.loc.fs.rm(self.loc.path, recursive=True)
+
+
 class _Sorted:
     """Byte strings sorted in bounded memory: at most :data:`SORT_BYTES` (and :data:`SPILL_HASHES`
-    entries) held, the rest spilled to sorted runs on local disk (each entry length-prefixed); read
+    entries) held, the rest spilled to sorted runs in ``spill`` (each entry length-prefixed); read
     back merged, once (one open file per run)."""
 
-    def __init__(self) -> None:
+    def __init__(self, spill: SpillDir, name: str) -> None:
+        self._spill_dir, self._name = spill, name
         self._held: list[bytes] = []
         self._bytes = 0
-        self._runs: list[IO[bytes]] = []
+        self._runs: list[str] = []
+        self._open: list[IO[bytes]] = []
 
     def add(self, entry: bytes) -> None:
         self._held.append(entry)
@@ -138,22 +175,24 @@ class _Sorted:
             self._spill()
 
     def _spill(self) -> None:
-        run = tempfile.TemporaryFile()  # noqa: SIM115  # closed by close()
         self._held.sort()
-        run.write(b"".join(LENGTH.pack(len(e)) + e for e in self._held))
-        run.seek(0)
-        self._runs.append(run)
+        self._runs.append(
+            self._spill_dir.write(self._name, b"".join(LENGTH.pack(len(e)) + e for e in self._held))
+        )
         self._held, self._bytes = [], 0
 
     def __iter__(self) -> Iterator[bytes]:
         self._held.sort()
-        return heapq.merge(self._held, *(_entries(run) for run in self._runs))
+        self._open = [self._spill_dir.open(run) for run in self._runs]
+        return heapq.merge(self._held, *(_entries(run) for run in self._open))
 
     def close(self) -> None:
         self._held = []
+        for f in self._open:
+            f.close()
         for run in self._runs:
-            run.close()
-        self._runs = []
+            self._spill_dir.remove(run)
+        self._open, self._runs = [], []
 
 
 def _entries(run: IO[bytes]) -> Iterator[bytes]:
@@ -162,40 +201,45 @@ def _entries(run: IO[bytes]) -> Iterator[bytes]:
 
 
 class Repeats:
-    """Confirmed repeats, spilled to local disk per shard of the later occurrence (appended batch by
-    batch), so the close holds one shard's at a time, never the whole input's."""
+    """Confirmed repeats, spilled per shard of the later occurrence (a file per shard and batch) into
+    ``spill``, so the close holds one shard's at a time, never the whole input's. Without ``spill``:
+    none (a round, or an input, without ranges)."""
 
-    def __init__(self) -> None:
-        self._dir: tempfile.TemporaryDirectory[str] | None = None
+    def __init__(self, spill: SpillDir | None = None) -> None:
+        self._spill = spill
+        self._files: dict[str, list[str]] = {}
         self.count = 0
-        self.shards: set[str] = set()
+
+    @property
+    def shards(self) -> set[str]:
+        return set(self._files)
 
     def add(self, found: Iterable[Repeat]) -> None:
         by_shard: dict[str, list[Repeat]] = {}
         for x in found:
             by_shard.setdefault(x.shard, []).append(x)
+        if by_shard and self._spill is None:
+            raise ValueError("Repeats without a spill directory hold none")
         for sid, rows in by_shard.items():
-            with open(self._path(sid), "ab") as f:
-                f.write(b"".join(orjson.dumps(dataclasses.astuple(x)) + b"\n" for x in rows))
+            assert self._spill is not None
+            data = b"".join(orjson.dumps(dataclasses.astuple(x)) + b"\n" for x in rows)
+            name = "repeats-" + hashlib.sha256(sid.encode()).hexdigest()[:32]
+            self._files.setdefault(sid, []).append(self._spill.write(name, data))
             self.count += len(rows)
-            self.shards.add(sid)
 
     def of(self, shard_id: str) -> list[Repeat]:
         """The repeats in one shard, in line order (none: ``[]``)."""
-        if shard_id not in self.shards:
-            return []
-        with open(self._path(shard_id), "rb") as f:
-            return sorted((Repeat(*orjson.loads(line)) for line in f), key=lambda x: x.line)
-
-    def _path(self, shard_id: str) -> str:
-        if self._dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="batchinfer-repeats-")
-        return os.path.join(self._dir.name, hashlib.sha256(shard_id.encode()).hexdigest()[:32])
+        rows: list[Repeat] = []
+        for path in self._files.get(shard_id, ()):
+            assert self._spill is not None
+            with self._spill.open(path) as f:
+                rows += (Repeat(*orjson.loads(line)) for line in f)
+        return sorted(rows, key=lambda x: x.line)
 
     def close(self) -> None:
-        if self._dir is not None:
-            self._dir.cleanup()
-            self._dir = None
+        if self._spill is not None:
+            self._spill.clear()
+        self._files = {}
 
     def __enter__(self) -> Repeats:
         return self
@@ -279,11 +323,14 @@ def find_repeats(
     id_field: str | None,
     assign_ids: bool,
     so: StorageOptions | None,
+    spill: str,
 ) -> Repeats:
     """Every later occurrence of an id that an earlier one of round 0's ``ranges`` (in file order)
     holds, with its line and its first (lines of the whole input). ``hash_uri(shard_id)``: a range's
     hash file (its job's; written here, reading the range, when there is none). Hash matches are
-    confirmed reading each range that holds one once, for the matched lines only."""
+    confirmed reading each range that holds one once, for the matched lines only. ``spill``: the
+    directory (on ``so``'s store; cleared first, removed as the returned :class:`Repeats` closes) for
+    what grows with the repeats: the run root's, not the local temp disk."""
     sids = [s.shard_id for s in ranges]
     uris = [hash_uri(sid) for sid in sids]
     with ThreadPoolExecutor(8) as ex:
@@ -293,8 +340,10 @@ def find_repeats(
             )
         )
     first_lines = [0, *itertools.accumulate(lines)][:-1]
-    repeats = Repeats()
-    places, found = _Sorted(), _Sorted()
+    spilled = SpillDir(spill, so)
+    spilled.clear()  # a killed close's
+    repeats = Repeats(spilled)
+    places, found = _Sorted(spilled, "places"), _Sorted(spilled, "found")
     try:
         # hash order: spilled, sorted by range and line
         for h, at in shared_hashes(uris, so, entries=sum(lines)):

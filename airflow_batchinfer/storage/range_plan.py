@@ -23,6 +23,7 @@ import zstandard
 from airflow_batchinfer.exceptions import CorruptFileError, OutputExistsError
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.file_version import keep_recorded, source_version
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
@@ -33,7 +34,6 @@ from airflow_batchinfer.storage.lines import (
 )
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
-from airflow_batchinfer.storage.ranges import source_version
 from airflow_batchinfer.storage.records import (
     MAX_ID_BYTES,
     OnError,
@@ -275,6 +275,8 @@ def shard_ranges(
     earlier = read_manifest(out)
     if earlier is not None and _detected_before(earlier, id_field):
         fingerprint["id_field"] = None  # the field the earlier plan detected, now named: the same plan
+    if earlier is not None:  # a plan from before local versions carried inode and ctime
+        fingerprint = keep_recorded(fingerprint, earlier.fingerprint)
     if earlier is not None and earlier.kind == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
     if earlier is not None and not overwrite:

@@ -19,13 +19,14 @@ arm: ``records`` (and ``ids``) count those rows, planned ``records_per_shard / a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.file_version import same_version, source_version
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
     iter_chunks,
@@ -39,11 +40,6 @@ from airflow_batchinfer.storage.records import (
 )
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from airflow_batchinfer.storage.validate import LineValidator
-
-
-def source_version(info: Mapping[str, Any]) -> str:
-    """``size:ETag-or-mtime``: the version a range plan is valid for (as ``pin_input`` pins jobs)."""
-    return f"{info.get('size')}:{info.get('ETag') or info.get('mtime') or info.get('LastModified') or ''}"
 
 
 @dataclass(frozen=True)
@@ -216,7 +212,7 @@ class RangeRecordReader(RecordReader):
 
     def check_version(self) -> None:
         now = source_version(self.file.info())
-        if self.range.version and now != self.range.version:
+        if self.range.version and not same_version(self.range.version, now):
             raise StorageError(
                 f"shard {self.range.shard_id}: {self.file.uri} changed since the run was sharded "
                 f"(planned for version {self.range.version}, now {now}), so its byte range "

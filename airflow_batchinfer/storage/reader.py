@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from airflow_batchinfer.exceptions import MalformedRecordError
+from airflow_batchinfer.storage.id_scan import SCAN_FROM, oversized_id
 from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.records import (
     OnError,
@@ -104,6 +105,9 @@ class RecordReader:
             if not line.strip():
                 stats.blank += 1
                 continue
+            if len(line) > SCAN_FROM and (why := self._oversized_id(line)):  # refused unparsed
+                self.policy.bad_line(line_no, line, why)
+                continue
             try:
                 record = parse_record(line)
                 if self._id_field is not None:
@@ -113,6 +117,11 @@ class RecordReader:
                 continue
             stats.records += 1
             yield record
+
+    def _oversized_id(self, line: bytes) -> str | None:
+        if self._id_field is None or self._max_id is None:
+            return None
+        return oversized_id(line, self._id_field, self._max_id)
 
     async def __aiter__(self) -> AsyncIterator[Record]:
         async for block in self.blocks(self.ASYNC_BLOCK):

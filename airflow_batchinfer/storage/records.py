@@ -59,11 +59,17 @@ def record_id(record: Record, id_field: str, max_bytes: int | None = None) -> st
     if max_bytes is not None and isinstance(value, str) and len(value) * 4 > max_bytes:  # else it fits
         size = len(value.encode("utf-8", "surrogatepass"))
         if size > max_bytes:
-            raise RecordError(
-                f"id field {id_field!r} is {size:,} bytes, longer than max_id_bytes={max_bytes:,} "
-                f"(it starts {_short(repr(value[:80]))}); shorten the ids, or raise the max_id_bytes setting"
-            )
+            raise RecordError(id_too_long(id_field, size, max_bytes, value))
     return value
+
+
+def id_too_long(id_field: str, size: int, max_bytes: int, start: str, *, at_least: bool = False) -> str:
+    """Why an id of ``size`` UTF-8 bytes (``at_least``: or more) that starts with ``start`` is bad."""
+    return (
+        f"id field {id_field!r} is {'at least ' if at_least else ''}{size:,} bytes, longer than "
+        f"max_id_bytes={max_bytes:,} (it starts {_short(repr(start[:80]))}); shorten the ids, or raise "
+        "the max_id_bytes setting"
+    )
 
 
 def _short(text: str, n: int = 80) -> str:

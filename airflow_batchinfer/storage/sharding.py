@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.file_version import keep_recorded, version_tag
 from airflow_batchinfer.storage.jsonl_dir import (
     DEFAULT_BYTES_PER_SHARD,
     DEFAULT_RECORDS_PER_SHARD,
@@ -33,7 +34,7 @@ from airflow_batchinfer.storage.jsonl_dir import (
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
-from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
+from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, OnError, dumps
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
@@ -124,6 +125,8 @@ def shard_dataset(
                 "id_field": id_field, "assign_ids": assign_ids, "on_error": on_error,
                 "compression": compression, "rejects": rejects_dir.uri}  # fmt: skip
     fingerprint = _fingerprint(source, settings, max_line_bytes, max_id_bytes, fan_out)
+    if (earlier := read_manifest(out)) is not None:  # from before local versions carried inode and ctime
+        fingerprint = keep_recorded(fingerprint, earlier.fingerprint)
     done = claim_output(out, kind="shard", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return _reused(done)
@@ -171,13 +174,14 @@ def _fingerprint(
     max_id_bytes: int,
     fan_out: FanOut | None,
 ) -> dict[str, Any]:
-    """What makes two shardings the same: the input (its URI, size and version: ETag, else mtime)
+    """What makes two shardings the same: the input (its URI, size and version: ETag, else mtime
+    with a local file's inode and ctime, :func:`~airflow_batchinfer.storage.file_version.version_tag`)
     and the ``settings`` that shape the output, in that order."""
     info = source.info()
     return {
         "source": source.uri,
         "size": info.get("size"),
-        "version": str(info.get("ETag") or info.get("mtime") or info.get("LastModified") or ""),
+        "version": version_tag(info),
         **settings,
         **bounds_fingerprint(max_line_bytes, max_id_bytes),
         **({"fan_out": fan_out.as_json()} if fan_out is not None else {}),  # none: as before fan-outs

@@ -3,7 +3,8 @@ validate here, so a bad line is rejected for the same reason whichever of the tw
 
 A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
-non-object value, a missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
+non-object value, a missing or invalid id, an id longer than ``max_id_bytes`` (in a long line: found
+without parsing it, :mod:`~airflow_batchinfer.storage.id_scan`), an OpenAI batch line
 without ``body``, a repeated id, a line longer than ``max_line_bytes`` (which the splitter never
 held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record
 that picks its own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
@@ -17,6 +18,7 @@ from typing import Any
 import orjson
 
 from airflow_batchinfer.storage.fan_out import FanOut
+from airflow_batchinfer.storage.id_scan import SCAN_FROM, oversized_id
 from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import (
@@ -112,6 +114,9 @@ class LineValidator:
                 self.offset += len(line) + 1
                 if line.endswith(b"\r"):
                     line = line[:-1]
+            if len(line) > SCAN_FROM and (why := self._oversized_id(line)):  # refused unparsed
+                self._bad(line, offset, why)
+                continue
             try:
                 record = loads(line)
             except decode_error:
@@ -155,6 +160,11 @@ class LineValidator:
         stats.lines += len(block)
         stats.records += len(good)
         return good, ids, records
+
+    def _oversized_id(self, line: bytes) -> str | None:
+        if self.id_field is None or self._max_id is None:
+            return None
+        return oversized_id(line, self.id_field, self._max_id)
 
     def _line_name(self, line_no: int | None) -> str:
         return f"{line_no} of this range" if self._offsets else str(line_no)

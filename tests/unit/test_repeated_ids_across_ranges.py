@@ -191,7 +191,7 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
 
     def find() -> ih.Repeats:
         return ih.find_repeats(shards, lambda sid: f"{hashes}/{sid}{ihf.SUFFIX}", id_field="id",
-                               assign_ids=False, so=None)  # fmt: skip
+                               assign_ids=False, so=None, spill=str(tmp_path / "spill"))  # fmt: skip
 
     find().close()  # writes the hash files (as the range jobs do), reading each range
     reads: list[tuple[int, int]] = []
@@ -210,6 +210,47 @@ def test_many_repeats_are_confirmed_reading_each_range_once(
     assert sorted(reads) == sorted(tuple(s.range) for s in shards)  # every range holds a match: once
     assert sorted((x.line, x.first_line) for x in got) == [(half + 1 + i, 1 + i) for i in range(half)]
     assert all(f'"q":"again {x.first_line - 1}"' in x.raw for x in got)  # each repeat's own record
+
+
+@pytest.mark.security
+def test_the_repeats_spill_under_the_run_root_not_the_workers_temp_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, item 10: round 0's close spilled the matched places, the records read for them and
+    the confirmed repeats to the Airflow worker's temp disk, in proportion to the repeats (a doubled
+    export of 100M lines: tens of GB there, shared with every other task). Now they spill under the
+    run root (``round-00/spill/``), on its store, and go as the close finishes."""
+    half = 1_000
+    lines = [json.dumps({"id": f"d{i}", "question": i}) for i in range(half)] * 2
+    (tmp_path / "data.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = RunConfig.of(input=str(tmp_path / "data.jsonl"), run_root=str(tmp_path / "run"),
+                       prompt_template="{{ question }}", judge={"type": "llm"},
+                       records_per_shard=500)  # fmt: skip
+    assert len(prepare_run(cfg).shards) >= 4
+    plan = propose_slot(cfg, "round-00").plan
+    layout = RunLayout(cfg.run_root)
+    write_plan(layout, plan)
+    run_round(cfg, plan.shards)
+    monkeypatch.setattr(ih, "SORT_BYTES", 4096, raising=False)  # many spilled runs
+    monkeypatch.setattr(ih, "REPEATS_BATCH", 100, raising=False)
+    spilled: list[str] = []
+    write = ih.SpillDir.write
+
+    def recording(self: ih.SpillDir, name: str, data: bytes) -> str:
+        spilled.append(path := write(self, name, data))
+        return path
+
+    def no_temp(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the close spilled to the local temp disk")
+
+    monkeypatch.setattr(ih.SpillDir, "write", recording)
+    for name in ("TemporaryFile", "TemporaryDirectory", "NamedTemporaryFile", "mkstemp", "mkdtemp"):
+        monkeypatch.setattr(f"tempfile.{name}", no_temp)
+    (Path(layout.spill(0)) / "stale").mkdir(parents=True)  # a killed close's: cleared first
+    summary = close_round(cfg, plan)
+    assert summary is not None and summary["invariant"]["ok"] and summary["repeated_ids"] == half
+    assert len(spilled) > 10 and all(p.startswith(layout.spill(0) + "/") for p in spilled)
+    assert not Path(layout.spill(0)).exists()  # removed as the close finished
 
 
 def test_a_repeat_in_a_quarantined_shard_is_rejected_once_it_is_accepted(tmp_path: Path) -> None:

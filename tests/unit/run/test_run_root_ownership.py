@@ -296,3 +296,42 @@ def test_an_owner_record_the_check_cannot_read_refuses_the_input(
     with pytest.raises(ConfigError, match=r"cannot read .*owner.json to check that input .* Remedy: let"):
         run_owner.input_refusal(data, SCRATCH, prefixes=[str(tmp_path)])
     assert run_owner.input_refusal(data, SCRATCH, prefixes=[]) is None  # no prefix admits it: not walked
+
+
+# ----------------------------------------------------------------------------- nested run roots
+def test_a_new_run_root_may_not_nest_with_another_dags_run_root(tmp_path: Path) -> None:
+    """Issue 37, item 10: before, ``scratch`` could create its run root inside ``finance``'s (adding
+    its directories there), or around it (so that finance's later runs nested in it were refused).
+    Both are refused by the shard task before anything is written; its own DAG's and a sharing DAG's
+    runs may nest."""
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.shard import ShardDatasetOperator
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "q": "x"}) + "\n" for i in range(6)))
+    finance_root = tmp_path / "runs" / "fin" / "q1"
+    write_owner(str(finance_root), FINANCE)
+    limits = TriggerLimits(allowed_input_prefixes=(str(tmp_path),), allowed_output_prefixes=(str(tmp_path),))
+
+    def shard(run: RunIdentity, root: Path, shared: tuple[str, ...] = ()) -> Any:
+        config = {"input": str(data), "run_root": str(root), "prompt_template": "{{ q }}",
+                  "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
+        in_force = dataclasses.replace(limits, shared_run_root_dags=shared)
+        return ShardDatasetOperator(task_id="shard", config=config, limits=in_force).execute(
+            {"ti": FakeTI(run, None)}
+        )
+
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(AirflowFailException) as inside:
+        shard(SCRATCH, finance_root / "results" / "mine")
+    assert f"lies inside the run root {finance_root}, which DAG 'finance' created" in str(inside.value)
+    assert "another run_name or output_root" in str(inside.value)
+    with pytest.raises(AirflowFailException) as around:
+        shard(SCRATCH, tmp_path / "runs" / "fin")
+    assert f"would hold the run root {finance_root}, which DAG 'finance' created" in str(around.value)
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+    assert shard(RunIdentity("finance", "later"), finance_root / "sub")  # its own DAG's root
+    assert shard(SCRATCH, finance_root / "shared", shared=("finance", "scratch"))
+    assert shard(SCRATCH, tmp_path / "runs" / "scratch-q1")  # beside it: as before
