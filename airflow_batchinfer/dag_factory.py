@@ -2,9 +2,13 @@
 
 ::
 
-    shard ──────┐                                                        ┌─ report
-                ├─ round_00 ─ round_01 ─ … ─ tail ─┤
-    pool_setup ─┘  (plan → lanes[] → close)       (plan → lanes[] → close) └─ pool_teardown
+          ┌─ shard ──────┐                                                        ┌─ report
+    pin ──┤              ├─ round_00 ─ round_01 ─ … ─ tail ─┤
+          └─ pool_setup ─┘  (plan → lanes[] → close)       (plan → lanes[] → close) └─ pool_teardown
+
+The ``pin`` task renders the params and the run root once (:mod:`~airflow_batchinfer.operators.pin`);
+every later task takes them from its XCom, so a DAG file redeployed mid-run (another ``output_root``
+default, pool, replicas …) does not reach a live run.
 
 A round's close that finds the run finished (nothing left for a later slot but skips without a
 review gate) folds the tail: it writes the later slots' plans and the report itself and skips their
@@ -47,6 +51,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, TaskGroup
 
 from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator
+from airflow_batchinfer.operators.pin import PIN, PinRunOperator, pinned_expr, pinned_param, pinned_root
 from airflow_batchinfer.operators.pool import PoolSetupOperator, PoolTeardownOperator
 from airflow_batchinfer.operators.report import RunReportOperator
 from airflow_batchinfer.operators.rounds import (
@@ -67,7 +72,8 @@ from airflow_batchinfer.spec.settings import (
 from airflow_batchinfer.state.docs import slots
 
 # A run's root: <output_root>/<run_name>, or the DAG run id (made path-safe) when run_name is empty.
-# Re-running a DAG run, or a new run with the same run_name, resumes in the same root.
+# Re-running a DAG run, or a new run with the same run_name, resumes in the same root. Rendered once,
+# by the run's pin task; the later tasks take it from there (PINNED_RUN_ROOT).
 RUN_ROOT = (
     "{{ params.output_root.rstrip('/') }}/"
     "{{ params.run_name or (run_id | replace(':', '-') | replace('+', '-')) }}"
@@ -131,12 +137,10 @@ def embedded_defaults(backend: str | None = None) -> dict[str, Any]:
     }
 
 
-def _p(name: str) -> str:
-    return f"{{{{ params.{name} }}}}"
-
-
-SLOTS = "{{ params.replicas * params.concurrency }}"  # the run's pool's job slots: lanes 0 runs one each
-JUDGE_SLOTS = "{{ params.judge_replicas * params.judge_concurrency }}"  # one judge lane each
+# What every later task renders: the params and run root the pin task rendered.
+PINNED_RUN_ROOT = pinned_root()
+SLOTS = pinned_expr("p['replicas'] * p['concurrency']")  # the run's pool's job slots: lanes 0 runs one each
+JUDGE_SLOTS = pinned_expr("p['judge_replicas'] * p['judge_concurrency']")  # one judge lane each
 
 
 @dataclass(frozen=True)
@@ -174,11 +178,11 @@ def _task_args(
     poll_interval_s: float,
     review_args: dict[str, Any],
 ) -> _Tasks:
-    common: dict[str, Any] = {"run_root": RUN_ROOT, "aws_conn_id": aws_conn_id}
+    common: dict[str, Any] = {"run_root": PINNED_RUN_ROOT, "aws_conn_id": aws_conn_id}
     # A lane lasts as long as its round: execution_timeout bounds each of its shard jobs instead.
     lane_args: dict[str, Any] = {
         **common,
-        "worker_pool": _p("worker_pool"),
+        "worker_pool": pinned_param("worker_pool"),
         "pool": airflow_pool,
         "retries": retries,
         "retry_delay": retry_delay,
@@ -195,15 +199,20 @@ def _task_args(
     return _Tasks(trusted, common, lane_args, judge_airflow_pool, review_args, results, folded)
 
 
+def _run_config(judge_pool: bool) -> str:
+    """The run settings the shard task validates and stores (``run.json``): every run setting a
+    param, the run root and a judge pool's reference, from the pin (one read of its XCom)."""
+    names = [*RUN_SETTINGS, *(["judge_pool"] if judge_pool else [])]
+    items = ", ".join([f"'{name}': p['{name}']" for name in names] + ["'run_root': run_root"])
+    return pinned_expr(f"{{{items}}}")
+
+
 def _shard_task(tasks: _Tasks, judge_pool: bool) -> ShardDatasetOperator:
-    """The run's first task: its settings (every run setting a param; a judge pool's reference)."""
-    config = {name: _p(name) for name in RUN_SETTINGS}
-    config["run_root"] = RUN_ROOT
-    if judge_pool:
-        config["judge_pool"] = _p("judge_pool")
+    """Validates and stores the run's settings; plans round 0."""
     return ShardDatasetOperator(
         task_id="shard",
-        config=config,
+        config=_run_config(judge_pool),
+        run_params=pinned_expr("p"),
         aws_conn_id=tasks.common["aws_conn_id"],
         limits=tasks.trusted,
         slots=SLOTS,
@@ -216,19 +225,20 @@ def _pool_setups(tasks: _Tasks, judge_pool: bool) -> list[PoolSetupOperator]:
     return [
         PoolSetupOperator(
             task_id=task_id,
-            worker_pool=_p(f"{prefix or 'worker_'}pool"),
-            engine=_p(f"{prefix}engine"),
-            model=_p(f"{prefix}model"),
-            engine_options=_p(f"{prefix}engine_options"),
-            replicas=_p(f"{prefix}replicas"),
-            concurrency=_p(f"{prefix}concurrency"),
-            idle_ttl_s=_p("idle_ttl_s"),
+            worker_pool=pinned_param(f"{prefix or 'worker_'}pool"),
+            engine=pinned_param(f"{prefix}engine"),
+            model=pinned_param(f"{prefix}model"),
+            engine_options=pinned_param(f"{prefix}engine_options"),
+            replicas=pinned_param(f"{prefix}replicas"),
+            concurrency=pinned_param(f"{prefix}concurrency"),
+            idle_ttl_s=pinned_param("idle_ttl_s"),
             # the operator adds the allowed input prefixes (round 0 reads the input in place)
-            allowed_prefixes=[_p("output_root")],
-            target_batch_tokens=_p("target_batch_tokens"),
-            kubernetes=_p(f"{prefix}kubernetes"),
+            allowed_prefixes=[pinned_param("output_root")],
+            target_batch_tokens=pinned_param("target_batch_tokens"),
+            kubernetes=pinned_param(f"{prefix}kubernetes"),
             limits=tasks.trusted,
-            run_root=RUN_ROOT,
+            run_root=PINNED_RUN_ROOT,
+            run_params=pinned_expr("p"),
         ).as_setup()
         for task_id, prefix in pools
     ]
@@ -242,7 +252,7 @@ def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: boo
         plan = RoundControllerOperator(
             task_id="plan",
             slot=slot,
-            worker_pool=_p("worker_pool"),
+            worker_pool=pinned_param("worker_pool"),
             preflight=first,
             limits=tasks.trusted,
             slots=SLOTS,
@@ -252,7 +262,7 @@ def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: boo
         lanes = [ShardLaneOperator.partial(task_id="lanes", **tasks.lane_args).expand(lane=plan.output)]
         if judging:
             judge_args = {**tasks.lane_args, "pool": tasks.judge_airflow_pool}
-            judge_args["worker_pool"] = _p("judge_pool")
+            judge_args["worker_pool"] = pinned_param("judge_pool")
             judges = JudgeLanesOperator(
                 task_id="judge_plan", slot=slot, judge_slots=JUDGE_SLOTS, **tasks.common
             )
@@ -373,8 +383,11 @@ def build_batch_inference_dag(
     dag_kwargs.setdefault("tags", ["batchinfer"])
     params = dag_params(values, max_rounds=max_rounds)
     with DAG(dag_id, params=params, render_template_as_native_obj=True, **dag_kwargs) as dag:
+        # the run's first task: the params and run root every later task renders from
+        pin = PinRunOperator(task_id=PIN, run_root=RUN_ROOT)
         shard = _shard_task(tasks, judge_pool)
         setups = _pool_setups(tasks, judge_pool) if pool_setup else []
+        pin >> [shard, *setups]
         last_round = _rounds_and_report(tasks, [shard, *setups], max_rounds)
         _pool_teardowns(tasks, setups, last_round)
     return dag

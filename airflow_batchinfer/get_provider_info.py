@@ -177,6 +177,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Batch Inference",
                 "python-modules": [
+                    "airflow_batchinfer.operators.pin",
                     "airflow_batchinfer.operators.shard",
                     "airflow_batchinfer.operators.lanes",
                     "airflow_batchinfer.operators.rounds",

@@ -7,6 +7,7 @@ where a task runs: the run's params, the provider's ``[batchinfer]`` config sect
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from airflow.sdk import BaseHook, Context
@@ -30,14 +31,19 @@ def config_limits() -> TriggerLimits:
 
 
 def check_params(
-    context: Context, dag_limits: TriggerLimits | None, *, run_root: str | None = None
+    context: Context,
+    dag_limits: TriggerLimits | None,
+    *,
+    run_root: str | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> TriggerLimits:
     """Refuse (fail the task, no retries) a run whose params go beyond ``dag_limits`` widened by the
     deployment's; returns the limits in force (the pool's workers allow their judge callables).
+    ``params``: the params the task runs with (the run's pinned ones); ``None``: the context's.
     ``dag_limits`` ``None`` (a task built without ``limits=``: its DAG's code vouches for its paths,
     pools and engines): only the caps are checked (:func:`~airflow_batchinfer.spec.limits.cap_refusals`),
     the deployment's and the pool connection's, which hold for every DAG."""
-    params: dict[str, Any] = dict(context.get("params") or {})
+    params = dict(context.get("params") or {}) if params is None else dict(params)
     limits = config_limits() if dag_limits is None else dag_limits.widen(config_limits())
     # A pool connection's extra widens only what runs on that pool: the run pool's connection the
     # run's settings, the judge pool's connection the judge pool's own (never the run's input).

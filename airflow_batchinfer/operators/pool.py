@@ -109,6 +109,8 @@ class PoolSetupOperator(BaseOperator):
         anything starts (:mod:`airflow_batchinfer.spec.limits`).
     :param run_root: the run's root (templated), checked with the params: the setup runs beside the
         shard task and must not start a pool for a run whose root is refused.
+    :param run_params: the DAG run's params as the run's ``pin`` task rendered them (templated): the
+        ones checked against ``limits``; ``None``: the context's.
 
     It is retried once by default (``retries``, ``retry_delay`` or the DAG's ``default_args`` change
     that; ``[core] default_task_retries`` does not): Airflow 3.3.2 can fail a deferred task whose
@@ -136,6 +138,7 @@ class PoolSetupOperator(BaseOperator):
         "target_batch_tokens",
         "kubernetes",
         "run_root",
+        "run_params",
     )
     ui_color = "#ede7f6"
 
@@ -159,6 +162,7 @@ class PoolSetupOperator(BaseOperator):
         allowed_adapters: list[str] | None = None,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
+        run_params: dict[str, Any] | str | None = None,
         retries: int = 1,  # named here so that a DAG's default_args still override it
         retry_delay: timedelta = timedelta(seconds=5),
         **kwargs: Any,
@@ -166,6 +170,7 @@ class PoolSetupOperator(BaseOperator):
         super().__init__(retries=retries, retry_delay=retry_delay, **kwargs)
         self.worker_pool = worker_pool
         self.run_root = run_root
+        self.run_params = run_params
         self.engine = engine
         self.model = model
         self.engine_options = engine_options or {}
@@ -263,7 +268,9 @@ class PoolSetupOperator(BaseOperator):
             raise AirflowFailException(f"worker pool {self.worker_pool!r}: {exc}") from exc
 
     def _setup(self, context: Context) -> list[str] | None:
-        in_force = check_params(context, self.limits, run_root=self.run_root)  # without limits=: caps only
+        params = None if self.run_params is None else _as_dict(self.run_params, "run_params")
+        # without limits=: caps only
+        in_force = check_params(context, self.limits, run_root=self.run_root, params=params)
         if self.limits is not None:
             self.allowed_callables = tuple(
                 dict.fromkeys((*self.allowed_callables, *in_force.allowed_judge_callables))

@@ -30,6 +30,13 @@ from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, ne
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
 
 
+def rendered_dict(value: object, what: str) -> dict[str, Any]:
+    """A templated field that must have rendered to a dict (the DAG renders native objects)."""
+    if not isinstance(value, dict):
+        raise AirflowFailException(f"{what} must render to an object, got {value!r}")
+    return value
+
+
 def max_map_length() -> int:
     from airflow.configuration import conf
 
@@ -55,6 +62,8 @@ def dagrun_state(ti: Any, run: RunIdentity) -> str | None:
 
 class ShardDatasetOperator(BaseOperator):
     """:param config: the run settings (flat, as ``RunConfig.of`` takes them; templated, so DAG params fit).
+    :param run_params: the DAG run's params as the run's ``pin`` task rendered them (templated): the
+        ones checked against ``limits``; ``None``: the context's.
     :param aws_conn_id: AWS connection for ``s3://`` input and run roots.
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated, as the plan task's):
         round 0's lanes at once (the run setting ``lanes``, at most ``slots``; 0: ``slots``), for
@@ -65,13 +74,14 @@ class ShardDatasetOperator(BaseOperator):
         vouches for ``config`` and callable judges are not restricted here, but the params are held
         to the deployment's caps (``[batchinfer] max_*``, the pool connection's)."""
 
-    template_fields = ("config", "aws_conn_id", "slots")
+    template_fields = ("config", "run_params", "aws_conn_id", "slots")
     ui_color = "#fdf5e6"
 
     def __init__(
         self,
         *,
-        config: dict[str, Any],
+        config: dict[str, Any] | str,
+        run_params: dict[str, Any] | str | None = None,
         aws_conn_id: str | None = None,
         limits: TriggerLimits | None = None,
         slots: int | str | None = None,
@@ -81,6 +91,7 @@ class ShardDatasetOperator(BaseOperator):
         self.slots = slots
         self.limits = limits
         self.config = config
+        self.run_params = run_params
         self.aws_conn_id = aws_conn_id
 
     def _lanes(self, cfg: RunConfig) -> int:
@@ -147,9 +158,14 @@ class ShardDatasetOperator(BaseOperator):
     def execute(self, context: Context) -> list[dict[str, Any]]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
-            cfg = RunConfig.from_dict(dict(self.config))
+            cfg = RunConfig.from_dict(dict(rendered_dict(self.config, "config")))
             # without the DAG's limits its code vouches for config, but the deployment's caps still hold
-            limits = check_params(context, self.limits, run_root=cfg.run_root)
+            limits = check_params(
+                context,
+                self.limits,
+                run_root=cfg.run_root,
+                params=None if self.run_params is None else rendered_dict(self.run_params, "run_params"),
+            )
             # retries of truncated samples are never raised above the deployment's max_max_tokens
             cfg = cfg.replace(max_tokens_cap=tightest_cap(cfg.retries.max_tokens_cap, limits.max_max_tokens))
             callables = None if self.limits is None else limits.allowed_judge_callables
@@ -168,7 +184,7 @@ class ShardDatasetOperator(BaseOperator):
         except OSError as exc:
             if exc.errno not in NO_SPACE:
                 raise
-            root = str(self.config.get("run_root"))
+            root = str(rendered_dict(self.config, "config").get("run_root"))
             raise AirflowFailException(
                 f"cannot write the run under {root}: {exc.strerror or exc} (errno {exc.errno}"
                 f"{', ' + exc.filename if exc.filename else ''}). Nothing half-written is visible: files "

@@ -121,3 +121,13 @@ def test_a_judge_pool_connection_widens_only_the_judge_pools_settings() -> None:
             check(input="/data/in.jsonl", worker_pool="local://batchinfer", judge_pool="local://batchinfer")
     finally:
         del CONNECTIONS["judge_conn"]
+
+
+def test_the_params_checked_are_those_the_task_runs_with() -> None:
+    """Issue 37 item 9: the first tasks run with the params the run's ``pin`` task rendered, and check
+    those, not the context's (the DAG file as it is when the task starts, which may say otherwise)."""
+    allowed = {"input": "/data/in.jsonl", "output_root": "/data/runs", "worker_pool": "local://batchinfer"}
+    context: Any = {"params": allowed}
+    gather.check_params(context, DAG)
+    with pytest.raises(AirflowFailException, match="'/etc/passwd' is outside"):
+        gather.check_params(context, DAG, params={**allowed, "input": "/etc/passwd"})

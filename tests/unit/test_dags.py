@@ -19,6 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException  # noqa: E402
 
 from airflow_batchinfer.dag_factory import DEFAULTS, JUDGE_POOL_DEFAULTS, build_batch_inference_dag  # noqa: E402
 from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator  # noqa: E402
+from airflow_batchinfer.operators.pin import pinned_expr, pinned_param  # noqa: E402
 from airflow_batchinfer.operators.shard import ShardDatasetOperator  # noqa: E402
 
 DAGS = Path(__file__).parents[2] / "dags"
@@ -41,7 +42,7 @@ def test_factory_shape_pools_and_params() -> None:
         "shape", max_rounds=2, airflow_pool="gpu", execution_timeout=timedelta(hours=3)
     )
     assert set(dag.task_dict) == {
-        "shard", "pool_setup", "report", "pool_teardown",
+        "pin", "shard", "pool_setup", "report", "pool_teardown",
         "round_00.plan", "round_00.lanes", "round_00.close",
         "round_01.plan", "round_01.lanes", "round_01.close",
         "tail.plan", "tail.lanes", "tail.close",
@@ -54,7 +55,7 @@ def test_factory_shape_pools_and_params() -> None:
         assert lanes.partial_kwargs["execution_timeout"] is None
         assert lanes.partial_kwargs["job_timeout"] == timedelta(hours=3)
     plan = dag.task_dict["round_00.plan"]
-    assert plan.slots == "{{ params.replicas * params.concurrency }}"
+    assert plan.slots == pinned_expr("p['replicas'] * p['concurrency']")  # the params the pin task rendered
     assert dag.task_dict["shard"].slots == plan.slots  # round 0's last shards taper for its lanes
     assert dag.task_dict["round_00.close"].trigger_rule == "all_done"
     assert dag.task_dict["pool_setup"].is_setup and dag.task_dict["pool_teardown"].is_teardown
@@ -63,6 +64,9 @@ def test_factory_shape_pools_and_params() -> None:
     plans = {t: dag.task_dict[f"{t}.plan"] for t in ("round_00", "round_01", "tail")}
     assert [p.preflight for p in plans.values()] == [True, False, False]
     assert plans["round_00"].upstream_task_ids == {"shard", "pool_setup"}
+    # the pin task renders what every later task takes from the params: it runs first
+    shard, setup = dag.task_dict["shard"], dag.task_dict["pool_setup"]
+    assert shard.upstream_task_ids == setup.upstream_task_ids == {"pin"}
     assert dag.task_dict["pool_teardown"].upstream_task_ids == {"pool_setup", "tail.close"}
     assert dag.task_dict["report"].upstream_task_ids == {"tail.close"}
     assert set(dag.params) == set(DEFAULTS)
@@ -80,27 +84,27 @@ def test_factory_with_a_judge_pool_runs_its_rounds_by_lanes_too() -> None:
     dag = build_batch_inference_dag("two", max_rounds=1, airflow_pool="gpu", judge_airflow_pool="judge",
                                     defaults=judge)  # fmt: skip
     assert set(dag.task_dict) == {
-        "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown", "judge_pool_teardown",
+        "pin", "shard", "pool_setup", "judge_pool_setup", "report", "pool_teardown", "judge_pool_teardown",
         "round_00.plan", "round_00.lanes", "round_00.judge_plan", "round_00.judge_lanes", "round_00.close",
         "tail.plan", "tail.lanes", "tail.judge_plan", "tail.judge_lanes", "tail.close",
     }  # fmt: skip
     for slot in ("round_00", "tail"):
         lanes, judges = dag.task_dict[f"{slot}.lanes"], dag.task_dict[f"{slot}.judge_lanes"]
         assert isinstance(lanes, MappedOperator) and lanes.operator_class is ShardLaneOperator
-        assert lanes.pool == "gpu" and lanes.partial_kwargs["worker_pool"] == "{{ params.worker_pool }}"
+        assert lanes.pool == "gpu" and lanes.partial_kwargs["worker_pool"] == pinned_param("worker_pool")
         assert isinstance(judges, MappedOperator) and judges.operator_class is ShardLaneOperator
-        assert judges.pool == "judge" and judges.partial_kwargs["worker_pool"] == "{{ params.judge_pool }}"
+        assert judges.pool == "judge" and judges.partial_kwargs["worker_pool"] == pinned_param("judge_pool")
         judge_plan = dag.task_dict[f"{slot}.judge_plan"]
         assert isinstance(judge_plan, JudgeLanesOperator) and judge_plan.slot == slot.replace("_", "-")
-        assert judge_plan.judge_slots == "{{ params.judge_replicas * params.judge_concurrency }}"
+        assert judge_plan.judge_slots == pinned_expr("p['judge_replicas'] * p['judge_concurrency']")
         assert judge_plan.upstream_task_ids == {f"{slot}.plan"}
         (arg,) = judges.expand_input.value.values()
         assert arg.operator is judge_plan
         assert dag.task_dict[f"{slot}.close"].upstream_task_ids == {f"{slot}.lanes", f"{slot}.judge_lanes"}
-    assert dag.task_dict["shard"].config["judge_pool"] == "{{ params.judge_pool }}"
+    assert "'judge_pool': p['judge_pool']" in dag.task_dict["shard"].config  # a run setting, from the pin
     setup = dag.task_dict["judge_pool_setup"]
     assert setup.is_setup and dag.task_dict["judge_pool_teardown"].is_teardown
-    assert (setup.worker_pool, setup.model) == ("{{ params.judge_pool }}", "{{ params.judge_model }}")
+    assert (setup.worker_pool, setup.model) == (pinned_param("judge_pool"), pinned_param("judge_model"))
     assert dag.task_dict["round_00.plan"].upstream_task_ids == {"shard", "pool_setup", "judge_pool_setup"}
     assert dag.task_dict["judge_pool_teardown"].upstream_task_ids == {"judge_pool_setup", "tail.close"}
     assert set(dag.params) == set(DEFAULTS) | set(JUDGE_POOL_DEFAULTS)

@@ -567,8 +567,8 @@ def test_a_second_run_with_the_same_run_name_is_refused_while_the_first_lives(
     assert f"belongs to DAG run chaos_rounds/{first.run_id}, which is running" in log
     assert "another run_name" in log
     # The all_done tasks (close, report) start anyway; each must stop at the ownership check before
-    # it reads or writes anything (the pool tasks do not touch the run root).
-    allowed = ("shard", "pool_setup", "pool_teardown")
+    # it reads or writes anything (the pin and pool tasks do not touch the run root).
+    allowed = ("pin", "shard", "pool_setup", "pool_teardown")
     started = [t for t in tis if ran(t) and t["task_id"] not in allowed]
     touched = sorted(
         t["task_id"]

@@ -261,6 +261,44 @@ def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: Loca
     assert event["extra"] == {"results": str(root / "results"), "status": report["status"]}, event
 
 
+def test_a_redeployed_dag_file_does_not_reach_a_live_run(airflow: LocalAirflow, e2e_root: Path):
+    """Issue 37 item 9: a run triggered without ``output_root``, whose DAG file's default changes once
+    its first tasks ran: every later task keeps the run's root (the ``pin`` task's), the run succeeds
+    there and nothing is written under the new default."""
+    default = e2e_root / "redeploy" / "output_root"  # e2e_redeploy's default, read at each parse
+    airflow.wait_for_dag("e2e_redeploy")
+    conf, ids = conf_for(e2e_root, "redeploy", 30, preflight_records=0)
+    del conf["output_root"]  # the DAG's default: e2e_root/runs, until the file says otherwise
+    run_id = airflow.trigger("e2e_redeploy", conf)
+    moved = e2e_root / "redeployed"
+    try:
+        deadline = time.monotonic() + 300
+        while not any(
+            t["task_id"] == "shard" and t["state"] == "success"
+            for t in airflow.task_instances("e2e_redeploy", run_id)
+        ):
+            assert time.monotonic() < deadline, airflow.task_instances("e2e_redeploy", run_id)
+            time.sleep(0.5)
+        default.parent.mkdir(parents=True, exist_ok=True)
+        default.write_text(str(moved))  # the redeployed file's output_root default
+        state = airflow.wait_run("e2e_redeploy", run_id, timeout_s=600)
+    finally:
+        default.unlink(missing_ok=True)
+    tis = {
+        t["task_id"]: t["state"]
+        for t in airflow.task_instances("e2e_redeploy", run_id)
+        if t["map_index"] == -1
+    }
+    assert state == "success", tis
+    root = e2e_root / "runs" / "redeploy"
+    report = json.loads((root / "report" / "summary.json").read_text())
+    assert report["invariant"]["ok"], report["invariant"]
+    approved = [r["id"] for r in rows(root / "results")]
+    assert approved and set(approved) <= set(ids)
+    assert not moved.exists()  # no task looked for the run under the new default
+    assert tis["round_00.close"] == tis["pool_teardown"] == "success", tis
+
+
 def report_run_id(af: LocalAirflow, dag_id: str, run_name: str) -> str:
     """The id of the (last) DAG run of ``dag_id`` triggered with ``run_name``."""
     runs = af.api("GET", f"/dags/{dag_id}/dagRuns", params={"order_by": "-start_date", "limit": 50})[

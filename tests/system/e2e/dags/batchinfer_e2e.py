@@ -2,12 +2,14 @@
 a record with a fixed probability, decided by a hash of id and attempt), on a local pool.
 
 ``e2e_lanes``: one-record shards on a pool of two slots (one worker, concurrency 2), so a round runs
-many more shards (more than the session's ``[core] max_map_length``) than it maps lanes (2)."""
+many more shards (more than the session's ``[core] max_map_length``) than it maps lanes (2).
+``e2e_redeploy``: an ``output_root`` default a test changes while a run is live."""
 
 from __future__ import annotations
 
 import os
 from datetime import timedelta
+from pathlib import Path
 
 from airflow_batchinfer.dag_factory import build_batch_inference_dag
 from airflow_batchinfer.spec.limits import TriggerLimits
@@ -89,6 +91,23 @@ build_batch_inference_dag(
         "judge_engine_options": {"approval_rate": 0.8, "latency_base_s": 0.1},  # the judge's own model
         "judge_replicas": 1,
         "judge_concurrency": 2,
+    },
+    retries=1,
+    retry_delay=timedelta(seconds=1),
+    poll_interval_s=1.0,
+    limits=LIMITS,
+)
+
+# ``e2e_redeploy``: its output_root default is read from a file each time the DAG file is parsed (each
+# task start), as if the file were redeployed with another default while a run is live.
+REDEPLOYED_ROOT = Path(ROOT) / "redeploy" / "output_root"
+build_batch_inference_dag(
+    "e2e_redeploy",
+    max_rounds=1,
+    airflow_pool="e2e",
+    defaults={
+        **SIMULATED,
+        "output_root": REDEPLOYED_ROOT.read_text().strip() if REDEPLOYED_ROOT.exists() else f"{ROOT}/runs",
     },
     retries=1,
     retry_delay=timedelta(seconds=1),
