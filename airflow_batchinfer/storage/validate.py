@@ -3,7 +3,9 @@ validate here, so a bad line is rejected for the same reason whichever of the tw
 
 A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
-non-object value, a missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
+non-object value, an object nested deeper than
+:data:`~airflow_batchinfer.storage.records.MAX_DEPTH` levels (its rows could not be written back), a
+missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
 without ``body``, a repeated id, a line longer than ``max_line_bytes`` (which the splitter never
 held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record
 that picks its own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
@@ -23,6 +25,7 @@ from airflow_batchinfer.storage.records import (
     MAX_ID_BYTES,
     Record,
     RecordError,
+    check_depth,
     dumps,
     parse_record,
     record_id,
@@ -123,6 +126,7 @@ class LineValidator:
             try:
                 if type(record) is not dict:
                     parse_record(line)  # raises: not an object
+                check_depth(line, record)
                 if self.id_field is None:
                     self.id_field = detect_id_field(record)
                     self._openai = self.id_field == "custom_id"
