@@ -78,6 +78,13 @@ def check_depth(line: bytes, record: Record) -> None:
         )
 
 
+def id_text(value: str | int) -> str:
+    """An id as text: how row ids (a fan-out's ``ID@ARM``), the review desk and its decisions and an
+    in-place job's checkpoints name it. Two ids of one text (``1`` and ``"1"``) are one id: the
+    reader rejects the later as a repeat, so every name derived from an id stays the id's alone."""
+    return value if type(value) is str else str(value)
+
+
 def record_id(record: Record, id_field: str, max_bytes: int | None = None) -> str | int:
     """The record's id, or :class:`RecordError` when it is missing, not a string/integer, or longer
     than ``max_bytes`` UTF-8 bytes as text (``None``: any length)."""

@@ -5,10 +5,11 @@ A line is blank (counted), or a JSON object with a usable id that this reader ha
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
 non-object value, an object nested deeper than
 :data:`~airflow_batchinfer.storage.records.MAX_DEPTH` levels (its rows could not be written back), a
-missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line
-without ``body``, a repeated id, a line longer than ``max_line_bytes`` (which the splitter never
-held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record
-that picks its own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
+missing or invalid id, an id longer than ``max_id_bytes``, an OpenAI batch line without ``body``, a
+repeated id (compared as text, :func:`~airflow_batchinfer.storage.records.id_text`: ``1`` and ``"1"``
+are one id), a line longer than ``max_line_bytes`` (which the splitter never held whole:
+:class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record that picks its
+own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from airflow_batchinfer.storage.records import (
     RecordError,
     check_depth,
     dumps,
+    id_text,
     parse_record,
     record_id,
 )
@@ -49,6 +51,13 @@ def reason(line: bytes) -> str:
     except RecordError as exc:
         return str(exc)
     return "invalid JSON"
+
+
+def _as_text(key: str) -> str:
+    """A repeat's hint where the two may differ in type (a number and its digits as a string)."""
+    if key.lstrip("-").isdigit():
+        return f': ids are compared as text, so {key} and "{key}" are one id; give each record its own'
+    return ""
 
 
 class LineValidator:
@@ -141,15 +150,18 @@ class LineValidator:
                     or type(rid) is int
                 ):  # raises, naming what is wrong with the id (a long string id may still fit)
                     record_id(record, self.id_field, self._max_id)
-                if rid in seen or rid in self._seen_before:
-                    first = seen.get(rid) or self._seen_before.get(rid)
-                    raise RecordError(f"duplicate id {rid!r} (first at line {self._line_name(first)})")
+                key = rid if type(rid) is str else id_text(rid)
+                if key in seen or key in self._seen_before:
+                    first = seen.get(key) or self._seen_before.get(key)
+                    raise RecordError(
+                        f"duplicate id {rid!r} (first at line {self._line_name(first)}){_as_text(key)}"
+                    )
                 if self.fan_out is not None and (why := self.fan_out.refusal(record)):
                     raise RecordError(why)
             except RecordError as exc:
                 self._bad(line, offset, str(exc))
                 continue
-            seen[rid] = self.line_no
+            seen[key] = self.line_no
             if self._window is not None and len(seen) >= self._window:
                 self._seen_before, self._seen = seen, {}
                 seen = self._seen
@@ -159,6 +171,11 @@ class LineValidator:
         stats.lines += len(block)
         stats.records += len(good)
         return good, ids, records
+
+    def line_of(self, value: str | int) -> int:
+        """The line of the kept record with id ``value`` (among the ids this validator still holds)."""
+        key = id_text(value)
+        return self._seen.get(key) or self._seen_before[key]
 
     def _line_name(self, line_no: int | None) -> str:
         return f"{line_no} of this range" if self._offsets else str(line_no)
