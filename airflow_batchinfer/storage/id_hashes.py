@@ -114,8 +114,8 @@ def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Seque
     for places in seen.values():
         if len({p[0] for p in places}) < 2:
             continue  # a hash collision, or one range's own (its job rejected the second)
-        (i0, l0, value, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
-        for i, line, _, raw in later:
+        (i0, l0, _, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
+        for i, line, value, raw in later:  # its own id: of one text as the first's, maybe not one type
             first, at = first_lines[i0] + l0, first_lines[i] + line
             repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw))
     return sorted(repeats, key=lambda r: r.line)

@@ -92,3 +92,28 @@ def test_the_reader_takes_ids_as_text_without_a_fan_out_too() -> None:
     assert errors[1].startswith("duplicate id '-3' (first at line 4)") and errors[2] == (
         "duplicate id 'a' (first at line 6)"
     )
+
+
+def test_without_a_fan_out_a_number_id_repeated_as_a_string_in_a_later_range_is_rejected_as_itself(
+    tmp_path: Path,
+) -> None:
+    """The desk and decisions name rows by their ids as text: a later ``"2"`` after ``2`` (another
+    range) is rejected and left out by its own id, the first stays."""
+    ids: list[int | str] = [2, "a", "b", "c", "d", "e", "f", "g", "h", "2", "i"]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "question": f"q {i!r}"}) + "\n" for i in ids))
+    cfg = RunConfig.of(
+        input=str(data), run_root=str(tmp_path / "run"), prompt_template="{{ question }}",
+        judge={"type": "llm"}, records_per_shard=4,
+    )  # fmt: skip
+    assert len(prepare_run(cfg).shards) > 1
+    plan = propose_slot(cfg, "round-00").plan
+    write_plan(RunLayout(cfg.run_root), plan)
+    run_jobs(cfg, [(k, 0, s) for k in round_kinds(cfg, plan.mode) for s in plan.shards], approval_rate=0.5)
+    summary = close_round(cfg, plan)
+    assert summary is not None and summary["invariant"]["ok"], summary
+    layout = RunLayout(cfg.run_root)
+    judged = [r["id"] for r in rows_in(layout.results) + rows_in(layout.rejected_dir(0))]
+    assert sorted(map(str, judged)) == sorted(str(i) for i in ids[:-2] + ids[-1:]) and 2 in judged
+    (reject,) = rows_in(layout.rejects)
+    assert summary["repeated_ids"] == 1 and reject["id"] == "2" and reject["line_no"] == 10
