@@ -64,11 +64,9 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def check_depth(line: bytes, record: Record) -> None:
-    """:class:`RecordError` when ``record`` (read from ``line``) nests deeper than :data:`MAX_DEPTH`.
-    A line with at most that many brackets cannot (the common case: two byte counts in C)."""
-    if line.count(b"{") + line.count(b"[") <= MAX_DEPTH:
-        return
+def check_depth(record: Record) -> None:
+    """:class:`RecordError` when ``record`` nests deeper than :data:`MAX_DEPTH`. (A line with at
+    most that many ``{`` and ``[`` cannot: readers count them first, in C, and walk only the others.)"""
     levels = depth(record)
     if levels > MAX_DEPTH:
         raise RecordError(

@@ -23,6 +23,7 @@ from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import (
+    MAX_DEPTH,
     MAX_ID_BYTES,
     Record,
     RecordError,
@@ -32,6 +33,8 @@ from airflow_batchinfer.storage.records import (
     parse_record,
     record_id,
 )
+
+_DEEP_LINE = 2 * MAX_DEPTH + 1  # bytes a line needs to nest deeper than MAX_DEPTH ("[" and "]" each level)
 
 AssignId = Callable[[int, int], str]
 """``assign(line_no, offset)``: the id given to a record without one (``assign_ids``)."""
@@ -135,7 +138,10 @@ class LineValidator:
             try:
                 if type(record) is not dict:
                     parse_record(line)  # raises: not an object
-                check_depth(line, record)
+                # a record nests no deeper than its line has "{" and "[" (and half its bytes): counted
+                # in C, so only a line that might is walked
+                if len(line) > _DEEP_LINE and line.count(b"{") + line.count(b"[") > MAX_DEPTH:
+                    check_depth(record)
                 if self.id_field is None:
                     self.id_field = detect_id_field(record)
                     self._openai = self.id_field == "custom_id"
@@ -150,7 +156,7 @@ class LineValidator:
                     or type(rid) is int
                 ):  # raises, naming what is wrong with the id (a long string id may still fit)
                     record_id(record, self.id_field, self._max_id)
-                key = rid if type(rid) is str else id_text(rid)
+                key = rid if type(rid) is str else str(rid)  # records.id_text: ids are unique as text
                 if key in seen or key in self._seen_before:
                     first = seen.get(key) or self._seen_before.get(key)
                     raise RecordError(
