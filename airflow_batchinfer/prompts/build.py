@@ -206,14 +206,20 @@ class PromptBuilder:
         return decided
 
     def _decide(self, body: Mapping[str, Any]) -> SamplingParams | str:
-        """``body``'s sampling, or why it is refused."""
-        refused = refusals(body, self.engine)
-        if refused:
-            return "; ".join(refused)
+        """``body``'s sampling, or why it is refused: anything that fails checking one record's body
+        (its schema's compile) is that record's error, never its job's."""
         try:
+            refused = refusals(body, self.engine)
+            if refused:
+                return "; ".join(refused)
             sampling = SamplingParams.from_mapping(body, self.sampling)
         except ConfigError as exc:  # fields the schemas take one by one, not together (min_tokens)
             return f"body: {exc}"
+        except RecursionError:  # a schema nested deeper than its check can walk
+            return (
+                "body: its response_format or structured_outputs schema is nested too deeply to check: "
+                "flatten it (or use $defs and $ref for repeated parts)"
+            )
         return self._engine_refusal(sampling) or sampling
 
     def build(

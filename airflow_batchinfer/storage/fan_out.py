@@ -4,8 +4,10 @@ run's LoRA adapters and, with ``adapters_and_base``, the base model.
 An input record with id ``ID`` becomes one record per arm: its fields, its id ``ID@ARM`` (text; a
 number id as its digits), ``adapter`` the arm (``base`` for the base model,
 :data:`~airflow_batchinfer.engines.adapters.BASE`) and ``input_id`` the input's ``ID``, so rows join
-back to their input record. Adapter names hold no ``@``, so the arm is the text after an id's last
-``@`` and two input ids never give one row id (an ``ID`` may hold ``@`` itself). The rows are records
+back to their input record. Two input ids never give one row id: ids are unique as text (the reader
+rejects ``"1"`` after ``1`` as a repeat: :func:`~airflow_batchinfer.storage.records.id_text`), and
+adapter names hold no ``@``, so the arm is the text after a row id's last ``@`` (an ``ID`` may hold
+``@`` itself). Review decisions and an in-place job's checkpoints name rows by these ids. The rows are records
 like any other: judged, retried with their arm and accounted by their own ids.
 
 Records are fanned out where round 0 reads them, never stored twice: a byte-range shard's reader

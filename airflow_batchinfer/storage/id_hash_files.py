@@ -3,7 +3,7 @@ with the other ranges' (:func:`shared_hashes`). :mod:`~airflow_batchinfer.storag
 round 0's repeated ids with them.
 
 A hash file is ``MAGIC``, the range's line count (8 bytes, big-endian) and its entries: a hash (16-byte
-BLAKE2b of the id's canonical bytes, :func:`id_hash_bytes`) and the 1-based line of that id in the
+BLAKE2b of the id's text as canonical bytes, :func:`id_hash_bytes`) and the 1-based line of that id in the
 range (8 bytes, big-endian), sorted (by hash, then line). At most :data:`SPILL_HASHES` entries are
 held while writing one, the rest spilled to sorted runs on local disk.
 """
@@ -27,6 +27,7 @@ from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.digest import id_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, parent, resolve
+from airflow_batchinfer.storage.records import id_text
 
 HASH = 16
 MAGIC = b"BIH2"
@@ -41,8 +42,10 @@ SUFFIX = ".id-hashes.bin"
 
 
 def id_hash_bytes(value: Any) -> bytes:
-    """The 16-byte hash of one id (:func:`~airflow_batchinfer.storage.digest.id_hash`'s bytes)."""
-    return hashlib.blake2b(id_bytes(value), digest_size=HASH).digest()
+    """The 16-byte hash of one id as text (:func:`~airflow_batchinfer.storage.records.id_text`: ``1``
+    and ``"1"`` are one id, so a repeat across ranges; a string id's is
+    :func:`~airflow_batchinfer.storage.digest.id_hash`'s bytes)."""
+    return hashlib.blake2b(id_bytes(id_text(value)), digest_size=HASH).digest()
 
 
 def hashes_beside(manifest_uri: str, shard_id: str) -> str:

@@ -4,8 +4,8 @@ A range's job validates its own lines, so an id twice in one range is rejected t
 ranges is not (no job sees both). Round 0's close finds those: the job that reads a range writes,
 beside its completion manifest and before it, ``<shard>.id-hashes.bin``
 (:class:`~airflow_batchinfer.storage.id_hash_files.HashWriter`): each kept record's id hashed
-(16-byte BLAKE2b of the id's canonical bytes, as :mod:`~airflow_batchinfer.storage.digest` hashes
-them) with its line in the range, sorted (an external sort: at most
+(16-byte BLAKE2b of the id's text, :func:`~airflow_batchinfer.storage.records.id_text`: ``1`` and
+``"1"`` are one id) with its line in the range, sorted (an external sort: at most
 :data:`~airflow_batchinfer.storage.id_hash_files.SPILL_HASHES` entries are held, the rest spilled to
 sorted runs on local disk). The file depends only on the range, so two attempts of a job write the
 same bytes (atomically), and the close writes it itself, reading the range, only when no job did (a
@@ -45,7 +45,6 @@ from typing import IO, Any
 import orjson
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.storage.digest import id_bytes
 from airflow_batchinfer.storage.id_hash_files import (
     HASH,
     MAGIC,
@@ -57,6 +56,7 @@ from airflow_batchinfer.storage.id_hash_files import (
 from airflow_batchinfer.storage.lines import RAW_PREFIX
 from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
 from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
+from airflow_batchinfer.storage.records import id_text
 from airflow_batchinfer.storage.shard_ref import RangeRef
 
 TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (merges, confirmation)
@@ -111,15 +111,15 @@ Found = tuple[int, int, Any, str]  # a matched place's range index, line in the 
 def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Sequence[int]) -> list[Repeat]:
     """The real repeats among the records at one hash's places. The lowest line of an id stays;
     every later one (in another range) is a repeat, in line order."""
-    seen: dict[bytes, list[Found]] = {}  # id bytes -> its places: two ids of one hash are a collision
+    seen: dict[str, list[Found]] = {}  # id text -> its places: two ids of one hash are a collision
     for place in found:
-        seen.setdefault(id_bytes(place[2]), []).append(place)
+        seen.setdefault(id_text(place[2]), []).append(place)
     repeats: list[Repeat] = []
     for places in seen.values():
         if len({p[0] for p in places}) < 2:
             continue  # a hash collision, or one range's own (its job rejected the second)
-        (i0, l0, value, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
-        for i, line, _, raw in later:
+        (i0, l0, _, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
+        for i, line, value, raw in later:  # its own id: of one text as the first's, maybe not one type
             first, at = first_lines[i0] + l0, first_lines[i] + line
             repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw))
     return sorted(repeats, key=lambda r: r.line)

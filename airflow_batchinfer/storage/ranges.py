@@ -208,7 +208,7 @@ class RangeRecordReader(RecordReader):
     def line_of(self, value: Any) -> int:
         """The line in the range of the kept record with id ``value`` (read already): the validator
         keeps every id of a range with its line (``window=None``) to find repeats."""
-        return self.check._seen[value]
+        return self.check.line_of(value)
 
     def check_version(self) -> None:
         now = source_version(self.file.info())

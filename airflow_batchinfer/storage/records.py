@@ -17,6 +17,11 @@ OnError = Literal["raise", "skip", "quarantine"]
 ON_ERROR_CHOICES: tuple[OnError, ...] = ("raise", "skip", "quarantine")
 MAX_ID_BYTES = 512  # the max_id_bytes setting's default (spec/settings.py): UTF-8 bytes of an id as text
 MIN_ID_BYTES = 32  # ... and its least value
+# The most levels of objects and arrays a record may nest (the record itself is level 1). The JSON
+# reader takes 1,023 but the writer (orjson.dumps) stops at 254, and a row is written where a record
+# was read, some wrapped deeper (a desk page's sample holds it under ``record``): half of the
+# writer's depth leaves them room, and no check that walks a record recursively runs out of stack.
+MAX_DEPTH = 128
 
 Record = dict[str, Any]
 
@@ -44,6 +49,38 @@ def parse_record(line: bytes) -> Record:
     if not isinstance(value, dict):
         raise RecordError(f"expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def depth(value: Any) -> int:
+    """How many levels of objects and arrays ``value`` nests (a scalar: 0), walked without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, level = stack.pop()
+        items = v.values() if type(v) is dict else v if type(v) is list else None
+        if items is None:
+            continue
+        deepest = max(deepest, level)
+        stack.extend((x, level + 1) for x in items if type(x) is dict or type(x) is list)
+    return deepest
+
+
+def check_depth(record: Record) -> None:
+    """:class:`RecordError` when ``record`` nests deeper than :data:`MAX_DEPTH`. (A line with at
+    most that many ``{`` and ``[`` cannot: readers count them first, in C, and walk only the others.)"""
+    levels = depth(record)
+    if levels > MAX_DEPTH:
+        raise RecordError(
+            f"nested {levels} levels deep (objects and arrays), more than the {MAX_DEPTH} a record may "
+            "have: its rows could not be written back as JSON; flatten the record (or store the deep "
+            "part as a JSON string)"
+        )
+
+
+def id_text(value: str | int) -> str:
+    """An id as text: how row ids (a fan-out's ``ID@ARM``), the review desk and its decisions and an
+    in-place job's checkpoints name it. Two ids of one text (``1`` and ``"1"``) are one id: the
+    reader rejects the later as a repeat, so every name derived from an id stays the id's alone."""
+    return value if type(value) is str else str(value)
 
 
 def record_id(record: Record, id_field: str, max_bytes: int | None = None) -> str | int:

@@ -3,11 +3,14 @@ validate here, so a bad line is rejected for the same reason whichever of the tw
 
 A line is blank (counted), or a JSON object with a usable id that this reader has not seen (kept),
 or bad (``ErrorPolicy``: quarantined, skipped or raised): invalid JSON, non-UTF-8 bytes, a
-non-object value, a missing or invalid id, an id longer than ``max_id_bytes`` (in a long line: found
-without parsing it, :mod:`~airflow_batchinfer.storage.id_scan`), an OpenAI batch line
-without ``body``, a repeated id, a line longer than ``max_line_bytes`` (which the splitter never
-held whole: :class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record
-that picks its own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
+non-object value, an object nested deeper than
+:data:`~airflow_batchinfer.storage.records.MAX_DEPTH` levels (its rows could not be written back), a
+missing or invalid id, an id longer than ``max_id_bytes`` (in a long line: found without parsing it,
+:mod:`~airflow_batchinfer.storage.id_scan`), an OpenAI batch line without ``body``, a
+repeated id (compared as text, :func:`~airflow_batchinfer.storage.records.id_text`: ``1`` and ``"1"``
+are one id), a line longer than ``max_line_bytes`` (which the splitter never held whole:
+:class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record that picks its
+own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
 """
 
 from __future__ import annotations
@@ -22,13 +25,18 @@ from airflow_batchinfer.storage.id_scan import SCAN_FROM, oversized_id
 from airflow_batchinfer.storage.lines import OversizedLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import (
+    MAX_DEPTH,
     MAX_ID_BYTES,
     Record,
     RecordError,
+    check_depth,
     dumps,
+    id_text,
     parse_record,
     record_id,
 )
+
+_DEEP_LINE = 2 * MAX_DEPTH + 1  # bytes a line needs to nest deeper than MAX_DEPTH ("[" and "]" each level)
 
 AssignId = Callable[[int, int], str]
 """``assign(line_no, offset)``: the id given to a record without one (``assign_ids``)."""
@@ -48,6 +56,13 @@ def reason(line: bytes) -> str:
     except RecordError as exc:
         return str(exc)
     return "invalid JSON"
+
+
+def _as_text(key: str) -> str:
+    """A repeat's hint where the two may differ in type (a number and its digits as a string)."""
+    if key.lstrip("-").isdigit():
+        return f': ids are compared as text, so {key} and "{key}" are one id; give each record its own'
+    return ""
 
 
 class LineValidator:
@@ -128,6 +143,10 @@ class LineValidator:
             try:
                 if type(record) is not dict:
                     parse_record(line)  # raises: not an object
+                # a record nests no deeper than its line has "{" and "[" (and half its bytes): counted
+                # in C, so only a line that might is walked
+                if len(line) > _DEEP_LINE and line.count(b"{") + line.count(b"[") > MAX_DEPTH:
+                    check_depth(record)
                 if self.id_field is None:
                     self.id_field = detect_id_field(record)
                     self._openai = self.id_field == "custom_id"
@@ -142,15 +161,18 @@ class LineValidator:
                     or type(rid) is int
                 ):  # raises, naming what is wrong with the id (a long string id may still fit)
                     record_id(record, self.id_field, self._max_id)
-                if rid in seen or rid in self._seen_before:
-                    first = seen.get(rid) or self._seen_before.get(rid)
-                    raise RecordError(f"duplicate id {rid!r} (first at line {self._line_name(first)})")
+                key = rid if type(rid) is str else str(rid)  # records.id_text: ids are unique as text
+                if key in seen or key in self._seen_before:
+                    first = seen.get(key) or self._seen_before.get(key)
+                    raise RecordError(
+                        f"duplicate id {rid!r} (first at line {self._line_name(first)}){_as_text(key)}"
+                    )
                 if self.fan_out is not None and (why := self.fan_out.refusal(record)):
                     raise RecordError(why)
             except RecordError as exc:
                 self._bad(line, offset, str(exc))
                 continue
-            seen[rid] = self.line_no
+            seen[key] = self.line_no
             if self._window is not None and len(seen) >= self._window:
                 self._seen_before, self._seen = seen, {}
                 seen = self._seen
@@ -165,6 +187,11 @@ class LineValidator:
         if self.id_field is None or self._max_id is None:
             return None
         return oversized_id(line, self.id_field, self._max_id)
+
+    def line_of(self, value: str | int) -> int:
+        """The line of the kept record with id ``value`` (among the ids this validator still holds)."""
+        key = id_text(value)
+        return self._seen.get(key) or self._seen_before[key]
 
     def _line_name(self, line_no: int | None) -> str:
         return f"{line_no} of this range" if self._offsets else str(line_no)
