@@ -357,9 +357,11 @@ class PoolTeardownOperator(BaseOperator):
     run reuses them) unless ``stop=True`` or ``idle_ttl_s`` is 0. A Kubernetes pool drops this run's
     lease; it scales to zero now if no other run holds one and ``stop=True`` or ``idle_ttl_s`` is 0,
     else after ``idle_ttl_s`` (the reaper: ``batchinfer pool reap``, or the CronJob in ``k8s/``).
-    ``limits``: as for the setup (a teardown runs even when its setup refused the params)."""
+    ``limits``: as for the setup (a teardown runs even when its setup refused the params), checked
+    with ``run_params`` (templated: the run's params as its ``pin`` task rendered them; ``None``: the
+    context's)."""
 
-    template_fields = ("worker_pool", "stop")
+    template_fields = ("worker_pool", "stop", "run_params")
 
     def __init__(
         self,
@@ -368,6 +370,7 @@ class PoolTeardownOperator(BaseOperator):
         stop: bool | str = False,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
+        run_params: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -375,9 +378,11 @@ class PoolTeardownOperator(BaseOperator):
         self.run_root = run_root
         self.stop = stop
         self.limits = limits
+        self.run_params = run_params
 
     def execute(self, context: Context) -> None:
-        check_params(context, self.limits)  # without limits=: the deployment's caps only
+        params = None if self.run_params is None else _as_dict(self.run_params, "run_params")
+        check_params(context, self.limits, params=params)  # without limits=: the deployment's caps only
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
         self.log.info(

@@ -28,7 +28,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.adapters import Adapter, chosen
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams
-from airflow_batchinfer.engines.sampling import engine_refusal, refusals
+from airflow_batchinfer.engines.sampling import completion_tokens, engine_refusal, refusals
 from airflow_batchinfer.exceptions import ConfigError, OverQuickBudget, PromptError
 from airflow_batchinfer.prompts.render_budget import MAX_PROMPT_CHARS, QUICK_LIMITS
 from airflow_batchinfer.prompts.retries import (
@@ -149,6 +149,8 @@ class PromptBuilder:
         the base model answers, whatever the record says.
     :param retry: the run's retry settings: the template, system message and sampling of the second
         and later attempts (:func:`~airflow_batchinfer.prompts.retries.sent_with` decides each attempt's).
+    :param max_tokens_cap: the most ``max_tokens`` a request may ask for (a DAG run's: the deployment's
+        ``max_max_tokens``): an OpenAI batch body asking for more is that record's error.
     """
 
     def __init__(
@@ -161,6 +163,7 @@ class PromptBuilder:
         engine: str | None = None,
         adapters: Mapping[str, Adapter] | None = None,
         retry: RetrySettings = NO_RETRY,
+        max_tokens_cap: int | None = None,
     ) -> None:
         for source in (template, retry.template):
             if source is not None:
@@ -173,6 +176,7 @@ class PromptBuilder:
         self.sampling = sampling or SamplingParams()
         self.engine = engine
         self.adapters = None if adapters is None else dict(adapters)
+        self.max_tokens_cap = max_tokens_cap
         # a field of the job's sampling its engine does not honour: every templated record's error;
         # per retry_sampling entry (by its first attempt; 0: none), the same of what that entry runs
         self._refused = {0: self._engine_refusal(self.sampling)}
@@ -219,6 +223,12 @@ class PromptBuilder:
             return (
                 "body: its response_format or structured_outputs schema is nested too deeply to check: "
                 "flatten it (or use $defs and $ref for repeated parts)"
+            )
+        cap, asked = self.max_tokens_cap, completion_tokens(body)
+        if cap is not None and asked is not None and sampling.max_tokens > cap:  # the body is user data
+            return (
+                f"body: max_tokens {sampling.max_tokens} is above this run's cap {cap} (max_tokens_cap; "
+                "a DAG run's is the deployment's max_max_tokens): ask for at most that"
             )
         return self._engine_refusal(sampling) or sampling
 

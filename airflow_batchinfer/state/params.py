@@ -214,6 +214,7 @@ def parse_params(
             engine=engine,
             adapters=adapters,
             retry=retry,
+            max_tokens_cap=common["truncation"].max_tokens_cap,
         )
     if kind == "infer" and params.get("jury_at_inference") is not None:
         common["early_jury"] = _early_jury(params["jury_at_inference"], callables, engine)

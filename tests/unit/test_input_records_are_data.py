@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 
+from airflow_batchinfer.exceptions import PromptError
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide
+from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.prompts.retries import attempts_before
 from airflow_batchinfer.run.plan import pending_shards
 from airflow_batchinfer.state.config import RunConfig
@@ -86,3 +88,18 @@ def test_every_max_tokens_a_retry_is_given_is_within_the_cap(finish_reason: str)
     policy = TruncationPolicy(max_tokens_cap=CAP)
     assert decide(finish_reason, 1, 1_000_000, policy).max_tokens == CAP
     assert decide(finish_reason, 1, 16, policy).max_tokens == (16 if finish_reason == "stop" else 32)
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_an_openai_batch_body_may_not_ask_for_more_tokens_than_the_cap(field: str) -> None:
+    """A batch record's body is user data too: ``max_tokens`` over the run's cap is that record's
+    error (naming the cap), not a request past the deployment's ``max_max_tokens``; within it, sent."""
+    builder = PromptBuilder(None, max_tokens_cap=CAP)
+
+    def body(tokens: int) -> dict[str, Any]:
+        return {"custom_id": "b", "body": {"messages": [{"role": "user", "content": "hi"}], field: tokens}}
+
+    with pytest.raises(PromptError, match=rf"max_tokens 1000000 is above this run's cap {CAP}"):
+        builder.build(body(1_000_000), request_id="b")
+    assert builder.build(body(CAP), request_id="b").sampling.max_tokens == CAP
+    assert PromptBuilder(None).build(body(1_000_000), request_id="b").sampling.max_tokens == 1_000_000
