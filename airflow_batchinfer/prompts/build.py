@@ -21,6 +21,7 @@ the worker's jobs, the LLM judge and the desk (what a record was sent) all build
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 from collections.abc import Mapping
@@ -119,14 +120,21 @@ _SCALARS = frozenset({str, int, float, bool, type(None)})
 def _sampling_key(body: Mapping[str, Any]) -> tuple[tuple[str, type, Any], ...]:
     """A body's fields but its prompt, hashable (JSON for lists and objects, keys in their order: a
     JSON schema's properties are answered in it; the type keeps ``1``, ``1.0`` and ``true`` apart).
-    Per record of a batch file: kept cheap."""
+    Per record of a batch file: kept cheap; a long value by its digest, so the builder's memory of
+    decisions stays small whatever the records hold."""
     return tuple(
         [
-            (k, v.__class__, v if v.__class__ in _SCALARS else json.dumps(v, default=str))
+            (k, v.__class__, _short(v if v.__class__ in _SCALARS else json.dumps(v, default=str)))
             for k, v in body.items()
             if k not in _PROMPT_FIELDS
         ]
     )
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > 256:
+        return hashlib.blake2b(value.encode("utf-8", "surrogatepass"), digest_size=20).digest()
+    return value
 
 
 def is_openai_batch(record: Mapping[str, Any]) -> bool:

@@ -106,3 +106,26 @@ def test_the_check_of_a_bodys_constraint_runs_off_the_event_loop(monkeypatch: py
     asyncio.run(main())
     assert advanced and all(advanced), "the schema was checked on the event loop: the ticker could not run"
     assert threading.main_thread().name not in checked_in
+
+
+def test_the_builder_remembers_a_large_bodys_decision_by_digest_not_by_its_bytes() -> None:
+    """Refused or not, each distinct body's decision is remembered (a batch file's records mostly
+    share theirs): by its fields' digest when they are long, so 16 records with distinct 80 KiB
+    schemas leave the builder holding kilobytes, not a megabyte (a worker's job holds up to 4,096)."""
+    import gc
+    import tracemalloc
+
+    builder = PromptBuilder(None)
+    records = [_record(_schema_of(2000) | {"title": f"r{i}"}) for i in range(16)]
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for record in records:
+            with pytest.raises(PromptError, match="larger than 65536 bytes"):
+                builder.build(record, request_id="r1")
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 256 * 1024, kept
