@@ -33,9 +33,11 @@ _TAIL = re.compile(_STRING_REST, re.DOTALL)
 def _candidate(id_field: str, max_bytes: int) -> re.Pattern[bytes]:
     """A key that is the id field as written plainly, or a short key with an escape (which may
     spell it: a character is at most 12 bytes of escapes), followed by a string of more than
-    ``max_bytes`` characters (an escape counted as one: an id of more than ``max_bytes`` UTF-8
-    bytes has at least that many). Its quote follows no backslash (an escaped quote starts no try),
-    and every part is bounded or possessive: the search is linear in the line."""
+    ``max_bytes`` units: a byte, or a backslash and the byte after it (a ``u`` escape is 5 units
+    for at most 3 UTF-8 bytes, a newline's 1 for 1), so an id of more than ``max_bytes`` UTF-8 bytes
+    has at least that many; :func:`_measure` measures each match. Its quote follows no backslash
+    (an escaped quote starts no try), and every part is bounded or possessive: the search is linear
+    in the line."""
     key = re.escape(orjson.dumps(id_field)[1:-1])
     most = 12 * len(id_field)
     escaped = rb'(?=[^"\\]{0,%d}\\)(?:[^"\\]|\\.){1,%d}' % (most, most)
