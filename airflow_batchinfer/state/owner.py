@@ -38,7 +38,7 @@ stores have no conditional write, so two claims there could both succeed: a clai
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -311,17 +311,24 @@ def _foreign_creator(
     return creator if creator is not None and not may_share(creator, me.dag_id, shared_dags) else None
 
 
-def _owner_records_below(run_root: str, so: StorageOptions | None) -> list[str]:
+def _owner_records_below(run_root: str, so: StorageOptions | None) -> Iterator[str]:
     """The directories under ``run_root`` that hold an ``owner.json`` (a new root: usually none, or
-    no directory at all)."""
+    no directory at all), found walking it a directory at a time: the caller stops at the first that
+    refuses, never listing a tree it would refuse whole."""
     loc = resolve(run_root, so)
+    base = loc.path.rstrip("/") + "/"
     try:
-        found = loc.fs.find(loc.path)
+        for directory, _dirs, files in loc.fs.walk(loc.path):
+            rel = directory.rstrip("/") + "/"
+            if OWNER_FILE in files and rel.startswith(base) and rel != base:  # not the root's own
+                yield join(run_root, rel[len(base) :].rstrip("/"))
     except FileNotFoundError:
-        return []
-    base, suffix = loc.path.rstrip("/") + "/", "/" + OWNER_FILE
-    below = (path[len(base) :] for path in found if path.startswith(base))
-    return sorted(join(run_root, rel[: -len(suffix)]) for rel in below if rel.endswith(suffix))
+        return
+    except PermissionError as exc:  # fail closed, as an unreadable record does
+        raise ConfigError(
+            f"cannot list {run_root} to check that it holds no other DAG's run root ({exc}). Remedy: let "
+            "the run's storage connection list it, or name another output_root or run_name"
+        ) from exc
 
 
 def _nested(where: str, run_root: str, me: RunIdentity, creator: str) -> str:
