@@ -361,8 +361,9 @@ def _refuse_a_changed_plan(
     raise OutputExistsError(
         f"{uri} holds the range plan of {was.get('source')} (version {was.get('version')}), but the "
         f"input is now {source} (version {fingerprint['version']}) or other sharding settings: the "
-        "run's rounds read the file as it was. Remedy: restore the file, or start a new run (another "
-        "run_name) over the new one."
+        "run's rounds read the file as it was. Remedy: restore the file (an object store's same "
+        "bytes; a local file's inode and ctime count too, which no copy restores), or start a new run "
+        "(another run_name) over the new one."
     )
 
 

@@ -216,8 +216,9 @@ class RangeRecordReader(RecordReader):
             raise StorageError(
                 f"shard {self.range.shard_id}: {self.file.uri} changed since the run was sharded "
                 f"(planned for version {self.range.version}, now {now}), so its byte range "
-                f"[{self.range.start}, {self.range.end}) may no longer start at a line. Remedy: restore "
-                "the file, or start a new run (another run root) over the new file."
+                f"[{self.range.start}, {self.range.end}) may no longer start at a line (on local disk, "
+                "its inode and ctime count: a copy over it, or a chmod, changes them). Remedy: keep an "
+                "input unchanged while its run lives, or start a new run (another run root) over it."
             )
 
     def __iter__(self) -> Generator[Record, None, None]:
