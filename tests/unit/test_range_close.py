@@ -124,6 +124,8 @@ def test_a_changed_input_is_refused_on_resume_not_planned_again(tmp_path: Path) 
     assert prepare_run(cfg).reused  # the same file: the plan is reused
     with (tmp_path / "data.jsonl").open("a") as f:
         f.write(json.dumps({"id": "late", "question": "q"}) + "\n")
-    with pytest.raises(OutputExistsError, match="restore the file, or start a new run"):
+    with pytest.raises(
+        OutputExistsError, match=r"restore the file \(an object store.s same bytes; .*\), or start a new run"
+    ):
         prepare_run(cfg)
     assert read_manifest(JsonlDir(layout.input)) == before
