@@ -24,6 +24,7 @@ from airflow_batchinfer.engines.simulated import stable_fraction
 from airflow_batchinfer.pools import LocalPool
 from airflow_batchinfer.run.report.render import plain_text
 from airflow_batchinfer.storage.ranges import range_ids
+from airflow_batchinfer.storage.shard_ref import parse_ref
 from tests.support.e2e import (
     E2E_MAX_MAP_LENGTH,
     JUDGE_POOL_SLOTS,
@@ -201,7 +202,7 @@ def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: L
     assert failed["uri"] == conf["input"] and record["range"] == failed["range"]
     shard = next(s for s in json.loads((root / "input" / "_manifest.json").read_text())["shards"]
                  if s["shard_id"] == "part-00001")  # fmt: skip
-    shard_ids = set(range_ids(shard, id_field="id", assign_ids=False, storage_options=None))
+    shard_ids = set(range_ids(parse_ref(shard), id_field="id", assign_ids=False, storage_options=None))
     assert len(shard_ids) == 10
     assert not shard_ids & {r["id"] for r in rows(root / "results")}
     # its job failed on each of its 1 + job_retries tries inside its lane, which moved on and succeeded:
