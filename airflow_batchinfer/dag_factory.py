@@ -256,7 +256,6 @@ def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: boo
             preflight=first,
             limits=tasks.trusted,
             slots=SLOTS,
-            run_params=pinned_expr("p"),
             **tasks.common,
             **tasks.review_args,
         )
@@ -304,7 +303,6 @@ def _pool_teardowns(tasks: _Tasks, setups: list[PoolSetupOperator], last_round: 
             task_id=setup.task_id.replace("setup", "teardown"),
             worker_pool=setup.worker_pool,
             limits=tasks.trusted,
-            run_params=pinned_expr("p"),
         ).as_teardown(setups=setup)
         last_round >> teardown
 

@@ -357,11 +357,9 @@ class PoolTeardownOperator(BaseOperator):
     run reuses them) unless ``stop=True`` or ``idle_ttl_s`` is 0. A Kubernetes pool drops this run's
     lease; it scales to zero now if no other run holds one and ``stop=True`` or ``idle_ttl_s`` is 0,
     else after ``idle_ttl_s`` (the reaper: ``batchinfer pool reap``, or the CronJob in ``k8s/``).
-    ``limits``: as for the setup (a teardown runs even when its setup refused the params), checked
-    with ``run_params`` (templated: the run's params as its ``pin`` task rendered them; ``None``: the
-    context's)."""
+    ``limits``: as for the setup (a teardown runs even when its setup refused the params)."""
 
-    template_fields = ("worker_pool", "stop", "run_params")
+    template_fields = ("worker_pool", "stop")
 
     def __init__(
         self,
@@ -370,7 +368,6 @@ class PoolTeardownOperator(BaseOperator):
         stop: bool | str = False,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
-        run_params: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -378,11 +375,12 @@ class PoolTeardownOperator(BaseOperator):
         self.run_root = run_root
         self.stop = stop
         self.limits = limits
-        self.run_params = run_params
 
     def execute(self, context: Context) -> None:
-        params = None if self.run_params is None else _as_dict(self.run_params, "run_params")
-        check_params(context, self.limits, params=params)  # without limits=: the deployment's caps only
+        # the DAG file's params against its own limits (a pair that holds together), not the run's
+        # pinned params: those were checked at its start, and a file redeployed since (another
+        # output_root) would refuse them and strand the lease
+        check_params(context, self.limits)  # without limits=: the deployment's caps only
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
         self.log.info(

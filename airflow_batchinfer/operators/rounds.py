@@ -29,7 +29,7 @@ from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check, report_event, report_failure, write_report
-from airflow_batchinfer.operators.shard import max_map_length, rendered_dict
+from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
@@ -98,8 +98,6 @@ class RoundControllerOperator(HITLOperator):
         sets a setting over a cap (``max_tokens`` over ``max_max_tokens``) is refused, the task fails
         with the reason and nothing of the answer is applied. ``None``: the deployment's caps
         (``[batchinfer] max_*``, the pool connection's) hold all the same.
-    :param run_params: the DAG run's params as the run's ``pin`` task rendered them (templated): the
-        ones a review answer's changes are checked with; ``None``: the context's.
     :param slots: the pool's job slots, ``replicas × concurrency`` (templated: the factory passes the
         DAG params', the figure the Airflow pool's slots are sized to). The task returns the slot's
         lane descriptors (for :class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`), ``lanes``
@@ -108,7 +106,7 @@ class RoundControllerOperator(HITLOperator):
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
-    template_fields = ("run_root", "aws_conn_id", "worker_pool", "slots", "run_params")
+    template_fields = ("run_root", "aws_conn_id", "worker_pool", "slots")
     ui_color = "#fff3cd"
 
     def __init__(
@@ -123,7 +121,6 @@ class RoundControllerOperator(HITLOperator):
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         limits: TriggerLimits | None = None,
         slots: int | str | None = None,
-        run_params: dict[str, Any] | str | None = None,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("params", None)  # the DAG's, merged in by Airflow: HITLOperator merges them again
@@ -142,7 +139,6 @@ class RoundControllerOperator(HITLOperator):
         self.preflight = preflight
         self.limits = limits
         self.slots = slots
-        self.run_params = run_params
         self._held: dict[str, WorkerPool] = {}  # the pools _start held, by plan field
         if preflight and not worker_pool:
             raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
@@ -229,10 +225,6 @@ class RoundControllerOperator(HITLOperator):
         ttl = DEFAULT_LEASE_TTL_S + wait
         return {name: hold_pool(ref, context, self.log, ttl_s=ttl) for name, ref in self._pools(cfg).items()}
 
-    def _params(self) -> dict[str, Any] | None:
-        """The run's pinned params (``None``: none given, the context's are checked)."""
-        return None if self.run_params is None else rendered_dict(self.run_params, "run_params")
-
     def _start(self, cfg: RunConfig, plan: Plan, context: Context) -> None:
         """For a round about to run: keep the pools (restarting dead local workers) and record what
         they run in the plan, so the round's close counts only those engines' jobs."""
@@ -309,7 +301,8 @@ class RoundControllerOperator(HITLOperator):
         changes = gate_changes(current_settings(proposal.plan.effective_config(cfg)), answered)
         # the caps a trigger's params are held to hold for what the answer changes (without the DAG's
         # limits, the deployment's: check_params decides which)
-        in_force = check_params(context, self.limits, params=self._params()) if changes else None
+        # the limits in force now (the DAG file's and the deployment's), as the teardown checks them
+        in_force = check_params(context, self.limits) if changes else None
         plan = apply_choice(
             cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes, limits=in_force
         )

@@ -120,12 +120,34 @@ def start_seaweedfs(workdir: Path, *, bucket: str = "batchinfer-test", timeout: 
             }
         )
     )
+    # The ports are picked free, then bound by weed's services one after another: a port another
+    # process (or one of weed's own outgoing connections) took meanwhile fails its start. Such a
+    # start is tried again on fresh ports and a fresh data directory; any other failure is raised.
+    log = workdir / "weed.log"
+    for attempt in range(1, 4):
+        cmd, s3_port = _command(weed, workdir / ("data" if attempt == 1 else f"data-{attempt}"), config)
+        logged = log.stat().st_size if log.exists() else 0
+        process = _launch(cmd, workdir)
+        server = S3Server(f"http://127.0.0.1:{s3_port}", key, secret, bucket, process, cmd, workdir)
+        try:
+            _wait_serving(server, timeout)
+            return server
+        except RuntimeError:
+            with log.open("rb") as f:
+                f.seek(logged)
+                if attempt == 3 or b"address already in use" not in f.read():
+                    raise
+    raise AssertionError("unreachable")
+
+
+def _command(weed: str, data: Path, config: Path) -> tuple[list[str], int]:
+    """``weed mini``'s command line on fresh ports, and its S3 port."""
     ports = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
     grpc = {name: free_port() for name in ("master", "volume", "filer", "s3", "admin")}
     cmd = [
         weed,
         "mini",
-        f"-dir={workdir / 'data'}",
+        f"-dir={data}",
         "-ip=127.0.0.1",
         "-ip.bind=127.0.0.1",
         "-master.telemetry=false",
@@ -148,10 +170,7 @@ def start_seaweedfs(workdir: Path, *, bucket: str = "batchinfer-test", timeout: 
         f"-metricsPort={free_port()}",
         f"-s3.metricsPort={free_port()}",
     ]
-    process = _launch(cmd, workdir)
-    server = S3Server(f"http://127.0.0.1:{ports['s3']}", key, secret, bucket, process, cmd, workdir)
-    _wait_serving(server, timeout)
-    return server
+    return cmd, ports["s3"]
 
 
 def _launch(cmd: list[str], workdir: Path) -> subprocess.Popen[bytes]:

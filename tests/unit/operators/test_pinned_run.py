@@ -107,6 +107,3 @@ def test_a_redeployed_dag_file_does_not_reach_a_live_run() -> None:
     assert shard["config"]["judge_pool"] == "local://judge-first" and shard["slots"] == 6
     assert shard["run_params"] == params  # what shard checks against the limits: the params it runs with
     assert _fields(after, "pool_teardown", _NoParams(), pinned)["worker_pool"] == "local://first"
-    # the review gate's and the teardowns' checks too: the params the run runs with
-    for task_id in ("round_00.plan", "round_01.plan", "pool_teardown", "judge_pool_teardown"):
-        assert _fields(after, task_id, _NoParams(), pinned)["run_params"] == params, task_id
