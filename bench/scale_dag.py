@@ -43,6 +43,7 @@ import time
 from collections import Counter, defaultdict
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -398,8 +399,10 @@ def setup_prefixes(defaults: dict[str, Any]) -> tuple[str, ...]:
     params = {**DEFAULTS, **defaults}
     env = jinja2.Environment()
     setup = dag.get_task("pool_setup")
+    # the templates read the params the run's pin task returned (its XCom)
+    ti = SimpleNamespace(xcom_pull=lambda task_ids: {"params": params, "run_root": ""})
     rendered = [
-        p for t in setup.allowed_prefixes if (p := env.from_string(str(t)).render(params=params, run_id="x"))
+        p for t in setup.allowed_prefixes if (p := env.from_string(str(t)).render(params=params, ti=ti))
     ]
     # pool_setup adds the allowed input prefixes (here the DAG's default input, as written)
     return tuple(dict.fromkeys([*rendered, *implied_by(params).allowed_input_prefixes]))
