@@ -3,7 +3,7 @@
 
 PYTHON ?= python3
 VENV ?= .venv
-EXTRAS ?= dev,s3,airflow,aws,transformers,kubernetes,cncf,celery,deployment-tests
+EXTRAS ?= dev,s3,parquet,airflow,aws,transformers,kubernetes,cncf,celery,deployment-tests
 # The frozen set that works (Airflow 3.3.2); `make lock` re-resolves it.
 CONSTRAINTS := constraints.txt
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml $(CONSTRAINTS) | sha256sum | cut -c1-16)
