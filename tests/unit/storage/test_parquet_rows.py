@@ -22,6 +22,7 @@ import pytest
 from airflow_batchinfer.exceptions import CorruptFileError, StorageError
 from airflow_batchinfer.storage.lines import BadLine, OversizedLine
 from airflow_batchinfer.storage.parquet_rows import (
+    TYPE_MAP,
     RowGroup,
     UnreadableRow,
     parquet_blocks,
@@ -281,3 +282,23 @@ def test_a_path_on_disk_reads_as_an_open_file(tmp_path: Path) -> None:
     lines = [line for block in blocks for line in block]
     assert [g.rows for g in groups] == [2, 2, 1]
     assert lines == [orjson.dumps({"id": i}) for i in range(5)]
+
+
+def test_nan_in_a_map_or_a_list_of_structs_is_found() -> None:
+    maps = pa.array([[("a", 1.0)], [("b", float("nan"))], None], pa.map_(pa.string(), pa.float64()))
+    items = pa.array(
+        [[{"s": 1.0}], [], [{"s": 2.0}, {"s": float("inf")}]], pa.list_(pa.struct([("s", pa.float64())]))
+    )
+    table = pa.table({"id": [1, 2, 3], "m": maps, "items": items})
+    kept, rejects, _ = validate(parquet(table), (0, 1), batch_rows=10)
+    assert [r["id"] for r in kept] == [1]
+    assert {r["line_no"]: r["error"].split(" holds")[0] for r in rejects} == {
+        2: "column 'm'",
+        3: "column 'items'",
+    }
+
+
+def test_the_docs_type_table_is_the_codes() -> None:
+    docs = (Path(__file__).parents[3] / "docs" / "concepts.md").read_text()
+    for parquet_type, json_value in TYPE_MAP.items():
+        assert f"| {parquet_type} | {json_value} |" in docs
