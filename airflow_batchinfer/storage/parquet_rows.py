@@ -95,11 +95,23 @@ def _pq() -> Any:
 
 
 def _from_arrow(exc: BaseException) -> bool:
-    """Whether ``exc`` is pyarrow's word on the bytes (corrupt), not the stream's own I/O error,
-    which pyarrow re-raises as it was (a network error is worth a retry, a corrupt file is not)."""
+    """Whether ``exc`` is pyarrow's word on the bytes, not the stream's own I/O error, which pyarrow
+    re-raises as it was (a network error is worth a retry, a damaged file is not), nor memory."""
     import pyarrow as pa
 
+    if isinstance(exc, MemoryError):
+        return False
     return isinstance(exc, pa.ArrowException) or type(exc) is OSError
+
+
+def _unreadable(source: str, what: str, exc: BaseException) -> CorruptFileError:
+    import pyarrow as pa
+
+    if isinstance(exc, pa.ArrowNotImplementedError):  # e.g. a codec this pyarrow was built without
+        remedy = "it uses a Parquet feature this pyarrow cannot read; rewrite it (snappy or zstd pages)"
+    else:
+        remedy = "the file is damaged or is not Parquet; regenerate it from its source"
+    return CorruptFileError(f"{source}: {what} ({str(exc).strip()}): {remedy}, or remove it from the input.")
 
 
 def _open(raw: BinaryIO, source: str) -> Any:
@@ -110,10 +122,7 @@ def _open(raw: BinaryIO, source: str) -> Any:
     except Exception as exc:
         if not _from_arrow(exc):
             raise
-        raise CorruptFileError(
-            f"{source}: not a readable Parquet file ({str(exc).strip()}). The file is damaged or is "
-            "not Parquet; regenerate it from its source, or remove it from the input."
-        ) from exc
+        raise _unreadable(source, "not a readable Parquet file", exc) from exc
 
 
 def row_groups(raw: BinaryIO, size: int, source: str) -> list[RowGroup]:
@@ -156,10 +165,7 @@ def parquet_blocks(
         except Exception as exc:
             if not _from_arrow(exc):
                 raise
-            raise CorruptFileError(
-                f"{source}: row groups [{first}, {end}) cannot be read ({str(exc).strip()}). The file "
-                "is damaged; regenerate it from its source, or remove it from the input."
-            ) from exc
+            raise _unreadable(source, f"row groups [{first}, {end}) cannot be read", exc) from exc
         if batch is None:
             return
         yield rows.lines(batch)

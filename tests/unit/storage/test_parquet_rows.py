@@ -302,3 +302,25 @@ def test_the_docs_type_table_is_the_codes() -> None:
     docs = (Path(__file__).parents[3] / "docs" / "concepts.md").read_text()
     for parquet_type, json_value in TYPE_MAP.items():
         assert f"| {parquet_type} | {json_value} |" in docs
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (pa.ArrowNotImplementedError("Support for codec 'lzo' not built"), CorruptFileError),
+        (pa.ArrowMemoryError("malloc of size 1 failed"), MemoryError),
+    ],
+    ids=["unsupported codec", "out of memory"],
+)
+def test_what_pyarrow_cannot_do_is_said_as_such(
+    monkeypatch: pytest.MonkeyPatch, error: Exception, expected: type[Exception]
+) -> None:
+    def refuse(*_: Any, **__: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(pq, "ParquetFile", refuse)
+    with pytest.raises(expected) as raised:
+        row_groups(io.BytesIO(b"x" * 100), 100, "part.parquet")
+    if expected is CorruptFileError:
+        assert "a Parquet feature this pyarrow cannot read" in str(raised.value)
+        assert "codec 'lzo'" in str(raised.value)
