@@ -284,6 +284,7 @@ def main() -> None:
         child(args)
         return
     figures: dict[str, Any] = {}
+    began = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="batchinfer-parquet-") as tmp:
         data, wide = Path(tmp) / "data", Path(tmp) / "wide"
         data.mkdir()
@@ -323,6 +324,7 @@ def main() -> None:
             row(f"ours ({b}/block, no buffer: column chunks whole)", figures["wide_unbuffered"])
             figures["wide_dataset"] = run("dataset", wide, b)
             row(f"pyarrow.dataset to_batches(batch_size={b})", figures["wide_dataset"])
+    print(f"total: {time.monotonic() - began:.0f} s")
     print(json.dumps(figures))
 
 
