@@ -324,3 +324,31 @@ def test_what_pyarrow_cannot_do_is_said_as_such(
     if expected is CorruptFileError:
         assert "a Parquet feature this pyarrow cannot read" in str(raised.value)
         assert "codec 'lzo'" in str(raised.value)
+
+
+def test_a_wide_row_group_is_read_a_page_at_a_time() -> None:
+    """The file's bytes come through Python (``raw.read``): with the page buffer the reader asks for
+    about a MiB at a time; without it a column chunk, the whole row group's text, is one read."""
+    rows, width = 240, 100_000
+    text = "".join(chr(97 + i % 26) * 1000 for i in range(width // 1000))
+    table = pa.table({"id": range(rows), "text": [f"{i:06d}{text}" for i in range(rows)]})
+    buf = io.BytesIO()  # ~1 MiB pages (pyarrow checks the bound every write_batch_size values)
+    pq.write_table(table, buf, compression="none", write_batch_size=8, row_group_size=rows)
+    data = buf.getvalue()
+    assert len(data) > rows * width  # one row group of 24 MB
+
+    class Largest(io.BytesIO):
+        largest = 0
+
+        def read(self, n: int | None = -1) -> bytes:
+            out = super().read(n)
+            self.largest = max(self.largest, len(out))
+            return out
+
+    raw = Largest(data)
+    seen = 0
+    for block in parquet_blocks(raw, (0, 1), source="wide.parquet", batch_rows=4):
+        assert len(block) <= 4
+        seen += len(block)
+    assert seen == rows
+    assert raw.largest <= 2 * 1024 * 1024 < len(data) // 10
