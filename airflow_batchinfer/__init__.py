@@ -1,12 +1,13 @@
 """airflow-batchinfer: LLM batch inference at 100M-sample scale on Apache Airflow.
 
-The public API is what this module exports (``__all__``): the DAG factory, a run's settings, the
-operators the factory builds a DAG from, the deployment's trigger limits and the errors. Each is
-imported on first use, so ``import airflow_batchinfer`` loads nothing else (no Airflow). Every other
-module is internal: documented, but free to change between releases.
+The public API is what this module exports (``__all__``): the DAG factory and its results asset, a
+run's settings, the operators the factory builds a DAG from, the deployment's trigger limits and the
+errors. Each is imported on first use, so ``import airflow_batchinfer`` loads nothing else (no
+Airflow). Every other module is internal: documented, but free to change between releases.
 
 The worker side (``storage``, ``batching``, ``engines``, ``worker``, ``rpc``) imports without Airflow;
-the Airflow side (``hooks``, ``operators``, ``triggers``, ``dag_factory``) needs the ``airflow`` extra.
+the Airflow side (``hooks``, ``triggers``, ``assets``, ``operators``, ``dag_factory``) needs the
+``airflow`` extra.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING
 from airflow_batchinfer.lazy import exports
 
 if TYPE_CHECKING:
+    from airflow_batchinfer.assets import results_asset
     from airflow_batchinfer.dag_factory import build_batch_inference_dag
     from airflow_batchinfer.exceptions import (
         AuthenticationError,
@@ -110,6 +112,7 @@ __all__ = [
     "WorkerBusy",
     "WorkerUnavailable",
     "build_batch_inference_dag",
+    "results_asset",
 ]
 # Imported on first use: the operators and the factory need Airflow, the rest does not.
 __getattr__, __dir__ = exports(
@@ -117,6 +120,7 @@ __getattr__, __dir__ = exports(
     __all__,
     {
         "dag_factory": ("build_batch_inference_dag",),
+        "assets": ("results_asset",),
         "state.config": ("RunConfig",),
         "spec.limits": ("TriggerLimits",),
         "operators.shard": ("ShardDatasetOperator",),

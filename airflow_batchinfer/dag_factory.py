@@ -16,6 +16,10 @@ tasks and the report task (emitting the results asset's event through an alias);
 teardown runs after it. The grid shows those tasks *skipped*; the close's log says why. A run the
 report fails keeps its report task, which fails with the reason.
 
+A run that succeeds updates the DAG's results asset,
+:func:`~airflow_batchinfer.assets.results_asset` (``dag_id``), with where its results are and its
+counts in the event's ``extra``: a DAG scheduled on it runs after each one. A failed run emits none.
+
 The first round's plan runs the pre-flight (a sample through the pool, the projection against
 ``budget_gpu_hours``) before its fan-out.
 
@@ -49,6 +53,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetAlias, BaseOperator, TaskGroup
 
+from airflow_batchinfer.assets import results_alias, results_asset
 from airflow_batchinfer.engines import check_no_secrets
 from airflow_batchinfer.operators.lanes import JudgeLanesOperator, ShardLaneOperator
 from airflow_batchinfer.operators.pin import PIN, PinRunOperator, pinned_expr, pinned_param, pinned_root
@@ -190,12 +195,9 @@ def _task_args(
         "job_timeout": execution_timeout,
         "poll_interval_s": poll_interval_s,
     }
-    # An ``x-`` scheme is Airflow's mark of a scheme without a normaliser: without it, every parse of
-    # the DAG file (every task start) would import each provider's asset handlers (boto3: 0.16 s).
-    results = Asset(name=f"batchinfer_results__{dag_id}", uri=f"x-batchinfer://{dag_id}/results")
-    # The close that finishes a run writes the report and skips the report task: it emits the same
-    # event on ``results`` through this alias (an alias emits only what the task adds to it).
-    folded = AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
+    # The report task's event, or the close's that finishes a run (it writes the report and skips
+    # the report task) through the alias.
+    results, folded = results_asset(dag_id), results_alias(dag_id)
     return _Tasks(trusted, common, lane_args, judge_airflow_pool, review_args, results, folded)
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from airflow.sdk import Asset, BaseOperator, Context
 
+from airflow_batchinfer.assets import results_event
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
@@ -92,8 +93,10 @@ def preflight_check(
 
 
 class RunReportOperator(BaseOperator):
-    """Write ``report/summary.json``, ``report/report.md`` and plots; mark the results as an Asset
-    update. Fails the run when quarantined shards exceed ``max_failed_shards`` or an id is lost."""
+    """Write ``report/summary.json``, ``report/report.md`` and plots; fail the run when quarantined
+    shards exceed ``max_failed_shards`` or an id is lost, else emit an event on each Asset outlet (the
+    factory's :func:`~airflow_batchinfer.assets.results_asset`) with
+    :func:`~airflow_batchinfer.assets.results_event` as its ``extra``."""
 
     template_fields = ("run_root", "aws_conn_id")
     ui_color = "#d9ead3"
@@ -108,12 +111,12 @@ class RunReportOperator(BaseOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
         report = write_report(cfg, so, self.log)
-        for outlet in self.outlets:
-            if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = report_event(cfg, report)
         failed = report_failure(cfg, report)
         if failed is not None:
             raise AirflowFailException(failed)
+        for outlet in self.outlets:  # the factory's: results_asset(dag_id)
+            if isinstance(outlet, Asset):
+                context["outlet_events"][outlet].extra = results_event(report)
         return report_result(report)
 
 
@@ -134,11 +137,6 @@ def write_report(cfg: RunConfig, so: dict[str, Any], log: Any) -> dict[str, Any]
     for rs in report["shard_status"]:  # the grid shows one box per lane: each shard's state is here
         log.info("%s", shard_summary(RoundShards.model_validate(rs)))
     return report
-
-
-def report_event(cfg: RunConfig, report: dict[str, Any]) -> dict[str, Any]:
-    """The ``extra`` of the results asset's event: where the results are, and how the run ended."""
-    return {"results": RunLayout(cfg.run_root).results, "status": report["status"]}
 
 
 def report_result(report: dict[str, Any]) -> dict[str, Any]:

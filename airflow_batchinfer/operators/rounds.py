@@ -23,12 +23,13 @@ from airflow.providers.common.compat.sdk import SkipMixin
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import Asset, AssetAlias, BaseOperator, Context, Param
 
+from airflow_batchinfer.assets import results_event
 from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
-from airflow_batchinfer.operators.report import preflight_check, report_event, report_failure, write_report
+from airflow_batchinfer.operators.report import preflight_check, report_failure, write_report
 from airflow_batchinfer.operators.shard import max_map_length
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.pool import PoolClient
@@ -418,7 +419,7 @@ class CloseRoundOperator(BaseOperator, SkipMixin):
         if failed is None and self.results is not None:
             alias = next((o for o in self.outlets if isinstance(o, AssetAlias)), None)
             if alias is not None:
-                context["outlet_events"][alias].add(self.results, extra=report_event(cfg, report))
+                context["outlet_events"][alias].add(self.results, extra=results_event(report))
         self.log.info(
             "%s: the run is finished; %s skipped: %s",
             self.slot,

@@ -37,6 +37,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("run",),
     ("hooks",),  # the Airflow layer
     ("triggers",),
+    ("assets",),  # the results asset: the report's and the close's outlets, the factory's
     ("operators",),
     ("dag_factory", "plugin", "get_provider_info"),
     ("dev", "demo", "cli"),

@@ -35,7 +35,7 @@ OPERATORS = {
 needs_airflow = pytest.mark.skipif(importlib.util.find_spec("airflow") is None, reason="needs airflow")
 
 
-def test_the_facade_names_the_factory_the_settings_the_operators_the_limits_and_every_error() -> None:
+def test_the_facade_names_the_factory_its_asset_settings_operators_limits_and_every_error() -> None:
     errors = {
         name
         for name, value in vars(airflow_batchinfer.exceptions).items()
@@ -43,7 +43,7 @@ def test_the_facade_names_the_factory_the_settings_the_operators_the_limits_and_
         and issubclass(value, Exception)
         and value.__module__.endswith(".exceptions")
     }
-    public = {"build_batch_inference_dag", "RunConfig", "TriggerLimits"} | OPERATORS | errors
+    public = {"build_batch_inference_dag", "results_asset", "RunConfig", "TriggerLimits"} | OPERATORS | errors
     assert set(airflow_batchinfer.__all__) == public
     assert public <= set(dir(airflow_batchinfer))
     assert airflow_batchinfer.__version__

@@ -59,6 +59,7 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
             "e2e_review",
             "e2e_judge_pool",
             "e2e_lanes",
+            "e2e_downstream",
         ):
             af.wait_for_dag(dag_id)
         yield af

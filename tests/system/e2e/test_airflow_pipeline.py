@@ -213,6 +213,7 @@ def test_a_permanently_failing_shard_is_quarantined_and_fails_the_run(airflow: L
     assert lanes and all(t["state"] == "success" and t["try_number"] == 1 for t in lanes)
     report_ti = next(ti for ti in tis if ti["task_id"] == "report")
     assert report_ti["state"] == "failed"
+    assert asset_events(airflow, "e2e_rounds", report_run_id(airflow, "e2e_rounds", "broken")) == []
 
 
 def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: LocalAirflow, e2e_root: Path):
@@ -254,12 +255,26 @@ def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: Loca
     assert json.loads((root / "tail" / "plan.json").read_text())["stop"] == "max_rounds reached"
     # the results asset's event, as the report task emits it, came through the close's alias
     run_id = report_run_id(airflow, "e2e_lanes", "lanes")
-    events = airflow.api(
-        "GET", "/assets/events", params={"source_dag_id": "e2e_lanes", "source_run_id": run_id}
-    )
-    [event] = events["asset_events"]
+    [event] = asset_events(airflow, "e2e_lanes", run_id)
     assert event["source_task_id"] == "round_00.close" and event["uri"] == "x-batchinfer://e2e_lanes/results"
-    assert event["extra"] == {"results": str(root / "results"), "status": report["status"]}, event
+    assert event["extra"] == {
+        "run_root": str(root),
+        "results": str(root / "results"),
+        "status": report["status"],
+        "stop_reason": "max_rounds reached",
+        "rounds": 1,
+        "approved": len(approved),
+        "accepted_by_review": 0,
+        "remaining_pending": len(pending),
+    }, event
+    # and the DAG scheduled on the asset ran, reading this run's results where the event said
+    seen = e2e_root / "downstream" / f"{run_id}.json"
+    deadline = time.monotonic() + 120
+    while not seen.exists():
+        runs = airflow.api("GET", "/dags/e2e_downstream/dagRuns")["dag_runs"]
+        assert time.monotonic() < deadline, runs
+        time.sleep(1)
+    assert json.loads(seen.read_text()) == {"extra": event["extra"], "rows": len(approved)}
 
 
 def test_a_redeployed_dag_file_does_not_reach_a_live_run(airflow: LocalAirflow, e2e_root: Path):
@@ -306,6 +321,12 @@ def report_run_id(af: LocalAirflow, dag_id: str, run_name: str) -> str:
         "dag_runs"
     ]
     return str(next(r["dag_run_id"] for r in runs if (r.get("conf") or {}).get("run_name") == run_name))
+
+
+def asset_events(af: LocalAirflow, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+    """The asset events a DAG run emitted."""
+    params = {"source_dag_id": dag_id, "source_run_id": run_id}
+    return list(af.api("GET", "/assets/events", params=params)["asset_events"])
 
 
 def trigger_logs(af: LocalAirflow, dag_id: str, run_name: str, task_id: str, map_index: int) -> str:

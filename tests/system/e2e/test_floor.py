@@ -140,7 +140,8 @@ def test_the_dags_import_and_a_small_reviewed_run_keeps_every_id(
     """The example DAGs import here; the e2e DAGs imported in the real dag-processor (the e2e
     ``airflow`` fixture waits for them, raising their import errors); one run of two shards on the
     SIMULATED engine and the local pool, its review gate (the standard provider's HITL operator)
-    answered through the REST API: success, every id exactly once in the results."""
+    answered through the REST API: success, every id exactly once in the results, and the DAG's
+    results asset updated."""
     with warnings.catch_warnings():  # as the dag-processor parses: a warning is no import error
         warnings.simplefilter("ignore")  # (Airflow 3.1's own modules import its deprecated paths)
         try:
@@ -175,3 +176,10 @@ def test_the_dags_import_and_a_small_reviewed_run_keeps_every_id(
     counts = Counter(r["id"] for r in results)
     assert sorted(counts) == sorted(ids) and set(counts.values()) == {1}  # nothing lost, nothing doubled
     assert 0 < report["approved"] < len(ids) == report["approved"] + report["accepted_by_review"]
+    # the run updated its DAG's results asset, the counts in the event's extra
+    params = {"source_dag_id": "e2e_review", "source_run_id": run_id}
+    [event] = airflow.api("GET", "/assets/events", params=params)["asset_events"]
+    assert event["uri"] == "x-batchinfer://e2e_review/results", event
+    extra = event["extra"]
+    assert (extra["results"], extra["status"]) == (str(root / "results"), "accepted_by_review"), extra
+    assert extra["approved"] + extra["accepted_by_review"] == len(ids) and extra["accepted_by_review"] > 0

@@ -85,7 +85,16 @@ def test_a_close_that_finds_the_run_finished_writes_the_report_and_skips_the_tai
         "name": "batchinfer_results__fold",
         "uri": "x-batchinfer://fold/results",
     }
-    assert event["extra"] == {"results": RunLayout(cfg.run_root).results, "status": "exhausted"}
+    assert event["extra"] == {
+        "run_root": cfg.run_root,
+        "results": RunLayout(cfg.run_root).results,
+        "status": "exhausted",
+        "stop_reason": MAX_ROUNDS,
+        "rounds": 1,
+        "approved": 20,
+        "accepted_by_review": 0,
+        "remaining_pending": 10,
+    }
 
 
 def test_a_run_its_report_fails_keeps_the_report_task_to_fail_with_the_reason(
