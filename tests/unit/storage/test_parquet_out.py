@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
-from airflow_batchinfer.storage import JsonlDir
+from airflow_batchinfer.storage import JsonlDir, JsonlFile
+from airflow_batchinfer.storage.digest import IdDigest, file_digest, file_ids
 from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.storage.parquet_out import ParquetOutFile, ParquetOutWriter
 from airflow_batchinfer.storage.parquet_rows import COLUMNS
@@ -102,6 +103,17 @@ def test_files_of_different_rows_read_as_one_dataset(tmp_path: Path) -> None:
     assert table.num_rows == 3 and sorted(table.column("id").to_pylist()) == ["5", "q1", "q2"]
     back = [r for f in JsonlDir(str(d)).jsonl_files() for r in f.iter_records()]
     assert sorted(str(r.get("id", r.get("uid"))) for r in back) == ["5", "q1", "q2"]
+
+
+def test_ids_read_from_parquet_are_the_ids_written_whatever_their_type(tmp_path: Path) -> None:
+    """The invariant's and close's reads (digests, named ids) see a Parquet file as its JSONL twin."""
+    rows = [{"id": "q1"}, {"id": 12, "status": "approved"}, {"x": 1, "id": 'é\\n"x'}]
+    jsonl, parquet = JsonlFile(str(tmp_path / "a.jsonl.zst")), ParquetOutFile(str(tmp_path / "a.parquet"))
+    for f in (jsonl, parquet):
+        with f.writer_sync() as w:
+            w.write_many(rows)
+    assert file_digest(parquet, "id") == file_digest(jsonl, "id") == IdDigest.of(r["id"] for r in rows)
+    assert list(file_ids([parquet], "id")) == ["q1", 12, 'é\\n"x']
 
 
 def test_a_foreign_parquet_file_is_refused_by_name(tmp_path: Path) -> None:
