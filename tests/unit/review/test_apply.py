@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError
+from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.report.build import build_report
@@ -51,6 +52,8 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(
 ) -> None:
     cfg = reviewed_run(tmp_path, output_format)
     layout = RunLayout(cfg.run_root)
+    samples = RoundView(cfg.run_root, 0).page(size=100).samples  # the desk reads rejected/ in either format
+    assert [s.id for s in samples] == IDS[20:] and samples[0].record == {"id": "r20", "question": "q r20"}
     proposal = propose_slot(cfg, "round-01")
     assert proposal.options and proposal.plan.records == 10
     plan = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
