@@ -83,8 +83,9 @@ class DataConfig:
     # what results/, rejected/ and dropped/ hold (storage.parquet_rows: the Parquet files' schema)
     output_format: str = field(default="jsonl", metadata=_about(
         "the format of the rows in results/, rejected/ and dropped/: jsonl (.jsonl.zst files) or parquet "
-        "(.parquet files of one schema, readable as one dataset by pyarrow, DuckDB or pandas; needs "
-        "pip install 'airflow-batchinfer[parquet]')", "string", choices=OUTPUT_FORMATS,
+        "(.parquet files of one schema, readable as one dataset by pyarrow, DuckDB or pandas, and the rows "
+        "left pending in pending/ too; needs pip install 'airflow-batchinfer[parquet]'); a run keeps the "
+        "format it started with", "string", choices=OUTPUT_FORMATS,
         flag="--output-format"))
     # fmt: on
 

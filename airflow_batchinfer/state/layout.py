@@ -23,6 +23,7 @@
     <root>/round-01/reviewed/     round 1's pending set once those decisions took effect
     <root>/dropped/               rows a review dropped out of the run (reviewed-r00-part-NNNNN..., each
                                   with the decision and its note); accepted ones: results/reviewed-r00-...
+    <root>/pending/               output_format parquet: the rows the run left pending, as Parquet
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ class RunLayout:
     @property
     def report(self) -> str:
         return self._p("report")
+
+    @property
+    def final_pending(self) -> str:
+        """A Parquet run's final pending rows, as Parquet (``run.report.final_pending``)."""
+        return self._p("pending")
 
     @property
     def dropped(self) -> str:

@@ -59,6 +59,11 @@ def test_a_parquet_run_reads_as_one_dataset_and_accounts_for_every_id(
         assert record == {"id": first["id"], "question": f"{n} + {n}", "answer": 2 * n, "error": None}
         assert json.loads(first["judgment"])["approved"] is True and first["round"] in (0, 1, 2)
 
+        left = pd.read_parquet(root / "pending")  # the rows left pending, in Parquet beside the results
+        assert len(left) == out["remaining_pending"] and sorted([*left["id"], *ids]) == sorted(
+            f"q{i}" for i in range(300)
+        )
+
         report = json.loads((root / "report" / "summary.json").read_text())
         assert report["approved"] == approved and report["invariant"]["ok"]
         assert (

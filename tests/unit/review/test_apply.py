@@ -95,6 +95,13 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(
     outputs += Path(layout.rejected_dir(0)).iterdir()
     assert outputs and all(p.name.endswith(ending) for p in outputs)
     assert all(p.name.endswith(".jsonl.zst") for p in Path(layout.reviewed(1)).glob("part-*"))
+    # a Parquet run's final pending rows, in Parquet too: with results/ and dropped/, every id once
+    if output_format == "parquet":
+        left = rows_in(layout.final_pending)
+        assert len(left) == 5 and not set(left) & (set(rows_in(layout.results)) | set(dropped))
+        assert len(left) + len(rows_in(layout.results)) + len(dropped) == len(IDS)
+    else:
+        assert not Path(layout.final_pending).exists()
 
 
 def test_a_retried_plan_task_applies_the_same_decisions_and_later_ones_are_refused(tmp_path: Path) -> None:
