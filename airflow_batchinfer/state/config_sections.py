@@ -80,7 +80,7 @@ class DataConfig:
         "the longest record id, in UTF-8 bytes of the id as text: a record with a longer one goes to "
         "rejects/; a DAG run may raise it only up to the deployment's max_max_id_bytes (unset: this "
         "default)", "integer", minimum=MIN_ID_BYTES, flag="--max-id-bytes"))
-    # what results/, rejected/ and dropped/ hold (storage.parquet_rows: the Parquet files' schema)
+    # what results/, rejected/ and dropped/ hold (storage.parquet_schema: the Parquet files' schema)
     output_format: str = field(default="jsonl", metadata=_about(
         "the format of the rows in results/, rejected/ and dropped/: jsonl (.jsonl.zst files) or parquet "
         "(.parquet files of one schema, readable as one dataset by pyarrow, DuckDB or pandas, and the rows "

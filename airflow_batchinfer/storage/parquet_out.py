@@ -1,7 +1,7 @@
 """One Parquet output file of a run (``output_format: parquet``): written and committed atomically as a
 JSONL shard is, read back as the JSON lines it was written from.
 
-The schema is :mod:`~airflow_batchinfer.storage.parquet_rows`'s, the same in every file. A file holds
+The schema is :mod:`~airflow_batchinfer.storage.parquet_schema`'s, the same in every file. A file holds
 one shard's rows (its size bounded as the shard's is), in row groups of at most
 ``row_group_rows`` rows and about ``row_group_bytes`` bytes, so neither writing nor reading it holds
 more than one row group. Like :class:`~airflow_batchinfer.storage.jsonl_file.JsonlFile`, it offers
@@ -18,7 +18,7 @@ from typing import Any
 from airflow_batchinfer.storage import confine
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
-from airflow_batchinfer.storage.parquet_rows import Columns, check_schema, lines, pyarrow, schema
+from airflow_batchinfer.storage.parquet_schema import Columns, check_schema, lines, pyarrow, schema
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import OnError
 from airflow_batchinfer.storage.writer import AsyncWriter

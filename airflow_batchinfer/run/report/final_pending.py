@@ -3,7 +3,7 @@
 The run's own pending sets stay JSONL (each is what a round reads: ``round-NN/pending/``,
 ``round-NN/reviewed/``); a run with ``output_format: parquet`` that ends with rows pending gets them
 as ``pending/<shard>.parquet`` too, one file per pending shard in the schema of ``results/``
-(:mod:`~airflow_batchinfer.storage.parquet_rows`), so ``results/``, ``dropped/`` and ``pending/``
+(:mod:`~airflow_batchinfer.storage.parquet_schema`), so ``results/``, ``dropped/`` and ``pending/``
 read as the run's whole outcome. The report rewrites it each time it is built (a resumed run's files
 of shards no longer pending are removed); the id invariant counts the pending set itself, not this
 copy.

@@ -18,7 +18,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, file_digest, file_ids
 from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.storage.parquet_out import ParquetOutFile, ParquetOutWriter
-from airflow_batchinfer.storage.parquet_rows import COLUMNS
+from airflow_batchinfer.storage.parquet_schema import COLUMNS
 from airflow_batchinfer.storage.record_file import record_file
 
 
