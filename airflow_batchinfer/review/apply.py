@@ -62,6 +62,7 @@ from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import OutputManifest, write_manifest
+from airflow_batchinfer.storage.record_file import record_file
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
@@ -119,7 +120,7 @@ class _Split:
 
     def __init__(self, cfg: RunConfig, r: int, decisions: list[Decision], so: StorageOptions | None) -> None:
         self.cfg, self.r, self.reviewed, self.so = cfg, r, r - 1, so
-        self.layout = RunLayout(cfg.run_root)
+        self.layout = RunLayout.of(cfg.run_root, cfg.data.output_format)  # what it writes: that format
         self.view = RoundView(cfg.run_root, self.reviewed, so)
         self.resolver = Resolver(decisions)
         self.id_field = cfg.data.id_field or "id"
@@ -148,7 +149,8 @@ class _Split:
                 outcome, written = self._row(row, sid, pos)
                 uri = uris[outcome]
                 if uri not in outs:
-                    outs[uri] = stack.enter_context(JsonlFile(uri, storage_options=self.so).writer_sync())
+                    out = record_file(uri, storage_options=self.so, id_field=self.id_field)
+                    outs[uri] = stack.enter_context(out.writer_sync())
                 outs[uri].write(written)
                 digests[outcome].add(row.get(self.id_field))
                 applied.counts[outcome] = applied.counts.get(outcome, 0) + 1

@@ -32,8 +32,9 @@ from airflow_batchinfer.state.docs import (
     slots,
 )
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
+from airflow_batchinfer.storage import JsonlDir, files
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.record_file import record_file
 from airflow_batchinfer.storage.records import parse_record
 
 __all__ = ["RoundFiles", "RoundShard", "ShardRows"]
@@ -155,7 +156,7 @@ class RoundFiles:
     def _blocks(self, shard: RoundShard) -> Generator[tuple[int, list[bytes]], None, None]:
         """A shard's non-blank lines in blocks, each with its first line's position."""
         pos = 0
-        file = JsonlFile(shard.uri, storage_options=self.so)
+        file = record_file(shard.uri, storage_options=self.so)  # rejected/: JSONL or Parquet
         blocks = cast(Generator[list[bytes], None, None], file.iter_line_blocks())
         with contextlib.closing(blocks):
             for block in blocks:

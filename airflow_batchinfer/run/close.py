@@ -28,7 +28,7 @@ from airflow_batchinfer.state.docs import (
     WorkerTotals,
     write_summary,
 )
-from airflow_batchinfer.state.layout import FENCED_OUTPUTS, SHARD_SUFFIX, RunLayout
+from airflow_batchinfer.state.layout import FENCED_OUTPUTS, RunLayout, output_stem
 from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
@@ -37,6 +37,7 @@ from airflow_batchinfer.storage.id_hashes import Repeats
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.ranges import range_ids
 from airflow_batchinfer.storage.recompact import recompact
+from airflow_batchinfer.storage.record_file import RecordFile, record_file
 
 log = logging.getLogger("airflow_batchinfer.run")
 
@@ -211,7 +212,7 @@ def _account_rounds(
         log.error("round %d: the next pending set's ids differ from the rejected files': reading both", r)
         rejected_dir = JsonlDir(layout.rejected_dir(r), storage_options=so)
         sources = [rejected_dir.file(s.name) for s in rejected_dir.shards()]
-        targets = [JsonlFile(d.uri, storage_options=so) for d in nxt.shards]
+        targets: list[RecordFile] = [JsonlFile(d.uri, storage_options=so) for d in nxt.shards]
         ids.diffs.append(_diff(sources, targets, id_field))
     return _Accounted(
         accounted=outcomes.approved + outcomes.rejected + _failed_records(settled) + out[REPEATED].count,
@@ -346,7 +347,7 @@ def _named(lists: list[list[Any]]) -> list[Any]:
     return list(dict.fromkeys(i for ids in lists for i in ids))[:MAX_NAMED]
 
 
-def _diff(expected: list[JsonlFile], actual: list[JsonlFile], id_field: str) -> IdDiff:
+def _diff(expected: list[RecordFile], actual: list[RecordFile], id_field: str) -> IdDiff:
     """The ids that differ between two sets of files, read in bounded memory (:func:`diff_ids`)."""
     return diff_ids(lambda: file_ids(expected, id_field), lambda: file_ids(actual, id_field), limit=MAX_NAMED)
 
@@ -377,7 +378,7 @@ def _account(x: Settled, id_field: str, so: StorageOptions | None, assign_ids: b
         if planned == sum(x.outputs.values(), IdDigest()):
             return x  # the common case: nothing is read
     sid = shard.shard_id
-    finals = {name: JsonlFile(x.accepted.outputs[name], storage_options=so) for name in FENCED_OUTPUTS}
+    finals = {name: record_file(x.accepted.outputs[name], storage_options=so) for name in FENCED_OUTPUTS}
     if left_out is not None:  # its reject rows carry the id
         finals[REPEATED] = JsonlFile(left_out.rejects, storage_options=so)
     source = JsonlFile(shard.uri, storage_options=so)
@@ -415,14 +416,14 @@ def _remove_unplanned(layout: RunLayout, r: int, plan: Plan, so: StorageOptions 
     found = [
         join(layout.rejected_dir(r), n)
         for n in files.names(layout.rejected_dir(r), so)
-        if n.endswith(SHARD_SUFFIX) and n[: -len(SHARD_SUFFIX)] not in planned
+        if (stem := output_stem(n)) is not None and stem not in planned
     ]
     found += [
         join(layout.results, n)
         for n in files.names(layout.results, so)
         if n.startswith(prefix)
-        and n.endswith(SHARD_SUFFIX)
-        and n[len(prefix) : -len(SHARD_SUFFIX)] not in planned
+        and (stem := output_stem(n)) is not None
+        and stem[len(prefix) :] not in planned
     ]
     removed = [u for u in found if files.remove(u, so)]
     if removed:

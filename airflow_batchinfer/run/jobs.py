@@ -40,7 +40,7 @@ def job_spec(cfg: RunConfig, kind: JobKind, r: int, shard: PlannedShard) -> JobS
     :func:`~airflow_batchinfer.run.close.close_round` moves one attempt's files to the final URIs. A
     judge's input is :func:`judge_input`. A shard with a ``spot_check_rate`` (its plan's) gives its
     judge ``params.spot_check``: that rate and the run's seed (:func:`run_key`)."""
-    layout = RunLayout(cfg.run_root)
+    layout = RunLayout.of(cfg.run_root, cfg.data.output_format)  # results and rejected in its format
     sid = shard.shard_id
     params: JobParams
     if kind == "infer":

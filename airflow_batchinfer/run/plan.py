@@ -41,6 +41,7 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest
+from airflow_batchinfer.storage.record_file import record_file
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 # Review gate options (the Required Actions page shows them as buttons).
@@ -386,7 +387,7 @@ def apply_choice(
     ``limits``: the limits in force for the run."""
     plan = proposal.plan
     answer = check_answer(cfg, plan, choice, by=by, changes=changes, limits=limits)
-    layout = RunLayout(cfg.run_root)
+    layout = RunLayout.of(cfg.run_root, cfg.data.output_format)  # rows it accepts: in the run's format
     # The reviewers' decisions on the rejected rows take effect whatever the answer; the rest (retry)
     # is what the answer acts on.
     applied = apply_decisions(cfg, plan.round, pending_shards(layout, plan.round, so, reviewed=False), so)
@@ -413,11 +414,13 @@ def accept_pending(
     Returns the count and digest of the ids copied (the plan records them for the report)."""
     accepted = IdDigest()
     pending = list(pending)
-    _remove_accepted(layout, r, {f"accepted-r{r:02d}-{shard.shard_id}.jsonl.zst" for shard in pending}, so)
+    _remove_accepted(
+        layout, r, {f"accepted-r{r:02d}-{shard.shard_id}{layout.suffix}" for shard in pending}, so
+    )
     for shard in pending:
-        dst = join(layout.results, f"accepted-r{r:02d}-{shard.shard_id}.jsonl.zst")
+        dst = join(layout.results, f"accepted-r{r:02d}-{shard.shard_id}{layout.suffix}")
         ids: list[Any] = []
-        with JsonlFile(dst, storage_options=so).writer_sync() as out:
+        with record_file(dst, storage_options=so, id_field=id_field).writer_sync() as out:
             for row in JsonlFile(shard.uri, storage_options=so).iter_records():
                 out.write({**row, "accepted_by_review": True})
                 ids.append(row.get(id_field))

@@ -6,12 +6,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
-from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import shard_dataset
+from airflow_batchinfer.state.layout import RunLayout, output_stem
+from airflow_batchinfer.storage import files, shard_dataset
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
-from airflow_batchinfer.storage.location import StorageOptions, resolve
+from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.sharding import ShardingResult
 
@@ -26,10 +27,23 @@ def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int 
     ranges tapered for round 0's ``lanes``, 0: none) and store ``run.json``, its ``id_field`` the
     one sharding found (``result.id_field``: a caller going on with ``cfg`` sets it too)."""
     cfg.validate()
-    layout = RunLayout(cfg.run_root)
+    layout = RunLayout.of(cfg.run_root, cfg.data.output_format)
+    check_output_format(layout, cfg.data.output_format, so)
     result = shard_input(cfg, layout, so, lanes)
     write_run_config(cfg.replace(id_field=result.id_field), so)
     return result
+
+
+def check_output_format(layout: RunLayout, output_format: str, so: StorageOptions | None) -> None:
+    """Refuse to go on with a run whose outputs are in another format than ``output_format``: its
+    jobs would all run again, and their files would double the rows of the ones already there."""
+    for folder in (layout.results, layout.dropped, layout.rejected_dir(0)):
+        other = sorted(n for n in files.names(folder, so) if output_stem(n) and not n.endswith(layout.suffix))
+        if other:
+            raise ConfigError(
+                f"{join(folder, other[0])}: this run's outputs are not {output_format}; a run keeps the "
+                "output_format it started with: set it back, or start a new run (another run_name)"
+            )
 
 
 def shard_input(

@@ -41,6 +41,7 @@ from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.record_file import convert, is_parquet
 
 log = logging.getLogger("airflow_batchinfer.run")
 
@@ -147,7 +148,8 @@ def _settle_once(
         return Sweeping(stood) if stood.sweeping else adopt_quarantine(layout, r, shard, stood, checked, so)
     if stood is not None:
         jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
-        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so)] if problem is None else []
+        id_field = cfg.data.id_field or "id"
+        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so, id_field)] if problem is None else []
         if lost:
             problem = (
                 acct,
@@ -274,17 +276,22 @@ def _accept_feeds(
     return docs, None
 
 
-def _promote(doc: Figures, so: StorageOptions | None) -> list[str]:
-    """Move the accepted attempt's staged outputs to their final URIs. Idempotent: an output whose
-    staged file is gone was moved by an earlier close, or by another close at once (a job without
-    staging wrote it in place). Returns the outputs found nowhere."""
+def _promote(doc: Figures, so: StorageOptions | None, id_field: str) -> list[str]:
+    """Move the accepted attempt's staged outputs to their final URIs; a final URI in Parquet
+    (``output_format``) gets the staged JSONL rows converted (atomically, then the staged file
+    removed), its ``id`` column the ``id_field``'s. Idempotent: an output whose staged file is gone
+    was moved by an earlier close, or by another close at once (a job without staging wrote it in
+    place). Returns the outputs found nowhere."""
     lost = []
     committed = doc.committed or {}
     for name, dst in doc.outputs.items():
         staged = committed.get(name)
         if staged and files.exists(staged, so):
             with contextlib.suppress(FileNotFoundError):  # moved by a concurrent close just now
-                files.move(staged, dst, so)
+                if is_parquet(dst) and not is_parquet(staged):
+                    convert(staged, dst, storage_options=so, id_field=id_field)
+                else:
+                    files.move(staged, dst, so)
         if not files.exists(dst, so):
             lost.append(dst)
     return lost

@@ -306,6 +306,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("assign_ids"),
     _run("max_line_bytes"),
     _run("max_id_bytes"),
+    _run("output_format"),
     # the pool
     _pool("worker_pool", "string", "local://batchinfer", "the backend switch: local://NAME, "
           "kubernetes://NAMESPACE/NAME or a batchinfer_pool connection id", min_length=1,

@@ -31,6 +31,7 @@ from airflow_batchinfer.state.timeouts import (
 from airflow_batchinfer.storage.fan_out import BASE as ADAPTER_BASE
 from airflow_batchinfer.storage.fan_out import FAN_OUT_MODES, FanOut
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, MIN_LINE_BYTES
+from airflow_batchinfer.storage.record_file import OUTPUT_FORMATS, output_suffix
 from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
 
 # The choices of the ``strategy`` and ``review`` settings.
@@ -79,10 +80,18 @@ class DataConfig:
         "the longest record id, in UTF-8 bytes of the id as text: a record with a longer one goes to "
         "rejects/; a DAG run may raise it only up to the deployment's max_max_id_bytes (unset: this "
         "default)", "integer", minimum=MIN_ID_BYTES, flag="--max-id-bytes"))
+    # what results/, rejected/ and dropped/ hold (storage.parquet_schema: the Parquet files' schema)
+    output_format: str = field(default="jsonl", metadata=_about(
+        "the format of the rows in results/, rejected/ and dropped/: jsonl (.jsonl.zst files) or parquet "
+        "(.parquet files of one schema, readable as one dataset by pyarrow, DuckDB or pandas, and the rows "
+        "left pending in pending/ too; needs pip install 'airflow-batchinfer[parquet]'); a run keeps the "
+        "format it started with", "string", choices=OUTPUT_FORMATS,
+        flag="--output-format"))
     # fmt: on
 
     def __post_init__(self) -> None:
         check_bounds(self)
+        output_suffix(self.output_format)  # one of OUTPUT_FORMATS, or refused naming them
 
 
 @dataclass(frozen=True)

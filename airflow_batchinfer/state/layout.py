@@ -23,6 +23,7 @@
     <root>/round-01/reviewed/     round 1's pending set once those decisions took effect
     <root>/dropped/               rows a review dropped out of the run (reviewed-r00-part-NNNNN..., each
                                   with the decision and its note); accepted ones: results/reviewed-r00-...
+    <root>/pending/               output_format parquet: the rows the run left pending, as Parquet
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ import re
 from dataclasses import dataclass
 
 from airflow_batchinfer.storage.location import join
+from airflow_batchinfer.storage.record_file import JSONL_SUFFIX, PARQUET_SUFFIX, output_suffix
 
-SHARD_SUFFIX = ".jsonl.zst"
+SHARD_SUFFIX = JSONL_SUFFIX  # the run's own files (input, pending, staged, inferred): JSONL always
+# what results/, rejected/ and dropped/ files end in: their run's output_format (RunLayout.suffix)
+OUTPUT_SUFFIXES = (SHARD_SUFFIX, PARQUET_SUFFIX)
 # Outputs a job with ``outputs["staging"]`` writes per attempt, for the round's close to accept once.
 FENCED_OUTPUTS = ("approved", "rejected")
 INFERRED = "inferred"  # an infer job's one output: fenced too (the judge reads the attempt it names)
@@ -42,6 +46,15 @@ INFERRED = "inferred"  # an infer job's one output: fenced too (the judge reads 
 def fenced_outputs(kind: str) -> tuple[str, ...]:
     """The outputs a job of ``kind`` writes per attempt when its spec has ``outputs["staging"]``."""
     return (INFERRED,) if kind == "infer" else FENCED_OUTPUTS
+
+
+def output_stem(name: str) -> str | None:
+    """``name`` less its output file ending (``part-00003.parquet`` → ``part-00003``); ``None`` when
+    it has neither ending."""
+    for suffix in OUTPUT_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
 
 
 def staged_name(manifest_uri: str) -> str:
@@ -70,7 +83,16 @@ def staged_attempt(job_dir: str, uri: str, name: str) -> str | None:
 
 @dataclass(frozen=True)
 class RunLayout:
+    """Every path of the run at ``root``. ``suffix``: the ending of its output files (``results/``,
+    ``rejected/``, ``dropped/``), :data:`SHARD_SUFFIX` or ``.parquet`` as its ``output_format`` says
+    (:meth:`of`); only what names those files needs it, reading lists them whatever they end in."""
+
     root: str
+    suffix: str = SHARD_SUFFIX
+
+    @classmethod
+    def of(cls, root: str, output_format: str) -> RunLayout:
+        return cls(root, output_suffix(output_format))
 
     def _p(self, *parts: str) -> str:
         return join(self.root, *parts)
@@ -106,6 +128,11 @@ class RunLayout:
         return self._p("report")
 
     @property
+    def final_pending(self) -> str:
+        """A Parquet run's final pending rows, as Parquet (``run.report.final_pending``)."""
+        return self._p("pending")
+
+    @property
     def dropped(self) -> str:
         """Rows a review dropped out of the run, each with the reviewer's note."""
         return self._p("dropped")
@@ -123,7 +150,7 @@ class RunLayout:
         return join(self.round(r), "rejected")
 
     def rejected(self, r: int, shard_id: str) -> str:
-        return join(self.rejected_dir(r), shard_id + SHARD_SUFFIX)
+        return join(self.rejected_dir(r), shard_id + self.suffix)
 
     def range_rejects(self, r: int, shard_id: str) -> str:
         """Bad lines a round-0 range job found in its range (line in range, byte offset); round 0's
@@ -184,7 +211,7 @@ class RunLayout:
 
     def result(self, r: int, shard_id: str, *, tail: bool = False) -> str:
         prefix = "tail" if tail else f"round{r:02d}"
-        return join(self.results, f"{prefix}-{shard_id}{SHARD_SUFFIX}")
+        return join(self.results, f"{prefix}-{shard_id}{self.suffix}")
 
     def checkpoints(self, r: int, shard_id: str) -> str:
         return join(self.root, "checkpoints", f"round-{r:02d}", shard_id)
@@ -208,8 +235,8 @@ class RunLayout:
 
     def review_accepted(self, reviewed: int, shard_id: str) -> str:
         """Where a pending shard's rows that the review of round ``reviewed`` accepted go."""
-        return join(self.results, f"reviewed-r{reviewed:02d}-{shard_id}{SHARD_SUFFIX}")
+        return join(self.results, f"reviewed-r{reviewed:02d}-{shard_id}{self.suffix}")
 
     def review_dropped(self, reviewed: int, shard_id: str) -> str:
         """Where a pending shard's rows that the review of round ``reviewed`` dropped go."""
-        return join(self.dropped, f"reviewed-r{reviewed:02d}-{shard_id}{SHARD_SUFFIX}")
+        return join(self.dropped, f"reviewed-r{reviewed:02d}-{shard_id}{self.suffix}")

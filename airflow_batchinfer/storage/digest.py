@@ -35,7 +35,7 @@ from typing import Any
 
 import orjson
 
-from airflow_batchinfer.storage.jsonl_file import JsonlFile
+from airflow_batchinfer.storage.record_file import RecordFile
 
 BITS = 128
 MOD = 1 << BITS
@@ -279,22 +279,23 @@ def record_ids(records: Iterable[Mapping[str, Any]], id_field: str) -> Iterator[
     return map(get, records)
 
 
-def _id_lines(file: JsonlFile) -> Iterator[bytes]:
+def _id_lines(file: RecordFile) -> Iterator[bytes]:
     for _, line in file.iter_lines():
         if line and not line.isspace():
             yield line
 
 
-def file_digest(file: JsonlFile, id_field: str) -> IdDigest:
-    """The digest of the ids in one JSONL file, streamed (an absent file holds none)."""
+def file_digest(file: RecordFile, id_field: str) -> IdDigest:
+    """The digest of the ids in one JSONL or Parquet file, streamed (an absent file holds none)."""
     try:
         return IdDigest().add_encoded(map(LineIds(id_field), _id_lines(file)))
     except FileNotFoundError:
         return IdDigest()
 
 
-def file_ids(files: Iterable[JsonlFile], id_field: str) -> Iterator[Any]:
-    """The ids in JSONL files, one at a time (absent files hold none): a side of :func:`diff_ids`."""
+def file_ids(files: Iterable[RecordFile], id_field: str) -> Iterator[Any]:
+    """The ids in JSONL or Parquet files, one at a time (absent files hold none): a side of
+    :func:`diff_ids`."""
     line_ids = LineIds(id_field)
     for file in files:
         try:

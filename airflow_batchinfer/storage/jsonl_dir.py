@@ -1,4 +1,5 @@
-"""A directory of JSONL shards ``part-NNNNN.jsonl[.zst]``: numeric listing and rotating writers."""
+"""A directory of shards ``part-NNNNN.jsonl[.zst]`` (or a run's Parquet output files
+``part-NNNNN.parquet``): numeric listing and rotating writers."""
 
 from __future__ import annotations
 
@@ -12,14 +13,14 @@ from typing import Any, Literal
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
 from airflow_batchinfer.storage.confine import check_path
-from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.record_file import RecordFile, record_file
 from airflow_batchinfer.storage.records import OnError, Record
 from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter, serialize
 
-PART_RE = re.compile(r"^part-(\d+)\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
-JSONL_RE = re.compile(r"^[^.].*\.jsonl(\.zst|\.zstd)?$", re.IGNORECASE)
+PART_RE = re.compile(r"^part-(\d+)\.(jsonl(\.zst|\.zstd)?|parquet)$", re.IGNORECASE)
+JSONL_RE = re.compile(r"^[^.].*\.(jsonl(\.zst|\.zstd)?|parquet)$", re.IGNORECASE)
 DEFAULT_RECORDS_PER_SHARD = 20_000
 DEFAULT_BYTES_PER_SHARD = 256 * 1024 * 1024
 Compression = Literal["zstd", "none"]
@@ -49,8 +50,8 @@ def shard_name(index: int, compression: Compression) -> str:
 class JsonlDir:
     """A directory of shards at ``uri`` (local path, ``s3://...``, any fsspec URI).
 
-    Only names matching ``part-N.jsonl[.zst|.zstd]`` are shards; anything else (manifests, hidden
-    temporaries of unfinished writes) is ignored by listing and reading.
+    Only names matching ``part-N.jsonl[.zst|.zstd]`` or ``part-N.parquet`` are shards; anything else
+    (manifests, hidden temporaries of unfinished writes) is ignored by listing and reading.
     """
 
     def __init__(self, uri: str | Location, *, storage_options: StorageOptions | None = None) -> None:
@@ -81,9 +82,9 @@ class JsonlDir:
         out.sort()
         return out
 
-    def jsonl_files(self) -> list[JsonlFile]:
-        """Every visible ``*.jsonl[.zst]`` file, shard or not (e.g. ``results/round00-part-00003...``),
-        in natural name order."""
+    def jsonl_files(self) -> list[RecordFile]:
+        """Every visible ``*.jsonl[.zst]`` or ``*.parquet`` file, shard or not (e.g.
+        ``results/round00-part-00003...``), in natural name order."""
         try:
             names = [
                 n.rstrip("/").rsplit("/", 1)[-1]
@@ -94,8 +95,9 @@ class JsonlDir:
         key = lambda n: [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", n)]  # noqa: E731
         return [self.file(n) for n in sorted((n for n in names if JSONL_RE.match(n)), key=key)]
 
-    def file(self, name: str) -> JsonlFile:
-        return JsonlFile(self.loc.child(name))
+    def file(self, name: str) -> RecordFile:
+        """The file ``name`` here: Parquet or JSONL by its name."""
+        return record_file(self.loc.child(name))
 
     def iter_records(self, *, on_error: OnError | str = "raise") -> Iterator[Record]:
         """All records of all shards, shard by shard in numeric order (sync)."""

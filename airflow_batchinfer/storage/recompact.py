@@ -33,9 +33,9 @@ from airflow_batchinfer.storage.jsonl_dir import (
     Shard,
     shard_name,
 )
-from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, write_manifest
+from airflow_batchinfer.storage.record_file import RecordFile
 from airflow_batchinfer.storage.shard_ref import ShardRef
 from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, JsonlWriter
 
@@ -63,7 +63,7 @@ class RecompactResult:
         return out
 
 
-def _records(file: JsonlFile) -> Iterator[bytes]:
+def _records(file: RecordFile) -> Iterator[bytes]:
     for _, line in file.iter_lines():
         if line and not line.isspace():
             yield line
@@ -144,7 +144,7 @@ def recompact(
 
 
 def _source_sizes(
-    files: list[JsonlFile], sources: list[Shard], known: Mapping[str, int], workers: int
+    files: list[RecordFile], sources: list[Shard], known: Mapping[str, int], workers: int
 ) -> list[int]:
     """Each source's record count: ``known`` (by shard id or name), else counted, in parallel."""
 
@@ -162,7 +162,7 @@ class _Plan:
     """What every writer of one recompaction shares: the sources and their planned counts, the
     output and its shape, and the state the writers coordinate through."""
 
-    files: list[JsonlFile]
+    files: list[RecordFile]
     sizes: list[int]
     starts: list[int]  # starts[i]: global offset of source i's first record; the last: the total
     out: JsonlDir

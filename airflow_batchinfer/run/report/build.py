@@ -24,6 +24,7 @@ from airflow_batchinfer.run.plan import (
     pending_shards,
 )
 from airflow_batchinfer.run.preflight import retry_warnings
+from airflow_batchinfer.run.report.final_pending import export_final_pending
 from airflow_batchinfer.run.report.invariant import applied_reviews, check_invariant
 from airflow_batchinfer.run.report.plots import plots
 from airflow_batchinfer.run.report.render import render_markdown
@@ -92,6 +93,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     final_pending = [] if in_place_ran or stop == ACCEPTED_BY_REVIEW else _pending(layout, r_next, status, so)
     id_field = cfg.data.id_field or "id"
     invariant = check_invariant(layout, id_field, final_pending, rounds, failed, so, plans=plans)
+    if cfg.data.output_format == "parquet":
+        export_final_pending(layout, final_pending, id_field, so)
     if failed and len(failed) > cfg.budget.max_failed_shards and status != INCOMPLETE:
         status = "failed_shards"
     reviews = applied_reviews(layout, plans, so)

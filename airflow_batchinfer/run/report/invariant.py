@@ -24,6 +24,7 @@ from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import OutputManifest, read_manifest
 from airflow_batchinfer.storage.ranges import range_ids
+from airflow_batchinfer.storage.record_file import RecordFile
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
@@ -76,7 +77,7 @@ def check_invariant(
     input_dir = JsonlDir(layout.input, storage_options=so)
     ranges = {s.shard_id: s for s in planned if isinstance(s, RangeRef)}
     reads = _RangeIds(manifest, id_field, so)
-    seen: list[JsonlFile | RangeRef] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
+    seen: list[RecordFile | RangeRef] = list(JsonlDir(layout.results, storage_options=so).jsonl_files())
     seen += [s if isinstance(s, RangeRef) else JsonlFile(s.uri, storage_options=so) for s in pending]
     seen += JsonlDir(layout.dropped, storage_options=so).jsonl_files()  # what reviewers dropped
     # round 0's repeats rejected into rejects/ (each row has its id)
@@ -89,7 +90,7 @@ def check_invariant(
         shard = ranges.get(f.shard_id) if f.round == 0 else None
         seen.append(shard or JsonlFile(f.uri, storage_options=so))
     # Range shards of the source leave nothing under input/ but the manifest.
-    inputs: list[JsonlFile | RangeRef] = (
+    inputs: list[RecordFile | RangeRef] = (
         list(ranges.values()) if ranges else [input_dir.file(s.name) for s in input_dir.shards()]
     )
     diff = diff_ids(lambda: reads.ids(inputs), lambda: reads.ids(seen), limit=MAX_NAMED)
@@ -116,9 +117,9 @@ class _RangeIds:
         self.assign_ids = bool(fingerprint.get("assign_ids"))
         self.so = so
 
-    def ids(self, sources: Iterable[JsonlFile | RangeRef]) -> Iterator[Any]:
+    def ids(self, sources: Iterable[RecordFile | RangeRef]) -> Iterator[Any]:
         for src in sources:
-            if isinstance(src, JsonlFile):
+            if not isinstance(src, RangeRef):
                 yield from file_ids([src], self.id_field)
                 continue
             yield from range_ids(

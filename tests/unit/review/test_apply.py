@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError
+from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, DecisionLog
 from airflow_batchinfer.run.plan import CONTINUE, STOP, apply_choice, pending_shards, propose_slot
 from airflow_batchinfer.run.report.build import build_report
@@ -22,9 +23,9 @@ from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_rou
 from tests.support.review_runs import finished_report, rows_in
 
 
-def reviewed_run(tmp_path: Path) -> Any:
+def reviewed_run(tmp_path: Path, output_format: str = "jsonl") -> Any:
     """Round 0 approves r00–r19; r20–r29 are rejected and await review before round 1."""
-    cfg = make_run(tmp_path, review="every_round", max_rounds=2)
+    cfg = make_run(tmp_path, review="every_round", max_rounds=2, output_format=output_format)
     plan = plan_round(cfg)
     for shard in plan.shards:
         finish_shard(cfg, 0, shard, set(IDS[:20]))
@@ -45,9 +46,14 @@ def unseal(cfg: Any) -> None:
     path.write_text("".join(lines[:-1]))
 
 
-def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path: Path) -> None:
-    cfg = reviewed_run(tmp_path)
+@pytest.mark.parametrize("output_format", ["jsonl", "parquet"])
+def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(
+    tmp_path: Path, output_format: str
+) -> None:
+    cfg = reviewed_run(tmp_path, output_format)
     layout = RunLayout(cfg.run_root)
+    samples = RoundView(cfg.run_root, 0).page(size=100).samples  # the desk reads rejected/ in either format
+    assert [s.id for s in samples] == IDS[20:] and samples[0].record == {"id": "r20", "question": "q r20"}
     proposal = propose_slot(cfg, "round-01")
     assert proposal.options and proposal.plan.records == 10
     plan = apply_choice(cfg, proposal, CONTINUE, by="review (alice)")
@@ -83,6 +89,19 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(tmp_path:
     )
     assert report["reviews"][0]["counts"] == {"accept": 2, "retry": 6, "drop": 2}
     assert "## Review decisions" in (Path(layout.report) / "report.md").read_text()
+    # results/, rejected/ and dropped/ in the run's format; what the next round reads stays JSONL
+    ending = ".parquet" if output_format == "parquet" else ".jsonl.zst"
+    outputs = [*Path(layout.results).iterdir(), *Path(layout.dropped).iterdir()]
+    outputs += Path(layout.rejected_dir(0)).iterdir()
+    assert outputs and all(p.name.endswith(ending) for p in outputs)
+    assert all(p.name.endswith(".jsonl.zst") for p in Path(layout.reviewed(1)).glob("part-*"))
+    # a Parquet run's final pending rows, in Parquet too: with results/ and dropped/, every id once
+    if output_format == "parquet":
+        left = rows_in(layout.final_pending)
+        assert len(left) == 5 and not set(left) & (set(rows_in(layout.results)) | set(dropped))
+        assert len(left) + len(rows_in(layout.results)) + len(dropped) == len(IDS)
+    else:
+        assert not Path(layout.final_pending).exists()
 
 
 def test_a_retried_plan_task_applies_the_same_decisions_and_later_ones_are_refused(tmp_path: Path) -> None:

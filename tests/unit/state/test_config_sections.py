@@ -39,6 +39,7 @@ OLD_RUN_SETTINGS = {
     "assign_ids": True,
     "max_line_bytes": 16777216,
     "max_id_bytes": 512,
+    "output_format": "parquet",
     "hybrid_min_shrink": 0.3,
     "job_retries": 2,
     "unreachable_grace_s": 120,
@@ -66,6 +67,8 @@ def test_a_run_json_written_flat_loads_into_its_sections_and_gives_back_the_same
     assert (cfg.retries.strategy, cfg.reviews.spot_check_approved, cfg.sharding.lanes) == ("hybrid", 5, 3)
     assert cfg.budget.budget_gpu_hours == 1.5 and cfg.run_root == "/runs/r"
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
+    del data["output_format"]  # a run.json from before the setting: its outputs are JSONL
+    assert RunConfig.from_dict(data).data.output_format == "jsonl"
 
 
 def test_each_setting_is_in_one_section_and_the_map_comes_from_the_dataclasses() -> None:
