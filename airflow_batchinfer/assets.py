@@ -49,9 +49,10 @@ def results_alias(dag_id: str) -> AssetAlias:
     return AssetAlias(name=f"batchinfer_results__{dag_id}__folded")
 
 
-def results_event(report: Mapping[str, Any]) -> dict[str, Any]:
+def results_event(report: Mapping[str, Any], output_format: str = "jsonl") -> dict[str, Any]:
     """The ``extra`` of a results event, from the run's report (``report/summary.json``): where the
-    run and its results are, how it ended and its counts. Locations and counts only, no setting (a
+    run and its results are, their ``format`` (the run's ``output_format``: which reader a downstream
+    task uses), how it ended and its counts. Locations, counts and the format, no other setting (a
     run's settings may name Secrets or private prompts; every viewer of the asset sees its events).
 
     ``rounds`` counts the round slots that ran and closed (the tail's included); ``approved`` the
@@ -61,6 +62,7 @@ def results_event(report: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "run_root": run_root,
         "results": RunLayout(run_root).results,
+        "format": output_format,
         "status": report["status"],
         "stop_reason": report["stop_reason"],
         "rounds": len(report["rounds"]),

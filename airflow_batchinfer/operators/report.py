@@ -116,7 +116,7 @@ class RunReportOperator(BaseOperator):
             raise AirflowFailException(failed)
         for outlet in self.outlets:  # the factory's: results_asset(dag_id)
             if isinstance(outlet, Asset):
-                context["outlet_events"][outlet].extra = results_event(report)
+                context["outlet_events"][outlet].extra = results_event(report, cfg.data.output_format)
         return report_result(report)
 
 

@@ -61,6 +61,7 @@ def test_the_event_says_where_the_results_are_how_the_run_ended_and_its_counts()
     assert results_event(report()) == {
         "run_root": "s3://bucket/batchinfer/nightly_eval/r1",
         "results": "s3://bucket/batchinfer/nightly_eval/r1/results",
+        "format": "jsonl",
         "status": "exhausted",
         "stop_reason": "max_rounds reached",
         "rounds": 3,
@@ -74,5 +75,6 @@ def test_the_event_of_a_local_run_and_one_a_review_accepted() -> None:
     extra = results_event(
         report(run_root="/data/runs/r2/", status="accepted_by_review", rounds=[{}], accepted_by_review=7)
     )
+    assert results_event(report(), "parquet")["format"] == "parquet"
     assert extra["results"] == "/data/runs/r2/results"  # a plain path, as the run root is given
     assert (extra["status"], extra["rounds"], extra["accepted_by_review"]) == ("accepted_by_review", 1, 7)

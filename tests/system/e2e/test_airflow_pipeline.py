@@ -260,6 +260,7 @@ def test_a_round_of_forty_shards_runs_on_two_lanes_each_shard_once(airflow: Loca
     assert event["extra"] == {
         "run_root": str(root),
         "results": str(root / "results"),
+        "format": "jsonl",
         "status": report["status"],
         "stop_reason": "max_rounds reached",
         "rounds": 1,

@@ -60,6 +60,7 @@ def test_a_run_that_succeeds_emits_where_its_results_are_and_its_counts(
     assert event["extra"] == {
         "run_root": cfg.run_root,
         "results": str(tmp_path / "run" / "results"),
+        "format": "jsonl",
         "status": "exhausted",
         "stop_reason": MAX_ROUNDS,
         "rounds": 1,
