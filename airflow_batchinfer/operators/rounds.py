@@ -419,7 +419,8 @@ class CloseRoundOperator(BaseOperator, SkipMixin):
         if failed is None and self.results is not None:
             alias = next((o for o in self.outlets if isinstance(o, AssetAlias)), None)
             if alias is not None:
-                context["outlet_events"][alias].add(self.results, extra=results_event(report, cfg.data.output_format))
+                extra = results_event(report, cfg.data.output_format)
+                context["outlet_events"][alias].add(self.results, extra=extra)
         self.log.info(
             "%s: the run is finished; %s skipped: %s",
             self.slot,
