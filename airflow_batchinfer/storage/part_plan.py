@@ -1,0 +1,270 @@
+"""Planning round-0 shards over an input of part files (:mod:`~airflow_batchinfer.storage.input_parts`),
+read in place as one file is (:mod:`~airflow_batchinfer.storage.range_plan`): nothing copied, a few
+small reads per shard.
+
+The parts are walked in order, filling shards of about ``records_per_shard`` records (the last ones
+tapered for the lanes across the whole input, :mod:`~airflow_batchinfer.storage.taper`): a small part
+joins the shard whole (never opened: its records are estimated from its size), a part that does not fit
+starts the next shard, a large one is cut into pieces (byte ranges at line starts; a multi-frame zstd
+part's frame groups with their lead-in). A single-frame zstd part cannot be cut: it is one piece
+whatever its size (a huge one gets a notice: ``batchinfer shard`` splits it). Bytes per record come
+from a sample at the first non-empty part's start. Each shard is a
+:class:`~airflow_batchinfer.storage.shard_ref.RangeRef` with ``pieces``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, cast
+
+from airflow_batchinfer.storage import taper
+from airflow_batchinfer.storage.input_parts import InputParts, Part
+from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.plan_probe import (
+    PLAN_BLOCK,
+    SAMPLE,
+    Counting,
+    RangePlan,
+    next_line_start,
+    sample_rate,
+    zstd_sample,
+)
+from airflow_batchinfer.storage.shard_ref import Piece, RangeRef
+from airflow_batchinfer.storage.zstd_frames import Frame, zstd_frames
+
+log = logging.getLogger("airflow_batchinfer.storage")
+
+
+@dataclass
+class _Opener:
+    """Opens parts for planning's probes (each once, closed with the plan) and counts what they read."""
+
+    loc: Location
+    stack: ExitStack
+    opened: list[Counting] = field(default_factory=list)
+
+    def __call__(self, part: Part) -> BinaryIO:
+        path = self.loc.at(part.uri).path
+        counting = Counting(self.stack.enter_context(self.loc.fs.open(path, "rb", block_size=PLAN_BLOCK)))
+        self.opened.append(counting)
+        raw: Any = counting  # a BinaryIO to what planning calls
+        return cast("BinaryIO", raw)
+
+    @property
+    def bytes_read(self) -> int:
+        return sum(r.bytes_read for r in self.opened)
+
+
+class _Cutter:
+    """What is left of one part to plan: :meth:`take` cuts a piece of about ``want`` records off its
+    front (at least a line, a frame or a row group), :meth:`rest` takes the remainder."""
+
+    def __init__(self, part: Part, offset: int) -> None:
+        self.part, self.offset, self.pos = part, offset, 0
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= self.part.size
+
+    def left(self) -> float:
+        raise NotImplementedError
+
+    def take(self, want: float) -> tuple[Piece, float]:
+        raise NotImplementedError
+
+    def rest(self) -> tuple[Piece, float]:
+        raise NotImplementedError
+
+
+class _JsonlCutter(_Cutter):
+    def __init__(self, part: Part, offset: int, per_record: float, open_: Callable[[Part], BinaryIO]) -> None:
+        super().__init__(part, offset)
+        self.per_record, self._open = per_record, open_
+        self._raw: BinaryIO | None = None
+
+    def left(self) -> float:
+        return (self.part.size - self.pos) / self.per_record
+
+    def _cut(self, end: int) -> tuple[Piece, float]:
+        piece = Piece(uri=self.part.uri, version=self.part.version, range=(self.pos, end))
+        n = (end - self.pos) / self.per_record
+        self.pos = end
+        return piece, n
+
+    def take(self, want: float) -> tuple[Piece, float]:
+        if self._raw is None:
+            self._raw = self._open(self.part)
+        at = self.pos + max(1, round(want * self.per_record))
+        size = self.part.size
+        return self._cut(next_line_start(self._raw, at, size) if at < size else size)
+
+    def rest(self) -> tuple[Piece, float]:
+        return self._cut(self.part.size)
+
+
+class _ZstdCutter(_Cutter):
+    """A zstd part: estimated from its stored size (``ratio``: decoded bytes per stored byte) until it
+    must be cut, then by its frames."""
+
+    def __init__(
+        self, part: Part, offset: int, per_record: float, ratio: float, open_: Callable[[Part], BinaryIO]
+    ) -> None:
+        super().__init__(part, offset)
+        self.per_record, self.ratio, self._open = per_record, ratio, open_
+        self.frames: list[Frame] | None = None
+        self.i = 0  # the next frame
+        self.before: Frame | None = None
+
+    def _records(self, fr: Frame) -> float:
+        content = fr.content if fr.content is not None else (fr.end - fr.start) * self.ratio
+        return content / self.per_record
+
+    def left(self) -> float:
+        if self.frames is None:
+            return self.part.size * self.ratio / self.per_record
+        return sum(self._records(fr) for fr in self.frames[self.i :])
+
+    def _cut(self, j: int) -> tuple[Piece, float]:
+        assert self.frames is not None
+        group = self.frames[self.i : j]
+        lead_in = (self.before.start, self.before.end) if self.before is not None else None
+        span = (group[0].start, group[-1].end)
+        piece = Piece(uri=self.part.uri, version=self.part.version, range=span, lead_in=lead_in)
+        self.i, self.before, self.pos = j, group[-1], group[-1].end
+        return piece, sum(map(self._records, group))
+
+    def take(self, want: float) -> tuple[Piece, float]:
+        if self.frames is None:
+            self.frames = zstd_frames(self._open(self.part), self.part.size, self.part.uri)
+            self.pos = self.frames[0].start if self.frames else self.part.size
+            if len(self.frames) < 2:
+                return self.rest()
+        j, n = self.i, 0.0
+        while j < len(self.frames) and (j == self.i or n < want):
+            n += self._records(self.frames[j])
+            j += 1
+        return self._cut(j)
+
+    def rest(self) -> tuple[Piece, float]:
+        if self.frames is None or self.i == 0:  # the whole part: no lead-in, however many frames
+            n = self.left()
+            self.pos = self.part.size
+            return Piece(uri=self.part.uri, version=self.part.version, range=(0, self.part.size)), n
+        return self._cut(len(self.frames))
+
+    @property
+    def single_frame(self) -> bool:
+        return self.frames is not None and len(self.frames) < 2
+
+
+def plan_parts(
+    inp: InputParts,
+    *,
+    records_per_shard: int,
+    max_bytes_per_shard: int,
+    storage_options: StorageOptions | None = None,
+    lanes: int = 0,
+    min_records: float = taper.MIN_RECORDS,
+) -> RangePlan:
+    """Range shards with ``pieces`` over ``inp``'s parts (see the module)."""
+    started = time.monotonic()
+    loc = resolve(inp.root, storage_options)
+    parts = [p for p in inp.parts if p.size > 0]
+    with ExitStack() as stack:
+        opener = _Opener(loc, stack)
+        per_record, ratio = _sample(inp, parts, opener)
+        full = max(1.0, min(records_per_shard, max_bytes_per_shard / per_record))
+        offsets, at = [], 0
+        for p in inp.parts:
+            offsets.append(at)
+            at += p.size
+        offset_of = {p.uri: o for p, o in zip(inp.parts, offsets, strict=True)}
+        cutters: list[_Cutter] = [
+            _ZstdCutter(p, offset_of[p.uri], per_record, ratio, opener)
+            if inp.format == "jsonl.zst"
+            else _JsonlCutter(p, offset_of[p.uri], per_record / ratio, opener)
+            for p in parts
+        ]
+        groups, notices = _walk(cutters, full, lanes, min_records)
+        bytes_read = opener.bytes_read
+    shards = [_shard(i, inp.root, pieces, n, offset_of) for i, (pieces, n) in enumerate(groups)]
+    return RangePlan(shards, bytes_read, time.monotonic() - started, notices)
+
+
+def _sample(inp: InputParts, parts: list[Part], opener: _Opener) -> tuple[float, float]:
+    """(decoded bytes per record, decoded bytes per stored byte) from the first part's start."""
+    if not parts:
+        return 1.0, 1.0
+    raw = opener(parts[0])
+    if inp.format == "jsonl.zst":
+        return zstd_sample(raw, Frame(0, parts[0].size), parts[0].uri)
+    raw.seek(0)
+    return sample_rate(raw.read(min(parts[0].size, SAMPLE))), 1.0
+
+
+Group = tuple[list[Piece], float]
+
+
+def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tuple[list[Group], list[str]]:
+    """The parts' pieces grouped into shards of about ``full`` records, the last ones tapered."""
+    left = sum(c.left() for c in cutters)
+    groups: list[Group] = []
+    notices: list[str] = []
+    cur: list[Piece] = []
+    n = 0.0
+    want = taper.next_size(left, full, lanes, floor)
+    for c in cutters:
+        while not c.done:
+            room = want - n
+            if c.left() <= room:
+                piece, k = c.rest()
+            elif cur and (c.left() <= full or room < want / 8):
+                groups.append((cur, n))  # a part that does not fit starts the next shard
+                left -= n
+                cur, n = [], 0.0
+                want = taper.next_size(left, full, lanes, floor)
+                continue
+            else:
+                piece, k = c.take(room)
+                if isinstance(c, _ZstdCutter) and c.single_frame and k > 2 * full:
+                    notices.append(
+                        f"{c.part.uri} is one zstd frame of about {round(k)} records: it cannot be cut, "
+                        "so one lane reads it whole. Remedy: recompress it in frames (pzstd, or "
+                        "zstd --seekable), or split it with `batchinfer shard`"
+                    )
+            cur.append(piece)
+            n += k
+            if n >= want:
+                groups.append((cur, n))
+                left -= n
+                cur, n = [], 0.0
+                want = taper.next_size(max(left, 0.0), full, lanes, floor)
+    if cur:
+        groups.append((cur, n))
+    for note in notices:
+        log.warning("%s", note)
+    return groups, notices
+
+
+def _shard(i: int, root: str, pieces: list[Piece], n: float, offset_of: dict[str, int]) -> RangeRef:
+    """One shard: its place in the parts' stored bytes taken in order, and its pieces."""
+    first, last = pieces[0], pieces[-1]
+    start = offset_of[first.uri] + _span(first)[0]
+    end = offset_of[last.uri] + _span(last)[1]
+    return RangeRef(
+        shard_id=f"part-{i:05d}",
+        uri=root,
+        records=max(1, round(n)),
+        range=(start, max(end, start + 1)),
+        bytes=sum(_span(p)[1] - _span(p)[0] for p in pieces),
+        estimated=True,
+        pieces=tuple(pieces),
+    )
+
+
+def _span(piece: Piece) -> tuple[int, int]:
+    return piece.range or (0, 0)

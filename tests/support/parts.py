@@ -1,0 +1,61 @@
+"""Part inputs for the part-input tests: directories of JSONL / zstd part files, and reading every
+range shard of a plan back."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import zstandard
+
+from airflow_batchinfer.storage.ranges import read_range
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
+from tests.support.frames import Sink
+
+
+def part_bytes(first: int, n: int, *, zstd: bool = False, frame_lines: int = 0) -> bytes:
+    """``n`` records with ids ``first..first+n-1``; zstd: in frames of ``frame_lines`` lines (0: one
+    frame)."""
+    lines = [orjson.dumps({"id": f"r{i}", "q": "x" * 24}) + b"\n" for i in range(first, first + n)]
+    if not zstd:
+        return b"".join(lines)
+    cctx = zstandard.ZstdCompressor()
+    step = frame_lines or max(n, 1)
+    return b"".join(cctx.compress(b"".join(lines[i : i + step])) for i in range(0, max(n, 1), step))
+
+
+def write_parts(root: Path, sizes: Sequence[int], *, ext: str = ".jsonl", frame_lines: int = 0) -> int:
+    """``part-<i><ext>`` under ``root`` holding ``sizes[i]`` records each (ids numbered across all
+    parts); returns the record count."""
+    root.mkdir(parents=True, exist_ok=True)
+    first = 0
+    for i, n in enumerate(sizes):
+        data = part_bytes(first, n, zstd=ext.endswith(".zst"), frame_lines=frame_lines) if n else b""
+        (root / f"part-{i}{ext}").write_bytes(data)
+        first += n
+    return first
+
+
+def read_shards(
+    shards: Sequence[ShardRef | RangeRef], so: dict[str, Any] | None = None
+) -> tuple[list[Any], Sink]:
+    """Every record id the plan's range shards read, in order, and their rejects."""
+    rejects = Sink()
+    ids = [
+        r["id"]
+        for s in shards
+        if isinstance(s, RangeRef)
+        for r in read_range(s, id_field="id", assign_ids=False, rejects=rejects, storage_options=so)
+    ]
+    return ids, rejects
+
+
+def pieces_of(shards: Sequence[ShardRef | RangeRef]) -> list[list[str]]:
+    """Each shard's pieces as ``name[a:b]``."""
+    return [
+        [f"{Path(p.uri).name}{list(p.range or p.rows or ())}" for p in (s.pieces or ())]
+        for s in shards
+        if isinstance(s, RangeRef)
+    ]
