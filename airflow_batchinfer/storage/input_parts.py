@@ -24,7 +24,7 @@ from typing import Any, Literal
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.storage.file_version import source_version
 from airflow_batchinfer.storage.lines import is_zstd
-from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.location import Location, StorageOptions, parent, resolve
 
 Format = Literal["jsonl", "jsonl.zst", "parquet"]
 InputKind = Literal["file", "dir", "glob"]
@@ -96,6 +96,15 @@ class InputParts:
     def name(self, part: Part) -> str:
         """A part's path under :attr:`root` (what ids assigned to its lines and messages name)."""
         return part.uri[len(self.root) :].lstrip("/") or posixpath.basename(part.uri)
+
+
+def input_prefix(uri: str) -> str:
+    """A prefix every file ``uri`` names is under, without listing it: a glob's fixed directories,
+    else the input's parent (what a local pool's workers are allowed to read)."""
+    if not GLOB_CHARS.search(uri):
+        return parent(uri)
+    fixed = GLOB_CHARS.split(uri, 1)[0]
+    return fixed[: fixed.rfind("/")] if "/" in fixed else parent(".")
 
 
 def list_input(uri: str, storage_options: StorageOptions | None = None) -> InputParts:

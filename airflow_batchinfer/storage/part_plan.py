@@ -8,7 +8,7 @@ joins the shard whole (never opened: its records are estimated from its size), a
 starts the next shard, a large one is cut into pieces (byte ranges at line starts; a multi-frame zstd
 part's frame groups with their lead-in). A single-frame zstd part cannot be cut: it is one piece
 whatever its size (a huge one gets a notice: ``batchinfer shard`` splits it). Bytes per record come
-from a sample at the first non-empty part's start. Each shard is a
+from a sample at the largest part's start. Each shard is a
 :class:`~airflow_batchinfer.storage.shard_ref.RangeRef` with ``pieces``.
 """
 
@@ -196,14 +196,16 @@ def plan_parts(
 
 
 def _sample(inp: InputParts, parts: list[Part], opener: _Opener) -> tuple[float, float]:
-    """(decoded bytes per record, decoded bytes per stored byte) from the first part's start."""
+    """(decoded bytes per record, decoded bytes per stored byte) from the start of the largest part
+    (a tiny part's compression ratio says little of the others')."""
     if not parts:
         return 1.0, 1.0
-    raw = opener(parts[0])
+    part = max(parts, key=lambda p: p.size)
+    raw = opener(part)
     if inp.format == "jsonl.zst":
-        return zstd_sample(raw, Frame(0, parts[0].size), parts[0].uri)
+        return zstd_sample(raw, Frame(0, part.size), part.uri)
     raw.seek(0)
-    return sample_rate(raw.read(min(parts[0].size, SAMPLE))), 1.0
+    return sample_rate(raw.read(min(part.size, SAMPLE))), 1.0
 
 
 Group = tuple[list[Piece], float]
@@ -268,3 +270,21 @@ def _shard(i: int, root: str, pieces: list[Piece], n: float, offset_of: dict[str
 
 def _span(piece: Piece) -> tuple[int, int]:
     return piece.range or (0, 0)
+
+
+@dataclass(frozen=True)
+class InputSize:
+    """What an input holds, for sizing a run before it (``batchinfer plan --input``): its parts,
+    stored bytes and records (estimated from a sample at the largest part's start)."""
+
+    parts: int
+    bytes: int
+    records: int
+
+
+def size_input(inp: InputParts, storage_options: StorageOptions | None = None) -> InputSize:
+    """``inp``'s size: its records from its stored bytes and one sample (a few hundred KiB read)."""
+    parts = [p for p in inp.parts if p.size > 0]
+    with ExitStack() as stack:
+        per_record, ratio = _sample(inp, parts, _Opener(resolve(inp.root, storage_options), stack))
+    return InputSize(len(inp.parts), inp.size, round(inp.size * ratio / per_record) if parts else 0)
