@@ -263,6 +263,14 @@ class RangeRecordReader(RecordReader):
             )
             yield from iter_line_blocks(range_chunks(part, sub), strip_cr=False, max_line=bound)
 
+    def part_line(self, line: int) -> tuple[str | None, int | None]:
+        """The part the range's ``line`` (just read) is in, and its line there when its piece starts
+        the part; ``(None, None)`` for one file's range."""
+        at = self._at
+        if at is None:
+            return None, None
+        return at.piece.uri, (line - at.line if at.piece.whole else None)
+
     def _part_name(self, piece: Piece) -> str:
         root = self.file.uri.rstrip("/") + "/"
         return piece.uri[len(root) :] if piece.uri.startswith(root) else piece.uri

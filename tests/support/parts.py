@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 import zstandard
 
+from airflow_batchinfer.storage.location import resolve
 from airflow_batchinfer.storage.ranges import read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from tests.support.frames import Sink
@@ -26,14 +27,28 @@ def part_bytes(first: int, n: int, *, zstd: bool = False, frame_lines: int = 0) 
     return b"".join(cctx.compress(b"".join(lines[i : i + step])) for i in range(0, max(n, 1), step))
 
 
-def write_parts(root: Path, sizes: Sequence[int], *, ext: str = ".jsonl", frame_lines: int = 0) -> int:
-    """``part-<i><ext>`` under ``root`` holding ``sizes[i]`` records each (ids numbered across all
-    parts); returns the record count."""
-    root.mkdir(parents=True, exist_ok=True)
+def put(uri: str | Path, data: bytes, so: dict[str, Any] | None = None) -> None:
+    """``data`` stored at ``uri`` (a path or any fsspec URI), its directories made."""
+    loc = resolve(str(uri), so)
+    if loc.is_local:
+        Path(loc.path).parent.mkdir(parents=True, exist_ok=True)
+    loc.fs.pipe_file(loc.path, data)
+
+
+def write_parts(
+    root: Path | str,
+    sizes: Sequence[int],
+    *,
+    ext: str = ".jsonl",
+    frame_lines: int = 0,
+    so: dict[str, Any] | None = None,
+) -> int:
+    """``part-<i><ext>`` under ``root`` (a path or any fsspec URI) holding ``sizes[i]`` records each
+    (ids numbered across all parts); returns the record count."""
     first = 0
     for i, n in enumerate(sizes):
         data = part_bytes(first, n, zstd=ext.endswith(".zst"), frame_lines=frame_lines) if n else b""
-        (root / f"part-{i}{ext}").write_bytes(data)
+        put(f"{root}/part-{i}{ext}", data, so)
         first += n
     return first
 
