@@ -29,10 +29,12 @@ from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.file_version import same_version, source_version
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
+    is_zstd,
     iter_chunks,
     iter_line_blocks,
 )
 from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.pieces import At, PieceRejects, check_piece, parquet_piece
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import (
     Record,
@@ -208,9 +210,9 @@ class RangeRecordReader(RecordReader):
         expand: bool = True,
     ) -> None:
         self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end), max_line_bytes=rng.max_line_bytes)
-        self._at: _At | None = None  # the piece being read (a part input's range)
+        self._at: At | None = None  # the piece being read (a part input's range)
         if rng.pieces and rejects is not None:
-            rejects = _PieceRejects(rejects, self)
+            rejects = PieceRejects(rejects, lambda: self._at)
         super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
         assign: Callable[[int, int], str] | None = None
@@ -255,8 +257,16 @@ class RangeRecordReader(RecordReader):
             return
         for piece in self.range.pieces:
             part = JsonlFile(self.file.loc.at(piece.uri), max_line_bytes=bound)
-            self._check_piece(part, piece)
-            self._at = _At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
+            size = check_piece(part, piece, self.range.shard_id)
+            at = At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
+            if piece.rows is not None:  # Parquet: whole row groups, read in blocks of rows
+
+                def started(starts: tuple[int, ...], at: At = at) -> None:
+                    self._at = dataclasses.replace(at, starts=starts)
+
+                yield from parquet_piece(part, piece, size, started)
+                continue
+            self._at = at
             span = piece.range or (0, 0)
             sub = dataclasses.replace(
                 self.range, start=span[0], end=span[1], lead_in=_listed(piece.lead_in), pieces=None
@@ -264,42 +274,25 @@ class RangeRecordReader(RecordReader):
             yield from iter_line_blocks(range_chunks(part, sub), strip_cr=False, max_line=bound)
 
     def part_line(self, line: int) -> tuple[str | None, int | None]:
-        """The part the range's ``line`` (just read) is in, and its line there when its piece starts
-        the part; ``(None, None)`` for one file's range."""
+        """The part the range's ``line`` (just read) is in, and its line there when known
+        (:meth:`~airflow_batchinfer.storage.pieces.At.part_line`); ``(None, None)`` for one file's."""
         at = self._at
-        if at is None:
-            return None, None
-        return at.piece.uri, (line - at.line if at.piece.whole else None)
+        return (None, None) if at is None else (at.piece.uri, at.part_line(line))
 
     def _part_name(self, piece: Piece) -> str:
         root = self.file.uri.rstrip("/") + "/"
         return piece.uri[len(root) :] if piece.uri.startswith(root) else piece.uri
 
-    def _check_piece(self, part: JsonlFile, piece: Piece) -> None:
-        """Refuse a part that changed or went away since planning: its spans would not be the plan's."""
-        sid = self.range.shard_id
-        try:
-            now = source_version(part.info())
-        except FileNotFoundError:
-            raise StorageError(
-                f"shard {sid}: part {piece.uri} of the input is gone since the run was planned. Remedy: "
-                "restore it, or start a new run (another run root) over the input as it is now"
-            ) from None
-        if not same_version(piece.version, now):
-            raise StorageError(
-                f"shard {sid}: part {piece.uri} of the input changed since the run was planned (planned "
-                f"for version {piece.version}, now {now}), so the spans planned in it may no longer start "
-                "at a line. Remedy: keep an input's parts unchanged while its run lives (add new parts "
-                "under another prefix), or start a new run (another run root) over it"
-            )
-
     def _piece_id(self, line: int, offset: int) -> str:
         """An assigned id in a part input: ``<part path>@<offset>`` as in one file (see
-        :func:`assigned_id`), the part's path under the input's root."""
+        :func:`assigned_id`), the part's path under the input's root; a Parquet row's
+        ``<part path>#<row>`` (its row in the file, from 1)."""
         at = self._at
         assert at is not None
+        if at.starts is not None:
+            return f"{at.name}#{at.part_line(line)}"
         start = (at.piece.range or (0, 0))[0]
-        if JsonlFile(at.piece.uri).compressed:
+        if is_zstd(at.piece.uri):
             return f"{at.name}@{start}+{offset - at.offset}"
         return f"{at.name}@{start + offset - at.offset}"
 
@@ -324,38 +317,6 @@ class RangeRecordReader(RecordReader):
 
 def _listed(span: tuple[int, int] | None) -> list[int] | None:
     return None if span is None else list(span)
-
-
-@dataclass(frozen=True)
-class _At:
-    """The piece a part input's range is reading, and the validator's line and offset before it."""
-
-    piece: Piece
-    name: str
-    line: int
-    offset: int
-
-
-class _PieceRejects:
-    """A part input's bad lines name their part: ``source`` is the part, ``offset`` the line's decoded
-    byte offset from ``part_offset`` (the piece's first stored byte in the part: plain JSONL, the
-    line's byte in the part is their sum), and ``line_in_part`` its line in the part when the piece
-    starts the part. ``line_in_range`` stays the line in the range (round 0's close numbers it)."""
-
-    def __init__(self, rejects: RecordSink, reader: RangeRecordReader) -> None:
-        self._rejects, self._reader = rejects, reader
-
-    def write(self, record: Record) -> None:
-        at = self._reader._at
-        if at is None:
-            self._rejects.write(record)
-            return
-        row = {**record, "source": at.piece.uri, "part_offset": (at.piece.range or (0, 0))[0]}
-        if "offset" in row:
-            row["offset"] = int(row["offset"]) - at.offset
-        if at.piece.whole and "line_in_range" in row:
-            row["line_in_part"] = int(row["line_in_range"]) - at.line
-        self._rejects.write(row)
 
 
 class DiscardRejects:
