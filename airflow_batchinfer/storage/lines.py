@@ -6,7 +6,7 @@ This is the hot path of every read, so it works on whole chunks and leaves JSON 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
 import zstandard
 
@@ -86,18 +86,34 @@ def _pieces(data: bytes) -> Iterator[bytes]:
         yield data[start : start + READ_SIZE]
 
 
-class OversizedLine(bytes):
+class BadLine(bytes):
+    """A line a reader yields in place of one it could not take: validators
+    (:class:`~airflow_batchinfer.storage.validate.LineValidator`) reject it with :meth:`reason`. Its
+    value is what the reject row keeps as ``raw`` (the line's first bytes, or a description), ``size``
+    the bytes the line took in its input (a range's byte offsets move past it)."""
+
+    size: int
+
+    def __new__(cls, raw: bytes, size: int) -> Self:
+        line = super().__new__(cls, raw)
+        line.size = size
+        return line
+
+    def reason(self) -> str:
+        raise NotImplementedError
+
+
+class OversizedLine(BadLine):
     """A line longer than a read's ``max_line`` bytes, never held whole: its value is the line's
     first bytes (at most :data:`RAW_PREFIX`, cut at a UTF-8 character), ``size`` its length up to its
     ``\\n`` (a CRLF line's ``\\r`` included) and ``limit`` the bound it broke. Readers that validate
     (:class:`~airflow_batchinfer.storage.validate.LineValidator`, ``RecordReader``) reject it."""
 
-    size: int
     limit: int
 
     def __new__(cls, head: bytes, size: int, limit: int) -> OversizedLine:
-        line = super().__new__(cls, _utf8_prefix(head[: RAW_PREFIX + 3]))
-        line.size, line.limit = size, limit
+        line = super().__new__(cls, utf8_prefix(head[: RAW_PREFIX + 3]), size)
+        line.limit = limit
         return line
 
     def reason(self) -> str:
@@ -107,7 +123,7 @@ class OversizedLine(bytes):
         )
 
 
-def _utf8_prefix(head: bytes) -> bytes:
+def utf8_prefix(head: bytes) -> bytes:
     """The first RAW_PREFIX bytes of ``head``, less a UTF-8 character the cut would split."""
     cut = head[:RAW_PREFIX]
     if len(head) <= RAW_PREFIX:

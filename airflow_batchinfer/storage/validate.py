@@ -8,8 +8,9 @@ non-object value, an object nested deeper than
 missing or invalid id, an id longer than ``max_id_bytes`` (in a long line: found without parsing it,
 :mod:`~airflow_batchinfer.storage.id_scan`), an OpenAI batch line without ``body``, a
 repeated id (compared as text, :func:`~airflow_batchinfer.storage.records.id_text`: ``1`` and ``"1"``
-are one id), a line longer than ``max_line_bytes`` (which the splitter never held whole:
-:class:`~airflow_batchinfer.storage.lines.OversizedLine`), or, with a fan-out, a record that picks its
+are one id), a line its reader could not take (a :class:`~airflow_batchinfer.storage.lines.BadLine`:
+a line longer than ``max_line_bytes``, which the splitter never held whole, or a Parquet row with no
+JSON form), or, with a fan-out, a record that picks its
 own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
 """
 
@@ -22,7 +23,7 @@ import orjson
 
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.id_scan import SCAN_FROM, oversized_id
-from airflow_batchinfer.storage.lines import OversizedLine
+from airflow_batchinfer.storage.lines import BadLine
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import (
     MAX_DEPTH,
@@ -121,7 +122,7 @@ class LineValidator:
         for line in block:
             self.line_no += 1
             offset = self.offset
-            if type(line) is OversizedLine:  # the splitter kept only its first bytes
+            if type(line) is not bytes and isinstance(line, BadLine):  # e.g. an OversizedLine
                 self.offset += line.size + 1
                 self._bad(line, offset, line.reason())
                 continue
