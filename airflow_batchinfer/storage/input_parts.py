@@ -75,8 +75,9 @@ class InputParts:
 
     @property
     def single(self) -> bool:
-        """One file given as such: planned exactly as before part inputs existed."""
-        return self.kind == "file"
+        """One JSONL file given as such: planned exactly as before part inputs existed (a Parquet
+        file is planned as parts are)."""
+        return self.kind == "file" and self.format != "parquet"
 
     @property
     def size(self) -> int:
@@ -86,7 +87,7 @@ class InputParts:
     def version(self) -> str:
         """The version of the whole input: the part count and a hash of every part's name and version
         (a part added, removed or rewritten changes it). A single file's is its own."""
-        if self.single:
+        if self.kind == "file":
             return self.parts[0].version
         h = hashlib.sha256()
         for p in self.parts:

@@ -14,9 +14,11 @@ from a sample at the largest part's start. Each shard is a
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, cast
@@ -24,6 +26,7 @@ from typing import Any, BinaryIO, cast
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.input_parts import InputParts, Part
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.parquet_rows import RowGroup, row_groups
 from airflow_batchinfer.storage.plan_probe import (
     PLAN_BLOCK,
     SAMPLE,
@@ -37,6 +40,7 @@ from airflow_batchinfer.storage.shard_ref import Piece, RangeRef
 from airflow_batchinfer.storage.zstd_frames import Frame, zstd_frames
 
 log = logging.getLogger("airflow_batchinfer.storage")
+FOOTER_READERS = 16  # Parquet footers read at once while planning
 
 
 @dataclass
@@ -73,11 +77,21 @@ class _Cutter:
     def left(self) -> float:
         raise NotImplementedError
 
+    def unit(self) -> float:
+        """The records of the smallest piece :meth:`take` can cut (0: a line, as good as none)."""
+        return 0.0
+
     def take(self, want: float) -> tuple[Piece, float]:
         raise NotImplementedError
 
     def rest(self) -> tuple[Piece, float]:
         raise NotImplementedError
+
+    def place(self, piece: Piece) -> tuple[int, int, int]:
+        """The piece's place in the input (its stored bytes after those of the parts before it) and
+        its bytes."""
+        a, b = piece.range or (0, 0)
+        return self.offset + a, self.offset + b, b - a
 
 
 class _JsonlCutter(_Cutter):
@@ -123,6 +137,9 @@ class _ZstdCutter(_Cutter):
         content = fr.content if fr.content is not None else (fr.end - fr.start) * self.ratio
         return content / self.per_record
 
+    def unit(self) -> float:
+        return self._records(self.frames[self.i]) if self.frames and self.i < len(self.frames) else 0.0
+
     def left(self) -> float:
         if self.frames is None:
             return self.part.size * self.ratio / self.per_record
@@ -161,6 +178,47 @@ class _ZstdCutter(_Cutter):
         return self.frames is not None and len(self.frames) < 2
 
 
+class _ParquetCutter(_Cutter):
+    """A Parquet part: whole row groups, its rows exact from its footer; ``offset`` counts rows."""
+
+    def __init__(self, part: Part, offset: int, groups: list[RowGroup]) -> None:
+        super().__init__(part, offset)
+        self.rows = [g.rows for g in groups]
+        self.bytes = [g.bytes for g in groups]
+        self.starts = list(itertools.accumulate(self.rows, initial=0))
+        self.i = 0
+
+    @property
+    def done(self) -> bool:
+        return self.starts[self.i] >= self.starts[-1]
+
+    def left(self) -> float:
+        return self.starts[-1] - self.starts[self.i]
+
+    def unit(self) -> float:
+        return self.rows[self.i]
+
+    def take(self, want: float) -> tuple[Piece, float]:
+        j = self.i + 1
+        while j < len(self.rows) and self.starts[j] - self.starts[self.i] < want:
+            j += 1
+        return self._cut(j)
+
+    def rest(self) -> tuple[Piece, float]:
+        return self._cut(len(self.rows))
+
+    def _cut(self, j: int) -> tuple[Piece, float]:
+        piece = Piece(uri=self.part.uri, version=self.part.version, rows=(self.i, j))
+        n = self.starts[j] - self.starts[self.i]
+        self.i = j
+        return piece, n
+
+    def place(self, piece: Piece) -> tuple[int, int, int]:
+        """The piece's rows after those of the parts before it, and its row groups' bytes."""
+        a, b = piece.rows or (0, 0)
+        return self.offset + self.starts[a], self.offset + self.starts[b], sum(self.bytes[a:b])
+
+
 def plan_parts(
     inp: InputParts,
     *,
@@ -176,23 +234,38 @@ def plan_parts(
     parts = [p for p in inp.parts if p.size > 0]
     with ExitStack() as stack:
         opener = _Opener(loc, stack)
-        per_record, ratio = _sample(inp, parts, opener)
+        cutters: list[_Cutter]
+        if inp.format == "parquet":
+            cutters, per_record = _parquet_cutters(parts, opener)
+        else:
+            per_record, ratio = _sample(inp, parts, opener)
+            offsets = itertools.accumulate((p.size for p in parts), initial=0)
+            cutters = [
+                _ZstdCutter(p, o, per_record, ratio, opener)
+                if inp.format == "jsonl.zst"
+                else _JsonlCutter(p, o, per_record / ratio, opener)
+                for p, o in zip(parts, offsets, strict=False)
+            ]
         full = max(1.0, min(records_per_shard, max_bytes_per_shard / per_record))
-        offsets, at = [], 0
-        for p in inp.parts:
-            offsets.append(at)
-            at += p.size
-        offset_of = {p.uri: o for p, o in zip(inp.parts, offsets, strict=True)}
-        cutters: list[_Cutter] = [
-            _ZstdCutter(p, offset_of[p.uri], per_record, ratio, opener)
-            if inp.format == "jsonl.zst"
-            else _JsonlCutter(p, offset_of[p.uri], per_record / ratio, opener)
-            for p in parts
-        ]
         groups, notices = _walk(cutters, full, lanes, min_records)
         bytes_read = opener.bytes_read
-    shards = [_shard(i, inp.root, pieces, n, offset_of) for i, (pieces, n) in enumerate(groups)]
+    shards = [_shard(i, inp.root, pieces, n) for i, (pieces, n) in enumerate(groups)]
     return RangePlan(shards, bytes_read, time.monotonic() - started, notices)
+
+
+def _parquet_cutters(parts: list[Part], opener: _Opener) -> tuple[list[_Cutter], float]:
+    """A Parquet input's cutters, from every part's footer (read :data:`FOOTER_READERS` at a time: a
+    request each on an object store), and its uncompressed bytes per row. A part whose footer is
+    unreadable refuses the plan, naming it (:class:`~airflow_batchinfer.exceptions.CorruptFileError`)."""
+    with ThreadPoolExecutor(FOOTER_READERS) as pool:
+        footers = list(pool.map(lambda p: row_groups(opener(p), p.size, p.uri), parts))
+    cutters: list[_Cutter] = []
+    rows = stored = 0
+    for part, groups in zip(parts, footers, strict=True):
+        cutters.append(_ParquetCutter(part, rows, groups))
+        rows += sum(g.rows for g in groups)
+        stored += sum(g.bytes for g in groups)
+    return cutters, max(1.0, stored / max(rows, 1))
 
 
 def _sample(inp: InputParts, parts: list[Part], opener: _Opener) -> tuple[float, float]:
@@ -208,7 +281,8 @@ def _sample(inp: InputParts, parts: list[Part], opener: _Opener) -> tuple[float,
     return sample_rate(raw.read(min(part.size, SAMPLE))), 1.0
 
 
-Group = tuple[list[Piece], float]
+Placed = tuple[Piece, tuple[int, int, int]]  # a piece, its place in the input and its bytes
+Group = tuple[list[Placed], float]  # a shard's pieces, its records
 
 
 def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tuple[list[Group], list[str]]:
@@ -216,7 +290,7 @@ def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tupl
     left = sum(c.left() for c in cutters)
     groups: list[Group] = []
     notices: list[str] = []
-    cur: list[Piece] = []
+    cur: list[Placed] = []
     n = 0.0
     want = taper.next_size(left, full, lanes, floor)
     for c in cutters:
@@ -224,7 +298,7 @@ def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tupl
             room = want - n
             if c.left() <= room:
                 piece, k = c.rest()
-            elif cur and (c.left() <= full or room < want / 8):
+            elif cur and (c.left() <= full or room < want / 8 or c.unit() > 1.5 * room):
                 groups.append((cur, n))  # a part that does not fit starts the next shard
                 left -= n
                 cur, n = [], 0.0
@@ -238,7 +312,7 @@ def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tupl
                         "so one lane reads it whole. Remedy: recompress it in frames (pzstd, or "
                         "zstd --seekable), or split it with `batchinfer shard`"
                     )
-            cur.append(piece)
+            cur.append((piece, c.place(piece)))
             n += k
             if n >= want:
                 groups.append((cur, n))
@@ -252,39 +326,41 @@ def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tupl
     return groups, notices
 
 
-def _shard(i: int, root: str, pieces: list[Piece], n: float, offset_of: dict[str, int]) -> RangeRef:
-    """One shard: its place in the parts' stored bytes taken in order, and its pieces."""
-    first, last = pieces[0], pieces[-1]
-    start = offset_of[first.uri] + _span(first)[0]
-    end = offset_of[last.uri] + _span(last)[1]
+def _shard(i: int, root: str, pieces: list[Placed], n: float) -> RangeRef:
+    """One shard: its place in the input (its parts' stored bytes, or a Parquet input's rows, taken in
+    order) and its pieces."""
+    start, end = pieces[0][1][0], pieces[-1][1][1]
     return RangeRef(
         shard_id=f"part-{i:05d}",
         uri=root,
         records=max(1, round(n)),
         range=(start, max(end, start + 1)),
-        bytes=sum(_span(p)[1] - _span(p)[0] for p in pieces),
+        bytes=sum(size for _, (_, _, size) in pieces),
         estimated=True,
-        pieces=tuple(pieces),
+        pieces=tuple(p for p, _ in pieces),
     )
-
-
-def _span(piece: Piece) -> tuple[int, int]:
-    return piece.range or (0, 0)
 
 
 @dataclass(frozen=True)
 class InputSize:
     """What an input holds, for sizing a run before it (``batchinfer plan --input``): its parts,
-    stored bytes and records (estimated from a sample at the largest part's start)."""
+    stored bytes and records (a Parquet input's exact, from its footers; else estimated from a
+    sample at the largest part's start)."""
 
     parts: int
     bytes: int
     records: int
+    exact: bool
 
 
 def size_input(inp: InputParts, storage_options: StorageOptions | None = None) -> InputSize:
-    """``inp``'s size: its records from its stored bytes and one sample (a few hundred KiB read)."""
+    """``inp``'s size: from its parts' footers (Parquet), else its stored bytes and one sample."""
     parts = [p for p in inp.parts if p.size > 0]
     with ExitStack() as stack:
-        per_record, ratio = _sample(inp, parts, _Opener(resolve(inp.root, storage_options), stack))
-    return InputSize(len(inp.parts), inp.size, round(inp.size * ratio / per_record) if parts else 0)
+        opener = _Opener(resolve(inp.root, storage_options), stack)
+        if inp.format == "parquet":
+            cutters, _ = _parquet_cutters(parts, opener)
+            return InputSize(len(inp.parts), inp.size, round(sum(c.left() for c in cutters)), True)
+        per_record, ratio = _sample(inp, parts, opener)
+    records = round(inp.size * ratio / per_record) if parts else 0
+    return InputSize(len(inp.parts), inp.size, records, False)

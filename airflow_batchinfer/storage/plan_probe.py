@@ -5,7 +5,7 @@ line start after a byte offset, and a counter of the bytes read (planning's cost
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import zstandard
 
@@ -68,19 +68,23 @@ def zstd_sample(raw: BinaryIO, frame: Frame, source: str) -> tuple[float, float]
 
 
 class Counting:
-    """A seekable binary file that counts the bytes read through it (planning's cost, for bench)."""
+    """A seekable binary file that counts the bytes read through it (planning's cost, for bench);
+    anything else (``tell``, ``closed``: what pyarrow asks of a Parquet file) is the file's."""
 
     def __init__(self, raw: BinaryIO) -> None:
         self._raw = raw
         self.bytes_read = 0
 
-    def seek(self, pos: int) -> int:
-        return self._raw.seek(pos)
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self._raw.seek(pos, whence)
 
     def read(self, n: int = -1) -> bytes:
         data = self._raw.read(n)
         self.bytes_read += len(data)
         return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 @dataclass(frozen=True)

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from airflow_batchinfer.exceptions import OutputExistsError
+from airflow_batchinfer.exceptions import ConfigError, OutputExistsError
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.file_version import keep_recorded, source_version
-from airflow_batchinfer.storage.input_parts import list_input
+from airflow_batchinfer.storage.input_parts import InputParts, list_input
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
-from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, OversizedLine
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, BadLine
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
+from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups
 from airflow_batchinfer.storage.part_plan import plan_parts
 from airflow_batchinfer.storage.plan_probe import (
     PLAN_BLOCK,
@@ -222,12 +224,17 @@ def shard_ranges(
     }
     # one file as it always was (its refs, manifest and fingerprint unchanged), else its parts
     plan = plan_ranges(src, **how) if inp.single else plan_parts(inp, **how)
+    if plan is not None and not plan.shards and not inp.single:  # empty parts, or no rows
+        raise ConfigError(
+            f"input {inp.uri} holds no records ({len(inp.parts)} part(s), all empty or without rows). "
+            "Remedy: check the path, or give the input that holds the data"
+        )
     if plan is None:
         write_manifest(out, OutputManifest(kind="ranges", state="unsplittable", fingerprint=fingerprint))
         return None
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
-        id_field = _first_id_field(source)
+        id_field = _first_id_field(_first_lines(inp, source))
     estimated = sum(s.records for s in plan.shards)
     shards = _bound_shards(plan.shards, max_line_bytes, max_id_bytes, fan_out)
     manifest = _complete_manifest(plan, shards, fingerprint, estimated, id_field, rejects_dir.uri, lanes)
@@ -297,10 +304,26 @@ def _refuse_a_changed_plan(
     )
 
 
-def _first_id_field(source: JsonlFile) -> str:
+def _first_lines(inp: InputParts, source: JsonlFile) -> Iterator[bytes]:
+    """The input's first lines (a Parquet input's first rows as JSON lines, from its first part with
+    rows), read no further than they are taken."""
+    if inp.format != "parquet":
+        yield from (line for _, line in source.iter_lines())
+        return
+    for part in inp.parts:
+        if part.size == 0:
+            continue
+        with JsonlFile(source.loc.at(part.uri)).open_raw() as raw:
+            groups = row_groups(raw, part.size, part.uri)
+            for block in parquet_blocks(raw, (0, len(groups)), source=part.uri, batch_rows=64):
+                yield from block
+        return
+
+
+def _first_id_field(lines: Iterator[bytes]) -> str:
     """:func:`detect_id_field` of the first record among the first lines (a short read)."""
-    for _, line in itertools.islice(source.iter_lines(), 1000):
-        if type(line) is OversizedLine:  # its first bytes are not the record
+    for line in itertools.islice(lines, 1000):
+        if isinstance(line, BadLine):  # its first bytes are not the record
             continue
         try:
             return detect_id_field(parse_record(line))

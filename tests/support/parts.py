@@ -74,3 +74,25 @@ def pieces_of(shards: Sequence[ShardRef | RangeRef]) -> list[list[str]]:
         for s in shards
         if isinstance(s, RangeRef)
     ]
+
+
+def parquet_part(
+    uri: str | Path,
+    first: int,
+    n: int,
+    *,
+    group: int = 100,
+    so: dict[str, Any] | None = None,
+    **cols: list[Any],
+) -> None:
+    """A Parquet part at ``uri`` of ``n`` rows with ids ``r<first>...`` (and ``cols``), in row groups
+    of ``group`` rows."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": [f"r{i}" for i in range(first, first + n)], "q": ["x" * 8] * n, **cols})
+    buf = io.BytesIO()
+    pq.write_table(table, buf, row_group_size=group)
+    put(uri, buf.getvalue(), so)
