@@ -1,18 +1,19 @@
 """Issue 38, item 6: part inputs on local disk and on the S3 server (one server for the session):
-listed with their versions, planned and read in place, a part replaced or added after planning
-refused (the rest in tests/unit/storage/test_input_parts.py)."""
+JSONL, zstd and Parquet parts listed with their versions, planned and read in place, a part replaced
+or added after planning refused, a corrupt Parquet footer refusing the plan (the rest in
+tests/unit/storage/test_input_parts*.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from airflow_batchinfer.exceptions import OutputExistsError, StorageError
+from airflow_batchinfer.exceptions import CorruptFileError, OutputExistsError, StorageError
 from airflow_batchinfer.storage.input_parts import list_input
 from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef
 from tests.support.frames import Sink
-from tests.support.parts import part_bytes, put, read_shards, write_parts
+from tests.support.parts import parquet_part, part_bytes, put, read_shards, write_parts
 from tests.support.roots import Root
 
 
@@ -56,3 +57,17 @@ def test_a_part_replaced_or_added_on_the_store_is_refused(root: Root) -> None:
     put(root.uri("in", "part-2.jsonl"), part_bytes(60, 5), so)
     with pytest.raises(OutputExistsError, match="holds the range plan of"):
         plan(root, root.uri("in"))
+
+
+def test_parquet_parts_on_the_store_are_read_by_row_groups(root: Root) -> None:
+    pytest.importorskip("pyarrow")
+    so = root.storage_options
+    parquet_part(root.uri("hf", "data", "train-00000-of-00003.parquet"), 0, 500, group=100, so=so)
+    parquet_part(root.uri("hf", "data", "train-00001-of-00003.parquet"), 500, 0, so=so)  # no rows
+    parquet_part(root.uri("hf", "data", "train-00002-of-00003.parquet"), 500, 40, group=100, so=so)
+    shards = plan(root, root.uri("hf", "data", "train-*.parquet"))
+    assert read_shards(shards, so)[0] == [f"r{i}" for i in range(540)]
+    assert sum(s.records for s in shards) == 540 and all(p.rows for s in shards for p in s.pieces or ())
+    put(root.uri("hf", "data", "train-00001-of-00003.parquet"), b"not parquet at all", so)
+    with pytest.raises(CorruptFileError, match=r"train-00001-of-00003\.parquet"):
+        plan(root, root.uri("hf", "data"), "run2")
