@@ -9,6 +9,7 @@ import pytest
 
 from airflow_batchinfer.exceptions import ConfigError, OutputExistsError, StorageError
 from airflow_batchinfer.storage.input_parts import list_input, natural_key
+from airflow_batchinfer.storage.part_plan import plan_parts
 from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import InputRange, piece_uris, range_params, read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef, parse_ref
@@ -86,14 +87,19 @@ def test_parts_of_mixed_sizes_are_read_once_small_grouped_large_split(tmp_path: 
 
 def test_zstd_parts_split_by_frames_and_a_single_frame_part_is_one_piece(tmp_path: Path) -> None:
     total = write_parts(tmp_path / "in", [40, 1500, 8], ext=".jsonl.zst", frame_lines=64)
-    (tmp_path / "in" / "part-3.jsonl.zst").write_bytes(part_bytes(total, 900, zstd=True))  # one frame
+    (tmp_path / "in" / "part-3.jsonl.zst").write_bytes(part_bytes(total, 5000, zstd=True))  # one frame
     shards = plan(tmp_path / "in", tmp_path / "run")
     ids, _ = read_shards(shards)
-    assert ids == [f"r{i}" for i in range(total + 900)]
+    assert ids == [f"r{i}" for i in range(total + 5000)]
     split = [p for s in shards for p in s.pieces or () if p.uri.endswith("part-1.jsonl.zst")]
     assert len(split) >= 3 and all(p.lead_in is not None for p in split[1:])
     single = [p for s in shards for p in s.pieces or () if p.uri.endswith("part-3.jsonl.zst")]
     assert len(single) == 1 and single[0].lead_in is None
+    notices = plan_parts(
+        list_input(str(tmp_path / "in")), records_per_shard=400, max_bytes_per_shard=1 << 30
+    ).notices
+    assert len(notices) == 1 and "part-3.jsonl.zst is one zstd frame" in notices[0]
+    assert "batchinfer shard" in notices[0]  # a single-frame part twice a shard's size: the notice
 
 
 def test_the_taper_runs_across_the_whole_input(tmp_path: Path) -> None:
