@@ -94,10 +94,6 @@ class InputParts:
             h.update(f"{p.uri}\t{p.version}\n".encode())
         return f"{len(self.parts)} parts:{h.hexdigest()[:32]}"
 
-    def name(self, part: Part) -> str:
-        """A part's path under :attr:`root` (what ids assigned to its lines and messages name)."""
-        return part.uri[len(self.root) :].lstrip("/") or posixpath.basename(part.uri)
-
 
 def input_prefix(uri: str) -> str:
     """A prefix every file ``uri`` names is under, without listing it: a glob's fixed directories,

@@ -14,13 +14,14 @@ from a sample at the largest part's start. Each shard is a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, BinaryIO, cast
 
 from airflow_batchinfer.storage import taper
@@ -43,32 +44,46 @@ log = logging.getLogger("airflow_batchinfer.storage")
 FOOTER_READERS = 16  # Parquet footers read at once while planning
 
 
-@dataclass
 class _Opener:
-    """Opens parts for planning's probes (each once, closed with the plan) and counts what they read."""
+    """Opens parts for planning's probes, each for as long as it is probed (a plan over 100,000
+    parts never holds them all open), and counts what they read (from several threads)."""
 
-    loc: Location
-    stack: ExitStack
-    opened: list[Counting] = field(default_factory=list)
+    def __init__(self, loc: Location) -> None:
+        self.loc, self.bytes_read, self._lock = loc, 0, threading.Lock()
 
-    def __call__(self, part: Part) -> BinaryIO:
-        path = self.loc.at(part.uri).path
-        counting = Counting(self.stack.enter_context(self.loc.fs.open(path, "rb", block_size=PLAN_BLOCK)))
-        self.opened.append(counting)
-        raw: Any = counting  # a BinaryIO to what planning calls
-        return cast("BinaryIO", raw)
-
-    @property
-    def bytes_read(self) -> int:
-        return sum(r.bytes_read for r in self.opened)
+    @contextlib.contextmanager
+    def open(self, part: Part) -> Iterator[BinaryIO]:
+        with self.loc.fs.open(self.loc.at(part.uri).path, "rb", block_size=PLAN_BLOCK) as f:
+            counting = Counting(f)
+            try:
+                raw: Any = counting  # a BinaryIO to what planning calls
+                yield cast("BinaryIO", raw)
+            finally:
+                with self._lock:
+                    self.bytes_read += counting.bytes_read
 
 
 class _Cutter:
     """What is left of one part to plan: :meth:`take` cuts a piece of about ``want`` records off its
     front (at least a line, a frame or a row group), :meth:`rest` takes the remainder."""
 
-    def __init__(self, part: Part, offset: int) -> None:
+    def __init__(self, part: Part, offset: int, opener: _Opener | None = None) -> None:
         self.part, self.offset, self.pos = part, offset, 0
+        self._opener, self._stack = opener, contextlib.ExitStack()
+        self._raw: BinaryIO | None = None
+
+    def __enter__(self) -> _Cutter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def file(self) -> BinaryIO:
+        """The part, opened on first use for as long as it is being cut."""
+        if self._raw is None:
+            assert self._opener is not None
+            self._raw = self._stack.enter_context(self._opener.open(self.part))
+        return self._raw
 
     @property
     def done(self) -> bool:
@@ -95,10 +110,9 @@ class _Cutter:
 
 
 class _JsonlCutter(_Cutter):
-    def __init__(self, part: Part, offset: int, per_record: float, open_: Callable[[Part], BinaryIO]) -> None:
-        super().__init__(part, offset)
-        self.per_record, self._open = per_record, open_
-        self._raw: BinaryIO | None = None
+    def __init__(self, part: Part, offset: int, per_record: float, opener: _Opener) -> None:
+        super().__init__(part, offset, opener)
+        self.per_record = per_record
 
     def left(self) -> float:
         return (self.part.size - self.pos) / self.per_record
@@ -110,11 +124,9 @@ class _JsonlCutter(_Cutter):
         return piece, n
 
     def take(self, want: float) -> tuple[Piece, float]:
-        if self._raw is None:
-            self._raw = self._open(self.part)
         at = self.pos + max(1, round(want * self.per_record))
         size = self.part.size
-        return self._cut(next_line_start(self._raw, at, size) if at < size else size)
+        return self._cut(next_line_start(self.file(), at, size) if at < size else size)
 
     def rest(self) -> tuple[Piece, float]:
         return self._cut(self.part.size)
@@ -124,11 +136,9 @@ class _ZstdCutter(_Cutter):
     """A zstd part: estimated from its stored size (``ratio``: decoded bytes per stored byte) until it
     must be cut, then by its frames."""
 
-    def __init__(
-        self, part: Part, offset: int, per_record: float, ratio: float, open_: Callable[[Part], BinaryIO]
-    ) -> None:
-        super().__init__(part, offset)
-        self.per_record, self.ratio, self._open = per_record, ratio, open_
+    def __init__(self, part: Part, offset: int, per_record: float, ratio: float, opener: _Opener) -> None:
+        super().__init__(part, offset, opener)
+        self.per_record, self.ratio = per_record, ratio
         self.frames: list[Frame] | None = None
         self.i = 0  # the next frame
         self.before: Frame | None = None
@@ -156,7 +166,7 @@ class _ZstdCutter(_Cutter):
 
     def take(self, want: float) -> tuple[Piece, float]:
         if self.frames is None:
-            self.frames = zstd_frames(self._open(self.part), self.part.size, self.part.uri)
+            self.frames = zstd_frames(self.file(), self.part.size, self.part.uri)
             self.pos = self.frames[0].start if self.frames else self.part.size
             if len(self.frames) < 2:
                 return self.rest()
@@ -232,25 +242,28 @@ def plan_parts(
     started = time.monotonic()
     loc = resolve(inp.root, storage_options)
     parts = [p for p in inp.parts if p.size > 0]
-    with ExitStack() as stack:
-        opener = _Opener(loc, stack)
-        cutters: list[_Cutter]
-        if inp.format == "parquet":
-            cutters, per_record = _parquet_cutters(parts, opener)
-        else:
-            per_record, ratio = _sample(inp, parts, opener)
-            offsets = itertools.accumulate((p.size for p in parts), initial=0)
-            cutters = [
-                _ZstdCutter(p, o, per_record, ratio, opener)
-                if inp.format == "jsonl.zst"
-                else _JsonlCutter(p, o, per_record / ratio, opener)
-                for p, o in zip(parts, offsets, strict=False)
-            ]
-        full = max(1.0, min(records_per_shard, max_bytes_per_shard / per_record))
-        groups, notices = _walk(cutters, full, lanes, min_records)
-        bytes_read = opener.bytes_read
+    opener = _Opener(loc)
+    cutters: list[_Cutter]
+    if inp.format == "parquet":
+        cutters, per_record = _parquet_cutters(parts, opener)
+    else:
+        per_record, ratio = _sample(inp, parts, opener)
+        offsets = itertools.accumulate((p.size for p in parts), initial=0)
+        cutters = [
+            _ZstdCutter(p, o, per_record, ratio, opener)
+            if inp.format == "jsonl.zst"
+            else _JsonlCutter(p, o, per_record / ratio, opener)
+            for p, o in zip(parts, offsets, strict=False)
+        ]
+    full = max(1.0, min(records_per_shard, max_bytes_per_shard / per_record))
+    groups, notices = _walk(cutters, full, lanes, min_records)
     shards = [_shard(i, inp.root, pieces, n) for i, (pieces, n) in enumerate(groups)]
-    return RangePlan(shards, bytes_read, time.monotonic() - started, notices)
+    return RangePlan(shards, opener.bytes_read, time.monotonic() - started, notices)
+
+
+def _footer(part: Part, opener: _Opener) -> list[RowGroup]:
+    with opener.open(part) as raw:
+        return row_groups(raw, part.size, part.uri)
 
 
 def _parquet_cutters(parts: list[Part], opener: _Opener) -> tuple[list[_Cutter], float]:
@@ -258,7 +271,7 @@ def _parquet_cutters(parts: list[Part], opener: _Opener) -> tuple[list[_Cutter],
     request each on an object store), and its uncompressed bytes per row. A part whose footer is
     unreadable refuses the plan, naming it (:class:`~airflow_batchinfer.exceptions.CorruptFileError`)."""
     with ThreadPoolExecutor(FOOTER_READERS) as pool:
-        footers = list(pool.map(lambda p: row_groups(opener(p), p.size, p.uri), parts))
+        footers = list(pool.map(lambda p: _footer(p, opener), parts))
     cutters: list[_Cutter] = []
     rows = stored = 0
     for part, groups in zip(parts, footers, strict=True):
@@ -274,11 +287,10 @@ def _sample(inp: InputParts, parts: list[Part], opener: _Opener) -> tuple[float,
     if not parts:
         return 1.0, 1.0
     part = max(parts, key=lambda p: p.size)
-    raw = opener(part)
-    if inp.format == "jsonl.zst":
-        return zstd_sample(raw, Frame(0, part.size), part.uri)
-    raw.seek(0)
-    return sample_rate(raw.read(min(part.size, SAMPLE))), 1.0
+    with opener.open(part) as raw:
+        if inp.format == "jsonl.zst":
+            return zstd_sample(raw, Frame(0, part.size), part.uri)
+        return sample_rate(raw.read(min(part.size, SAMPLE))), 1.0
 
 
 Placed = tuple[Piece, tuple[int, int, int]]  # a piece, its place in the input and its bytes
@@ -287,43 +299,57 @@ Group = tuple[list[Placed], float]  # a shard's pieces, its records
 
 def _walk(cutters: list[_Cutter], full: float, lanes: int, floor: float) -> tuple[list[Group], list[str]]:
     """The parts' pieces grouped into shards of about ``full`` records, the last ones tapered."""
-    left = sum(c.left() for c in cutters)
-    groups: list[Group] = []
-    notices: list[str] = []
-    cur: list[Placed] = []
-    n = 0.0
-    want = taper.next_size(left, full, lanes, floor)
+    walk = _Walk(sum(c.left() for c in cutters), full, lanes, floor)
     for c in cutters:
-        while not c.done:
-            room = want - n
-            if c.left() <= room:
-                piece, k = c.rest()
-            elif cur and (c.left() <= full or room < want / 8 or c.unit() > 1.5 * room):
-                groups.append((cur, n))  # a part that does not fit starts the next shard
-                left -= n
-                cur, n = [], 0.0
-                want = taper.next_size(left, full, lanes, floor)
-                continue
-            else:
-                piece, k = c.take(room)
-                if isinstance(c, _ZstdCutter) and c.single_frame and k > 2 * full:
-                    notices.append(
-                        f"{c.part.uri} is one zstd frame of about {round(k)} records: it cannot be cut, "
-                        "so one lane reads it whole. Remedy: recompress it in frames (pzstd, or "
-                        "zstd --seekable), or split it with `batchinfer shard`"
-                    )
-            cur.append((piece, c.place(piece)))
-            n += k
-            if n >= want:
-                groups.append((cur, n))
-                left -= n
-                cur, n = [], 0.0
-                want = taper.next_size(max(left, 0.0), full, lanes, floor)
-    if cur:
-        groups.append((cur, n))
-    for note in notices:
+        with c:  # its file, if cutting it opened one, closed once it is planned
+            while not c.done:
+                walk.step(c)
+    walk.close()
+    for note in walk.notices:
         log.warning("%s", note)
-    return groups, notices
+    return walk.groups, walk.notices
+
+
+class _Walk:
+    """The shard being filled (``cur``, ``n`` records of the ``want`` it takes) and those before it."""
+
+    def __init__(self, left: float, full: float, lanes: int, floor: float) -> None:
+        self.left, self.full, self.lanes, self.floor = left, full, lanes, floor
+        self.groups: list[Group] = []
+        self.notices: list[str] = []
+        self.cur: list[Placed] = []
+        self.n = 0.0
+        self.want = taper.next_size(left, full, lanes, floor)
+
+    def step(self, c: _Cutter) -> None:
+        """One piece of ``c`` into the current shard, or the shard closed so that ``c`` starts the next
+        (a part that does not fit, or whose smallest piece would overfill it)."""
+        room = self.want - self.n
+        if c.left() <= room:
+            piece, k = c.rest()
+        elif self.cur and (c.left() <= self.full or room < self.want / 8 or c.unit() > 1.5 * room):
+            self.close()
+            return
+        else:
+            piece, k = c.take(room)
+            if isinstance(c, _ZstdCutter) and c.single_frame and k > 2 * self.full:
+                self.notices.append(
+                    f"{c.part.uri} is one zstd frame of about {round(k)} records: it cannot be cut, so "
+                    "one lane reads it whole. Remedy: recompress it in frames (pzstd, or zstd "
+                    "--seekable), or split it with `batchinfer shard`"
+                )
+        self.cur.append((piece, c.place(piece)))
+        self.n += k
+        if self.n >= self.want:
+            self.close()
+
+    def close(self) -> None:
+        if not self.cur:
+            return
+        self.groups.append((self.cur, self.n))
+        self.left = max(self.left - self.n, 0.0)
+        self.cur, self.n = [], 0.0
+        self.want = taper.next_size(self.left, self.full, self.lanes, self.floor)
 
 
 def _shard(i: int, root: str, pieces: list[Placed], n: float) -> RangeRef:
@@ -356,11 +382,10 @@ class InputSize:
 def size_input(inp: InputParts, storage_options: StorageOptions | None = None) -> InputSize:
     """``inp``'s size: from its parts' footers (Parquet), else its stored bytes and one sample."""
     parts = [p for p in inp.parts if p.size > 0]
-    with ExitStack() as stack:
-        opener = _Opener(resolve(inp.root, storage_options), stack)
-        if inp.format == "parquet":
-            cutters, _ = _parquet_cutters(parts, opener)
-            return InputSize(len(inp.parts), inp.size, round(sum(c.left() for c in cutters)), True)
-        per_record, ratio = _sample(inp, parts, opener)
+    opener = _Opener(resolve(inp.root, storage_options))
+    if inp.format == "parquet":
+        cutters, _ = _parquet_cutters(parts, opener)
+        return InputSize(len(inp.parts), inp.size, round(sum(c.left() for c in cutters)), True)
+    per_record, ratio = _sample(inp, parts, opener)
     records = round(inp.size * ratio / per_record) if parts else 0
     return InputSize(len(inp.parts), inp.size, records, False)
