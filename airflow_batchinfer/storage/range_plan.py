@@ -298,9 +298,9 @@ def _refuse_a_changed_plan(
         f"{uri} holds the range plan of {was.get('source')} (version {was.get('version')}), but the "
         f"input is now {source} (version {fingerprint['version']}) or other sharding settings: the "
         "run's rounds read the file as it was (a part input's version covers its part list: a part "
-        "added, removed or rewritten changes it). Remedy: restore the file or parts (an object "
-        "store's same bytes; a local file's inode and ctime count too, which no copy restores), or "
-        "start a new run (another run_name) over the new one."
+        "added, removed or rewritten changes it). Remedy: restore the file (an object store's same "
+        "bytes; a local file's inode and ctime count too, which no copy restores; a part input: its "
+        "parts as they were), or start a new run (another run_name) over the new one."
     )
 
 
