@@ -132,15 +132,16 @@ def _retry_args(p: argparse.ArgumentParser) -> None:
 
 
 def _input_records(uri: str, *, quiet: bool) -> int:
-    """The records of ``uri`` (estimated: its stored bytes over one sample's bytes per record)."""
+    """The records of ``uri``: a Parquet input's from its footers, else estimated (its stored bytes
+    over one sample's bytes per record)."""
     from airflow_batchinfer.storage.input_parts import list_input
     from airflow_batchinfer.storage.part_plan import size_input
 
     size = size_input(list_input(uri))
     if not quiet:
-        print(
-            f"input {uri}: {size.parts} part(s), {size.bytes:,} bytes stored, about {size.records:,} records"
-        )
+        how = "from the footers" if size.exact else "estimated from one sample"
+        stored = f"{size.parts} part(s), {size.bytes:,} bytes stored"
+        print(f"input {uri}: {stored}, {size.records:,} records ({how})")
     return max(1, size.records)
 
 

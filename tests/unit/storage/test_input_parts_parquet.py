@@ -151,3 +151,17 @@ def test_parts_without_rows_only_are_refused(tmp_path: Path) -> None:
     parquet_part(tmp_path / "data" / "p.parquet", 0, 0)
     with pytest.raises(ConfigError, match=r"holds no records.*Remedy"):
         plan(tmp_path / "data", tmp_path / "run")
+
+
+def test_batchinfer_plan_sizes_a_parquet_input_from_its_footers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from airflow_batchinfer.cli import main
+
+    total = hf_layout(tmp_path)
+    assert main(["plan", "--input", str(tmp_path / "data"), "--gpus", "1", "--tokens-per-s", "1000"]) == 0
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    assert first.startswith(f"input {tmp_path / 'data'}: 4 part(s), ") and first.endswith(
+        f"{total:,} records (from the footers)"
+    )
+    assert second.startswith(f"{total:,} records on 1 GPU ")
