@@ -8,7 +8,9 @@ joins the shard whole (never opened: its records are estimated from its size), a
 starts the next shard, a large one is cut into pieces (byte ranges at line starts; a multi-frame zstd
 part's frame groups with their lead-in). A single-frame zstd part cannot be cut: it is one piece
 whatever its size (a huge one gets a notice: ``batchinfer shard`` splits it). Bytes per record come
-from a sample at the largest part's start. Each shard is a
+from a sample at the largest part's start. A Parquet part is cut into whole row groups, planned from
+its footer alone (every part's is read, :data:`FOOTER_READERS` at a time: its rows are exact, and a
+corrupt one refuses the plan naming the file). Each shard is a
 :class:`~airflow_batchinfer.storage.shard_ref.RangeRef` with ``pieces``.
 """
 
