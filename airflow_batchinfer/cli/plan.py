@@ -30,7 +30,14 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
     from airflow_batchinfer.run.sizing import DEFAULT_TOKENS_PER_RECORD
     from airflow_batchinfer.spec.settings import setting
 
-    p.add_argument("--records", type=int, required=True, help="records in the dataset")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--records", type=int, help="records in the dataset")
+    what.add_argument(
+        "--input",
+        metavar="URI",
+        help="size the dataset from the input itself (a file, a directory or a glob of parts, as the "
+        "run setting input takes: listed once, records estimated from one sample)",
+    )
     p.add_argument(
         "--arms",
         type=int,
@@ -124,13 +131,28 @@ def _retry_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _input_records(uri: str, *, quiet: bool) -> int:
+    """The records of ``uri``: a Parquet input's from its footers, else estimated (its stored bytes
+    over one sample's bytes per record)."""
+    from airflow_batchinfer.storage.input_parts import list_input
+    from airflow_batchinfer.storage.part_plan import size_input
+
+    size = size_input(list_input(uri))
+    if not quiet:
+        how = "from the footers" if size.exact else "estimated from one sample"
+        stored = f"{size.parts} part(s), {size.bytes:,} bytes stored"
+        print(f"input {uri}: {stored}, {size.records:,} records ({how})")
+    return max(1, size.records)
+
+
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
     from airflow_batchinfer.run.sizing import plan_run
 
     if args.arms < 1:
         raise ConfigError(f"--arms must be >= 1 (1: no fan-out), got {args.arms}")
+    records = args.records if args.input is None else _input_records(args.input, quiet=args.json)
     plan = plan_run(
-        args.records * args.arms,
+        records * args.arms,
         args.gpus,
         args.tokens_per_s,
         concurrency=args.concurrency,

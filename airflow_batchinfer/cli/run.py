@@ -77,7 +77,7 @@ def _open_pool(args: argparse.Namespace, cfg: RunConfig, lease: str) -> WorkerPo
     ``--kubernetes-pool`` (its workers ready), or a local pool started for the run."""
     from airflow_batchinfer.pools import LocalPool, PoolRef, StaticPool, open_backend
     from airflow_batchinfer.spec.limits import callable_targets
-    from airflow_batchinfer.storage.location import parent
+    from airflow_batchinfer.storage.input_parts import input_prefix
 
     if args.worker_url:
         from airflow_batchinfer.worker.config import load_token
@@ -92,7 +92,7 @@ def _open_pool(args: argparse.Namespace, cfg: RunConfig, lease: str) -> WorkerPo
     local = LocalPool(args.name)
     # the run's own judge callables and adapters: whoever runs the CLI chose them
     callables, adapters = callable_targets(cfg.judging.judge), list(cfg.prompt.adapters.values())
-    local.up(pool_spec(args, [args.run_root, parent(args.input)], callables, adapters), lease_id=lease)
+    local.up(pool_spec(args, [args.run_root, input_prefix(args.input)], callables, adapters), lease_id=lease)
     return local
 
 

@@ -25,6 +25,7 @@ from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, nesting_refusal, owner_uri
+from airflow_batchinfer.storage.shard_ref import RangeRef
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG)
@@ -201,12 +202,14 @@ class ShardDatasetOperator(BaseOperator):
                 ", ".join(fan_out.arms),
             )
         if result.shards and result.shards[0].is_range:
+            parts = {p.uri for s in result.shards if isinstance(s, RangeRef) for p in s.pieces or ()}
             self.log.info(
-                "%s%d byte-range shards of %s, about %d records (nothing copied: each range is "
+                "%s%d range shards of %s%s, about %d records (nothing copied: each range is "
                 "validated by the job that reads it; bad lines go to %s when round 0 closes)",
                 reused,
                 len(result.shards),
                 cfg.data.input,
+                f" ({len(parts)} parts read in place)" if parts else "",
                 result.counts.get("records", 0),
                 result.rejects_uri,
             )

@@ -63,7 +63,9 @@ class DataConfig:
 
     # fmt: off
     input: str = field(metadata=_about(
-        "the JSONL(.zst) dataset: a path or s3:// URI", "string", default="/tmp/batchinfer/input.jsonl",
+        "the dataset, read in place: one .jsonl(.zst) file, or a directory or glob of .jsonl, .jsonl.zst or "
+        ".parquet part files (one format; names starting with _ or . skipped); a path, s3:// or fsspec URI",
+        "string", default="/tmp/batchinfer/input.jsonl",
         min_length=1, flag="input", section="Data"))
     id_field: str | None = field(default=None, metadata=_about(
         "the records' unique id field; empty: detected (id, or custom_id in OpenAI batch input)", "string",

@@ -86,17 +86,22 @@ class Repeat:
     line: int
     line_in_range: int
     raw: str = ""
+    # A part input's: the part the repeat is in, and its line there (when its piece starts the part)
+    part: str | None = None
+    line_in_part: int | None = None
 
     def reject_row(self, source: str, id_field: str) -> dict[str, Any]:
         """Its row in ``rejects/``: shaped as a bad line's, plus the id (the id accounting reads it)."""
+        where = {} if self.line_in_part is None else {"line_in_part": self.line_in_part}
         return {
-            "source": source,
+            "source": self.part or source,
             "line_no": self.line,
             "error": f"id {self.id!r} repeated (first at line {self.first_line})",
             "raw": self.raw,
             "shard_id": self.shard,
             "line_in_range": self.line_in_range,
             "first_shard_id": self.first_shard,
+            **where,
             id_field: self.id,
         }
 
@@ -105,7 +110,8 @@ def _raw(record: Mapping[str, Any]) -> str:
     return orjson.dumps(record)[:RAW_PREFIX].decode("utf-8", errors="ignore")
 
 
-Found = tuple[int, int, Any, str]  # a matched place's range index, line in the range, id and JSON
+# a matched place's range index, line in the range, id, JSON and (a part input's) part and line there
+Found = tuple[int, int, Any, str, str | None, int | None]
 
 
 def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Sequence[int]) -> list[Repeat]:
@@ -118,10 +124,10 @@ def confirm(found: Iterable[Found], shard_ids: Sequence[str], first_lines: Seque
     for places in seen.values():
         if len({p[0] for p in places}) < 2:
             continue  # a hash collision, or one range's own (its job rejected the second)
-        (i0, l0, _, _), *later = sorted(places, key=lambda p: (p[0], p[1]))
-        for i, line, value, raw in later:  # its own id: of one text as the first's, maybe not one type
+        (i0, l0, *_), *later = sorted(places, key=lambda p: (p[0], p[1]))
+        for i, line, value, raw, part, part_line in later:  # its own id: of one text as the first's
             first, at = first_lines[i0] + l0, first_lines[i] + line
-            repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw))
+            repeats.append(Repeat(value, shard_ids[i0], first, shard_ids[i], at, line, raw, part, part_line))
     return sorted(repeats, key=lambda r: r.line)
 
 
@@ -286,9 +292,10 @@ def _records_at(
     id_field: str | None,
     assign_ids: bool,
     so: StorageOptions | None,
-) -> Iterator[tuple[bytes, int, Any, str]]:
+) -> Iterator[tuple[bytes, int, Any, str, str | None, int | None]]:
     """One read of a range, front to back, for the records at the ``wanted`` lines (ascending lines
-    in the range, each with its hash): hash, line, id and JSON. The read stops after the last one."""
+    in the range, each with its hash): hash, line, id, JSON and (a part input's range) the part and
+    the line there. The read stops after the last one."""
     want = next(wanted, None)
     if want is None:
         return
@@ -308,7 +315,7 @@ def _records_at(
             while want is not None and want[0] < line:  # not a kept record's line now: nothing there
                 want = next(wanted, None)
             if want is not None and want[0] == line:
-                yield want[1], line, value, _raw(record)
+                yield want[1], line, value, _raw(record), *reader.part_line(line)
                 want = next(wanted, None)
             if want is None:
                 return
@@ -351,8 +358,8 @@ def find_repeats(
                 places.add(PLACE.pack(i, line, h))
         for i, group in itertools.groupby((PLACE.unpack(p) for p in places), key=lambda p: p[0]):
             wanted = ((line, h) for _, line, h in group)
-            for h, line, value, raw in _records_at(ranges[i], wanted, id_field, assign_ids, so):
-                found.add(TAGGED.pack(h, i, line) + orjson.dumps([value, raw]))
+            for h, line, *place in _records_at(ranges[i], wanted, id_field, assign_ids, so):
+                found.add(TAGGED.pack(h, i, line) + orjson.dumps(place))
         places.close()
         batch: list[Repeat] = []
         for _, entries in itertools.groupby(found, key=lambda e: e[:HASH]):  # back in hash order
@@ -371,7 +378,8 @@ def find_repeats(
 
 
 def _found(entry: bytes) -> Found:
-    """A read place back from its sort entry: hash, range and line (:data:`TAGGED`), [id, JSON]."""
+    """A read place back from its sort entry: hash, range and line (:data:`TAGGED`), [id, JSON, part,
+    line in the part]."""
     _, i, line = TAGGED.unpack(entry[: TAGGED.size])
-    value, raw = orjson.loads(entry[TAGGED.size :])
-    return i, line, value, raw
+    value, raw, part, part_line = orjson.loads(entry[TAGGED.size :])
+    return i, line, value, raw, part, part_line

@@ -42,6 +42,10 @@ class Location:
     def name(self) -> str:
         return posixpath.basename(self.path.rstrip("/"))
 
+    def at(self, uri: str) -> Location:
+        """Another URI on this location's filesystem (a part of an input this is the root of)."""
+        return Location(uri, self.fs, uri if self.is_local else self.fs._strip_protocol(uri))
+
     def child(self, name: str) -> Location:
         return Location(join(self.uri, name), self.fs, posixpath.join(self.path, name))
 

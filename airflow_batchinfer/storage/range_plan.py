@@ -15,25 +15,30 @@ from __future__ import annotations
 
 import itertools
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-import zstandard
-
-from airflow_batchinfer.exceptions import CorruptFileError, OutputExistsError
+from airflow_batchinfer.exceptions import ConfigError, OutputExistsError
 from airflow_batchinfer.storage import taper
 from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.file_version import keep_recorded, source_version
+from airflow_batchinfer.storage.input_parts import InputParts, list_input
 from airflow_batchinfer.storage.jsonl_dir import JsonlDir
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
-from airflow_batchinfer.storage.lines import (
-    FEED_SIZE,
-    MAX_LINE_BYTES,
-    OversizedLine,
-    RangeReader,
-)
+from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, BadLine
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
+from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups
+from airflow_batchinfer.storage.part_plan import plan_parts
+from airflow_batchinfer.storage.plan_probe import (
+    PLAN_BLOCK,
+    SAMPLE,
+    Counting,
+    RangePlan,
+    next_line_start,
+    sample_rate,
+    zstd_sample,
+)
 from airflow_batchinfer.storage.records import (
     MAX_ID_BYTES,
     OnError,
@@ -44,11 +49,6 @@ from airflow_batchinfer.storage.shard_ref import RangeRef
 from airflow_batchinfer.storage.sharding import bounds_fingerprint
 from airflow_batchinfer.storage.validate import detect_id_field
 from airflow_batchinfer.storage.zstd_frames import Frame, zstd_frames
-
-SAMPLE = 256 * 1024  # bytes read from the start to estimate bytes per record
-FIRST_PROBE = 4 * 1024  # bytes of the first read looking for the next line start
-PROBE = 64 * 1024  # the most bytes per such read (a long line takes several)
-PLAN_BLOCK = 256 * 1024  # fsspec block size while planning: small reads stay small
 
 
 def line_ranges(
@@ -66,62 +66,6 @@ def line_ranges(
         bounds.append(nxt)
     bounds.append(size)
     return [(a, b) for a, b in itertools.pairwise(bounds) if b > a]
-
-
-def next_line_start(raw: BinaryIO, pos: int, size: int) -> int:
-    """The first line start at or after ``pos`` (``size`` when none), in ranged reads of at most
-    :data:`PROBE` bytes."""
-    at = pos - 1  # a "\n" just before pos makes pos itself a line start
-    probe = FIRST_PROBE  # most lines are short: a small read first, doubling for long ones
-    while at < size:
-        raw.seek(at)
-        chunk = raw.read(probe)
-        if not chunk:
-            break
-        i = chunk.find(b"\n")
-        if i >= 0:
-            return at + i + 1
-        at += len(chunk)
-        probe = min(2 * probe, PROBE)
-    return size
-
-
-def _sample_rate(head: bytes) -> float:
-    """Bytes per record in a decoded sample (a whole-file sample counts a last unterminated line)."""
-    lines = head.count(b"\n")
-    return max(1.0, len(head) / max(lines, 1))
-
-
-def _zstd_sample(raw: BinaryIO, frame: Frame, source: str) -> tuple[float, float]:
-    """(bytes per record, decoded bytes per stored byte) from decoding the start of ``frame`` in
-    small pieces (so the stored bytes counted are about those the sample needed)."""
-    dctx = zstandard.ZstdDecompressor()
-    dobj = dctx.decompressobj()
-    reader = RangeReader(raw, frame.start, frame.end)
-    out: list[bytes] = []
-    decoded = used = 0
-    try:
-        while decoded < SAMPLE and (piece := reader.read(FEED_SIZE)):  # small: see FEED_SIZE
-            used += len(piece)
-            while piece:
-                data = dobj.decompress(piece)
-                out.append(data)
-                decoded += len(data)
-                if not dobj.eof:
-                    break
-                piece, dobj = dobj.unused_data, dctx.decompressobj()
-    except zstandard.ZstdError as exc:
-        raise CorruptFileError(f"{source}: invalid zstd data ({exc}). Regenerate the file.") from exc
-    return _sample_rate(b"".join(out)), (decoded / used if used else 1.0)
-
-
-@dataclass(frozen=True)
-class RangePlan:
-    """Shards of one source as byte ranges, and what planning read to make them."""
-
-    shards: list[RangeRef]
-    bytes_read: int
-    seconds: float
 
 
 def plan_ranges(
@@ -143,19 +87,19 @@ def plan_ranges(
     size = int(info.get("size") or 0)
     version = source_version(info)
     with f.loc.fs.open(f.loc.path, "rb", block_size=PLAN_BLOCK) as opened:
-        raw: Any = _Counting(opened)  # a BinaryIO to what planning calls
+        raw: Any = Counting(opened)  # a BinaryIO to what planning calls
         if f.compressed:
             frames = zstd_frames(raw, size, f.uri) if size else []
             if len(frames) < 2:
                 return None
-            per_record, ratio = _zstd_sample(raw, frames[0], f.uri)
+            per_record, ratio = zstd_sample(raw, frames[0], f.uri)
             ranges, estimates, lead_ins = _group_frames(
                 frames, per_record, ratio, records_per_shard, max_bytes_per_shard, lanes, min_records
             )
         else:
             raw.seek(0)
             head = raw.read(min(size, SAMPLE))
-            per_record = _sample_rate(head)
+            per_record = sample_rate(head)
             target = max(1, min(max_bytes_per_shard, round(records_per_shard * per_record)))
             # the floor in the target's bytes: decided in records, so a shard at the floor keeps its size
             floor = target * taper.finest(records_per_shard, min_records) / records_per_shard
@@ -214,22 +158,6 @@ def _group_frames(
     return ranges, estimates, lead_ins
 
 
-class _Counting:
-    """A seekable binary file that counts the bytes read through it (planning's cost, for bench)."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self._raw = raw
-        self.bytes_read = 0
-
-    def seek(self, pos: int) -> int:
-        return self._raw.seek(pos)
-
-    def read(self, n: int = -1) -> bytes:
-        data = self._raw.read(n)
-        self.bytes_read += len(data)
-        return data
-
-
 def shard_ranges(
     src: str,
     dst: str,
@@ -259,10 +187,12 @@ def shard_ranges(
     lanes)."""
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
-    source = JsonlFile(src, storage_options=storage_options, max_line_bytes=max_line_bytes)
+    inp = list_input(src, storage_options)
+    first = next((p for p in inp.parts if p.size), inp.parts[0])
+    source = JsonlFile(first.uri, storage_options=storage_options, max_line_bytes=max_line_bytes)
     fingerprint = {
-        "source": source.uri,
-        "version": source_version(source.info()),
+        "source": inp.uri,
+        "version": inp.version,
         "records_per_shard": records_per_shard,
         "max_bytes_per_shard": max_bytes_per_shard,
         "id_field": id_field,
@@ -280,25 +210,31 @@ def shard_ranges(
     if earlier is not None and earlier.kind == "shard" and not overwrite:
         return None  # copied shards (unsplittable input): sharding reuses or refuses them itself
     if earlier is not None and not overwrite:
-        _refuse_a_changed_plan(out.uri, source.uri, earlier, fingerprint)
+        _refuse_a_changed_plan(out.uri, inp.uri, earlier, fingerprint)
     done = claim_output(out, kind="ranges", fingerprint=fingerprint, overwrite=overwrite)
     if done is not None:
         return [s for s in done.shards if isinstance(s, RangeRef)], done, True
     arms = len(fan_out.arms) if fan_out is not None else 1
-    plan = plan_ranges(
-        src,
-        records_per_shard=-(-records_per_shard // arms),  # lines: each is ``arms`` rows
-        max_bytes_per_shard=max_bytes_per_shard,
-        storage_options=storage_options,
-        lanes=lanes,
-        min_records=taper.MIN_RECORDS / arms,  # lines: the floor counts rows
-    )
+    how: dict[str, Any] = {
+        "records_per_shard": -(-records_per_shard // arms),  # lines: each is ``arms`` rows
+        "max_bytes_per_shard": max_bytes_per_shard,
+        "storage_options": storage_options,
+        "lanes": lanes,
+        "min_records": taper.MIN_RECORDS / arms,  # lines: the floor counts rows
+    }
+    # one file as it always was (its refs, manifest and fingerprint unchanged), else its parts
+    plan = plan_ranges(src, **how) if inp.single else plan_parts(inp, **how)
+    if plan is not None and not plan.shards and not inp.single:  # empty parts, or no rows
+        raise ConfigError(
+            f"input {inp.uri} holds no records ({len(inp.parts)} part(s), all empty or without rows). "
+            "Remedy: check the path, or give the input that holds the data"
+        )
     if plan is None:
         write_manifest(out, OutputManifest(kind="ranges", state="unsplittable", fingerprint=fingerprint))
         return None
     claim_output(rejects_dir, kind="shard-rejects", fingerprint=fingerprint, overwrite=overwrite, reuse=False)
     if id_field is None:  # as sharding does: from the first record (custom_id for OpenAI batch input)
-        id_field = _first_id_field(source)
+        id_field = _first_id_field(_first_lines(inp, source))
     estimated = sum(s.records for s in plan.shards)
     shards = _bound_shards(plan.shards, max_line_bytes, max_id_bytes, fan_out)
     manifest = _complete_manifest(plan, shards, fingerprint, estimated, id_field, rejects_dir.uri, lanes)
@@ -361,16 +297,33 @@ def _refuse_a_changed_plan(
     raise OutputExistsError(
         f"{uri} holds the range plan of {was.get('source')} (version {was.get('version')}), but the "
         f"input is now {source} (version {fingerprint['version']}) or other sharding settings: the "
-        "run's rounds read the file as it was. Remedy: restore the file (an object store's same "
-        "bytes; a local file's inode and ctime count too, which no copy restores), or start a new run "
-        "(another run_name) over the new one."
+        "run's rounds read the file as it was (a part input's version covers its part list: a part "
+        "added, removed or rewritten changes it). Remedy: restore the file (an object store's same "
+        "bytes; a local file's inode and ctime count too, which no copy restores; a part input: its "
+        "parts as they were), or start a new run (another run_name) over the new one."
     )
 
 
-def _first_id_field(source: JsonlFile) -> str:
+def _first_lines(inp: InputParts, source: JsonlFile) -> Iterator[bytes]:
+    """The input's first lines (a Parquet input's first rows as JSON lines, from its first part with
+    rows), read no further than they are taken."""
+    if inp.format != "parquet":
+        yield from (line for _, line in source.iter_lines())
+        return
+    for part in inp.parts:
+        if part.size == 0:
+            continue
+        with JsonlFile(source.loc.at(part.uri)).open_raw() as raw:
+            groups = row_groups(raw, part.size, part.uri)
+            for block in parquet_blocks(raw, (0, len(groups)), source=part.uri, batch_rows=64):
+                yield from block
+        return
+
+
+def _first_id_field(lines: Iterator[bytes]) -> str:
     """:func:`detect_id_field` of the first record among the first lines (a short read)."""
-    for _, line in itertools.islice(source.iter_lines(), 1000):
-        if type(line) is OversizedLine:  # its first bytes are not the record
+    for line in itertools.islice(lines, 1000):
+        if isinstance(line, BadLine):  # its first bytes are not the record
             continue
         try:
             return detect_id_field(parse_record(line))

@@ -19,7 +19,7 @@ arm: ``records`` (and ``ids``) count those rows, planned ``records_per_shard / a
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,16 +29,18 @@ from airflow_batchinfer.storage.fan_out import FanOut
 from airflow_batchinfer.storage.file_version import same_version, source_version
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import (
+    is_zstd,
     iter_chunks,
     iter_line_blocks,
 )
 from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.storage.pieces import At, PieceRejects, check_piece, parquet_piece
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import (
     Record,
     check_on_error,
 )
-from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
+from airflow_batchinfer.storage.shard_ref import Piece, RangeRef, ShardRef
 from airflow_batchinfer.storage.validate import LineValidator
 
 
@@ -59,13 +61,18 @@ class InputRange:
     max_id_bytes: int | None = None
     # The fan-out's arms (storage.fan_out): each kept record is read once per arm.
     fan_out: tuple[str, ...] | None = None
+    # A part input's range: the parts' spans it reads, in order (start and end: its place in them).
+    pieces: tuple[Piece, ...] | None = None
 
     def as_params(self) -> dict[str, Any]:
         out = dict(self.__dict__)
-        if self.fan_out is None:  # none: the params (job ids, fingerprints) as before fan-outs
-            del out["fan_out"]
-        else:
+        for name in ("fan_out", "pieces"):  # none: the params (job ids, fingerprints) as before them
+            if out[name] is None:
+                del out[name]
+        if self.fan_out is not None:
             out["fan_out"] = list(self.fan_out)
+        if self.pieces is not None:
+            out["pieces"] = [p.model_dump(mode="json") for p in self.pieces]
         return out
 
     @property
@@ -79,8 +86,11 @@ class InputRange:
             rng = cls(**value)
             check_on_error(rng.on_error)
             arms = FanOut.of(rng.fan_out, "params.input_range.fan_out")
+            pieces = None if rng.pieces is None else tuple(Piece.model_validate(p) for p in rng.pieces)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"params.input_range is not a range shard's description ({exc})") from None
+        if pieces is not None:
+            rng = dataclasses.replace(rng, pieces=pieces)
         if arms is not None:
             rng = dataclasses.replace(rng, fan_out=arms.arms)
         if not (isinstance(rng.start, int) and isinstance(rng.end, int) and 0 <= rng.start < rng.end):
@@ -90,6 +100,16 @@ class InputRange:
             if bound is not None and (type(bound) is not int or bound < 1):
                 raise ConfigError(f"params.input_range.{name} must be a whole number >= 1, got {bound!r}")
         return rng
+
+
+def piece_uris(params: Mapping[str, Any]) -> list[str]:
+    """The part files a job's ``params.input_range`` reads besides its input (a part input's range):
+    a worker checks them against its prefixes as it checks the input. Not a range's description:
+    none here (parsing the params refuses it)."""
+    pieces = (params.get("input_range") or {}).get("pieces") if isinstance(params, Mapping) else None
+    if not isinstance(pieces, list):
+        return []
+    return [str(p.get("uri")) for p in pieces if isinstance(p, Mapping)]
 
 
 def range_params(shard: ShardRef | RangeRef, *, id_field: str | None, assign_ids: bool) -> dict[str, Any]:
@@ -111,6 +131,7 @@ def _input_range(shard: RangeRef, id_field: str | None, assign_ids: bool) -> Inp
         max_line_bytes=shard.max_line_bytes,
         max_id_bytes=shard.max_id_bytes,
         fan_out=shard.fan_out or None,
+        pieces=shard.pieces,
     )
 
 
@@ -189,9 +210,14 @@ class RangeRecordReader(RecordReader):
         expand: bool = True,
     ) -> None:
         self.file = JsonlFile(file.loc, byte_range=(rng.start, rng.end), max_line_bytes=rng.max_line_bytes)
+        self._at: At | None = None  # the piece being read (a part input's range)
+        if rng.pieces and rejects is not None:
+            rejects = PieceRejects(rejects, lambda: self._at)
         super().__init__(file.uri, self.file.iter_lines, on_error=rng.on_error, rejects=rejects)
         self.range = rng
-        assign = assigned_id(file.loc.name, rng, file.compressed) if rng.assign_ids else None
+        assign: Callable[[int, int], str] | None = None
+        if rng.assign_ids:
+            assign = self._piece_id if rng.pieces else assigned_id(file.loc.name, rng, file.compressed)
         fan_out = rng.fanned
         self.check = LineValidator(
             self.policy,
@@ -221,12 +247,59 @@ class RangeRecordReader(RecordReader):
                 "input unchanged while its run lives, or start a new run (another run root) over it."
             )
 
+    def _blocks(self) -> Iterator[list[bytes]]:
+        """The range's lines in blocks: its bytes of the file, or each piece's of its part in turn
+        (each part's version checked first; a part's last line ends with the part)."""
+        bound = self.range.max_line_bytes
+        if not self.range.pieces:
+            self.check_version()
+            yield from iter_line_blocks(range_chunks(self.file, self.range), strip_cr=False, max_line=bound)
+            return
+        for piece in self.range.pieces:
+            part = JsonlFile(self.file.loc.at(piece.uri), max_line_bytes=bound)
+            size = check_piece(part, piece, self.range.shard_id)
+            at = At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
+            if piece.rows is not None:  # Parquet: whole row groups, read in blocks of rows
+
+                def started(starts: tuple[int, ...], at: At = at) -> None:
+                    self._at = dataclasses.replace(at, starts=starts)
+
+                yield from parquet_piece(part, piece, size, started)
+                continue
+            self._at = at
+            span = piece.range or (0, 0)
+            sub = dataclasses.replace(
+                self.range, start=span[0], end=span[1], lead_in=_listed(piece.lead_in), pieces=None
+            )
+            yield from iter_line_blocks(range_chunks(part, sub), strip_cr=False, max_line=bound)
+
+    def part_line(self, line: int) -> tuple[str | None, int | None]:
+        """The part the range's ``line`` (just read) is in, and its line there when known
+        (:meth:`~airflow_batchinfer.storage.pieces.At.part_line`); ``(None, None)`` for one file's."""
+        at = self._at
+        return (None, None) if at is None else (at.piece.uri, at.part_line(line))
+
+    def _part_name(self, piece: Piece) -> str:
+        root = self.file.uri.rstrip("/") + "/"
+        return piece.uri[len(root) :] if piece.uri.startswith(root) else piece.uri
+
+    def _piece_id(self, line: int, offset: int) -> str:
+        """An assigned id in a part input: ``<part path>@<offset>`` as in one file (see
+        :func:`assigned_id`), the part's path under the input's root; a Parquet row's
+        ``<part path>#<row>`` (its row in the file, from 1)."""
+        at = self._at
+        assert at is not None
+        if at.starts is not None:
+            return f"{at.name}#{at.part_line(line)}"
+        start = (at.piece.range or (0, 0))[0]
+        if is_zstd(at.piece.uri):
+            return f"{at.name}@{start}+{offset - at.offset}"
+        return f"{at.name}@{start + offset - at.offset}"
+
     def __iter__(self) -> Generator[Record, None, None]:
         ok = False
         try:
-            self.check_version()
-            chunks = range_chunks(self.file, self.range)
-            for block in iter_line_blocks(chunks, strip_cr=False, max_line=self.range.max_line_bytes):
+            for block in self._blocks():
                 _, ids, records = self.check.check_block(block)
                 if self._keep is not None:  # e.g. the job's id hash file (storage.id_hash_files)
                     for value in ids:
@@ -240,6 +313,10 @@ class RangeRecordReader(RecordReader):
             if self._finish is not None:
                 finish, self._finish = self._finish, None
                 finish(ok)
+
+
+def _listed(span: tuple[int, int] | None) -> list[int] | None:
+    return None if span is None else list(span)
 
 
 class DiscardRejects:

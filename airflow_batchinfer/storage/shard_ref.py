@@ -52,6 +52,7 @@ KEY_ORDER = (
     "estimated",
     "spot_check_rate",
     "lead_in",
+    "pieces",
     "max_line_bytes",
     "max_id_bytes",
     "fan_out",
@@ -97,6 +98,31 @@ class ShardRef(_Ref):
         return False
 
 
+class Piece(BaseModel):
+    """One part file's span in a range shard of a part input (:mod:`~airflow_batchinfer.storage.input_parts`):
+    the part's ``uri`` and ``version`` (as planned: checked before the piece is read), and either its
+    stored bytes ``range`` ``[start, end)`` (a JSONL part: at line starts; a zstd part: at frame
+    starts, with ``lead_in`` as a range's) or its row groups ``rows`` ``[first, end)`` (Parquet)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    uri: str
+    version: str
+    range: tuple[int, int] | None = None
+    lead_in: tuple[int, int] | None = None
+    rows: tuple[int, int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        return {k: v for k, v in data.items() if v is not None}
+
+    @property
+    def whole(self) -> bool:
+        """Whether the piece starts at its part's start (its lines are the part's first)."""
+        return (self.range or self.rows or (0, 0))[0] == 0
+
+
 class RangeRef(_Ref):
     """A round-0 range shard: ``uri`` is the input file and ``range`` its stored bytes ``[start, end)``
     (at line starts, or at zstd frame starts), ``bytes`` their number, ``version`` the input's
@@ -104,13 +130,19 @@ class RangeRef(_Ref):
     ``ids`` is absent until the job that reads the range reports them (round 0's close fills both
     in, and ``read``: the range's line counts as read, ``lines``, ``records``, ``blank``, ``skipped``,
     ``quarantined``). A zstd range after the first has ``lead_in``, the stored bytes of the frame
-    before it (frames need not end at a line)."""
+    before it (frames need not end at a line).
+
+    A part input's range shard (a directory or glob of parts) has ``pieces``: the parts' spans it
+    reads, in order (small parts whole, a large one's byte ranges or row groups); ``uri`` is then
+    the input's root, ``range`` the shard's place in the parts' stored bytes taken in order (what
+    orders the shards), ``version`` absent (each piece pins its part's)."""
 
     range: tuple[int, int]
     bytes: int | None = None
     version: str | None = None
     estimated: bool | None = None
     lead_in: tuple[int, int] | None = None
+    pieces: tuple[Piece, ...] | None = None
     # The readers' line and id bounds (the run's max_line_bytes, max_id_bytes; storage.ranges)
     max_line_bytes: int | None = None
     max_id_bytes: int | None = None

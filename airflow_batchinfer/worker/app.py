@@ -27,6 +27,7 @@ from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.params import JobSetup, parse_params
+from airflow_batchinfer.storage.ranges import piece_uris
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
@@ -211,7 +212,7 @@ def _add_job_routes(
         missing = [name for name in REQUIRED_OUTPUTS[spec.kind] if name not in spec.outputs]
         if missing:
             raise ApiError(400, "bad_request", f"a {spec.kind} job needs outputs {missing}")
-        for uri in [spec.input, *spec.outputs.values()]:
+        for uri in [spec.input, *piece_uris(spec.params), *spec.outputs.values()]:
             reason = await asyncio.to_thread(prefixes.why_not, uri)  # realpath: file system calls
             if reason is not None:
                 raise ApiError(403, "forbidden", reason)

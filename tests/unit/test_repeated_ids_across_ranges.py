@@ -297,9 +297,11 @@ def join_jobs(layout: RunLayout) -> str:
 
 def test_a_hash_collision_never_rejects_a_record() -> None:
     """Two different ids at the places of one hash (a collision) in two ranges are not a repeat."""
-    got = ih.confirm([(0, 4, "a", "{}"), (1, 2, "b", "{}")], ["p0", "p1"], [0, 10])
+    got = ih.confirm([(0, 4, "a", "{}", None, None), (1, 2, "b", "{}", None, None)], ["p0", "p1"], [0, 10])
     assert got == []
-    got = ih.confirm([(0, 4, "a", "{}"), (1, 2, "a", '{"id":"a"}')], ["p0", "p1"], [0, 10])
+    got = ih.confirm(
+        [(0, 4, "a", "{}", None, None), (1, 2, "a", '{"id":"a"}', None, None)], ["p0", "p1"], [0, 10]
+    )
     assert got == [ih.Repeat("a", "p0", 4, "p1", 12, 2, '{"id":"a"}')]
 
 
