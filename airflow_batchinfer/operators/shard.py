@@ -3,8 +3,8 @@ for this DAG run (``owner.json``: a root another live DAG run owns, or another D
 refused, and so is an ``input`` inside a root another DAG created), plans round 0's shards (byte
 ranges of the input, a few KB read per shard and nothing copied; input that cannot be split, such
 as single-frame zstd, is copied into shards; reused when identical), stores ``run.json`` and returns
-the shards' references, their stored form (:mod:`~airflow_batchinfer.storage.shard_ref`: a
-reference and a count, never records)."""
+a summary of the plan (shards, records, where its manifest is): the shards' references live in the
+input's manifest, which every later task reads."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, nesting_refusal, owner_uri
+from airflow_batchinfer.storage.location import join
+from airflow_batchinfer.storage.manifest import MANIFEST_NAME
 from airflow_batchinfer.storage.shard_ref import RangeRef
 
 # Storage full or read-only: retrying the same write will not help until someone frees space.
@@ -221,4 +223,12 @@ class ShardDatasetOperator(BaseOperator):
                 result.counts,
                 result.rejects_uri,
             )
-        return [s.to_json() for s in result.shards]  # XCom: the refs' stored form
+        # XCom: a summary, never the refs: a 100k-part input's plan is megabytes, and every later
+        # task reads the plan from the input's manifest.
+        return {
+            "shards": len(result.shards),
+            "records": sum(s.records for s in result.shards),
+            "estimated": any(isinstance(s, RangeRef) and s.estimated for s in result.shards),
+            "manifest": join(RunLayout(cfg.run_root).input, MANIFEST_NAME),
+            "reused": result.reused,
+        }

@@ -123,8 +123,8 @@ def test_a_dag_of_lanes_takes_more_shards_than_max_map_length(
 ):
     """Its rounds map lanes, not shards: Airflow's map length bounds the lanes (the plan task)."""
     monkeypatch.setenv("AIRFLOW__CORE__MAX_MAP_LENGTH", "4")
-    shards = shard_op(tmp_path).execute({})  # type: ignore[arg-type]
-    assert len(shards) == 5
+    summary = shard_op(tmp_path).execute({})  # type: ignore[arg-type]
+    assert summary["shards"] == 5
 
 
 @pytest.mark.parametrize(
@@ -140,11 +140,12 @@ def test_the_inputs_last_shards_taper_for_round_0s_lanes(
     cfg = {"input": str(data), "run_root": str(tmp_path / "run"), "prompt_template": "{{ q }}",
            "judge": {"type": "llm"}, "records_per_shard": 8_000, "lanes": lanes}  # fmt: skip
     op = ShardDatasetOperator(task_id="shard", config=cfg, slots=slots)
-    shards = op.execute({})  # type: ignore[arg-type]
+    summary = op.execute({})  # type: ignore[arg-type]
     manifest = json.loads((tmp_path / "run" / "input" / "_manifest.json").read_text())
     assert manifest["taper_lanes"] == tapered_for
-    assert (len(shards) > 8) == bool(tapered_for)  # 60,000 / 8,000: 8 shards untapered
-    assert sum(s["records"] for s in shards) == pytest.approx(60_000, rel=0.1)  # estimated from bytes
+    assert summary["shards"] == len(manifest["shards"])
+    assert (summary["shards"] > 8) == bool(tapered_for)  # 60,000 / 8,000: 8 shards untapered
+    assert summary["records"] == pytest.approx(60_000, rel=0.1)  # estimated from bytes
 
 
 @pytest.mark.parametrize("slots", ["0", "-2", "four", "2.5"])
@@ -163,8 +164,14 @@ def test_shard_refuses_bad_settings_before_any_work(tmp_path: Path) -> None:
     assert not (tmp_path / "run").exists()
 
 
-def test_shard_returns_descriptors_and_stores_the_settings(tmp_path: Path) -> None:
-    shards = shard_op(tmp_path, records_per_shard=10).execute({})  # type: ignore[arg-type]
+def test_shard_plans_ranges_returns_a_summary_and_stores_the_settings(tmp_path: Path) -> None:
+    summary = shard_op(tmp_path, records_per_shard=10).execute({})  # type: ignore[arg-type]
+    # XCom: a summary; the refs are in the input's manifest (a 100k-part plan is megabytes)
+    manifest = tmp_path / "run" / "input" / "_manifest.json"
+    assert summary == {
+        "shards": 3, "records": 25, "estimated": True, "manifest": str(manifest), "reused": False
+    }  # fmt: skip
+    shards = json.loads(manifest.read_text())["shards"]
     # byte ranges of the input at line starts (nothing copied): references, estimated record counts
     data = tmp_path / "data.jsonl"
     assert {s["uri"] for s in shards} == {str(data)} and all(s["estimated"] for s in shards)
