@@ -88,6 +88,7 @@ def test_a_close_that_finds_the_run_finished_writes_the_report_and_skips_the_tai
     assert event["extra"] == {
         "run_root": cfg.run_root,
         "results": RunLayout(cfg.run_root).results,
+        "format": "jsonl",
         "status": "exhausted",
         "stop_reason": MAX_ROUNDS,
         "rounds": 1,
