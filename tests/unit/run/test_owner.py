@@ -198,8 +198,8 @@ def test_the_shard_task_claims_then_refuses_another_live_run(tmp_path: Path) -> 
     from airflow.sdk.exceptions import AirflowFailException
 
     op: Any = shard_task(tmp_path)
-    shards = op.execute({"ti": FakeTI(OTHER, {})})
-    assert len(shards) == 3 and sum(s["records"] for s in shards) == 12  # estimated per byte range
+    summary = op.execute({"ti": FakeTI(OTHER, {})})
+    assert (summary["shards"], summary["records"]) == (3, 12)  # estimated per byte range
     assert read_owner(str(tmp_path / "run"))["run_id"] == OTHER.run_id  # type: ignore[index]
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")}
     with pytest.raises(
