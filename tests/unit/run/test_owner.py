@@ -207,7 +207,8 @@ def test_the_shard_task_claims_then_refuses_another_live_run(tmp_path: Path) -> 
     ):
         op.execute({"ti": FakeTI(ME, {OTHER.run_id: "running"})})
     assert {p: p.stat().st_mtime_ns for p in (tmp_path / "run").rglob("*")} == before  # nothing touched
-    assert op.execute({"ti": FakeTI(ME, {OTHER.run_id: "success"})}) == shards  # a finished owner: resumed
+    resumed = op.execute({"ti": FakeTI(ME, {OTHER.run_id: "success"})})  # a finished owner: resumed
+    assert resumed == {**summary, "reused": True}
     stored = read_owner(str(tmp_path / "run"))
     assert (
         stored is not None and stored["run_id"] == ME.run_id and stored["previous"]["run_id"] == OTHER.run_id
