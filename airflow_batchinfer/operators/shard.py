@@ -158,7 +158,7 @@ class ShardDatasetOperator(BaseOperator):
             raise AirflowFailException(decision.reason)
         self.log.info("%s (%s)", decision.reason, owner_uri(cfg.run_root))
 
-    def execute(self, context: Context) -> list[dict[str, Any]]:
+    def execute(self, context: Context) -> dict[str, Any]:
         so = storage_options_from_aws_conn(self.aws_conn_id)
         try:
             cfg = RunConfig.from_dict(dict(rendered_dict(self.config, "config")))
