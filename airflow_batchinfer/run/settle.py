@@ -41,6 +41,8 @@ from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.parquet_columns import pinned
+from airflow_batchinfer.storage.parquet_schema import Inputs
 from airflow_batchinfer.storage.record_file import convert, is_parquet
 
 log = logging.getLogger("airflow_batchinfer.run")
@@ -149,7 +151,9 @@ def _settle_once(
     if stood is not None:
         jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
         id_field = cfg.data.id_field or "id"
-        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so, id_field)] if problem is None else []
+        inputs = pinned(layout.output_columns, so) if is_parquet(layout.suffix) else ()
+        docs = [*jobs, stood] if problem is None else []
+        lost = [u for doc in docs for u in _promote(doc, so, id_field, inputs)]
         if lost:
             problem = (
                 acct,
@@ -276,12 +280,12 @@ def _accept_feeds(
     return docs, None
 
 
-def _promote(doc: Figures, so: StorageOptions | None, id_field: str) -> list[str]:
+def _promote(doc: Figures, so: StorageOptions | None, id_field: str, inputs: Inputs) -> list[str]:
     """Move the accepted attempt's staged outputs to their final URIs; a final URI in Parquet
     (``output_format``) gets the staged JSONL rows converted (atomically, then the staged file
-    removed), its ``id`` column the ``id_field``'s. Idempotent: an output whose staged file is gone
-    was moved by an earlier close, or by another close at once (a job without staging wrote it in
-    place). Returns the outputs found nowhere."""
+    removed), its ``id`` column the ``id_field``'s, its input columns ``inputs``. Idempotent: an
+    output whose staged file is gone was moved by an earlier close, or by another close at once (a
+    job without staging wrote it in place). Returns the outputs found nowhere."""
     lost = []
     committed = doc.committed or {}
     for name, dst in doc.outputs.items():
@@ -289,7 +293,7 @@ def _promote(doc: Figures, so: StorageOptions | None, id_field: str) -> list[str
         if staged and files.exists(staged, so):
             with contextlib.suppress(FileNotFoundError):  # moved by a concurrent close just now
                 if is_parquet(dst) and not is_parquet(staged):
-                    convert(staged, dst, storage_options=so, id_field=id_field)
+                    convert(staged, dst, storage_options=so, id_field=id_field, inputs=inputs)
                 else:
                     files.move(staged, dst, so)
         if not files.exists(dst, so):
