@@ -151,7 +151,7 @@ def _settle_once(
     if stood is not None:
         jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
         id_field = cfg.data.id_field or "id"
-        inputs = pinned(layout.output_columns, so) if is_parquet(layout.suffix) else ()
+        inputs = pinned(layout.output_columns, so) if cfg.data.output_format == "parquet" else ()
         docs = [*jobs, stood] if problem is None else []
         lost = [u for doc in docs for u in _promote(doc, so, id_field, inputs)]
         if lost:
