@@ -64,9 +64,9 @@ def from_arrow(schema: Any) -> list[Column]:
     """The columns of a Parquet input whose footer's Arrow schema is ``schema``."""
     pa, _ = pyarrow()
     t = pa.types
-    out = []
+    out: list[Column] = []
     for field in schema:
-        if field.name in RESERVED:
+        if field.name in RESERVED or any(c.name == field.name for c in out):  # a repeated name: the first
             continue
         ty = field.type
         if t.is_string(ty) or t.is_large_string(ty) or t.is_string_view(ty) or _as_text(t, ty):
