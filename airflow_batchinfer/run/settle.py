@@ -5,6 +5,7 @@ or the shard quarantined (:mod:`~airflow_batchinfer.run.quarantine`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -74,6 +75,12 @@ class RoundClose:
     engines: Mapping[str, dict[str, Any] | None]
     already_failed: frozenset[str]
     so: StorageOptions | None
+
+    @functools.cached_property
+    def inputs(self) -> Inputs:
+        """The run's pinned input columns, for the Parquet files its promotions write (read once)."""
+        parquet = self.cfg.data.output_format == "parquet"
+        return pinned(self.layout.output_columns, self.so) if parquet else ()
 
 
 def settle_shard(rc: RoundClose, shard: PlannedShard, repeats: list[Repeat] | None = None) -> Settled:
@@ -151,9 +158,8 @@ def _settle_once(
     if stood is not None:
         jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
         id_field = cfg.data.id_field or "id"
-        inputs = pinned(layout.output_columns, so) if cfg.data.output_format == "parquet" else ()
         docs = [*jobs, stood] if problem is None else []
-        lost = [u for doc in docs for u in _promote(doc, so, id_field, inputs)]
+        lost = [u for doc in docs for u in _promote(doc, so, id_field, rc.inputs)]
         if lost:
             problem = (
                 acct,
