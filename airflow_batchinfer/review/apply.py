@@ -62,7 +62,8 @@ from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import OutputManifest, write_manifest
-from airflow_batchinfer.storage.record_file import record_file
+from airflow_batchinfer.storage.parquet_columns import pinned
+from airflow_batchinfer.storage.record_file import is_parquet, record_file
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 
@@ -124,6 +125,7 @@ class _Split:
         self.view = RoundView(cfg.run_root, self.reviewed, so)
         self.resolver = Resolver(decisions)
         self.id_field = cfg.data.id_field or "id"
+        self.inputs = pinned(self.layout.output_columns, so) if is_parquet(self.layout.suffix) else ()
         self.tenths = scored_in_tenths(cfg.judging.judge)
         self.retained_dir = JsonlDir(self.layout.reviewed(r), storage_options=so)
         self.applied = Applied(self.reviewed, len(decisions), [])
@@ -149,7 +151,9 @@ class _Split:
                 outcome, written = self._row(row, sid, pos)
                 uri = uris[outcome]
                 if uri not in outs:
-                    out = record_file(uri, storage_options=self.so, id_field=self.id_field)
+                    out = record_file(
+                        uri, storage_options=self.so, id_field=self.id_field, inputs=self.inputs
+                    )
                     outs[uri] = stack.enter_context(out.writer_sync())
                 outs[uri].write(written)
                 digests[outcome].add(row.get(self.id_field))

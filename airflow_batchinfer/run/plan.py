@@ -41,7 +41,8 @@ from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.location import StorageOptions, join
 from airflow_batchinfer.storage.manifest import read_manifest
-from airflow_batchinfer.storage.record_file import record_file
+from airflow_batchinfer.storage.parquet_columns import pinned
+from airflow_batchinfer.storage.record_file import is_parquet, record_file
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 # Review gate options (the Required Actions page shows them as buttons).
@@ -417,10 +418,11 @@ def accept_pending(
     _remove_accepted(
         layout, r, {f"accepted-r{r:02d}-{shard.shard_id}{layout.suffix}" for shard in pending}, so
     )
+    inputs = pinned(layout.output_columns, so) if is_parquet(layout.suffix) else ()
     for shard in pending:
         dst = join(layout.results, f"accepted-r{r:02d}-{shard.shard_id}{layout.suffix}")
         ids: list[Any] = []
-        with record_file(dst, storage_options=so, id_field=id_field).writer_sync() as out:
+        with record_file(dst, storage_options=so, id_field=id_field, inputs=inputs).writer_sync() as out:
             for row in JsonlFile(shard.uri, storage_options=so).iter_records():
                 out.write({**row, "accepted_by_review": True})
                 ids.append(row.get(id_field))

@@ -1,5 +1,6 @@
-"""A run's first step: its settings checked, its input sharded (round 0's pending set) and
-``run.json`` stored; :func:`run_key`, the part of every job id that names the run."""
+"""A run's first step: its settings checked, its input sharded (round 0's pending set), a Parquet
+run's output columns pinned and ``run.json`` stored; :func:`run_key`, the part of every job id that
+names the run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ from airflow_batchinfer.state.layout import RunLayout, output_stem
 from airflow_batchinfer.storage import files, shard_dataset
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
+from airflow_batchinfer.storage.parquet_columns import decide, read_columns, write_columns
 from airflow_batchinfer.storage.range_plan import shard_ranges
+from airflow_batchinfer.storage.record_file import is_parquet
+from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from airflow_batchinfer.storage.sharding import ShardingResult
 
 
@@ -30,6 +34,7 @@ def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int 
     layout = RunLayout.of(cfg.run_root, cfg.data.output_format)
     check_output_format(layout, cfg.data.output_format, so)
     result = shard_input(cfg, layout, so, lanes)
+    pin_output_columns(layout, result.shards, so)  # before run.json: its absence marks a new run
     write_run_config(cfg.replace(id_field=result.id_field), so)
     return result
 
@@ -44,6 +49,22 @@ def check_output_format(layout: RunLayout, output_format: str, so: StorageOption
                 f"{join(folder, other[0])}: this run's outputs are not {output_format}; a run keeps the "
                 "output_format it started with: set it back, or start a new run (another run_name)"
             )
+
+
+def pin_output_columns(
+    layout: RunLayout, shards: list[ShardRef | RangeRef], so: StorageOptions | None
+) -> None:
+    """Decide a new Parquet run's input columns from its first shard's first file and pin them
+    (:mod:`~airflow_batchinfer.storage.parquet_columns`): every output file of every round then has
+    that schema. Pinned ones are kept (a resumed run); a run with ``run.json`` but none was planned
+    before columns were pinned, and keeps the fixed schema its files already have."""
+    if not is_parquet(layout.suffix) or not shards or read_columns(layout.output_columns, so) is not None:
+        return
+    if files.exists(layout.run_config, so):
+        return
+    first = shards[0]
+    pieces = first.pieces if isinstance(first, RangeRef) else None
+    write_columns(layout.output_columns, decide(pieces[0].uri if pieces else first.uri, so), so)
 
 
 def shard_input(

@@ -5,6 +5,7 @@ or the shard quarantined (:mod:`~airflow_batchinfer.run.quarantine`)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,8 @@ from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.id_hashes import Repeat, rejects_uri
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.parquet_columns import pinned
+from airflow_batchinfer.storage.parquet_schema import Inputs
 from airflow_batchinfer.storage.record_file import convert, is_parquet
 
 log = logging.getLogger("airflow_batchinfer.run")
@@ -72,6 +75,12 @@ class RoundClose:
     engines: Mapping[str, dict[str, Any] | None]
     already_failed: frozenset[str]
     so: StorageOptions | None
+
+    @functools.cached_property
+    def inputs(self) -> Inputs:
+        """The run's pinned input columns, for the Parquet files its promotions write (read once)."""
+        parquet = self.cfg.data.output_format == "parquet"
+        return pinned(self.layout.output_columns, self.so) if parquet else ()
 
 
 def settle_shard(rc: RoundClose, shard: PlannedShard, repeats: list[Repeat] | None = None) -> Settled:
@@ -149,7 +158,8 @@ def _settle_once(
     if stood is not None:
         jobs, problem = _accept_feeds(layout, r, shard, checked[:-1], stood, so)
         id_field = cfg.data.id_field or "id"
-        lost = [u for doc in [*jobs, stood] for u in _promote(doc, so, id_field)] if problem is None else []
+        docs = [*jobs, stood] if problem is None else []
+        lost = [u for doc in docs for u in _promote(doc, so, id_field, rc.inputs)]
         if lost:
             problem = (
                 acct,
@@ -276,12 +286,12 @@ def _accept_feeds(
     return docs, None
 
 
-def _promote(doc: Figures, so: StorageOptions | None, id_field: str) -> list[str]:
+def _promote(doc: Figures, so: StorageOptions | None, id_field: str, inputs: Inputs) -> list[str]:
     """Move the accepted attempt's staged outputs to their final URIs; a final URI in Parquet
     (``output_format``) gets the staged JSONL rows converted (atomically, then the staged file
-    removed), its ``id`` column the ``id_field``'s. Idempotent: an output whose staged file is gone
-    was moved by an earlier close, or by another close at once (a job without staging wrote it in
-    place). Returns the outputs found nowhere."""
+    removed), its ``id`` column the ``id_field``'s, its input columns ``inputs``. Idempotent: an
+    output whose staged file is gone was moved by an earlier close, or by another close at once (a
+    job without staging wrote it in place). Returns the outputs found nowhere."""
     lost = []
     committed = doc.committed or {}
     for name, dst in doc.outputs.items():
@@ -289,7 +299,7 @@ def _promote(doc: Figures, so: StorageOptions | None, id_field: str) -> list[str
         if staged and files.exists(staged, so):
             with contextlib.suppress(FileNotFoundError):  # moved by a concurrent close just now
                 if is_parquet(dst) and not is_parquet(staged):
-                    convert(staged, dst, storage_options=so, id_field=id_field)
+                    convert(staged, dst, storage_options=so, id_field=id_field, inputs=inputs)
                 else:
                     files.move(staged, dst, so)
         if not files.exists(dst, so):

@@ -85,7 +85,8 @@ class DataConfig:
     # what results/, rejected/ and dropped/ hold (storage.parquet_schema: the Parquet files' schema)
     output_format: str = field(default="jsonl", metadata=_about(
         "the format of the rows in results/, rejected/ and dropped/: jsonl (.jsonl.zst files) or parquet "
-        "(.parquet files of one schema, readable as one dataset by pyarrow, DuckDB or pandas, and the rows "
+        "(.parquet files of one schema: the input's fields as typed columns, pinned when the run is planned, "
+        "then the generation's; readable as one dataset by pyarrow, DuckDB or pandas, and the rows "
         "left pending in pending/ too; needs pip install 'airflow-batchinfer[parquet]'); a run keeps the "
         "format it started with", "string", choices=OUTPUT_FORMATS,
         flag="--output-format"))

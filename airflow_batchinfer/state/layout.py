@@ -17,6 +17,7 @@
                                   an infer, judge or infer_judge job's committed chunks (resume inside
                                   a shard; deleted once its manifest is written, or by close)
     <root>/run.json               the run's settings       <root>/round-00/plan.json, <root>/tail/plan.json
+    <root>/output_columns.json    output_format parquet: the input's columns in the output, pinned at planning
     <root>/preflight/             the pre-flight sample and its projection
     <root>/round-00/review/decisions.jsonl
                                   reviewers' decisions on the round's rejected rows (accept, retry, drop)
@@ -106,6 +107,11 @@ class RunLayout:
     @property
     def run_config(self) -> str:
         return self._p("run.json")
+
+    @property
+    def output_columns(self) -> str:
+        """The input columns of a Parquet run's output files (``storage.parquet_columns``)."""
+        return self._p("output_columns.json")
 
     @property
     def preflight(self) -> str:

@@ -1,7 +1,8 @@
 """One Parquet output file of a run (``output_format: parquet``): written and committed atomically as a
 JSONL shard is, read back as the JSON lines it was written from.
 
-The schema is :mod:`~airflow_batchinfer.storage.parquet_schema`'s, the same in every file. A file holds
+The schema is :mod:`~airflow_batchinfer.storage.parquet_schema`'s for the run's pinned input columns
+(``inputs``, :mod:`~airflow_batchinfer.storage.parquet_columns`), the same in every file. A file holds
 one shard's rows (its size bounded as the shard's is), in row groups of at most
 ``row_group_rows`` rows and about ``row_group_bytes`` bytes, so neither writing nor reading it holds
 more than one row group. Like :class:`~airflow_batchinfer.storage.jsonl_file.JsonlFile`, it offers
@@ -18,7 +19,7 @@ from typing import Any
 from airflow_batchinfer.storage import confine
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
-from airflow_batchinfer.storage.parquet_schema import Columns, check_schema, lines, pyarrow, schema
+from airflow_batchinfer.storage.parquet_schema import Columns, Inputs, check_schema, lines, pyarrow
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import OnError
 from airflow_batchinfer.storage.writer import AsyncWriter
@@ -74,6 +75,7 @@ class ParquetOutWriter:
         loc: Location,
         *,
         id_field: str = "id",
+        inputs: Inputs = (),
         row_group_rows: int = ROW_GROUP_ROWS,
         row_group_bytes: int = ROW_GROUP_BYTES,
     ) -> None:
@@ -86,11 +88,11 @@ class ParquetOutWriter:
         self.records = 0
         self.closed = False
         self.max_rows, self.max_bytes = row_group_rows, row_group_bytes
-        self._columns = Columns(id_field)
+        self._columns = Columns(id_field, inputs)
         self._sink = AtomicSink(loc)
         self._file = _SinkFile(self._sink)
         try:
-            self._pq = pq.ParquetWriter(self._file, schema(), compression=COMPRESSION)
+            self._pq = pq.ParquetWriter(self._file, self._columns.schema, compression=COMPRESSION)
         except BaseException:
             self.abort()
             raise
@@ -145,16 +147,23 @@ class ParquetOutFile:
     """A Parquet output file at ``uri`` (local path, ``s3://...``, any fsspec URI).
 
     :param id_field: the rows' id field, whose value the ``id`` column holds as text (writing).
+    :param inputs: the run's input columns (writing; none: the fixed schema).
     """
 
     compressed = False
     byte_range = None
 
     def __init__(
-        self, uri: str | Location, *, storage_options: StorageOptions | None = None, id_field: str = "id"
+        self,
+        uri: str | Location,
+        *,
+        storage_options: StorageOptions | None = None,
+        id_field: str = "id",
+        inputs: Inputs = (),
     ) -> None:
         self.loc = uri if isinstance(uri, Location) else resolve(uri, storage_options)
         self.id_field = id_field
+        self.inputs = inputs
 
     @property
     def uri(self) -> str:
@@ -177,7 +186,7 @@ class ParquetOutFile:
             confine.check_file(raw, self.loc)
             pf = pq.ParquetFile(raw)
             check_schema(pf.schema_arrow, self.uri)
-            yield from enumerate(lines(pf.iter_batches(batch_size=READ_BATCH)), 1)
+            yield from enumerate(lines(pf.iter_batches(batch_size=READ_BATCH), pf.schema_arrow), 1)
 
     def iter_line_blocks(self, *, strip_cr: bool = True) -> Iterator[list[bytes]]:
         """The rows as JSON lines, in blocks (one per batch read)."""
@@ -207,7 +216,7 @@ class ParquetOutFile:
     def writer_sync(self, **_: Any) -> ParquetOutWriter:
         """A writer that replaces the file atomically when the ``with`` block ends cleanly (a JSONL
         writer's options, such as ``compression_level``, do not apply)."""
-        return ParquetOutWriter(self.loc, id_field=self.id_field)
+        return ParquetOutWriter(self.loc, id_field=self.id_field, inputs=self.inputs)
 
     def writer(self, **kwargs: Any) -> AsyncWriter:
         """Async twin of :meth:`writer_sync`."""

@@ -1,16 +1,19 @@
 """The schema of the run's Parquet output files, and rows to and from it, losslessly.
 
 Every output file of a run has the same schema, whatever its rows hold, so that a directory of them
-(``results/*.parquet``) reads as one dataset in pyarrow, DuckDB and pandas:
+(``results/*.parquet``) reads as one dataset in pyarrow, DuckDB and pandas (``select prompt from
+'results/*.parquet'``):
 
 ====================  ========  ================================================================
 column                type      holds
 ====================  ========  ================================================================
 ``id``                string    the row's id as text (the id field's value; an integer id written
                                 out in decimal)
-``record``            string    a JSON object: every field of the row that no column below holds:
-                                the input record's fields (the id among them, with its own type)
-                                and the generation's other fields (``candidates``, ``previous``...)
+*the input's columns* as typed  the input's top-level fields, in the input's order, each typed as
+                                the run pinned them when it was planned
+                                (:mod:`~airflow_batchinfer.storage.parquet_columns`): ``string``,
+                                ``int64``, ``float64``, ``bool``, or ``json`` (a string column
+                                holding the value as JSON: nested values)
 ``result``            string    the generated text
 ``status``            string    ``approved``, ``rejected``, ``error``, ``max_attempts``...
 ``error``             string    why the generation failed (null: it did not)
@@ -19,20 +22,28 @@ column                type      holds
 ``attempts``          int64     the attempts the row took
 ``round``             int64     the round that wrote it
 ``max_tokens``        int64     the generation's token cap
+``record``            string    a JSON object, the overflow: every field of the row that no column
+                                above holds (the id field, with its own type; a field not among
+                                the input's columns; a value whose type is not its column's; the
+                                generation's other fields, ``candidates``, ``previous``...)
 ====================  ========  ================================================================
 
 A field takes its column only when its value has the column's type (a string for a string column,
-an integer for an int64 one, anything but null for ``judgment``); otherwise it stays in ``record``
-(an input field named ``status`` holding a number, an ``error`` that is null). Reading a row back
-merges ``record`` with the non-null columns, so the row read is the row written: the id invariant,
-recompaction and the review read Parquet files as they read JSONL ones.
+an integer for an int64 one, a float for a float64 one, anything but null for a json one);
+otherwise it stays in ``record`` (an input field that is a number in one row and text in another, a
+null, an input field named ``status`` holding a number). Reading a row back merges ``record`` with
+the non-null columns, so the row read is the row written: the id invariant, recompaction and the
+review read Parquet files as they read JSONL ones. A json column is marked so in its field's
+metadata (``batchinfer.kind: json``), which is how a reader tells it from a string column. Files of
+a run planned before input columns were pinned have no input columns (``record`` second): they
+read the same way.
 
 pyarrow is imported on first use: a run that writes no Parquet needs none.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any, Literal
 
@@ -40,23 +51,27 @@ import orjson
 
 from airflow_batchinfer.exceptions import ConfigError, StorageError
 
-Kind = Literal["str", "int", "json"]
+Kind = Literal["string", "int64", "float64", "bool", "json"]
 ID_COLUMN = "id"
 RECORD_COLUMN = "record"
 #: The row's fields that have a column of their own, in the schema's order.
 TYPED: tuple[tuple[str, Kind], ...] = (
-    ("result", "str"),
-    ("status", "str"),
-    ("error", "str"),
-    ("finish_reason", "str"),
+    ("result", "string"),
+    ("status", "string"),
+    ("error", "string"),
+    ("finish_reason", "string"),
     ("judgment", "json"),
-    ("attempts", "int"),
-    ("round", "int"),
-    ("max_tokens", "int"),
+    ("attempts", "int64"),
+    ("round", "int64"),
+    ("max_tokens", "int64"),
 )
 COLUMNS = (ID_COLUMN, RECORD_COLUMN, *(name for name, _ in TYPED))
+#: Names no input column takes: the output's own columns hold them.
+RESERVED = frozenset(COLUMNS)
+KIND_KEY = b"batchinfer.kind"
 INSTALL = "pip install 'airflow-batchinfer[parquet]'"
 _INT64 = (-(2**63), 2**63 - 1)
+Inputs = Sequence[tuple[str, Kind]]
 
 
 def pyarrow() -> tuple[ModuleType, ModuleType]:
@@ -72,23 +87,39 @@ def pyarrow() -> tuple[ModuleType, ModuleType]:
     return pa, pq
 
 
-def schema() -> Any:
-    """The one schema of every output file (a ``pyarrow.Schema``)."""
+def _field(name: str, kind: Kind) -> Any:
     pa, _ = pyarrow()
-    types = {"str": pa.string(), "int": pa.int64(), "json": pa.string()}
+    if kind == "json":
+        return pa.field(name, pa.string(), metadata={KIND_KEY: b"json"})
+    types = {"string": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+    return pa.field(name, types[kind])
+
+
+def schema(inputs: Inputs = ()) -> Any:
+    """The one schema of every output file of a run whose input columns are ``inputs`` (a
+    ``pyarrow.Schema``; none: the fixed schema of a run planned before input columns)."""
+    pa, _ = pyarrow()
+    if not inputs:  # as such runs' files always were: record second
+        fields = [pa.field(ID_COLUMN, pa.string()), pa.field(RECORD_COLUMN, pa.string(), nullable=False)]
+        return pa.schema(fields + [_field(name, kind) for name, kind in TYPED])
     return pa.schema(
-        [pa.field(ID_COLUMN, pa.string()), pa.field(RECORD_COLUMN, pa.string(), nullable=False)]
-        + [pa.field(name, types[kind]) for name, kind in TYPED]
+        [pa.field(ID_COLUMN, pa.string())]
+        + [_field(name, kind) for name, kind in (*inputs, *TYPED)]
+        + [pa.field(RECORD_COLUMN, pa.string(), nullable=False)]
     )
 
 
 def _fits(value: Any, kind: Kind) -> bool:
     if value is None:
         return False
-    if kind == "str":
+    if kind == "string":
         return isinstance(value, str)
-    if kind == "int":
+    if kind == "int64":
         return type(value) is int and _INT64[0] <= value <= _INT64[1]
+    if kind == "float64":
+        return type(value) is float
+    if kind == "bool":
+        return type(value) is bool
     return True
 
 
@@ -101,18 +132,21 @@ def _id_text(value: Any) -> str | None:
 
 
 class Columns:
-    """Rows being gathered into columns, for one row group; ``bytes`` estimates their size."""
+    """Rows being gathered into columns, for one row group; ``bytes`` estimates their size.
+    ``inputs``: the run's input columns (:mod:`~airflow_batchinfer.storage.parquet_columns`)."""
 
-    def __init__(self, id_field: str) -> None:
+    def __init__(self, id_field: str, inputs: Inputs = ()) -> None:
         self.id_field = id_field
-        self.data: dict[str, list[Any]] = {name: [] for name in COLUMNS}
+        self.typed = (*((n, k) for n, k in inputs if n not in RESERVED), *TYPED)
+        self.schema = schema(self.typed[: len(self.typed) - len(TYPED)])
+        self.data: dict[str, list[Any]] = {name: [] for name in self.schema.names}
         self.rows = 0
         self.bytes = 0
 
     def add(self, row: Mapping[str, Any]) -> None:
         rest = dict(row)
         size = 0
-        for name, kind in TYPED:
+        for name, kind in self.typed:
             value = rest.get(name)
             if _fits(value, kind):
                 del rest[name]
@@ -130,10 +164,10 @@ class Columns:
         self.bytes += size + len(record) + len(ident or "")
 
     def table(self) -> Any:
-        """The gathered rows as a ``pyarrow.Table`` of :func:`schema` (and the buffers emptied)."""
+        """The gathered rows as a ``pyarrow.Table`` of :attr:`schema` (and the buffers emptied)."""
         pa, _ = pyarrow()
-        out = pa.Table.from_pydict(self.data, schema=schema())
-        self.data = {name: [] for name in COLUMNS}
+        out = pa.Table.from_pydict(self.data, schema=self.schema)
+        self.data = {name: [] for name in self.schema.names}
         self.rows = self.bytes = 0
         return out
 
@@ -155,14 +189,23 @@ def check_schema(found: Any, uri: str) -> None:
         )
 
 
-def lines(batches: Iterable[Any]) -> Iterator[bytes]:
-    """The rows of record batches of :func:`schema` as JSON lines (no newline), as they were written."""
+def _json_columns(found: Any) -> set[str]:
+    """The columns of schema ``found`` that hold JSON text: ``judgment`` and the marked ones."""
+    marked = {f.name for f in found if f.metadata and f.metadata.get(KIND_KEY) == b"json"}
+    return marked | {name for name, kind in TYPED if kind == "json"}
+
+
+def lines(batches: Iterable[Any], found: Any) -> Iterator[bytes]:
+    """The rows of record batches of a file of schema ``found`` (a run's output file) as JSON lines
+    (no newline), as they were written."""
+    names = [n for n in found.names if n not in (ID_COLUMN, RECORD_COLUMN)]
+    json_cols = _json_columns(found)
     for batch in batches:
-        cols = {name: batch.column(name).to_pylist() for name in (RECORD_COLUMN, *(n for n, _ in TYPED))}
+        cols = {name: batch.column(name).to_pylist() for name in (RECORD_COLUMN, *names)}
         for i, record in enumerate(cols[RECORD_COLUMN]):
             row = orjson.loads(record)
-            for name, kind in TYPED:
+            for name in names:
                 value = cols[name][i]
                 if value is not None:
-                    row[name] = orjson.loads(value) if kind == "json" else value
+                    row[name] = orjson.loads(value) if name in json_cols else value
             yield orjson.dumps(row)

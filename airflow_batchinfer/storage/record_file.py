@@ -15,6 +15,7 @@ from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.location import Location, StorageOptions
 from airflow_batchinfer.storage.parquet_out import ParquetOutFile
+from airflow_batchinfer.storage.parquet_schema import Inputs
 
 OutputFormat = Literal["jsonl", "parquet"]
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("jsonl", "parquet")
@@ -36,14 +37,21 @@ def output_suffix(output_format: str) -> str:
 
 
 def convert(
-    src: str, dst: str, *, storage_options: StorageOptions | None = None, id_field: str = "id"
+    src: str,
+    dst: str,
+    *,
+    storage_options: StorageOptions | None = None,
+    id_field: str = "id",
+    inputs: Inputs = (),
 ) -> int:
     """Write the rows of ``src`` into ``dst`` in ``dst``'s format (atomically: all or nothing), then
-    delete ``src``; returns the rows copied. A ``src`` gone meanwhile (a concurrent promotion took
+    delete ``src``; returns the rows copied (``inputs``: the run's input columns, for a Parquet
+    ``dst``). A ``src`` gone meanwhile (a concurrent promotion took
     it) raises :class:`FileNotFoundError` and leaves ``dst`` as it was."""
     copied = 0
     rows = iter(record_file(src, storage_options=storage_options).iter_records())
-    with record_file(dst, storage_options=storage_options, id_field=id_field).writer_sync() as out:
+    dst_file = record_file(dst, storage_options=storage_options, id_field=id_field, inputs=inputs)
+    with dst_file.writer_sync() as out:
         while block := list(itertools.islice(rows, BLOCK)):
             out.write_many(block)
             copied += len(block)
@@ -52,11 +60,16 @@ def convert(
 
 
 def record_file(
-    uri: str | Location, *, storage_options: StorageOptions | None = None, id_field: str = "id"
+    uri: str | Location,
+    *,
+    storage_options: StorageOptions | None = None,
+    id_field: str = "id",
+    inputs: Inputs = (),
 ) -> RecordFile:
-    """The file at ``uri``, Parquet or JSONL by its name (``id_field``: what a Parquet file's ``id``
-    column holds, when written)."""
+    """The file at ``uri``, Parquet or JSONL by its name (when a Parquet file is written: ``id_field``,
+    what its ``id`` column holds; ``inputs``, the run's pinned input columns,
+    :func:`~airflow_batchinfer.storage.parquet_columns.pinned`)."""
     name = uri.path if isinstance(uri, Location) else uri
     if is_parquet(name):
-        return ParquetOutFile(uri, storage_options=storage_options, id_field=id_field)
+        return ParquetOutFile(uri, storage_options=storage_options, id_field=id_field, inputs=inputs)
     return JsonlFile(uri, storage_options=storage_options)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import files
 from airflow_batchinfer.storage.location import StorageOptions, join
+from airflow_batchinfer.storage.parquet_columns import pinned
 from airflow_batchinfer.storage.record_file import PARQUET_SUFFIX, record_file
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
@@ -25,12 +26,13 @@ def export_final_pending(
     and remove any other file there; returns the files written. Round 0's byte ranges (a run that
     never closed round 0: incomplete) are not copied: that input is the run's input file."""
     written = []
+    inputs = pinned(layout.output_columns, so)
     for shard in pending:
         if isinstance(shard, RangeRef):
             continue
         dst = join(layout.final_pending, shard.shard_id + PARQUET_SUFFIX)
         source = record_file(shard.uri, storage_options=so)
-        with record_file(dst, storage_options=so, id_field=id_field).writer_sync() as out:
+        with record_file(dst, storage_options=so, id_field=id_field, inputs=inputs).writer_sync() as out:
             out.write_many(source.iter_records())
         written.append(dst)
     files.remove_others(layout.final_pending, "", set(written), so)

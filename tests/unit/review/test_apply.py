@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 
 from airflow_batchinfer.exceptions import ReviewClosedError
@@ -19,6 +20,7 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, shard_dataset
+from airflow_batchinfer.storage.parquet_columns import Column, OutputColumns, write_columns
 from tests.support.fake_jobs import IDS, close, finish_shard, make_run, plan_round
 from tests.support.review_runs import finished_report, rows_in
 
@@ -26,6 +28,9 @@ from tests.support.review_runs import finished_report, rows_in
 def reviewed_run(tmp_path: Path, output_format: str = "jsonl") -> Any:
     """Round 0 approves r00–r19; r20–r29 are rejected and await review before round 1."""
     cfg = make_run(tmp_path, review="every_round", max_rounds=2, output_format=output_format)
+    if output_format == "parquet":  # as prepare_run pins them: the input's question a column of its own
+        pinned = OutputColumns(columns=[Column(name="question", type="string")], source="test")
+        write_columns(RunLayout(cfg.run_root).output_columns, pinned)
     plan = plan_round(cfg)
     for shard in plan.shards:
         finish_shard(cfg, 0, shard, set(IDS[:20]))
@@ -100,6 +105,11 @@ def test_decisions_split_the_pending_set_and_every_id_is_accounted_for(
         left = rows_in(layout.final_pending)
         assert len(left) == 5 and not set(left) & (set(rows_in(layout.results)) | set(dropped))
         assert len(left) + len(rows_in(layout.results)) + len(dropped) == len(IDS)
+        # every file a close, the review or the report wrote has the pinned column, filled
+        for path in [*outputs, *Path(layout.final_pending).iterdir()]:
+            table = pq.read_table(path)
+            assert table.column_names[:2] == ["id", "question"], path
+            assert table.column("question").to_pylist() == [f"q {i}" for i in table.column("id").to_pylist()]
     else:
         assert not Path(layout.final_pending).exists()
 

@@ -1,5 +1,7 @@
 """Parquet output files on local disk: atomic commit, abort, bounded row groups, one schema whatever
-the rows hold, and rows read back as they were written."""
+the rows hold, and rows read back as they were written. Files here have no input columns (the fixed
+schema of a run planned before they were pinned: ``id``, ``record``, the generation's columns); those
+with pinned input columns: ``test_parquet_columns``."""
 
 from __future__ import annotations
 
