@@ -11,8 +11,9 @@ an id, a few short string columns, a prompt-like text of ``--prompt-chars`` char
 * **ours**: round 0's way: every file's row groups planned from its footer
   (:func:`~airflow_batchinfer.storage.parquet_rows.row_groups`; the bytes it read are counted), then
   each row group read as one shard job does
-  (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`, ``--batch-rows`` rows a block)
-  through a :class:`~airflow_batchinfer.storage.validate.LineValidator` (ids checked, records parsed);
+  (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`, ``--batch-rows`` rows a block:
+  each row converted once, ``to_pylist``, with no JSON line made of it) through a
+  :class:`~airflow_batchinfer.storage.validate.LineValidator` (ids, repeats and rejects checked);
 * **pyarrow.dataset**: ``pyarrow.dataset.dataset(dir).to_batches()`` (its defaults: threads on,
   131,072-row batches) and ``to_pylist()`` of every batch: the same files to Python dicts.
 
@@ -193,7 +194,7 @@ def ours(paths: list[Path], batch_rows: int, buffer: int | None) -> dict[str, An
                 validator = LineValidator(ErrorPolicy(str(path), "quarantine", sink), id_field="id")
                 shard = (group.index, group.index + 1)
                 for block in parquet_rows.parquet_blocks(f, shard, source=str(path), batch_rows=batch_rows):
-                    records += len(validator.check_block(block)[0])
+                    records += len(validator.check_block(block)[2])
                 rejects += sink.rows
     return {
         "records": records,
