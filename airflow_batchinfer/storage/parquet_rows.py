@@ -240,11 +240,28 @@ class _Rows:
         return RowBlock(rows, deep=self._deep)
 
     def _to_json(self, rows: list[Any]) -> None:
-        """The values of the ``_via_json`` columns of ``rows`` as JSON has them, in place; a row with
-        a value that has no JSON form becomes an :class:`UnreadableRow` naming its first such column."""
-        for i, row in enumerate(rows):
-            if type(row) is dict:
-                rows[i] = self._json_row(row)
+        """The values of the ``_via_json`` columns of ``rows`` as JSON has them, in place, a column at
+        a time; where one has no JSON form, row by row: such a row becomes an :class:`UnreadableRow`
+        naming its first such column."""
+        loads, dumps = orjson.loads, orjson.dumps
+        try:
+            columns = [
+                loads(
+                    dumps(
+                        [r[name] if type(r) is dict else None for r in rows], default=_default, option=_KEYS
+                    )
+                )
+                for name in self._via_json
+            ]
+        except orjson.JSONEncodeError:
+            for i, row in enumerate(rows):
+                if type(row) is dict:
+                    rows[i] = self._json_row(row)
+            return
+        for name, values in zip(self._via_json, columns, strict=True):
+            for row, value in zip(rows, values, strict=True):
+                if type(row) is dict:
+                    row[name] = value
 
     def _json_row(self, row: dict[str, Any]) -> dict[str, Any] | UnreadableRow:
         values = []

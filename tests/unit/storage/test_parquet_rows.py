@@ -456,3 +456,22 @@ def test_a_row_block_reads_as_its_lines() -> None:
     _, _, goods = validate_rows(parquet(table))
     assert [list(good) for good in goods] == [[b'{"id":1,"x":0.5}', b'{"id":2,"x":1.0}']]
     assert b"\n".join(list(goods[0])) == b'{"id":1,"x":0.5}\n{"id":2,"x":1.0}'
+
+
+def test_a_value_with_no_json_form_makes_its_row_unreadable_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns are made JSON's a column at a time; where one value cannot be, row by row."""
+    from airflow_batchinfer.storage import parquet_rows
+
+    default = parquet_rows._default
+
+    def refuse_13(value: Any) -> Any:
+        if value == 13:
+            raise TypeError("13 has no JSON form here")
+        return default(value)
+
+    monkeypatch.setattr(parquet_rows, "_default", refuse_13)
+    table = pa.table({"id": range(20), "d": pa.array([Decimal(i) for i in range(20)], pa.decimal128(5, 0))})
+    kept, rejects, _ = validate(parquet(table), (0, 1), batch_rows=10)
+    assert [r["d"] for r in kept] == [str(i) for i in range(20) if i != 13]
+    assert [r["line_no"] for r in rejects] == [14] and "column 'd' (decimal128(5, 0))" in rejects[0]["error"]
+    assert rejects[0]["raw"] == "{'d': Decimal('13'), 'id': 13}"
