@@ -81,7 +81,12 @@ class RowBlock(list[bytes]):
 
     def __eq__(self, other: object) -> bool:
         self._lines()
+        if isinstance(other, RowBlock):
+            other._lines()
         return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
 
     def __repr__(self) -> str:
         self._lines()

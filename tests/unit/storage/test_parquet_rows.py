@@ -455,6 +455,10 @@ def test_a_row_block_reads_as_its_lines() -> None:
     assert block == [b'{"id":1,"x":0.5}', block[1], b'{"id":2,"x":1.0}'] and block[1:] == list(block)[1:]
     _, _, goods = validate_rows(parquet(table))
     assert [list(good) for good in goods] == [[b'{"id":1,"x":0.5}', b'{"id":2,"x":1.0}']]
+    one = RowBlock([{"id": 1}])
+    assert list(one) == [b'{"id":1}'] and (one != RowBlock([{"id": 1}])) is False  # the other made on demand
+    assert one != RowBlock([{"id": 2}])
+    assert RowBlock([{"id": 2}]) == [b'{"id":2}']
     assert b"\n".join(list(goods[0])) == b'{"id":1,"x":0.5}\n{"id":2,"x":1.0}'
 
 
