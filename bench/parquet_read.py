@@ -5,14 +5,16 @@ Builds under a temp dir (nothing downloaded) a dataset of ``--rows`` rows (defau
 ``--files`` Parquet files (default 5) with row groups of ``--row-group-rows`` (default 100,000):
 an id, a few short string columns, a prompt-like text of ``--prompt-chars`` characters on average
 (random words) and two numbers. Then, each in a child process of its own whose peak RSS
-(``VmHWM``) and wall time are reported:
+(``VmHWM``) and wall time are reported (and its CPU seconds, all threads', in the closing JSON and
+the planning line: wall times swing on a shared machine, the threaded scan's most):
 
 * **baseline**: Python with pyarrow and this package imported, nothing read;
 * **ours**: round 0's way: every file's row groups planned from its footer
   (:func:`~airflow_batchinfer.storage.parquet_rows.row_groups`; the bytes it read are counted), then
   each row group read as one shard job does
-  (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`, ``--batch-rows`` rows a block)
-  through a :class:`~airflow_batchinfer.storage.validate.LineValidator` (ids checked, records parsed);
+  (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`, ``--batch-rows`` rows a block:
+  each row converted once, ``to_pylist``, with no JSON line made of it) through a
+  :class:`~airflow_batchinfer.storage.validate.LineValidator` (ids, repeats and rejects checked);
 * **pyarrow.dataset**: ``pyarrow.dataset.dataset(dir).to_batches()`` (its defaults: threads on,
   131,072-row batches) and ``to_pylist()`` of every batch: the same files to Python dicts.
 
@@ -193,7 +195,7 @@ def ours(paths: list[Path], batch_rows: int, buffer: int | None) -> dict[str, An
                 validator = LineValidator(ErrorPolicy(str(path), "quarantine", sink), id_field="id")
                 shard = (group.index, group.index + 1)
                 for block in parquet_rows.parquet_blocks(f, shard, source=str(path), batch_rows=batch_rows):
-                    records += len(validator.check_block(block)[0])
+                    records += len(validator.check_block(block)[2])
                 rejects += sink.rows
     return {
         "records": records,
@@ -239,6 +241,7 @@ def child(args: argparse.Namespace) -> None:
     else:
         out = dataset_scan(root, args.batch_rows)
     out["peak_rss_mb"] = round(vm_hwm_mb(), 1)
+    out["cpu_s"] = round(time.process_time(), 2)  # all its threads': less swayed by a loaded machine
     print(json.dumps(out))
 
 
@@ -306,7 +309,8 @@ def main() -> None:
         if "error" not in o and "error" not in d:
             print(
                 f"planning: {o['row_groups']} row groups in {o['plan_ms']} ms, reading {o['plan_kb']} KB of "
-                f"{size / 1e6:,.0f} MB; ours / dataset records/s: {d['seconds'] / o['seconds']:.2f}"
+                f"{size / 1e6:,.0f} MB; ours / dataset records/s: {d['seconds'] / o['seconds']:.2f} "
+                f"(CPU seconds, all threads: ours {o['cpu_s']}, dataset {d['cpu_s']})"
             )
         if args.wide_mb:
             drop_files(data)

@@ -1,13 +1,15 @@
-"""Parquet parts read in place: row groups planned from the footer alone, rows as JSON lines.
+"""Parquet parts read in place: row groups planned from the footer alone, rows as JSON records.
 
 A Parquet part's shards are whole row groups (:func:`row_groups` reads only the footer). Reading
-one (:func:`parquet_blocks`) turns each row into one JSON object line, the columns as its keys, in
-blocks of at most ``batch_rows`` rows: the blocks go through the same
-:class:`~airflow_batchinfer.storage.validate.LineValidator` as a JSONL range's lines, so ids,
-repeats, rejects and fan-outs work unchanged, and a block's position is the row's number in the
-range. Values map to JSON as :data:`TYPE_MAP` says; a row holding a value JSON cannot (a NaN, an
-infinity, a binary or duration value) comes as an :class:`UnreadableRow` in its place, which the
-validator rejects with its reason.
+one (:func:`parquet_blocks`) turns each row into the record its JSON object line would parse to,
+the columns as its keys, in blocks of at most ``batch_rows`` rows
+(:class:`~airflow_batchinfer.storage.validate.RowBlock`: each row converted to Python once, and
+written as a line only where one is asked for): the blocks go through the same
+:class:`~airflow_batchinfer.storage.validate.LineValidator` as a JSONL range's lines, which checks
+the records unparsed, so ids, repeats, rejects and fan-outs work unchanged, and a block's position
+is the row's number in the range. Values map to JSON as :data:`TYPE_MAP` says; a row holding a value
+JSON cannot (a NaN, an infinity, a binary or duration value) comes as an :class:`UnreadableRow` in
+its place, which the validator rejects with its reason.
 
 pyarrow (the ``parquet`` extra) is imported on first use, so JSONL-only installs never need it.
 """
@@ -25,6 +27,8 @@ import orjson
 
 from airflow_batchinfer.exceptions import ConfigError, CorruptFileError, StorageError
 from airflow_batchinfer.storage.lines import RAW_PREFIX, BadLine, utf8_prefix
+from airflow_batchinfer.storage.records import MAX_DEPTH
+from airflow_batchinfer.storage.validate import RowBlock
 
 # Parquet pages are read through a buffer of this many bytes per column, not a column chunk at once
 # (pyarrow's default: a whole column chunk of a row group, ~1 GB for a wide 1 GB row group).
@@ -54,6 +58,7 @@ class _NoJson:
 
 
 _NO_JSON = _NoJson()  # a value in an unreadable row's description
+_KEYS = orjson.OPT_NON_STR_KEYS  # a map's keys: written as strings
 _repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxdict, _repr.maxlist, _repr.maxstring, _repr.maxother = 3, 12, 8, 120, 60
 
@@ -144,7 +149,9 @@ def parquet_blocks(
 ) -> Iterator[list[bytes]]:
     """The rows of row groups ``[a, b)`` of ``raw`` in order, in blocks of at most ``batch_rows``: one
     JSON object line per row (no newline), or an :class:`UnreadableRow` where a row has no JSON form.
-    Memory is bounded by ``batch_rows`` rows (plus a page buffer per column), whatever the file's size."""
+    Each block is a :class:`~airflow_batchinfer.storage.validate.RowBlock`: its rows' records, which
+    the validator checks as they are, its lines made only if it is read as a list. Memory is bounded
+    by ``batch_rows`` rows (plus a page buffer per column), whatever the file's size."""
     first, end = groups
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
@@ -168,7 +175,7 @@ def parquet_blocks(
             raise _unreadable(source, f"row groups [{first}, {end}) cannot be read", exc) from exc
         if batch is None:
             return
-        yield rows.lines(batch)
+        yield rows.block(batch)
 
 
 def _default(value: Any) -> Any:
@@ -182,7 +189,8 @@ def _default(value: Any) -> Any:
 
 
 class _Rows:
-    """One file's batches to JSON lines; what to check per column is worked out once, from its schema."""
+    """One file's batches to blocks of records; what to check and convert per column is worked out
+    once, from its schema."""
 
     def __init__(self, schema: Any) -> None:
         import pyarrow as pa
@@ -190,9 +198,16 @@ class _Rows:
         self._names: list[str] = list(schema.names)
         self._types: list[Any] = list(schema.types)
         maps = any(_has(t, pa.types.is_map) for t in self._types)
-        self._option = orjson.OPT_NON_STR_KEYS if maps else 0
         # maps as dicts (a repeated key: the row is unreadable); 6x slower to_pylist, so only with maps
         self._maps = "strict" if maps else None
+        # Columns whose values are not JSON's as Python has them (a Decimal, a date, a map's int keys;
+        # a nesting orjson refuses) go through orjson and back, as a JSON line's would; others are as is
+        self._via_json = [
+            name
+            for name, typ in zip(self._names, self._types, strict=True)
+            if not _native(typ) or _nesting(typ) >= MAX_DEPTH
+        ]
+        self._deep = 1 + max(map(_nesting, self._types), default=0) > MAX_DEPTH
         self._checks: list[tuple[int, Callable[[Any], Any], str]] = []
         for i, (name, typ) in enumerate(zip(self._names, self._types, strict=True)):
             if _has(typ, _refused):
@@ -208,38 +223,57 @@ class _Rows:
                 )
                 self._checks.append((i, _non_finite, why))
 
-    def lines(self, batch: Any) -> list[bytes]:
+    def block(self, batch: Any) -> RowBlock:
         bad: dict[int, str] = {}
         for i, leaf, why in self._checks:
             for row in _rows_where(batch.column(i), leaf).to_pylist():
                 bad.setdefault(row, why)
         try:
-            rows = batch.to_pylist(maps_as_pydicts=self._maps)
+            rows: list[Any] = batch.to_pylist(maps_as_pydicts=self._maps)
         except (ValueError, KeyError, TypeError, OverflowError):  # some row's values have no Python form
-            return [self._one(batch, i, bad.get(i)) for i in range(batch.num_rows)]
-        dumps, option = orjson.dumps, self._option
-        if not bad:
-            try:
-                return [dumps(row, default=_default, option=option) for row in rows]
-            except orjson.JSONEncodeError:
-                pass  # per row below, naming the column
-        return [
-            UnreadableRow(_describe(row), bad[i]) if i in bad else self._dumped(row)
-            for i, row in enumerate(rows)
-        ]
+            rows = [self._one(batch, i, bad.get(i)) for i in range(batch.num_rows)]
+            return RowBlock(rows, deep=self._deep)
+        for i, why in bad.items():
+            rows[i] = UnreadableRow(_describe(rows[i]), why)
+        if self._via_json:
+            self._to_json(rows)
+        return RowBlock(rows, deep=self._deep)
 
-    def _dumped(self, row: dict[str, Any]) -> bytes:
+    def _to_json(self, rows: list[Any]) -> None:
+        """The values of the ``_via_json`` columns of ``rows`` as JSON has them, in place, a column at
+        a time; where one has no JSON form, row by row: such a row becomes an :class:`UnreadableRow`
+        naming its first such column."""
+        loads, dumps = orjson.loads, orjson.dumps
         try:
-            return orjson.dumps(row, default=_default, option=self._option)
+            columns = [
+                loads(
+                    dumps(
+                        [r[name] if type(r) is dict else None for r in rows], default=_default, option=_KEYS
+                    )
+                )
+                for name in self._via_json
+            ]
         except orjson.JSONEncodeError:
-            for name, value in row.items():
-                try:
-                    orjson.dumps(value, default=_default, option=self._option)
-                except orjson.JSONEncodeError as exc:
-                    return UnreadableRow(_describe(row), self._no_json(name, exc))
-            raise
+            for i, row in enumerate(rows):
+                if type(row) is dict:
+                    rows[i] = self._json_row(row)
+            return
+        for name, values in zip(self._via_json, columns, strict=True):
+            for row, value in zip(rows, values, strict=True):
+                if type(row) is dict:
+                    row[name] = value
 
-    def _one(self, batch: Any, i: int, why: str | None) -> bytes:
+    def _json_row(self, row: dict[str, Any]) -> dict[str, Any] | UnreadableRow:
+        values = []
+        for name in self._via_json:
+            try:
+                values.append(orjson.loads(orjson.dumps(row[name], default=_default, option=_KEYS)))
+            except orjson.JSONEncodeError as exc:
+                return UnreadableRow(_describe(row), self._no_json(name, exc))
+        row.update(zip(self._via_json, values, strict=True))
+        return row
+
+    def _one(self, batch: Any, i: int, why: str | None) -> dict[str, Any] | UnreadableRow:
         """Row ``i`` alone, where its batch has no Python form as a whole (a map with a repeated
         key, a nanosecond timestamp without pandas to hold it)."""
         row: dict[str, Any] = {}
@@ -249,7 +283,7 @@ class _Rows:
             except (ValueError, KeyError, TypeError, OverflowError) as exc:
                 row[name] = _NO_JSON
                 why = why or self._no_json(name, exc)
-        return UnreadableRow(_describe(row), why) if why else self._dumped(row)
+        return UnreadableRow(_describe(row), why) if why else self._json_row(row)
 
     def _no_json(self, name: str, exc: Exception) -> str:
         typ = self._types[self._names.index(name)]
@@ -259,6 +293,40 @@ class _Rows:
 def _describe(row: dict[str, Any]) -> str:
     """A short text of ``row`` for its reject (values cut: a row may hold megabytes)."""
     return _repr.repr(row)
+
+
+def _native(typ: Any) -> bool:
+    """Whether ``typ``'s Python values (``to_pylist``) are JSON's as they are: what ``orjson.loads``
+    of their JSON would give back (bool, int, float, str, None, and lists and dicts of them)."""
+    import pyarrow as pa
+
+    t = pa.types
+    if t.is_dictionary(typ):
+        return _native(typ.value_type)
+    if t.is_struct(typ) or t.is_list(typ) or t.is_large_list(typ) or t.is_fixed_size_list(typ):
+        return all(_native(typ.field(i).type) for i in range(typ.num_fields))
+    return bool(
+        t.is_null(typ)
+        or t.is_boolean(typ)
+        or t.is_integer(typ)
+        or (t.is_floating(typ) and not t.is_float16(typ))
+        or t.is_string(typ)
+        or t.is_large_string(typ)
+        or t.is_string_view(typ)
+    )
+
+
+def _nesting(typ: Any) -> int:
+    """How many levels of objects and arrays a value of ``typ`` holds (0: a scalar)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(typ):
+        return _nesting(typ.value_type)
+    if pa.types.is_map(typ):
+        return 1 + max(_nesting(typ.key_type), _nesting(typ.item_type))
+    if typ.num_fields:
+        return 1 + max(_nesting(typ.field(i).type) for i in range(typ.num_fields))
+    return 1 if pa.types.is_struct(typ) else 0
 
 
 def _refused(typ: Any) -> bool:

@@ -12,12 +12,15 @@ are one id), a line its reader could not take (a :class:`~airflow_batchinfer.sto
 a line longer than ``max_line_bytes``, which the splitter never held whole, or a Parquet row with no
 JSON form), or, with a fan-out, a record that picks its
 own adapter (:meth:`~airflow_batchinfer.storage.fan_out.FanOut.refusal`).
+
+Rows that come parsed (a Parquet batch: a :class:`RowBlock`) go through the same checks, in the same
+loop, unparsed and never serialized unless rejected (the reject row keeps the record's JSON line).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, SupportsIndex, overload
 
 import orjson
 
@@ -38,6 +41,57 @@ from airflow_batchinfer.storage.records import (
 )
 
 _DEEP_LINE = 2 * MAX_DEPTH + 1  # bytes a line needs to nest deeper than MAX_DEPTH ("[" and "]" each level)
+
+
+class RowBlock(list[bytes]):
+    """Rows that come parsed (a Parquet batch's), which :meth:`LineValidator.check_block` checks
+    without parsing them: ``records`` holds each row's record (JSON values only, as ``orjson.loads``
+    would give them) or the :class:`~airflow_batchinfer.storage.lines.BadLine` in its place;
+    ``deep``: a record may nest deeper than :data:`MAX_DEPTH` (its schema does), so each is walked.
+
+    As a list it is the rows' JSON lines, serialized when it is first iterated or indexed (a reader
+    that wants lines, e.g. to sniff an input's id field); ``len`` is its rows'. C code that reads a
+    list's items in place (``b"".join``) sees them only after that: iterate it (``list(block)``)."""
+
+    def __init__(self, records: list[Any], *, deep: bool = False) -> None:
+        super().__init__()
+        self.records = records
+        self.deep = deep
+        self._made = False
+
+    def _lines(self) -> None:
+        if not self._made:
+            self._made = True
+            self.extend(r if isinstance(r, BadLine) else dumps(r) for r in self.records)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self) -> Iterator[bytes]:
+        self._lines()
+        return super().__iter__()
+
+    @overload
+    def __getitem__(self, i: SupportsIndex) -> bytes: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[bytes]: ...
+    def __getitem__(self, i: SupportsIndex | slice) -> bytes | list[bytes]:
+        self._lines()
+        return super().__getitem__(i)
+
+    def __eq__(self, other: object) -> bool:
+        self._lines()
+        if isinstance(other, RowBlock):
+            other._lines()
+        return super().__eq__(other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __repr__(self) -> str:
+        self._lines()
+        return super().__repr__()
+
 
 AssignId = Callable[[int, int], str]
 """``assign(line_no, offset)``: the id given to a record without one (``assign_ids``)."""
@@ -112,56 +166,64 @@ class LineValidator:
     def check_block(self, block: list[bytes]) -> tuple[list[bytes], list[Any], list[Record]]:
         """The good lines of ``block`` (re-serialized where an id was assigned), their ids and
         records. The common path (a valid object with a fresh id) is a few C calls per line; every
-        error path goes through the helpers that name what is wrong."""
+        error path goes through the helpers that name what is wrong. A :class:`RowBlock`'s records
+        are checked as they are, unparsed; its good lines are a :class:`RowBlock` of those kept."""
         good: list[bytes] = []
         ids: list[Any] = []
         records: list[Record] = []
         loads, decode_error = orjson.loads, orjson.JSONDecodeError
         stats, seen, offsets = self.stats, self._seen, self._offsets
         id_chars = self._id_chars
-        for line in block:
+        rows: list[Any] | None = None
+        deep = False
+        if isinstance(block, RowBlock):
+            rows, deep = block.records, block.deep
+        line = b""
+        record: Any
+        for item in block if rows is None else rows:
             self.line_no += 1
             offset = self.offset
-            if type(line) is not bytes and isinstance(line, BadLine):  # e.g. an OversizedLine
-                self.offset += line.size + 1
-                self._bad(line, offset, line.reason())
+            if type(item) is not bytes and isinstance(item, BadLine):  # e.g. an OversizedLine
+                self._bad_line(item, rows is None)
                 continue
-            if offsets:
-                self.offset += len(line) + 1
-                if line.endswith(b"\r"):
-                    line = line[:-1]
-            if len(line) > SCAN_FROM and (why := self._oversized_id(line)):  # refused unparsed
-                self._bad(line, offset, why)
-                continue
+            if rows is None:  # a line: parsed here
+                line = item
+                if offsets:
+                    self.offset += len(line) + 1
+                    line = line[:-1] if line.endswith(b"\r") else line
+                if len(line) > SCAN_FROM and (why := self._oversized_id(line)):  # refused unparsed
+                    self._bad(line, offset, why)
+                    continue
+                try:
+                    record = loads(line)
+                except decode_error:
+                    self._not_json(line, offset)
+                    continue
+            else:  # a row, parsed already: one unit of offset (it has no bytes of its own)
+                record = item
+                self.offset += 1
             try:
-                record = loads(line)
-            except decode_error:
-                if not line or line.isspace():
-                    stats.blank += 1
-                else:
-                    self._bad(line, offset, reason(line))
-                continue
-            try:
-                if type(record) is not dict:
-                    parse_record(line)  # raises: not an object
-                # a record nests no deeper than its line has "{" and "[" (and half its bytes): counted
-                # in C, so only a line that might is walked
-                if len(line) > _DEEP_LINE and line.count(b"{") + line.count(b"[") > MAX_DEPTH:
+                if rows is None:
+                    # a record nests no deeper than its line has "{" and "[" (and half its bytes):
+                    # counted in C, so only a line that might is walked
+                    if type(record) is not dict or (
+                        len(line) > _DEEP_LINE and line.count(b"{") + line.count(b"[") > MAX_DEPTH
+                    ):
+                        self._shape(record, line)
+                elif deep:  # a row whose schema nests deeper than a record may
                     check_depth(record)
-                if self.id_field is None:
-                    self.id_field = detect_id_field(record)
-                    self._openai = self.id_field == "custom_id"
+                id_field = self.id_field if self.id_field is not None else self._detect(record)
                 if self._openai and type(record.get("body")) is not dict:
                     raise RecordError("OpenAI batch line without a 'body' object")
-                rid = record.get(self.id_field)
+                rid = record.get(id_field)
                 if rid is None and self._assign is not None:
-                    rid = record[self.id_field] = self._assign(self.line_no, offset)
-                    line = dumps(record)
+                    rid = record[id_field] = self._assign(self.line_no, offset)
+                    line = dumps(record) if rows is None else line
                 elif not (
                     (type(rid) is str and rid and (id_chars is None or len(rid) <= id_chars))
                     or type(rid) is int
                 ):  # raises, naming what is wrong with the id (a long string id may still fit)
-                    record_id(record, self.id_field, self._max_id)
+                    record_id(record, id_field, self._max_id)
                 key = rid if type(rid) is str else str(rid)  # records.id_text: ids are unique as text
                 if key in seen or key in self._seen_before:
                     first = seen.get(key) or self._seen_before.get(key)
@@ -171,18 +233,44 @@ class LineValidator:
                 if self.fan_out is not None and (why := self.fan_out.refusal(record)):
                     raise RecordError(why)
             except RecordError as exc:
-                self._bad(line, offset, str(exc))
+                self._bad(line if rows is None else dumps(record), offset, str(exc))
                 continue
             seen[key] = self.line_no
             if self._window is not None and len(seen) >= self._window:
                 self._seen_before, self._seen = seen, {}
                 seen = self._seen
-            good.append(line)
+            if rows is None:
+                good.append(line)
             ids.append(rid)
             records.append(record)
         stats.lines += len(block)
-        stats.records += len(good)
-        return good, ids, records
+        stats.records += len(records)
+        return (good if rows is None else RowBlock(records)), ids, records
+
+    @staticmethod
+    def _shape(record: Any, line: bytes) -> None:
+        """Raises :class:`RecordError` where ``line``'s value is no object, or nests too deep."""
+        if type(record) is not dict:
+            parse_record(line)  # raises: not an object
+        check_depth(record)
+
+    def _detect(self, record: Record) -> str:
+        """The id field, from the first record where not given."""
+        self.id_field = detect_id_field(record)
+        self._openai = self.id_field == "custom_id"
+        return self.id_field
+
+    def _bad_line(self, line: BadLine, sized: bool) -> None:
+        """A line its reader could not take (a row: one unit of offset; a line: its bytes)."""
+        offset = self.offset
+        self.offset += line.size + 1 if sized else 1
+        self._bad(line, offset, line.reason())
+
+    def _not_json(self, line: bytes, offset: int) -> None:
+        if not line or line.isspace():
+            self.stats.blank += 1
+        else:
+            self._bad(line, offset, reason(line))
 
     def _oversized_id(self, line: bytes) -> str | None:
         if self.id_field is None or self._max_id is None:

@@ -37,7 +37,7 @@ from airflow_batchinfer.state.docs import Plan, read_plan, write_plan
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import id_text
-from airflow_batchinfer.storage.validate import LineValidator
+from airflow_batchinfer.storage.validate import LineValidator, RowBlock
 from tests.support.rounds import rows_in
 from tests.support.worker_jobs import run_jobs
 
@@ -159,6 +159,42 @@ def test_every_line_read_is_kept_once_or_rejected_with_its_reason(block: list[by
     assert [r["id"] for r in kept] == ids
     for line in good:  # what was read can be written back (the job's rows are these records)
         orjson.dumps({"samples": [{"record": orjson.loads(line)}]})
+
+
+def as_rows(block: list[bytes]) -> list[dict[str, Any]]:
+    """The records of ``block``'s lines that a Parquet row could be (objects orjson writes back)."""
+    out = []
+    for line in block:
+        try:
+            record = orjson.loads(line)
+            orjson.dumps(record)
+        except (orjson.JSONDecodeError, orjson.JSONEncodeError):
+            continue
+        if type(record) is dict:
+            out.append(record)
+    return out
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+@given(lines(max_size=8))
+def test_rows_that_come_parsed_are_checked_as_their_lines_are(block: list[bytes]) -> None:
+    """One set of checks: records handed over parsed (a Parquet block) meet the fates their JSON
+    lines meet (ids, repeats, depth, reject reasons and raw), unparsed."""
+    rows = as_rows(block)
+    by_rows, by_lines = Rejects(), Rejects()
+    check_rows = LineValidator(ErrorPolicy("in", "quarantine", by_rows), id_field=None)
+    check_lines = LineValidator(ErrorPolicy("in", "quarantine", by_lines), id_field=None)
+    lines_of = [orjson.dumps(r) for r in rows]
+    got = check_rows.check_block(RowBlock(rows, deep=True))
+    assert (list(got[0]), got[1], got[2]) == check_lines.check_block(lines_of)
+    assert by_rows.rows == by_lines.rows
+    assert vars(check_rows.stats) == vars(check_lines.stats)
 
 
 # ---------------------------------------------------------------------------- prompt, in memory

@@ -30,7 +30,7 @@ from airflow_batchinfer.storage.parquet_rows import (
 )
 from airflow_batchinfer.storage.reader import ErrorPolicy
 from airflow_batchinfer.storage.records import Record
-from airflow_batchinfer.storage.validate import LineValidator
+from airflow_batchinfer.storage.validate import LineValidator, RowBlock
 
 
 class Sink:
@@ -352,3 +352,130 @@ def test_a_wide_row_group_is_read_a_page_at_a_time() -> None:
         seen += len(block)
     assert seen == rows
     assert raw.largest <= 2 * 1024 * 1024 < len(data) // 10
+
+
+def mixed_table(n: int = 40) -> pa.Table:
+    """Good rows and every kind of bad one, in columns that convert as they are and ones that go
+    through JSON (a decimal, a timestamp, a map with int keys)."""
+    ids: list[Any] = [f"r{i}" for i in range(n)]
+    ids[1], ids[3], ids[5], ids[12] = None, "x" * 300, "r4", ""
+    floats = [i / 4 for i in range(n)]
+    floats[6], floats[30] = float("nan"), float("inf")
+    entry = pa.struct([("n", pa.int32()), ("d", pa.decimal128(10, 2)), ("tags", pa.list_(pa.string()))])
+    return pa.table(
+        {
+            "id": ids,
+            "x": floats,
+            "meta": pa.array(
+                [{"n": i, "d": Decimal(i) / 4, "tags": ["t"] * (i % 3)} if i % 4 else None for i in range(n)],
+                entry,
+            ),
+            "at": pa.array([1_714_571_100_000_000_001 + i for i in range(n)], pa.timestamp("ns", tz="UTC")),
+            "m": pa.array(
+                [[(i, "a"), (7, "b")] if i % 5 else None for i in range(n)], pa.map_(pa.int64(), pa.string())
+            ),
+            "blob": pa.array([b"\x00\xff" if i == 9 else None for i in range(n)], pa.binary()),
+            "cat": pa.array([("p", "q")[i % 2] for i in range(n)]).dictionary_encode(),
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "kw", [{}, {"assign": lambda line, offset: f"a{line}"}, {"window": 4}], ids=["plain", "assign", "window"]
+)
+def test_rows_come_parsed_and_are_checked_as_their_lines_are(kw: dict[str, Any]) -> None:
+    """A mixed good/bad file: its blocks (records, unparsed) and the same rows as JSON lines give
+    the validator the same records, ids, stats and reject rows (row number, reason, raw)."""
+    data = parquet(mixed_table(), row_group_size=16)
+    by_rows, by_lines = Sink(), Sink()
+    rows = LineValidator(ErrorPolicy("p", "quarantine", by_rows), id_field="id", max_id_bytes=256, **kw)
+    lines = LineValidator(ErrorPolicy("p", "quarantine", by_lines), id_field="id", max_id_bytes=256, **kw)
+    kept: list[Record] = []
+    for block in parquet_blocks(io.BytesIO(data), (0, 3), source="p", batch_rows=7):
+        assert isinstance(block, RowBlock)
+        as_lines = [line for line in block]  # each row's JSON line, as a JSONL range would hold it
+        assert type(as_lines[0]) in (bytes, UnreadableRow)
+        good, ids, records = rows.check_block(block)
+        assert (list(good), ids, records) == lines.check_block(as_lines)
+        kept += records
+    assert by_rows.rows == by_lines.rows
+    assert vars(rows.stats) == vars(lines.stats)
+    why = {r["line_no"]: r["error"].split(",")[0] for r in by_rows.rows}
+    assert sorted(why) == ([4, 6, 7, 8, 10, 13, 31] if "assign" in kw else [2, 4, 6, 7, 8, 10, 13, 31])
+    by_id = {r["id"]: r for r in kept}
+    assert by_id["r0"]["meta"] is None and by_id["r2"]["meta"] == {"n": 2, "d": "0.50", "tags": ["t", "t"]}
+    assert by_id["r2"]["at"] == "2024-05-01T13:45:00.000000003+00:00" and by_id["r2"]["m"] == {
+        "2": "a",
+        "7": "b",
+    }
+
+
+def test_a_block_of_good_rows_is_never_written_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows of JSON-native columns are converted once (``to_pylist``): no line is made of a kept
+    row, only of a rejected one (its reject's ``raw``) or when the block is read as a list."""
+    from airflow_batchinfer.storage import validate
+
+    made: list[Record] = []
+
+    def dumps(record: Record) -> bytes:
+        made.append(record)
+        return orjson.dumps(record)
+
+    monkeypatch.setattr(validate, "dumps", dumps)
+    monkeypatch.setattr(orjson, "loads", None)  # nothing is parsed either
+    ids = [f"q{i}" for i in range(500)]
+    ids[100] = "q7"
+    table = pa.table({"id": ids, "p": ["lorem"] * 500, "n": range(500), "f": [0.5] * 500})
+    kept, rejects, _ = validate_rows(parquet(table))
+    assert len(kept) == 499 and [r["line_no"] for r in rejects] == [101]
+    assert made == [{"id": "q7", "p": "lorem", "n": 100, "f": 0.5}]
+    assert rejects[0]["raw"] == '{"id":"q7","p":"lorem","n":100,"f":0.5}'
+
+
+def validate_rows(data: bytes) -> tuple[list[Record], list[Record], list[RowBlock]]:
+    sink = Sink()
+    validator = LineValidator(ErrorPolicy("p", "quarantine", sink), id_field="id")
+    kept: list[Record] = []
+    goods: list[RowBlock] = []
+    for block in parquet_blocks(io.BytesIO(data), (0, 1), source="p", batch_rows=128):
+        good, _, records = validator.check_block(block)
+        assert isinstance(good, RowBlock)
+        goods.append(good)
+        kept += records
+    return kept, sink.rows, goods
+
+
+def test_a_row_block_reads_as_its_lines() -> None:
+    """What a reader that wants lines sees (e.g. sniffing the id field): the rows' JSON lines, made
+    when first read, the kept ones' too."""
+    table = pa.table({"id": [1, 2, 2], "x": [0.5, float("nan"), 1.0]})
+    block = next(parquet_blocks(io.BytesIO(parquet(table)), (0, 1), source="p", batch_rows=10))
+    assert isinstance(block, RowBlock) and len(block) == 3 and len(block.records) == 3
+    assert block[0] == b'{"id":1,"x":0.5}' and isinstance(block[1], UnreadableRow)
+    assert block == [b'{"id":1,"x":0.5}', block[1], b'{"id":2,"x":1.0}'] and block[1:] == list(block)[1:]
+    _, _, goods = validate_rows(parquet(table))
+    assert [list(good) for good in goods] == [[b'{"id":1,"x":0.5}', b'{"id":2,"x":1.0}']]
+    one = RowBlock([{"id": 1}])
+    assert list(one) == [b'{"id":1}'] and (one != RowBlock([{"id": 1}])) is False  # the other made on demand
+    assert one != RowBlock([{"id": 2}])
+    assert RowBlock([{"id": 2}]) == [b'{"id":2}']
+    assert b"\n".join(list(goods[0])) == b'{"id":1,"x":0.5}\n{"id":2,"x":1.0}'
+
+
+def test_a_value_with_no_json_form_makes_its_row_unreadable_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Columns are made JSON's a column at a time; where one value cannot be, row by row."""
+    from airflow_batchinfer.storage import parquet_rows
+
+    default = parquet_rows._default
+
+    def refuse_13(value: Any) -> Any:
+        if value == 13:
+            raise TypeError("13 has no JSON form here")
+        return default(value)
+
+    monkeypatch.setattr(parquet_rows, "_default", refuse_13)
+    table = pa.table({"id": range(20), "d": pa.array([Decimal(i) for i in range(20)], pa.decimal128(5, 0))})
+    kept, rejects, _ = validate(parquet(table), (0, 1), batch_rows=10)
+    assert [r["d"] for r in kept] == [str(i) for i in range(20) if i != 13]
+    assert [r["line_no"] for r in rejects] == [14] and "column 'd' (decimal128(5, 0))" in rejects[0]["error"]
+    assert rejects[0]["raw"] == "{'d': Decimal('13'), 'id': 13}"
