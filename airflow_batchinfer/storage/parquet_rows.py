@@ -146,11 +146,11 @@ def row_groups(raw: BinaryIO, size: int, source: str) -> list[RowGroup]:
 
 def parquet_blocks(
     raw: BinaryIO, groups: tuple[int, int], *, source: str, batch_rows: int
-) -> Iterator[list[bytes]]:
+) -> Iterator[RowBlock]:
     """The rows of row groups ``[a, b)`` of ``raw`` in order, in blocks of at most ``batch_rows``: one
     JSON object line per row (no newline), or an :class:`UnreadableRow` where a row has no JSON form.
     Each block is a :class:`~airflow_batchinfer.storage.validate.RowBlock`: its rows' records, which
-    the validator checks as they are, its lines made only if it is read as a list. Memory is bounded
+    the validator checks as they are, its lines made only if asked (``lines()``). Memory is bounded
     by ``batch_rows`` rows (plus a page buffer per column), whatever the file's size."""
     first, end = groups
     if batch_rows < 1:

@@ -17,6 +17,7 @@ from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.reader import RecordSink
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.shard_ref import Piece
+from airflow_batchinfer.storage.validate import RowBlock
 
 # Rows of a Parquet piece per block: what the validator, and the memory of wide rows, hold at once
 PARQUET_BATCH_ROWS = 1024
@@ -97,8 +98,8 @@ class PieceRejects:
 
 def parquet_piece(
     part: JsonlFile, piece: Piece, size: int, started: Callable[[tuple[int, ...]], None]
-) -> Iterator[list[bytes]]:
-    """A Parquet piece's rows as JSON lines in blocks
+) -> Iterator[RowBlock]:
+    """A Parquet piece's rows in blocks
     (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`); before the first,
     ``started(starts)`` is told its row starts (:attr:`At.starts`, from the footer)."""
     from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups

@@ -316,7 +316,7 @@ def _first_lines(inp: InputParts, source: JsonlFile) -> Iterator[bytes]:
         with JsonlFile(source.loc.at(part.uri)).open_raw() as raw:
             groups = row_groups(raw, part.size, part.uri)
             for block in parquet_blocks(raw, (0, len(groups)), source=part.uri, batch_rows=64):
-                yield from block
+                yield from block.lines()
         return
 
 

@@ -41,7 +41,7 @@ from airflow_batchinfer.storage.records import (
     check_on_error,
 )
 from airflow_batchinfer.storage.shard_ref import Piece, RangeRef, ShardRef
-from airflow_batchinfer.storage.validate import LineValidator
+from airflow_batchinfer.storage.validate import LineValidator, RowBlock
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ class RangeRecordReader(RecordReader):
                 "input unchanged while its run lives, or start a new run (another run root) over it."
             )
 
-    def _blocks(self) -> Iterator[list[bytes]]:
+    def _blocks(self) -> Iterator[list[bytes] | RowBlock]:
         """The range's lines in blocks: its bytes of the file, or each piece's of its part in turn
         (each part's version checked first; a part's last line ends with the part)."""
         bound = self.range.max_line_bytes

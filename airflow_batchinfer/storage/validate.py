@@ -19,8 +19,8 @@ loop, unparsed and never serialized unless rejected (the reject row keeps the re
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any, SupportsIndex, overload
+from collections.abc import Callable
+from typing import Any, overload
 
 import orjson
 
@@ -43,54 +43,26 @@ from airflow_batchinfer.storage.records import (
 _DEEP_LINE = 2 * MAX_DEPTH + 1  # bytes a line needs to nest deeper than MAX_DEPTH ("[" and "]" each level)
 
 
-class RowBlock(list[bytes]):
+class RowBlock:
     """Rows that come parsed (a Parquet batch's), which :meth:`LineValidator.check_block` checks
     without parsing them: ``records`` holds each row's record (JSON values only, as ``orjson.loads``
     would give them) or the :class:`~airflow_batchinfer.storage.lines.BadLine` in its place;
     ``deep``: a record may nest deeper than :data:`MAX_DEPTH` (its schema does), so each is walked.
+    Not a list of lines: a reader that wants lines (e.g. to sniff an input's id field) asks
+    :meth:`lines`, so none is serialized unasked."""
 
-    As a list it is the rows' JSON lines, serialized when it is first iterated or indexed (a reader
-    that wants lines, e.g. to sniff an input's id field); ``len`` is its rows'. C code that reads a
-    list's items in place (``b"".join``) sees them only after that: iterate it (``list(block)``)."""
+    __slots__ = ("deep", "records")
 
     def __init__(self, records: list[Any], *, deep: bool = False) -> None:
-        super().__init__()
         self.records = records
         self.deep = deep
-        self._made = False
-
-    def _lines(self) -> None:
-        if not self._made:
-            self._made = True
-            self.extend(r if isinstance(r, BadLine) else dumps(r) for r in self.records)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def __iter__(self) -> Iterator[bytes]:
-        self._lines()
-        return super().__iter__()
-
-    @overload
-    def __getitem__(self, i: SupportsIndex) -> bytes: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[bytes]: ...
-    def __getitem__(self, i: SupportsIndex | slice) -> bytes | list[bytes]:
-        self._lines()
-        return super().__getitem__(i)
-
-    def __eq__(self, other: object) -> bool:
-        self._lines()
-        if isinstance(other, RowBlock):
-            other._lines()
-        return super().__eq__(other)
-
-    def __ne__(self, other: object) -> bool:
-        return not self == other
-
-    def __repr__(self) -> str:
-        self._lines()
-        return super().__repr__()
+    def lines(self) -> list[bytes]:
+        """The rows as JSON object lines (a bad row as it is)."""
+        return [r if isinstance(r, BadLine) else dumps(r) for r in self.records]
 
 
 AssignId = Callable[[int, int], str]
@@ -163,7 +135,13 @@ class LineValidator:
         self.line_no = 0  # of the last line checked (1-based)
         self.offset = 0  # byte offset of the next line (with ``offsets``)
 
-    def check_block(self, block: list[bytes]) -> tuple[list[bytes], list[Any], list[Record]]:
+    @overload
+    def check_block(self, block: RowBlock) -> tuple[RowBlock, list[Any], list[Record]]: ...
+    @overload
+    def check_block(self, block: list[bytes]) -> tuple[list[bytes], list[Any], list[Record]]: ...
+    def check_block(
+        self, block: list[bytes] | RowBlock
+    ) -> tuple[list[bytes] | RowBlock, list[Any], list[Record]]:
         """The good lines of ``block`` (re-serialized where an id was assigned), their ids and
         records. The common path (a valid object with a fresh id) is a few C calls per line; every
         error path goes through the helpers that name what is wrong. A :class:`RowBlock`'s records
@@ -176,11 +154,14 @@ class LineValidator:
         id_chars = self._id_chars
         rows: list[Any] | None = None
         deep = False
+        lines: list[bytes] = []
         if isinstance(block, RowBlock):
             rows, deep = block.records, block.deep
+        else:
+            lines = block
         line = b""
         record: Any
-        for item in block if rows is None else rows:
+        for item in lines if rows is None else rows:
             self.line_no += 1
             offset = self.offset
             if type(item) is not bytes and isinstance(item, BadLine):  # e.g. an OversizedLine

@@ -192,7 +192,7 @@ def test_rows_that_come_parsed_are_checked_as_their_lines_are(block: list[bytes]
     check_lines = LineValidator(ErrorPolicy("in", "quarantine", by_lines), id_field=None)
     lines_of = [orjson.dumps(r) for r in rows]
     got = check_rows.check_block(RowBlock(rows, deep=True))
-    assert (list(got[0]), got[1], got[2]) == check_lines.check_block(lines_of)
+    assert (got[0].lines(), got[1], got[2]) == check_lines.check_block(lines_of)
     assert by_rows.rows == by_lines.rows
     assert vars(check_rows.stats) == vars(check_lines.stats)
 
