@@ -55,7 +55,6 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         for dag_id in (
             "e2e_rounds",
             "e2e_hybrid",
-            "e2e_in_place",
             "e2e_review",
             "e2e_judge_pool",
             "e2e_lanes",
