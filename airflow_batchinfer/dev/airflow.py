@@ -339,9 +339,10 @@ class DevAirflow:
         on_review: Callable[[dict[str, Any]], str | None] | None = None,
         review_delay_s: float = 10.0,
         on_poll: Callable[[list[dict[str, Any]]], None] | None = None,
-        poll_s: float = 2.0,
+        poll_s: float = 1.0,
     ) -> str:
-        """Wait for a run to end; returns its state. ``on_review(detail)`` answers each review gate
+        """Wait for a run to end (asked every ``poll_s``: a run's end is seen half of it late, on
+        average); returns its state. ``on_review(detail)`` answers each review gate
         (``None`` leaves it open); answers wait ``review_delay_s`` after the gate opened, because
         Airflow 3.3.2 can fail a task answered within a few seconds of its gate opening."""
         deadline = time.monotonic() + timeout_s
