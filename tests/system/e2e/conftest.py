@@ -44,6 +44,7 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         home=e2e_root / "airflow",
         dags_folder=E2E_DAGS,
         parallelism=12,
+        preload=True,  # tasks fork with the DAG-building modules imported (dev/preloaded.py)
         env={
             "BATCHINFER_E2E_ROOT": str(e2e_root),
             "BATCHINFER_CACHE": str(cache),
