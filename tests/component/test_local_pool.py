@@ -295,22 +295,23 @@ def test_rerun_reuses_finished_jobs_and_recomputes_changed_ones(tmp_path: Path, 
                    "--prompt-template", "{{ question }}", "--judge", '{"type": "llm"}', "--max-rounds", "2",
                    "--records-per-shard", "50", *extra, env=env)  # fmt: skip
 
-    def manifests() -> dict[str, tuple[int, str]]:
+    def manifests(rounds: str = "round-*") -> dict[str, tuple[int, str]]:
         return {
-            p.name: (p.stat().st_mtime_ns, json.loads(p.read_text())["fingerprint"])
-            for p in (root / "round-00" / "jobs").glob("*.json")
+            str(p.relative_to(root)): (p.stat().st_mtime_ns, json.loads(p.read_text())["fingerprint"])
+            for p in root.glob(f"{rounds}/jobs/*.json")
             if not p.name.endswith(".accepted.json")  # close's acceptance records, not job manifests
         }
 
     try:
         first = run()
         before = manifests()
-        assert len(before) == 4  # 4 shards x one infer_judge job
-        again = run()
+        assert len(manifests("round-00")) == 4  # 4 shards x one infer_judge job
+        assert len(before) > 4 and first["rounds"][1]["shards"] > 0  # round 1's jobs too
+        again = run()  # every round's jobs reused, none run again
         assert manifests() == before and again["approved"] == first["approved"]
         run("--sampling", '{"max_tokens": 8}')
-        after = manifests()
-        assert all(after[n][1] != before[n][1] and after[n][0] > before[n][0] for n in before)
+        after, changed = manifests(), manifests("round-00")
+        assert all(after[n][1] != before[n][1] and after[n][0] > before[n][0] for n in changed)
     finally:
         cli("pool", "down", "--name", "resume", env=env)
 

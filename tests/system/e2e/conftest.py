@@ -44,6 +44,7 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         home=e2e_root / "airflow",
         dags_folder=E2E_DAGS,
         parallelism=12,
+        preload=True,  # tasks fork with the DAG-building modules imported (dev/preloaded.py)
         env={
             "BATCHINFER_E2E_ROOT": str(e2e_root),
             "BATCHINFER_CACHE": str(cache),
@@ -55,7 +56,6 @@ def airflow(e2e_root: Path) -> Iterator[Any]:
         for dag_id in (
             "e2e_rounds",
             "e2e_hybrid",
-            "e2e_in_place",
             "e2e_review",
             "e2e_judge_pool",
             "e2e_lanes",

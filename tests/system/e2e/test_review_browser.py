@@ -1,6 +1,6 @@
 """The Airflow UI and the review desk in a real browser (headless Chromium from the system's package,
 driven by Playwright) on a real Airflow 3.3.2 (the e2e ``airflow`` fixture), with the DAGs of
-tests/system/e2e/dags/batchinfer_review_e2e.py: the trigger form, a reviewer's decisions and the gate's
+tests/system/e2e/dags/e2e_browser_*.py: the trigger form, a reviewer's decisions and the gate's
 answer with a changed temperature, people as the judge, and hostile model output shown as text.
 
 Screenshots of every step go to ``$BATCHINFER_TEST_ARTIFACTS/<test>/`` (default

@@ -280,7 +280,7 @@ def test_the_shard_task_refuses_an_input_inside_another_dags_run_root(tmp_path: 
     assert shard(SCRATCH, "scratch-3", shared=("finance", "scratch"))
 
 
-def test_an_owner_record_the_check_cannot_read_refuses_the_input(
+def test_an_owner_record_the_check_cannot_read_refuses_the_input_and_the_run_root(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Fail closed: on S3 without list permission a missing key is a 403, and an unreadable record
@@ -296,6 +296,10 @@ def test_an_owner_record_the_check_cannot_read_refuses_the_input(
     with pytest.raises(ConfigError, match=r"cannot read .*owner.json to check that input .* Remedy: let"):
         run_owner.input_refusal(data, SCRATCH, prefixes=[str(tmp_path)])
     assert run_owner.input_refusal(data, SCRATCH, prefixes=[]) is None  # no prefix admits it: not walked
+    # a new run root's nesting check reads owner records the same way, and refuses the same way
+    nested = r"cannot read .*owner.json to check that the run root .* nests in no other DAG's run root"
+    with pytest.raises(ConfigError, match=nested + r".* Remedy: let .* or name another output_root"):
+        run_owner.nesting_refusal(str(tmp_path / "runs" / "r"), SCRATCH, prefixes=[str(tmp_path)])
 
 
 # ----------------------------------------------------------------------------- nested run roots

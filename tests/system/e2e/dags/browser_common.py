@@ -1,5 +1,6 @@
-"""DAGs for the browser tests (tests/system/e2e/test_review_browser.py): the factory's pipeline on a local
-pool of their own, each with defaults that run as they are, so the trigger form can be submitted untouched.
+"""What the browser tests' DAG files share (tests/system/e2e/test_review_browser.py; e2e_browser_*.py
+here, one DAG each, as e2e_common.py says why): the factory's pipeline on a local pool of their own,
+each with defaults that run as they are, so the trigger form can be submitted untouched.
 
 - ``e2e_browser_trigger``: one round of the SIMULATED engine over ``browser/trigger.jsonl``;
 - ``e2e_browser_review``: arithmetic questions the SIMULATED engine answers wrongly (rejected by the
@@ -14,14 +15,14 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
-from airflow_batchinfer.dag_factory import build_batch_inference_dag
 from airflow_batchinfer.spec.limits import TriggerLimits
 
 ROOT = os.environ.get("BATCHINFER_E2E_ROOT", "/tmp/batchinfer-e2e")
 BROWSER = f"{ROOT}/browser"
 POOL = "local://e2e-browser"  # one pool spec (engine, options, size) for every simulated DAG here
-SIMULATED = {
+SIMULATED: dict[str, Any] = {
     "output_root": f"{BROWSER}/runs",
     "engine": "simulated",
     "model": None,
@@ -38,43 +39,5 @@ SIMULATED = {
 }
 ARITHMETIC = {"type": "expected_answer", "field": "answer", "match": "number"}
 LIMITS = TriggerLimits(allowed_input_prefixes=(ROOT,))
-COMMON = {"airflow_pool": "e2e", "retries": 1, "retry_delay": timedelta(seconds=1), "poll_interval_s": 0.5,
-          "limits": LIMITS}  # fmt: skip
-
-build_batch_inference_dag(
-    "e2e_browser_trigger",
-    max_rounds=1,
-    defaults={**SIMULATED, "input": f"{BROWSER}/trigger.jsonl", "judge": {"type": "llm"}},
-    **COMMON,
-)
-
-build_batch_inference_dag(
-    "e2e_browser_review",
-    max_rounds=2,
-    defaults={**SIMULATED, "input": f"{BROWSER}/review.jsonl", "judge": ARITHMETIC, "review": "every_round"},
-    **COMMON,
-)
-
-build_batch_inference_dag(
-    "e2e_browser_people",
-    max_rounds=2,
-    defaults={**SIMULATED, "input": f"{BROWSER}/people.jsonl", "judge": {"type": "human"}},
-    **COMMON,
-)
-
-build_batch_inference_dag(
-    "e2e_browser_echo",
-    max_rounds=1,
-    defaults={
-        **SIMULATED,
-        "input": f"{BROWSER}/echo.jsonl",
-        "engine": "openai",
-        "model": "echo",
-        # the test sets base_url to its server in the run's conf (the DAG's default names the key)
-        "engine_options": {"base_url": "http://127.0.0.1:9/v1", "max_retries": 0},
-        "worker_pool": "local://e2e-browser-echo",
-        "judge": {"type": "length", "max_chars": 40},
-        "review": "every_round",
-    },
-    **COMMON,
-)
+COMMON: dict[str, Any] = {"airflow_pool": "e2e", "retries": 1, "retry_delay": timedelta(seconds=1),
+                          "poll_interval_s": 0.5, "limits": LIMITS}  # fmt: skip

@@ -1,6 +1,8 @@
-"""DAGs of the production-shaped tier (tests/system/deployment/): the factory's pipeline on the SIMULATED
-engine, input and run roots on the S3 server (the Airflow side reaches it through the AWS connection
-``deploy_s3``, made through the REST API), worker pools that are not on the Airflow hosts.
+"""What the DAG files of the production-shaped tier (tests/system/deployment/) share (deploy_*.py here,
+one DAG each: a task parses its own DAG's file, see tests/system/e2e/dags/e2e_common.py): the
+factory's pipeline on the SIMULATED engine, input and run roots on the S3 server (the Airflow side
+reaches it through the AWS connection ``deploy_s3``, made through the REST API), worker pools that
+are not on the Airflow hosts.
 
 - ``deploy_review``: two rounds with a review gate after the first, on the static pool ``deploy_static``;
 - ``deploy_rounds``: one round; tests point ``worker_pool`` at the Kubernetes pool, a local pool or
@@ -20,12 +22,12 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
-from airflow_batchinfer.dag_factory import build_batch_inference_dag
 from airflow_batchinfer.spec.limits import TriggerLimits
 
 BUCKET = os.environ.get("BATCHINFER_DEPLOY_BUCKET", "batchinfer-deploy")
-SIMULATED = {
+SIMULATED: dict[str, Any] = {
     "input": f"s3://{BUCKET}/data/default.jsonl",
     "output_root": f"s3://{BUCKET}/runs",
     "engine": "simulated",
@@ -46,7 +48,7 @@ LIMITS = TriggerLimits(
     allowed_worker_pools=("deploy_k8s", "deploy_shared", "local://deploy-local"),
     allowed_storage_secrets=("s3-env",),
 )
-COMMON = {
+COMMON: dict[str, Any] = {
     "airflow_pool": "deploy",
     "aws_conn_id": "deploy_s3",
     "retries": 2,
@@ -55,30 +57,4 @@ COMMON = {
     "limits": LIMITS,
 }
 
-RULE_JUDGE = {"type": "regex", "pattern": "[0-9]$", "must_match": True}  # no engine time
-
-build_batch_inference_dag(
-    "deploy_review",
-    max_rounds=2,
-    defaults={**SIMULATED, "review": "every_round"},
-    **COMMON,
-)
-build_batch_inference_dag("deploy_rounds", max_rounds=1, defaults=SIMULATED, **COMMON)
-build_batch_inference_dag(
-    "deploy_deferred",
-    max_rounds=1,
-    defaults={
-        **SIMULATED,
-        "worker_pool": "deploy_slow",
-        "judge": RULE_JUDGE,
-    },
-    default_args={"lost_grace_s": 5.0},
-    **{**COMMON, "aws_conn_id": None},
-)
-build_batch_inference_dag(
-    "deploy_inline",
-    max_rounds=1,
-    defaults={**SIMULATED, "worker_pool": "deploy_slow", "judge": RULE_JUDGE},
-    default_args={"in_task": True, "lost_grace_s": 5.0},
-    **COMMON,
-)
+RULE_JUDGE: dict[str, Any] = {"type": "regex", "pattern": "[0-9]$", "must_match": True}  # no engine time

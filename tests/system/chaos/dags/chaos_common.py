@@ -1,5 +1,7 @@
-"""DAGs for the chaos suite: the factory's pipeline on the SIMULATED engine (no model; batch latency
-and the judge's verdicts are set per run through ``engine_options``), one DAG per way of failing.
+"""What the chaos suite's DAG files share (chaos_*.py here, one DAG each: a task parses its own DAG's
+file, see tests/system/e2e/dags/e2e_common.py): the factory's pipeline on the SIMULATED engine (no
+model; batch latency and the judge's verdicts are set per run through ``engine_options``), a DAG per
+way of failing.
 
 Each round maps one lane per pool slot (4); a lane runs its shards one at a time.
 
@@ -18,13 +20,13 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
-from airflow_batchinfer.dag_factory import build_batch_inference_dag
 from airflow_batchinfer.spec.limits import TriggerLimits
 
 ROOT = os.environ.get("BATCHINFER_CHAOS_ROOT", "/tmp/batchinfer-chaos")
 BUCKET = os.environ.get("BATCHINFER_CHAOS_BUCKET", "batchinfer-chaos")
-SIMULATED = {
+SIMULATED: dict[str, Any] = {
     "input": f"{ROOT}/data.jsonl",
     "output_root": f"{ROOT}/runs",
     "engine": "simulated",
@@ -41,7 +43,7 @@ SIMULATED = {
     "preflight_records": 0,
     "max_rounds": 2,
 }
-COMMON = {
+COMMON: dict[str, Any] = {
     "max_rounds": 2,
     "airflow_pool": "chaos",
     "retries": 2,
@@ -50,39 +52,3 @@ COMMON = {
     # each test triggers with its own dataset, and one on a pool of its own
     "limits": TriggerLimits(allowed_input_prefixes=(ROOT,), allowed_worker_pools=("local://",)),
 }
-
-build_batch_inference_dag(
-    "chaos_rounds",
-    defaults=SIMULATED,
-    default_args={"lost_grace_s": 5.0},
-    **COMMON,
-)
-
-build_batch_inference_dag(
-    "chaos_disk",
-    defaults=SIMULATED,
-    default_args={"lost_grace_s": 5.0},
-    **{**COMMON, "retries": 1},
-)
-
-build_batch_inference_dag(
-    "chaos_inline",
-    defaults=SIMULATED,
-    default_args={"in_task": True, "lost_grace_s": 5.0},
-    **COMMON,
-)
-
-build_batch_inference_dag(
-    "chaos_s3",
-    defaults={**SIMULATED, "output_root": f"s3://{BUCKET}/chaos", "worker_pool": "local://chaos-s3"},
-    aws_conn_id="chaos_s3",
-    default_args={"lost_grace_s": 5.0},
-    **{**COMMON, "retries": 3, "retry_delay": timedelta(seconds=8)},
-)
-
-build_batch_inference_dag(
-    "chaos_review",
-    defaults={**SIMULATED, "review": "every_round", "worker_pool": "local://chaos-review", "idle_ttl_s": 3},
-    default_args={"lost_grace_s": 5.0},
-    **COMMON,
-)
