@@ -9,8 +9,8 @@ column                type      holds
 ====================  ========  ================================================================
 ``id``                string    the row's id as text (the id field's value; an integer id written
                                 out in decimal)
-*the input's columns* as typed  the input's top-level fields, in the input's order, each typed as
-                                the run pinned them when it was planned
+*the input's*         typed     the input's top-level fields, in the input's order, each typed as
+*columns*                       the run pinned them when it was planned
                                 (:mod:`~airflow_batchinfer.storage.parquet_columns`): ``string``,
                                 ``int64``, ``float64``, ``bool``, or ``json`` (a string column
                                 holding the value as JSON: nested values)
