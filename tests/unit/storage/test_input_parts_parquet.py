@@ -165,3 +165,42 @@ def test_batchinfer_plan_sizes_a_parquet_input_from_its_footers(
         f"{total:,} records (from the footers)"
     )
     assert second.startswith(f"{total:,} records on 1 GPU ")
+
+
+def test_the_id_field_is_detected_past_a_first_part_without_rows(tmp_path: Path) -> None:
+    """A first part with a footer but no rows yields no record: detection reads the next part's, so an
+    OpenAI-style dataset (custom_id and body) is not read with ``id`` and rejected row by row."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(name: str, n: int) -> None:
+        rows = {"custom_id": [f"c{i}" for i in range(n)], "body": [{"q": "x"}] * n}
+        buf = io.BytesIO()
+        pq.write_table(
+            pa.table(
+                rows,
+                schema=pa.schema([("custom_id", pa.string()), ("body", pa.struct([("q", pa.string())]))]),
+            ),
+            buf,
+        )
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / name).write_bytes(buf.getvalue())
+
+    write("part-0.parquet", 0)
+    write("part-1.parquet", 5)
+    planned = shard_ranges(
+        str(tmp_path / "data"),
+        str(tmp_path / "run" / "input"),
+        records_per_shard=400,
+        max_bytes_per_shard=1 << 30,
+        id_field=None,
+        assign_ids=False,
+    )
+    assert planned is not None and planned[1].id_field == "custom_id"
+    rejects = Sink()
+    rows = [
+        r for s in planned[0] for r in read_range(s, id_field="custom_id", assign_ids=False, rejects=rejects)
+    ]
+    assert [r["custom_id"] for r in rows] == [f"c{i}" for i in range(5)] and not rejects
