@@ -115,9 +115,9 @@ def parquet_part_rows(
     """The rows of a Parquet part's row groups ``rows`` (``None``: all) in blocks
     (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`); before the first,
     ``started(starts)`` is told their row starts (:attr:`At.starts`, from the footer)."""
-    from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups
+    from airflow_batchinfer.storage.parquet_rows import READ_BUFFER, parquet_blocks, row_groups
 
-    with part.open_raw() as raw:
+    with part.open_raw(block_size=READ_BUFFER) as raw:  # seeks to column chunks: no 50 MiB blocks
         groups = row_groups(raw, size, part.uri)
         first, end = rows or (0, len(groups))
         if started is not None:
