@@ -280,6 +280,8 @@ class RangeRecordReader(RecordReader):
         return (None, None) if at is None else (at.piece.uri, at.part_line(line))
 
     def _part_name(self, piece: Piece) -> str:
+        if piece.uri == self.file.uri:  # one Parquet file, its own root: its name, as one file's ids
+            return self.file.loc.name
         root = self.file.uri.rstrip("/") + "/"
         return piece.uri[len(root) :] if piece.uri.startswith(root) else piece.uri
 

@@ -82,7 +82,7 @@ def test_a_single_parquet_file_is_planned_by_row_groups_from_its_footer(tmp_path
     )
     assert planned is not None
     shards, manifest, _ = planned
-    assert [s.records for s in shards] == [400, 400, 200] and shards[0].uri == str(tmp_path)
+    assert [s.records for s in shards] == [400, 400, 200] and shards[0].uri == str(tmp_path / "one.parquet")
     assert (tmp_path / "one.parquet").stat().st_size > 2_000_000
     assert manifest.planning is not None and manifest.planning["bytes_read"] <= 64 * 1024  # the footer
     assert read_shards(shards)[0] == [f"r{i}" for i in range(1000)]
@@ -145,6 +145,17 @@ def test_assigned_ids_name_the_part_and_row(tmp_path: Path) -> None:
     assert planned is not None
     got = [r["id"] for r in read_range(planned[0][0], id_field="id", assign_ids=True, rejects=Sink())]
     assert got == ["p.parquet#1", "p.parquet#2", "p.parquet#3"]
+    # one file given as the input (the shards' own root): the same ids
+    one = shard_ranges(
+        str(tmp_path / "data" / "p.parquet"),
+        str(tmp_path / "run1" / "input"),
+        records_per_shard=10,
+        max_bytes_per_shard=1 << 30,
+        id_field="id",
+        assign_ids=True,
+    )
+    assert one is not None
+    assert [r["id"] for r in read_range(one[0][0], id_field="id", assign_ids=True, rejects=Sink())] == got
 
 
 def test_parts_without_rows_only_are_refused(tmp_path: Path) -> None:
