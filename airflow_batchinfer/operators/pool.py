@@ -280,9 +280,10 @@ class PoolSetupOperator(BaseOperator):
             self.allowed_adapters = tuple(dict.fromkeys((*self.allowed_adapters, *in_force.allowed_adapters)))
             # Round 0 reads the input in place: the workers may read wherever a run's input is allowed
             # to be. That list is the deployment's, not each run's file, so the pool's spec (and its
-            # warm workers) stay the same from one input to the next.
+            # warm workers) stay the same from one input to the next. A glob allows its fixed
+            # directory: its range jobs' input, and their parts' prefix.
             self.allowed_prefixes = list(
-                dict.fromkeys([*self.allowed_prefixes, *in_force.allowed_input_prefixes])
+                dict.fromkeys([*self.allowed_prefixes, *in_force.input_read_prefixes])
             )
         replicas = int(self.replicas)
         pool = open_pool(self.worker_pool)

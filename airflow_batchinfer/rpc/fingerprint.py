@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_batchinfer.rpc.models import JobSpec
+from airflow_batchinfer.storage.jsonl_file import JsonlFile
+from airflow_batchinfer.storage.location import StorageOptions
 
 # The version of what job ids and fingerprints hash. Bump it to change every job's id and fingerprint
 # on purpose (a new serialisation of params: state.params.JobParams.wire); version 1 adds nothing to
@@ -41,6 +43,21 @@ def fingerprint(spec: JobSpec, engine: Mapping[str, Any], input_info: Mapping[st
     if schema_verdicts(spec.params.get("judge"), engine.get("engine")):
         payload["verdict_schema"] = VERDICT_SCHEMA  # only then: other jobs keep the fingerprints they had
     return _digest(payload)
+
+
+def spec_input_info(spec: JobSpec, storage_options: StorageOptions | None) -> dict[str, Any]:
+    """What ``spec``'s job id and fingerprint pin its input to (:func:`pin_input`, :func:`fingerprint`):
+    the stored file's size and version, or for a part input's range shard (``params.input_range``
+    with pieces) a hash of its pieces (the parts' URIs, spans and the versions planning pinned; the
+    job refuses a part that changed since). Its input is then the parts' root directory, whose stat
+    changes with any file added beside them: it pins nothing the job reads. Raises
+    :class:`FileNotFoundError` for a file that is not there."""
+    rng = spec.params.get("input_range")
+    pieces = rng.get("pieces") if isinstance(rng, Mapping) else None
+    if isinstance(pieces, list) and pieces:
+        digest = hashlib.sha256(json.dumps(pieces, sort_keys=True, default=str).encode()).hexdigest()
+        return {"size": len(pieces), "ETag": f"pieces:{digest[:32]}"}  # size: the piece count
+    return JsonlFile(spec.input, storage_options=storage_options).info()
 
 
 def input_version(input_info: Mapping[str, Any]) -> str:

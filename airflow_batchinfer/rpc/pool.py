@@ -30,7 +30,7 @@ from airflow_batchinfer.exceptions import (
     WorkerUnavailable,
 )
 from airflow_batchinfer.rpc.client import WorkerClient
-from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
+from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_input_info
 from airflow_batchinfer.rpc.locate import (
     LOCATE_TIMEOUT_S,
     UNREACHABLE_GRACE_S,
@@ -42,7 +42,6 @@ from airflow_batchinfer.rpc.locate import (
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, JobSpec, JobStatus
 from airflow_batchinfer.rpc.tracking import JobEvent, Observation, after_event, event_for, next_action
 from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
-from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.storage.location import StorageOptions
 
 if TYPE_CHECKING:
@@ -384,8 +383,9 @@ class PoolClient:
         return self._engine
 
     async def pinned(self, spec: JobSpec) -> JobSpec:
-        """``spec`` pinned to the current version of its input file (see :func:`pin_input`)."""
-        info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
+        """``spec`` pinned to the current version of its input (see :func:`pin_input`,
+        :func:`spec_input_info`)."""
+        info = await asyncio.to_thread(spec_input_info, spec, self.storage_options)
         return pin_input(spec, info)
 
     async def finished(self, spec: JobSpec) -> JobManifest | None:
@@ -397,7 +397,7 @@ class PoolClient:
         manifest = await asyncio.to_thread(self._manifest, spec)
         if manifest is None:
             return None
-        info = await asyncio.to_thread(JsonlFile(spec.input, storage_options=self.storage_options).info)
+        info = await asyncio.to_thread(spec_input_info, spec, self.storage_options)
         expected = fingerprint(spec, await self.engine(), info)
         if manifest.fingerprint != expected:
             log.info(

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import StorageError
-from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input
+from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_input_info
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.run.accepted import (
     Checked,
@@ -22,7 +22,6 @@ from airflow_batchinfer.run.accepted import (
     Sweeping,
     accepted_doc,
     claim,
-    input_info,
     log_claim,
 )
 from airflow_batchinfer.run.jobs import inferred_shard, job_spec
@@ -217,7 +216,10 @@ def _current(rc: RoundClose, shard: PlannedShard, kind: JobKind, doc: Figures | 
         inferred = inferred_shard(cfg, r, shard)
         src = inferred.with_ref(inferred.ref.model_copy(update={"uri": read}))
     spec = job_spec(cfg, kind, r, src)
-    info = input_info(spec.input, rc.so)
+    try:
+        info: dict[str, Any] | None = spec_input_info(spec, rc.so)  # a part shard's: its pieces
+    except FileNotFoundError:
+        info = None
     if info is None and kind == "judge" and isinstance(doc, AcceptedJob):
         info = doc.input_info  # the infer attempt it read, moved to inferred/ since
     if info is None:

@@ -120,6 +120,15 @@ class TriggerLimits:
                 values[s.name] = parse(data[s.name], what)
         return cls(**values)
 
+    @property
+    def input_read_prefixes(self) -> tuple[str, ...]:
+        """Where a pool's workers may read the inputs these limits allow: each allowed input prefix,
+        a glob as its fixed directory (its range jobs' input and their parts' prefix, which the glob
+        itself is not). A trigger's ``input`` is still checked against the prefixes as written."""
+        from airflow_batchinfer.storage.input_parts import input_root
+
+        return tuple(dict.fromkeys(input_root(p) for p in self.allowed_input_prefixes))
+
     def widen(self, other: TriggerLimits | None) -> TriggerLimits:
         """Both limits' allowances: lists joined, the larger maximum."""
         if other is None:

@@ -63,9 +63,10 @@ class Part:
 
 @dataclass(frozen=True)
 class InputParts:
-    """The parsed ``input``: what was given (``uri``), how (``kind``), the directory every part is
-    under (``root``: the directory, a glob's fixed prefix, a file's parent), the parts' ``format``
-    and the parts themselves in natural order (empty ones included: pinned, contributing nothing)."""
+    """The parsed ``input``: what was given (``uri``), how (``kind``), what its range shards name as
+    their input (``root``: the directory or a glob's fixed prefix, every part under it; one file
+    itself), the parts' ``format`` and the parts themselves in natural order (empty ones included:
+    pinned, contributing nothing)."""
 
     uri: str
     kind: InputKind
@@ -104,6 +105,14 @@ def input_prefix(uri: str) -> str:
     return fixed[: fixed.rfind("/")] if "/" in fixed else parent(".")
 
 
+def input_root(uri: str) -> str:
+    """What the range shards of input ``uri`` name as their input (:attr:`InputParts.root`), without
+    listing it: a glob's fixed directories, else ``uri`` itself (a directory, or one file). A prefix
+    that allows reading ``uri`` allows the jobs' inputs and parts only under this (a glob's is not a
+    prefix of them)."""
+    return input_prefix(uri) if GLOB_CHARS.search(uri) else uri
+
+
 def list_input(uri: str, storage_options: StorageOptions | None = None) -> InputParts:
     """``uri`` parsed and listed (see the module). Raises :class:`FileNotFoundError` when nothing is
     there, :class:`~airflow_batchinfer.exceptions.ConfigError` for mixed formats, unknown names in a
@@ -122,7 +131,7 @@ def list_input(uri: str, storage_options: StorageOptions | None = None) -> Input
     if info.get("type") != "directory":
         fmt = part_format(loc.name) or ("jsonl.zst" if is_zstd(loc.path) else "jsonl")
         part = Part(loc.uri, int(info.get("size") or 0), source_version(info))
-        return InputParts(loc.uri, "file", _uri(loc, posixpath.dirname(loc.path)), fmt, (part,))
+        return InputParts(loc.uri, "file", loc.uri, fmt, (part,))
     return _parts(loc, "dir", loc.uri, _files(loc.fs.find(loc.path, detail=True)), uri)
 
 

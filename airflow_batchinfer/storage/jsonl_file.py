@@ -56,11 +56,15 @@ class JsonlFile:
         return f"JsonlFile({self.uri!r}{rng})"
 
     @contextlib.contextmanager
-    def open_raw(self) -> Iterator[BinaryIO]:
+    def open_raw(self, *, block_size: int | None = None) -> Iterator[BinaryIO]:
         """The stored bytes (of ``byte_range`` only, when set), not decompressed. A local file read by
-        a worker's job is checked against the job's prefixes once opened (:mod:`.confine`)."""
+        a worker's job is checked against the job's prefixes once opened (:mod:`.confine`).
+        ``block_size``: a remote file's read-ahead block, for seeking readers (a Parquet file's column
+        chunks) where the filesystem's default (s3fs: 50 MiB) would fetch far more than is read; a
+        local file ignores it."""
         if self.byte_range is None:
-            with self.loc.fs.open(self.loc.path, "rb") as raw:
+            sized = {} if block_size is None else {"block_size": block_size}
+            with self.loc.fs.open(self.loc.path, "rb", **sized) as raw:
                 confine.check_file(raw, self.loc)
                 yield raw
             return

@@ -19,6 +19,7 @@ from typing import Any
 from airflow_batchinfer.storage import confine
 from airflow_batchinfer.storage.atomic import AtomicSink
 from airflow_batchinfer.storage.location import Location, StorageOptions, resolve
+from airflow_batchinfer.storage.parquet_rows import READ_BUFFER
 from airflow_batchinfer.storage.parquet_schema import Columns, Inputs, check_schema, lines, pyarrow
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import OnError
@@ -182,7 +183,8 @@ class ParquetOutFile:
     def iter_lines(self) -> Iterator[tuple[int, bytes]]:
         """``(row number from 1, the row as a JSON line)``, a batch of rows decoded at a time."""
         _, pq = pyarrow()
-        with self.loc.fs.open(self.loc.path, "rb") as raw:
+        # seeks to column chunks: read-ahead blocks of READ_BUFFER, not the filesystem's (s3fs: 50 MiB)
+        with self.loc.fs.open(self.loc.path, "rb", block_size=READ_BUFFER) as raw:
             confine.check_file(raw, self.loc)
             pf = pq.ParquetFile(raw)
             check_schema(pf.schema_arrow, self.uri)

@@ -99,15 +99,28 @@ class PieceRejects:
 def parquet_piece(
     part: JsonlFile, piece: Piece, size: int, started: Callable[[tuple[int, ...]], None]
 ) -> Iterator[RowBlock]:
-    """A Parquet piece's rows in blocks
-    (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`); before the first,
-    ``started(starts)`` is told its row starts (:attr:`At.starts`, from the footer)."""
-    from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups
-
+    """A Parquet piece's rows in blocks (:func:`parquet_part_rows` of its row groups)."""
     assert piece.rows is not None
-    first, end = piece.rows
-    with part.open_raw() as raw:
+    yield from parquet_part_rows(part, size, piece.rows, started=started)
+
+
+def parquet_part_rows(
+    part: JsonlFile,
+    size: int,
+    rows: tuple[int, int] | None = None,
+    *,
+    started: Callable[[tuple[int, ...]], None] | None = None,
+    batch_rows: int = PARQUET_BATCH_ROWS,
+) -> Iterator[RowBlock]:
+    """The rows of a Parquet part's row groups ``rows`` (``None``: all) in blocks
+    (:func:`~airflow_batchinfer.storage.parquet_rows.parquet_blocks`); before the first,
+    ``started(starts)`` is told their row starts (:attr:`At.starts`, from the footer)."""
+    from airflow_batchinfer.storage.parquet_rows import READ_BUFFER, parquet_blocks, row_groups
+
+    with part.open_raw(block_size=READ_BUFFER) as raw:  # seeks to column chunks: no 50 MiB blocks
         groups = row_groups(raw, size, part.uri)
-        before = sum(g.rows for g in groups[:first])
-        started(tuple(itertools.accumulate((g.rows for g in groups[first:end]), initial=before)))
-        yield from parquet_blocks(raw, (first, end), source=part.uri, batch_rows=PARQUET_BATCH_ROWS)
+        first, end = rows or (0, len(groups))
+        if started is not None:
+            before = sum(g.rows for g in groups[:first])
+            started(tuple(itertools.accumulate((g.rows for g in groups[first:end]), initial=before)))
+        yield from parquet_blocks(raw, (first, end), source=part.uri, batch_rows=batch_rows)

@@ -28,8 +28,8 @@ from airflow_batchinfer.storage.jsonl_file import JsonlFile
 from airflow_batchinfer.storage.lines import MAX_LINE_BYTES, BadLine
 from airflow_batchinfer.storage.location import StorageOptions, join, parent
 from airflow_batchinfer.storage.manifest import OutputManifest, claim_output, read_manifest, write_manifest
-from airflow_batchinfer.storage.parquet_rows import parquet_blocks, row_groups
 from airflow_batchinfer.storage.part_plan import plan_parts
+from airflow_batchinfer.storage.pieces import parquet_part_rows
 from airflow_batchinfer.storage.plan_probe import (
     PLAN_BLOCK,
     SAMPLE,
@@ -305,19 +305,16 @@ def _refuse_a_changed_plan(
 
 
 def _first_lines(inp: InputParts, source: JsonlFile) -> Iterator[bytes]:
-    """The input's first lines (a Parquet input's first rows as JSON lines, from its first part with
-    rows), read no further than they are taken."""
+    """The input's first lines (a Parquet input's first rows as JSON lines, from its first parts with
+    rows: a part may hold row groups, or a footer, without any), read no further than they are taken."""
     if inp.format != "parquet":
         yield from (line for _, line in source.iter_lines())
         return
     for part in inp.parts:
         if part.size == 0:
             continue
-        with JsonlFile(source.loc.at(part.uri)).open_raw() as raw:
-            groups = row_groups(raw, part.size, part.uri)
-            for block in parquet_blocks(raw, (0, len(groups)), source=part.uri, batch_rows=64):
-                yield from block.lines()
-        return
+        for block in parquet_part_rows(JsonlFile(source.loc.at(part.uri)), part.size, batch_rows=64):
+            yield from block.lines()
 
 
 def _first_id_field(lines: Iterator[bytes]) -> str:

@@ -81,7 +81,9 @@ class InputRange:
         return None if self.fan_out is None else FanOut(self.fan_out)
 
     @classmethod
-    def from_params(cls, value: Any) -> InputRange:
+    def from_params(cls, value: Any, *, root: str | None = None) -> InputRange:
+        """The range ``value`` describes, refused with a :class:`ConfigError` when it is none. ``root``:
+        the job's input, which every piece must be a part under (see :func:`check_pieces`)."""
         try:
             rng = cls(**value)
             check_on_error(rng.on_error)
@@ -90,6 +92,8 @@ class InputRange:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"params.input_range is not a range shard's description ({exc})") from None
         if pieces is not None:
+            if root is not None:
+                check_pieces(root, pieces)
             rng = dataclasses.replace(rng, pieces=pieces)
         if arms is not None:
             rng = dataclasses.replace(rng, fan_out=arms.arms)
@@ -102,11 +106,29 @@ class InputRange:
         return rng
 
 
+def check_pieces(root: str, pieces: tuple[Piece, ...]) -> None:
+    """Refuse a piece that is not a part under the range's ``root`` (its job's input; one file is its
+    own root): pieces are opened on the root's filesystem
+    (:meth:`~airflow_batchinfer.storage.location.Location.at`), so one of another scheme or outside
+    it would be read as a path where it was not planned. ``.`` and ``..`` segments are refused."""
+    base = root.rstrip("/")
+    for piece in pieces:
+        rel = piece.uri[len(base) + 1 :] if piece.uri.startswith(base + "/") else None
+        if piece.uri == root or (rel and all(s not in ("", ".", "..") for s in rel.split("/"))):
+            continue
+        raise ConfigError(
+            f"params.input_range: piece {piece.uri} is not a part under the range's input {root} (a "
+            "part input's pieces are its parts, under its root on the same filesystem). Remedy: "
+            "submit the range shard's job as its plan describes it"
+        )
+
+
 def piece_uris(params: Mapping[str, Any]) -> list[str]:
     """The part files a job's ``params.input_range`` reads besides its input (a part input's range):
     a worker checks them against its prefixes as it checks the input. Not a range's description:
     none here (parsing the params refuses it)."""
-    pieces = (params.get("input_range") or {}).get("pieces") if isinstance(params, Mapping) else None
+    rng = params.get("input_range") if isinstance(params, Mapping) else None
+    pieces = rng.get("pieces") if isinstance(rng, Mapping) else None
     if not isinstance(pieces, list):
         return []
     return [str(p.get("uri")) for p in pieces if isinstance(p, Mapping)]
@@ -280,6 +302,8 @@ class RangeRecordReader(RecordReader):
         return (None, None) if at is None else (at.piece.uri, at.part_line(line))
 
     def _part_name(self, piece: Piece) -> str:
+        if piece.uri == self.file.uri:  # one Parquet file, its own root: its name, as one file's ids
+            return self.file.loc.name
         root = self.file.uri.rstrip("/") + "/"
         return piece.uri[len(root) :] if piece.uri.startswith(root) else piece.uri
 

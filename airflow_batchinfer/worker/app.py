@@ -27,7 +27,7 @@ from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.params import JobSetup, parse_params
-from airflow_batchinfer.storage.ranges import piece_uris
+from airflow_batchinfer.storage.ranges import InputRange, piece_uris
 from airflow_batchinfer.worker import metrics
 from airflow_batchinfer.worker.announce import mark
 from airflow_batchinfer.worker.config import WorkerConfig
@@ -221,6 +221,8 @@ def _add_job_routes(
             params = await asyncio.to_thread(
                 parse_params, spec.kind, spec.params, callables=callables, engine=runtime.engine.name
             )
+            if (rng := spec.params.get("input_range")) is not None:  # its pieces: parts of its input
+                InputRange.from_params(rng, root=spec.input)
         except (ConfigError, ValueError) as exc:
             raise ApiError(400, "bad_request", str(exc)) from exc
         if params.adapters:

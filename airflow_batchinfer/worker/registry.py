@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from airflow_batchinfer.batching import BatchStats
 from airflow_batchinfer.exceptions import BatchInferError, JobConflict, WorkerBusy
-from airflow_batchinfer.rpc.fingerprint import fingerprint
+from airflow_batchinfer.rpc.fingerprint import fingerprint, spec_input_info
 from airflow_batchinfer.rpc.models import TERMINAL_STATES, JobSpec, JobState, JobStatus
 from airflow_batchinfer.state.docs import BatcherDelta, JobManifest, Timings, write_job_manifest
 from airflow_batchinfer.state.params import JobSetup
@@ -138,7 +138,7 @@ class JobRegistry:
         t0 = time.monotonic()
         try:
             counts = await SHARD_JOBS[spec.kind](ctx)
-            info = await asyncio.to_thread(ctx.file(spec.input).info)
+            info = await asyncio.to_thread(spec_input_info, spec, self.runtime.storage_options)
             manifest = JobManifest(
                 job_id=spec.job_id,
                 kind=spec.kind,

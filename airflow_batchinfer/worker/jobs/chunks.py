@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_batchinfer.rpc.fingerprint import fingerprint
+from airflow_batchinfer.rpc.fingerprint import fingerprint, spec_input_info
 from airflow_batchinfer.state.docs import ID_OUTPUTS
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
 from airflow_batchinfer.storage.records import Record
@@ -60,7 +60,7 @@ async def run_chunks(ctx: JobContext, process: Process, split: Split) -> None:
 async def _run_segmented(ctx: JobContext, process: Process, split: Split) -> None:
     """The job through its segment log, marked live there while it runs."""
     spec, p = ctx.spec, ctx.params
-    info = await asyncio.to_thread(ctx.file(spec.input).info)
+    info = await asyncio.to_thread(spec_input_info, spec, ctx.runtime.storage_options)
     names = ID_OUTPUTS[spec.kind]
     what = f"job {spec.job_id} (input {spec.input})"
     targets = {n: ctx.output(n) for n in names}  # the final (with staging: this attempt's) files

@@ -94,7 +94,7 @@ class JobContext:
         raw = self.params.raw.get("input_range")
         if raw is None:
             return self.file(self.spec.input).iter_records()
-        rng = InputRange.from_params(raw)
+        rng = InputRange.from_params(raw, root=self.spec.input)
         rejects_uri = self.spec.outputs.get("input_rejects")
         if rejects_uri is None:
             raise ConfigError(

@@ -82,7 +82,7 @@ def test_a_single_parquet_file_is_planned_by_row_groups_from_its_footer(tmp_path
     )
     assert planned is not None
     shards, manifest, _ = planned
-    assert [s.records for s in shards] == [400, 400, 200] and shards[0].uri == str(tmp_path)
+    assert [s.records for s in shards] == [400, 400, 200] and shards[0].uri == str(tmp_path / "one.parquet")
     assert (tmp_path / "one.parquet").stat().st_size > 2_000_000
     assert manifest.planning is not None and manifest.planning["bytes_read"] <= 64 * 1024  # the footer
     assert read_shards(shards)[0] == [f"r{i}" for i in range(1000)]
@@ -145,6 +145,17 @@ def test_assigned_ids_name_the_part_and_row(tmp_path: Path) -> None:
     assert planned is not None
     got = [r["id"] for r in read_range(planned[0][0], id_field="id", assign_ids=True, rejects=Sink())]
     assert got == ["p.parquet#1", "p.parquet#2", "p.parquet#3"]
+    # one file given as the input (the shards' own root): the same ids
+    one = shard_ranges(
+        str(tmp_path / "data" / "p.parquet"),
+        str(tmp_path / "run1" / "input"),
+        records_per_shard=10,
+        max_bytes_per_shard=1 << 30,
+        id_field="id",
+        assign_ids=True,
+    )
+    assert one is not None
+    assert [r["id"] for r in read_range(one[0][0], id_field="id", assign_ids=True, rejects=Sink())] == got
 
 
 def test_parts_without_rows_only_are_refused(tmp_path: Path) -> None:
@@ -165,3 +176,42 @@ def test_batchinfer_plan_sizes_a_parquet_input_from_its_footers(
         f"{total:,} records (from the footers)"
     )
     assert second.startswith(f"{total:,} records on 1 GPU ")
+
+
+def test_the_id_field_is_detected_past_a_first_part_without_rows(tmp_path: Path) -> None:
+    """A first part with a footer but no rows yields no record: detection reads the next part's, so an
+    OpenAI-style dataset (custom_id and body) is not read with ``id`` and rejected row by row."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def write(name: str, n: int) -> None:
+        rows = {"custom_id": [f"c{i}" for i in range(n)], "body": [{"q": "x"}] * n}
+        buf = io.BytesIO()
+        pq.write_table(
+            pa.table(
+                rows,
+                schema=pa.schema([("custom_id", pa.string()), ("body", pa.struct([("q", pa.string())]))]),
+            ),
+            buf,
+        )
+        (tmp_path / "data").mkdir(exist_ok=True)
+        (tmp_path / "data" / name).write_bytes(buf.getvalue())
+
+    write("part-0.parquet", 0)
+    write("part-1.parquet", 5)
+    planned = shard_ranges(
+        str(tmp_path / "data"),
+        str(tmp_path / "run" / "input"),
+        records_per_shard=400,
+        max_bytes_per_shard=1 << 30,
+        id_field=None,
+        assign_ids=False,
+    )
+    assert planned is not None and planned[1].id_field == "custom_id"
+    rejects = Sink()
+    rows = [
+        r for s in planned[0] for r in read_range(s, id_field="custom_id", assign_ids=False, rejects=rejects)
+    ]
+    assert [r["custom_id"] for r in rows] == [f"c{i}" for i in range(5)] and not rejects
