@@ -4,13 +4,14 @@ job read them, or read here when no job read it to its end), and the run's ``rej
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 
 from airflow_batchinfer.exceptions import StorageError
 from airflow_batchinfer.run.accepted import Settled
 from airflow_batchinfer.state.config import RunConfig
-from airflow_batchinfer.state.docs import Digest, write_failed
+from airflow_batchinfer.state.docs import Digest, UnreadablePart, write_failed
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile
 from airflow_batchinfer.storage.digest import IdDigest, record_ids
@@ -25,11 +26,15 @@ log = logging.getLogger("airflow_batchinfer.run")
 def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: StorageOptions | None) -> Settled:
     """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read`` counts of
     the job that read the range, or (no job read it to the end: the shard is quarantined) from
-    reading the range here, its bad lines to the same ``input-rejects`` file a job writes."""
+    reading the range here, its bad lines to the same ``input-rejects`` file a job writes. A
+    quarantined range that cannot be read to its end (a corrupt row group, a part changed or gone:
+    what failed its job) accounts for the ids read before it, its ``failed/`` record naming the rest
+    (``unreadable``): the close completes, only that shard fails."""
     shard = x.shard.range_ref
     if shard is None:
         return x
     sid = shard.shard_id
+    unreadable: dict[str, UnreadablePart] = {}  # what a quarantined range's read could not get past
     reader = next((d for d in x.jobs if d.counts.read is not None), None)
     ids = reader.digest("input") if reader is not None else None
     if reader is not None and reader.counts.read is not None and ids is not None:
@@ -44,15 +49,21 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
                 rejects=rejects,
                 storage_options=so,
             )
-            records = iter(rng)  # one pass: each iter() of a reader reads the range again
+            # one pass: each iter() of a reader reads the range again
+            records = rng.until_unreadable() if x.failed is not None else iter(rng)
             for block in iter(lambda: list(itertools.islice(records, 4096)), []):
                 ids.add_many(record_ids(block, rng.check.id_field or cfg.data.id_field or "id"))
         stats = rng.stats.as_dict()
         x.opened = True
+        if (lost := rng.unreadable) is not None:
+            log.error(
+                "round %d: quarantined shard %s: %s cannot be read: %s", r, sid, lost.describe(), lost.error
+            )
+            unreadable["unreadable"] = UnreadablePart.model_validate(dataclasses.asdict(lost))
     x.read = stats
     x.shard = x.shard.with_ref(shard.model_copy(update={"records": ids.count, "ids": ids}))
     if x.failed is not None:  # its quarantine record accounts for the ids as read
-        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids)})
+        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids), **unreadable})
         write_failed(layout, x.failed, so)
     return x
 

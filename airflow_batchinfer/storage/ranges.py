@@ -41,6 +41,7 @@ from airflow_batchinfer.storage.records import (
     check_on_error,
 )
 from airflow_batchinfer.storage.shard_ref import Piece, RangeRef, ShardRef
+from airflow_batchinfer.storage.unreadable import Unreadable
 from airflow_batchinfer.storage.validate import LineValidator, RowBlock
 
 
@@ -230,6 +231,8 @@ class RangeRecordReader(RecordReader):
         self.fan_out = fan_out if expand else None
         self._finish = finish
         self._keep = keep
+        self._piece: Piece | None = None  # the piece being read (a part input's), from before its checks
+        self.unreadable: Unreadable | None = None  # where until_unreadable() stopped, if it did
 
     def line_of(self, value: Any) -> int:
         """The line in the range of the kept record with id ``value`` (read already): the validator
@@ -256,6 +259,7 @@ class RangeRecordReader(RecordReader):
             yield from iter_line_blocks(range_chunks(self.file, self.range), strip_cr=False, max_line=bound)
             return
         for piece in self.range.pieces:
+            self._piece = piece
             part = JsonlFile(self.file.loc.at(piece.uri), max_line_bytes=bound)
             size = check_piece(part, piece, self.range.shard_id)
             at = At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
@@ -313,6 +317,25 @@ class RangeRecordReader(RecordReader):
             if self._finish is not None:
                 finish, self._finish = self._finish, None
                 finish(ok)
+
+    def until_unreadable(self) -> Generator[Record, None, None]:
+        """Its records up to the first piece (or zstd frame) that cannot be read: a corrupt one, or a
+        part changed or gone since planning (:class:`StorageError`, its
+        :class:`~airflow_batchinfer.exceptions.CorruptFileError` included); :attr:`unreadable` then says
+        where and why. For reads of a quarantined range (its job failed there): what was read counts."""
+        try:
+            yield from self
+        except StorageError as exc:
+            self.unreadable = self._unreadable(exc)
+
+    def _unreadable(self, exc: StorageError) -> Unreadable:
+        piece = self._piece
+        if piece is None:  # one file's range
+            return Unreadable(self.file.uri, None, (self.range.start, self.range.end), None, str(exc))
+        at, left = self._at, None
+        if piece.rows is not None and at is not None and at.piece == piece and at.starts is not None:
+            left = at.starts[-1] - at.starts[0] - (self.check.line_no - at.line)  # its footer's rows
+        return Unreadable(piece.uri, piece.rows, piece.range, left, str(exc))
 
 
 def _listed(span: tuple[int, int] | None) -> list[int] | None:
