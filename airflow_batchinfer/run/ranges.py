@@ -22,19 +22,21 @@ from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
 log = logging.getLogger("airflow_batchinfer.run")
 
+UNNUMBERED = "unnumbered"  # in a range's read counts: it holds bytes it could not read (line count unknown)
+
 
 def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: StorageOptions | None) -> Settled:
     """A round-0 range shard's real records and ids: ``ids["input"]`` and the ``read`` counts of
     the job that read the range, or (no job read it to the end: the shard is quarantined) from
     reading the range here, its bad lines to the same ``input-rejects`` file a job writes. A
-    quarantined range that cannot be read to its end (a corrupt row group, a part changed or gone:
-    what failed its job) accounts for the ids read before it, its ``failed/`` record naming the rest
+    quarantined range with pieces that cannot be read (a corrupt row group, a part changed or gone:
+    what failed its job) accounts for the ids it can read, its ``failed/`` record naming those pieces
     (``unreadable``): the close completes, only that shard fails."""
     shard = x.shard.range_ref
     if shard is None:
         return x
     sid = shard.shard_id
-    unreadable: dict[str, UnreadablePart] = {}  # what a quarantined range's read could not get past
+    skipped: list[UnreadablePart] = []  # the pieces a quarantined range's read could not read
     reader = next((d for d in x.jobs if d.counts.read is not None), None)
     ids = reader.digest("input") if reader is not None else None
     if reader is not None and reader.counts.read is not None and ids is not None:
@@ -55,15 +57,16 @@ def settle_range(cfg: RunConfig, layout: RunLayout, r: int, x: Settled, so: Stor
                 ids.add_many(record_ids(block, rng.check.id_field or cfg.data.id_field or "id"))
         stats = rng.stats.as_dict()
         x.opened = True
-        if (lost := rng.unreadable) is not None:
-            log.error(
-                "round %d: quarantined shard %s: %s cannot be read: %s", r, sid, lost.describe(), lost.error
-            )
-            unreadable["unreadable"] = UnreadablePart.model_validate(dataclasses.asdict(lost))
+        for lost in rng.unreadable:
+            log.error("round %d: shard %s: %s cannot be read: %s", r, sid, lost.describe(), lost.error)
+            skipped.append(UnreadablePart.model_validate(dataclasses.asdict(lost)))
+            if lost.records is None:  # a byte range's: the lines after this range cannot be numbered
+                stats[UNNUMBERED] = 1
     x.read = stats
     x.shard = x.shard.with_ref(shard.model_copy(update={"records": ids.count, "ids": ids}))
     if x.failed is not None:  # its quarantine record accounts for the ids as read
-        x.failed = x.failed.model_copy(update={"records": ids.count, "ids": Digest.of(ids), **unreadable})
+        update = {"records": ids.count, "ids": Digest.of(ids), "unreadable": skipped or None}
+        x.failed = x.failed.model_copy(update=update)
         write_failed(layout, x.failed, so)
     return x
 
@@ -87,12 +90,17 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
         raise StorageError(f"{input_dir.uri} has no manifest: round 0's shards are planned there")
     shards = [fresh.get(s.shard_id, s) for s in manifest.shards]
     totals = dict.fromkeys(("lines", "records", "blank", "skipped", "quarantined"), 0)
-    first_line = 0
+    first_line, last = 0, False
     for shard in sorted((s for s in shards if isinstance(s, RangeRef)), key=lambda s: s.start):
         sid, read = shard.shard_id, shard.read
         if read is None:  # never read to its end: the lines after it cannot be numbered
             log.error("round 0: range shard %s was never read: rejects after it keep line_in_range only", sid)
             break
+        if read.get(UNNUMBERED):  # bytes it could not read: how many lines they hold is unknown
+            log.error(
+                "round 0: range shard %s has unreadable bytes: rejects after it keep line_in_range", sid
+            )
+            last = True
         if sid in fresh and read.get("quarantined"):
             rows = JsonlFile(layout.range_rejects(0, sid), storage_options=so).iter_records()
             with JsonlFile(join(layout.rejects, f"{sid}.jsonl.zst"), storage_options=so).writer_sync() as out:
@@ -101,4 +109,6 @@ def close_input_ranges(layout: RunLayout, settled: list[Settled], so: StorageOpt
         first_line += read.get("lines", 0)
         for k in totals:
             totals[k] += read.get(k, 0)
+        if last:
+            break
     write_manifest(input_dir, manifest.model_copy(update={"shards": shards, "counts": totals}))

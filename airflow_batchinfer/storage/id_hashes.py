@@ -21,7 +21,8 @@ time. What grows with the repeats (the matched places, the records read for them
 repeats) spills into a :class:`SpillDir` under the run root, on its store: an input's repeats take
 the run's own storage, never the Airflow worker's temp disk. A range that cannot be read to its end
 (a corrupt Parquet row group or zstd frame, a part changed or gone: its job failed there, so its
-shard is quarantined) is hashed up to there: the ids its ``failed/`` record accounts for.
+shard is quarantined) is hashed but for the pieces it cannot read: the ids its ``failed/`` record
+accounts for.
 
 The hash files' format, their writing and their matching (hashes held by more than one range):
 :mod:`~airflow_batchinfer.storage.id_hash_files`. Ids and lines are the input's: with a fan-out
@@ -275,13 +276,12 @@ def _range_hashes(
             expand=False,  # a fan-out's lines, as the job's file holds them
         )
         write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
-        if (lost := reader.unreadable) is not None:  # its job failed there too: it is quarantined
+        for lost in reader.unreadable:  # its job failed there too: it is quarantined
             log.warning(
-                "shard %s: %s cannot be read (%s): its id hashes hold the %d lines before it",
+                "shard %s: %s cannot be read (%s): its id hashes hold the lines read",
                 shard.shard_id,
                 lost.describe(),
                 lost.error,
-                reader.stats.lines,
             )
         lines = read_lines(uri, so)
     if lines is None:  # just written: another writer replaced it meanwhile, or the store lost it
@@ -293,8 +293,8 @@ def _range_hashes(
 
 
 def _lines_of(reader: RangeRecordReader) -> Iterator[tuple[Any, int]]:
-    """Each kept record's id and line in the range, up to a piece it cannot read (a quarantined
-    range's: the ids read before it are what its shard accounts for)."""
+    """Each kept record's id and line in the range, but for pieces it cannot read (a quarantined
+    range's: the ids read are what its shard accounts for)."""
     for record in reader.until_unreadable():
         value = record.get(reader.check.id_field or "id")
         yield value, reader.line_of(value)

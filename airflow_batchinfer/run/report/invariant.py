@@ -52,10 +52,9 @@ def check_invariant(
     bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`); round 0's range shards
     (:mod:`~airflow_batchinfer.storage.ranges`), a quarantined one's included, are then read by
     their ranges, never the whole source. ``lost``, ``doubled`` and ``unexpected`` name at most 20
-    ids each; ``checked`` says how (``digests`` or ``ids``). A quarantined range that could not be read
-    to its end accounts for the ids read before it (its ``failed/`` record's, and those read here):
-    the rest have no ids to account for, and ``unreadable`` names them by shard, part and row groups
-    or bytes."""
+    ids each; ``checked`` says how (``digests`` or ``ids``). A quarantined range with pieces that could not
+    be read accounts for the ids read (its ``failed/`` record's, and those read here): the rest have
+    no ids to account for, and ``unreadable`` names them by shard, part and row groups or bytes."""
     unreadable = {"unreadable": found} if (found := _unreadable(failed)) else {}
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     planned = [] if manifest is None else manifest.shards
@@ -113,7 +112,7 @@ def check_invariant(
 
 def _unreadable(failed: list[FailedShard]) -> list[dict[str, Any]]:
     """The records of quarantined range shards that could not be read, each with its shard."""
-    return [{"shard_id": f.shard_id, **f.unreadable.model_dump()} for f in failed if f.unreadable is not None]
+    return [{"shard_id": f.shard_id, **u.model_dump()} for f in failed for u in f.unreadable or ()]
 
 
 class _RangeIds:

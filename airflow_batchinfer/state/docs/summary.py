@@ -32,9 +32,9 @@ class RepeatedIds(BaseModel):
 
 
 class UnreadablePart(BaseModel):
-    """Where a quarantined round-0 range shard could not be read past (a corrupt Parquet row group or
-    zstd frame, a part changed or gone since planning): the shard accounts for the ids read before
-    it; these ``records`` (``None``: unknown, a byte range) have no ids to account for."""
+    """A piece a quarantined round-0 range shard could not read (a corrupt Parquet row group or zstd
+    frame, a part changed or gone since planning), read up to there: the shard accounts for the ids
+    read; the piece's ``records`` not read (``None``: unknown, a byte range) have no ids to account for."""
 
     model_config = ConfigDict(extra="forbid")
     part: str
@@ -47,8 +47,8 @@ class UnreadablePart(BaseModel):
 class FailedShard(DocModel):
     """A shard a round's close quarantined (``round-NN/failed/<shard>.json``, and in the summary's
     ``failed_shards``): its whole input (``records``; ``ids`` when known) is accounted for here. A
-    round-0 range shard's input is the bytes ``range`` of ``uri``; one that could not be read to its
-    end accounts for the ids read before ``unreadable``."""
+    round-0 range shard's input is the bytes ``range`` of ``uri``; one with pieces that could not be
+    read accounts for the ids read, ``unreadable`` naming those pieces."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"range", "ids", "repeated_ids", "unreadable"})
 
@@ -63,7 +63,7 @@ class FailedShard(DocModel):
     range: list[int] | None = None
     ids: Digest | None = None
     repeated_ids: RepeatedIds | None = None
-    unreadable: UnreadablePart | None = None
+    unreadable: list[UnreadablePart] | None = None
 
 
 class WorkerTotals(BaseModel):
