@@ -24,7 +24,15 @@ from airflow_batchinfer.run.sizing import lanes_at_once
 from airflow_batchinfer.spec.limits import TriggerLimits
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.state.owner import RunIdentity, claim, input_refusal, nesting_refusal, owner_uri
+from airflow_batchinfer.state.owner import (
+    RunIdentity,
+    claim,
+    input_refusal,
+    nesting_refusal,
+    owner_uri,
+    parts_refusal,
+)
+from airflow_batchinfer.storage.input_parts import InputParts, list_input
 from airflow_batchinfer.storage.location import join
 from airflow_batchinfer.storage.manifest import MANIFEST_NAME
 from airflow_batchinfer.storage.shard_ref import RangeRef
@@ -114,12 +122,14 @@ class ShardDatasetOperator(BaseOperator):
 
     def _check_input(
         self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits
-    ) -> None:
+    ) -> InputParts | None:
         """Refuse an ``input`` inside a run root another DAG created (unless the limit in force lets the
-        two share): its results would become this run's rows, shown on this run's review desk."""
+        two share): its results would become this run's rows, shown on this run's review desk. A
+        directory or glob is listed here, each part's directories checked too (a wildcard hides
+        them from the input's own ancestors); the listing is returned for planning (not listed twice)."""
         ti = context.get("ti") if hasattr(context, "get") else None
         if ti is None or not getattr(ti, "run_id", None):
-            return  # no DAG run to compare with (as for the claim)
+            return None  # no DAG run to compare with (as for the claim)
         me = RunIdentity(ti.dag_id, ti.run_id)
         why = input_refusal(
             cfg.data.input,
@@ -130,6 +140,13 @@ class ShardDatasetOperator(BaseOperator):
         )
         if why is not None:
             raise AirflowFailException(why)
+        listed = list_input(cfg.data.input, so)
+        why = parts_refusal(
+            listed, me, so, prefixes=limits.allowed_input_prefixes, shared_dags=limits.shared_run_root_dags
+        )
+        if why is not None:
+            raise AirflowFailException(why)
+        return listed
 
     def _claim(self, cfg: RunConfig, context: Context, so: dict[str, Any], limits: TriggerLimits) -> None:
         """Record this DAG run as the run root's owner; refuse a root another live run owns, or
@@ -173,7 +190,7 @@ class ShardDatasetOperator(BaseOperator):
             cfg = cfg.replace(max_tokens_cap=tightest_cap(cfg.retries.max_tokens_cap, limits.max_max_tokens))
             callables = None if self.limits is None else limits.allowed_judge_callables
             cfg.validate(callables=callables)  # before anything is written, the owner record included
-            self._check_input(cfg, context, so, limits)
+            listed = self._check_input(cfg, context, so, limits)
             self._claim(cfg, context, so, limits)
             self.log.info(
                 "sharding %s into %s (%d records per shard)",
@@ -181,7 +198,7 @@ class ShardDatasetOperator(BaseOperator):
                 RunLayout(cfg.run_root).input,
                 cfg.sharding.records_per_shard,
             )
-            result = prepare_run(cfg, so, lanes=self._lanes(cfg))
+            result = prepare_run(cfg, so, lanes=self._lanes(cfg), listed=listed)
         except ConfigError as exc:
             raise AirflowFailException(f"bad run settings: {exc}") from exc
         except OSError as exc:

@@ -12,6 +12,7 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
 from airflow_batchinfer.state.layout import RunLayout, output_stem
 from airflow_batchinfer.storage import files, shard_dataset
+from airflow_batchinfer.storage.input_parts import InputParts
 from airflow_batchinfer.storage.jsonl_dir import DEFAULT_BYTES_PER_SHARD
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
 from airflow_batchinfer.storage.parquet_columns import decide, read_columns, write_columns
@@ -26,14 +27,17 @@ def run_key(run_root: str) -> str:
     return hashlib.sha256(resolve(run_root).uri.encode()).hexdigest()[:10]
 
 
-def prepare_run(cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int = 0) -> ShardingResult:
+def prepare_run(
+    cfg: RunConfig, so: StorageOptions | None = None, *, lanes: int = 0, listed: InputParts | None = None
+) -> ShardingResult:
     """A run's first step: validate the settings, shard the input (reused when identical; the last
     ranges tapered for round 0's ``lanes``, 0: none) and store ``run.json``, its ``id_field`` the
-    one sharding found (``result.id_field``: a caller going on with ``cfg`` sets it too)."""
+    one sharding found (``result.id_field``: a caller going on with ``cfg`` sets it too). ``listed``:
+    the input as the caller listed it (the shard task's owner check), planned without listing it again."""
     cfg.validate()
     layout = RunLayout.of(cfg.run_root, cfg.data.output_format)
     check_output_format(layout, cfg.data.output_format, so)
-    result = shard_input(cfg, layout, so, lanes)
+    result = shard_input(cfg, layout, so, lanes, listed)
     pin_output_columns(layout, result.shards, so)  # before run.json: its absence marks a new run
     write_run_config(cfg.replace(id_field=result.id_field), so)
     return result
@@ -68,7 +72,11 @@ def pin_output_columns(
 
 
 def shard_input(
-    cfg: RunConfig, layout: RunLayout, so: StorageOptions | None, lanes: int = 0
+    cfg: RunConfig,
+    layout: RunLayout,
+    so: StorageOptions | None,
+    lanes: int = 0,
+    listed: InputParts | None = None,
 ) -> ShardingResult:
     """Round 0's shards: byte ranges of the input (plain JSONL, multi-frame zstd: nothing copied,
     see :mod:`~airflow_batchinfer.storage.range_plan`; the last ones tapered for ``lanes`` lanes), or,
@@ -86,7 +94,12 @@ def shard_input(
         "fan_out": cfg.prompt.fan_out_arms(),
     }
     planned = shard_ranges(
-        cfg.data.input, layout.input, max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD, lanes=lanes, **how
+        cfg.data.input,
+        layout.input,
+        max_bytes_per_shard=DEFAULT_BYTES_PER_SHARD,
+        lanes=lanes,
+        listed=listed,
+        **how,
     )
     if planned is None:  # copied as shards, read the same way
         return shard_dataset(cfg.data.input, layout.input, **how)

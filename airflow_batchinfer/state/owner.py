@@ -19,7 +19,8 @@ its results and rejected rows are that DAG's, shown on the review desk to that D
 
 The same holds for what a run reads: an ``input`` inside a run root another DAG created (its
 ``results/``, say) is refused by the first task (:func:`input_refusal`, deciding with
-:func:`decide_input`), or that DAG's rows would show on this run's review desk.
+:func:`decide_input`), or that DAG's rows would show on this run's review desk; a directory or
+glob input's listed parts are checked by their directories (:func:`parts_refusal`).
 And for where a new run root goes: inside a run root another DAG created, or around one, it is
 refused by the first task (:func:`nesting_refusal`).
 
@@ -47,8 +48,9 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_run_config
 from airflow_batchinfer.storage import swap
+from airflow_batchinfer.storage.input_parts import InputParts
 from airflow_batchinfer.storage.json_doc import encode_json, parse_json
-from airflow_batchinfer.storage.location import Location, StorageOptions, join, resolve
+from airflow_batchinfer.storage.location import Location, StorageOptions, join, parent, resolve
 
 OWNER_FILE = "owner.json"
 OWNER_VERSION = 2  # 2: records the DAG that created the run root (``creator_dag_id``)
@@ -253,6 +255,38 @@ def input_refusal(
             raise ConfigError(f"{owner_uri(root)}: {exc}; {_REMEDY}") from exc
         if why is not None:
             return why
+    return None
+
+
+def parts_refusal(
+    parts: InputParts,
+    me: RunIdentity,
+    so: StorageOptions | None = None,
+    *,
+    prefixes: Collection[str],
+    shared_dags: Collection[str] = (),
+) -> str | None:
+    """Why ``me`` may not read a directory or glob input's listed ``parts`` (``None``: it may): the
+    ancestors of the input's string (:func:`input_refusal`) miss a run root below a directory or
+    under a wildcard (``s3://shared/**/results/*.jsonl``), so each distinct directory holding a part
+    is walked as a file there would be (:func:`input_root_candidates`: symlinks resolved, up to the
+    widest prefix admitting it), every directory read once (one ``owner.json`` read)."""
+    if parts.kind == "file":
+        return None
+    check = f"input {parts.uri!r} lies in no other DAG's run root"
+    folders = dict.fromkeys(parent(p.uri) for p in parts.parts)
+    seen: set[str] = set()
+    for folder in folders:
+        for root in input_root_candidates(join(folder, "part"), prefixes):
+            if root in seen:
+                continue
+            seen.add(root)
+            record = _readable_owner(root, so, check=check, instead="name an input outside it")
+            if record is None:
+                continue
+            why = decide_input(record, me, input_uri=parts.uri, run_root=root, shared_dags=shared_dags)
+            if why is not None:
+                return why
     return None
 
 

@@ -19,7 +19,10 @@ input is read at most once, whatever the number of matches, in bounded memory. E
 repeat is spilled per shard (:class:`Repeats`): the close then handles one shard's repeats at a
 time. What grows with the repeats (the matched places, the records read for them, the confirmed
 repeats) spills into a :class:`SpillDir` under the run root, on its store: an input's repeats take
-the run's own storage, never the Airflow worker's temp disk.
+the run's own storage, never the Airflow worker's temp disk. A range that cannot be read to its end
+(a corrupt Parquet row group or zstd frame, a part changed or gone: its job failed there, so its
+shard is quarantined) is hashed but for the pieces it cannot read: the ids its ``failed/`` record
+accounts for.
 
 The hash files' format, their writing and their matching (hashes held by more than one range):
 :mod:`~airflow_batchinfer.storage.id_hash_files`. Ids and lines are the input's: with a fan-out
@@ -34,6 +37,7 @@ import dataclasses
 import hashlib
 import heapq
 import itertools
+import logging
 import os
 import posixpath
 import struct
@@ -58,6 +62,8 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, join, 
 from airflow_batchinfer.storage.ranges import DiscardRejects, RangeRecordReader, read_range
 from airflow_batchinfer.storage.records import id_text
 from airflow_batchinfer.storage.shard_ref import RangeRef
+
+log = logging.getLogger("airflow_batchinfer.storage")
 
 TAGGED = struct.Struct(f">{HASH}sIQ")  # an entry with the index of its range (merges, confirmation)
 PLACE = struct.Struct(f">IQ{HASH}s")  # a matched place: range index, line in the range, hash
@@ -270,6 +276,13 @@ def _range_hashes(
             expand=False,  # a fan-out's lines, as the job's file holds them
         )
         write_hashes(uri, _lines_of(reader), lambda: reader.stats.lines, so)
+        for lost in reader.unreadable:  # its job failed there too: it is quarantined
+            log.warning(
+                "shard %s: %s cannot be read (%s): its id hashes hold the lines read",
+                shard.shard_id,
+                lost.describe(),
+                lost.error,
+            )
         lines = read_lines(uri, so)
     if lines is None:  # just written: another writer replaced it meanwhile, or the store lost it
         raise StorageError(
@@ -280,8 +293,9 @@ def _range_hashes(
 
 
 def _lines_of(reader: RangeRecordReader) -> Iterator[tuple[Any, int]]:
-    """Each kept record's id and line in the range."""
-    for record in reader:
+    """Each kept record's id and line in the range, but for pieces it cannot read (a quarantined
+    range's: the ids read are what its shard accounts for)."""
+    for record in reader.until_unreadable():
         value = record.get(reader.check.id_field or "id")
         yield value, reader.line_of(value)
 
@@ -307,7 +321,7 @@ def _records_at(
         storage_options=so,
         expand=False,  # lines: a fan-out's rows are the close's to drop (run.repeats)
     )
-    records = iter(reader)
+    records = reader.until_unreadable()  # a quarantined range's matched lines lie before that
     try:
         for record in records:
             value = record.get(reader.check.id_field or "id")

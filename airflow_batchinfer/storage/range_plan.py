@@ -174,6 +174,7 @@ def shard_ranges(
     max_id_bytes: int = MAX_ID_BYTES,
     fan_out: FanOut | None = None,
     lanes: int = 0,
+    listed: InputParts | None = None,
 ) -> tuple[list[RangeRef], OutputManifest, bool] | None:
     """Plan ``src`` as range shards and record the plan in ``dst``'s manifest (``kind: ranges``),
     claiming ``dst`` and ``rejects`` as :func:`~airflow_batchinfer.storage.sharding.shard_dataset`
@@ -184,10 +185,10 @@ def shard_ranges(
     manifest's ``counts`` stay the input's: its lines' records). ``lanes``: the round's lanes, for
     which the last ranges taper (:mod:`~airflow_batchinfer.storage.taper`; recorded as the
     manifest's ``taper_lanes``, not in its fingerprint: a complete plan is reused whatever the
-    lanes)."""
+    lanes). ``listed``: ``src`` as the caller listed it already (its owner check), not listed again."""
     out = JsonlDir(dst, storage_options=storage_options)
     rejects_dir = JsonlDir(rejects or join(parent(out.uri), "rejects"), storage_options=storage_options)
-    inp = list_input(src, storage_options)
+    inp = listed if listed is not None else list_input(src, storage_options)
     first = next((p for p in inp.parts if p.size), inp.parts[0])
     source = JsonlFile(first.uri, storage_options=storage_options, max_line_bytes=max_line_bytes)
     fingerprint = {

@@ -41,6 +41,7 @@ from airflow_batchinfer.storage.records import (
     check_on_error,
 )
 from airflow_batchinfer.storage.shard_ref import Piece, RangeRef, ShardRef
+from airflow_batchinfer.storage.unreadable import Unreadable
 from airflow_batchinfer.storage.validate import LineValidator, RowBlock
 
 
@@ -252,6 +253,8 @@ class RangeRecordReader(RecordReader):
         self.fan_out = fan_out if expand else None
         self._finish = finish
         self._keep = keep
+        self._skip = False  # skip a piece that cannot be read (until_unreadable), naming it
+        self.unreadable: list[Unreadable] = []  # the pieces until_unreadable() could not read
 
     def line_of(self, value: Any) -> int:
         """The line in the range of the kept record with id ``value`` (read already): the validator
@@ -278,22 +281,32 @@ class RangeRecordReader(RecordReader):
             yield from iter_line_blocks(range_chunks(self.file, self.range), strip_cr=False, max_line=bound)
             return
         for piece in self.range.pieces:
-            part = JsonlFile(self.file.loc.at(piece.uri), max_line_bytes=bound)
-            size = check_piece(part, piece, self.range.shard_id)
-            at = At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
-            if piece.rows is not None:  # Parquet: whole row groups, read in blocks of rows
+            try:
+                yield from self._piece_blocks(piece)
+            except StorageError as exc:
+                if not self._skip:
+                    raise
+                self._skipped(piece, exc)
 
-                def started(starts: tuple[int, ...], at: At = at) -> None:
-                    self._at = dataclasses.replace(at, starts=starts)
+    def _piece_blocks(self, piece: Piece) -> Iterator[list[bytes] | RowBlock]:
+        """One piece's lines in blocks, its part's version checked first."""
+        bound = self.range.max_line_bytes
+        part = JsonlFile(self.file.loc.at(piece.uri), max_line_bytes=bound)
+        size = check_piece(part, piece, self.range.shard_id)
+        at = At(piece, self._part_name(piece), self.check.line_no, self.check.offset)
+        if piece.rows is not None:  # Parquet: whole row groups, read in blocks of rows
 
-                yield from parquet_piece(part, piece, size, started)
-                continue
-            self._at = at
-            span = piece.range or (0, 0)
-            sub = dataclasses.replace(
-                self.range, start=span[0], end=span[1], lead_in=_listed(piece.lead_in), pieces=None
-            )
-            yield from iter_line_blocks(range_chunks(part, sub), strip_cr=False, max_line=bound)
+            def started(starts: tuple[int, ...], at: At = at) -> None:
+                self._at = dataclasses.replace(at, starts=starts)
+
+            yield from parquet_piece(part, piece, size, started)
+            return
+        self._at = at
+        span = piece.range or (0, 0)
+        sub = dataclasses.replace(
+            self.range, start=span[0], end=span[1], lead_in=_listed(piece.lead_in), pieces=None
+        )
+        yield from iter_line_blocks(range_chunks(part, sub), strip_cr=False, max_line=bound)
 
     def part_line(self, line: int) -> tuple[str | None, int | None]:
         """The part the range's ``line`` (just read) is in, and its line there when known
@@ -337,6 +350,29 @@ class RangeRecordReader(RecordReader):
             if self._finish is not None:
                 finish, self._finish = self._finish, None
                 finish(ok)
+
+    def until_unreadable(self) -> Generator[Record, None, None]:
+        """Its records but those of pieces that cannot be read: a corrupt row group or zstd frame, or a
+        part changed or gone since planning (:class:`StorageError`, its
+        :class:`~airflow_batchinfer.exceptions.CorruptFileError` included). Such a piece is read up to
+        there and skipped, named in :attr:`unreadable`; one file's range stops there. For reads of a
+        quarantined range (its job failed there): what can be read is accounted for."""
+        self._skip = True
+        try:
+            yield from self
+        except StorageError as exc:  # one file's range: no piece after it
+            span = (self.range.start, self.range.end)
+            self.unreadable.append(Unreadable(self.file.uri, None, span, None, str(exc)))
+
+    def _skipped(self, piece: Piece, exc: StorageError) -> None:
+        """A piece read up to ``exc``: named, and a Parquet piece's unread rows (from its footer) still
+        numbered, so the lines after it keep their numbers (a byte range's count is unknown)."""
+        at, left = self._at, None
+        if piece.rows is not None and at is not None and at.piece == piece and at.starts is not None:
+            left = at.starts[-1] - at.starts[0] - (self.check.line_no - at.line)
+            self.check.line_no += left
+            self.stats.lines += left
+        self.unreadable.append(Unreadable(piece.uri, piece.rows, piece.range, left, str(exc)))
 
 
 def _listed(span: tuple[int, int] | None) -> list[int] | None:

@@ -19,11 +19,11 @@ from airflow_batchinfer.state.docs import (
 from airflow_batchinfer.state.docs.reviewed import ReviewApplied
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, files
-from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, total
+from airflow_batchinfer.storage.digest import IdDigest, diff_ids, file_ids, record_ids, total
 from airflow_batchinfer.storage.id_hashes import REJECTS_SUFFIX
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.storage.manifest import OutputManifest, read_manifest
-from airflow_batchinfer.storage.ranges import range_ids
+from airflow_batchinfer.storage.ranges import DiscardRejects, read_range
 from airflow_batchinfer.storage.record_file import RecordFile
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 
@@ -52,7 +52,10 @@ def check_invariant(
     bounded memory (:func:`~airflow_batchinfer.storage.digest.diff_ids`); round 0's range shards
     (:mod:`~airflow_batchinfer.storage.ranges`), a quarantined one's included, are then read by
     their ranges, never the whole source. ``lost``, ``doubled`` and ``unexpected`` name at most 20
-    ids each; ``checked`` says how (``digests`` or ``ids``)."""
+    ids each; ``checked`` says how (``digests`` or ``ids``). A quarantined range with pieces that could not
+    be read accounts for the ids read (its ``failed/`` record's, and those read here): the rest have
+    no ids to account for, and ``unreadable`` names them by shard, part and row groups or bytes."""
+    unreadable = {"unreadable": found} if (found := _unreadable(failed)) else {}
     manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     planned = [] if manifest is None else manifest.shards
     expected = total(s.ids for s in planned)
@@ -72,6 +75,7 @@ def check_invariant(
             **named,
             "ok": expected == accounted and not any(named.values()),
             "checked": "digests",
+            **unreadable,
         }
     # No digests to go by, or digests that disagree with no round naming why: read the ids.
     input_dir = JsonlDir(layout.input, storage_options=so)
@@ -102,7 +106,13 @@ def check_invariant(
         "unexpected": diff.unexpected,
         "ok": diff.ok,
         "checked": "ids",
+        **unreadable,
     }
+
+
+def _unreadable(failed: list[FailedShard]) -> list[dict[str, Any]]:
+    """The records of quarantined range shards that could not be read, each with its shard."""
+    return [{"shard_id": f.shard_id, **u.model_dump()} for f in failed for u in f.unreadable or ()]
 
 
 class _RangeIds:
@@ -122,9 +132,16 @@ class _RangeIds:
             if not isinstance(src, RangeRef):
                 yield from file_ids([src], self.id_field)
                 continue
-            yield from range_ids(
-                src, id_field=self.range_id_field, assign_ids=self.assign_ids, storage_options=self.so
+            reader = read_range(
+                src,
+                id_field=self.range_id_field,
+                assign_ids=self.assign_ids,
+                rejects=DiscardRejects(),
+                storage_options=self.so,
             )
+            # a quarantined range its job could not read to the end: the ids before that (its failed/
+            # record's), on both sides of the diff
+            yield from record_ids(reader.until_unreadable(), reader.check.id_field or self.range_id_field)
 
 
 def _named(lists: Iterable[list[Any] | None]) -> list[Any]:

@@ -92,6 +92,20 @@ def jury_lines(rounds: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+def unreadable_lines(invariant: dict[str, Any]) -> list[str]:
+    """The records of quarantined shards that could not be read: no ids to account for, named."""
+    out = []
+    for u in invariant.get("unreadable") or []:
+        count = "the records" if u.get("records") is None else f"{u['records']} records"
+        groups = u.get("row_groups")
+        where = f"row groups [{groups[0]}, {groups[1]})" if groups else f"bytes {u.get('range')}"
+        out.append(
+            f"  - unreadable, so without ids to account for: {count} of part `{u['part']}` ({where}), "
+            f"quarantined shard {u['shard_id']}: {u['error']}"
+        )
+    return out
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -106,6 +120,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"exhausted in place: {report['exhausted_in_place']}",
         f"- quarantined shards: {len(report['failed_shards'])} (budget {report['max_failed_shards']})",
         f"- every input id accounted for exactly once: {report['invariant']['ok']}",
+        *unreadable_lines(report["invariant"]),
         "",
         "| round | mode | pending | approved | rejected/exhausted | truncated | approval | failed shards "
         "| job s |",

@@ -31,12 +31,26 @@ class RepeatedIds(BaseModel):
     note: str
 
 
+class UnreadablePart(BaseModel):
+    """A piece a quarantined round-0 range shard could not read (a corrupt Parquet row group or zstd
+    frame, a part changed or gone since planning), read up to there: the shard accounts for the ids
+    read; the piece's ``records`` not read (``None``: unknown, a byte range) have no ids to account for."""
+
+    model_config = ConfigDict(extra="forbid")
+    part: str
+    row_groups: list[int] | None = None  # Parquet: [first, end)
+    range: list[int] | None = None  # stored bytes [start, end)
+    records: int | None = None
+    error: str
+
+
 class FailedShard(DocModel):
     """A shard a round's close quarantined (``round-NN/failed/<shard>.json``, and in the summary's
     ``failed_shards``): its whole input (``records``; ``ids`` when known) is accounted for here. A
-    round-0 range shard's input is the bytes ``range`` of ``uri``."""
+    round-0 range shard's input is the bytes ``range`` of ``uri``; one with pieces that could not be
+    read accounts for the ids read, ``unreadable`` naming those pieces."""
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"range", "ids", "repeated_ids"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"range", "ids", "repeated_ids", "unreadable"})
 
     shard_id: str
     uri: str
@@ -49,6 +63,7 @@ class FailedShard(DocModel):
     range: list[int] | None = None
     ids: Digest | None = None
     repeated_ids: RepeatedIds | None = None
+    unreadable: list[UnreadablePart] | None = None
 
 
 class WorkerTotals(BaseModel):

@@ -339,3 +339,56 @@ def test_a_new_run_root_may_not_nest_with_another_dags_run_root(tmp_path: Path) 
     assert shard(RunIdentity("finance", "later"), finance_root / "sub")  # its own DAG's root
     assert shard(SCRATCH, finance_root / "shared", shared=("finance", "scratch"))
     assert shard(SCRATCH, tmp_path / "runs" / "scratch-q1")  # beside it: as before
+
+
+# ------------------------------------------------- a glob or directory input reaching into a run root
+def test_a_glob_input_reaching_into_another_dags_run_root_is_refused(tmp_path: Path) -> None:
+    """Before: only the ancestors of the input's string were checked, and for
+    ``<shared>/**/results/*.jsonl.zst`` none holds ``owner.json``: ``scratch`` read ``finance``'s
+    results. Now every directory holding a listed part is walked up to the prefix."""
+    from airflow_batchinfer.state.owner import input_refusal, parts_refusal
+    from airflow_batchinfer.storage.input_parts import list_input
+
+    shared = tmp_path / "shared"
+    write_owner(str(shared / "finance-q1"), FINANCE)
+    for folder in ("finance-q1/results", "plain/results"):
+        (shared / folder).mkdir(parents=True, exist_ok=True)
+        (shared / folder / "part-0.jsonl").write_text('{"id": 1, "q": "salary"}\n')
+    prefixes = [str(tmp_path)]
+    glob = f"{shared}/**/results/*.jsonl"
+    assert input_refusal(glob, SCRATCH, prefixes=prefixes) is None  # the string's ancestors hold none
+    why = parts_refusal(list_input(glob), SCRATCH, prefixes=prefixes)
+    assert why is not None and f"lies inside the run root {shared / 'finance-q1'}, which DAG 'finance'" in why
+    # a recursive glob from above the run root reaches into it too
+    assert parts_refusal(list_input(f"{shared}/**/*.jsonl"), SCRATCH, prefixes=prefixes) is not None
+    # plain data, the creator's own DAG, and DAGs the deployment lets share are accepted
+    assert parts_refusal(list_input(f"{shared}/plain/**/*.jsonl"), SCRATCH, prefixes=prefixes) is None
+    assert parts_refusal(list_input(glob), RunIdentity("finance", "later"), prefixes=prefixes) is None
+    shared_dags = ("finance", "scratch")
+    assert parts_refusal(list_input(glob), SCRATCH, prefixes=prefixes, shared_dags=shared_dags) is None
+
+
+def test_the_shard_task_refuses_a_glob_into_another_dags_run_root(tmp_path: Path) -> None:
+    pytest.importorskip("airflow", reason="needs the airflow extra")
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from airflow_batchinfer.operators.shard import ShardDatasetOperator
+
+    write_owner(str(tmp_path / "runs" / "finance-q1"), FINANCE)
+    for folder in ("runs/finance-q1/results", "data/a"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+        rows = "".join(json.dumps({"id": f"{folder}-{i}", "q": "x"}) + "\n" for i in range(6))
+        (tmp_path / folder / "part-0.jsonl").write_text(rows)
+    limits = TriggerLimits(allowed_input_prefixes=(str(tmp_path),), allowed_output_prefixes=(str(tmp_path),))
+
+    def shard(glob: str, name: str) -> Any:
+        config = {"input": glob, "run_root": str(tmp_path / "mine" / name),
+                  "prompt_template": "{{ q }}", "judge": {"type": "llm"}, "records_per_shard": 5}  # fmt: skip
+        return ShardDatasetOperator(task_id="shard", config=config, limits=limits).execute(
+            {"ti": FakeTI(SCRATCH, None)}
+        )
+
+    with pytest.raises(AirflowFailException, match="which DAG 'finance' created"):
+        shard(f"{tmp_path}/*/*/results/*.jsonl", "refused")
+    assert not (tmp_path / "mine" / "refused").exists()  # refused before the claim: nothing written
+    assert shard(f"{tmp_path}/data/*/*.jsonl", "plain")["shards"] == 2
