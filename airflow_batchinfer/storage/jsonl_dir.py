@@ -8,7 +8,6 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, Literal
 
 from airflow_batchinfer.storage.atomic import remove_stale_temps
@@ -17,7 +16,13 @@ from airflow_batchinfer.storage.location import Location, StorageOptions, resolv
 from airflow_batchinfer.storage.record_file import RecordFile, record_file
 from airflow_batchinfer.storage.records import OnError, Record
 from airflow_batchinfer.storage.shard_ref import ShardRef
-from airflow_batchinfer.storage.writer import DEFAULT_ZSTD_LEVEL, AsyncWriter, JsonlWriter, serialize
+from airflow_batchinfer.storage.writer import (
+    DEFAULT_ZSTD_LEVEL,
+    AsyncWriter,
+    CommitOnExit,
+    JsonlWriter,
+    serialize,
+)
 
 PART_RE = re.compile(r"^part-(\d+)\.(jsonl(\.zst|\.zstd)?|parquet)$", re.IGNORECASE)
 JSONL_RE = re.compile(r"^[^.].*\.(jsonl(\.zst|\.zstd)?|parquet)$", re.IGNORECASE)
@@ -141,7 +146,7 @@ class JsonlDir:
         return AsyncWriter(self.writer_sync(**kwargs))
 
 
-class ShardWriter:
+class ShardWriter(CommitOnExit):
     """Writes records into rotating shards of a :class:`JsonlDir`.
 
     A shard is closed before the record that would take it past ``max_records_per_shard`` records
@@ -234,14 +239,3 @@ class ShardWriter:
         cur, self._current = self._current, None
         if cur is not None:
             cur.abort()
-
-    def __enter__(self) -> ShardWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()

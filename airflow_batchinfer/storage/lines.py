@@ -5,6 +5,7 @@ This is the hot path of every read, so it works on whole chunks and leaves JSON 
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Iterator
 from typing import BinaryIO, Self
 
@@ -99,8 +100,9 @@ class BadLine(bytes):
         line.size = size
         return line
 
+    @abstractmethod
     def reason(self) -> str:
-        raise NotImplementedError
+        """Why the line is rejected (each kind of bad line says it)."""
 
 
 class OversizedLine(BadLine):

@@ -13,7 +13,6 @@ a run's files take either (:func:`~airflow_batchinfer.storage.record_file.record
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from types import TracebackType
 from typing import Any
 
 from airflow_batchinfer.storage import confine
@@ -23,7 +22,7 @@ from airflow_batchinfer.storage.parquet_rows import READ_BUFFER
 from airflow_batchinfer.storage.parquet_schema import Columns, Inputs, check_schema, lines, pyarrow
 from airflow_batchinfer.storage.reader import RecordReader, RecordSink
 from airflow_batchinfer.storage.records import OnError
-from airflow_batchinfer.storage.writer import AsyncWriter
+from airflow_batchinfer.storage.writer import AsyncWriter, CommitOnExit
 
 ROW_GROUP_ROWS = 10_000
 ROW_GROUP_BYTES = 64 * 1024 * 1024
@@ -63,7 +62,7 @@ class _SinkFile:
         return False
 
 
-class ParquetOutWriter:
+class ParquetOutWriter(CommitOnExit):
     """Writes one Parquet output file (a :class:`~airflow_batchinfer.storage.writer.SyncRecordWriter`).
 
     The file appears at :meth:`commit` (or a clean exit of ``with``): locally a temporary file renamed
@@ -131,17 +130,6 @@ class ParquetOutWriter:
         self.closed = True
         self._file.dead = True
         self._sink.abort()
-
-    def __enter__(self) -> ParquetOutWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
 
 
 class ParquetOutFile:

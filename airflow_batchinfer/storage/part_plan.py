@@ -21,6 +21,7 @@ import itertools
 import logging
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ class _Opener:
                     self.bytes_read += counting.bytes_read
 
 
-class _Cutter:
+class _Cutter(ABC):
     """What is left of one part to plan: :meth:`take` cuts a piece of about ``want`` records off its
     front (at least a line, a frame or a row group), :meth:`rest` takes the remainder."""
 
@@ -91,18 +92,18 @@ class _Cutter:
     def done(self) -> bool:
         return self.pos >= self.part.size
 
-    def left(self) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def left(self) -> float: ...
 
     def unit(self) -> float:
         """The records of the smallest piece :meth:`take` can cut (0: a line, as good as none)."""
         return 0.0
 
-    def take(self, want: float) -> tuple[Piece, float]:
-        raise NotImplementedError
+    @abstractmethod
+    def take(self, want: float) -> tuple[Piece, float]: ...
 
-    def rest(self) -> tuple[Piece, float]:
-        raise NotImplementedError
+    @abstractmethod
+    def rest(self) -> tuple[Piece, float]: ...
 
     def place(self, piece: Piece) -> tuple[int, int, int]:
         """The piece's place in the input (its stored bytes after those of the parts before it) and

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import orjson
 import zstandard
@@ -27,7 +28,28 @@ def serialize(record: Mapping[str, Any]) -> bytes:
         raise TypeError(f"record is not JSON-serializable ({exc}): {str(record)[:200]}") from exc
 
 
-class JsonlWriter:
+class CommitOnExit(ABC):
+    """A writer used with ``with``: committed on a clean exit, aborted when the block raises."""
+
+    @abstractmethod
+    def commit(self) -> None: ...
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
+
+class JsonlWriter(CommitOnExit):
     """Writes one JSONL file, zstd-compressed when its name ends in ``.zst``/``.zstd``.
 
     The file appears at :meth:`commit` (or a clean exit of ``with``); :meth:`abort` (or an exception
@@ -91,17 +113,6 @@ class JsonlWriter:
         self.closed = True
         self._buf.clear()
         self._sink.abort()
-
-    def __enter__(self) -> JsonlWriter:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
 
 
 class SyncRecordWriter(Protocol):

@@ -11,9 +11,22 @@ import orjson
 import zstandard
 
 from airflow_batchinfer.storage.location import resolve
+from airflow_batchinfer.storage.manifest import OutputManifest
+from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef, ShardRef
 from tests.support.frames import Sink
+
+
+def plan_input(
+    src: Path | str, run: Path, rps: int = 400, **kw: Any
+) -> tuple[list[RangeRef], OutputManifest]:
+    """``src`` planned into ``run/input`` (:func:`shard_ranges`): its range shards and the input's
+    manifest. Shards of up to 1 GiB, ids in ``id``, none assigned, unless ``kw`` says otherwise."""
+    args: dict[str, Any] = {"max_bytes_per_shard": 1 << 30, "id_field": "id", "assign_ids": False, **kw}
+    planned = shard_ranges(str(src), str(run / "input"), records_per_shard=rps, **args)
+    assert planned is not None
+    return [s for s in planned[0] if isinstance(s, RangeRef)], planned[1]
 
 
 def part_bytes(first: int, n: int, *, zstd: bool = False, frame_lines: int = 0) -> bytes:

@@ -11,24 +11,14 @@ from pathlib import Path
 from airflow_batchinfer.rpc.fingerprint import fingerprint, pin_input, spec_input_info
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.rpc.pool import PoolClient
-from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import range_params
 from airflow_batchinfer.storage.shard_ref import Piece, RangeRef
-from tests.support.parts import write_parts
+from tests.support.parts import plan_input, write_parts
 
 
 def part_spec(tmp_path: Path) -> JobSpec:
     write_parts(tmp_path / "data", [50, 50])
-    planned = shard_ranges(
-        str(tmp_path / "data"),
-        str(tmp_path / "run" / "input"),
-        records_per_shard=1000,
-        max_bytes_per_shard=1 << 30,
-        id_field="id",
-        assign_ids=False,
-    )
-    assert planned is not None
-    shard = planned[0][0]
+    shard = plan_input(tmp_path / "data", tmp_path / "run", 1000)[0][0]
     assert isinstance(shard, RangeRef) and shard.pieces and shard.uri == str(tmp_path / "data")
     params = range_params(shard, id_field="id", assign_ids=False)
     outputs = {"inferred": str(tmp_path / "o.jsonl"), "manifest": str(tmp_path / "m.json")}

@@ -10,19 +10,14 @@ import pytest
 from airflow_batchinfer.exceptions import ConfigError, OutputExistsError, StorageError
 from airflow_batchinfer.storage.input_parts import list_input, natural_key
 from airflow_batchinfer.storage.part_plan import plan_parts
-from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import InputRange, piece_uris, range_params, read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef, parse_ref
 from tests.support.frames import Sink
-from tests.support.parts import part_bytes, pieces_of, read_shards, write_parts
-
-ARGS = {"max_bytes_per_shard": 1 << 30, "id_field": "id", "assign_ids": False}
+from tests.support.parts import part_bytes, pieces_of, plan_input, read_shards, write_parts
 
 
 def plan(src: Path | str, run: Path, rps: int = 400, **kw: object) -> list[RangeRef]:
-    planned = shard_ranges(str(src), str(run / "input"), records_per_shard=rps, **{**ARGS, **kw})  # type: ignore[arg-type]
-    assert planned is not None
-    return [s for s in planned[0] if isinstance(s, RangeRef)]
+    return plan_input(src, run, rps, **kw)[0]
 
 
 def test_a_directory_lists_its_parts_in_natural_order_skipping_markers(tmp_path: Path) -> None:

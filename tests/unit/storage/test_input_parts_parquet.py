@@ -12,21 +12,18 @@ import pytest
 from airflow_batchinfer.exceptions import ConfigError, CorruptFileError
 from airflow_batchinfer.storage.input_parts import list_input
 from airflow_batchinfer.storage.part_plan import size_input
-from airflow_batchinfer.storage.range_plan import shard_ranges
 from airflow_batchinfer.storage.ranges import read_range
 from airflow_batchinfer.storage.shard_ref import RangeRef
 from tests.support.frames import Sink
-from tests.support.parts import parquet_part, pieces_of, read_shards
+from tests.support.parts import parquet_part, pieces_of, plan_input, read_shards
 
 pytest.importorskip("pyarrow")
 
 
 def plan(src: Path, run: Path, rps: int = 400, **kw: object) -> list[RangeRef]:
-    args = {"max_bytes_per_shard": 1 << 30, "id_field": None, "assign_ids": False, **kw}
-    planned = shard_ranges(str(src), str(run / "input"), records_per_shard=rps, **args)  # type: ignore[arg-type]
-    assert planned is not None
-    assert planned[1].id_field == "id"  # detected from the first row
-    return [s for s in planned[0] if isinstance(s, RangeRef)]
+    shards, manifest = plan_input(src, run, rps, **{"id_field": None, **kw})
+    assert manifest.id_field == "id"  # detected from the first row
+    return shards
 
 
 def hf_layout(root: Path) -> int:
@@ -44,16 +41,7 @@ def hf_layout(root: Path) -> int:
 
 def test_parquet_parts_are_planned_from_their_footers_in_whole_row_groups(tmp_path: Path) -> None:
     total = hf_layout(tmp_path)
-    planned = shard_ranges(
-        str(tmp_path / "data"),
-        str(tmp_path / "run" / "input"),
-        records_per_shard=400,
-        max_bytes_per_shard=1 << 30,
-        id_field="id",
-        assign_ids=False,
-    )
-    assert planned is not None
-    shards = planned[0]
+    shards, _ = plan_input(tmp_path / "data", tmp_path / "run")
     ids, rejects = read_shards(shards)
     assert ids == [f"r{i}" for i in range(total)] and not rejects
     assert sum(s.records for s in shards) == total  # rows are exact
@@ -72,16 +60,7 @@ def test_a_single_parquet_file_is_planned_by_row_groups_from_its_footer(tmp_path
     parquet_part(
         tmp_path / "one.parquet", 0, 1000, group=100, t=[os.urandom(1000).hex() for _ in range(1000)]
     )
-    planned = shard_ranges(
-        str(tmp_path / "one.parquet"),
-        str(tmp_path / "run" / "input"),
-        records_per_shard=400,
-        max_bytes_per_shard=1 << 30,
-        id_field="id",
-        assign_ids=False,
-    )
-    assert planned is not None
-    shards, manifest, _ = planned
+    shards, manifest = plan_input(tmp_path / "one.parquet", tmp_path / "run")
     assert [s.records for s in shards] == [400, 400, 200] and shards[0].uri == str(tmp_path / "one.parquet")
     assert (tmp_path / "one.parquet").stat().st_size > 2_000_000
     assert manifest.planning is not None and manifest.planning["bytes_read"] <= 64 * 1024  # the footer
@@ -134,28 +113,12 @@ def test_assigned_ids_name_the_part_and_row(tmp_path: Path) -> None:
 
     (tmp_path / "data").mkdir()
     pq.write_table(pa.table({"q": ["a", "b", "c"]}), tmp_path / "data" / "p.parquet", row_group_size=2)
-    planned = shard_ranges(
-        str(tmp_path / "data"),
-        str(tmp_path / "run" / "input"),
-        records_per_shard=10,
-        max_bytes_per_shard=1 << 30,
-        id_field="id",
-        assign_ids=True,
-    )
-    assert planned is not None
-    got = [r["id"] for r in read_range(planned[0][0], id_field="id", assign_ids=True, rejects=Sink())]
+    shards, _ = plan_input(tmp_path / "data", tmp_path / "run", 10, assign_ids=True)
+    got = [r["id"] for r in read_range(shards[0], id_field="id", assign_ids=True, rejects=Sink())]
     assert got == ["p.parquet#1", "p.parquet#2", "p.parquet#3"]
     # one file given as the input (the shards' own root): the same ids
-    one = shard_ranges(
-        str(tmp_path / "data" / "p.parquet"),
-        str(tmp_path / "run1" / "input"),
-        records_per_shard=10,
-        max_bytes_per_shard=1 << 30,
-        id_field="id",
-        assign_ids=True,
-    )
-    assert one is not None
-    assert [r["id"] for r in read_range(one[0][0], id_field="id", assign_ids=True, rejects=Sink())] == got
+    one, _ = plan_input(tmp_path / "data" / "p.parquet", tmp_path / "run1", 10, assign_ids=True)
+    assert [r["id"] for r in read_range(one[0], id_field="id", assign_ids=True, rejects=Sink())] == got
 
 
 def test_parts_without_rows_only_are_refused(tmp_path: Path) -> None:
@@ -201,17 +164,8 @@ def test_the_id_field_is_detected_past_a_first_part_without_rows(tmp_path: Path)
 
     write("part-0.parquet", 0)
     write("part-1.parquet", 5)
-    planned = shard_ranges(
-        str(tmp_path / "data"),
-        str(tmp_path / "run" / "input"),
-        records_per_shard=400,
-        max_bytes_per_shard=1 << 30,
-        id_field=None,
-        assign_ids=False,
-    )
-    assert planned is not None and planned[1].id_field == "custom_id"
+    shards, manifest = plan_input(tmp_path / "data", tmp_path / "run", id_field=None)
+    assert manifest.id_field == "custom_id"
     rejects = Sink()
-    rows = [
-        r for s in planned[0] for r in read_range(s, id_field="custom_id", assign_ids=False, rejects=rejects)
-    ]
+    rows = [r for s in shards for r in read_range(s, id_field="custom_id", assign_ids=False, rejects=rejects)]
     assert [r["custom_id"] for r in rows] == [f"c{i}" for i in range(5)] and not rejects
