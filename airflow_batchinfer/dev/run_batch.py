@@ -47,6 +47,8 @@ ALLOWED: dict[str, str] = {
     "response.request_id": "ours req_<sha256 of custom_id>, vLLM's a random uuid",
     "response.body.id": "ours chatcmpl-/cmpl-<sha256 of custom_id>, vLLM's a random uuid",
     "response.body.created": "when each side answered (ours: the job's start)",
+    "response.body.system_fingerprint": "vLLM's names its build (vllm-<version>-<config hash>); ours is "
+    "null: the job's manifest records the engine, model and settings that answered (its fingerprint)",
     "response.body.choices.*.stop_reason": "vLLM's extension: the stop string or token id that ended "
     "the answer; not an OpenAI field, ours leaves it out (finish_reason is compared)",
 }

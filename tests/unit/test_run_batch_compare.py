@@ -47,7 +47,7 @@ def vllms() -> dict[str, Any]:
         "model": "tiny",
         "choices": [choice],
         "service_tier": None,
-        "system_fingerprint": None,
+        "system_fingerprint": "vllm-0.32.0-0e92eaef",
         "usage": {
             "prompt_tokens": 5,
             "total_tokens": 6,
