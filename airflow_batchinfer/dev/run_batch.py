@@ -220,12 +220,7 @@ def _differences(path: str, a: Any, b: Any) -> list[str]:
         return [
             d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in _differences(_join(path, i), x, y)
         ]
-    if (
-        isinstance(a, float | int)
-        and isinstance(b, float | int)
-        and not isinstance(a, bool)
-        and path.endswith("logprob")
-    ):
+    if path.endswith("logprob") and _number(a) and _number(b):
         return [] if math.isclose(a, b, abs_tol=LOGPROB_TOLERANCE) else [f"{path}: ours {a}, vLLM's {b}"]
     return [] if a == b else [f"{path}: ours {_short(a)}, vLLM's {_short(b)}"]
 
