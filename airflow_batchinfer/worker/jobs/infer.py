@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.images import ImageError, load_images
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
@@ -113,11 +114,20 @@ class Inference:
                     previous=previous,
                     least_max_tokens=least_max_tokens(previous, truncation),
                 )
-                built.append((record, request))
+                built.append((record, self._with_images(request)))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
         return built, requests, self.ctx.runtime.estimate(requests)
+
+    def _with_images(self, request: GenerationRequest) -> GenerationRequest | str:
+        """``request`` with its image parts loaded (read here, under the job's storage policy), or
+        why one cannot be (the record's error)."""
+        runtime = self.ctx.runtime
+        try:
+            return load_images(request, runtime.image_limits, runtime.storage_options)
+        except ImageError as exc:
+            return f"record {request.request_id!r}: {exc}"
 
     def rows(self, built: Built, results: list[GenerationResult]) -> tuple[list[Record], Generated]:
         p = self.ctx.params
