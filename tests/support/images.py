@@ -39,7 +39,14 @@ def webp_lossless_header(width: int, height: int) -> bytes:
     """The start of a lossless WebP (a VP8L chunk)."""
     bits = (width - 1) | ((height - 1) << 14)
     body = b"\x2f" + struct.pack("<I", bits)
-    return b"RIFF" + struct.pack("<I", 4 + 8 + len(body)) + b"WEBP" + b"VP8L" + struct.pack("<I", len(body)) + body
+    return (
+        b"RIFF"
+        + struct.pack("<I", 4 + 8 + len(body))
+        + b"WEBP"
+        + b"VP8L"
+        + struct.pack("<I", len(body))
+        + body
+    )
 
 
 def image_message(url: str, text: str = "what is this?") -> list[dict[str, object]]:

@@ -69,7 +69,7 @@ def test_bad_urls_are_refused_with_the_reason(url: str, said: str) -> None:
 
 def test_the_byte_cap_is_checked_before_decoding() -> None:
     big = data_url(png(64, 64))
-    with pytest.raises(ImageError, match="more than 100 bytes .*max_image_bytes"):
+    with pytest.raises(ImageError, match=r"more than 100 bytes .*max_image_bytes"):
         load_image(big, ImageLimits(max_bytes=100))
 
 
@@ -109,7 +109,10 @@ def test_load_images_loads_each_part_in_order_and_names_the_failing_one(tmp_path
     request = GenerationRequest("r1", messages=messages)
     loaded = load_images(request, LIMITS)
     assert [(i.width, i.height) for i in loaded.images] == [(56, 28), (3, 3)]
-    assert load_images(GenerationRequest("r2", messages=[{"role": "user", "content": "hi"}]), LIMITS).images == ()
+    assert (
+        load_images(GenerationRequest("r2", messages=[{"role": "user", "content": "hi"}]), LIMITS).images
+        == ()
+    )
     bad = GenerationRequest("r3", messages=[*messages, *image_message("http://x/y.png")])
     with pytest.raises(ImageError, match=r"image 3 \(http://x/y.png\): http\(s\) image URLs are refused"):
         load_images(bad, LIMITS)
@@ -140,3 +143,32 @@ def test_openai_messages_send_every_image_as_a_data_url(tmp_path: Path) -> None:
 def test_template_messages_mark_each_image_for_the_chat_template() -> None:
     out = images.template_messages(image_message("data:x", "hi"))
     assert out[0]["content"] == [{"type": "text", "text": "hi"}, {"type": "image"}]
+
+
+async def test_the_openai_engine_sends_a_loaded_path_as_a_data_url(tmp_path: Path) -> None:
+    import json
+
+    import httpx
+
+    from airflow_batchinfer.engines.openai import OpenAIEngine
+
+    sent: list[dict[str, object]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        answer = {"message": {"role": "assistant", "content": "a red square"}, "finish_reason": "stop"}
+        return httpx.Response(200, json={"choices": [answer], "usage": {"prompt_tokens": 9}})
+
+    (tmp_path / "a.png").write_bytes(png(4, 4))
+    messages = image_message(str(tmp_path / "a.png"))
+    messages[0]["content"][1]["image_url"]["detail"] = "low"  # type: ignore[index]
+    engine = OpenAIEngine(
+        "m", base_url="http://llm.local/v1", api_key="k", transport=httpx.MockTransport(handler)
+    )
+    await engine.start()
+    request = load_images(GenerationRequest("r", messages=messages), LIMITS)
+    [out] = await engine.generate([request])
+    await engine.close()
+    assert out.text == "a red square"
+    part = sent[0]["messages"][0]["content"][1]  # type: ignore[index]
+    assert part == {"type": "image_url", "image_url": {"url": data_url(png(4, 4)), "detail": "low"}}
