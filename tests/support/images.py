@@ -4,22 +4,28 @@ headers of JPEG and WebP files."""
 from __future__ import annotations
 
 import base64
+import random
 import struct
 import zlib
 
 
-def png(width: int, height: int, rgb: tuple[int, int, int] = (200, 30, 30)) -> bytes:
-    """A solid ``rgb`` PNG of ``width`` x ``height`` (8-bit RGB)."""
+def png(width: int, height: int, rgb: tuple[int, int, int] = (200, 30, 30), *, noise: bool = False) -> bytes:
+    """A solid ``rgb`` PNG of ``width`` x ``height`` (8-bit RGB); ``noise``: random pixels instead
+    (seeded: the same each time), which do not compress (a PNG of about 3 bytes a pixel)."""
 
     def chunk(kind: bytes, body: bytes) -> bytes:
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
-    row = b"\x00" + bytes(rgb) * width  # filter 0, then the pixels
+    draw = random.Random(0)
+    rows = [
+        b"\x00" + (draw.randbytes(3 * width) if noise else bytes(rgb) * width)  # filter 0, then the pixels
+        for _ in range(height)
+    ]
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(row * height))
+        + chunk(b"IDAT", zlib.compress(b"".join(rows)))
         + chunk(b"IEND", b"")
     )
 
