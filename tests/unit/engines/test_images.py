@@ -172,3 +172,14 @@ async def test_the_openai_engine_sends_a_loaded_path_as_a_data_url(tmp_path: Pat
     assert out.text == "a red square"
     part = sent[0]["messages"][0]["content"][1]  # type: ignore[index]
     assert part == {"type": "image_url", "image_url": {"url": data_url(png(4, 4)), "detail": "low"}}
+
+
+def test_a_storage_uri_outside_the_prefixes_is_refused_before_anything_is_read() -> None:
+    # no S3 server here: a read would fail otherwise; the URI is refused by the rule itself first
+    with confined(PrefixPolicy(["s3://bucket/images"])):
+        with pytest.raises(
+            ImageError, match=r"s3://bucket/secret/x.png is outside .*allowed: s3://bucket/images"
+        ):
+            load_image("s3://bucket/secret/x.png", LIMITS)
+        with pytest.raises(ImageError, match=r"'\.\.' path segment is not allowed"):
+            load_image("s3://bucket/images/../secret/x.png", LIMITS)
