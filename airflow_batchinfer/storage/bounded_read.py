@@ -23,6 +23,8 @@ def read_bounded(uri: str, max_bytes: int, storage_options: StorageOptions | Non
         raise StorageError(f"{uri} does not exist") from None
     except (OSError, ValueError) as exc:
         raise StorageError(f"{uri} cannot be read: {type(exc).__name__}: {exc}") from None
+    except ImportError as exc:  # no filesystem for its scheme here (s3fs: the s3 extra)
+        raise StorageError(f"{uri} cannot be read on this worker: {exc}") from None
     if len(data) > max_bytes:
         raise StorageError(f"{uri} is larger than {max_bytes} bytes (the worker's max_image_bytes)")
     return data

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 from tests.support.images import data_url, image_message, png
 from tests.support.models import CACHE, REPO, VLLM_PYTHON
+from tests.support.seaweedfs import S3Server
 from tests.support.workers import WorkerProcess, start_worker
 
 IMAGE_TOKENS = 16  # the tiny LLaVA's: 56x56 pixels in 14-pixel patches (dev/tiny_vlm.py)
@@ -178,3 +180,33 @@ def test_a_text_only_model_on_vllm_refuses_images_per_record(
     assert lines["text"]["response"] is not None
     assert "vllm: this request has image parts, and " in lines["image"]["error"]["message"]
     assert "takes no images" in lines["image"]["error"]["message"]
+
+
+@pytest.mark.s3
+def test_images_in_s3_are_read_by_the_worker_inside_its_prefixes(workdir: Path, s3_server: S3Server) -> None:
+    """The worker reads an ``s3://`` image inside its allowed prefixes (with its own credentials,
+    from the environment: a simulated worker, in the main environment, which has s3fs) and refuses
+    one outside them, naming the prefixes; what it read is checked as an image."""
+    s3fs = pytest.importorskip("s3fs", reason="needs the s3 extra")
+    base = f"s3://{s3_server.bucket}/images-{uuid.uuid4().hex[:8]}"
+    fs = s3fs.S3FileSystem(**s3_server.storage_options())
+    fs.pipe(f"{base}/allowed/blue.png", png(80, 60, (0, 0, 255)))
+    fs.pipe(f"{base}/allowed/notes.txt", b"not an image")
+    fs.pipe(f"{base}/secret/blue.png", png(80, 60, (0, 0, 255)))
+    root = workdir / "s3"
+    w = start_worker(root, allow=[str(root), f"{base}/allowed"], env=s3_server.env())
+    try:
+        rows = [
+            chat("s3", image_message(f"{base}/allowed/blue.png", QUESTION)),
+            chat("not-an-image", image_message(f"{base}/allowed/notes.txt", QUESTION)),
+            chat("outside", image_message(f"{base}/secret/blue.png", QUESTION)),
+        ]
+        lines = infer(w, root, rows, "s3")
+    finally:
+        w.stop()
+    assert lines["s3"]["response"] is not None, lines["s3"]
+    assert "image 1 " in lines["not-an-image"]["error"]["message"]
+    assert "not a PNG, JPEG or WebP image" in lines["not-an-image"]["error"]["message"]
+    error = lines["outside"]["error"]["message"]
+    assert f"{base}/secret/blue.png is outside this worker's allowed prefixes" in error
+    assert f"allowed: {root}, {base}/allowed" in error
