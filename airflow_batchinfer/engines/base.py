@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from airflow_batchinfer.engines import images as image_parts
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.sampling import bounds_refusal, completion_tokens, engine_refusal, honoured
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
@@ -158,21 +159,28 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     adapter: Adapter | None = None  # the LoRA adapter that answers (None: the base model)
+    # its messages' image parts, loaded by the worker (engines.images.load_images), in order
+    images: tuple[image_parts.LoadedImage, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise ConfigError(f"request {self.request_id}: pass exactly one of prompt or messages")
 
     def prompt_chars(self) -> int:
+        """The prompt's characters (of chat messages: their text, image parts left out)."""
         if self.prompt is not None:
             return len(self.prompt)
-        return sum(len(str(m.get("content", ""))) for m in self.messages or ())
+        return image_parts.text_chars(self.messages)
 
     def estimate_tokens(self) -> int:
-        """Prompt tokens (``chars // 4 + 1``) plus the completion budget of each of its ``n``
-        candidates: what the request occupies in the engine's KV cache, which is what a batch should
-        be sized by (the candidates share the prompt's cache)."""
-        return self.prompt_chars() // 4 + 1 + self.sampling.n * self.sampling.max_tokens
+        """Prompt tokens (``chars // 4 + 1``, and each image's: ``engines.images``) plus the
+        completion budget of each of its ``n`` candidates: what the request occupies in the engine's
+        KV cache, which is what a batch should be sized by (the candidates share the prompt's cache)."""
+        if self.prompt is not None:
+            prompt = len(self.prompt) // 4 + 1
+        else:
+            prompt = image_parts.estimate_prompt_tokens(self.messages, self.images)
+        return prompt + self.sampling.n * self.sampling.max_tokens
 
 
 @dataclass(frozen=True)

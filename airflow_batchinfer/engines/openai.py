@@ -8,6 +8,9 @@ A structured output goes as OpenAI's ``response_format`` where it has the kind (
 ``json_schema`` named ``response`` with ``strict: true``: enforced, as vLLM enforces it; a JSON object)
 and as vLLM's ``structured_outputs`` otherwise (a regex, a choice, a grammar: ``vllm serve`` takes
 them; an API that does not answers that record's error).
+
+Image parts (:mod:`~airflow_batchinfer.engines.images`) go on as OpenAI's ``image_url`` parts, each
+a ``data:`` URL of the image the worker loaded (a path or ``s3://`` URI the server could not read).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from airflow_batchinfer.engines.base import (
     SecretOption,
     TokenLogprob,
 )
+from airflow_batchinfer.engines.images import openai_messages
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -119,7 +123,10 @@ class OpenAIEngine(Engine):
                 del body["structured_outputs"]
                 body["response_format"] = response_format
         if request.messages is not None:
-            return "/chat/completions", {**body, "messages": list(request.messages)}
+            messages = request.messages
+            if request.images:  # as data: URLs: the server cannot read the worker's storage
+                messages = openai_messages(messages, request.images)
+            return "/chat/completions", {**body, "messages": list(messages)}
         if s.logprobs:  # the completions API's logprobs: the number of alternatives per token
             body["logprobs"] = body.pop("top_logprobs", 0)
         return "/completions", {**body, "prompt": request.prompt}

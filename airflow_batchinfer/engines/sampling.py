@@ -170,7 +170,8 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
        neutral=(False,)),
     _f("suffix", _nullable("string"), f"text after the completion: {_LATER}", engines=(), neutral=("",)),
     _f("use_beam_search", _nullable("boolean"), f"beam search: {_LATER}", engines=(), neutral=(False,)),
-    _f("modalities", _ARRAY, "text only", engines=(), neutral=(["text"],)),
+    _f("modalities", _ARRAY, "the output's modalities: text only (images go in as image_url content parts of "
+       "messages)", engines=(), neutral=(["text"],)),
     _f("audio", _OBJECT, "audio output: not supported", engines=()),
     _f("prediction", _OBJECT, "predicted outputs: not supported", engines=()),
     _f("reasoning_effort", _nullable("string"), "reasoning models' effort: not supported", engines=()),

@@ -22,6 +22,11 @@ A model whose architecture is a ``*ForSequenceClassification`` (a classifier, or
 one output) is loaded as a scoring model (:mod:`~airflow_batchinfer.engines.scoring`): it scores
 batches of texts (right-padded; chat messages through the chat template, the answer's turn last)
 and generates nothing.
+
+A vision-language model (a config with a ``vision_config``: LLaVA, Qwen2-VL, ...) is loaded with its
+processor (``AutoProcessor``, ``AutoModelForImageTextToText``): a request with images
+(:mod:`~airflow_batchinfer.engines.images`) is rendered by the processor's chat template and encoded
+with its images, alone in its batch. A text-only model refuses a request with images, saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import asyncio
 import importlib.metadata
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import Adapter
@@ -41,6 +47,7 @@ from airflow_batchinfer.engines.base import (
     SamplingParams,
     TokenLogprob,
 )
+from airflow_batchinfer.engines.images import LoadedImage, refused_images, template_messages
 from airflow_batchinfer.engines.scoring import (
     ScoreRequest,
     ScoreResult,
@@ -72,6 +79,7 @@ class TransformersEngine(Engine):
         self.threads = threads
         self._lock = threading.Lock()  # one generate at a time on the model
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision-language model's (None: the model takes no images)
         self.model: Any = None
         self.max_len = 0
         self.tally = StatsTally()  # tokens generated, batches and requests generating now
@@ -95,13 +103,19 @@ class TransformersEngine(Engine):
             torch.set_num_threads(self.threads)
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
         scores = is_scoring_architecture(getattr(config, "architectures", None))
+        auto: Any = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
+        if getattr(config, "vision_config", None) is not None and not scores:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True)
+            self.processor.tokenizer.padding_side = "left"
+            auto = AutoModelForImageTextToText
         tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         # generation: left padding, so a batch decodes like its members alone; scoring reads each
         # text's last token (right padding keeps the positions every text has alone)
         tok.padding_side = "right" if scores else "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        auto = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
         model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
         if scores:
             if model.config.pad_token_id is None:  # it finds each text's last token by the padding
@@ -110,7 +124,8 @@ class TransformersEngine(Engine):
             self.scoring = ScoringModel(os.path.realpath(self.model_path), labels, multi)
         self.model = model.to(self.device).eval()
         self.tokenizer = tok
-        self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or tok.model_max_length)
+        text_config = getattr(model.config, "text_config", None) or model.config
+        self.max_len = int(getattr(text_config, "max_position_embeddings", 0) or tok.model_max_length)
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return await asyncio.to_thread(self._generate, requests)
@@ -119,6 +134,10 @@ class TransformersEngine(Engine):
         """The prompt text, and whether the tokenizer should add special tokens itself."""
         if request.prompt is not None:
             return request.prompt, True
+        if request.images:  # the processor's template writes the model's image placeholders
+            messages = template_messages(request.messages or ())
+            text = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return str(text), False
         text = self.tokenizer.apply_chat_template(
             list(request.messages or ()), add_generation_prompt=True, tokenize=False
         )
@@ -130,9 +149,12 @@ class TransformersEngine(Engine):
             why = f"transformers: {name} is a scoring model: it generates nothing"
             return [GenerationResult.failed(why) for _ in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
-        groups: dict[tuple[SamplingParams, bool, Adapter | None], list[tuple[int, str]]] = {}
+        # a request with images is a group of its own (its key: its id)
+        groups: dict[tuple[SamplingParams, bool, Adapter | None, str | None], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
             refused = self.sampling_refusal(request.sampling)  # e.g. OpenAI's additive penalties
+            if refused is None and request.images and self.processor is None:
+                refused = refused_images(self.name, f"{os.path.basename(self.model_path)} takes no images")
             if refused is not None:
                 results[i] = GenerationResult.failed(f"transformers: {refused}")
                 continue
@@ -148,9 +170,10 @@ class TransformersEngine(Engine):
                     f"model's context of {self.max_len}: shorten the prompt or lower max_tokens"
                 )
                 continue
-            groups.setdefault((request.sampling, specials, request.adapter), []).append((i, text))
+            alone = request.request_id if request.images else None
+            groups.setdefault((request.sampling, specials, request.adapter, alone), []).append((i, text))
         with self._lock, self.tally.batch(sum(map(len, groups.values()))):
-            for (sampling, specials, adapter), members in groups.items():
+            for (sampling, specials, adapter, alone), members in groups.items():
                 try:
                     self._use(adapter)
                 except Exception as exc:  # a directory peft cannot load: those requests' error
@@ -159,7 +182,11 @@ class TransformersEngine(Engine):
                     for i, _ in members:
                         results[i] = GenerationResult.failed(f"transformers: {reason}")
                     continue
-                outs = self._run_isolating([t for _, t in members], sampling, specials)
+                texts = [t for _, t in members]
+                if alone is None:
+                    outs = self._run_isolating(texts, sampling, specials)
+                else:
+                    outs = self._run_isolating(texts, sampling, specials, requests[members[0][0]].images)
                 for (i, _), out in zip(members, outs, strict=True):
                     results[i] = out
                 self.tally.count(outs)
@@ -201,23 +228,31 @@ class TransformersEngine(Engine):
         )
 
     def _run_isolating(
-        self, texts: list[str], sampling: SamplingParams, specials: bool
+        self, texts: list[str], sampling: SamplingParams, specials: bool, images: Sequence[LoadedImage] = ()
     ) -> list[GenerationResult]:
         try:
-            return self._run(texts, sampling, specials)
+            return self._run(texts, sampling, specials, images)
         except Exception as exc:
             if len(texts) == 1:
                 return [GenerationResult.failed(f"generate: {type(exc).__name__}: {exc}")]
             # find the element that fails; the others still get their outputs
             return [r for t in texts for r in self._run_isolating([t], sampling, specials)]
 
-    def _run(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
-        """One result per text: its ``n`` candidates are ``n`` rows of the batch."""
+    def _run(
+        self, texts: list[str], sampling: SamplingParams, specials: bool, images: Sequence[LoadedImage] = ()
+    ) -> list[GenerationResult]:
+        """One result per text: its ``n`` candidates are ``n`` rows of the batch. ``images``: those
+        of the one text, encoded with it by the processor."""
         import torch
 
         tok, n = self.tokenizer, sampling.n
         rows = [t for t in texts for _ in range(n)]
-        enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
+        if images:
+            pictures = [image.pil() for image in images] * n
+            enc = self.processor(text=rows, images=pictures, return_tensors="pt", padding=True)
+            enc = enc.to(self.device)
+        else:
+            enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
         kwargs = self._generate_args(sampling)
         if sampling.logprobs:  # the model's own scores, before any processor (as vLLM's raw logprobs)
             kwargs.update(output_logits=True, return_dict_in_generate=True)
@@ -361,6 +396,7 @@ class TransformersEngine(Engine):
     async def close(self) -> None:
         self.model = None
         self.tokenizer = None
+        self.processor = None
 
     def describe(self) -> dict[str, Any]:
         described = {

@@ -20,6 +20,11 @@ engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 ``classify`` task and no activation (the raw outputs, which the judges read), and it generates
 nothing. A pooling model without the ``classify`` task (an embedding model) is refused when it loads.
 
+A request with images (:mod:`~airflow_batchinfer.engines.images`) goes to a vision-language model
+as vLLM's multimodal input: the chat template's rendering (an image part written as the model's
+image placeholder, which vLLM expands to the image's tokens) and ``multi_modal_data={"image":
+[...]}``, the images decoded in the rendering thread. A text-only model refuses it, saying so.
+
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
 No caller streams: the engine interface returns whole results.
@@ -42,6 +47,7 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
+from airflow_batchinfer.engines.images import refused_images, template_messages
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
@@ -144,13 +150,17 @@ class VllmEngine(Engine):
         prompts = await asyncio.to_thread(self._prompts, requests)
         return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
-    def _prompts(self, requests: list[GenerationRequest]) -> list[str | GenerationResult]:
+    def _prompts(self, requests: list[GenerationRequest]) -> list[str | dict[str, Any] | GenerationResult]:
         """Each request's prompt text (chat messages through the model's chat template: a Jinja
-        render per request, CPU work for a thread), or the error result of one that cannot render."""
-        prompts: list[str | GenerationResult] = []
+        render per request, CPU work for a thread) or, with images, vLLM's prompt with its
+        ``multi_modal_data``; or the error result of one that cannot render."""
+        prompts: list[str | dict[str, Any] | GenerationResult] = []
         for r in requests:
             if r.prompt is not None:
                 prompts.append(r.prompt)
+                continue
+            if r.images:
+                prompts.append(self._image_prompt(r))
                 continue
             try:
                 prompts.append(
@@ -162,7 +172,22 @@ class VllmEngine(Engine):
                 prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
         return prompts
 
-    async def _one(self, request: GenerationRequest, prompt: str | GenerationResult) -> GenerationResult:
+    def _image_prompt(self, r: GenerationRequest) -> dict[str, Any] | GenerationResult:
+        if not self.llm.model_config.is_multimodal_model:
+            why = f"{os.path.basename(self.model_path)} takes no images (vLLM loaded it as a text-only model)"
+            return GenerationResult.failed(refused_images(self.name, why))
+        try:
+            text = self.tokenizer.apply_chat_template(
+                template_messages(r.messages or ()), add_generation_prompt=True, tokenize=False
+            )
+            pictures = [image.pil() for image in r.images]
+        except Exception as exc:
+            return GenerationResult.failed(f"vllm: image prompt: {type(exc).__name__}: {exc}")
+        return {"prompt": text, "multi_modal_data": {"image": pictures}}
+
+    async def _one(
+        self, request: GenerationRequest, prompt: str | dict[str, Any] | GenerationResult
+    ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest
+from airflow_batchinfer.engines.images import has_images
 from airflow_batchinfer.judges.truncation import LENGTH
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import Previous, attempts_before, previous_of
@@ -18,7 +19,13 @@ from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.writer import AsyncWriter
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
 from airflow_batchinfer.worker.jobs.context import JobContext
-from airflow_batchinfer.worker.jobs.infer import fed_back, generated, least_max_tokens, output_row
+from airflow_batchinfer.worker.jobs.infer import (
+    fed_back,
+    generated,
+    least_max_tokens,
+    output_row,
+    with_images,
+)
 from airflow_batchinfer.worker.jobs.judge import count_adapter, judge_rows
 
 
@@ -109,6 +116,8 @@ class _InPlace:
                     previous=previous,
                     least_max_tokens=least_max_tokens(previous, p.truncation),
                 )
+                if has_images(request.messages):
+                    request = await asyncio.to_thread(with_images, ctx.runtime, request)
             except PromptError as exc:  # permanent: retrying cannot help
                 row = _prompt_error_row(record, exc, attempt, p.round)
                 await self.log.record(rid, attempt, row)

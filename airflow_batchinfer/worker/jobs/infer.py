@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.images import ImageError, load_images
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
@@ -23,6 +24,7 @@ from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.jobs.judge import judge_job, to_judge
+from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import ChunkFigures
 
 
@@ -82,6 +84,15 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     return fields
 
 
+def with_images(runtime: Runtime, request: GenerationRequest) -> GenerationRequest:
+    """``request`` with its image parts loaded (read here, in the job's context: under its storage
+    policy; file reads, so off the event loop), or a :class:`PromptError` saying why one cannot be."""
+    try:
+        return load_images(request, runtime.image_limits, runtime.storage_options)
+    except ImageError as exc:
+        raise PromptError(f"record {request.request_id!r}: {exc}") from None
+
+
 # ------------------------------------------------------------------------------------------ infer
 Built = list[tuple[Record, GenerationRequest | str]]  # each record with its request or prompt error
 
@@ -113,7 +124,7 @@ class Inference:
                     previous=previous,
                     least_max_tokens=least_max_tokens(previous, truncation),
                 )
-                built.append((record, request))
+                built.append((record, with_images(self.ctx.runtime, request)))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
