@@ -42,6 +42,13 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
+from airflow_batchinfer.engines.reasoning import (
+    Split,
+    VllmSplitter,
+    check_vllm_parser,
+    prompt_refusal,
+    template_kwargs,
+)
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
@@ -50,13 +57,18 @@ from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
 
+#: The sampling fields that go to the chat template, not to vLLM's sampling.
+TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
+
 
 class VllmEngine(Engine):
     """:param model: local model directory (loaded with ``HF_HUB_OFFLINE=1``: nothing is downloaded).
     Other keyword arguments go to ``vllm.AsyncEngineArgs`` (``dtype``, ``max_model_len``,
     ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager``, ...), except
     ``log_stats_interval_s``: vLLM's stat lines in the worker log every that many seconds (at least
-    1; unset: none)."""
+    1; unset: none). ``reasoning_parser`` (one of vLLM's reasoning parsers, by name) goes to vLLM too
+    (structured outputs then constrain the answer after the reasoning, and ``thinking_token_budget``
+    is honoured) and splits each output into its reasoning and its answer."""
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
@@ -73,6 +85,7 @@ class VllmEngine(Engine):
         # adapter directory -> the loading of its LoRARequest (one id each): a LoRARequest, or why not
         self._loras: dict[str, asyncio.Task[Any]] = {}
         self._lora_ids = 0
+        self.splitter: VllmSplitter | None = None  # the reasoning parser, once started
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -81,12 +94,17 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        parser = self.engine_args.get("reasoning_parser")
+        if parser is not None:
+            check_vllm_parser(parser)
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
         loggers = [self._recorder, _no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
+        if parser is not None:
+            self.splitter = VllmSplitter(parser, self.tokenizer, self.llm.model_config)
         if self.llm.model_config.runner_type == "pooling":
             await self._pooling()
         if self.log_stats_interval_s is not None:
@@ -149,13 +167,16 @@ class VllmEngine(Engine):
         render per request, CPU work for a thread), or the error result of one that cannot render."""
         prompts: list[str | GenerationResult] = []
         for r in requests:
+            s = r.sampling
             if r.prompt is not None:
-                prompts.append(r.prompt)
+                refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "vllm")
+                prompts.append(r.prompt if refused is None else GenerationResult.failed(refused))
                 continue
             try:
+                kwargs = template_kwargs(s.reasoning_effort, s.chat_template_kwargs)
                 prompts.append(
                     self.tokenizer.apply_chat_template(
-                        list(r.messages or ()), add_generation_prompt=True, tokenize=False
+                        list(r.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
                     )
                 )
             except Exception as exc:
@@ -169,6 +190,11 @@ class VllmEngine(Engine):
 
         if isinstance(prompt, GenerationResult):
             return prompt
+        if request.sampling.thinking_token_budget is not None and self.splitter is None:
+            return GenerationResult.failed(
+                "vllm: thinking_token_budget needs a reasoning parser: give the pool the engine option "
+                "reasoning_parser (the model's, one of vLLM's), or remove thinking_token_budget"
+            )
         try:
             args = sampling_args(request.sampling)
             if args["structured_outputs"] is not None:
@@ -195,16 +221,30 @@ class VllmEngine(Engine):
         if final is None or not final.outputs:
             return GenerationResult.failed("vllm returned no output")
         logprobs = request.sampling.logprobs
-        choices = [
-            Choice(
-                out.text,
-                str(out.finish_reason or "stop"),
-                len(out.token_ids),
-                _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+        choices = []
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            split = self._split(request, out)
+            choices.append(
+                Choice(
+                    split.answer,
+                    str(out.finish_reason or "stop"),
+                    len(out.token_ids),
+                    _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+                    split.reasoning,
+                    split.reasoning_tokens,
+                    split.ended,
+                )
             )
-            for out in sorted(final.outputs, key=lambda o: o.index)
-        ]
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
+
+    def _split(self, request: GenerationRequest, out: Any) -> Split:
+        """A vLLM ``CompletionOutput`` split by the reasoning parser (none: all of it is the answer)."""
+        if self.splitter is None:
+            return Split(out.text)
+        s = request.sampling
+        return self.splitter.split(
+            out.text, out.token_ids, request.messages, s.reasoning_effort, s.chat_template_kwargs
+        )
 
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
@@ -307,9 +347,12 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     same names), empty sequences as ``None``, ``logit_bias`` as vLLM's ``{token id: bias}``,
     ``structured_outputs`` as the arguments of vLLM's ``StructuredOutputsParams`` (``{"json": schema}``,
     ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM), ``logprobs`` and
-    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``)."""
+    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``), save the chat
+    template's (``reasoning_effort``, ``chat_template_kwargs``: the engine renders the prompt with them)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
+        if name in TEMPLATE_FIELDS:
+            continue
         value = getattr(s, name)
         if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty
             value = (dict(value) if name == "logit_bias" else list(value)) or None

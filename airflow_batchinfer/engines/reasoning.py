@@ -1,0 +1,199 @@
+"""Reasoning models: what a request asks of them and how their output splits into reasoning and answer.
+
+A request asks through three fields (``engines.sampling``): ``reasoning_effort`` and
+``chat_template_kwargs`` reach the model's chat template as vLLM's OpenAI server passes them
+(:func:`template_kwargs`: ``reasoning_effort`` itself, and ``enable_thinking`` false for the effort
+``none``, true otherwise, unless the kwargs set it), and ``thinking_token_budget`` is vLLM's own
+sampling field (the reasoning is ended when that many thinking tokens are spent).
+
+The split (:class:`Split`) is the engine's, named by the ``reasoning_parser`` its deployment pins:
+the vllm engine runs one of vLLM's reasoning parsers by name (:class:`VllmSplitter`), the transformers
+engine splits on the delimiters of a parser of :data:`DELIMITER_PARSERS` the way vLLM's delimiter
+parsers do (:class:`Delimiters`), and the openai engine reads the server's ``reasoning_content`` /
+``reasoning``. An answer cut at ``max_tokens`` while its reasoning had not ended is
+``truncated_in_thinking`` in its row.
+
+Nothing here imports vLLM at import time (the worker and the run settings import it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+
+#: vLLM's (and OpenAI's) reasoning efforts.
+EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+
+@dataclass(frozen=True)
+class TemplateKwargs:
+    """``chat_template_kwargs``: a JSON object, kept as its canonical text (hashable, so sampling
+    settings holding it still group and compare)."""
+
+    text: str
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> TemplateKwargs:
+        return cls(json.dumps(dict(value), sort_keys=True, separators=(",", ":")))
+
+    def as_json(self) -> dict[str, Any]:
+        value: dict[str, Any] = json.loads(self.text)
+        return value
+
+
+def template_kwargs(effort: str | None, kwargs: TemplateKwargs | None) -> dict[str, Any]:
+    """The keyword arguments the chat template is rendered with, as vLLM's OpenAI server builds them
+    (``ChatCompletionRequest.build_chat_params``): the request's ``chat_template_kwargs``, and with a
+    ``reasoning_effort`` the effort itself and ``enable_thinking`` (false for ``none``) where the
+    kwargs leave it unset. A template that declares neither ignores them."""
+    out = kwargs.as_json() if kwargs is not None else {}
+    if effort is not None:
+        out.setdefault("enable_thinking", effort != "none")
+        out.setdefault("reasoning_effort", effort)
+    return out
+
+
+def prompt_refusal(effort: str | None, kwargs: TemplateKwargs | None, engine: str) -> str | None:
+    """Why a raw-prompt request (no chat template) cannot take ``reasoning_effort`` or
+    ``chat_template_kwargs``: both reach the model through its chat template only."""
+    asked = [name for name, v in (("reasoning_effort", effort), ("chat_template_kwargs", kwargs)) if v]
+    if not asked:
+        return None
+    return (
+        f"{engine}: {' and '.join(asked)} reach the model through its chat template, and this request "
+        "is a raw prompt (a completions body): send chat messages, or remove them"
+    )
+
+
+@dataclass(frozen=True)
+class Split:
+    """An output split into its ``answer`` and its ``reasoning`` (``None``: no reasoning parsed),
+    with the reasoning's tokens and whether it ``ended`` (false: the output stopped while thinking)."""
+
+    answer: str
+    reasoning: str | None = None
+    reasoning_tokens: int = 0
+    ended: bool = True
+
+
+# ----------------------------------------------------------------------------- delimiter parsers
+@dataclass(frozen=True)
+class Delimiters:
+    """A reasoning parser that splits on a start and an end delimiter, each one token of the model's
+    vocabulary, as vLLM's ``BaseThinkingReasoningParser`` does: the output up to the end delimiter
+    (after the start one, where the model wrote it: a chat template may have) is the reasoning, the
+    rest the answer; an output without the end delimiter is all reasoning, not ended."""
+
+    start: str
+    end: str
+
+    def token_ids(self, vocab: Mapping[str, int], parser: str) -> tuple[int, int]:
+        """The delimiters' token ids in ``vocab``; a ConfigError when the model lacks either."""
+        missing = [d for d in (self.start, self.end) if d not in vocab]
+        if missing:
+            raise ConfigError(
+                f"reasoning_parser {parser}: this model's tokenizer has no token {' or '.join(missing)}: "
+                "it is not a model this parser reads; unset reasoning_parser or pick the model's parser"
+            )
+        return vocab[self.start], vocab[self.end]
+
+    @staticmethod
+    def split_ids(ids: Sequence[int], start_id: int, end_id: int) -> tuple[list[int], list[int], bool]:
+        """``ids`` as (reasoning ids, answer ids, ended): the delimiters themselves in neither."""
+        ids = list(ids)
+        if start_id in ids:
+            ids = ids[ids.index(start_id) + 1 :]
+        if end_id not in ids:
+            return ids, [], False
+        at = ids.index(end_id)
+        return ids[:at], ids[at + 1 :], True
+
+
+#: The parsers the transformers engine runs: vLLM's delimiter parsers of the same names.
+DELIMITER_PARSERS: dict[str, Delimiters] = {
+    "deepseek_r1": Delimiters("<think>", "</think>"),
+    "seed_oss": Delimiters("<seed:think>", "</seed:think>"),
+}
+
+
+def delimiter_parser(name: str) -> Delimiters:
+    """The delimiter parser ``name``; a ConfigError naming those there are."""
+    if name not in DELIMITER_PARSERS:
+        raise ConfigError(
+            f"reasoning_parser {name!r} is not a parser the transformers engine runs: choose one of "
+            f"{', '.join(sorted(DELIMITER_PARSERS))} (vLLM's delimiter parsers of those names), or run the "
+            "model on a vllm pool, which runs any of vLLM's parsers"
+        )
+    return DELIMITER_PARSERS[name]
+
+
+# ------------------------------------------------------------------------------------ vLLM's parsers
+def vllm_parser_names() -> list[str]:
+    """The reasoning parsers this vLLM has, by name."""
+    from vllm.reasoning import ReasoningParserManager
+
+    return list(ReasoningParserManager.list_registered())
+
+
+def check_vllm_parser(name: Any) -> str:
+    """``name``, a reasoning parser of this vLLM; a ConfigError listing them otherwise (checked before
+    the engine loads, where vLLM would fail with less to go on)."""
+    names = vllm_parser_names()
+    if not isinstance(name, str) or name not in names:
+        raise ConfigError(
+            f"vllm engine option reasoning_parser={name!r} is not one of this vLLM's reasoning parsers: "
+            f"choose the model's ({', '.join(names)})"
+        )
+    return name
+
+
+class VllmSplitter:
+    """One of vLLM's reasoning parsers by name, over the engine's tokenizer: splits a finished
+    output as vLLM's OpenAI server does for a whole (not streamed) answer."""
+
+    def __init__(self, name: str, tokenizer: Any, model_config: Any = None) -> None:
+        from vllm.reasoning import ReasoningParserManager
+
+        self.name = name
+        self.parser = ReasoningParserManager.get_reasoning_parser(name)(tokenizer, model_config=model_config)
+        self.tokenizer = tokenizer
+
+    def split(
+        self,
+        text: str,
+        token_ids: Sequence[int],
+        messages: Sequence[Mapping[str, Any]] | None,
+        effort: str | None,
+        kwargs: TemplateKwargs | None,
+    ) -> Split:
+        """``text`` (of the generated ``token_ids``) split by the parser. Its reasoning tokens are the
+        parser's count; where that is 0 for parsed reasoning (the delimiter parsers count tokens between
+        a start and an end token, and a template that opens the reasoning in the prompt leaves no start
+        token in the output) the reasoning's own tokens. It ended where there is none or the parser
+        finds its end in the output."""
+        reasoning, answer = self.parser.extract_reasoning(text, self._request(messages, effort, kwargs))
+        if reasoning is None:
+            return Split(text if answer is None else answer)
+        ids = list(token_ids)
+        count = int(self.parser.count_reasoning_tokens(ids))
+        if count == 0 and reasoning:
+            count = len(self.tokenizer.encode(reasoning, add_special_tokens=False))
+        return Split(answer or "", reasoning, count, bool(self.parser.is_reasoning_end(ids)))
+
+    @staticmethod
+    def _request(
+        messages: Sequence[Mapping[str, Any]] | None, effort: str | None, kwargs: TemplateKwargs | None
+    ) -> Any:
+        """The ``ChatCompletionRequest`` the parser reads (some read its template kwargs), unvalidated:
+        the engine has rendered the messages already."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+        return ChatCompletionRequest.model_construct(
+            messages=list(messages or ()),
+            reasoning_effort=effort,
+            chat_template_kwargs=kwargs.as_json() if kwargs is not None else None,
+        )
