@@ -64,8 +64,8 @@ def prompt_refusal(effort: str | None, kwargs: TemplateKwargs | None, engine: st
     if not asked:
         return None
     return (
-        f"{engine}: {' and '.join(asked)} reach the model through its chat template, and this request "
-        "is a raw prompt (a completions body): send chat messages, or remove them"
+        f"{engine}: {' and '.join(asked)} go to the model through its chat template only, and this "
+        "request is a raw prompt (a completions body): send chat messages, or remove them"
     )
 
 
@@ -181,8 +181,19 @@ class VllmSplitter:
         ids = list(token_ids)
         count = int(self.parser.count_reasoning_tokens(ids))
         if count == 0 and reasoning:
-            count = len(self.tokenizer.encode(reasoning, add_special_tokens=False))
+            count = self._tokens_before_end(ids, reasoning)
         return Split(answer or "", reasoning, count, bool(self.parser.is_reasoning_end(ids)))
+
+    def _tokens_before_end(self, ids: list[int], reasoning: str) -> int:
+        """The generated tokens before the parser's end token (all of them where it has not ended),
+        its start token left out; for a parser without one token to end on, the reasoning's text
+        tokenized again (at most the tokens generated)."""
+        end = getattr(self.parser, "end_token_id", None)
+        if not isinstance(end, int):
+            return min(len(ids), len(self.tokenizer.encode(reasoning, add_special_tokens=False)))
+        start = getattr(self.parser, "start_token_id", None)
+        upto = ids.index(end) if end in ids else len(ids)
+        return sum(1 for t in ids[:upto] if t != start)
 
     @staticmethod
     def _request(
@@ -197,3 +208,31 @@ class VllmSplitter:
             reasoning_effort=effort,
             chat_template_kwargs=kwargs.as_json() if kwargs is not None else None,
         )
+
+
+# ------------------------------------------------------------------------------------------- rows
+#: A row's field: its answer was cut at ``max_tokens`` while the model was still thinking.
+TRUNCATED_IN_THINKING = "truncated_in_thinking"
+#: The fields a row's generation writes for its reasoning (a new generation drops an earlier one's).
+ROW_FIELDS = ("reasoning", "reasoning_tokens", TRUNCATED_IN_THINKING)
+
+
+def row_fields(reasoning: str | None, tokens: int, ended: bool, finish_reason: str | None) -> dict[str, Any]:
+    """A row's (or a candidate's) reasoning fields: ``reasoning`` and ``reasoning_tokens`` where
+    reasoning was parsed, ``truncated_in_thinking: true`` where the output was cut at ``max_tokens``
+    (``finish_reason`` ``length``) before the reasoning ended; ``{}`` for a model that did not reason."""
+    if reasoning is None:
+        return {}
+    out: dict[str, Any] = {"reasoning": reasoning, "reasoning_tokens": tokens}
+    if finish_reason == "length" and not ended:
+        out[TRUNCATED_IN_THINKING] = True
+    return out
+
+
+def openai_message(role: str, answer: str | None, reasoning: str | None) -> dict[str, Any]:
+    """An OpenAI chat ``message`` as vLLM's server writes it for a reasoning model: the answer as
+    ``content`` (``null`` where only reasoning was generated), the reasoning as ``reasoning`` (vLLM's
+    name) and ``reasoning_content`` (the older name DeepSeek's API and earlier vLLMs use)."""
+    if reasoning is None:
+        return {"role": role, "content": answer}
+    return {"role": role, "content": answer or None, "reasoning": reasoning, "reasoning_content": reasoning}

@@ -57,6 +57,10 @@ from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
 
+NO_PARSER = (
+    "vllm: thinking_token_budget needs a reasoning parser: give the pool the engine option "
+    "reasoning_parser (the model's, one of vLLM's), or remove thinking_token_budget"
+)
 #: The sampling fields that go to the chat template, not to vLLM's sampling.
 TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
 
@@ -168,6 +172,9 @@ class VllmEngine(Engine):
         prompts: list[str | GenerationResult] = []
         for r in requests:
             s = r.sampling
+            if s.thinking_token_budget is not None and self.splitter is None:
+                prompts.append(GenerationResult.failed(NO_PARSER))
+                continue
             if r.prompt is not None:
                 refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "vllm")
                 prompts.append(r.prompt if refused is None else GenerationResult.failed(refused))
@@ -190,11 +197,6 @@ class VllmEngine(Engine):
 
         if isinstance(prompt, GenerationResult):
             return prompt
-        if request.sampling.thinking_token_budget is not None and self.splitter is None:
-            return GenerationResult.failed(
-                "vllm: thinking_token_budget needs a reasoning parser: give the pool the engine option "
-                "reasoning_parser (the model's, one of vLLM's), or remove thinking_token_budget"
-            )
         try:
             args = sampling_args(request.sampling)
             if args["structured_outputs"] is not None:
