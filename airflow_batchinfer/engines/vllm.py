@@ -14,6 +14,11 @@ request is added is that request's error result too.
 as its ``LoRARequest`` (the engine option ``enable_lora`` on): vLLM loads each adapter once, keeps up
 to ``max_loras`` of them in one batch and more in its CPU cache (``max_cpu_loras``).
 
+A reasoning model's outputs are split by one of vLLM's reasoning parsers, named by the engine option
+``reasoning_parser`` (:class:`~airflow_batchinfer.engines.reasoning.VllmSplitter`), which vLLM gets
+too: its structured outputs then hold the answer after the reasoning, and ``thinking_token_budget``
+is honoured. ``reasoning_effort`` and ``chat_template_kwargs`` render the chat template.
+
 A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` architecture, or the
 engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 (:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
