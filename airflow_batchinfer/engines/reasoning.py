@@ -113,6 +113,32 @@ class Delimiters:
         return ids[:at], ids[at + 1 :], True
 
 
+class ThinkingBudget:
+    """A ``generate()`` logits processor that ends each row's reasoning after ``budget`` thinking
+    tokens by forcing the end delimiter, as vLLM's ``thinking_token_budget`` does: a row thinks from
+    its last start delimiter (the prompt's, where the template opened the reasoning) until an end one,
+    and each token since that start counts."""
+
+    def __init__(self, budget: int, start_id: int, end_id: int) -> None:
+        self.budget, self.start_id, self.end_id = budget, start_id, end_id
+
+    def __call__(self, input_ids: Any, scores: Any) -> Any:
+        for row, ids in enumerate(input_ids.tolist()):
+            start = _last(ids, self.start_id)
+            if start > _last(ids, self.end_id) and len(ids) - start - 1 >= self.budget:
+                scores[row, :] = float("-inf")
+                scores[row, self.end_id] = 0.0
+        return scores
+
+
+def _last(ids: list[int], token: int) -> int:
+    """The index of the last ``token`` in ``ids`` (-1: none)."""
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == token:
+            return i
+    return -1
+
+
 #: The parsers the transformers engine runs: vLLM's delimiter parsers of the same names.
 DELIMITER_PARSERS: dict[str, Delimiters] = {
     "deepseek_r1": Delimiters("<think>", "</think>"),

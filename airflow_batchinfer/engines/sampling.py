@@ -45,8 +45,9 @@ _LOGPROBS = ("vllm", "transformers", "openai")
 # chat template variables: the engines that render one (vllm, transformers) or pass them on (openai);
 # the simulated engine has no template
 _TEMPLATES = ("vllm", "transformers", "openai")
-# a thinking budget: vLLM's logits processor (the openai engine passes it on); transformers has none
-_THINKING_BUDGET = ("vllm", "openai")
+# a thinking budget: vLLM's, and a logits processor of the same rule on transformers (both need the
+# pool's reasoning_parser); the openai engine passes it on
+_THINKING_BUDGET = ("vllm", "transformers", "openai")
 MAX_N = 128  # candidates per record
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM's default max_logprobs too)
 

@@ -22,7 +22,8 @@ A reasoning model's output is split into reasoning and answer by the engine opti
 ``reasoning_parser`` (one of vLLM's delimiter parsers by name: ``deepseek_r1``, ``seed_oss``; its
 delimiters must be tokens of the model), on the generated tokens; stop strings cut the answer.
 ``reasoning_effort`` and ``chat_template_kwargs`` reach the chat template as on vLLM's server;
-``thinking_token_budget`` is refused (no budget in ``generate()``).
+``thinking_token_budget`` forces the end delimiter after that many thinking tokens, as vLLM does
+(:class:`~airflow_batchinfer.engines.reasoning.ThinkingBudget`; it needs ``reasoning_parser``).
 
 A model whose architecture is a ``*ForSequenceClassification`` (a classifier, or a reward model with
 one output) is loaded as a scoring model (:mod:`~airflow_batchinfer.engines.scoring`): it scores
@@ -50,6 +51,7 @@ from airflow_batchinfer.engines.base import (
 from airflow_batchinfer.engines.reasoning import (
     Delimiters,
     Split,
+    ThinkingBudget,
     delimiter_parser,
     prompt_refusal,
     template_kwargs,
@@ -162,9 +164,14 @@ class TransformersEngine(Engine):
         groups: dict[tuple[SamplingParams, bool, Adapter | None], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
             refused = self.sampling_refusal(request.sampling)  # e.g. OpenAI's additive penalties
+            s = request.sampling
             if refused is None and request.prompt is not None:
-                s = request.sampling
                 refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "transformers")
+            if refused is None and s.thinking_token_budget is not None and self._think_ids is None:
+                refused = (
+                    "thinking_token_budget needs a reasoning parser: give the pool the engine option "
+                    "reasoning_parser (deepseek_r1, seed_oss), or remove thinking_token_budget"
+                )
             if refused is not None:
                 results[i] = GenerationResult.failed(f"transformers: {refused}")
                 continue
@@ -251,6 +258,11 @@ class TransformersEngine(Engine):
         rows = [t for t in texts for _ in range(n)]
         enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
         kwargs = self._generate_args(sampling)
+        if sampling.thinking_token_budget is not None and self._think_ids is not None:
+            from transformers import LogitsProcessorList
+
+            budget = ThinkingBudget(sampling.thinking_token_budget, *self._think_ids)
+            kwargs["logits_processor"] = LogitsProcessorList([budget])
         if sampling.logprobs:  # the model's own scores, before any processor (as vLLM's raw logprobs)
             kwargs.update(output_logits=True, return_dict_in_generate=True)
         if sampling.seed is not None:

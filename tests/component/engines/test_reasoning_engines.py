@@ -121,7 +121,9 @@ def test_transformers_splits_on_the_parsers_delimiters(thinker: str) -> None:
             sampling=SamplingParams.from_mapping({**think, "reasoning_effort": "none"}),
         ),
         GenerationRequest(
-            "budget", messages=MESSAGES, sampling=SamplingParams.from_mapping({"thinking_token_budget": 3})
+            "budget",
+            messages=MESSAGES,
+            sampling=SamplingParams.from_mapping({"max_tokens": 8, "thinking_token_budget": 3}),
         ),
     ]
     cut, none, budget = asyncio.run(run(requests))
@@ -129,10 +131,21 @@ def test_transformers_splits_on_the_parsers_delimiters(thinker: str) -> None:
     assert (row["result"], row["finish_reason"], row["reasoning_tokens"]) == ("", "length", 5)
     assert row["truncated_in_thinking"] is True and row["reasoning"]
     assert none.prompt_tokens > cut.prompt_tokens  # enable_thinking false reached the template
-    assert not budget.ok and "thinking_token_budget" in str(budget.error) and "vllm" in str(budget.error)
+    # the budget ended the reasoning as vLLM's does: the prompt's "\n" after <think> and 2 generated
+    # tokens think, then </think> is forced and the answer follows
+    assert budget.ok and budget.reasoning_ended and budget.reasoning_tokens == 2, budget
+    assert (
+        budget.finish_reason == "length"
+        and budget.text
+        and "think>" not in budget.text + str(budget.reasoning)
+    )
 
 
 def test_transformers_refuses_a_parser_it_does_not_run(thinker: str, tiny_model: str) -> None:
+    plain = create_engine("transformers", model=thinker)
+    asked = SamplingParams.from_mapping({"thinking_token_budget": 3})
+    (refused,) = plain._generate([GenerationRequest("b", messages=MESSAGES, sampling=asked)])  # type: ignore[attr-defined]
+    assert "needs a reasoning parser" in str(refused.error)
     with pytest.raises(ConfigError, match="deepseek_r1"):
         create_engine("transformers", model=thinker, reasoning_parser="qwen3")
     engine = create_engine("transformers", model=tiny_model, reasoning_parser="deepseek_r1")

@@ -56,7 +56,7 @@ def test_a_job_that_asks_for_none_of_them_is_described_as_before() -> None:
         ("reasoning_effort", "extreme", None, ["reasoning_effort", "is not one of"]),
         ("chat_template_kwargs", {"enable_thinking": False}, "simulated", ["simulated engine"]),
         ("chat_template_kwargs", ["enable_thinking"], None, ["chat_template_kwargs", "not of type"]),
-        ("thinking_token_budget", 64, "transformers", ["transformers engine", "vllm, openai"]),
+        ("thinking_token_budget", 64, "simulated", ["simulated engine", "vllm, transformers, openai"]),
         ("thinking_token_budget", -1, None, ["thinking_token_budget must be >= 0, got -1"]),
     ],
 )
@@ -70,7 +70,7 @@ def test_each_field_is_refused_with_the_reason_where_it_cannot_run(
 @pytest.mark.parametrize(
     ("name", "engine"),
     [(n, e) for n in ("reasoning_effort", "chat_template_kwargs") for e in ("vllm", "transformers", "openai")]
-    + [("thinking_token_budget", "vllm"), ("thinking_token_budget", "openai")],
+    + [("thinking_token_budget", e) for e in ("vllm", "transformers", "openai")],
 )
 def test_the_engines_that_honour_them_take_them(name: str, engine: str) -> None:
     value = {"reasoning_effort": "high", "chat_template_kwargs": {"x": 1}, "thinking_token_budget": 16}[name]
@@ -132,6 +132,22 @@ def test_the_delimiter_split_is_vllms() -> None:
 class _Decoder:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return " ".join(map(str, ids))
+
+
+def test_the_thinking_budget_forces_the_end_after_that_many_thinking_tokens() -> None:
+    import numpy as np  # generate() hands it torch tensors; arrays index and list alike
+
+    from airflow_batchinfer.engines.reasoning import ThinkingBudget
+
+    start, end, inf = 1, 2, float("-inf")
+    budget = ThinkingBudget(2, start, end)
+    rows = np.array([[9, start, 5, 6], [9, start, 5, 9], [start, 5, end, 6], [9, 9, 9, 9]])
+    scores = budget(rows, np.zeros((4, 4)))
+    # rows 0 and 1 thought 2 tokens since <think> (the prompt's or their own): only </think> may come
+    assert scores[0].tolist() == scores[1].tolist() == [inf, inf, 0.0, inf]
+    # row 2 ended its reasoning, row 3 never began one
+    assert scores[2].tolist() == scores[3].tolist() == [0.0] * 4
+    assert ThinkingBudget(3, start, end)(rows[:1], np.zeros((1, 4))).tolist() == [[0.0] * 4]
 
 
 def test_transformers_splits_the_generated_tokens() -> None:
