@@ -51,6 +51,11 @@ ALLOWED: dict[str, str] = {
     "null: the job's manifest records the engine, model and settings that answered (its fingerprint)",
     "response.body.choices.*.stop_reason": "vLLM's extension: the stop string or token id that ended "
     "the answer; not an OpenAI field, ours leaves it out (finish_reason is compared)",
+    "response.body.choices.*.message.reasoning_content": "ours also writes the reasoning under the older "
+    "name DeepSeek's API and earlier vLLM servers use (the same text as message.reasoning, which is compared)",
+    "response.body.usage.completion_tokens_details.reasoning_tokens": "vLLM 0.32 counts 0 when the chat "
+    "template opens the reasoning in the prompt (DeepSeek-R1's does); ours counts the tokens generated "
+    "before the end delimiter, as rows do",
 }
 # float fields compared to this absolute tolerance: both sides run float32 on the same vLLM build,
 # but a request's logits depend a little on which requests share its batch

@@ -14,6 +14,14 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# DeepSeek-R1's and Qwen3's way: the answer's turn opens the reasoning, or (enable_thinking false)
+# holds an empty one
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}",
+    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+)
+THINK_TOKENS = ("<think>", "</think>")
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
     "please answer the question briefly. approved rejected yes no because the reason is clear. "
@@ -26,11 +34,22 @@ _CORPUS = (
 def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
     """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
     and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
+    return _build(Path(dst), seed, vocab_size, CHAT_TEMPLATE, ())
+
+
+def build_tiny_thinker(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+    """:func:`build_tiny_llama` as a reasoning model: ``<think>`` and ``</think>`` are tokens of its
+    vocabulary (added, not special: decoded into the text, as DeepSeek-R1's and Qwen3's are), and its
+    chat template opens the reasoning in the answer's turn, or an empty one when rendered with
+    ``enable_thinking`` false (Qwen3's)."""
+    return _build(Path(dst), seed, vocab_size, THINKING_TEMPLATE, THINK_TOKENS)
+
+
+def _build(dst: Path, seed: int, vocab_size: int, template: str, added: tuple[str, ...]) -> Path:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    dst = Path(dst)
     if (dst / "config.json").exists() and (dst / "tokenizer.json").exists():
         return dst
     tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
@@ -52,7 +71,8 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
         unk_token="<|endoftext|>",
         model_max_length=512,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.add_tokens(list(added))
+    fast.chat_template = template
     fast.save_pretrained(tmp)
     torch.manual_seed(seed)
     config = LlamaConfig(

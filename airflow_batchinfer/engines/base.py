@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from airflow_batchinfer.engines import images as image_parts
 from airflow_batchinfer.engines.adapters import Adapter
+from airflow_batchinfer.engines.reasoning import EFFORTS, TemplateKwargs
 from airflow_batchinfer.engines.sampling import bounds_refusal, completion_tokens, engine_refusal, honoured
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import EngineStats
@@ -25,7 +26,7 @@ from airflow_batchinfer.exceptions import ConfigError
 # before the others existed, so what was recorded then reads the same now.
 _ALWAYS_SHOWN = ("max_tokens", "temperature", "top_p", "seed", "stop")
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
-_INTS = ("seed", "top_k", "min_tokens", "n", "top_logprobs")
+_INTS = ("seed", "top_k", "min_tokens", "n", "top_logprobs", "thinking_token_budget")
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,30 @@ class SamplingParams:
     n: int = 1  # candidates per request: a GenerationResult's choices
     logprobs: bool = False  # each generated token's log probability, with top_logprobs alternatives
     top_logprobs: int = 0
+    # reasoning models (engines.reasoning): to the chat template, and vLLM's thinking budget
+    reasoning_effort: str | None = None
+    chat_template_kwargs: TemplateKwargs | None = None  # a JSON object, hashable
+    thinking_token_budget: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens", "n", "top_logprobs"):
-            refusal = bounds_refusal(name, getattr(self, name))
+        for name in (
+            "max_tokens",
+            *_FLOATS,
+            "top_k",
+            "min_tokens",
+            "n",
+            "top_logprobs",
+            "thinking_token_budget",
+        ):
+            value = getattr(self, name)
+            refusal = None if value is None else bounds_refusal(name, value)
             if refusal is not None:
                 raise ConfigError(refusal)
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
+            raise ConfigError(
+                f"reasoning_effort {self.reasoning_effort!r} is not an effort: choose one of "
+                f"{', '.join(EFFORTS)}"
+            )
         if self.min_tokens > self.max_tokens:
             raise ConfigError(
                 f"min_tokens {self.min_tokens} is above max_tokens {self.max_tokens}: lower min_tokens "
@@ -106,6 +125,10 @@ class SamplingParams:
             changes["logit_bias"] = tuple(sorted((int(k), float(v)) for k, v in values["logit_bias"].items()))
         if values.get("ignore_eos") is not None:
             changes["ignore_eos"] = bool(values["ignore_eos"])
+        if values.get("reasoning_effort") is not None:
+            changes["reasoning_effort"] = str(values["reasoning_effort"])
+        if values.get("chat_template_kwargs") is not None:
+            changes["chat_template_kwargs"] = TemplateKwargs.of(values["chat_template_kwargs"])
         logprobs = values.get("logprobs")
         if isinstance(logprobs, bool):
             changes["logprobs"] = logprobs
@@ -138,7 +161,7 @@ class SamplingParams:
 def _as_json(name: str, value: Any) -> Any:
     if name == "logit_bias":
         return {str(token): bias for token, bias in value}
-    if isinstance(value, StructuredOutput):
+    if isinstance(value, StructuredOutput | TemplateKwargs):
         return value.as_json()
     return list(value) if isinstance(value, tuple) else value
 
@@ -215,11 +238,16 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
+    # a reasoning model's (engines.reasoning): ``text`` is the answer alone
+    reasoning: str | None = None  # None: no reasoning parsed
+    reasoning_tokens: int = 0
+    reasoning_ended: bool = True  # False: the output stopped while still thinking
 
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """A request's answer: its first candidate's ``text``, ``finish_reason`` and ``logprobs``, and
+    """A request's answer: its first candidate's ``text``, ``finish_reason``, ``logprobs`` and
+    reasoning (``reasoning``, ``reasoning_tokens``, ``reasoning_ended``), and
     with ``n`` > 1 every candidate in ``choices`` (the first included; ``completion_tokens`` is
     theirs together). :attr:`candidates` reads both the same way."""
 
@@ -230,6 +258,9 @@ class GenerationResult:
     finish_reason: str | None = None  # stop | length | error
     logprobs: tuple[TokenLogprob, ...] | None = None
     choices: tuple[Choice, ...] = ()
+    reasoning: str | None = None  # the first candidate's, as Choice's
+    reasoning_tokens: int = 0
+    reasoning_ended: bool = True
 
     @property
     def ok(self) -> bool:
@@ -242,7 +273,17 @@ class GenerationResult:
             return self.choices
         if self.text is None:
             return ()
-        return (Choice(self.text, self.finish_reason, self.completion_tokens, self.logprobs),)
+        return (
+            Choice(
+                self.text,
+                self.finish_reason,
+                self.completion_tokens,
+                self.logprobs,
+                self.reasoning,
+                self.reasoning_tokens,
+                self.reasoning_ended,
+            ),
+        )
 
     @classmethod
     def of(cls, choices: Sequence[Choice], prompt_tokens: int) -> GenerationResult:
@@ -256,6 +297,9 @@ class GenerationResult:
             first.finish_reason,
             first.logprobs,
             tuple(choices) if len(choices) > 1 else (),
+            first.reasoning,
+            first.reasoning_tokens,
+            first.reasoning_ended,
         )
 
     @classmethod

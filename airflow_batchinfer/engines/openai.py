@@ -11,6 +11,13 @@ them; an API that does not answers that record's error).
 
 Image parts (:mod:`~airflow_batchinfer.engines.images`) go on as OpenAI's ``image_url`` parts, each
 a ``data:`` URL of the image the worker loaded (a path or ``s3://`` URI the server could not read).
+
+A reasoning model's reasoning is the message's ``reasoning_content`` (or ``reasoning``, vLLM's newer
+name), its tokens ``usage.completion_tokens_details.reasoning_tokens`` (a request's, given to its one
+candidate; with ``n`` > 1 no candidate's count is known). A server does not say whether the reasoning
+ended: an answer cut at ``max_tokens`` (``length``) with reasoning and no content is taken as cut
+while thinking. ``reasoning_effort``, ``chat_template_kwargs`` and ``thinking_token_budget`` go in
+the body as vLLM's server takes them (an API that does not answers that record's error).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from airflow_batchinfer.engines.base import (
     TokenLogprob,
 )
 from airflow_batchinfer.engines.images import openai_messages
+from airflow_batchinfer.engines.reasoning import prompt_refusal
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -135,6 +143,10 @@ class OpenAIEngine(Engine):
         import httpx  # loaded by start()
 
         assert self._http is not None, "start() the engine first"
+        s = request.sampling
+        refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "openai")
+        if request.prompt is not None and refused is not None:
+            return GenerationResult.failed(refused)
         path, body = self._body(request)
         error = ""
         async with self._slots:
@@ -160,11 +172,23 @@ class OpenAIEngine(Engine):
     def _parse(data: dict[str, Any]) -> GenerationResult:
         """A chat or text completion's result: every choice, in index order, with its logprobs."""
         try:
+            usage = data.get("usage") or {}
+            details = usage.get("completion_tokens_details") or {}
+            thought = int(details.get("reasoning_tokens") or 0) if len(data["choices"]) == 1 else 0
             choices = []
             for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
-                text = choice["message"]["content"] if "message" in choice else choice["text"]
-                choices.append(Choice(text, choice.get("finish_reason") or "stop", 0, _logprobs(choice)))
-            usage = data.get("usage") or {}
+                finish = choice.get("finish_reason") or "stop"
+                if "message" not in choice:
+                    choices.append(Choice(choice["text"], finish, 0, _logprobs(choice)))
+                    continue
+                message = choice["message"]
+                text, reasoning = message.get("content"), _reasoning(message)
+                cut = finish == "length" and reasoning is not None and not text
+                choices.append(
+                    Choice(text or "", finish, 0, _logprobs(choice), reasoning, thought, not cut)
+                    if reasoning is not None
+                    else Choice(message["content"], finish, 0, _logprobs(choice))
+                )
             result = GenerationResult.of(choices, int(usage.get("prompt_tokens", 0)))
             # usage counts the choices' tokens together, not each one's
             return replace(result, completion_tokens=int(usage.get("completion_tokens", 0)))
@@ -179,6 +203,15 @@ class OpenAIEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "base_url": self.base_url}
+
+
+def _reasoning(message: Mapping[str, Any]) -> str | None:
+    """A chat message's reasoning: ``reasoning_content`` (vLLM's and DeepSeek's) or ``reasoning``."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def _logprobs(choice: Mapping[str, Any]) -> tuple[TokenLogprob, ...] | None:

@@ -14,6 +14,11 @@ request is added is that request's error result too.
 as its ``LoRARequest`` (the engine option ``enable_lora`` on): vLLM loads each adapter once, keeps up
 to ``max_loras`` of them in one batch and more in its CPU cache (``max_cpu_loras``).
 
+A reasoning model's outputs are split by one of vLLM's reasoning parsers, named by the engine option
+``reasoning_parser`` (:class:`~airflow_batchinfer.engines.reasoning.VllmSplitter`), which vLLM gets
+too: its structured outputs then hold the answer after the reasoning, and ``thinking_token_budget``
+is honoured. ``reasoning_effort`` and ``chat_template_kwargs`` render the chat template.
+
 A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` architecture, or the
 engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 (:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
@@ -48,6 +53,13 @@ from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.images import refused_images, template_messages
+from airflow_batchinfer.engines.reasoning import (
+    Split,
+    VllmSplitter,
+    check_vllm_parser,
+    prompt_refusal,
+    template_kwargs,
+)
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
@@ -56,13 +68,22 @@ from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
 
+NO_PARSER = (
+    "vllm: thinking_token_budget needs a reasoning parser: give the pool the engine option "
+    "reasoning_parser (the model's, one of vLLM's), or remove thinking_token_budget"
+)
+#: The sampling fields that go to the chat template, not to vLLM's sampling.
+TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
+
 
 class VllmEngine(Engine):
     """:param model: local model directory (loaded with ``HF_HUB_OFFLINE=1``: nothing is downloaded).
     Other keyword arguments go to ``vllm.AsyncEngineArgs`` (``dtype``, ``max_model_len``,
     ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager``, ...), except
     ``log_stats_interval_s``: vLLM's stat lines in the worker log every that many seconds (at least
-    1; unset: none)."""
+    1; unset: none). ``reasoning_parser`` (one of vLLM's reasoning parsers, by name) goes to vLLM too
+    (structured outputs then constrain the answer after the reasoning, and ``thinking_token_budget``
+    is honoured) and splits each output into its reasoning and its answer."""
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
@@ -79,6 +100,7 @@ class VllmEngine(Engine):
         # adapter directory -> the loading of its LoRARequest (one id each): a LoRARequest, or why not
         self._loras: dict[str, asyncio.Task[Any]] = {}
         self._lora_ids = 0
+        self.splitter: VllmSplitter | None = None  # the reasoning parser, once started
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -87,12 +109,17 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        parser = self.engine_args.get("reasoning_parser")
+        if parser is not None:
+            check_vllm_parser(parser)
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
         loggers = [self._recorder, _no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
+        if parser is not None:
+            self.splitter = VllmSplitter(parser, self.tokenizer, self.llm.model_config)
         if self.llm.model_config.runner_type == "pooling":
             await self._pooling()
         if self.log_stats_interval_s is not None:
@@ -156,16 +183,22 @@ class VllmEngine(Engine):
         ``multi_modal_data``; or the error result of one that cannot render."""
         prompts: list[str | dict[str, Any] | GenerationResult] = []
         for r in requests:
+            s = r.sampling
+            if s.thinking_token_budget is not None and self.splitter is None:
+                prompts.append(GenerationResult.failed(NO_PARSER))
+                continue
             if r.prompt is not None:
-                prompts.append(r.prompt)
+                refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "vllm")
+                prompts.append(r.prompt if refused is None else GenerationResult.failed(refused))
                 continue
             if r.images:
                 prompts.append(self._image_prompt(r))
                 continue
             try:
+                kwargs = template_kwargs(s.reasoning_effort, s.chat_template_kwargs)
                 prompts.append(
                     self.tokenizer.apply_chat_template(
-                        list(r.messages or ()), add_generation_prompt=True, tokenize=False
+                        list(r.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
                     )
                 )
             except Exception as exc:
@@ -177,8 +210,9 @@ class VllmEngine(Engine):
             why = f"{os.path.basename(self.model_path)} takes no images (vLLM loaded it as a text-only model)"
             return GenerationResult.failed(refused_images(self.name, why))
         try:
+            kwargs = template_kwargs(r.sampling.reasoning_effort, r.sampling.chat_template_kwargs)
             text = self.tokenizer.apply_chat_template(
-                template_messages(r.messages or ()), add_generation_prompt=True, tokenize=False
+                template_messages(r.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
             )
             pictures = [image.pil() for image in r.images]
         except Exception as exc:
@@ -220,16 +254,30 @@ class VllmEngine(Engine):
         if final is None or not final.outputs:
             return GenerationResult.failed("vllm returned no output")
         logprobs = request.sampling.logprobs
-        choices = [
-            Choice(
-                out.text,
-                str(out.finish_reason or "stop"),
-                len(out.token_ids),
-                _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+        choices = []
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            split = self._split(request, out)
+            choices.append(
+                Choice(
+                    split.answer,
+                    str(out.finish_reason or "stop"),
+                    len(out.token_ids),
+                    _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+                    split.reasoning,
+                    split.reasoning_tokens,
+                    split.ended,
+                )
             )
-            for out in sorted(final.outputs, key=lambda o: o.index)
-        ]
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
+
+    def _split(self, request: GenerationRequest, out: Any) -> Split:
+        """A vLLM ``CompletionOutput`` split by the reasoning parser (none: all of it is the answer)."""
+        if self.splitter is None:
+            return Split(out.text)
+        s = request.sampling
+        return self.splitter.split(
+            out.text, out.token_ids, request.messages, s.reasoning_effort, s.chat_template_kwargs
+        )
 
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
@@ -332,9 +380,12 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     same names), empty sequences as ``None``, ``logit_bias`` as vLLM's ``{token id: bias}``,
     ``structured_outputs`` as the arguments of vLLM's ``StructuredOutputsParams`` (``{"json": schema}``,
     ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM), ``logprobs`` and
-    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``)."""
+    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``), save the chat
+    template's (``reasoning_effort``, ``chat_template_kwargs``: the engine renders the prompt with them)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
+        if name in TEMPLATE_FIELDS:
+            continue
         value = getattr(s, name)
         if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty
             value = (dict(value) if name == "logit_bias" else list(value)) or None

