@@ -52,7 +52,7 @@ ALLOWED: dict[str, str] = {
     "response.body.choices.*.stop_reason": "vLLM's extension: the stop string or token id that ended "
     "the answer; not an OpenAI field, ours leaves it out (finish_reason is compared)",
     "response.body.choices.*.message.reasoning_content": "ours also writes the reasoning under the older "
-    "name DeepSeek's API and earlier vLLM servers use (the same text as message.reasoning, which is compared)",
+    "name DeepSeek's API and earlier vLLM servers use (the same text as message.reasoning, compared)",
     "response.body.usage.completion_tokens_details.reasoning_tokens": "vLLM 0.32 counts 0 when the chat "
     "template opens the reasoning in the prompt (DeepSeek-R1's does); ours counts the tokens generated "
     "before the end delimiter, as rows do",
