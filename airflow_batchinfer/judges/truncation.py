@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batchinfer.engines.budget import THINKING_BUDGET
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.reasons import TRUNCATED, TRUNCATED_IN_THINKING
 
@@ -221,14 +222,14 @@ def row_decision(row: Mapping[str, Any], policy: TruncationPolicy) -> Decision:
 
 
 def _thinking_budget(row: Mapping[str, Any]) -> int | None:
-    value = row.get("thinking_token_budget")
+    value = row.get(THINKING_BUDGET)
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def thinking_budget(sampling: object) -> int | None:
     """The ``thinking_token_budget`` a request's sampling runs with (``None``: none), read by name:
     the field is the engines' (a row records it, so a retry cut in thinking can raise it)."""
-    value = getattr(sampling, "thinking_token_budget", None)
+    value = getattr(sampling, THINKING_BUDGET, None)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 

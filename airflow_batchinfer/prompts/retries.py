@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.budget import THINKING_BUDGET
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.prompts.templates import variables_read
@@ -58,7 +59,6 @@ __all__ = [
 ]
 
 PREVIOUS = "previous"  # the template variable, and the row field of a prompt that read it
-THINKING_BUDGET = "thinking_token_budget"  # vLLM's name: thinking tokens at most, inside max_tokens
 SENT_BACK = "sent_back"  # a row a reviewer's retry decision names: {by, at, note, round} (review.apply)
 # What a retry may not change: the rows' shape and what the judge step reads of them.
 NOT_PER_ATTEMPT = {
@@ -118,7 +118,7 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
     note = sent_back.get("note") if isinstance(sent_back, Mapping) else None
     attempt = whole_number(row.get("attempts"))
     max_tokens = whole_number(row.get("max_tokens"))
-    thinking = whole_number(row.get("thinking_token_budget"))
+    thinking = whole_number(row.get(THINKING_BUDGET))
     result, reason, finish = row.get("result"), judgment.get("reason"), row.get("finish_reason")
     return Previous(
         attempt=attempt if attempt is not None and attempt >= 1 else 1,

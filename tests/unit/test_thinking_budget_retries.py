@@ -15,6 +15,8 @@ import pytest
 from airflow_batchinfer.engines.base import SamplingParams
 from airflow_batchinfer.judges.truncation import TruncationPolicy
 from airflow_batchinfer.prompts.retries import RetrySettings, previous_of, sent_with
+from airflow_batchinfer.run.preflight import retry_warnings
+from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.worker.jobs.infer import least_budget
 
 pytestmark = pytest.mark.skipif(
@@ -88,3 +90,24 @@ def test_an_attempt_cut_in_thinking_raises_the_next_ones_thinking_budget() -> No
         ).sampling.thinking_token_budget
         is None
     )
+
+
+def test_the_preflight_warns_of_a_thinking_budget_that_leaves_the_answer_no_room() -> None:
+    def run(**settings: object) -> RunConfig:
+        return RunConfig.of(
+            input="/data/in.jsonl",
+            run_root="/runs/r",
+            judge={"type": "llm"},
+            prompt_template="{{ q }}",
+            **settings,
+        )
+
+    sampling = {"temperature": 0.7, "max_tokens": 256, "thinking_token_budget": 256}
+    (warning,) = retry_warnings(run(sampling=sampling, retry_sampling={"2": {"max_tokens": 1024}}))
+    assert warning.startswith(
+        "sampling.thinking_token_budget 256 leaves no room for the answer within max_tokens 256"
+    )
+    roomy = {**sampling, "max_tokens": 1024}
+    assert retry_warnings(run(sampling=roomy)) == []
+    (entry,) = retry_warnings(run(sampling=roomy, retry_sampling={"3": {"thinking_token_budget": 2048}}))
+    assert entry.startswith("retry_sampling.3.thinking_token_budget 2048 leaves no room")
