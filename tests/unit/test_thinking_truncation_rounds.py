@@ -14,9 +14,9 @@ from airflow_batchinfer.run.report.render import render_markdown
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.worker.jobs import in_place, infer
-from tests.support.fake_jobs import close, plan_round
+from tests.support.fake_jobs import close, make_run, plan_round
 from tests.support.rounds import rows_in
-from tests.support.truncating import LONG, run_round, truncating_run
+from tests.support.truncating import LONG, TEMPLATE, run_round, truncating_run
 from tests.support.worker_jobs import run_jobs
 
 
@@ -28,8 +28,9 @@ def thinking(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def cut_in_thinking(res: Any, request: Any) -> dict[str, Any]:
         fields = real(res, request)
-        if fields["finish_reason"] == "length":
-            fields.update(result="", reasoning=fields["result"], truncated_in_thinking=True)
+        for answer in [fields, *fields.get("candidates", ())]:
+            if answer["finish_reason"] == "length":
+                answer.update(result="", reasoning=answer["result"], truncated_in_thinking=True)
         return fields
 
     monkeypatch.setattr(infer, "generated", cut_in_thinking)
@@ -79,3 +80,16 @@ def test_in_place_attempts_cut_in_thinking_are_counted_apart(tmp_path: Any) -> N
     # each retry ran with 32 tokens and was approved: one attempt cut in thinking per long record
     assert (summary["approved"], summary["truncated"], summary["truncated_in_thinking"]) == (30, 3, 3)
     assert summary["attempts"] == 33
+
+
+@pytest.mark.usefixtures("thinking")
+def test_a_row_of_candidates_all_cut_in_thinking_keeps_the_chosen_ones_reasoning(tmp_path: Any) -> None:
+    cfg = make_run(tmp_path, sampling={"n": 2, "max_tokens": 16, "temperature": 0.7})
+    first = run_round(cfg.replace(prompt_template=TEMPLATE), "round-00")
+    assert (first["truncated"], first["truncated_in_thinking"]) == (3, 3)
+    rejected = {r["id"]: r for r in rows_in(RunLayout(cfg.run_root).rejected_dir(0))}
+    for rid in LONG:
+        row = rejected[rid]
+        assert row["truncated_in_thinking"] is True and row["reasoning"] == row["candidates"][0]["reasoning"]
+        assert row["judgment"]["reason"].startswith("truncated_in_thinking: attempt 1 spent its whole budget")
+        assert all(c["judgment"]["reason"].startswith("truncated_in_thinking:") for c in row["candidates"])
