@@ -23,8 +23,6 @@ from airflow_batchinfer.worker.segments import ChunkFigures
 
 # A candidate's own of what the truncation decision reads (the rest is its row's).
 CUT_FIELDS = ("finish_reason", TRUNCATED_IN_THINKING)
-# A reasoning model's fields of an answer: a row with candidates keeps the chosen one's.
-REASONING_FIELDS = ("reasoning", "reasoning_tokens", TRUNCATED_IN_THINKING)
 # What infer_judge generates a chunk's rows with before they are judged (:class:`~.infer.Inference`).
 Infer = Callable[[list[Record], ChunkFigures], Awaitable[list[Record]]]
 
@@ -121,11 +119,6 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     ]
     chosen = judged[selection.chosen]
     out = {**_without_carried(row), "result": chosen["result"], "finish_reason": chosen.get("finish_reason")}
-    for key in REASONING_FIELDS:  # the chosen answer's own, where candidates carry them
-        if key in chosen:
-            out[key] = chosen[key]
-        elif any(key in c for c in judged):
-            out.pop(key, None)
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]

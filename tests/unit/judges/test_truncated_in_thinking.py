@@ -3,7 +3,6 @@ reason and reason group, its retry's raised budgets, and its counts apart from o
 
 from __future__ import annotations
 
-from airflow_batchinfer.judges import Verdict, candidates
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.judges.reasons import ReasonGroups, reason_group
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, row_decision, thinking_budget
@@ -11,7 +10,6 @@ from airflow_batchinfer.prompts.retries import previous_of
 from airflow_batchinfer.run.report.render import truncated_cell
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.worker.jobs.infer import least_budget, output_row
-from airflow_batchinfer.worker.jobs.judge import _selected
 
 POLICY = TruncationPolicy()
 CUT = {"id": "a", "finish_reason": "length", "attempts": 1, "max_tokens": 64}
@@ -125,23 +123,3 @@ def test_the_thinking_budget_is_read_from_sampling_by_name() -> None:
         thinking_token_budget = 12
 
     assert thinking_budget(Sampling()) == 12 and thinking_budget(object()) is None
-
-
-def test_a_row_of_candidates_keeps_the_chosen_answers_reasoning() -> None:
-    row = {
-        **CUT, "result": "", "reasoning": "r0", "truncated_in_thinking": True,
-        "candidates": [
-            {"index": 0, "result": "", "finish_reason": "length", "reasoning": "r0",
-             "truncated_in_thinking": True},
-            {"index": 1, "result": "4", "finish_reason": "stop", "reasoning": "r1"},
-        ],
-    }  # fmt: skip
-    verdicts = [Verdict(False, "cut"), Verdict(True, "ok")]
-    chosen = _selected(row, verdicts, candidates.Selection(1, (1,), (1,)), "first_approved")
-    assert (chosen["result"], chosen["reasoning"], chosen["finish_reason"]) == ("4", "r1", "stop")
-    assert "truncated_in_thinking" not in chosen and "candidates" not in chosen
-    # candidates that carry none of them leave the row's as it is
-    plain = {**row, "candidates": [{"index": i, "result": str(i), "finish_reason": "stop"} for i in (0, 1)]}
-    assert (
-        _selected(plain, verdicts, candidates.Selection(1, (1,), (1,)), "first_approved")["reasoning"] == "r0"
-    )
