@@ -21,7 +21,7 @@ It is counted among the truncated rows, and apart (``truncated_in_thinking``).
 
 :func:`decide` is the one decision (a pure function of the finish reason, the attempt, the
 ``max_tokens`` it ran with and the policy); the judge step (its reason) and the next attempt's request
-(``retries.sent_with``, told it by the worker's ``jobs.infer.least_max_tokens``) both take it from
+(``retries.sent_with``, told it by the worker's ``jobs.infer.least_budget``) both take it from
 there: the larger of it and the attempt's ``retry_sampling`` entry.
 """
 
