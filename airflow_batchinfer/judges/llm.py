@@ -40,6 +40,7 @@ from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
+from airflow_batchinfer.judges.reasoning import REASONING, check_template, reasoning_of
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.values import number
 
@@ -193,16 +194,20 @@ def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
     return None
 
 
-def prompt_record(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
+def prompt_record(item: JudgeItem, *, sees_reasoning: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a judge's template renders of ``item``: the record (not its generation: another
-    candidate's answer or logprobs are not this one's), and ``PromptBuilder.build``'s arguments,
-    ``result`` the answer judged."""
+    candidate's answer or logprobs are not this one's, and a reasoning model's reasoning is not the
+    answer), and ``PromptBuilder.build``'s arguments, ``result`` the answer judged; with
+    ``sees_reasoning``, ``reasoning`` its reasoning too (:mod:`~airflow_batchinfer.judges.reasoning`)."""
     record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
+    variables: dict[str, Any] = {"result": item.result}
+    if sees_reasoning:
+        variables[REASONING] = reasoning_of(item)
     kwargs = {
         "request_id": item.record_id,
         "attempt": item.attempt,
         "role": "judge",
-        "variables": {"result": item.result},
+        "variables": variables,
         "candidate": item.candidate,
     }
     return record, kwargs
@@ -217,6 +222,7 @@ class LLMJudge(Judge):
     :param verdict_schema: ``False``: never ask for it (free text, parsed as on other engines).
     :param score: ``verdict`` (the score the model wrote) or ``logprob`` (P(approve) from the
         verdict token's log probabilities: :func:`approval_probability`).
+    :param sees_reasoning: the template also renders the answer's ``reasoning`` (it must read it).
     """
 
     kind = "llm"
@@ -230,7 +236,10 @@ class LLMJudge(Judge):
         engine: str | None = None,
         verdict_schema: bool = True,
         score: str = "verdict",
+        sees_reasoning: bool = False,
     ) -> None:
+        if sees_reasoning:
+            check_template(template)
         if score not in SCORES:
             raise ConfigError(f"llm judge: score {score!r}: choose one of {', '.join(SCORES)}")
         if score == "logprob" and engine is not None and not FIELDS["logprobs"].honoured_by(engine):
@@ -248,7 +257,7 @@ class LLMJudge(Judge):
             sampling = replace(sampling, logprobs=True, top_logprobs=MAX_TOP_LOGPROBS)
         self.sampling = sampling
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
-        self.template, self.system = template, system
+        self.template, self.system, self.sees_reasoning = template, system, sees_reasoning
 
     async def judge(
         self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
@@ -264,7 +273,7 @@ class LLMJudge(Judge):
             requests, positions = [], []
             for i, item in enumerate(items):
                 try:
-                    record, kwargs = prompt_record(item)
+                    record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
                     requests.append(await self.prompts.abuild(record, **kwargs))
                 except PromptError as exc:
                     verdicts[i] = Verdict(False, f"judge_error: {exc}")
@@ -303,7 +312,7 @@ class LLMJudge(Judge):
         ``verdicts`` instead."""
         requests, positions = [], []
         for i, item in enumerate(items):
-            record, kwargs = prompt_record(item)
+            record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
             try:
                 request = self.prompts.build(record, **kwargs)
             except PromptError as exc:
@@ -324,4 +333,6 @@ class LLMJudge(Judge):
             described["verdict_schema"] = True  # absent: free text, and the description it always was
         if self.score != "verdict":
             described["score"] = self.score
+        if self.sees_reasoning:  # absent: the answer only, and the description it always was
+            described["sees_reasoning"] = True
         return described

@@ -1235,6 +1235,8 @@
         el(
           "section",
           { class: "pane" },
+          sample.reasoning === null || sample.reasoning === undefined ? null : el("h3", {}, "Reasoning (before the answer)"),
+          sample.reasoning === null || sample.reasoning === undefined ? null : readable(sample, "reasoning", "focus-reasoning", state.round),
           el("h3", {}, "Output"),
           readable(sample, "output", "focus-output", state.round),
           el("h3", {}, "Judge's reason"),

@@ -1,7 +1,7 @@
 """The ``infer`` job (and the inference of ``infer_judge``, which then judges each chunk as the
 ``judge`` job does): prompts rendered, generated on the worker's shared batcher, and each record's
 output row (or an OpenAI batch output line) built; the rows' generation counted
-(:class:`~airflow_batchinfer.state.tally.Generated`, ``truncated``)."""
+(:class:`~airflow_batchinfer.state.tally.Generated`, ``truncated``, ``truncated_in_thinking``)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult,
 from airflow_batchinfer.engines.images import ImageError, load_images
 from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
-from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
+from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, thinking_budget
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, attempts_before
 from airflow_batchinfer.state.tally import Generated, Tally
@@ -37,12 +37,21 @@ def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
     return row
 
 
-def least_max_tokens(previous: Previous | None, truncation: TruncationPolicy) -> int | None:
-    """The least ``max_tokens`` the attempt after ``previous`` runs with: the truncation decision on
+def least_budget(previous: Previous | None, truncation: TruncationPolicy) -> tuple[int | None, int | None]:
+    """The least ``max_tokens`` and thinking budget the attempt after ``previous`` runs with (the
+    prompt builder's ``least_max_tokens`` and ``least_thinking_tokens``): the truncation decision on
     it (a truncated attempt's retry gets more; ``None``: a first attempt, the job's own)."""
     if previous is None:
-        return None
-    return decide(previous.finish_reason, previous.attempt, previous.max_tokens, truncation).max_tokens
+        return None, None
+    d = decide(
+        previous.finish_reason,
+        previous.attempt,
+        previous.max_tokens,
+        truncation,
+        in_thinking=previous.truncated_in_thinking,
+        thinking_token_budget=previous.thinking_token_budget,
+    )
+    return d.max_tokens, d.thinking_token_budget
 
 
 def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) -> dict[str, Any]:
@@ -71,6 +80,8 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     }
     if request is not None and request.adapter is not None:  # the judge step counts rows by it
         fields[ADAPTER_FIELD] = request.adapter.name
+    if request is not None and (budget := thinking_budget(request.sampling)) is not None:
+        fields["thinking_token_budget"] = budget  # what a retry cut in thinking raises (judges.truncation)
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
     fields.update(row_fields(res.reasoning, res.reasoning_tokens, res.reasoning_ended, res.finish_reason))
@@ -120,6 +131,7 @@ class Inference:
         truncation = self.ctx.params.truncation
         for record in chunk:
             before, previous = attempts_before(record, self.ctx.params.round)
+            most, thinking = least_budget(previous, truncation)
             try:
                 rid = self.ctx.record_id(record)
                 request = self.prompts.build(
@@ -127,7 +139,8 @@ class Inference:
                     request_id=rid,
                     attempt=before + 1,
                     previous=previous,
-                    least_max_tokens=least_max_tokens(previous, truncation),
+                    least_max_tokens=most,
+                    least_thinking_tokens=thinking,
                 )
                 built.append((record, with_images(self.ctx.runtime, request)))
             except PromptError as exc:
@@ -196,7 +209,7 @@ async def run_infer(ctx: JobContext) -> Tally:
         rows = await infer(chunk, figures)
         figures.count_ids("inferred", record_ids(chunk, ctx.params.id_field))  # one row per record, its id
         # (a judge counts its own)
-        figures.tally.truncated += sum(r.get("finish_reason") == LENGTH for r in rows)
+        figures.tally.count_truncated(rows)
         return rows
 
     await run_chunks(ctx, process, lambda rows: {"inferred": rows})

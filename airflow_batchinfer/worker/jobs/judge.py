@@ -13,7 +13,7 @@ from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
-from airflow_batchinfer.judges.truncation import LENGTH, row_decision
+from airflow_batchinfer.judges.truncation import LENGTH, TRUNCATED_IN_THINKING, row_decision
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
@@ -22,6 +22,8 @@ from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.segments import ChunkFigures
 
+# A candidate's own of what the truncation decision reads (the rest is its row's).
+CUT_FIELDS = ("finish_reason", TRUNCATED_IN_THINKING)
 # What infer_judge generates a chunk's rows with before they are judged (:class:`~.infer.Inference`).
 Infer = Callable[[list[Record], ChunkFigures], Awaitable[list[Record]]]
 
@@ -42,7 +44,7 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
     out: list[tuple[Any, JudgeItem | Verdict]] = []
     attempt = int(row.get("attempts") or 1)
     for c, candidate in enumerate(answers(row)):
-        probe = row if candidate is row else {**row, "finish_reason": candidate.get("finish_reason")}
+        probe = row if candidate is row else {**row, **{k: candidate.get(k) for k in CUT_FIELDS}}
         truncation = row_decision(probe, ctx.params.truncation)
         if truncation.reject:  # half an answer: not worth the judge's tokens
             out.append((candidate, Verdict(False, truncation.reason or "truncated")))
@@ -171,6 +173,7 @@ async def _judged(ctx: JobContext, rows: list[Record], figures: ChunkFigures) ->
         cut = row_decision(row, p.truncation)
         if cut.truncated:  # judged or not: the round counts its truncated rows
             tally.truncated += 1
+            tally.truncated_in_thinking += cut.in_thinking
         stratum: spot_check.Stratum = "approved" if verdict.approved else "rejected"
         if row.get("status") == "error":
             outcomes.inference_errors += 1
