@@ -25,7 +25,12 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.prompts.retries import RetrySettings
-from airflow_batchinfer.state.config_checks import check_judge_models, check_retries, check_spot_check
+from airflow_batchinfer.state.config_checks import (
+    check_judge_models,
+    check_retries,
+    check_spot_check,
+    check_task,
+)
 from airflow_batchinfer.state.config_sections import (
     BudgetConfig,
     DataConfig,
@@ -68,6 +73,7 @@ class RunConfig:
             )
         check_spot_check(self, judge_type)
         check_judge_models(self)
+        check_task(self)
 
     @classmethod
     def of(cls, **flat: Any) -> RunConfig:
@@ -183,6 +189,7 @@ class RunConfig:
         at their defaults are left out)."""
         prompt, judge = self.prompt, self.judging.judge
         return _job_params(
+            task=prompt.task,
             prompt_template=prompt.prompt_template,
             system=prompt.system,
             sampling=prompt.sampling,
