@@ -175,7 +175,7 @@ def _task(kind: str, params: Mapping[str, Any]) -> str:
     ]
     if generating:
         raise ConfigError(
-            f"params.{generating[0]}: a {task} task reads each record's text once and generates nothing, "
+            f"params.{generating[0]}: task {task} reads each record's text once and generates nothing, "
             f"so it does not apply: remove {', '.join(generating)} (or set task generate)"
         )
     return task

@@ -68,7 +68,7 @@ def body_text(body: Mapping[str, Any], task: str) -> Text:
     unknown = sorted(set(body) - BODY_FIELDS)
     if unknown:
         return Text(
-            error=f"body: {', '.join(unknown)}: not read by a {task} task (it reads {sorted(BODY_FIELDS)})"
+            error=f"body: {', '.join(unknown)}: not read by task {task} (it reads {sorted(BODY_FIELDS)})"
         )
     dims, fmt = body.get("dimensions"), body.get("encoding_format", "float")
     if dims is not None and (
