@@ -47,11 +47,15 @@ class EmbeddingModel:
     """The embedding model a worker serves.
 
     :ivar path: its directory on the worker.
-    :ivar dimensions: the length of its vectors (a request may ask for fewer: ``dimensions``).
+    :ivar dimensions: the length of its vectors.
+    :ivar matryoshka: trained so that a vector's first values are a shorter one (its config's
+        ``matryoshka_dimensions`` or ``is_matryoshka``): only then may a request ask for fewer
+        ``dimensions`` (as vLLM decides).
     """
 
     path: str
     dimensions: int
+    matryoshka: bool = False
 
     def describe(self) -> dict[str, Any]:
         """What a worker's engine description adds for it (``/v1/stats``, job manifests)."""
@@ -118,13 +122,26 @@ def shaped(vector: Sequence[float], dimensions: int | None, *, normalize: bool =
 
 
 def dimensions_refusal(request: EmbedRequest, model: EmbeddingModel) -> str | None:
-    """Why ``model`` cannot give ``request`` its ``dimensions`` (more than the model's); ``None``: it can."""
+    """Why ``model`` cannot give ``request`` its ``dimensions`` (not a Matryoshka model, or more than
+    the model's); ``None``: it can."""
+    if request.dimensions is not None and not model.matryoshka:
+        return (
+            f"dimensions {request.dimensions}: {os.path.basename(model.path)} is no Matryoshka model (its "
+            "config names no matryoshka_dimensions), so its vectors cannot be shortened: leave dimensions out"
+        )
     if request.dimensions is not None and request.dimensions > model.dimensions:
         return (
             f"dimensions {request.dimensions} is more than the model's {model.dimensions}: ask for at "
             f"most {model.dimensions}, or leave dimensions out"
         )
     return None
+
+
+def is_matryoshka(config: Any) -> bool:
+    """Whether a transformers config says its model is a Matryoshka one (vLLM's test)."""
+    return bool(getattr(config, "matryoshka_dimensions", None)) or bool(
+        getattr(config, "is_matryoshka", False)
+    )
 
 
 def simulated_vector(text: str, dimensions: int) -> tuple[float, ...]:

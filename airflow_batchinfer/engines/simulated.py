@@ -119,7 +119,7 @@ class SimulatedEngine(Engine):
         self.echo_prompt = echo_prompt
         self.model = model
         if embedding_dimensions is not None:
-            self.embedding = EmbeddingModel("simulated", int(embedding_dimensions))
+            self.embedding = EmbeddingModel("simulated", int(embedding_dimensions), matryoshka=True)
         self.scoring = ScoringModel("simulated", tuple(labels)) if labels else None
         self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
         # ends batches on time (see :func:`until`): up to 4 in flight at once, more on the loop's timer

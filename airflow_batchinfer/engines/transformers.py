@@ -44,7 +44,13 @@ from airflow_batchinfer.engines.base import (
     TokenLogprob,
 )
 from airflow_batchinfer.engines.embedding_models import embed_batch, is_embedding_model, pooling_mode
-from airflow_batchinfer.engines.pooling import EmbeddingModel, EmbedRequest, EmbedResult, dimensions_refusal
+from airflow_batchinfer.engines.pooling import (
+    EmbeddingModel,
+    EmbedRequest,
+    EmbedResult,
+    dimensions_refusal,
+    is_matryoshka,
+)
 from airflow_batchinfer.engines.scoring import (
     ScoreRequest,
     ScoreResult,
@@ -113,7 +119,8 @@ class TransformersEngine(Engine):
         model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
         if embeds:
             self._pooling = pooling_mode(self.model_path)
-            self.embedding = EmbeddingModel(os.path.realpath(self.model_path), int(model.config.hidden_size))
+            size, matryoshka = int(model.config.hidden_size), is_matryoshka(model.config)
+            self.embedding = EmbeddingModel(os.path.realpath(self.model_path), size, matryoshka)
         elif scores:
             if model.config.pad_token_id is None:  # it finds each text's last token by the padding
                 model.config.pad_token_id = tok.pad_token_id

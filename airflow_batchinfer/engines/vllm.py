@@ -107,7 +107,8 @@ class VllmEngine(Engine):
             labels, multi = labels_of(self.llm.model_config.hf_config)
             self.scoring = ScoringModel(path, labels, multi)
         elif "embed" in tasks:
-            self.embedding = EmbeddingModel(path, int(self.llm.model_config.embedding_size))
+            config = self.llm.model_config
+            self.embedding = EmbeddingModel(path, int(config.embedding_size), bool(config.is_matryoshka))
         else:
             self.llm.shutdown()
             self.llm = None

@@ -16,6 +16,7 @@ from airflow_batchinfer.engines.pooling import (
     EmbedRequest,
     classify,
     decode_vector,
+    dimensions_refusal,
     encode_vector,
     shaped,
     simulated_vector,
@@ -75,6 +76,14 @@ def test_the_simulated_engine_embeds_and_refuses_more_dimensions_than_its_own() 
     assert short.vector == pytest.approx(shaped(simulated_vector("x", 8), 4))
     assert too_many.error is not None and "dimensions 9 is more than the model's 8" in too_many.error
     assert bad.error is not None and "BAD" in bad.error
+
+
+def test_dimensions_only_for_a_matryoshka_model() -> None:
+    plain, nested = EmbeddingModel("/m/e5", 8), EmbeddingModel("/m/e5", 8, matryoshka=True)
+    why = dimensions_refusal(EmbedRequest("1", prompt="x", dimensions=4), plain)
+    assert why is not None and "e5 is no Matryoshka model" in why
+    assert dimensions_refusal(EmbedRequest("1", prompt="x", dimensions=4), nested) is None
+    assert dimensions_refusal(EmbedRequest("1", prompt="x"), plain) is None
 
 
 def test_an_engine_without_an_embedding_model_fails_each_request_saying_so() -> None:

@@ -4,19 +4,21 @@ lines in ``vllm run-batch``'s shape, and a classify job as a filter (the label j
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.engines.pooling import decode_vector, shaped, simulated_vector
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
-from tests.unit.worker.test_registry import finish, with_runtime
 
 
 def run_job(
@@ -32,10 +34,19 @@ def run_job(
         job_id=f"{kind}-1", kind=kind, input=str(src), outputs=outputs, params={"chunk_size": 3, **params}
     )
 
-    async def body(runtime: Runtime) -> None:
-        await finish(JobRegistry(runtime, concurrency=1), spec)
+    async def main() -> None:
+        runtime = Runtime(create_engine("simulated", latency_base_s=0.0, **engine), batch_timeout_s=0.001)
+        await runtime.start()
+        try:
+            registry = JobRegistry(runtime, concurrency=1)
+            registry.submit(spec, parse_params(spec.kind, spec.params))
+            task = registry.jobs[spec.job_id].task
+            assert task is not None
+            await task
+        finally:
+            await runtime.close()
 
-    with_runtime(body, latency_base_s=0.0, **engine)
+    asyncio.run(main())
     manifest = read_job_manifest(outputs["manifest"])
     assert manifest is not None
     rows = {n: list(JsonlFile(outputs[n]).iter_records()) for n in names}
@@ -69,7 +80,8 @@ def test_openai_embeddings_requests_give_vllm_run_batchs_lines(tmp_path: Path) -
          "body": {"model": "m", "input": "hello", "dimensions": 4}},
         {"custom_id": "b", "method": "POST", "url": "/v1/embeddings",
          "body": {"model": "m", "input": ["x", "y"], "encoding_format": "base64"}},
-        {"custom_id": "c", "method": "POST", "url": "/v1/embeddings", "body": {"model": "m", "input": "x", "n": 2}},
+        {"custom_id": "c", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "m", "input": "x", "n": 2}},
     ]  # fmt: skip
     out = run_job(
         tmp_path, records, "infer", {"task": "embed", "output_format": "openai", "id_field": "custom_id"},
@@ -130,8 +142,6 @@ def test_a_score_job_keeps_every_row_with_the_accept_judge(tmp_path: Path) -> No
 
 
 def test_a_worker_refuses_an_embed_job_its_model_cannot_run(tmp_path: Path) -> None:
-    from airflow_batchinfer.engines import create_engine
-    from airflow_batchinfer.state.params import parse_params
     from airflow_batchinfer.worker.app import serving_refusal
 
     params = parse_params("infer", {"task": "embed", "prompt_template": "{{ q }}"})
