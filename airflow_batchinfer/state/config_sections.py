@@ -170,7 +170,8 @@ class JudgeConfig:
         'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
         '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
         'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
-        "sample on the review page between rounds", "object", default={"type": "llm"},
+        'sample on the review page between rounds; "label" (keep_labels): a classify task\'s filter; '
+        '"accept": every row kept (an embed or score task)', "object", default={"type": "llm"},
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON", section="Judge"))
     # None: every shard is inferred and judged in one job on the run's pool. A DAG built with a judge
