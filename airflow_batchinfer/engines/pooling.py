@@ -190,6 +190,24 @@ def task_refusal(task: str, scoring: ScoringModel | None, embedding: EmbeddingMo
     return None
 
 
+def served_refusal(task: str, described: Mapping[str, Any]) -> str | None:
+    """Why the run's pool, whose engine ``described`` itself (``task``: ``score`` for a scoring model,
+    ``embed`` for an embedding one, none for a generating one), cannot run a run of ``task``."""
+    served = described.get("task")
+    needed = {"embed": "embed", "classify": "score", "score": "score"}.get(task)
+    if served == needed:
+        return None
+    model = described.get("model")
+    if task == GENERATE:
+        what = "a scoring model" if served == "score" else "an embedding model"
+        return (
+            f"the run's pool serves {what} ({model}), which generates nothing: give worker_pool a "
+            "generating model (a scoring model goes to the judge pool), or set the run's task"
+        )
+    wanted = "an embedding model" if task == "embed" else "a sequence-classification or reward model"
+    return f"task {task} needs {wanted} on the run's pool, and its model ({model}) is not: start it with one"
+
+
 def classify(logits: Sequence[float], model: ScoringModel) -> tuple[str, dict[str, float]]:
     """The likeliest label and each label's probability, from a classifier's raw outputs: a softmax
     over them, or each output's sigmoid for a single-output head or a multi-label model

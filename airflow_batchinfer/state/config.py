@@ -20,6 +20,7 @@ from typing import Any, get_type_hints
 from pydantic import ValidationError
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.pooling import served_refusal
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
@@ -163,11 +164,8 @@ class RunConfig:
 
         judge, judge_pool = self.judging.judge, self.judging.judge_pool
         needs = judge_needs(judge)
-        if engine is not None and scores(engine):
-            return (
-                f"the run's pool serves a scoring model ({engine.get('model')}), which generates nothing: "
-                "give worker_pool a generating model, and the scoring model to the judge pool"
-            )
+        if engine is not None and (why := served_refusal(self.prompt.task, engine)) is not None:
+            return why
         if judge_engine is None or judge_pool is None:
             return None
         if "score" in needs and not scores(judge_engine):

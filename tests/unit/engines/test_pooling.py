@@ -18,6 +18,7 @@ from airflow_batchinfer.engines.pooling import (
     decode_vector,
     dimensions_refusal,
     encode_vector,
+    served_refusal,
     shaped,
     simulated_vector,
     task_refusal,
@@ -181,3 +182,27 @@ def test_a_pooling_job_refuses_what_would_be_dropped(params: dict, match: str) -
         parse_params("infer", {"prompt_template": "{{ q }}", **params})
     with pytest.raises(ConfigError, match="in_place"):
         parse_params("in_place", {"prompt_template": "{{ q }}", "task": "embed", "judge": {"type": "accept"}})
+
+
+@pytest.mark.parametrize(
+    ("task", "described", "match"),
+    [
+        (
+            "generate",
+            {"model": "cls", "task": "score"},
+            r"serves a scoring model \(cls\), which generates nothing",
+        ),
+        ("generate", {"model": "e5", "task": "embed"}, r"serves an embedding model \(e5\)"),
+        ("embed", {"model": "llama"}, r"task embed needs an embedding model on the run's pool"),
+        ("classify", {"model": "e5", "task": "embed"}, r"task classify needs a sequence-classification"),
+    ],
+)
+def test_the_runs_pool_must_serve_the_runs_task(task: str, described: dict, match: str) -> None:
+    why = served_refusal(task, described)
+    assert why is not None and re.search(match, why)
+
+
+def test_the_runs_pool_serves_the_runs_task() -> None:
+    assert served_refusal("generate", {"model": "llama"}) is None
+    assert served_refusal("embed", {"task": "embed"}) is None
+    assert served_refusal("score", {"task": "score"}) is None
