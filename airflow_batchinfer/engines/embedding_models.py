@@ -4,8 +4,9 @@ token states are pooled into a vector, and a batch's vectors.
 A directory is an embedding model when it is a sentence-transformers model (``modules.json``), or when
 its architectures are bare encoders or decoders (``BertModel``, ``LlamaModel``: no task head). Its
 pooling is its sentence-transformers ``Pooling`` module's (``1_Pooling/config.json``: mean, CLS or
-last token), else the mean over the text's tokens; the vector is L2-normalized, as vLLM's
-``/v1/embeddings`` answers by default. torch is imported by the functions that need it.
+last token), L2-normalized when a ``Normalize`` module follows; without those modules the mean over
+the text's tokens, normalized: as vLLM reads the same directory (so both engines answer the same
+vector). torch is imported by the functions that need it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from airflow_batchinfer.engines.pooling import EmbedResult, shaped
 from airflow_batchinfer.exceptions import ConfigError
 
 POOLING_MODES = ("mean", "cls", "last")
+_NAMED_MODES = {"mean": "mean", "cls": "cls", "lasttoken": "last"}
 _ST_MODES = {
     "pooling_mode_mean_tokens": "mean",
     "pooling_mode_cls_token": "cls",
@@ -34,38 +36,51 @@ def is_embedding_model(path: str, architectures: Sequence[str] | None) -> bool:
     return bool(names) and all(a.endswith("Model") and "For" not in a for a in names)
 
 
-def pooling_mode(path: str) -> str:
-    """The pooling of the model at ``path``: its sentence-transformers Pooling module's, else mean."""
-    pooling = _pooling_dir(path)
+def pooling_of(path: str) -> tuple[str, bool]:
+    """How the model at ``path`` pools, and whether it normalizes, as vLLM reads it: a
+    sentence-transformers Pooling module's mode, normalized when a Normalize module follows; without
+    one, the mean, normalized (vLLM's embed default)."""
+    modules = _modules(path)
+    pooling = next((m for m in modules if str(m.get("type", "")).endswith("Pooling")), None)
     if pooling is None:
-        return "mean"
-    with open(os.path.join(pooling, "config.json")) as f:
+        return "mean", True
+    normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+    where = os.path.join(path, str(pooling.get("path", "")), "config.json")
+    with open(where) as f:
         config = json.load(f)
     for key, mode in _ST_MODES.items():
         if config.get(key):
-            return mode
+            return mode, normalize
+    named = _NAMED_MODES.get(str(config.get("pooling_mode")))  # newer configs name it instead
+    if named is not None:
+        return named, normalize
     asked = sorted(k for k, v in config.items() if v is True)
     raise ConfigError(
-        f"transformers: {pooling}/config.json asks for a pooling this engine does not do ({asked}): it "
-        f"pools by {', '.join(POOLING_MODES)}; give the model one of those"
+        f"transformers: {where} asks for a pooling this engine does not do ({asked}): it pools by "
+        f"{', '.join(POOLING_MODES)}; give the model one of those"
     )
 
 
-def _pooling_dir(path: str) -> str | None:
+def _modules(path: str) -> list[dict[str, Any]]:
+    """The model's sentence-transformers modules (``modules.json``; none: not such a model)."""
     modules = os.path.join(path, "modules.json")
     if not os.path.exists(modules):
-        return None
+        return []
     with open(modules) as f:
-        for module in json.load(f):
-            if str(module.get("type", "")).endswith("Pooling"):
-                return os.path.join(path, str(module.get("path", "")))
-    return None
+        return list(json.load(f))
 
 
 def embed_batch(
-    model: Any, tokenizer: Any, texts: list[str], mode: str, dimensions: Sequence[int | None], device: str
+    model: Any,
+    tokenizer: Any,
+    texts: list[str],
+    pooling: tuple[str, bool],
+    dimensions: Sequence[int | None],
+    device: str,
 ) -> list[EmbedResult]:
-    """Each text's vector (right-padded batch; the padding is masked out of the pooling)."""
+    """Each text's vector, pooled and normalized as ``pooling`` says (:func:`pooling_of`): a
+    right-padded batch, the padding masked out of the pooling."""
+    mode, normalize = pooling
     import torch
 
     enc = tokenizer(texts, return_tensors="pt", padding=True).to(device)
@@ -80,6 +95,6 @@ def embed_batch(
     else:
         pooled = (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
     return [
-        EmbedResult(shaped(vector, dims), prompt_tokens=int(n))
+        EmbedResult(shaped(vector, dims, normalize=normalize), prompt_tokens=int(n))
         for vector, dims, n in zip(pooled.cpu().tolist(), dimensions, lengths.tolist(), strict=True)
     ]

@@ -23,7 +23,7 @@ one output) is loaded as a scoring model (:mod:`~airflow_batchinfer.engines.scor
 batches of texts (right-padded; chat messages through the chat template, the answer's turn last)
 and generates nothing. An embedding model (a sentence-transformers directory, or a bare
 ``*Model`` architecture: :mod:`~airflow_batchinfer.engines.embedding_models`) is loaded with
-``AutoModel`` and embeds instead, pooled as its config says and normalized.
+``AutoModel`` and embeds instead, pooled and normalized as its config says (as vLLM reads it).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from airflow_batchinfer.engines.base import (
     SamplingParams,
     TokenLogprob,
 )
-from airflow_batchinfer.engines.embedding_models import embed_batch, is_embedding_model, pooling_mode
+from airflow_batchinfer.engines.embedding_models import embed_batch, is_embedding_model, pooling_of
 from airflow_batchinfer.engines.pooling import (
     EmbeddingModel,
     EmbedRequest,
@@ -87,7 +87,7 @@ class TransformersEngine(Engine):
         self.tally = StatsTally()  # tokens generated, batches and requests generating now
         self._adapters: dict[str, str] = {}  # adapter directory -> its name in the model (loaded)
         self._adapter_ids = 0
-        self._pooling = "mean"  # an embedding model's (embedding_models.pooling_mode)
+        self._pooling = ("mean", True)  # an embedding model's mode and normalizing (embedding_models)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -118,7 +118,7 @@ class TransformersEngine(Engine):
         auto = AutoModel if embeds else AutoModelForSequenceClassification if scores else AutoModelForCausalLM
         model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
         if embeds:
-            self._pooling = pooling_mode(self.model_path)
+            self._pooling = pooling_of(self.model_path)
             size, matryoshka = int(model.config.hidden_size), is_matryoshka(model.config)
             self.embedding = EmbeddingModel(os.path.realpath(self.model_path), size, matryoshka)
         elif scores:
