@@ -233,10 +233,15 @@ def main() -> None:
         for name, side in sides.items():
             print(row(name, side, n))
         names = list(sides)
+        figures: dict[str, Any] = {"bench": "embed", "records": n, "model": args.model, "sides": {}}
+        for name, side in sides.items():
+            figures["sides"][name] = {k: side[k] for k in ("wall_s", "run_s", "tokens")}
         for other in names[1:]:
             diff = largest_difference(vectors(sides[names[0]]["lines"]), vectors(sides[other]["lines"]))
             same = set(sides[names[0]]["lines"]) == set(sides[other]["lines"])
             print(f"{names[0]} vs {other}: same ids {same}; largest difference of a vector value {diff}")
+            figures["sides"][other].update(same_ids=same, largest_difference=diff)
+        print(json.dumps(figures))
 
 
 if __name__ == "__main__":
