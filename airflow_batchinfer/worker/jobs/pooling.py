@@ -243,6 +243,7 @@ class Pooling:
             "total_tokens": tokens,
             "completion_tokens": 0,
             "prompt_tokens_details": None,
+            "completion_tokens_details": None,
         }
         response = {
             "id": f"{kind}-{digest}",

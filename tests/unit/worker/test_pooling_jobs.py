@@ -104,6 +104,7 @@ def test_openai_embeddings_requests_give_vllm_run_batchs_lines(tmp_path: Path) -
         "total_tokens": 2,
         "completion_tokens": 0,
         "prompt_tokens_details": None,
+        "completion_tokens_details": None,
     }
     many = lines["b"]["response"]["body"]["data"]
     assert [d["index"] for d in many] == [0, 1]
