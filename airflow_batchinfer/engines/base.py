@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 
 from airflow_batchinfer.engines import images as image_parts
 from airflow_batchinfer.engines.adapters import Adapter
+from airflow_batchinfer.engines.pooling import EmbeddingModel, EmbedRequest, EmbedResult
 from airflow_batchinfer.engines.reasoning import EFFORTS, TemplateKwargs
 from airflow_batchinfer.engines.sampling import bounds_refusal, completion_tokens, engine_refusal, honoured
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
@@ -338,6 +339,8 @@ class Engine(abc.ABC):
     loads_adapters: ClassVar[bool] = False
     # The scoring model it serves, once started (engines.scoring); None: it generates.
     scoring: ScoringModel | None = None
+    # The embedding model it serves, once started (engines.pooling); None: it embeds nothing.
+    embedding: EmbeddingModel | None = None
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load the model (called once, before the worker reports ready)."""
@@ -352,6 +355,15 @@ class Engine(abc.ABC):
         refused = ScoreResult.failed(
             f"the {self.name} engine serves no scoring model: score on a pool whose model is a "
             "sequence-classification or reward model (transformers or vllm)"
+        )
+        return [refused for _ in requests]
+
+    async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """One vector per request, in order (:attr:`embedding`'s). An engine that serves no
+        embedding model fails each request, saying so."""
+        refused = EmbedResult.failed(
+            f"the {self.name} engine serves no embedding model: embed on a pool whose model is an "
+            "embedding model (vllm's pooling runner with the embed task, or a transformers encoder)"
         )
         return [refused for _ in requests]
 

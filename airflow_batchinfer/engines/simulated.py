@@ -11,7 +11,9 @@ and its retries). With ``n`` > 1 each candidate's answer differs (hashed with it
 judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it; an adapter's answers
 (``GenerationRequest.adapter``) are hashed with its name. ``echo_prompt`` answers with the prompt
 itself (a chat request's messages' contents, one a line): what a request was sent with, for tests of
-prompts (a retry's ``previous``, say). It honours no
+prompts (a retry's ``previous``, say). With ``embedding_dimensions`` it is an embedding model instead,
+whose vectors are hashed from the text (:func:`~airflow_batchinfer.engines.pooling.simulated_vector`),
+and with ``labels`` a scoring model whose raw outputs (one per label) are hashed the same way. It honours no
 structured output and no logprobs (its answers are not model text a constraint could
 hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 
@@ -33,6 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.pooling import (
+    EmbeddingModel,
+    EmbedRequest,
+    EmbedResult,
+    dimensions_refusal,
+    shaped,
+    simulated_vector,
+)
+from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 
 # the answer's length a prompt asks for (a record field rendered into it): see the module's text
@@ -97,6 +108,8 @@ class SimulatedEngine(Engine):
         fail_marker: str | None = None,
         echo_prompt: bool = False,
         model: str = "simulated",
+        embedding_dimensions: int | None = None,
+        labels: list[str] | None = None,
     ) -> None:
         self.latency_base_s = latency_base_s
         self.latency_per_token_s = latency_per_token_s
@@ -105,6 +118,9 @@ class SimulatedEngine(Engine):
         self.fail_marker = fail_marker
         self.echo_prompt = echo_prompt
         self.model = model
+        if embedding_dimensions is not None:
+            self.embedding = EmbeddingModel("simulated", int(embedding_dimensions), matryoshka=True)
+        self.scoring = ScoringModel("simulated", tuple(labels)) if labels else None
         self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
         # ends batches on time (see :func:`until`): up to 4 in flight at once, more on the loop's timer
         self.clock = ThreadPoolExecutor(max_workers=4, thread_name_prefix="simulated-device")
@@ -123,6 +139,40 @@ class SimulatedEngine(Engine):
             await until(due, self.clock)
         self.tally.count(results)
         return results
+
+    async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Each text's simulated vector, after ``a + b·tokens`` seconds as :meth:`generate`."""
+        if self.embedding is None:
+            return await super().embed(requests)
+        model = self.embedding
+        due = asyncio.get_running_loop().time()
+        due += self.latency_base_s + self.latency_per_token_s * sum(r.estimate_tokens() for r in requests)
+        results = []
+        for r in requests:
+            text = r.text()
+            why = dimensions_refusal(r, model)
+            if why is None and self.fail_marker and self.fail_marker in text:
+                why = f"simulated failure: text contains {self.fail_marker!r}"
+            vector = shaped(simulated_vector(text, model.dimensions), r.dimensions)
+            results.append(EmbedResult.failed(why) if why else EmbedResult(vector, None, r.estimate_tokens()))
+        with self.tally.batch(len(requests)):
+            await until(due, self.clock)
+        return results
+
+    async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
+        """With ``labels``: each text's raw outputs, hashed from it (one per label)."""
+        if self.scoring is None:
+            return await super().score(requests)
+        labels = self.scoring.labels
+        out = []
+        for r in requests:
+            text = r.prompt if r.prompt is not None else json.dumps(list(r.messages or ()))
+            if self.fail_marker and self.fail_marker in text:
+                out.append(ScoreResult.failed(f"simulated failure: text contains {self.fail_marker!r}"))
+                continue
+            logits = tuple(round(4 * stable_fraction("logit", text, label) - 2, 6) for label in labels)
+            out.append(ScoreResult(logits, prompt_tokens=r.estimate_tokens()))
+        return out
 
     def stats(self) -> EngineStats:
         return self.tally.stats()
@@ -175,4 +225,9 @@ class SimulatedEngine(Engine):
         return f"simulated answer {digest.hexdigest()[:16]}"
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}
+        described = {"engine": self.name, "model": self.model, "approval_rate": self.approval_rate}
+        # a scoring or embedding model says so (as it always was otherwise: its runs' job ids stay)
+        for served in (self.scoring, self.embedding):
+            if served is not None:
+                described.update(served.describe())
+        return described

@@ -34,6 +34,10 @@ A vision-language model (a config with a ``vision_config``: LLaVA, Qwen2-VL, ...
 processor (``AutoProcessor``, ``AutoModelForImageTextToText``): a request with images
 (:mod:`~airflow_batchinfer.engines.images`) is rendered by the processor's chat template and encoded
 with its images, alone in its batch. A text-only model refuses a request with images, saying so.
+
+An embedding model (a sentence-transformers directory, or a bare
+``*Model`` architecture: :mod:`~airflow_batchinfer.engines.embedding_models`) is loaded with
+``AutoModel`` and embeds instead, pooled and normalized as its config says (as vLLM reads it).
 """
 
 from __future__ import annotations
@@ -54,7 +58,15 @@ from airflow_batchinfer.engines.base import (
     SamplingParams,
     TokenLogprob,
 )
+from airflow_batchinfer.engines.embedding_models import embed_batch, is_embedding_model, pooling_of
 from airflow_batchinfer.engines.images import LoadedImage, refused_images, template_messages
+from airflow_batchinfer.engines.pooling import (
+    EmbeddingModel,
+    EmbedRequest,
+    EmbedResult,
+    dimensions_refusal,
+    is_matryoshka,
+)
 from airflow_batchinfer.engines.reasoning import (
     Delimiters,
     Split,
@@ -111,6 +123,7 @@ class TransformersEngine(Engine):
         self.tally = StatsTally()  # tokens generated, batches and requests generating now
         self._adapters: dict[str, str] = {}  # adapter directory -> its name in the model (loaded)
         self._adapter_ids = 0
+        self._pooling = ("mean", True)  # an embedding model's mode and normalizing (embedding_models)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -120,6 +133,7 @@ class TransformersEngine(Engine):
         import torch
         from transformers import (
             AutoConfig,
+            AutoModel,
             AutoModelForCausalLM,
             AutoModelForSequenceClassification,
             AutoTokenizer,
@@ -129,7 +143,11 @@ class TransformersEngine(Engine):
             torch.set_num_threads(self.threads)
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
         scores = is_scoring_architecture(getattr(config, "architectures", None))
-        auto: Any = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
+        embeds = not scores and is_embedding_model(self.model_path, getattr(config, "architectures", None))
+        scores = scores or embeds  # both read whole texts: right padding
+        auto: Any = (
+            AutoModel if embeds else AutoModelForSequenceClassification if scores else AutoModelForCausalLM
+        )
         if getattr(config, "vision_config", None) is not None and not scores:
             from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -143,7 +161,11 @@ class TransformersEngine(Engine):
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
         model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
-        if scores:
+        if embeds:
+            self._pooling = pooling_of(self.model_path)
+            size, matryoshka = int(model.config.hidden_size), is_matryoshka(model.config)
+            self.embedding = EmbeddingModel(os.path.realpath(self.model_path), size, matryoshka)
+        elif scores:
             if model.config.pad_token_id is None:  # it finds each text's last token by the padding
                 model.config.pad_token_id = tok.pad_token_id
             labels, multi = labels_of(model.config)
@@ -177,9 +199,10 @@ class TransformersEngine(Engine):
         return str(text), False
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        if self.scoring is not None:
+        if self.scoring is not None or self.embedding is not None:
             name = os.path.basename(self.model_path)
-            why = f"transformers: {name} is a scoring model: it generates nothing"
+            kind = "a scoring" if self.scoring is not None else "an embedding"
+            why = f"transformers: {name} is {kind} model: it generates nothing"
             return [GenerationResult.failed(why) for _ in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
         # a request with images is a group of its own (its key: its id)
@@ -452,6 +475,49 @@ class TransformersEngine(Engine):
             for row, n in zip(logits.tolist(), lengths, strict=True)
         ]
 
+    async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        if self.embedding is None:
+            return await super().embed(requests)
+        return await asyncio.to_thread(self._embed, requests)
+
+    def _embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Each request's vector; a text that cannot be rendered, does not fit the context or asks for
+        more dimensions than the model's is its own error, and a failing batch is embedded text by text."""
+        assert self.embedding is not None
+        results: list[EmbedResult | None] = [None] * len(requests)
+        todo: list[tuple[int, str]] = []
+        for i, r in enumerate(requests):
+            why = dimensions_refusal(r, self.embedding)
+            try:
+                text = (
+                    r.prompt
+                    if r.prompt is not None
+                    else str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False))
+                )
+            except Exception as exc:
+                why = f"chat template: {type(exc).__name__}: {exc}"
+            if why is None and (n := len(self.tokenizer(text)["input_ids"])) > self.max_len:
+                why = f"the text to embed has {n} tokens, more than the model's context of {self.max_len}"
+            if why is not None:
+                results[i] = EmbedResult.failed(why)
+            else:
+                todo.append((i, text))
+        with self._lock, self.tally.batch(len(todo)):
+            outs = self._embed_isolating([t for _, t in todo], [requests[i].dimensions for i, _ in todo])
+        for (i, _), out in zip(todo, outs, strict=True):
+            results[i] = out
+        return [r if r is not None else EmbedResult.failed("not embedded") for r in results]
+
+    def _embed_isolating(self, texts: list[str], dims: list[int | None]) -> list[EmbedResult]:
+        if not texts:
+            return []
+        try:
+            return embed_batch(self.model, self.tokenizer, texts, self._pooling, dims, self.device)
+        except Exception as exc:
+            if len(texts) == 1:
+                return [EmbedResult.failed(f"embed: {type(exc).__name__}: {exc}")]
+            return [r for t, d in zip(texts, dims, strict=True) for r in self._embed_isolating([t], [d])]
+
     def stats(self) -> EngineStats:
         return self.tally.stats()
 
@@ -468,8 +534,11 @@ class TransformersEngine(Engine):
         }
         if self.reasoning_parser is not None:  # it changes what a row's result is
             described["reasoning_parser"] = self.reasoning_parser
-        # a scoring model says so (a generating one is described as it always was)
-        return described if self.scoring is None else {**described, **self.scoring.describe()}
+        # a scoring or embedding model says so (a generating one is described as it always was)
+        for served in (self.scoring, self.embedding):
+            if served is not None:
+                described.update(served.describe())
+        return described
 
 
 def _within(tokens: tuple[TokenLogprob, ...], chars: int) -> tuple[TokenLogprob, ...]:

@@ -23,7 +23,11 @@ A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` arch
 engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 (:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
 ``classify`` task and no activation (the raw outputs, which the judges read), and it generates
-nothing. A pooling model without the ``classify`` task (an embedding model) is refused when it loads.
+nothing. A pooling model with the ``embed`` task and no ``classify`` one is an embedding model
+(:mod:`~airflow_batchinfer.engines.pooling`; e.g. the engine options ``runner: pooling`` and
+``convert: embed``): texts go to ``AsyncLLM.encode`` with the ``embed`` task and vLLM's defaults (its
+pooler's, normalized: what vLLM's ``/v1/embeddings`` answers), and a request's ``dimensions`` as
+vLLM's (which a Matryoshka model honours and vLLM refuses for another, that request's error).
 
 A request with images (:mod:`~airflow_batchinfer.engines.images`) goes to a vision-language model
 as vLLM's multimodal input: the chat template's rendering (an image part written as the model's
@@ -47,12 +51,14 @@ import asyncio
 import logging
 import os
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.images import refused_images, template_messages
+from airflow_batchinfer.engines.pooling import EmbeddingModel, EmbedRequest, EmbedResult
 from airflow_batchinfer.engines.reasoning import (
     Split,
     VllmSplitter,
@@ -126,21 +132,25 @@ class VllmEngine(Engine):
             self._log_task = asyncio.create_task(self._log_stats(self.log_stats_interval_s))
 
     async def _pooling(self) -> None:
-        """The scoring model this pooling model is (its ``classify`` head's labels), or a ConfigError
-        when it has no such head."""
+        """The scoring model this pooling model is (its ``classify`` head's labels), else the
+        embedding model (its ``embed`` task), or a ConfigError when it has neither."""
         tasks = tuple(await self.llm.get_supported_tasks())
-        if "classify" not in tasks:
+        path = await asyncio.to_thread(os.path.realpath, self.model_path)
+        if "classify" in tasks:
+            labels, multi = labels_of(self.llm.model_config.hf_config)
+            self.scoring = ScoringModel(path, labels, multi)
+        elif "embed" in tasks:
+            config = self.llm.model_config
+            self.embedding = EmbeddingModel(path, int(config.embedding_size), bool(config.is_matryoshka))
+        else:
             self.llm.shutdown()
             self.llm = None
             raise ConfigError(
                 f"vllm: {self.model_path} runs on vLLM's pooling runner with the tasks {list(tasks)}, "
-                "without classify: judges score with a sequence-classification or reward model (a classify "
-                'head; a *ForCausalLM model can be given one with the engine options {"runner": "pooling", '
-                '"convert": "classify"})'
+                "neither classify nor embed: give it a classify head (a sequence-classification or reward "
+                'model; a *ForCausalLM model gets one with the engine options {"runner": "pooling", '
+                '"convert": "classify"}) or the embed task ({"runner": "pooling", "convert": "embed"})'
             )
-        labels, multi = labels_of(self.llm.model_config.hf_config)
-        path = await asyncio.to_thread(os.path.realpath, self.model_path)
-        self.scoring = ScoringModel(path, labels, multi)
 
     def _recorder(self, vllm_config: Any, engine_index: int) -> _StatsRecorder:
         """vLLM's stat-logger factory: called once per engine core."""
@@ -171,8 +181,9 @@ class VllmEngine(Engine):
         )
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        if self.scoring is not None:
-            why = f"vllm: {os.path.basename(self.model_path)} is a scoring model: it generates nothing"
+        if self.scoring is not None or self.embedding is not None:
+            kind = "a scoring" if self.scoring is not None else "an embedding"
+            why = f"vllm: {os.path.basename(self.model_path)} is {kind} model: it generates nothing"
             return [GenerationResult.failed(why) for _ in requests]
         prompts = await asyncio.to_thread(self._prompts, requests)
         return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
@@ -282,44 +293,75 @@ class VllmEngine(Engine):
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
             return await super().score(requests)
-        texts = await asyncio.to_thread(self._score_texts, requests)
+        texts = await asyncio.to_thread(self._pool_texts, requests)
         return list(await asyncio.gather(*(self._score_one(t) for t in texts)))
 
-    def _score_texts(self, requests: list[ScoreRequest]) -> list[str | ScoreResult]:
-        """Each request's text (chat messages through the chat template, in a thread), or the error
-        result of one that cannot render."""
-        texts: list[str | ScoreResult] = []
+    async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        if self.embedding is None:
+            return await super().embed(requests)
+        texts = await asyncio.to_thread(self._pool_texts, requests)
+        return list(
+            await asyncio.gather(
+                *(self._embed_one(t, r.dimensions) for t, r in zip(texts, requests, strict=True))
+            )
+        )
+
+    def _pool_texts(self, requests: Sequence[ScoreRequest | EmbedRequest]) -> list[tuple[str | None, str]]:
+        """Each request's text (chat messages through the chat template, in a thread, no generation
+        prompt), or why it cannot render: ``(text, "")`` or ``(None, error)``."""
+        texts: list[tuple[str | None, str]] = []
         for r in requests:
             if r.prompt is not None:
-                texts.append(r.prompt)
+                texts.append((r.prompt, ""))
                 continue
             try:
-                texts.append(str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False)))
+                texts.append(
+                    (str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False)), "")
+                )
             except Exception as exc:
-                texts.append(ScoreResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
+                texts.append((None, f"vllm: chat template: {type(exc).__name__}: {exc}"))
         return texts
 
-    async def _score_one(self, text: str | ScoreResult) -> ScoreResult:
-        from vllm import PoolingParams
+    async def _encode(self, text: tuple[str | None, str], params: Any) -> Any:
+        """vLLM's finished pooling output for ``text``, or why there is none (a string)."""
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        if isinstance(text, ScoreResult):
-            return text
+        if text[0] is None:
+            return text[1]
         final = None
         try:
-            params = PoolingParams(task="classify", use_activation=False)  # raw outputs: judges read them
-            async for out in self.llm.encode(text, params, request_id=uuid.uuid4().hex):
+            async for out in self.llm.encode(text[0], params, request_id=uuid.uuid4().hex):
                 if out.finished:
                     final = out
         except EngineDeadError:
             raise
         except Exception as exc:  # vLLM refused this one text (longer than max_model_len, say)
-            return ScoreResult.failed(f"vllm: {type(exc).__name__}: {exc}")
-        if final is None:
-            return ScoreResult.failed("vllm returned no output")
-        data = final.outputs.data
-        values = data.tolist() if hasattr(data, "tolist") else list(data)
-        return ScoreResult(tuple(float(v) for v in values), prompt_tokens=len(final.prompt_token_ids or ()))
+            return f"vllm: {type(exc).__name__}: {exc}"
+        return "vllm returned no output" if final is None else final
+
+    async def _score_one(self, text: tuple[str | None, str]) -> ScoreResult:
+        from vllm import PoolingParams
+
+        # raw outputs: judges read them
+        final = await self._encode(text, PoolingParams(task="classify", use_activation=False))
+        if isinstance(final, str):
+            return ScoreResult.failed(final)
+        values = _values(final.outputs.data)
+        return ScoreResult(tuple(values), prompt_tokens=len(final.prompt_token_ids or ()))
+
+    async def _embed_one(self, text: tuple[str | None, str], dimensions: int | None) -> EmbedResult:
+        from vllm import PoolingParams
+
+        try:
+            params = PoolingParams(task="embed", dimensions=dimensions)  # vLLM's defaults: normalized
+        except Exception as exc:
+            return EmbedResult.failed(f"vllm: {type(exc).__name__}: {exc}")
+        final = await self._encode(text, params)
+        if isinstance(final, str):
+            return EmbedResult.failed(final)
+        return EmbedResult(
+            tuple(_values(final.outputs.data)), prompt_tokens=len(final.prompt_token_ids or ())
+        )
 
     def adapter_refusal(self) -> str | None:
         if self.engine_args.get("enable_lora"):
@@ -371,8 +413,16 @@ class VllmEngine(Engine):
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "args": args,
         }
-        # a scoring model says so (a generating one is described as it always was)
-        return described if self.scoring is None else {**described, **self.scoring.describe()}
+        # a scoring or embedding model says so (a generating one is described as it always was)
+        for served in (self.scoring, self.embedding):
+            if served is not None:
+                described.update(served.describe())
+        return described
+
+
+def _values(data: Any) -> list[float]:
+    """A pooling output's values (a tensor, or a list) as floats."""
+    return [float(v) for v in (data.tolist() if hasattr(data, "tolist") else list(data))]
 
 
 def sampling_args(s: BaseSampling) -> dict[str, Any]:

@@ -15,6 +15,8 @@ Spec examples::
     {"type": "classifier", "threshold": 0.5, "label": "POSITIVE"}   # a scoring model's P(label)
     {"type": "reward", "threshold": 0.0}   # a reward model's raw score
     {"type": "jury", "judges": [...], "vote": "majority"}   # or "all", "mean_score" (+ "threshold")
+    {"type": "label", "keep_labels": ["POSITIVE"]}   # a classify run's filter (judges.pooled)
+    {"type": "accept"}                     # every computed row kept (an embed or score run)
 
 ``callable`` targets are checked against a :class:`CallablePolicy` before anything is imported (a
 worker allows those it was started with, ``--allow-callable``); ``regex`` and ``json_schema``
@@ -34,6 +36,7 @@ from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.jury import JURY_KEYS, Jury, Member, member_names
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge
 from airflow_batchinfer.judges.models import MODEL_JUDGES, build_model_judge
+from airflow_batchinfer.judges.pooled import AcceptJudge, LabelJudge
 from airflow_batchinfer.judges.reasoning import REASONING_TEMPLATE, OfReasoning, check_of
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
@@ -74,6 +77,8 @@ JUDGE_TYPES = (
     "classifier",
     "reward",
     "jury",
+    "label",
+    "accept",
 )
 RULES = ("expected_answer", "regex", "json_schema", "length", "callable")  # judges of one text: "of" picks it
 NESTING = ("all", "any", "jury")  # judge types whose spec holds judges ("judges")
@@ -185,6 +190,8 @@ def build_judge(
             "regex": RegexJudge,
             "json_schema": JsonSchemaJudge,
             "length": LengthJudge,
+            "label": LabelJudge,
+            "accept": AcceptJudge,
         }.get(kind)
         if cls is None:
             raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")

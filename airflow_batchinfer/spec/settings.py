@@ -275,6 +275,7 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _MODEL,
     _ENGINE_OPTIONS,
     # prompts, sampling, judge
+    _run("task"),
     _run("prompt_template"),
     _run("system"),
     _run("sampling"),

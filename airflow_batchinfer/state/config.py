@@ -20,12 +20,18 @@ from typing import Any, get_type_hints
 from pydantic import ValidationError
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.pooling import served_refusal
 from airflow_batchinfer.engines.sampling import FIELDS, SAMPLING_FIELDS, refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import UNIT_SCORES, judge_needs, judged_early
 from airflow_batchinfer.judges.human import require_judge_in_place
 from airflow_batchinfer.prompts.retries import RetrySettings
-from airflow_batchinfer.state.config_checks import check_judge_models, check_retries, check_spot_check
+from airflow_batchinfer.state.config_checks import (
+    check_judge_models,
+    check_retries,
+    check_spot_check,
+    check_task,
+)
 from airflow_batchinfer.state.config_sections import (
     BudgetConfig,
     DataConfig,
@@ -68,6 +74,7 @@ class RunConfig:
             )
         check_spot_check(self, judge_type)
         check_judge_models(self)
+        check_task(self)
 
     @classmethod
     def of(cls, **flat: Any) -> RunConfig:
@@ -157,11 +164,8 @@ class RunConfig:
 
         judge, judge_pool = self.judging.judge, self.judging.judge_pool
         needs = judge_needs(judge)
-        if engine is not None and scores(engine):
-            return (
-                f"the run's pool serves a scoring model ({engine.get('model')}), which generates nothing: "
-                "give worker_pool a generating model, and the scoring model to the judge pool"
-            )
+        if engine is not None and (why := served_refusal(self.prompt.task, engine)) is not None:
+            return why
         if judge_engine is None or judge_pool is None:
             return None
         if "score" in needs and not scores(judge_engine):
@@ -183,6 +187,7 @@ class RunConfig:
         at their defaults are left out)."""
         prompt, judge = self.prompt, self.judging.judge
         return _job_params(
+            task=prompt.task,
             prompt_template=prompt.prompt_template,
             system=prompt.system,
             sampling=prompt.sampling,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.engines.sampling import completion_tokens
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import judge_needs
@@ -51,6 +52,33 @@ def check_judge_models(cfg: RunConfig) -> None:
             f"the {kind!r} judge asks for both a generating model (llm) and a scoring model (reward, "
             "classifier), which no one pool serves: make them members of a jury, where llm members "
             "are judged on the run's pool as the answers are generated"
+        )
+
+
+def check_task(cfg: RunConfig) -> None:
+    """A pooling task (embed, classify, score) runs on a pool whose model generates nothing: its
+    judge asks no model there (a judge pool may serve one), retries happen in rounds, and an embed or
+    score row, which has no text answer, is kept with the ``accept`` judge."""
+    task = cfg.prompt.task
+    if task == GENERATE:
+        return
+    judge, kind = cfg.judging.judge, cfg.judging.judge.get("type")
+    if cfg.retries.strategy != "rounds":
+        raise ConfigError(
+            f"task {task!r} computes each record once and retries an error in the next round: use "
+            f"strategy rounds, not {cfg.retries.strategy!r}"
+        )
+    if task in ("embed", "score") and kind != "accept":
+        raise ConfigError(
+            f"task {task!r} writes {'vectors' if task == 'embed' else 'raw scores'}, no text a "
+            f'{kind!r} judge could read: set judge {{"type": "accept"}} (every row computed is kept, '
+            "an error retried)"
+        )
+    if "generate" in judge_needs(judge) and cfg.judging.judge_pool is None:
+        raise ConfigError(
+            f"task {task!r}: the run's pool serves a classifier, which cannot answer the {kind!r} judge: "
+            'use the judge {"type": "label", "keep_labels": [...]} (or a rule judge over the label in '
+            "result), or give the llm judge a judge_pool"
         )
 
 

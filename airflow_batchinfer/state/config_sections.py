@@ -11,6 +11,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.adapters import NAME as ADAPTER_NAME
 from airflow_batchinfer.engines.adapters import parse_adapters
+from airflow_batchinfer.engines.pooling import GENERATE, TASKS
 from airflow_batchinfer.engines.sampling import sampling_help, sampling_schemas
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import JUDGE_TYPES
@@ -108,6 +109,14 @@ class PromptConfig:
         "requests (each body field is honoured by the engine or the record refused, naming the field: "
         "the docs' sampling table)", "string", default=None, nullable=True, min_length=1,
         flag="--prompt-template", metavar="TEMPLATE", section="Prompt & sampling"))
+    # what is done with each record (engines.pooling): generated from, or embedded, classified, scored
+    task: str = field(default=GENERATE, metadata=_about(
+        "what the run does with each record: generate (the model's answer in result); embed (a vector: "
+        "embedding, base64 of little-endian float32, with dimensions); classify (label, the likeliest, and "
+        "probs, each label's probability); score (the raw outputs: score, or scores per label). The run's "
+        "pool serves a model for it: an embedding model, or a sequence-classification or reward model. A "
+        'classify run filters with the judge {"type": "label", "keep_labels": [...]}; an embed or score '
+        'run keeps every row with {"type": "accept"}', "string", choices=TASKS, flag="--task"))
     system: str | None = field(default=None, metadata=_about(
         "system message for chat models; empty: none", "string", nullable=True, flag="--system",
         metavar="TEXT"))
@@ -161,7 +170,8 @@ class JudgeConfig:
         'the judge spec: {"type": "llm"} (the model judges its own answers), "expected_answer", "regex", '
         '"json_schema", "length", "callable", "all" or "any" with their fields; "classifier" or "reward": a '
         'scoring model on the judge pool; "jury": judges that vote; "human": people judge every '
-        "sample on the review page between rounds", "object", default={"type": "llm"},
+        'sample on the review page between rounds; "label" (keep_labels): a classify task\'s filter; '
+        '"accept": every row kept (an embed or score task)', "object", default={"type": "llm"},
         schema_extra={"required": ["type"], "properties": {"type": {"enum": list(JUDGE_TYPES)}}},
         flag="--judge", metavar="JSON", section="Judge"))
     # None: every shard is inferred and judged in one job on the run's pool. A DAG built with a judge

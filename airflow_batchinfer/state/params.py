@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from airflow_batchinfer.engines.adapters import Adapter, parse_adapters
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.pooling import GENERATE, check_task
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges import (
@@ -54,7 +55,8 @@ class JobParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
-    # the records and their prompts
+    # the records and their prompts; what is done with them (engines.pooling: generate, embed...)
+    task: str = GENERATE
     prompt_template: str | None = None
     system: str | None = None
     sampling: dict[str, Any] = {}
@@ -117,6 +119,8 @@ class JobSetup:
     id_field: str = _WIRE.id_field
     round: int = _WIRE.round
     input_records: int | None = None
+    # what an infer job does with its records (engines.pooling): generate, or a pooling task
+    task: str = _WIRE.task
     prompts: PromptBuilder | None = None
     judge: Judge | None = None
     output_format: str = _WIRE.output_format
@@ -158,6 +162,25 @@ def _sampling(values: Any) -> SamplingParams:
     return SamplingParams.from_mapping(values)
 
 
+def _task(kind: str, params: Mapping[str, Any]) -> str:
+    """``params.task``: a pooling task computes each record once (its rows are retried in rounds,
+    not in place), and generates nothing a sampling setting could change."""
+    task = check_task(params.get("task", _WIRE.task), "params.task")
+    if task == GENERATE:
+        return task
+    if kind == "in_place":
+        raise ConfigError(f"params.task {task!r}: an in_place job generates; a {task} run retries in rounds")
+    generating = [
+        k for k in ("sampling", "system", "retry_template", "retry_system", "retry_sampling") if params.get(k)
+    ]
+    if generating:
+        raise ConfigError(
+            f"params.{generating[0]}: task {task} reads each record's text once and generates nothing, "
+            f"so it does not apply: remove {', '.join(generating)} (or set task generate)"
+        )
+    return task
+
+
 def _early_jury(spec: Any, callables: CallablePolicy | None, engine: str | None) -> Jury:
     """``params.jury_at_inference``: a jury whose llm members an infer job judges as it generates."""
     jury = build_judge(spec, callables=callables, engine=engine)
@@ -196,6 +219,7 @@ def parse_params(
         "truncation": TruncationPolicy.from_params(params),
     }
     if kind in ("infer", "infer_judge", "in_place"):
+        common["task"] = _task(kind, params)
         template = params.get("prompt_template")
         if template is not None and not isinstance(template, str):
             raise ConfigError("params.prompt_template must be a string (a Jinja2 template)")

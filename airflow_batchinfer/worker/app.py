@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from airflow_batchinfer.engines import Engine
 from airflow_batchinfer.engines.adapters import Adapter
+from airflow_batchinfer.engines.pooling import GENERATE, task_refusal
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
 from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
 from airflow_batchinfer.state.docs import read_job_manifest
@@ -77,10 +78,14 @@ def _check_adapters(
 
 def serving_refusal(kind: str, params: JobSetup, engine: Engine) -> str | None:
     """Why this worker's model cannot serve a job (``None``: it can): a scoring model generates
-    nothing (an infer job, an llm judge), a generating one scores nothing (a model judge), and a
+    nothing (an infer job, an llm judge), a generating one scores nothing (a model judge), a job's
+    task needs the model it names (:func:`~airflow_batchinfer.engines.pooling.task_refusal`), and a
     model judge's ``model`` or ``label`` must be the worker's. Known once the model has loaded."""
     scoring = engine.scoring
-    if kind in ("infer", "infer_judge", "in_place") and scoring is not None:
+    infers = kind in ("infer", "infer_judge", "in_place")
+    if infers and (why := task_refusal(params.task, scoring, engine.embedding)) is not None:
+        return why
+    if infers and params.task == GENERATE and scoring is not None:
         return (
             f"this worker's model ({os.path.basename(scoring.path)}) is a scoring model (labels "
             f"{list(scoring.labels)}): it scores answers for reward and classifier judges, and generates "

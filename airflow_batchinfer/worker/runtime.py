@@ -9,12 +9,13 @@ from typing import Any, cast
 from airflow_batchinfer.batching import TokenBatcher
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.images import ImageLimits
+from airflow_batchinfer.engines.pooling import EmbedRequest, EmbedResult
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.settings import worker_default
 
-Request = GenerationRequest | ScoreRequest
-Result = GenerationResult | ScoreResult
+Request = GenerationRequest | ScoreRequest | EmbedRequest
+Result = GenerationResult | ScoreResult | EmbedResult
 
 
 class Runtime:
@@ -72,24 +73,28 @@ class Runtime:
         await self.engine.close()
 
     def _estimate(self, request: Request) -> int:
-        if isinstance(request, ScoreRequest):
+        if isinstance(request, ScoreRequest | EmbedRequest):
             return request.estimate_tokens()
         return self.engine.estimate_tokens(request)
 
     async def _run(self, batch: list[Request]) -> list[Result]:
-        """One engine batch: generated, or scored (a batch holding both, which one worker's jobs do
-        not make, runs each kind in turn)."""
-        scored = [i for i, r in enumerate(batch) if isinstance(r, ScoreRequest)]
-        if not scored:
-            return cast(list[Result], await self.engine.generate(cast(list[GenerationRequest], batch)))
-        if len(scored) == len(batch):
-            return cast(list[Result], await self.engine.score(cast(list[ScoreRequest], batch)))
-        generated = sorted(set(range(len(batch))) - set(scored))
+        """One engine batch: generated, scored or embedded (a batch holding several kinds, which one
+        worker's jobs do not make, runs each kind in turn)."""
+        kinds: dict[type, list[int]] = {}
+        for i, r in enumerate(batch):
+            kinds.setdefault(type(r), []).append(i)
         out: dict[int, Result] = {}
-        for positions, results in (
-            (generated, await self.engine.generate([cast(GenerationRequest, batch[i]) for i in generated])),
-            (scored, await self.engine.score([cast(ScoreRequest, batch[i]) for i in scored])),
-        ):
+        for kind, positions in kinds.items():
+            members = [batch[i] for i in positions]
+            results: list[Result]
+            if kind is ScoreRequest:
+                results = list(await self.engine.score(cast(list[ScoreRequest], members)))
+            elif kind is EmbedRequest:
+                results = list(await self.engine.embed(cast(list[EmbedRequest], members)))
+            else:
+                results = list(await self.engine.generate(cast(list[GenerationRequest], members)))
+            if len(kinds) == 1:
+                return results
             out.update(zip(positions, results, strict=True))
         return [out[i] for i in range(len(batch))]
 
@@ -112,6 +117,10 @@ class Runtime:
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         """Score requests through the shared batcher (in order), as :meth:`generate` does."""
         return cast(list[ScoreResult], await self._submit(list(requests), None))
+
+    async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
+        """Embed requests through the shared batcher (in order), as :meth:`generate` does."""
+        return cast(list[EmbedResult], await self._submit(list(requests), None))
 
     async def _submit(self, requests: list[Request], costs: list[float] | None) -> list[Result]:
         futures = await self.batcher.submit_batch(requests, estimated_cost=costs)

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 from airflow_batchinfer.dev.tiny_llama import (
     build_tiny_classifier,
+    build_tiny_embedder,
     build_tiny_llama,
     build_tiny_lora,
     build_tiny_thinker,
 )
 
-__all__ = ["build_tiny_classifier", "build_tiny_llama", "build_tiny_lora", "build_tiny_thinker"]
+__all__ = [
+    "build_tiny_classifier",
+    "build_tiny_embedder",
+    "build_tiny_llama",
+    "build_tiny_lora",
+    "build_tiny_thinker",
+]

@@ -1,7 +1,8 @@
 """The shard jobs a worker runs: ``infer`` (:mod:`.infer`), ``judge`` (:mod:`.judge`),
 ``infer_judge`` (both in one pass over the shard, :func:`.infer.run_infer_judge`) and ``in_place``
-(:mod:`.in_place`); what a job has (:mod:`.context`) and how its shard streams through it in chunks
-(:mod:`.chunks`). The worker's registry maps each kind to its job
+(:mod:`.in_place`); an infer job of a pooling task (``params.task``: embed, classify, score) makes
+its rows in :mod:`.pooling`; what a job has (:mod:`.context`) and how its shard streams through it in
+chunks (:mod:`.chunks`). The worker's registry maps each kind to its job
 (:data:`~airflow_batchinfer.worker.registry.SHARD_JOBS`).
 
 Each job streams its input shard in chunks (memory is bounded by ``concurrency × chunk_size``

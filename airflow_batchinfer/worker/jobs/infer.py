@@ -13,6 +13,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.images import ImageError, load_images
+from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, thinking_budget
@@ -25,6 +26,7 @@ from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.jobs.judge import judge_job, to_judge
+from airflow_batchinfer.worker.jobs.pooling import Pooling
 from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import ChunkFigures
 
@@ -201,9 +203,14 @@ async def _judge_early(ctx: JobContext, early: jury.Jury, rows: list[Record], fi
         answer[jury.CARRIED] = found
 
 
+def inference(ctx: JobContext) -> Inference | Pooling:
+    """What makes a chunk's rows: generation, or the job's pooling task (:mod:`.pooling`)."""
+    return Inference(ctx) if ctx.params.task == GENERATE else Pooling(ctx)
+
+
 async def run_infer(ctx: JobContext) -> Tally:
     ctx.progress.total = ctx.params.input_records
-    infer = Inference(ctx)
+    infer = inference(ctx)
 
     async def process(chunk: list[Record], figures: ChunkFigures) -> list[Record]:
         rows = await infer(chunk, figures)
@@ -218,7 +225,7 @@ async def run_infer(ctx: JobContext) -> Tally:
 
 async def run_infer_judge(ctx: JobContext) -> Tally:
     """Infer and judge in one pass: a rule judge, or an LLM judge served by this worker's engine."""
-    return await judge_job(ctx, Inference(ctx))
+    return await judge_job(ctx, inference(ctx))
 
 
 def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model: str, created: int) -> Record:

@@ -11,6 +11,7 @@ from typing import Any
 from airflow_batchinfer.engines import reasoning
 from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.pooling import POOLING_TASKS
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.truncation import LENGTH, TRUNCATED_IN_THINKING, row_decision
@@ -39,7 +40,9 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
     before any judge: the item to judge, or its rejection. An errored inference is one rejection; a
     truncated answer is rejected unless ``truncated: judge``
     (:mod:`~airflow_batchinfer.judges.truncation`)."""
-    if row.get("status") == "error" or row.get("result") is None:
+    # an embed or score row has no text answer (result null) but is no error (engines.pooling)
+    unanswered = row.get("result") is None and row.get("task") not in POOLING_TASKS
+    if row.get("status") == "error" or unanswered:
         return [(row, Verdict(False, f"inference_error: {row.get('error')}"))]
     out: list[tuple[Any, JudgeItem | Verdict]] = []
     attempt = int(row.get("attempts") or 1)
@@ -49,7 +52,8 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
         if truncation.reject:  # half an answer: not worth the judge's tokens
             out.append((candidate, Verdict(False, truncation.reason or "truncated")))
         else:
-            item = JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, candidate=c)
+            answer = "" if candidate.get("result") is None else str(candidate["result"])
+            item = JudgeItem(row, answer, ctx.record_id(row), attempt, candidate=c)
             out.append((candidate, item))
     return out
 

@@ -132,8 +132,8 @@ def test_job_ids_and_fingerprints_of_runs_without_the_new_judges_are_as_before()
 
 
 def test_a_worker_refuses_jobs_its_model_cannot_serve() -> None:
-    scoring = SimpleNamespace(scoring=ScoringModel("/models/cls", ("rejected", "approved")))
-    generating = SimpleNamespace(scoring=None)
+    scoring = SimpleNamespace(scoring=ScoringModel("/models/cls", ("rejected", "approved")), embedding=None)
+    generating = SimpleNamespace(scoring=None, embedding=None)
     cfg = run(JURY, judge_pool="local://j")
     infer = parse_params("infer", cfg.infer_params().wire())
     judge = parse_params("judge", cfg.judge_params().wire())

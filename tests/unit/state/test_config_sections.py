@@ -18,6 +18,7 @@ OLD_RUN_SETTINGS = {
     "run_root": "/runs/r",
     "prompt_template": "Q: {{ q }}",
     "judge": {"type": "llm", "max_tokens": 64},
+    "task": "generate",
     "system": "Be brief.",
     "sampling": {"temperature": 0.7, "max_tokens": 32},
     "select": "best_score",

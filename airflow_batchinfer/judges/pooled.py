@@ -1,0 +1,56 @@
+"""Judges of the rows of pooling tasks (:mod:`~airflow_batchinfer.engines.pooling`), which make a
+classify run a filter round and keep an embed or score run's rows, through the judge step every
+round already has (approved rows are results, rejected ones retried or dropped).
+
+- ``{"type": "label", "keep_labels": ["POSITIVE", ...]}``: approves a row whose ``label`` (a classify
+  row's likeliest label; for a generated row, its answer stripped) is one of ``keep_labels``; its
+  score is the probability the row's ``probs`` give the kept labels together (none without probs).
+- ``{"type": "accept"}``: approves every row whose inference succeeded (an embed or score row has no
+  text answer to judge); an errored one is rejected before any judge, and retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.judges.base import JudgeItem, Verdict
+from airflow_batchinfer.judges.rules import RuleJudge
+
+
+class LabelJudge(RuleJudge):
+    kind = "label"
+
+    def __init__(self, keep_labels: Sequence[str] | None = None) -> None:
+        if (
+            not isinstance(keep_labels, list | tuple)
+            or not keep_labels
+            or not all(isinstance(x, str) and x for x in keep_labels)
+        ):
+            raise ConfigError(
+                f"label judge: keep_labels must be a list of the labels to keep (names), got {keep_labels!r}"
+            )
+        self.keep_labels = tuple(keep_labels)
+
+    def check(self, item: JudgeItem) -> Verdict:
+        label = item.record.get("label")
+        if not isinstance(label, str):
+            label = item.result.strip()
+        probs = item.record.get("probs")
+        score = None
+        if isinstance(probs, dict):
+            score = min(1.0, sum(float(p) for name, p in probs.items() if name in self.keep_labels))
+        if label in self.keep_labels:
+            return Verdict(True, f"label {label} kept", score)
+        return Verdict(False, f"label {label} not kept ({', '.join(self.keep_labels)})", score)
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.kind, "keep_labels": list(self.keep_labels)}
+
+
+class AcceptJudge(RuleJudge):
+    kind = "accept"
+
+    def check(self, item: JudgeItem) -> Verdict:
+        return Verdict(True, "accepted")
