@@ -18,6 +18,15 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.engines.structured import read as read_structured
+from airflow_batchinfer.engines.tools import (
+    NamedTool,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    choice_problem,
+    read_tool_choice,
+    read_tools,
+)
 from airflow_batchinfer.exceptions import ConfigError
 
 # The fields as_dict() always writes: what a job's manifest and an llm judge's description said
@@ -53,6 +62,9 @@ class SamplingParams:
     n: int = 1  # candidates per request: a GenerationResult's choices
     logprobs: bool = False  # each generated token's log probability, with top_logprobs alternatives
     top_logprobs: int = 0
+    tools: tuple[Tool, ...] = ()  # offered to the model (engines.tools); its calls are parsed, not run
+    tool_choice: ToolChoice | None = None  # None: auto where tools are given
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens", "n", "top_logprobs"):
@@ -74,6 +86,9 @@ class SamplingParams:
                 f"top_logprobs {self.top_logprobs} asks for alternatives of each token's log probability: "
                 "set logprobs true too (as OpenAI's API asks), or remove top_logprobs"
             )
+        problem = choice_problem(self.tools, self.tool_choice)
+        if problem is not None:
+            raise ConfigError(problem)
 
     @classmethod
     def from_mapping(
@@ -116,6 +131,16 @@ class SamplingParams:
             raise ConfigError(str(exc)) from None
         if constraint is not None:  # response_format text asks for none: the base's stays
             changes["structured_outputs"] = constraint
+        if values.get("tools") is not None:
+            changes["tools"] = read_tools(values["tools"])
+        # without tools, "none", "auto" and parallel calls ask for nothing: not carried (so the job
+        # ids of requests that name them stay what they were)
+        offered = bool(changes.get("tools", out.tools))
+        choice = read_tool_choice(values.get("tool_choice"))
+        if choice is not None and (offered or choice not in ("none", "auto")):
+            changes["tool_choice"] = choice
+        if values.get("parallel_tool_calls") is not None and offered:
+            changes["parallel_tool_calls"] = bool(values["parallel_tool_calls"])
         return replace(out, **changes)
 
     def changed(self) -> dict[str, Any]:
@@ -137,8 +162,10 @@ class SamplingParams:
 def _as_json(name: str, value: Any) -> Any:
     if name == "logit_bias":
         return {str(token): bias for token, bias in value}
-    if isinstance(value, StructuredOutput):
+    if isinstance(value, StructuredOutput | NamedTool):
         return value.as_json()
+    if name == "tools":
+        return [t.as_json() for t in value]
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -166,7 +193,8 @@ class GenerationRequest:
     def prompt_chars(self) -> int:
         if self.prompt is not None:
             return len(self.prompt)
-        return sum(len(str(m.get("content", ""))) for m in self.messages or ())
+        tools = sum(len(t.spec) for t in self.sampling.tools)  # the chat template renders them too
+        return tools + sum(len(str(m.get("content", ""))) for m in self.messages or ())
 
     def estimate_tokens(self) -> int:
         """Prompt tokens (``chars // 4 + 1``) plus the completion budget of each of its ``n``
@@ -207,11 +235,13 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
+    tool_calls: tuple[ToolCall, ...] | None = None  # None: the answer made no call (engines.tools)
 
 
 @dataclass(frozen=True)
 class GenerationResult:
-    """A request's answer: its first candidate's ``text``, ``finish_reason`` and ``logprobs``, and
+    """A request's answer: its first candidate's ``text``, ``finish_reason``, ``logprobs`` and
+    ``tool_calls``, and
     with ``n`` > 1 every candidate in ``choices`` (the first included; ``completion_tokens`` is
     theirs together). :attr:`candidates` reads both the same way."""
 
@@ -219,9 +249,10 @@ class GenerationResult:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str | None = None  # stop | length | error
+    finish_reason: str | None = None  # stop | length | tool_calls | error
     logprobs: tuple[TokenLogprob, ...] | None = None
     choices: tuple[Choice, ...] = ()
+    tool_calls: tuple[ToolCall, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -234,7 +265,8 @@ class GenerationResult:
             return self.choices
         if self.text is None:
             return ()
-        return (Choice(self.text, self.finish_reason, self.completion_tokens, self.logprobs),)
+        first = Choice(self.text, self.finish_reason, self.completion_tokens, self.logprobs, self.tool_calls)
+        return (first,)
 
     @classmethod
     def of(cls, choices: Sequence[Choice], prompt_tokens: int) -> GenerationResult:
@@ -248,6 +280,7 @@ class GenerationResult:
             first.finish_reason,
             first.logprobs,
             tuple(choices) if len(choices) > 1 else (),
+            first.tool_calls,
         )
 
     @classmethod

@@ -46,6 +46,7 @@ from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
+from airflow_batchinfer.engines.tools import TOOL_FIELDS
 from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
@@ -310,6 +311,8 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
+        if name in TOOL_FIELDS:  # the chat template's and the tool parser's (engines.vllm_tools)
+            continue
         value = getattr(s, name)
         if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty
             value = (dict(value) if name == "logit_bias" else list(value)) or None

