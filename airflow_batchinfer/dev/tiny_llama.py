@@ -14,6 +14,13 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# Hermes' format (vLLM's ``hermes`` tool parser): the tools in the system turn, each call between
+# <tool_call> and </tool_call> tokens
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE
+)
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
     "please answer the question briefly. approved rejected yes no because the reason is clear. "
@@ -23,9 +30,17 @@ _CORPUS = (
 )
 
 
-def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+def build_tiny_llama(
+    dst: str | Path,
+    *,
+    seed: int = 0,
+    vocab_size: int = 384,
+    extra_specials: tuple[str, ...] = (),
+    chat_template: str = CHAT_TEMPLATE,
+) -> Path:
     """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
-    and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
+    and a ChatML chat template (``chat_template``; ``extra_specials``: more special tokens, one id
+    each). Deterministic for a seed; builds in well under a second."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -36,7 +51,7 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
     tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *extra_specials]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -52,7 +67,7 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
         unk_token="<|endoftext|>",
         model_max_length=512,
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = chat_template
     fast.save_pretrained(tmp)
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -75,6 +90,11 @@ def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -
         shutil.rmtree(dst)
     os.replace(tmp, dst)
     return dst
+
+
+def build_tiny_tool_llama(dst: str | Path, *, seed: int = 0) -> Path:
+    """The tiny Llama with Hermes' tool-call tokens and a chat template that renders ``tools``."""
+    return build_tiny_llama(dst, seed=seed, extra_specials=TOOL_TOKENS, chat_template=TOOL_CHAT_TEMPLATE)
 
 
 def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) -> Path:

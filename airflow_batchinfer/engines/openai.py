@@ -7,7 +7,10 @@ that still fails becomes that request's error result, never an exception over th
 A structured output goes as OpenAI's ``response_format`` where it has the kind (a JSON schema, as
 ``json_schema`` named ``response`` with ``strict: true``: enforced, as vLLM enforces it; a JSON object)
 and as vLLM's ``structured_outputs`` otherwise (a regex, a choice, a grammar: ``vllm serve`` takes
-them; an API that does not answers that record's error).
+them; an API that does not answers that record's error). Tools go as they are (``tools``,
+``tool_choice``, ``parallel_tool_calls``: the chat API's fields) and an answer's
+``message.tool_calls`` become its :class:`~airflow_batchinfer.engines.tools.ToolCall` s (a message
+with calls only has ``content`` null: the answer's text is empty).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from airflow_batchinfer.engines.base import (
     TokenLogprob,
 )
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.exceptions import ConfigError
 
 if TYPE_CHECKING:  # imported on start: every worker imports this module (its secret options), and
@@ -128,6 +132,10 @@ class OpenAIEngine(Engine):
         import httpx  # loaded by start()
 
         assert self._http is not None, "start() the engine first"
+        if request.sampling.tools and request.messages is None:
+            return GenerationResult.failed(
+                "openai: tools need chat messages (the completions API has no tools): send messages"
+            )
         path, body = self._body(request)
         error = ""
         async with self._slots:
@@ -155,8 +163,13 @@ class OpenAIEngine(Engine):
         try:
             choices = []
             for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
-                text = choice["message"]["content"] if "message" in choice else choice["text"]
-                choices.append(Choice(text, choice.get("finish_reason") or "stop", 0, _logprobs(choice)))
+                message = choice.get("message")
+                calls = calls_of(message.get("tool_calls")) if message is not None else None
+                text: Any = choice["text"] if message is None else message["content"]
+                if text is None and calls:  # a message that only calls tools has content null
+                    text = ""
+                finish = choice.get("finish_reason") or "stop"
+                choices.append(Choice(text, finish, 0, _logprobs(choice), calls))
             usage = data.get("usage") or {}
             result = GenerationResult.of(choices, int(usage.get("prompt_tokens", 0)))
             # usage counts the choices' tokens together, not each one's

@@ -47,6 +47,7 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.engines.tools import TOOL_FIELDS
+from airflow_batchinfer.engines.vllm_tools import ToolTurn, VllmTools, check_tool_parser
 from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
@@ -57,7 +58,8 @@ class VllmEngine(Engine):
     Other keyword arguments go to ``vllm.AsyncEngineArgs`` (``dtype``, ``max_model_len``,
     ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager``, ...), except
     ``log_stats_interval_s``: vLLM's stat lines in the worker log every that many seconds (at least
-    1; unset: none)."""
+    1; unset: none), and ``tool_parser``: the vLLM tool parser that reads the calls of requests that
+    offer tools (:mod:`~airflow_batchinfer.engines.vllm_tools`; unset: such requests are refused)."""
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
@@ -66,6 +68,8 @@ class VllmEngine(Engine):
     def __init__(self, model: str, **engine_args: Any) -> None:
         self.model_path = model
         self.log_stats_interval_s = _log_interval(engine_args.pop("log_stats_interval_s", None))
+        self.tool_parser = engine_args.pop("tool_parser", None)
+        self.tools: VllmTools | None = None
         self.engine_args = engine_args
         self.llm: Any = None
         self.tokenizer: Any = None
@@ -82,12 +86,14 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        check_tool_parser(self.tool_parser)  # an unknown name: refused before the model loads
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
         loggers = [self._recorder, _no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
+        self.tools = VllmTools(self.tool_parser, self.tokenizer, self.llm.model_config)
         if self.llm.model_config.runner_type == "pooling":
             await self._pooling()
         if self.log_stats_interval_s is not None:
@@ -145,11 +151,26 @@ class VllmEngine(Engine):
         prompts = await asyncio.to_thread(self._prompts, requests)
         return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
-    def _prompts(self, requests: list[GenerationRequest]) -> list[str | GenerationResult]:
+    def _prompts(
+        self, requests: list[GenerationRequest]
+    ) -> list[str | tuple[str, ToolTurn] | GenerationResult]:
         """Each request's prompt text (chat messages through the model's chat template: a Jinja
-        render per request, CPU work for a thread), or the error result of one that cannot render."""
-        prompts: list[str | GenerationResult] = []
+        render per request, CPU work for a thread) with its tool calling where it offers tools, or
+        the error result of one that cannot render."""
+        prompts: list[str | tuple[str, ToolTurn] | GenerationResult] = []
+        assert self.tools is not None, "start() the engine first"
         for r in requests:
+            if r.sampling.tools:
+                refused = self.tools.refusal(r)
+                try:
+                    prompts.append(
+                        GenerationResult.failed(f"vllm: {refused}")
+                        if refused
+                        else (self.tools.render(r), self.tools.turn(r))
+                    )
+                except Exception as exc:  # vLLM's request validation, the chat template
+                    prompts.append(GenerationResult.failed(f"vllm: tools: {type(exc).__name__}: {exc}"))
+                continue
             if r.prompt is not None:
                 prompts.append(r.prompt)
                 continue
@@ -163,19 +184,24 @@ class VllmEngine(Engine):
                 prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
         return prompts
 
-    async def _one(self, request: GenerationRequest, prompt: str | GenerationResult) -> GenerationResult:
+    async def _one(
+        self, request: GenerationRequest, prompt: str | tuple[str, ToolTurn] | GenerationResult
+    ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if isinstance(prompt, GenerationResult):
             return prompt
+        prompt, turn = prompt if isinstance(prompt, tuple) else (prompt, None)
         try:
             args = sampling_args(request.sampling)
             if args["structured_outputs"] is not None:
                 from vllm.sampling_params import StructuredOutputsParams
 
                 args["structured_outputs"] = StructuredOutputsParams(**args["structured_outputs"])
+            if turn is not None:  # what a call needs: its constraint, the parser's special tokens
+                args.update(turn.sampling_overrides())
             params = SamplingParams(
                 **args,
                 output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when finished
@@ -196,15 +222,14 @@ class VllmEngine(Engine):
         if final is None or not final.outputs:
             return GenerationResult.failed("vllm returned no output")
         logprobs = request.sampling.logprobs
-        choices = [
-            Choice(
-                out.text,
-                str(out.finish_reason or "stop"),
-                len(out.token_ids),
-                _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
-            )
-            for out in sorted(final.outputs, key=lambda o: o.index)
-        ]
+        choices = []
+        for out in sorted(final.outputs, key=lambda o: o.index):
+            text, calls, finish = out.text, None, str(out.finish_reason or "stop")
+            if turn is not None:
+                text, calls, finish = turn.calls(text, out.token_ids, finish)
+            top = request.sampling.top_logprobs
+            lps = _logprobs(out, top, self.tokenizer) if logprobs else None
+            choices.append(Choice(text, finish, len(out.token_ids), lps, calls))
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
 
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
@@ -297,7 +322,7 @@ class VllmEngine(Engine):
         described = {
             "engine": self.name,
             "model": os.path.basename(os.path.normpath(self.model_path)),
-            "args": args,
+            "args": args if self.tool_parser is None else {**args, "tool_parser": self.tool_parser},
         }
         # a scoring model says so (a generating one is described as it always was)
         return described if self.scoring is None else {**described, **self.scoring.describe()}

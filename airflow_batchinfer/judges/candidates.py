@@ -35,7 +35,16 @@ DEFAULT_SELECT = "first_approved"
 #: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
 #: on it, for that prompt (``retries``); neither is shown to a judge.
 GENERATION_FIELDS = frozenset(
-    {"judgment", "candidates", "candidate", "logprobs", "jury_verdicts", "previous", "sent_back"}
+    {
+        "judgment",
+        "candidates",
+        "candidate",
+        "logprobs",
+        "tool_calls",
+        "jury_verdicts",
+        "previous",
+        "sent_back",
+    }
 )
 #: The one of them that carries the verdicts of jury members judged where the answer was generated
 #: (:mod:`~airflow_batchinfer.judges.jury`), from the infer job to the judge job.

@@ -37,6 +37,7 @@ from typing import Any
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams, TokenLogprob
 from airflow_batchinfer.engines.sampling import FIELDS, MAX_TOP_LOGPROBS
 from airflow_batchinfer.engines.scoring import ScoringModel
+from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
@@ -53,6 +54,12 @@ DEFAULT_TEMPLATE = (
     'Reply with JSON only: {"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
 )
 
+#: The default template for an answer that calls tools: the calls after the answer's text (OpenAI's
+#: list; they were not executed). A template of one's own renders ``tool_calls`` where it wants them.
+DEFAULT_TOOL_TEMPLATE = DEFAULT_TEMPLATE.replace(
+    "{{ result }}\n\n",
+    "{{ result }}\n\nTool calls the answer makes (parsed, not executed):\n{{ tool_calls | tojson }}\n\n",
+)
 
 #: The verdict an llm judge asks for on engines that honour structured outputs.
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -196,13 +203,13 @@ def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
 def prompt_record(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a judge's template renders of ``item``: the record (not its generation: another
     candidate's answer or logprobs are not this one's), and ``PromptBuilder.build``'s arguments,
-    ``result`` the answer judged."""
+    ``result`` the answer judged and ``tool_calls`` the calls it makes (OpenAI's list; ``None``: none)."""
     record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
     kwargs = {
         "request_id": item.record_id,
         "attempt": item.attempt,
         "role": "judge",
-        "variables": {"result": item.result},
+        "variables": {"result": item.result, "tool_calls": calls_json(item.tool_calls)},
         "candidate": item.candidate,
     }
     return record, kwargs
@@ -249,6 +256,15 @@ class LLMJudge(Judge):
         self.sampling = sampling
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
         self.template, self.system = template, system
+        # the default template shows an answer's calls (rows without calls render as they always did)
+        self._tool_prompts = (
+            PromptBuilder(DEFAULT_TOOL_TEMPLATE, system=system, sampling=self.sampling, engine=engine)
+            if template == DEFAULT_TEMPLATE
+            else self.prompts
+        )
+
+    def _builder(self, item: JudgeItem) -> PromptBuilder:
+        return self._tool_prompts if item.tool_calls else self.prompts
 
     async def judge(
         self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
@@ -265,7 +281,7 @@ class LLMJudge(Judge):
             for i, item in enumerate(items):
                 try:
                     record, kwargs = prompt_record(item)
-                    requests.append(await self.prompts.abuild(record, **kwargs))
+                    requests.append(await self._builder(item).abuild(record, **kwargs))
                 except PromptError as exc:
                     verdicts[i] = Verdict(False, f"judge_error: {exc}")
                     continue
@@ -305,7 +321,7 @@ class LLMJudge(Judge):
         for i, item in enumerate(items):
             record, kwargs = prompt_record(item)
             try:
-                request = self.prompts.build(record, **kwargs)
+                request = self._builder(item).build(record, **kwargs)
             except PromptError as exc:
                 verdicts[i] = Verdict(False, f"judge_error: {exc}")
                 continue

@@ -8,6 +8,7 @@ Spec examples::
     {"type": "regex", "pattern": "^\\\\d+$"}
     {"type": "json_schema", "schema": {...}}
     {"type": "length", "min_chars": 1, "max_chars": 2000}
+    {"type": "tool_call", "name": "get_weather", "arguments": {"required": ["city"]}}
     {"type": "callable", "target": "my_pkg.checks:is_good"}
     {"type": "all", "judges": [...]}       # or "any"
     {"type": "classifier", "threshold": 0.5, "label": "POSITIVE"}   # a scoring model's P(label)
@@ -41,6 +42,7 @@ from airflow_batchinfer.judges.rules import (
     LengthJudge,
     RegexJudge,
 )
+from airflow_batchinfer.judges.tool_calls import ToolCallJudge
 
 LLM_JUDGE_KEYS = frozenset(
     {
@@ -63,6 +65,7 @@ JUDGE_TYPES = (
     "regex",
     "json_schema",
     "length",
+    "tool_call",
     "callable",
     "all",
     "any",
@@ -176,6 +179,7 @@ def build_judge(
             "regex": RegexJudge,
             "json_schema": JsonSchemaJudge,
             "length": LengthJudge,
+            "tool_call": ToolCallJudge,
         }.get(kind)
         if cls is None:
             raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")

@@ -3,6 +3,11 @@
 
 from __future__ import annotations
 
-from airflow_batchinfer.dev.tiny_llama import build_tiny_classifier, build_tiny_llama, build_tiny_lora
+from airflow_batchinfer.dev.tiny_llama import (
+    build_tiny_classifier,
+    build_tiny_llama,
+    build_tiny_lora,
+    build_tiny_tool_llama,
+)
 
-__all__ = ["build_tiny_classifier", "build_tiny_llama", "build_tiny_lora"]
+__all__ = ["build_tiny_classifier", "build_tiny_llama", "build_tiny_lora", "build_tiny_tool_llama"]

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
@@ -54,9 +55,10 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
     ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``adapter``, the LoRA adapter's name,
     when one answered; ``logprobs`` (OpenAI's
-    ``logprobs.content``) when asked for; with ``n`` > 1 every candidate in ``candidates``
-    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``), which the judge
-    step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
+    ``logprobs.content``) when asked for; ``tool_calls`` (OpenAI's list, :mod:`~airflow_batchinfer.
+    engines.tools`) when the answer made calls; with ``n`` > 1 every candidate in ``candidates``
+    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``, ``tool_calls``),
+    which the judge step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
     fields: dict[str, Any] = {
         "result": res.text,
         "status": "ok" if res.ok else "error",
@@ -68,6 +70,8 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
         fields[ADAPTER_FIELD] = request.adapter.name
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
+    if res.tool_calls:
+        fields["tool_calls"] = calls_json(res.tool_calls)
     if res.choices:  # n > 1 (n = 1: the result is its one candidate)
         fields["candidates"] = [
             {
@@ -76,6 +80,7 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
                 "finish_reason": c.finish_reason,
                 "completion_tokens": c.completion_tokens,
                 **({"logprobs": [t.as_json() for t in c.logprobs]} if c.logprobs is not None else {}),
+                **({"tool_calls": calls_json(c.tool_calls)} if c.tool_calls else {}),
             }
             for i, c in enumerate(res.choices)
         ]
@@ -197,7 +202,9 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     completion (``choices[*]``: ``index``, ``message``, ``logprobs``, ``finish_reason``) or a text
     completion (``text`` for ``message``) with ``usage``, as OpenAI's are: a choice per candidate
     (``n``), ``logprobs`` in the chat form (``{"content": [...]}``) or the completions form
-    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for."""
+    (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for;
+    a message with calls has ``tool_calls`` (none: no such key, as vLLM's server writes it) and
+    ``content`` ``null`` when it says nothing besides them."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -219,7 +226,11 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     for i, c in enumerate(res.candidates):
         if chat:
             logprobs = None if c.logprobs is None else {"content": [t.as_json() for t in c.logprobs]}
-            answer: dict[str, Any] = {"message": {"role": "assistant", "content": c.text}}
+            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            if c.tool_calls:
+                message["content"] = c.text or None
+                message["tool_calls"] = calls_json(c.tool_calls)
+            answer: dict[str, Any] = {"message": message}
         else:
             logprobs = None if c.logprobs is None else _completion_logprobs(c.logprobs)
             answer = {"text": c.text}

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.truncation import LENGTH, row_decision
@@ -46,7 +47,8 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
         if truncation.reject:  # half an answer: not worth the judge's tokens
             out.append((candidate, Verdict(False, truncation.reason or "truncated")))
         else:
-            item = JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, candidate=c)
+            calls = calls_of(candidate.get("tool_calls"))
+            item = JudgeItem(row, str(candidate["result"]), ctx.record_id(row), attempt, c, calls)
             out.append((candidate, item))
     return out
 
@@ -120,6 +122,9 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]
+    out.pop("tool_calls", None)  # the row's are its first candidate's: the chosen one's replace them
+    if "tool_calls" in chosen:
+        out["tool_calls"] = chosen["tool_calls"]
     if not selection.ok:
         out["candidates"] = judged
     elif how == "all":
