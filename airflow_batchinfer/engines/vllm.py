@@ -161,15 +161,7 @@ class VllmEngine(Engine):
         assert self.tools is not None, "start() the engine first"
         for r in requests:
             if r.sampling.tools:
-                refused = self.tools.refusal(r)
-                try:
-                    prompts.append(
-                        GenerationResult.failed(f"vllm: {refused}")
-                        if refused
-                        else (self.tools.render(r), self.tools.turn(r))
-                    )
-                except Exception as exc:  # vLLM's request validation, the chat template
-                    prompts.append(GenerationResult.failed(f"vllm: tools: {type(exc).__name__}: {exc}"))
+                prompts.append(self._tool_prompt(r))
                 continue
             if r.prompt is not None:
                 prompts.append(r.prompt)
@@ -183,6 +175,18 @@ class VllmEngine(Engine):
             except Exception as exc:
                 prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
         return prompts
+
+    def _tool_prompt(self, request: GenerationRequest) -> tuple[str, ToolTurn] | GenerationResult:
+        """The prompt of a request that offers tools, with its tool calling (engines.vllm_tools)."""
+        assert self.tools is not None
+        refused = self.tools.refusal(request)
+        if refused:
+            return GenerationResult.failed(f"vllm: {refused}")
+        try:
+            turn = self.tools.turn(request)
+            return self.tools.render(request, turn), turn
+        except Exception as exc:  # vLLM's request validation, the chat template
+            return GenerationResult.failed(f"vllm: tools: {type(exc).__name__}: {exc}")
 
     async def _one(
         self, request: GenerationRequest, prompt: str | tuple[str, ToolTurn] | GenerationResult

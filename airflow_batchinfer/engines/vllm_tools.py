@@ -143,9 +143,11 @@ class VllmTools:
         parser = self._parser_cls(self.tokenizer, chat.tools, model_config=self.model_config)
         return ToolTurn(parser.adjust_request(chat), parser)
 
-    def render(self, request: GenerationRequest) -> str:
-        """The prompt: the messages and the tools through the model's chat template."""
-        tools = [t.as_json() for t in request.sampling.tools]
+    def render(self, request: GenerationRequest, turn: ToolTurn) -> str:
+        """The prompt: the messages and the tools through the model's chat template, the tools as
+        vLLM's request holds them (``vllm serve`` renders those: its defaults, ``description: null``
+        say, are in the prompt too)."""
+        tools = [t.model_dump() for t in turn.chat.tools]
         return str(
             self.tokenizer.apply_chat_template(
                 list(request.messages or ()), tools=tools, add_generation_prompt=True, tokenize=False

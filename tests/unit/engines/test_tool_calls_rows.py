@@ -95,3 +95,9 @@ def test_a_vllm_pool_without_a_tool_parser_refuses_calls_saying_how_to_pin_one()
     assert tools.refusal(GenerationRequest("1", messages=MESSAGES, sampling=none)) is None  # rendered only
     assert "chat messages" in str(tools.refusal(GenerationRequest("1", prompt="p", sampling=asked)))
     assert tools.refusal(GenerationRequest("1", messages=MESSAGES)) is None  # no tools: nothing to say
+    tools.name = "hermes"  # as if pinned (its parser is not needed to refuse)
+    both = SamplingParams.from_mapping(
+        {"tools": [WEATHER], "tool_choice": "required", "structured_outputs": {"regex": "x"}}
+    )
+    why = tools.refusal(GenerationRequest("1", messages=MESSAGES, sampling=both))
+    assert why is not None and "remove structured_outputs" in why
