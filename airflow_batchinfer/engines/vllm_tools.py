@@ -9,7 +9,7 @@ it to vLLM's composed parser (``ParserManager.get_parser``, what the server buil
 the calls, or the parser's structural tag) and whether special tokens stay in the text; its
 ``parse`` gives the calls and the answer's text around them. ``finish_reason`` is ``tool_calls``
 where the server says so (calls made under ``auto``, or ``required`` stopped normally); a named
-function's call keeps ``stop``, as OpenAI's does. ``parallel_tool_calls: false`` keeps the first
+function's call keeps its own (``stop``), as OpenAI's does. ``parallel_tool_calls: false`` keeps the first
 call. Nothing is executed.
 
 vLLM is imported only when a request offers tools (the module imports without it).
@@ -68,18 +68,24 @@ class ToolTurn:
         """The answer's text, calls (``None``: none) and finish reason."""
         if self.parser is None:
             return text, None, finish_reason
-        from vllm.renderers.chat_utils import make_tool_call_id
-
         _, content, found = self.parser.parse(
             text, self.chat, enable_auto_tools=True, model_output_token_ids=list(token_ids)
         )
-        calls = tuple(ToolCall(c.id or make_tool_call_id(), c.name, c.arguments) for c in found or ())
+        calls = tuple(ToolCall(c.id or _call_id(), c.name, c.arguments) for c in found or ())
         if calls and self.chat.parallel_tool_calls is False:
             calls = calls[:1]
+        # as vLLM's server: calls made under auto, or required that stopped (a named call keeps its own)
         choice = self.chat.tool_choice
-        if finish_reason == "stop" and calls and (choice in ("auto", None) or choice == "required"):
+        if (choice == "auto" and calls) or (choice == "required" and finish_reason == "stop"):
             finish_reason = "tool_calls"
         return content or "", calls or None, finish_reason
+
+
+def _call_id() -> str:
+    """A call's id where the parser gave none, as vLLM's server makes it (``chatcmpl-tool-…``)."""
+    from vllm.renderers.chat_utils import make_tool_call_id
+
+    return str(make_tool_call_id())
 
 
 class VllmTools:
@@ -94,9 +100,15 @@ class VllmTools:
         if name is not None:
             from vllm.parser.parser_manager import ParserManager
 
-            self._parser_cls = ParserManager.get_parser(
-                tool_parser_name=name, enable_auto_tools=True, tokenizer=tokenizer
-            )
+            try:
+                self._parser_cls = ParserManager.get_parser(
+                    tool_parser_name=name, enable_auto_tools=True, tokenizer=tokenizer
+                )
+            except TypeError as exc:  # the parser needs tokens this model's tokenizer lacks
+                raise ConfigError(
+                    f"vllm engine option tool_parser={name!r} cannot read this model's answers ({exc}): "
+                    "give the parser of the model's own tool-call format"
+                ) from None
 
     def refusal(self, request: GenerationRequest) -> str | None:
         """Why this engine cannot make ``request``'s calls (``None``: it can, or it offers no tools)."""

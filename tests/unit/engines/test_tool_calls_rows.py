@@ -5,15 +5,17 @@ server, what comes back, the shape vLLM's server writes (``tool_calls`` only whe
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
 from airflow_batchinfer.engines import GenerationRequest, SamplingParams
 from airflow_batchinfer.engines.base import Choice, GenerationResult
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.tools import ToolCall
-from airflow_batchinfer.engines.vllm_tools import VllmTools
+from airflow_batchinfer.engines.vllm_tools import ToolTurn, VllmTools
 from airflow_batchinfer.worker.jobs.infer import generated, openai_batch_row
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -101,3 +103,30 @@ def test_a_vllm_pool_without_a_tool_parser_refuses_calls_saying_how_to_pin_one()
     )
     why = tools.refusal(GenerationRequest("1", messages=MESSAGES, sampling=both))
     assert why is not None and "remove structured_outputs" in why
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel", "finish", "found", "expected"),
+    [
+        ("auto", True, "stop", 2, ("tool_calls", 2)),  # calls made under auto
+        ("auto", True, "length", 1, ("tool_calls", 1)),  # whatever stopped it, as vLLM's server says
+        ("auto", True, "stop", 0, ("stop", 0)),
+        ("required", True, "stop", 1, ("tool_calls", 1)),
+        ("required", True, "length", 1, ("length", 1)),
+        ("named", True, "stop", 1, ("stop", 1)),  # a named call keeps its own
+        ("auto", False, "stop", 2, ("tool_calls", 1)),  # parallel_tool_calls false: the first call
+    ],
+)
+def test_a_vllm_answer_s_calls_and_finish_reason_as_vllm_s_server_gives_them(
+    choice: str, parallel: bool, finish: str, found: int, expected: tuple[str, int]
+) -> None:
+    calls = [SimpleNamespace(id=f"call-{i}", name="get_weather", arguments="{}") for i in range(found)]
+    parser = SimpleNamespace(parse=lambda *a, **k: (None, "said" if not found else None, calls))
+    tool_choice = (
+        choice if choice != "named" else SimpleNamespace(function=SimpleNamespace(name="get_weather"))
+    )
+    chat = SimpleNamespace(tool_choice=tool_choice, parallel_tool_calls=parallel)
+    text, made, reason = ToolTurn(chat, parser).calls("raw", [1, 2], finish)
+    assert (reason, len(made or ())) == expected
+    assert text == ("" if found else "said") and (made is None) == (expected[1] == 0)
+    assert ToolTurn(chat, None).calls("raw", [], "stop") == ("raw", None, "stop")  # tool_choice none
