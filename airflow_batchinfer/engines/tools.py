@@ -121,6 +121,8 @@ def read_tool_choice(value: str | Mapping[str, Any] | None) -> ToolChoice | None
 def choice_problem(tools: Sequence[Tool], tool_choice: ToolChoice | None) -> str | None:
     """Why ``tool_choice`` cannot go with ``tools`` (``None``: it can): a call required, or a
     function named, among no tools or tools without that name."""
+    if isinstance(tool_choice, str) and tool_choice not in TOOL_CHOICE_MODES:
+        return f"tool_choice {tool_choice!r}: choose one of {', '.join(TOOL_CHOICE_MODES)} or name a function"
     names = [t.name for t in tools]
     if len(set(names)) < len(names):
         return f"tools name a function twice ({', '.join(sorted(names))}): give each function once"

@@ -98,6 +98,11 @@ def test_a_choice_the_tools_cannot_meet_is_refused(values: dict[str, Any], named
         SamplingParams.from_mapping(values)
 
 
+def test_sampling_params_built_directly_take_only_a_mode_or_a_named_function() -> None:
+    with pytest.raises(ConfigError, match="choose one of none, auto, required"):
+        SamplingParams(tools=(Tool.of(WEATHER),), tool_choice="always")
+
+
 def test_the_tools_count_in_a_request_s_token_estimate() -> None:
     messages = [{"role": "user", "content": "hi"}]
     plain = GenerationRequest("r", messages=messages)
