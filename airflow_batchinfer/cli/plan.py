@@ -59,6 +59,13 @@ def _workload_args(p: argparse.ArgumentParser) -> None:
         help="prompt + completion tokens a record costs, plus an LLM judge's "
         f"(default {DEFAULT_TOKENS_PER_RECORD})",
     )
+    p.add_argument(
+        "--thinking-tokens",
+        type=float,
+        default=0.0,
+        help="a reasoning model's thinking tokens per record, about its thinking_token_budget: added to "
+        "--tokens-per-record (vLLM counts the thinking inside max_tokens; default 0: not a reasoning model)",
+    )
     concurrency = setting("concurrency").default  # a pool's, as the DAG param
     p.add_argument(
         "--concurrency", type=int, default=concurrency, help=f"shard jobs per worker (default {concurrency})"
@@ -146,17 +153,22 @@ def _input_records(uri: str, *, quiet: bool) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
+    from airflow_batchinfer.engines.budget import record_tokens
     from airflow_batchinfer.run.sizing import plan_run
 
     if args.arms < 1:
         raise ConfigError(f"--arms must be >= 1 (1: no fan-out), got {args.arms}")
+    if not args.thinking_tokens >= 0:
+        raise ConfigError(
+            f"--thinking-tokens must be >= 0 (0: not a reasoning model), got {args.thinking_tokens}"
+        )
     records = args.records if args.input is None else _input_records(args.input, quiet=args.json)
     plan = plan_run(
         records * args.arms,
         args.gpus,
         args.tokens_per_s,
         concurrency=args.concurrency,
-        tokens_per_record=args.tokens_per_record,
+        tokens_per_record=record_tokens(args.tokens_per_record, args.thinking_tokens),
         max_map_length=args.max_map_length,
         lanes=args.lanes,
         chunk_size=args.chunk_size,

@@ -21,6 +21,14 @@ TOOL_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE
 )
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
+# DeepSeek-R1's and Qwen3's way: the answer's turn opens the reasoning, or (enable_thinking false)
+# holds an empty one
+THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
+    "<|im_start|>assistant\n{% endif %}",
+    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+)
+THINK_TOKENS = ("<think>", "</think>")
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
     "please answer the question briefly. approved rejected yes no because the reason is clear. "
@@ -30,33 +38,52 @@ _CORPUS = (
 )
 
 
-def build_tiny_llama(
-    dst: str | Path,
-    *,
-    seed: int = 0,
-    vocab_size: int = 384,
-    extra_specials: tuple[str, ...] = (),
-    chat_template: str = CHAT_TEMPLATE,
-) -> Path:
+def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
     """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
-    and a ChatML chat template (``chat_template``; ``extra_specials``: more special tokens, one id
-    each). Deterministic for a seed; builds in well under a second."""
+    and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
+    return _build(Path(dst), seed, vocab_size, CHAT_TEMPLATE)
+
+
+def build_tiny_thinker(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+    """:func:`build_tiny_llama` as a reasoning model: ``<think>`` and ``</think>`` are tokens of its
+    vocabulary (added, not special: decoded into the text, as DeepSeek-R1's and Qwen3's are), and its
+    chat template opens the reasoning in the answer's turn, or an empty one when rendered with
+    ``enable_thinking`` false (Qwen3's)."""
+    return _build(Path(dst), seed, vocab_size, THINKING_TEMPLATE, added=THINK_TOKENS)
+
+
+def build_tiny_tool_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+    """:func:`build_tiny_llama` with Hermes' tool-call tokens (special, one id each) and a chat
+    template that renders ``tools``."""
+    return _build(Path(dst), seed, vocab_size, TOOL_CHAT_TEMPLATE, specials=TOOL_TOKENS)
+
+
+def _build(
+    dst: Path,
+    seed: int,
+    vocab_size: int,
+    template: str,
+    *,
+    added: tuple[str, ...] = (),
+    specials: tuple[str, ...] = (),
+) -> Path:
+    """The tiny Llama with ``template`` as its chat template, ``specials`` as more special tokens
+    and ``added`` as added (not special) tokens."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    dst = Path(dst)
     if (dst / "config.json").exists() and (dst / "tokenizer.json").exists():
         return dst
     tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *extra_specials]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *specials]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(
@@ -67,7 +94,8 @@ def build_tiny_llama(
         unk_token="<|endoftext|>",
         model_max_length=512,
     )
-    fast.chat_template = chat_template
+    fast.add_tokens(list(added))
+    fast.chat_template = template
     fast.save_pretrained(tmp)
     torch.manual_seed(seed)
     config = LlamaConfig(
@@ -90,11 +118,6 @@ def build_tiny_llama(
         shutil.rmtree(dst)
     os.replace(tmp, dst)
     return dst
-
-
-def build_tiny_tool_llama(dst: str | Path, *, seed: int = 0) -> Path:
-    """The tiny Llama with Hermes' tool-call tokens and a chat template that renders ``tools``."""
-    return build_tiny_llama(dst, seed=seed, extra_specials=TOOL_TOKENS, chat_template=TOOL_CHAT_TEMPLATE)
 
 
 def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) -> Path:

@@ -12,7 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from airflow_batchinfer.engines import images as image_parts
 from airflow_batchinfer.engines.adapters import Adapter
+from airflow_batchinfer.engines.reasoning import EFFORTS, TemplateKwargs
 from airflow_batchinfer.engines.sampling import bounds_refusal, completion_tokens, engine_refusal, honoured
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import EngineStats
@@ -24,8 +26,7 @@ from airflow_batchinfer.engines.tools import (
     ToolCall,
     ToolChoice,
     choice_problem,
-    read_tool_choice,
-    read_tools,
+    tool_changes,
 )
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -33,7 +34,7 @@ from airflow_batchinfer.exceptions import ConfigError
 # before the others existed, so what was recorded then reads the same now.
 _ALWAYS_SHOWN = ("max_tokens", "temperature", "top_p", "seed", "stop")
 _FLOATS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
-_INTS = ("seed", "top_k", "min_tokens", "n", "top_logprobs")
+_INTS = ("seed", "top_k", "min_tokens", "n", "top_logprobs", "thinking_token_budget")
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,33 @@ class SamplingParams:
     n: int = 1  # candidates per request: a GenerationResult's choices
     logprobs: bool = False  # each generated token's log probability, with top_logprobs alternatives
     top_logprobs: int = 0
+    # reasoning models (engines.reasoning): to the chat template, and vLLM's thinking budget
+    reasoning_effort: str | None = None
+    chat_template_kwargs: TemplateKwargs | None = None  # a JSON object, hashable
+    thinking_token_budget: int | None = None
     tools: tuple[Tool, ...] = ()  # offered to the model (engines.tools); its calls are parsed, not run
     tool_choice: ToolChoice | None = None  # None: auto where tools are given
     parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("max_tokens", *_FLOATS, "top_k", "min_tokens", "n", "top_logprobs"):
-            refusal = bounds_refusal(name, getattr(self, name))
+        for name in (
+            "max_tokens",
+            *_FLOATS,
+            "top_k",
+            "min_tokens",
+            "n",
+            "top_logprobs",
+            "thinking_token_budget",
+        ):
+            value = getattr(self, name)
+            refusal = None if value is None else bounds_refusal(name, value)
             if refusal is not None:
                 raise ConfigError(refusal)
+        if self.reasoning_effort is not None and self.reasoning_effort not in EFFORTS:
+            raise ConfigError(
+                f"reasoning_effort {self.reasoning_effort!r} is not an effort: choose one of "
+                f"{', '.join(EFFORTS)}"
+            )
         if self.min_tokens > self.max_tokens:
             raise ConfigError(
                 f"min_tokens {self.min_tokens} is above max_tokens {self.max_tokens}: lower min_tokens "
@@ -120,6 +139,10 @@ class SamplingParams:
             changes["logit_bias"] = tuple(sorted((int(k), float(v)) for k, v in values["logit_bias"].items()))
         if values.get("ignore_eos") is not None:
             changes["ignore_eos"] = bool(values["ignore_eos"])
+        if values.get("reasoning_effort") is not None:
+            changes["reasoning_effort"] = str(values["reasoning_effort"])
+        if values.get("chat_template_kwargs") is not None:
+            changes["chat_template_kwargs"] = TemplateKwargs.of(values["chat_template_kwargs"])
         logprobs = values.get("logprobs")
         if isinstance(logprobs, bool):
             changes["logprobs"] = logprobs
@@ -131,16 +154,7 @@ class SamplingParams:
             raise ConfigError(str(exc)) from None
         if constraint is not None:  # response_format text asks for none: the base's stays
             changes["structured_outputs"] = constraint
-        if values.get("tools") is not None:
-            changes["tools"] = read_tools(values["tools"])
-        # without tools, "none", "auto" and parallel calls ask for nothing: not carried (so the job
-        # ids of requests that name them stay what they were)
-        offered = bool(changes.get("tools", out.tools))
-        choice = read_tool_choice(values.get("tool_choice"))
-        if choice is not None and (offered or choice not in ("none", "auto")):
-            changes["tool_choice"] = choice
-        if values.get("parallel_tool_calls") is not None and offered:
-            changes["parallel_tool_calls"] = bool(values["parallel_tool_calls"])
+        changes.update(tool_changes(values, out.tools))
         return replace(out, **changes)
 
     def changed(self) -> dict[str, Any]:
@@ -162,7 +176,7 @@ class SamplingParams:
 def _as_json(name: str, value: Any) -> Any:
     if name == "logit_bias":
         return {str(token): bias for token, bias in value}
-    if isinstance(value, StructuredOutput | NamedTool):
+    if isinstance(value, StructuredOutput | TemplateKwargs | NamedTool):
         return value.as_json()
     if name == "tools":
         return [t.as_json() for t in value]
@@ -185,22 +199,32 @@ class GenerationRequest:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     metadata: Mapping[str, Any] = field(default_factory=dict)
     adapter: Adapter | None = None  # the LoRA adapter that answers (None: the base model)
+    # its messages' image parts, loaded by the worker (engines.images.load_images), in order
+    images: tuple[image_parts.LoadedImage, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
             raise ConfigError(f"request {self.request_id}: pass exactly one of prompt or messages")
 
     def prompt_chars(self) -> int:
+        """The prompt's characters (of chat messages: their text, image parts left out, and the
+        offered tools', which the chat template renders)."""
         if self.prompt is not None:
             return len(self.prompt)
-        tools = sum(len(t.spec) for t in self.sampling.tools)  # the chat template renders them too
-        return tools + sum(len(str(m.get("content", ""))) for m in self.messages or ())
+        tools = sum(len(t.spec) for t in self.sampling.tools)
+        return tools + image_parts.text_chars(self.messages)
 
     def estimate_tokens(self) -> int:
-        """Prompt tokens (``chars // 4 + 1``) plus the completion budget of each of its ``n``
-        candidates: what the request occupies in the engine's KV cache, which is what a batch should
-        be sized by (the candidates share the prompt's cache)."""
-        return self.prompt_chars() // 4 + 1 + self.sampling.n * self.sampling.max_tokens
+        """Prompt tokens (``chars // 4 + 1``, the offered tools' too, and each image's:
+        ``engines.images``) plus the completion budget of each of its ``n`` candidates: what the
+        request occupies in the engine's KV cache, which is what a batch should be sized by (the
+        candidates share the prompt's cache)."""
+        if self.prompt is not None:
+            prompt = len(self.prompt) // 4 + 1
+        else:
+            tools = sum(len(t.spec) for t in self.sampling.tools)  # the chat template renders them too
+            prompt = tools // 4 + image_parts.estimate_prompt_tokens(self.messages, self.images)
+        return prompt + self.sampling.n * self.sampling.max_tokens
 
 
 @dataclass(frozen=True)
@@ -235,13 +259,17 @@ class Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
+    # a reasoning model's (engines.reasoning): ``text`` is the answer alone
+    reasoning: str | None = None  # None: no reasoning parsed
+    reasoning_tokens: int = 0
+    reasoning_ended: bool = True  # False: the output stopped while still thinking
     tool_calls: tuple[ToolCall, ...] | None = None  # None: the answer made no call (engines.tools)
 
 
 @dataclass(frozen=True)
 class GenerationResult:
     """A request's answer: its first candidate's ``text``, ``finish_reason``, ``logprobs`` and
-    ``tool_calls``, and
+    ``tool_calls``, its reasoning (``reasoning``, ``reasoning_tokens``, ``reasoning_ended``), and
     with ``n`` > 1 every candidate in ``choices`` (the first included; ``completion_tokens`` is
     theirs together). :attr:`candidates` reads both the same way."""
 
@@ -252,6 +280,9 @@ class GenerationResult:
     finish_reason: str | None = None  # stop | length | tool_calls | error
     logprobs: tuple[TokenLogprob, ...] | None = None
     choices: tuple[Choice, ...] = ()
+    reasoning: str | None = None  # the first candidate's, as Choice's
+    reasoning_tokens: int = 0
+    reasoning_ended: bool = True
     tool_calls: tuple[ToolCall, ...] | None = None
 
     @property
@@ -265,8 +296,18 @@ class GenerationResult:
             return self.choices
         if self.text is None:
             return ()
-        first = Choice(self.text, self.finish_reason, self.completion_tokens, self.logprobs, self.tool_calls)
-        return (first,)
+        return (
+            Choice(
+                self.text,
+                self.finish_reason,
+                self.completion_tokens,
+                self.logprobs,
+                self.reasoning,
+                self.reasoning_tokens,
+                self.reasoning_ended,
+                self.tool_calls,
+            ),
+        )
 
     @classmethod
     def of(cls, choices: Sequence[Choice], prompt_tokens: int) -> GenerationResult:
@@ -280,6 +321,9 @@ class GenerationResult:
             first.finish_reason,
             first.logprobs,
             tuple(choices) if len(choices) > 1 else (),
+            first.reasoning,
+            first.reasoning_tokens,
+            first.reasoning_ended,
             first.tool_calls,
         )
 

@@ -11,6 +11,17 @@ them; an API that does not answers that record's error). Tools go as they are (`
 ``tool_choice``, ``parallel_tool_calls``: the chat API's fields) and an answer's
 ``message.tool_calls`` become its :class:`~airflow_batchinfer.engines.tools.ToolCall` s (a message
 with calls only has ``content`` null: the answer's text is empty).
+
+Image parts (:mod:`~airflow_batchinfer.engines.images`) go on as OpenAI's ``image_url`` parts, each
+a ``data:`` URL of the image the worker loaded (a path or ``s3://`` URI the server could not read).
+
+A reasoning model's reasoning is the message's ``reasoning_content`` (or ``reasoning``, vLLM's newer
+name), its tokens ``usage.completion_tokens_details.reasoning_tokens`` (a request's, given to its one
+candidate; with ``n`` > 1 no candidate's count is known). A server does not say whether the reasoning
+ended: an answer cut at ``max_tokens`` (``length``) with reasoning and no content is taken as cut
+while thinking. ``reasoning_effort``, ``chat_template_kwargs`` and ``thinking_token_budget`` go in
+the body as vLLM's server takes them (an API that does not answers that record's error). The server
+reads a reasoning model's calls from its answer, after the reasoning.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ from airflow_batchinfer.engines.base import (
     SecretOption,
     TokenLogprob,
 )
+from airflow_batchinfer.engines.images import openai_messages
+from airflow_batchinfer.engines.reasoning import prompt_refusal
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
 from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.exceptions import ConfigError
@@ -123,7 +136,10 @@ class OpenAIEngine(Engine):
                 del body["structured_outputs"]
                 body["response_format"] = response_format
         if request.messages is not None:
-            return "/chat/completions", {**body, "messages": list(request.messages)}
+            messages = request.messages
+            if request.images:  # as data: URLs: the server cannot read the worker's storage
+                messages = openai_messages(messages, request.images)
+            return "/chat/completions", {**body, "messages": list(messages)}
         if s.logprobs:  # the completions API's logprobs: the number of alternatives per token
             body["logprobs"] = body.pop("top_logprobs", 0)
         return "/completions", {**body, "prompt": request.prompt}
@@ -132,10 +148,14 @@ class OpenAIEngine(Engine):
         import httpx  # loaded by start()
 
         assert self._http is not None, "start() the engine first"
-        if request.sampling.tools and request.messages is None:
+        s = request.sampling
+        if s.tools and request.messages is None:
             return GenerationResult.failed(
                 "openai: tools need chat messages (the completions API has no tools): send messages"
             )
+        refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "openai")
+        if request.prompt is not None and refused is not None:
+            return GenerationResult.failed(refused)
         path, body = self._body(request)
         error = ""
         async with self._slots:
@@ -161,16 +181,27 @@ class OpenAIEngine(Engine):
     def _parse(data: dict[str, Any]) -> GenerationResult:
         """A chat or text completion's result: every choice, in index order, with its logprobs."""
         try:
+            usage = data.get("usage") or {}
+            details = usage.get("completion_tokens_details") or {}
+            thought = int(details.get("reasoning_tokens") or 0) if len(data["choices"]) == 1 else 0
             choices = []
             for choice in sorted(data["choices"], key=lambda c: c.get("index", 0)):
-                message = choice.get("message")
-                calls = calls_of(message.get("tool_calls")) if message is not None else None
-                text: Any = choice["text"] if message is None else message["content"]
+                finish = choice.get("finish_reason") or "stop"
+                if "message" not in choice:
+                    choices.append(Choice(choice["text"], finish, 0, _logprobs(choice)))
+                    continue
+                message = choice["message"]
+                text, reasoning = message.get("content"), _reasoning(message)
+                calls = calls_of(message.get("tool_calls"))
                 if text is None and calls:  # a message that only calls tools has content null
                     text = ""
-                finish = choice.get("finish_reason") or "stop"
-                choices.append(Choice(text, finish, 0, _logprobs(choice), calls))
-            usage = data.get("usage") or {}
+                if reasoning is None:
+                    choices.append(Choice(text, finish, 0, _logprobs(choice), tool_calls=calls))
+                    continue
+                cut = finish == "length" and not text and not calls
+                choices.append(
+                    Choice(text or "", finish, 0, _logprobs(choice), reasoning, thought, not cut, calls)
+                )
             result = GenerationResult.of(choices, int(usage.get("prompt_tokens", 0)))
             # usage counts the choices' tokens together, not each one's
             return replace(result, completion_tokens=int(usage.get("completion_tokens", 0)))
@@ -185,6 +216,15 @@ class OpenAIEngine(Engine):
 
     def describe(self) -> dict[str, Any]:
         return {"engine": self.name, "model": self.model, "base_url": self.base_url}
+
+
+def _reasoning(message: Mapping[str, Any]) -> str | None:
+    """A chat message's reasoning: ``reasoning_content`` (vLLM's and DeepSeek's) or ``reasoning``."""
+    for key in ("reasoning_content", "reasoning"):
+        value = message.get(key)
+        if isinstance(value, str):
+            return value
+    return None
 
 
 def _logprobs(choice: Mapping[str, Any]) -> tuple[TokenLogprob, ...] | None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.engines import structured
+from airflow_batchinfer.engines.reasoning import EFFORTS
 from airflow_batchinfer.engines.structured import RESPONSE_FORMAT_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
 from airflow_batchinfer.engines.tools import TOOL_CHOICE_SCHEMA, TOOLS_SCHEMA
 from airflow_batchinfer.fields import Described
@@ -42,6 +43,12 @@ _NOT_TRANSFORMERS = ("vllm", "openai", "simulated")  # OpenAI's additive penalti
 _STRUCTURED = ("vllm", "openai")
 # token log probabilities: the simulated engine's answers come from no model that has any
 _LOGPROBS = ("vllm", "transformers", "openai")
+# chat template variables: the engines that render one (vllm, transformers) or pass them on (openai);
+# the simulated engine has no template
+_TEMPLATES = ("vllm", "transformers", "openai")
+# a thinking budget: vLLM's, and a logits processor of the same rule on transformers (both need the
+# pool's reasoning_parser); the openai engine passes it on
+_THINKING_BUDGET = ("vllm", "transformers", "openai")
 # tool calls: vLLM renders the tools with the chat template and parses the answer with the tool parser
 # its pool pins (engine option tool_parser); the openai engine passes them on. transformers has no
 # tool parser, the simulated engine's answers make no calls
@@ -151,6 +158,15 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
        "many alternatives); rows carry logprobs", engines=_LOGPROBS, neutral=(False,)),
     _f("top_logprobs", _nullable("integer", minimum=0, maximum=MAX_TOP_LOGPROBS),
        "alternatives per token with logprobs (needs logprobs true)", engines=_LOGPROBS, neutral=(0,)),
+    # reasoning models (engines.reasoning): through the chat template, and vLLM's thinking budget
+    _f("reasoning_effort", {"type": ["string", "null"], "enum": [*EFFORTS, None]},
+       "a reasoning model's effort: to the chat template as vLLM's server passes it (reasoning_effort, "
+       "and enable_thinking false for none, true otherwise)", engines=_TEMPLATES),
+    _f("chat_template_kwargs", _OBJECT,
+       "extra variables of the chat template (Qwen3's enable_thinking, say)", engines=_TEMPLATES),
+    _f("thinking_token_budget", _nullable("integer", minimum=0),
+       "vLLM's thinking budget: the reasoning is ended after this many tokens (a vllm pool needs its "
+       "engine option reasoning_parser)", engines=_THINKING_BUDGET),
     # tool calls, parsed into rows and output lines, not executed (engines.tools)
     _f("tools", TOOLS_SCHEMA,
        "function tools the model may call ({type: function, function: {name, description, parameters}}): "
@@ -182,10 +198,10 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
        neutral=(False,)),
     _f("suffix", _nullable("string"), f"text after the completion: {_LATER}", engines=(), neutral=("",)),
     _f("use_beam_search", _nullable("boolean"), f"beam search: {_LATER}", engines=(), neutral=(False,)),
-    _f("modalities", _ARRAY, "text only", engines=(), neutral=(["text"],)),
+    _f("modalities", _ARRAY, "the output's modalities: text only (images go in as image_url content parts of "
+       "messages)", engines=(), neutral=(["text"],)),
     _f("audio", _OBJECT, "audio output: not supported", engines=()),
     _f("prediction", _OBJECT, "predicted outputs: not supported", engines=()),
-    _f("reasoning_effort", _nullable("string"), "reasoning models' effort: not supported", engines=()),
     _f("verbosity", _nullable("string"), "the answer's verbosity hint: not supported", engines=()),
     _f("web_search_options", _OBJECT, "web search: not supported", engines=()),
 )  # fmt: skip
@@ -366,6 +382,8 @@ def _kind(schema: Mapping[str, Any]) -> str:
             words.append(f"array of {schema['items']['type']}s")
         elif k != "null":
             words.append(k)
+    if "enum" in schema:
+        words[-1] += f": {', '.join(str(v) for v in schema['enum'] if v is not None)}"
     low = schema.get("exclusiveMinimum", schema.get("minimum"))
     high = schema.get("maximum")
     opening = "(" if "exclusiveMinimum" in schema else "["

@@ -118,6 +118,22 @@ def read_tool_choice(value: str | Mapping[str, Any] | None) -> ToolChoice | None
     return NamedTool(str(value["function"]["name"]))
 
 
+def tool_changes(values: Mapping[str, Any], tools: tuple[Tool, ...]) -> dict[str, Any]:
+    """The tool fields ``values`` (a ``sampling`` param, a request body) sets on sampling that
+    offered ``tools``. Without tools, ``none``, ``auto`` and parallel calls ask for nothing: they are
+    not carried (so the job ids of requests that name them stay what they were)."""
+    changes: dict[str, Any] = {}
+    if values.get("tools") is not None:
+        changes["tools"] = read_tools(values["tools"])
+    offered = bool(changes.get("tools", tools))
+    choice = read_tool_choice(values.get("tool_choice"))
+    if choice is not None and (offered or choice not in ("none", "auto")):
+        changes["tool_choice"] = choice
+    if values.get("parallel_tool_calls") is not None and offered:
+        changes["parallel_tool_calls"] = bool(values["parallel_tool_calls"])
+    return changes
+
+
 def choice_problem(tools: Sequence[Tool], tool_choice: ToolChoice | None) -> str | None:
     """Why ``tool_choice`` cannot go with ``tools`` (``None``: it can): a call required, or a
     function named, among no tools or tools without that name."""

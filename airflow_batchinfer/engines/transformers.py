@@ -18,10 +18,22 @@ Structured outputs (``structured_outputs``, ``response_format`` other than ``tex
 request, naming the engines that honour them: xgrammar's ``generate()`` integration would bring
 packages (triton, apache-tvm-ffi) the main environment does not pin.
 
+A reasoning model's output is split into reasoning and answer by the engine option
+``reasoning_parser`` (one of vLLM's delimiter parsers by name: ``deepseek_r1``, ``seed_oss``; its
+delimiters must be tokens of the model), on the generated tokens; stop strings cut the answer.
+``reasoning_effort`` and ``chat_template_kwargs`` reach the chat template as on vLLM's server;
+``thinking_token_budget`` forces the end delimiter after that many thinking tokens, as vLLM does
+(:class:`~airflow_batchinfer.engines.reasoning.ThinkingBudget`; it needs ``reasoning_parser``).
+
 A model whose architecture is a ``*ForSequenceClassification`` (a classifier, or a reward model with
 one output) is loaded as a scoring model (:mod:`~airflow_batchinfer.engines.scoring`): it scores
 batches of texts (right-padded; chat messages through the chat template, the answer's turn last)
 and generates nothing.
+
+A vision-language model (a config with a ``vision_config``: LLaVA, Qwen2-VL, ...) is loaded with its
+processor (``AutoProcessor``, ``AutoModelForImageTextToText``): a request with images
+(:mod:`~airflow_batchinfer.engines.images`) is rendered by the processor's chat template and encoded
+with its images, alone in its batch. A text-only model refuses a request with images, saying so.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import asyncio
 import importlib.metadata
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_batchinfer.engines.adapters import Adapter
@@ -40,6 +53,15 @@ from airflow_batchinfer.engines.base import (
     GenerationResult,
     SamplingParams,
     TokenLogprob,
+)
+from airflow_batchinfer.engines.images import LoadedImage, refused_images, template_messages
+from airflow_batchinfer.engines.reasoning import (
+    Delimiters,
+    Split,
+    ThinkingBudget,
+    delimiter_parser,
+    prompt_refusal,
+    template_kwargs,
 )
 from airflow_batchinfer.engines.scoring import (
     ScoreRequest,
@@ -57,21 +79,33 @@ class TransformersEngine(Engine):
     """:param model: local model directory (``config.json``, weights, tokenizer).
     :param dtype: ``float32`` (default on CPU), ``bfloat16`` or ``float16``.
     :param device: ``cpu`` or ``cuda[:N]``.
-    :param threads: torch intra-op threads (``OMP_NUM_THREADS`` by default)."""
+    :param threads: torch intra-op threads (``OMP_NUM_THREADS`` by default).
+    :param reasoning_parser: splits each output into reasoning and answer (:data:`~airflow_batchinfer.
+        engines.reasoning.DELIMITER_PARSERS`; unset: the output is the answer)."""
 
     name = "transformers"
     stats_fields = TALLIED
     loads_adapters = True  # with peft
 
     def __init__(
-        self, model: str, *, dtype: str = "float32", device: str = "cpu", threads: int | None = None
+        self,
+        model: str,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        threads: int | None = None,
+        reasoning_parser: str | None = None,
     ) -> None:
         self.model_path = model
+        self.reasoning_parser = reasoning_parser
+        self.delimiters = None if reasoning_parser is None else delimiter_parser(reasoning_parser)
+        self._think_ids: tuple[int, int] | None = None  # the delimiters' token ids, once loaded
         self.dtype = dtype
         self.device = device
         self.threads = threads
         self._lock = threading.Lock()  # one generate at a time on the model
         self.tokenizer: Any = None
+        self.processor: Any = None  # a vision-language model's (None: the model takes no images)
         self.model: Any = None
         self.max_len = 0
         self.tally = StatsTally()  # tokens generated, batches and requests generating now
@@ -95,13 +129,19 @@ class TransformersEngine(Engine):
             torch.set_num_threads(self.threads)
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
         scores = is_scoring_architecture(getattr(config, "architectures", None))
+        auto: Any = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
+        if getattr(config, "vision_config", None) is not None and not scores:
+            from transformers import AutoModelForImageTextToText, AutoProcessor
+
+            self.processor = AutoProcessor.from_pretrained(self.model_path, local_files_only=True)
+            self.processor.tokenizer.padding_side = "left"
+            auto = AutoModelForImageTextToText
         tok = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         # generation: left padding, so a batch decodes like its members alone; scoring reads each
         # text's last token (right padding keeps the positions every text has alone)
         tok.padding_side = "right" if scores else "left"
         if tok.pad_token is None:
             tok.pad_token = tok.eos_token
-        auto = AutoModelForSequenceClassification if scores else AutoModelForCausalLM
         model = auto.from_pretrained(self.model_path, local_files_only=True, dtype=getattr(torch, self.dtype))
         if scores:
             if model.config.pad_token_id is None:  # it finds each text's last token by the padding
@@ -110,17 +150,29 @@ class TransformersEngine(Engine):
             self.scoring = ScoringModel(os.path.realpath(self.model_path), labels, multi)
         self.model = model.to(self.device).eval()
         self.tokenizer = tok
-        self.max_len = int(getattr(model.config, "max_position_embeddings", 0) or tok.model_max_length)
+        if self.delimiters is not None:
+            assert self.reasoning_parser is not None
+            self._think_ids = self.delimiters.token_ids(tok.get_vocab(), self.reasoning_parser)
+        text_config = getattr(model.config, "text_config", None) or model.config
+        self.max_len = int(getattr(text_config, "max_position_embeddings", 0) or tok.model_max_length)
 
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         return await asyncio.to_thread(self._generate, requests)
 
     def _render(self, request: GenerationRequest) -> tuple[str, bool]:
         """The prompt text, and whether the tokenizer should add special tokens itself."""
+        s = request.sampling
         if request.prompt is not None:
             return request.prompt, True
+        kwargs = template_kwargs(s.reasoning_effort, s.chat_template_kwargs)
+        if request.images:  # the processor's template writes the model's image placeholders
+            messages = template_messages(request.messages or ())
+            text = self.processor.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+            return str(text), False
         text = self.tokenizer.apply_chat_template(
-            list(request.messages or ()), add_generation_prompt=True, tokenize=False
+            list(request.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
         )
         return str(text), False
 
@@ -130,9 +182,20 @@ class TransformersEngine(Engine):
             why = f"transformers: {name} is a scoring model: it generates nothing"
             return [GenerationResult.failed(why) for _ in requests]
         results: list[GenerationResult | None] = [None] * len(requests)
-        groups: dict[tuple[SamplingParams, bool, Adapter | None], list[tuple[int, str]]] = {}
+        # a request with images is a group of its own (its key: its id)
+        groups: dict[tuple[SamplingParams, bool, Adapter | None, str | None], list[tuple[int, str]]] = {}
         for i, request in enumerate(requests):
             refused = self.sampling_refusal(request.sampling)  # e.g. OpenAI's additive penalties
+            s = request.sampling
+            if refused is None and request.images and self.processor is None:
+                refused = refused_images(self.name, f"{os.path.basename(self.model_path)} takes no images")
+            if refused is None and request.prompt is not None:
+                refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "transformers")
+            if refused is None and s.thinking_token_budget is not None and self._think_ids is None:
+                refused = (
+                    "thinking_token_budget needs a reasoning parser: give the pool the engine option "
+                    "reasoning_parser (deepseek_r1, seed_oss), or remove thinking_token_budget"
+                )
             if refused is not None:
                 results[i] = GenerationResult.failed(f"transformers: {refused}")
                 continue
@@ -148,9 +211,10 @@ class TransformersEngine(Engine):
                     f"model's context of {self.max_len}: shorten the prompt or lower max_tokens"
                 )
                 continue
-            groups.setdefault((request.sampling, specials, request.adapter), []).append((i, text))
+            alone = request.request_id if request.images else None
+            groups.setdefault((request.sampling, specials, request.adapter, alone), []).append((i, text))
         with self._lock, self.tally.batch(sum(map(len, groups.values()))):
-            for (sampling, specials, adapter), members in groups.items():
+            for (sampling, specials, adapter, alone), members in groups.items():
                 try:
                     self._use(adapter)
                 except Exception as exc:  # a directory peft cannot load: those requests' error
@@ -159,7 +223,11 @@ class TransformersEngine(Engine):
                     for i, _ in members:
                         results[i] = GenerationResult.failed(f"transformers: {reason}")
                     continue
-                outs = self._run_isolating([t for _, t in members], sampling, specials)
+                texts = [t for _, t in members]
+                if alone is None:
+                    outs = self._run_isolating(texts, sampling, specials)
+                else:
+                    outs = self._run_isolating(texts, sampling, specials, requests[members[0][0]].images)
                 for (i, _), out in zip(members, outs, strict=True):
                     results[i] = out
                 self.tally.count(outs)
@@ -201,24 +269,37 @@ class TransformersEngine(Engine):
         )
 
     def _run_isolating(
-        self, texts: list[str], sampling: SamplingParams, specials: bool
+        self, texts: list[str], sampling: SamplingParams, specials: bool, images: Sequence[LoadedImage] = ()
     ) -> list[GenerationResult]:
         try:
-            return self._run(texts, sampling, specials)
+            return self._run(texts, sampling, specials, images)
         except Exception as exc:
             if len(texts) == 1:
                 return [GenerationResult.failed(f"generate: {type(exc).__name__}: {exc}")]
             # find the element that fails; the others still get their outputs
             return [r for t in texts for r in self._run_isolating([t], sampling, specials)]
 
-    def _run(self, texts: list[str], sampling: SamplingParams, specials: bool) -> list[GenerationResult]:
-        """One result per text: its ``n`` candidates are ``n`` rows of the batch."""
+    def _run(
+        self, texts: list[str], sampling: SamplingParams, specials: bool, images: Sequence[LoadedImage] = ()
+    ) -> list[GenerationResult]:
+        """One result per text: its ``n`` candidates are ``n`` rows of the batch. ``images``: those
+        of the one text, encoded with it by the processor."""
         import torch
 
         tok, n = self.tokenizer, sampling.n
         rows = [t for t in texts for _ in range(n)]
-        enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
+        if images:
+            pictures = [image.pil() for image in images] * n
+            enc = self.processor(text=rows, images=pictures, return_tensors="pt", padding=True)
+            enc = enc.to(self.device)
+        else:
+            enc = tok(rows, return_tensors="pt", padding=True, add_special_tokens=specials).to(self.device)
         kwargs = self._generate_args(sampling)
+        if sampling.thinking_token_budget is not None and self._think_ids is not None:
+            from transformers import LogitsProcessorList
+
+            budget = ThinkingBudget(sampling.thinking_token_budget, *self._think_ids)
+            kwargs["logits_processor"] = LogitsProcessorList([budget])
         if sampling.logprobs:  # the model's own scores, before any processor (as vLLM's raw logprobs)
             kwargs.update(output_logits=True, return_dict_in_generate=True)
         if sampling.seed is not None:
@@ -234,7 +315,8 @@ class TransformersEngine(Engine):
             cut = next((k for k, t in enumerate(ids) if t in eos_ids), None)
             finish = "stop" if cut is not None else "length"
             ids = ids[:cut] if cut is not None else [t for t in ids if t != tok.pad_token_id]
-            text = tok.decode(ids, skip_special_tokens=True)
+            split = self._split(ids)
+            text = split.answer
             whole = len(text)
             for stop in sampling.stop:
                 if stop in text:
@@ -242,14 +324,29 @@ class TransformersEngine(Engine):
             logprobs = (
                 self._logprobs(out.logits, b, ids, sampling.top_logprobs) if sampling.logprobs else None
             )
-            if logprobs is not None and len(text) < whole:  # a stop string cut the text: its tokens
-                logprobs = _within(logprobs, len(text))
-            choices.append(Choice(text, finish, len(ids), logprobs))
+            if logprobs is not None and len(text) < whole and split.reasoning is None:
+                logprobs = _within(logprobs, len(text))  # a stop string cut the text: its tokens
+            choices.append(
+                Choice(text, finish, len(ids), logprobs, split.reasoning, split.reasoning_tokens, split.ended)
+            )
         masks = enc["attention_mask"]
         return [
             GenerationResult.of(choices[i * n : (i + 1) * n], int(masks[i * n].sum()))
             for i in range(len(texts))
         ]
+
+    def _split(self, ids: list[int]) -> Split:
+        """The generated ``ids`` decoded, split on the reasoning parser's delimiters (none: all answer)."""
+        decode = self.tokenizer.decode
+        if self._think_ids is None:
+            return Split(decode(ids, skip_special_tokens=True))
+        thought, answer, ended = Delimiters.split_ids(ids, *self._think_ids)
+        return Split(
+            decode(answer, skip_special_tokens=True),
+            decode(thought, skip_special_tokens=True),
+            len(thought),
+            ended,
+        )
 
     def _logprobs(self, logits: Any, row: int, ids: list[int], top: int) -> tuple[TokenLogprob, ...]:
         """Row ``row``'s tokens ``ids`` with their log probabilities under the model (``logits``: one
@@ -361,6 +458,7 @@ class TransformersEngine(Engine):
     async def close(self) -> None:
         self.model = None
         self.tokenizer = None
+        self.processor = None
 
     def describe(self) -> dict[str, Any]:
         described = {
@@ -368,6 +466,8 @@ class TransformersEngine(Engine):
             "model": os.path.basename(os.path.normpath(self.model_path)),
             "dtype": self.dtype,
         }
+        if self.reasoning_parser is not None:  # it changes what a row's result is
+            described["reasoning_parser"] = self.reasoning_parser
         # a scoring model says so (a generating one is described as it always was)
         return described if self.scoring is None else {**described, **self.scoring.describe()}
 

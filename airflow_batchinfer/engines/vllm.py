@@ -14,11 +14,26 @@ request is added is that request's error result too.
 as its ``LoRARequest`` (the engine option ``enable_lora`` on): vLLM loads each adapter once, keeps up
 to ``max_loras`` of them in one batch and more in its CPU cache (``max_cpu_loras``).
 
+A reasoning model's outputs are split by one of vLLM's reasoning parsers, named by the engine option
+``reasoning_parser`` (:class:`~airflow_batchinfer.engines.reasoning.VllmSplitter`), which vLLM gets
+too: its structured outputs then hold the answer after the reasoning, and ``thinking_token_budget``
+is honoured. ``reasoning_effort`` and ``chat_template_kwargs`` render the chat template.
+
+A request that offers tools is rendered with them and its calls read by vLLM's tool parser (engine
+option ``tool_parser``, :mod:`~airflow_batchinfer.engines.vllm_tools`), composed with the reasoning
+parser as vLLM's server composes them: the reasoning is split off first and the calls read from the
+answer after it, the output parsed once.
+
 A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` architecture, or the
 engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 (:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
 ``classify`` task and no activation (the raw outputs, which the judges read), and it generates
 nothing. A pooling model without the ``classify`` task (an embedding model) is refused when it loads.
+
+A request with images (:mod:`~airflow_batchinfer.engines.images`) goes to a vision-language model
+as vLLM's multimodal input: the chat template's rendering (an image part written as the model's
+image placeholder, which vLLM expands to the image's tokens) and ``multi_modal_data={"image":
+[...]}``, the images decoded in the rendering thread. A text-only model refuses it, saying so.
 
 Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sends each request's
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
@@ -42,15 +57,32 @@ from typing import Any
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
+from airflow_batchinfer.engines.images import refused_images, template_messages
+from airflow_batchinfer.engines.reasoning import (
+    Split,
+    VllmSplitter,
+    check_vllm_parser,
+    prompt_refusal,
+    template_kwargs,
+)
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
-from airflow_batchinfer.engines.tools import TOOL_FIELDS
+from airflow_batchinfer.engines.tools import TOOL_FIELDS, ToolCall
 from airflow_batchinfer.engines.vllm_tools import ToolTurn, VllmTools, check_tool_parser
 from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
+
+NO_PARSER = (
+    "vllm: thinking_token_budget needs a reasoning parser: give the pool the engine option "
+    "reasoning_parser (the model's, one of vLLM's), or remove thinking_token_budget"
+)
+#: The sampling fields that go to the chat template, not to vLLM's sampling.
+TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
+#: What vLLM generates from: a prompt's text, or a dict of it and its ``multi_modal_data``.
+Prompt = str | dict[str, Any]
 
 
 class VllmEngine(Engine):
@@ -58,8 +90,11 @@ class VllmEngine(Engine):
     Other keyword arguments go to ``vllm.AsyncEngineArgs`` (``dtype``, ``max_model_len``,
     ``gpu_memory_utilization``, ``tensor_parallel_size``, ``enforce_eager``, ...), except
     ``log_stats_interval_s``: vLLM's stat lines in the worker log every that many seconds (at least
-    1; unset: none), and ``tool_parser``: the vLLM tool parser that reads the calls of requests that
-    offer tools (:mod:`~airflow_batchinfer.engines.vllm_tools`; unset: such requests are refused)."""
+    1; unset: none). ``reasoning_parser`` (one of vLLM's reasoning parsers, by name) goes to vLLM too
+    (structured outputs then constrain the answer after the reasoning, and ``thinking_token_budget``
+    is honoured) and splits each output into its reasoning and its answer. ``tool_parser``: the vLLM
+    tool parser that reads the calls of requests that offer tools
+    (:mod:`~airflow_batchinfer.engines.vllm_tools`; unset: such requests are refused)."""
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
@@ -78,6 +113,7 @@ class VllmEngine(Engine):
         # adapter directory -> the loading of its LoRARequest (one id each): a LoRARequest, or why not
         self._loras: dict[str, asyncio.Task[Any]] = {}
         self._lora_ids = 0
+        self.splitter: VllmSplitter | None = None  # the reasoning parser, once started
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -86,6 +122,9 @@ class VllmEngine(Engine):
         from vllm import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        parser = self.engine_args.get("reasoning_parser")
+        if parser is not None:
+            check_vllm_parser(parser)
         check_tool_parser(self.tool_parser)  # an unknown name: refused before the model loads
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
@@ -93,7 +132,9 @@ class VllmEngine(Engine):
         loggers = [self._recorder, _no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
-        self.tools = VllmTools(self.tool_parser, self.tokenizer, self.llm.model_config)
+        if parser is not None:
+            self.splitter = VllmSplitter(parser, self.tokenizer, self.llm.model_config)
+        self.tools = VllmTools(self.tool_parser, self.tokenizer, self.llm.model_config, parser)
         if self.llm.model_config.runner_type == "pooling":
             await self._pooling()
         if self.log_stats_interval_s is not None:
@@ -153,43 +194,63 @@ class VllmEngine(Engine):
 
     def _prompts(
         self, requests: list[GenerationRequest]
-    ) -> list[str | tuple[str, ToolTurn] | GenerationResult]:
-        """Each request's prompt text (chat messages through the model's chat template: a Jinja
-        render per request, CPU work for a thread) with its tool calling where it offers tools, or
-        the error result of one that cannot render."""
-        prompts: list[str | tuple[str, ToolTurn] | GenerationResult] = []
-        assert self.tools is not None, "start() the engine first"
+    ) -> list[Prompt | tuple[Prompt, ToolTurn] | GenerationResult]:
+        """Each request's prompt (chat messages through the model's chat template: a Jinja render per
+        request, CPU work for a thread; with images, vLLM's prompt with its ``multi_modal_data``),
+        with its tool calling where it offers tools; or the error result of one that cannot render."""
+        prompts: list[Prompt | tuple[Prompt, ToolTurn] | GenerationResult] = []
         for r in requests:
-            if r.sampling.tools:
+            s = r.sampling
+            if s.thinking_token_budget is not None and self.splitter is None:
+                prompts.append(GenerationResult.failed(NO_PARSER))
+                continue
+            if s.tools:
                 prompts.append(self._tool_prompt(r))
                 continue
             if r.prompt is not None:
-                prompts.append(r.prompt)
+                refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "vllm")
+                prompts.append(r.prompt if refused is None else GenerationResult.failed(refused))
                 continue
-            try:
-                prompts.append(
-                    self.tokenizer.apply_chat_template(
-                        list(r.messages or ()), add_generation_prompt=True, tokenize=False
-                    )
-                )
-            except Exception as exc:
-                prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
+            prompts.append(self._chat_prompt(r))
         return prompts
 
-    def _tool_prompt(self, request: GenerationRequest) -> tuple[str, ToolTurn] | GenerationResult:
+    def _tool_prompt(self, request: GenerationRequest) -> tuple[Prompt, ToolTurn] | GenerationResult:
         """The prompt of a request that offers tools, with its tool calling (engines.vllm_tools)."""
-        assert self.tools is not None
+        assert self.tools is not None, "start() the engine first"
         refused = self.tools.refusal(request)
         if refused:
             return GenerationResult.failed(f"vllm: {refused}")
         try:
             turn = self.tools.turn(request)
-            return self.tools.render(request, turn), turn
-        except Exception as exc:  # vLLM's request validation, the chat template
+        except Exception as exc:  # vLLM's request validation
             return GenerationResult.failed(f"vllm: tools: {type(exc).__name__}: {exc}")
+        prompt = self._chat_prompt(request, turn)
+        return prompt if isinstance(prompt, GenerationResult) else (prompt, turn)
+
+    def _chat_prompt(self, r: GenerationRequest, turn: ToolTurn | None = None) -> Prompt | GenerationResult:
+        """The messages through the chat template with the reasoning fields' variables and the
+        offered tools (as vLLM's request holds them: ``vllm serve`` renders those); with images,
+        vLLM's prompt whose ``multi_modal_data`` are the images."""
+        if r.images and not self.llm.model_config.is_multimodal_model:
+            why = f"{os.path.basename(self.model_path)} takes no images (vLLM loaded it as a text-only model)"
+            return GenerationResult.failed(refused_images(self.name, why))
+        kwargs = template_kwargs(r.sampling.reasoning_effort, r.sampling.chat_template_kwargs)
+        if turn is not None:
+            kwargs["tools"] = turn.template_tools()
+        messages = template_messages(r.messages or ()) if r.images else list(r.messages or ())
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=False, **kwargs
+            )
+            if not r.images:
+                return str(text)
+            pictures = [image.pil() for image in r.images]
+        except Exception as exc:
+            return GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}")
+        return {"prompt": text, "multi_modal_data": {"image": pictures}}
 
     async def _one(
-        self, request: GenerationRequest, prompt: str | tuple[str, ToolTurn] | GenerationResult
+        self, request: GenerationRequest, prompt: Prompt | tuple[Prompt, ToolTurn] | GenerationResult
     ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -228,13 +289,42 @@ class VllmEngine(Engine):
         logprobs = request.sampling.logprobs
         choices = []
         for out in sorted(final.outputs, key=lambda o: o.index):
-            text, calls, finish = out.text, None, str(out.finish_reason or "stop")
-            if turn is not None:
-                text, calls, finish = turn.calls(text, out.token_ids, finish)
-            top = request.sampling.top_logprobs
-            lps = _logprobs(out, top, self.tokenizer) if logprobs else None
-            choices.append(Choice(text, finish, len(out.token_ids), lps, calls))
+            split, calls, finish = self._read(request, out, turn)
+            choices.append(
+                Choice(
+                    split.answer,
+                    finish,
+                    len(out.token_ids),
+                    _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
+                    split.reasoning,
+                    split.reasoning_tokens,
+                    split.ended,
+                    calls,
+                )
+            )
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
+
+    def _read(
+        self, request: GenerationRequest, out: Any, turn: ToolTurn | None
+    ) -> tuple[Split, tuple[ToolCall, ...] | None, str]:
+        """A vLLM ``CompletionOutput``'s reasoning and answer, its calls and finish reason, the text
+        parsed once, in vLLM's server's order: where the request's calls are parsed, vLLM's composed
+        parser splits the reasoning off first and reads the calls from the answer after it (the
+        reasoning parser counts its tokens); else the reasoning parser alone splits it (none: all of
+        it is the answer)."""
+        finish = str(out.finish_reason or "stop")
+        if turn is not None and turn.parser is not None:
+            reasoning, answer, calls, finish = turn.calls(out.text, out.token_ids, finish)
+            if reasoning is None or self.splitter is None:
+                return Split(answer), calls, finish
+            return self.splitter.counted(reasoning, answer, out.token_ids), calls, finish
+        if self.splitter is None:
+            return Split(out.text), None, finish
+        s = request.sampling
+        split = self.splitter.split(
+            out.text, out.token_ids, request.messages, s.reasoning_effort, s.chat_template_kwargs
+        )
+        return split, None, finish
 
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
@@ -337,10 +427,11 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     same names), empty sequences as ``None``, ``logit_bias`` as vLLM's ``{token id: bias}``,
     ``structured_outputs`` as the arguments of vLLM's ``StructuredOutputsParams`` (``{"json": schema}``,
     ``{"regex": ...}``, ...: the engine builds it, so this needs no vLLM), ``logprobs`` and
-    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``)."""
+    ``top_logprobs`` as vLLM's ``logprobs`` (alternatives per token, or ``None``), save the chat
+    template's (``reasoning_effort``, ``chat_template_kwargs``: the engine renders the prompt with them)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
-        if name in TOOL_FIELDS:  # the chat template's and the tool parser's (engines.vllm_tools)
+        if name in TEMPLATE_FIELDS or name in TOOL_FIELDS:  # the chat template's, the tool parser's
             continue
         value = getattr(s, name)
         if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty

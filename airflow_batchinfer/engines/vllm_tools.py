@@ -1,16 +1,19 @@
 """Tool calls on the ``vllm`` engine, as ``vllm serve`` makes them: the tools rendered by the chat
 template, the answer constrained where ``tool_choice`` asks for a call, and the calls parsed from
 the text by vLLM's own tool parser, the one the pool pins (engine option ``tool_parser``, vLLM's
-``--tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``, ...).
+``--tool-call-parser``: ``hermes``, ``llama3_json``, ``mistral``, ...), composed with the reasoning
+parser the pool pins (engine option ``reasoning_parser``) as the server composes them.
 
 Per request it builds vLLM's ``ChatCompletionRequest`` (its validation is the server's) and hands
 it to vLLM's composed parser (``ParserManager.get_parser``, what the server builds): its
 ``adjust_request`` gives the constraint ``required`` or a named function asks for (a JSON schema of
 the calls, or the parser's structural tag) and whether special tokens stay in the text; its
-``parse`` gives the calls and the answer's text around them. ``finish_reason`` is ``tool_calls``
-where the server says so (calls made under ``auto``, or ``required`` stopped normally); a named
-function's call keeps its own (``stop``), as OpenAI's does. ``parallel_tool_calls: false`` keeps the first
-call. Nothing is executed.
+``parse`` splits off the reasoning first and reads the calls from the answer after it (a reasoning
+model's calls are its answer's, never its thinking's), giving the reasoning, the calls and the
+answer's text around them: the output is parsed once, the engine splitting it no further.
+``finish_reason`` is ``tool_calls`` where the server says so (calls made under ``auto``, or
+``required`` stopped normally); a named function's call keeps its own (``stop``), as OpenAI's does.
+``parallel_tool_calls: false`` keeps the first call. Nothing is executed.
 
 vLLM is imported only when a request offers tools (the module imports without it).
 """
@@ -62,13 +65,19 @@ class ToolTurn:
             out["structured_outputs"] = self.chat.structured_outputs
         return out
 
+    def template_tools(self) -> list[dict[str, Any]]:
+        """The tools for the chat template, as vLLM's request holds them (``vllm serve`` renders
+        those: its defaults, ``description: null`` say, are in the prompt too)."""
+        return [t.model_dump() for t in self.chat.tools]
+
     def calls(
         self, text: str, token_ids: Any, finish_reason: str
-    ) -> tuple[str, tuple[ToolCall, ...] | None, str]:
-        """The answer's text, calls (``None``: none) and finish reason."""
+    ) -> tuple[str | None, str, tuple[ToolCall, ...] | None, str]:
+        """The output's reasoning (``None``: none parsed, or no reasoning parser), the answer's text,
+        its calls (``None``: none) and the finish reason."""
         if self.parser is None:
-            return text, None, finish_reason
-        _, content, found = self.parser.parse(
+            return None, text, None, finish_reason
+        reasoning, content, found = self.parser.parse(
             text, self.chat, enable_auto_tools=True, model_output_token_ids=list(token_ids)
         )
         calls = tuple(ToolCall(c.id or _call_id(), c.name, c.arguments) for c in found or ())
@@ -78,7 +87,7 @@ class ToolTurn:
         choice = self.chat.tool_choice
         if (choice == "auto" and calls) or (choice == "required" and finish_reason == "stop"):
             finish_reason = "tool_calls"
-        return content or "", calls or None, finish_reason
+        return reasoning, content or "", calls or None, finish_reason
 
 
 def _call_id() -> str:
@@ -90,9 +99,12 @@ def _call_id() -> str:
 
 class VllmTools:
     """The vllm engine's tool calling with the tool parser named ``name`` (``None``: the pool pins
-    none, so only ``tool_choice: none`` runs: the tools rendered, no call parsed)."""
+    none, so only ``tool_choice: none`` runs: the tools rendered, no call parsed), composed with the
+    reasoning parser named ``reasoning`` (``None``: the model does not reason)."""
 
-    def __init__(self, name: str | None, tokenizer: Any, model_config: Any) -> None:
+    def __init__(
+        self, name: str | None, tokenizer: Any, model_config: Any, reasoning: str | None = None
+    ) -> None:
         self.name = name
         self.tokenizer = tokenizer
         self.model_config = model_config
@@ -102,7 +114,10 @@ class VllmTools:
 
             try:
                 self._parser_cls = ParserManager.get_parser(
-                    tool_parser_name=name, enable_auto_tools=True, tokenizer=tokenizer
+                    tool_parser_name=name,
+                    reasoning_parser_name=reasoning,
+                    enable_auto_tools=True,
+                    tokenizer=tokenizer,
                 )
             except TypeError as exc:  # the parser needs tokens this model's tokenizer lacks
                 raise ConfigError(
@@ -149,19 +164,12 @@ class VllmTools:
             )
         if s.structured_outputs is not None:
             body["structured_outputs"] = s.structured_outputs.as_json()
+        if s.reasoning_effort is not None:  # a reasoning parser may read them (Qwen3's enable_thinking)
+            body["reasoning_effort"] = s.reasoning_effort
+        if s.chat_template_kwargs is not None:
+            body["chat_template_kwargs"] = s.chat_template_kwargs.as_json()
         chat = ChatCompletionRequest(**body)
         if self._parser_cls is None or chat.tool_choice == "none":
             return ToolTurn(chat, None)
         parser = self._parser_cls(self.tokenizer, chat.tools, model_config=self.model_config)
         return ToolTurn(parser.adjust_request(chat), parser)
-
-    def render(self, request: GenerationRequest, turn: ToolTurn) -> str:
-        """The prompt: the messages and the tools through the model's chat template, the tools as
-        vLLM's request holds them (``vllm serve`` renders those: its defaults, ``description: null``
-        say, are in the prompt too)."""
-        tools = [t.model_dump() for t in turn.chat.tools]
-        return str(
-            self.tokenizer.apply_chat_template(
-                list(request.messages or ()), tools=tools, add_generation_prompt=True, tokenize=False
-            )
-        )

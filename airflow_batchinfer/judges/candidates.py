@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from airflow_batchinfer.engines.reasoning import ROW_FIELDS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Verdict
 
@@ -33,7 +34,10 @@ DEFAULT_SELECT = "first_approved"
 #: record retried carries its earlier ones, which a new generation replaces (``worker.jobs.infer``),
 #: and which the review page shows as output, not as the record (``review.samples``). ``previous``:
 #: what a retry's prompt was told of the attempt before it; ``sent_back``: a reviewer's retry decision
-#: on it, for that prompt (``retries``); neither is shown to a judge.
+#: on it, for that prompt (``retries``); neither is shown to a judge. A reasoning model's
+#: ``reasoning`` (and its ``reasoning_tokens``), ``truncated_in_thinking`` and the
+#: ``thinking_token_budget`` it ran with are written only when they apply, so a retry's row must not
+#: keep an earlier attempt's; a judge sees the reasoning only when its spec asks (``sees_reasoning``).
 GENERATION_FIELDS = frozenset(
     {
         "judgment",
@@ -44,6 +48,8 @@ GENERATION_FIELDS = frozenset(
         "jury_verdicts",
         "previous",
         "sent_back",
+        *ROW_FIELDS,
+        "thinking_token_budget",
     }
 )
 #: The one of them that carries the verdicts of jury members judged where the answer was generated

@@ -41,6 +41,7 @@ from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
+from airflow_batchinfer.judges.reasoning import REASONING, REASONING_TEMPLATE, check_template, reasoning_of
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.values import number
 
@@ -54,12 +55,16 @@ DEFAULT_TEMPLATE = (
     'Reply with JSON only: {"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
 )
 
-#: The default template for an answer that calls tools: the calls after the answer's text (OpenAI's
-#: list; they were not executed). A template of one's own renders ``tool_calls`` where it wants them.
-DEFAULT_TOOL_TEMPLATE = DEFAULT_TEMPLATE.replace(
-    "{{ result }}\n\n",
-    "{{ result }}\n\nTool calls the answer makes (parsed, not executed):\n{{ tool_calls | tojson }}\n\n",
-)
+
+def with_tool_calls(template: str) -> str:
+    """A default template (:data:`DEFAULT_TEMPLATE`, the reasoning one) for an answer that calls
+    tools: the calls after the answer's text (OpenAI's list; they were not executed). A template of
+    one's own renders ``tool_calls`` where it wants them."""
+    return template.replace(
+        "{{ result }}\n\n",
+        "{{ result }}\n\nTool calls the answer makes (parsed, not executed):\n{{ tool_calls | tojson }}\n\n",
+    )
+
 
 #: The verdict an llm judge asks for on engines that honour structured outputs.
 VERDICT_SCHEMA: dict[str, Any] = {
@@ -200,16 +205,21 @@ def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
     return None
 
 
-def prompt_record(item: JudgeItem) -> tuple[dict[str, Any], dict[str, Any]]:
+def prompt_record(item: JudgeItem, *, sees_reasoning: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a judge's template renders of ``item``: the record (not its generation: another
-    candidate's answer or logprobs are not this one's), and ``PromptBuilder.build``'s arguments,
-    ``result`` the answer judged and ``tool_calls`` the calls it makes (OpenAI's list; ``None``: none)."""
+    candidate's answer or logprobs are not this one's, and a reasoning model's reasoning is not the
+    answer), and ``PromptBuilder.build``'s arguments, ``result`` the answer judged and ``tool_calls``
+    the calls it makes (OpenAI's list; ``None``: none); with ``sees_reasoning``, ``reasoning`` its
+    reasoning too (:mod:`~airflow_batchinfer.judges.reasoning`)."""
     record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
+    variables: dict[str, Any] = {"result": item.result, "tool_calls": calls_json(item.tool_calls)}
+    if sees_reasoning:
+        variables[REASONING] = reasoning_of(item)
     kwargs = {
         "request_id": item.record_id,
         "attempt": item.attempt,
         "role": "judge",
-        "variables": {"result": item.result, "tool_calls": calls_json(item.tool_calls)},
+        "variables": variables,
         "candidate": item.candidate,
     }
     return record, kwargs
@@ -224,6 +234,7 @@ class LLMJudge(Judge):
     :param verdict_schema: ``False``: never ask for it (free text, parsed as on other engines).
     :param score: ``verdict`` (the score the model wrote) or ``logprob`` (P(approve) from the
         verdict token's log probabilities: :func:`approval_probability`).
+    :param sees_reasoning: the template also renders the answer's ``reasoning`` (it must read it).
     """
 
     kind = "llm"
@@ -237,7 +248,10 @@ class LLMJudge(Judge):
         engine: str | None = None,
         verdict_schema: bool = True,
         score: str = "verdict",
+        sees_reasoning: bool = False,
     ) -> None:
+        if sees_reasoning:
+            check_template(template)
         if score not in SCORES:
             raise ConfigError(f"llm judge: score {score!r}: choose one of {', '.join(SCORES)}")
         if score == "logprob" and engine is not None and not FIELDS["logprobs"].honoured_by(engine):
@@ -255,11 +269,11 @@ class LLMJudge(Judge):
             sampling = replace(sampling, logprobs=True, top_logprobs=MAX_TOP_LOGPROBS)
         self.sampling = sampling
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
-        self.template, self.system = template, system
-        # the default template shows an answer's calls (rows without calls render as they always did)
+        self.template, self.system, self.sees_reasoning = template, system, sees_reasoning
+        # the default templates show an answer's calls (rows without calls render as they always did)
         self._tool_prompts = (
-            PromptBuilder(DEFAULT_TOOL_TEMPLATE, system=system, sampling=self.sampling, engine=engine)
-            if template == DEFAULT_TEMPLATE
+            PromptBuilder(with_tool_calls(template), system=system, sampling=self.sampling, engine=engine)
+            if template in (DEFAULT_TEMPLATE, REASONING_TEMPLATE)
             else self.prompts
         )
 
@@ -280,7 +294,7 @@ class LLMJudge(Judge):
             requests, positions = [], []
             for i, item in enumerate(items):
                 try:
-                    record, kwargs = prompt_record(item)
+                    record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
                     requests.append(await self._builder(item).abuild(record, **kwargs))
                 except PromptError as exc:
                     verdicts[i] = Verdict(False, f"judge_error: {exc}")
@@ -319,7 +333,7 @@ class LLMJudge(Judge):
         ``verdicts`` instead."""
         requests, positions = [], []
         for i, item in enumerate(items):
-            record, kwargs = prompt_record(item)
+            record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
             try:
                 request = self._builder(item).build(record, **kwargs)
             except PromptError as exc:
@@ -340,4 +354,6 @@ class LLMJudge(Judge):
             described["verdict_schema"] = True  # absent: free text, and the description it always was
         if self.score != "verdict":
             described["score"] = self.score
+        if self.sees_reasoning:  # absent: the answer only, and the description it always was
+            described["sees_reasoning"] = True
         return described

@@ -23,6 +23,8 @@ __all__ = [
     "MAX_KEY_CHARS",
     "NO_REASON",
     "OTHER",
+    "TRUNCATED",
+    "TRUNCATED_IN_THINKING",
     "ReasonGroups",
     "reason_group",
     "row_reason",
@@ -39,6 +41,9 @@ MAX_TRACKED = 20_000
 INFERENCE_ERROR = "inference_error:"
 # The group of a truncated row's rejection (judges.truncation: "truncated: …"), whatever its numbers.
 TRUNCATED = "truncated"
+# The group of a row cut while still thinking ("truncated_in_thinking: …"): no answer at all, apart
+# from an answer cut short (a larger thinking budget, or a lower reasoning effort, is the remedy).
+TRUNCATED_IN_THINKING = "truncated_in_thinking"
 
 _QUOTED = re.compile(
     r'"(?:[^"\\\n]|\\.)*"'  # "double"
@@ -65,12 +70,15 @@ def reason_group(reason: str) -> str:
     decimals, negatives, ``1,234``, ``1e-5``; hex ids and UUIDs too), whitespace runs one space, case
     kept, at most :data:`MAX_KEY_CHARS` characters; an empty reason is ``(no reason)``. An inference
     error (``inference_error: <message>``) keeps its prefix and normalises its message the same way;
-    a truncated row's rejection (``truncated: …``) is the group ``truncated``, and a spot check's
+    a truncated row's rejection (``truncated: …``) is the group ``truncated``, one cut while still
+    thinking (``truncated_in_thinking: …``) the group ``truncated_in_thinking``, and a spot check's
     (``spot check: <the judge's reason>``, :mod:`~airflow_batchinfer.judges.spot_check`) the group
     ``spot check``."""
     text = str(reason or "")
     if text.startswith(TRUNCATED + ":"):
         return TRUNCATED
+    if text.startswith(TRUNCATED_IN_THINKING + ":"):
+        return TRUNCATED_IN_THINKING
     if text == SPOT_CHECK or text.startswith(SPOT_CHECK + ":"):
         return SPOT_CHECK
     if text.startswith(INFERENCE_ERROR):

@@ -4,11 +4,13 @@ Spec examples::
 
     {"type": "llm", "template": "...", "max_tokens": 128}  # "verdict_schema": false: never a schema
     {"type": "llm", "score": "logprob"}    # scored P(approve) from the verdict token's logprobs
+    {"type": "llm", "sees_reasoning": true}   # the prompt shows the answer's reasoning too
     {"type": "expected_answer", "field": "answer", "match": "number"}
     {"type": "regex", "pattern": "^\\\\d+$"}
     {"type": "json_schema", "schema": {...}}
     {"type": "length", "min_chars": 1, "max_chars": 2000}
     {"type": "tool_call", "name": "get_weather", "arguments": {"required": ["city"]}}
+    {"type": "length", "max_chars": 8000, "of": "reasoning"}   # a rule over the reasoning, not the answer
     {"type": "callable", "target": "my_pkg.checks:is_good"}
     {"type": "all", "judges": [...]}       # or "any"
     {"type": "classifier", "threshold": 0.5, "label": "POSITIVE"}   # a scoring model's P(label)
@@ -33,6 +35,7 @@ from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.jury import JURY_KEYS, Jury, Member, member_names
 from airflow_batchinfer.judges.llm import DEFAULT_TEMPLATE, LLMJudge
 from airflow_batchinfer.judges.models import MODEL_JUDGES, build_model_judge
+from airflow_batchinfer.judges.reasoning import REASONING_TEMPLATE, OfReasoning, check_of
 from airflow_batchinfer.judges.rules import (
     CallableJudge,
     CallablePolicy,
@@ -57,6 +60,7 @@ LLM_JUDGE_KEYS = frozenset(
         "stop",
         "verdict_schema",
         "score",
+        "sees_reasoning",
     }
 )
 JUDGE_TYPES = (
@@ -74,6 +78,7 @@ JUDGE_TYPES = (
     "reward",
     "jury",
 )
+RULES = ("expected_answer", "regex", "json_schema", "length", "callable")  # judges of one text: "of" picks it
 NESTING = ("all", "any", "jury")  # judge types whose spec holds judges ("judges")
 UNIT_SCORES = ("llm", "classifier", "jury")  # judge types whose verdicts carry a score in [0, 1]
 # judge types whose scores are on their model's own scale: not bucketed by tenths (judges.spot_check)
@@ -149,16 +154,18 @@ def build_judge(
             # Sampling as an object (like the run's `sampling`) or at the top level (which wins).
             values = {**(args.get("sampling") or {}), **args}
             sampling = SamplingParams.from_mapping(values, SamplingParams(max_tokens=128, temperature=0.0))
-            verdict_schema = args.get("verdict_schema", True)
-            if not isinstance(verdict_schema, bool):
-                raise ConfigError(f"llm judge: verdict_schema must be true or false, got {verdict_schema!r}")
+            verdict_schema, sees = args.get("verdict_schema", True), args.get("sees_reasoning", False)
+            for name, flag in (("verdict_schema", verdict_schema), ("sees_reasoning", sees)):
+                if not isinstance(flag, bool):
+                    raise ConfigError(f"llm judge: {name} must be true or false, got {flag!r}")
             return LLMJudge(
-                args.get("template") or DEFAULT_TEMPLATE,
+                args.get("template") or (REASONING_TEMPLATE if sees else DEFAULT_TEMPLATE),
                 system=args.get("system"),
                 sampling=sampling,
                 engine=engine,
                 verdict_schema=verdict_schema,
                 score=args.get("score", "verdict"),
+                sees_reasoning=sees,
             )
         if kind == "human":
             if args:
@@ -172,6 +179,8 @@ def build_judge(
             return build_model_judge(kind, args)
         if kind == "jury":
             return _jury(args, callables=callables, engine=engine)
+        if kind in RULES and check_of(kind, args.pop("of", "answer")):
+            return OfReasoning(build_judge({"type": kind, **args}, callables=callables, engine=engine))
         if kind == "callable":
             return CallableJudge(**args, policy=callables)
         cls = {

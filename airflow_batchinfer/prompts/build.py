@@ -252,14 +252,16 @@ class PromptBuilder:
         candidate: int = 0,
         previous: Previous | None = None,
         least_max_tokens: int | None = None,
+        least_thinking_tokens: int | None = None,
     ) -> GenerationRequest:
         """The request for attempt ``attempt`` of ``record``; :class:`PromptError` when it cannot be
         built. ``quick``: render within :data:`QUICK_LIMITS` or raise :class:`OverQuickBudget` (see
         :meth:`abuild`). ``candidate``: which of the record's candidates a judge's request is about
         (metadata). An ``infer`` prompt (``role``) renders with the variable ``previous`` (the
-        attempt before, ``None`` on a first attempt); ``least_max_tokens``: the truncation decision
-        on that attempt (:func:`~airflow_batchinfer.prompts.retries.sent_with`)."""
+        attempt before, ``None`` on a first attempt); ``least_max_tokens`` and ``least_thinking_tokens``:
+        the truncation decision on that attempt (:func:`~airflow_batchinfer.prompts.retries.sent_with`)."""
         meta: dict[str, Any] = {"record_id": request_id, "attempt": attempt, "role": role}
+        least = (least_max_tokens, least_thinking_tokens)
         if candidate:
             meta["candidate"] = candidate
         adapter = self._adapter(record, request_id)
@@ -268,7 +270,7 @@ class PromptBuilder:
             chat = isinstance(body.get("messages"), list)
             if not (chat or isinstance(body.get("prompt"), str)):
                 raise PromptError("OpenAI batch body has neither 'messages' (a list) nor 'prompt' (a string)")
-            sampling = self._attempt(request_id, attempt, least_max_tokens, body, quick=quick).sampling
+            sampling = self._attempt(request_id, attempt, least, body, quick=quick).sampling
             if chat:
                 return GenerationRequest(
                     request_id, messages=body["messages"], sampling=sampling, metadata=meta, adapter=adapter
@@ -278,7 +280,7 @@ class PromptBuilder:
             )
         if self.template is None:
             raise PromptError("no prompt template was given and the record is not an OpenAI batch request")
-        sent = self._attempt(request_id, attempt, least_max_tokens)
+        sent = self._attempt(request_id, attempt, least)
         template, sampling = sent.template or self.template, sent.sampling
         if role == "infer":  # what the attempt before got (None on a first attempt: `if previous` works)
             variables = {**(variables or {}), PREVIOUS: None if previous is None else previous.as_dict()}
@@ -300,7 +302,7 @@ class PromptBuilder:
         self,
         request_id: str,
         attempt: int,
-        least_max_tokens: int | None,
+        least: tuple[int | None, int | None],
         body: Mapping[str, Any] | None = None,
         *,
         quick: bool = False,
@@ -321,7 +323,8 @@ class PromptBuilder:
                 template=self.template if body is None else None,
                 system=self.system if body is None else None,
                 sampling=base,
-                least_max_tokens=least_max_tokens,
+                least_max_tokens=least[0],
+                least_thinking_tokens=least[1],
             )
         except ConfigError as exc:  # an entry that does not combine with a body's own sampling
             raise PromptError(f"record {request_id!r}: retry_sampling: {exc}") from None

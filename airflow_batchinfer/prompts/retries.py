@@ -4,7 +4,8 @@ A sample's first attempt renders the run's ``prompt_template`` with its ``system
 ``sampling``. Every later attempt (the next round's, or the next one in place) may use what the
 last attempt got: the template variable ``previous`` (:class:`Previous`: the last ``result``, the
 judge's ``reason`` and ``score``, the ``attempt`` number, the reviewer's ``note`` when a person
-sent the sample back, the ``finish_reason`` and ``max_tokens`` it ran with), ``None`` on a first
+sent the sample back, the ``finish_reason`` and ``max_tokens`` it ran with, whether it was
+``truncated_in_thinking`` and its ``thinking_token_budget``), ``None`` on a first
 attempt (so ``{% if previous %}`` works), and the run's retry settings (:class:`RetrySettings`):
 ``retry_template`` and ``retry_system`` replace the template and the system message from the second
 attempt on, and ``retry_sampling`` (``{"2": {...}, "3": {...}}``) sets sampling fields per attempt
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.budget import THINKING_BUDGET
 from airflow_batchinfer.engines.sampling import refusals
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.prompts.templates import variables_read
@@ -77,6 +79,8 @@ class Previous:
     :ivar note: the reviewer's note, when a person sent the sample back (a retry decision with a note).
     :ivar finish_reason: how its generation ended (``length``: cut at ``max_tokens``).
     :ivar max_tokens: what it ran with.
+    :ivar truncated_in_thinking: it was cut at ``max_tokens`` while the model was still thinking.
+    :ivar thinking_token_budget: the thinking budget it ran with (``None``: none).
     """
 
     attempt: int
@@ -86,6 +90,8 @@ class Previous:
     note: str | None = None
     finish_reason: str | None = None
     max_tokens: int | None = None
+    truncated_in_thinking: bool = False
+    thinking_token_budget: int | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """The template's ``previous``, the row field and the checkpoint's copy (every field, ``None``
@@ -112,6 +118,7 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
     note = sent_back.get("note") if isinstance(sent_back, Mapping) else None
     attempt = whole_number(row.get("attempts"))
     max_tokens = whole_number(row.get("max_tokens"))
+    thinking = whole_number(row.get(THINKING_BUDGET))
     result, reason, finish = row.get("result"), judgment.get("reason"), row.get("finish_reason")
     return Previous(
         attempt=attempt if attempt is not None and attempt >= 1 else 1,
@@ -121,6 +128,8 @@ def previous_of(row: Mapping[str, Any]) -> Previous | None:
         note=str(note) if note else None,
         finish_reason=None if finish is None else str(finish),
         max_tokens=max_tokens if max_tokens is not None and max_tokens >= 1 else None,
+        truncated_in_thinking=row.get("truncated_in_thinking") is True,
+        thinking_token_budget=thinking if thinking is not None and thinking >= 0 else None,
     )
 
 
@@ -266,14 +275,16 @@ def sent_with(
     system: str | None,
     sampling: SamplingParams,
     least_max_tokens: int | None = None,
+    least_thinking_tokens: int | None = None,
 ) -> Sent:
     """What attempt ``attempt`` of a sample is sent with: ``template``, ``system`` and ``sampling``
     (the job's, or an OpenAI batch record's own), with the retry template and system message from
     the second attempt on, the ``retry_sampling`` entry that applies, the attempt's own seed
     (:func:`attempt_seed`) and at least ``least_max_tokens``: the truncation decision on the previous
     attempt (:func:`~airflow_batchinfer.judges.truncation.decide`: a truncated attempt's retry runs
-    with more; ``None``: none). Pure; :class:`ConfigError` when an entry does not combine with
-    ``sampling``."""
+    with more; ``None``: none), and its thinking budget at least ``least_thinking_tokens`` (an attempt
+    cut while thinking: raised when this attempt runs with a budget; one without runs without).
+    Pure; :class:`ConfigError` when an entry does not combine with ``sampling``."""
     retried = attempt >= 2 and (retry.template is not None or retry.system is not None)
     if retried:
         template = attempt_template(retry, attempt, template)
@@ -284,6 +295,10 @@ def sent_with(
     sampling = attempt_seed(sampling, attempt)
     if least_max_tokens is not None and sampling.max_tokens < least_max_tokens:
         sampling = dataclasses.replace(sampling, max_tokens=least_max_tokens)
+    # read by name: the field is the engines' (a sampling without it has no budget to raise)
+    thinking = getattr(sampling, THINKING_BUDGET, None)
+    if least_thinking_tokens is not None and isinstance(thinking, int) and thinking < least_thinking_tokens:
+        sampling = SamplingParams.from_mapping({THINKING_BUDGET: least_thinking_tokens}, sampling)
     return Sent(template, system, sampling, retry=retried)
 
 

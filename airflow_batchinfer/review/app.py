@@ -33,6 +33,7 @@ Endpoints (JSON unless noted; errors are ``{"detail": ...}``)::
     GET  /api/gates/{dag_id}/{run_id}/sample/{id}   one sample by id                    [?round=]
     GET  /api/gates/{dag_id}/{run_id}/field         ?shard=&position=&path=[&round=]: one value whole
     GET  /api/gates/{dag_id}/{run_id}/attempts/{id} the id's rows in the earlier rounds   [?round=]
+    GET  /api/gates/{dag_id}/{run_id}/image         ?shard=&position=&index=[&round=]: a data: image
     GET  /api/gates/{dag_id}/{run_id}/shards        ?cursor=&size=&state=&round=: a round's shards
     GET  /api/gates/{dag_id}/{run_id}/decisions     the decisions so far and their tally
     GET  /api/gates/{dag_id}/{run_id}/calibration   the judge against the reviewers   [?round=]
@@ -54,13 +55,22 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_batchinfer.exceptions import BatchInferError, ReviewError
-from airflow_batchinfer.review.routes import calibration, decisions, fields, gates, pages, rounds, shards
+from airflow_batchinfer.review.routes import (
+    calibration,
+    decisions,
+    fields,
+    gates,
+    images,
+    pages,
+    rounds,
+    shards,
+)
 from airflow_batchinfer.review.routes.host import DeskHost, access, decide_dag, read_dag
 from airflow_batchinfer.review.routes.pages import LOGIN_PAGE, PAGE_CSP
 
 __all__ = ["create_app"]
 
-ROUTERS = (pages, gates, rounds, fields, shards, calibration, decisions)
+ROUTERS = (pages, gates, rounds, fields, images, shards, calibration, decisions)
 
 
 def create_app(host: DeskHost) -> FastAPI:

@@ -32,7 +32,7 @@ from typing import Any
 
 from airflow_batchinfer.charts import Series, bar_chart, line_chart, side_by_side
 from airflow_batchinfer.judges import RAW_SCORES
-from airflow_batchinfer.judges.reasons import INFERENCE_ERROR, TRUNCATED
+from airflow_batchinfer.judges.reasons import INFERENCE_ERROR, TRUNCATED, TRUNCATED_IN_THINKING
 from airflow_batchinfer.judges.spot_check import BUCKETS, STRATA, Stratum, score_bucket
 from airflow_batchinfer.review.browse import RoundView
 from airflow_batchinfer.review.decisions import Decision, Resolver
@@ -77,10 +77,14 @@ class Pair:
         return stratum, score_bucket(self.score)
 
 
+UNJUDGED = (TRUNCATED, TRUNCATED_IN_THINKING)  # reason groups of rows rejected before the judge
+
+
 def judge_verdict(sample: Sample) -> tuple[bool, Stratum] | None:
     """The judge's own verdict on a rejected row and its stratum, or ``None`` when the judge gave
-    none (an inference error, a truncated answer rejected unjudged, a human judge's row)."""
-    if sample.status == "error" or sample.group == TRUNCATED or sample.reason.startswith(INFERENCE_ERROR):
+    none (an inference error, a truncated answer rejected unjudged, one cut while thinking, a human
+    judge's row)."""
+    if sample.status == "error" or sample.group in UNJUDGED or sample.reason.startswith(INFERENCE_ERROR):
         return None
     if sample.spot_check:
         return True, "approved"

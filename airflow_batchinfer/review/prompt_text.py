@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from airflow_batchinfer.prompts.build import PromptBuilder
 from airflow_batchinfer.prompts.retries import NO_RETRY, Previous, RetrySettings
+
+MAX_SHOWN_URL = 300  # characters of an image's path or URL in a prompt's text
 
 
 class Prompts:
@@ -31,8 +34,9 @@ class Prompts:
             return None
         if request.prompt is not None:
             return request.prompt
+        images = itertools.count(1)
         return _as_text(
-            [(str(m.get("role", "")), _content(m.get("content"))) for m in request.messages or ()]
+            [(str(m.get("role", "")), _content(m.get("content"), images)) for m in request.messages or ()]
         )
 
 
@@ -53,11 +57,29 @@ def render(
     return None if prompts is None else prompts.text(record, rid, attempts, previous)
 
 
-def _content(value: Any) -> str:
+def _content(value: Any, images: Iterator[int] | None = None) -> str:
+    """A message's content as text; ``images`` numbers its image parts (from 1 unless given)."""
     if isinstance(value, str):
         return value
-    if isinstance(value, list):  # content parts: their text
-        texts = [p.get("text") for p in value if isinstance(p, dict) and isinstance(p.get("text"), str)]
-        if len(texts) == len(value):
-            return "\n".join(t for t in texts if t is not None)
+    if isinstance(value, list):  # content parts: their text, each image as a line of its own
+        numbers = itertools.count(1) if images is None else images
+        return "\n".join(_part(p, numbers) for p in value)
     return json.dumps(value, ensure_ascii=False)
+
+
+def _part(part: Any, images: Iterator[int]) -> str:
+    """A content part as the desk shows it: a text part's text; an image part as ``[image N: what]``
+    (numbered across the prompt: the desk's ``/image`` route serves image N of a ``data:`` URL and
+    the page shows it as a thumbnail), never its base64; another part as JSON."""
+    if isinstance(part, dict) and isinstance(part.get("text"), str):
+        return str(part["text"])
+    image = part.get("image_url") if isinstance(part, dict) and part.get("type") == "image_url" else None
+    url = image.get("url") if isinstance(image, dict) else None
+    if not isinstance(url, str):
+        return json.dumps(part, ensure_ascii=False)[:MAX_SHOWN_URL]
+    n = next(images)
+    if url[:5].lower() == "data:":
+        mime = url[5:].partition(",")[0].partition(";")[0][:40]
+        kib = len(url.partition(",")[2]) * 3 // 4 / 1024
+        return f"[image {n}: data:{mime}, {kib:.1f} KiB]"
+    return f"[image {n}: {url[:MAX_SHOWN_URL]}]"

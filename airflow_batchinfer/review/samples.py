@@ -47,6 +47,7 @@ class Sample:
     text of :data:`FIELDS` (its start kept), ``members.<i>.reason`` (a jury member's reason),
     ``record.<key>`` (one record field: the start of its JSON text kept, as a string) or ``record``
     (the record's later fields left out; its whole JSON's size). Empty: the sample is whole.
+    ``reasoning``: a reasoning model's reasoning (the row's; ``output`` is the answer only).
     :func:`field_value` reads one of them whole."""
 
     id: str
@@ -74,6 +75,9 @@ class Sample:
     previous: Mapping[str, Any] | None = field(default=None, repr=False, compare=False)
     members: tuple[Mapping[str, Any], ...] = ()
     sent_back: Mapping[str, Any] | None = None
+    # a reasoning model's reasoning before its answer (``None``: none parsed); shown apart from the
+    # output, which is the answer only
+    reasoning: str | None = None
 
     def bounded(self, bounds: Bounds) -> Sample:
         """This sample as the desk shows it: each text of :data:`FIELDS`, each jury member's reason
@@ -115,11 +119,12 @@ class Sample:
             "spot_check": self.spot_check,
             "members": [dict(m) for m in self.members],
             "sent_back": None if self.sent_back is None else dict(self.sent_back),
+            "reasoning": self.reasoning,
         }
 
 
 # A sample's texts the desk cuts to ``field_bytes`` (and reads whole through field_value).
-FIELDS = ("id", "prompt", "output", "reason", "error", "status")
+FIELDS = ("id", "prompt", "output", "reason", "error", "status", "reasoning")
 
 
 def _clip_into(cut: dict[str, int], path: str, text: str, limit: int) -> str:
@@ -230,6 +235,7 @@ def sample_of(
         previous=previous,
         members=_members(judgment.get("members")),
         sent_back=sent_back if isinstance(sent_back := row.get(SENT_BACK), dict) else None,
+        reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) else None,
     )
 
 

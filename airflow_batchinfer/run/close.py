@@ -300,6 +300,7 @@ def _summary(
         exhausted=found.exhausted,
         attempts=found.attempts,
         truncated=tally.truncated,
+        truncated_in_thinking=tally.truncated_in_thinking or None,
         candidates=_candidates(tally),
         adapters=_adapters(tally),
         spot_checks=(tally.outcomes.spot_checks or None) if plan.mode == "rounds" else None,

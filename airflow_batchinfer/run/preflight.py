@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer.engines.base import SamplingParams
+from airflow_batchinfer.engines.budget import THINKING_BUDGET, thinking_warnings
+from airflow_batchinfer.engines.sampling import completion_tokens
 from airflow_batchinfer.exceptions import ConfigError, RpcError
 from airflow_batchinfer.prompts.retries import reads_previous
 from airflow_batchinfer.rpc.fingerprint import spec_key
@@ -188,10 +190,29 @@ def same_retries(cfg: RunConfig) -> str | None:
     )
 
 
+def thinking_budget_warnings(cfg: RunConfig) -> list[str]:
+    """A thinking budget (``sampling``'s, or a ``retry_sampling`` entry's) that leaves the answer no
+    room within ``max_tokens`` (:func:`~airflow_batchinfer.engines.budget.thinking_warnings`)."""
+    sampling = cfg.prompt.sampling
+    try:
+        base = SamplingParams.from_mapping(sampling)
+        entries = cfg.retry().sampling
+    except ConfigError:
+        return []  # refused elsewhere, with its reason
+    out = thinking_warnings(sampling, base.max_tokens)
+    for attempt, fields in entries:
+        if THINKING_BUDGET in fields or completion_tokens(fields) is not None:  # else: sampling's, said
+            merged = {**sampling, **fields}
+            most = SamplingParams.from_mapping(fields, base).max_tokens
+            out += thinking_warnings(merged, most, f"retry_sampling.{attempt}")
+    return out
+
+
 def retry_warnings(cfg: RunConfig) -> list[str]:
-    """What the pre-flight warns of in ``cfg``'s retries (the task log, its summary, the report and
-    ``batchinfer run`` show it); the run goes on."""
-    return [w for w in (same_retries(cfg),) if w is not None]
+    """What the pre-flight warns of in ``cfg``'s settings: its retries, a thinking budget that leaves
+    no room for the answer (the task log, its summary, the report and ``batchinfer run`` show it);
+    the run goes on."""
+    return [w for w in (same_retries(cfg),) if w is not None] + thinking_budget_warnings(cfg)
 
 
 def _refuse_unhonoured(cfg: RunConfig, engine: dict[str, Any]) -> None:

@@ -202,11 +202,13 @@ class RetryConfig:
     # their retries' max_tokens raised by the factor, up to the cap (a DAG run's: max_max_tokens)
     truncated: str = field(default="reject", metadata=_about(
         "a completion cut at max_tokens (finish_reason length): reject: rejected before the judge, reason "
-        "truncated, and retried like any rejected sample; judge: the judge decides", "string",
+        "truncated (truncated_in_thinking: a reasoning model cut while still thinking), and retried like "
+        "any rejected sample; judge: the judge decides", "string",
         choices=TRUNCATED_MODES, flag="--truncated"))
     truncated_max_tokens_factor: float = field(default=DEFAULT_FACTOR, metadata=_about(
         "a truncated sample's retry (the next round, or in place) runs with max_tokens times this, never "
-        "above max_tokens_cap; 1: not raised", "number", minimum=1, maximum=MAX_FACTOR,
+        "above max_tokens_cap (cut while thinking: its thinking_token_budget too, at most that max_tokens); "
+        "1: not raised", "number", minimum=1, maximum=MAX_FACTOR,
         flag="--truncated-max-tokens-factor"))
     max_tokens_cap: int | None = field(default=None, metadata=_about(
         "the most max_tokens a truncated sample's retry is raised to: a DAG run's is the deployment's "

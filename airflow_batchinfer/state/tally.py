@@ -8,6 +8,7 @@ by field where it is reported (the round's close, its summary and report):
 - :class:`Generated`: the records an inference answered (``ok``) or not (``error``);
 - :class:`Outcomes`: the rows by outcome (judged, in place: retried until approved or exhausted);
 - ``truncated``: the rows (in place: attempts) whose completion was cut at ``max_tokens``;
+  ``truncated_in_thinking``: those of them cut while the model was still thinking (no answer at all);
 - ``adapters``: per LoRA adapter, its judged rows (:class:`AdapterTally`);
 - ``strata``: per stratum and score bucket, the rows a judge people check judged
   (:mod:`~airflow_batchinfer.judges.spot_check`, the calibration's weights);
@@ -23,13 +24,14 @@ over chunks, jobs and shards. A job counts into its tallies in place (a chunk's,
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Self
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from airflow_batchinfer.judges import candidates, jury, spot_check
 from airflow_batchinfer.judges.base import Verdict
+from airflow_batchinfer.judges.truncation import LENGTH, TRUNCATED_IN_THINKING
 from airflow_batchinfer.storage.reader import ReadStats
 
 __all__ = [
@@ -224,6 +226,7 @@ class Tally(_Part):
     generated: Generated = Field(default_factory=Generated)
     outcomes: Outcomes = Field(default_factory=Outcomes)
     truncated: int = 0
+    truncated_in_thinking: int = 0
     adapters: dict[str, AdapterTally] = Field(default_factory=dict)
     strata: dict[spot_check.Stratum, dict[str, int]] = Field(default_factory=dict)
     jury: JuryTally = Field(default_factory=JuryTally)
@@ -240,6 +243,13 @@ class Tally(_Part):
             mine.approved += 1
         else:
             mine.rejected += 1
+
+    def count_truncated(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """The generated ``rows`` cut at ``max_tokens``, and apart those cut while thinking."""
+        for row in rows:
+            if row.get("finish_reason") == LENGTH:
+                self.truncated += 1
+                self.truncated_in_thinking += row.get(TRUNCATED_IN_THINKING) is True
 
     def count_stratum(self, stratum: spot_check.Stratum, score: float | None) -> None:
         """A judged row people check, in its stratum and its score's bucket."""
@@ -259,5 +269,6 @@ class Tally(_Part):
             "error": self.generated.error + self.outcomes.error,
             **self.outcomes.model_dump(exclude={"error"}),
             "truncated": self.truncated,
+            "truncated_in_thinking": self.truncated_in_thinking,
         }
         return {k: v for k, v in flat.items() if v}

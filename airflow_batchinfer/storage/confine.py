@@ -54,6 +54,15 @@ def active() -> bool:
     return _POLICY.get() is not None
 
 
+def refusal(uri: str) -> str | None:
+    """Why the job's policy refuses ``uri``, a location a record names (an image part's), which no
+    submit check saw: the reason and the allowed prefixes; ``None``: allowed, or no policy held."""
+    policy = _POLICY.get()
+    if policy is None or (reason := policy.why_not(uri)) is None:
+        return None
+    return f"{reason} (allowed: {policy.describe()}; a worker reads only inside its --allow-prefix)"
+
+
 def check_path(path: str, uri: str) -> None:
     """Refuse a local ``path`` (about to be created, opened or renamed for ``uri``) that resolves
     outside the job's prefixes now (a :class:`StorageError` naming both)."""

@@ -48,6 +48,8 @@ class WorkerConfig:
     # LoRA adapter directories jobs may load besides those inside allowed_prefixes (--allow-adapter)
     allowed_adapters: list[str] = field(default_factory=partial(worker_default, "allowed_adapters"))
     max_body_bytes: int = worker_default("max_body_bytes")  # the largest request body read (413 beyond)
+    max_image_bytes: int = worker_default("max_image_bytes")  # each image part's caps (engines.images)
+    max_image_pixels: int = worker_default("max_image_pixels")
     idle_ttl_s: float | None = worker_default("idle_ttl_s")
     lease_file: str | None = worker_default("lease_file")  # a local pool's leases: idle only when none held
     drain_timeout_s: float = worker_default("drain_timeout_s")

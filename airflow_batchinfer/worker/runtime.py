@@ -8,6 +8,7 @@ from typing import Any, cast
 
 from airflow_batchinfer.batching import TokenBatcher
 from airflow_batchinfer.engines.base import Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.images import ImageLimits
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.settings import worker_default
@@ -24,6 +25,7 @@ class Runtime:
         This and the other batcher settings default to the worker's (``worker.settings``).
     :param max_concurrent_batches: batches in the engine at once (more than 1 for engines with
         continuous batching, e.g. vLLM, so their KV cache stays full).
+    :param image_limits: the caps on each image a request's image parts hold (``engines.images``).
     """
 
     def __init__(
@@ -36,9 +38,11 @@ class Runtime:
         max_queue_size: int = 20_000,
         max_concurrent_batches: int = 1,
         storage_options: StorageOptions | None = None,
+        image_limits: ImageLimits | None = None,
     ) -> None:
         self.engine = engine
         self.storage_options = dict(storage_options or {})
+        self.image_limits = image_limits or ImageLimits()  # each image part's (worker settings)
         self.batcher: TokenBatcher[Request, Result] = TokenBatcher(
             self._run,
             token_estimator=self._estimate,

@@ -25,6 +25,7 @@ from types import FrameType
 import uvicorn
 
 from airflow_batchinfer.engines import create_engine
+from airflow_batchinfer.engines.images import ImageLimits
 from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.worker.announce import announce, mark
 from airflow_batchinfer.worker.app import create_app
@@ -146,6 +147,7 @@ def serve(config: WorkerConfig) -> None:
         batch_timeout_s=config.batch_timeout_s,
         max_concurrent_batches=concurrent,
         storage_options=config.storage_options,
+        image_limits=ImageLimits(config.max_image_bytes, config.max_image_pixels),
     )
     server: _DrainingServer | None = None
     app = create_app(config, runtime, on_fatal=lambda: server.start_drain() if server else None)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
+from airflow_batchinfer.engines.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.fields import Described
 from airflow_batchinfer.judges.rules import ALLOW_CALLABLE_FLAG
@@ -165,6 +166,11 @@ WORKER_SETTINGS: tuple[WorkerSetting, ...] = (
        flag="--allow-adapter", metavar="DIR", strip=True),
     _s("max_body_bytes", "integer", 1024 * 1024, "largest request body the worker reads, in bytes (a JobSpec "
        "is a few KiB: URIs and params, never records); larger: 413", minimum=1024),
+    _s("max_image_bytes", "integer", DEFAULT_MAX_IMAGE_BYTES, "largest image a request's image part may "
+       "hold, in bytes (a data: URL's decoded, a file's read); larger: that record's error", minimum=1),
+    _s("max_image_pixels", "integer", DEFAULT_MAX_IMAGE_PIXELS, "most pixels (width x height, read from "
+       "its header before decoding) of an image a request's image part holds; more: that record's error",
+       minimum=1),
     _s("idle_ttl_s", "number", None, "exit after this many seconds without jobs; unset: never idles out",
        flag="--idle-ttl"),
     _s("lease_file", "string", None, "with --idle-ttl: the local pool's lease file; stay while a run leases "

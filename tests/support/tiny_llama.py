@@ -7,7 +7,14 @@ from airflow_batchinfer.dev.tiny_llama import (
     build_tiny_classifier,
     build_tiny_llama,
     build_tiny_lora,
+    build_tiny_thinker,
     build_tiny_tool_llama,
 )
 
-__all__ = ["build_tiny_classifier", "build_tiny_llama", "build_tiny_lora", "build_tiny_tool_llama"]
+__all__ = [
+    "build_tiny_classifier",
+    "build_tiny_llama",
+    "build_tiny_lora",
+    "build_tiny_thinker",
+    "build_tiny_tool_llama",
+]

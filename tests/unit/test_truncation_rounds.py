@@ -5,30 +5,14 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.run.report.render import render_markdown
-from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from tests.support.fake_jobs import IDS, close, make_run, plan_round
+from tests.support.fake_jobs import IDS
 from tests.support.rounds import rows_in
-from tests.support.worker_jobs import run_jobs
-
-LONG = ["r00", "r05", "r17"]  # these ask for 24 tokens; the run gives 16
-TEMPLATE = "{{ question }}{% if id in " + repr(LONG) + " %} simulate_tokens=24{% endif %}"
-
-
-def truncating_run(tmp_path: Path, **settings: Any) -> RunConfig:
-    cfg = make_run(tmp_path, sampling={"max_tokens": 16}, **settings)
-    return cfg.replace(prompt_template=TEMPLATE)
-
-
-def run_round(cfg: RunConfig, slot: str) -> dict[str, Any]:
-    plan = plan_round(cfg, slot)
-    run_jobs(cfg, [("infer_judge", plan.round, s) for s in plan.shards], approval_rate=1.0)
-    return close(cfg, plan)
+from tests.support.truncating import LONG, run_round, truncating_run
 
 
 def test_truncated_rows_are_rejected_and_round_1_retries_them_with_twice_the_tokens(tmp_path: Path) -> None:

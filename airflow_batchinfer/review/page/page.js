@@ -1073,6 +1073,24 @@
     return el("div", {}, holder, el("div", { class: "cut" }, note, more));
   }
 
+  // Thumbnails of a sample's images: each "[image N: data:image/...]" line of its prompt (how
+  // prompt_text.py shows an image part) as an <img> of the image endpoint, loaded lazily and scaled
+  // down by the CSS; the desk serves only images inside the record (data: URLs), none by a path.
+  const IMAGE_LINE = /^\[image (\d+): data:image\/(?:png|jpeg|webp), /gm;
+  const MAX_THUMBS = 16;
+  function thumbnails(sample, round) {
+    const strip = el("div", { class: "thumbs", "data-testid": "thumbs" });
+    const text = typeof sample.prompt === "string" ? sample.prompt : "";
+    for (const m of text.matchAll(IMAGE_LINE)) {
+      if (strip.childNodes.length >= MAX_THUMBS) break;
+      const where = { shard: sample.shard_id, position: sample.position, index: m[1], round: round };
+      strip.appendChild(
+        el("img", { class: "thumb", loading: "lazy", decoding: "async", alt: "image " + m[1], title: "image " + m[1], "data-testid": "thumb", src: API + gatePath("/image" + params(where)) }),
+      );
+    }
+    return strip;
+  }
+
   function verdictBadge(sample, testid) {
     const v = verdict(sample);
     return el("span", { class: "badge " + (v === "approved" ? "ok" : "bad"), "data-testid": testid }, v);
@@ -1213,10 +1231,12 @@
       el(
         "div",
         { class: "focus-grid" },
-        el("section", { class: "pane" }, el("h3", {}, "Prompt"), readable(sample, "prompt", "focus-prompt", state.round)),
+        el("section", { class: "pane" }, el("h3", {}, "Prompt"), readable(sample, "prompt", "focus-prompt", state.round), thumbnails(sample, state.round)),
         el(
           "section",
           { class: "pane" },
+          sample.reasoning === null || sample.reasoning === undefined ? null : el("h3", {}, "Reasoning (before the answer)"),
+          sample.reasoning === null || sample.reasoning === undefined ? null : readable(sample, "reasoning", "focus-reasoning", state.round),
           el("h3", {}, "Output"),
           readable(sample, "output", "focus-output", state.round),
           el("h3", {}, "Judge's reason"),

@@ -106,6 +106,12 @@ def unreadable_lines(invariant: dict[str, Any]) -> list[str]:
     return out
 
 
+def truncated_cell(summary: dict[str, Any]) -> str:
+    """A round's truncated rows, and those of them cut while thinking (no answer at all) apart."""
+    cut, thinking = summary.get("truncated", 0), summary.get("truncated_in_thinking")
+    return f"{cut} ({thinking} in thinking)" if thinking else f"{cut}"
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     lines = [
         f"# Batch inference report: {report['status']}",
@@ -130,7 +136,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         rate = "" if s.get("approval_rate") is None else f"{s['approval_rate']:.0%}"
         lines.append(
             f"| {s['round']} | {s['mode']} | {s['pending']} | {s['approved']} | "
-            f"{s.get('rejected', s.get('exhausted', 0))} | {s.get('truncated', 0)} | {rate} | "
+            f"{s.get('rejected', s.get('exhausted', 0))} | {truncated_cell(s)} | {rate} | "
             f"{len(s['failed_shards'])} | "
             f"{s['job_seconds']} |"
         )

@@ -147,7 +147,8 @@ class Summary(DocModel):
     """A round's ``summary.json``, written by its close. A ``rounds`` round has ``rejected``,
     ``inference_errors``, ``for_review`` (rejected rows that await people) and ``next_pending``; an
     ``in_place`` one ``exhausted`` and ``attempts``; ``truncated``: the rows (in place: the attempts)
-    whose completion was cut at ``max_tokens``; ``candidates``: approval per candidate index and pass@k
+    whose completion was cut at ``max_tokens``, ``truncated_in_thinking`` those of them cut while the
+    model was still thinking (omitted when none); ``candidates``: approval per candidate index and pass@k
     when records had several (sampling ``n``); ``adapters``: approval per LoRA adapter, when records
     named one; ``spot_checks``: the approved rows held back for people (``spot_check_approved``),
     ``verdicts``: the judged rows per stratum (``approved``, ``held``, ``rejected``) and score
@@ -165,6 +166,7 @@ class Summary(DocModel):
             "exhausted",
             "attempts",
             "truncated",
+            "truncated_in_thinking",
             "candidates",
             "adapters",
             "spot_checks",
@@ -192,6 +194,7 @@ class Summary(DocModel):
     exhausted: int | None = None
     attempts: int | None = None
     truncated: int | None = None
+    truncated_in_thinking: int | None = None
     candidates: Candidates | None = None
     adapters: dict[str, AdapterApproval] | None = None
     # judge-approved rows held back for people (spot_check_approved: in for_review and rejected), and

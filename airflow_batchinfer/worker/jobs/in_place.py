@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest
-from airflow_batchinfer.judges.truncation import LENGTH
+from airflow_batchinfer.engines.images import has_images
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import Previous, attempts_before, previous_of
 from airflow_batchinfer.state.tally import Tally
@@ -18,7 +18,7 @@ from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.writer import AsyncWriter
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
 from airflow_batchinfer.worker.jobs.context import JobContext
-from airflow_batchinfer.worker.jobs.infer import fed_back, generated, least_max_tokens, output_row
+from airflow_batchinfer.worker.jobs.infer import fed_back, generated, least_budget, output_row, with_images
 from airflow_batchinfer.worker.jobs.judge import count_adapter, judge_rows
 
 
@@ -101,14 +101,18 @@ class _InPlace:
         while True:
             attempt += 1
             ctx.tally.outcomes.attempts += 1
+            most, thinking = least_budget(previous, p.truncation)
             try:  # inline when quick, else in a thread: a heavy template never holds the loop
                 request = await self.prompts.abuild(
                     record,
                     request_id=rid,
                     attempt=attempt,
                     previous=previous,
-                    least_max_tokens=least_max_tokens(previous, p.truncation),
+                    least_max_tokens=most,
+                    least_thinking_tokens=thinking,
                 )
+                if has_images(request.messages):
+                    request = await asyncio.to_thread(with_images, ctx.runtime, request)
             except PromptError as exc:  # permanent: retrying cannot help
                 row = _prompt_error_row(record, exc, attempt, p.round)
                 await self.log.record(rid, attempt, row)
@@ -131,8 +135,7 @@ class _InPlace:
         res = (await ctx.generate([request]))[0]
         fed = fed_back(self.prompts, attempt, previous)
         row = output_row(record, **generated(res, request), attempts=attempt, round=ctx.params.round, **fed)
-        if res.finish_reason == LENGTH:
-            ctx.tally.truncated += 1  # attempts cut at max_tokens
+        ctx.tally.count_truncated([row])  # attempts cut at max_tokens (while thinking: apart too)
         ((row, verdict),) = await judge_rows(ctx, [row])
         row["judgment"] = verdict.as_dict()
         return row, verdict.approved

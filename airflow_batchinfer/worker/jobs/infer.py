@@ -1,7 +1,7 @@
 """The ``infer`` job (and the inference of ``infer_judge``, which then judges each chunk as the
 ``judge`` job does): prompts rendered, generated on the worker's shared batcher, and each record's
 output row (or an OpenAI batch output line) built; the rows' generation counted
-(:class:`~airflow_batchinfer.state.tally.Generated`, ``truncated``)."""
+(:class:`~airflow_batchinfer.state.tally.Generated`, ``truncated``, ``truncated_in_thinking``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.images import ImageError, load_images
+from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
-from airflow_batchinfer.judges.truncation import LENGTH, TruncationPolicy, decide
+from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, thinking_budget
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, attempts_before
 from airflow_batchinfer.state.tally import Generated, Tally
@@ -24,6 +26,7 @@ from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.jobs.judge import judge_job, to_judge
+from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import ChunkFigures
 
 
@@ -35,12 +38,21 @@ def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
     return row
 
 
-def least_max_tokens(previous: Previous | None, truncation: TruncationPolicy) -> int | None:
-    """The least ``max_tokens`` the attempt after ``previous`` runs with: the truncation decision on
+def least_budget(previous: Previous | None, truncation: TruncationPolicy) -> tuple[int | None, int | None]:
+    """The least ``max_tokens`` and thinking budget the attempt after ``previous`` runs with (the
+    prompt builder's ``least_max_tokens`` and ``least_thinking_tokens``): the truncation decision on
     it (a truncated attempt's retry gets more; ``None``: a first attempt, the job's own)."""
     if previous is None:
-        return None
-    return decide(previous.finish_reason, previous.attempt, previous.max_tokens, truncation).max_tokens
+        return None, None
+    d = decide(
+        previous.finish_reason,
+        previous.attempt,
+        previous.max_tokens,
+        truncation,
+        in_thinking=previous.truncated_in_thinking,
+        thinking_token_budget=previous.thinking_token_budget,
+    )
+    return d.max_tokens, d.thinking_token_budget
 
 
 def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) -> dict[str, Any]:
@@ -55,9 +67,11 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     """A row's fields of the generation ``res`` of ``request`` (``None``: none was built): ``result``,
     ``status``, ``error``, ``finish_reason``, ``max_tokens``; ``adapter``, the LoRA adapter's name,
     when one answered; ``logprobs`` (OpenAI's
-    ``logprobs.content``) when asked for; ``tool_calls`` (OpenAI's list, :mod:`~airflow_batchinfer.
-    engines.tools`) when the answer made calls; with ``n`` > 1 every candidate in ``candidates``
-    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``, ``tool_calls``),
+    ``logprobs.content``) when asked for; a reasoning model's ``reasoning``, ``reasoning_tokens`` and
+    ``truncated_in_thinking`` (:func:`~airflow_batchinfer.engines.reasoning.row_fields`: ``result`` is
+    the answer alone); ``tool_calls`` (OpenAI's list, :mod:`~airflow_batchinfer.engines.tools`) when
+    the answer made calls; with ``n`` > 1 every candidate in ``candidates`` (``index``, ``result``,
+    ``finish_reason``, ``completion_tokens``, ``logprobs``, its reasoning, ``tool_calls``),
     which the judge step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
     fields: dict[str, Any] = {
         "result": res.text,
@@ -68,8 +82,11 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     }
     if request is not None and request.adapter is not None:  # the judge step counts rows by it
         fields[ADAPTER_FIELD] = request.adapter.name
+    if request is not None and (budget := thinking_budget(request.sampling)) is not None:
+        fields["thinking_token_budget"] = budget  # what a retry cut in thinking raises (judges.truncation)
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
+    fields.update(row_fields(res.reasoning, res.reasoning_tokens, res.reasoning_ended, res.finish_reason))
     if res.tool_calls:
         fields["tool_calls"] = calls_json(res.tool_calls)
     if res.choices:  # n > 1 (n = 1: the result is its one candidate)
@@ -80,11 +97,21 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
                 "finish_reason": c.finish_reason,
                 "completion_tokens": c.completion_tokens,
                 **({"logprobs": [t.as_json() for t in c.logprobs]} if c.logprobs is not None else {}),
+                **row_fields(c.reasoning, c.reasoning_tokens, c.reasoning_ended, c.finish_reason),
                 **({"tool_calls": calls_json(c.tool_calls)} if c.tool_calls else {}),
             }
             for i, c in enumerate(res.choices)
         ]
     return fields
+
+
+def with_images(runtime: Runtime, request: GenerationRequest) -> GenerationRequest:
+    """``request`` with its image parts loaded (read here, in the job's context: under its storage
+    policy; file reads, so off the event loop), or a :class:`PromptError` saying why one cannot be."""
+    try:
+        return load_images(request, runtime.image_limits, runtime.storage_options)
+    except ImageError as exc:
+        raise PromptError(f"record {request.request_id!r}: {exc}") from None
 
 
 # ------------------------------------------------------------------------------------------ infer
@@ -109,6 +136,7 @@ class Inference:
         truncation = self.ctx.params.truncation
         for record in chunk:
             before, previous = attempts_before(record, self.ctx.params.round)
+            most, thinking = least_budget(previous, truncation)
             try:
                 rid = self.ctx.record_id(record)
                 request = self.prompts.build(
@@ -116,9 +144,10 @@ class Inference:
                     request_id=rid,
                     attempt=before + 1,
                     previous=previous,
-                    least_max_tokens=least_max_tokens(previous, truncation),
+                    least_max_tokens=most,
+                    least_thinking_tokens=thinking,
                 )
-                built.append((record, request))
+                built.append((record, with_images(self.ctx.runtime, request)))
             except PromptError as exc:
                 built.append((record, str(exc)))
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
@@ -185,7 +214,7 @@ async def run_infer(ctx: JobContext) -> Tally:
         rows = await infer(chunk, figures)
         figures.count_ids("inferred", record_ids(chunk, ctx.params.id_field))  # one row per record, its id
         # (a judge counts its own)
-        figures.tally.truncated += sum(r.get("finish_reason") == LENGTH for r in rows)
+        figures.tally.count_truncated(rows)
         return rows
 
     await run_chunks(ctx, process, lambda rows: {"inferred": rows})
@@ -203,8 +232,11 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     completion (``text`` for ``message``) with ``usage``, as OpenAI's are: a choice per candidate
     (``n``), ``logprobs`` in the chat form (``{"content": [...]}``) or the completions form
     (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for;
-    a message with calls has ``tool_calls`` (none: no such key, as vLLM's server writes it) and
-    ``content`` ``null`` when it says nothing besides them."""
+    a reasoning model's reasoning in the message as vLLM's server writes it
+    (:func:`~airflow_batchinfer.engines.reasoning.openai_message`) and its tokens in
+    ``usage.completion_tokens_details.reasoning_tokens``; a message with calls has ``tool_calls``
+    (none: no such key, as vLLM's server writes it) and ``content`` ``null`` when it says nothing
+    besides them."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -216,17 +248,20 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
         }
     raw_body = record.get("body")
     body: dict[str, Any] = raw_body if isinstance(raw_body, dict) else {}
-    usage = {
+    usage: dict[str, Any] = {
         "prompt_tokens": res.prompt_tokens,
         "completion_tokens": res.completion_tokens,
         "total_tokens": res.prompt_tokens + res.completion_tokens,
     }
     chat = "messages" in body or "body" not in record
+    reasoned = [c for c in res.candidates if c.reasoning is not None]
+    if chat and reasoned:  # vLLM's server says so with a reasoning parser
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(c.reasoning_tokens for c in reasoned)}
     choices: list[dict[str, Any]] = []
     for i, c in enumerate(res.candidates):
         if chat:
             logprobs = None if c.logprobs is None else {"content": [t.as_json() for t in c.logprobs]}
-            message: dict[str, Any] = {"role": "assistant", "content": c.text}
+            message = openai_message("assistant", c.text, c.reasoning)
             if c.tool_calls:
                 message["content"] = c.text or None
                 message["tool_calls"] = calls_json(c.tool_calls)

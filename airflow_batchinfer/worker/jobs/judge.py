@@ -8,12 +8,13 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from airflow_batchinfer.engines import reasoning
 from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
-from airflow_batchinfer.judges.truncation import LENGTH, row_decision
+from airflow_batchinfer.judges.truncation import LENGTH, TRUNCATED_IN_THINKING, row_decision
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
@@ -22,6 +23,8 @@ from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.segments import ChunkFigures
 
+# A candidate's own of what the truncation decision reads (the rest is its row's).
+CUT_FIELDS = ("finish_reason", TRUNCATED_IN_THINKING)
 # What infer_judge generates a chunk's rows with before they are judged (:class:`~.infer.Inference`).
 Infer = Callable[[list[Record], ChunkFigures], Awaitable[list[Record]]]
 
@@ -42,7 +45,7 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
     out: list[tuple[Any, JudgeItem | Verdict]] = []
     attempt = int(row.get("attempts") or 1)
     for c, candidate in enumerate(answers(row)):
-        probe = row if candidate is row else {**row, "finish_reason": candidate.get("finish_reason")}
+        probe = row if candidate is row else {**row, **{k: candidate.get(k) for k in CUT_FIELDS}}
         truncation = row_decision(probe, ctx.params.truncation)
         if truncation.reject:  # half an answer: not worth the judge's tokens
             out.append((candidate, Verdict(False, truncation.reason or "truncated")))
@@ -111,8 +114,9 @@ def _without_carried(row: Record) -> Record:
 
 def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Selection, how: str) -> Record:
     """``row`` as ``selection`` chose: the chosen candidate's ``result``, ``finish_reason`` (and
-    ``logprobs``), its index as ``candidate``; ``candidates``, each with its ``judgment``: the kept
-    ones when approved with ``select: all``, none when approved otherwise, all when rejected."""
+    ``logprobs``, its reasoning), its index as ``candidate``; ``candidates``, each with its
+    ``judgment``: the kept ones when approved with ``select: all``, none when approved otherwise, all
+    when rejected."""
     judged = [
         {**{k: x for k, x in c.items() if k != jury.CARRIED}, "judgment": v.as_dict()}
         for c, v in zip(answers(row), verdicts, strict=True)
@@ -122,9 +126,11 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]
-    out.pop("tool_calls", None)  # the row's are its first candidate's: the chosen one's replace them
-    if "tool_calls" in chosen:
-        out["tool_calls"] = chosen["tool_calls"]
+    # the chosen one's reasoning and calls, not the first candidate's (the row's until now)
+    for name in (*reasoning.ROW_FIELDS, "tool_calls"):
+        out.pop(name, None)
+        if name in chosen:
+            out[name] = chosen[name]
     if not selection.ok:
         out["candidates"] = judged
     elif how == "all":
@@ -170,6 +176,7 @@ async def _judged(ctx: JobContext, rows: list[Record], figures: ChunkFigures) ->
         cut = row_decision(row, p.truncation)
         if cut.truncated:  # judged or not: the round counts its truncated rows
             tally.truncated += 1
+            tally.truncated_in_thinking += cut.in_thinking
         stratum: spot_check.Stratum = "approved" if verdict.approved else "rejected"
         if row.get("status") == "error":
             outcomes.inference_errors += 1

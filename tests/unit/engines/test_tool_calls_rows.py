@@ -61,7 +61,7 @@ async def test_the_openai_engine_sends_the_tools_and_reads_the_calls() -> None:
 
 def test_rows_and_batch_output_lines_carry_the_calls_as_vllm_s_server_writes_them() -> None:
     call = ToolCall.from_json(CALL)
-    res = GenerationResult.of([Choice("", "tool_calls", 5, None, (call,))], 9)
+    res = GenerationResult.of([Choice("", "tool_calls", 5, None, tool_calls=(call,))], 9)
     row = generated(res, GenerationRequest("1", messages=MESSAGES))
     assert (row["result"], row["finish_reason"], row["tool_calls"]) == ("", "tool_calls", [CALL])
     record = {"custom_id": "a", "body": {"messages": MESSAGES, "tools": [WEATHER]}}
@@ -69,7 +69,7 @@ def test_rows_and_batch_output_lines_carry_the_calls_as_vllm_s_server_writes_the
     assert choice["message"] == {"role": "assistant", "content": None, "tool_calls": [CALL]}
     assert choice["finish_reason"] == "tool_calls"
     # text before the calls stays the content; an answer without calls has no tool_calls key
-    said = GenerationResult.of([Choice("Let me look.", "tool_calls", 5, None, (call,))], 9)
+    said = GenerationResult.of([Choice("Let me look.", "tool_calls", 5, None, tool_calls=(call,))], 9)
     (choice,) = openai_batch_row(record, said, model="m", created=1)["response"]["body"]["choices"]
     assert choice["message"]["content"] == "Let me look." and choice["message"]["tool_calls"] == [CALL]
     plain = GenerationResult.of([Choice("sunny", "stop", 1)], 9)
@@ -80,7 +80,9 @@ def test_rows_and_batch_output_lines_carry_the_calls_as_vllm_s_server_writes_the
 
 def test_each_candidate_carries_its_own_calls() -> None:
     call = ToolCall.from_json(CALL)
-    res = GenerationResult.of([Choice("", "tool_calls", 5, None, (call,)), Choice("no", "stop", 1)], 9)
+    res = GenerationResult.of(
+        [Choice("", "tool_calls", 5, None, tool_calls=(call,)), Choice("no", "stop", 1)], 9
+    )
     row = generated(
         res, GenerationRequest("1", messages=MESSAGES, sampling=SamplingParams(n=2, temperature=1))
     )
@@ -126,7 +128,8 @@ def test_a_vllm_answer_s_calls_and_finish_reason_as_vllm_s_server_gives_them(
         choice if choice != "named" else SimpleNamespace(function=SimpleNamespace(name="get_weather"))
     )
     chat = SimpleNamespace(tool_choice=tool_choice, parallel_tool_calls=parallel)
-    text, made, reason = ToolTurn(chat, parser).calls("raw", [1, 2], finish)
+    reasoning, text, made, reason = ToolTurn(chat, parser).calls("raw", [1, 2], finish)
+    assert reasoning is None
     assert (reason, len(made or ())) == expected
     assert text == ("" if found else "said") and (made is None) == (expected[1] == 0)
-    assert ToolTurn(chat, None).calls("raw", [], "stop") == ("raw", None, "stop")  # tool_choice none
+    assert ToolTurn(chat, None).calls("raw", [], "stop") == (None, "raw", None, "stop")  # tool_choice none

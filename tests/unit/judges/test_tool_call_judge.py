@@ -90,14 +90,31 @@ async def test_an_llm_judge_sees_the_calls_and_a_row_without_calls_renders_as_be
     assert [r.messages[-1]["content"] for r in seen] == [" get_weather", "hello none"]  # type: ignore[index]
 
 
-def test_the_chosen_candidate_s_calls_replace_the_row_s() -> None:
+def test_the_chosen_candidate_s_calls_and_reasoning_replace_the_row_s() -> None:
     call = PARIS.as_json()
+    first = {"index": 0, "result": "", "tool_calls": [call], "reasoning": "look it up", "reasoning_tokens": 3}
     row = {
-        "id": 1, "result": "", "tool_calls": [call],
-        "candidates": [{"index": 0, "result": "", "tool_calls": [call]}, {"index": 1, "result": "no"}],
+        "id": 1, "result": "", "tool_calls": [call], "reasoning": "look it up", "reasoning_tokens": 3,
+        "candidates": [first, {"index": 1, "result": "no", "reasoning": "no need", "reasoning_tokens": 2}],
     }  # fmt: skip
     verdicts = [Verdict(False, "x"), Verdict(True, "y")]
     out = _selected(row, verdicts, candidates.select(verdicts), "first_approved")
     assert out["result"] == "no" and "tool_calls" not in out
+    assert (out["reasoning"], out["reasoning_tokens"]) == ("no need", 2)
     out = _selected(row, verdicts[::-1], candidates.select(verdicts[::-1]), "first_approved")
-    assert out["tool_calls"] == [call]
+    assert out["tool_calls"] == [call] and out["reasoning"] == "look it up"
+
+
+async def test_a_judge_that_sees_the_reasoning_sees_the_calls_too() -> None:
+    seen: list[GenerationRequest] = []
+
+    async def generate(requests: list[GenerationRequest]) -> list[GenerationResult]:
+        seen.extend(requests)
+        return [GenerationResult('{"approved": true, "reason": "ok", "score": 1}') for _ in requests]
+
+    judge = build_judge({"type": "llm", "sees_reasoning": True}, callables=None)
+    row = {"prompt": "weather?", "reasoning": "look it up"}
+    await judge.judge([JudgeItem(row, "", "1", tool_calls=(PARIS,))], generate)  # type: ignore[attr-defined]
+    (prompt,) = (r.messages[-1]["content"] for r in seen)  # type: ignore[index]
+    assert "<<<REASONING\nlook it up\nREASONING>>>" in prompt
+    assert "Tool calls the answer makes (parsed, not executed)" in prompt and "Paris" in prompt

@@ -172,6 +172,8 @@ def test_which_rows_and_decisions_make_a_pair() -> None:
     # rows the judge never judged: no pair
     assert judge_verdict(sample(status="error", reason="inference_error: boom")) is None
     assert judge_verdict(sample(reason="truncated: cut at 256 tokens", group="truncated")) is None
+    thinking = "truncated_in_thinking: attempt 1 spent its whole budget thinking"
+    assert judge_verdict(sample(reason=thinking, group="truncated_in_thinking")) is None
     assert (
         judge_verdict(sample(for_review=True, reason="awaiting a person's verdict")) is None
     )  # a human judge
