@@ -21,14 +21,20 @@ TOOL_CHAT_TEMPLATE = (
     "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE
 )
 TOOL_TOKENS = ("<tool_call>", "</tool_call>")
-# DeepSeek-R1's and Qwen3's way: the answer's turn opens the reasoning, or (enable_thinking false)
-# holds an empty one
-THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
-    "<|im_start|>assistant\n{% endif %}",
-    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
-)
 THINK_TOKENS = ("<think>", "</think>")
+
+
+def _thinking(template: str) -> str:
+    """``template`` as DeepSeek-R1's and Qwen3's: the answer's turn opens the reasoning, or
+    (``enable_thinking`` false) holds an empty one."""
+    return template.replace(
+        "<|im_start|>assistant\n{% endif %}",
+        "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+    )
+
+
+THINKING_TEMPLATE = _thinking(CHAT_TEMPLATE)
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
     "please answer the question briefly. approved rejected yes no because the reason is clear. "
@@ -52,9 +58,15 @@ def build_tiny_thinker(dst: str | Path, *, seed: int = 0, vocab_size: int = 384)
     return _build(Path(dst), seed, vocab_size, THINKING_TEMPLATE, added=THINK_TOKENS)
 
 
-def build_tiny_tool_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
+def build_tiny_tool_llama(
+    dst: str | Path, *, seed: int = 0, vocab_size: int = 384, thinking: bool = False
+) -> Path:
     """:func:`build_tiny_llama` with Hermes' tool-call tokens (special, one id each) and a chat
-    template that renders ``tools``."""
+    template that renders ``tools``; ``thinking``: a reasoning model too, as :func:`build_tiny_thinker`
+    (its calls come in the answer after the reasoning)."""
+    if thinking:
+        template = _thinking(TOOL_CHAT_TEMPLATE)
+        return _build(Path(dst), seed, vocab_size, template, added=THINK_TOKENS, specials=TOOL_TOKENS)
     return _build(Path(dst), seed, vocab_size, TOOL_CHAT_TEMPLATE, specials=TOOL_TOKENS)
 
 
