@@ -9,14 +9,17 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import pytest
 
 from airflow_batchinfer.engines import GenerationRequest, SamplingParams
+from airflow_batchinfer.engines.images import ImageLimits, load_images
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.reasoning import Split
 from airflow_batchinfer.engines.tools import ToolCall
 from airflow_batchinfer.engines.vllm import VllmEngine
 from airflow_batchinfer.engines.vllm_tools import ToolTurn
 from airflow_batchinfer.worker.jobs.infer import generated, openai_batch_row
+from tests.support.images import data_url, image_message, png
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 CALL = {
@@ -74,7 +77,7 @@ def test_vllm_reads_the_reasoning_then_the_calls_from_the_answer_parsing_the_out
 
 class _Template:
     def apply_chat_template(self, messages: Any, **kwargs: Any) -> str:
-        return json.dumps(kwargs, sort_keys=True)
+        return json.dumps({**kwargs, "messages": messages}, sort_keys=True)
 
 
 def test_vllm_renders_the_tools_and_the_reasoning_variables_together() -> None:
@@ -128,3 +131,27 @@ async def test_the_openai_engine_reads_reasoning_and_calls_into_rows_and_output_
     message = line["response"]["body"]["choices"][0]["message"]
     assert message["content"] is None and message["tool_calls"] == [CALL]
     assert message["reasoning"] == message["reasoning_content"] == "look it up"
+
+
+def test_vllm_renders_an_image_request_with_its_tools_and_reasoning_variables() -> None:
+    pytest.importorskip("PIL", reason="needs pillow (the transformers extra)")
+    engine = VllmEngine("/models/vlm")
+    engine.tokenizer = _Template()
+    engine.llm = SimpleNamespace(model_config=SimpleNamespace(is_multimodal_model=True))
+    turn = ToolTurn(SimpleNamespace(tools=[SimpleNamespace(model_dump=lambda: WEATHER)]), None)
+    engine.tools = SimpleNamespace(refusal=lambda r: None, turn=lambda r: turn)  # type: ignore[assignment]
+    sampling = SamplingParams.from_mapping(
+        {"tools": [WEATHER], "chat_template_kwargs": {"enable_thinking": True}}
+    )
+    asked = GenerationRequest(
+        "1", messages=image_message(data_url(png(2, 2)), "weather here?"), sampling=sampling
+    )
+    ((prompt, made),) = engine._prompts([load_images(asked, ImageLimits())])  # type: ignore[misc]
+    assert made is turn and isinstance(prompt, dict)
+    rendered = json.loads(prompt["prompt"])
+    assert rendered["tools"] == [WEATHER] and rendered["enable_thinking"] is True
+    assert rendered["messages"][0]["content"] == [
+        {"type": "text", "text": "weather here?"},
+        {"type": "image"},
+    ]
+    assert [i.size for i in prompt["multi_modal_data"]["image"]] == [(2, 2)]
