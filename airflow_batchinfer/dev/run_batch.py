@@ -56,6 +56,9 @@ ALLOWED: dict[str, str] = {
     "response.body.usage.completion_tokens_details.reasoning_tokens": "vLLM 0.32 counts 0 when the chat "
     "template opens the reasoning in the prompt (DeepSeek-R1's does); ours counts the tokens generated "
     "before the end delimiter, as rows do",
+    "response.body.choices.*.message.tool_calls.*.id": "a call's id is random on both sides: vLLM's server "
+    "makes chatcmpl-tool-<random uuid> per call, and ours is made by the same vLLM code (the call's name "
+    "and arguments are compared)",
 }
 # float fields compared to this absolute tolerance: both sides run float32 on the same vLLM build,
 # but a request's logits depend a little on which requests share its batch

@@ -14,14 +14,27 @@ CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-# DeepSeek-R1's and Qwen3's way: the answer's turn opens the reasoning, or (enable_thinking false)
-# holds an empty one
-THINKING_TEMPLATE = CHAT_TEMPLATE.replace(
-    "<|im_start|>assistant\n{% endif %}",
-    "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
-    "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+# Hermes' format (vLLM's ``hermes`` tool parser): the tools in the system turn, each call between
+# <tool_call> and </tool_call> tokens
+TOOL_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}</tools>"
+    "<|im_end|>\n{% endif %}" + CHAT_TEMPLATE
 )
+TOOL_TOKENS = ("<tool_call>", "</tool_call>")
 THINK_TOKENS = ("<think>", "</think>")
+
+
+def _thinking(template: str) -> str:
+    """``template`` as DeepSeek-R1's and Qwen3's: the answer's turn opens the reasoning, or
+    (``enable_thinking`` false) holds an empty one."""
+    return template.replace(
+        "<|im_start|>assistant\n{% endif %}",
+        "<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% else %}<think>\n{% endif %}{% endif %}",
+    )
+
+
+THINKING_TEMPLATE = _thinking(CHAT_TEMPLATE)
 _CORPUS = (
     "the quick brown fox jumps over the lazy dog. what is two plus two? the answer is four. "
     "please answer the question briefly. approved rejected yes no because the reason is clear. "
@@ -34,7 +47,7 @@ _CORPUS = (
 def build_tiny_llama(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
     """A random 2-layer Llama (``head_dim`` 64, so vLLM accepts it) with a trained BPE tokenizer
     and a ChatML chat template. Deterministic for a seed; builds in well under a second."""
-    return _build(Path(dst), seed, vocab_size, CHAT_TEMPLATE, ())
+    return _build(Path(dst), seed, vocab_size, CHAT_TEMPLATE)
 
 
 def build_tiny_thinker(dst: str | Path, *, seed: int = 0, vocab_size: int = 384) -> Path:
@@ -42,10 +55,32 @@ def build_tiny_thinker(dst: str | Path, *, seed: int = 0, vocab_size: int = 384)
     vocabulary (added, not special: decoded into the text, as DeepSeek-R1's and Qwen3's are), and its
     chat template opens the reasoning in the answer's turn, or an empty one when rendered with
     ``enable_thinking`` false (Qwen3's)."""
-    return _build(Path(dst), seed, vocab_size, THINKING_TEMPLATE, THINK_TOKENS)
+    return _build(Path(dst), seed, vocab_size, THINKING_TEMPLATE, added=THINK_TOKENS)
 
 
-def _build(dst: Path, seed: int, vocab_size: int, template: str, added: tuple[str, ...]) -> Path:
+def build_tiny_tool_llama(
+    dst: str | Path, *, seed: int = 0, vocab_size: int = 384, thinking: bool = False
+) -> Path:
+    """:func:`build_tiny_llama` with Hermes' tool-call tokens (special, one id each) and a chat
+    template that renders ``tools``; ``thinking``: a reasoning model too, as :func:`build_tiny_thinker`
+    (its calls come in the answer after the reasoning)."""
+    if thinking:
+        template = _thinking(TOOL_CHAT_TEMPLATE)
+        return _build(Path(dst), seed, vocab_size, template, added=THINK_TOKENS, specials=TOOL_TOKENS)
+    return _build(Path(dst), seed, vocab_size, TOOL_CHAT_TEMPLATE, specials=TOOL_TOKENS)
+
+
+def _build(
+    dst: Path,
+    seed: int,
+    vocab_size: int,
+    template: str,
+    *,
+    added: tuple[str, ...] = (),
+    specials: tuple[str, ...] = (),
+) -> Path:
+    """The tiny Llama with ``template`` as its chat template, ``specials`` as more special tokens
+    and ``added`` as added (not special) tokens."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -55,12 +90,12 @@ def _build(dst: Path, seed: int, vocab_size: int, template: str, added: tuple[st
     tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>"]
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *specials]
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        vocab_size=vocab_size, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     tok.train_from_iterator([_CORPUS] * 20, trainer=trainer)
     fast = PreTrainedTokenizerFast(

@@ -21,6 +21,14 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.engines.stats import EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.engines.structured import read as read_structured
+from airflow_batchinfer.engines.tools import (
+    NamedTool,
+    Tool,
+    ToolCall,
+    ToolChoice,
+    choice_problem,
+    tool_changes,
+)
 from airflow_batchinfer.exceptions import ConfigError
 
 # The fields as_dict() always writes: what a job's manifest and an llm judge's description said
@@ -60,6 +68,9 @@ class SamplingParams:
     reasoning_effort: str | None = None
     chat_template_kwargs: TemplateKwargs | None = None  # a JSON object, hashable
     thinking_token_budget: int | None = None
+    tools: tuple[Tool, ...] = ()  # offered to the model (engines.tools); its calls are parsed, not run
+    tool_choice: ToolChoice | None = None  # None: auto where tools are given
+    parallel_tool_calls: bool = True
 
     def __post_init__(self) -> None:
         for name in (
@@ -95,6 +106,9 @@ class SamplingParams:
                 f"top_logprobs {self.top_logprobs} asks for alternatives of each token's log probability: "
                 "set logprobs true too (as OpenAI's API asks), or remove top_logprobs"
             )
+        problem = choice_problem(self.tools, self.tool_choice)
+        if problem is not None:
+            raise ConfigError(problem)
 
     @classmethod
     def from_mapping(
@@ -141,6 +155,7 @@ class SamplingParams:
             raise ConfigError(str(exc)) from None
         if constraint is not None:  # response_format text asks for none: the base's stays
             changes["structured_outputs"] = constraint
+        changes.update(tool_changes(values, out.tools))
         return replace(out, **changes)
 
     def changed(self) -> dict[str, Any]:
@@ -162,8 +177,10 @@ class SamplingParams:
 def _as_json(name: str, value: Any) -> Any:
     if name == "logit_bias":
         return {str(token): bias for token, bias in value}
-    if isinstance(value, StructuredOutput | TemplateKwargs):
+    if isinstance(value, StructuredOutput | TemplateKwargs | NamedTool):
         return value.as_json()
+    if name == "tools":
+        return [t.as_json() for t in value]
     return list(value) if isinstance(value, tuple) else value
 
 
@@ -191,19 +208,23 @@ class GenerationRequest:
             raise ConfigError(f"request {self.request_id}: pass exactly one of prompt or messages")
 
     def prompt_chars(self) -> int:
-        """The prompt's characters (of chat messages: their text, image parts left out)."""
+        """The prompt's characters (of chat messages: their text, image parts left out, and the
+        offered tools', which the chat template renders)."""
         if self.prompt is not None:
             return len(self.prompt)
-        return image_parts.text_chars(self.messages)
+        tools = sum(len(t.spec) for t in self.sampling.tools)
+        return tools + image_parts.text_chars(self.messages)
 
     def estimate_tokens(self) -> int:
-        """Prompt tokens (``chars // 4 + 1``, and each image's: ``engines.images``) plus the
-        completion budget of each of its ``n`` candidates: what the request occupies in the engine's
-        KV cache, which is what a batch should be sized by (the candidates share the prompt's cache)."""
+        """Prompt tokens (``chars // 4 + 1``, the offered tools' too, and each image's:
+        ``engines.images``) plus the completion budget of each of its ``n`` candidates: what the
+        request occupies in the engine's KV cache, which is what a batch should be sized by (the
+        candidates share the prompt's cache)."""
         if self.prompt is not None:
             prompt = len(self.prompt) // 4 + 1
         else:
-            prompt = image_parts.estimate_prompt_tokens(self.messages, self.images)
+            tools = sum(len(t.spec) for t in self.sampling.tools)  # the chat template renders them too
+            prompt = tools // 4 + image_parts.estimate_prompt_tokens(self.messages, self.images)
         return prompt + self.sampling.n * self.sampling.max_tokens
 
 
@@ -243,12 +264,13 @@ class Choice:
     reasoning: str | None = None  # None: no reasoning parsed
     reasoning_tokens: int = 0
     reasoning_ended: bool = True  # False: the output stopped while still thinking
+    tool_calls: tuple[ToolCall, ...] | None = None  # None: the answer made no call (engines.tools)
 
 
 @dataclass(frozen=True)
 class GenerationResult:
     """A request's answer: its first candidate's ``text``, ``finish_reason``, ``logprobs`` and
-    reasoning (``reasoning``, ``reasoning_tokens``, ``reasoning_ended``), and
+    ``tool_calls``, its reasoning (``reasoning``, ``reasoning_tokens``, ``reasoning_ended``), and
     with ``n`` > 1 every candidate in ``choices`` (the first included; ``completion_tokens`` is
     theirs together). :attr:`candidates` reads both the same way."""
 
@@ -256,12 +278,13 @@ class GenerationResult:
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    finish_reason: str | None = None  # stop | length | error
+    finish_reason: str | None = None  # stop | length | tool_calls | error
     logprobs: tuple[TokenLogprob, ...] | None = None
     choices: tuple[Choice, ...] = ()
     reasoning: str | None = None  # the first candidate's, as Choice's
     reasoning_tokens: int = 0
     reasoning_ended: bool = True
+    tool_calls: tuple[ToolCall, ...] | None = None
 
     @property
     def ok(self) -> bool:
@@ -283,6 +306,7 @@ class GenerationResult:
                 self.reasoning,
                 self.reasoning_tokens,
                 self.reasoning_ended,
+                self.tool_calls,
             ),
         )
 
@@ -301,6 +325,7 @@ class GenerationResult:
             first.reasoning,
             first.reasoning_tokens,
             first.reasoning_ended,
+            first.tool_calls,
         )
 
     @classmethod

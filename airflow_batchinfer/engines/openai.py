@@ -7,7 +7,10 @@ that still fails becomes that request's error result, never an exception over th
 A structured output goes as OpenAI's ``response_format`` where it has the kind (a JSON schema, as
 ``json_schema`` named ``response`` with ``strict: true``: enforced, as vLLM enforces it; a JSON object)
 and as vLLM's ``structured_outputs`` otherwise (a regex, a choice, a grammar: ``vllm serve`` takes
-them; an API that does not answers that record's error).
+them; an API that does not answers that record's error). Tools go as they are (``tools``,
+``tool_choice``, ``parallel_tool_calls``: the chat API's fields) and an answer's
+``message.tool_calls`` become its :class:`~airflow_batchinfer.engines.tools.ToolCall` s (a message
+with calls only has ``content`` null: the answer's text is empty).
 
 Image parts (:mod:`~airflow_batchinfer.engines.images`) go on as OpenAI's ``image_url`` parts, each
 a ``data:`` URL of the image the worker loaded (a path or ``s3://`` URI the server could not read).
@@ -17,7 +20,8 @@ name), its tokens ``usage.completion_tokens_details.reasoning_tokens`` (a reques
 candidate; with ``n`` > 1 no candidate's count is known). A server does not say whether the reasoning
 ended: an answer cut at ``max_tokens`` (``length``) with reasoning and no content is taken as cut
 while thinking. ``reasoning_effort``, ``chat_template_kwargs`` and ``thinking_token_budget`` go in
-the body as vLLM's server takes them (an API that does not answers that record's error).
+the body as vLLM's server takes them (an API that does not answers that record's error). The server
+reads a reasoning model's calls from its answer, after the reasoning.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from airflow_batchinfer.engines.base import (
 from airflow_batchinfer.engines.images import openai_messages
 from airflow_batchinfer.engines.reasoning import prompt_refusal
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.exceptions import ConfigError
 
 if TYPE_CHECKING:  # imported on start: every worker imports this module (its secret options), and
@@ -144,6 +149,10 @@ class OpenAIEngine(Engine):
 
         assert self._http is not None, "start() the engine first"
         s = request.sampling
+        if s.tools and request.messages is None:
+            return GenerationResult.failed(
+                "openai: tools need chat messages (the completions API has no tools): send messages"
+            )
         refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "openai")
         if request.prompt is not None and refused is not None:
             return GenerationResult.failed(refused)
@@ -183,11 +192,15 @@ class OpenAIEngine(Engine):
                     continue
                 message = choice["message"]
                 text, reasoning = message.get("content"), _reasoning(message)
-                cut = finish == "length" and reasoning is not None and not text
+                calls = calls_of(message.get("tool_calls"))
+                if text is None and calls:  # a message that only calls tools has content null
+                    text = ""
+                if reasoning is None:
+                    choices.append(Choice(text, finish, 0, _logprobs(choice), tool_calls=calls))
+                    continue
+                cut = finish == "length" and not text and not calls
                 choices.append(
-                    Choice(text or "", finish, 0, _logprobs(choice), reasoning, thought, not cut)
-                    if reasoning is not None
-                    else Choice(message["content"], finish, 0, _logprobs(choice))
+                    Choice(text or "", finish, 0, _logprobs(choice), reasoning, thought, not cut, calls)
                 )
             result = GenerationResult.of(choices, int(usage.get("prompt_tokens", 0)))
             # usage counts the choices' tokens together, not each one's

@@ -204,11 +204,17 @@ class VllmSplitter:
         reasoning, answer = self.parser.extract_reasoning(text, self._request(messages, effort, kwargs))
         if reasoning is None:
             return Split(text if answer is None else answer)
+        return self.counted(reasoning, answer or "", token_ids)
+
+    def counted(self, reasoning: str, answer: str, token_ids: Sequence[int]) -> Split:
+        """The split of the generated ``token_ids`` into ``reasoning`` and ``answer`` (as this parser
+        extracts them: here, or inside vLLM's parser composed with a tool parser) with its reasoning
+        tokens and whether the reasoning ended."""
         ids = list(token_ids)
         count = int(self.parser.count_reasoning_tokens(ids))
         if count == 0 and reasoning:
             count = self._tokens_before_end(ids, reasoning)
-        return Split(answer or "", reasoning, count, bool(self.parser.is_reasoning_end(ids)))
+        return Split(answer, reasoning, count, bool(self.parser.is_reasoning_end(ids)))
 
     def _tokens_before_end(self, ids: list[int], reasoning: str) -> int:
         """The generated tokens before the parser's end token (all of them where it has not ended),

@@ -31,6 +31,7 @@ from typing import Any
 from airflow_batchinfer.engines import structured
 from airflow_batchinfer.engines.reasoning import EFFORTS
 from airflow_batchinfer.engines.structured import RESPONSE_FORMAT_SCHEMA, STRUCTURED_OUTPUTS_SCHEMA
+from airflow_batchinfer.engines.tools import TOOL_CHOICE_SCHEMA, TOOLS_SCHEMA
 from airflow_batchinfer.fields import Described
 
 #: The engines (``engines.ENGINES``, which a test holds equal): named here, where nothing is imported.
@@ -48,6 +49,10 @@ _TEMPLATES = ("vllm", "transformers", "openai")
 # a thinking budget: vLLM's, and a logits processor of the same rule on transformers (both need the
 # pool's reasoning_parser); the openai engine passes it on
 _THINKING_BUDGET = ("vllm", "transformers", "openai")
+# tool calls: vLLM renders the tools with the chat template and parses the answer with the tool parser
+# its pool pins (engine option tool_parser); the openai engine passes them on. transformers has no
+# tool parser, the simulated engine's answers make no calls
+_TOOLS = ("vllm", "openai")
 MAX_N = 128  # candidates per record
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound (vLLM's default max_logprobs too)
 
@@ -162,6 +167,15 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     _f("thinking_token_budget", _nullable("integer", minimum=0),
        "vLLM's thinking budget: the reasoning is ended after this many tokens (a vllm pool needs its "
        "engine option reasoning_parser)", engines=_THINKING_BUDGET),
+    # tool calls, parsed into rows and output lines, not executed (engines.tools)
+    _f("tools", TOOLS_SCHEMA,
+       "function tools the model may call ({type: function, function: {name, description, parameters}}): "
+       "its calls are parsed into rows' tool_calls, never executed", engines=_TOOLS, neutral=([],)),
+    _f("tool_choice", TOOL_CHOICE_SCHEMA,
+       "none, auto (the default with tools), required (at least one call) or {type: function, function: "
+       "{name}} (that call)", engines=_TOOLS, neutral=("none", "auto")),
+    _f("parallel_tool_calls", _nullable("boolean"),
+       "false: at most one call per answer (default true)", engines=_TOOLS, neutral=(True,)),
     # taken, with no effect on the output
     _f("user", _nullable("string"), "the end user's id, for the API's abuse checks", noop=True),
     _f("safety_identifier", _nullable("string"), "the end user's id, for the API's abuse checks", noop=True),
@@ -170,16 +184,14 @@ REQUEST_FIELDS: tuple[RequestField, ...] = (
     _f("service_tier", _nullable("string"), "the API's latency tier", noop=True),
     _f("prompt_cache_key", _nullable("string"), "the API's prompt-cache hint (vLLM caches prefixes "
        "itself)", noop=True),
-    _f("parallel_tool_calls", _nullable("boolean"), "tools are refused, so it means nothing", noop=True),
     # refused unless neutral: what later releases add
     _f("best_of", _nullable("integer", minimum=1), f"candidates to pick from: only 1, {_LATER} (n "
        "candidates, each judged, and the run's select, do it)", engines=(), neutral=(1,)),
-    _f("tools", _ARRAY, f"tool calls: {_LATER}", engines=(), neutral=([],)),
-    _f("tool_choice", _nullable(["string", "object"]), f"tool calls: {_LATER}", engines=(),
+    _f("functions", _ARRAY, "OpenAI's deprecated form of tools: give each function f as "
+       "{type: function, function: f} in tools", engines=(), neutral=([],)),
+    _f("function_call", _nullable(["string", "object"]), "OpenAI's deprecated form of tool_choice: give "
+       "tool_choice (none, auto, or {type: function, function: {name}})", engines=(),
        neutral=("none", "auto")),
-    _f("functions", _ARRAY, f"tool calls (deprecated form): {_LATER}", engines=(), neutral=([],)),
-    _f("function_call", _nullable(["string", "object"]), f"tool calls (deprecated form): {_LATER}",
-       engines=(), neutral=("none", "auto")),
     _f("stream", _nullable("boolean"), "batch answers are whole: only false", engines=(), neutral=(False,)),
     _f("stream_options", _OBJECT, "batch answers are whole: not streamed", engines=()),
     _f("echo", _nullable("boolean"), f"the prompt repeated in the answer: {_LATER}", engines=(),

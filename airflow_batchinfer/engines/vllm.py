@@ -19,6 +19,11 @@ A reasoning model's outputs are split by one of vLLM's reasoning parsers, named 
 too: its structured outputs then hold the answer after the reasoning, and ``thinking_token_budget``
 is honoured. ``reasoning_effort`` and ``chat_template_kwargs`` render the chat template.
 
+A request that offers tools is rendered with them and its calls read by vLLM's tool parser (engine
+option ``tool_parser``, :mod:`~airflow_batchinfer.engines.vllm_tools`), composed with the reasoning
+parser as vLLM's server composes them: the reasoning is split off first and the calls read from the
+answer after it, the output parsed once.
+
 A model vLLM runs with its pooling runner (a ``*ForSequenceClassification`` architecture, or the
 engine options ``runner: pooling`` and ``convert: classify``) is a scoring model
 (:mod:`~airflow_batchinfer.engines.scoring`): requests go to ``AsyncLLM.encode`` with the
@@ -70,6 +75,8 @@ from airflow_batchinfer.engines.sampling import PARAM_FIELDS
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel, labels_of
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
+from airflow_batchinfer.engines.tools import TOOL_FIELDS, ToolCall
+from airflow_batchinfer.engines.vllm_tools import ToolTurn, VllmTools, check_tool_parser
 from airflow_batchinfer.exceptions import ConfigError
 
 log = logging.getLogger("airflow_batchinfer.engines.vllm")
@@ -80,6 +87,8 @@ NO_PARSER = (
 )
 #: The sampling fields that go to the chat template, not to vLLM's sampling.
 TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
+#: What vLLM generates from: a prompt's text, or a dict of it and its ``multi_modal_data``.
+Prompt = str | dict[str, Any]
 
 
 class VllmEngine(Engine):
@@ -89,7 +98,9 @@ class VllmEngine(Engine):
     ``log_stats_interval_s``: vLLM's stat lines in the worker log every that many seconds (at least
     1; unset: none). ``reasoning_parser`` (one of vLLM's reasoning parsers, by name) goes to vLLM too
     (structured outputs then constrain the answer after the reasoning, and ``thinking_token_budget``
-    is honoured) and splits each output into its reasoning and its answer."""
+    is honoured) and splits each output into its reasoning and its answer. ``tool_parser``: the vLLM
+    tool parser that reads the calls of requests that offer tools
+    (:mod:`~airflow_batchinfer.engines.vllm_tools`; unset: such requests are refused)."""
 
     name = "vllm"
     stats_fields = tuple(n for n in (*COUNTERS, *GAUGES) if n != "batches")  # it schedules steps
@@ -98,6 +109,8 @@ class VllmEngine(Engine):
     def __init__(self, model: str, **engine_args: Any) -> None:
         self.model_path = model
         self.log_stats_interval_s = _log_interval(engine_args.pop("log_stats_interval_s", None))
+        self.tool_parser = engine_args.pop("tool_parser", None)
+        self.tools: VllmTools | None = None
         self.engine_args = engine_args
         self.llm: Any = None
         self.tokenizer: Any = None
@@ -118,6 +131,7 @@ class VllmEngine(Engine):
         parser = self.engine_args.get("reasoning_parser")
         if parser is not None:
             check_vllm_parser(parser)
+        check_tool_parser(self.tool_parser)  # an unknown name: refused before the model loads
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
@@ -126,6 +140,7 @@ class VllmEngine(Engine):
         self.tokenizer = self.llm.get_tokenizer()
         if parser is not None:
             self.splitter = VllmSplitter(parser, self.tokenizer, self.llm.model_config)
+        self.tools = VllmTools(self.tool_parser, self.tokenizer, self.llm.model_config, parser)
         if self.llm.model_config.runner_type == "pooling":
             await self._pooling()
         if self.log_stats_interval_s is not None:
@@ -188,50 +203,65 @@ class VllmEngine(Engine):
         prompts = await asyncio.to_thread(self._prompts, requests)
         return list(await asyncio.gather(*(self._one(r, p) for r, p in zip(requests, prompts, strict=True))))
 
-    def _prompts(self, requests: list[GenerationRequest]) -> list[str | dict[str, Any] | GenerationResult]:
-        """Each request's prompt text (chat messages through the model's chat template: a Jinja
-        render per request, CPU work for a thread) or, with images, vLLM's prompt with its
-        ``multi_modal_data``; or the error result of one that cannot render."""
-        prompts: list[str | dict[str, Any] | GenerationResult] = []
+    def _prompts(
+        self, requests: list[GenerationRequest]
+    ) -> list[Prompt | tuple[Prompt, ToolTurn] | GenerationResult]:
+        """Each request's prompt (chat messages through the model's chat template: a Jinja render per
+        request, CPU work for a thread; with images, vLLM's prompt with its ``multi_modal_data``),
+        with its tool calling where it offers tools; or the error result of one that cannot render."""
+        prompts: list[Prompt | tuple[Prompt, ToolTurn] | GenerationResult] = []
         for r in requests:
             s = r.sampling
             if s.thinking_token_budget is not None and self.splitter is None:
                 prompts.append(GenerationResult.failed(NO_PARSER))
                 continue
+            if s.tools:
+                prompts.append(self._tool_prompt(r))
+                continue
             if r.prompt is not None:
                 refused = prompt_refusal(s.reasoning_effort, s.chat_template_kwargs, "vllm")
                 prompts.append(r.prompt if refused is None else GenerationResult.failed(refused))
                 continue
-            if r.images:
-                prompts.append(self._image_prompt(r))
-                continue
-            try:
-                kwargs = template_kwargs(s.reasoning_effort, s.chat_template_kwargs)
-                prompts.append(
-                    self.tokenizer.apply_chat_template(
-                        list(r.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
-                    )
-                )
-            except Exception as exc:
-                prompts.append(GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}"))
+            prompts.append(self._chat_prompt(r))
         return prompts
 
-    def _image_prompt(self, r: GenerationRequest) -> dict[str, Any] | GenerationResult:
-        if not self.llm.model_config.is_multimodal_model:
+    def _tool_prompt(self, request: GenerationRequest) -> tuple[Prompt, ToolTurn] | GenerationResult:
+        """The prompt of a request that offers tools, with its tool calling (engines.vllm_tools)."""
+        assert self.tools is not None, "start() the engine first"
+        refused = self.tools.refusal(request)
+        if refused:
+            return GenerationResult.failed(f"vllm: {refused}")
+        try:
+            turn = self.tools.turn(request)
+        except Exception as exc:  # vLLM's request validation
+            return GenerationResult.failed(f"vllm: tools: {type(exc).__name__}: {exc}")
+        prompt = self._chat_prompt(request, turn)
+        return prompt if isinstance(prompt, GenerationResult) else (prompt, turn)
+
+    def _chat_prompt(self, r: GenerationRequest, turn: ToolTurn | None = None) -> Prompt | GenerationResult:
+        """The messages through the chat template with the reasoning fields' variables and the
+        offered tools (as vLLM's request holds them: ``vllm serve`` renders those); with images,
+        vLLM's prompt whose ``multi_modal_data`` are the images."""
+        if r.images and not self.llm.model_config.is_multimodal_model:
             why = f"{os.path.basename(self.model_path)} takes no images (vLLM loaded it as a text-only model)"
             return GenerationResult.failed(refused_images(self.name, why))
+        kwargs = template_kwargs(r.sampling.reasoning_effort, r.sampling.chat_template_kwargs)
+        if turn is not None:
+            kwargs["tools"] = turn.template_tools()
+        messages = template_messages(r.messages or ()) if r.images else list(r.messages or ())
         try:
-            kwargs = template_kwargs(r.sampling.reasoning_effort, r.sampling.chat_template_kwargs)
             text = self.tokenizer.apply_chat_template(
-                template_messages(r.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
+                messages, add_generation_prompt=True, tokenize=False, **kwargs
             )
+            if not r.images:
+                return str(text)
             pictures = [image.pil() for image in r.images]
         except Exception as exc:
-            return GenerationResult.failed(f"vllm: image prompt: {type(exc).__name__}: {exc}")
+            return GenerationResult.failed(f"vllm: chat template: {type(exc).__name__}: {exc}")
         return {"prompt": text, "multi_modal_data": {"image": pictures}}
 
     async def _one(
-        self, request: GenerationRequest, prompt: str | dict[str, Any] | GenerationResult
+        self, request: GenerationRequest, prompt: Prompt | tuple[Prompt, ToolTurn] | GenerationResult
     ) -> GenerationResult:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -239,12 +269,15 @@ class VllmEngine(Engine):
 
         if isinstance(prompt, GenerationResult):
             return prompt
+        prompt, turn = prompt if isinstance(prompt, tuple) else (prompt, None)
         try:
             args = sampling_args(request.sampling)
             if args["structured_outputs"] is not None:
                 from vllm.sampling_params import StructuredOutputsParams
 
                 args["structured_outputs"] = StructuredOutputsParams(**args["structured_outputs"])
+            if turn is not None:  # what a call needs: its constraint, the parser's special tokens
+                args.update(turn.sampling_overrides())
             params = SamplingParams(
                 **args,
                 output_kind=RequestOutputKind.FINAL_ONLY,  # one output per request, when finished
@@ -267,28 +300,42 @@ class VllmEngine(Engine):
         logprobs = request.sampling.logprobs
         choices = []
         for out in sorted(final.outputs, key=lambda o: o.index):
-            split = self._split(request, out)
+            split, calls, finish = self._read(request, out, turn)
             choices.append(
                 Choice(
                     split.answer,
-                    str(out.finish_reason or "stop"),
+                    finish,
                     len(out.token_ids),
                     _logprobs(out, request.sampling.top_logprobs, self.tokenizer) if logprobs else None,
                     split.reasoning,
                     split.reasoning_tokens,
                     split.ended,
+                    calls,
                 )
             )
         return GenerationResult.of(choices, len(final.prompt_token_ids or ()))
 
-    def _split(self, request: GenerationRequest, out: Any) -> Split:
-        """A vLLM ``CompletionOutput`` split by the reasoning parser (none: all of it is the answer)."""
+    def _read(
+        self, request: GenerationRequest, out: Any, turn: ToolTurn | None
+    ) -> tuple[Split, tuple[ToolCall, ...] | None, str]:
+        """A vLLM ``CompletionOutput``'s reasoning and answer, its calls and finish reason, the text
+        parsed once, in vLLM's server's order: where the request's calls are parsed, vLLM's composed
+        parser splits the reasoning off first and reads the calls from the answer after it (the
+        reasoning parser counts its tokens); else the reasoning parser alone splits it (none: all of
+        it is the answer)."""
+        finish = str(out.finish_reason or "stop")
+        if turn is not None and turn.parser is not None:
+            reasoning, answer, calls, finish = turn.calls(out.text, out.token_ids, finish)
+            if reasoning is None or self.splitter is None:
+                return Split(answer), calls, finish
+            return self.splitter.counted(reasoning, answer, out.token_ids), calls, finish
         if self.splitter is None:
-            return Split(out.text)
+            return Split(out.text), None, finish
         s = request.sampling
-        return self.splitter.split(
+        split = self.splitter.split(
             out.text, out.token_ids, request.messages, s.reasoning_effort, s.chat_template_kwargs
         )
+        return split, None, finish
 
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
@@ -411,7 +458,7 @@ class VllmEngine(Engine):
         described = {
             "engine": self.name,
             "model": os.path.basename(os.path.normpath(self.model_path)),
-            "args": args,
+            "args": args if self.tool_parser is None else {**args, "tool_parser": self.tool_parser},
         }
         # a scoring or embedding model says so (a generating one is described as it always was)
         for served in (self.scoring, self.embedding):
@@ -434,7 +481,7 @@ def sampling_args(s: BaseSampling) -> dict[str, Any]:
     template's (``reasoning_effort``, ``chat_template_kwargs``: the engine renders the prompt with them)."""
     args: dict[str, Any] = {}
     for name in PARAM_FIELDS:
-        if name in TEMPLATE_FIELDS:
+        if name in TEMPLATE_FIELDS or name in TOOL_FIELDS:  # the chat template's, the tool parser's
             continue
         value = getattr(s, name)
         if isinstance(value, tuple):  # stop, stop_token_ids, logit_bias: None when empty

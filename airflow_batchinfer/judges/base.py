@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
+from airflow_batchinfer.engines.tools import ToolCall
 
 if TYPE_CHECKING:
     from airflow_batchinfer.prompts.build import PromptBuilder
@@ -54,6 +55,7 @@ class JudgeItem:
     record_id: str
     attempt: int = 1
     candidate: int = 0  # which of the record's candidates ``result`` is (judges.candidates)
+    tool_calls: tuple[ToolCall, ...] | None = None  # the calls that answer made (engines.tools)
 
 
 class Judge(abc.ABC):

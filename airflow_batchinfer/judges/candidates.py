@@ -44,6 +44,7 @@ GENERATION_FIELDS = frozenset(
         "candidates",
         "candidate",
         "logprobs",
+        "tool_calls",
         "jury_verdicts",
         "previous",
         "sent_back",

@@ -37,10 +37,11 @@ from typing import Any
 from airflow_batchinfer.engines.base import GenerationRequest, SamplingParams, TokenLogprob
 from airflow_batchinfer.engines.sampling import FIELDS, MAX_TOP_LOGPROBS
 from airflow_batchinfer.engines.scoring import ScoringModel
+from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import Generate, Judge, JudgeItem, Scorer, Verdict
 from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
-from airflow_batchinfer.judges.reasoning import REASONING, check_template, reasoning_of
+from airflow_batchinfer.judges.reasoning import REASONING, REASONING_TEMPLATE, check_template, reasoning_of
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.values import number
 
@@ -53,6 +54,16 @@ DEFAULT_TEMPLATE = (
     "Request:\n{{ record.get('prompt') or record.get('question') or record }}\n\nAnswer:\n{{ result }}\n\n"
     'Reply with JSON only: {"approved": true or false, "reason": "<one sentence>", "score": <0..1>}'
 )
+
+
+def with_tool_calls(template: str) -> str:
+    """A default template (:data:`DEFAULT_TEMPLATE`, the reasoning one) for an answer that calls
+    tools: the calls after the answer's text (OpenAI's list; they were not executed). A template of
+    one's own renders ``tool_calls`` where it wants them."""
+    return template.replace(
+        "{{ result }}\n\n",
+        "{{ result }}\n\nTool calls the answer makes (parsed, not executed):\n{{ tool_calls | tojson }}\n\n",
+    )
 
 
 #: The verdict an llm judge asks for on engines that honour structured outputs.
@@ -197,10 +208,11 @@ def approval_probability(tokens: Sequence[TokenLogprob]) -> float | None:
 def prompt_record(item: JudgeItem, *, sees_reasoning: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
     """What a judge's template renders of ``item``: the record (not its generation: another
     candidate's answer or logprobs are not this one's, and a reasoning model's reasoning is not the
-    answer), and ``PromptBuilder.build``'s arguments, ``result`` the answer judged; with
-    ``sees_reasoning``, ``reasoning`` its reasoning too (:mod:`~airflow_batchinfer.judges.reasoning`)."""
+    answer), and ``PromptBuilder.build``'s arguments, ``result`` the answer judged and ``tool_calls``
+    the calls it makes (OpenAI's list; ``None``: none); with ``sees_reasoning``, ``reasoning`` its
+    reasoning too (:mod:`~airflow_batchinfer.judges.reasoning`)."""
     record = {k: v for k, v in item.record.items() if k not in _NOT_PROMPTED}
-    variables: dict[str, Any] = {"result": item.result}
+    variables: dict[str, Any] = {"result": item.result, "tool_calls": calls_json(item.tool_calls)}
     if sees_reasoning:
         variables[REASONING] = reasoning_of(item)
     kwargs = {
@@ -258,6 +270,15 @@ class LLMJudge(Judge):
         self.sampling = sampling
         self.prompts = PromptBuilder(template, system=system, sampling=self.sampling, engine=engine)
         self.template, self.system, self.sees_reasoning = template, system, sees_reasoning
+        # the default templates show an answer's calls (rows without calls render as they always did)
+        self._tool_prompts = (
+            PromptBuilder(with_tool_calls(template), system=system, sampling=self.sampling, engine=engine)
+            if template in (DEFAULT_TEMPLATE, REASONING_TEMPLATE)
+            else self.prompts
+        )
+
+    def _builder(self, item: JudgeItem) -> PromptBuilder:
+        return self._tool_prompts if item.tool_calls else self.prompts
 
     async def judge(
         self, items: Sequence[JudgeItem], generate: Generate | None = None, scorer: Scorer | None = None
@@ -274,7 +295,7 @@ class LLMJudge(Judge):
             for i, item in enumerate(items):
                 try:
                     record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
-                    requests.append(await self.prompts.abuild(record, **kwargs))
+                    requests.append(await self._builder(item).abuild(record, **kwargs))
                 except PromptError as exc:
                     verdicts[i] = Verdict(False, f"judge_error: {exc}")
                     continue
@@ -314,7 +335,7 @@ class LLMJudge(Judge):
         for i, item in enumerate(items):
             record, kwargs = prompt_record(item, sees_reasoning=self.sees_reasoning)
             try:
-                request = self.prompts.build(record, **kwargs)
+                request = self._builder(item).build(record, **kwargs)
             except PromptError as exc:
                 verdicts[i] = Verdict(False, f"judge_error: {exc}")
                 continue

@@ -9,6 +9,7 @@ Spec examples::
     {"type": "regex", "pattern": "^\\\\d+$"}
     {"type": "json_schema", "schema": {...}}
     {"type": "length", "min_chars": 1, "max_chars": 2000}
+    {"type": "tool_call", "name": "get_weather", "arguments": {"required": ["city"]}}
     {"type": "length", "max_chars": 8000, "of": "reasoning"}   # a rule over the reasoning, not the answer
     {"type": "callable", "target": "my_pkg.checks:is_good"}
     {"type": "all", "judges": [...]}       # or "any"
@@ -47,6 +48,7 @@ from airflow_batchinfer.judges.rules import (
     LengthJudge,
     RegexJudge,
 )
+from airflow_batchinfer.judges.tool_calls import ToolCallJudge
 
 LLM_JUDGE_KEYS = frozenset(
     {
@@ -70,6 +72,7 @@ JUDGE_TYPES = (
     "regex",
     "json_schema",
     "length",
+    "tool_call",
     "callable",
     "all",
     "any",
@@ -192,6 +195,7 @@ def build_judge(
             "length": LengthJudge,
             "label": LabelJudge,
             "accept": AcceptJudge,
+            "tool_call": ToolCallJudge,
         }.get(kind)
         if cls is None:
             raise ConfigError(f"judge type {kind!r} is unknown: choose one of {', '.join(JUDGE_TYPES)}")

@@ -270,6 +270,21 @@ def _re2_validator(cls: Any, schema: Mapping[str, Any]) -> Any:
     return validators.extend(cls, {k: v for k, v in replaced.items() if k in cls.VALIDATORS})
 
 
+def schema_validator(schema: Mapping[str, Any], what: str) -> Any:
+    """A jsonschema validator of ``schema`` whose patterns run on RE2, or a ConfigError naming
+    ``what`` (the judge) when the schema is not a valid JSON Schema."""
+    import jsonschema
+
+    try:
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)
+        return _re2_validator(cls, schema)(schema)
+    except jsonschema.SchemaError as exc:
+        raise ConfigError(f"{what}: invalid schema: {exc.message}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{what}: the schema is nested too deeply") from exc
+
+
 class JsonSchemaJudge(RuleJudge):
     """The output must be JSON (optionally in a ```json fence) valid against ``schema``; its patterns
     run on RE2 (see :func:`compile_re2`)."""
@@ -277,16 +292,7 @@ class JsonSchemaJudge(RuleJudge):
     kind = "json_schema"
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
-        import jsonschema
-
-        try:
-            cls = jsonschema.validators.validator_for(schema)
-            cls.check_schema(schema)
-            self.validator = _re2_validator(cls, schema)(schema)
-        except jsonschema.SchemaError as exc:
-            raise ConfigError(f"json_schema judge: invalid schema: {exc.message}") from exc
-        except RecursionError as exc:
-            raise ConfigError("json_schema judge: the schema is nested too deeply") from exc
+        self.validator = schema_validator(schema, "json_schema judge")
         self.schema = dict(schema)
 
     def check(self, item: JudgeItem) -> Verdict:

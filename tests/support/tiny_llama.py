@@ -9,6 +9,7 @@ from airflow_batchinfer.dev.tiny_llama import (
     build_tiny_llama,
     build_tiny_lora,
     build_tiny_thinker,
+    build_tiny_tool_llama,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "build_tiny_llama",
     "build_tiny_lora",
     "build_tiny_thinker",
+    "build_tiny_tool_llama",
 ]

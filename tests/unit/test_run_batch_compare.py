@@ -8,6 +8,7 @@ from typing import Any
 
 from airflow_batchinfer.dev.run_batch import compare_lines, engine_flags
 from airflow_batchinfer.engines.base import Choice, GenerationResult, TokenLogprob
+from airflow_batchinfer.engines.tools import ToolCall
 from airflow_batchinfer.worker.jobs.infer import openai_batch_row
 
 RECORD = {"custom_id": "a", "body": {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}}
@@ -130,3 +131,23 @@ def test_engine_args_become_the_same_flags_for_run_batch() -> None:
         {"max_model_len": 512, "enforce_eager": True, "enable_lora": False, "dtype": "float32"}
     )
     assert flags == ["--max-model-len", "512", "--enforce-eager", "--dtype", "float32"]
+
+
+def test_tool_call_ids_may_differ_their_names_and_arguments_not() -> None:
+    call = ToolCall("chatcmpl-tool-1", "get_weather", '{"city": "Paris"}')
+    mine = openai_batch_row(
+        RECORD,
+        GenerationResult(
+            "", finish_reason="tool_calls", prompt_tokens=5, completion_tokens=1, tool_calls=(call,)
+        ),
+        model="m",
+        created=1,
+    )
+    theirs = vllms()
+    choice = theirs["response"]["body"]["choices"][0]
+    choice.update(logprobs=None, finish_reason="tool_calls")
+    choice["message"].update(content=None, tool_calls=[{**call.as_json(), "id": "chatcmpl-tool-2"}])
+    assert compare_lines({"a": mine}, {"a": theirs}) == []  # vLLM's ids are random: allowed
+    choice["message"]["tool_calls"][0]["function"]["arguments"] = '{"city": "Rome"}'
+    (found,) = compare_lines({"a": mine}, {"a": theirs})
+    assert found.startswith("a: response.body.choices.0.message.tool_calls.0.function.arguments: ours ")

@@ -15,6 +15,7 @@ from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult,
 from airflow_batchinfer.engines.images import ImageError, load_images
 from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.engines.reasoning import openai_message, row_fields
+from airflow_batchinfer.engines.tools import calls_json
 from airflow_batchinfer.judges import JudgeItem, candidates, jury
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, thinking_budget
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
@@ -70,8 +71,9 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     when one answered; ``logprobs`` (OpenAI's
     ``logprobs.content``) when asked for; a reasoning model's ``reasoning``, ``reasoning_tokens`` and
     ``truncated_in_thinking`` (:func:`~airflow_batchinfer.engines.reasoning.row_fields`: ``result`` is
-    the answer alone); with ``n`` > 1 every candidate in ``candidates``
-    (``index``, ``result``, ``finish_reason``, ``completion_tokens``, ``logprobs``, its reasoning),
+    the answer alone); ``tool_calls`` (OpenAI's list, :mod:`~airflow_batchinfer.engines.tools`) when
+    the answer made calls; with ``n`` > 1 every candidate in ``candidates`` (``index``, ``result``,
+    ``finish_reason``, ``completion_tokens``, ``logprobs``, its reasoning, ``tool_calls``),
     which the judge step judges one by one (:mod:`~airflow_batchinfer.judges.candidates`)."""
     fields: dict[str, Any] = {
         "result": res.text,
@@ -87,6 +89,8 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
     if res.logprobs is not None:
         fields["logprobs"] = [t.as_json() for t in res.logprobs]
     fields.update(row_fields(res.reasoning, res.reasoning_tokens, res.reasoning_ended, res.finish_reason))
+    if res.tool_calls:
+        fields["tool_calls"] = calls_json(res.tool_calls)
     if res.choices:  # n > 1 (n = 1: the result is its one candidate)
         fields["candidates"] = [
             {
@@ -96,6 +100,7 @@ def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[
                 "completion_tokens": c.completion_tokens,
                 **({"logprobs": [t.as_json() for t in c.logprobs]} if c.logprobs is not None else {}),
                 **row_fields(c.reasoning, c.reasoning_tokens, c.reasoning_ended, c.finish_reason),
+                **({"tool_calls": calls_json(c.tool_calls)} if c.tool_calls else {}),
             }
             for i, c in enumerate(res.choices)
         ]
@@ -236,7 +241,9 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     (``tokens``, ``token_logprobs``, ``top_logprobs``, ``text_offset``), ``null`` when not asked for;
     a reasoning model's reasoning in the message as vLLM's server writes it
     (:func:`~airflow_batchinfer.engines.reasoning.openai_message`) and its tokens in
-    ``usage.completion_tokens_details.reasoning_tokens``."""
+    ``usage.completion_tokens_details.reasoning_tokens``; a message with calls has ``tool_calls``
+    (none: no such key, as vLLM's server writes it) and ``content`` ``null`` when it says nothing
+    besides them."""
     custom_id = record.get("custom_id", record.get("id"))
     digest = hashlib.sha256(f"{custom_id}".encode()).hexdigest()[:24]
     if not res.ok:
@@ -261,7 +268,11 @@ def openai_batch_row(record: Mapping[str, Any], res: GenerationResult, *, model:
     for i, c in enumerate(res.candidates):
         if chat:
             logprobs = None if c.logprobs is None else {"content": [t.as_json() for t in c.logprobs]}
-            answer: dict[str, Any] = {"message": openai_message("assistant", c.text, c.reasoning)}
+            message = openai_message("assistant", c.text, c.reasoning)
+            if c.tool_calls:
+                message["content"] = c.text or None
+                message["tool_calls"] = calls_json(c.tool_calls)
+            answer: dict[str, Any] = {"message": message}
         else:
             logprobs = None if c.logprobs is None else _completion_logprobs(c.logprobs)
             answer = {"text": c.text}

