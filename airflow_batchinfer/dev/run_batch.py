@@ -78,14 +78,16 @@ class BatchRun:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(
-            int(
-                (((line.get("response") or {}).get("body") or {}).get("usage") or {}).get(
-                    "completion_tokens", 0
-                )
-            )
-            for line in self.lines.values()
-        )
+        return self._usage("completion_tokens")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._usage("prompt_tokens")
+
+    def _usage(self, key: str) -> int:
+        """``key`` of the answered lines' usage, summed."""
+        bodies = (((line.get("response") or {}).get("body") or {}) for line in self.lines.values())
+        return sum(int((body.get("usage") or {}).get(key, 0)) for body in bodies)
 
 
 def engine_flags(engine_args: Mapping[str, Any]) -> list[str]:
@@ -150,10 +152,19 @@ def vllm_run_batch(
     return BatchRun(by_custom_id(lines, str(out)), wall, run_s)
 
 
-def worker_batch(w: WorkerProcess, src: Path, root: Path, *, name: str, timeout: float = 1800) -> BatchRun:
-    """``src`` through one infer job on ``w`` with ``output_format: openai`` (one shard under
-    ``root``, which must lie under the worker's allowed prefixes; ``name`` makes the job id and the
-    run folder, unique on the worker). ``wall_s`` and ``run_s`` are both the job's."""
+def worker_batch(
+    w: WorkerProcess,
+    src: Path,
+    root: Path,
+    *,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    timeout: float = 1800,
+) -> BatchRun:
+    """``src`` through one infer job on ``w`` with ``output_format: openai`` and ``params`` (more
+    job params: ``task: embed``, say), one shard under ``root``, which must lie under the worker's
+    allowed prefixes; ``name`` makes the job id and the run folder, unique on the worker.
+    ``wall_s`` and ``run_s`` are both the job's."""
     layout = RunLayout(str(root / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
     sid = shard.shard_id
@@ -162,7 +173,12 @@ def worker_batch(w: WorkerProcess, src: Path, root: Path, *, name: str, timeout:
         kind="infer",
         input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"input_records": shard.records, "id_field": "custom_id", "output_format": "openai"},
+        params={
+            "input_records": shard.records,
+            "id_field": "custom_id",
+            "output_format": "openai",
+            **(params or {}),
+        },
     )
     t0 = time.monotonic()
     status = w.wait(w.submit(spec).job_id, timeout=timeout)
