@@ -20,14 +20,12 @@ import pytest
 from airflow_batchinfer.engines.pooling import decode_vector
 from airflow_batchinfer.exceptions import BadJobError
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from tests.support.local_pool import cli, dataset
 from tests.support.models import VLLM_PYTHON
 from tests.support.run_batch import vllm_run_batch
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.workers import WorkerProcess, run_job, start_worker
 
 pytestmark = pytest.mark.slow
 N = 12
@@ -92,20 +90,6 @@ def shard(workdir: Path, name: str, records: list[dict[str, Any]]) -> tuple[RunL
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     layout = RunLayout(str(workdir / f"run-{name}"))
     return layout, shard_dataset(str(src), layout.input).shards[0]
-
-
-def run_job(
-    w: WorkerProcess, kind: str, src: str, outputs: dict[str, str], params: dict[str, Any], name: str
-) -> Tally:
-    manifest = str(Path(outputs[next(iter(outputs))]).parent / f"{name}.manifest.json")
-    spec = JobSpec(
-        job_id=name, kind=kind, input=src, outputs={**outputs, "manifest": manifest}, params=params
-    )  # type: ignore[arg-type]
-    status = w.wait(w.submit(spec).job_id, timeout=900)
-    assert status.state == "succeeded", f"{status.error}\n{w.log_tail()}"
-    m = read_job_manifest(manifest)
-    assert m is not None
-    return m.counts
 
 
 def embed_shard(w: WorkerProcess, workdir: Path, name: str) -> dict[str, dict[str, Any]]:
