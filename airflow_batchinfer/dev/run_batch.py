@@ -1,6 +1,9 @@
 """One OpenAI batch file through ``vllm run-batch`` (vLLM's own batch runner) and through a worker
 (an infer job, ``output_format: openai``), and the two output files compared line by line: the
-parity harness of tests/component/test_run_batch_parity.py and ``bench/run_batch_side.py``.
+parity harness of tests/component/test_run_batch_parity.py and ``bench/run_batch_side.py``; the
+embed benchmark and test (``bench/embed.py``, tests/component/test_pooling_jobs.py) and
+``bench/generation.py`` run their sides with it too (:func:`shard_job`: one shard through one
+infer job, any output format).
 
 :func:`compare_lines` compares every field the two lines hold except the differences listed in
 :data:`ALLOWED`, each with its reason; a field one side leaves out and the other sets to ``null``,
