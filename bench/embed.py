@@ -11,39 +11,33 @@ progress bar. Both answer the same ids; the vectors of the two sides are compare
 difference of a value). ``--engines vllm,transformers`` adds our worker on the transformers engine
 (the GPU form of this benchmark: ``--device cuda``), whose vectors are compared with vLLM's too.
 
+Both sides go through the run-batch harness (:mod:`airflow_batchinfer.dev.run_batch`).
+
 Run: ``python bench/embed.py [--records 512] [--model smollm2|tiny]`` (needs ``make vllm-venv models``).
-``vllm_run_batch`` below is the same call as the run-batch harness's (``airflow_batchinfer.dev.run_batch``
-on the runbatch branch, same name); once both are merged this one goes and that one is imported.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.run_batch import VLLM_ENV, BatchRun, vllm_run_batch, worker_batch  # noqa: E402
 from airflow_batchinfer.dev.tiny_llama import build_tiny_embedder, build_tiny_llama  # noqa: E402
 from airflow_batchinfer.dev.workers import start_worker  # noqa: E402
 from airflow_batchinfer.engines.pooling import decode_vector  # noqa: E402
-from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
-from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
-from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.storage import JsonlFile, shard_dataset  # noqa: E402
 
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
-RUN_BAR = re.compile(r"Running batch: 100%[^\[]*\[(?:(\d+):)?(\d+):(\d\d)<")
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
+ENV = {**VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2"}
 ENGINE_ARGS: dict[str, Any] = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
 SERVED = "embedder"
 TEXT = (
@@ -98,12 +92,9 @@ def vectors(lines: Mapping[str, Mapping[str, Any]]) -> dict[str, list[float]]:
     return out
 
 
-def tokens_of(lines: Mapping[str, Mapping[str, Any]]) -> int:
-    bodies = ((line.get("response") or {}).get("body") or {} for line in lines.values())
-    return sum(int((b.get("usage") or {}).get("prompt_tokens", 0)) for b in bodies)
-
-
-def ours(tmp: Path, engine: str, model: str, src: Path, device: str) -> dict[str, Any]:
+def ours(tmp: Path, engine: str, model: str, src: Path, device: str) -> BatchRun:
+    """``src`` through an embed job on a worker of ``engine``: ``wall_s`` the worker's start, the job
+    and its stop; ``run_s`` the job alone."""
     t0 = time.monotonic()
     vllm = engine == "vllm"
     w = start_worker(
@@ -118,71 +109,10 @@ def ours(tmp: Path, engine: str, model: str, src: Path, device: str) -> dict[str
         timeout=900,
     )
     try:
-        started = time.monotonic()
-        layout = RunLayout(str(tmp / f"run-{engine}"))
-        (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
-        sid = shard.shard_id
-        spec = JobSpec(
-            job_id=f"embed-{engine}",
-            kind="infer",
-            input=shard.uri,
-            outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-            params={
-                "task": "embed",
-                "output_format": "openai",
-                "id_field": "custom_id",
-                "input_records": shard.records,
-            },
-        )
-        status = w.wait(w.submit(spec).job_id, timeout=3600)
-        if status.state != "succeeded":
-            raise RuntimeError(f"{spec.job_id}: {status.state}: {status.error}")
-        job_s = time.monotonic() - started
-        manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
-        lines = {line["custom_id"]: line for line in JsonlFile(layout.inferred(0, sid)).iter_records()}
+        job = worker_batch(w, src, tmp, name=f"embed-{engine}", params={"task": "embed"}, timeout=3600)
     finally:
         w.stop()
-    return {
-        "wall_s": time.monotonic() - t0,
-        "run_s": job_s,
-        "lines": lines,
-        "tokens": int(manifest.tokens.get("prompt", 0)) if manifest else tokens_of(lines),
-    }
-
-
-def vllm_run_batch(
-    src: Path,
-    out: Path,
-    *,
-    python: Path,
-    model: str,
-    served_model_name: str,
-    engine_args: Mapping[str, Any],
-    env: Mapping[str, str] | None = None,
-    timeout: float = 3600,
-) -> dict[str, Any]:
-    """``src`` through ``vllm run-batch`` on ``model`` served as ``served_model_name``, ``engine_args``
-    as its flags: its lines by custom_id, its wall and its run alone (the progress bar's)."""
-    flags = []
-    for key, value in engine_args.items():
-        flag = "--" + key.replace("_", "-")
-        flags += [flag] if value is True else [] if value is False else [flag, str(value)]
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
-    cmd += ["--model", model, "--served-model-name", served_model_name, *flags]
-    log = out.with_suffix(".log")
-    t0 = time.monotonic()
-    with log.open("wb") as sink:
-        done = subprocess.run(
-            cmd, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, timeout=timeout
-        )
-    wall = time.monotonic() - t0
-    text = log.read_text(errors="replace")
-    if done.returncode != 0:
-        raise RuntimeError(f"vllm run-batch exited with {done.returncode} (log {log}):\n{text[-4000:]}")
-    bars = RUN_BAR.findall(text)
-    run_s = int(bars[-1][0] or 0) * 3600 + int(bars[-1][1]) * 60 + int(bars[-1][2]) if bars else None
-    lines = {json.loads(t)["custom_id"]: json.loads(t) for t in out.read_text().splitlines() if t.strip()}
-    return {"wall_s": wall, "run_s": run_s, "lines": lines, "tokens": tokens_of(lines)}
+    return replace(job, wall_s=time.monotonic() - t0)
 
 
 def largest_difference(a: Mapping[str, list[float]], b: Mapping[str, list[float]]) -> float | None:
@@ -192,12 +122,12 @@ def largest_difference(a: Mapping[str, list[float]], b: Mapping[str, list[float]
     return max(abs(x - y) for cid in shared for x, y in zip(a[cid], b[cid], strict=True))
 
 
-def row(name: str, side: Mapping[str, Any], n: int) -> str:
-    run = side["run_s"]
+def row(name: str, side: BatchRun, n: int) -> str:
+    run = side.run_s
     per = f"{n / run:8.1f}" if run else "       -"
-    tok = f"{side['tokens'] / run:10.0f}" if run else "         -"
-    ok = len(vectors(side["lines"]))
-    return f"{name:<26} {side['wall_s']:8.1f} {run or 0:8.1f} {per} {tok} {ok:>6}/{n}"
+    tok = f"{side.prompt_tokens / run:10.0f}" if run else "         -"
+    ok = len(vectors(side.lines))
+    return f"{name:<26} {side.wall_s:8.1f} {run or 0:8.1f} {per} {tok} {ok:>6}/{n}"
 
 
 def main() -> None:
@@ -219,13 +149,13 @@ def main() -> None:
             model = str(smollm2_embedder(tmp / "smollm2-embedder"))
         src = tmp / "embeddings.jsonl"
         batch_file(src, args.records, args.words)
-        sides: dict[str, dict[str, Any]] = {}
+        sides: dict[str, BatchRun] = {}
         for engine in args.engines.split(","):
             sides[f"ours ({engine})"] = ours(tmp, engine, model, src, args.device)
         if not args.no_run_batch:
             sides["vllm run-batch"] = vllm_run_batch(
                 src, tmp / "run-batch-out.jsonl", python=VLLM_PYTHON, model=model, served_model_name=SERVED,
-                engine_args=ENGINE_ARGS, env=ENV,
+                engine_args=ENGINE_ARGS, env=ENV, timeout=3600,
             )  # fmt: skip
         n = args.records
         print(f"embed: {n} /v1/embeddings requests (~{args.words} words), model {args.model} ({model})")
@@ -235,10 +165,14 @@ def main() -> None:
         names = list(sides)
         figures: dict[str, Any] = {"bench": "embed", "records": n, "model": args.model, "sides": {}}
         for name, side in sides.items():
-            figures["sides"][name] = {k: side[k] for k in ("wall_s", "run_s", "tokens")}
+            figures["sides"][name] = {
+                "wall_s": side.wall_s,
+                "run_s": side.run_s,
+                "tokens": side.prompt_tokens,
+            }
         for other in names[1:]:
-            diff = largest_difference(vectors(sides[names[0]]["lines"]), vectors(sides[other]["lines"]))
-            same = set(sides[names[0]]["lines"]) == set(sides[other]["lines"])
+            diff = largest_difference(vectors(sides[names[0]].lines), vectors(sides[other].lines))
+            same = set(sides[names[0]].lines) == set(sides[other].lines)
             print(f"{names[0]} vs {other}: same ids {same}; largest difference of a vector value {diff}")
             figures["sides"][other].update(same_ids=same, largest_difference=diff)
         print(json.dumps(figures))

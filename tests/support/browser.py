@@ -25,6 +25,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from tests.support.openai_stub import reply_json
+
 os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
 
 REPO = Path(__file__).resolve().parents[2]
@@ -127,15 +129,10 @@ class EchoServer:
                     self.send_error(404)
                     return
                 server.prompts.append(text)
-                data = json.dumps({
+                reply_json(self, {
                     "choices": [{**choice, "index": 0, "finish_reason": "stop"}],
                     "usage": {"prompt_tokens": len(text) // 4 + 1, "completion_tokens": len(text) // 4 + 1},
-                }).encode()  # fmt: skip
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                })  # fmt: skip
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -1,10 +1,13 @@
 """The review desk's app in process (:mod:`airflow_batchinfer.dev.desk`, which ``bench/calibration.py``
 uses too) with what only the desk tests add: a closed run to review, gates opened as a test wants
 them, a user without access to the DAG. The desk tests' module fixtures (test_app, test_focus_app,
-test_shards_app, test_calibration_app, test_desk_bounded) build on :func:`desk_app`."""
+test_shards_app, test_calibration_app, test_desk_bounded) build on :func:`desk_app`, or on
+:func:`desk_with_runs` (runs waiting on their first gate)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ from tests.support.fake_jobs import close, counted, finish_job, make_run, plan_r
 
 __all__ = [
     "DAG_ID", "MARKDOWN_IMAGE", "PAGE_DIR", "REJECTED", "SCRIPT", "USERS", "Desk", "add_gate", "answer_gate",
-    "closed_run", "deny_dave", "desk_app", "gate_url", "open_gate",
+    "closed_run", "deny_dave", "desk_app", "desk_with_runs", "gate_url", "open_gate",
 ]  # fmt: skip
 
 PAGE_DIR = Path(__file__).parents[2] / "airflow_batchinfer" / "review" / "page"
@@ -113,6 +116,24 @@ def add_gate(
                 chosen_options=["Stop"] if answered else None,
             )
         )
+
+
+@contextmanager
+def desk_with_runs(
+    tmp_path_factory: pytest.TempPathFactory, roots: Mapping[str, str], *, answered: Collection[str] = ()
+) -> Iterator[Desk]:
+    """The desk's app with a DAG run for each of ``roots`` (its run id: its run root, which the run
+    owns), waiting on its round 1 gate (answered for the runs in ``answered``)."""
+    from airflow_batchinfer.state.owner import RunIdentity
+    from tests.support.owners import write_owner
+
+    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
+        for run_id, root in roots.items():
+            rendered = {"run_root": root, "aws_conn_id": None}
+            add_gate(run_id, "round_01.plan", rendered, answered=run_id in answered)
+            write_owner(root, RunIdentity(DAG_ID, run_id))
+        desk.roots.update(roots)
+        yield desk
 
 
 @pytest.fixture

@@ -22,16 +22,10 @@ OUTPUT = "o" * (4 * MIB - 5) + "<end>"  # 4 MiB: its end shows whether it came w
 @pytest.fixture(scope="module")
 def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.state.owner import RunIdentity
-    from tests.support import desk as t
-    from tests.support.desk import desk_app
-    from tests.support.owners import write_owner
+    from tests.support.desk import desk_with_runs
 
     root = huge_run(tmp_path_factory.mktemp("huge_app")).run_root
-    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
-        t.add_gate("huge", "round_01.plan", {"run_root": root, "aws_conn_id": None})
-        write_owner(root, RunIdentity(t.DAG_ID, "huge"))
-        desk.roots["huge"] = root
+    with desk_with_runs(tmp_path_factory, {"huge": root}) as desk:
         yield desk
 
 

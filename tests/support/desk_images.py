@@ -52,14 +52,8 @@ def image_run(tmp_path: Path) -> RunConfig:
 @pytest.fixture(scope="module")
 def images_desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("airflow", reason="needs the airflow extra")
-    from airflow_batchinfer.state.owner import RunIdentity
-    from tests.support import desk as t
-    from tests.support.desk import desk_app
-    from tests.support.owners import write_owner
+    from tests.support.desk import desk_with_runs
 
     root = image_run(tmp_path_factory.mktemp("images_run")).run_root
-    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
-        t.add_gate("images", "round_01.plan", {"run_root": root, "aws_conn_id": None})
-        write_owner(root, RunIdentity(t.DAG_ID, "images"))
-        desk.roots["images"] = root
+    with desk_with_runs(tmp_path_factory, {"images": root}) as desk:
         yield desk

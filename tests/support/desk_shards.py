@@ -13,12 +13,9 @@ from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import write_run_config
 from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard, write_lane
 from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.state.owner import RunIdentity
 from tests.support import desk as t
-from tests.support.desk import desk_app
 from tests.support.fake_jobs import close, plan_round
 from tests.support.lane_rounds import FinishingPool, lanes_run, run_lanes
-from tests.support.owners import write_owner
 
 FAILING = "part-00004"
 
@@ -38,12 +35,7 @@ def desk(tmp_path_factory: pytest.TempPathFactory) -> Iterator[t.Desk]:
     # a lane document this release cannot read (another release's field)
     bad = Path(RunLayout(roots["broken"]).lane(1, 1))
     bad.write_text(json.dumps({**json.loads(bad.read_text()), "surprise": True}))
-    with desk_app(tmp_path_factory.mktemp("airflow")) as desk:
-        for run_id, root in roots.items():
-            t.add_gate(run_id, "round_01.plan", {"run_root": root, "aws_conn_id": None},
-                       answered=run_id == "moving")  # fmt: skip
-            write_owner(root, RunIdentity(t.DAG_ID, run_id))
-        desk.roots.update(roots)
+    with t.desk_with_runs(tmp_path_factory, roots, answered={"moving"}) as desk:
         yield desk
 
 

@@ -12,6 +12,17 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+def reply_json(handler: BaseHTTPRequestHandler, value: Any) -> None:
+    """Answer ``handler``'s request with ``value`` as a JSON body (200): what a fake OpenAI server
+    replies (this one's, tests/support/browser.py's echo server)."""
+    data = json.dumps(value).encode()
+    handler.send_response(200)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+
+
 class OpenAIStub:
     def __init__(self, answers: list[dict[str, Any]]) -> None:
         self.answers = list(answers)
@@ -30,13 +41,7 @@ def openai_stub(answers: list[dict[str, Any]]) -> Iterator[OpenAIStub]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            data = json.dumps(stub.answer(body)).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply_json(self, stub.answer(json.loads(self.rfile.read(int(self.headers["Content-Length"])))))
 
         def log_message(self, *args: Any) -> None:
             pass

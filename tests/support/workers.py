@@ -1,18 +1,39 @@
 """Real worker processes for tests: :mod:`airflow_batchinfer.dev.workers` (the benchmarks start theirs
-with it too), and :class:`LoadProbe`, what a starting worker answers before its engine is ready."""
+with it too), :func:`run_job`, one job on one, and :class:`LoadProbe`, what a starting worker answers
+before its engine is ready."""
 
 from __future__ import annotations
 
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from airflow_batchinfer.dev.workers import TOKEN, WorkerProcess, start_worker
+from airflow_batchinfer.rpc.models import JobKind, JobSpec
+from airflow_batchinfer.state.docs import read_job_manifest
+from airflow_batchinfer.state.tally import Tally
 
-__all__ = ["TOKEN", "LoadProbe", "WorkerProcess", "start_worker"]
+__all__ = ["TOKEN", "LoadProbe", "WorkerProcess", "run_job", "start_worker"]
+
+
+def run_job(
+    w: WorkerProcess, kind: JobKind, src: str, outputs: dict[str, str], params: dict[str, Any], name: str
+) -> Tally:
+    """One ``kind`` job (id ``name``) on ``w`` from ``src`` to ``outputs``, its manifest beside the
+    first output: it must succeed (else the worker's log tail is shown); its manifest's counts."""
+    manifest = str(Path(next(iter(outputs.values()))).parent / f"{name}.manifest.json")
+    spec = JobSpec(
+        job_id=name, kind=kind, input=src, outputs={**outputs, "manifest": manifest}, params=params
+    )
+    status = w.wait(w.submit(spec).job_id, timeout=900)
+    assert status.state == "succeeded", f"{name}: {status.error}\n{w.log_tail()}"
+    m = read_job_manifest(manifest)
+    assert m is not None, f"{name}: succeeded without its manifest {manifest}"
+    return m.counts
 
 
 @dataclass
