@@ -45,9 +45,9 @@ No caller streams: the engine interface returns whole results.
 
 vLLM's stats stay on: a stat logger of ours (:mod:`~airflow_batchinfer.engines.vllm_stats`) adds up
 each engine step's tokens, prefix-cache queries and hits and preemptions, and keeps its running and
-waiting requests and KV-cache usage, for :meth:`VllmEngine.stats`. vLLM's own stat lines stay out of the worker log
-(``AsyncLLM`` prints them only when asked to): the engine option ``log_stats_interval_s`` asks for
-them every that many seconds.
+waiting requests and KV-cache usage, for :meth:`VllmEngine.stats`. vLLM's own stat lines stay out of
+the worker log (``AsyncLLM`` prints them only when asked to): the engine option
+``log_stats_interval_s`` asks for them every that many seconds.
 """
 
 from __future__ import annotations
