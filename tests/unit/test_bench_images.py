@@ -9,11 +9,11 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from airflow_batchinfer.engines.images import sniff
-from bench.images import PATTERNS, SIZES, bodies, image
+from bench.images import SIZES, bodies, image
 
 
 def test_the_images_are_pngs_of_their_size_deterministic_and_distinct() -> None:
-    made = [image(i) for i in range(len(PATTERNS) * len(SIZES))]
+    made = [image(i) for i in range(200)]
     assert made == [image(i) for i in range(len(made))]
     assert len(set(made)) == len(made)
     assert {sniff(data)[1:] for data in made} == set(SIZES)
@@ -38,5 +38,5 @@ def test_the_bodies_mix_data_urls_paths_two_images_and_none(tmp_path: Path) -> N
                 data = path.read_bytes()
             else:
                 data = base64.b64decode(url.removeprefix("data:image/png;base64,"))
-            assert data == image(n + k)
+            assert data == image(n + 28 * k)
     assert all(line["body"]["max_tokens"] == 8 and line["body"]["temperature"] == 0 for line in lines)
