@@ -146,6 +146,7 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/run_batch_side.py --eager
 	$(BIN)/python bench/embed.py
+	$(BIN)/python bench/images.py --eager
 	$(BIN)/python bench/scale.py --parts a b
 	$(BIN)/python bench/accounting.py
 	$(BIN)/python bench/review.py
