@@ -145,6 +145,7 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/worker.py
 	$(BIN)/python bench/generation.py
 	$(BIN)/python bench/run_batch_side.py --eager
+	$(BIN)/python bench/reasoning.py --eager
 	$(BIN)/python bench/embed.py
 	$(BIN)/python bench/images.py --eager
 	$(BIN)/python bench/scale.py --parts a b
