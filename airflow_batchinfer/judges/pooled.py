@@ -2,9 +2,10 @@
 classify run a filter round and keep an embed or score run's rows, through the judge step every
 round already has (approved rows are results, rejected ones retried or dropped).
 
-- ``{"type": "label", "keep_labels": ["POSITIVE", ...]}``: approves a row whose ``label`` (a classify
-  row's likeliest label; for a generated row, its answer stripped) is one of ``keep_labels``; its
-  score is the probability the row's ``probs`` give the kept labels together (none without probs).
+- ``{"type": "label", "keep_labels": ["POSITIVE", ...]}``: approves a row whose label (a classify
+  row's ``label``, its likeliest; for a generated row, its answer stripped) is one of ``keep_labels``;
+  its score is the probability a classify row's ``probs`` give the kept labels together (none for a
+  generated row). A generated row's ``label``/``probs`` are its input's columns, never the model's.
 - ``{"type": "accept"}``: approves every row whose inference succeeded (an embed or score row has no
   text answer to judge); an errored one is rejected before any judge, and retried.
 """
@@ -17,6 +18,9 @@ from typing import Any
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import JudgeItem, Verdict
 from airflow_batchinfer.judges.rules import RuleJudge
+
+# the ``task`` a classify row carries (worker.jobs.pooling)
+CLASSIFY = "classify"
 
 
 class LabelJudge(RuleJudge):
@@ -34,10 +38,11 @@ class LabelJudge(RuleJudge):
         self.keep_labels = tuple(keep_labels)
 
     def check(self, item: JudgeItem) -> Verdict:
-        label = item.record.get("label")
+        classified = item.record.get("task") == CLASSIFY  # else the record's own columns: ground truth
+        label = item.record.get("label") if classified else None
         if not isinstance(label, str):
             label = item.result.strip()
-        probs = item.record.get("probs")
+        probs = item.record.get("probs") if classified else None
         score = None
         if isinstance(probs, dict):
             score = min(1.0, sum(float(p) for name, p in probs.items() if name in self.keep_labels))
