@@ -12,9 +12,11 @@ round already has (approved rows are results, rejected ones retried or dropped).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.judges.base import JudgeItem, Verdict
 from airflow_batchinfer.judges.rules import RuleJudge
@@ -49,6 +51,17 @@ class LabelJudge(RuleJudge):
         if label in self.keep_labels:
             return Verdict(True, f"label {label} kept", score)
         return Verdict(False, f"label {label} not kept ({', '.join(self.keep_labels)})", score)
+
+    def serving_refusal(self, scoring: ScoringModel | None) -> str | None:
+        """On a worker serving a classifier, every kept label must be one of its labels: a typo would
+        reject every row, round after round (a generating worker's labels are free text)."""
+        unknown = [x for x in self.keep_labels if scoring is not None and x not in scoring.labels]
+        if scoring is None or not unknown:
+            return None
+        return (
+            f"label judge: keep_labels {unknown} are not labels of {os.path.basename(scoring.path)}, "
+            f"whose labels are {list(scoring.labels)}: keep some of those"
+        )
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.kind, "keep_labels": list(self.keep_labels)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from airflow_batchinfer.engines.scoring import ScoringModel
 from airflow_batchinfer.judges.base import JudgeItem
 from airflow_batchinfer.judges.pooled import LabelJudge
 
@@ -19,3 +20,11 @@ def test_a_classify_rows_label_and_probs_are_judged() -> None:
     row = {"task": "classify", "label": "positive", "probs": {"positive": 0.75, "negative": 0.25}}
     verdict = judge.check(JudgeItem(row, "positive", "r1"))
     assert verdict.approved and verdict.score == 0.75
+
+
+def test_a_kept_label_the_classifier_lacks_is_refused_naming_its_labels() -> None:
+    model = ScoringModel("/models/sentiment", ("NEGATIVE", "POSITIVE"))
+    refusal = LabelJudge(["POSITVE"]).serving_refusal(model)
+    assert refusal is not None and "['POSITVE']" in refusal and "['NEGATIVE', 'POSITIVE']" in refusal
+    assert LabelJudge(["POSITIVE"]).serving_refusal(model) is None
+    assert LabelJudge(["yes"]).serving_refusal(None) is None  # a generating worker: free-text answers
