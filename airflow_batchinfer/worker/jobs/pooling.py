@@ -166,11 +166,18 @@ class Pooling:
         rows, counts = [], Generated()
         for record, text, out in zip(chunk, texts, outs, strict=True):
             error = out if isinstance(out, str) else _error(out)
+            fields: dict[str, Any] = {}
+            if error is None:
+                try:
+                    fields = self._fields(text, out)
+                except (
+                    ValueError
+                ) as exc:  # outputs that do not fit the labels: this record's, not the chunk's
+                    error = f"{self.task}: the model's outputs do not fit its labels: {exc}"
             if error is None:
                 counts.ok += 1
             else:
                 counts.error += 1
-            fields = {} if error is not None else self._fields(text, out)
             if p.output_format == "openai":
                 rows.append(self._openai_line(record, text, out, error, fields))
                 continue
