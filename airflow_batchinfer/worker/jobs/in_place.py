@@ -30,7 +30,7 @@ def _checkpointed(previous: Previous | None, prompts: PromptBuilder, attempt: in
         return None
     if not prompts.shows_previous(attempt):
         previous = replace(previous, result=None, reason=None, score=None, note=None)
-    return previous.as_dict()
+    return previous.stored()
 
 
 async def run_in_place(ctx: JobContext) -> Tally:

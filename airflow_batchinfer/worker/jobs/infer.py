@@ -62,7 +62,7 @@ def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) ->
     desk renders what the attempt was sent with from it); ``{}`` otherwise."""
     if previous is None or not prompts.shows_previous(attempt):
         return {}
-    return {PREVIOUS: previous.as_dict()}
+    return {PREVIOUS: previous.stored()}
 
 
 def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[str, Any]:
