@@ -3,6 +3,7 @@ one filter rule of pages, searches and bulk decisions (:func:`matches`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -47,7 +48,8 @@ class Sample:
     text of :data:`FIELDS` (its start kept), ``members.<i>.reason`` (a jury member's reason),
     ``record.<key>`` (one record field: the start of its JSON text kept, as a string) or ``record``
     (the record's later fields left out; its whole JSON's size). Empty: the sample is whole.
-    ``reasoning``: a reasoning model's reasoning (the row's; ``output`` is the answer only).
+    ``reasoning``: a reasoning model's reasoning (the row's; ``output`` is the answer only);
+    ``tool_calls``: the answer's tool calls as pretty JSON, a text of :data:`FIELDS` cut like the others.
     :func:`field_value` reads one of them whole."""
 
     id: str
@@ -78,6 +80,8 @@ class Sample:
     # a reasoning model's reasoning before its answer (``None``: none parsed); shown apart from the
     # output, which is the answer only
     reasoning: str | None = None
+    # the answer's tool calls (the row's ``tool_calls``, OpenAI's list) as pretty JSON; ``None``: none
+    tool_calls: str | None = None
 
     def bounded(self, bounds: Bounds) -> Sample:
         """This sample as the desk shows it: each text of :data:`FIELDS`, each jury member's reason
@@ -120,11 +124,12 @@ class Sample:
             "members": [dict(m) for m in self.members],
             "sent_back": None if self.sent_back is None else dict(self.sent_back),
             "reasoning": self.reasoning,
+            "tool_calls": self.tool_calls,
         }
 
 
 # A sample's texts the desk cuts to ``field_bytes`` (and reads whole through field_value).
-FIELDS = ("id", "prompt", "output", "reason", "error", "status", "reasoning")
+FIELDS = ("id", "prompt", "output", "reason", "error", "status", "reasoning", "tool_calls")
 
 
 def _clip_into(cut: dict[str, int], path: str, text: str, limit: int) -> str:
@@ -236,6 +241,9 @@ def sample_of(
         members=_members(judgment.get("members")),
         sent_back=sent_back if isinstance(sent_back := row.get(SENT_BACK), dict) else None,
         reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) else None,
+        tool_calls=json.dumps(calls, indent=2, ensure_ascii=False)
+        if isinstance(calls := row.get("tool_calls"), list) and calls
+        else None,
     )
 
 
