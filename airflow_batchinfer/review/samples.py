@@ -17,6 +17,7 @@ from airflow_batchinfer.prompts.retries import PREVIOUS, SENT_BACK
 from airflow_batchinfer.review.bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.review.prompt_text import Prompts, render
 from airflow_batchinfer.values import number
+from airflow_batchinfer.worker.jobs import columns
 
 __all__ = ["FIELDS", "OUTPUT_FIELDS", "Sample", "field_value", "matches", "sample_of"]
 
@@ -210,7 +211,10 @@ def sample_of(
     judgment = judgment if isinstance(judgment, dict) else {}
     reason = row_reason(row)
     score = judgment.get("score")
-    record = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
+    # a row refused for its input columns (worker.jobs.columns) holds the record's own of those names
+    refused = str(row.get("error") or "").startswith(columns.CLASH)
+    hidden = OUTPUT_FIELDS - columns.ANSWER_FIELDS if refused else OUTPUT_FIELDS
+    record = {k: v for k, v in row.items() if k not in hidden}
     rid = text_of(row.get(id_field))
     attempts = _int(row.get("attempts"), 0)
     error = row.get("error")
@@ -240,9 +244,9 @@ def sample_of(
         previous=previous,
         members=_members(judgment.get("members")),
         sent_back=sent_back if isinstance(sent_back := row.get(SENT_BACK), dict) else None,
-        reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) else None,
+        reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) and not refused else None,
         tool_calls=json.dumps(calls, indent=2, ensure_ascii=False)
-        if isinstance(calls := row.get("tool_calls"), list) and calls
+        if isinstance(calls := row.get("tool_calls"), list) and calls and not refused
         else None,
     )
 
