@@ -2,8 +2,8 @@
 classify run a filter round and keep an embed or score run's rows, through the judge step every
 round already has (approved rows are results, rejected ones retried or dropped).
 
-- ``{"type": "label", "keep_labels": ["POSITIVE", ...]}``: approves a row whose label (a classify
-  row's ``label``, its likeliest; for a generated row, its answer stripped) is one of ``keep_labels``;
+- ``{"type": "label", "keep_labels": ["POSITIVE", ...]}``: approves a row whose answer stripped (a
+  classify row's ``result``: its ``label``, the likeliest) is one of ``keep_labels``;
   its score is the probability a classify row's ``probs`` give the kept labels together (none for a
   generated row). A generated row's ``label``/``probs`` are its input's columns, never the model's.
 - ``{"type": "accept"}``: approves every row whose inference succeeded (an embed or score row has no
@@ -40,10 +40,10 @@ class LabelJudge(RuleJudge):
         self.keep_labels = tuple(keep_labels)
 
     def check(self, item: JudgeItem) -> Verdict:
-        classified = item.record.get("task") == CLASSIFY  # else the record's own columns: ground truth
-        label = item.record.get("label") if classified else None
-        if not isinstance(label, str):
-            label = item.result.strip()
+        # the answer: a classify row's result is its label; a generated row's label and probs columns
+        # are its input's (ground truth), so probs are read only from a row whose label is its answer
+        label = item.result.strip()
+        classified = item.record.get("task") == CLASSIFY and item.record.get("label") == item.result
         probs = item.record.get("probs") if classified else None
         score = None
         if isinstance(probs, dict):

@@ -13,11 +13,14 @@ def test_a_generated_rows_own_label_and_probs_columns_are_not_the_models() -> No
     verdict = judge.check(JudgeItem(row, " negative ", "r1"))
     assert not verdict.approved and verdict.score is None
     assert "label negative not kept" in verdict.reason
+    # nor does a generate run's own task column make them the model's
+    forged = judge.check(JudgeItem({**row, "task": "classify"}, "negative", "r1"))
+    assert not forged.approved and forged.score is None
 
 
 def test_a_classify_rows_label_and_probs_are_judged() -> None:
     judge = LabelJudge(["positive"])
-    row = {"task": "classify", "label": "positive", "probs": {"positive": 0.75, "negative": 0.25}}
+    row = {"task": "classify", "label": "positive", "result": "positive", "probs": {"positive": 0.75}}
     verdict = judge.check(JudgeItem(row, "positive", "r1"))
     assert verdict.approved and verdict.score == 0.75
 
