@@ -10,7 +10,7 @@ and as vLLM's ``structured_outputs`` otherwise (a regex, a choice, a grammar: ``
 them; an API that does not answers that record's error). Tools go as they are (``tools``,
 ``tool_choice``, ``parallel_tool_calls``: the chat API's fields) and an answer's
 ``message.tool_calls`` become its :class:`~airflow_batchinfer.engines.tools.ToolCall` s (a message
-with calls only has ``content`` null: the answer's text is empty).
+with calls only has ``content`` null: the answer's text is empty, as it is for any ``content`` null).
 
 Image parts (:mod:`~airflow_batchinfer.engines.images`) go on as OpenAI's ``image_url`` parts, each
 a ``data:`` URL of the image the worker loaded (a path or ``s3://`` URI the server could not read).
@@ -193,7 +193,7 @@ class OpenAIEngine(Engine):
                 message = choice["message"]
                 text, reasoning = message.get("content"), _reasoning(message)
                 calls = calls_of(message.get("tool_calls"))
-                if text is None and calls:  # a message that only calls tools has content null
+                if text is None:  # calls only, or an empty answer: no text, as vLLM's engine gives ""
                     text = ""
                 if reasoning is None:
                     choices.append(Choice(text, finish, 0, _logprobs(choice), tool_calls=calls))

@@ -68,6 +68,10 @@ NOT_PER_ATTEMPT = {
 }
 
 
+# the fields of a reasoning attempt, with their defaults (what any other attempt has)
+_REASONING: dict[str, Any] = {"truncated_in_thinking": False, THINKING_BUDGET: None}
+
+
 @dataclass(frozen=True)
 class Previous:
     """What a retry knows of the attempt before it: the template's ``previous``.
@@ -97,6 +101,11 @@ class Previous:
         """The template's ``previous``, the row field and the checkpoint's copy (every field, ``None``
         included: ``{{ previous.note }}`` is never undefined)."""
         return dataclasses.asdict(self)
+
+    def stored(self) -> dict[str, Any]:
+        """The row field and a checkpoint's copy: :meth:`as_dict` less the reasoning fields at their
+        defaults, so an ordinary job's rows keep the shape they had (:meth:`from_dict` reads both)."""
+        return {k: v for k, v in self.as_dict().items() if k not in _REASONING or v != _REASONING[k]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Previous:

@@ -3,6 +3,7 @@ one filter rule of pages, searches and bulk decisions (:func:`matches`)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -16,6 +17,7 @@ from airflow_batchinfer.prompts.retries import PREVIOUS, SENT_BACK
 from airflow_batchinfer.review.bounds import Bounds, clip, json_text, utf8_size
 from airflow_batchinfer.review.prompt_text import Prompts, render
 from airflow_batchinfer.values import number
+from airflow_batchinfer.worker.jobs import columns
 
 __all__ = ["FIELDS", "OUTPUT_FIELDS", "Sample", "field_value", "matches", "sample_of"]
 
@@ -47,7 +49,8 @@ class Sample:
     text of :data:`FIELDS` (its start kept), ``members.<i>.reason`` (a jury member's reason),
     ``record.<key>`` (one record field: the start of its JSON text kept, as a string) or ``record``
     (the record's later fields left out; its whole JSON's size). Empty: the sample is whole.
-    ``reasoning``: a reasoning model's reasoning (the row's; ``output`` is the answer only).
+    ``reasoning``: a reasoning model's reasoning (the row's; ``output`` is the answer only);
+    ``tool_calls``: the answer's tool calls as pretty JSON, a text of :data:`FIELDS` cut like the others.
     :func:`field_value` reads one of them whole."""
 
     id: str
@@ -78,6 +81,8 @@ class Sample:
     # a reasoning model's reasoning before its answer (``None``: none parsed); shown apart from the
     # output, which is the answer only
     reasoning: str | None = None
+    # the answer's tool calls (the row's ``tool_calls``, OpenAI's list) as pretty JSON; ``None``: none
+    tool_calls: str | None = None
 
     def bounded(self, bounds: Bounds) -> Sample:
         """This sample as the desk shows it: each text of :data:`FIELDS`, each jury member's reason
@@ -120,11 +125,12 @@ class Sample:
             "members": [dict(m) for m in self.members],
             "sent_back": None if self.sent_back is None else dict(self.sent_back),
             "reasoning": self.reasoning,
+            "tool_calls": self.tool_calls,
         }
 
 
 # A sample's texts the desk cuts to ``field_bytes`` (and reads whole through field_value).
-FIELDS = ("id", "prompt", "output", "reason", "error", "status", "reasoning")
+FIELDS = ("id", "prompt", "output", "reason", "error", "status", "reasoning", "tool_calls")
 
 
 def _clip_into(cut: dict[str, int], path: str, text: str, limit: int) -> str:
@@ -205,7 +211,10 @@ def sample_of(
     judgment = judgment if isinstance(judgment, dict) else {}
     reason = row_reason(row)
     score = judgment.get("score")
-    record = {k: v for k, v in row.items() if k not in OUTPUT_FIELDS}
+    # a row refused for its input columns (worker.jobs.columns) holds the record's own of those names
+    refused = str(row.get("error") or "").startswith(columns.CLASH)
+    hidden = OUTPUT_FIELDS - columns.ANSWER_FIELDS if refused else OUTPUT_FIELDS
+    record = {k: v for k, v in row.items() if k not in hidden}
     rid = text_of(row.get(id_field))
     attempts = _int(row.get("attempts"), 0)
     error = row.get("error")
@@ -235,7 +244,10 @@ def sample_of(
         previous=previous,
         members=_members(judgment.get("members")),
         sent_back=sent_back if isinstance(sent_back := row.get(SENT_BACK), dict) else None,
-        reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) else None,
+        reasoning=reasoning if isinstance(reasoning := row.get("reasoning"), str) and not refused else None,
+        tool_calls=json.dumps(calls, indent=2, ensure_ascii=False)
+        if isinstance(calls := row.get("tool_calls"), list) and calls and not refused
+        else None,
     )
 
 

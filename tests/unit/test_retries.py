@@ -4,6 +4,8 @@ docs), their refusals, and job ids and fingerprints of runs without them."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import jsonschema
@@ -22,6 +24,7 @@ from airflow_batchinfer.spec.limits import TriggerLimits, refusals
 from airflow_batchinfer.spec.settings import param_schemas, reference_table, run_settings_from_args, setting
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.shards import PlannedShard
+from airflow_batchinfer.worker.jobs.infer import fed_back
 
 KEYS = ("retry_template", "retry_system", "retry_sampling")
 SHARD = PlannedShard.of({"shard_id": "part-00000", "uri": "/data/in/part-00000.jsonl.zst", "records": 10})
@@ -292,3 +295,17 @@ def test_the_preflight_warns_when_every_retry_would_produce_the_same_text() -> N
     ):
         assert same_retries(differs) is None, differs
     assert same_retries(config(sampling={}, strategy="in_place", max_rounds=1)) is not None
+
+
+def test_a_rows_previous_leaves_the_reasoning_fields_out_at_their_defaults() -> None:
+    shows = SimpleNamespace(shows_previous=lambda attempt: True)
+    plain = Previous(1, "5", "wrong", None, None, "stop", 64)
+    row = fed_back(shows, 2, plain)  # type: ignore[arg-type]
+    assert row == {"previous": {"attempt": 1, "result": "5", "reason": "wrong", "score": None, "note": None,
+                                "finish_reason": "stop", "max_tokens": 64}}  # fmt: skip
+    thought = replace(plain, finish_reason="length", truncated_in_thinking=True, thinking_token_budget=32)
+    stored = fed_back(shows, 2, thought)["previous"]  # type: ignore[arg-type]
+    assert (stored["truncated_in_thinking"], stored["thinking_token_budget"]) == (True, 32)
+    # both forms read back; the template's previous keeps every field
+    assert Previous.from_dict(row["previous"]) == plain and Previous.from_dict(stored) == thought
+    assert plain.as_dict()["truncated_in_thinking"] is False

@@ -1239,6 +1239,8 @@
           sample.reasoning === null || sample.reasoning === undefined ? null : readable(sample, "reasoning", "focus-reasoning", state.round),
           el("h3", {}, "Output"),
           readable(sample, "output", "focus-output", state.round),
+          sample.tool_calls === null || sample.tool_calls === undefined ? null : el("h3", {}, "Tool calls"),
+          sample.tool_calls === null || sample.tool_calls === undefined ? null : readable(sample, "tool_calls", "focus-tool-calls", state.round),
           el("h3", {}, "Judge's reason"),
           readable(sample, "reason", "focus-reason", state.round),
           (sample.members || []).length ? el("h3", {}, "The jury's members") : null,

@@ -11,12 +11,14 @@ from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest
 from airflow_batchinfer.engines.images import has_images
+from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import Previous, attempts_before, previous_of
 from airflow_batchinfer.state.tally import Tally
 from airflow_batchinfer.storage.records import Record
 from airflow_batchinfer.storage.writer import AsyncWriter
 from airflow_batchinfer.worker.checkpoints import CheckpointLog, SampleState
+from airflow_batchinfer.worker.jobs import columns
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.jobs.infer import fed_back, generated, least_budget, output_row, with_images
 from airflow_batchinfer.worker.jobs.judge import count_adapter, judge_rows
@@ -30,7 +32,7 @@ def _checkpointed(previous: Previous | None, prompts: PromptBuilder, attempt: in
         return None
     if not prompts.shows_previous(attempt):
         previous = replace(previous, result=None, reason=None, score=None, note=None)
-    return previous.as_dict()
+    return previous.stored()
 
 
 async def run_in_place(ctx: JobContext) -> Tally:
@@ -103,6 +105,8 @@ class _InPlace:
             ctx.tally.outcomes.attempts += 1
             most, thinking = least_budget(previous, p.truncation)
             try:  # inline when quick, else in a thread: a heavy template never holds the loop
+                if (clash := columns.clash(record, p.round, GENERATE)) is not None:
+                    raise PromptError(clash)
                 request = await self.prompts.abuild(
                     record,
                     request_id=rid,

@@ -16,7 +16,7 @@ from airflow_batchinfer.engines.images import ImageError, load_images
 from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.engines.tools import calls_json
-from airflow_batchinfer.judges import JudgeItem, candidates, jury
+from airflow_batchinfer.judges import JudgeItem, jury
 from airflow_batchinfer.judges.truncation import TruncationPolicy, decide, thinking_budget
 from airflow_batchinfer.prompts.build import PromptBuilder, PromptError
 from airflow_batchinfer.prompts.retries import PREVIOUS, Previous, attempts_before
@@ -24,6 +24,7 @@ from airflow_batchinfer.state.tally import Generated, Tally
 from airflow_batchinfer.storage.digest import record_ids
 from airflow_batchinfer.storage.fan_out import ADAPTER_FIELD
 from airflow_batchinfer.storage.records import Record
+from airflow_batchinfer.worker.jobs import columns
 from airflow_batchinfer.worker.jobs.chunks import run_chunks
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.jobs.judge import judge_job, to_judge
@@ -32,11 +33,11 @@ from airflow_batchinfer.worker.runtime import Runtime
 from airflow_batchinfer.worker.segments import ChunkFigures
 
 
-def output_row(record: Mapping[str, Any], **fields: Any) -> Record:
-    """``record`` with a new generation's ``fields``: its earlier generation's are left out (a row
-    has candidates and logprobs only when its own generation has)."""
-    row = {k: v for k, v in record.items() if k not in candidates.GENERATION_FIELDS}
-    row.update(fields)
+def output_row(record: Mapping[str, Any], *, round: int, **fields: Any) -> Record:
+    """``record`` with a new generation's ``fields`` of round ``round``: its earlier generation's are
+    left out (a row has candidates and logprobs only when its own generation has; :mod:`.columns`)."""
+    row = columns.base(record, round, GENERATE)
+    row.update(fields, round=round)
     return row
 
 
@@ -62,7 +63,7 @@ def fed_back(prompts: PromptBuilder, attempt: int, previous: Previous | None) ->
     desk renders what the attempt was sent with from it); ``{}`` otherwise."""
     if previous is None or not prompts.shows_previous(attempt):
         return {}
-    return {PREVIOUS: previous.as_dict()}
+    return {PREVIOUS: previous.stored()}
 
 
 def generated(res: GenerationResult, request: GenerationRequest | None) -> dict[str, Any]:
@@ -139,6 +140,9 @@ class Inference:
         for record in chunk:
             before, previous = attempts_before(record, self.ctx.params.round)
             most, thinking = least_budget(previous, truncation)
+            if (clash := columns.clash(record, self.ctx.params.round, GENERATE)) is not None:
+                built.append((record, clash))
+                continue
             try:
                 rid = self.ctx.record_id(record)
                 request = self.prompts.build(

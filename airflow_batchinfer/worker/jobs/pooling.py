@@ -37,11 +37,11 @@ from airflow_batchinfer.engines.pooling import (
     encode_vector,
 )
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
-from airflow_batchinfer.judges.candidates import GENERATION_FIELDS
 from airflow_batchinfer.prompts.build import PromptError, is_openai_batch
 from airflow_batchinfer.prompts.retries import attempts_before
 from airflow_batchinfer.state.tally import Generated
 from airflow_batchinfer.storage.records import Record
+from airflow_batchinfer.worker.jobs import columns
 from airflow_batchinfer.worker.jobs.context import JobContext
 from airflow_batchinfer.worker.segments import ChunkFigures
 
@@ -110,6 +110,8 @@ class Pooling:
         self.model = str(described.get("model", described.get("engine")))
 
     def text(self, record: Mapping[str, Any]) -> Text:
+        if (clash := columns.clash(record, self.ctx.params.round, self.task)) is not None:
+            return Text(error=clash)
         if is_openai_batch(record):
             return body_text(record["body"], self.task)
         try:
@@ -166,16 +168,23 @@ class Pooling:
         rows, counts = [], Generated()
         for record, text, out in zip(chunk, texts, outs, strict=True):
             error = out if isinstance(out, str) else _error(out)
+            fields: dict[str, Any] = {}
+            if error is None:
+                try:
+                    fields = self._fields(text, out)
+                except (
+                    ValueError
+                ) as exc:  # outputs that do not fit the labels: this record's, not the chunk's
+                    error = f"{self.task}: the model's outputs do not fit its labels: {exc}"
             if error is None:
                 counts.ok += 1
             else:
                 counts.error += 1
-            fields = {} if error is not None else self._fields(text, out)
             if p.output_format == "openai":
                 rows.append(self._openai_line(record, text, out, error, fields))
                 continue
             before, _ = attempts_before(record, p.round)
-            row = {k: v for k, v in record.items() if k not in GENERATION_FIELDS}
+            row = columns.base(record, p.round, self.task)
             row.update(
                 task=self.task,
                 result=fields.pop("result", None),

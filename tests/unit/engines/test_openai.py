@@ -73,3 +73,11 @@ async def test_unexpected_response_shape_is_an_error_result() -> None:
     await engine.start()
     (out,) = await engine.generate([GenerationRequest("1", prompt="p")])
     assert not out.ok and "unexpected response shape" in (out.error or "")
+
+
+def test_a_message_with_content_null_and_nothing_else_is_an_empty_answer() -> None:
+    data = {
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": None}, "finish_reason": "stop"}]
+    }
+    res = OpenAIEngine._parse(data)
+    assert res.ok and res.text == "" and res.finish_reason == "stop"  # judged as an answer, not "error: None"

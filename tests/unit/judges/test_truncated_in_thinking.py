@@ -114,7 +114,7 @@ def test_a_retry_row_keeps_none_of_an_earlier_attempts_reasoning() -> None:
         "truncated_in_thinking": True,
         "thinking_token_budget": 32,
     }
-    assert output_row(earlier, result="x") == {**CUT, "q": 1, "result": "x"}
+    assert output_row(earlier, round=1, result="x") == {**CUT, "q": 1, "result": "x", "round": 1}
     assert {"reasoning", "truncated_in_thinking", "thinking_token_budget"} <= GENERATION_FIELDS
 
 

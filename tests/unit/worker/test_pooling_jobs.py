@@ -7,16 +7,19 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.engines.pooling import decode_vector, shaped, simulated_vector
+from airflow_batchinfer.engines.scoring import ScoreResult, ScoringModel
 from airflow_batchinfer.rpc.models import JobSpec
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.params import parse_params
 from airflow_batchinfer.storage import JsonlFile
+from airflow_batchinfer.worker.jobs.pooling import Pooling, Text
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime
 
@@ -151,3 +154,18 @@ def test_a_worker_refuses_an_embed_job_its_model_cannot_run(tmp_path: Path) -> N
     generate = parse_params("infer", {"prompt_template": "{{ q }}"})
     why = serving_refusal("infer", generate, create_engine("simulated", embedding_dimensions=4))
     assert why is not None and "is an embedding model" in why
+
+
+def test_outputs_that_do_not_fit_the_labels_error_that_record_not_the_chunk() -> None:
+    scoring = ScoringModel("/m/sentiment", ("NEGATIVE", "POSITIVE"))
+    pooling = Pooling.__new__(Pooling)
+    pooling.task = "classify"
+    pooling.ctx = SimpleNamespace(  # type: ignore[assignment]
+        params=SimpleNamespace(output_format="rows", round=0),
+        runtime=SimpleNamespace(engine=SimpleNamespace(scoring=scoring)),
+    )
+    outs = [ScoreResult(logits=(0.1, 2.0)), ScoreResult(logits=(0.1, 2.0, 3.0))]
+    rows, counts = pooling.rows([{"id": "a"}, {"id": "b"}], [Text(("x",)), Text(("y",))], outs)
+    assert rows[0]["label"] == "POSITIVE" and rows[0]["status"] == "ok"
+    assert rows[1]["status"] == "error" and "3 outputs for the model's 2 labels" in rows[1]["error"]
+    assert (counts.ok, counts.error) == (1, 1)
