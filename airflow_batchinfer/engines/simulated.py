@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.pooling import (
     EmbeddingModel,
     EmbedRequest,
@@ -205,7 +206,7 @@ class SimulatedEngine(Engine):
         """What ``echo_prompt`` answers: the prompt, or the chat messages' contents, one a line."""
         if request.prompt is not None:
             return request.prompt
-        return "\n".join(str(m.get("content", "")) for m in request.messages or ())
+        return "\n".join(flat_text(m.get("content")) for m in request.messages or ())
 
     def _text(self, prompt: str, meta: Mapping[str, Any], index: int) -> str:
         """Candidate ``index``'s answer (a judge's verdict: of the candidate ``meta`` names)."""

@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.pooling import (
     EMBEDDING_DTYPE,
     EmbedRequest,
@@ -119,7 +120,7 @@ class Pooling:
         if request.prompt is not None:
             return Text((request.prompt,))
         # the template's text, as it is: a chat template would embed or classify the model's turn markup
-        return Text((str((request.messages or [{}])[-1].get("content", "")),))
+        return Text((flat_text((request.messages or [{}])[-1].get("content")),))
 
     async def __call__(self, chunk: list[Record], figures: ChunkFigures) -> list[Record]:
         texts = await asyncio.to_thread(lambda: [self.text(r) for r in chunk])
