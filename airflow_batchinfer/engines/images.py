@@ -5,11 +5,13 @@ A message's ``content`` is a string or a list of OpenAI content parts: ``{"type"
 An image's ``url`` is one of:
 
 - a ``data:`` URL (``data:image/png;base64,...``): decoded from the record;
-- an ``s3://`` (any storage URI) or absolute local path (or ``file://``): read by the worker, inside
-  the job's allowed prefixes (:func:`~airflow_batchinfer.storage.confine.refusal`, the rule that
-  confines a job's inputs; a path outside is that record's error, naming the prefixes).
+- an object store's URI (``s3://``, ``gs://``, ...) or absolute local path (or ``file://``): read
+  by the worker, inside the job's allowed prefixes (:func:`~airflow_batchinfer.storage.confine.refusal`,
+  the rule that confines a job's inputs; a path outside is that record's error, naming the prefixes).
 
-``http(s)://`` URLs are refused: a worker fetches nothing from the web. Each image must be a PNG,
+Any other URL is refused, whatever the prefix policy (``--allow-any-prefix`` included): ``http(s)://``
+and every scheme but ``file://`` and the object stores' (:data:`READABLE_SCHEMES`), and fsspec
+chains (``simplecache::http://...``): a worker fetches nothing from the web. Each image must be a PNG,
 JPEG or WebP of at most ``max_image_bytes`` bytes and ``max_image_pixels`` pixels (worker settings):
 both are checked from its header, before anything decodes it (a small file can hold a huge image).
 
@@ -49,6 +51,9 @@ _CELL = 28
 _MAX_IMAGE_TOKENS = 16_384
 UNKNOWN_IMAGE_TOKENS = 1_024  # an image part not loaded (its size unknown)
 _MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+#: The schemes an image URL may name besides ``data:`` and an absolute path: local files and object
+#: stores (whose endpoint is the deployment's, never the record's); web and chained URLs never.
+READABLE_SCHEMES = ("file", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az")
 
 
 class ImageError(ValueError):
@@ -242,22 +247,39 @@ def _decode_data_url(url: str, max_bytes: int) -> bytes:
     return data
 
 
+def _check_scheme(url: str) -> None:
+    """Refuse a URL the worker must not read, whatever its prefix policy allows (``--allow-any-prefix``
+    allows every prefix, not every protocol): anything but an absolute path, ``file://`` or an object
+    store's URI (:data:`READABLE_SCHEMES`), and any fsspec chain (``::``: ``simplecache::http://...``
+    would fetch from the web)."""
+    if "::" in url:
+        raise ImageError("chained URLs (::) are refused: name the image by one storage URI or path")
+    scheme, sep, _ = url.partition("://")
+    if url.startswith("/") and not sep:
+        return
+    if not sep or scheme.lower() not in READABLE_SCHEMES:
+        if not sep:
+            what = "a relative path is refused"
+        elif scheme.lower() in ("http", "https"):
+            what = "http(s) image URLs are refused: a worker fetches nothing from the web"
+        else:
+            what = f"{scheme}:// image URLs are refused"
+        stores = ", ".join(f"{s}://" for s in READABLE_SCHEMES if s != "file")
+        raise ImageError(
+            f"{what}; name an image by a data: URL, an absolute path, file:// or an object store's URI "
+            f"({stores}) inside the allowed prefixes"
+        )
+
+
 def load_image(
     url: str, limits: ImageLimits, storage_options: StorageOptions | None = None, detail: str = "auto"
 ) -> LoadedImage:
     """The image ``url`` names, checked against ``limits`` (:class:`ImageError` saying why not). A
     path or storage URI is read under the job's storage policy (held by the caller's context)."""
-    lowered = url[:8].lower()
-    if lowered.startswith("data:"):
+    if url[:5].lower() == "data:":
         data = _decode_data_url(url, limits.max_bytes)
-    elif lowered.startswith(("http://", "https://")):
-        raise ImageError(
-            "http(s) image URLs are refused: a worker fetches nothing from the web; put the image in "
-            "storage inside the allowed prefixes (s3://... or a path), or inline it as a data: URL"
-        )
-    elif "://" not in url and not url.startswith("/"):
-        raise ImageError("name an image by a data: URL, an s3:// (storage) URI or an absolute path")
     else:
+        _check_scheme(url)
         try:
             data = read_bounded(url, limits.max_bytes, storage_options)
         except StorageError as exc:

@@ -67,6 +67,25 @@ def test_bad_urls_are_refused_with_the_reason(url: str, said: str) -> None:
         load_image(url, LIMITS)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "simplecache::http://127.0.0.1:9/x.png",
+        "/tmp/a.png::http://127.0.0.1:9/x.png",
+        "http://127.0.0.1:9/x.png",
+        "HTTPS://127.0.0.1:9/x.png",
+        "ftp://127.0.0.1:9/x.png",
+        "memory://x.png",
+        "github://o:r@main/x.png",
+    ],
+)
+def test_web_and_chained_urls_are_refused_even_with_any_prefix_allowed(url: str) -> None:
+    """``--allow-any-prefix`` allows every prefix, not every protocol: nothing is fetched."""
+    refused = r"(image URLs|chained URLs \(::\)) are refused"
+    with confined(PrefixPolicy(None)), pytest.raises(ImageError, match=refused):
+        load_image(url, LIMITS)
+
+
 def test_the_byte_cap_is_checked_before_decoding() -> None:
     big = data_url(png(64, 64))
     with pytest.raises(ImageError, match=r"more than 100 bytes .*max_image_bytes"):
