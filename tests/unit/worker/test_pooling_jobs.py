@@ -151,3 +151,27 @@ def test_a_worker_refuses_an_embed_job_its_model_cannot_run(tmp_path: Path) -> N
     generate = parse_params("infer", {"prompt_template": "{{ q }}"})
     why = serving_refusal("infer", generate, create_engine("simulated", embedding_dimensions=4))
     assert why is not None and "is an embedding model" in why
+
+
+def test_image_parts_are_refused_by_a_pooling_task_naming_the_record(tmp_path: Path) -> None:
+    """A pooling task reads text: an image part is that record's error, never silently dropped."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "a"}
+    records = [
+        {"custom_id": "pic", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "m", "messages": [{"role": "user", "content": [text, image]}]}},
+        {"custom_id": "txt", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "m", "messages": [{"role": "user", "content": [text]}]}},
+    ]  # fmt: skip
+    out = run_job(
+        tmp_path, records, "infer", {"task": "embed", "output_format": "openai", "id_field": "custom_id"},
+        embedding_dimensions=8,
+    )  # fmt: skip
+    lines = {line["custom_id"]: line for line in out["inferred"]}
+    error = lines["pic"]["error"]["message"]
+    assert lines["pic"]["response"] is None
+    assert "record pic: messages[0].content[1] is an image part, and task embed pools text only" in error
+    assert "a generate task to a pool serving a vision-language model" in error
+    assert lines["txt"]["error"] is None  # text parts are read (as their text)
+    item = lines["txt"]["response"]["body"]["data"][0]
+    assert item["embedding"] == pytest.approx(list(simulated_vector("a", 8)))
