@@ -14,6 +14,8 @@ and every scheme but ``file://`` and the object stores' (:data:`READABLE_SCHEMES
 chains (``simplecache::http://...``): a worker fetches nothing from the web. Each image must be a PNG,
 JPEG or WebP of at most ``max_image_bytes`` bytes and ``max_image_pixels`` pixels (worker settings):
 both are checked from its header, before anything decodes it (a small file can hold a huge image).
+A request holds at most ``max_images_per_request`` image parts (checked before any is read) whose
+bytes total at most ``max_image_bytes_per_request`` (checked as each is read, before the next).
 
 :func:`load_images` runs where the worker builds a chunk's requests (in a thread, under the job's
 storage policy): a request with image parts gets them as :class:`LoadedImage` s (``images``, in the
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+DEFAULT_MAX_IMAGES_PER_REQUEST = 8
+DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST = 64 * 1024 * 1024
 DETAILS = ("auto", "low", "high")
 # image_tokens: a 28-pixel cell per token (14-pixel ViT patches merged 2x2, as Qwen2-VL counts),
 # plus its start and end markers; at most what Qwen2.5-VL gives one image by default
@@ -63,10 +67,13 @@ class ImageError(ValueError):
 @dataclass(frozen=True)
 class ImageLimits:
     """The caps the deployment pins on each image (worker settings ``max_image_bytes`` and
-    ``max_image_pixels``)."""
+    ``max_image_pixels``) and on each request's images (``max_images_per_request``,
+    ``max_image_bytes_per_request``: what one record may keep in the worker's memory)."""
 
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_images: int = DEFAULT_MAX_IMAGES_PER_REQUEST
+    max_request_bytes: int = DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST
 
 
 @dataclass(frozen=True)
@@ -306,12 +313,27 @@ def load_images(
     :class:`ImageError` naming the part and the reason when one cannot be loaded."""
     if not has_images(request.messages) or request.images:
         return request
-    images = []
-    for n, (url, detail) in enumerate(image_urls(request.messages or ())):
+    urls = image_urls(request.messages or ())
+    if len(urls) > limits.max_images:
+        raise ImageError(
+            f"{len(urls)} image parts, above the worker's max_images_per_request {limits.max_images}: "
+            "split the record's images across records, or raise the worker's cap"
+        )
+    images: list[LoadedImage] = []
+    held = 0  # at most max_image_bytes_per_request (+ one image's max_image_bytes being read)
+    for n, (url, detail) in enumerate(urls):
         try:
-            images.append(load_image(url, limits, storage_options, detail))
+            image = load_image(url, limits, storage_options, detail)
         except ImageError as exc:
             raise ImageError(f"image {n + 1} ({_shown(url)}): {exc}") from None
+        held += len(image.data)
+        if held > limits.max_request_bytes:
+            raise ImageError(
+                f"image {n + 1} ({_shown(url)}): the request's images hold {held} bytes up to it, above the "
+                f"worker's max_image_bytes_per_request {limits.max_request_bytes}: send fewer or smaller "
+                "images per record, or raise the worker's cap"
+            )
+        images.append(image)
     return replace(request, images=tuple(images))
 
 
