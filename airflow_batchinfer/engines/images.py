@@ -17,9 +17,10 @@ both are checked from its header, before anything decodes it (a small file can h
 A request holds at most ``max_images_per_request`` image parts (checked before any is read) whose
 bytes total at most ``max_image_bytes_per_request`` (checked as each is read, before the next).
 
-:func:`load_images` runs where the worker builds a chunk's requests (in a thread, under the job's
-storage policy): a request with image parts gets them as :class:`LoadedImage` s (``images``, in the
-order of the parts); a record whose image cannot be loaded gets that as its error. The engines take
+:func:`load_images` runs where the worker builds a chunk's requests (in threads, up to 8 requests'
+images read at once, under the job's storage policy): a request with image parts gets them as
+:class:`LoadedImage` s (``images``, in the order of the parts); a record whose image cannot be
+loaded gets that as its error. The engines take
 them from there: vLLM and transformers as decoded images (:meth:`LoadedImage.pil`) beside the chat
 template's rendering of :func:`template_messages`, the ``openai`` engine as ``data:`` URLs
 (:func:`openai_messages`).
