@@ -30,41 +30,74 @@ def template_text(tokenizer: Any) -> str | None:
 
 @lru_cache(maxsize=32)
 def content_format(template: str | None) -> ContentFormat:
-    """``"openai"`` when the template loops over a message's ``content`` (or over a ``content``
-    variable), ``"string"`` otherwise or when it does not parse (vLLM's default)."""
+    """``"openai"`` when the template loops over a message's ``content`` (of ``messages`` or a variable
+    assigned from it, a macro parameter given a message's content, or a ``content`` variable outside
+    macros: vLLM's rules), ``"string"`` otherwise or when it does not parse (vLLM's default)."""
     if template is None:
         return "string"
     import jinja2
-    from jinja2 import nodes
 
     try:
         root = jinja2.Environment().parse(template)
     except jinja2.TemplateSyntaxError:
         return "string"
+    return "openai" if _loops_over_content(root) else "string"
+
+
+def _access(node: Any, var: str, key: str | None = None) -> bool:
+    """Whether ``node`` reads ``var`` (``key`` None) or ``var.key`` / ``var['key']``, through filters,
+    tests and slices (vLLM's ``_is_var_or_elems_access``)."""
+    from jinja2 import nodes
+
+    if isinstance(node, nodes.Filter | nodes.Test):
+        return node.node is not None and _access(node.node, var, key)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Slice):
+        return _access(node.node, var, key)
+    if key is None:
+        return isinstance(node, nodes.Name) and node.ctx == "load" and node.name == var
+    if isinstance(node, nodes.Getitem):
+        return isinstance(node.arg, nodes.Const) and node.arg.value == key and _access(node.node, var)
+    return isinstance(node, nodes.Getattr) and node.attr == key and _access(node.node, var)
+
+
+def _loops_over_content(root: Any) -> bool:
+    """Whether any ``for`` loop iterates a message's content (vLLM's ``_iter_nodes_assign_content_item``)."""
+    from jinja2 import nodes
+
+    names, todo = {"messages"}, ["messages"]  # messages and the variables assigned from it
+    while todo:
+        name = todo.pop()
+        for assign in root.find_all(nodes.Assign):
+            target = assign.target
+            if isinstance(target, nodes.Name) and target.name not in names and _access(assign.node, name):
+                names.add(target.name)
+                todo.append(target.name)
     message_vars = {
         loop.target.name
         for loop in root.find_all(nodes.For)
-        if isinstance(loop.target, nodes.Name) and _names(loop.iter, "messages")
+        if isinstance(loop.target, nodes.Name) and any(_access(loop.iter, n) for n in names)
     }
+    in_macros: set[int] = set()
+    given: dict[int, set[str]] = {}  # a macro's loops: its parameters given a message's content
+    for macro in root.find_all(nodes.Macro):
+        params = [a.name for a in macro.args]
+        content_params: set[str] = set()
+        for call in root.find_all(nodes.Call):
+            if isinstance(call.node, nodes.Name) and call.node.name == macro.name:
+                reads = [(params[i], a) for i, a in enumerate(call.args) if i < len(params)]
+                reads += [(k.key, k.value) for k in call.kwargs if k.key in params]
+                content_params |= {p for p, a in reads if any(_access(a, m, "content") for m in message_vars)}
+        for loop in macro.find_all(nodes.For):
+            in_macros.add(id(loop))
+            given[id(loop)] = content_params
     for loop in root.find_all(nodes.For):
         it = loop.iter
-        if isinstance(it, nodes.Name) and it.name == "content":
-            return "openai"
-        if any(_names(it, var, "content") for var in message_vars):
-            return "openai"
-    return "string"
-
-
-def _names(node: Any, var: str, key: str | None = None) -> bool:
-    """Whether ``node`` is ``var`` (``key`` None), or ``var.key`` / ``var['key']``."""
-    from jinja2 import nodes
-
-    if key is None:
-        return isinstance(node, nodes.Name) and node.name == var
-    if isinstance(node, nodes.Getattr):
-        return node.attr == key and _names(node.node, var)
-    if isinstance(node, nodes.Getitem):
-        return isinstance(node.arg, nodes.Const) and node.arg.value == key and _names(node.node, var)
+        if any(_access(it, m, "content") for m in message_vars):
+            return True
+        if isinstance(it, nodes.Name) and (
+            it.name in given.get(id(loop), ()) or (id(loop) not in in_macros and it.name == "content")
+        ):
+            return True
     return False
 
 

