@@ -7,8 +7,9 @@ template whether the template reads parts (the "openai" content format: it loops
 parts are joined with ``"\\n"``. :func:`chat_messages` mirrors that, so ``[{"type": "text", "text":
 "hi"}]`` renders as ``"hi"`` on SmolLM2's template and not as a Python list (or a TypeError). A
 ``tool`` message whose parts are all text is flattened on either format (vLLM does so too). String
-contents pass unchanged. Every engine path that renders text-only messages goes through it (messages
-with images keep :func:`~airflow_batchinfer.engines.images.template_messages`).
+contents pass unchanged (vLLM wraps them as one text part for an openai-format template; the cached
+LLaVA templates render both alike). Every engine path that renders text-only messages goes through
+it (messages with images keep :func:`~airflow_batchinfer.engines.images.template_messages`).
 """
 
 from __future__ import annotations
