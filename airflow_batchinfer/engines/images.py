@@ -5,17 +5,22 @@ A message's ``content`` is a string or a list of OpenAI content parts: ``{"type"
 An image's ``url`` is one of:
 
 - a ``data:`` URL (``data:image/png;base64,...``): decoded from the record;
-- an ``s3://`` (any storage URI) or absolute local path (or ``file://``): read by the worker, inside
-  the job's allowed prefixes (:func:`~airflow_batchinfer.storage.confine.refusal`, the rule that
-  confines a job's inputs; a path outside is that record's error, naming the prefixes).
+- an object store's URI (``s3://``, ``gs://``, ...) or absolute local path (or ``file://``): read
+  by the worker, inside the job's allowed prefixes (:func:`~airflow_batchinfer.storage.confine.refusal`,
+  the rule that confines a job's inputs; a path outside is that record's error, naming the prefixes).
 
-``http(s)://`` URLs are refused: a worker fetches nothing from the web. Each image must be a PNG,
+Any other URL is refused, whatever the prefix policy (``--allow-any-prefix`` included): ``http(s)://``
+and every scheme but ``file://`` and the object stores' (:data:`READABLE_SCHEMES`), and fsspec
+chains (``simplecache::http://...``): a worker fetches nothing from the web. Each image must be a PNG,
 JPEG or WebP of at most ``max_image_bytes`` bytes and ``max_image_pixels`` pixels (worker settings):
 both are checked from its header, before anything decodes it (a small file can hold a huge image).
+A request holds at most ``max_images_per_request`` image parts (checked before any is read) whose
+bytes total at most ``max_image_bytes_per_request`` (checked as each is read, before the next).
 
-:func:`load_images` runs where the worker builds a chunk's requests (in a thread, under the job's
-storage policy): a request with image parts gets them as :class:`LoadedImage` s (``images``, in the
-order of the parts); a record whose image cannot be loaded gets that as its error. The engines take
+:func:`load_images` runs where the worker builds a chunk's requests (in threads, up to 8 requests'
+images read at once, under the job's storage policy): a request with image parts gets them as
+:class:`LoadedImage` s (``images``, in the order of the parts); a record whose image cannot be
+loaded gets that as its error. The engines take
 them from there: vLLM and transformers as decoded images (:meth:`LoadedImage.pil`) beside the chat
 template's rendering of :func:`template_messages`, the ``openai`` engine as ``data:`` URLs
 (:func:`openai_messages`).
@@ -42,6 +47,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+DEFAULT_MAX_IMAGES_PER_REQUEST = 8
+DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST = 64 * 1024 * 1024
 DETAILS = ("auto", "low", "high")
 # image_tokens: a 28-pixel cell per token (14-pixel ViT patches merged 2x2, as Qwen2-VL counts),
 # plus its start and end markers; at most what Qwen2.5-VL gives one image by default
@@ -49,6 +56,9 @@ _CELL = 28
 _MAX_IMAGE_TOKENS = 16_384
 UNKNOWN_IMAGE_TOKENS = 1_024  # an image part not loaded (its size unknown)
 _MIME = {"png": "image/png", "jpeg": "image/jpeg", "webp": "image/webp"}
+#: The schemes an image URL may name besides ``data:`` and an absolute path: local files and object
+#: stores (whose endpoint is the deployment's, never the record's); web and chained URLs never.
+READABLE_SCHEMES = ("file", "s3", "s3a", "gs", "gcs", "abfs", "abfss", "az")
 
 
 class ImageError(ValueError):
@@ -58,10 +68,13 @@ class ImageError(ValueError):
 @dataclass(frozen=True)
 class ImageLimits:
     """The caps the deployment pins on each image (worker settings ``max_image_bytes`` and
-    ``max_image_pixels``)."""
+    ``max_image_pixels``) and on each request's images (``max_images_per_request``,
+    ``max_image_bytes_per_request``: what one record may keep in the worker's memory)."""
 
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    max_images: int = DEFAULT_MAX_IMAGES_PER_REQUEST
+    max_request_bytes: int = DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST
 
 
 @dataclass(frozen=True)
@@ -242,22 +255,39 @@ def _decode_data_url(url: str, max_bytes: int) -> bytes:
     return data
 
 
+def _check_scheme(url: str) -> None:
+    """Refuse a URL the worker must not read, whatever its prefix policy allows (``--allow-any-prefix``
+    allows every prefix, not every protocol): anything but an absolute path, ``file://`` or an object
+    store's URI (:data:`READABLE_SCHEMES`), and any fsspec chain (``::``: ``simplecache::http://...``
+    would fetch from the web)."""
+    if "::" in url:
+        raise ImageError("chained URLs (::) are refused: name the image by one storage URI or path")
+    scheme, sep, _ = url.partition("://")
+    if url.startswith("/") and not sep:
+        return
+    if not sep or scheme.lower() not in READABLE_SCHEMES:
+        if not sep:
+            what = "a relative path is refused"
+        elif scheme.lower() in ("http", "https"):
+            what = "http(s) image URLs are refused: a worker fetches nothing from the web"
+        else:
+            what = f"{scheme}:// image URLs are refused"
+        stores = ", ".join(f"{s}://" for s in READABLE_SCHEMES if s != "file")
+        raise ImageError(
+            f"{what}; name an image by a data: URL, an absolute path, file:// or an object store's URI "
+            f"({stores}) inside the allowed prefixes"
+        )
+
+
 def load_image(
     url: str, limits: ImageLimits, storage_options: StorageOptions | None = None, detail: str = "auto"
 ) -> LoadedImage:
     """The image ``url`` names, checked against ``limits`` (:class:`ImageError` saying why not). A
     path or storage URI is read under the job's storage policy (held by the caller's context)."""
-    lowered = url[:8].lower()
-    if lowered.startswith("data:"):
+    if url[:5].lower() == "data:":
         data = _decode_data_url(url, limits.max_bytes)
-    elif lowered.startswith(("http://", "https://")):
-        raise ImageError(
-            "http(s) image URLs are refused: a worker fetches nothing from the web; put the image in "
-            "storage inside the allowed prefixes (s3://... or a path), or inline it as a data: URL"
-        )
-    elif "://" not in url and not url.startswith("/"):
-        raise ImageError("name an image by a data: URL, an s3:// (storage) URI or an absolute path")
     else:
+        _check_scheme(url)
         try:
             data = read_bounded(url, limits.max_bytes, storage_options)
         except StorageError as exc:
@@ -284,12 +314,27 @@ def load_images(
     :class:`ImageError` naming the part and the reason when one cannot be loaded."""
     if not has_images(request.messages) or request.images:
         return request
-    images = []
-    for n, (url, detail) in enumerate(image_urls(request.messages or ())):
+    urls = image_urls(request.messages or ())
+    if len(urls) > limits.max_images:
+        raise ImageError(
+            f"{len(urls)} image parts, above the worker's max_images_per_request {limits.max_images}: "
+            "split the record's images across records, or raise the worker's cap"
+        )
+    images: list[LoadedImage] = []
+    held = 0  # at most max_image_bytes_per_request (+ one image's max_image_bytes being read)
+    for n, (url, detail) in enumerate(urls):
         try:
-            images.append(load_image(url, limits, storage_options, detail))
+            image = load_image(url, limits, storage_options, detail)
         except ImageError as exc:
             raise ImageError(f"image {n + 1} ({_shown(url)}): {exc}") from None
+        held += len(image.data)
+        if held > limits.max_request_bytes:
+            raise ImageError(
+                f"image {n + 1} ({_shown(url)}): the request's images hold {held} bytes up to it, above the "
+                f"worker's max_image_bytes_per_request {limits.max_request_bytes}: send fewer or smaller "
+                "images per record, or raise the worker's cap"
+            )
+        images.append(image)
     return replace(request, images=tuple(images))
 
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.scoring import ScoringModel, label_probability
 from airflow_batchinfer.exceptions import ConfigError
 
@@ -87,7 +88,7 @@ class EmbedRequest:
         embeds, and what the simulated engine hashes)."""
         if self.prompt is not None:
             return self.prompt
-        return "\n".join(str(m.get("content", "")) for m in self.messages or ())
+        return "\n".join(flat_text(m.get("content")) for m in self.messages or ())
 
     def estimate_tokens(self) -> int:
         """Its tokens (``chars // 4 + 1``): no completion budget, a text is read once."""

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.exceptions import ConfigError
 
 # The architectures the transformers engine loads as scoring models (vLLM decides by its own registry).
@@ -122,7 +123,7 @@ class ScoreRequest:
         """Its tokens (``chars // 4 + 1``): no completion budget, scoring reads the text once."""
         if self.prompt is not None:
             return len(self.prompt) // 4 + 1
-        return sum(len(str(m.get("content", ""))) for m in self.messages or ()) // 4 + 1
+        return sum(len(flat_text(m.get("content"))) for m in self.messages or ()) // 4 + 1
 
 
 @dataclass(frozen=True)

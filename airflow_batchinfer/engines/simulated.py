@@ -11,7 +11,10 @@ and its retries). With ``n`` > 1 each candidate's answer differs (hashed with it
 judge's verdict on candidate ``c`` (``metadata.candidate``) is hashed with it; an adapter's answers
 (``GenerationRequest.adapter``) are hashed with its name. ``echo_prompt`` answers with the prompt
 itself (a chat request's messages' contents, one a line): what a request was sent with, for tests of
-prompts (a retry's ``previous``, say). With ``embedding_dimensions`` it is an embedding model instead,
+prompts (a retry's ``previous``, say). A request with images (loaded and checked by the worker as for
+any engine) is answered as its text alone would be, each answer starting with
+``[simulated: N image(s) ignored]`` (:data:`IGNORED_IMAGES`): no model sees them. With
+``embedding_dimensions`` it is an embedding model instead,
 whose vectors are hashed from the text (:func:`~airflow_batchinfer.engines.pooling.simulated_vector`),
 and with ``labels`` a scoring model whose raw outputs (one per label) are hashed the same way. It honours no
 structured output and no logprobs (its answers are not model text a constraint could
@@ -35,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.pooling import (
     EmbeddingModel,
     EmbedRequest,
@@ -89,6 +93,10 @@ def stable_fraction(*parts: Any) -> float:
     """A deterministic number in [0, 1) from ``parts``."""
     digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64
+
+
+#: The start of each answer to a request with images (the simulated engine sees none of them).
+IGNORED_IMAGES = "[simulated: {} image(s) ignored]"
 
 
 class SimulatedEngine(Engine):
@@ -194,8 +202,14 @@ class SimulatedEngine(Engine):
         if request.adapter is not None:  # another model's answers
             prompt = f"{request.adapter.name}\x1e{prompt}"
         said = self._said(request) if self.echo_prompt and meta.get("role") != "judge" else None
+        # no model sees the images the worker loaded and checked: every answer says so
+        unseen = f"{IGNORED_IMAGES.format(len(request.images))} " if request.images else ""
         choices = [
-            Choice(self._text(prompt, meta, i) if said is None else said, finish, min(needed, budget))
+            Choice(
+                unseen + (said if said is not None else self._text(prompt, meta, i)),
+                finish,
+                min(needed, budget),
+            )
             for i in range(request.sampling.n)
         ]
         return GenerationResult.of(choices, request.prompt_chars() // 4 + 1)
@@ -205,7 +219,7 @@ class SimulatedEngine(Engine):
         """What ``echo_prompt`` answers: the prompt, or the chat messages' contents, one a line."""
         if request.prompt is not None:
             return request.prompt
-        return "\n".join(str(m.get("content", "")) for m in request.messages or ())
+        return "\n".join(flat_text(m.get("content")) for m in request.messages or ())
 
     def _text(self, prompt: str, meta: Mapping[str, Any], index: int) -> str:
         """Candidate ``index``'s answer (a judge's verdict: of the candidate ``meta`` names)."""

@@ -60,6 +60,7 @@ from airflow_batchinfer.engines.base import (
 )
 from airflow_batchinfer.engines.embedding_models import embed_batch, is_embedding_model, pooling_of
 from airflow_batchinfer.engines.images import LoadedImage, refused_images, template_messages
+from airflow_batchinfer.engines.messages import chat_messages
 from airflow_batchinfer.engines.pooling import (
     EmbeddingModel,
     EmbedRequest,
@@ -194,7 +195,10 @@ class TransformersEngine(Engine):
             )
             return str(text), False
         text = self.tokenizer.apply_chat_template(
-            list(request.messages or ()), add_generation_prompt=True, tokenize=False, **kwargs
+            chat_messages(request.messages, self.tokenizer),
+            add_generation_prompt=True,
+            tokenize=False,
+            **kwargs,
         )
         return str(text), False
 
@@ -434,7 +438,7 @@ class TransformersEngine(Engine):
                 if request.prompt is not None:
                     text, specials = request.prompt, True
                 else:
-                    turns = list(request.messages or ())
+                    turns = chat_messages(request.messages, self.tokenizer)
                     text, specials = str(self.tokenizer.apply_chat_template(turns, tokenize=False)), False
             except Exception as exc:
                 results[i] = ScoreResult.failed(f"chat template: {type(exc).__name__}: {exc}")
@@ -492,7 +496,11 @@ class TransformersEngine(Engine):
                 text = (
                     r.prompt
                     if r.prompt is not None
-                    else str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False))
+                    else str(
+                        self.tokenizer.apply_chat_template(
+                            chat_messages(r.messages, self.tokenizer), tokenize=False
+                        )
+                    )
                 )
             except Exception as exc:
                 why = f"chat template: {type(exc).__name__}: {exc}"

@@ -63,6 +63,7 @@ from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
 from airflow_batchinfer.engines.images import refused_images, template_messages
+from airflow_batchinfer.engines.messages import chat_messages
 from airflow_batchinfer.engines.pooling import EmbeddingModel, EmbedRequest, EmbedResult
 from airflow_batchinfer.engines.reasoning import (
     Split,
@@ -249,7 +250,9 @@ class VllmEngine(Engine):
         kwargs = template_kwargs(r.sampling.reasoning_effort, r.sampling.chat_template_kwargs)
         if turn is not None:
             kwargs["tools"] = turn.template_tools()
-        messages = template_messages(r.messages or ()) if r.images else list(r.messages or ())
+        messages = (
+            template_messages(r.messages or ()) if r.images else chat_messages(r.messages, self.tokenizer)
+        )
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, add_generation_prompt=True, tokenize=False, **kwargs
@@ -364,7 +367,14 @@ class VllmEngine(Engine):
                 continue
             try:
                 texts.append(
-                    (str(self.tokenizer.apply_chat_template(list(r.messages or ()), tokenize=False)), "")
+                    (
+                        str(
+                            self.tokenizer.apply_chat_template(
+                                chat_messages(r.messages, self.tokenizer), tokenize=False
+                            )
+                        ),
+                        "",
+                    )
                 )
             except Exception as exc:
                 texts.append((None, f"vllm: chat template: {type(exc).__name__}: {exc}"))

@@ -50,6 +50,8 @@ class WorkerConfig:
     max_body_bytes: int = worker_default("max_body_bytes")  # the largest request body read (413 beyond)
     max_image_bytes: int = worker_default("max_image_bytes")  # each image part's caps (engines.images)
     max_image_pixels: int = worker_default("max_image_pixels")
+    max_images_per_request: int = worker_default("max_images_per_request")  # each request's image caps
+    max_image_bytes_per_request: int = worker_default("max_image_bytes_per_request")
     idle_ttl_s: float | None = worker_default("idle_ttl_s")
     lease_file: str | None = worker_default("lease_file")  # a local pool's leases: idle only when none held
     drain_timeout_s: float = worker_default("drain_timeout_s")

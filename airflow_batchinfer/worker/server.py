@@ -147,7 +147,12 @@ def serve(config: WorkerConfig) -> None:
         batch_timeout_s=config.batch_timeout_s,
         max_concurrent_batches=concurrent,
         storage_options=config.storage_options,
-        image_limits=ImageLimits(config.max_image_bytes, config.max_image_pixels),
+        image_limits=ImageLimits(
+            config.max_image_bytes,
+            config.max_image_pixels,
+            config.max_images_per_request,
+            config.max_image_bytes_per_request,
+        ),
     )
     server: _DrainingServer | None = None
     app = create_app(config, runtime, on_fatal=lambda: server.start_drain() if server else None)

@@ -34,7 +34,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from airflow_batchinfer.engines import ENGINES
-from airflow_batchinfer.engines.images import DEFAULT_MAX_IMAGE_BYTES, DEFAULT_MAX_IMAGE_PIXELS
+from airflow_batchinfer.engines.images import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_IMAGES_PER_REQUEST,
+)
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.fields import Described
 from airflow_batchinfer.judges.rules import ALLOW_CALLABLE_FLAG
@@ -171,6 +176,11 @@ WORKER_SETTINGS: tuple[WorkerSetting, ...] = (
     _s("max_image_pixels", "integer", DEFAULT_MAX_IMAGE_PIXELS, "most pixels (width x height, read from "
        "its header before decoding) of an image a request's image part holds; more: that record's error",
        minimum=1),
+    _s("max_images_per_request", "integer", DEFAULT_MAX_IMAGES_PER_REQUEST, "most image parts one request "
+       "may hold (vLLM's limit_mm_per_prompt); more: that record's error, before any is read", minimum=1),
+    _s("max_image_bytes_per_request", "integer", DEFAULT_MAX_IMAGE_BYTES_PER_REQUEST, "most bytes a "
+       "request's images may hold together (what one record keeps in the worker's memory); more: that "
+       "record's error, before the next image is read", minimum=1),
     _s("idle_ttl_s", "number", None, "exit after this many seconds without jobs; unset: never idles out",
        flag="--idle-ttl"),
     _s("lease_file", "string", None, "with --idle-ttl: the local pool's lease file; stay while a run leases "

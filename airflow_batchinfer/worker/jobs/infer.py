@@ -6,13 +6,15 @@ output row (or an OpenAI batch output line) built; the rows' generation counted
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from airflow_batchinfer.engines.base import GenerationRequest, GenerationResult, TokenLogprob
-from airflow_batchinfer.engines.images import ImageError, load_images
+from airflow_batchinfer.engines.images import ImageError, has_images, load_images
 from airflow_batchinfer.engines.pooling import GENERATE
 from airflow_batchinfer.engines.reasoning import openai_message, row_fields
 from airflow_batchinfer.engines.tools import calls_json
@@ -119,6 +121,32 @@ def with_images(runtime: Runtime, request: GenerationRequest) -> GenerationReque
 
 # ------------------------------------------------------------------------------------------ infer
 Built = list[tuple[Record, GenerationRequest | str]]  # each record with its request or prompt error
+IMAGE_READERS = 8  # a chunk's requests whose images are read at once (storage latency bounds them)
+
+
+def load_chunk_images(runtime: Runtime, built: Built) -> Built:
+    """``built`` with each request's images loaded (:func:`with_images`; a record whose image cannot
+    be loaded gets that as its error), up to :data:`IMAGE_READERS` requests at once, in order. Each
+    read runs in a copy of this thread's context: under the job's storage policy."""
+    todo = {
+        i: r for i, (_, r) in enumerate(built) if isinstance(r, GenerationRequest) and has_images(r.messages)
+    }
+
+    def load(request: GenerationRequest) -> GenerationRequest | str:
+        try:
+            return with_images(runtime, request)
+        except PromptError as exc:
+            return str(exc)
+
+    out = list(built)
+    if not todo:
+        return out
+    contexts = [contextvars.copy_context() for _ in todo]  # a context runs in one thread at a time
+    with ThreadPoolExecutor(min(IMAGE_READERS, len(todo)), thread_name_prefix="images") as pool:
+        loaded = pool.map(lambda r, ctx: ctx.run(load, r), todo.values(), contexts)
+        for i, request in zip(todo, loaded, strict=True):
+            out[i] = (built[i][0], request)
+    return out
 
 
 class Inference:
@@ -153,9 +181,10 @@ class Inference:
                     least_max_tokens=most,
                     least_thinking_tokens=thinking,
                 )
-                built.append((record, with_images(self.ctx.runtime, request)))
+                built.append((record, request))
             except PromptError as exc:
                 built.append((record, str(exc)))
+        built = load_chunk_images(self.ctx.runtime, built)
         requests = [r for _, r in built if isinstance(r, GenerationRequest)]
         return built, requests, self.ctx.runtime.estimate(requests)
 

@@ -4,7 +4,8 @@ batcher to the engine's ``embed`` or ``score``, and its row built. Everything el
 job's (:mod:`.infer`): the same chunks, segments, accounting and outputs, one row per record.
 
 A record's text: an OpenAI batch request's ``body.input`` (``/v1/embeddings``: a string, or for embed a
-list of strings), its ``body.messages`` (through the model's chat template) or ``body.prompt``; else
+list of strings), its ``body.messages`` (through the model's chat template; an image part is that
+record's error: pooling reads text) or ``body.prompt``; else
 the job's ``prompt_template`` rendered over the record, as raw text (no chat template: what the model
 reads is the record's text). Rows (``output_format: rows``) carry ``task`` and:
 
@@ -29,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.pooling import (
     EMBEDDING_DTYPE,
     EmbedRequest,
@@ -63,8 +65,23 @@ class Text:
     error: str | None = None
 
 
-def body_text(body: Mapping[str, Any], task: str) -> Text:
-    """What an OpenAI batch body asks to pool (an error :class:`Text` naming the field it refuses)."""
+def image_refusal(messages: Any, task: str, record: str) -> str | None:
+    """Why ``messages`` cannot be pooled: an image part (a pooling task reads text; its images would be
+    dropped), naming the record and the part; ``None`` without any."""
+    for n, m in enumerate(messages if isinstance(messages, list) else ()):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        for i, p in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(p, Mapping) and p.get("type") == "image_url":
+                return (
+                    f"record {record}: messages[{n}].content[{i}] is an image part, and task {task} "
+                    "pools text only: send it in a generate task to a pool serving a vision-language model"
+                )
+    return None
+
+
+def body_text(body: Mapping[str, Any], task: str, record: str = "?") -> Text:
+    """What an OpenAI batch body asks to pool (an error :class:`Text` naming the field it refuses;
+    ``record``: its id, named by a refusal of image parts)."""
     unknown = sorted(set(body) - BODY_FIELDS)
     if unknown:
         return Text(
@@ -86,6 +103,9 @@ def body_text(body: Mapping[str, Any], task: str) -> Text:
     if given[0] == "messages":
         if not isinstance(value, list) or not value:
             return Text(error="body: messages must be a non-empty list of chat messages")
+        why = image_refusal(value, task, record)
+        if why is not None:
+            return Text(error=f"body: {why}")
         return Text(messages=value, dimensions=dims, encoding_format=fmt)
     if isinstance(value, str):
         return Text((value,), dimensions=dims, encoding_format=fmt)
@@ -112,16 +132,20 @@ class Pooling:
     def text(self, record: Mapping[str, Any]) -> Text:
         if (clash := columns.clash(record, self.ctx.params.round, self.task)) is not None:
             return Text(error=clash)
+        rid = self.ctx.record_id(record)
         if is_openai_batch(record):
-            return body_text(record["body"], self.task)
+            return body_text(record["body"], self.task, rid)
         try:
-            request = self.prompts.build(record, request_id=self.ctx.record_id(record))
+            request = self.prompts.build(record, request_id=rid)
         except PromptError as exc:
             return Text(error=str(exc))
         if request.prompt is not None:
             return Text((request.prompt,))
+        why = image_refusal(request.messages, self.task, rid)
+        if why is not None:
+            return Text(error=why)
         # the template's text, as it is: a chat template would embed or classify the model's turn markup
-        return Text((str((request.messages or [{}])[-1].get("content", "")),))
+        return Text((flat_text((request.messages or [{}])[-1].get("content")),))
 
     async def __call__(self, chunk: list[Record], figures: ChunkFigures) -> list[Record]:
         texts = await asyncio.to_thread(lambda: [self.text(r) for r in chunk])

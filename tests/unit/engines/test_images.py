@@ -67,6 +67,25 @@ def test_bad_urls_are_refused_with_the_reason(url: str, said: str) -> None:
         load_image(url, LIMITS)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "simplecache::http://127.0.0.1:9/x.png",
+        "/tmp/a.png::http://127.0.0.1:9/x.png",
+        "http://127.0.0.1:9/x.png",
+        "HTTPS://127.0.0.1:9/x.png",
+        "ftp://127.0.0.1:9/x.png",
+        "memory://x.png",
+        "github://o:r@main/x.png",
+    ],
+)
+def test_web_and_chained_urls_are_refused_even_with_any_prefix_allowed(url: str) -> None:
+    """``--allow-any-prefix`` allows every prefix, not every protocol: nothing is fetched."""
+    refused = r"(image URLs|chained URLs \(::\)) are refused"
+    with confined(PrefixPolicy(None)), pytest.raises(ImageError, match=refused):
+        load_image(url, LIMITS)
+
+
 def test_the_byte_cap_is_checked_before_decoding() -> None:
     big = data_url(png(64, 64))
     with pytest.raises(ImageError, match=r"more than 100 bytes .*max_image_bytes"):
@@ -183,3 +202,30 @@ def test_a_storage_uri_outside_the_prefixes_is_refused_before_anything_is_read()
             load_image("s3://bucket/secret/x.png", LIMITS)
         with pytest.raises(ImageError, match=r"'\.\.' path segment is not allowed"):
             load_image("s3://bucket/images/../secret/x.png", LIMITS)
+
+
+def test_a_requests_image_count_is_capped_before_any_is_read(tmp_path: Path) -> None:
+    three = [str(tmp_path / "never-read.png"), data_url(png(3, 3)), data_url(png(3, 3))]
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in three]}]
+    request = GenerationRequest("r1", messages=messages)
+    with pytest.raises(ImageError, match="3 image parts, above the worker's max_images_per_request 2: split"):
+        load_images(request, ImageLimits(max_images=2))
+    with pytest.raises(ImageError, match=r"image 1 .* does not exist"):  # within the cap: read
+        load_images(request, ImageLimits(max_images=3))
+
+
+def test_a_requests_image_bytes_are_capped_before_the_next_is_read(tmp_path: Path) -> None:
+    one = png(8, 8)
+    (tmp_path / "c.png").write_bytes(one)
+    urls = [data_url(one), data_url(one), str(tmp_path / "c.png")]
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": u}} for u in urls]}]
+    gone = [
+        {"role": "user", "content": [*messages[0]["content"], *image_message("/nowhere/d.png")[0]["content"]]}
+    ]
+    refused = r"image 3 \(.*\): the request.s images hold \d+ bytes up to it, above the worker.s "
+    with pytest.raises(ImageError, match=refused + "max_image_bytes_per_request"):
+        load_images(GenerationRequest("r1", messages=gone), ImageLimits(max_request_bytes=2 * len(one)))
+    loaded = load_images(
+        GenerationRequest("r2", messages=messages), ImageLimits(max_request_bytes=3 * len(one))
+    )
+    assert [i.width for i in loaded.images] == [8, 8, 8]

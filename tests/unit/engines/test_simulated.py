@@ -85,3 +85,22 @@ async def test_close_stops_the_engines_clock() -> None:
     await e.generate([req(1)])
     await e.close()
     assert e.clock._shutdown  # type: ignore[attr-defined]
+
+
+async def test_images_are_said_to_be_ignored_in_every_answer() -> None:
+    """No model sees a request's images on the simulated engine: its answers say so."""
+    from airflow_batchinfer.engines.base import SamplingParams
+    from airflow_batchinfer.engines.images import LoadedImage
+    from tests.support.images import png
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, image]}]
+    loaded = (LoadedImage(png(4, 4), "png", 4, 4), LoadedImage(png(4, 4), "png", 4, 4))
+    seen = GenerationRequest(
+        "r1", messages=messages, images=loaded, sampling=SamplingParams(n=2, temperature=1.0)
+    )
+    text_only = GenerationRequest("r1", messages=[{"role": "user", "content": "what is it?"}])
+    e = create_engine("simulated")
+    (with_images,), (without,) = await e.generate([seen]), await e.generate([text_only])
+    assert all(c.text.startswith("[simulated: 2 image(s) ignored] ") for c in with_images.choices)
+    assert not without.text.startswith("[simulated")

@@ -169,3 +169,27 @@ def test_outputs_that_do_not_fit_the_labels_error_that_record_not_the_chunk() ->
     assert rows[0]["label"] == "POSITIVE" and rows[0]["status"] == "ok"
     assert rows[1]["status"] == "error" and "3 outputs for the model's 2 labels" in rows[1]["error"]
     assert (counts.ok, counts.error) == (1, 1)
+
+
+def test_image_parts_are_refused_by_a_pooling_task_naming_the_record(tmp_path: Path) -> None:
+    """A pooling task reads text: an image part is that record's error, never silently dropped."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    text = {"type": "text", "text": "a"}
+    records = [
+        {"custom_id": "pic", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "m", "messages": [{"role": "user", "content": [text, image]}]}},
+        {"custom_id": "txt", "method": "POST", "url": "/v1/embeddings",
+         "body": {"model": "m", "messages": [{"role": "user", "content": [text]}]}},
+    ]  # fmt: skip
+    out = run_job(
+        tmp_path, records, "infer", {"task": "embed", "output_format": "openai", "id_field": "custom_id"},
+        embedding_dimensions=8,
+    )  # fmt: skip
+    lines = {line["custom_id"]: line for line in out["inferred"]}
+    error = lines["pic"]["error"]["message"]
+    assert lines["pic"]["response"] is None
+    assert "record pic: messages[0].content[1] is an image part, and task embed pools text only" in error
+    assert "a generate task to a pool serving a vision-language model" in error
+    assert lines["txt"]["error"] is None  # text parts are read (as their text)
+    item = lines["txt"]["response"]["body"]["data"][0]
+    assert item["embedding"] == pytest.approx(list(simulated_vector("a", 8)))
