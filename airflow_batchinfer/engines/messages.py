@@ -103,7 +103,7 @@ def _loops_over_content(root: Any) -> bool:
 
 
 def flat_text(content: Any) -> str:
-    """A message's ``content`` as text: a string as it is, a list's text parts joined with ``"\n"``
+    """A message's ``content`` as text: a string as it is, a list's text parts joined with newlines
     (what an engine without a chat template reads, and the token estimates count)."""
     if content is None:
         return ""
