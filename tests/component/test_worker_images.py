@@ -15,9 +15,8 @@ from typing import Any
 
 import pytest
 
-from airflow_batchinfer.rpc.models import JobSpec
-from airflow_batchinfer.state.layout import RunLayout
-from airflow_batchinfer.storage import JsonlFile, shard_dataset
+from airflow_batchinfer.dev.run_batch import shard_job
+from airflow_batchinfer.storage import JsonlFile
 from tests.support.images import data_url, image_message, png
 from tests.support.models import CACHE, REPO, VLLM_PYTHON
 from tests.support.seaweedfs import S3Server
@@ -62,19 +61,8 @@ def records(allowed: Path, outside: Path) -> list[dict[str, Any]]:
 def infer(w: WorkerProcess, root: Path, rows: list[dict[str, Any]], name: str) -> dict[str, dict[str, Any]]:
     src = root / f"{name}.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    layout = RunLayout(str(root / name))
-    (shard,) = shard_dataset(str(src), layout.input, id_field="custom_id").shards
-    sid = shard.shard_id
-    spec = JobSpec(
-        job_id=f"images-{name}-{sid}",
-        kind="infer",
-        input=shard.uri,
-        outputs={"inferred": layout.inferred(0, sid), "manifest": layout.job_manifest(0, sid, "infer")},
-        params={"input_records": shard.records, "id_field": "custom_id", "output_format": "openai"},
-    )
-    status = w.wait(w.submit(spec).job_id, timeout=600)
-    assert status.state == "succeeded", status.error
-    return {r["custom_id"]: r for r in JsonlFile(layout.inferred(0, sid)).iter_records()}
+    job = shard_job(w, src, root, name=f"images-{name}", params={"output_format": "openai"}, timeout=600)
+    return {r["custom_id"]: r for r in JsonlFile(job.inferred).iter_records()}
 
 
 def check_answers(lines: dict[str, dict[str, Any]], outside: Path) -> None:
