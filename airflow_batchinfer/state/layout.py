@@ -122,6 +122,11 @@ class RunLayout:
         return self._p("input")
 
     @property
+    def usage(self) -> str:
+        """The run's pool-usage events (``state.docs.usage``): leases, gates, pool starts."""
+        return self._p("usage")
+
+    @property
     def rejects(self) -> str:
         return self._p("rejects")
 
