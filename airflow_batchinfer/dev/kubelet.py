@@ -182,14 +182,14 @@ class Kubelet:
 
     def _report(self, p: PodProcess) -> None:
         ready = "True" if p.ready else "False"
-        for kind, status in (
+        for kind, value in (
             ("Initialized", "True"),
             ("PodScheduled", "True"),
             ("ContainersReady", ready),
             ("Ready", ready),
         ):
-            if p.conditions.get(kind, ("",))[0] != status:
-                p.conditions[kind] = (status, _now())
+            if p.conditions.get(kind, ("",))[0] != value:
+                p.conditions[kind] = (value, _now())
         cond = [{"type": t, "status": s, "lastTransitionTime": at} for t, (s, at) in p.conditions.items()]
         status = {
             "phase": "Running", "podIP": p.ip, "podIPs": [{"ip": p.ip}], "hostIP": "127.0.0.1",
