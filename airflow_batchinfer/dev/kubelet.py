@@ -135,6 +135,8 @@ class Kubelet:
     def _resolve_env(self, pod: Any, container: Any, ip: str) -> dict[str, str]:
         # what a container runtime sets: PATH from the image, HOSTNAME = the pod's name
         env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin", "HOSTNAME": pod.metadata.name, "LANG": "C.UTF-8"}
+        if os.environ.get("PYTHONPATH"):  # the code the image would hold: the checkout under test
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         fields = {"status.podIP": ip, "metadata.name": pod.metadata.name,
                   "metadata.namespace": pod.metadata.namespace}  # fmt: skip
         for source in container.env_from or []:
