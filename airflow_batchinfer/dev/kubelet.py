@@ -46,6 +46,8 @@ class PodProcess:
     restarts: int = 0
     started_at: str = field(default_factory=_now)
     kill_at: float | None = None  # SIGKILL after the grace period
+    # each condition's (status, lastTransitionTime): the time moves only when its status does
+    conditions: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     def spawn(self) -> None:
         out = open(self.log, "ab")  # noqa: SIM115 - handed to the child
@@ -133,6 +135,8 @@ class Kubelet:
     def _resolve_env(self, pod: Any, container: Any, ip: str) -> dict[str, str]:
         # what a container runtime sets: PATH from the image, HOSTNAME = the pod's name
         env = {"PATH": f"{self.bin_dir}:/usr/bin:/bin", "HOSTNAME": pod.metadata.name, "LANG": "C.UTF-8"}
+        if os.environ.get("PYTHONPATH"):  # the code the image would hold: the checkout under test
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         fields = {"status.podIP": ip, "metadata.name": pod.metadata.name,
                   "metadata.namespace": pod.metadata.namespace}  # fmt: skip
         for source in container.env_from or []:
@@ -170,6 +174,9 @@ class Kubelet:
             pod.metadata.namespace, pod.metadata.name, pod.metadata.uid, ip, int(port), probe.path,
             argv, env, log_dir / f"{pod.metadata.name}.log",
         )  # fmt: skip
+        for c in pod.status.conditions or []:  # the scheduler's PodScheduled keeps its time
+            if c.last_transition_time is not None:
+                proc.conditions[c.type] = (c.status, c.last_transition_time.strftime("%Y-%m-%dT%H:%M:%SZ"))
         proc.spawn()
         self.pods[pod.metadata.uid] = proc
         self.ran.append((proc.namespace, proc.name))
@@ -177,15 +184,15 @@ class Kubelet:
 
     def _report(self, p: PodProcess) -> None:
         ready = "True" if p.ready else "False"
-        cond = [
-            {"type": t, "status": s, "lastTransitionTime": _now()}
-            for t, s in (
-                ("Initialized", "True"),
-                ("PodScheduled", "True"),
-                ("ContainersReady", ready),
-                ("Ready", ready),
-            )
-        ]
+        for kind, value in (
+            ("Initialized", "True"),
+            ("PodScheduled", "True"),
+            ("ContainersReady", ready),
+            ("Ready", ready),
+        ):
+            if p.conditions.get(kind, ("",))[0] != value:
+                p.conditions[kind] = (value, _now())
+        cond = [{"type": t, "status": s, "lastTransitionTime": at} for t, (s, at) in p.conditions.items()]
         status = {
             "phase": "Running", "podIP": p.ip, "podIPs": [{"ip": p.ip}], "hostIP": "127.0.0.1",
             "startTime": p.started_at, "conditions": cond,

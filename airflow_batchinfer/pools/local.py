@@ -45,8 +45,10 @@ from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools import local_workers as procs
 from airflow_batchinfer.pools.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
+from airflow_batchinfer.pools.starts import local_starts
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
+from airflow_batchinfer.state.docs.usage import WorkerStart
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S, worker_argv, worker_default
 
@@ -71,6 +73,8 @@ class LocalPoolSpec:
     allowed_callables: tuple[str, ...] = ()
     # LoRA adapter directories the workers may load besides those inside allowed_prefixes
     allowed_adapters: tuple[str, ...] = ()
+    # a directory of pre-staged models: the workers load <dir>/<model's directory name> when complete
+    model_cache_dir: str | None = worker_default("model_cache_dir")
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -92,7 +96,7 @@ class LocalPoolSpec:
         data = dataclasses.asdict(self)
         data.pop("replicas")
         data.pop("idle_ttl_s")
-        for name in ("allowed_callables", "allowed_adapters"):
+        for name in ("allowed_callables", "allowed_adapters", "model_cache_dir"):
             if not data[name]:  # the default: pools from before the field keep their key
                 data.pop(name)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -346,6 +350,7 @@ class LocalPool:
             "allowed_prefixes": spec.allowed_prefixes,
             "allowed_callables": spec.allowed_callables,
             "allowed_adapters": spec.allowed_adapters,
+            "model_cache_dir": spec.model_cache_dir,
         }
         if spec.idle_ttl_s is not None:
             settings.update(idle_ttl_s=spec.idle_ttl_s, lease_file=str(self._lease_file(spec.key())))
@@ -353,7 +358,14 @@ class LocalPool:
             settings["engine_secrets_file"] = str(secrets_file)  # the path only, never a value
         cmd = [str(Path(spec.python).parent / "batchinfer"), "worker", "serve", *worker_argv(settings)]
         pid = procs.spawn(cmd, log)
-        return {"id": wid, "pid": pid, "url": None, "announce": str(announce), "log": str(log)}
+        return {
+            "id": wid,
+            "pid": pid,
+            "url": None,
+            "announce": str(announce),
+            "log": str(log),
+            "spawned_at": time.time(),  # the real time, not self.clock: starts() measures with it
+        }
 
     def _secrets_path(self, key: str) -> Path:
         return self.dir / f"engine-secrets-{key}.json"
@@ -424,6 +436,12 @@ class LocalPool:
         """:meth:`endpoints` both ways: a worker process that lives is listed, a paused one too, and
         one that exited runs nothing (a restarted one listens on another port)."""
         return Workers.of(self.endpoints(lease_id))
+
+    def starts(self, since: float) -> list[WorkerStart]:
+        """The workers of every generation spawned since ``since``, with their start marks (from
+        their announcements: imports done, model loaded, announced)."""
+        workers = [w for gen in self._load()["generations"].values() for w in gen.get("workers", [])]
+        return local_starts(workers, since, procs.startups(workers))
 
     def problems(self) -> list[str]:
         """Why workers are missing: the ones that exited, with the end of their logs."""

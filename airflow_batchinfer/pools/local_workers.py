@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from airflow_batchinfer.engines import secret_options
-from airflow_batchinfer.exceptions import WorkerUnavailable
+from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.worker.announce import read_announcement
 
@@ -102,6 +102,17 @@ def announced(workers: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 if (found := read_announcement(w["announce"])) is not None:
                     w["url"] = found.url
     return workers
+
+
+def startups(workers: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """The start-up marks of each worker that has announced itself (worker id → mark → Unix time);
+    a worker still starting, or gone (its announcement removed), has none."""
+    out: dict[str, dict[str, float]] = {}
+    for w in workers:
+        with contextlib.suppress(OSError, ConfigError):
+            if w.get("announce") and (found := read_announcement(w["announce"])) is not None:
+                out[str(w["id"])] = dict(found.startup)
+    return out
 
 
 def wait_ready(

@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
 from airflow_batchinfer.rpc.locate import Workers
+from airflow_batchinfer.state.docs.usage import WorkerStart
 
 LOCAL = "local://"
 KUBERNETES = "kubernetes://"
@@ -64,6 +65,12 @@ class WorkerPool(Protocol):
 
     def problems(self) -> list[str]:
         """Why workers are missing, in the backend's words (for error messages)."""
+        ...
+
+    def starts(self, since: float) -> list[WorkerStart]:
+        """Each worker started since ``since`` (Unix time) with its marks in seconds from it:
+        scheduled, started, model loaded, ready (:mod:`~airflow_batchinfer.pools.starts`); ``[]``
+        where the backend starts none."""
         ...
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.rpc.locate import Workers
+from airflow_batchinfer.state.docs.usage import WorkerStart
 
 
 @dataclass(frozen=True)
@@ -49,3 +50,6 @@ class StaticPool:
 
     def problems(self) -> list[str]:
         return []
+
+    def starts(self, since: float) -> list[WorkerStart]:
+        return []  # it starts no worker

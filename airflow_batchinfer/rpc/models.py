@@ -63,3 +63,7 @@ class WorkerStats(BaseModel):
     draining: bool
     jobs: dict[str, int]
     batcher: dict[str, Any]
+    # where the engine loaded its model from ("cache": the node-local model cache, or "model"), and
+    # the process's start-up marks (worker.announce: mark → Unix time), which a pool's starts() reads
+    model_source: str | None = None
+    started: dict[str, float] = Field(default_factory=dict)

@@ -5,12 +5,15 @@ start-up marks it carries.
 The document (:class:`Announcement`, version :data:`ANNOUNCE_VERSION`)::
 
     {"version": 1, "url": "http://127.0.0.1:PORT", "pid": 123, "started_at": 1764680000.1,
-     "startup": {"imports": ..., "app": ..., "engine": ..., "listening": ..., "announced": ...}}
+     "startup": {"imports": ..., "app": ..., "engine": ..., "listening": ..., "announced": ...},
+     "model_source": "cache"}
 
 ``startup`` holds wall-clock times (``time.time()``) of the marks in :data:`STARTUP_MARKS`, noted by
 :func:`mark` as the process gets there: its modules imported, the app built, the engine loaded,
-the socket listening, the announcement written. Another version (or none), an unknown field or a
-bad value is refused by name.
+the socket listening, the announcement written. ``model_source`` says where the engine loaded the
+model from (:mod:`~airflow_batchinfer.worker.model_cache`: ``cache`` or ``model``; absent for an
+engine without a model path). Another version (or none), an unknown field or a bad value is
+refused by name.
 """
 
 from __future__ import annotations
@@ -27,13 +30,15 @@ from airflow_batchinfer.exceptions import ConfigError
 
 ANNOUNCE_VERSION = 1
 STARTUP_MARKS = ("imports", "app", "engine", "listening", "announced")
-_FIELDS = frozenset({"version", "url", "pid", "started_at", "startup"})
+_FIELDS = frozenset({"version", "url", "pid", "started_at", "startup", "model_source"})
+MODEL_SOURCES = ("cache", "model")
 REMEDY = (
     "Remedy: stop the pool's workers (`batchinfer pool down --name NAME`) and start them again "
     "with this release"
 )
 
 _marks: dict[str, float] = {}
+_source: dict[str, str] = {}
 
 
 def mark(name: str) -> None:
@@ -48,21 +53,35 @@ def marks() -> dict[str, float]:
     return dict(_marks)
 
 
+def note_model_source(source: str) -> None:
+    """Note where this process's engine loads its model from (``cache`` or ``model``)."""
+    if source not in MODEL_SOURCES:
+        raise ValueError(f"unknown model source {source!r}: one of {', '.join(MODEL_SOURCES)}")
+    _source["model"] = source
+
+
+def model_source() -> str | None:
+    """Where this process's engine loaded its model from (``None``: not noted)."""
+    return _source.get("model")
+
+
 @dataclass(frozen=True)
 class Announcement:
     url: str
     pid: int
     started_at: float
     startup: Mapping[str, float] = field(default_factory=dict)
+    model_source: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "version": ANNOUNCE_VERSION,
             "url": self.url,
             "pid": self.pid,
             "started_at": self.started_at,
             "startup": dict(self.startup),
         }
+        return doc if self.model_source is None else {**doc, "model_source": self.model_source}
 
     @classmethod
     def from_dict(cls, data: Any, where: str) -> Announcement:
@@ -91,14 +110,19 @@ class Announcement:
             for k, v in startup.items()
         ):
             raise refused(f"startup {startup!r}: expected times of the marks {', '.join(STARTUP_MARKS)}")
-        return cls(url, pid, float(started_at), {k: float(v) for k, v in startup.items()})
+        source = data.get("model_source")
+        if source is not None and source not in MODEL_SOURCES:
+            raise refused(f"model_source {source!r} is not one of {', '.join(MODEL_SOURCES)}")
+        return cls(url, pid, float(started_at), {k: float(v) for k, v in startup.items()}, source)
 
 
 def announce(path: str | Path, url: str) -> Announcement:
     """Write this process's announcement (atomically: a reader sees all of it or none) with its
     start-up marks, ``announced`` included."""
     mark("announced")
-    doc = Announcement(url=url, pid=os.getpid(), started_at=_marks["announced"], startup=marks())
+    doc = Announcement(
+        url=url, pid=os.getpid(), started_at=_marks["announced"], startup=marks(), model_source=model_source()
+    )
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(doc.to_dict(), f)

@@ -30,7 +30,7 @@ from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.params import JobSetup, parse_params
 from airflow_batchinfer.storage.ranges import InputRange, piece_uris
 from airflow_batchinfer.worker import metrics
-from airflow_batchinfer.worker.announce import mark
+from airflow_batchinfer.worker.announce import mark, marks, model_source
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.guard import RequestGuard
 from airflow_batchinfer.worker.registry import JobRegistry
@@ -284,6 +284,8 @@ def _add_stats_routes(app: FastAPI, runtime: Runtime, registry: JobRegistry) -> 
             draining=registry.draining,
             jobs=registry.state_counts(),
             batcher=runtime.batcher.stats.as_dict(),
+            model_source=model_source(),
+            started=marks(),
         )
 
     @app.get("/metrics")

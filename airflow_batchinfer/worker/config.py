@@ -33,6 +33,7 @@ class WorkerConfig:
 
     engine: str = worker_default("engine")
     model: str | None = worker_default("model")
+    model_cache_dir: str | None = worker_default("model_cache_dir")  # pre-staged models (model_cache)
     engine_options: dict[str, Any] = field(default_factory=partial(worker_default, "engine_options"))
     # the engine's secret options, from --engine-secrets-file (load_engine_secrets); never printed
     engine_secrets: dict[str, Any] = field(default_factory=dict, repr=False)

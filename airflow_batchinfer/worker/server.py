@@ -27,10 +27,11 @@ import uvicorn
 from airflow_batchinfer.engines import create_engine
 from airflow_batchinfer.engines.images import ImageLimits
 from airflow_batchinfer.rpc.urls import http_url
-from airflow_batchinfer.worker.announce import announce, mark
+from airflow_batchinfer.worker.announce import announce, mark, note_model_source
 from airflow_batchinfer.worker.app import create_app
 from airflow_batchinfer.worker.config import WorkerConfig
 from airflow_batchinfer.worker.leases import PoolState
+from airflow_batchinfer.worker.model_cache import cached_model
 from airflow_batchinfer.worker.registry import JobRegistry
 from airflow_batchinfer.worker.runtime import Runtime, freeze_startup_objects
 
@@ -136,9 +137,13 @@ def serve(config: WorkerConfig) -> None:
         log.warning("--allow-any-prefix: jobs may read and write any storage location this worker can reach")
     if config.insecure_no_auth:
         log.warning("--insecure-no-auth: the RPC API is open to every local process")
-    engine = create_engine(
-        config.engine, model=config.model, **config.engine_options, **config.engine_secrets
-    )
+    model, source = cached_model(config.model, config.model_cache_dir)
+    if config.model:
+        note_model_source(source)
+        log.info(
+            "loading the model from %s (%s)", model, "the node-local cache" if source == "cache" else source
+        )
+    engine = create_engine(config.engine, model=model, **config.engine_options, **config.engine_secrets)
     concurrent = config.max_concurrent_batches or (4 if config.engine == "vllm" else 1)
     runtime = Runtime(
         engine,

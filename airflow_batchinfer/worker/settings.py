@@ -145,6 +145,9 @@ WORKER_SETTINGS: tuple[WorkerSetting, ...] = (
     _s("engine", "string", "simulated", "the engine; simulated needs no model (benchmarks, orchestration "
        "tests)", choices=ENGINES),
     _s("model", "string", None, "local model directory (or model name for openai)"),
+    _s("model_cache_dir", "string", None, "a node-local directory of pre-staged models: the engine "
+       "loads <dir>/<the model's directory name> when that holds a complete copy (config.json), else "
+       "--model"),
     _s("engine_options", "options", {}, "engine option, e.g. dtype=bfloat16, "
        "max_model_len=4096, base_url=...; values parse as JSON when they can; a secret option (api_key) "
        "is refused",

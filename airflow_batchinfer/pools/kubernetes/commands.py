@@ -33,6 +33,19 @@ def add_arguments(p: argparse.ArgumentParser, *, spec: bool) -> None:
     g.add_argument("--node-selector", action="append", default=[], metavar="KEY=VALUE")
     g.add_argument("--interruptible", action="store_true", help="tolerate spot/preemptible nodes")
     g.add_argument("--model-pvc", default=None, help="PersistentVolumeClaim mounted read-only at /models")
+    cache = g.add_mutually_exclusive_group()
+    cache.add_argument(
+        "--model-cache-host-path",
+        default=None,
+        metavar="DIR",
+        help="a node directory of pre-staged models, mounted read-only at /model-cache (model_cache)",
+    )
+    cache.add_argument(
+        "--model-cache-pvc",
+        default=None,
+        metavar="CLAIM",
+        help="a PersistentVolumeClaim of pre-staged models, mounted read-only at /model-cache",
+    )
     g.add_argument("--storage-secret", default=None, help="Secret with storage credentials (env)")
     g.add_argument(
         "--engine-secret",
@@ -107,6 +120,13 @@ def spec_from_args(args: argparse.Namespace) -> KubernetesPoolSpec:
         node_selector=dict(kv.split("=", 1) for kv in args.node_selector),
         interruptible=args.interruptible,
         model_pvc=args.model_pvc,
+        model_cache=(
+            {"host_path": args.model_cache_host_path}
+            if args.model_cache_host_path
+            else {"pvc": args.model_cache_pvc}
+            if args.model_cache_pvc
+            else None
+        ),
         storage_secret=args.storage_secret,
         engine_secret=args.engine_secret,
         service_account=args.service_account,

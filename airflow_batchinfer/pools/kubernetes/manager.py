@@ -23,8 +23,10 @@ from kubernetes.client.exceptions import ApiException
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.pools.kubernetes import objects
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_SCALEDOWN_TTL_S, KubernetesPoolSpec, RpcPeers
+from airflow_batchinfer.pools.kubernetes.starts import observed_starts
 from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
+from airflow_batchinfer.state.docs.usage import WorkerStart
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
 from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S
 
@@ -423,6 +425,15 @@ class KubernetesPool:
                 if cs.restart_count:
                     out.append(f"{name}: restarted {cs.restart_count} times (kubectl logs --previous {name})")
         return out
+
+    def starts(self, since: float) -> list[WorkerStart]:
+        """The pods created since ``since``: scheduled, container started, model loaded (asked of
+        each worker), Ready (:mod:`~airflow_batchinfer.pools.kubernetes.starts`)."""
+        pods, port = self._pods()
+        token = None
+        with contextlib.suppress(ConfigError):  # without the token the load marks stay unknown
+            token = self.token()
+        return observed_starts(self.api, pods, port, token, since)
 
     def wait_ready(self, replicas: int, *, timeout_s: float = 900.0, poll_s: float = 1.0) -> list[str]:
         deadline = time.monotonic() + timeout_s

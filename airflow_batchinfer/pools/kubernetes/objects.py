@@ -13,7 +13,12 @@ from typing import Any
 
 from airflow_batchinfer import __version__
 from airflow_batchinfer.engines import secret_options
-from airflow_batchinfer.pools.kubernetes.spec import GPU_TOLERATION, SPOT_TOLERATIONS, KubernetesPoolSpec
+from airflow_batchinfer.pools.kubernetes.spec import (
+    GPU_TOLERATION,
+    MODEL_CACHE_MOUNT,
+    SPOT_TOLERATIONS,
+    KubernetesPoolSpec,
+)
 from airflow_batchinfer.worker.settings import TOKEN_ENV, worker_argv, worker_env
 
 ANNOTATION = "batchinfer.io/"
@@ -58,6 +63,15 @@ def _volumes(spec: KubernetesPoolSpec) -> tuple[list[dict[str, Any]], list[dict[
             {"name": "models", "persistentVolumeClaim": {"claimName": spec.model_pvc, "readOnly": True}}
         )
         mounts.append({"name": "models", "mountPath": "/models", "readOnly": True})
+    if spec.model_cache:
+        if "pvc" in spec.model_cache:
+            source: dict[str, Any] = {
+                "persistentVolumeClaim": {"claimName": spec.model_cache["pvc"], "readOnly": True}
+            }
+        else:  # a node without the cache starts too (an empty dir): its worker loads `model`
+            source = {"hostPath": {"path": spec.model_cache["host_path"], "type": "DirectoryOrCreate"}}
+        volumes.append({"name": "model-cache", **source})
+        mounts.append({"name": "model-cache", "mountPath": MODEL_CACHE_MOUNT, "readOnly": True})
     return volumes, mounts
 
 
@@ -95,6 +109,7 @@ def _env(spec: KubernetesPoolSpec) -> list[dict[str, Any]]:
         "allowed_callables": spec.allowed_callables,
         "allowed_adapters": spec.allowed_adapters,
         "token_file": "",
+        "model_cache_dir": MODEL_CACHE_MOUNT if spec.model_cache else None,
     }
     worker = worker_env(settings)
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(spec.env.items())]

@@ -88,6 +88,9 @@ DEFAULT_RPC_FROM: dict[str, Any] = {
     ],
 }
 DEFAULT_SCALEDOWN_TTL_S = 120.0
+# Where a pool's ``model_cache`` volume is mounted (read-only) in the worker container; the worker's
+# model_cache_dir setting names it.
+MODEL_CACHE_MOUNT = "/model-cache"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -104,6 +107,11 @@ class KubernetesPoolSpec:
     :param idle_ttl_s: scale to zero once no run has held a lease for this long.
     :param scaledown_ttl_s: demand must stay below the replica count this long before a replica goes.
     :param interruptible: tolerate spot/preemptible node taints (jobs lost there are resubmitted).
+    :param model_cache: a node-local volume of pre-staged models, mounted read-only at
+        ``/model-cache``: ``{"host_path": "/var/cache/batchinfer-models"}`` (a directory on each
+        node, filled by a DaemonSet) or ``{"pvc": "NAME"}`` (a claim with the models copied in). A
+        worker loads ``/model-cache/<the model's directory name>`` when it holds a complete copy
+        (``config.json``), else ``model``. A DAG setting only: a trigger cannot mount a host path.
     :param allowed_callables: the ``callable`` judges (``module:function``) the workers may run
         (``BATCHINFER_WORKER_ALLOW_CALLABLE``); none by default.
     :param allowed_adapters: LoRA adapter directories in the container (a ``model_pvc`` at
@@ -147,6 +155,7 @@ class KubernetesPoolSpec:
     tolerations: tuple[dict[str, Any], ...] = ()
     interruptible: bool = False
     model_pvc: str | None = None
+    model_cache: dict[str, str] | None = None  # {"host_path": DIR} or {"pvc": NAME}: pre-staged models
     storage_secret: str | None = None  # envFrom: e.g. AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY
     engine_secret: str | None = None  # secretKeyRef per secret engine option: e.g. key api_key
     env: dict[str, str] = field(default_factory=dict)
@@ -180,6 +189,7 @@ class KubernetesPoolSpec:
             parse_quantity(quantity, what)
         check_rpc_from(self.rpc_from, self.rpc_from_namespace)
         check_env(self.env)
+        check_model_cache(self.model_cache)
         check_engine_secret(self.engine, self.engine_options, self.engine_secret)
         if self.service_account:  # empty: unset, like storage_secret and model_pvc
             check_object_name(self.service_account, "service_account", "ServiceAccount")
@@ -227,6 +237,7 @@ class KubernetesPoolSpec:
             "service_account",
             "image_pull_secrets",
             "engine_secret",
+            "model_cache",
         ):
             if not data[k]:  # the default: pools from before the field keep their key
                 data.pop(k)
@@ -368,6 +379,26 @@ def check_engine_secret(engine: str, options: dict[str, Any], secret: Any) -> No
         raise ConfigError(
             f"engine_secret {secret!r}: the {engine} engine takes no secret options (the openai engine "
             "does: api_key, default_headers). Remedy: leave engine_secret out"
+        )
+
+
+def check_model_cache(cache: Any) -> None:
+    """``model_cache`` is unset, ``{"host_path": "/absolute/dir"}`` or ``{"pvc": "CLAIM"}``."""
+    if cache is None:
+        return
+    remedy = (
+        'expected {"host_path": "/var/cache/batchinfer-models"} (a directory on each node) or '
+        '{"pvc": "CLAIM"} (a PersistentVolumeClaim holding the pre-staged models)'
+    )
+    if not isinstance(cache, dict) or len(cache) != 1 or not set(cache) <= {"host_path", "pvc"}:
+        raise ConfigError(f"model_cache: {remedy}; got {cache!r}")
+    if "pvc" in cache:
+        check_object_name(cache["pvc"], "model_cache.pvc", "PersistentVolumeClaim")
+        return
+    path = cache["host_path"]
+    if not isinstance(path, str) or not path.startswith("/") or ".." in path.split("/") or path == "/":
+        raise ConfigError(
+            f"model_cache.host_path: {path!r} is not an absolute directory below / (without '..'); {remedy}"
         )
 
 

@@ -103,6 +103,18 @@ def test_overlays_render_what_they_promise(tmp_path: Path) -> None:
         assert {n for n, ns in subjects if ns == "airflow"} >= {"airflow-worker", "airflow-triggerer"}
         reaper = kinds["CronJob"]["spec"]["jobTemplate"]["spec"]["template"]["spec"]
         assert reaper["serviceAccountName"] == "batchinfer-airflow"
+    # model-cache: the gpu workers with the node's cache mounted and named, and the stager filling it
+    cached = by_kind["model-cache"]["Deployment"]["spec"]["template"]["spec"]
+    cache_dir = {"path": "/var/cache/batchinfer-models", "type": "DirectoryOrCreate"}
+    assert {"name": "model-cache", "hostPath": cache_dir} in cached["volumes"]
+    worker = cached["containers"][0]
+    assert {"name": "model-cache", "mountPath": "/model-cache", "readOnly": True} in worker["volumeMounts"]
+    assert {"name": "BATCHINFER_WORKER_MODEL_CACHE_DIR", "value": "/model-cache"} in worker["env"]
+    stager = by_kind["model-cache"]["DaemonSet"]["spec"]["template"]["spec"]
+    assert {"name": "model-cache", "hostPath": cache_dir} in stager["volumes"]
+    model = {e["name"]: e.get("value") for e in worker["env"]}["BATCHINFER_WORKER_MODEL"]
+    assert {"name": "MODEL", "value": model} in stager["initContainers"][0]["env"]  # the same model
+    assert stager["initContainers"][0]["image"] == worker["image"]
     cpu = by_kind["cpu-demo"]["Deployment"]["spec"]["template"]["spec"]
     assert "nvidia.com/gpu" not in str(cpu) and "dshm" not in str(cpu)
     env = {e["name"]: e.get("value") for e in cpu["containers"][0]["env"]}

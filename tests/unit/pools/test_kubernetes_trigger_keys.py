@@ -16,6 +16,7 @@ NEVER_FROM_A_TRIGGER = {
     "name", "namespace", "engine", "model", "engine_options", "replicas", "concurrency",
     "target_batch_tokens", "allowed_prefixes", "allowed_callables", "allowed_adapters", "idle_ttl_s",
     "rpc_from", "rpc_from_namespace",  # who may call the workers: the NetworkPolicy's peers
+    "model_cache",  # a host path or claim mounted in the pods: the DAG's, never a trigger's
 }  # fmt: skip
 
 

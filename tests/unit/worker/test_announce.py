@@ -21,6 +21,7 @@ from airflow_batchinfer.worker.announce import (
 @pytest.fixture(autouse=True)
 def fresh_marks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ann, "_marks", {})
+    monkeypatch.setattr(ann, "_source", {})
 
 
 def test_the_announcement_carries_the_start_marks_and_reads_back(tmp_path: Path) -> None:
@@ -34,6 +35,17 @@ def test_the_announcement_carries_the_start_marks_and_reads_back(tmp_path: Path)
     assert data["started_at"] == data["startup"]["announced"]
     assert read_announcement(path) == written
     assert [p.name for p in tmp_path.iterdir()] == ["worker-a.json"]  # no temp file left
+
+
+def test_the_announcement_says_where_the_model_came_from(tmp_path: Path) -> None:
+    path = tmp_path / "worker-a.json"
+    assert "model_source" not in announce(path, "http://127.0.0.1:1").to_dict()  # none noted: left out
+    ann.note_model_source("cache")
+    written = announce(path, "http://127.0.0.1:1")
+    assert json.loads(path.read_text())["model_source"] == "cache"
+    assert read_announcement(path) == written and written.model_source == "cache"
+    with pytest.raises(ValueError, match="unknown model source 'disk'"):
+        ann.note_model_source("disk")
 
 
 def test_a_mark_keeps_its_first_time_and_unknown_marks_are_refused() -> None:
@@ -62,6 +74,7 @@ V = {"version": ANNOUNCE_VERSION}
         ({**V, "url": "http://h:1", "pid": True, "started_at": 1.0}, "pid True is not a process id"),
         ({**V, "url": "http://h:1", "pid": 1, "started_at": "now"}, "started_at 'now' is not a time"),
         ({**V, "url": "http://h:1", "pid": 1, "started_at": 1.0, "startup": {"boot": 1.0}}, "startup"),
+        ({**V, "url": "http://h:1", "pid": 1, "started_at": 1.0, "model_source": "s3"}, "model_source 's3'"),
         ([1, 2], "expected a JSON object, got list"),
     ],
 )

@@ -37,7 +37,8 @@ from airflow_batchinfer.worker.settings import (
 
 # What users, scripts and the k8s/ manifests spell: these must keep working.
 FLAGS_AND_VARIABLES = {
-    "--engine": "ENGINE", "--model": "MODEL", "--engine-arg": None, "--concurrency": "CONCURRENCY",
+    "--engine": "ENGINE", "--model": "MODEL", "--model-cache-dir": "MODEL_CACHE_DIR", "--engine-arg": None,
+    "--concurrency": "CONCURRENCY",
     "--host": "HOST", "--port": "PORT", "--token-file": "TOKEN_FILE",
     "--engine-secrets-file": "ENGINE_SECRETS_FILE", "--insecure-no-auth": None,
     "--allow-prefix": "ALLOW_PREFIX", "--allow-any-prefix": "ALLOW_ANY_PREFIX",
