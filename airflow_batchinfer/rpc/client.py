@@ -1,8 +1,9 @@
 """Worker RPC clients (httpx): async :class:`WorkerClient` and sync :class:`SyncWorkerClient`.
 
 HTTP errors map to the exception tree (``WorkerBusy`` for 429/503, ``AuthenticationError`` 401,
-``ForbiddenError`` 403, ``BadJobError`` 400 and 413, ``JobNotFound`` 404, ``WorkerUnavailable`` when the
-worker cannot be reached). Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without sockets.
+``ForbiddenError`` 403, ``BadJobError`` 400 and 413, ``JobNotFound`` 404, ``SleepRefused`` a 409 of
+``/v1/sleep``, ``WorkerUnavailable`` when the worker cannot be reached). Pass ``transport=`` (e.g.
+``httpx.MockTransport``) to test without sockets.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from airflow_batchinfer.exceptions import (
     ForbiddenError,
     JobNotFound,
     RpcError,
+    SleepRefused,
     WorkerBusy,
     WorkerUnavailable,
 )
-from airflow_batchinfer.rpc.models import JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.rpc.models import JobSpec, JobStatus, SleepAnswer, WorkerStats
 
 _ERRORS: dict[int, type[RpcError]] = {
     400: BadJobError,
@@ -45,9 +47,17 @@ def _check(response: httpx.Response, base_url: str) -> Any:
         body = response.json()
         detail = f"{body.get('error')}: {body.get('detail')}"
     except ValueError:
-        detail = response.text[:300]
+        body, detail = None, response.text[:300]
+    if response.status_code == 409 and isinstance(body, dict) and body.get("error") == "sleep_refused":
+        reason = str(body.get("detail"))
+        raise SleepRefused(f"worker {base_url} cannot sleep: {reason}", reason)
     cls = _ERRORS.get(response.status_code, RpcError)
     raise cls(f"worker {base_url} answered {response.status_code} ({detail})")
+
+
+def _sleep_body(level: int, after_s: float) -> dict[str, Any]:
+    """``POST /v1/sleep``'s body (the worker checks it: a bad level answers 400)."""
+    return {"level": level, "after_s": after_s}
 
 
 class WorkerClient:
@@ -95,6 +105,17 @@ class WorkerClient:
 
     async def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(await self._call("GET", "/v1/stats"))
+
+    async def sleep(self, level: int = 1, after_s: float = 0.0) -> SleepAnswer:
+        """Free the worker's device at ``level`` once it has been idle ``after_s`` (``POST /v1/sleep``);
+        raises :class:`~airflow_batchinfer.exceptions.SleepRefused` where its engine cannot."""
+        return SleepAnswer.model_validate(
+            await self._call("POST", "/v1/sleep", json=_sleep_body(level, after_s))
+        )
+
+    async def wake(self) -> float:
+        """Wake the worker's engine (a pending sleep dropped): the seconds the wake took (0: awake)."""
+        return float((await self._call("POST", "/v1/wake"))["woke_s"])
 
     async def instance(self) -> str | None:
         """The id of the worker process that answers (``/v1/health``; ``None`` from a worker that
@@ -158,6 +179,14 @@ class SyncWorkerClient:
 
     def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(self._call("GET", "/v1/stats"))
+
+    def sleep(self, level: int = 1, after_s: float = 0.0) -> SleepAnswer:
+        """As :meth:`WorkerClient.sleep`."""
+        return SleepAnswer.model_validate(self._call("POST", "/v1/sleep", json=_sleep_body(level, after_s)))
+
+    def wake(self) -> float:
+        """As :meth:`WorkerClient.wake`."""
+        return float(self._call("POST", "/v1/wake")["woke_s"])
 
     def ready(self) -> bool:
         try:
