@@ -32,7 +32,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from airflow_batchinfer.dev.workers import start_worker  # noqa: E402
-from airflow_batchinfer.rpc.client import SyncWorkerClient  # noqa: E402
 from airflow_batchinfer.rpc.models import JobSpec  # noqa: E402
 from airflow_batchinfer.state.layout import RunLayout  # noqa: E402
 from airflow_batchinfer.storage import JsonlDir  # noqa: E402
@@ -216,8 +215,7 @@ def sleep_bench(engine: str, model: str | None, options: dict[str, Any]) -> None
     try:
         taken = round(before - free_gib(), 3)
         warm_s = job("warm")
-        # a level-2 wake reloads the model: a real one's can take more than the client's default 30 s
-        with SyncWorkerClient(worker.url, token=worker.token, timeout=1800) as client:
+        with worker.client() as client:  # its sleep and wake wait as long as a model's reload
             for level in (1, 2):
                 awake, t0 = free_gib(), time.monotonic()
                 client.sleep(level, 0.0)

@@ -55,6 +55,11 @@ def _check(response: httpx.Response, base_url: str) -> Any:
     raise cls(f"worker {base_url} answered {response.status_code} ({detail})")
 
 
+# A sleep or wake answers once the engine has moved its weights (level 1: tens of GiB to or from CPU
+# memory; a level-2 wake reloads the model): longer than a job call's default timeout.
+SLEEP_TIMEOUT_S = 900.0
+
+
 def _sleep_body(level: int, after_s: float) -> dict[str, Any]:
     """``POST /v1/sleep``'s body (the worker checks it: a bad level answers 400)."""
     return {"level": level, "after_s": after_s}
@@ -106,16 +111,18 @@ class WorkerClient:
     async def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(await self._call("GET", "/v1/stats"))
 
-    async def sleep(self, level: int = 1, after_s: float = 0.0) -> SleepAnswer:
-        """Free the worker's device at ``level`` once it has been idle ``after_s`` (``POST /v1/sleep``);
-        raises :class:`~airflow_batchinfer.exceptions.SleepRefused` where its engine cannot."""
-        return SleepAnswer.model_validate(
-            await self._call("POST", "/v1/sleep", json=_sleep_body(level, after_s))
-        )
+    async def sleep(
+        self, level: int = 1, after_s: float = 0.0, *, timeout: float = SLEEP_TIMEOUT_S
+    ) -> SleepAnswer:
+        """Free the worker's device at ``level`` once it has been idle ``after_s`` (``POST /v1/sleep``;
+        with ``after_s`` 0 on an idle worker it answers once asleep); raises
+        :class:`~airflow_batchinfer.exceptions.SleepRefused` where its engine cannot."""
+        body = _sleep_body(level, after_s)
+        return SleepAnswer.model_validate(await self._call("POST", "/v1/sleep", json=body, timeout=timeout))
 
-    async def wake(self) -> float:
+    async def wake(self, *, timeout: float = SLEEP_TIMEOUT_S) -> float:
         """Wake the worker's engine (a pending sleep dropped): the seconds the wake took (0: awake)."""
-        return float((await self._call("POST", "/v1/wake"))["woke_s"])
+        return float((await self._call("POST", "/v1/wake", timeout=timeout))["woke_s"])
 
     async def instance(self) -> str | None:
         """The id of the worker process that answers (``/v1/health``; ``None`` from a worker that
@@ -180,13 +187,14 @@ class SyncWorkerClient:
     def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(self._call("GET", "/v1/stats"))
 
-    def sleep(self, level: int = 1, after_s: float = 0.0) -> SleepAnswer:
+    def sleep(self, level: int = 1, after_s: float = 0.0, *, timeout: float = SLEEP_TIMEOUT_S) -> SleepAnswer:
         """As :meth:`WorkerClient.sleep`."""
-        return SleepAnswer.model_validate(self._call("POST", "/v1/sleep", json=_sleep_body(level, after_s)))
+        body = _sleep_body(level, after_s)
+        return SleepAnswer.model_validate(self._call("POST", "/v1/sleep", json=body, timeout=timeout))
 
-    def wake(self) -> float:
+    def wake(self, *, timeout: float = SLEEP_TIMEOUT_S) -> float:
         """As :meth:`WorkerClient.wake`."""
-        return float(self._call("POST", "/v1/wake")["woke_s"])
+        return float(self._call("POST", "/v1/wake", timeout=timeout)["woke_s"])
 
     def ready(self) -> bool:
         try:

@@ -9,12 +9,14 @@ import httpx
 import pytest
 
 from airflow_batchinfer.exceptions import BadJobError, RpcError, SleepRefused
-from airflow_batchinfer.rpc.client import SyncWorkerClient, WorkerClient
+from airflow_batchinfer.rpc.client import SLEEP_TIMEOUT_S, SyncWorkerClient, WorkerClient
 
 REASON = "vllm-cpu: sleep mode needs CUDA (...): use gate_idle keep or release"
 
 
 def handler(request: httpx.Request) -> httpx.Response:
+    # a sleep or wake waits for the engine to move its weights: longer than a job call's timeout
+    assert request.extensions["timeout"]["read"] == SLEEP_TIMEOUT_S
     if request.url.path == "/v1/wake":
         return httpx.Response(200, json={"woke_s": 1.25})
     body = json.loads(request.content)
