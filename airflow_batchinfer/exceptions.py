@@ -84,6 +84,11 @@ class BatcherError(BatchInferError, RuntimeError):
     """A batcher was used outside its lifecycle (not started, stopped, or from another event loop)."""
 
 
+class EngineAsleep(BatchInferError, RuntimeError):
+    """A batch reached an engine that is asleep (``Engine.sleep``): the worker wakes the engine before
+    each batch, so this is a bug of the caller, which the job's error names."""
+
+
 class RpcError(BatchInferError):
     """A worker RPC failed. Subclasses say how; the message names the worker and the remedy."""
 
@@ -111,6 +116,15 @@ class BadJobError(RpcError):
 class JobConflict(RpcError):
     """A ``job_id`` the worker knows was submitted again with a different input, outputs or params
     (HTTP 409): job ids must identify one job; include the run in them."""
+
+
+class SleepRefused(RpcError):
+    """The worker's engine cannot free its device (HTTP 409 on ``/v1/sleep``): ``reason`` says why
+    and what to do instead (keep the pool warm, or release it)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(message)
 
 
 class JobNotFound(RpcError):

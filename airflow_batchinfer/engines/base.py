@@ -31,6 +31,20 @@ from airflow_batchinfer.engines.tools import (
 )
 from airflow_batchinfer.exceptions import ConfigError
 
+#: The sleep levels (:meth:`Engine.sleep`): 1 keeps the weights in CPU memory, 2 drops them.
+SLEEP_LEVELS = (1, 2)
+
+
+def level_refusal(engine: str, level: int) -> str | None:
+    """Why ``level`` is no sleep level (``None``: it is one)."""
+    if level in SLEEP_LEVELS:
+        return None
+    return (
+        f"the {engine} engine: sleep level {level} is not one: choose 1 (weights to CPU memory) or 2 "
+        "(dropped)"
+    )
+
+
 # The fields as_dict() always writes: what a job's manifest and an llm judge's description said
 # before the others existed, so what was recorded then reads the same now.
 _ALWAYS_SHOWN = ("max_tokens", "temperature", "top_p", "seed", "stop")
@@ -394,6 +408,24 @@ class Engine(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release the model."""
+
+    def sleep_refusal(self, level: int) -> str | None:
+        """Why this engine, on its device, cannot sleep at ``level`` (the reason and the remedy);
+        ``None``: it can. Level 1 frees the device keeping the weights in CPU memory, level 2 drops
+        them (a wake reloads them). An engine that does not override it cannot sleep."""
+        return (
+            f"the {self.name} engine cannot free its device: use gate_idle keep or release (sleep needs "
+            "a vllm engine with the engine option enable_sleep_mode, or transformers, on a CUDA GPU)"
+        )
+
+    async def sleep(self, level: int) -> None:
+        """Free the device at ``level`` (see :meth:`sleep_refusal`, which callers ask first; a refused
+        level raises :class:`~airflow_batchinfer.exceptions.ConfigError` with it). The worker calls
+        it with no batch in the engine, and wakes the engine before the next batch."""
+        raise ConfigError(self.sleep_refusal(level) or f"the {self.name} engine does not sleep")
+
+    async def wake(self) -> None:  # noqa: B027 - only an engine that sleeps has anything to do
+        """Take the device back after :meth:`sleep`: the engine serves again when it returns."""
 
     def estimate_tokens(self, request: GenerationRequest) -> int:
         return request.estimate_tokens()

@@ -20,6 +20,12 @@ and with ``labels`` a scoring model whose raw outputs (one per label) are hashed
 structured output and no logprobs (its answers are not model text a constraint could
 hold): a request asking for one is that request's error, as on any engine that does not honour a field.
 
+It sleeps (:meth:`~airflow_batchinfer.engines.base.Engine.sleep`) at level 1 or 2 unless started
+with ``enable_sleep_mode`` false (then it refuses, as vllm does). ``load_s`` simulates loading the
+model at start; a wake takes ``wake_s`` from level 1 and ``load_s + wake_s`` from level 2 (the
+weights read again), so benchmarks compare them. A batch given to it asleep raises
+:class:`~airflow_batchinfer.exceptions.EngineAsleep`.
+
 A batch ends at its due time as a device's would: the event loop is woken then (:func:`until`), not
 at its own timer's next millisecond, 0-1 ms late per batch (~1 s of each GPU's 3,500 batches at 1M
 records in ``bench/scale.py``, whose Ray Data actors sleep as precisely).
@@ -37,7 +43,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult
+from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, level_refusal
 from airflow_batchinfer.engines.messages import flat_text
 from airflow_batchinfer.engines.pooling import (
     EmbeddingModel,
@@ -49,6 +55,7 @@ from airflow_batchinfer.engines.pooling import (
 )
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult, ScoringModel
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+from airflow_batchinfer.exceptions import ConfigError, EngineAsleep
 
 # the answer's length a prompt asks for (a record field rendered into it): see the module's text
 WANTS_TOKENS = re.compile(r"\bsimulate_tokens=(\d{1,9})\b")
@@ -118,6 +125,9 @@ class SimulatedEngine(Engine):
         model: str = "simulated",
         embedding_dimensions: int | None = None,
         labels: list[str] | None = None,
+        load_s: float = 0.0,
+        wake_s: float = 0.02,
+        enable_sleep_mode: bool = True,
     ) -> None:
         self.latency_base_s = latency_base_s
         self.latency_per_token_s = latency_per_token_s
@@ -129,13 +139,47 @@ class SimulatedEngine(Engine):
         if embedding_dimensions is not None:
             self.embedding = EmbeddingModel("simulated", int(embedding_dimensions), matryoshka=True)
         self.scoring = ScoringModel("simulated", tuple(labels)) if labels else None
+        # a simulated device's times (benches compare them): loading the model, and a level-1 wake;
+        # a level-2 wake reads the weights again, taking both
+        self.load_s, self.wake_s = float(load_s), float(wake_s)
+        self.enable_sleep_mode = enable_sleep_mode  # false: it refuses to sleep, as vllm then does
+        self.sleeping: int | None = None  # the level it sleeps at (None: awake)
         self.tally = StatsTally()  # its batches, simulated tokens and requests in flight
         # ends batches on time (see :func:`until`): up to 4 in flight at once, more on the loop's timer
         self.clock = ThreadPoolExecutor(max_workers=4, thread_name_prefix="simulated-device")
 
+    async def start(self) -> None:
+        await asyncio.sleep(self.load_s)
+
+    def sleep_refusal(self, level: int) -> str | None:
+        if not self.enable_sleep_mode:
+            return (
+                "the simulated engine was started without enable_sleep_mode: give the pool the engine "
+                "option enable_sleep_mode true, or use gate_idle keep or release"
+            )
+        return level_refusal(self.name, level)
+
+    async def sleep(self, level: int) -> None:
+        """Asleep at ``level`` (a simulated device frees nothing, and takes no time to)."""
+        if (why := self.sleep_refusal(level)) is not None:
+            raise ConfigError(why)
+        self.sleeping = level
+
+    async def wake(self) -> None:
+        """Awake after ``wake_s`` (level 1), or ``load_s + wake_s`` (level 2: a reload)."""
+        if self.sleeping is None:
+            return
+        await asyncio.sleep(self.wake_s + (self.load_s if self.sleeping == 2 else 0.0))
+        self.sleeping = None
+
+    def _awake(self) -> None:
+        if self.sleeping is not None:
+            raise EngineAsleep(f"the simulated engine got a batch while asleep (level {self.sleeping})")
+
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         """The batch's results after ``a + b·tokens`` seconds, counted from the call: building the
         results (hashing, on the event loop) is part of that time, not added to it."""
+        self._awake()
         loop = asyncio.get_running_loop()
         due = loop.time()
         tokens = sum(
@@ -152,6 +196,7 @@ class SimulatedEngine(Engine):
         """Each text's simulated vector, after ``a + b·tokens`` seconds as :meth:`generate`."""
         if self.embedding is None:
             return await super().embed(requests)
+        self._awake()
         model = self.embedding
         due = asyncio.get_running_loop().time()
         due += self.latency_base_s + self.latency_per_token_s * sum(r.estimate_tokens() for r in requests)
@@ -171,6 +216,7 @@ class SimulatedEngine(Engine):
         """With ``labels``: each text's raw outputs, hashed from it (one per label)."""
         if self.scoring is None:
             return await super().score(requests)
+        self._awake()
         labels = self.scoring.labels
         out = []
         for r in requests:

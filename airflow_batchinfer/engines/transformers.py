@@ -35,6 +35,9 @@ processor (``AutoProcessor``, ``AutoModelForImageTextToText``): a request with i
 (:mod:`~airflow_batchinfer.engines.images`) is rendered by the processor's chat template and encoded
 with its images, alone in its batch. A text-only model refuses a request with images, saying so.
 
+On a CUDA device it sleeps (:mod:`~airflow_batchinfer.engines.transformers_sleep`): level 1 moves
+the model to CPU memory, level 2 drops it and a wake loads it again; on a CPU it refuses to.
+
 An embedding model (a sentence-transformers directory, or a bare
 ``*Model`` architecture: :mod:`~airflow_batchinfer.engines.embedding_models`) is loaded with
 ``AutoModel`` and embeds instead, pooled and normalized as its config says (as vLLM reads it).
@@ -49,6 +52,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_batchinfer.engines import transformers_sleep
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import (
     Choice,
@@ -84,6 +88,7 @@ from airflow_batchinfer.engines.scoring import (
     labels_of,
 )
 from airflow_batchinfer.engines.stats import TALLIED, EngineStats, StatsTally
+from airflow_batchinfer.exceptions import ConfigError, EngineAsleep
 
 PEFT_LEAST = (0, 20)  # what transformers' adapter methods ask for
 
@@ -125,6 +130,7 @@ class TransformersEngine(Engine):
         self._adapters: dict[str, str] = {}  # adapter directory -> its name in the model (loaded)
         self._adapter_ids = 0
         self._pooling = ("mean", True)  # an embedding model's mode and normalizing (embedding_models)
+        self.sleeping: int | None = None  # the level it sleeps at (None: awake; transformers_sleep)
 
     async def start(self) -> None:
         await asyncio.to_thread(self._load)
@@ -179,7 +185,40 @@ class TransformersEngine(Engine):
         text_config = getattr(model.config, "text_config", None) or model.config
         self.max_len = int(getattr(text_config, "max_position_embeddings", 0) or tok.model_max_length)
 
+    def sleep_refusal(self, level: int) -> str | None:
+        return transformers_sleep.sleep_refusal(self.device, level)
+
+    async def sleep(self, level: int) -> None:
+        """Level 1: the model to CPU memory; 2: dropped
+        (:mod:`~airflow_batchinfer.engines.transformers_sleep`)."""
+        if (why := self.sleep_refusal(level)) is not None:
+            raise ConfigError(why)
+        await asyncio.to_thread(self._sleep, level)
+
+    def _sleep(self, level: int) -> None:
+        with self._lock:
+            self.model = self.model.to("cpu") if level == 1 else None
+            self.sleeping = level
+            transformers_sleep.free_device()
+
+    async def wake(self) -> None:
+        await asyncio.to_thread(self._wake)
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self.sleeping == 1:
+                self.model = self.model.to(self.device)
+            elif self.sleeping == 2:
+                self._adapters = {}  # they were loaded into the model dropped
+                self._load()
+            self.sleeping = None
+
+    def _awake(self) -> None:
+        if self.sleeping is not None:
+            raise EngineAsleep(f"the transformers engine got a batch while asleep (level {self.sleeping})")
+
     async def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        self._awake()
         return await asyncio.to_thread(self._generate, requests)
 
     def _render(self, request: GenerationRequest) -> tuple[str, bool]:
@@ -426,6 +465,7 @@ class TransformersEngine(Engine):
     async def score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
         if self.scoring is None:
             return await super().score(requests)
+        self._awake()
         return await asyncio.to_thread(self._score, requests)
 
     def _score(self, requests: list[ScoreRequest]) -> list[ScoreResult]:
@@ -482,6 +522,7 @@ class TransformersEngine(Engine):
     async def embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:
         if self.embedding is None:
             return await super().embed(requests)
+        self._awake()
         return await asyncio.to_thread(self._embed, requests)
 
     def _embed(self, requests: list[EmbedRequest]) -> list[EmbedResult]:

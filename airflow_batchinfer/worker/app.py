@@ -25,7 +25,15 @@ from airflow_batchinfer.engines import Engine
 from airflow_batchinfer.engines.adapters import Adapter
 from airflow_batchinfer.engines.pooling import GENERATE, task_refusal
 from airflow_batchinfer.exceptions import ConfigError, JobConflict, WorkerBusy
-from airflow_batchinfer.rpc.models import MAX_WAIT_S, REQUIRED_OUTPUTS, JobSpec, JobStatus, WorkerStats
+from airflow_batchinfer.rpc.models import (
+    MAX_WAIT_S,
+    REQUIRED_OUTPUTS,
+    JobSpec,
+    JobStatus,
+    SleepAnswer,
+    SleepRequest,
+    WorkerStats,
+)
 from airflow_batchinfer.state.docs import read_job_manifest
 from airflow_batchinfer.state.params import JobSetup, parse_params
 from airflow_batchinfer.storage.ranges import InputRange, piece_uris
@@ -121,6 +129,7 @@ def create_app(
     _add_error_handlers(app)
     _add_probe_routes(app, config, runtime, registry, state)
     _add_job_routes(app, config, runtime, registry, state, prefixes)
+    _add_sleep_routes(app, runtime, registry, state)
     _add_stats_routes(app, runtime, registry)
     return app
 
@@ -254,6 +263,8 @@ def _add_job_routes(
             raise ApiError(
                 code, "busy" if code == 429 else "draining", str(exc), {"Retry-After": "2"}
             ) from exc
+        if created:  # it runs now: no pending sleep, and a sleeping engine starts waking
+            runtime.sleeper.job_arrived()
         return JSONResponse(status.model_dump(), status_code=202 if created else 200)
 
     @app.get("/v1/jobs/{job_id:path}", response_model=JobStatus)
@@ -272,6 +283,36 @@ def _add_job_routes(
         return status
 
 
+def _add_sleep_routes(app: FastAPI, runtime: Runtime, registry: JobRegistry, state: dict[str, Any]) -> None:
+    """``/v1/sleep`` (free the device once idle) and ``/v1/wake``
+    (:mod:`~airflow_batchinfer.worker.sleep`)."""
+    sleeper = runtime.sleeper
+
+    def idle_since() -> float | None:
+        return None if registry.busy else registry.last_activity
+
+    @app.post("/v1/sleep", response_model=SleepAnswer)
+    async def sleep(ask: SleepRequest) -> SleepAnswer:
+        if not runtime.ready:
+            raise ApiError(
+                503, "not_ready", state["load_error"] or "the model is still loading", {"Retry-After": "5"}
+            )
+        try:
+            if ask.after_s == 0 and idle_since() is not None:  # idle now: asleep when it answers
+                await sleeper.sleep_now(ask.level)
+            else:
+                sleeper.ask(ask.level, ask.after_s, idle_since)
+        except ConfigError as exc:
+            raise ApiError(409, "sleep_refused", str(exc)) from exc
+        return SleepAnswer(
+            level=ask.level, after_s=ask.after_s, sleeping=sleeper.sleeping, pending=sleeper.pending
+        )
+
+    @app.post("/v1/wake")
+    async def wake() -> dict[str, float]:
+        return {"woke_s": await sleeper.wake()}
+
+
 def _add_stats_routes(app: FastAPI, runtime: Runtime, registry: JobRegistry) -> None:
     """``/v1/stats`` (the slots, the jobs, the batcher) and ``/metrics`` (Prometheus)."""
 
@@ -286,6 +327,8 @@ def _add_stats_routes(app: FastAPI, runtime: Runtime, registry: JobRegistry) -> 
             batcher=runtime.batcher.stats.as_dict(),
             model_source=model_source(),
             started=marks(),
+            sleeping=runtime.sleeper.sleeping,
+            sleep_refusal=runtime.sleeper.refusal(1),
         )
 
     @app.get("/metrics")

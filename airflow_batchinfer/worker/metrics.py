@@ -119,6 +119,15 @@ def render(registry: JobRegistry) -> str:
         jobs or [(0.0, None)],
     )
     metric("batchinfer_jobs_running", "gauge", "Shard jobs running now.", [(float(registry.busy), None)])
+    busy = 1.0 if registry.busy else 0.0
+    metric("batchinfer_worker_busy", "gauge", "1 while a job runs on this worker, else 0.", [(busy, None)])
+    sleeping = 1.0 if registry.runtime.sleeper.sleeping else 0.0
+    metric(
+        "batchinfer_worker_sleeping",
+        "gauge",
+        "1 while the engine sleeps (its device memory freed: POST /v1/sleep), else 0.",
+        [(sleeping, None)],
+    )
     metric("batchinfer_slots", "gauge", "Job slots of this worker.", [(float(registry.concurrency), None)])
     records: Samples = [(float(n), {"outcome": k}) for k, n in sorted(registry.records.items())]
     metric(

@@ -13,6 +13,7 @@ from airflow_batchinfer.engines.pooling import EmbedRequest, EmbedResult
 from airflow_batchinfer.engines.scoring import ScoreRequest, ScoreResult
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.worker.settings import worker_default
+from airflow_batchinfer.worker.sleep import EngineSleep
 
 Request = GenerationRequest | ScoreRequest | EmbedRequest
 Result = GenerationResult | ScoreResult | EmbedResult
@@ -53,6 +54,7 @@ class Runtime:
             max_queue_size=max_queue_size,
             max_concurrent_batches=max_concurrent_batches,
         )
+        self.sleeper = EngineSleep(engine)  # every batch passes it: a sleeping engine is woken first
         self.ready = False
         self._started = asyncio.Event()  # set with ready: the worker announces itself on it
 
@@ -70,6 +72,7 @@ class Runtime:
         self.ready = False
         self._started.clear()
         await self.batcher.stop()
+        await self.sleeper.close()
         await self.engine.close()
 
     def _estimate(self, request: Request) -> int:
@@ -80,6 +83,10 @@ class Runtime:
     async def _run(self, batch: list[Request]) -> list[Result]:
         """One engine batch: generated, scored or embedded (a batch holding several kinds, which one
         worker's jobs do not make, runs each kind in turn)."""
+        async with self.sleeper.awake():
+            return await self._run_awake(batch)
+
+    async def _run_awake(self, batch: list[Request]) -> list[Result]:
         kinds: dict[type, list[int]] = {}
         for i, r in enumerate(batch):
             kinds.setdefault(type(r), []).append(i)
