@@ -23,6 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
 from airflow_batchinfer.pools.kubernetes import objects
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_SCALEDOWN_TTL_S, KubernetesPoolSpec, RpcPeers
+from airflow_batchinfer.pools.tail import DELETION_COST, deletion_costs
+from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
@@ -249,12 +251,16 @@ class KubernetesPool:
     def _update(self, change: Callable[[PoolState, float], object], what: str) -> tuple[int, PoolState]:
         """Read the Deployment, apply ``change`` to its lease state, decide the replica count and
         write both in one patch guarded by ``resourceVersion`` (retried on a conflict)."""
+        ranked = False
         for _ in range(20):
             dep = self._deployment()
             now = self.clock()
             state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
             change(state, now)
             target = state.decide(now)
+            if target < state.replicas and not ranked:
+                self._rank_pods(dep)  # before the ReplicaSet picks which pods go
+                ranked = True
             patch = {
                 "metadata": {
                     "resourceVersion": dep.metadata.resource_version,
@@ -272,6 +278,47 @@ class KubernetesPool:
                 log.info("%s: %s; replicas %d -> %d", self, what, state.replicas, target)
             return target, state
         raise WorkerUnavailable(f"{self}: the Deployment kept changing under {what}; try again")
+
+    def _rank_pods(self, dep: Any) -> None:
+        """Annotate the pods with their ``pod-deletion-cost``
+        (:func:`~airflow_batchinfer.pools.tail.deletion_costs`): the ReplicaSet removes idle workers
+        before those running a job. Best effort: a pod that cannot be asked keeps its cost, and one
+        removed anyway drains (its jobs are handed back)."""
+        pods, port = self._pods(dep)
+        busy = {p.metadata.name: self._busy(p, port) for p in pods if p.metadata.deletion_timestamp is None}
+        have = {p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST) for p in pods}
+        for name, cost in deletion_costs(busy).items():
+            if have.get(name) == cost:
+                continue
+            body = {"metadata": {"annotations": {DELETION_COST: cost}}}
+            try:
+                self.core.patch_namespaced_pod(name, self.namespace, body, _content_type=MERGE)
+            except ApiException as exc:  # gone meanwhile, or the Role lacks pods/patch: logged
+                log.warning("%s: pod %s keeps its deletion cost (%s %s)", self, name, exc.status, exc.reason)
+
+    def _busy(self, pod: Any, port: int) -> bool | None:
+        """Whether the pod's worker runs a job (``/v1/stats``); ``None`` when it cannot be asked."""
+        if not self._ready(pod):
+            return None
+        try:
+            with SyncWorkerClient(http_url(pod.status.pod_ip, port), token=self._token(), timeout=5) as c:
+                return c.stats().slots_busy > 0
+        except Exception:  # not answering (starting, or gone): its cost stays as it is
+            return None
+
+    def _token(self) -> str | None:
+        try:
+            return self.token()
+        except ConfigError:
+            return None
+
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        """Set ``lease_id``'s demand (``None``: its ceiling); fewer replicas after ``scaledown_ttl_s``
+        (idle pods first), more at once. Returns the replica count."""
+        asked = "its ceiling" if replicas is None else str(replicas)
+        return self._update(
+            lambda s, now: s.want(lease_id, replicas, now=now), f"lease {lease_id} wants {asked}"
+        )[0]
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
         """Hold the pool for ``lease_id`` with ``replicas`` workers; returns the replica count."""
