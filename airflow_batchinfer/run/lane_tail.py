@@ -70,7 +70,7 @@ async def shrink_tail(
     ``pool`` to what the round still needs. Returns the replicas the pool targets, ``None`` when
     nothing changed (no lease, no worker answers, the round still needs them all, or the pool could
     not be asked: a lane that ended is not failed by its tail)."""
-    if lease_id is None or pool.backend == "static":  # a static pool is not ours to scale
+    if lease_id is None:
         return None
     try:
         return await _shrink(pool, lease_id, client, plan, lanes, run_root, so, logger)
@@ -89,6 +89,8 @@ async def _shrink(
     so: StorageOptions | None,
     logger: Logger,
 ) -> int | None:
+    if pool.backend == "static":  # not ours to scale
+        return None
     layout = RunLayout(run_root)
     docs = await asyncio.to_thread(read_lanes, layout, plan.round, so)
     shards_left, running = round_left(plan, docs, lanes)
