@@ -43,6 +43,7 @@ from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_op
 from airflow_batchinfer.engines.models import default_cache_dir
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools import local_workers as procs
+from airflow_batchinfer.pools.busy import worker_busy
 from airflow_batchinfer.pools.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.rpc.client import SyncWorkerClient
@@ -336,22 +337,14 @@ class LocalPool:
             if target >= len(live):
                 self._ensure(gen, leases)
                 return target
-            idle = [w for w in procs.announced(live) if self._idle(w)][: len(live) - target]
-            procs.stop(idle, wait=False)
-            gen["workers"] = [w for w in live if w not in idle]
+            token = self.token()
+            idle = [
+                w for w in procs.announced(live) if w.get("url") and worker_busy(w["url"], token) is False
+            ]
+            stopped = idle[: len(live) - target]
+            procs.stop(stopped, wait=False)
+            gen["workers"] = [w for w in live if w not in stopped]
             return target
-
-    def _idle(self, worker: dict[str, Any]) -> bool:
-        """Whether ``worker`` answers ``/v1/stats`` with no job running (a starting one is not idle:
-        it is about to serve)."""
-        if not worker.get("url"):
-            return False
-        try:
-            with SyncWorkerClient(worker["url"], token=self.token(), timeout=5) as client:
-                stats = client.stats()
-        except Exception:  # cannot be asked: kept, as a busy one would be
-            return False
-        return stats.slots_busy == 0 and not stats.draining
 
     def release(self, lease_id: str, *, stop: bool = False) -> int:
         """Drop ``lease_id``. Its workers stay warm for ``idle_ttl_s`` unless other leases hold them,

@@ -21,10 +21,10 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.pools.busy import worker_busy
 from airflow_batchinfer.pools.kubernetes import objects
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_SCALEDOWN_TTL_S, KubernetesPoolSpec, RpcPeers
 from airflow_batchinfer.pools.tail import DELETION_COST, deletion_costs
-from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S, PoolState, ttl_annotations
@@ -258,9 +258,12 @@ class KubernetesPool:
             state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
             change(state, now)
             target = state.decide(now)
-            if target < state.replicas and not ranked:
-                self._rank_pods(dep)  # before the ReplicaSet picks which pods go
+            if 0 < target < state.replicas and not ranked:  # (to zero: every pod goes)
                 ranked = True
+                try:
+                    self._rank_pods(dep)  # before the ReplicaSet picks which pods go
+                except Exception as exc:  # best effort: the scale-down goes on, ranked as it was
+                    log.warning("%s: pods not ranked for the scale-down (%s)", self, exc)
             patch = {
                 "metadata": {
                     "resourceVersion": dep.metadata.resource_version,
@@ -285,7 +288,12 @@ class KubernetesPool:
         before those running a job. Best effort: a pod that cannot be asked keeps its cost, and one
         removed anyway drains (its jobs are handed back)."""
         pods, port = self._pods(dep)
-        busy = {p.metadata.name: self._busy(p, port) for p in pods if p.metadata.deletion_timestamp is None}
+        token = self._token()
+        busy = {  # a pod not Ready (starting, or dropped by its probe) is not asked: it keeps its cost
+            p.metadata.name: worker_busy(http_url(p.status.pod_ip, port), token) if self._ready(p) else None
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+        }
         have = {p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST) for p in pods}
         for name, cost in deletion_costs(busy).items():
             if have.get(name) == cost:
@@ -295,16 +303,6 @@ class KubernetesPool:
                 self.core.patch_namespaced_pod(name, self.namespace, body, _content_type=MERGE)
             except ApiException as exc:  # gone meanwhile, or the Role lacks pods/patch: logged
                 log.warning("%s: pod %s keeps its deletion cost (%s %s)", self, name, exc.status, exc.reason)
-
-    def _busy(self, pod: Any, port: int) -> bool | None:
-        """Whether the pod's worker runs a job (``/v1/stats``); ``None`` when it cannot be asked."""
-        if not self._ready(pod):
-            return None
-        try:
-            with SyncWorkerClient(http_url(pod.status.pod_ip, port), token=self._token(), timeout=5) as c:
-                return c.stats().slots_busy > 0
-        except Exception:  # not answering (starting, or gone): its cost stays as it is
-            return None
 
     def _token(self) -> str | None:
         try:
