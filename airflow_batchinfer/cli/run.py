@@ -136,7 +136,7 @@ async def _pipeline(
 ) -> dict[str, Any]:
     """The rounds, through clients of the run's pool and the judge's, closed at the end."""
     from airflow_batchinfer.rpc.pool import PoolClient
-    from airflow_batchinfer.run.pipeline import run_pipeline
+    from airflow_batchinfer.run.pipeline import RunLease, run_pipeline
 
     grace = cfg.sharding.unreachable_grace_s  # a silent worker that may run a job holds its copy back
     client = PoolClient.for_pool(pool, lease_id=lease, unreachable_grace_s=grace)
@@ -144,7 +144,8 @@ async def _pipeline(
     if judge_pool is not None:
         judge = PoolClient.for_pool(judge_pool, lease_id=lease, unreachable_grace_s=grace)
     try:
-        return await run_pipeline(cfg, client, judge_pool=judge, progress=progress)
+        held = RunLease(pool, lease)
+        return await run_pipeline(cfg, client, judge_pool=judge, progress=progress, lease=held)
     finally:
         await client.aclose()
         if judge is not None:

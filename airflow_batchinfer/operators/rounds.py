@@ -38,6 +38,7 @@ from airflow_batchinfer.run.fold import fold_tail, next_slot
 from airflow_batchinfer.run.gate.body import desk_url, review_body
 from airflow_batchinfer.run.gate.changes import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
+from airflow_batchinfer.run.lane_tail import take_back
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
 from airflow_batchinfer.run.plan import (
     ACCEPT,
@@ -238,6 +239,13 @@ class RoundControllerOperator(HITLOperator):
                 await client.aclose()
 
         self._held = self._hold_pools(cfg, context, gate=False)
+        if (own := self._held.get("engine")) is not None:  # a tail gave replicas back: the round's again
+            take_back(
+                own,
+                lease_id(context),
+                run_root=cfg.run_root,
+                so=storage_options_from_aws_conn(self.aws_conn_id),
+            )
         for name, pool in self._held.items():
             try:
                 setattr(plan, name, asyncio.run(engine(pool)))

@@ -43,6 +43,7 @@ from airflow_batchinfer.engines import SecretOption, check_no_secrets, secret_op
 from airflow_batchinfer.engines.models import default_cache_dir
 from airflow_batchinfer.exceptions import ConfigError
 from airflow_batchinfer.pools import local_workers as procs
+from airflow_batchinfer.pools.busy import worker_busy
 from airflow_batchinfer.pools.one_host import ONE_HOST
 from airflow_batchinfer.pools.ref import check_local_name
 from airflow_batchinfer.pools.starts import local_starts
@@ -208,10 +209,18 @@ class LocalPool:
         current = state.get("current")
         return (current, gens[current]) if current in gens else None
 
+    def _demand(self, gen: dict[str, Any], leases: PoolState) -> int:
+        """The workers the generation should have: its largest live lease's demand (a run's tail
+        wants fewer than its spec), else the spec's replicas."""
+        live = leases.live(self.clock())
+        if not live:
+            return LocalPoolSpec.from_dict(gen["spec"]).replicas
+        return max(lease.replicas for lease in live.values())
+
     def _ensure(self, gen: dict[str, Any], leases: PoolState) -> int:
         """Start workers until the generation has as many as its largest live lease wants."""
         spec = LocalPoolSpec.from_dict(gen["spec"])
-        want = max([spec.replicas, *(lease.replicas for lease in leases.live(self.clock()).values())])
+        want = self._demand(gen, leases)
         live = self._live(gen)
         started = [self._start(spec) for _ in range(want - len(live))]
         gen["workers"] = live + started
@@ -309,13 +318,37 @@ class LocalPool:
             notes = []
             now = self.clock()
             if lease_id in leases.leases and not leases.renew(lease_id, now=now, ttl_s=ttl_s):
-                leases.acquire(lease_id, leases.leases[lease_id].replicas, now=now, ttl_s=ttl_s)
+                leases.acquire(lease_id, leases.leases[lease_id].most, now=now, ttl_s=ttl_s)
                 notes.append(f"lease {lease_id} had lapsed: taken again")
             if started := self._ensure(gen, leases):
                 notes.append(
                     f"{started} workers had exited: restarted from the pool's spec (logs in {self.dir})"
                 )
         return "; ".join(notes) or None
+
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        """Set ``lease_id``'s demand (``None``: its ceiling): workers start up to the generation's
+        largest live demand, and idle ones beyond it stop (SIGTERM: a worker drains; one whose
+        ``/v1/stats`` shows a job, or that does not answer, is kept). Returns the demand."""
+        with self._editing(lease_id) as found:
+            if found is None:
+                raise self._never_started()
+            gen, leases = found
+            if not leases.want(lease_id, replicas, now=self.clock()):
+                return len(self._live(gen))  # lapsed or released: not this run's to change
+            target = self._demand(gen, leases)
+            live = self._live(gen)
+            if target >= len(live):
+                self._ensure(gen, leases)
+                return target
+            token = self.token()
+            idle = [
+                w for w in procs.announced(live) if w.get("url") and worker_busy(w["url"], token) is False
+            ]
+            stopped = idle[: len(live) - target]
+            procs.stop(stopped, wait=False)
+            gen["workers"] = [w for w in live if w not in stopped]
+            return target
 
     def release(self, lease_id: str, *, stop: bool = False) -> int:
         """Drop ``lease_id``. Its workers stay warm for ``idle_ttl_s`` unless other leases hold them,

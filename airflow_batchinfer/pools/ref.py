@@ -58,6 +58,13 @@ class WorkerPool(Protocol):
         note for the log when something had to be repaired or could not be."""
         ...
 
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        """Set the run's demand now (``None``: what its setup asked for; clamped to that): fewer as a
+        round's lanes end (:func:`~airflow_batchinfer.pools.tail.tail_replicas`), all back when a
+        round starts. Idle workers beyond the largest demand stop (never one with a running job);
+        returns the replicas the pool targets."""
+        ...
+
     def release(self, lease_id: str, *, stop: bool = False) -> int:
         """Drop the lease; the workers stay warm for ``idle_ttl_s``, or stop now with ``stop`` unless
         another run holds them. Returns the workers still running."""

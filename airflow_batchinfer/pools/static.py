@@ -45,6 +45,9 @@ class StaticPool:
     def keep(self, lease_id: str, *, ttl_s: float = 0.0) -> str | None:
         return None
 
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        return len(self.urls)  # not ours to scale
+
     def release(self, lease_id: str, *, stop: bool = False) -> int:
         return len(self.urls)  # not ours to stop
 

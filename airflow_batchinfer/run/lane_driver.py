@@ -7,7 +7,8 @@ One loop, :func:`drive_lane`, for the lane run on the triggerer
 (:class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator` with an ``aws_conn_id``). A round
 whose judge has its own pool (``judge_pool``) runs its judge jobs from judge lanes on that pool
 (:mod:`~airflow_batchinfer.run.judge_lanes`), as ``batchinfer run`` does
-(:mod:`~airflow_batchinfer.run.pipeline`).
+(:mod:`~airflow_batchinfer.run.pipeline`). A lane that ends lowers its run's demand on the pool to
+what the round's tail still needs (:mod:`~airflow_batchinfer.run.lane_tail`).
 No Airflow here: how the pool is opened is the caller's (``open_pool``)."""
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from airflow_batchinfer.rpc.models import JobKind, JobSpec, JobStatus
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.judge_lanes import run_judge_lane
+from airflow_batchinfer.run.lane_tail import shrink_tail
 from airflow_batchinfer.run.lanes import Lane, run_lane
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, read_plan, read_run_config
@@ -183,7 +185,10 @@ async def drive_lane(
                     entry.records,
                 )
 
-        return await run_lane(lane, cfg, plan, pools, so=so, on_shard=ended, logger=logger)
+        doc = await run_lane(lane, cfg, plan, pools, so=so, on_shard=ended, logger=logger)
+        lease = client_args.get("lease_id")
+        await shrink_tail(pool, lease, client, plan, lane.count, run_root=run_root, so=so, logger=logger)
+        return doc
     finally:
         for c in clients:
             await c.aclose()

@@ -3,7 +3,9 @@
 The same steps the DAG runs, in one process: shard, then per round slot propose a plan, run its
 jobs (infer_judge, infer → judge on the judge's own pool, or in place) by lanes
 (:mod:`airflow_batchinfer.run.lanes`: one per pool slot unless ``lanes`` says, each taking the next
-unclaimed shard), close the round; then the report. The decisions and files are
+unclaimed shard; as lanes end, the run's lease gives back the replicas the tail no longer needs,
+and the next round takes them back: :mod:`~airflow_batchinfer.run.lane_tail`), close the round;
+then the report. The decisions and files are
 those of :mod:`airflow_batchinfer.run`, so a run started here can be resumed by a DAG run pointed
 at the same run root and the other way round. Human review needs Airflow (its Required Actions
 page); here ``review`` must be ``never``, and a person may not judge (``{"type": "human"}``,
@@ -13,25 +15,30 @@ page); here ``review`` must be ``never``, and a person may not judge (``{"type":
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_batchinfer.exceptions import ConfigError, RpcError, WorkerUnavailable
+from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.models import JobKind
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.judge_lanes import run_judge_lane
+from airflow_batchinfer.run.lane_tail import shrink_tail, take_back
 from airflow_batchinfer.run.lanes import Lane, clear_claims, judged_apart, lane_count, run_lane
 from airflow_batchinfer.run.plan import propose_slot
 from airflow_batchinfer.run.prepare import prepare_run
 from airflow_batchinfer.run.report.build import build_report
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import Plan, slots, write_plan
-from airflow_batchinfer.state.docs.lanes import LaneShard
+from airflow_batchinfer.state.docs.lanes import LaneDoc, LaneShard
 from airflow_batchinfer.state.layout import RunLayout
 
 Progress = Callable[[str, int, int], None]  # (phase, records done, records total)
+TAKE_BACK_WAIT_S = 600.0  # how long a round waits for the replicas it takes back (model loads)
 
 
 async def pool_slots(pool: PoolClient) -> int:
@@ -64,11 +71,31 @@ async def input_lanes(cfg: RunConfig, pool: PoolClient) -> int:
         return 0
 
 
+@dataclass(frozen=True)
+class RunLease:
+    """The run's pool and its lease on it: each round takes its replicas back, each lane that ends
+    gives back what the round's tail no longer needs (:mod:`~airflow_batchinfer.run.lane_tail`)."""
+
+    pool: WorkerPool
+    lease_id: str
+
+    async def take_back(self, run_root: str, timeout_s: float = TAKE_BACK_WAIT_S) -> None:
+        """The replicas back for a round about to run, waited for (bounded) so that a round with one
+        lane per pool slot counts them: a worker still starting after that joins as it can."""
+        target = await asyncio.to_thread(take_back, self.pool, self.lease_id, run_root=run_root)
+        deadline = time.monotonic() + timeout_s
+        while len(await asyncio.to_thread(self.pool.endpoints, self.lease_id)) < target:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.5)
+
+
 async def _run_round(
     pools: dict[JobKind, PoolClient],
     cfg: RunConfig,
     plan: Plan,
     progress: Progress | None,
+    lease: RunLease | None = None,
 ) -> None:
     """The round's shards by :func:`~airflow_batchinfer.run.lanes.lane_count` lanes
     (:func:`~airflow_batchinfer.run.lanes.run_lane`), as the DAG's lane tasks run them: each lane
@@ -91,10 +118,13 @@ async def _run_round(
             if progress:
                 progress(phase, done_records, plan.records)
 
-    lanes = [
-        run_lane(Lane(plan.slot, plan.round, i, count), run_cfg, plan, pools, on_shard=on_shard)
-        for i in range(count)
-    ]
+    async def lane(i: int) -> LaneDoc:
+        doc = await run_lane(Lane(plan.slot, plan.round, i, count), run_cfg, plan, pools, on_shard=on_shard)
+        if lease is not None:  # the round's tail gives back what it no longer needs
+            await shrink_tail(lease.pool, lease.lease_id, pools["infer"], plan, count, run_root=cfg.run_root)
+        return doc
+
+    lanes = [lane(i) for i in range(count)]
     if judged_apart(run_cfg, plan):  # judge lanes beside them, one per slot of the judge pool
         judges = lane_count(0, await pool_slots(pools["judge"]), len(plan.shards))
         lanes += [
@@ -110,8 +140,10 @@ async def run_pipeline(
     *,
     judge_pool: PoolClient | None = None,
     progress: Progress | None = None,
+    lease: RunLease | None = None,
 ) -> dict[str, Any]:
-    """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judging.judge_pool``'s judge jobs."""
+    """Run ``cfg`` on ``pool``; ``judge_pool`` serves ``cfg.judging.judge_pool``'s judge jobs;
+    ``lease``: the run's pool and lease, whose replicas follow each round's tail."""
     if cfg.reviews.review != "never" or cfg.human_review:
         raise ConfigError(
             "review between rounds, a human judge, review_below_score and spot_check_approved need Airflow "
@@ -145,6 +177,8 @@ async def run_pipeline(
         if plan.mode != "skip":
             # a re-proposed round's lanes start from its new shard list, not the last attempt's claims
             await asyncio.to_thread(clear_claims, layout, plan.round)
-            await _run_round(pools, cfg, plan, progress)
+            if lease is not None:
+                await lease.take_back(cfg.run_root)
+            await _run_round(pools, cfg, plan, progress, lease)
         await asyncio.to_thread(close_round, cfg, plan)
     return await asyncio.to_thread(build_report, cfg)

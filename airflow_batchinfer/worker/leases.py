@@ -14,8 +14,10 @@ lane tasks start and while its review gates wait.
 
 The replica count follows from the leases:
 
-- live leases: the largest number any of them wants. Fewer are removed only after demand has stayed
-  below the replica count for ``scaledown_ttl_s`` (damps churn between overlapping runs);
+- live leases: the largest number any of them wants now. A lease's demand starts at its *ceiling*
+  (what the run's setup asked for) and follows the run's tail (:meth:`PoolState.want`: a round whose
+  lanes are ending needs fewer, the next round takes them back). Fewer are removed only after
+  demand has stayed below the replica count for ``scaledown_ttl_s`` (damps churn between overlapping runs);
 - no live lease: the pool stays as it is until ``idle_ttl_s`` after its last use, then scales to zero.
 """
 
@@ -42,9 +44,18 @@ def ttl_annotations(idle_ttl_s: float, scaledown_ttl_s: float) -> dict[str, str]
 
 @dataclass
 class Lease:
+    """``replicas``: the run's demand now; ``ceiling``: what its setup asked for (``None`` in a
+    document from before demands followed the tail: its ``replicas``)."""
+
     replicas: int
     acquired: float
     expires: float
+    ceiling: int | None = None
+
+    @property
+    def most(self) -> int:
+        """The most replicas this lease may want."""
+        return self.replicas if self.ceiling is None else self.ceiling
 
 
 def _float(value: str | None) -> float | None:
@@ -85,8 +96,20 @@ class PoolState:
         }
 
     def acquire(self, lease_id: str, replicas: int, *, now: float, ttl_s: float) -> None:
-        self.leases[lease_id] = Lease(replicas=replicas, acquired=now, expires=now + ttl_s)
+        self.leases[lease_id] = Lease(replicas=replicas, acquired=now, expires=now + ttl_s, ceiling=replicas)
         self.last_used = now
+
+    def want(self, lease_id: str, replicas: int | None, *, now: float) -> bool:
+        """Set ``lease_id``'s demand to ``replicas`` (``None``: its ceiling), within ``[0, ceiling]``;
+        its expiry is unchanged. ``False`` if the lease is gone (lapsed or released)."""
+        lease = self.leases.get(lease_id)
+        if lease is None or lease.expires <= now:
+            return False
+        ceiling = lease.most
+        lease.ceiling = ceiling
+        lease.replicas = ceiling if replicas is None else max(0, min(replicas, ceiling))
+        self.last_used = now
+        return True
 
     def renew(self, lease_id: str, *, now: float, ttl_s: float) -> bool:
         """Push ``lease_id``'s expiry to ``now + ttl_s`` (never earlier); ``False`` if it is gone."""
@@ -162,6 +185,7 @@ class PoolState:
             "leases": {
                 k: {
                     "replicas": v.replicas,
+                    "ceiling": v.most,
                     "age_s": round(now - v.acquired, 1),
                     "expires_in_s": round(v.expires - now, 1),
                 }

@@ -21,9 +21,11 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from airflow_batchinfer.exceptions import ConfigError, WorkerUnavailable
+from airflow_batchinfer.pools.busy import worker_busy
 from airflow_batchinfer.pools.kubernetes import objects
 from airflow_batchinfer.pools.kubernetes.spec import DEFAULT_SCALEDOWN_TTL_S, KubernetesPoolSpec, RpcPeers
 from airflow_batchinfer.pools.kubernetes.starts import observed_starts
+from airflow_batchinfer.pools.tail import DELETION_COST, deletion_costs
 from airflow_batchinfer.rpc.locate import Workers
 from airflow_batchinfer.rpc.urls import http_url
 from airflow_batchinfer.state.docs.usage import WorkerStart
@@ -251,12 +253,19 @@ class KubernetesPool:
     def _update(self, change: Callable[[PoolState, float], object], what: str) -> tuple[int, PoolState]:
         """Read the Deployment, apply ``change`` to its lease state, decide the replica count and
         write both in one patch guarded by ``resourceVersion`` (retried on a conflict)."""
+        ranked = False
         for _ in range(20):
             dep = self._deployment()
             now = self.clock()
             state = self._state(dep.spec.replicas or 0, dep.metadata.annotations)
             change(state, now)
             target = state.decide(now)
+            if 0 < target < state.replicas and not ranked:  # (to zero: every pod goes)
+                ranked = True
+                try:
+                    self._rank_pods(dep)  # before the ReplicaSet picks which pods go
+                except Exception as exc:  # best effort: the scale-down goes on, ranked as it was
+                    log.warning("%s: pods not ranked for the scale-down (%s)", self, exc)
             patch = {
                 "metadata": {
                     "resourceVersion": dep.metadata.resource_version,
@@ -274,6 +283,42 @@ class KubernetesPool:
                 log.info("%s: %s; replicas %d -> %d", self, what, state.replicas, target)
             return target, state
         raise WorkerUnavailable(f"{self}: the Deployment kept changing under {what}; try again")
+
+    def _rank_pods(self, dep: Any) -> None:
+        """Annotate the pods with their ``pod-deletion-cost``
+        (:func:`~airflow_batchinfer.pools.tail.deletion_costs`): the ReplicaSet removes idle workers
+        before those running a job. Best effort: a pod that cannot be asked keeps its cost, and one
+        removed anyway drains (its jobs are handed back)."""
+        pods, port = self._pods(dep)
+        token = self._token()
+        busy = {  # a pod not Ready (starting, or dropped by its probe) is not asked: it keeps its cost
+            p.metadata.name: worker_busy(http_url(p.status.pod_ip, port), token) if self._ready(p) else None
+            for p in pods
+            if p.metadata.deletion_timestamp is None
+        }
+        have = {p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST) for p in pods}
+        for name, cost in deletion_costs(busy).items():
+            if have.get(name) == cost:
+                continue
+            body = {"metadata": {"annotations": {DELETION_COST: cost}}}
+            try:
+                self.core.patch_namespaced_pod(name, self.namespace, body, _content_type=MERGE)
+            except ApiException as exc:  # gone meanwhile, or the Role lacks pods/patch: logged
+                log.warning("%s: pod %s keeps its deletion cost (%s %s)", self, name, exc.status, exc.reason)
+
+    def _token(self) -> str | None:
+        try:
+            return self.token()
+        except ConfigError:
+            return None
+
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        """Set ``lease_id``'s demand (``None``: its ceiling); fewer replicas after ``scaledown_ttl_s``
+        (idle pods first), more at once. Returns the replica count."""
+        asked = "its ceiling" if replicas is None else str(replicas)
+        return self._update(
+            lambda s, now: s.want(lease_id, replicas, now=now), f"lease {lease_id} wants {asked}"
+        )[0]
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
         """Hold the pool for ``lease_id`` with ``replicas`` workers; returns the replica count."""

@@ -67,3 +67,35 @@ def test_annotations_round_trip() -> None:
         1, {k: v for k, v in a.items() if v is not None}, idle_ttl_s=0, scaledown_ttl_s=0
     )
     assert back == s and json.loads(a[LEASES] or "")["dag/run 1"]["replicas"] == 2
+
+
+def test_a_lease_wants_fewer_with_its_tail_within_its_ceiling_and_takes_them_back() -> None:
+    s = state(4, down=10)
+    s.acquire("run", 4, now=0, ttl_s=100)
+    assert s.leases["run"].ceiling == 4
+    assert s.want("run", 1, now=5) and s.leases["run"].replicas == 1
+    assert s.leases["run"].expires == 100  # a demand is not a renewal
+    assert s.decide(5) == 4 and s.decide(15) == 1  # the tail's scale-down still waits scaledown_ttl
+    s.replicas = 1
+    assert s.want("run", 9, now=16) and s.leases["run"].replicas == 4  # never above the ceiling
+    assert s.want("run", -3, now=17) and s.leases["run"].replicas == 0
+    assert s.want("run", None, now=18) and s.decide(18) == 4  # the next round: all back, at once
+
+
+def test_the_largest_demand_wins_and_a_gone_lease_cannot_want() -> None:
+    s = state(3, down=0)
+    s.acquire("tail", 3, now=0, ttl_s=100)
+    s.acquire("other", 2, now=0, ttl_s=100)
+    s.want("tail", 1, now=1)
+    assert s.decide(1) == 2  # the other run still wants 2
+    assert not s.want("never-held", 1, now=1)
+    assert not s.want("tail", 1, now=101)  # lapsed
+
+
+def test_a_lease_from_before_ceilings_loads_and_its_replicas_are_its_ceiling() -> None:
+    old = {LEASES: json.dumps({"run": {"replicas": 3, "acquired": 0, "expires": 100}})}
+    s = PoolState.from_annotations(3, old, idle_ttl_s=60, scaledown_ttl_s=10)
+    assert s.leases["run"].ceiling is None and s.leases["run"].most == 3
+    assert s.want("run", 1, now=1) and (s.leases["run"].replicas, s.leases["run"].ceiling) == (1, 3)
+    back = PoolState.from_dict(s.to_dict())
+    assert back.leases["run"].ceiling == 3 and back.describe(1)["leases"]["run"]["ceiling"] == 3
