@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from airflow_batchinfer.state.docs.usage import WorkerStart
 
-USAGE_ACCOUNT_VERSION = 1  # of this part (summary.json's and report.json's ``usage``)
+USAGE_ACCOUNT_VERSION: Literal[1] = 1  # of this part (summary.json's and report.json's ``usage``)
 
 
 class RoundUsage(BaseModel):
