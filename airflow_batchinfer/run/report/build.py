@@ -28,6 +28,7 @@ from airflow_batchinfer.run.report.final_pending import export_final_pending
 from airflow_batchinfer.run.report.invariant import applied_reviews, check_invariant
 from airflow_batchinfer.run.report.plots import plots
 from airflow_batchinfer.run.report.render import render_markdown
+from airflow_batchinfer.run.usage_rounds import run_usage, summary_spans
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import (
     AcceptedJob,
@@ -133,6 +134,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         "warnings": retry_warnings(cfg),
         "workers": _per_worker(rounds),
         "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
+        # GPU-seconds leased, busy, idle at gates and in tails, re-warms, what keep would cost
+        "usage": run_usage(layout, summary_spans(rounds), so).model_dump(mode="json"),
         "invariant": invariant,
     }
     doc = RunReport.model_validate(report)  # what the renderers read is what summary.json holds
