@@ -1,13 +1,14 @@
 """What a review gate idles: ``gate_idle: keep`` vs ``release`` (printed, not asserted), SIMULATED engine.
 
 Per policy, one run of the pipeline DAG (two rounds, a review gate before the second answered
-``Continue`` after ``--answer-after`` seconds) on a real local Airflow, each on its own local pool of
-``--replicas`` workers. ``release`` keeps its lease ``--gate-keep-warm-s``, then gives it back, and
-the pool's workers exit after its ``--idle-ttl-s``; the answer re-warms the pool. Side by side, from
-each run's report (``usage``: :mod:`airflow_batchinfer.run.usage`): GPU-seconds leased and idle at
-the gate (a CPU pool's replica counts as one GPU), what ``keep`` would have leased, re-warm seconds,
-the run's wall time, and whether every input id is accounted for once (the report's invariant, and
-no id twice in the results).
+``Continue`` after ``--answer-after`` seconds, then the tail's gate ``Stop``) on a real local
+Airflow, each on its own local pool of ``--replicas`` workers. ``release`` keeps its lease
+``--gate-keep-warm-s``, then gives it back, and the pool's workers exit after its ``--idle-ttl-s``;
+the answer re-warms the pool. Side by side, from each run's report (``usage``:
+:mod:`airflow_batchinfer.run.usage`): GPU-seconds leased and idle at the gates (a CPU pool's
+replica counts as one GPU), what ``keep`` would have leased, re-warm seconds, the run's wall time,
+and whether every input id is accounted for once (the report's invariant, and no id twice in the
+results).
 
 Needs the run settings ``gate_idle`` and ``gate_keep_warm_s`` (issue 40): it stops with a message
 in a tree without them.
@@ -43,7 +44,7 @@ build_batch_inference_dag("gate_{policy}", max_rounds=2, airflow_pool="bench", d
 COLUMNS = (
     ("wall s", "wall_s"),
     ("leased GPU-s", "leased_gpu_s"),
-    ("idle at gate GPU-s", "idle_gates_gpu_s"),
+    ("idle at gates GPU-s", "idle_gates_gpu_s"),
     ("keep would lease", "keep_gpu_s"),
     ("saved GPU-s", "saved_gpu_s"),
     ("re-warm s", "rewarm_s"),
@@ -59,10 +60,10 @@ def missing_settings(known: set[str]) -> list[str]:
 def side_by_side(results: dict[str, dict[str, Any]]) -> list[str]:
     """The policies' figures as a table: a row per figure, a column per policy."""
     policies = list(results)
-    lines = [f"{'':<20}" + "".join(f"{p:>14}" for p in policies)]
+    lines = [f"{'':<21}" + "".join(f"{p:>14}" for p in policies)]
     for label, key in COLUMNS:
         cells = [results[p].get(key) for p in policies]
-        lines.append(f"{label:<20}" + "".join(f"{'–' if c is None else c!s:>14}" for c in cells))
+        lines.append(f"{label:<21}" + "".join(f"{'–' if c is None else c!s:>14}" for c in cells))
     return lines
 
 
@@ -84,6 +85,11 @@ def figures(root: Path, wall_s: float, state: str) -> dict[str, Any]:
         "usage_known": usage.get("known"),
         "ids_once": bool(report["invariant"]["ok"]) and all(n == 1 for n in ids.values()),
     }
+
+
+def answer(detail: dict[str, Any]) -> str:
+    """``Continue`` at the gate before round 1; ``Stop`` at the tail's (it offers no Continue)."""
+    return "Continue" if "Continue" in detail.get("options", []) else "Stop"
 
 
 def main() -> None:
@@ -138,7 +144,7 @@ def main() -> None:
                 dag_id,
                 run_id,
                 timeout_s=1800,
-                on_review=lambda d: "Continue",
+                on_review=answer,
                 review_delay_s=args.answer_after,
             )
             results[policy] = figures(work / "runs" / policy, time.monotonic() - t0, state)

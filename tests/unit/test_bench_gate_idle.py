@@ -17,7 +17,7 @@ def test_the_table_has_a_column_per_policy_and_a_row_per_figure() -> None:
     lines = side_by_side({"keep": keep, "release": release})
     assert lines[0].split() == ["keep", "release"]
     assert len(lines) == 1 + len(COLUMNS)
-    gate = next(line for line in lines if line.startswith("idle at gate"))
+    gate = next(line for line in lines if line.startswith("idle at gates"))
     assert gate.split()[-2:] == ["40.0", "6.0"]
     leased = next(line for line in lines if line.startswith("leased GPU-s"))
     assert leased.split()[-2:] == ["–", "–"]  # not measured: shown as unknown, not 0
