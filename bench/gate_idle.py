@@ -111,6 +111,7 @@ def main() -> None:
             "policy, branch i40-gate): merge it, then run this bench again"
         )
     from airflow_batchinfer.dev.airflow import DevAirflow
+    from airflow_batchinfer.pools import LocalPool
 
     work = Path(tempfile.mkdtemp(prefix="bench-gate-idle-"))
     data = work / "data.jsonl"
@@ -150,6 +151,8 @@ def main() -> None:
             results[policy] = figures(work / "runs" / policy, time.monotonic() - t0, state)
     finally:
         af.stop()
+        for policy in args.policies:  # a run cut short leaves its lease: its workers would wait it out
+            LocalPool(f"gate-{policy}").down()
     print(
         f"review gate idle, SIMULATED engine: {args.records} records, 2 rounds, gate answered after "
         f"{args.answer_after:g} s; pool of {args.replicas} workers (a replica counts as 1 GPU), "
