@@ -3,9 +3,14 @@ with a re-warm, a pool another run keeps up, a tail that shrinks, a run from bef
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from airflow_batchinfer.run.usage import NO_EVENTS, NO_LEASE, RoundSpan, account_usage
+from airflow_batchinfer.run.usage_rounds import round_span
+from airflow_batchinfer.state.docs.jobs import Timings
+from airflow_batchinfer.state.docs.summary import WorkerTotals
 from airflow_batchinfer.state.docs.usage import UsageEvent, WorkerStart
 from airflow_batchinfer.state.docs.usage_account import UsageAccount
 
@@ -131,3 +136,15 @@ def test_a_run_without_events_is_not_known_not_zero() -> None:
 def test_the_account_round_trips_as_json() -> None:
     acc = account_usage([lease(0.0, 1), lease(5.0, 0)], [], until=5.0)
     assert UsageAccount.model_validate(acc.model_dump(mode="json")) == acc
+
+
+def test_a_rounds_span_is_its_jobs_and_each_workers_busy_time_at_most_that() -> None:
+    jobs = [
+        SimpleNamespace(timings=Timings(started_at=100.0, finished_at=130.0, run_s=30.0)),
+        SimpleNamespace(timings=Timings(started_at=110.0, finished_at=160.0, run_s=50.0)),
+    ]
+    # w1's two concurrent jobs each counted the batches they shared: 90 s in a 60 s round
+    workers = {"w1": WorkerTotals(engine_busy_s=90.0), "w2": WorkerTotals(engine_busy_s=20.0)}
+    span = round_span("round-00", 0, jobs, workers)  # type: ignore[arg-type]
+    assert span == RoundSpan("round-00", 0, 100.0, 160.0, busy_s=60.0 + 20.0)
+    assert round_span("round-01", 1, [], workers) is None  # no job ran
