@@ -3,7 +3,8 @@ usage events (:func:`~airflow_batchinfer.state.docs.usage.read_usage`: leases, g
 and its rounds' spans (:class:`RoundSpan`: when its jobs ran and how long its engines were busy).
 
 Pure: :func:`account_usage` reads nothing. The lease held over time is a step function of the
-``lease`` events (per pool, the last one's replicas × GPUs per replica; pools add up); everything
+``lease`` events (per pool, the last one's replicas × the pool's GPUs per replica, the most any of
+its events says; pools add up); everything
 leased is busy (per round: the engines' busy worker-seconds × GPUs, at most what was leased), idle at
 a gate (leased between its ``gate_open`` and ``gate_answered``), idle in a round's tail (leased in
 the round, not busy) or idle otherwise (setup, warm-ups, between rounds). ``keep`` would have held
@@ -42,12 +43,17 @@ class _Held:
     """The lease's GPUs and replicas over time: a step function of the lease events."""
 
     def __init__(self, leases: Sequence[UsageEvent]) -> None:
+        # A pool's GPUs per replica: the most any of its events says (the setup's knows the spec;
+        # a lane's or a gate's event may leave the default 1).
+        gpus_of: dict[str, float] = {}
+        for e in leases:
+            gpus_of[e.pool] = max(gpus_of.get(e.pool, 0.0), e.gpus)
         per_pool: dict[str, tuple[int, float]] = {}
         self.times: list[float] = []
         self.gpus: list[float] = []  # held from times[i] on
         self.replicas: list[int] = []
         for e in sorted(leases, key=lambda e: e.at):
-            per_pool[e.pool] = (max(e.replicas, 0), e.gpus)
+            per_pool[e.pool] = (max(e.replicas, 0), gpus_of[e.pool])
             gpus = sum(r * g for r, g in per_pool.values())
             replicas = sum(r for r, _ in per_pool.values())
             if self.times and self.times[-1] == e.at:  # events at one instant: the last one holds
@@ -148,7 +154,7 @@ def _round(span: RoundSpan, held: _Held, leases: Sequence[UsageEvent]) -> RoundU
     a, b = span.started_at, max(span.ended_at, span.started_at)
     leased = held.integral(a, b)
     replica_s = held.integral(a, b, replicas=True)
-    gpus = leased / replica_s if replica_s else leases[-1].gpus
+    gpus = leased / replica_s if replica_s else max(e.gpus for e in leases)
     busy = min(leased, span.busy_s * gpus)
     return RoundUsage(
         slot=span.slot,

@@ -112,6 +112,13 @@ def test_a_shrinking_tail_leases_less_than_its_ceiling() -> None:
     check_sums(acc)
 
 
+def test_a_lanes_event_without_gpus_keeps_the_pools_gpus_per_replica() -> None:
+    """The setup knows the spec's GPUs; a lane shrinking the demand records the default 1."""
+    events = [lease(0.0, 4, gpus=8), lease(50.0, 1), lease(100.0, 0)]
+    acc = account_usage(events, [], until=100.0)
+    assert acc.leased_gpu_s == 8 * (4 * 50 + 1 * 50)
+
+
 def test_busy_is_at_most_what_was_leased() -> None:
     acc = account_usage([lease(0.0, 1), lease(10.0, 0)], [RoundSpan("r00", 0, 0.0, 10.0, busy_s=50.0)], 10.0)
     assert acc.busy_gpu_s == 10 and acc.rounds[0].busy_fraction == 1.0
