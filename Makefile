@@ -154,6 +154,7 @@ bench: venv vllm-venv models  ## benchmarks print tables and a JSON line; nothin
 	$(BIN)/python bench/calibration.py
 	$(BIN)/python bench/feedback.py
 	$(BIN)/python bench/airflow_e2e.py
+	$(BIN)/python bench/gate_idle.py
 	$(BIN)/python bench/kubernetes_pool.py
 
 bench-quick: venv

@@ -239,8 +239,8 @@ def _pool_setups(tasks: _Tasks, judge_pool: bool) -> list[PoolSetupOperator]:
             target_batch_tokens=pinned_param("target_batch_tokens"),
             kubernetes=pinned_param(f"{prefix}kubernetes"),
             limits=tasks.trusted,
-            run_root=PINNED_RUN_ROOT,
             run_params=pinned_expr("p"),
+            **tasks.common,  # run_root and aws_conn_id: its lease is recorded under the run root
         ).as_setup()
         for task_id, prefix in pools
     ]
@@ -305,6 +305,7 @@ def _pool_teardowns(tasks: _Tasks, setups: list[PoolSetupOperator], last_round: 
             task_id=setup.task_id.replace("setup", "teardown"),
             worker_pool=setup.worker_pool,
             limits=tasks.trusted,
+            **tasks.common,  # its release is recorded under the run root
         ).as_teardown(setups=setup)
         last_round >> teardown
 

@@ -21,6 +21,7 @@ def _plan_args(p: argparse.ArgumentParser) -> None:
     _workload_args(p)
     _shard_args(p)
     _retry_args(p)
+    _gate_args(p)
     p.add_argument("--airflow-pool", default="batchinfer", help="Airflow pool name for the printed command")
     p.add_argument("--json", action="store_true", help="print the plan as JSON instead of a table")
 
@@ -138,6 +139,35 @@ def _retry_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _gate_args(p: argparse.ArgumentParser) -> None:
+    """How long review gates wait, what a released gate keeps and the pool's idle_ttl_s
+    (:mod:`~airflow_batchinfer.run.sizing_gates`)."""
+    from airflow_batchinfer.run.sizing_gates import DEFAULT_GATE_KEEP_WARM_S
+    from airflow_batchinfer.worker.settings import POOL_IDLE_TTL_S
+
+    p.add_argument(
+        "--review-delay",
+        metavar="DURATION",
+        default=None,
+        help="how long people take to answer a review gate (seconds, or 45s, 30m, 12h, 1d): estimates "
+        "per gate the GPU-hours idle under gate_idle keep vs release, and the rounds' tail idle",
+    )
+    p.add_argument(
+        "--gate-keep-warm-s",
+        type=float,
+        default=DEFAULT_GATE_KEEP_WARM_S,
+        help="with --review-delay: what a released gate keeps first, as the run setting gate_keep_warm_s "
+        f"(default {DEFAULT_GATE_KEEP_WARM_S:.0f})",
+    )
+    p.add_argument(
+        "--idle-ttl-s",
+        type=float,
+        default=float(POOL_IDLE_TTL_S),
+        help="with --review-delay: the pool's idle_ttl_s, idle before it scales to zero "
+        f"(default {POOL_IDLE_TTL_S})",
+    )
+
+
 def _input_records(uri: str, *, quiet: bool) -> int:
     """The records of ``uri``: a Parquet input's from its footers, else estimated (its stored bytes
     over one sample's bytes per record)."""
@@ -182,7 +212,13 @@ def _cmd_plan(args: argparse.Namespace) -> dict[str, Any] | None:
         execution_timeout_s=args.execution_timeout_hours * 3600,
         airflow_pool=args.airflow_pool,
     )
+    gates = None
+    if args.review_delay is not None:
+        from airflow_batchinfer.run.sizing_gates import gate_idle, parse_delay
+
+        delay = parse_delay(args.review_delay)
+        gates = gate_idle(plan, delay, gate_keep_warm_s=args.gate_keep_warm_s, idle_ttl_s=args.idle_ttl_s)
     if args.json:
-        return plan.to_dict()
-    print(plan.table())
+        return {**plan.to_dict(), **({"review_gates": gates.to_dict()} if gates else {})}
+    print("\n".join([plan.table(), *(gates.lines() if gates else [])]))
     return None

@@ -1,5 +1,5 @@
 """``batchinfer pool``: a warm worker pool, local processes or a Kubernetes Deployment (``up``,
-``status``, ``down``, ``reap``, ``manifests``); :func:`pool_args` and :func:`pool_spec` serve
+``status``, ``down``, ``metrics``, ``reap``, ``manifests``); :func:`pool_args` and :func:`pool_spec` serve
 ``batchinfer run`` too."""
 
 from __future__ import annotations
@@ -22,6 +22,11 @@ def add_commands(sub: Any) -> None:
     for name, helptext, fn in (
         ("status", "show the pool's workers (and leases, on Kubernetes)", _cmd_pool_status),
         ("down", "stop the pool's workers (Kubernetes: release this CLI's lease)", _cmd_pool_down),
+        (
+            "metrics",
+            "print the pool's replicas, leases and busy workers as Prometheus text",
+            _cmd_pool_metrics,
+        ),
     ):
         p = pool.add_parser(name, help=helptext)
         p.add_argument("--name", default="default")
@@ -168,6 +173,45 @@ def _cmd_pool_status(args: argparse.Namespace) -> dict[str, Any]:
     if k8s := _kubernetes(args):
         return dict(k8s.status(args))
     return LocalPool(args.name).status()
+
+
+def _cmd_pool_metrics(args: argparse.Namespace) -> None:
+    """Prometheus text of the pool (:func:`~airflow_batchinfer.pools.prometheus.render_pool_metrics`):
+    a local pool's workers report their jobs in its status; a Kubernetes pool's ready workers are
+    asked (``/v1/stats``, the pool's token)."""
+    from airflow_batchinfer.pools import LocalPool
+    from airflow_batchinfer.pools.prometheus import render_pool_metrics
+
+    if k8s := _kubernetes(args):
+        pool = k8s.open_cli_pool(args)
+        status, ref = pool.status(), str(pool)
+        urls = [w["url"] for w in status["workers"] if w["url"] and w["ready"]]
+        busy = _busy_workers(urls, pool.token())
+        replicas, ready = status["replicas"], status["ready"]
+    else:
+        local = LocalPool(args.name)
+        status, ref = local.status(), str(local)
+        answered = [w for w in status["workers"] if "slots_busy" in w]
+        busy = sum(1 for w in answered if w["slots_busy"]) if answered else None
+        replicas = sum(1 for w in status["workers"] if w["alive"])
+        ready = sum(1 for w in answered if w.get("ready"))
+    leases = {k: int(v["replicas"]) for k, v in (status.get("leases") or {}).items()}
+    print(render_pool_metrics(ref, replicas=replicas, ready=ready, leases=leases, busy=busy), end="")
+
+
+def _busy_workers(urls: list[str], token: str | None) -> int | None:
+    """Workers at ``urls`` running a job (``None``: none answered)."""
+    from airflow_batchinfer.rpc.client import SyncWorkerClient
+
+    busy, answered = 0, 0
+    for url in urls:
+        try:
+            with SyncWorkerClient(url, token=token, timeout=5) as client:
+                busy += client.stats().slots_busy > 0
+            answered += 1
+        except Exception:  # a worker that does not answer is not known busy: left out
+            continue
+    return busy if answered else None
 
 
 def _cmd_pool_down(args: argparse.Namespace) -> dict[str, Any]:

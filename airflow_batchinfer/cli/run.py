@@ -46,6 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
 
     from airflow_batchinfer.pools import PoolRef
     from airflow_batchinfer.run.preflight import retry_warnings
+    from airflow_batchinfer.run.usage_events import record_lease
     from airflow_batchinfer.spec.limits import judge_pool_refusal
     from airflow_batchinfer.spec.settings import run_settings_from_args
     from airflow_batchinfer.state.config import RunConfig
@@ -63,6 +64,11 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
     pool = _open_pool(args, cfg, lease)
     bars = _Bars()
     judge_pool = _open_judge_pool(judge_ref, lease)
+    # what the run leases, as usage events (its GPU-seconds; a static pool is not leased)
+    pools = [] if args.worker_url else [(pool, args.replicas), (judge_pool, 1)]
+    leased = [(str(p), n) for p, n in pools if p is not None]
+    for ref_, replicas in leased:
+        record_lease(args.run_root, ref_, replicas)
     try:
         return asyncio.run(_pipeline(cfg, pool, judge_pool, lease, bars))
     finally:
@@ -70,6 +76,8 @@ def _cmd_run(args: argparse.Namespace) -> dict[str, Any]:
         pool.release(lease)
         if judge_pool is not None:
             judge_pool.release(lease)
+        for ref_, _ in leased:
+            record_lease(args.run_root, ref_, 0)
 
 
 def _open_pool(args: argparse.Namespace, cfg: RunConfig, lease: str) -> WorkerPool:

@@ -7,6 +7,8 @@ else it waits on the triggerer until ``replicas`` workers are ready (one decisio
 :func:`~airflow_batchinfer.triggers.pool_ready.pool_readiness`).
 While the run lives its lease keeps the workers, however long a review gate waits: lane tasks and
 gates renew it (:func:`hold_pool`), and a local pool whose workers died is restarted from its spec.
+Each records the replicas its lease holds as a ``lease`` usage event under the run root (the
+run's GPU-seconds: :mod:`airflow_batchinfer.run.usage`; best effort, never failing the task).
 Teardown releases the lease: the workers stay warm for ``idle_ttl_s`` (local workers then exit by
 themselves, a Kubernetes pool is scaled to zero by the reaper), so back-to-back runs reuse warm
 workers; ``idle_ttl_s=0`` or ``stop`` stops them at once unless another run holds them.
@@ -25,13 +27,16 @@ from airflow.sdk import BaseOperator, Context
 from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.engines.models import default_cache_dir, prepare_smollm2
 from airflow_batchinfer.exceptions import ConfigError
+from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
 from airflow_batchinfer.hooks.pool import open_pool
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.pools import LocalPool, LocalPoolSpec, WorkerPool
 from airflow_batchinfer.pools.kubernetes.spec import RpcPeers
 from airflow_batchinfer.pools.one_host import ONE_HOST_OPTION, one_host_refusal
+from airflow_batchinfer.run.usage_events import record_lease
 from airflow_batchinfer.spec.limit_settings import CONFIG_SECTION, POOL_NETWORK_SETTINGS
 from airflow_batchinfer.spec.limits import TriggerLimits
+from airflow_batchinfer.state.owner import RunIdentity, parse_owner, read_owner
 from airflow_batchinfer.triggers import SETTLE_S
 from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
@@ -86,6 +91,28 @@ def _ttl(value: float | str | None) -> float | None:
     return None if value is None or str(value) in ("", "None") else float(value)
 
 
+def record_run_lease(op: Any, context: Context, pool: str, replicas: int, gpus: int = 1) -> None:
+    """Record what the run's lease on ``pool`` holds now under ``op.run_root`` (a ``lease`` usage
+    event; a CPU pool's ``gpus: 0`` counts a replica as 1). Only in a root this DAG run owns (its
+    first task claimed it: a refused run's teardown must not write into another run's root); best
+    effort: what goes wrong is logged, never raised."""
+    if not op.run_root:
+        return
+    ti = context.get("ti")
+    try:
+        so = storage_options_from_aws_conn(op.aws_conn_id)
+        owner = parse_owner(read_owner(op.run_root, so))
+    except Exception as exc:  # the accounting is a report: never fail the lease over it
+        op.log.warning("usage: %s's lease not recorded under %s: %s", pool, op.run_root, exc)
+        return
+    if ti is None or owner != RunIdentity(ti.dag_id, ti.run_id):
+        op.log.info(
+            "usage: %s's lease not recorded: %s is not this run's (owner %s)", pool, op.run_root, owner
+        )
+        return
+    record_lease(op.run_root, pool, replicas, float(gpus or 1), so)
+
+
 class PoolSetupOperator(BaseOperator):
     """Take this run's lease on its pool, start what is missing, and wait until it is ready.
 
@@ -111,6 +138,8 @@ class PoolSetupOperator(BaseOperator):
         shard task and must not start a pool for a run whose root is refused.
     :param run_params: the DAG run's params as the run's ``pin`` task rendered them (templated): the
         ones checked against ``limits``; ``None``: the context's.
+    :param aws_conn_id: the AWS connection for an ``s3://`` run root (where the lease's usage event
+        is recorded).
 
     It is retried once by default (``retries``, ``retry_delay`` or the DAG's ``default_args`` change
     that; ``[core] default_task_retries`` does not): Airflow 3.3.2 can fail a deferred task whose
@@ -139,6 +168,7 @@ class PoolSetupOperator(BaseOperator):
         "kubernetes",
         "run_root",
         "run_params",
+        "aws_conn_id",
     )
     ui_color = "#ede7f6"
 
@@ -163,6 +193,7 @@ class PoolSetupOperator(BaseOperator):
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
         run_params: dict[str, Any] | str | None = None,
+        aws_conn_id: str | None = None,
         retries: int = 1,  # named here so that a DAG's default_args still override it
         retry_delay: timedelta = timedelta(seconds=5),
         **kwargs: Any,
@@ -171,6 +202,7 @@ class PoolSetupOperator(BaseOperator):
         self.worker_pool = worker_pool
         self.run_root = run_root
         self.run_params = run_params
+        self.aws_conn_id = aws_conn_id
         self.engine = engine
         self.model = model
         self.engine_options = engine_options or {}
@@ -187,7 +219,7 @@ class PoolSetupOperator(BaseOperator):
         self.allowed_adapters = tuple(allowed_adapters or ())
         self.limits = limits
 
-    def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> str:
+    def _kubernetes_up(self, pool: Any, replicas: int, context: Context) -> tuple[str, int]:
         from airflow_batchinfer.pools.kubernetes import KubernetesPoolSpec
         from airflow_batchinfer.pools.kubernetes.spec import TRIGGER_KEYS
 
@@ -234,7 +266,7 @@ class PoolSetupOperator(BaseOperator):
             now,
             spec.image,
         )
-        return spec.key()
+        return spec.key(), spec.gpus
 
     def _local_up(self, pool: LocalPool, replicas: int, context: Context) -> None:
         spec = LocalPoolSpec(
@@ -297,8 +329,10 @@ class PoolSetupOperator(BaseOperator):
             if refusal:
                 raise ConfigError(refusal)  # before anything starts or is written on this host
             self._local_up(pool, replicas, context)
+            record_run_lease(self, context, str(pool), replicas)
         elif pool.backend == "kubernetes":
-            spec_key = self._kubernetes_up(pool, replicas, context)
+            spec_key, gpus = self._kubernetes_up(pool, replicas, context)
+            record_run_lease(self, context, str(pool), replicas, gpus)
         else:
             self.log.info("worker pool %s is managed outside Airflow: waiting for its workers", pool)
         # The warm fast path: the trigger's own readiness decision, asked once here. A ready pool
@@ -358,9 +392,11 @@ class PoolTeardownOperator(BaseOperator):
     run reuses them) unless ``stop=True`` or ``idle_ttl_s`` is 0. A Kubernetes pool drops this run's
     lease; it scales to zero now if no other run holds one and ``stop=True`` or ``idle_ttl_s`` is 0,
     else after ``idle_ttl_s`` (the reaper: ``batchinfer pool reap``, or the CronJob in ``k8s/``).
-    ``limits``: as for the setup (a teardown runs even when its setup refused the params)."""
+    ``limits``: as for the setup (a teardown runs even when its setup refused the params). The
+    release is recorded as a ``lease`` usage event of 0 replicas under ``run_root`` (best effort: a
+    run root with nothing in it, or none, is fine)."""
 
-    template_fields = ("worker_pool", "stop")
+    template_fields = ("worker_pool", "stop", "run_root", "aws_conn_id")
 
     def __init__(
         self,
@@ -369,11 +405,13 @@ class PoolTeardownOperator(BaseOperator):
         stop: bool | str = False,
         limits: TriggerLimits | None = None,
         run_root: str | None = None,
+        aws_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.worker_pool = worker_pool
         self.run_root = run_root
+        self.aws_conn_id = aws_conn_id
         self.stop = stop
         self.limits = limits
 
@@ -384,6 +422,8 @@ class PoolTeardownOperator(BaseOperator):
         check_params(context, self.limits)  # without limits=: the deployment's caps only
         pool = open_pool(self.worker_pool)
         left = pool.release(lease_id(context), stop=str(self.stop).lower() in ("true", "1"))
+        if pool.backend in ("local", "kubernetes"):  # a static pool is not leased
+            record_run_lease(self, context, str(pool), 0)
         self.log.info(
             "worker pool %s: lease %s released; %d workers %s",
             pool,

@@ -16,6 +16,7 @@ from airflow_batchinfer.run.jobs import round_kinds
 from airflow_batchinfer.run.ranges import close_input_ranges, settle_range
 from airflow_batchinfer.run.repeats import REPEATED, fanned, range_repeats, settle_repeats
 from airflow_batchinfer.run.settle import RoundClose, settle_shard
+from airflow_batchinfer.run.usage_rounds import round_span, run_usage, with_summary_spans
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import (
     AdapterApproval,
@@ -26,8 +27,10 @@ from airflow_batchinfer.state.docs import (
     Plan,
     Summary,
     WorkerTotals,
+    read_summary,
     write_summary,
 )
+from airflow_batchinfer.state.docs.usage_account import UsageAccount
 from airflow_batchinfer.state.layout import FENCED_OUTPUTS, RunLayout, output_stem
 from airflow_batchinfer.state.shards import PlannedShard
 from airflow_batchinfer.state.tally import Tally
@@ -81,6 +84,7 @@ def close_round(cfg: RunConfig, plan: Plan, so: StorageOptions | None = None) ->
     else:
         found = _account_in_place(settled, tally, ids)
     summary = _summary(plan, settled, tally, ids, found, orphans)
+    summary.usage = _usage(layout, summary, settled, so)
     write_summary(layout, summary, so)
     if not summary.invariant.ok:
         log.error(
@@ -248,6 +252,17 @@ def _account_in_place(settled: list[Settled], tally: Tally, ids: _Ids) -> _Accou
         exhausted=exhausted,
         attempts=outcomes.attempts,
     )
+
+
+def _usage(
+    layout: RunLayout, summary: Summary, settled: list[Settled], so: StorageOptions | None
+) -> UsageAccount:
+    """The run's GPU-seconds up to this close: this round's span from its jobs, the earlier
+    rounds' from their summaries (:mod:`airflow_batchinfer.run.usage_rounds`)."""
+    jobs = (m for x in settled for m in x.jobs)
+    this = round_span(summary.slot, summary.round, jobs, summary.workers)
+    before = [s for r in range(summary.round) if (s := read_summary(layout, r, so))]
+    return run_usage(layout, with_summary_spans(before, this), so)
 
 
 def _work(settled: list[Settled]) -> tuple[dict[str, int], float, dict[str, WorkerTotals]]:

@@ -96,6 +96,11 @@ def _pool(args: argparse.Namespace) -> KubernetesPool:
     return KubernetesPool(api_client(args.kubeconfig, args.context), args.name, args.namespace)
 
 
+def open_cli_pool(args: argparse.Namespace) -> KubernetesPool:
+    """The pool the command's flags name (``pool metrics`` asks its workers itself)."""
+    return _pool(args)
+
+
 def _lease(args: argparse.Namespace) -> str:
     return args.lease or f"cli:{getpass.getuser()}@{socket.gethostname()}"
 

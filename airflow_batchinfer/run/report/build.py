@@ -28,6 +28,8 @@ from airflow_batchinfer.run.report.final_pending import export_final_pending
 from airflow_batchinfer.run.report.invariant import applied_reviews, check_invariant
 from airflow_batchinfer.run.report.plots import plots
 from airflow_batchinfer.run.report.render import render_markdown
+from airflow_batchinfer.run.usage import RoundSpan
+from airflow_batchinfer.run.usage_rounds import round_span, run_usage
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs import (
     AcceptedJob,
@@ -101,6 +103,8 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
     input_manifest = read_manifest(JsonlDir(layout.input, storage_options=so))
     preflight = read_preflight(layout, so)
     shard_status = shard_figures(layout, ran, summaries, so)
+    closed = [p for p in ran if summaries.get(p.slot)]
+    accepted = accepted_jobs(cfg, layout, closed, so)
     report = {
         "run_root": cfg.run_root,
         "strategy": cfg.retries.strategy,
@@ -132,7 +136,9 @@ def build_report(cfg: RunConfig, so: StorageOptions | None = None) -> dict[str, 
         # what the settings alone warn of: also with the pre-flight's sample off, and for the CLI's runs
         "warnings": retry_warnings(cfg),
         "workers": _per_worker(rounds),
-        "engine": engine_rounds(cfg, layout, [p for p in ran if summaries.get(p.slot)], so),
+        "engine": engine_rounds(closed, accepted),
+        # GPU-seconds leased, busy, idle at gates and in tails, re-warms, what keep would cost
+        "usage": run_usage(layout, _spans(closed, summaries, accepted), so).model_dump(mode="json"),
         "invariant": invariant,
     }
     doc = RunReport.model_validate(report)  # what the renderers read is what summary.json holds
@@ -198,19 +204,40 @@ def _per_worker(rounds: list[Summary]) -> dict[str, Any]:
     }
 
 
-def engine_rounds(
+def accepted_jobs(
     cfg: RunConfig, layout: RunLayout, closed: list[Plan], so: StorageOptions | None
-) -> list[dict[str, Any]]:
-    """Per closed round, its engines' figures over the jobs close accepted (their manifests'
-    ``engine_stats``, copied into the accepted docs; :func:`round_engine`). A round none of whose
-    jobs has any (engines without stats) is left out."""
-    out = []
+) -> dict[str, list[AcceptedJob]]:
+    """Per closed round (by slot), the jobs its close accepted (a quarantined shard's have none)."""
+    out = {}
     for plan in closed:
         kinds = round_kinds(plan.effective_config(cfg), plan.mode)
         uris = [layout.accepted(plan.round, s.shard_id, kind) for s in plan.shards for kind in kinds]
         with ThreadPoolExecutor(8) as ex:
             docs = list(ex.map(lambda uri: read_accepted(uri, so), uris))
-        jobs = [d.engine_stats for d in docs if isinstance(d, AcceptedJob) and d.engine_stats is not None]
+        out[plan.slot] = [d for d in docs if isinstance(d, AcceptedJob)]
+    return out
+
+
+def _spans(
+    closed: list[Plan], summaries: dict[str, Summary | None], accepted: dict[str, list[AcceptedJob]]
+) -> list[RoundSpan]:
+    """Each closed round's span and busy time, from its accepted jobs and its summary's workers."""
+    spans = []
+    for plan in closed:
+        summary = summaries[plan.slot]
+        assert summary is not None  # closed: it has one
+        if span := round_span(plan.slot, plan.round, accepted[plan.slot], summary.workers):
+            spans.append(span)
+    return spans
+
+
+def engine_rounds(closed: list[Plan], accepted: dict[str, list[AcceptedJob]]) -> list[dict[str, Any]]:
+    """Per closed round, its engines' figures over the jobs close accepted (their manifests'
+    ``engine_stats``, copied into the accepted docs; :func:`round_engine`). A round none of whose
+    jobs has any (engines without stats) is left out."""
+    out = []
+    for plan in closed:
+        jobs = [d.engine_stats for d in accepted[plan.slot] if d.engine_stats is not None]
         if jobs:
             out.append({"round": plan.round, "slot": plan.slot, **round_engine(jobs)})
     return out

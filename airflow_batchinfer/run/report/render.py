@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from airflow_batchinfer.review.calibration import pooled
+from airflow_batchinfer.run.report.usage_lines import usage_lines
 from airflow_batchinfer.state.docs.calibration import Calibration
 from airflow_batchinfer.state.docs.shard_status import RoundShards
 
@@ -178,6 +179,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         for n, w in report["workers"].items()
     ]
     lines += engine_lines(report.get("engine") or [])
+    lines += usage_lines(report.get("usage"))
     lines += [
         "",
         "Plots: `rounds.svg` (approval and pending per round), `workers.svg` (batch fill, busy time)"

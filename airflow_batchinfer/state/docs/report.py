@@ -14,6 +14,7 @@ from airflow_batchinfer.state.docs.io import DocModel, read_model
 from airflow_batchinfer.state.docs.preflight import PreflightSummary
 from airflow_batchinfer.state.docs.shard_status import RoundShards
 from airflow_batchinfer.state.docs.summary import FailedShard, Summary
+from airflow_batchinfer.state.docs.usage_account import UsageAccount
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.json_doc import write_bytes
 from airflow_batchinfer.storage.location import StorageOptions, join, resolve
@@ -33,7 +34,9 @@ class RunReport(DocModel):
     reviewed round, ``calibration`` the judge against them. ``shard_status``: each round's shards by
     state and lane; ``preflight``: the pre-flight's summary (none: it did not run); ``warnings``:
     what the settings warn of. ``workers`` and ``engine``: per worker and per round figures;
-    ``invariant``: the id check over the run (``ok``, and how it was ``checked``)."""
+    ``invariant``: the id check over the run (``ok``, and how it was ``checked``). ``usage``: the
+    run's GPU-seconds up to the report (:class:`~.usage_account.UsageAccount`; ``None``: a report
+    written before they were accounted)."""
 
     run_root: str
     strategy: str
@@ -59,6 +62,7 @@ class RunReport(DocModel):
     workers: dict[str, dict[str, float]]
     engine: list[dict[str, Any]]
     invariant: dict[str, Any]
+    usage: UsageAccount | None = None
 
 
 _REPORT = TypeAdapter(RunReport)

@@ -16,6 +16,7 @@ from pydantic import (
 )
 
 from airflow_batchinfer.state.docs.io import Digest, DocModel, read_model
+from airflow_batchinfer.state.docs.usage_account import UsageAccount
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.digest import IdDigest
 from airflow_batchinfer.storage.json_doc import write_bytes
@@ -155,7 +156,9 @@ class Summary(DocModel):
     bucket, when people check the judge (the calibration's weights); ``jury``: how often a jury's
     members disagreed, and each one's approval. ``ids``: the count and digest of each set's ids
     (``planned``, ``approved``, ``rejected`` or ``exhausted``, ``failed``, ``repeated``,
-    ``next_pending``)."""
+    ``next_pending``). ``usage``: the run's GPU-seconds up to this close (leased, busy, idle at
+    gates and in tails, re-warms, what ``keep`` would have cost: :class:`~.usage_account.UsageAccount`,
+    its ``rounds`` ending with this round's own share); the last closed round's is the run's."""
 
     OMIT_NONE: ClassVar[frozenset[str]] = frozenset(
         {
@@ -172,6 +175,7 @@ class Summary(DocModel):
             "spot_checks",
             "verdicts",
             "jury",
+            "usage",
         }
     )
 
@@ -206,6 +210,7 @@ class Summary(DocModel):
     approval_rate: float | None
     ids: dict[str, Digest] | None = None
     invariant: Invariant
+    usage: UsageAccount | None = None
 
     def digest(self, name: str) -> IdDigest | None:
         """The digest of the round's set ``name``; ``None`` when the summary has none."""
