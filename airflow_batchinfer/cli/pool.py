@@ -201,17 +201,10 @@ def _cmd_pool_metrics(args: argparse.Namespace) -> None:
 
 def _busy_workers(urls: list[str], token: str | None) -> int | None:
     """Workers at ``urls`` running a job (``None``: none answered)."""
-    from airflow_batchinfer.rpc.client import SyncWorkerClient
+    from airflow_batchinfer.pools.busy import worker_busy
 
-    busy, answered = 0, 0
-    for url in urls:
-        try:
-            with SyncWorkerClient(url, token=token, timeout=5) as client:
-                busy += client.stats().slots_busy > 0
-            answered += 1
-        except Exception:  # a worker that does not answer is not known busy: left out
-            continue
-    return busy if answered else None
+    answers = [b for b in (worker_busy(url, token) for url in urls) if b is not None]
+    return sum(answers) if answers else None
 
 
 def _cmd_pool_down(args: argparse.Namespace) -> dict[str, Any]:

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 from airflow_batchinfer.exceptions import RpcError
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.pools.tail import tail_replicas
 from airflow_batchinfer.rpc.pool import PoolClient
+from airflow_batchinfer.run.usage_events import record_lease
 from airflow_batchinfer.state.docs import Plan
 from airflow_batchinfer.state.docs.lanes import LaneDoc, read_lanes
-from airflow_batchinfer.state.docs.usage import UsageEvent, record_usage
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
 
@@ -103,7 +102,7 @@ async def _shrink(
     target = await asyncio.to_thread(pool.want, lease_id, want)
     # the demand now: a Kubernetes pool removes the pods after scaledown_ttl_s (target: its count now)
     logger.info("%s: replicas %d -> %d: %d lanes left", plan.slot, workers, want, running)
-    await asyncio.to_thread(record_lease, layout, str(pool), want, so, logger)
+    await asyncio.to_thread(record_lease, layout.root, str(pool), want, so=so)
     return target
 
 
@@ -119,15 +118,5 @@ def take_back(
     returns the replicas the pool targets (blocking: the pool's calls are)."""
     target = pool.want(lease_id, None)
     if pool.backend != "static":
-        record_lease(RunLayout(run_root), str(pool), target, so, logger)
+        record_lease(run_root, str(pool), target, so=so)
     return target
-
-
-def record_lease(
-    layout: RunLayout, pool: str, replicas: int, so: StorageOptions | None, logger: Logger = log
-) -> None:
-    """The run's ``lease`` usage event, best effort."""
-    try:
-        record_usage(layout, UsageEvent(kind="lease", at=time.time(), pool=pool, replicas=replicas), so)
-    except Exception as exc:  # the accounting misses one event; the run goes on
-        logger.warning("could not record the lease's replicas (%d) in %s: %s", replicas, layout.usage, exc)
