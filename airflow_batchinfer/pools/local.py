@@ -286,8 +286,9 @@ class LocalPool:
         )
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
-        """Lease the newest generation for ``lease_id`` with ``replicas`` workers; returns how many run."""
-        with self._editing(None) as found:
+        """Lease ``lease_id``'s generation (a lease taken again: a gate's answer), else the newest,
+        for ``replicas`` workers, expiring ``ttl_s`` from now; returns how many run."""
+        with self._editing(lease_id) as found:
             if found is None:
                 raise self._never_started()
             gen, leases = found
