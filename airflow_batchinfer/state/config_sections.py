@@ -292,7 +292,7 @@ class ReviewConfig:
         "answer; refused where the engine cannot); release (the lease is kept gate_keep_warm_s, then given "
         "back: the pool scales to zero after its idle_ttl_s unless another run holds it, and the answer "
         "re-warms it); auto: release on a local or Kubernetes pool, keep on a static one", "string",
-        choices=GATE_IDLE, section="Review"))
+        choices=GATE_IDLE))
     gate_keep_warm_s: float = field(default=300.0, metadata=_about(
         "seconds a review gate keeps the workers warm before gate_idle sleeps or releases them (an answer "
         "within it finds them warm)", "number", minimum=0))

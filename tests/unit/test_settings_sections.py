@@ -19,7 +19,7 @@ CHOSEN = {
     "Prompt & sampling": ["prompt_template", "sampling"],
     "Judge": ["judge", "judge_pool", "judge_model"],
     "Retries": ["strategy", "max_rounds"],
-    "Review": ["review", "gate_idle"],
+    "Review": ["review"],
     "Budget & failure": ["budget_gpu_hours", "max_failed_shards"],
 }
 KNOBS = ("records_per_shard", "lanes", "chunk_size", "unreachable_grace_s", "max_id_bytes",
