@@ -84,3 +84,118 @@ def test_an_answer_whose_pool_is_ready_runs_its_round_at_once(
     context: dict[str, Any] = {"params": {}, "dag": type("D", (), {"dag_id": "d"}), "run_id": "r"}
     lanes = controller(cfg).execute_complete(context, ANSWER)  # type: ignore[arg-type]
     assert lanes and read_plan(RunLayout(cfg.run_root), "round-01") is not None
+
+
+class FakePool:
+    """A pool's lease book without workers: what the gate asks of it, recorded."""
+
+    backend = "local"
+
+    def __init__(self, leases: dict[str, Any], ready: int = 2) -> None:
+        self.leases, self.ready, self.acquired = leases, ready, []  # type: ignore[var-annotated]
+
+    def status(self) -> dict[str, Any]:
+        return {"leases": self.leases, "idle_ttl_s": 1.0}
+
+    def acquire(self, lease_id: str, replicas: int, *, ttl_s: float) -> int:
+        self.acquired.append((lease_id, replicas, ttl_s))
+        return replicas
+
+    def token(self) -> str:
+        return "t"
+
+    def endpoints(self, lease_id: str | None = None) -> list[str]:
+        return ["http://w1", "http://w2"]
+
+    def __str__(self) -> str:
+        return "local://fake"
+
+
+CONTEXT: dict[str, Any] = {"dag": type("D", (), {"dag_id": "d"}), "run_id": "r"}
+
+
+def fake_pool(monkeypatch: pytest.MonkeyPatch, pool: FakePool) -> None:
+    from airflow_batchinfer.triggers.pool_ready import PoolObservation
+
+    async def observe(p: Any, token: Any, lease: Any = None) -> PoolObservation:
+        return PoolObservation(ready=tuple(f"http://w{i}" for i in range(pool.ready)))
+
+    monkeypatch.setattr(gate_pool, "open_pool", lambda ref: pool)
+    monkeypatch.setattr(gate_pool, "observe_pool", observe)
+
+
+def test_a_released_gate_sets_the_leases_expiry_to_the_keep_warm_and_says_so(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    cfg = make_run(tmp_path, review="every_round", gate_keep_warm_s=2)
+    pool = FakePool({"d/r": {}, "other/run": {}})
+    fake_pool(monkeypatch, pool)
+    idle = gate_pool.open_gate("local://fake", cfg, CONTEXT, logging.getLogger("t"), replicas=2,  # type: ignore[arg-type]
+                               response_timeout_s=3600, slot="round-01", so=None)  # fmt: skip
+    assert idle.action == "release" and pool.acquired == [("d/r", 2, 2)]  # lapses 2 s from now
+    assert "kept warm 2 s" in idle.text and "(1 does now)" in idle.text and "idle_ttl (1 s)" in idle.text
+    (opened,) = read_usage(RunLayout(cfg.run_root))
+    assert (opened.kind, opened.policy, opened.replicas, opened.slot) == (
+        "gate_open",
+        "release",
+        2,
+        "round-01",
+    )
+
+
+def test_a_sleeping_gate_asks_each_worker_to_sleep_once_idle_and_the_answer_wakes_them(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    calls: list[tuple[str, Any]] = []
+
+    class Client:
+        def __init__(self, url: str, token: Any = None, timeout: float = 0) -> None:
+            self.url = url
+
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            return None
+
+        def sleep(self, level: int, after_s: float) -> None:
+            calls.append((self.url, ("sleep", level, after_s)))
+
+        def wake(self) -> None:
+            calls.append((self.url, "wake"))
+
+        def stats(self) -> Any:
+            return type("S", (), {"sleeping": True})()
+
+    cfg = make_run(tmp_path, review="every_round", gate_idle="sleep", gate_keep_warm_s=60)
+    pool = FakePool({"d/r": {}})
+    fake_pool(monkeypatch, pool)
+    monkeypatch.setattr(gate_pool, "SyncWorkerClient", Client)
+    log = logging.getLogger("t")
+    idle = gate_pool.open_gate("local://fake", cfg, CONTEXT, log, replicas=2, response_timeout_s=None,  # type: ignore[arg-type]
+                               slot="round-01", so=None)  # fmt: skip
+    assert idle.action == "sleep" and not pool.acquired  # the lease is kept (renewed before)
+    assert calls == [("http://w1", ("sleep", 1, 60)), ("http://w2", ("sleep", 1, 60))]
+    calls.clear()
+    ready = gate_pool.answer_gate("local://fake", cfg, CONTEXT, log, replicas=2, slot="round-01", so=None)  # type: ignore[arg-type]
+    assert ready and calls == [("http://w1", "wake"), ("http://w2", "wake")]
+    assert pool.acquired and pool.acquired[-1][:2] == ("d/r", 2)
+
+
+def test_an_answer_after_the_lease_lapsed_takes_it_again_and_waits_for_the_workers(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import logging
+
+    cfg = make_run(tmp_path, review="every_round")
+    pool = FakePool({}, ready=0)  # the lease lapsed, the workers exited
+    fake_pool(monkeypatch, pool)
+    ready = gate_pool.answer_gate("local://fake", cfg, CONTEXT, logging.getLogger("t"), replicas=2,  # type: ignore[arg-type]
+                                  slot="round-01", so=None)  # fmt: skip
+    assert not ready and pool.acquired[0][:2] == ("d/r", 2)
+    kinds = [(e.kind, e.replicas) for e in read_usage(RunLayout(cfg.run_root))]
+    assert sorted(kinds) == [("gate_answered", 0), ("lease", 2)]
