@@ -197,10 +197,12 @@ def answer_gate(
     replicas: int,
     slot: str,
     so: StorageOptions | None,
+    answered: bool = True,
 ) -> bool:
-    """Take the run's pool back for the round its gate's answer runs: the lease taken again with
-    the run's ``replicas``, sleeping workers woken; returns whether the pool is ready now (else the
-    caller waits for it, deferred). Records ``gate_answered`` (and ``lease`` when it had lapsed)."""
+    """Take the run's pool back for the round its gate's answer runs (``answered`` false: a round
+    without a gate, after an earlier gate's): the lease taken again with the run's ``replicas``,
+    sleeping workers woken; returns whether the pool is ready now (else the caller waits for it,
+    deferred). Records ``gate_answered`` (answered) and ``lease`` when it had lapsed."""
     pool, lease, layout = open_pool(worker_pool), lease_id(context), RunLayout(cfg.run_root)
     seen = view(pool, log)
     lease_live = seen.leases is None or lease in seen.leases
@@ -210,7 +212,13 @@ def answer_gate(
     action = answer_action(lease_live=lease_live, ready=len(obs.ready), wanted=replicas, asleep=asleep)
     now = time.time()
     held = replicas if lease_live else 0
-    usage(layout, UsageEvent(kind="gate_answered", at=now, pool=str(pool), replicas=held, slot=slot), so, log)
+    if answered:
+        usage(
+            layout,
+            UsageEvent(kind="gate_answered", at=now, pool=str(pool), replicas=held, slot=slot),
+            so,
+            log,
+        )
     pool.acquire(lease, replicas, ttl_s=DEFAULT_LEASE_TTL_S)  # the run's replicas again (a lane renews it)
     if not lease_live:
         usage(layout, UsageEvent(kind="lease", at=now, pool=str(pool), replicas=replicas, slot=slot), so, log)

@@ -22,12 +22,13 @@ from typing import Any
 
 from airflow.providers.common.compat.sdk import SkipMixin
 from airflow.providers.standard.operators.hitl import HITLOperator
-from airflow.sdk import Asset, AssetAlias, BaseOperator, Context, Param
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
 
 from airflow_batchinfer.assets import results_event
-from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
+from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+from airflow_batchinfer.operators.gate_form import GATE_PARAM, desk, gate_params, read_answer
 from airflow_batchinfer.operators.gate_pool import (
     REOPEN,
     answer_gate,
@@ -46,8 +47,8 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.fold import fold_tail, next_slot
-from airflow_batchinfer.run.gate.body import desk_url, review_body
-from airflow_batchinfer.run.gate.changes import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
+from airflow_batchinfer.run.gate.body import review_body
+from airflow_batchinfer.run.gate.changes import current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
 from airflow_batchinfer.run.plan import (
@@ -67,30 +68,7 @@ from airflow_batchinfer.state.owner import owned_run_config
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
-# The gate's form: what a reviewer may change for the next rounds with the answer ("Continue with
-# changes", run.gate.changes.GATE_CHANGES), with the run settings' schemas (GATE_SCHEMAS there: a
-# gate accepts what a trigger accepts); each shows the value the next round would run with.
-GATE_PARAM = "next_{}"
 RETURN_VALUE = "return_value"  # the XCom key of a task's return value
-
-
-def gate_params() -> dict[str, Param]:
-    about = "the next rounds' {} (change it to retry with another)"
-    return {
-        GATE_PARAM.format(k): Param(None, description=about.format(k), **v) for k, v in GATE_SCHEMAS.items()
-    }
-
-
-def _desk(context: Context) -> str | None:
-    """This DAG run's review desk (the plugin's page in the Airflow UI); none on an Airflow older
-    than the desk needs."""
-    from airflow.configuration import conf
-
-    ti = context.get("ti") if hasattr(context, "get") else None
-    base = conf.get("api", "base_url", fallback=None)
-    if ti is None or not base or review_desk_unavailable():
-        return None
-    return desk_url(base, ti.dag_id, ti.run_id)
 
 
 class RoundControllerOperator(HITLOperator):
@@ -286,6 +264,8 @@ class RoundControllerOperator(HITLOperator):
             self._hold_pools(cfg, context, gate=True)
             gpus = self._open_gate(cfg, context, so)
         elif plan.mode != "skip":
+            if cfg.reviews.review != "never" or cfg.human_review:  # an earlier gate may have released it
+                self._take_pool_back(cfg, plan, so, context, "after an earlier gate", answered=False)
             self._start(cfg, plan, context)
         if not proposal.options:
             mapped = self._commit(cfg, plan, so, context)
@@ -306,7 +286,7 @@ class RoundControllerOperator(HITLOperator):
         # the run's name, not its storage path: Airflow's Required Actions page shows the subject
         run = RunLayout(cfg.run_root).name
         self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({run})"
-        self.body = review_body(cfg, proposal, so, desk=_desk(context), gpus=gpus)
+        self.body = review_body(cfg, proposal, so, desk=desk(context), gpus=gpus)
         self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
         return super().execute(context)
 
@@ -315,13 +295,7 @@ class RoundControllerOperator(HITLOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
         proposal = propose_slot(cfg, self.slot, so)
-        choice = payload["chosen_options"][0]
-        user = payload.get("responded_by_user") or {}
-        who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
-        who = str(who or "the timeout default")
-        answered = {
-            name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_CHANGES
-        }
+        choice, who, answered = read_answer(payload)
         changes = gate_changes(current_settings(proposal.plan.effective_config(cfg)), answered)
         # the caps a trigger's params are held to hold for what the answer changes (without the DAG's
         # limits, the deployment's: check_params decides which)
@@ -333,7 +307,7 @@ class RoundControllerOperator(HITLOperator):
         answer = f"{who} chose {choice!r}" + (
             f"; changed for the next rounds: {sorted(changes)}" if changes else ""
         )
-        if plan.mode != "skip" and self.worker_pool and as_replicas(self.replicas) is not None:
+        if plan.mode != "skip":
             self._take_pool_back(cfg, plan, so, context, answer)  # defers while the pool re-warms
         return self._run_answer(cfg, plan, so, context, answer)
 
@@ -361,14 +335,25 @@ class RoundControllerOperator(HITLOperator):
         ).text  # fmt: skip
 
     def _take_pool_back(
-        self, cfg: RunConfig, plan: Plan, so: dict[str, Any], context: Context, answer: str
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        so: dict[str, Any],
+        context: Context,
+        answer: str,
+        answered: bool = True,
     ) -> None:
-        """The run's lease taken again and its pool woken or re-warmed for the round the answer runs;
-        a pool not ready yet is waited for on the triggerer (:meth:`execute_warm`), the answer's plan
-        stored first (``plan.json``: rewritten with the engines once the pool is ready), so nothing
-        of the answer is lost if the triggerer restarts."""
-        replicas, pool = as_replicas(self.replicas) or 1, str(self.worker_pool)
-        if answer_gate(pool, cfg, context, self.log, replicas=replicas, slot=self.slot, so=so):
+        """The run's lease taken again and its pool woken or re-warmed for the round the answer
+        (or, ``answered`` false, a round after an earlier gate) runs; a pool not ready yet is waited
+        for on the triggerer (:meth:`execute_warm`), the plan stored first (``plan.json``: rewritten
+        with the engines once the pool is ready), so nothing of the answer is lost if the triggerer
+        restarts. Without ``replicas`` (the gates keep the lease) there is nothing to take back."""
+        replicas, pool = as_replicas(self.replicas), str(self.worker_pool)
+        if not self.worker_pool or replicas is None:
+            return
+        if answer_gate(
+            pool, cfg, context, self.log, replicas=replicas, slot=self.slot, so=so, answered=answered
+        ):
             return
         write_plan(RunLayout(cfg.run_root), plan, so)
         self.log.info("%s: waiting on the triggerer for %d workers of %s", self.slot, replicas, pool)
