@@ -167,12 +167,9 @@ def test_the_triggerer_killed_while_the_answer_rewarms_the_pool(
 
     def watch(tis: list[dict[str, Any]]) -> None:
         gate = ti_by_id(tis, GATE)
-        if (
-            seen.get("answered")
-            and "restart" not in seen
-            and gate is not None
-            and gate["state"] == "deferred"
-        ):
+        if not seen.get("answered") or "restart" in seen or gate is None or gate["state"] != "deferred":
+            return
+        if "waiting on the triggerer" in run.log(GATE):  # deferred on the re-warm, not on the gate
             seen["restart"] = af.restart("triggerer", signal.SIGKILL, down_s=2.0)
 
     report = succeed(run, on_review=review, on_poll=watch)
