@@ -322,8 +322,9 @@ def test_review_gate_answered_after_three_idle_ttls_keeps_the_pool(
 ) -> None:
     """Fault: a review gate stays open for 3 x ``idle_ttl_s`` (the pool's workers exit after
     ``idle_ttl_s`` = 3 s without jobs) before a person answers Continue.
-    System: the run holds a lease on its local pool for as long as it lives, so its workers do not
-    idle out while it waits for a person; the next round runs on the same warm workers.
+    System: with ``gate_idle`` keep the run holds its lease on its local pool while the gate waits,
+    so its workers do not idle out while it waits for a person; the next round runs on the same
+    warm workers (``release``, the default on a local pool, is test_gate_idle.py's).
     Operator: answer the gate when convenient; ``idle_ttl_s`` only applies once no run holds the
     pool."""
     af = chaos_airflow
