@@ -258,6 +258,7 @@ def _round_group(tasks: _Tasks, slot: str, later_slots: list[str], *, first: boo
             preflight=first,
             limits=tasks.trusted,
             slots=SLOTS,
+            replicas=pinned_param("replicas"),  # what its lease holds again after a gate gave it back
             **tasks.common,
             **tasks.review_args,
         )

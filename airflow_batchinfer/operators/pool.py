@@ -5,10 +5,11 @@ pool's workers, or a Kubernetes pool's Deployment (created or adopted, scaled up
 static pool is only waited for. A pool already ready with this spec returns at once (no deferral);
 else it waits on the triggerer until ``replicas`` workers are ready (one decision for both:
 :func:`~airflow_batchinfer.triggers.pool_ready.pool_readiness`).
-While the run lives its lease keeps the workers, however long a review gate waits: lane tasks and
-gates renew it (:func:`hold_pool`), and a local pool whose workers died is restarted from its spec.
-Each records the replicas its lease holds as a ``lease`` usage event under the run root (the
-run's GPU-seconds: :mod:`airflow_batchinfer.run.usage`; best effort, never failing the task).
+While the run lives its lease keeps the workers: lane tasks and gates renew it (:func:`hold_pool`;
+a gate may give it back while it waits, the run setting ``gate_idle``:
+:mod:`~airflow_batchinfer.operators.gate_pool`), and a local pool whose workers died is restarted
+from its spec. Each records the replicas its lease holds as a ``lease`` usage event under the run
+root (the run's GPU-seconds: :mod:`airflow_batchinfer.run.usage`; best effort, never failing the task).
 Teardown releases the lease: the workers stay warm for ``idle_ttl_s`` (local workers then exit by
 themselves, a Kubernetes pool is scaled to zero by the reaper), so back-to-back runs reuse warm
 workers; ``idle_ttl_s=0`` or ``stop`` stops them at once unless another run holds them.

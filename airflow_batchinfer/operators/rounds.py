@@ -15,18 +15,30 @@ manifests in storage and quarantines the missing ones (:func:`airflow_batchinfer
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from airflow.providers.common.compat.sdk import SkipMixin
 from airflow.providers.standard.operators.hitl import HITLOperator
-from airflow.sdk import Asset, AssetAlias, BaseOperator, Context, Param
+from airflow.sdk import Asset, AssetAlias, BaseOperator, Context
 
 from airflow_batchinfer.assets import results_event
-from airflow_batchinfer.compat import AirflowFailException, review_desk_unavailable
+from airflow_batchinfer.compat import AirflowFailException
 from airflow_batchinfer.exceptions import BatchInferError, ConfigError, RpcError
 from airflow_batchinfer.hooks.aws import storage_options_from_aws_conn
+from airflow_batchinfer.operators.gate_form import GATE_PARAM, desk, gate_params, read_answer
+from airflow_batchinfer.operators.gate_pool import (
+    REOPEN,
+    answer_gate,
+    as_replicas,
+    gate_start_refusal,
+    open_gate,
+    record_warm,
+    warm_failure,
+    warm_trigger,
+)
 from airflow_batchinfer.operators.limits import check_params
 from airflow_batchinfer.operators.pool import hold_pool, lease_id
 from airflow_batchinfer.operators.report import preflight_check, report_failure, write_report
@@ -35,8 +47,8 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.pool import PoolClient
 from airflow_batchinfer.run.close import close_round
 from airflow_batchinfer.run.fold import fold_tail, next_slot
-from airflow_batchinfer.run.gate.body import desk_url, review_body
-from airflow_batchinfer.run.gate.changes import GATE_CHANGES, GATE_SCHEMAS, current_settings, gate_changes
+from airflow_batchinfer.run.gate.body import review_body
+from airflow_batchinfer.run.gate.changes import current_settings, gate_changes
 from airflow_batchinfer.run.lane_start import start_lanes
 from airflow_batchinfer.run.lane_tail import take_back
 from airflow_batchinfer.run.lanes import clear_claims, lane_count, lanes_of
@@ -57,30 +69,7 @@ from airflow_batchinfer.state.owner import owned_run_config
 from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
 
 DEFAULT_RESPONSE_TIMEOUT = timedelta(hours=24)
-# The gate's form: what a reviewer may change for the next rounds with the answer ("Continue with
-# changes", run.gate.changes.GATE_CHANGES), with the run settings' schemas (GATE_SCHEMAS there: a
-# gate accepts what a trigger accepts); each shows the value the next round would run with.
-GATE_PARAM = "next_{}"
 RETURN_VALUE = "return_value"  # the XCom key of a task's return value
-
-
-def gate_params() -> dict[str, Param]:
-    about = "the next rounds' {} (change it to retry with another)"
-    return {
-        GATE_PARAM.format(k): Param(None, description=about.format(k), **v) for k, v in GATE_SCHEMAS.items()
-    }
-
-
-def _desk(context: Context) -> str | None:
-    """This DAG run's review desk (the plugin's page in the Airflow UI); none on an Airflow older
-    than the desk needs."""
-    from airflow.configuration import conf
-
-    ti = context.get("ti") if hasattr(context, "get") else None
-    base = conf.get("api", "base_url", fallback=None)
-    if ti is None or not base or review_desk_unavailable():
-        return None
-    return desk_url(base, ti.dag_id, ti.run_id)
 
 
 class RoundControllerOperator(HITLOperator):
@@ -105,10 +94,14 @@ class RoundControllerOperator(HITLOperator):
         lane descriptors (for :class:`~airflow_batchinfer.operators.lanes.ShardLaneOperator`), ``lanes``
         of them (the run setting; 0: ``slots``), never more than the round's shards nor
         ``[core] max_map_length``. ``None``: the run setting ``lanes`` must be set (not 0).
+    :param replicas: the run's replicas (templated: the factory passes the DAG params'): what its
+        lease holds again after a gate gave it back or put it to sleep (the run setting ``gate_idle``,
+        :mod:`~airflow_batchinfer.operators.gate_pool`). ``None``: the gate keeps the lease (``keep``).
+    :param ready_timeout_s: how long the answer waits (deferred) for a pool it re-warms.
 
     ``assigned_users``, ``response_timeout`` and ``notifiers`` go to the review gate."""
 
-    template_fields = ("run_root", "aws_conn_id", "worker_pool", "slots")
+    template_fields = ("run_root", "aws_conn_id", "worker_pool", "slots", "replicas")
     ui_color = "#fff3cd"
 
     def __init__(
@@ -123,6 +116,8 @@ class RoundControllerOperator(HITLOperator):
         response_timeout: timedelta | None = DEFAULT_RESPONSE_TIMEOUT,
         limits: TriggerLimits | None = None,
         slots: int | str | None = None,
+        replicas: int | str | None = None,
+        ready_timeout_s: float = 900.0,
         **kwargs: Any,
     ) -> None:
         kwargs.pop("params", None)  # the DAG's, merged in by Airflow: HITLOperator merges them again
@@ -141,6 +136,8 @@ class RoundControllerOperator(HITLOperator):
         self.preflight = preflight
         self.limits = limits
         self.slots = slots
+        self.replicas = replicas
+        self.ready_timeout_s = ready_timeout_s
         self._held: dict[str, WorkerPool] = {}  # the pools _start held, by plan field
         if preflight and not worker_pool:
             raise ValueError(f"{slot}: the pre-flight needs the run's worker_pool")
@@ -254,10 +251,12 @@ class RoundControllerOperator(HITLOperator):
                     "%s: could not ask the pool what it runs (%s); not recorded in the plan", self.slot, exc
                 )
         # a sampling field the pool's engine does not honour (in the settings this round runs, a
-        # review's changes included): refused before the round's jobs
+        # review's changes included), or a gate_idle the pool cannot hold: refused before the
+        # round's jobs (and before any gate)
         running = plan.effective_config(cfg)
         refusal = running.engine_refusal(str(plan.engine["engine"])) if plan.engine else None
         refusal = refusal or running.pools_refusal(plan.engine, plan.judge_engine)
+        refusal = refusal or gate_start_refusal(running, plan.engine, self._held.get("engine"))
         if refusal is not None:
             raise AirflowFailException(f"bad run settings: {refusal}")
 
@@ -268,9 +267,13 @@ class RoundControllerOperator(HITLOperator):
         plan = proposal.plan
         if self.preflight and plan.mode != "skip" and self.worker_pool:
             preflight_check(cfg, self.worker_pool, context, so, self.log)  # fails a run over budget
+        gpus = None
         if proposal.options:
             self._hold_pools(cfg, context, gate=True)
+            gpus = self._open_gate(cfg, context, so)
         elif plan.mode != "skip":
+            if cfg.reviews.review != "never" or cfg.human_review:  # an earlier gate may have released it
+                self._take_pool_back(cfg, plan, so, context, "after an earlier gate", answered=False)
             self._start(cfg, plan, context)
         if not proposal.options:
             mapped = self._commit(cfg, plan, so, context)
@@ -291,7 +294,7 @@ class RoundControllerOperator(HITLOperator):
         # the run's name, not its storage path: Airflow's Required Actions page shows the subject
         run = RunLayout(cfg.run_root).name
         self.subject = f"Round {plan.round}: review {plan.records or 'the'} pending records ({run})"
-        self.body = review_body(cfg, proposal, so, desk=_desk(context))
+        self.body = review_body(cfg, proposal, so, desk=desk(context), gpus=gpus)
         self.log.info("%s: waiting for review (proposed: %s, %s)", self.slot, plan.mode, plan.reason)
         return super().execute(context)
 
@@ -300,13 +303,7 @@ class RoundControllerOperator(HITLOperator):
         so = storage_options_from_aws_conn(self.aws_conn_id)
         cfg = owned_run_config(self.run_root, context, so)
         proposal = propose_slot(cfg, self.slot, so)
-        choice = payload["chosen_options"][0]
-        user = payload.get("responded_by_user") or {}
-        who = (user.get("name") or user.get("id")) if isinstance(user, dict) else user
-        who = str(who or "the timeout default")
-        answered = {
-            name: (payload.get("params_input") or {}).get(GATE_PARAM.format(name)) for name in GATE_CHANGES
-        }
+        choice, who, answered = read_answer(payload)
         changes = gate_changes(current_settings(proposal.plan.effective_config(cfg)), answered)
         # the caps a trigger's params are held to hold for what the answer changes (without the DAG's
         # limits, the deployment's: check_params decides which)
@@ -315,20 +312,85 @@ class RoundControllerOperator(HITLOperator):
         plan = apply_choice(
             cfg, proposal, choice, by=f"review ({who})", so=so, changes=changes, limits=in_force
         )
+        answer = f"{who} chose {choice!r}" + (
+            f"; changed for the next rounds: {sorted(changes)}" if changes else ""
+        )
+        if plan.mode != "skip":
+            self._take_pool_back(cfg, plan, so, context, answer)  # defers while the pool re-warms
+        return self._run_answer(cfg, plan, so, context, answer)
+
+    def _run_answer(
+        self, cfg: RunConfig, plan: Plan, so: dict[str, Any], context: Context, answer: str
+    ) -> list[dict[str, Any]]:
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
         mapped = self._commit(cfg, plan, so, context)
         self.log.info(
-            "%s: %s chose %r: %s (%s)%s%s",
-            self.slot,
-            who,
-            choice,
-            plan.mode,
-            plan.reason,
-            f"; changed for the next rounds: {sorted(changes)}" if changes else "",
-            self._lanes_note(plan, mapped),
+            "%s: %s: %s (%s)%s", self.slot, answer, plan.mode, plan.reason, self._lanes_note(plan, mapped)
         )
         return mapped
+
+    def _open_gate(self, cfg: RunConfig, context: Context, so: dict[str, Any]) -> str | None:
+        """The gate's policy applied to the run's pool (``gate_idle``); returns what it does to
+        the GPUs, for the gate's text. Without ``replicas`` the gate keeps the lease, as it was."""
+        replicas = as_replicas(self.replicas)
+        if not self.worker_pool or replicas is None:
+            return None
+        wait = self.response_timeout.total_seconds() if self.response_timeout else None
+        return open_gate(
+            self.worker_pool, cfg, context, self.log, replicas=replicas, response_timeout_s=wait,
+            slot=self.slot, so=so,
+        ).text  # fmt: skip
+
+    def _take_pool_back(
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        so: dict[str, Any],
+        context: Context,
+        answer: str,
+        answered: bool = True,
+    ) -> None:
+        """The run's lease taken again and its pool woken or re-warmed for the round the answer
+        (or, ``answered`` false, a round after an earlier gate) runs; a pool not ready yet is waited
+        for on the triggerer (:meth:`execute_warm`), the plan stored first (``plan.json``: rewritten
+        with the engines once the pool is ready), so nothing of the answer is lost if the triggerer
+        restarts. Without ``replicas`` (the gates keep the lease) there is nothing to take back."""
+        replicas, pool = as_replicas(self.replicas), str(self.worker_pool)
+        if not self.worker_pool or replicas is None:
+            return
+        if answer_gate(
+            pool, cfg, context, self.log, replicas=replicas, slot=self.slot, so=so, answered=answered
+        ):
+            return
+        write_plan(RunLayout(cfg.run_root), plan, so)
+        self.log.info("%s: waiting on the triggerer for %d workers of %s", self.slot, replicas, pool)
+        self.defer(
+            trigger=warm_trigger(pool, replicas, lease_id(context), self.ready_timeout_s),
+            method_name="execute_warm",
+            kwargs={"answered_at": time.time(), "answer": answer},
+        )
+
+    def execute_warm(
+        self, context: Context, event: dict[str, Any], answered_at: float, answer: str
+    ) -> list[dict[str, Any]]:
+        """After the pool the answer re-warmed is ready: the answer's round runs (its stored plan)."""
+        so = storage_options_from_aws_conn(self.aws_conn_id)
+        cfg = owned_run_config(self.run_root, context, so)
+        replicas = as_replicas(self.replicas) or 1
+        if event.get("state") != "ready":
+            raise AirflowFailException(
+                f"{self.slot}: {warm_failure(str(self.worker_pool), event, replicas, self.ready_timeout_s)}"
+            )
+        plan = read_plan(RunLayout(cfg.run_root), self.slot, so)
+        if plan is None:
+            raise AirflowFailException(f"{self.slot}: the answer's plan.json is gone. {REOPEN}")
+        took = record_warm(
+            str(self.worker_pool), cfg, replicas=replicas, requested_at=answered_at, slot=self.slot, so=so,
+            log=self.log,
+        )  # fmt: skip
+        self.log.info("%s: worker pool %s ready %.1f s after the answer", self.slot, self.worker_pool, took)
+        return self._run_answer(cfg, plan, so, context, answer)
 
     def _lanes_note(self, plan: Plan, mapped: list[dict[str, Any]]) -> str:
         if not mapped:

@@ -10,8 +10,9 @@ happens under a file lock.
   different settings are different generations, side by side: starting one never stops workers that
   a live lease uses (a generation nobody leases is replaced).
 - Workers exit by themselves only when idle: no job for ``idle_ttl_s``, no live lease on their
-  generation and ``idle_ttl_s`` since its last release (each worker reads its lease file). A review
-  gate that waits for hours keeps its run's workers; back-to-back runs reuse warm ones.
+  generation and ``idle_ttl_s`` since its last release or a lease's lapse (each worker reads its
+  lease file). A review gate keeps its run's workers unless it gives the lease back (``gate_idle``);
+  back-to-back runs reuse warm ones.
 - :meth:`LocalPool.keep` (every lane task, every review gate) renews the run's lease, takes it again
   if it lapsed, and restarts workers that died from the stored spec: a crashed worker costs a model
   load, not a shard.
@@ -299,8 +300,9 @@ class LocalPool:
         )
 
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float = DEFAULT_LEASE_TTL_S) -> int:
-        """Lease the newest generation for ``lease_id`` with ``replicas`` workers; returns how many run."""
-        with self._editing(None) as found:
+        """Lease ``lease_id``'s generation (a lease taken again: a gate's answer), else the newest,
+        for ``replicas`` workers, expiring ``ttl_s`` from now; returns how many run."""
+        with self._editing(lease_id) as found:
             if found is None:
                 raise self._never_started()
             gen, leases = found

@@ -299,6 +299,8 @@ RUN_SETTINGS_SPEC: tuple[Setting, ...] = (
     _run("review_min_approval"),
     _run("review_below_score"),
     _run("spot_check_approved"),
+    _run("gate_idle"),
+    _run("gate_keep_warm_s"),
     # shards
     _run("records_per_shard"),
     _run("lanes"),

@@ -38,6 +38,9 @@ from airflow_batchinfer.storage.records import MAX_ID_BYTES, MIN_ID_BYTES
 # The choices of the ``strategy`` and ``review`` settings.
 STRATEGIES = ("rounds", "in_place", "hybrid")
 REVIEW_MODES = ("never", "every_round", "on_low_approval")
+# The choices of ``gate_idle``: what a review gate does with the run's workers while it waits
+# (run.gate.idle decides what each means for a pool).
+GATE_IDLE = ("auto", "keep", "sleep", "release")
 # The key of a run setting's description in its field's metadata (:func:`_about`).
 SETTING = "setting"
 
@@ -282,9 +285,24 @@ class ReviewConfig:
         "the rejected ones (a seeded sample, every shard and score bucket at the same rate; one undecided "
         "follows the judge); the reviewers' verdicts give the judge's agreement, Cohen's kappa, precision "
         "and recall per round; 0: none", "integer", minimum=0))
+    # what the run's pool does while a gate waits (run.gate.idle): GPUs idle at a gate are the cost
+    gate_idle: str = field(default="auto", metadata=_about(
+        "the run's workers while a review gate waits: keep (leased and warm however long it waits); sleep "
+        "(leased; each worker's engine sleeps once idle gate_keep_warm_s, freeing the GPU, and wakes on the "
+        "answer; refused where the engine cannot); release (the lease is kept gate_keep_warm_s, then given "
+        "back: the pool scales to zero after its idle_ttl_s unless another run holds it, and the answer "
+        "re-warms it); auto: release on a local or Kubernetes pool, keep on a static one", "string",
+        choices=GATE_IDLE))
+    gate_keep_warm_s: float = field(default=300.0, metadata=_about(
+        "seconds a review gate keeps the workers warm before gate_idle sleeps or releases them (an answer "
+        "within it finds them warm)", "number", minimum=0))
     # fmt: on
 
     def __post_init__(self) -> None:
+        if self.gate_idle not in GATE_IDLE:
+            raise ConfigError(f"gate_idle {self.gate_idle!r}: choose one of {', '.join(GATE_IDLE)}")
+        if isinstance(self.gate_keep_warm_s, bool) or not self.gate_keep_warm_s >= 0:
+            raise ConfigError(f"gate_keep_warm_s must be a number >= 0, got {self.gate_keep_warm_s!r}")
         if self.review not in REVIEW_MODES:
             raise ConfigError(f"review {self.review!r}: choose one of {', '.join(REVIEW_MODES)}")
         n = self.spot_check_approved

@@ -152,10 +152,13 @@ class PoolState:
         return self.replicas
 
     def idle_expired(self, now: float) -> bool:
-        """No live lease and unused for ``idle_ttl_s``: a local worker with no job may exit."""
+        """No live lease and unused for ``idle_ttl_s``: a local worker with no job may exit. A lease
+        that lapsed counts its expiry as a last use, as in :meth:`decide` (a gate's lease given back
+        after ``gate_keep_warm_s`` leaves the pool warm ``idle_ttl_s`` more)."""
         if self.live(now):
             return False
-        return self.last_used is None or now - self.last_used >= self.idle_ttl_s
+        uses = [u for u in (self.last_used, *(v.expires for v in self.leases.values())) if u is not None]
+        return not uses or now - max(uses) >= self.idle_ttl_s
 
     def to_dict(self) -> dict[str, Any]:
         """As a local pool stores it (``leases-<key>.json``)."""

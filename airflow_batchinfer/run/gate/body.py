@@ -30,11 +30,13 @@ def review_body(
     sample: int = 10,
     *,
     desk: str | None = None,
+    gpus: str | None = None,
 ) -> str:
     """The markdown a reviewer sees on the Required Actions page before round slot ``proposal.plan``;
-    ``desk`` is the URL of this gate on the review desk (:func:`desk_url`). Bounded whatever the rows
-    hold: each text in it is cut (a cell to 80 characters, a reason of the controller's to
-    :data:`MAX_BODY_TEXT`), and the whole to :data:`MAX_BODY_BYTES` (:func:`_fit`)."""
+    ``desk`` is the URL of this gate on the review desk (:func:`desk_url`); ``gpus`` what happens to
+    the run's GPUs while the gate waits (:func:`~airflow_batchinfer.run.gate.idle.gate_idle`'s text).
+    Bounded whatever the rows hold: each text in it is cut (a cell to 80 characters, a reason of the
+    controller's to :data:`MAX_BODY_TEXT`), and the whole to :data:`MAX_BODY_BYTES` (:func:`_fit`)."""
     layout = RunLayout(cfg.run_root)
     plan = proposal.plan
     history = [s for r in range(plan.round) if (s := read_summary(layout, r, so))]
@@ -75,6 +77,7 @@ def review_body(
     ]
     lines += ["| --- | --- | --- | --- |", *table]
     tail = [
+        *(["", _cut(gpus)] if gpus else []),
         "",
         f"Full rejected set: {cell(layout.pending(plan.round), 2000)}",
         "",

@@ -23,9 +23,9 @@ from tests.support.chaos import BUCKET, FAILURE_TIMEOUT_S
 from tests.support.seaweedfs import S3Server, start_seaweedfs
 
 DAGS = Path(__file__).parent / "dags"
-DAG_IDS = ("chaos_rounds", "chaos_disk", "chaos_inline", "chaos_s3", "chaos_review")
+DAG_IDS = ("chaos_rounds", "chaos_disk", "chaos_inline", "chaos_s3", "chaos_review", "chaos_gate")
 POOL_SLOTS = 4  # = replicas (2) x concurrency (2) of the chaos DAGs' local pools
-LOCAL_POOLS = ("chaos", "chaos-s3", "chaos-review", "chaos-retry", "chaos-triggerer")
+LOCAL_POOLS = ("chaos", "chaos-s3", "chaos-review", "chaos-retry", "chaos-triggerer", "chaos-gate")
 
 
 @pytest.fixture(scope="session")

@@ -48,6 +48,8 @@ OLD_RUN_SETTINGS = {
     "review_min_approval": 0.5,
     "review_below_score": 0.4,
     "spot_check_approved": 5,
+    "gate_idle": "release",
+    "gate_keep_warm_s": 60.0,
     "max_failed_shards": 2,
     "preflight_records": 200,
     "budget_gpu_hours": 1.5,

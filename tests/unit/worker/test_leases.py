@@ -99,3 +99,15 @@ def test_a_lease_from_before_ceilings_loads_and_its_replicas_are_its_ceiling() -
     assert s.want("run", 1, now=1) and (s.leases["run"].replicas, s.leases["run"].ceiling) == (1, 3)
     back = PoolState.from_dict(s.to_dict())
     assert back.leases["run"].ceiling == 3 and back.describe(1)["leases"]["run"]["ceiling"] == 3
+
+
+def test_a_lapsed_lease_counts_its_expiry_as_the_last_use_for_a_local_worker_too() -> None:
+    """A gate gives its lease back by letting it lapse: the workers stay ``idle_ttl_s`` past the
+    expiry, not past the lease's renewal (which would stop them the moment it lapses)."""
+    state = PoolState(replicas=2, idle_ttl_s=10.0, scaledown_ttl_s=0.0)
+    state.acquire("dag/run", 2, now=100.0, ttl_s=50.0)  # last_used 100, expires 150
+    assert not state.idle_expired(149.0)  # live lease
+    assert not state.idle_expired(155.0)  # lapsed 5 s ago: within idle_ttl of the expiry
+    assert state.idle_expired(160.0)
+    state.decide(170.0)  # the reaper's view agrees: the expiry is the last use
+    assert state.last_used == 150.0

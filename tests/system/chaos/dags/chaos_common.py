@@ -14,6 +14,8 @@ Each round maps one lane per pool slot (4); a lane runs its shards one at a time
   the workers through the environment.
 - ``chaos_review``: a review gate before every round after the first, on a pool with a short
   ``idle_ttl_s``.
+- ``chaos_gate``: the same gates giving the run's lease back 2 s after they open (``gate_idle``
+  release), on a pool whose workers exit 1 s after their last use.
 """
 
 from __future__ import annotations

@@ -1,0 +1,290 @@
+"""The run's pool around a review gate: what the gate's opening does with the run's lease and
+workers (the ``gate_idle`` run setting, decided by :func:`~airflow_batchinfer.run.gate.idle.gate_idle`)
+and what its answer does to get them back
+(:func:`~airflow_batchinfer.run.gate.idle.answer_action`), with the run's usage events (best effort:
+a failed usage write is logged, never fails the task).
+
+The round controller calls :func:`open_gate` before it waits and :func:`answer_gate` after the
+answer; when the pool must re-warm, the controller defers on
+:class:`~airflow_batchinfer.triggers.pool_ready.PoolReadyTrigger` (no worker slot held while the
+workers start).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from airflow.sdk import Context
+
+from airflow_batchinfer.compat import AirflowFailException
+from airflow_batchinfer.exceptions import BatchInferError, ConfigError
+from airflow_batchinfer.hooks.pool import open_pool
+from airflow_batchinfer.operators.pool import lease_id
+from airflow_batchinfer.pools import WorkerPool
+from airflow_batchinfer.rpc.client import SyncWorkerClient
+from airflow_batchinfer.run.gate.idle import SLEEP_LEVEL, GateIdle, answer_action, gate_idle, gate_refusal
+from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs.usage import UsageEvent, WorkerStart, read_usage, record_usage
+from airflow_batchinfer.state.layout import RunLayout
+from airflow_batchinfer.storage.location import StorageOptions
+from airflow_batchinfer.triggers import SETTLE_S
+from airflow_batchinfer.triggers.pool_ready import PoolReadyTrigger, observe_pool, pool_readiness, why_refused
+from airflow_batchinfer.worker.leases import DEFAULT_LEASE_TTL_S
+
+
+def as_replicas(value: int | str | None) -> int | None:
+    """The controller's templated ``replicas`` (``None``: not given)."""
+    return None if value in (None, "", "None") else int(str(value))
+
+
+def warm_trigger(worker_pool: str, replicas: int, lease: str, timeout_s: float) -> PoolReadyTrigger:
+    """What the answer waits on, deferred, while the pool re-warms: re-created from its arguments
+    if the triggerer restarts."""
+    now = time.time()
+    return PoolReadyTrigger(
+        worker_pool=worker_pool,
+        replicas=replicas,
+        deadline=now + timeout_s,
+        lease_id=lease,
+        not_before=now + SETTLE_S,
+    )
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """What a pool says of its leases: the live ones by id (``None``: the backend does not say) and
+    its ``idle_ttl_s``."""
+
+    leases: dict[str, Any] | None = None
+    idle_ttl_s: float | None = None
+
+
+def view(pool: WorkerPool, log: Any) -> PoolView:
+    """The pool's leases, from its ``status()`` where it has one (local, Kubernetes)."""
+    status: Callable[[], dict[str, Any]] | None = getattr(pool, "status", None)
+    if status is None:
+        return PoolView()
+    try:
+        found = status()
+    except Exception as exc:  # what the gate says is less precise; the gate still opens
+        log.warning("worker pool %s: its leases not read (%s)", pool, exc)
+        return PoolView()
+    ttl = found.get("idle_ttl_s")
+    return PoolView(dict(found.get("leases") or {}), None if ttl is None else float(ttl))
+
+
+def usage(layout: RunLayout, event: UsageEvent, so: StorageOptions | None, log: Any) -> None:
+    """Record ``event``; a failed write is logged (the accounting then lacks it), never raised."""
+    try:
+        record_usage(layout, event, so)
+    except Exception as exc:
+        log.warning("usage event %s not recorded in %s: %s", event.kind, layout.usage, exc)
+
+
+def last_warm_s(layout: RunLayout, so: StorageOptions | None) -> float | None:
+    """How long the run's last pool (re)start took (its last ``warm`` event), if it had one."""
+    try:
+        warm = [e for e in read_usage(layout, so) if e.kind == "warm" and e.requested_at is not None]
+    except (BatchInferError, OSError):
+        return None
+    return warm[-1].at - warm[-1].requested_at if warm and warm[-1].requested_at else None
+
+
+def _each_worker(
+    pool: WorkerPool, lease: str, what: str, call: Callable[[SyncWorkerClient], Any], log: Any
+) -> int:
+    """``call`` on each of the lease's workers (best effort: a worker that fails it is logged);
+    returns how many took it."""
+    done, token = 0, pool.token()
+    for url in pool.endpoints(lease):
+        try:
+            with SyncWorkerClient(url, token=token, timeout=10) as client:
+                call(client)
+            done += 1
+        except (BatchInferError, OSError) as exc:
+            log.warning("worker %s: %s failed (%s)", url, what, exc)
+    return done
+
+
+# The clients' sleep and wake (rpc/client.py) land with the engines' sleep mode: typed through Any
+# until then, so this module checks the same with or without them.
+def _sleep(client: SyncWorkerClient, after_s: float) -> None:
+    cast(Any, client).sleep(level=SLEEP_LEVEL, after_s=after_s)
+
+
+def _wake(client: SyncWorkerClient) -> None:
+    cast(Any, client).wake()
+
+
+def _asleep(pool: WorkerPool, lease: str) -> bool:
+    token = pool.token()
+    for url in pool.endpoints(lease):
+        try:
+            with SyncWorkerClient(url, token=token, timeout=10) as client:
+                if getattr(client.stats(), "sleeping", False):
+                    return True
+        except (BatchInferError, OSError):
+            continue
+    return False
+
+
+def gate_start_refusal(
+    running: RunConfig, engine: dict[str, Any] | None, pool: WorkerPool | None
+) -> str | None:
+    """Why the run's ``gate_idle`` cannot hold on its pool (asked at a round's start, before any
+    gate; a run that never opens one is not refused): a static pool released or put to sleep, an
+    engine that cannot sleep (its ``sleep_refusal``, as the pool's engine info says)."""
+    if pool is None or (running.reviews.review == "never" and not running.human_review):
+        return None
+    return gate_refusal(running.reviews.gate_idle, pool.backend, (engine or {}).get("sleep_refusal"))
+
+
+def open_gate(
+    worker_pool: str,
+    cfg: RunConfig,
+    context: Context,
+    log: Any,
+    *,
+    replicas: int,
+    response_timeout_s: float | None,
+    slot: str,
+    so: StorageOptions | None,
+) -> GateIdle:
+    """Apply ``gate_idle`` to the run's pool as its gate opens (the pool's lease was renewed for the
+    whole wait just before: ``keep``): ``release`` sets the lease's expiry ``gate_keep_warm_s`` from
+    now, ``sleep`` asks each worker to sleep once idle that long. Records ``gate_open``."""
+    pool, lease, layout = open_pool(worker_pool), lease_id(context), RunLayout(cfg.run_root)
+    seen = view(pool, log)
+    others = None if seen.leases is None else len(set(seen.leases) - {lease})
+    try:
+        idle = gate_idle(
+            cfg.reviews.gate_idle,
+            backend=pool.backend,
+            keep_warm_s=cfg.reviews.gate_keep_warm_s,
+            response_timeout_s=response_timeout_s,
+            other_leases=others,
+            idle_ttl_s=seen.idle_ttl_s,
+            last_warm_s=last_warm_s(layout, so),
+        )
+    except ConfigError as exc:  # refused at the round's start already, unless a review changed it
+        raise AirflowFailException(f"bad run settings: {exc}") from exc
+    if idle.action == "release":  # acquire sets the expiry (a renewal only pushes it later)
+        pool.acquire(lease, replicas, ttl_s=idle.lease_ttl_s)
+    elif idle.action == "sleep" and idle.sleep_after_s is not None:
+        after = idle.sleep_after_s
+        if not callable(getattr(SyncWorkerClient, "sleep", None)):
+            log.warning("worker pool %s: this build's workers cannot sleep; they stay warm", pool)
+        else:
+            _each_worker(pool, lease, "sleep", lambda c: _sleep(c, after), log)
+    event = UsageEvent(
+        kind="gate_open", at=time.time(), pool=str(pool), replicas=replicas, slot=slot, policy=idle.action
+    )
+    usage(layout, event, so, log)
+    log.info("%s: worker pool %s while the gate waits (gate_idle %s): %s", slot, pool, idle.action, idle.text)
+    return idle
+
+
+def answer_gate(
+    worker_pool: str,
+    cfg: RunConfig,
+    context: Context,
+    log: Any,
+    *,
+    replicas: int,
+    slot: str,
+    so: StorageOptions | None,
+    answered: bool = True,
+) -> bool:
+    """Take the run's pool back for the round its gate's answer runs (``answered`` false: a round
+    without a gate, after an earlier gate's): the lease taken again with the run's ``replicas``,
+    sleeping workers woken; returns whether the pool is ready now (else the caller waits for it,
+    deferred). Records ``gate_answered`` (answered) and ``lease`` when it had lapsed."""
+    pool, lease, layout = open_pool(worker_pool), lease_id(context), RunLayout(cfg.run_root)
+    seen = view(pool, log)
+    lease_live = seen.leases is None or lease in seen.leases
+    token = pool.token()
+    obs = asyncio.run(observe_pool(pool, token, lease))
+    asleep = cfg.reviews.gate_idle == "sleep" and _asleep(pool, lease)
+    action = answer_action(lease_live=lease_live, ready=len(obs.ready), wanted=replicas, asleep=asleep)
+    now = time.time()
+    held = replicas if lease_live else 0
+    if answered:
+        usage(
+            layout,
+            UsageEvent(kind="gate_answered", at=now, pool=str(pool), replicas=held, slot=slot),
+            so,
+            log,
+        )
+    pool.acquire(lease, replicas, ttl_s=DEFAULT_LEASE_TTL_S)  # the run's replicas again (a lane renews it)
+    if not lease_live:
+        usage(layout, UsageEvent(kind="lease", at=now, pool=str(pool), replicas=replicas, slot=slot), so, log)
+    if action == "wake":
+        woke = _each_worker(pool, lease, "wake", _wake, log)
+        log.info("%s: %d sleeping workers of %s woken", slot, woke, pool)
+    log.info(
+        "%s: worker pool %s after the answer: %s (lease %s, %d of %d workers ready)",
+        slot,
+        pool,
+        action,
+        "live" if lease_live else "lapsed: taken again",
+        len(obs.ready),
+        replicas,
+    )
+    if action != "rewarm":
+        return True
+    obs = asyncio.run(observe_pool(pool, token, lease))
+    decision = pool_readiness(obs, replicas)
+    if decision == "refused":
+        raise AirflowFailException(why_refused(obs, pool))
+    return decision == "ready"
+
+
+def record_warm(
+    worker_pool: str,
+    cfg: RunConfig,
+    *,
+    replicas: int,
+    requested_at: float,
+    slot: str,
+    so: StorageOptions | None,
+    log: Any,
+) -> float:
+    """Record the ``warm`` event of a pool the answer waited for (its workers' starts where the
+    pool tells them); returns the seconds it took."""
+    pool, now = open_pool(worker_pool), time.time()
+    starts: Callable[[float], list[WorkerStart]] | None = getattr(pool, "starts", None)
+    workers: list[WorkerStart] = []
+    if starts is not None:
+        try:
+            workers = list(starts(requested_at))
+        except Exception as exc:
+            log.warning("worker pool %s: its starts not read (%s)", pool, exc)
+    event = UsageEvent(
+        kind="warm",
+        at=now,
+        pool=str(pool),
+        replicas=replicas,
+        slot=slot,
+        requested_at=requested_at,
+        workers=tuple(workers),
+    )
+    usage(RunLayout(cfg.run_root), event, so, log)
+    return now - requested_at
+
+
+# What to do when the answer's round cannot start: the gate asks again (a cleared task re-opens it).
+REOPEN = "Remedy: fix the pool (its workers' logs), then clear this plan task: its review gate opens again"
+
+
+def warm_failure(worker_pool: str, event: dict[str, Any], replicas: int, timeout_s: float) -> str:
+    """Why the pool the answer re-warmed is not ready (the trigger's ``timeout`` or ``refused``
+    event), with what its backend says and the remedy."""
+    why = (
+        event.get("reason") or f"{event.get('ready', 0)} of {replicas} workers ready after {timeout_s:.0f} s"
+    )
+    problems = "".join(f"; {p}" for p in open_pool(worker_pool).problems())
+    return f"worker pool {worker_pool!r} not re-warmed after the review ({why}){problems}. {REOPEN}"
