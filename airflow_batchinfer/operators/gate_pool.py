@@ -16,7 +16,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from airflow.sdk import Context
 
@@ -110,37 +110,39 @@ def _each_worker(
     return done
 
 
-# The clients' sleep and wake (rpc/client.py) land with the engines' sleep mode: typed through Any
-# until then, so this module checks the same with or without them.
-def _sleep(client: SyncWorkerClient, after_s: float) -> None:
-    cast(Any, client).sleep(level=SLEEP_LEVEL, after_s=after_s)
-
-
-def _wake(client: SyncWorkerClient) -> None:
-    cast(Any, client).wake()
-
-
 def _asleep(pool: WorkerPool, lease: str) -> bool:
     token = pool.token()
     for url in pool.endpoints(lease):
         try:
             with SyncWorkerClient(url, token=token, timeout=10) as client:
-                if getattr(client.stats(), "sleeping", False):
+                if client.stats().sleeping:
                     return True
         except (BatchInferError, OSError):
             continue
     return False
 
 
-def gate_start_refusal(
-    running: RunConfig, engine: dict[str, Any] | None, pool: WorkerPool | None
-) -> str | None:
+def sleep_refusal(pool: WorkerPool, lease: str) -> str | None:
+    """Why the pool's engine cannot sleep, as its first worker that answers says (``None``: it can,
+    or no worker answered: the gate's sleep then logs each worker that refuses)."""
+    token = pool.token()
+    for url in pool.endpoints(lease):
+        try:
+            with SyncWorkerClient(url, token=token, timeout=10) as client:
+                return client.stats().sleep_refusal
+        except (BatchInferError, OSError):
+            continue
+    return None
+
+
+def gate_start_refusal(running: RunConfig, pool: WorkerPool | None, lease: str) -> str | None:
     """Why the run's ``gate_idle`` cannot hold on its pool (asked at a round's start, before any
     gate; a run that never opens one is not refused): a static pool released or put to sleep, an
-    engine that cannot sleep (its ``sleep_refusal``, as the pool's engine info says)."""
+    engine that cannot sleep (the ``sleep_refusal`` its workers' stats give)."""
     if pool is None or (running.reviews.review == "never" and not running.human_review):
         return None
-    return gate_refusal(running.reviews.gate_idle, pool.backend, (engine or {}).get("sleep_refusal"))
+    policy = running.reviews.gate_idle
+    return gate_refusal(policy, pool.backend, sleep_refusal(pool, lease) if policy == "sleep" else None)
 
 
 def open_gate(
@@ -176,10 +178,7 @@ def open_gate(
         pool.acquire(lease, replicas, ttl_s=idle.lease_ttl_s)
     elif idle.action == "sleep" and idle.sleep_after_s is not None:
         after = idle.sleep_after_s
-        if not callable(getattr(SyncWorkerClient, "sleep", None)):
-            log.warning("worker pool %s: this build's workers cannot sleep; they stay warm", pool)
-        else:
-            _each_worker(pool, lease, "sleep", lambda c: _sleep(c, after), log)
+        _each_worker(pool, lease, "sleep", lambda c: c.sleep(level=SLEEP_LEVEL, after_s=after), log)
     event = UsageEvent(
         kind="gate_open", at=time.time(), pool=str(pool), replicas=replicas, slot=slot, policy=idle.action
     )
@@ -223,7 +222,7 @@ def answer_gate(
     if not lease_live:
         usage(layout, UsageEvent(kind="lease", at=now, pool=str(pool), replicas=replicas, slot=slot), so, log)
     if action == "wake":
-        woke = _each_worker(pool, lease, "wake", _wake, log)
+        woke = _each_worker(pool, lease, "wake", lambda c: c.wake(), log)
         log.info("%s: %d sleeping workers of %s woken", slot, woke, pool)
     log.info(
         "%s: worker pool %s after the answer: %s (lease %s, %d of %d workers ready)",
@@ -256,13 +255,11 @@ def record_warm(
     """Record the ``warm`` event of a pool the answer waited for (its workers' starts where the
     pool tells them); returns the seconds it took."""
     pool, now = open_pool(worker_pool), time.time()
-    starts: Callable[[float], list[WorkerStart]] | None = getattr(pool, "starts", None)
     workers: list[WorkerStart] = []
-    if starts is not None:
-        try:
-            workers = list(starts(requested_at))
-        except Exception as exc:
-            log.warning("worker pool %s: its starts not read (%s)", pool, exc)
+    try:
+        workers = pool.starts(requested_at)
+    except Exception as exc:  # the event then lacks the workers' marks; the round goes on
+        log.warning("worker pool %s: its starts not read (%s)", pool, exc)
     event = UsageEvent(
         kind="warm",
         at=now,

@@ -256,7 +256,7 @@ class RoundControllerOperator(HITLOperator):
         running = plan.effective_config(cfg)
         refusal = running.engine_refusal(str(plan.engine["engine"])) if plan.engine else None
         refusal = refusal or running.pools_refusal(plan.engine, plan.judge_engine)
-        refusal = refusal or gate_start_refusal(running, plan.engine, self._held.get("engine"))
+        refusal = refusal or gate_start_refusal(running, self._held.get("engine"), lease_id(context))
         if refusal is not None:
             raise AirflowFailException(f"bad run settings: {refusal}")
 
