@@ -103,6 +103,9 @@ def main() -> None:
         "--idle-ttl-s", type=float, default=2.0, help="the pool's: workers exit this long after release"
     )
     ap.add_argument("--job-seconds", type=float, default=0.5, help="simulated batch latency")
+    ap.add_argument(
+        "--load-s", type=float, default=10.0, help="the simulated engine's model load (each start pays it)"
+    )
     ap.add_argument("--policies", nargs="+", choices=POLICIES, default=list(POLICIES))
     args = ap.parse_args()
     if missing := missing_settings(set(BY_NAME)):
@@ -119,10 +122,11 @@ def main() -> None:
         "".join(json.dumps({"id": f"r{i:05d}", "question": f"q {i}"}) + "\n" for i in range(args.records))
     )
     (work / "dags").mkdir()
+    engine_options = {"approval_rate": 0.5, "latency_base_s": args.job_seconds, "load_s": args.load_s}
     for policy in args.policies:
         defaults = {
             "input": str(data), "output_root": str(work / "runs"), "run_name": policy, "engine": "simulated",
-            "model": None, "engine_options": {"approval_rate": 0.5, "latency_base_s": args.job_seconds},
+            "model": None, "engine_options": engine_options,
             "prompt_template": "{{ question }}", "judge": {"type": "llm"},
             "records_per_shard": args.records_per_shard, "chunk_size": args.records_per_shard,
             "worker_pool": f"local://gate-{policy}", "replicas": args.replicas, "concurrency": 1,
@@ -156,7 +160,8 @@ def main() -> None:
     print(
         f"review gate idle, SIMULATED engine: {args.records} records, 2 rounds, gate answered after "
         f"{args.answer_after:g} s; pool of {args.replicas} workers (a replica counts as 1 GPU), "
-        f"gate_keep_warm_s {args.gate_keep_warm_s:g}, idle_ttl_s {args.idle_ttl_s:g}"
+        f"gate_keep_warm_s {args.gate_keep_warm_s:g}, idle_ttl_s {args.idle_ttl_s:g}, simulated model load "
+        f"{args.load_s:g} s"
     )
     print("\n".join(side_by_side(results)))
     for policy, r in results.items():
