@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ def warm_trigger(worker_pool: str, replicas: int, lease: str, timeout_s: float) 
         deadline=now + timeout_s,
         lease_id=lease,
         not_before=now + SETTLE_S,
+        keep_s=DEFAULT_LEASE_TTL_S,
     )
 
 
@@ -97,17 +99,22 @@ def last_warm_s(layout: RunLayout, so: StorageOptions | None) -> float | None:
 def _each_worker(
     pool: WorkerPool, lease: str, what: str, call: Callable[[SyncWorkerClient], Any], log: Any
 ) -> int:
-    """``call`` on each of the lease's workers (best effort: a worker that fails it is logged);
-    returns how many took it."""
-    done, token = 0, pool.token()
-    for url in pool.endpoints(lease):
+    """``call`` on each of the lease's workers at once (best effort: a worker that fails it is
+    logged); returns how many took it."""
+    token = pool.token()
+
+    def one(url: str) -> bool:
         try:
             with SyncWorkerClient(url, token=token, timeout=10) as client:
                 call(client)
-            done += 1
+            return True
         except (BatchInferError, OSError) as exc:
             log.warning("worker %s: %s failed (%s)", url, what, exc)
-    return done
+            return False
+
+    urls = pool.endpoints(lease)
+    with ThreadPoolExecutor(max_workers=min(32, len(urls) or 1)) as ex:
+        return sum(ex.map(one, urls))
 
 
 def _asleep(pool: WorkerPool, lease: str) -> bool:
@@ -174,13 +181,28 @@ def open_gate(
         )
     except ConfigError as exc:  # refused at the round's start already, unless a review changed it
         raise AirflowFailException(f"bad run settings: {exc}") from exc
-    if idle.action == "release":  # acquire sets the expiry (a renewal only pushes it later)
-        pool.acquire(lease, replicas, ttl_s=idle.lease_ttl_s)
-    elif idle.action == "sleep" and idle.sleep_after_s is not None:
+    held = replicas
+    if idle.action == "release":
+        # acquire sets the expiry (a renewal only pushes it later), at the demand the lease has now
+        # (the tail's): the workers it gave back are not started again for a gate
+        mine = (seen.leases or {}).get(lease) or {}
+        held = int(mine.get("replicas", replicas))
+        pool.acquire(lease, held, ttl_s=idle.lease_ttl_s)
+    else:  # a tail may have given replicas back: the answer finds the run's workers warm (or asleep)
+        pool.want(lease, None)
+        event = UsageEvent(kind="lease", at=time.time(), pool=str(pool), replicas=replicas, slot=slot)
+        usage(layout, event, so, log)
+    if idle.action == "sleep" and idle.sleep_after_s is not None:
         after = idle.sleep_after_s
         _each_worker(pool, lease, "sleep", lambda c: c.sleep(level=SLEEP_LEVEL, after_s=after), log)
     event = UsageEvent(
-        kind="gate_open", at=time.time(), pool=str(pool), replicas=replicas, slot=slot, policy=idle.action
+        kind="gate_open",
+        at=time.time(),
+        pool=str(pool),
+        replicas=held,
+        slot=slot,
+        policy=idle.action,
+        lease_ttl_s=idle.lease_ttl_s if idle.action == "release" else None,
     )
     usage(layout, event, so, log)
     log.info("%s: worker pool %s while the gate waits (gate_idle %s): %s", slot, pool, idle.action, idle.text)
@@ -205,6 +227,8 @@ def answer_gate(
     pool, lease, layout = open_pool(worker_pool), lease_id(context), RunLayout(cfg.run_root)
     seen = view(pool, log)
     lease_live = seen.leases is None or lease in seen.leases
+    if not answered and lease_live:
+        return True  # no gate of this slot, and no earlier one gave the lease back: _start takes it back
     token = pool.token()
     obs = asyncio.run(observe_pool(pool, token, lease))
     asleep = cfg.reviews.gate_idle == "sleep" and _asleep(pool, lease)
@@ -240,6 +264,15 @@ def answer_gate(
     if decision == "refused":
         raise AirflowFailException(why_refused(obs, pool))
     return decision == "ready"
+
+
+def record_answer(
+    worker_pool: str, cfg: RunConfig, *, slot: str, so: StorageOptions | None, log: Any
+) -> None:
+    """Record ``gate_answered`` for an answer that runs no round (Accept, Stop): the pool is not
+    taken back, but the gate's wait ends here."""
+    event = UsageEvent(kind="gate_answered", at=time.time(), pool=str(open_pool(worker_pool)), slot=slot)
+    usage(RunLayout(cfg.run_root), event, so, log)
 
 
 def record_warm(

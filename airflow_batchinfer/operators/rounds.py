@@ -35,6 +35,7 @@ from airflow_batchinfer.operators.gate_pool import (
     as_replicas,
     gate_start_refusal,
     open_gate,
+    record_answer,
     record_warm,
     warm_failure,
     warm_trigger,
@@ -317,6 +318,8 @@ class RoundControllerOperator(HITLOperator):
         )
         if plan.mode != "skip":
             self._take_pool_back(cfg, plan, so, context, answer)  # defers while the pool re-warms
+        elif self.worker_pool and as_replicas(self.replicas) is not None:
+            record_answer(str(self.worker_pool), cfg, slot=self.slot, so=so, log=self.log)
         return self._run_answer(cfg, plan, so, context, answer)
 
     def _run_answer(
@@ -359,6 +362,7 @@ class RoundControllerOperator(HITLOperator):
         replicas, pool = as_replicas(self.replicas), str(self.worker_pool)
         if not self.worker_pool or replicas is None:
             return
+        answered_at = time.time()  # before the lease is taken again: its workers' starts count from here
         if answer_gate(
             pool, cfg, context, self.log, replicas=replicas, slot=self.slot, so=so, answered=answered
         ):
@@ -368,7 +372,7 @@ class RoundControllerOperator(HITLOperator):
         self.defer(
             trigger=warm_trigger(pool, replicas, lease_id(context), self.ready_timeout_s),
             method_name="execute_warm",
-            kwargs={"answered_at": time.time(), "answer": answer},
+            kwargs={"answered_at": answered_at, "answer": answer},
         )
 
     def execute_warm(

@@ -92,6 +92,7 @@ def account_usage(events: Sequence[UsageEvent], rounds: Sequence[RoundSpan], unt
     leases = [e for e in events if e.kind == "lease"]
     if not leases:
         return UsageAccount(known=False, note=NO_LEASE)
+    leases += _lapses(events)
     held = _Held(leases)
     start = held.times[0]
     leased = held.integral(start, until)
@@ -122,6 +123,21 @@ def account_usage(events: Sequence[UsageEvent], rounds: Sequence[RoundSpan], unt
         gates=gates,
         warms=warms,
     )
+
+
+def _lapses(events: Sequence[UsageEvent]) -> list[UsageEvent]:
+    """A released gate's lease lapsing (``lease_ttl_s`` after its opening) before its answer, as a
+    lease of 0 replicas then: no process writes that moment, the pool's rules make it."""
+    out = []
+    for gate in (e for e in events if e.kind == "gate_open" and e.lease_ttl_s is not None):
+        lapse = gate.at + (gate.lease_ttl_s or 0.0)
+        answered = next(
+            (a.at for a in events if a.kind == "gate_answered" and a.slot == gate.slot and a.at >= gate.at),
+            None,
+        )
+        if answered is None or answered > lapse:
+            out.append(UsageEvent(kind="lease", at=lapse, pool=gate.pool, replicas=0, slot=gate.slot))
+    return out
 
 
 def _gates(events: Sequence[UsageEvent], held: _Held, until: float) -> list[GateUsage]:

@@ -116,7 +116,10 @@ async def observe_pool(
 
 class PoolReadyTrigger(BaseTrigger):
     """:param lease_id: the run whose workers to wait for (a local pool may run several generations).
-    :param spec_key: the spec the workers must run (a Kubernetes pool's spec hash), if known."""
+    :param spec_key: the spec the workers must run (a Kubernetes pool's spec hash), if known.
+    :param keep_s: a local pool's lease is kept at each poll, renewed for this long and its dead
+        workers restarted (a gate's answer re-warming a released pool: a worker that was idling
+        out as the answer came exits during the wait); ``None``: the pool is only observed."""
 
     def __init__(
         self,
@@ -128,8 +131,10 @@ class PoolReadyTrigger(BaseTrigger):
         lease_id: str | None = None,
         not_before: float | None = None,
         spec_key: str | None = None,
+        keep_s: float | None = None,
     ) -> None:
         super().__init__()
+        self.keep_s = keep_s
         self.worker_pool = worker_pool
         self.replicas = replicas
         self.deadline = deadline
@@ -149,6 +154,7 @@ class PoolReadyTrigger(BaseTrigger):
                 "lease_id": self.lease_id,
                 "not_before": self.not_before,
                 "spec_key": self.spec_key,
+                "keep_s": self.keep_s,
             },
         )
 
@@ -158,6 +164,8 @@ class PoolReadyTrigger(BaseTrigger):
         here = not isinstance(pool, LocalPool) or await asyncio.to_thread(pool.has_state)
         token = await asyncio.to_thread(pool.token) if here else None
         while True:
+            if here and self.keep_s is not None and self.lease_id and isinstance(pool, LocalPool):
+                await asyncio.to_thread(pool.keep, self.lease_id, ttl_s=self.keep_s)
             obs = await observe_pool(pool, token, self.lease_id)
             decision = pool_readiness(
                 obs, self.replicas, spec_key=self.spec_key, now=time.time(), deadline=self.deadline

@@ -100,14 +100,16 @@ class PoolState:
         self.last_used = now
 
     def want(self, lease_id: str, replicas: int | None, *, now: float) -> bool:
-        """Set ``lease_id``'s demand to ``replicas`` (``None``: its ceiling), within ``[0, ceiling]``;
-        its expiry is unchanged. ``False`` if the lease is gone (lapsed or released)."""
+        """Lower ``lease_id``'s demand to ``replicas``, or (``None``) take its ceiling back; its
+        expiry is unchanged. A number only ever lowers it: lanes ending at once compute theirs from
+        snapshots, and one that lands late must not raise it again. ``False`` if the lease is gone
+        (lapsed or released)."""
         lease = self.leases.get(lease_id)
         if lease is None or lease.expires <= now:
             return False
         ceiling = lease.most
         lease.ceiling = ceiling
-        lease.replicas = ceiling if replicas is None else max(0, min(replicas, ceiling))
+        lease.replicas = ceiling if replicas is None else max(0, min(replicas, lease.replicas, ceiling))
         self.last_used = now
         return True
 

@@ -15,6 +15,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, config
@@ -291,11 +292,14 @@ class KubernetesPool:
         removed anyway drains (its jobs are handed back)."""
         pods, port = self._pods(dep)
         token = self._token()
-        busy = {  # a pod not Ready (starting, or dropped by its probe) is not asked: it keeps its cost
-            p.metadata.name: worker_busy(http_url(p.status.pod_ip, port), token) if self._ready(p) else None
-            for p in pods
-            if p.metadata.deletion_timestamp is None
-        }
+        live = [p for p in pods if p.metadata.deletion_timestamp is None]
+
+        def ask(pod: Any) -> bool | None:  # a pod not Ready (starting, dropped by its probe): not asked
+            return worker_busy(http_url(pod.status.pod_ip, port), token) if self._ready(pod) else None
+
+        # asked at once: a reaper Job of a large pool must not spend its deadline on one pod after another
+        with ThreadPoolExecutor(max_workers=min(32, len(live) or 1)) as ex:
+            busy = dict(zip((p.metadata.name for p in live), ex.map(ask, live), strict=True))
         have = {p.metadata.name: (p.metadata.annotations or {}).get(DELETION_COST) for p in pods}
         for name, cost in deletion_costs(busy).items():
             if have.get(name) == cost:

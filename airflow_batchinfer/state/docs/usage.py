@@ -4,8 +4,9 @@ processes, on different hosts) never race on one file.
 
 - ``lease``: the replicas this run's lease holds from ``at`` on (the setup's acquire, a lane that
   shrinks the run's demand with the tail, a round that takes them back, the teardown's 0);
-- ``gate_open`` / ``gate_answered``: a review gate's wait, with its ``policy`` (``gate_idle``) and
-  the replicas the lease holds while it waits (0 once released);
+- ``gate_open`` / ``gate_answered``: a review gate's wait, with its ``policy`` (``gate_idle``), the
+  replicas the lease holds as it opens and, for a released gate, ``lease_ttl_s``: the lease lapses
+  that long after the opening unless the answer comes first (the accounting's lease holds 0 from then);
 - ``warm``: a pool (re)start the run waited for: ``requested_at`` → ``at`` (ready), with each
   worker's marks in ``workers`` (scheduled, started, model loaded, ready; seconds from the request).
 """
@@ -41,7 +42,7 @@ class UsageEvent(DocModel):
     """One event of the run's pool usage (see the module doc). ``at``: Unix time; ``pool``: the
     pool reference; ``gpus``: GPUs per replica (1 where the backend does not say)."""
 
-    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"slot", "policy", "requested_at"})
+    OMIT_NONE: ClassVar[frozenset[str]] = frozenset({"slot", "policy", "requested_at", "lease_ttl_s"})
 
     kind: UsageKind
     at: float
@@ -51,6 +52,8 @@ class UsageEvent(DocModel):
     slot: str | None = None
     policy: str | None = None
     requested_at: float | None = None
+    # gate_open of a released gate: the lease lapses this long after ``at`` unless the answer came first
+    lease_ttl_s: float | None = None
     workers: tuple[WorkerStart, ...] = ()
 
 

@@ -93,6 +93,7 @@ class FakePool:
 
     def __init__(self, leases: dict[str, Any], ready: int = 2) -> None:
         self.leases, self.ready, self.acquired = leases, ready, []  # type: ignore[var-annotated]
+        self.wanted: list[tuple[str, int | None]] = []
 
     def status(self) -> dict[str, Any]:
         return {"leases": self.leases, "idle_ttl_s": 1.0}
@@ -100,6 +101,10 @@ class FakePool:
     def acquire(self, lease_id: str, replicas: int, *, ttl_s: float) -> int:
         self.acquired.append((lease_id, replicas, ttl_s))
         return replicas
+
+    def want(self, lease_id: str, replicas: int | None = None) -> int:
+        self.wanted.append((lease_id, replicas))
+        return 2
 
     def token(self) -> str:
         return "t"
@@ -130,18 +135,20 @@ def test_a_released_gate_sets_the_leases_expiry_to_the_keep_warm_and_says_so(
     import logging
 
     cfg = make_run(tmp_path, review="every_round", gate_keep_warm_s=2)
-    pool = FakePool({"d/r": {}, "other/run": {}})
+    pool = FakePool({"d/r": {"replicas": 1, "ceiling": 2}, "other/run": {}})  # the tail left 1
     fake_pool(monkeypatch, pool)
     idle = gate_pool.open_gate("local://fake", cfg, CONTEXT, logging.getLogger("t"), replicas=2,  # type: ignore[arg-type]
                                response_timeout_s=3600, slot="round-01", so=None)  # fmt: skip
-    assert idle.action == "release" and pool.acquired == [("d/r", 2, 2)]  # lapses 2 s from now
+    # lapses 2 s from now, at the tail's demand: no worker is started again for the gate
+    assert idle.action == "release" and pool.acquired == [("d/r", 1, 2)] and not pool.wanted
     assert "kept warm 2 s" in idle.text and "(1 does now)" in idle.text and "idle_ttl (1 s)" in idle.text
     (opened,) = read_usage(RunLayout(cfg.run_root))
-    assert (opened.kind, opened.policy, opened.replicas, opened.slot) == (
+    assert (opened.kind, opened.policy, opened.replicas, opened.slot, opened.lease_ttl_s) == (
         "gate_open",
         "release",
-        2,
+        1,
         "round-01",
+        2,
     )
 
 
@@ -179,6 +186,7 @@ def test_a_sleeping_gate_asks_each_worker_to_sleep_once_idle_and_the_answer_wake
     idle = gate_pool.open_gate("local://fake", cfg, CONTEXT, log, replicas=2, response_timeout_s=None,  # type: ignore[arg-type]
                                slot="round-01", so=None)  # fmt: skip
     assert idle.action == "sleep" and not pool.acquired  # the lease is kept (renewed before)
+    assert pool.wanted == [("d/r", None)]  # what a tail gave back is taken again before the gate
     assert calls == [("http://w1", ("sleep", 1, 60)), ("http://w2", ("sleep", 1, 60))]
     calls.clear()
     ready = gate_pool.answer_gate("local://fake", cfg, CONTEXT, log, replicas=2, slot="round-01", so=None)  # type: ignore[arg-type]

@@ -155,3 +155,28 @@ def test_a_rounds_span_is_its_jobs_and_each_workers_busy_time_at_most_that() -> 
     span = round_span("round-00", 0, jobs, workers)  # type: ignore[arg-type]
     assert span == RoundSpan("round-00", 0, 100.0, 160.0, busy_s=60.0 + 20.0)
     assert round_span("round-01", 1, [], workers) is None  # no job ran
+
+
+def test_a_released_gate_holds_nothing_once_its_lease_lapses_and_an_early_answer_keeps_it() -> None:
+    """The gate records its opening with ``lease_ttl_s`` (nobody writes the lapse itself): the
+    lease holds 0 from the lapse until the answer takes it again; an answer before the lapse
+    leaves the lease held throughout."""
+    pool = "local://p"
+
+    def run(answer_at: float) -> UsageAccount:
+        events = [
+            UsageEvent(kind="lease", at=0, pool=pool, replicas=2),
+            UsageEvent(kind="gate_open", at=100, pool=pool, replicas=2, slot="round-01", policy="release",
+                       lease_ttl_s=10),
+            UsageEvent(kind="gate_answered", at=answer_at, pool=pool, replicas=0, slot="round-01"),
+            UsageEvent(kind="lease", at=answer_at, pool=pool, replicas=2, slot="round-01"),
+            UsageEvent(kind="lease", at=answer_at + 50, pool=pool, replicas=0),
+        ]  # fmt: skip
+        return account_usage(events, [], until=answer_at + 50)
+
+    late = run(1100)
+    assert late.idle_gates_gpu_s == 2 * 10  # held only until the lapse
+    assert late.keep_gpu_s == 2 * 1000 + late.leased_gpu_s - late.idle_gates_gpu_s
+    assert late.saved_gpu_s == 2 * 990
+    early = run(105)
+    assert early.idle_gates_gpu_s == 2 * 5 and early.saved_gpu_s == 0

@@ -77,7 +77,7 @@ def test_a_lease_wants_fewer_with_its_tail_within_its_ceiling_and_takes_them_bac
     assert s.leases["run"].expires == 100  # a demand is not a renewal
     assert s.decide(5) == 4 and s.decide(15) == 1  # the tail's scale-down still waits scaledown_ttl
     s.replicas = 1
-    assert s.want("run", 9, now=16) and s.leases["run"].replicas == 4  # never above the ceiling
+    assert s.want("run", 9, now=16) and s.leases["run"].replicas == 1  # a number never raises it
     assert s.want("run", -3, now=17) and s.leases["run"].replicas == 0
     assert s.want("run", None, now=18) and s.decide(18) == 4  # the next round: all back, at once
 
