@@ -29,6 +29,7 @@ from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.run.gate.idle import SLEEP_LEVEL, GateIdle, answer_action, gate_idle, gate_refusal
 from airflow_batchinfer.state.config import RunConfig
+from airflow_batchinfer.state.docs.plan import Plan, read_plan, slots
 from airflow_batchinfer.state.docs.usage import UsageEvent, WorkerStart, read_usage, record_usage
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
@@ -304,6 +305,29 @@ def record_warm(
     )
     usage(RunLayout(cfg.run_root), event, so, log)
     return now - requested_at
+
+
+def engine_swapped(cfg: RunConfig, plan: Plan, so: StorageOptions | None) -> str | None:
+    """Why the pool an answer got back runs another engine (model, engine options) than the run's
+    earlier rounds, or ``None``: while a released gate waited, another run may have started the
+    pool with its own settings (a local pool replaces a generation nobody leases; a Kubernetes
+    pool's template is replaced once no lease holds it). The round must not run on it."""
+    if plan.engine is None:
+        return None
+    layout = RunLayout(cfg.run_root)
+    for slot in reversed(slots(cfg.retries.max_rounds)[: slots(cfg.retries.max_rounds).index(plan.slot)]):
+        earlier = read_plan(layout, slot, so)
+        if earlier is not None and earlier.engine is not None:
+            if earlier.engine == plan.engine:
+                return None
+            return (
+                f"the pool now runs {plan.engine.get('engine')} {plan.engine.get('model')!r}, not what "
+                f"{slot} ran ({earlier.engine.get('engine')} {earlier.engine.get('model')!r}): another "
+                "run started it with its own settings while this run's gate had given it back. Remedy: "
+                "clear this run's pool_setup task (it starts the pool with this run's settings, beside "
+                "the other run's), then this plan task"
+            )
+    return None
 
 
 # What to do when the answer's round cannot start: the gate asks again (a cleared task re-opens it).

@@ -33,6 +33,7 @@ from airflow_batchinfer.operators.gate_pool import (
     REOPEN,
     answer_gate,
     as_replicas,
+    engine_swapped,
     gate_start_refusal,
     open_gate,
     record_answer,
@@ -323,10 +324,19 @@ class RoundControllerOperator(HITLOperator):
         return self._run_answer(cfg, plan, so, context, answer)
 
     def _run_answer(
-        self, cfg: RunConfig, plan: Plan, so: dict[str, Any], context: Context, answer: str
+        self,
+        cfg: RunConfig,
+        plan: Plan,
+        so: dict[str, Any],
+        context: Context,
+        answer: str,
+        rewarmed: bool = False,
     ) -> list[dict[str, Any]]:
         if plan.mode != "skip":
             self._start(cfg, plan, context)  # workers that died during the review start again
+            swapped = engine_swapped(cfg, plan, so) if rewarmed else None
+            if swapped is not None:
+                raise AirflowFailException(f"{self.slot}: {swapped}")
         mapped = self._commit(cfg, plan, so, context)
         self.log.info(
             "%s: %s: %s (%s)%s", self.slot, answer, plan.mode, plan.reason, self._lanes_note(plan, mapped)
@@ -394,7 +404,7 @@ class RoundControllerOperator(HITLOperator):
             log=self.log,
         )  # fmt: skip
         self.log.info("%s: worker pool %s ready %.1f s after the answer", self.slot, self.worker_pool, took)
-        return self._run_answer(cfg, plan, so, context, answer)
+        return self._run_answer(cfg, plan, so, context, answer, rewarmed=True)
 
     def _lanes_note(self, plan: Plan, mapped: list[dict[str, Any]]) -> str:
         if not mapped:

@@ -1,4 +1,5 @@
-"""A run's GPU-seconds, accounted from its usage events (:mod:`airflow_batchinfer.state.docs.usage`) and its rounds' spans by
+"""A run's GPU-seconds, accounted from its usage events
+(:mod:`airflow_batchinfer.state.docs.usage`) and its rounds' spans by
 :func:`airflow_batchinfer.run.usage.account_usage`: :class:`UsageAccount`, carried by the run
 report's ``usage`` and by each round summary's ``usage`` (the run up to that round's close).
 

@@ -207,3 +207,23 @@ def test_an_answer_after_the_lease_lapsed_takes_it_again_and_waits_for_the_worke
     assert not ready and pool.acquired[0][:2] == ("d/r", 2)
     kinds = [(e.kind, e.replicas) for e in read_usage(RunLayout(cfg.run_root))]
     assert sorted(kinds) == [("gate_answered", 0), ("lease", 2)]
+
+
+def test_a_pool_that_came_back_running_another_model_is_refused_naming_both(tmp_path: Any) -> None:
+    """While a released gate waits, another run may start the pool with its own settings: the
+    answer's round must not run its jobs there (their rows would be another model's)."""
+    from airflow_batchinfer.state.docs import Plan, write_plan
+
+    cfg = make_run(tmp_path, review="every_round", max_rounds=3)
+    layout = RunLayout(cfg.run_root)
+    ours = {"engine": "simulated", "model": "ours"}
+    write_plan(layout, Plan(slot="round-00", round=0, mode="rounds", engine=ours))
+    write_plan(layout, Plan(slot="round-01", round=1, mode="skip"))  # no engine: looked past
+    back = Plan(slot="round-02", round=2, mode="rounds", engine=ours)
+    assert gate_pool.engine_swapped(cfg, back, None) is None
+    back.engine = {"engine": "simulated", "model": "theirs"}
+    why = gate_pool.engine_swapped(cfg, back, None)
+    assert why is not None and "'theirs'" in why and "round-00 ran" in why and "'ours'" in why
+    assert "clear this run's pool_setup" in why
+    first = Plan(slot="round-00", round=0, mode="rounds", engine=back.engine)
+    assert gate_pool.engine_swapped(cfg, first, None) is None  # nothing earlier to differ from
