@@ -200,7 +200,7 @@ class DevAirflow:
         except AirflowApiError as exc:
             if exc.status != 409:  # 409: it exists (a home started before): set it as asked
                 raise
-            self.api("PATCH", f"/pools/{name}", json=body)
+            self.api("PATCH", f"/pools/{name}", json={"pool": name, **body})
 
     def _healthy(self) -> bool:
         for name, proc in self.procs.items():

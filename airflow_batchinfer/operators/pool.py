@@ -366,6 +366,9 @@ class PoolSetupOperator(BaseOperator):
                 lease_id=lease_id(context),
                 not_before=time.time() + SETTLE_S,
                 spec_key=spec_key,
+                # a warm local worker idling out as this run took its lease exits during the wait:
+                # the trigger keeps the lease and starts it again (nobody else would)
+                keep_s=self.lease_ttl_s,
             ),
             method_name="execute_complete",
         )

@@ -430,3 +430,44 @@ def test_a_local_pool_allows_the_adapters_a_run_may_name(
     with pytest.raises(AirflowFailException, match="started"):
         op.execute(context)
     assert started[0].allowed_adapters == ("/models/lora/",)
+
+
+async def test_the_trigger_keeps_a_local_lease_and_its_workers_while_it_waits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, answering: set[str]
+) -> None:
+    """A warm local worker that idles out just as a run takes its lease exits during the wait:
+    with ``keep_s`` the trigger keeps the lease at each poll (which starts a dead worker again);
+    without it the trigger only observes."""
+    from airflow_batchinfer.pools import LocalPool
+
+    kept: list[tuple[str, float]] = []
+
+    class Kept(LocalPool):
+        def has_state(self) -> bool:
+            return True
+
+        def token(self) -> str:
+            return "t"
+
+        def keep(self, lease_id: str, *, ttl_s: float = 0.0) -> str | None:
+            kept.append((lease_id, ttl_s))
+            return None
+
+        def endpoints(self, lease_id: str | None = None) -> list[str]:
+            return URLS
+
+    pool = Kept("p", state_dir=tmp_path)
+
+    async def fake_open(ref: str) -> LocalPool:
+        return pool
+
+    monkeypatch.setattr(pool_ready, "aopen_pool", fake_open)
+    answering.update(URLS)
+    trigger = PoolReadyTrigger(worker_pool="local://p", replicas=2, deadline=time.time() + 5, lease_id="d/r",
+                               poll_interval_s=0.05, keep_s=60.0)  # fmt: skip
+    events = [e async for e in trigger.run()]
+    assert events[0].payload["state"] == "ready" and kept == [("d/r", 60.0)]
+    assert PoolReadyTrigger(**trigger.serialize()[1]).keep_s == 60.0  # survives a triggerer restart
+    kept.clear()
+    plain = PoolReadyTrigger(worker_pool="local://p", replicas=2, deadline=time.time() + 5, lease_id="d/r")
+    assert [e.payload["state"] async for e in plain.run()] == ["ready"] and kept == []
