@@ -143,11 +143,11 @@ def sleep_refusal(pool: WorkerPool, lease: str) -> str | None:
     return None
 
 
-def gate_start_refusal(running: RunConfig, pool: WorkerPool | None, lease: str) -> str | None:
+def gate_start_refusal(running: RunConfig, pool: WorkerPool, lease: str) -> str | None:
     """Why the run's ``gate_idle`` cannot hold on its pool (asked at a round's start, before any
     gate; a run that never opens one is not refused): a static pool released or put to sleep, an
     engine that cannot sleep (the ``sleep_refusal`` its workers' stats give)."""
-    if pool is None or (running.reviews.review == "never" and not running.human_review):
+    if running.reviews.review == "never" and not running.human_review:
         return None
     policy = running.reviews.gate_idle
     return gate_refusal(policy, pool.backend, sleep_refusal(pool, lease) if policy == "sleep" else None)

@@ -258,7 +258,8 @@ class RoundControllerOperator(HITLOperator):
         running = plan.effective_config(cfg)
         refusal = running.engine_refusal(str(plan.engine["engine"])) if plan.engine else None
         refusal = refusal or running.pools_refusal(plan.engine, plan.judge_engine)
-        refusal = refusal or gate_start_refusal(running, self._held.get("engine"), lease_id(context))
+        if refusal is None and (own := self._held.get("engine")) is not None:
+            refusal = gate_start_refusal(running, own, lease_id(context))
         if refusal is not None:
             raise AirflowFailException(f"bad run settings: {refusal}")
 
