@@ -43,8 +43,9 @@ TAKE_BACK_WAIT_S = 600.0  # how long a round waits for the replicas it takes bac
 
 async def pool_slots(pool: PoolClient) -> int:
     """The pool's job slots: the sum of its answering workers' ``slots_total`` (``/v1/stats``, each
-    worker's ``--concurrency``); asked once per round, since a pool may grow or shrink between."""
-    await pool.refresh()
+    worker's ``--concurrency``); asked once per round, since a pool may grow or shrink between (a
+    tail gives workers back, the next round takes them again): the workers are looked up afresh."""
+    await pool.refresh(force=True)
     total = 0
     for client in pool.clients.values():
         try:

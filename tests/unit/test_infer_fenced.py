@@ -71,7 +71,9 @@ class Pool:
     async def engine(self) -> dict[str, Any]:
         return create_engine("simulated").describe()  # what each worker reports (fail_marker aside)
 
-    async def refresh(self) -> None:  # one worker of two slots (run.pipeline.pool_slots)
+    async def refresh(
+        self, *, force: bool = False
+    ) -> None:  # one worker of two slots (run.pipeline.pool_slots)
         self.clients = {"w1": self}
 
     async def stats(self) -> SimpleNamespace:
