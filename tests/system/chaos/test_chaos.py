@@ -380,36 +380,47 @@ def test_a_retry_follows_the_job_its_killed_first_try_left_running(
     run = start(af, chaos_root, "chaos_inline", "retryfollow", 10, max_rounds=1, worker_pool=f"local://{pool}",
                 judge={"type": "length", "min_chars": 1},
                 engine_options={"approval_rate": 0.6, "latency_base_s": 30.0})  # fmt: skip
-    victim, procs = _running_job_task(run, pools_dir, pool)
-    kill_pids([procs["task"], procs["supervisor"]])
-    seen: list[tuple[float, int, str]] = []  # the victim's (seconds since the kill, try, state) changes
-    killed_at = time.monotonic()
+    # The job counts are read from the live workers: a second lease keeps both through the round's
+    # tail, which would otherwise stop an idle one (and its count with it).
+    keeper = LocalPool(pool, state_dir=pools_dir)
+    keeper.acquire("chaos/keep-counts", 2, ttl_s=3600)
+    try:
+        victim, procs = _running_job_task(run, pools_dir, pool)
+        kill_pids([procs["task"], procs["supervisor"]])
+        seen: list[tuple[float, int, str]] = []  # the victim's (seconds since the kill, try, state) changes
+        killed_at = time.monotonic()
 
-    def retried() -> dict[str, Any] | None:
-        t = ti_by_id(run.tis(), victim["task_id"], victim["map_index"])
-        if t and (not seen or seen[-1][1:] != (t["try_number"], t["state"])):
-            seen.append((round(time.monotonic() - killed_at, 1), t["try_number"], t["state"]))
-        if t and t["try_number"] > procs["try_number"] and t["state"] in ("running", "deferred", "success"):
-            return t
-        return None
+        def retried() -> dict[str, Any] | None:
+            t = ti_by_id(run.tis(), victim["task_id"], victim["map_index"])
+            if t and (not seen or seen[-1][1:] != (t["try_number"], t["state"])):
+                seen.append((round(time.monotonic() - killed_at, 1), t["try_number"], t["state"]))
+            if (
+                t
+                and t["try_number"] > procs["try_number"]
+                and t["state"] in ("running", "deferred", "success")
+            ):
+                return t
+            return None
 
-    try:  # usually ~12 s: a heartbeat timeout, a retry delay and a start
-        retry = wait_until(retried, FAILURE_TIMEOUT_S * 6, "the retry to start")
-    except TimeoutError as exc:
-        raise AssertionError(f"{exc}; the killed task instance's (s, try, state): {seen}") from None
-    running_at_retry = worker_jobs(pools_dir, pool)
-    report = succeed(run)
-    assert_invariant(run, report)
-    assert retry["try_number"] == procs["try_number"] + 1
-    assert any(j.get("running") for j in running_at_retry.values()), (
-        f"the first try's job had already finished when the retry started: {running_at_retry}"
-    )
-    jobs = worker_jobs(pools_dir, pool)
-    taken = sum(sum(states.values()) for states in jobs.values())
-    assert taken == len(job_manifests(run)), (
-        f"{taken} jobs taken by the workers for {len(job_manifests(run))} shard jobs: the retry started "
-        f"a second copy instead of following the running one ({jobs})"
-    )
+        try:  # usually ~12 s: a heartbeat timeout, a retry delay and a start
+            retry = wait_until(retried, FAILURE_TIMEOUT_S * 6, "the retry to start")
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}; the killed task instance's (s, try, state): {seen}") from None
+        running_at_retry = worker_jobs(pools_dir, pool)
+        report = succeed(run)
+        assert_invariant(run, report)
+        assert retry["try_number"] == procs["try_number"] + 1
+        assert any(j.get("running") for j in running_at_retry.values()), (
+            f"the first try's job had already finished when the retry started: {running_at_retry}"
+        )
+        jobs = worker_jobs(pools_dir, pool)
+        taken = sum(sum(states.values()) for states in jobs.values())
+        assert taken == len(job_manifests(run)), (
+            f"{taken} jobs taken by the workers for {len(job_manifests(run))} shard jobs: the retry started "
+            f"a second copy instead of following the running one ({jobs})"
+        )
+    finally:
+        keeper.release("chaos/keep-counts")
 
 
 # -------------------------------------------------------------------------------- 9. run ownership
