@@ -28,9 +28,10 @@ from airflow_batchinfer.operators.pool import lease_id
 from airflow_batchinfer.pools import WorkerPool
 from airflow_batchinfer.rpc.client import SyncWorkerClient
 from airflow_batchinfer.run.gate.idle import SLEEP_LEVEL, GateIdle, answer_action, gate_idle, gate_refusal
+from airflow_batchinfer.run.usage_events import record_event
 from airflow_batchinfer.state.config import RunConfig
 from airflow_batchinfer.state.docs.plan import Plan, read_plan, slots
-from airflow_batchinfer.state.docs.usage import UsageEvent, WorkerStart, read_usage, record_usage
+from airflow_batchinfer.state.docs.usage import UsageEvent, WorkerStart, read_usage
 from airflow_batchinfer.state.layout import RunLayout
 from airflow_batchinfer.storage.location import StorageOptions
 from airflow_batchinfer.triggers import SETTLE_S
@@ -78,14 +79,6 @@ def view(pool: WorkerPool, log: Any) -> PoolView:
         return PoolView()
     ttl = found.get("idle_ttl_s")
     return PoolView(dict(found.get("leases") or {}), None if ttl is None else float(ttl))
-
-
-def usage(layout: RunLayout, event: UsageEvent, so: StorageOptions | None, log: Any) -> None:
-    """Record ``event``; a failed write is logged (the accounting then lacks it), never raised."""
-    try:
-        record_usage(layout, event, so)
-    except Exception as exc:
-        log.warning("usage event %s not recorded in %s: %s", event.kind, layout.usage, exc)
 
 
 def last_warm_s(layout: RunLayout, so: StorageOptions | None) -> float | None:
@@ -192,7 +185,7 @@ def open_gate(
     else:  # a tail may have given replicas back: the answer finds the run's workers warm (or asleep)
         pool.want(lease, None)
         event = UsageEvent(kind="lease", at=time.time(), pool=str(pool), replicas=replicas, slot=slot)
-        usage(layout, event, so, log)
+        record_event(layout.root, event, so)
     if idle.action == "sleep" and idle.sleep_after_s is not None:
         after = idle.sleep_after_s
         _each_worker(pool, lease, "sleep", lambda c: c.sleep(level=SLEEP_LEVEL, after_s=after), log)
@@ -205,7 +198,7 @@ def open_gate(
         policy=idle.action,
         lease_ttl_s=idle.lease_ttl_s if idle.action == "release" else None,
     )
-    usage(layout, event, so, log)
+    record_event(layout.root, event, so)
     log.info("%s: worker pool %s while the gate waits (gate_idle %s): %s", slot, pool, idle.action, idle.text)
     return idle
 
@@ -237,15 +230,13 @@ def answer_gate(
     now = time.time()
     held = replicas if lease_live else 0
     if answered:
-        usage(
-            layout,
-            UsageEvent(kind="gate_answered", at=now, pool=str(pool), replicas=held, slot=slot),
-            so,
-            log,
-        )
+        answer = UsageEvent(kind="gate_answered", at=now, pool=str(pool), replicas=held, slot=slot)
+        record_event(layout.root, answer, so)
     pool.acquire(lease, replicas, ttl_s=DEFAULT_LEASE_TTL_S)  # the run's replicas again (a lane renews it)
     if not lease_live:
-        usage(layout, UsageEvent(kind="lease", at=now, pool=str(pool), replicas=replicas, slot=slot), so, log)
+        record_event(
+            layout.root, UsageEvent(kind="lease", at=now, pool=str(pool), replicas=replicas, slot=slot), so
+        )
     if action == "wake":
         woke = _each_worker(pool, lease, "wake", lambda c: c.wake(), log)
         log.info("%s: %d sleeping workers of %s woken", slot, woke, pool)
@@ -267,13 +258,11 @@ def answer_gate(
     return decision == "ready"
 
 
-def record_answer(
-    worker_pool: str, cfg: RunConfig, *, slot: str, so: StorageOptions | None, log: Any
-) -> None:
+def record_answer(worker_pool: str, cfg: RunConfig, *, slot: str, so: StorageOptions | None) -> None:
     """Record ``gate_answered`` for an answer that runs no round (Accept, Stop): the pool is not
     taken back, but the gate's wait ends here."""
     event = UsageEvent(kind="gate_answered", at=time.time(), pool=str(open_pool(worker_pool)), slot=slot)
-    usage(RunLayout(cfg.run_root), event, so, log)
+    record_event(cfg.run_root, event, so)
 
 
 def record_warm(
@@ -303,7 +292,7 @@ def record_warm(
         requested_at=requested_at,
         workers=tuple(workers),
     )
-    usage(RunLayout(cfg.run_root), event, so, log)
+    record_event(cfg.run_root, event, so)
     return now - requested_at
 
 

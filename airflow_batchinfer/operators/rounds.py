@@ -321,7 +321,7 @@ class RoundControllerOperator(HITLOperator):
         if plan.mode != "skip":
             self._take_pool_back(cfg, plan, so, context, answer)  # defers while the pool re-warms
         elif self.worker_pool and as_replicas(self.replicas) is not None:
-            record_answer(str(self.worker_pool), cfg, slot=self.slot, so=so, log=self.log)
+            record_answer(str(self.worker_pool), cfg, slot=self.slot, so=so)
         return self._run_answer(cfg, plan, so, context, answer)
 
     def _run_answer(
